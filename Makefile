@@ -1,0 +1,205 @@
+# kvq — build, test, demo.
+#
+#   make              library (static + shared) and the kvq binary in build/
+#   make test         install missing deps, build with -Werror, run every test
+#   make demo         install missing deps, build, run the pipeline on stories260K
+#   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
+#   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
+#   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
+#   make bench        build the benchmarks (see docs/BENCHMARKS.md)
+#   make deps         install missing Debian/PyPI dependencies (scripts/install-deps.sh)
+#
+# Knobs (all ?=): CUDA DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL
+
+CUDA      ?= 0
+DEBUG     ?= 0
+WERROR    ?= 0
+SAN       ?= 0
+CC        ?= cc
+PYTHON    ?= python3
+FUZZ_TIME ?= 60
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+KVQ_TEST_MODEL ?= ../shared/models/stories260K.gguf
+export KVQ_TEST_MODEL
+
+ifeq ($(SAN),1)
+  BUILD ?= build-asan
+else ifeq ($(CUDA),1)
+  BUILD ?= build-cuda
+else
+  BUILD ?= build
+endif
+
+# ---- dependencies (pkg-config names) -------------------------------------------
+DEP_PKGS := openblas lapacke libzstd libcjson
+TEST_PKGS := cmocka
+have_pkg = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
+MISSING := $(foreach p,$(DEP_PKGS) $(TEST_PKGS),$(if $(call have_pkg,$(p)),,$(p)))
+
+DEP_CFLAGS := $(shell pkg-config --cflags $(DEP_PKGS) 2>/dev/null)
+DEP_LIBS   := $(shell pkg-config --libs $(DEP_PKGS) 2>/dev/null)
+TEST_LIBS  := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
+
+# ---- flags -----------------------------------------------------------------------
+OPT := -O2
+ifeq ($(DEBUG),1)
+  OPT := -O0
+endif
+WARN := -Wall -Wextra -Wshadow -Wno-unused-parameter -Wstrict-prototypes -Wvla
+ifeq ($(WERROR),1)
+  WARN += -Werror
+endif
+SANFLAGS :=
+ifeq ($(SAN),1)
+  SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+CPPFLAGS := -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
+CFLAGS   := -std=c11 $(OPT) -g -fPIC -fopenmp $(WARN) $(SANFLAGS)
+LDLIBS   := $(DEP_LIBS) -lm -lpthread -fopenmp
+
+# Files named *_avx2.c / *_avx512.c hold run-time dispatched SIMD paths.
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
+
+LIB_DIRS := common formats calib cholesky kmeans thresholds runtime
+LIB_SRC  := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+
+ifeq ($(CUDA),1)
+  CU_SRC  := $(sort $(wildcard $(addsuffix /cuda/*.cu,$(LIB_DIRS))))
+  CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
+  CPPFLAGS += -DKVQ_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcusolver -lcublas -lcudart
+  NVFLAGS := -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -Iinclude -I. -DKVQ_HAVE_CUDA=1
+else
+  CU_OBJ :=
+endif
+
+CLI_SRC := $(sort $(wildcard cli/*.c))
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+TEST_HELPER_SRC := $(sort $(wildcard tests/helpers/*.c))
+TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
+
+FUZZ_SRC := $(sort $(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/replay_%)
+FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=build-fuzz/fuzz_%)
+
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
+EXAMPLE_BIN := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
+
+STATIC := $(BUILD)/libkvq.a
+SHARED := $(BUILD)/libkvq.so
+KVQ    := $(BUILD)/kvq
+
+.PHONY: all lib test test-run demo deps check-deps asan fuzz fuzz-replay bench examples clean help
+
+all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
+
+lib: $(STATIC) $(SHARED)
+
+help:
+	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+
+# Prints what was found and stops early with a hint when something is missing.
+check-deps:
+	@printf 'kvq: deps:'; \
+	for p in $(DEP_PKGS) $(TEST_PKGS); do \
+	  if pkg-config --exists $$p 2>/dev/null; then printf ' %s=%s' $$p `pkg-config --modversion $$p`; \
+	  else printf ' %s=MISSING' $$p; fi; done; \
+	if [ "$(CUDA)" = 1 ]; then \
+	  if [ -x "$(NVCC)" ]; then printf ' nvcc=%s' `$(NVCC) --version | sed -n 's/.*release \([0-9.]*\).*/\1/p'`; \
+	  else printf ' nvcc=MISSING'; fi; fi; echo
+	@if [ -n "$(strip $(MISSING))" ]; then \
+	  echo "kvq: missing: $(MISSING) — run 'make deps' (as root) to install them" >&2; exit 1; fi
+	@if [ "$(CUDA)" = 1 ] && [ ! -x "$(NVCC)" ]; then \
+	  echo "kvq: CUDA=1 but $(NVCC) not found (set CUDA_HOME)" >&2; exit 1; fi
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ) $(CU_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(KVQ): $(CLI_OBJ) $(STATIC)
+	$(CC) $(SANFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(TEST_HELPER_OBJ): CPPFLAGS += -Itests
+
+$(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(LDLIBS) $(TEST_LIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(BUILD)/bench/%: bench/%.c $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -march=native -o $@ $< $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(BUILD)/examples/%: examples/%.c $(SHARED)
+	@mkdir -p $(dir $@)
+	$(CC) -Iinclude $(CFLAGS) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lkvq $(LDLIBS)
+
+examples: $(EXAMPLE_BIN)
+bench: check-deps $(BENCH_BIN)
+fuzz-replay: $(FUZZ_REPLAY)
+
+# ---- tests -------------------------------------------------------------------------
+# `make test` installs what is missing, then rebuilds with warnings as errors.
+test:
+	@if [ -n "$(strip $(MISSING))" ] || ! $(PYTHON) -c 'import numpy, zstandard' 2>/dev/null; then \
+	  bash scripts/install-deps.sh; fi
+	@$(MAKE) --no-print-directory WERROR=1 test-run
+
+test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXAMPLE_BIN)
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run-tests.sh
+
+asan:
+	@$(MAKE) --no-print-directory SAN=1 WERROR=1 test-run
+
+# ---- fuzzing (clang libFuzzer) --------------------------------------------------------
+FUZZ_CFLAGS := -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+               -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
+FUZZ_LIB_SRC := $(LIB_SRC)
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fopenmp=libgomp -o $@ $< $(FUZZ_LIB_SRC) $(DEP_LIBS) -lm -lpthread -lgomp
+
+fuzz: check-deps $(FUZZ_BIN)
+	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/corpus-$$n; \
+	  echo "fuzz: $$n for $(FUZZ_TIME)s"; \
+	  $$f -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=build-fuzz/crash-$$n- \
+	    build-fuzz/corpus-$$n tests/fuzz/corpus/$$n 2>&1 | grep -E 'stat::number_of_executed_units|ERROR|SUMMARY' ; done
+
+# ---- demo ------------------------------------------------------------------------------
+demo:
+	@if [ -n "$(strip $(MISSING))" ]; then bash scripts/install-deps.sh; fi
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bash scripts/demo.sh
+
+clean:
+	rm -rf build build-cuda build-asan build-fuzz
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

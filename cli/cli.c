@@ -1,0 +1,124 @@
+/* cli.c — error printing, callbacks and option helpers shared by subcommands. */
+#include "cli/cli.h"
+
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvq/util.h"
+
+int cli_fail(const kvq_err *err)
+{
+    fprintf(stderr, "kvq: %s\n", err->msg[0] ? err->msg : kvq_status_str(err->status));
+    return 1;
+}
+
+int cli_failf(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvq: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return code;
+}
+
+typedef struct cli_state {
+    int verbose, quiet, tty;
+    double t0;
+    char last_what[64];
+    double last_print;
+} cli_state;
+
+static cli_state g_state;
+
+static void cli_log(void *user, kvq_log_level level, const char *msg)
+{
+    cli_state *s = user;
+    if (level == KVQ_LOG_DEBUG && s->verbose < 2)
+        return;
+    if (level == KVQ_LOG_INFO && s->quiet)
+        return;
+    static const char *const tag[] = {"debug: ", "", "warning: ", "error: "};
+    if (s->tty && s->last_what[0])
+        fputc('\n', stderr), s->last_what[0] = 0;
+    fprintf(stderr, "kvq: %s%s\n", tag[level], msg);
+}
+
+static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
+{
+    cli_state *s = user;
+    if (s->quiet)
+        return 0;
+    double now = kvq_now();
+    if (strncmp(s->last_what, what, sizeof s->last_what - 1) != 0) {
+        if (s->tty && s->last_what[0])
+            fputc('\n', stderr);
+        snprintf(s->last_what, sizeof s->last_what, "%s", what);
+        s->t0 = now;
+        s->last_print = 0;
+    }
+    int finished = total && done >= total;
+    /* Terminals get a live line; logs get a line every 5 s and at the end. */
+    double every = s->tty ? 0.2 : 5.0;
+    if (!finished && now - s->last_print < every)
+        return 0;
+    s->last_print = now;
+    double el = now - s->t0, rate = el > 0 ? (double)done / el : 0;
+    char eta[32] = "";
+    if (total && rate > 0 && !finished)
+        snprintf(eta, sizeof eta, ", ETA %.0fs", (double)(total - done) / rate);
+    if (total)
+        fprintf(stderr, "%skvq: %s %llu/%llu (%.0f%%, %.1f/s%s)%s", s->tty ? "\r" : "", what,
+                (unsigned long long)done, (unsigned long long)total, 100.0 * done / total, rate,
+                eta, s->tty && !finished ? "" : "\n");
+    else
+        fprintf(stderr, "%skvq: %s %llu (%.1f/s)%s", s->tty ? "\r" : "", what,
+                (unsigned long long)done, rate, s->tty ? "" : "\n");
+    if (finished)
+        s->last_what[0] = 0;
+    fflush(stderr);
+    return 0;
+}
+
+kvq_callbacks cli_callbacks(int verbose, int quiet)
+{
+    g_state.verbose = verbose;
+    g_state.quiet = quiet;
+    g_state.tty = isatty(2);
+    kvq_callbacks cb = {cli_log, cli_prog, &g_state};
+    return cb;
+}
+
+int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,
+                int64_t *out)
+{
+    kvq_err e = {0};
+    if (!val) {
+        fprintf(stderr, "kvq %s: %s needs a value\n", cmd, opt);
+        return 2;
+    }
+    if (kvq_parse_i64(val, min, max, out, &e) != KVQ_OK) {
+        fprintf(stderr, "kvq %s: %s: %s\n", cmd, opt, e.msg);
+        return 2;
+    }
+    return 0;
+}
+
+int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, double max,
+                double *out)
+{
+    kvq_err e = {0};
+    if (!val) {
+        fprintf(stderr, "kvq %s: %s needs a value\n", cmd, opt);
+        return 2;
+    }
+    if (kvq_parse_f64(val, min, max, out, &e) != KVQ_OK) {
+        fprintf(stderr, "kvq %s: %s: %s\n", cmd, opt, e.msg);
+        return 2;
+    }
+    return 0;
+}
+
+int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }

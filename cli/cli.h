@@ -1,0 +1,36 @@
+/* cli.h — shared plumbing for the kvq subcommands (one file per subcommand).
+ *
+ * The CLI is the only place that prints, reads the environment or exits. It uses
+ * the public headers only. */
+#ifndef KVQ_CLI_H
+#define KVQ_CLI_H
+
+#include <stdio.h>
+#include "kvq.h"
+
+/* One subcommand: name, one-line summary, entry point (argv[0] is the name). */
+typedef struct cli_command {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv);
+} cli_command;
+
+/* Prints "kvq: <msg>" (err->msg) to stderr and returns the exit code 1. */
+int cli_fail(const kvq_err *err);
+/* Prints "kvq: <printf message>" to stderr and returns the exit code given. */
+int cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Callbacks that print warnings/info to stderr ("kvq: warning: ...") and a
+ * single-line progress display (tokens, rate, ETA) when stderr is a terminal or
+ * when progress lines are wanted (quiet = 0). */
+kvq_callbacks cli_callbacks(int verbose, int quiet);
+
+/* Option helpers. Each returns 0 on success or prints "kvq <cmd>: ..." and returns 2. */
+int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,
+                int64_t *out);
+int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, double max,
+                double *out);
+/* Returns 1 if argv[i] is -h/--help. */
+int cli_is_help(const char *arg);
+
+#endif

@@ -1,0 +1,74 @@
+/* main.c — the kvq binary: dispatches subcommands from a table. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+
+static int cmd_help(int argc, char **argv);
+static int cmd_version(int argc, char **argv);
+
+/* Keep in pipeline order; `kvq help` prints them as listed. */
+static const cli_command commands[] = {
+    {"version", "print the version and build configuration", cmd_version},
+    {"help", "list commands, or show one command's help", cmd_help},
+};
+static const size_t n_commands = sizeof commands / sizeof commands[0];
+
+static void usage(FILE *f)
+{
+    fprintf(f, "kvq %s — codebooks and calibration for retrieval-based KV-cache compression\n\n"
+               "usage: kvq <command> [options]   (kvq <command> --help for details)\n\n"
+               "commands:\n",
+            kvq_version());
+    for (size_t i = 0; i < n_commands; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+}
+
+static const cli_command *find(const char *name)
+{
+    for (size_t i = 0; i < n_commands; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    if (argc >= 2) {
+        const cli_command *c = find(argv[1]);
+        if (!c || c->run == cmd_help)
+            return c ? (usage(stdout), 0) : cli_failf(2, "unknown command '%s'", argv[1]);
+        char *args[] = {argv[1], "--help", NULL};
+        return c->run(2, args);
+    }
+    usage(stdout);
+    return 0;
+}
+
+static int cmd_version(int argc, char **argv)
+{
+    const char *why = NULL;
+    int cuda = kvq_cuda_available(&why);
+    printf("kvq %s\n", kvq_version());
+    printf("cuda: %s\n", cuda ? "available" : why);
+    printf("cpu: avx2=%s avx512=%s\n", kvq_cpu_has_avx2() ? "yes" : "no",
+           kvq_cpu_has_avx512() ? "yes" : "no");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (cli_is_help(argv[1]))
+        return cmd_help(0, NULL);
+    if (!strcmp(argv[1], "--version"))
+        return printf("kvq %s\n", kvq_version()), 0;
+    const cli_command *c = find(argv[1]);
+    if (!c)
+        return cli_failf(2, "unknown command '%s' (try 'kvq help')", argv[1]);
+    return c->run(argc - 1, argv + 1);
+}

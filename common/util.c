@@ -1,0 +1,462 @@
+/* util.c — checked parsing, file mapping, atomic output, hashing, RNG, time. */
+#include "kvq/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ==========================================================================
+ * checked parsing
+ * ========================================================================== */
+
+kvq_status kvq_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out, kvq_err *err)
+{
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "empty number");
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end != '\0')
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "'%s' is not an integer", s);
+    if (errno == ERANGE || v < min || v > max)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "'%s' is out of range [%lld, %lld]", s,
+                           (long long)min, (long long)max);
+    *out = (int64_t)v;
+    return KVQ_OK;
+}
+
+kvq_status kvq_parse_f64(const char *s, double min, double max, double *out, kvq_err *err)
+{
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "empty number");
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(s, &end);
+    if (end == s || *end != '\0')
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "'%s' is not a number", s);
+    if (errno == ERANGE || !isfinite(v) || v < min || v > max)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "'%s' is out of range [%g, %g]", s, min, max);
+    *out = v;
+    return KVQ_OK;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+kvq_status kvq_parse_index_list(const char *s, int64_t limit, int32_t **out, size_t *n,
+                                kvq_err *err)
+{
+    *out = NULL;
+    *n = 0;
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "empty list");
+    if (limit <= 0 || limit > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "list limit %lld out of range",
+                           (long long)limit);
+    uint8_t *seen = calloc((size_t)limit, 1);
+    if (!seen)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    char *copy = strdup(s);
+    if (!copy) {
+        free(seen);
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    }
+    kvq_status st = KVQ_OK;
+    size_t count = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int64_t a, b;
+        char *dash = strchr(tok + 1, '-'); /* tok+1: allow no leading '-' anyway */
+        if (dash) {
+            *dash = '\0';
+            if ((st = kvq_parse_i64(tok, 0, limit - 1, &a, err)) ||
+                (st = kvq_parse_i64(dash + 1, 0, limit - 1, &b, err)))
+                goto done;
+            if (b < a) {
+                st = kvq_err_set(err, KVQ_E_INVALID_ARG, "range %lld-%lld is reversed",
+                                 (long long)a, (long long)b);
+                goto done;
+            }
+        } else {
+            if ((st = kvq_parse_i64(tok, 0, limit - 1, &a, err)))
+                goto done;
+            b = a;
+        }
+        for (int64_t i = a; i <= b; i++)
+            if (!seen[i]) {
+                seen[i] = 1;
+                count++;
+            }
+    }
+    if (count == 0) {
+        st = kvq_err_set(err, KVQ_E_INVALID_ARG, "list '%s' selects nothing", s);
+        goto done;
+    }
+    *out = malloc(count * sizeof **out);
+    if (!*out) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int64_t i = 0, k = 0; i < limit; i++)
+        if (seen[i])
+            (*out)[k++] = (int32_t)i;
+    qsort(*out, count, sizeof **out, cmp_i32);
+    *n = count;
+done:
+    free(copy);
+    free(seen);
+    return st;
+}
+
+/* ==========================================================================
+ * UTF-8
+ * ========================================================================== */
+
+int kvq_utf8_valid(const char *str, size_t n)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t len;
+        uint32_t cp, min;
+        if ((c & 0xE0) == 0xC0) {
+            len = 2; cp = c & 0x1F; min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3; cp = c & 0x0F; min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4; cp = c & 0x07; min = 0x10000;
+        } else {
+            return 0;
+        }
+        if (n - i < len)
+            return 0;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        i += len;
+    }
+    return 1;
+}
+
+/* ==========================================================================
+ * files
+ * ========================================================================== */
+
+kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err)
+{
+    m->data = NULL;
+    m->size = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
+                           strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return kvq_err_set(err, KVQ_E_IO, "%s: mmap: %s", path, strerror(e));
+        }
+        m->data = p;
+        m->size = (size_t)st.st_size;
+    }
+    close(fd);
+    return KVQ_OK;
+}
+
+void kvq_unmap(kvq_map *m)
+{
+    if (m && m->data)
+        munmap((void *)m->data, m->size);
+    if (m) {
+        m->data = NULL;
+        m->size = 0;
+    }
+}
+
+kvq_status kvq_read_file(const char *path, uint8_t **data, size_t *size, kvq_err *err)
+{
+    *data = NULL;
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
+                           strerror(errno));
+    size_t cap = 1 << 16, len = 0;
+    uint8_t *buf = malloc(cap + 1);
+    if (!buf) {
+        fclose(f);
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+    }
+    for (;;) {
+        size_t got = fread(buf + len, 1, cap - len, f);
+        len += got;
+        if (len < cap) {
+            if (ferror(f)) {
+                free(buf);
+                fclose(f);
+                return kvq_err_set(err, KVQ_E_IO, "%s: read error", path);
+            }
+            break;
+        }
+        uint8_t *nb = realloc(buf, cap * 2 + 1);
+        if (!nb) {
+            free(buf);
+            fclose(f);
+            return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    fclose(f);
+    buf[len] = 0;
+    *data = buf;
+    *size = len;
+    return KVQ_OK;
+}
+
+static char *tmp_name_for(const char *path)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = strlen(path);
+    char *t = malloc(n + 5 + 12 + 1);
+    if (!t)
+        return NULL;
+    memcpy(t, path, n);
+    memcpy(t + n, ".tmp.", 5);
+    /* Unique per process and call; the name is never part of any output. */
+    static unsigned counter;
+    uint64_t x = (uint64_t)getpid() * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(++counter) << 20 ^
+                 (uint64_t)(kvq_now() * 1e9);
+    for (int i = 0; i < 12; i++, x >>= 4)
+        t[n + 5 + i] = hex[x & 15];
+    t[n + 5 + 12] = '\0';
+    return t;
+}
+
+kvq_status kvq_atomic_open(const char *path, int overwrite, kvq_atomic_file *af, kvq_err *err)
+{
+    memset(af, 0, sizeof *af);
+    if (!overwrite && access(path, F_OK) == 0)
+        return kvq_err_set(err, KVQ_E_EXISTS, "%s: already exists (use --force to overwrite)",
+                           path);
+    af->path = strdup(path);
+    af->tmp_path = tmp_name_for(path);
+    if (!af->path || !af->tmp_path) {
+        kvq_atomic_abort(af);
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+    }
+    int fd = open(af->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kvq_status s = kvq_err_set(err, KVQ_E_IO, "%s: cannot create: %s", path, strerror(errno));
+        free(af->tmp_path);
+        af->tmp_path = NULL;
+        kvq_atomic_abort(af);
+        return s;
+    }
+    af->fp = fdopen(fd, "wb");
+    if (!af->fp) {
+        close(fd);
+        kvq_atomic_abort(af);
+        return kvq_err_set(err, KVQ_E_IO, "%s: fdopen failed", path);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    if (!af->fp)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "atomic file not open");
+    int bad = fflush(af->fp) != 0 || ferror(af->fp);
+    if (!bad)
+        bad = fsync(fileno(af->fp)) != 0;
+    int e = errno;
+    if (fclose(af->fp) != 0)
+        bad = 1;
+    af->fp = NULL;
+    if (bad)
+        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed: %s", af->path, strerror(e));
+    else if (rename(af->tmp_path, af->path) != 0)
+        s = kvq_err_set(err, KVQ_E_IO, "%s: rename failed: %s", af->path, strerror(errno));
+    else {
+        free(af->tmp_path);
+        af->tmp_path = NULL;
+    }
+    kvq_atomic_abort(af);
+    return s;
+}
+
+void kvq_atomic_abort(kvq_atomic_file *af)
+{
+    if (!af)
+        return;
+    if (af->fp)
+        fclose(af->fp);
+    if (af->tmp_path)
+        unlink(af->tmp_path);
+    free(af->tmp_path);
+    free(af->path);
+    memset(af, 0, sizeof *af);
+}
+
+kvq_status kvq_tmpdir_create(const char *path, int overwrite, char **tmp_dir, kvq_err *err)
+{
+    *tmp_dir = NULL;
+    if (!overwrite && access(path, F_OK) == 0)
+        return kvq_err_set(err, KVQ_E_EXISTS, "%s: already exists (use --force to overwrite)",
+                           path);
+    char *t = tmp_name_for(path);
+    if (!t)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+    if (mkdir(t, 0755) != 0) {
+        kvq_status s = kvq_err_set(err, KVQ_E_IO, "%s: cannot create: %s", path, strerror(errno));
+        free(t);
+        return s;
+    }
+    *tmp_dir = t;
+    return KVQ_OK;
+}
+
+kvq_status kvq_tmpdir_commit(const char *tmp_dir, const char *path, int overwrite, kvq_err *err)
+{
+    if (access(path, F_OK) == 0) {
+        if (!overwrite)
+            return kvq_err_set(err, KVQ_E_EXISTS, "%s: already exists", path);
+        kvq_rmtree(path);
+    }
+    if (rename(tmp_dir, path) != 0)
+        return kvq_err_set(err, KVQ_E_IO, "%s: rename failed: %s", path, strerror(errno));
+    return KVQ_OK;
+}
+
+void kvq_rmtree(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return;
+    if (S_ISDIR(st.st_mode)) {
+        DIR *d = opendir(path);
+        if (d) {
+            struct dirent *e;
+            while ((e = readdir(d))) {
+                if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+                    continue;
+                size_t n = strlen(path) + strlen(e->d_name) + 2;
+                char *child = malloc(n);
+                if (!child)
+                    break;
+                snprintf(child, n, "%s/%s", path, e->d_name);
+                kvq_rmtree(child);
+                free(child);
+            }
+            closedir(d);
+        }
+        rmdir(path);
+    } else {
+        unlink(path);
+    }
+}
+
+/* ==========================================================================
+ * hashing, random numbers, time
+ * ========================================================================== */
+
+uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t h)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+void kvq_rng_seed(kvq_rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t kvq_rng_u64(kvq_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double kvq_rng_uniform(kvq_rng *r) { return (double)(kvq_rng_u64(r) >> 11) * 0x1.0p-53; }
+
+uint64_t kvq_rng_below(kvq_rng *r, uint64_t n)
+{
+    /* Rejection sampling: drop the top partial block so every value is equally likely. */
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    uint64_t x;
+    do
+        x = kvq_rng_u64(r);
+    while (x >= limit);
+    return x % n;
+}
+
+double kvq_rng_normal(kvq_rng *r)
+{
+    double u1 = kvq_rng_uniform(r), u2 = kvq_rng_uniform(r);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+double kvq_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

@@ -1,0 +1,19 @@
+/*
+ * kvq.h — the public API of libkvq (umbrella header).
+ *
+ * Dependency order, bottom up (each layer uses only the ones below it):
+ *   common      status codes, errors, callbacks, checked parsing, files, RNG
+ *   formats     half precision, safetensors, GGUF, .kvq artifact
+ *   calib       model loading, tokenizers, forward pass, corpus, capture
+ *   cholesky    query moments, H, Cholesky factors
+ *   kmeans      k-means++ and the codebook methods (CPU and CUDA backends)
+ *   runtime     KV cache with codes, selectors, retrieval attention
+ *   thresholds  LeanKV, PATS and budget profiling
+ */
+#ifndef KVQ_H
+#define KVQ_H
+
+#include "kvq/common.h"
+#include "kvq/util.h"
+
+#endif

@@ -1,0 +1,40 @@
+/*
+ * kvq/half.h — f32 <-> f16 (IEEE binary16) and f32 <-> bf16 conversions.
+ *
+ * The *_ref functions are the specification: round-to-nearest-even, NaN stays
+ * NaN (quiet, sign kept), Inf stays Inf, f16 subnormals handled exactly, f32 values
+ * below half the smallest f16 subnormal round to signed zero. The array versions
+ * choose an F16C/AVX-512 path at run time and must agree with the references bit
+ * for bit on every input (tests run all 65,536 16-bit patterns and f32 edge cases).
+ */
+#ifndef KVQ_HALF_H
+#define KVQ_HALF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+uint16_t kvq_f32_to_f16_ref(float x);
+float kvq_f16_to_f32_ref(uint16_t h);
+uint16_t kvq_f32_to_bf16_ref(float x);
+float kvq_bf16_to_f32_ref(uint16_t h);
+
+/* Array conversions (fast path chosen at run time; n may be 0). */
+void kvq_f32_to_f16(const float *in, uint16_t *out, size_t n);
+void kvq_f16_to_f32(const uint16_t *in, float *out, size_t n);
+void kvq_f32_to_bf16(const float *in, uint16_t *out, size_t n);
+void kvq_bf16_to_f32(const uint16_t *in, float *out, size_t n);
+
+/* The same with the scalar references only (for tests and benchmarks). */
+void kvq_f32_to_f16_scalar(const float *in, uint16_t *out, size_t n);
+void kvq_f16_to_f32_scalar(const uint16_t *in, float *out, size_t n);
+void kvq_f32_to_bf16_scalar(const float *in, uint16_t *out, size_t n);
+void kvq_bf16_to_f32_scalar(const uint16_t *in, float *out, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,105 @@
+/*
+ * kvq/safetensors.h — safetensors reader (mmap, zero-copy) and streaming writer.
+ *
+ * File layout: u64 little-endian header length N, N bytes of UTF-8 JSON header
+ * ({"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+ * "__metadata__": {"key": "string value", ...}}), then the data section; offsets are
+ * relative to the start of the data section.
+ *
+ * The reader validates everything before handing out a view: header length within
+ * the file and below KVQ_ST_MAX_HEADER, valid UTF-8 and JSON of the right shape,
+ * known dtypes, shape x dtype size == byte length (no overflow), offsets in bounds,
+ * tensors not overlapping and covering the data section without gaps (as the format
+ * requires). Tensor views point into the mapping: they stay valid until close.
+ */
+#ifndef KVQ_SAFETENSORS_H
+#define KVQ_SAFETENSORS_H
+
+#include "kvq/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVQ_MAX_DIMS 8
+#define KVQ_ST_MAX_HEADER (100u << 20) /* 100 MiB, as the reference implementation */
+
+typedef enum kvq_dtype {
+    KVQ_DT_BOOL = 0,
+    KVQ_DT_U8, KVQ_DT_I8,
+    KVQ_DT_F8_E4M3, KVQ_DT_F8_E5M2, /* readable and viewable; no arithmetic in kvq */
+    KVQ_DT_I16, KVQ_DT_U16, KVQ_DT_F16, KVQ_DT_BF16,
+    KVQ_DT_I32, KVQ_DT_U32, KVQ_DT_F32,
+    KVQ_DT_I64, KVQ_DT_U64, KVQ_DT_F64,
+    KVQ_DT_COUNT
+} kvq_dtype;
+
+size_t kvq_dtype_size(kvq_dtype t);             /* bytes per element */
+const char *kvq_dtype_name(kvq_dtype t);        /* "F32" as in the format */
+/* Parses a format dtype name; returns 0 and sets *t, or -1 if unknown. */
+int kvq_dtype_from_name(const char *name, kvq_dtype *t);
+
+typedef struct kvq_tensor_view {
+    const char *name;           /* NUL-terminated, owned by the file handle */
+    kvq_dtype dtype;
+    int ndim;                   /* 0 = scalar */
+    int64_t shape[KVQ_MAX_DIMS];
+    const void *data;           /* into the mapping; may be unaligned for dtype */
+    size_t nbytes;
+    uint64_t offset;            /* begin offset within the data section */
+} kvq_tensor_view;
+
+/* ---- reader ------------------------------------------------------------------ */
+typedef struct kvq_st kvq_st;
+
+/* Maps and validates `path`. Errors: NOT_FOUND, IO, TRUNCATED_HEADER, TOO_LARGE,
+ * BAD_UTF8, BAD_JSON, UNSUPPORTED (dtype), SHAPE_MISMATCH, OUT_OF_BOUNDS, OVERLAP,
+ * TRUNCATED_DATA, CORRUPT. Messages start with "path: ". */
+kvq_status kvq_st_open(const char *path, kvq_st **out, kvq_err *err);
+/* The same over caller-owned memory (not copied: keep it alive until close).
+ * `label` names the source in messages. */
+kvq_status kvq_st_open_memory(const void *data, size_t size, const char *label, kvq_st **out,
+                              kvq_err *err);
+void kvq_st_close(kvq_st *st); /* NULL is fine */
+
+size_t kvq_st_count(const kvq_st *st);
+/* Tensors in data-offset order. */
+const kvq_tensor_view *kvq_st_tensor(const kvq_st *st, size_t i);
+const kvq_tensor_view *kvq_st_find(const kvq_st *st, const char *name); /* NULL if absent */
+
+/* __metadata__ (string -> string), in key order. */
+size_t kvq_st_meta_count(const kvq_st *st);
+const char *kvq_st_meta_key(const kvq_st *st, size_t i);
+const char *kvq_st_meta_value(const kvq_st *st, size_t i);
+const char *kvq_st_meta_get(const kvq_st *st, const char *key); /* NULL if absent */
+
+/* Size of the data section and the full header length (for inspect). */
+size_t kvq_st_header_size(const kvq_st *st);
+
+/* ---- writer --------------------------------------------------------------------
+ * Declare every tensor (and metadata), begin, then write each tensor's bytes in
+ * declaration order (a tensor may be written in several chunks), then finish.
+ * Output bytes depend only on the declarations, metadata and data: tensors are laid
+ * out in declaration order, metadata keys sorted, the header padded with spaces to a
+ * multiple of 8. File output goes to a temporary name renamed by finish; free
+ * without finish removes it. */
+typedef struct kvq_st_writer kvq_st_writer;
+
+kvq_st_writer *kvq_st_writer_new(void); /* NULL on out of memory */
+void kvq_st_writer_free(kvq_st_writer *w);
+kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype dtype, int ndim,
+                                 const int64_t *shape, kvq_err *err);
+kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char *value,
+                                  kvq_err *err);
+kvq_status kvq_st_writer_begin_file(kvq_st_writer *w, const char *path, int overwrite,
+                                    kvq_err *err);
+kvq_status kvq_st_writer_begin_buffer(kvq_st_writer *w, kvq_err *err);
+kvq_status kvq_st_writer_write(kvq_st_writer *w, const void *data, size_t nbytes, kvq_err *err);
+kvq_status kvq_st_writer_finish(kvq_st_writer *w, kvq_err *err);
+/* Buffer mode, after finish: the serialized bytes (owned by the writer). */
+const void *kvq_st_writer_buffer(const kvq_st_writer *w, size_t *size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

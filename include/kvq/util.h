@@ -1,0 +1,95 @@
+/*
+ * kvq/util.h — checked parsing, file mapping, atomic output, small helpers.
+ *
+ * These sit at the bottom of the dependency graph and are used by every stage
+ * and by the CLI.
+ */
+#ifndef KVQ_UTIL_H
+#define KVQ_UTIL_H
+
+#include <stdio.h>
+#include "kvq/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- checked number parsing -------------------------------------------------
+ * Whole-string parsers: leading/trailing garbage, empty strings, overflow and
+ * values outside [min, max] are KVQ_E_INVALID_ARG (message names the text). */
+kvq_status kvq_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out, kvq_err *err);
+kvq_status kvq_parse_f64(const char *s, double min, double max, double *out, kvq_err *err);
+/* "0,2,5-7" -> sorted unique ints in [0, limit). *out is malloc'd (free()). */
+kvq_status kvq_parse_index_list(const char *s, int64_t limit, int32_t **out, size_t *n,
+                                kvq_err *err);
+
+/* ---- overflow-checked size arithmetic (return 0 on overflow) ---------------- */
+static inline int kvq_size_mul(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int kvq_size_add(size_t a, size_t b, size_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* ---- UTF-8 ---------------------------------------------------------------- */
+/* 1 if s[0..n) is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
+int kvq_utf8_valid(const char *s, size_t n);
+
+/* ---- read-only file mapping ----------------------------------------------- */
+typedef struct kvq_map {
+    const uint8_t *data; /* NULL for an empty file */
+    size_t size;
+} kvq_map;
+/* Maps `path` read-only. Errors: KVQ_E_NOT_FOUND, KVQ_E_IO. */
+kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err);
+void kvq_unmap(kvq_map *m); /* safe on a zeroed map */
+
+/* Reads a whole file into a malloc'd buffer (NUL-terminated for convenience). */
+kvq_status kvq_read_file(const char *path, uint8_t **data, size_t *size, kvq_err *err);
+
+/* ---- atomic output -----------------------------------------------------------
+ * Output goes to "<path>.tmp.<random>" in the same directory and is renamed over
+ * `path` only by kvq_atomic_commit, so readers never see a half-written file.
+ * kvq_atomic_abort (or a failed commit) removes the temporary. */
+typedef struct kvq_atomic_file {
+    FILE *fp;          /* write here */
+    char *path;        /* final name */
+    char *tmp_path;    /* temporary name */
+} kvq_atomic_file;
+/* overwrite = 0: fail with KVQ_E_EXISTS if `path` exists. */
+kvq_status kvq_atomic_open(const char *path, int overwrite, kvq_atomic_file *af, kvq_err *err);
+kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err); /* flush, fsync, rename */
+void kvq_atomic_abort(kvq_atomic_file *af);                      /* safe after commit */
+
+/* Same idea for directories: create "<path>.tmp.<random>/", fill it, then rename.
+ * *tmp_dir is malloc'd. overwrite = 1 removes an existing `path` at commit time. */
+kvq_status kvq_tmpdir_create(const char *path, int overwrite, char **tmp_dir, kvq_err *err);
+kvq_status kvq_tmpdir_commit(const char *tmp_dir, const char *path, int overwrite, kvq_err *err);
+void kvq_rmtree(const char *path); /* best effort, for aborting a tmpdir */
+
+/* ---- hashing ------------------------------------------------------------------ */
+/* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */
+uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t seed);
+#define KVQ_FNV1A64_INIT 0xcbf29ce484222325ULL
+
+/* ---- seeded random numbers ------------------------------------------------------
+ * SplitMix64-seeded xoshiro256**: the same seed gives the same stream on every
+ * platform. Every stage that samples takes a seed parameter and uses this. */
+typedef struct kvq_rng {
+    uint64_t s[4];
+} kvq_rng;
+void kvq_rng_seed(kvq_rng *r, uint64_t seed);
+uint64_t kvq_rng_u64(kvq_rng *r);
+double kvq_rng_uniform(kvq_rng *r);          /* [0, 1), 53 bits */
+uint64_t kvq_rng_below(kvq_rng *r, uint64_t n); /* [0, n), unbiased; n > 0 */
+double kvq_rng_normal(kvq_rng *r);           /* standard normal (Box-Muller) */
+
+/* ---- time ------------------------------------------------------------------------ */
+double kvq_now(void); /* monotonic seconds */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_UTIL_H */

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install what kvq needs on Debian (run as root). Safe to run again: it only
+# installs what is missing. Used by `make deps`, `make demo`, `make test` and .ci/run.
+set -euo pipefail
+
+APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
+libcjson-dev libcmocka-dev clang python3 python3-pip"
+PY_PKGS="numpy zstandard"
+
+missing=()
+for p in $APT_PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  # python3/pip may come from elsewhere (pyenv); do not fight it.
+  if command -v python3 >/dev/null; then
+    missing=("${missing[@]/python3-pip}"); missing=("${missing[@]/python3}")
+  fi
+  pkgs=$(printf '%s ' "${missing[@]}" | xargs echo)
+  if [ -n "$pkgs" ]; then
+    echo "install-deps: apt-get install $pkgs"
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "install-deps: not root; install these packages and run again" >&2
+      exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq $pkgs >/dev/null
+  fi
+fi
+
+pymissing=()
+for m in $PY_PKGS; do
+  python3 -c "import $m" 2>/dev/null || pymissing+=("$m")
+done
+if [ "${#pymissing[@]}" -gt 0 ]; then
+  echo "install-deps: pip install ${pymissing[*]}"
+  python3 -m pip install -q "${pymissing[@]}" 2>&1 | grep -v -i "running pip as the 'root'" || true
+fi
+echo "install-deps: all dependencies present"

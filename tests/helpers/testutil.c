@@ -1,0 +1,75 @@
+/* testutil.c — see testutil.h. */
+#include "helpers/testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvq/util.h"
+
+static int exists(const char *p) { return p && access(p, R_OK) == 0; }
+
+const char *test_model_path(void)
+{
+    const char *p = getenv("KVQ_TEST_MODEL");
+    if (!p || !*p)
+        p = "../shared/models/stories260K.gguf";
+    return exists(p) ? p : NULL;
+}
+
+static const char *sibling(const char *name)
+{
+    static char buf[2][4096];
+    static int k;
+    const char *m = getenv("KVQ_TEST_MODEL");
+    if (!m || !*m)
+        m = "../shared/models/stories260K.gguf";
+    char *b = buf[k++ & 1];
+    const char *slash = strrchr(m, '/');
+    size_t dir = slash ? (size_t)(slash - m + 1) : 0;
+    snprintf(b, sizeof buf[0], "%.*s%s", (int)dir, m, name);
+    return exists(b) ? b : NULL;
+}
+
+const char *test_model_bin_path(void) { return sibling("stories260K.bin"); }
+const char *test_tokenizer_bin_path(void) { return sibling("tok512.bin"); }
+
+static char tmp_root[256];
+
+const char *test_tmpdir(void)
+{
+    if (!tmp_root[0]) {
+        snprintf(tmp_root, sizeof tmp_root, "/tmp/kvq-test-XXXXXX");
+        if (!mkdtemp(tmp_root)) {
+            perror("mkdtemp");
+            abort();
+        }
+    }
+    return tmp_root;
+}
+
+void test_tmpdir_cleanup(void)
+{
+    if (tmp_root[0])
+        kvq_rmtree(tmp_root);
+    tmp_root[0] = 0;
+}
+
+const char *test_path(const char *name)
+{
+    static char buf[8][4096];
+    static int k;
+    char *b = buf[k++ & 7];
+    snprintf(b, sizeof buf[0], "%s/%s", test_tmpdir(), name);
+    return b;
+}
+
+int test_write_file(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    size_t w = fwrite(data, 1, n, f);
+    return (fclose(f) == 0 && w == n) ? 0 : -1;
+}

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Runs every kind of test and prints one summary line:
+#   tests: N passed, N failed, N skipped
+# - C unit tests (cmocka), build/tests/test_*: counts come from cmocka's own summary
+# - CLI tests, tests/cli/*.sh: each script prints "ok NAME", "FAIL NAME" or "skip NAME: why"
+# - Python checks, tests/py/test_*.py: exit 0 pass, 77 skip, anything else fail
+# - fuzz corpus replays, build/fuzz/replay_*: one test each
+set -u
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-python3}
+export KVQ="$PWD/$BUILD/kvq" KVQ_BUILD="$PWD/$BUILD" PYTHON
+export KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+pass=0; fail=0; skip=0; failed_names=()
+
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  name=$(basename "$t")
+  "$t" >"$tmp/out" 2>&1; rc=$?
+  cat "$tmp/out"
+  p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$tmp/out" | tail -1)
+  f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$tmp/out" | tail -1)
+  s=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$tmp/out" | tail -1)
+  pass=$((pass + ${p:-0})); fail=$((fail + ${f:-0})); skip=$((skip + ${s:-0}))
+  if [ $rc -ne 0 ] && [ -z "$f" ]; then fail=$((fail + 1)); fi   # crashed before its summary
+  if [ $rc -ne 0 ]; then failed_names+=("$name"); fi
+done
+
+for t in tests/cli/*.sh; do
+  [ -f "$t" ] || continue
+  bash "$t" >"$tmp/out" 2>&1; rc=$?
+  cat "$tmp/out"
+  p=$(grep -c '^ok ' "$tmp/out"); f=$(grep -c '^FAIL ' "$tmp/out"); s=$(grep -c '^skip ' "$tmp/out")
+  pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+  if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then fail=$((fail + 1)); fi
+  if [ $rc -ne 0 ] || [ "$f" -ne 0 ]; then failed_names+=("$(basename "$t")"); fi
+done
+
+for t in tests/py/test_*.py; do
+  [ -f "$t" ] || continue
+  name=$(basename "$t")
+  "$PYTHON" "$t" >"$tmp/out" 2>&1; rc=$?
+  sed 's/^/  /' "$tmp/out"
+  case $rc in
+    0) echo "ok $name"; pass=$((pass + 1));;
+    77) echo "skip $name: $(tail -1 "$tmp/out")"; skip=$((skip + 1));;
+    *) echo "FAIL $name (exit $rc)"; fail=$((fail + 1)); failed_names+=("$name");;
+  esac
+done
+
+for r in "$BUILD"/fuzz/replay_*; do
+  [ -x "$r" ] || continue
+  n=${r##*/replay_}
+  if "$r" "tests/fuzz/corpus/$n" >"$tmp/out" 2>&1; then
+    echo "ok fuzz-replay $n ($(tail -1 "$tmp/out"))"; pass=$((pass + 1))
+  else
+    cat "$tmp/out"; echo "FAIL fuzz-replay $n"; fail=$((fail + 1)); failed_names+=("replay_$n")
+  fi
+done
+
+[ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+echo "tests: $pass passed, $fail failed, $skip skipped"
+[ $fail -eq 0 ]

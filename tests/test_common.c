@@ -1,0 +1,153 @@
+/* test_common.c — status strings, checked parsing, UTF-8, atomic output, RNG. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "helpers/testutil.h"
+#include "kvq.h"
+
+static void test_status_strings(void **state)
+{
+    assert_string_equal(kvq_status_str(KVQ_OK), "ok");
+    assert_string_equal(kvq_status_str(KVQ_E_TRUNCATED_HEADER), "truncated header");
+    assert_string_equal(kvq_status_str(KVQ_E_CHECKSUM), "checksum mismatch");
+    assert_string_equal(kvq_status_str((kvq_status)12345), "unknown status");
+    kvq_err e = {0};
+    assert_int_equal(kvq_err_set(&e, KVQ_E_IO, "%s: %d", "f", 3), KVQ_E_IO);
+    assert_int_equal(e.status, KVQ_E_IO);
+    assert_string_equal(e.msg, "f: 3");
+    assert_int_equal(kvq_err_set(NULL, KVQ_E_NOMEM, "x"), KVQ_E_NOMEM);
+}
+
+static void test_parse_numbers(void **state)
+{
+    int64_t v;
+    double d;
+    kvq_err e = {0};
+    assert_int_equal(kvq_parse_i64("42", 0, 100, &v, &e), KVQ_OK);
+    assert_int_equal(v, 42);
+    assert_int_equal(kvq_parse_i64("-3", -5, 5, &v, &e), KVQ_OK);
+    assert_int_equal(v, -3);
+    assert_int_equal(kvq_parse_i64("42x", 0, 100, &v, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "42x"));
+    assert_int_equal(kvq_parse_i64("", 0, 100, &v, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_i64("101", 0, 100, &v, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_i64("99999999999999999999", INT64_MIN, INT64_MAX, &v, &e),
+                     KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_f64("0.25", 0, 1, &d, &e), KVQ_OK);
+    assert_true(d == 0.25);
+    assert_int_equal(kvq_parse_f64("nan", -1e9, 1e9, &d, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_f64("1e3 ", 0, 1e9, &d, &e), KVQ_E_INVALID_ARG);
+}
+
+static void test_parse_list(void **state)
+{
+    int32_t *l = NULL;
+    size_t n = 0;
+    kvq_err e = {0};
+    assert_int_equal(kvq_parse_index_list("4,0-2,2", 5, &l, &n, &e), KVQ_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(l[0], 0);
+    assert_int_equal(l[1], 1);
+    assert_int_equal(l[2], 2);
+    assert_int_equal(l[3], 4);
+    free(l);
+    assert_int_equal(kvq_parse_index_list("3-1", 5, &l, &n, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_index_list("5", 5, &l, &n, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_parse_index_list("a", 5, &l, &n, &e), KVQ_E_INVALID_ARG);
+    assert_null(l);
+}
+
+static void test_utf8(void **state)
+{
+    assert_true(kvq_utf8_valid("plain", 5));
+    assert_true(kvq_utf8_valid("\xe2\x96\x81x", 4));       /* U+2581 */
+    assert_true(kvq_utf8_valid("\xf0\x9f\x98\x80", 4));    /* U+1F600 */
+    assert_false(kvq_utf8_valid("\xc0\xaf", 2));           /* overlong '/' */
+    assert_false(kvq_utf8_valid("\xed\xa0\x80", 3));       /* surrogate */
+    assert_false(kvq_utf8_valid("\xe2\x96", 2));           /* truncated */
+    assert_false(kvq_utf8_valid("\xf4\x90\x80\x80", 4));   /* > U+10FFFF */
+    assert_false(kvq_utf8_valid("\xff", 1));
+}
+
+static void test_atomic_file(void **state)
+{
+    const char *p = test_path("atomic.txt");
+    kvq_atomic_file af;
+    kvq_err e = {0};
+    assert_int_equal(kvq_atomic_open(p, 0, &af, &e), KVQ_OK);
+    fputs("hello", af.fp);
+    assert_int_not_equal(access(p, F_OK), 0); /* nothing at the final name yet */
+    assert_int_equal(kvq_atomic_commit(&af, &e), KVQ_OK);
+    uint8_t *buf;
+    size_t n;
+    assert_int_equal(kvq_read_file(p, &buf, &n, &e), KVQ_OK);
+    assert_int_equal(n, 5);
+    assert_memory_equal(buf, "hello", 5);
+    free(buf);
+    /* refuses to overwrite unless asked */
+    assert_int_equal(kvq_atomic_open(p, 0, &af, &e), KVQ_E_EXISTS);
+    /* an aborted write leaves the old file untouched */
+    assert_int_equal(kvq_atomic_open(p, 1, &af, &e), KVQ_OK);
+    fputs("partial", af.fp);
+    kvq_atomic_abort(&af);
+    assert_int_equal(kvq_read_file(p, &buf, &n, &e), KVQ_OK);
+    assert_int_equal(n, 5);
+    free(buf);
+    assert_int_equal(kvq_read_file(test_path("missing"), &buf, &n, &e), KVQ_E_NOT_FOUND);
+}
+
+static void test_rng_reproducible(void **state)
+{
+    kvq_rng a, b;
+    kvq_rng_seed(&a, 7);
+    kvq_rng_seed(&b, 7);
+    for (int i = 0; i < 100; i++)
+        assert_true(kvq_rng_u64(&a) == kvq_rng_u64(&b));
+    kvq_rng_seed(&b, 8);
+    assert_true(kvq_rng_u64(&a) != kvq_rng_u64(&b));
+    /* below() stays in range and hits every value */
+    int hit[7] = {0};
+    for (int i = 0; i < 1000; i++) {
+        uint64_t x = kvq_rng_below(&a, 7);
+        assert_true(x < 7);
+        hit[x] = 1;
+    }
+    for (int i = 0; i < 7; i++)
+        assert_true(hit[i]);
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 20000; i++) {
+        double x = kvq_rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
+    assert_true(fabs(s / 20000) < 0.05);
+    assert_true(fabs(s2 / 20000 - 1.0) < 0.05);
+}
+
+static int teardown(void **state)
+{
+    test_tmpdir_cleanup();
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_parse_numbers),
+        cmocka_unit_test(test_parse_list),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_atomic_file),
+        cmocka_unit_test(test_rng_reproducible),
+    };
+    return cmocka_run_group_tests_name("common", tests, NULL, teardown);
+}
