@@ -6,11 +6,40 @@
  * "__metadata__": {"key": "string value", ...}}), then the data section; offsets are
  * relative to the start of the data section.
  *
- * The reader validates everything before handing out a view: header length within
- * the file and below KVQ_ST_MAX_HEADER, valid UTF-8 and JSON of the right shape,
- * known dtypes, shape x dtype size == byte length (no overflow), offsets in bounds,
- * tensors not overlapping and covering the data section without gaps (as the format
- * requires). Tensor views point into the mapping: they stay valid until close.
+ * The reader validates everything before handing out a view, and reports the first
+ * problem found, checking in this order:
+ *   1. file shorter than 8 bytes, or than 8 + N            KVQ_E_TRUNCATED_HEADER
+ *      (N > KVQ_ST_MAX_HEADER is checked first:            KVQ_E_TOO_LARGE)
+ *   2. header not valid UTF-8                              KVQ_E_BAD_UTF8
+ *   3. header not strict JSON (raw control characters, bad escapes, malformed
+ *      numbers, trailing non-whitespace), not an object, an entry that is not
+ *      {"dtype": string, "shape": [ints], "data_offsets": [begin, end]} (unknown keys
+ *      included), a negative or fractional dim or offset, __metadata__ not an
+ *      object of strings                                   KVQ_E_BAD_JSON
+ *      "\u0000" in a string (names are C strings)          KVQ_E_UNSUPPORTED
+ *   4. per tensor, in header order: unknown dtype (named) or ndim > KVQ_MAX_DIMS
+ *                                                          KVQ_E_UNSUPPORTED
+ *      a dim or offset >= 2^53 (the JSON integer limit), or shape x dtype size
+ *      overflows                                           KVQ_E_TOO_LARGE
+ *      begin > end                                         KVQ_E_CORRUPT
+ *      shape x dtype size != end - begin                   KVQ_E_SHAPE_MISMATCH
+ *   5. duplicate tensor names or __metadata__ keys         KVQ_E_CORRUPT
+ *   6. layout: tensors sorted by (begin, end) must tile [0, T) with no hole:
+ *      a tensor starting before the previous one's end     KVQ_E_OVERLAP
+ *      (a zero-size tensor inside another tensor counts as overlapping)
+ *      a hole before a tensor that ends past the data section
+ *                                                          KVQ_E_OUT_OF_BOUNDS
+ *      any other hole before a tensor                      KVQ_E_CORRUPT
+ *   7. the tiled size T against the data section size D = file size - 8 - N:
+ *      T > D: the file ends before the data it promises    KVQ_E_TRUNCATED_DATA
+ *      T < D: unreferenced bytes after the last tensor     KVQ_E_CORRUPT
+ * Leading/trailing JSON whitespace (the writer's space padding) is accepted.
+ * Numbers are parsed as doubles, so an integral value written as 16.0 or 1.6e1 is
+ * accepted. Tensor views point into the mapping: they stay valid until close.
+ *
+ * Cost: open reads only the header (the data pages are not touched); memory is the
+ * parsed JSON tree while opening (a few tens of bytes per JSON value) and, kept until
+ * close, one view per tensor plus a copy of the names and metadata strings.
  */
 #ifndef KVQ_SAFETENSORS_H
 #define KVQ_SAFETENSORS_H
@@ -73,8 +102,11 @@ const char *kvq_st_meta_key(const kvq_st *st, size_t i);
 const char *kvq_st_meta_value(const kvq_st *st, size_t i);
 const char *kvq_st_meta_get(const kvq_st *st, const char *key); /* NULL if absent */
 
-/* Size of the data section and the full header length (for inspect). */
+/* Bytes before the data section: 8 + N (the length field and the JSON header,
+ * padding included). The file size is kvq_st_header_size + kvq_st_data_size. */
 size_t kvq_st_header_size(const kvq_st *st);
+/* Size of the data section in bytes (== the end offset of the last tensor). */
+size_t kvq_st_data_size(const kvq_st *st);
 
 /* ---- writer --------------------------------------------------------------------
  * Declare every tensor (and metadata), begin, then write each tensor's bytes in
