@@ -113,8 +113,23 @@ size_t kvq_st_data_size(const kvq_st *st);
  * declaration order (a tensor may be written in several chunks), then finish.
  * Output bytes depend only on the declarations, metadata and data: tensors are laid
  * out in declaration order, metadata keys sorted, the header padded with spaces to a
- * multiple of 8. File output goes to a temporary name renamed by finish; free
- * without finish removes it. */
+ * multiple of 8 (the JSON is compact: {"__metadata__":{..},"name":{"dtype":"F32",
+ * "shape":[2,2],"data_offsets":[0,16]},..}; __metadata__ only when set). File output
+ * goes to a temporary name renamed by finish; free without finish removes it.
+ *
+ * Errors (the writer stays usable after each INVALID_ARG; nothing is written):
+ *   declare: NULL name, name "__metadata__", not UTF-8, declared twice, bad dtype,
+ *            ndim outside [0, KVQ_MAX_DIMS], negative dim             INVALID_ARG
+ *            a dim >= 2^53, or the data section would reach 2^53 bytes   TOO_LARGE
+ *   set_meta: key or value not UTF-8 (setting a key again replaces it) INVALID_ARG
+ *   declare/set_meta after begin, begin twice, write before begin
+ *   or after finish, finish twice                                      INVALID_ARG
+ *   begin: header over KVQ_ST_MAX_HEADER TOO_LARGE; file: EXISTS, IO; buffer: NOMEM
+ *   write: more bytes than the declarations have left                  INVALID_ARG
+ *   finish: fewer bytes written than declared (message names the tensor) INVALID_ARG
+ *   an I/O failure in write/finish is sticky: later calls return it again.
+ * Cost: declare is O(1) (hashed names); buffer mode holds the whole file in memory,
+ * file mode only the header. */
 typedef struct kvq_st_writer kvq_st_writer;
 
 kvq_st_writer *kvq_st_writer_new(void); /* NULL on out of memory */
@@ -128,7 +143,8 @@ kvq_status kvq_st_writer_begin_file(kvq_st_writer *w, const char *path, int over
 kvq_status kvq_st_writer_begin_buffer(kvq_st_writer *w, kvq_err *err);
 kvq_status kvq_st_writer_write(kvq_st_writer *w, const void *data, size_t nbytes, kvq_err *err);
 kvq_status kvq_st_writer_finish(kvq_st_writer *w, kvq_err *err);
-/* Buffer mode, after finish: the serialized bytes (owned by the writer). */
+/* Buffer mode, after finish: the serialized bytes (owned by the writer, valid until
+ * free). NULL (and *size = 0) in file mode or before a successful finish. */
 const void *kvq_st_writer_buffer(const kvq_st_writer *w, size_t *size);
 
 #ifdef __cplusplus

@@ -1,0 +1,1144 @@
+/* safetensors.c — safetensors reader (mmap, zero-copy views) and streaming writer.
+ *
+ * The validation order and the status of each kind of problem are the contract in
+ * kvq/safetensors.h; this file follows that list top to bottom. */
+#include "kvq/safetensors.h"
+
+#include <assert.h>
+#include <cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/util.h"
+
+/* Largest integer every JSON reader represents exactly (doubles): dims and offsets
+ * must stay below it, so the writer never emits one the reader would refuse. */
+#define ST_JSON_INT_LIMIT (UINT64_C(1) << 53)
+
+/* ==========================================================================
+ * dtypes
+ * ========================================================================== */
+
+static const struct {
+    const char *name;
+    size_t size;
+} dtype_info[KVQ_DT_COUNT] = {
+    [KVQ_DT_BOOL] = {"BOOL", 1},       [KVQ_DT_U8] = {"U8", 1},
+    [KVQ_DT_I8] = {"I8", 1},           [KVQ_DT_F8_E4M3] = {"F8_E4M3", 1},
+    [KVQ_DT_F8_E5M2] = {"F8_E5M2", 1}, [KVQ_DT_I16] = {"I16", 2},
+    [KVQ_DT_U16] = {"U16", 2},         [KVQ_DT_F16] = {"F16", 2},
+    [KVQ_DT_BF16] = {"BF16", 2},       [KVQ_DT_I32] = {"I32", 4},
+    [KVQ_DT_U32] = {"U32", 4},         [KVQ_DT_F32] = {"F32", 4},
+    [KVQ_DT_I64] = {"I64", 8},         [KVQ_DT_U64] = {"U64", 8},
+    [KVQ_DT_F64] = {"F64", 8},
+};
+
+static int dtype_ok(kvq_dtype t) { return (unsigned)t < (unsigned)KVQ_DT_COUNT; }
+
+size_t kvq_dtype_size(kvq_dtype t) { return dtype_ok(t) ? dtype_info[t].size : 0; }
+
+const char *kvq_dtype_name(kvq_dtype t) { return dtype_ok(t) ? dtype_info[t].name : "?"; }
+
+int kvq_dtype_from_name(const char *name, kvq_dtype *t)
+{
+    if (!name)
+        return -1;
+    for (int i = 0; i < KVQ_DT_COUNT; i++)
+        if (strcmp(name, dtype_info[i].name) == 0) {
+            *t = (kvq_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+/* Bytes of a tensor: product of dims times the element size. A zero dim gives 0
+ * whatever the others are. Returns 0 on overflow of size_t. */
+static int tensor_nbytes(kvq_dtype t, int ndim, const int64_t *shape, size_t *out)
+{
+    size_t n = kvq_dtype_size(t);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0) {
+            *out = 0;
+            return 1;
+        }
+    for (int i = 0; i < ndim; i++)
+        if (!kvq_size_mul(n, (size_t)shape[i], &n))
+            return 0;
+    *out = n;
+    return 1;
+}
+
+/* "[2,3]" into buf, for messages. */
+static const char *shape_str(int ndim, const int64_t *shape, char *buf, size_t cap)
+{
+    size_t k = 0;
+    k += (size_t)snprintf(buf + k, cap - k, "[");
+    for (int i = 0; i < ndim && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? "," : "", (long long)shape[i]);
+    if (k < cap)
+        snprintf(buf + k, cap - k, "]");
+    return buf;
+}
+
+/* ==========================================================================
+ * reader
+ * ========================================================================== */
+
+struct kvq_st {
+    kvq_map map;              /* the file mapping; zeroed for open_memory */
+    size_t header_size;       /* 8 + N */
+    size_t data_size;         /* D */
+    kvq_tensor_view *tensors; /* [count], in data-offset order */
+    size_t count;
+    const kvq_tensor_view **by_name; /* [count], sorted by name, for find */
+    const char **meta;        /* [2 * n_meta]: key, value, ... sorted by key */
+    size_t n_meta;
+    char *strings;            /* one block holding every name, key and value */
+};
+
+static uint64_t read_le64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+static int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+static int is_hex(unsigned char c)
+{
+    return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
+
+/* Scans a JSON number at s[i..n) by the strict grammar
+ * -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? and returns the index after it,
+ * or 0 if it is malformed (including when a number character follows, as in "01"). */
+static size_t scan_number(const unsigned char *s, size_t n, size_t i)
+{
+    if (i < n && s[i] == '-')
+        i++;
+    if (i >= n || !is_digit(s[i]))
+        return 0;
+    if (s[i] == '0')
+        i++;
+    else
+        while (i < n && is_digit(s[i]))
+            i++;
+    if (i < n && s[i] == '.') {
+        if (++i >= n || !is_digit(s[i]))
+            return 0;
+        while (i < n && is_digit(s[i]))
+            i++;
+    }
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        if (++i < n && (s[i] == '+' || s[i] == '-'))
+            i++;
+        if (i >= n || !is_digit(s[i]))
+            return 0;
+        while (i < n && is_digit(s[i]))
+            i++;
+    }
+    if (i < n && (is_digit(s[i]) || s[i] == '.' || s[i] == '+' || s[i] == '-' || s[i] == 'e' ||
+                  s[i] == 'E'))
+        return 0;
+    return i;
+}
+
+/* Lexical pass before cJSON, which is lenient where JSON (and the reference reader)
+ * is not: it treats every byte <= 0x20 as whitespace, keeps raw control characters
+ * in strings, turns a bad \u escape into U+0000, skips a BOM and reads "+1" or "01"
+ * as numbers. Structure (brackets, commas, literals) is left to cJSON. */
+static kvq_status header_lex_check(const unsigned char *s, size_t n, const char *label,
+                                   kvq_err *err)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c == '"') {
+            size_t start = i++;
+            for (;;) {
+                if (i >= n)
+                    return kvq_err_set(err, KVQ_E_BAD_JSON,
+                                       "%s: header: string at byte %zu is not terminated", label,
+                                       start);
+                c = s[i];
+                if (c == '"') {
+                    i++;
+                    break;
+                }
+                if (c < 0x20)
+                    return kvq_err_set(err, KVQ_E_BAD_JSON,
+                                       "%s: header: raw control character 0x%02x in a string "
+                                       "at byte %zu",
+                                       label, c, i);
+                if (c != '\\') {
+                    i++;
+                    continue;
+                }
+                unsigned char e = i + 1 < n ? s[i + 1] : 0;
+                if (e == 'u') {
+                    if (n - i < 6 || !is_hex(s[i + 2]) || !is_hex(s[i + 3]) ||
+                        !is_hex(s[i + 4]) || !is_hex(s[i + 5]))
+                        return kvq_err_set(err, KVQ_E_BAD_JSON,
+                                           "%s: header: bad \\u escape at byte %zu", label, i);
+                    if (memcmp(s + i + 2, "0000", 4) == 0)
+                        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                                           "%s: header: \\u0000 in a string at byte %zu is not "
+                                           "supported",
+                                           label, i);
+                    i += 6;
+                } else if (e && strchr("\"\\/bfnrt", e)) {
+                    i += 2;
+                } else {
+                    return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header: bad escape at byte %zu",
+                                       label, i);
+                }
+            }
+        } else if (c == '-' || is_digit(c)) {
+            size_t end = scan_number(s, n, i);
+            if (!end)
+                return kvq_err_set(err, KVQ_E_BAD_JSON,
+                                   "%s: header: malformed number at byte %zu", label, i);
+            i = end;
+        } else if (is_ws(c) || strchr("{}[]:,", c) || (c >= 'a' && c <= 'z')) {
+            i++; /* letters: true/false/null, checked by the parser */
+        } else {
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header: unexpected byte 0x%02x at %zu",
+                               label, c, i);
+        }
+    }
+    return KVQ_OK;
+}
+
+/* A JSON number that must be a non-negative integer below 2^53. */
+static kvq_status json_uint(const cJSON *v, const char *label, const char *tname,
+                            const char *what, uint64_t *out, kvq_err *err)
+{
+    if (!cJSON_IsNumber(v))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': %s is not a number", label,
+                           tname, what);
+    double d = v->valuedouble;
+    if (d < 0)
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': %s %g is negative", label,
+                           tname, what, d);
+    if (d >= (double)ST_JSON_INT_LIMIT) /* checked before the cast below (also +Inf) */
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: tensor '%.100s': %s %g is not below 2^53",
+                           label, tname, what, d);
+    if (d != (double)(uint64_t)d)
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': %s %g is not an integer",
+                           label, tname, what, d);
+    *out = (uint64_t)d;
+    return KVQ_OK;
+}
+
+/* A tensor being parsed: its view (name still pointing into the JSON tree), its
+ * end offset and its position in the header (the last sort key). */
+typedef struct st_entry {
+    kvq_tensor_view v;
+    uint64_t end;
+    size_t order;
+} st_entry;
+
+/* One header entry {"dtype", "shape", "data_offsets"} into *e (checks 3 and 4). */
+static kvq_status parse_tensor(const cJSON *item, const char *label, st_entry *e, kvq_err *err)
+{
+    const char *name = item->string;
+    if (!cJSON_IsObject(item))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': entry is not an object",
+                           label, name);
+    const cJSON *dt = NULL, *shape = NULL, *offs = NULL, *f;
+    cJSON_ArrayForEach(f, item)
+    {
+        const cJSON **slot = !strcmp(f->string, "dtype")          ? &dt
+                             : !strcmp(f->string, "shape")        ? &shape
+                             : !strcmp(f->string, "data_offsets") ? &offs
+                                                                  : NULL;
+        if (!slot)
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': unknown key '%.60s'",
+                               label, name, f->string);
+        if (*slot)
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': duplicate key '%s'",
+                               label, name, f->string);
+        *slot = f;
+    }
+    if (!dt || !shape || !offs)
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': missing '%s'", label, name,
+                           !dt ? "dtype" : !shape ? "shape" : "data_offsets");
+    if (!cJSON_IsString(dt))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': dtype is not a string",
+                           label, name);
+    if (!cJSON_IsArray(shape))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tensor '%.100s': shape is not an array",
+                           label, name);
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2)
+        return kvq_err_set(err, KVQ_E_BAD_JSON,
+                           "%s: tensor '%.100s': data_offsets is not an array of two numbers",
+                           label, name);
+
+    memset(e, 0, sizeof *e);
+    e->v.name = name;
+    if (kvq_dtype_from_name(dt->valuestring, &e->v.dtype) != 0)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: tensor '%.100s': unknown dtype '%.40s'",
+                           label, name, dt->valuestring);
+    int ndim = cJSON_GetArraySize(shape);
+    if (ndim > KVQ_MAX_DIMS)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: tensor '%.100s': %d dims (at most %d supported)", label, name,
+                           ndim, KVQ_MAX_DIMS);
+    e->v.ndim = ndim;
+    int d = 0;
+    cJSON_ArrayForEach(f, shape)
+    {
+        uint64_t dim;
+        kvq_status s = json_uint(f, label, name, "shape dim", &dim, err);
+        if (s)
+            return s;
+        e->v.shape[d++] = (int64_t)dim;
+    }
+    uint64_t begin, end;
+    kvq_status s = json_uint(cJSON_GetArrayItem(offs, 0), label, name, "data offset", &begin, err);
+    if (!s)
+        s = json_uint(cJSON_GetArrayItem(offs, 1), label, name, "data offset", &end, err);
+    if (s)
+        return s;
+
+    char sh[8 * 21 + 4];
+    size_t nbytes;
+    if (!tensor_nbytes(e->v.dtype, ndim, e->v.shape, &nbytes))
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: tensor '%.100s': %s %s overflows a size",
+                           label, name, kvq_dtype_name(e->v.dtype),
+                           shape_str(ndim, e->v.shape, sh, sizeof sh));
+    if (begin > end)
+        return kvq_err_set(err, KVQ_E_CORRUPT,
+                           "%s: tensor '%.100s': data_offsets [%llu, %llu] are reversed", label,
+                           name, (unsigned long long)begin, (unsigned long long)end);
+    if ((uint64_t)nbytes != end - begin)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "%s: tensor '%.100s': data_offsets [%llu, %llu] but %s %s needs %zu "
+                           "bytes",
+                           label, name, (unsigned long long)begin, (unsigned long long)end,
+                           kvq_dtype_name(e->v.dtype), shape_str(ndim, e->v.shape, sh, sizeof sh),
+                           nbytes);
+    e->v.offset = begin;
+    e->v.nbytes = nbytes;
+    e->end = end;
+    return KVQ_OK;
+}
+
+static int cmp_entry_layout(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    if (x->v.offset != y->v.offset)
+        return x->v.offset < y->v.offset ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return (x->order > y->order) - (x->order < y->order);
+}
+
+static int cmp_view_name(const void *a, const void *b)
+{
+    const kvq_tensor_view *x = *(const kvq_tensor_view *const *)a;
+    const kvq_tensor_view *y = *(const kvq_tensor_view *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+/* meta is an array of (key, value) pairs of const char *. */
+static int cmp_meta_key(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Copies s to *p (NUL included), advances *p, returns the copy. */
+static const char *arena_put(char **p, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = *p;
+    memcpy(d, s, n);
+    *p += n;
+    return d;
+}
+
+/* Parses and validates the bytes p[0..size) into st (checks 1-7). */
+static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char *label,
+                          kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    cJSON *root = NULL;
+    st_entry *ents = NULL;
+
+    if (size < 8) {
+        s = kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
+                        "%s: %zu bytes, shorter than the 8-byte header length", label, size);
+        goto done;
+    }
+    uint64_t n = read_le64(p);
+    if (n > KVQ_ST_MAX_HEADER) {
+        s = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: header length %llu exceeds the %u-byte limit",
+                        label, (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
+        goto done;
+    }
+    if (n > size - 8) {
+        s = kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
+                        "%s: header length %llu but only %zu bytes follow", label,
+                        (unsigned long long)n, size - 8);
+        goto done;
+    }
+    const unsigned char *hdr = p + 8;
+    st->header_size = 8 + (size_t)n;
+    st->data_size = size - st->header_size;
+
+    /* 2-3: text, then JSON */
+    if (!kvq_utf8_valid((const char *)hdr, (size_t)n)) {
+        s = kvq_err_set(err, KVQ_E_BAD_UTF8, "%s: header is not valid UTF-8", label);
+        goto done;
+    }
+    if ((s = header_lex_check(hdr, (size_t)n, label, err)))
+        goto done;
+    const char *parse_end = NULL;
+    root = n ? cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &parse_end, 0) : NULL;
+    if (!root) {
+        s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not valid JSON (near byte %zu)",
+                        label, parse_end ? (size_t)(parse_end - (const char *)hdr) : (size_t)0);
+        goto done;
+    }
+    for (const unsigned char *q = (const unsigned char *)parse_end; q < hdr + n; q++)
+        if (!is_ws(*q)) {
+            s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header: trailing bytes after the JSON at %zu",
+                            label, (size_t)(q - hdr));
+            goto done;
+        }
+    if (!cJSON_IsObject(root)) {
+        s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not a JSON object", label);
+        goto done;
+    }
+
+    /* Count entries, find __metadata__. */
+    size_t n_items = 0, n_tensors = 0;
+    const cJSON *meta = NULL, *item;
+    cJSON_ArrayForEach(item, root)
+    {
+        n_items++;
+        if (strcmp(item->string, "__metadata__") != 0)
+            continue;
+        if (meta) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__", label);
+            goto done;
+        }
+        meta = item;
+    }
+    n_tensors = n_items - (meta != NULL);
+
+    size_t n_meta = 0;
+    if (meta) {
+        if (!cJSON_IsObject(meta)) {
+            s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: __metadata__ is not an object", label);
+            goto done;
+        }
+        cJSON_ArrayForEach(item, meta)
+        {
+            if (!cJSON_IsString(item)) {
+                s = kvq_err_set(err, KVQ_E_BAD_JSON,
+                                "%s: __metadata__ '%.100s' is not a string", label, item->string);
+                goto done;
+            }
+            n_meta++;
+        }
+    }
+
+    /* 4: tensors, in header order. Counts are bounded by the header length. */
+    ents = calloc(n_tensors ? n_tensors : 1, sizeof *ents);
+    st->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *st->tensors);
+    st->by_name = calloc(n_tensors ? n_tensors : 1, sizeof *st->by_name);
+    st->meta = calloc(n_meta ? 2 * n_meta : 1, sizeof *st->meta);
+    if (!ents || !st->tensors || !st->by_name || !st->meta) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    size_t k = 0, strings = 0;
+    cJSON_ArrayForEach(item, root)
+    {
+        if (item == meta)
+            continue;
+        if ((s = parse_tensor(item, label, &ents[k], err)))
+            goto done;
+        ents[k].order = k;
+        strings += strlen(item->string) + 1;
+        k++;
+    }
+    assert(k == n_tensors);
+    if (meta) {
+        k = 0;
+        cJSON_ArrayForEach(item, meta)
+        {
+            st->meta[2 * k] = item->string;
+            st->meta[2 * k + 1] = item->valuestring;
+            strings += strlen(item->string) + strlen(item->valuestring) + 2;
+            k++;
+        }
+    }
+
+    /* 5: duplicates */
+    for (size_t i = 0; i < n_tensors; i++)
+        st->by_name[i] = &ents[i].v;
+    qsort(st->by_name, n_tensors, sizeof *st->by_name, cmp_view_name);
+    for (size_t i = 1; i < n_tensors; i++)
+        if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate tensor name '%.100s'", label,
+                            st->by_name[i]->name);
+            goto done;
+        }
+    qsort(st->meta, n_meta, 2 * sizeof *st->meta, cmp_meta_key);
+    for (size_t i = 1; i < n_meta; i++)
+        if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__ key '%.100s'", label,
+                            st->meta[2 * i]);
+            goto done;
+        }
+
+    /* 6-7: layout */
+    qsort(ents, n_tensors, sizeof *ents, cmp_entry_layout);
+    uint64_t expected = 0;
+    for (size_t i = 0; i < n_tensors; i++) {
+        const st_entry *e = &ents[i];
+        if (e->v.offset < expected) {
+            s = kvq_err_set(err, KVQ_E_OVERLAP,
+                            "%s: tensor '%.100s': data_offsets [%llu, %llu] overlap the previous "
+                            "tensor ending at %llu",
+                            label, e->v.name, (unsigned long long)e->v.offset,
+                            (unsigned long long)e->end, (unsigned long long)expected);
+            goto done;
+        }
+        if (e->v.offset > expected) {
+            int outside = e->end > (uint64_t)st->data_size;
+            s = kvq_err_set(err, outside ? KVQ_E_OUT_OF_BOUNDS : KVQ_E_CORRUPT,
+                            "%s: tensor '%.100s': data_offsets [%llu, %llu] leave a hole at %llu%s",
+                            label, e->v.name, (unsigned long long)e->v.offset,
+                            (unsigned long long)e->end, (unsigned long long)expected,
+                            outside ? " and end past the data section" : "");
+            goto done;
+        }
+        expected = e->end;
+    }
+    if (expected > (uint64_t)st->data_size) {
+        s = kvq_err_set(err, KVQ_E_TRUNCATED_DATA,
+                        "%s: tensors need %llu data bytes but the file holds %zu", label,
+                        (unsigned long long)expected, st->data_size);
+        goto done;
+    }
+    if (expected < (uint64_t)st->data_size) {
+        s = kvq_err_set(err, KVQ_E_CORRUPT,
+                        "%s: %llu unreferenced bytes after the last tensor (data section %zu)",
+                        label, (unsigned long long)(st->data_size - expected), st->data_size);
+        goto done;
+    }
+
+    /* Valid: copy strings out of the JSON tree and point the views at the data. */
+    st->strings = malloc(strings ? strings : 1);
+    if (!st->strings) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    char *w = st->strings;
+    const uint8_t *data = p + st->header_size;
+    for (size_t i = 0; i < n_tensors; i++) {
+        st->tensors[i] = ents[i].v;
+        st->tensors[i].name = arena_put(&w, ents[i].v.name);
+        st->tensors[i].data = data + ents[i].v.offset;
+        st->by_name[i] = &st->tensors[i];
+    }
+    qsort(st->by_name, n_tensors, sizeof *st->by_name, cmp_view_name);
+    for (size_t i = 0; i < 2 * n_meta; i++)
+        st->meta[i] = arena_put(&w, st->meta[i]);
+    st->count = n_tensors;
+    st->n_meta = n_meta;
+done:
+    cJSON_Delete(root);
+    free(ents);
+    return s;
+}
+
+static void st_free(kvq_st *st)
+{
+    if (!st)
+        return;
+    free(st->tensors);
+    free(st->by_name);
+    free(st->meta);
+    free(st->strings);
+    kvq_unmap(&st->map);
+    free(st);
+}
+
+kvq_status kvq_st_open_memory(const void *data, size_t size, const char *label, kvq_st **out,
+                              kvq_err *err)
+{
+    *out = NULL;
+    if (!label)
+        label = "safetensors";
+    if (!data && size)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: NULL data", label);
+    kvq_st *st = calloc(1, sizeof *st);
+    if (!st)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+    kvq_status s = st_load(st, data, size, label, err);
+    if (s) {
+        st_free(st);
+        return s;
+    }
+    *out = st;
+    return KVQ_OK;
+}
+
+kvq_status kvq_st_open(const char *path, kvq_st **out, kvq_err *err)
+{
+    *out = NULL;
+    kvq_st *st = calloc(1, sizeof *st);
+    if (!st)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+    kvq_status s = kvq_map_file(path, &st->map, err);
+    if (!s)
+        s = st_load(st, st->map.data, st->map.size, path, err);
+    if (s) {
+        st_free(st);
+        return s;
+    }
+    *out = st;
+    return KVQ_OK;
+}
+
+void kvq_st_close(kvq_st *st) { st_free(st); }
+
+size_t kvq_st_count(const kvq_st *st) { return st->count; }
+
+const kvq_tensor_view *kvq_st_tensor(const kvq_st *st, size_t i)
+{
+    return i < st->count ? &st->tensors[i] : NULL;
+}
+
+const kvq_tensor_view *kvq_st_find(const kvq_st *st, const char *name)
+{
+    size_t lo = 0, hi = st->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->by_name[mid]->name, name);
+        if (c == 0)
+            return st->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+size_t kvq_st_meta_count(const kvq_st *st) { return st->n_meta; }
+
+const char *kvq_st_meta_key(const kvq_st *st, size_t i)
+{
+    return i < st->n_meta ? st->meta[2 * i] : NULL;
+}
+
+const char *kvq_st_meta_value(const kvq_st *st, size_t i)
+{
+    return i < st->n_meta ? st->meta[2 * i + 1] : NULL;
+}
+
+const char *kvq_st_meta_get(const kvq_st *st, const char *key)
+{
+    size_t lo = 0, hi = st->n_meta;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->meta[2 * mid], key);
+        if (c == 0)
+            return st->meta[2 * mid + 1];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+size_t kvq_st_header_size(const kvq_st *st) { return st->header_size; }
+
+size_t kvq_st_data_size(const kvq_st *st) { return st->data_size; }
+
+/* ==========================================================================
+ * writer
+ * ========================================================================== */
+
+typedef struct st_decl {
+    char *name;
+    kvq_dtype dtype;
+    int ndim;
+    int64_t shape[KVQ_MAX_DIMS];
+    uint64_t begin, end; /* offsets within the data section */
+} st_decl;
+
+typedef struct st_meta {
+    char *key, *value;
+} st_meta;
+
+enum { W_DECLARING, W_WRITING, W_FINISHED };
+
+struct kvq_st_writer {
+    st_decl *decls;            /* [n_decls], declaration order == layout order */
+    size_t n_decls, cap_decls;
+    size_t *slots;             /* [n_slots] name hash set: decl index + 1, 0 = empty */
+    size_t n_slots;
+    st_meta *meta;             /* [n_meta], sorted at begin */
+    size_t n_meta, cap_meta;
+    uint64_t data_size;        /* sum of the declared tensor sizes */
+
+    int state;
+    kvq_status failed;         /* sticky I/O failure */
+    char *label;               /* path, or "safetensors buffer" */
+    int to_file;
+    kvq_atomic_file af;        /* file mode */
+    uint8_t *out;              /* buffer mode: [out_size] the whole serialized file */
+    size_t out_size;
+    size_t header_total;       /* 8 + N */
+    uint64_t written;          /* data bytes written so far */
+    size_t cur;                /* first tensor not completely written */
+};
+
+kvq_st_writer *kvq_st_writer_new(void) { return calloc(1, sizeof(kvq_st_writer)); }
+
+void kvq_st_writer_free(kvq_st_writer *w)
+{
+    if (!w)
+        return;
+    kvq_atomic_abort(&w->af); /* removes the temporary unless finish committed it */
+    for (size_t i = 0; i < w->n_decls; i++)
+        free(w->decls[i].name);
+    for (size_t i = 0; i < w->n_meta; i++) {
+        free(w->meta[i].key);
+        free(w->meta[i].value);
+    }
+    free(w->decls);
+    free(w->slots);
+    free(w->meta);
+    free(w->label);
+    free(w->out);
+    free(w);
+}
+
+static size_t name_hash(const char *s)
+{
+    return (size_t)kvq_fnv1a64(s, strlen(s), KVQ_FNV1A64_INIT);
+}
+
+/* Slot of `name` in the hash set: where it is, or the empty slot where it would go. */
+static size_t name_slot(const kvq_st_writer *w, const char *name)
+{
+    size_t mask = w->n_slots - 1, i = name_hash(name) & mask;
+    while (w->slots[i] && strcmp(w->decls[w->slots[i] - 1].name, name) != 0)
+        i = (i + 1) & mask;
+    return i;
+}
+
+/* Keeps the load factor of the name set at most 1/2. Returns 0 on out of memory. */
+static int names_reserve(kvq_st_writer *w, size_t n)
+{
+    if (2 * n <= w->n_slots)
+        return 1;
+    size_t cap = w->n_slots ? 2 * w->n_slots : 16;
+    while (2 * n > cap)
+        cap *= 2;
+    size_t *old = w->slots, old_n = w->n_slots;
+    w->slots = calloc(cap, sizeof *w->slots);
+    if (!w->slots) {
+        w->slots = old;
+        return 0;
+    }
+    w->n_slots = cap;
+    for (size_t i = 0; i < old_n; i++)
+        if (old[i])
+            w->slots[name_slot(w, w->decls[old[i] - 1].name)] = old[i];
+    free(old);
+    return 1;
+}
+
+kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype dtype, int ndim,
+                                 const int64_t *shape, kvq_err *err)
+{
+    if (!w || !name || (ndim > 0 && !shape))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL argument");
+    if (w->state != W_DECLARING)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: tensor '%.100s' declared after begin", name);
+    if (!kvq_utf8_valid(name, strlen(name)))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: tensor name is not valid UTF-8");
+    if (strcmp(name, "__metadata__") == 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: '__metadata__' is reserved");
+    if (!dtype_ok(dtype))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: tensor '%.100s': bad dtype %d", name, (int)dtype);
+    if (ndim < 0 || ndim > KVQ_MAX_DIMS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: tensor '%.100s': ndim %d not in [0, %d]", name,
+                           ndim, KVQ_MAX_DIMS);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "safetensors writer: tensor '%.100s': negative dim %lld", name,
+                               (long long)shape[i]);
+        if ((uint64_t)shape[i] >= ST_JSON_INT_LIMIT)
+            return kvq_err_set(err, KVQ_E_TOO_LARGE,
+                               "safetensors writer: tensor '%.100s': dim %lld is not below 2^53",
+                               name, (long long)shape[i]);
+    }
+    size_t nbytes;
+    uint64_t end;
+    if (!tensor_nbytes(dtype, ndim, shape, &nbytes) ||
+        __builtin_add_overflow(w->data_size, (uint64_t)nbytes, &end) || end >= ST_JSON_INT_LIMIT)
+        return kvq_err_set(err, KVQ_E_TOO_LARGE,
+                           "safetensors writer: tensor '%.100s': data section would exceed 2^53 "
+                           "bytes",
+                           name);
+    if (!names_reserve(w, w->n_decls + 1))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+    size_t slot = name_slot(w, name);
+    if (w->slots[slot])
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: tensor '%.100s' declared twice", name);
+    if (w->n_decls == w->cap_decls) {
+        size_t cap = w->cap_decls ? 2 * w->cap_decls : 16;
+        st_decl *nd = realloc(w->decls, cap * sizeof *nd);
+        if (!nd)
+            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+        w->decls = nd;
+        w->cap_decls = cap;
+    }
+    st_decl *d = &w->decls[w->n_decls];
+    memset(d, 0, sizeof *d);
+    if (!(d->name = strdup(name)))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+    d->dtype = dtype;
+    d->ndim = ndim;
+    for (int i = 0; i < ndim; i++)
+        d->shape[i] = shape[i];
+    d->begin = w->data_size;
+    d->end = end;
+    w->data_size = end;
+    w->slots[slot] = ++w->n_decls;
+    return KVQ_OK;
+}
+
+kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char *value,
+                                  kvq_err *err)
+{
+    if (!w || !key || !value)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL argument");
+    if (w->state != W_DECLARING)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: metadata '%.100s' set after begin", key);
+    if (!kvq_utf8_valid(key, strlen(key)) || !kvq_utf8_valid(value, strlen(value)))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "safetensors writer: metadata is not valid UTF-8");
+    if (w->n_meta == w->cap_meta) {
+        size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
+        st_meta *nm = realloc(w->meta, cap * sizeof *nm);
+        if (!nm)
+            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+        w->meta = nm;
+        w->cap_meta = cap;
+    }
+    char *v = strdup(value);
+    if (!v)
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+    for (size_t i = 0; i < w->n_meta; i++)
+        if (strcmp(w->meta[i].key, key) == 0) { /* set again: the last value wins */
+            free(w->meta[i].value);
+            w->meta[i].value = v;
+            return KVQ_OK;
+        }
+    char *k = strdup(key);
+    if (!k) {
+        free(v);
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
+    }
+    w->meta[w->n_meta].key = k;
+    w->meta[w->n_meta].value = v;
+    w->n_meta++;
+    return KVQ_OK;
+}
+
+/* ---- header serialization ---------------------------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->cap - b->len < n) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap - b->len < n) {
+            if (cap > SIZE_MAX / 2) {
+                b->oom = 1;
+                return;
+            }
+            cap *= 2;
+        }
+        char *np = realloc(b->p, cap);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static void sb_u64(sbuf *b, uint64_t v)
+{
+    char t[24];
+    int n = snprintf(t, sizeof t, "%llu", (unsigned long long)v);
+    sb_put(b, t, (size_t)n);
+}
+
+/* A JSON string literal: quote, backslash and control characters escaped, other
+ * bytes (valid UTF-8, checked at declare/set_meta) copied as they are. */
+static void sb_json_str(sbuf *b, const char *s)
+{
+    sb_put(b, "\"", 1);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        char t[8];
+        switch (*c) {
+        case '"': sb_put(b, "\\\"", 2); break;
+        case '\\': sb_put(b, "\\\\", 2); break;
+        case '\b': sb_put(b, "\\b", 2); break;
+        case '\f': sb_put(b, "\\f", 2); break;
+        case '\n': sb_put(b, "\\n", 2); break;
+        case '\r': sb_put(b, "\\r", 2); break;
+        case '\t': sb_put(b, "\\t", 2); break;
+        default:
+            if (*c < 0x20) {
+                snprintf(t, sizeof t, "\\u%04x", *c);
+                sb_put(b, t, 6);
+            } else {
+                sb_put(b, (const char *)c, 1);
+            }
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+static int cmp_meta(const void *a, const void *b)
+{
+    return strcmp(((const st_meta *)a)->key, ((const st_meta *)b)->key);
+}
+
+/* The 8-byte length and the JSON header, padded with spaces to a multiple of 8.
+ * *out is malloc'd. */
+static kvq_status build_header(kvq_st_writer *w, const char *label, char **out, size_t *size,
+                               kvq_err *err)
+{
+    sbuf b = {0};
+    if (w->n_meta)
+        qsort(w->meta, w->n_meta, sizeof *w->meta, cmp_meta);
+    sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
+    sb_puts(&b, "{");
+    if (w->n_meta) {
+        sb_puts(&b, "\"__metadata__\":{");
+        for (size_t i = 0; i < w->n_meta; i++) {
+            if (i)
+                sb_puts(&b, ",");
+            sb_json_str(&b, w->meta[i].key);
+            sb_puts(&b, ":");
+            sb_json_str(&b, w->meta[i].value);
+        }
+        sb_puts(&b, "}");
+    }
+    for (size_t i = 0; i < w->n_decls; i++) {
+        const st_decl *d = &w->decls[i];
+        if (i || w->n_meta)
+            sb_puts(&b, ",");
+        sb_json_str(&b, d->name);
+        sb_puts(&b, ":{\"dtype\":\"");
+        sb_puts(&b, kvq_dtype_name(d->dtype));
+        sb_puts(&b, "\",\"shape\":[");
+        for (int k = 0; k < d->ndim; k++) {
+            if (k)
+                sb_puts(&b, ",");
+            sb_u64(&b, (uint64_t)d->shape[k]);
+        }
+        sb_puts(&b, "],\"data_offsets\":[");
+        sb_u64(&b, d->begin);
+        sb_puts(&b, ",");
+        sb_u64(&b, d->end);
+        sb_puts(&b, "]}");
+    }
+    sb_puts(&b, "}");
+    while ((b.len - 8) % 8)
+        sb_puts(&b, " ");
+    if (b.oom) {
+        free(b.p);
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+    }
+    uint64_t n = b.len - 8;
+    if (n > KVQ_ST_MAX_HEADER) {
+        free(b.p);
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: header of %llu bytes exceeds the %u limit",
+                           label, (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
+    }
+    for (int i = 0; i < 8; i++)
+        b.p[i] = (char)(n >> (8 * i));
+    *out = b.p;
+    *size = b.len;
+    return KVQ_OK;
+}
+
+/* Skips the tensors already complete (zero-size ones included). */
+static void advance_cur(kvq_st_writer *w)
+{
+    while (w->cur < w->n_decls && w->decls[w->cur].end <= w->written)
+        w->cur++;
+}
+
+static kvq_status writer_begin(kvq_st_writer *w, const char *path, int overwrite, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    char *hdr = NULL;
+    size_t hsize = 0;
+    if (!w)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL writer");
+    const char *label = path ? path : "safetensors buffer";
+    if (w->state != W_DECLARING)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: writer already begun", label);
+    if (!(w->label = strdup(label))) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    if ((s = build_header(w, label, &hdr, &hsize, err)))
+        goto done;
+    w->header_total = hsize;
+    if (path) {
+        if ((s = kvq_atomic_open(path, overwrite, &w->af, err)))
+            goto done;
+        w->to_file = 1;
+        if (fwrite(hdr, 1, hsize, w->af.fp) != hsize) {
+            kvq_atomic_abort(&w->af);
+            s = kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+            goto done;
+        }
+    } else {
+        size_t total;
+        if (!kvq_size_add(hsize, (size_t)w->data_size, &total)) {
+            s = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: too large for memory", label);
+            goto done;
+        }
+        if (!(w->out = malloc(total))) {
+            s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory (%zu bytes)", label, total);
+            goto done;
+        }
+        memcpy(w->out, hdr, hsize);
+        w->out_size = total;
+    }
+    w->state = W_WRITING;
+    advance_cur(w);
+done:
+    if (s) {
+        free(w->label);
+        w->label = NULL;
+    }
+    free(hdr);
+    return s;
+}
+
+kvq_status kvq_st_writer_begin_file(kvq_st_writer *w, const char *path, int overwrite,
+                                    kvq_err *err)
+{
+    if (!path)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL path");
+    return writer_begin(w, path, overwrite, err);
+}
+
+kvq_status kvq_st_writer_begin_buffer(kvq_st_writer *w, kvq_err *err)
+{
+    return writer_begin(w, NULL, 0, err);
+}
+
+kvq_status kvq_st_writer_write(kvq_st_writer *w, const void *data, size_t nbytes, kvq_err *err)
+{
+    if (!w || (!data && nbytes))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL argument");
+    if (w->state != W_WRITING)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: write %s",
+                           w->state == W_DECLARING ? "before begin" : "after finish");
+    if (w->failed)
+        return kvq_err_set(err, w->failed, "%s: an earlier write failed", w->label);
+    uint64_t left = w->data_size - w->written;
+    if ((uint64_t)nbytes > left)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: write of %zu bytes but only %llu of the declared %llu data bytes "
+                           "remain",
+                           w->label, nbytes, (unsigned long long)left,
+                           (unsigned long long)w->data_size);
+    if (nbytes == 0)
+        return KVQ_OK;
+    if (w->to_file) {
+        if (fwrite(data, 1, nbytes, w->af.fp) != nbytes) {
+            w->failed = KVQ_E_IO;
+            return kvq_err_set(err, KVQ_E_IO, "%s: write failed", w->label);
+        }
+    } else {
+        memcpy(w->out + w->header_total + (size_t)w->written, data, nbytes);
+    }
+    w->written += nbytes;
+    advance_cur(w);
+    return KVQ_OK;
+}
+
+kvq_status kvq_st_writer_finish(kvq_st_writer *w, kvq_err *err)
+{
+    if (!w)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: NULL writer");
+    if (w->state != W_WRITING)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "safetensors writer: finish %s",
+                           w->state == W_DECLARING ? "before begin" : "called twice");
+    if (w->failed)
+        return kvq_err_set(err, w->failed, "%s: an earlier write failed", w->label);
+    if (w->written < w->data_size) {
+        const st_decl *d = &w->decls[w->cur];
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: finish with tensor '%.100s' incomplete: %llu of %llu bytes "
+                           "written",
+                           w->label, d->name, (unsigned long long)(w->written - d->begin),
+                           (unsigned long long)(d->end - d->begin));
+    }
+    if (w->to_file) {
+        kvq_status s = kvq_atomic_commit(&w->af, err);
+        if (s) {
+            w->failed = s;
+            return s;
+        }
+    }
+    w->state = W_FINISHED;
+    return KVQ_OK;
+}
+
+const void *kvq_st_writer_buffer(const kvq_st_writer *w, size_t *size)
+{
+    if (!w || w->state != W_FINISHED || w->to_file) {
+        if (size)
+            *size = 0;
+        return NULL;
+    }
+    if (size)
+        *size = w->out_size;
+    return w->out;
+}
