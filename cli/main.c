@@ -7,9 +7,19 @@
 
 static int cmd_help(int argc, char **argv);
 static int cmd_version(int argc, char **argv);
+int cmd_capture(int argc, char **argv); /* cmd_capture.c */
+int cmd_inspect(int argc, char **argv); /* cmd_inspect.c */
+int cmd_moments(int argc, char **argv); /* cmd_moments.c */
+int cmd_run(int argc, char **argv);     /* cmd_run.c */
+int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
 
 /* Keep in pipeline order; `kvq help` prints them as listed. */
 static const cli_command commands[] = {
+    {"capture", "record pre-RoPE Q, K, V per layer over a corpus (or merge captures)", cmd_capture},
+    {"moments", "query second moments H and Cholesky factors from a capture", cmd_moments},
+    {"run", "generate text from a model (full attention)", cmd_run},
+    {"eval", "perplexity of a model on a corpus (full attention)", cmd_eval},
+    {"inspect", "describe a GGUF, safetensors, .kvq file or capture directory", cmd_inspect},
     {"version", "print the version and build configuration", cmd_version},
     {"help", "list commands, or show one command's help", cmd_help},
 };

@@ -15,5 +15,13 @@
 
 #include "kvq/common.h"
 #include "kvq/util.h"
+#include "kvq/half.h"
+#include "kvq/safetensors.h"
+#include "kvq/gguf.h"
+#include "kvq/artifact.h"
+#include "kvq/rope.h"
+#include "kvq/kmeans.h"
+#include "kvq/tokenizer.h"
+#include "kvq/corpus.h"
 
 #endif

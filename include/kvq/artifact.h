@@ -2,9 +2,10 @@
  * kvq/artifact.h — the .kvq artifact: one file, shipped next to the weights.
  *
  * Layout (docs/format.md is the full specification):
- *   1. a zstd skippable frame (magic 0x184D2A5B, u32 LE size = 24) whose content is
- *      "KVQA" (4 bytes), u32 LE major version, u32 LE minor version, u32 LE flags (0),
- *      u64 LE payload size (bytes of the decompressed safetensors payload);
+ *   1. a zstd skippable frame (magic 0x184D2A5B, u32 LE size = 24; a later minor
+ *      version may append fields, so readers accept >= 24 and skip the rest) whose
+ *      content is "KVQA" (4 bytes), u32 LE major version, u32 LE minor version,
+ *      u32 LE flags (0), u64 LE payload size (bytes of the decompressed payload);
  *   2. one zstd frame with the content checksum on, holding a safetensors file:
  *      tensors plus __metadata__ (model identity, method settings, provenance).
  * A reader refuses a major version it does not know (KVQ_E_VERSION) and accepts a
@@ -26,27 +27,113 @@ extern "C" {
 #define KVQ_ARTIFACT_MINOR 0
 #define KVQ_ARTIFACT_MAX_PAYLOAD ((uint64_t)64 << 30) /* 64 GiB sanity bound */
 
+/* ---- names (docs/format.md, "Metadata" and "Tensors") --------------------------
+ * Metadata values are strings: integers in decimal, floats printed with "%.17g". */
+#define KVQ_META_ARCH             "model.architecture"      /* required */
+#define KVQ_META_N_LAYERS         "model.n_layers"          /* required */
+#define KVQ_META_N_HEADS          "model.n_heads"           /* required */
+#define KVQ_META_N_KV_HEADS       "model.n_kv_heads"        /* required */
+#define KVQ_META_HEAD_DIM         "model.head_dim"          /* required */
+#define KVQ_META_ROPE_BASE        "model.rope.base"         /* required */
+#define KVQ_META_ROPE_LAYOUT      "model.rope.layout"       /* required: interleaved|half */
+#define KVQ_META_ROPE_SCALING     "model.rope.scaling"      /* required: none|linear|llama3 */
+#define KVQ_META_ROPE_FACTOR      "model.rope.factor"       /* linear, llama3 */
+#define KVQ_META_ROPE_LOW_FREQ    "model.rope.low_freq_factor"  /* llama3 */
+#define KVQ_META_ROPE_HIGH_FREQ   "model.rope.high_freq_factor" /* llama3 */
+#define KVQ_META_ROPE_ORIG_MAX    "model.rope.original_max_pos" /* llama3 */
+#define KVQ_META_METHOD           "method"                  /* required: see KVQ_METHOD_* */
+#define KVQ_META_CODEBOOK_SIZE    "codebook_size"           /* required unless method none */
+#define KVQ_META_GROUPS           "groups"                  /* required unless method none */
+#define KVQ_META_WROPE_W          "wrope.w"                 /* required unless method none */
+#define KVQ_META_WROPE_B          "wrope.b"                 /* required unless method none */
+#define KVQ_META_SEED             "seed"                    /* required unless method none */
+#define KVQ_META_LAYERS           "layers"                  /* optional: "0-3,5"; default all */
+#define KVQ_META_CORPUS_HASH      "provenance.corpus_hash"
+#define KVQ_META_N_TOKENS         "provenance.n_tokens"
+#define KVQ_META_TOOL_VERSION     "provenance.tool_version" /* required */
+#define KVQ_META_BACKEND          "provenance.backend"
+
+#define KVQ_METHOD_NONE          "none"          /* thresholds/schedules only */
+#define KVQ_METHOD_VQ            "vq"            /* plain VQ of pre-RoPE keys (L = I) */
+#define KVQ_METHOD_QA_VQ         "qa-vq"         /* query-aware VQ in z = k L space */
+#define KVQ_METHOD_POST_ROPE_VQ  "post-rope-vq"  /* baseline: VQ of post-RoPE keys */
+
+/* Tensor names: printf formats taking (layer, kv head[, group]). */
+#define KVQ_TENSOR_CODEBOOK       "layer.%d.head.%d.codebook"          /* [K, d] */
+#define KVQ_TENSOR_GROUP_CODEBOOK "layer.%d.head.%d.group.%d.codebook" /* [K, d/G] */
+#define KVQ_TENSOR_CZ             "layer.%d.head.%d.Cz"                /* [K, d] */
+#define KVQ_TENSOR_GROUP_CZ       "layer.%d.head.%d.group.%d.Cz"       /* [K, d/G] */
+#define KVQ_TENSOR_L              "layer.%d.head.%d.L"                 /* [d, d] */
+#define KVQ_TENSOR_LINV           "layer.%d.head.%d.Linv"              /* [d, d] */
+#define KVQ_TENSOR_LEANKV_ALPHA_H "thresholds.leankv.alpha_h" /* [] or [n_layers, n_kv_heads] */
+#define KVQ_TENSOR_LEANKV_ALPHA_L "thresholds.leankv.alpha_l" /* [] or [n_layers, n_kv_heads] */
+
 typedef struct kvq_artifact kvq_artifact;
 
-/* Reads, checks and decompresses an artifact. Errors: NOT_FOUND, IO, BAD_MAGIC,
- * VERSION, TRUNCATED_HEADER, TRUNCATED_DATA, TOO_LARGE, CHECKSUM, CORRUPT, NOMEM and
- * every safetensors error of the payload. */
+/* Reads, checks and decompresses an artifact, checking in this order (the first
+ * problem found is reported; messages start with "path: " or "label: "):
+ *   1. fewer than 4 bytes that match the skippable magic    KVQ_E_TRUNCATED_HEADER
+ *      a first u32 that is not 0x184D2A5B (or a short prefix that differs)
+ *                                                           KVQ_E_BAD_MAGIC
+ *   2. the tag "KVQA" missing or different                  KVQ_E_BAD_MAGIC
+ *      (TRUNCATED_HEADER when the file ends inside a matching tag)
+ *   3. major version != KVQ_ARTIFACT_MAJOR (named in the message)
+ *                                                           KVQ_E_VERSION
+ *      (a higher minor version is accepted)
+ *   4. header frame size < 24                               KVQ_E_CORRUPT
+ *      file ends inside the header frame                    KVQ_E_TRUNCATED_HEADER
+ *   5. flags != 0                                           KVQ_E_UNSUPPORTED
+ *   6. payload size > KVQ_ARTIFACT_MAX_PAYLOAD              KVQ_E_TOO_LARGE
+ *   7. the zstd frame: missing or ends early                KVQ_E_TRUNCATED_DATA
+ *      not a zstd frame, bytes after it, no content checksum, no content size,
+ *      content size != header payload size, content size impossible for the
+ *      compressed size (more than 128 KiB per 3 bytes)      KVQ_E_CORRUPT
+ *   (only now is the payload buffer allocated:              KVQ_E_NOMEM)
+ *   8. decompression: content checksum mismatch             KVQ_E_CHECKSUM
+ *      any other error zstd reports                         KVQ_E_CORRUPT
+ *   9. the payload as safetensors: every kvq_st_open_memory error.
+ * Errors: NOT_FOUND, IO and those above. open_memory does not keep `data`.
+ * Cost: one pass of zstd decompression; memory is the decompressed payload (held
+ * until close; tensor views point into it) plus the safetensors index. */
 kvq_status kvq_artifact_open(const char *path, kvq_artifact **out, kvq_err *err);
 kvq_status kvq_artifact_open_memory(const void *data, size_t size, const char *label,
                                     kvq_artifact **out, kvq_err *err);
-void kvq_artifact_close(kvq_artifact *a);
+void kvq_artifact_close(kvq_artifact *a); /* NULL is fine */
 
 uint32_t kvq_artifact_major(const kvq_artifact *a);
 uint32_t kvq_artifact_minor(const kvq_artifact *a);
-/* The payload: tensors and __metadata__ through the safetensors API. */
+/* The payload: tensors and __metadata__ through the safetensors API. Valid until
+ * close. */
 const kvq_st *kvq_artifact_payload(const kvq_artifact *a);
+/* The decompressed payload itself (a safetensors file of payload_size bytes), e.g.
+ * to save it or re-encode it. Owned by the artifact; valid until close. */
+const void *kvq_artifact_payload_data(const kvq_artifact *a);
+size_t kvq_artifact_payload_size(const kvq_artifact *a);
+
+/* Checks the content against the version-1 rules of docs/format.md ("Metadata",
+ * "Tensors"): required metadata keys present and well-formed, known method, and
+ * for each layer listed in "layers" (default all) and each KV head, the tensors the
+ * method needs with dtype F32 and the documented shape; LeanKV thresholds, when
+ * present, shaped [] or [n_layers, n_kv_heads]. open() does not call it (a reader
+ * that only lists tensors need not care); loaders and `kvq inspect` do.
+ * Errors: KVQ_E_CORRUPT (a required key or tensor missing, a malformed value),
+ * KVQ_E_UNSUPPORTED (unknown method, layout or scaling), KVQ_E_SHAPE_MISMATCH (a
+ * tensor with the wrong dtype or shape). The message names the key or tensor. */
+kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
 
 /* Compresses a serialized safetensors payload (e.g. from a kvq_st_writer in buffer
- * mode) into an artifact at `path`, atomically. zstd_level 0 = default (19).
- * The output depends only on the payload and the level. */
+ * mode) into an artifact at `path`, atomically: the bytes go to a temporary name in
+ * the same directory, renamed over `path` only when complete; on any failure nothing
+ * is left. overwrite = 0: KVQ_E_EXISTS if `path` exists. zstd_level 0 = default (19);
+ * otherwise within [ZSTD_minCLevel(), ZSTD_maxCLevel()] (KVQ_E_INVALID_ARG).
+ * The payload must open as safetensors (KVQ_E_INVALID_ARG naming the problem): the
+ * writer never produces a file the reader refuses. Compression is single-threaded
+ * with the content checksum and content size on, so the output depends only on the
+ * payload and the level. Errors: INVALID_ARG, TOO_LARGE, EXISTS, IO, NOMEM, BACKEND.
+ * Cost: level 19 compresses a few MB/s; memory is the payload's compress bound. */
 kvq_status kvq_artifact_write(const char *path, int overwrite, const void *payload,
                               size_t payload_size, int zstd_level, kvq_err *err);
-/* The same into a malloc'd buffer (free()). */
+/* The same into a malloc'd buffer (free()); *out is NULL on failure. */
 kvq_status kvq_artifact_encode(const void *payload, size_t payload_size, int zstd_level,
                                void **out, size_t *out_size, kvq_err *err);
 

@@ -1,0 +1,579 @@
+/* capture_dir.c — capture.json reader and the model identity helpers (kvq/capture_dir.h). */
+#include "kvq/capture_dir.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvq/util.h"
+
+/* ======================================================================================
+ * JSON field helpers. Each names the file and the dotted key on failure.
+ * ====================================================================================== */
+
+typedef struct jctx {
+    const char *label; /* "DIR/capture.json" */
+    kvq_err *err;
+} jctx;
+
+/* The member `key` of obj, or NULL. Missing + required -> BAD_JSON. */
+static const cJSON *j_member(const jctx *j, const cJSON *obj, const char *path, const char *key,
+                             int required, kvq_status *st)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v && required)
+        *st = kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: missing key %s%s", j->label, path, key);
+    return v;
+}
+
+/* An integer in [min, max]. JSON numbers are doubles: integral values up to 2^53. */
+static kvq_status j_int(const jctx *j, const cJSON *obj, const char *path, const char *key,
+                        int required, int64_t min, int64_t max, int64_t *out)
+{
+    kvq_status st = KVQ_OK;
+    const cJSON *v = j_member(j, obj, path, key, required, &st);
+    if (!v)
+        return st;
+    if (!cJSON_IsNumber(v))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s%s must be a number", j->label, path,
+                           key);
+    double d = v->valuedouble;
+    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s%s must be an integer (got %g)",
+                           j->label, path, key, d);
+    if (d < (double)min || d > (double)max)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %s%s = %.0f is outside [%" PRId64
+                           ", %" PRId64 "]", j->label, path, key, d, min, max);
+    *out = (int64_t)d;
+    return KVQ_OK;
+}
+
+static kvq_status j_i32(const jctx *j, const cJSON *obj, const char *path, const char *key,
+                        int32_t min, int32_t max, int32_t *out)
+{
+    int64_t v = 0;
+    kvq_status st = j_int(j, obj, path, key, 1, min, max, &v);
+    if (st == KVQ_OK)
+        *out = (int32_t)v;
+    return st;
+}
+
+static kvq_status j_num(const jctx *j, const cJSON *obj, const char *path, const char *key,
+                        int required, double *out)
+{
+    kvq_status st = KVQ_OK;
+    const cJSON *v = j_member(j, obj, path, key, required, &st);
+    if (!v)
+        return st;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s%s must be a finite number", j->label,
+                           path, key);
+    *out = v->valuedouble;
+    return KVQ_OK;
+}
+
+/* A string copied into buf[cap]; too long -> CORRUPT. */
+static kvq_status j_str(const jctx *j, const cJSON *obj, const char *path, const char *key,
+                        int required, char *buf, size_t cap)
+{
+    kvq_status st = KVQ_OK;
+    const cJSON *v = j_member(j, obj, path, key, required, &st);
+    if (!v)
+        return st;
+    if (!cJSON_IsString(v))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s%s must be a string", j->label, path,
+                           key);
+    size_t n = strlen(v->valuestring);
+    if (n >= cap)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %s%s is longer than %zu bytes", j->label,
+                           path, key, cap - 1);
+    memcpy(buf, v->valuestring, n + 1);
+    return KVQ_OK;
+}
+
+/* ======================================================================================
+ * capture.json
+ * ====================================================================================== */
+
+static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
+{
+    kvq_status st;
+    const char *p = "model.";
+    char buf[32];
+    if (!cJSON_IsObject(m))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: model must be an object", j->label);
+    if ((st = j_str(j, m, p, "path", 0, id->path, sizeof id->path)) ||
+        (st = j_str(j, m, p, "source", 1, id->source, sizeof id->source)) ||
+        (st = j_str(j, m, p, "architecture", 1, id->architecture, sizeof id->architecture)) ||
+        (st = j_i32(j, m, p, "n_layers", 1, 1 << 20, &id->n_layers)) ||
+        (st = j_i32(j, m, p, "dim", 1, INT32_MAX, &id->dim)) ||
+        (st = j_i32(j, m, p, "hidden_dim", 1, INT32_MAX, &id->hidden_dim)) ||
+        (st = j_i32(j, m, p, "n_heads", 1, 1 << 16, &id->n_heads)) ||
+        (st = j_i32(j, m, p, "n_kv_heads", 1, 1 << 16, &id->n_kv_heads)) ||
+        (st = j_i32(j, m, p, "head_dim", 2, KVQ_ROPE_MAX_DIM, &id->head_dim)) ||
+        (st = j_i32(j, m, p, "vocab_size", 1, INT32_MAX, &id->vocab_size)) ||
+        (st = j_i32(j, m, p, "context_length", 1, INT32_MAX, &id->context_length)) ||
+        (st = j_num(j, m, p, "norm_eps", 1, &id->norm_eps)))
+        return st;
+    if (id->n_heads % id->n_kv_heads)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                           "%s: model.n_heads %d is not a multiple of model.n_kv_heads %d",
+                           j->label, id->n_heads, id->n_kv_heads);
+    if (id->head_dim % 2)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.head_dim %d is odd", j->label,
+                           id->head_dim);
+
+    const cJSON *r = j_member(j, m, p, "rope", 1, &st);
+    if (!r)
+        return st;
+    if (!cJSON_IsObject(r))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: model.rope must be an object", j->label);
+    const char *rp = "model.rope.";
+    id->rope = kvq_rope_default(id->head_dim);
+    if ((st = j_num(j, r, rp, "base", 1, &id->rope.base)))
+        return st;
+    if ((st = j_str(j, r, rp, "layout", 1, buf, sizeof buf)))
+        return st == KVQ_E_CORRUPT ? kvq_err_set(j->err, KVQ_E_UNSUPPORTED,
+                                                 "%s: unknown model.rope.layout", j->label)
+                                   : st;
+    if (kvq_rope_layout_parse(buf, &id->rope.layout))
+        return kvq_err_set(j->err, KVQ_E_UNSUPPORTED, "%s: unknown model.rope.layout \"%s\"",
+                           j->label, buf);
+    if ((st = j_str(j, r, rp, "scaling", 1, buf, sizeof buf)))
+        return st == KVQ_E_CORRUPT ? kvq_err_set(j->err, KVQ_E_UNSUPPORTED,
+                                                 "%s: unknown model.rope.scaling", j->label)
+                                   : st;
+    if (kvq_rope_scaling_parse(buf, &id->rope.scaling))
+        return kvq_err_set(j->err, KVQ_E_UNSUPPORTED, "%s: unknown model.rope.scaling \"%s\"",
+                           j->label, buf);
+    if ((st = j_num(j, r, rp, "factor", 0, &id->rope.factor)) ||
+        (st = j_num(j, r, rp, "low_freq_factor", 0, &id->rope.low_freq_factor)) ||
+        (st = j_num(j, r, rp, "high_freq_factor", 0, &id->rope.high_freq_factor)) ||
+        (st = j_num(j, r, rp, "original_max_pos", 0, &id->rope.original_max_pos)))
+        return st;
+    kvq_err re = {0};
+    if (kvq_rope_check(&id->rope, &re) != KVQ_OK)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.%s", j->label, re.msg);
+    return KVQ_OK;
+}
+
+static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
+    char buf[64];
+    int64_t v = 0;
+    if (!cJSON_IsObject(root))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: not a JSON object", j->label);
+
+    if ((st = j_str(j, root, "", "format", 1, buf, sizeof buf)) && st != KVQ_E_CORRUPT)
+        return st;
+    if (st || strcmp(buf, KVQ_CAPTURE_FORMAT))
+        return kvq_err_set(j->err, KVQ_E_BAD_MAGIC, "%s: format is not \"%s\"", j->label,
+                           KVQ_CAPTURE_FORMAT);
+    if ((st = j_int(j, root, "", "version", 1, INT32_MIN, INT32_MAX, &v)))
+        return st;
+    if (v != KVQ_CAPTURE_VERSION)
+        return kvq_err_set(j->err, KVQ_E_VERSION, "%s: capture version %" PRId64
+                           " is not supported (this kvq reads version %d)", j->label, v,
+                           KVQ_CAPTURE_VERSION);
+    ci->version = (int32_t)v;
+    if ((st = j_str(j, root, "", "tool", 0, ci->tool, sizeof ci->tool)))
+        return st;
+
+    const cJSON *m = j_member(j, root, "", "model", 1, &st);
+    if (!m || (st = parse_model(j, m, &ci->model)))
+        return st;
+
+    /* Provenance: optional apart from the hash, which every later file repeats. */
+    const cJSON *c = j_member(j, root, "", "corpus", 1, &st);
+    if (!c)
+        return st;
+    if (!cJSON_IsObject(c))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: corpus must be an object", j->label);
+    if ((st = j_str(j, c, "corpus.", "spec", 0, ci->corpus_spec, sizeof ci->corpus_spec)) ||
+        (st = j_str(j, c, "corpus.", "hash", 1, ci->corpus_hash, sizeof ci->corpus_hash)) ||
+        (st = j_int(j, c, "corpus.", "n_documents", 0, 0, INT64_MAX, &ci->n_documents)))
+        return st;
+    const cJSON *seed = cJSON_GetObjectItemCaseSensitive(c, "seed");
+    if (seed && cJSON_IsString(seed)) {
+        /* u64 seeds above 2^53 do not survive a JSON number: accept a decimal string. */
+        char *end = NULL;
+        errno = 0;
+        unsigned long long s = strtoull(seed->valuestring, &end, 10);
+        if (errno || end == seed->valuestring || *end || seed->valuestring[0] == '-')
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: corpus.seed \"%s\" is not a u64",
+                               j->label, seed->valuestring);
+        ci->corpus_seed = s;
+    } else if (seed) {
+        if ((st = j_int(j, c, "corpus.", "seed", 1, 0, INT64_MAX, &v)))
+            return st;
+        ci->corpus_seed = (uint64_t)v;
+    }
+
+    if ((st = j_str(j, root, "", "dtype", 1, buf, sizeof buf)) && st != KVQ_E_CORRUPT)
+        return st;
+    if (st == KVQ_E_CORRUPT || (strcmp(buf, "f32") && strcmp(buf, "f16") && strcmp(buf, "bf16")))
+        return kvq_err_set(j->err, KVQ_E_UNSUPPORTED, "%s: dtype \"%s\" is not f32, f16 or bf16",
+                           j->label, st ? "?" : buf);
+    ci->dtype = !strcmp(buf, "f32") ? KVQ_DT_F32 : !strcmp(buf, "f16") ? KVQ_DT_F16 : KVQ_DT_BF16;
+
+    if ((st = j_int(j, root, "", "n_tokens", 1, 1, INT32_MAX, &ci->n_tokens)) ||
+        (st = j_int(j, root, "", "seq_len", 0, 0, INT32_MAX, &ci->seq_len)))
+        return st;
+
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "queries");
+    if (q && cJSON_IsString(q)) {
+        if (strcmp(q->valuestring, "all"))
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: queries must be \"all\" or a count",
+                               j->label);
+        ci->n_queries = 0;
+    } else if (q && (st = j_int(j, root, "", "queries", 1, 1, INT32_MAX, &ci->n_queries))) {
+        return st;
+    }
+    ci->has_values = 1;
+    const cJSON *hv = cJSON_GetObjectItemCaseSensitive(root, "has_values");
+    if (hv) {
+        if (!cJSON_IsBool(hv))
+            return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: has_values must be true or false",
+                               j->label);
+        ci->has_values = cJSON_IsTrue(hv);
+    }
+
+    /* sequences: [[first, length], ...] inside [0, n_tokens). */
+    const cJSON *seqs = cJSON_GetObjectItemCaseSensitive(root, "sequences");
+    if (seqs) {
+        if (!cJSON_IsArray(seqs))
+            return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: sequences must be an array",
+                               j->label);
+        int n = cJSON_GetArraySize(seqs);
+        if (n > ci->n_tokens)
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %d sequences for %" PRId64 " tokens",
+                               j->label, n, ci->n_tokens);
+        ci->n_sequences = n;
+        ci->sequences = calloc((size_t)n * 2 + 1, sizeof *ci->sequences);
+        if (!ci->sequences)
+            return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+        int i = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, seqs) {
+            if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2)
+                return kvq_err_set(j->err, KVQ_E_BAD_JSON,
+                                   "%s: sequences[%d] must be [first, length]", j->label, i);
+            int64_t fl[2];
+            for (int k = 0; k < 2; k++) {
+                const cJSON *x = cJSON_GetArrayItem(e, k);
+                if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+                    x->valuedouble < 0 || x->valuedouble > (double)ci->n_tokens)
+                    return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                                       "%s: sequences[%d] is outside [0, n_tokens]", j->label, i);
+                fl[k] = (int64_t)x->valuedouble;
+            }
+            if (fl[0] + fl[1] > ci->n_tokens)
+                return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                                   "%s: sequences[%d] ends past n_tokens %" PRId64, j->label, i,
+                                   ci->n_tokens);
+            ci->sequences[2 * i] = fl[0];
+            ci->sequences[2 * i + 1] = fl[1];
+            i++;
+        }
+        int64_t ns = n;
+        if ((st = j_int(j, root, "", "n_sequences", 0, 0, INT32_MAX, &ns)))
+            return st;
+        if (ns != n)
+            return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                               "%s: n_sequences %" PRId64 " but %d sequences listed", j->label, ns,
+                               n);
+    }
+
+    /* layers and files: parallel arrays. */
+    const cJSON *layers = j_member(j, root, "", "layers", 1, &st);
+    if (!layers)
+        return st;
+    const cJSON *files = j_member(j, root, "", "files", 1, &st);
+    if (!files)
+        return st;
+    if (!cJSON_IsArray(layers) || !cJSON_IsArray(files))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: layers and files must be arrays",
+                           j->label);
+    int nl = cJSON_GetArraySize(layers), nf = cJSON_GetArraySize(files);
+    if (nl != nf || nl == 0)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %d layers but %d files", j->label, nl, nf);
+    if (nl > ci->model.n_layers)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %d layers listed, model has %d", j->label,
+                           nl, ci->model.n_layers);
+    ci->layers = calloc((size_t)nl, sizeof *ci->layers);
+    ci->files = calloc((size_t)nl, sizeof *ci->files);
+    if (!ci->layers || !ci->files)
+        return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+    ci->n_files = nl;
+    for (int i = 0; i < nl; i++) {
+        const cJSON *x = cJSON_GetArrayItem(layers, i);
+        const cJSON *f = cJSON_GetArrayItem(files, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+            x->valuedouble < 0 || x->valuedouble >= ci->model.n_layers)
+            return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                               "%s: layers[%d] is not a layer index below %d", j->label, i,
+                               ci->model.n_layers);
+        ci->layers[i] = (int32_t)x->valuedouble;
+        for (int k = 0; k < i; k++)
+            if (ci->layers[k] == ci->layers[i])
+                return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: layer %d is listed twice",
+                                   j->label, ci->layers[i]);
+        if (!cJSON_IsString(f))
+            return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: files[%d] must be a string",
+                               j->label, i);
+        const char *name = f->valuestring;
+        /* Plain names only: a capture must not point outside its directory. */
+        if (!name[0] || strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") ||
+            !strcmp(name, ".."))
+            return kvq_err_set(j->err, KVQ_E_CORRUPT,
+                               "%s: files[%d] \"%s\" is not a plain file name", j->label, i, name);
+        ci->files[i] = strdup(name);
+        if (!ci->files[i])
+            return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    kvq_capture_info *ci = NULL;
+    char *label = NULL;
+    uint8_t *text = NULL;
+    size_t size = 0;
+    cJSON *root = NULL;
+    *out = NULL;
+
+    size_t nd = strlen(dir);
+    label = malloc(nd + sizeof "/" KVQ_CAPTURE_JSON);
+    ci = calloc(1, sizeof *ci);
+    if (!label || !ci || !(ci->dir = strdup(dir))) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    memcpy(label, dir, nd);
+    memcpy(label + nd, "/" KVQ_CAPTURE_JSON, sizeof "/" KVQ_CAPTURE_JSON);
+
+    /* Size first, so a huge file is refused before it is read; a stat failure falls
+     * through to kvq_read_file, which names the error. */
+    struct stat sb;
+    if (stat(label, &sb) == 0 && (uint64_t)sb.st_size > KVQ_CAPTURE_MAX_JSON) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %llu bytes is larger than %u", label,
+                         (unsigned long long)sb.st_size, KVQ_CAPTURE_MAX_JSON);
+        goto done;
+    }
+    if ((st = kvq_read_file(label, &text, &size, err)))
+        goto done;
+    if (!kvq_utf8_valid((const char *)text, size)) {
+        st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: not valid UTF-8", label);
+        goto done;
+    }
+    const char *end = NULL;
+    root = cJSON_ParseWithLengthOpts((const char *)text, size, &end, 0);
+    if (!root) {
+        long off = end ? (long)(end - (const char *)text) : -1;
+        st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: not valid JSON (near byte %ld)", label, off);
+        goto done;
+    }
+    for (const char *p = end; p && p < (const char *)text + size; p++)
+        if (*p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') {
+            st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: text after the JSON object", label);
+            goto done;
+        }
+    jctx j = {label, err};
+    if ((st = parse_capture(&j, root, ci)))
+        goto done;
+    *out = ci;
+    ci = NULL;
+done:
+    cJSON_Delete(root);
+    free(text);
+    free(label);
+    kvq_capture_info_free(ci);
+    return st;
+}
+
+void kvq_capture_info_free(kvq_capture_info *ci)
+{
+    if (!ci)
+        return;
+    if (ci->files)
+        for (int32_t i = 0; i < ci->n_files; i++)
+            free(ci->files[i]);
+    free(ci->files);
+    free(ci->layers);
+    free(ci->sequences);
+    free(ci->dir);
+    free(ci);
+}
+
+int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer)
+{
+    for (int32_t i = 0; i < ci->n_files; i++)
+        if (ci->layers[i] == layer)
+            return i;
+    return -1;
+}
+
+kvq_status kvq_capture_info_file_path(const kvq_capture_info *ci, int32_t i, char **path,
+                                      kvq_err *err)
+{
+    size_t n = strlen(ci->dir) + strlen(ci->files[i]) + 2;
+    *path = malloc(n);
+    if (!*path)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", ci->dir);
+    snprintf(*path, n, "%s/%s", ci->dir, ci->files[i]);
+    return KVQ_OK;
+}
+
+/* ======================================================================================
+ * Model identity: comparison and __metadata__ form
+ * ====================================================================================== */
+
+/* One table drives compare, set_meta and from_meta so the three cannot drift apart. */
+typedef enum { F_STR, F_I32, F_F64, F_LAYOUT, F_SCALING } field_kind;
+typedef struct field {
+    const char *key; /* relative to the prefix */
+    field_kind kind;
+    size_t off;
+    size_t cap;      /* F_STR buffer size */
+    int identity;    /* compared by kvq_model_id_compare */
+} field;
+
+#define FS(k, m, id) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), id}
+#define FI(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1}
+#define FD(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1}
+static const field fields[] = {
+    FS("path", path, 0),
+    FS("source", source, 0),
+    FS("architecture", architecture, 1),
+    FI("n_layers", n_layers),
+    FI("dim", dim),
+    FI("hidden_dim", hidden_dim),
+    FI("n_heads", n_heads),
+    FI("n_kv_heads", n_kv_heads),
+    FI("head_dim", head_dim),
+    FI("vocab_size", vocab_size),
+    FI("context_length", context_length),
+    FD("norm_eps", norm_eps),
+    FD("rope.base", rope.base),
+    {"rope.layout", F_LAYOUT, offsetof(kvq_model_id, rope.layout), 0, 1},
+    {"rope.scaling", F_SCALING, offsetof(kvq_model_id, rope.scaling), 0, 1},
+    FD("rope.factor", rope.factor),
+    FD("rope.low_freq_factor", rope.low_freq_factor),
+    FD("rope.high_freq_factor", rope.high_freq_factor),
+    FD("rope.original_max_pos", rope.original_max_pos),
+};
+#undef FS
+#undef FI
+#undef FD
+static const size_t n_fields = sizeof fields / sizeof fields[0];
+
+/* The field as text: what metadata stores and what mismatch messages show. */
+static void field_format(const field *f, const kvq_model_id *m, char *buf, size_t cap)
+{
+    const char *p = (const char *)m + f->off;
+    switch (f->kind) {
+    case F_STR: snprintf(buf, cap, "%s", p); break;
+    case F_I32: snprintf(buf, cap, "%" PRId32, *(const int32_t *)p); break;
+    case F_F64: snprintf(buf, cap, "%.17g", *(const double *)p); break;
+    case F_LAYOUT:
+        snprintf(buf, cap, "%s", kvq_rope_layout_name(*(const kvq_rope_layout *)p));
+        break;
+    case F_SCALING:
+        snprintf(buf, cap, "%s", kvq_rope_scaling_name(*(const kvq_rope_scaling *)p));
+        break;
+    }
+}
+
+kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
+                                const kvq_model_id *b, const char *label_b, kvq_err *err)
+{
+    for (size_t i = 0; i < n_fields; i++) {
+        const field *f = &fields[i];
+        if (!f->identity)
+            continue;
+        char va[1040], vb[1040];
+        field_format(f, a, va, sizeof va);
+        field_format(f, b, vb, sizeof vb);
+        /* Text comparison: %.17g round-trips doubles, so equal text is equal value. */
+        if (strcmp(va, vb))
+            return kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (%s vs %s)",
+                               label_a, label_b, f->key, va, vb);
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
+                                 kvq_err *err)
+{
+    for (size_t i = 0; i < n_fields; i++) {
+        char key[128], val[1040];
+        snprintf(key, sizeof key, "%s%s", prefix, fields[i].key);
+        field_format(&fields[i], m, val, sizeof val);
+        kvq_status st = kvq_st_writer_set_meta(w, key, val, err);
+        if (st)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const char *label,
+                                  kvq_model_id *out, kvq_err *err)
+{
+    /* Parsed into a local copy: *out is left alone on failure. */
+    kvq_model_id id, *m = &id;
+    memset(m, 0, sizeof *m);
+    for (size_t i = 0; i < n_fields; i++) {
+        const field *f = &fields[i];
+        char key[128];
+        snprintf(key, sizeof key, "%s%s", prefix, f->key);
+        const char *v = kvq_st_meta_get(st, key);
+        if (!v)
+            return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: metadata key %s is missing", label,
+                               key);
+        char *p = (char *)m + f->off;
+        kvq_err pe = {0};
+        switch (f->kind) {
+        case F_STR:
+            if (strlen(v) >= f->cap)
+                return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s is too long", label, key);
+            strcpy(p, v);
+            break;
+        case F_I32: {
+            int64_t x;
+            if (kvq_parse_i64(v, 0, INT32_MAX, &x, &pe))
+                return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: %s", label, key, pe.msg);
+            *(int32_t *)p = (int32_t)x;
+            break;
+        }
+        case F_F64:
+            if (kvq_parse_f64(v, -1e300, 1e300, (double *)p, &pe))
+                return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: %s", label, key, pe.msg);
+            break;
+        case F_LAYOUT:
+            if (kvq_rope_layout_parse(v, (kvq_rope_layout *)p))
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: metadata %s: unknown layout \"%s\"",
+                                   label, key, v);
+            break;
+        case F_SCALING:
+            if (kvq_rope_scaling_parse(v, (kvq_rope_scaling *)p))
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                                   "%s: metadata %s: unknown scaling \"%s\"", label, key, v);
+            break;
+        }
+    }
+    m->rope.head_dim = m->head_dim;
+    if (m->n_heads < 1 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads || m->head_dim < 2 ||
+        m->head_dim % 2 || m->head_dim > KVQ_ROPE_MAX_DIM || m->n_layers < 1)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: inconsistent head counts or dims",
+                           label, prefix);
+    *out = id;
+    return KVQ_OK;
+}

@@ -1,0 +1,751 @@
+/* forward.c — the llama-family forward pass, the exact full-attention backend and
+ * token sampling (see kvq/model.h for the contracts).
+ *
+ * Every projection is one cblas_sgemm over a chunk of tokens, x [n, in] times W^T
+ * with W [out, in] as stored. Weights that are f32 in the mapping are used in place;
+ * the others are either converted once into a weight cache (when it fits the budget)
+ * or converted block by block into a bounded scratch at each use. */
+#include "model_internal.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Matrices per layer, in the order of the weight table below. */
+enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_PER_LAYER };
+
+static const kvq_wt *layer_wt(const kvq_layer_weights *L, int j)
+{
+    const kvq_wt *t[W_PER_LAYER] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up,
+                                    &L->w_down};
+    return t[j];
+}
+
+/* ==========================================================================
+ * Small kernels
+ * ========================================================================== */
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i], per row.   // x, out: [n, dim] */
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, int dim, double eps)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++)
+            o[i] = xr[i] * s * w[i];
+    }
+}
+
+/* gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).   // [n * hidden] */
+static void swiglu(float *gate, const float *up, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* y[r] += b, per row.   // y: [n, width] */
+static void add_bias(float *y, const float *b, int64_t n, int64_t width)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < width; i++)
+            y[r * width + i] += b[i];
+}
+
+/* Index of the first row holding NaN or Inf, or -1.   // a: [n, width] */
+static int64_t first_nonfinite_row(const float *a, int64_t n, int64_t width)
+{
+    for (int64_t r = 0; r < n; r++) {
+        /* Summing is cheaper than testing each element; Inf - Inf and NaN propagate. */
+        float acc = 0;
+        for (int64_t i = 0; i < width; i++)
+            acc += a[r * width + i] * 0.0f;
+        if (isnan(acc))
+            return r;
+    }
+    return -1;
+}
+
+/* ==========================================================================
+ * Full attention backend
+ * ========================================================================== */
+
+struct kvq_full_attn {
+    kvq_model_config cfg;
+    double theta[KVQ_ROPE_MAX_DIM / 2];  /* RoPE frequencies, scaling applied */
+    int64_t max_tokens, cap;             /* cache rows allowed / allocated per layer */
+    int64_t *len;                        /* [n_layers] tokens cached per layer */
+    float **k, **v;                      /* [n_layers] -> [cap, n_kv_heads, head_dim] */
+    float *qrot;                         /* [qrot_rows, n_heads, head_dim] */
+    int64_t qrot_rows;
+    float *scores;                       /* [scores_cap] = [n, T] per head */
+    size_t scores_cap;
+};
+
+kvq_status kvq_full_attn_create(const kvq_model_config *cfg, int64_t max_tokens,
+                                kvq_full_attn **out, kvq_err *err)
+{
+    *out = NULL;
+    if (max_tokens < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "full attention: max_tokens %lld < 1",
+                           (long long)max_tokens);
+    kvq_status st = kvq_rope_check(&cfg->rope, err);
+    if (st != KVQ_OK)
+        return st;
+    kvq_full_attn *fa = calloc(1, sizeof *fa);
+    if (!fa)
+        return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
+    fa->cfg = *cfg;
+    fa->max_tokens = max_tokens;
+    kvq_rope_freqs(&cfg->rope, fa->theta);
+    fa->len = calloc((size_t)cfg->n_layers, sizeof *fa->len);
+    fa->k = calloc((size_t)cfg->n_layers, sizeof *fa->k);
+    fa->v = calloc((size_t)cfg->n_layers, sizeof *fa->v);
+    if (!fa->len || !fa->k || !fa->v) {
+        kvq_full_attn_free(fa);
+        return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
+    }
+    *out = fa;
+    return KVQ_OK;
+}
+
+void kvq_full_attn_free(kvq_full_attn *fa)
+{
+    if (!fa)
+        return;
+    for (int32_t l = 0; fa->k && l < fa->cfg.n_layers; l++)
+        free(fa->k[l]);
+    for (int32_t l = 0; fa->v && l < fa->cfg.n_layers; l++)
+        free(fa->v[l]);
+    free(fa->k);
+    free(fa->v);
+    free(fa->len);
+    free(fa->qrot);
+    free(fa->scores);
+    free(fa);
+}
+
+int64_t kvq_full_attn_length(const kvq_full_attn *fa) { return fa->len[0]; }
+
+static void full_reset(void *user)
+{
+    kvq_full_attn *fa = user;
+    memset(fa->len, 0, sizeof *fa->len * (size_t)fa->cfg.n_layers);
+}
+
+/* Grows every layer's cache to hold `need` rows (doubling, capped at max_tokens). */
+static kvq_status full_reserve(kvq_full_attn *fa, int64_t need, kvq_err *err)
+{
+    if (need <= fa->cap)
+        return KVQ_OK;
+    int64_t cap = fa->cap ? fa->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    if (cap > fa->max_tokens)
+        cap = fa->max_tokens;
+    size_t row = (size_t)fa->cfg.n_kv_heads * fa->cfg.head_dim * sizeof(float), bytes;
+    if (!kvq_size_mul(row, (size_t)cap, &bytes))
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "full attention: cache of %lld tokens",
+                           (long long)cap);
+    for (int32_t l = 0; l < fa->cfg.n_layers; l++) {
+        float *k = realloc(fa->k[l], bytes);
+        if (k)
+            fa->k[l] = k;
+        float *v = k ? realloc(fa->v[l], bytes) : NULL;
+        if (v)
+            fa->v[l] = v;
+        if (!k || !v)
+            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory for %lld tokens",
+                               (long long)cap);
+    }
+    fa->cap = cap;
+    return KVQ_OK;
+}
+
+static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    kvq_full_attn *fa = user;
+    const kvq_model_config *cfg = &fa->cfg;
+    const int d = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
+    const int64_t qd = (int64_t)nh * d, kvd = (int64_t)nkv * d, n = c->n;
+    const int64_t past = fa->len[c->layer], T = past + n;
+    kvq_status st;
+    if (T > fa->max_tokens)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "full attention: sequence of %lld tokens exceeds max_tokens %lld",
+                           (long long)T, (long long)fa->max_tokens);
+    if ((st = full_reserve(fa, T, err)))
+        return st;
+    size_t need_scores;
+    if (!kvq_size_mul((size_t)n, (size_t)T, &need_scores))
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "full attention: score matrix");
+    if (need_scores > fa->scores_cap) {
+        float *s = realloc(fa->scores, need_scores * sizeof(float));
+        if (!s)
+            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
+        fa->scores = s;
+        fa->scores_cap = need_scores;
+    }
+    if (n > fa->qrot_rows) {
+        float *q = realloc(fa->qrot, (size_t)n * (size_t)qd * sizeof(float));
+        if (!q)
+            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
+        fa->qrot = q;
+        fa->qrot_rows = n;
+    }
+
+    /* RoPE: keys go into the cache rotated; queries into a scratch copy. */
+    float *K = fa->k[c->layer], *V = fa->v[c->layer]; // [cap, n_kv_heads, head_dim]
+    memcpy(K + past * kvd, c->k, sizeof(float) * (size_t)(n * kvd));
+    memcpy(V + past * kvd, c->v, sizeof(float) * (size_t)(n * kvd));
+    memcpy(fa->qrot, c->q, sizeof(float) * (size_t)(n * qd));
+    for (int64_t i = 0; i < n; i++) {
+        kvq_rope_apply(&cfg->rope, fa->theta, K + (past + i) * kvd, nkv, c->pos[i]);
+        kvq_rope_apply(&cfg->rope, fa->theta, fa->qrot + i * qd, nh, c->pos[i]);
+    }
+
+    /* Per query head: S = Q K^T / sqrt(d) [n, T], causal softmax, out = S V. */
+    const int group = nh / nkv;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    float *S = fa->scores;
+    for (int h = 0; h < nh; h++) {
+        const int g = h / group;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale,
+                    fa->qrot + h * d, (int)qd, K + g * d, (int)kvd, 0.0f, S, (int)T);
+        for (int64_t i = 0; i < n; i++) {
+            float *row = S + i * T;
+            const int64_t valid = past + i + 1; /* causal: keys [0, past + i] */
+            float mx = row[0];
+            for (int64_t j = 1; j < valid; j++)
+                mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int64_t j = 0; j < valid; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            const float inv = (float)(1.0 / sum);
+            for (int64_t j = 0; j < valid; j++)
+                row[j] *= inv;
+            for (int64_t j = valid; j < T; j++)
+                row[j] = 0.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, d, (int)T, 1.0f, S,
+                    (int)T, V + g * d, (int)kvd, 0.0f, c->out + h * d, (int)qd);
+    }
+    fa->len[c->layer] = T;
+    return KVQ_OK;
+}
+
+kvq_attn_backend kvq_full_attn_backend(kvq_full_attn *fa)
+{
+    kvq_attn_backend b = {.name = "full", .user = fa, .attend = full_attend, .reset = full_reset};
+    return b;
+}
+
+/* ==========================================================================
+ * Forward context
+ * ========================================================================== */
+
+struct kvq_forward {
+    const kvq_model *m;
+    kvq_forward_params p;
+    int32_t n_layers;              /* layers run */
+    int64_t n_past;                /* tokens in the current sequence */
+    kvq_full_attn *full;
+    kvq_attn_backend attn;
+    kvq_observe_fn obs;
+    void *obs_user;
+
+    /* activations for one chunk of up to p.chunk tokens */
+    float *x;                      /* [chunk, dim] residual stream */
+    float *xn;                     /* [chunk, dim] normalized */
+    float *q;                      /* [chunk, n_heads, head_dim] */
+    float *k, *v;                  /* [chunk, n_kv_heads, head_dim] */
+    float *att;                    /* [chunk, n_heads, head_dim] attention output */
+    float *gate, *up;              /* [chunk, hidden_dim] */
+    int64_t *pos;                  /* [chunk] */
+
+    /* weights as f32: in place, cached, or NULL (convert through wbuf at each use) */
+    const float **wf;              /* [n_layers * W_PER_LAYER + 2]: layers, embd, output */
+    float **owned;                 /* [same] copies this context allocated */
+    float *wbuf;                   /* [wbuf_floats] conversion scratch */
+    size_t wbuf_floats;
+};
+
+kvq_forward_params kvq_forward_params_default(void)
+{
+    kvq_forward_params p = {
+        .threads = 0,
+        .chunk = 256,
+        .max_tokens = 0,
+        .n_layers = 0,
+        .weight_cache_bytes = (uint64_t)1 << 30,
+        .scratch_bytes = (uint64_t)64 << 20,
+    };
+    return p;
+}
+
+/* Sizes a context needs, shared by create and the memory estimate. */
+typedef struct fwd_plan {
+    uint64_t act_floats;           /* activations */
+    uint64_t convert_bytes;        /* f32 size of the weights that are not f32 in place */
+    int cache_weights;             /* convert them once (fits the cache budget) */
+    uint64_t wbuf_floats;          /* conversion scratch when not cached */
+} fwd_plan;
+
+static const kvq_wt *table_wt(const kvq_model *m, size_t i)
+{
+    size_t nl = (size_t)m->cfg.n_layers * W_PER_LAYER;
+    if (i < nl)
+        return layer_wt(&m->layers[i / W_PER_LAYER], (int)(i % W_PER_LAYER));
+    return i == nl ? &m->tok_embd : &m->output;
+}
+
+static size_t table_size(const kvq_model *m)
+{
+    return (size_t)m->cfg.n_layers * W_PER_LAYER + 2;
+}
+
+static void plan(const kvq_model *m, const kvq_forward_params *p, fwd_plan *pl)
+{
+    const kvq_model_config *c = &m->cfg;
+    const uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    const uint64_t chunk = (uint64_t)(p->chunk > 0 ? p->chunk : 1);
+    memset(pl, 0, sizeof *pl);
+    pl->act_floats = chunk * (2 * (uint64_t)c->dim + 2 * qd + 2 * kvd + 2 * (uint64_t)c->hidden_dim);
+    uint64_t largest = 0, widest = 0;
+    for (size_t i = 0; i < table_size(m); i++) {
+        const kvq_wt *w = table_wt(m, i);
+        if (kvq_wt_direct(w) || (c->tied_embeddings && i == table_size(m) - 1))
+            continue; /* in place, or the tied output (same matrix as the embedding) */
+        uint64_t f = (uint64_t)w->rows * (uint64_t)w->cols;
+        pl->convert_bytes += f * sizeof(float);
+        largest = f > largest ? f : largest;
+        widest = (uint64_t)w->cols > widest ? (uint64_t)w->cols : widest;
+    }
+    pl->cache_weights = pl->convert_bytes > 0 && pl->convert_bytes <= p->weight_cache_bytes;
+    if (!pl->cache_weights && largest) {
+        uint64_t budget = p->scratch_bytes / sizeof(float);
+        pl->wbuf_floats = largest < budget ? largest : budget;
+        if (pl->wbuf_floats < widest)
+            pl->wbuf_floats = widest; /* at least one row */
+    }
+}
+
+void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, int64_t n_ctx,
+                               kvq_model_memory *out)
+{
+    kvq_forward_params def = kvq_forward_params_default();
+    if (!p)
+        p = &def;
+    const kvq_model_config *c = &m->cfg;
+    fwd_plan pl;
+    plan(m, p, &pl);
+    if (n_ctx <= 0)
+        n_ctx = p->max_tokens > 0 ? p->max_tokens : (c->context_length > 0 ? c->context_length : 4096);
+    const uint64_t chunk = (uint64_t)(p->chunk > 0 ? p->chunk : 1);
+    const uint64_t kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    memset(out, 0, sizeof *out);
+    out->mapped_bytes = m->mapped_bytes;
+    out->converted_bytes = pl.cache_weights ? pl.convert_bytes : 0;
+    out->scratch_bytes = (pl.act_floats + pl.wbuf_floats + chunk * (uint64_t)n_ctx +
+                          chunk * (uint64_t)c->n_heads * c->head_dim) * sizeof(float);
+    out->kv_cache_bytes = 2 * (uint64_t)c->n_layers * (uint64_t)n_ctx * kvd * sizeof(float);
+    out->total_bytes = out->mapped_bytes + out->converted_bytes + out->scratch_bytes +
+                       out->kv_cache_bytes;
+}
+
+static float *alloc_floats(uint64_t n)
+{
+    if (n == 0 || n > SIZE_MAX / sizeof(float))
+        return NULL;
+    return malloc((size_t)n * sizeof(float));
+}
+
+kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
+                              kvq_forward **out, kvq_err *err)
+{
+    kvq_forward_params def = kvq_forward_params_default();
+    const kvq_model_config *c = &m->cfg;
+    kvq_status st = KVQ_OK;
+    *out = NULL;
+    if (!p)
+        p = &def;
+    if (p->chunk < 1 || p->threads < 0 || p->max_tokens < 0 || p->n_layers < 0 ||
+        p->n_layers > c->n_layers)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "forward: bad parameters (chunk %d, threads %d, max_tokens %lld, "
+                           "n_layers %d)",
+                           p->chunk, p->threads, (long long)p->max_tokens, p->n_layers);
+    kvq_forward *f = calloc(1, sizeof *f);
+    if (!f)
+        return kvq_err_set(err, KVQ_E_NOMEM, "forward: out of memory");
+    f->m = m;
+    f->p = *p;
+    f->n_layers = p->n_layers ? p->n_layers : c->n_layers;
+    int64_t max_tokens = p->max_tokens ? p->max_tokens
+                                       : (c->context_length > 0 ? c->context_length : 4096);
+    if ((st = kvq_full_attn_create(c, max_tokens, &f->full, err)))
+        goto done;
+    f->attn = kvq_full_attn_backend(f->full);
+
+    const int64_t ch = p->chunk, qd = (int64_t)c->n_heads * c->head_dim,
+                  kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    f->x = alloc_floats((uint64_t)ch * c->dim);
+    f->xn = alloc_floats((uint64_t)ch * c->dim);
+    f->q = alloc_floats((uint64_t)ch * qd);
+    f->att = alloc_floats((uint64_t)ch * qd);
+    f->k = alloc_floats((uint64_t)ch * kvd);
+    f->v = alloc_floats((uint64_t)ch * kvd);
+    f->gate = alloc_floats((uint64_t)ch * c->hidden_dim);
+    f->up = alloc_floats((uint64_t)ch * c->hidden_dim);
+    f->pos = malloc(sizeof *f->pos * (size_t)ch);
+    f->wf = calloc(table_size(m), sizeof *f->wf);
+    f->owned = calloc(table_size(m), sizeof *f->owned);
+    if (!f->x || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->gate || !f->up || !f->pos ||
+        !f->wf || !f->owned) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for chunks of %d tokens", m->path,
+                         p->chunk);
+        goto done;
+    }
+
+    /* Weights: in place when f32; otherwise cached or converted per use. */
+    fwd_plan pl;
+    plan(m, p, &pl);
+    const size_t nt = table_size(m);
+    for (size_t i = 0; i < nt; i++) {
+        const kvq_wt *w = table_wt(m, i);
+        f->wf[i] = kvq_wt_direct(w);
+        if (f->wf[i] || !pl.cache_weights || (c->tied_embeddings && i == nt - 1))
+            continue;
+        float *copy = alloc_floats((uint64_t)w->rows * (uint64_t)w->cols);
+        if (!copy) {
+            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: %s: out of memory for the f32 copy",
+                             m->path, w->name);
+            goto done;
+        }
+        f->owned[i] = copy;
+        f->wf[i] = copy;
+        if ((st = kvq_wt_rows_f32(w, 0, w->rows, copy, err)))
+            goto done;
+    }
+    if (c->tied_embeddings)
+        f->wf[nt - 1] = f->wf[nt - 2];
+    if (pl.wbuf_floats && !(f->wbuf = alloc_floats(pl.wbuf_floats))) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the conversion scratch",
+                         m->path);
+        goto done;
+    }
+    f->wbuf_floats = (size_t)pl.wbuf_floats;
+    if (pl.cache_weights)
+        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: %llu MiB of weights converted to f32", m->path,
+                (unsigned long long)(pl.convert_bytes >> 20));
+done:
+    if (st != KVQ_OK) {
+        kvq_forward_free(f);
+        return st;
+    }
+    *out = f;
+    return KVQ_OK;
+}
+
+void kvq_forward_free(kvq_forward *f)
+{
+    if (!f)
+        return;
+    if (f->owned)
+        for (size_t i = 0; i < table_size(f->m); i++)
+            free(f->owned[i]);
+    free(f->owned);
+    free(f->wf);
+    free(f->wbuf);
+    free(f->x);
+    free(f->xn);
+    free(f->q);
+    free(f->att);
+    free(f->k);
+    free(f->v);
+    free(f->gate);
+    free(f->up);
+    free(f->pos);
+    kvq_full_attn_free(f->full);
+    free(f);
+}
+
+void kvq_forward_set_attention(kvq_forward *f, const kvq_attn_backend *backend)
+{
+    f->attn = backend ? *backend : kvq_full_attn_backend(f->full);
+    kvq_forward_reset(f);
+}
+
+void kvq_forward_set_observer(kvq_forward *f, kvq_observe_fn fn, void *user)
+{
+    f->obs = fn;
+    f->obs_user = fn ? user : NULL;
+}
+
+void kvq_forward_reset(kvq_forward *f)
+{
+    f->n_past = 0;
+    if (f->attn.reset)
+        f->attn.reset(f->attn.user);
+    if (f->attn.user != f->full)
+        full_reset(f->full);
+}
+
+int64_t kvq_forward_length(const kvq_forward *f) { return f->n_past; }
+
+/* ==========================================================================
+ * Forward pass
+ * ========================================================================== */
+
+/* C = A W^T (+ beta C): A [n, cols], W [rows, cols], C [n, rows] with row stride ldc. */
+static void gemm_wt(int64_t n, int64_t rows, int64_t cols, const float *A, const float *W,
+                    float beta, float *C, int64_t ldc)
+{
+    if (n == 1)
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)rows, (int)cols, 1.0f, W, (int)cols, A, 1,
+                    beta, C, 1);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f,
+                    A, (int)cols, W, (int)cols, beta, C, (int)ldc);
+}
+
+/* y [n, w.rows] = x [n, w.cols] W^T (+ beta y), converting W through the scratch in row
+ * blocks when it is not available as f32. */
+static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, float *y,
+                         float beta, kvq_err *err)
+{
+    const kvq_wt *w = table_wt(f->m, wid);
+    if (f->wf[wid]) {
+        gemm_wt(n, w->rows, w->cols, x, f->wf[wid], beta, y, w->rows);
+        return KVQ_OK;
+    }
+    int64_t block = (int64_t)(f->wbuf_floats / (size_t)w->cols);
+    for (int64_t r0 = 0; r0 < w->rows; r0 += block) {
+        int64_t nr = w->rows - r0 < block ? w->rows - r0 : block;
+        kvq_status st = kvq_wt_rows_f32(w, r0, nr, f->wbuf, err);
+        if (st != KVQ_OK)
+            return st;
+        if (n == 1)
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nr, (int)w->cols, 1.0f, f->wbuf,
+                        (int)w->cols, x, 1, beta, y + r0, 1);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)w->cols,
+                        1.0f, x, (int)w->cols, f->wbuf, (int)w->cols, beta, y + r0, (int)w->rows);
+    }
+    return KVQ_OK;
+}
+
+static kvq_status check_finite(const kvq_forward *f, const float *a, int64_t n, int64_t width,
+                               int32_t layer, const char *what, kvq_err *err)
+{
+    int64_t r = first_nonfinite_row(a, n, width);
+    if (r < 0)
+        return KVQ_OK;
+    if (layer < 0)
+        return kvq_err_set(err, KVQ_E_NUMERIC, "%s: position %lld: non-finite %s", f->m->path,
+                           (long long)f->pos[r], what);
+    return kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d position %lld: non-finite %s",
+                       f->m->path, layer, (long long)f->pos[r], what);
+}
+
+/* One layer over the chunk in f->x [n, dim]. */
+static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
+{
+    const kvq_model *m = f->m;
+    const kvq_model_config *c = &m->cfg;
+    const kvq_layer_weights *L = &m->layers[l];
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    const size_t w0 = (size_t)l * W_PER_LAYER;
+    kvq_status st;
+
+    /* ---- attention */
+    rmsnorm(f->xn, f->x, L->attn_norm, n, c->dim, c->norm_eps);
+    if ((st = matmul(f, w0 + W_Q, f->xn, n, f->q, 0.0f, err)) ||
+        (st = matmul(f, w0 + W_K, f->xn, n, f->k, 0.0f, err)) ||
+        (st = matmul(f, w0 + W_V, f->xn, n, f->v, 0.0f, err)))
+        return st;
+    if (c->qkv_bias) {
+        add_bias(f->q, L->bq, n, qd);
+        add_bias(f->k, L->bk, n, kvd);
+        add_bias(f->v, L->bv, n, kvd);
+    }
+    if ((st = check_finite(f, f->q, n, qd, l, "q", err)) ||
+        (st = check_finite(f, f->k, n, kvd, l, "k", err)) ||
+        (st = check_finite(f, f->v, n, kvd, l, "v", err)))
+        return st;
+    kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = f->pos, .q = f->q, .k = f->k,
+                          .v = f->v, .out = NULL};
+    if (f->obs && (st = f->obs(f->obs_user, &call, err)))
+        return st;
+    call.out = f->att;
+    if ((st = f->attn.attend(f->attn.user, &call, err)))
+        return st;
+    if ((st = matmul(f, w0 + W_O, f->att, n, f->x, 1.0f, err)) ||
+        (st = check_finite(f, f->x, n, c->dim, l, "attention residual", err)))
+        return st;
+
+    /* ---- SwiGLU MLP */
+    rmsnorm(f->xn, f->x, L->ffn_norm, n, c->dim, c->norm_eps);
+    if ((st = matmul(f, w0 + W_GATE, f->xn, n, f->gate, 0.0f, err)) ||
+        (st = matmul(f, w0 + W_UP, f->xn, n, f->up, 0.0f, err)))
+        return st;
+    swiglu(f->gate, f->up, (size_t)(n * c->hidden_dim));
+    if ((st = matmul(f, w0 + W_DOWN, f->gate, n, f->x, 1.0f, err)) ||
+        (st = check_finite(f, f->x, n, c->dim, l, "MLP residual", err)))
+        return st;
+    return KVQ_OK;
+}
+
+/* x [n, dim] = embedding rows of tokens. */
+static kvq_status embed(kvq_forward *f, const int32_t *tokens, int64_t n, kvq_err *err)
+{
+    const kvq_model *m = f->m;
+    const int dim = m->cfg.dim;
+    const float *E = f->wf[table_size(m) - 2];
+    for (int64_t i = 0; i < n; i++) {
+        if (E) {
+            memcpy(f->x + i * dim, E + (size_t)tokens[i] * dim, sizeof(float) * (size_t)dim);
+            continue;
+        }
+        kvq_status st = kvq_wt_rows_f32(&m->tok_embd, tokens[i], 1, f->x + i * dim, err);
+        if (st != KVQ_OK)
+            return st;
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
+                              kvq_logits_mode mode, float *logits, kvq_err *err)
+{
+    const kvq_model *m = f->m;
+    const kvq_model_config *c = &m->cfg;
+    const size_t out_id = table_size(m) - 1;
+    kvq_status st = KVQ_OK;
+    if (n < 0 || (n > 0 && !tokens) || (mode != KVQ_LOGITS_NONE && !logits) ||
+        (unsigned)mode > KVQ_LOGITS_ALL)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "forward: bad arguments");
+    if (mode != KVQ_LOGITS_NONE && f->n_layers < c->n_layers)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "forward: logits need all %d layers (context runs %d)", c->n_layers,
+                           f->n_layers);
+    for (int64_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "forward: token %lld is %d, outside the vocabulary [0, %d)",
+                               (long long)i, tokens[i], c->vocab_size);
+    if (f->p.threads > 0 && openblas_get_num_threads() != f->p.threads)
+        openblas_set_num_threads(f->p.threads); /* process-wide in OpenBLAS */
+
+    for (int64_t s = 0; s < n; s += f->p.chunk) {
+        const int64_t cn = n - s < f->p.chunk ? n - s : f->p.chunk;
+        for (int64_t i = 0; i < cn; i++)
+            f->pos[i] = f->n_past + i;
+        if ((st = embed(f, tokens + s, cn, err)))
+            return st;
+        for (int32_t l = 0; l < f->n_layers; l++)
+            if ((st = run_layer(f, l, cn, err)))
+                return st;
+        f->n_past += cn;
+
+        /* ---- output layer: every row (ALL) or only the last token's (LAST). */
+        if (mode == KVQ_LOGITS_ALL || (mode == KVQ_LOGITS_LAST && s + cn == n)) {
+            const int64_t r0 = mode == KVQ_LOGITS_ALL ? 0 : cn - 1, nr = cn - r0;
+            float *dst = mode == KVQ_LOGITS_ALL ? logits + (size_t)s * (size_t)c->vocab_size
+                                                : logits;
+            rmsnorm(f->xn, f->x + r0 * c->dim, m->out_norm, nr, c->dim, c->norm_eps);
+            if ((st = matmul(f, out_id, f->xn, nr, dst, 0.0f, err)))
+                return st;
+            int64_t bad = first_nonfinite_row(dst, nr, c->vocab_size);
+            if (bad >= 0)
+                return kvq_err_set(err, KVQ_E_NUMERIC, "%s: position %lld: non-finite logits",
+                                   m->path, (long long)f->pos[r0 + bad]);
+        }
+        if (n > f->p.chunk && kvq_progress(&f->p.cb, "prefill", (uint64_t)(s + cn), (uint64_t)n))
+            return kvq_err_set(err, KVQ_E_CANCELLED, "forward: cancelled");
+    }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Sampling
+ * ========================================================================== */
+
+/* Sorts idx[0..n) by p[idx] descending, lower id first on ties (shell sort: no
+ * comparator context needed, O(n^1.3) on the few candidates top-p keeps). */
+static void sort_by_prob(int32_t *idx, int32_t n, const float *p)
+{
+    static const int32_t gaps[] = {1750, 701, 301, 132, 57, 23, 10, 4, 1};
+    for (size_t gi = 0; gi < sizeof gaps / sizeof gaps[0]; gi++) {
+        const int32_t gap = gaps[gi];
+        for (int32_t i = gap; i < n; i++) {
+            int32_t t = idx[i], j = i;
+            while (j >= gap && (p[idx[j - gap]] < p[t] ||
+                                (p[idx[j - gap]] == p[t] && idx[j - gap] > t))) {
+                idx[j] = idx[j - gap];
+                j -= gap;
+            }
+            idx[j] = t;
+        }
+    }
+}
+
+int32_t kvq_sample_token(const float *logits, int32_t n, double temp, double top_p,
+                         kvq_rng *rng, float *work_p, int32_t *work_idx)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    if (temp <= 0 || n <= 1)
+        return best;
+    /* probabilities of softmax(logits / temp) */
+    const double mx = logits[best];
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) {
+        work_p[i] = (float)exp((logits[i] - mx) / temp);
+        sum += work_p[i];
+    }
+    for (int32_t i = 0; i < n; i++)
+        work_p[i] = (float)(work_p[i] / sum);
+    int32_t nc = 0;
+    if (top_p >= 1) {
+        for (int32_t i = 0; i < n; i++)
+            work_idx[nc++] = i;
+    } else {
+        /* Tokens below (1 - top_p) / (n - 1) can never be in the nucleus: drop them
+         * before sorting. */
+        const float cutoff = (float)((1.0 - top_p) / (n - 1));
+        for (int32_t i = 0; i < n; i++)
+            if (work_p[i] >= cutoff)
+                work_idx[nc++] = i;
+        sort_by_prob(work_idx, nc, work_p);
+        double cum = 0;
+        int32_t keep = nc;
+        for (int32_t i = 0; i < nc; i++) {
+            cum += work_p[work_idx[i]];
+            if (cum >= top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        nc = keep;
+    }
+    double mass = 0;
+    for (int32_t i = 0; i < nc; i++)
+        mass += work_p[work_idx[i]];
+    double r = kvq_rng_uniform(rng) * mass, cum = 0;
+    for (int32_t i = 0; i < nc; i++) {
+        cum += work_p[work_idx[i]];
+        if (r < cum)
+            return work_idx[i];
+    }
+    return work_idx[nc - 1];
+}

@@ -1,0 +1,261 @@
+/* model.c — opening a model (GGUF file or HF directory), configuration checks and the
+ * weight-view helpers shared by the two loaders and the forward pass. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kvq/half.h"
+#include "kvq/tokenizer.h"
+
+/* ==========================================================================
+ * Names
+ * ========================================================================== */
+
+const char *kvq_arch_name(kvq_arch a)
+{
+    switch (a) {
+    case KVQ_ARCH_LLAMA: return "llama";
+    case KVQ_ARCH_MISTRAL: return "mistral";
+    case KVQ_ARCH_QWEN2: return "qwen2";
+    }
+    return "?";
+}
+
+const char *kvq_model_source_name(kvq_model_source s)
+{
+    return s == KVQ_MODEL_HF ? "hf" : "gguf";
+}
+
+kvq_model_params kvq_model_params_default(void)
+{
+    kvq_model_params p = {.load_tokenizer = 1};
+    return p;
+}
+
+/* ==========================================================================
+ * Weight views
+ * ========================================================================== */
+
+size_t kvq_wt_bytes(const kvq_wt *w) { return w->row_bytes * (size_t)w->rows; }
+
+const float *kvq_wt_direct(const kvq_wt *w)
+{
+    if (w->type != WT_F32 || ((uintptr_t)w->data % sizeof(float)) != 0)
+        return NULL;
+    return w->data;
+}
+
+/* Converts n 16-bit values that may sit at an odd address: the array converters take
+ * uint16_t pointers, so misaligned input goes through an aligned bounce buffer. */
+static void half_rows_to_f32(const uint8_t *src, size_t n, int bf16, float *out)
+{
+    if ((uintptr_t)src % sizeof(uint16_t) == 0) {
+        if (bf16)
+            kvq_bf16_to_f32((const uint16_t *)(const void *)src, out, n);
+        else
+            kvq_f16_to_f32((const uint16_t *)(const void *)src, out, n);
+        return;
+    }
+    uint16_t tmp[1024];
+    for (size_t i = 0; i < n; i += 1024) {
+        size_t k = n - i < 1024 ? n - i : 1024;
+        memcpy(tmp, src + 2 * i, 2 * k);
+        if (bf16)
+            kvq_bf16_to_f32(tmp, out + i, k);
+        else
+            kvq_f16_to_f32(tmp, out + i, k);
+    }
+}
+
+kvq_status kvq_wt_rows_f32(const kvq_wt *w, int64_t r0, int64_t n, float *out, kvq_err *err)
+{
+    if (r0 < 0 || n < 0 || r0 > w->rows - n)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: rows [%lld, %lld) outside [0, %lld)",
+                           w->name, (long long)r0, (long long)(r0 + n), (long long)w->rows);
+    if (w->gguf)
+        return kvq_gguf_rows_to_f32(w->gguf, r0, n, out, err);
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    size_t count = (size_t)n * (size_t)w->cols;
+    switch (w->type) {
+    case WT_F32:
+        memcpy(out, src, count * sizeof(float));
+        return KVQ_OK;
+    case WT_F16:
+    case WT_BF16:
+        half_rows_to_f32(src, count, w->type == WT_BF16, out);
+        return KVQ_OK;
+    case WT_Q8_0:
+        break;
+    }
+    /* Q8_0 only comes from GGUF, whose tensors convert above. */
+    return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: no converter for this weight type", w->name);
+}
+
+kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *path,
+                         kvq_err *err)
+{
+    *out = NULL;
+    float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!v)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: %s: out of memory", path, w->name);
+    kvq_status st = kvq_wt_rows_f32(w, 0, w->rows, v, err);
+    if (st != KVQ_OK) {
+        free(v);
+        return st;
+    }
+    *out = v;
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Configuration
+ * ========================================================================== */
+
+/* Bounds that keep every size product far from overflow and reject absurd headers. */
+#define MAX_LAYERS 4096
+#define MAX_WIDTH (1 << 20)
+#define MAX_HEADS 4096
+#define MAX_VOCAB (1 << 24)
+
+kvq_status kvq_model_check_config(const kvq_model_config *c, const char *path, kvq_err *err)
+{
+    const struct {
+        const char *name;
+        int64_t v, max;
+    } f[] = {
+        {"n_layers", c->n_layers, MAX_LAYERS},     {"dim", c->dim, MAX_WIDTH},
+        {"hidden_dim", c->hidden_dim, MAX_WIDTH},  {"n_heads", c->n_heads, MAX_HEADS},
+        {"n_kv_heads", c->n_kv_heads, MAX_HEADS},  {"head_dim", c->head_dim, KVQ_ROPE_MAX_DIM},
+        {"vocab_size", c->vocab_size, MAX_VOCAB},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < 1 || f[i].v > f[i].max)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s %lld out of range [1, %lld]", path,
+                               f[i].name, (long long)f[i].v, (long long)f[i].max);
+    if (c->n_heads % c->n_kv_heads)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: n_heads %d is not a multiple of n_kv_heads %d",
+                           path, c->n_heads, c->n_kv_heads);
+    if (c->head_dim % 2)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: head_dim %d is odd", path, c->head_dim);
+    if ((int64_t)c->n_heads * c->head_dim > MAX_WIDTH)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: n_heads * head_dim too large", path);
+    if (!(c->norm_eps > 0) || !isfinite(c->norm_eps))
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: norm eps %g must be > 0", path, c->norm_eps);
+    if (c->context_length < 0)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: context length %d", path, c->context_length);
+    if (c->rope.head_dim != c->head_dim)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: partial rotary embedding (rope dim %d, head dim %d)", path,
+                           c->rope.head_dim, c->head_dim);
+    kvq_err e = {0};
+    kvq_status st = kvq_rope_check(&c->rope, &e);
+    if (st != KVQ_OK)
+        return kvq_err_set(err, st == KVQ_E_INVALID_ARG ? KVQ_E_CORRUPT : st, "%s: %s", path,
+                           e.msg);
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Open / close
+ * ========================================================================== */
+
+kvq_status kvq_model_open(const char *path, const kvq_model_params *p, kvq_model **out,
+                          kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    kvq_model_params def = kvq_model_params_default();
+    kvq_model *m = NULL;
+    *out = NULL;
+    if (!p)
+        p = &def;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: no such file or directory", path);
+    m = calloc(1, sizeof *m);
+    if (!m || !(m->path = strdup(path))) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    m->cfg.bos_id = m->cfg.eos_id = -1;
+    if (S_ISDIR(sb.st_mode)) {
+        m->cfg.source = KVQ_MODEL_HF;
+        st = kvq_model_load_hf(m, p, err);
+    } else {
+        m->cfg.source = KVQ_MODEL_GGUF;
+        st = kvq_model_load_gguf(m, p, err);
+    }
+done:
+    if (st != KVQ_OK) {
+        kvq_model_close(m);
+        return st;
+    }
+    *out = m;
+    return KVQ_OK;
+}
+
+void kvq_model_close(kvq_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int32_t l = 0; l < m->cfg.n_layers; l++) {
+            kvq_layer_weights *L = &m->layers[l];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->bq);
+            free(L->bk);
+            free(L->bv);
+        }
+        free(m->layers);
+    }
+    free(m->out_norm);
+    kvq_tokenizer_free(m->tok);
+    kvq_gguf_close(m->gguf);
+    for (size_t i = 0; i < m->n_shards; i++)
+        kvq_st_close(m->shards[i]);
+    free(m->shards);
+    free(m->path);
+    free(m);
+}
+
+const kvq_model_config *kvq_model_config_get(const kvq_model *m) { return &m->cfg; }
+const char *kvq_model_path(const kvq_model *m) { return m->path; }
+const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m) { return m->tok; }
+
+void kvq_model_identity(const kvq_model *m, kvq_model_id *id)
+{
+    const kvq_model_config *c = &m->cfg;
+    memset(id, 0, sizeof *id);
+    snprintf(id->path, sizeof id->path, "%s", m->path);
+    snprintf(id->source, sizeof id->source, "%s", kvq_model_source_name(c->source));
+    snprintf(id->architecture, sizeof id->architecture, "%s", kvq_arch_name(c->arch));
+    id->n_layers = c->n_layers;
+    id->dim = c->dim;
+    id->hidden_dim = c->hidden_dim;
+    id->n_heads = c->n_heads;
+    id->n_kv_heads = c->n_kv_heads;
+    id->head_dim = c->head_dim;
+    id->vocab_size = c->vocab_size;
+    id->context_length = c->context_length;
+    id->norm_eps = c->norm_eps;
+    id->rope = c->rope;
+}
+
+uint64_t kvq_model_n_params(const kvq_model *m)
+{
+    const kvq_model_config *c = &m->cfg;
+    uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t per_layer = 2 * (uint64_t)c->dim                       /* norms */
+                         + qd * c->dim * 2 + kvd * c->dim * 2       /* wq, wo, wk, wv */
+                         + 3 * (uint64_t)c->hidden_dim * c->dim;    /* gate, up, down */
+    if (c->qkv_bias)
+        per_layer += qd + 2 * kvd;
+    uint64_t n = per_layer * c->n_layers + (uint64_t)c->vocab_size * c->dim + c->dim;
+    if (!c->tied_embeddings)
+        n += (uint64_t)c->vocab_size * c->dim;
+    return n;
+}

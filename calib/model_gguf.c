@@ -1,0 +1,383 @@
+/* model_gguf.c — a llama-family model from a GGUF file (llama.cpp's naming).
+ *
+ * Metadata keys are "<arch>.<name>"; tensors are "token_embd.weight",
+ * "blk.<L>.attn_q.weight", ... with ne[0] the input (contiguous) dimension. The
+ * llama.cpp converter permutes the Q and K rows of "llama" models so that RoPE pairs
+ * adjacent dimensions (interleaved); "qwen2" keeps the HF order (half). */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/tokenizer.h"
+
+/* ==========================================================================
+ * Metadata
+ * ========================================================================== */
+
+/* Reads integer key "<arch>.<name>" into *out. required: a missing key is
+ * KVQ_E_NOT_FOUND; otherwise *out keeps its default. Values above INT32_MAX are
+ * KVQ_E_CORRUPT. */
+static kvq_status meta_i32(const kvq_gguf *g, const char *path, const char *arch,
+                           const char *name, int required, int32_t *out, kvq_err *err)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    uint64_t v;
+    if (kvq_gguf_get_u64(g, key, &v) != 0) {
+        if (kvq_gguf_get(g, key))
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s is not a non-negative integer", path,
+                               key);
+        if (required)
+            return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key %s", path, key);
+        return KVQ_OK;
+    }
+    if (v > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s = %llu out of range", path, key,
+                           (unsigned long long)v);
+    *out = (int32_t)v;
+    return KVQ_OK;
+}
+
+static kvq_status meta_f64(const kvq_gguf *g, const char *path, const char *arch,
+                           const char *name, int required, double *out, kvq_err *err)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, name);
+    if (kvq_gguf_get_f64(g, key, out) != 0) {
+        if (kvq_gguf_get(g, key))
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s is not a number", path, key);
+        if (required)
+            return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key %s", path, key);
+    }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Tensors
+ * ========================================================================== */
+
+/* Binds tensor `name` as a [rows, cols] matrix (rows 0: a 1-D vector of cols).
+ * A missing tensor is KVQ_E_NOT_FOUND when required, else leaves w->data NULL. */
+static kvq_status bind(kvq_model *m, const char *name, int64_t rows, int64_t cols,
+                       int required, kvq_wt *w, kvq_err *err)
+{
+    memset(w, 0, sizeof *w);
+    const kvq_gguf_tensor *t = kvq_gguf_find_tensor(m->gguf, name);
+    if (!t)
+        return required ? kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing tensor %s", m->path, name)
+                        : KVQ_OK;
+    wt_type type;
+    switch (t->type) {
+    case KVQ_GGML_F32: type = WT_F32; break;
+    case KVQ_GGML_F16: type = WT_F16; break;
+    case KVQ_GGML_BF16: type = WT_BF16; break;
+    case KVQ_GGML_Q8_0: type = WT_Q8_0; break;
+    default: {
+        char tn[32];
+        if (kvq_ggml_type_name(t->type))
+            snprintf(tn, sizeof tn, "%s", kvq_ggml_type_name(t->type));
+        else
+            snprintf(tn, sizeof tn, "ggml type %u", t->type);
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: unsupported weight type %s",
+                           m->path, name, tn);
+    }
+    }
+    int64_t want_rows = rows ? rows : 1;
+    int ok = t->ne[0] == cols && t->ne[1] == want_rows && t->ne[2] == 1 && t->ne[3] == 1 &&
+             (rows || t->ndim == 1);
+    if (!ok) {
+        if (rows)
+            return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                               "%s: %s: shape ne=[%lld, %lld, %lld, %lld], the config needs "
+                               "[%lld, %lld]",
+                               m->path, name, (long long)t->ne[0], (long long)t->ne[1],
+                               (long long)t->ne[2], (long long)t->ne[3], (long long)cols,
+                               (long long)rows);
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "%s: %s: shape ne=[%lld, %lld, %lld, %lld], the config needs [%lld]",
+                           m->path, name, (long long)t->ne[0], (long long)t->ne[1],
+                           (long long)t->ne[2], (long long)t->ne[3], (long long)cols);
+    }
+    w->name = t->name;
+    w->rows = want_rows;
+    w->cols = cols;
+    w->type = type;
+    w->data = t->data;
+    w->row_bytes = t->nbytes / (size_t)want_rows;
+    w->gguf = t;
+    m->mapped_bytes += t->nbytes;
+    return KVQ_OK;
+}
+
+static kvq_status bind_vec(kvq_model *m, const char *name, int64_t n, float **out, kvq_err *err)
+{
+    kvq_wt w;
+    kvq_status st = bind(m, name, 0, n, 1, &w, err);
+    return st != KVQ_OK ? st : kvq_wt_vector(&w, n, out, m->path, err);
+}
+
+/* ==========================================================================
+ * Llama-3 scaling from rope_freqs.weight
+ * ==========================================================================
+ *
+ * The converter stores llama3 scaling as a per-pair divisor F_m of theta_m instead of
+ * the parameters. With s = clamp(a theta - b, 0, 1) the llama3 rule is
+ * 1/F = (1 - s)/factor + s, and low_freq_factor = 1, high_freq_factor = 1 + 1/b,
+ * original_max_pos = 2 pi a / b give exactly that s; so the parameters are recovered
+ * from F (factor = max F; a, b from the pairs in the blend region, or from the
+ * boundary pairs when fewer than two are in it) and the result is checked pair by
+ * pair. Anything that is not llama3 scaling is KVQ_E_UNSUPPORTED. */
+static int rope_matches(const kvq_rope *r, const double *want)
+{
+    double got[KVQ_ROPE_MAX_DIM / 2];
+    if (kvq_rope_check(r, NULL) != KVQ_OK)
+        return 0;
+    kvq_rope_freqs(r, got);
+    for (int i = 0; i < r->head_dim / 2; i++)
+        if (!(fabs(got[i] - want[i]) <= 1e-4 * want[i]))
+            return 0;
+    return 1;
+}
+
+static int rope_try_line(kvq_rope *r, double factor, double a, double b, const double *want)
+{
+    if (!(a > 0) || !(b > 0) || !isfinite(a) || !isfinite(b))
+        return 0;
+    r->scaling = KVQ_ROPE_SCALING_LLAMA3;
+    r->factor = factor;
+    r->low_freq_factor = 1.0;
+    r->high_freq_factor = 1.0 + 1.0 / b;
+    r->original_max_pos = 2.0 * M_PI * a / b;
+    return rope_matches(r, want);
+}
+
+static kvq_status rope_from_freq_factors(kvq_model *m, kvq_err *err)
+{
+    kvq_rope *r = &m->cfg.rope;
+    const int half = r->head_dim / 2;
+    const kvq_gguf_tensor *t = kvq_gguf_find_tensor(m->gguf, "rope_freqs.weight");
+    if (!t)
+        return KVQ_OK;
+    if (t->ne[0] != half || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "%s: rope_freqs.weight: %lld values, head_dim %d needs %d", m->path,
+                           (long long)t->ne[0], r->head_dim, half);
+    float F[KVQ_ROPE_MAX_DIM / 2];
+    kvq_status st = kvq_gguf_rows_to_f32(t, 0, 1, F, err);
+    if (st != KVQ_OK)
+        return st;
+    double base_theta[KVQ_ROPE_MAX_DIM / 2], want[KVQ_ROPE_MAX_DIM / 2], s[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope plain = *r;
+    plain.scaling = KVQ_ROPE_SCALING_NONE;
+    kvq_rope_freqs(&plain, base_theta);
+    double factor = 0;
+    for (int i = 0; i < half; i++) {
+        if (!(F[i] > 0) || !isfinite(F[i]))
+            goto unsupported;
+        want[i] = base_theta[i] / F[i];
+        if (F[i] > factor)
+            factor = F[i];
+    }
+    if (factor < 1 + 1e-6) { /* all ones: no scaling */
+        if (rope_matches(&plain, want))
+            return KVQ_OK;
+        goto unsupported;
+    }
+    /* s per pair; blend pairs strictly inside (0, 1), boundaries on either side. */
+    double sx = 0, sy = 0, sxx = 0, sxy = 0;
+    int nb = 0;
+    double x_lo = -1, x_hi = -1, x1 = 0, s1 = 0; /* largest theta at s=0, smallest at s=1 */
+    for (int i = 0; i < half; i++) {
+        s[i] = (1.0 / F[i] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        double x = base_theta[i];
+        if (s[i] <= 1e-6) {
+            if (x_lo < 0 || x > x_lo)
+                x_lo = x;
+        } else if (s[i] >= 1 - 1e-6) {
+            if (x_hi < 0 || x < x_hi)
+                x_hi = x;
+        } else {
+            sx += x, sy += s[i], sxx += x * x, sxy += x * s[i];
+            x1 = x, s1 = s[i];
+            nb++;
+        }
+    }
+    if (nb >= 2) {
+        double a = (nb * sxy - sx * sy) / (nb * sxx - sx * sx);
+        double b = (a * sx - sy) / nb;
+        if (rope_try_line(r, factor, a, b, want))
+            return KVQ_OK;
+    } else if (nb == 1) {
+        if (x_lo > 0 && rope_try_line(r, factor, s1 / (x1 - x_lo), s1 / (x1 - x_lo) * x_lo, want))
+            return KVQ_OK;
+        if (x_hi > 0) {
+            double a = (1 - s1) / (x_hi - x1);
+            if (rope_try_line(r, factor, a, a * x1 - s1, want))
+                return KVQ_OK;
+        }
+    } else if (x_lo > 0 && x_hi > 0) {
+        double a = 1.0 / (x_hi - x_lo);
+        if (rope_try_line(r, factor, a, a * x_lo, want))
+            return KVQ_OK;
+    }
+unsupported:
+    *r = plain;
+    return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                       "%s: rope_freqs.weight: unsupported rope scaling (not llama3)", m->path);
+}
+
+/* ==========================================================================
+ * Loader
+ * ========================================================================== */
+
+kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err *err)
+{
+    kvq_status st = kvq_gguf_open(m->path, &m->gguf, err);
+    if (st != KVQ_OK)
+        return st;
+    const kvq_gguf *g = m->gguf;
+    kvq_model_config *c = &m->cfg;
+    const char *path = m->path;
+
+    const char *arch = kvq_gguf_get_str(g, "general.architecture");
+    if (!arch)
+        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key general.architecture",
+                           path);
+    if (!strcmp(arch, "llama")) {
+        c->arch = KVQ_ARCH_LLAMA;
+        c->rope = kvq_rope_default(0);
+        c->rope.layout = KVQ_ROPE_INTERLEAVED;
+    } else if (!strcmp(arch, "qwen2")) {
+        c->arch = KVQ_ARCH_QWEN2;
+        c->rope = kvq_rope_default(0);
+        c->rope.layout = KVQ_ROPE_HALF;
+        c->qkv_bias = 1;
+    } else {
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported architecture '%s'", path,
+                           arch);
+    }
+
+    /* ---- hyperparameters */
+    c->norm_eps = 1e-5;
+    c->context_length = 0;
+    if ((st = meta_i32(g, path, arch, "embedding_length", 1, &c->dim, err)) ||
+        (st = meta_i32(g, path, arch, "feed_forward_length", 1, &c->hidden_dim, err)) ||
+        (st = meta_i32(g, path, arch, "block_count", 1, &c->n_layers, err)) ||
+        (st = meta_i32(g, path, arch, "attention.head_count", 1, &c->n_heads, err)) ||
+        (st = meta_i32(g, path, arch, "context_length", 0, &c->context_length, err)) ||
+        (st = meta_i32(g, path, arch, "attention.sliding_window", 0, &c->sliding_window, err)) ||
+        (st = meta_f64(g, path, arch, "attention.layer_norm_rms_epsilon", 1, &c->norm_eps, err)))
+        return st;
+    c->n_kv_heads = c->n_heads;
+    c->head_dim = c->n_heads > 0 ? c->dim / c->n_heads : 0;
+    if ((st = meta_i32(g, path, arch, "attention.head_count_kv", 0, &c->n_kv_heads, err)) ||
+        (st = meta_i32(g, path, arch, "attention.key_length", 0, &c->head_dim, err)))
+        return st;
+    int32_t vdim = c->head_dim, rope_dim = c->head_dim;
+    if ((st = meta_i32(g, path, arch, "attention.value_length", 0, &vdim, err)) ||
+        (st = meta_i32(g, path, arch, "rope.dimension_count", 0, &rope_dim, err)))
+        return st;
+    if (vdim != c->head_dim)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: value head dim %d != key head dim %d",
+                           path, vdim, c->head_dim);
+    c->rope.head_dim = rope_dim;
+    if ((st = meta_f64(g, path, arch, "rope.freq_base", 0, &c->rope.base, err)))
+        return st;
+
+    /* ---- rope scaling: metadata (linear), or the llama3 factors tensor */
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const char *stype = kvq_gguf_get_str(g, key);
+    if (stype && strcmp(stype, "none") != 0) {
+        if (strcmp(stype, "linear") != 0)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported rope scaling type '%s'",
+                               path, stype);
+        c->rope.scaling = KVQ_ROPE_SCALING_LINEAR;
+        if ((st = meta_f64(g, path, arch, "rope.scaling.factor", 1, &c->rope.factor, err)))
+            return st;
+    }
+    if (c->rope.scaling == KVQ_ROPE_SCALING_NONE && rope_dim == c->head_dim && rope_dim > 0 &&
+        rope_dim <= KVQ_ROPE_MAX_DIM && rope_dim % 2 == 0 && c->rope.base > 1 &&
+        (st = rope_from_freq_factors(m, err)))
+        return st;
+
+    /* ---- vocabulary from the embedding */
+    const kvq_gguf_tensor *emb = kvq_gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing tensor token_embd.weight", path);
+    if (emb->ne[1] < 1 || emb->ne[1] > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: token_embd.weight: %lld rows", path,
+                           (long long)emb->ne[1]);
+    c->vocab_size = (int32_t)emb->ne[1];
+    uint64_t u;
+    c->bos_id = kvq_gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &u) == 0 && u < INT32_MAX
+                    ? (int32_t)u : -1;
+    c->eos_id = kvq_gguf_get_u64(g, "tokenizer.ggml.eos_token_id", &u) == 0 && u < INT32_MAX
+                    ? (int32_t)u : -1;
+    if ((st = kvq_model_check_config(c, path, err)))
+        return st;
+
+    /* ---- tensors */
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    if ((st = bind(m, "token_embd.weight", c->vocab_size, c->dim, 1, &m->tok_embd, err)) ||
+        (st = bind_vec(m, "output_norm.weight", c->dim, &m->out_norm, err)) ||
+        (st = bind(m, "output.weight", c->vocab_size, c->dim, 0, &m->output, err)))
+        return st;
+    if (!m->output.data) {
+        c->tied_embeddings = 1;
+        m->output = m->tok_embd;
+    }
+    /* llama models may carry q/k/v biases too (attention_bias); qwen2 always does. */
+    if (kvq_gguf_find_tensor(g, "blk.0.attn_q.bias"))
+        c->qkv_bias = 1;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        kvq_layer_weights *L = &m->layers[l];
+        char n[13][96];
+        static const char *const suffix[13] = {
+            "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+            "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
+            "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"};
+        for (int i = 0; i < 13; i++)
+            snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+        if ((st = bind(m, n[0], qd, c->dim, 1, &L->wq, err)) ||
+            (st = bind(m, n[1], kvd, c->dim, 1, &L->wk, err)) ||
+            (st = bind(m, n[2], kvd, c->dim, 1, &L->wv, err)) ||
+            (st = bind(m, n[3], c->dim, qd, 1, &L->wo, err)) ||
+            (st = bind(m, n[4], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
+            (st = bind(m, n[5], c->hidden_dim, c->dim, 1, &L->w_up, err)) ||
+            (st = bind(m, n[6], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
+            (st = bind_vec(m, n[7], c->dim, &L->attn_norm, err)) ||
+            (st = bind_vec(m, n[8], c->dim, &L->ffn_norm, err)))
+            return st;
+        if (c->qkv_bias && ((st = bind_vec(m, n[9], qd, &L->bq, err)) ||
+                            (st = bind_vec(m, n[10], kvd, &L->bk, err)) ||
+                            (st = bind_vec(m, n[11], kvd, &L->bv, err))))
+            return st;
+        if (kvq_gguf_find_tensor(g, n[12]))
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: output projection bias", path,
+                               n[12]);
+    }
+
+    /* ---- tokenizer (optional) */
+    if (p->load_tokenizer && kvq_gguf_get(g, "tokenizer.ggml.model")) {
+        if ((st = kvq_tokenizer_from_gguf(g, path, &p->cb, &m->tok, err)))
+            return st;
+        if (c->bos_id < 0)
+            c->bos_id = kvq_tokenizer_bos(m->tok);
+        if (c->eos_id < 0)
+            c->eos_id = kvq_tokenizer_eos(m->tok);
+        if (kvq_tokenizer_n_vocab(m->tok) > (uint32_t)c->vocab_size)
+            kvq_log(&p->cb, KVQ_LOG_WARN, "%s: tokenizer has %u tokens, the model %d", path,
+                    kvq_tokenizer_n_vocab(m->tok), c->vocab_size);
+    }
+    if (c->sliding_window > 0)
+        kvq_log(&p->cb, KVQ_LOG_INFO, "%s: sliding window %d is not applied (full attention)",
+                path, c->sliding_window);
+    return KVQ_OK;
+}

@@ -1,0 +1,64 @@
+/*
+ * model_internal.h — the kvq_model structure shared by model.c (common loading),
+ * model_gguf.c, model_hf.c (the two sources) and forward.c. Not a public header.
+ */
+#ifndef KVQ_MODEL_INTERNAL_H
+#define KVQ_MODEL_INTERNAL_H
+
+#include "kvq/gguf.h"
+#include "kvq/model.h"
+#include "kvq/safetensors.h"
+
+/* Storage type of a weight matrix as it sits in the mapping. */
+typedef enum wt_type { WT_F32 = 0, WT_F16, WT_BF16, WT_Q8_0 } wt_type;
+
+/* A weight matrix [rows, cols] (row-major, cols contiguous) left in the mapping.
+ * A 1-D tensor is one row. */
+typedef struct kvq_wt {
+    const char *name;              /* tensor name in the file (owned by the reader) */
+    int64_t rows, cols;
+    wt_type type;
+    const void *data;              /* first byte of row 0, in the mapping */
+    size_t row_bytes;
+    const kvq_gguf_tensor *gguf;   /* GGUF source (converted with kvq_gguf_rows_to_f32) */
+} kvq_wt;
+
+typedef struct kvq_layer_weights {
+    kvq_wt wq, wk, wv, wo;         /* [n_heads*d, dim], [n_kv*d, dim] x2, [dim, n_heads*d] */
+    kvq_wt w_gate, w_up, w_down;   /* [hidden, dim] x2, [dim, hidden] */
+    float *attn_norm, *ffn_norm;   /* [dim] each, f32 copies */
+    float *bq, *bk, *bv;           /* [n_heads*d], [n_kv*d] x2 when cfg.qkv_bias, else NULL */
+} kvq_layer_weights;
+
+struct kvq_model {
+    char *path;
+    kvq_model_config cfg;
+    kvq_wt tok_embd;               /* [vocab, dim] */
+    kvq_wt output;                 /* [vocab, dim]; == tok_embd when tied */
+    float *out_norm;               /* [dim] */
+    kvq_layer_weights *layers;     /* [n_layers] */
+    kvq_gguf *gguf;                /* GGUF source, or NULL */
+    kvq_st **shards;               /* HF source: open safetensors files */
+    size_t n_shards;
+    kvq_tokenizer *tok;            /* NULL when absent */
+    uint64_t mapped_bytes;         /* bytes of all weight tensors used */
+};
+
+/* Filled by the source loaders: config and tensor lookup. */
+kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err *err);
+kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *err);
+
+/* Checks cfg for internal consistency (KVQ_E_CORRUPT / UNSUPPORTED naming the field). */
+kvq_status kvq_model_check_config(const kvq_model_config *c, const char *path, kvq_err *err);
+
+/* Rows [r0, r0+n) of w as f32 into out [n, cols]. */
+kvq_status kvq_wt_rows_f32(const kvq_wt *w, int64_t r0, int64_t n, float *out, kvq_err *err);
+/* The weight as f32 in place (f32, 4-byte aligned) or NULL when it needs converting. */
+const float *kvq_wt_direct(const kvq_wt *w);
+/* A malloc'd f32 copy of a 1-D weight of `n` values into *out. */
+kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *path,
+                         kvq_err *err);
+/* Byte size of the weight in the file. */
+size_t kvq_wt_bytes(const kvq_wt *w);
+
+#endif

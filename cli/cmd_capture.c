@@ -1,0 +1,195 @@
+/* cmd_capture.c — `kvq capture`: record pre-RoPE Q, K, V per layer over a corpus, or
+ * merge captures. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kvq/capture.h"
+#include "kvq/corpus.h"
+#include "kvq/model.h"
+
+static void capture_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvq capture --model M --corpus SPEC -o DIR [options]\n"
+            "       kvq capture --merge A B [...] -o DIR [--force]\n"
+            "\n"
+            "Runs the model over the corpus and writes, per layer, the pre-RoPE keys,\n"
+            "values and queries with the float64 query moments to the capture directory\n"
+            "DIR (docs/capture.md). --merge concatenates captures of the same model.\n"
+            "\n"
+            "options:\n"
+            "  --model M              GGUF file or HF directory (required)\n"
+            "  --corpus SPEC          corpus sources, e.g. uuid:64,file:a.txt (required)\n"
+            "  -o, --output DIR       capture directory to write (required)\n"
+            "  --seq-len N            tokens per sequence, BOS included (default 256)\n"
+            "  --max-tokens N         stop after N tokens (default: the whole corpus)\n"
+            "  --layers LIST          layers to store, e.g. 0,2,5-7 (default: all)\n"
+            "  --dtype f16|bf16|f32   storage of q, k, v (default f16)\n"
+            "  --no-values            do not store v\n"
+            "  --queries all|N        store q at every row (default) or at N sampled rows;\n"
+            "                         the moments always sum over every row\n"
+            "  --seed S               seed of the synthetic corpora and the query sample (0)\n"
+            "  --threads T            threads (default: all)\n"
+            "  --chunk N              tokens per forward chunk (default 256)\n"
+            "  --force                replace DIR if it exists\n"
+            "  --merge A B [...]      merge the capture directories A, B, ... into DIR\n"
+            "  -q, --quiet            no progress or summary\n"
+            "  -v, --verbose          more detail\n"
+            "  -h, --help             this help\n");
+}
+
+static int run_merge(const char *const *inputs, size_t n, const char *out, int force,
+                     const kvq_callbacks *cb)
+{
+    kvq_err e = {0};
+    if (kvq_capture_merge(inputs, n, out, force, cb, &e) != KVQ_OK)
+        return cli_fail(&e);
+    kvq_log(cb, KVQ_LOG_INFO, "wrote %s (%zu captures merged)", out, n);
+    return 0;
+}
+
+int cmd_capture(int argc, char **argv)
+{
+    const char *cmd = "capture", *model = NULL, *spec = NULL, *out = NULL, *layers = NULL;
+    const char **merge = NULL;
+    size_t n_merge = 0;
+    kvq_capture_params p = kvq_capture_params_default();
+    int quiet = 0, verbose = 0, rc = 0, merging = 0;
+    int64_t v;
+    uint64_t seed = 0;
+
+    if (!(merge = calloc((size_t)argc, sizeof *merge)))
+        return cli_failf(1, "capture: out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        int needs_value = !strcmp(a, "--model") || !strcmp(a, "--corpus") || !strcmp(a, "-o") ||
+                          !strcmp(a, "--output") || !strcmp(a, "--layers") ||
+                          !strcmp(a, "--dtype") || !strcmp(a, "--queries");
+        if (needs_value && !val) {
+            rc = cli_failf(2, "capture: %s needs a value", a);
+            goto done;
+        }
+        if (cli_is_help(a)) {
+            capture_usage(stdout);
+            goto done;
+        } else if (!strcmp(a, "--merge")) {
+            merging = 1;
+            while (i + 1 < argc && argv[i + 1][0] != '-')
+                merge[n_merge++] = argv[++i];
+        } else if (!strcmp(a, "--model")) {
+            model = val, i++;
+        } else if (!strcmp(a, "--corpus")) {
+            spec = val, i++;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            out = val, i++;
+        } else if (!strcmp(a, "--layers")) {
+            layers = val, i++;
+        } else if (!strcmp(a, "--seq-len")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.seq_len)))
+                goto done;
+            i++;
+        } else if (!strcmp(a, "--max-tokens")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 1, INT64_MAX, &p.max_tokens)))
+                goto done;
+            i++;
+        } else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(val, "f16"))
+                p.dtype = KVQ_DT_F16;
+            else if (!strcmp(val, "bf16"))
+                p.dtype = KVQ_DT_BF16;
+            else if (!strcmp(val, "f32"))
+                p.dtype = KVQ_DT_F32;
+            else {
+                rc = cli_failf(2, "capture: --dtype must be f16, bf16 or f32, not '%s'", val);
+                goto done;
+            }
+            i++;
+        } else if (!strcmp(a, "--no-values")) {
+            p.values = 0;
+        } else if (!strcmp(a, "--queries")) {
+            if (!strcmp(val, "all"))
+                p.n_queries = 0;
+            else if ((rc = cli_opt_i64(cmd, a, val, 1, INT32_MAX, &p.n_queries)))
+                goto done;
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))
+                goto done;
+            seed = (uint64_t)v;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 4096, &v)))
+                goto done;
+            p.threads = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--chunk")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 1 << 20, &v)))
+                goto done;
+            p.chunk = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--force")) {
+            p.overwrite = 1;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = 1;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose++;
+        } else {
+            capture_usage(stderr);
+            rc = cli_failf(2, "capture: unknown option '%s'", a);
+            goto done;
+        }
+    }
+
+    kvq_callbacks cb = cli_callbacks(verbose, quiet);
+    if (merging) {
+        if (!out || n_merge < 1 || model || spec) {
+            capture_usage(stderr);
+            rc = cli_failf(2, "capture: --merge takes capture directories and -o only");
+            goto done;
+        }
+        rc = run_merge(merge, n_merge, out, p.overwrite, &cb);
+        goto done;
+    }
+    if (!model || !spec || !out) {
+        capture_usage(stderr);
+        rc = cli_failf(2, "capture: --model, --corpus and -o are required");
+        goto done;
+    }
+
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    int32_t *list = NULL;
+    size_t n_list = 0;
+    kvq_model_params mp = kvq_model_params_default();
+    mp.cb = cb;
+    if (kvq_model_open(model, &mp, &m, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    if (layers) {
+        if (kvq_parse_index_list(layers, kvq_model_config_get(m)->n_layers, &list, &n_list,
+                                 &e) != KVQ_OK) {
+            rc = cli_failf(2, "capture: --layers: %s", e.msg);
+            kvq_model_close(m);
+            goto done;
+        }
+        p.layers = list;
+        p.n_layers = n_list;
+    }
+    p.seed = seed;
+    p.cb = cb;
+    kvq_corpus_params cp;
+    kvq_corpus_params_default(&cp);
+    cp.seed = seed;
+    if (kvq_capture_run(m, spec, &cp, &p, out, &e) != KVQ_OK)
+        rc = cli_fail(&e);
+    else
+        kvq_log(&cb, KVQ_LOG_INFO, "wrote %s", out);
+    free(list);
+    kvq_model_close(m);
+done:
+    free(merge);
+    return rc;
+}

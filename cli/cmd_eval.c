@@ -1,0 +1,246 @@
+/* cmd_eval.c — `kvq eval`: perplexity of a model on a corpus, full attention. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kvq/corpus.h"
+#include "kvq/model.h"
+#include "kvq/tokenizer.h"
+
+static void eval_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvq eval --model M --corpus SPEC [options]\n"
+            "\n"
+            "Cuts the corpus into sequences of --seq-len tokens (each starting with BOS,\n"
+            "documents packed), runs each through the model with exact (full) attention\n"
+            "and reports the perplexity exp(mean negative log-likelihood) of every token\n"
+            "after the first of each sequence.\n"
+            "\n"
+            "options:\n"
+            "  --model M          GGUF file or HF directory (required)\n"
+            "  --corpus SPEC      corpus (required): file:PATH, dir:PATH, jsonl:PATH,\n"
+            "                     ids:PATH, uuid:N, passkey:N, kv-recall:N or a plain path,\n"
+            "                     comma-separated (see docs)\n"
+            "  --seq-len N        tokens per sequence, 2 .. 1048576 (default 512)\n"
+            "  --max-tokens N     stop after N tokens; 0 = the whole corpus (default 0)\n"
+            "  --seed S           seed of the synthetic corpus sources (default 0)\n"
+            "  --threads T        BLAS threads (default: OpenBLAS's choice)\n"
+            "  --json             print one JSON object instead of the text report\n"
+            "  -q, --quiet        nothing on stderr but errors\n"
+            "  -v, --verbose      more detail\n"
+            "  -h, --help         this help\n"
+            "\n"
+            "example: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n");
+}
+
+typedef struct eval_state {
+    kvq_forward *f;
+    float *logits;        /* [chunk, vocab] */
+    int32_t chunk, vocab;
+    double nll;           /* summed negative log-likelihood, nats */
+    uint64_t n_pred, n_seq;
+} eval_state;
+
+/* -log softmax(row)[target], computed stably in double.   // row: [vocab] */
+static double token_nll(const float *row, int32_t vocab, int32_t target)
+{
+    double mx = row[0], sum = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    for (int32_t i = 0; i < vocab; i++)
+        sum += exp(row[i] - mx);
+    return mx + log(sum) - row[target];
+}
+
+static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
+{
+    eval_state *s = user;
+    kvq_forward_reset(s->f);
+    for (uint32_t at = 0; at < seq->n; at += (uint32_t)s->chunk) {
+        const uint32_t cn = seq->n - at < (uint32_t)s->chunk ? seq->n - at : (uint32_t)s->chunk;
+        kvq_status st = kvq_forward_tokens(s->f, seq->ids + at, cn, KVQ_LOGITS_ALL, s->logits, err);
+        if (st != KVQ_OK)
+            return st;
+        for (uint32_t i = 0; i < cn; i++) {
+            const uint32_t g = at + i;
+            if (g + 1 >= seq->n)
+                break;
+            s->nll += token_nll(s->logits + (size_t)i * s->vocab, s->vocab, seq->ids[g + 1]);
+            s->n_pred++;
+        }
+    }
+    s->n_seq++;
+    return KVQ_OK;
+}
+
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    const char *cmd = "eval", *model_path = NULL, *spec = NULL;
+    int64_t seq_len = 512, max_tokens = 0, seed = 0, threads = 0;
+    int quiet = 0, verbose = 0, json = 0, rc = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a)) {
+            eval_usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = 1;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose++;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--corpus")) {
+            if (!val)
+                return cli_failf(2, "eval: %s needs a value", a);
+            if (!strcmp(a, "--model"))
+                model_path = val;
+            else
+                spec = val;
+            i++;
+        } else if (!strcmp(a, "--seq-len")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &seq_len)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--max-tokens")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &max_tokens)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &seed)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 1024, &threads)))
+                return rc;
+            i++;
+        } else {
+            eval_usage(stderr);
+            return cli_failf(2, "eval: unknown option '%s'", a);
+        }
+    }
+    if (!model_path || !spec) {
+        eval_usage(stderr);
+        return cli_failf(2, "eval: --model and --corpus are required");
+    }
+
+    kvq_callbacks cb = cli_callbacks(verbose, quiet);
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    kvq_corpus *corpus = NULL;
+    kvq_tokenizer *ids_tok = NULL;
+    eval_state s = {0};
+    kvq_model_params mp = kvq_model_params_default();
+    mp.cb = cb;
+    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_corpus_params cp;
+    kvq_corpus_params_default(&cp);
+    cp.seed = (uint64_t)seed;
+    if (kvq_corpus_open(spec, &cp, &corpus, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    /* A model without a tokenizer can still be evaluated on ids: corpora. */
+    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
+    if (!tok) {
+        if (kvq_tokenizer_new_ids((uint32_t)c->vocab_size, c->bos_id, c->eos_id, &ids_tok, &e)) {
+            rc = cli_fail(&e);
+            goto done;
+        }
+        tok = ids_tok;
+    }
+
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.threads = (int32_t)threads;
+    fp.max_tokens = seq_len;
+    fp.cb = cb;
+    fp.cb.progress = NULL; /* progress comes from the corpus reader, per token */
+    kvq_model_memory mem;
+    kvq_model_memory_estimate(m, &fp, seq_len, &mem);
+    kvq_log(&cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
+            mem.total_bytes / 1048576.0, mem.mapped_bytes / 1048576.0,
+            mem.kv_cache_bytes / 1048576.0);
+    if (kvq_forward_create(m, &fp, &s.f, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    s.chunk = fp.chunk;
+    s.vocab = c->vocab_size;
+    s.logits = malloc(sizeof(float) * (size_t)s.chunk * (size_t)s.vocab);
+    if (!s.logits) {
+        rc = cli_failf(1, "%s: out of memory", model_path);
+        goto done;
+    }
+
+    kvq_seq_params sp;
+    kvq_seq_params_default(&sp);
+    sp.seq_len = (uint32_t)seq_len;
+    sp.max_tokens = (uint64_t)max_tokens;
+    kvq_corpus_stats stats;
+    double t0 = kvq_now();
+    if (kvq_corpus_tokenize(corpus, tok, &sp, &cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    double secs = kvq_now() - t0;
+    if (s.n_pred == 0) {
+        rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
+        goto done;
+    }
+    const double nll = s.nll / (double)s.n_pred, ppl = exp(nll);
+    if (json) {
+        printf("{\"model\": ");
+        json_str(stdout, model_path);
+        printf(", \"corpus\": ");
+        json_str(stdout, spec);
+        printf(", \"corpus_hash\": \"%016llx\", \"attention\": \"full\", \"seq_len\": %lld, "
+               "\"sequences\": %llu, \"tokens\": %llu, \"predicted\": %llu, \"nll\": %.6f, "
+               "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
+               (unsigned long long)stats.hash, (long long)seq_len,
+               (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
+               (unsigned long long)s.n_pred, nll, ppl, secs,
+               secs > 0 ? (double)stats.n_tokens / secs : 0.0);
+    } else {
+        printf("model       %s\n", model_path);
+        printf("corpus      %s\n", spec);
+        printf("attention   full\n");
+        printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
+               (long long)seq_len);
+        printf("tokens      %llu (%llu predicted)\n", (unsigned long long)stats.n_tokens,
+               (unsigned long long)s.n_pred);
+        printf("nll         %.6f nats/token\n", nll);
+        printf("perplexity  %.4f\n", ppl);
+    }
+    kvq_log(&cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
+            (unsigned long long)stats.n_tokens, secs,
+            secs > 0 ? (double)stats.n_tokens / secs : 0.0);
+done:
+    free(s.logits);
+    kvq_forward_free(s.f);
+    kvq_tokenizer_free(ids_tok);
+    kvq_corpus_free(corpus);
+    kvq_model_close(m);
+    return rc;
+}

@@ -1,0 +1,1315 @@
+/*
+ * gguf.c — GGUF reader (versions 2 and 3), tensor conversion to f32, and a writer.
+ *
+ * The reader parses the whole header up front into storage owned by the handle (one
+ * arena for keys, strings and value arrays), validates every tensor's byte range
+ * against the data section, and then answers queries without further checks. Every
+ * count and length is compared with the bytes remaining before anything is allocated
+ * (see read_count), so a hostile file cannot make it allocate more than a small
+ * multiple of its own size.
+ */
+#include "kvq/gguf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/half.h"
+#include "kvq/util.h"
+
+/* Counts and lengths that would need more than this many bytes are TOO_LARGE rather
+ * than TRUNCATED_HEADER: no real file is that big, so the number itself is garbage. */
+#define GGUF_MAX_BYTES (UINT64_C(1) << 48)
+
+/* Minimum encoded sizes, used to bound counts before allocating. */
+enum {
+    MIN_KV_BYTES = 8 + 1 + 4 + 1,         /* key length, 1-byte key, type, 1-byte value */
+    MIN_TENSOR_BYTES = 8 + 1 + 4 + 8 + 4 + 8 /* name length, name, ndim, ne[0], type, offset */
+};
+
+/* ==========================================================================
+ * ggml tensor types
+ * ========================================================================== */
+
+typedef struct ggml_type_info {
+    const char *name;
+    uint32_t block;  /* elements per block */
+    uint32_t bytes;  /* bytes per block */
+} ggml_type_info;
+
+/* Block layouts as ggml defines them (QK_K = 256). Ids 4, 5, 31..33 and 36..38 were
+ * removed from ggml and stay unknown. */
+static const ggml_type_info ggml_types[] = {
+    [KVQ_GGML_F32] = {"F32", 1, 4},       [KVQ_GGML_F16] = {"F16", 1, 2},
+    [KVQ_GGML_Q4_0] = {"Q4_0", 32, 18},   [KVQ_GGML_Q4_1] = {"Q4_1", 32, 20},
+    [KVQ_GGML_Q5_0] = {"Q5_0", 32, 22},   [KVQ_GGML_Q5_1] = {"Q5_1", 32, 24},
+    [KVQ_GGML_Q8_0] = {"Q8_0", 32, 34},   [KVQ_GGML_Q8_1] = {"Q8_1", 32, 36},
+    [KVQ_GGML_Q2_K] = {"Q2_K", 256, 84},  [KVQ_GGML_Q3_K] = {"Q3_K", 256, 110},
+    [KVQ_GGML_Q4_K] = {"Q4_K", 256, 144}, [KVQ_GGML_Q5_K] = {"Q5_K", 256, 176},
+    [KVQ_GGML_Q6_K] = {"Q6_K", 256, 210}, [KVQ_GGML_Q8_K] = {"Q8_K", 256, 292},
+    [16] = {"IQ2_XXS", 256, 66},          [17] = {"IQ2_XS", 256, 74},
+    [18] = {"IQ3_XXS", 256, 98},          [19] = {"IQ1_S", 256, 50},
+    [20] = {"IQ4_NL", 32, 18},            [21] = {"IQ3_S", 256, 110},
+    [22] = {"IQ2_S", 256, 82},            [23] = {"IQ4_XS", 256, 136},
+    [KVQ_GGML_I8] = {"I8", 1, 1},         [KVQ_GGML_I16] = {"I16", 1, 2},
+    [KVQ_GGML_I32] = {"I32", 1, 4},       [KVQ_GGML_I64] = {"I64", 1, 8},
+    [KVQ_GGML_F64] = {"F64", 1, 8},       [29] = {"IQ1_M", 256, 56},
+    [KVQ_GGML_BF16] = {"BF16", 1, 2},     [34] = {"TQ1_0", 256, 54},
+    [35] = {"TQ2_0", 256, 66},            [39] = {"MXFP4", 32, 17},
+};
+
+static const ggml_type_info *type_info(uint32_t type)
+{
+    if (type >= sizeof ggml_types / sizeof ggml_types[0] || !ggml_types[type].name)
+        return NULL;
+    return &ggml_types[type];
+}
+
+const char *kvq_ggml_type_name(uint32_t type)
+{
+    const ggml_type_info *ti = type_info(type);
+    return ti ? ti->name : NULL;
+}
+
+int kvq_ggml_type_layout(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes)
+{
+    const ggml_type_info *ti = type_info(type);
+    if (!ti)
+        return -1;
+    if (block_elems)
+        *block_elems = ti->block;
+    if (block_bytes)
+        *block_bytes = ti->bytes;
+    return 0;
+}
+
+const char *kvq_gguf_type_name(kvq_gguf_type t)
+{
+    static const char *const names[] = {"u8",  "i8",   "u16", "i16", "u32", "i32", "f32",
+                                        "bool", "str", "arr", "u64", "i64", "f64"};
+    return (unsigned)t < sizeof names / sizeof names[0] ? names[t] : "unknown";
+}
+
+/* Bytes one value of a scalar type takes in the file; strings and arrays give their
+ * minimum (an empty string, an empty array). 0 for an invalid type. */
+static uint64_t type_min_bytes(uint32_t t)
+{
+    switch (t) {
+    case KVQ_GGUF_UINT8: case KVQ_GGUF_INT8: case KVQ_GGUF_BOOL: return 1;
+    case KVQ_GGUF_UINT16: case KVQ_GGUF_INT16: return 2;
+    case KVQ_GGUF_UINT32: case KVQ_GGUF_INT32: case KVQ_GGUF_FLOAT32: return 4;
+    case KVQ_GGUF_UINT64: case KVQ_GGUF_INT64: case KVQ_GGUF_FLOAT64: return 8;
+    case KVQ_GGUF_STRING: return 8;
+    case KVQ_GGUF_ARRAY: return 12;
+    default: return 0;
+    }
+}
+
+static int is_unsigned_type(kvq_gguf_type t)
+{
+    return t == KVQ_GGUF_UINT8 || t == KVQ_GGUF_UINT16 || t == KVQ_GGUF_UINT32 ||
+           t == KVQ_GGUF_UINT64;
+}
+
+static int is_signed_type(kvq_gguf_type t)
+{
+    return t == KVQ_GGUF_INT8 || t == KVQ_GGUF_INT16 || t == KVQ_GGUF_INT32 ||
+           t == KVQ_GGUF_INT64;
+}
+
+/* FLOAT32 metadata is held as a double. NaNs are converted through their bits so a
+ * signalling NaN's payload survives a read-write round trip unchanged (an FPU
+ * conversion would quiet it). */
+static double f32_bits_to_f64(uint32_t b)
+{
+    double d;
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        const uint64_t bits = ((uint64_t)(b >> 31) << 63) | (UINT64_C(0x7ff) << 52) |
+                              ((uint64_t)(b & 0x7fffffu) << 29);
+        memcpy(&d, &bits, sizeof d);
+    } else {
+        float f;
+        memcpy(&f, &b, sizeof f);
+        d = f;
+    }
+    return d;
+}
+
+static uint32_t f64_to_f32_bits(double d)
+{
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    if ((bits & ~(UINT64_C(1) << 63)) > (UINT64_C(0x7ff) << 52)) {
+        uint32_t man = (uint32_t)(bits >> 29) & 0x7fffffu;
+        if (man == 0)
+            man = 0x400000u; /* payload only in the dropped bits: keep it a NaN */
+        return (uint32_t)(bits >> 63) << 31 | 0x7f800000u | man;
+    }
+    const float f = (float)d;
+    uint32_t b;
+    memcpy(&b, &f, sizeof b);
+    return b;
+}
+
+/* ==========================================================================
+ * arena: keys, strings and value arrays, freed all at once by kvq_gguf_close
+ * ========================================================================== */
+
+typedef struct arena_block {
+    struct arena_block *next;
+    size_t used, cap;
+} arena_block;
+
+#define ARENA_HEADER ((sizeof(arena_block) + 15) & ~(size_t)15)
+#define ARENA_CHUNK ((size_t)64 << 10)
+
+static void *arena_alloc(arena_block **head, size_t n)
+{
+    if (n > SIZE_MAX - 15 - ARENA_HEADER)
+        return NULL;
+    n = (n + 15) & ~(size_t)15;
+    arena_block *blk = *head;
+    if (blk && blk->cap - blk->used >= n) {
+        void *p = (char *)blk + ARENA_HEADER + blk->used;
+        blk->used += n;
+        return p;
+    }
+    const size_t cap = n > ARENA_CHUNK / 4 ? n : ARENA_CHUNK;
+    arena_block *nb = malloc(ARENA_HEADER + cap);
+    if (!nb)
+        return NULL;
+    nb->used = n;
+    nb->cap = cap;
+    if (blk && cap == n) { /* a big dedicated block: keep filling the current one */
+        nb->next = blk->next;
+        blk->next = nb;
+    } else {
+        nb->next = blk;
+        *head = nb;
+    }
+    return (char *)nb + ARENA_HEADER;
+}
+
+static void arena_free(arena_block *blk)
+{
+    while (blk) {
+        arena_block *next = blk->next;
+        free(blk);
+        blk = next;
+    }
+}
+
+/* ==========================================================================
+ * name index: open addressing over key / tensor names, for duplicates and lookups
+ * ========================================================================== */
+
+typedef struct name_index {
+    size_t *slots; /* entry index + 1, 0 = empty */
+    size_t mask;
+} name_index;
+
+static kvq_status index_init(name_index *ix, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    ix->slots = calloc(cap, sizeof *ix->slots);
+    ix->mask = cap - 1;
+    return ix->slots ? KVQ_OK : KVQ_E_NOMEM;
+}
+
+/* Finds `name`; names(i) gives entry i's name. Returns the slot holding it, or the
+ * empty slot where it would go. */
+static size_t index_slot(const name_index *ix, const char *name,
+                         const char *(*names)(const void *, size_t), const void *ctx)
+{
+    size_t h = (size_t)kvq_fnv1a64(name, strlen(name), KVQ_FNV1A64_INIT) & ix->mask;
+    while (ix->slots[h] && strcmp(names(ctx, ix->slots[h] - 1), name) != 0)
+        h = (h + 1) & ix->mask;
+    return h;
+}
+
+/* ==========================================================================
+ * the handle
+ * ========================================================================== */
+
+struct kvq_gguf {
+    kvq_map map;            /* when opened from a file */
+    const uint8_t *base;    /* [size] the whole file */
+    size_t size;
+    uint32_t version;
+    uint64_t alignment;
+    uint64_t data_offset;
+    size_t n_kv;
+    kvq_gguf_kv *kv;        /* [n_kv], in the arena */
+    size_t n_tensors;
+    kvq_gguf_tensor *tensors; /* [n_tensors], in the arena */
+    name_index kv_index, tensor_index;
+    arena_block *arena;
+};
+
+static const char *kv_name(const void *ctx, size_t i)
+{
+    return ((const kvq_gguf *)ctx)->kv[i].key;
+}
+
+static const char *tensor_name(const void *ctx, size_t i)
+{
+    return ((const kvq_gguf *)ctx)->tensors[i].name;
+}
+
+/* ==========================================================================
+ * reading the header
+ * ========================================================================== */
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t size, pos;
+    const char *label;
+    kvq_err *err;
+    arena_block **arena;
+} reader;
+
+static kvq_status need(reader *r, uint64_t n, const char *what)
+{
+    if (n > r->size - r->pos)
+        return kvq_err_set(r->err, KVQ_E_TRUNCATED_HEADER,
+                           "%s: file ends inside the header: %s at offset %zu needs %llu bytes, "
+                           "%zu left",
+                           r->label, what, r->pos, (unsigned long long)n, r->size - r->pos);
+    return KVQ_OK;
+}
+
+static uint64_t load_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static kvq_status read_uint(reader *r, int n, uint64_t *out, const char *what)
+{
+    kvq_status st = need(r, (uint64_t)n, what);
+    if (st)
+        return st;
+    *out = load_le(r->p + r->pos, n);
+    r->pos += (size_t)n;
+    return KVQ_OK;
+}
+
+static kvq_status read_u32(reader *r, uint32_t *out, const char *what)
+{
+    uint64_t v = 0;
+    kvq_status st = read_uint(r, 4, &v, what);
+    *out = (uint32_t)v;
+    return st;
+}
+
+/* The count rule: `count` items of at least `min_bytes` each must fit in the bytes
+ * left. An absurd count (more than GGUF_MAX_BYTES, or overflowing) is TOO_LARGE; a
+ * plausible one that runs past the end of the file is TRUNCATED_HEADER. */
+static kvq_status check_count(reader *r, uint64_t count, uint64_t min_bytes, const char *what)
+{
+    if (min_bytes && count > GGUF_MAX_BYTES / min_bytes)
+        return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: %s (%llu) before offset %zu is too large",
+                           r->label, what, (unsigned long long)count, r->pos);
+    if (count * min_bytes > r->size - r->pos)
+        return kvq_err_set(r->err, KVQ_E_TRUNCATED_HEADER,
+                           "%s: file ends inside the header: %s (%llu) before offset %zu needs "
+                           "at least %llu bytes, %zu left",
+                           r->label, what, (unsigned long long)count, r->pos,
+                           (unsigned long long)(count * min_bytes), r->size - r->pos);
+    return KVQ_OK;
+}
+
+/* Allocates n items of `size` bytes from the arena (n already bounded by the file). */
+static kvq_status arena_items(reader *r, uint64_t n, size_t size, void **out)
+{
+    size_t bytes;
+    *out = NULL;
+    if (n > SIZE_MAX || !kvq_size_mul((size_t)n, size, &bytes))
+        return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: %llu items do not fit in memory",
+                           r->label, (unsigned long long)n);
+    if (bytes == 0)
+        return KVQ_OK;
+    *out = arena_alloc(r->arena, bytes);
+    if (!*out)
+        return kvq_err_set(r->err, KVQ_E_NOMEM, "%s: out of memory", r->label);
+    return KVQ_OK;
+}
+
+/* A string: u64 length, then that many bytes, copied NUL-terminated into the arena. */
+static kvq_status read_string(reader *r, const char **s, uint64_t *len, const char *what)
+{
+    uint64_t n = 0;
+    char length_of[64];
+    snprintf(length_of, sizeof length_of, "the length of %s", what);
+    kvq_status st = read_uint(r, 8, &n, length_of);
+    if (!st)
+        st = check_count(r, n, 1, length_of);
+    if (st)
+        return st;
+    char *copy = arena_alloc(r->arena, (size_t)n + 1);
+    if (!copy)
+        return kvq_err_set(r->err, KVQ_E_NOMEM, "%s: out of memory", r->label);
+    memcpy(copy, r->p + r->pos, (size_t)n);
+    copy[n] = '\0';
+    r->pos += (size_t)n;
+    *s = copy;
+    *len = n;
+    return KVQ_OK;
+}
+
+/* Keys and tensor names: non-empty UTF-8 without NUL bytes. */
+static kvq_status read_name(reader *r, const char **s, const char *what)
+{
+    const size_t at = r->pos;
+    uint64_t n = 0;
+    kvq_status st = read_string(r, s, &n, what);
+    if (st)
+        return st;
+    if (n == 0)
+        return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: empty %s at offset %zu", r->label, what,
+                           at);
+    if (memchr(*s, '\0', (size_t)n))
+        return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: %s at offset %zu contains a NUL byte",
+                           r->label, what, at);
+    if (!kvq_utf8_valid(*s, (size_t)n))
+        return kvq_err_set(r->err, KVQ_E_BAD_UTF8, "%s: %s at offset %zu is not valid UTF-8",
+                           r->label, what, at);
+    return KVQ_OK;
+}
+
+static kvq_status read_value(reader *r, uint32_t type, kvq_gguf_value *v, int depth)
+{
+    uint64_t x = 0;
+    kvq_status st = KVQ_OK;
+    v->type = (kvq_gguf_type)type;
+    switch (type) {
+    case KVQ_GGUF_UINT8: case KVQ_GGUF_UINT16: case KVQ_GGUF_UINT32: case KVQ_GGUF_UINT64:
+        st = read_uint(r, (int)type_min_bytes(type), &v->v.u, "a value");
+        break;
+    case KVQ_GGUF_INT8:
+        st = read_uint(r, 1, &x, "a value");
+        v->v.i = (int8_t)x;
+        break;
+    case KVQ_GGUF_INT16:
+        st = read_uint(r, 2, &x, "a value");
+        v->v.i = (int16_t)x;
+        break;
+    case KVQ_GGUF_INT32:
+        st = read_uint(r, 4, &x, "a value");
+        v->v.i = (int32_t)x;
+        break;
+    case KVQ_GGUF_INT64:
+        st = read_uint(r, 8, &x, "a value");
+        v->v.i = (int64_t)x;
+        break;
+    case KVQ_GGUF_BOOL:
+        if ((st = read_uint(r, 1, &x, "a value")))
+            break;
+        if (x > 1)
+            st = kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: bool value %u at offset %zu",
+                             r->label, (unsigned)x, r->pos - 1);
+        v->v.u = x;
+        break;
+    case KVQ_GGUF_FLOAT32:
+        st = read_uint(r, 4, &x, "a value");
+        v->v.f = f32_bits_to_f64((uint32_t)x);
+        break;
+    case KVQ_GGUF_FLOAT64:
+        st = read_uint(r, 8, &x, "a value");
+        memcpy(&v->v.f, &x, sizeof x);
+        break;
+    case KVQ_GGUF_STRING:
+        st = read_string(r, &v->v.str.s, &v->v.str.len, "a string");
+        break;
+    case KVQ_GGUF_ARRAY: {
+        uint32_t et = 0;
+        uint64_t n = 0;
+        if (depth >= KVQ_GGUF_MAX_NESTING) {
+            st = kvq_err_set(r->err, KVQ_E_TOO_LARGE,
+                             "%s: arrays nested more than %d deep at offset %zu", r->label,
+                             KVQ_GGUF_MAX_NESTING, r->pos);
+            break;
+        }
+        if ((st = read_u32(r, &et, "an array type")))
+            break;
+        if (!type_min_bytes(et)) {
+            st = kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: bad array element type %u at offset %zu",
+                             r->label, et, r->pos - 4);
+            break;
+        }
+        if ((st = read_uint(r, 8, &n, "an array length")) ||
+            (st = check_count(r, n, type_min_bytes(et), "an array length")))
+            break;
+        kvq_gguf_value *items = NULL;
+        if ((st = arena_items(r, n, sizeof *items, (void **)&items)))
+            break;
+        v->v.arr.type = (kvq_gguf_type)et;
+        v->v.arr.n = n;
+        v->v.arr.items = items;
+        for (uint64_t i = 0; i < n && !st; i++)
+            st = read_value(r, et, &items[i], depth + 1);
+        break;
+    }
+    default:
+        st = kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: bad value type %u", r->label, type);
+        break;
+    }
+    return st;
+}
+
+/* Magic, version and the two counts. */
+static kvq_status parse_preamble(kvq_gguf *g, reader *r, uint64_t *n_tensors, uint64_t *n_kv)
+{
+    const size_t have = r->size < 4 ? r->size : 4;
+    if (memcmp(r->p, "GGUF", have) != 0)
+        return kvq_err_set(r->err, KVQ_E_BAD_MAGIC, "%s: not a GGUF file (bad magic)", r->label);
+    kvq_status st = need(r, 4, "the magic");
+    if (st)
+        return st;
+    r->pos = 4;
+    if ((st = read_u32(r, &g->version, "the version")))
+        return st;
+    if (g->version != 0 && (g->version & 0xffffu) == 0)
+        return kvq_err_set(r->err, KVQ_E_UNSUPPORTED,
+                           "%s: version field 0x%08x looks byte-swapped: big-endian GGUF "
+                           "files are not supported",
+                           r->label, g->version);
+    if (g->version < 2 || g->version > 3)
+        return kvq_err_set(r->err, KVQ_E_VERSION,
+                           "%s: GGUF version %u is not supported (only versions 2 and 3 are)",
+                           r->label, g->version);
+    if ((st = read_uint(r, 8, n_tensors, "the tensor count")) ||
+        (st = read_uint(r, 8, n_kv, "the metadata count")) ||
+        (st = check_count(r, *n_kv, MIN_KV_BYTES, "the metadata count")) ||
+        (st = check_count(r, *n_tensors, MIN_TENSOR_BYTES, "the tensor count")))
+        return st;
+    return KVQ_OK;
+}
+
+static kvq_status parse_kvs(kvq_gguf *g, reader *r, uint64_t n_kv)
+{
+    kvq_status st = arena_items(r, n_kv, sizeof *g->kv, (void **)&g->kv);
+    if (st)
+        return st;
+    if (index_init(&g->kv_index, (size_t)n_kv))
+        return kvq_err_set(r->err, KVQ_E_NOMEM, "%s: out of memory", r->label);
+    for (size_t i = 0; i < n_kv; i++) {
+        kvq_gguf_kv *kv = &g->kv[i];
+        uint32_t type = 0;
+        if ((st = read_name(r, &kv->key, "a metadata key")) ||
+            (st = read_u32(r, &type, "a value type")))
+            return st;
+        if (!type_min_bytes(type))
+            return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: key '%s' has bad value type %u",
+                               r->label, kv->key, type);
+        if ((st = read_value(r, type, &kv->value, 0)))
+            return st;
+        const size_t slot = index_slot(&g->kv_index, kv->key, kv_name, g);
+        if (g->kv_index.slots[slot])
+            return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: duplicate key '%s'", r->label, kv->key);
+        g->kv_index.slots[slot] = i + 1;
+        g->n_kv = i + 1;
+    }
+    return KVQ_OK;
+}
+
+/* general.alignment and split.count, once all the metadata is in. */
+static kvq_status check_metadata(kvq_gguf *g, reader *r)
+{
+    const kvq_gguf_value *a = kvq_gguf_get(g, "general.alignment");
+    g->alignment = KVQ_GGUF_DEFAULT_ALIGNMENT;
+    if (a) {
+        uint64_t v = 0;
+        if (kvq_gguf_get_u64(g, "general.alignment", &v) != 0 || v == 0 || v > UINT32_MAX ||
+            (v & (v - 1)) != 0)
+            return kvq_err_set(r->err, KVQ_E_CORRUPT,
+                               "%s: general.alignment must be a non-zero power of two "
+                               "(an unsigned 32-bit integer)",
+                               r->label);
+        g->alignment = v;
+    }
+    uint64_t parts = 0;
+    if (kvq_gguf_get_u64(g, "split.count", &parts) == 0 && parts > 1)
+        return kvq_err_set(r->err, KVQ_E_UNSUPPORTED,
+                           "%s: split GGUF (%llu parts) is not supported; merge the parts "
+                           "first (llama-gguf-split --merge)",
+                           r->label, (unsigned long long)parts);
+    return KVQ_OK;
+}
+
+static kvq_status parse_tensor_infos(kvq_gguf *g, reader *r, uint64_t n_tensors)
+{
+    kvq_status st = check_count(r, n_tensors, MIN_TENSOR_BYTES, "the tensor count");
+    if (!st)
+        st = arena_items(r, n_tensors, sizeof *g->tensors, (void **)&g->tensors);
+    if (st)
+        return st;
+    if (index_init(&g->tensor_index, (size_t)n_tensors))
+        return kvq_err_set(r->err, KVQ_E_NOMEM, "%s: out of memory", r->label);
+    for (size_t i = 0; i < n_tensors; i++) {
+        kvq_gguf_tensor *t = &g->tensors[i];
+        uint64_t ne[4] = {1, 1, 1, 1}, type = 0;
+        if ((st = read_name(r, &t->name, "a tensor name")) ||
+            (st = read_u32(r, &t->ndim, "a tensor's dimension count")))
+            return st;
+        if (t->ndim < 1 || t->ndim > 4)
+            return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: tensor '%s' has %u dimensions (1..4)",
+                               r->label, t->name, t->ndim);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            if ((st = read_uint(r, 8, &ne[d], "a tensor's shape")))
+                return st;
+        if ((st = read_uint(r, 4, &type, "a tensor's type")) ||
+            (st = read_uint(r, 8, &t->offset, "a tensor's offset")))
+            return st;
+        t->type = (uint32_t)type;
+
+        const ggml_type_info *ti = type_info(t->type);
+        if (!ti)
+            return kvq_err_set(r->err, KVQ_E_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u",
+                               r->label, t->name, t->type);
+        uint64_t count = 1;
+        for (int d = 0; d < 4; d++) {
+            if (ne[d] > (uint64_t)INT64_MAX ||
+                (ne[d] != 0 && count > (uint64_t)INT64_MAX / ne[d]))
+                return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: tensor '%s' shape is too large",
+                                   r->label, t->name);
+            count *= ne[d];
+            t->ne[d] = (int64_t)ne[d];
+        }
+        if (ne[0] % ti->block != 0)
+            return kvq_err_set(r->err, KVQ_E_CORRUPT,
+                               "%s: tensor '%s': ne[0] = %llu is not a multiple of the %s block "
+                               "size %u",
+                               r->label, t->name, (unsigned long long)ne[0], ti->name, ti->block);
+        const uint64_t blocks = count / ti->block;
+        if (blocks > GGUF_MAX_BYTES / ti->bytes)
+            return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: tensor '%s' is too large", r->label,
+                               t->name);
+        t->nbytes = (size_t)(blocks * ti->bytes);
+        if (t->offset % g->alignment != 0)
+            return kvq_err_set(r->err, KVQ_E_CORRUPT,
+                               "%s: tensor '%s' offset %llu is not a multiple of the alignment %llu",
+                               r->label, t->name, (unsigned long long)t->offset,
+                               (unsigned long long)g->alignment);
+        const size_t slot = index_slot(&g->tensor_index, t->name, tensor_name, g);
+        if (g->tensor_index.slots[slot])
+            return kvq_err_set(r->err, KVQ_E_CORRUPT, "%s: duplicate tensor '%s'", r->label,
+                               t->name);
+        g->tensor_index.slots[slot] = i + 1;
+        g->n_tensors = i + 1;
+    }
+    return KVQ_OK;
+}
+
+typedef struct placed {
+    uint64_t offset, nbytes;
+    size_t index;
+} placed;
+
+static int cmp_placed(const void *a, const void *b)
+{
+    const placed *x = a, *y = b;
+    if (x->offset != y->offset)
+        return x->offset < y->offset ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return x->index < y->index ? -1 : 1;
+}
+
+/* Places the tensors in the data section. In offset order: an overlap with an earlier
+ * tensor is OVERLAP; a tensor that runs past the end of the file is TRUNCATED_DATA if
+ * it starts where the previous one ended (rounded up to the alignment) or inside the
+ * file (the file was cut short), and OUT_OF_BOUNDS if it starts past the end of the
+ * file after a gap (its offset points nowhere). */
+static kvq_status place_tensors(kvq_gguf *g, reader *r)
+{
+    kvq_status st = KVQ_OK;
+    const uint64_t header_end = r->pos;
+    g->data_offset = (header_end + g->alignment - 1) & ~(g->alignment - 1);
+    if (g->n_tensors == 0)
+        return KVQ_OK;
+    if (g->data_offset > r->size)
+        return kvq_err_set(r->err, KVQ_E_TRUNCATED_DATA,
+                           "%s: file ends at %zu, before the data section at %llu", r->label,
+                           r->size, (unsigned long long)g->data_offset);
+    const uint64_t data_size = r->size - g->data_offset;
+
+    for (size_t i = 0; i < g->n_tensors; i++) {
+        const kvq_gguf_tensor *t = &g->tensors[i];
+        if (t->offset > UINT64_MAX - t->nbytes)
+            return kvq_err_set(r->err, KVQ_E_OUT_OF_BOUNDS,
+                               "%s: tensor '%s' offset %llu is out of bounds", r->label, t->name,
+                               (unsigned long long)t->offset);
+    }
+    placed *order = malloc(g->n_tensors * sizeof *order); // [n_tensors]
+    if (!order)
+        return kvq_err_set(r->err, KVQ_E_NOMEM, "%s: out of memory", r->label);
+    for (size_t i = 0; i < g->n_tensors; i++)
+        order[i] = (placed){g->tensors[i].offset, g->tensors[i].nbytes, i};
+    qsort(order, g->n_tensors, sizeof *order, cmp_placed);
+
+    uint64_t prev_end = 0;
+    const kvq_gguf_tensor *prev = NULL;
+    for (size_t k = 0; k < g->n_tensors && !st; k++) {
+        kvq_gguf_tensor *t = &g->tensors[order[k].index];
+        const uint64_t end = t->offset + t->nbytes;
+        if (t->nbytes == 0 && prev && t->offset < prev_end) {
+            /* an empty tensor inside another one's bytes overlaps nothing */
+        } else if (prev && t->offset < prev_end) {
+            st = kvq_err_set(r->err, KVQ_E_OVERLAP,
+                             "%s: tensors '%s' and '%s' overlap (bytes %llu..%llu of the data)",
+                             r->label, prev->name, t->name, (unsigned long long)t->offset,
+                             (unsigned long long)(prev_end < end ? prev_end : end));
+            break;
+        }
+        if (end > data_size) {
+            const uint64_t expect = (prev_end + g->alignment - 1) & ~(g->alignment - 1);
+            if (t->offset > expect && t->offset >= data_size)
+                st = kvq_err_set(r->err, KVQ_E_OUT_OF_BOUNDS,
+                                 "%s: tensor '%s' data [%llu, %llu) lies outside the %llu-byte "
+                                 "data section",
+                                 r->label, t->name, (unsigned long long)t->offset,
+                                 (unsigned long long)end, (unsigned long long)data_size);
+            else
+                st = kvq_err_set(r->err, KVQ_E_TRUNCATED_DATA,
+                                 "%s: file ends inside tensor '%s' (data needs %llu bytes, the "
+                                 "file has %llu)",
+                                 r->label, t->name,
+                                 (unsigned long long)(g->data_offset + end),
+                                 (unsigned long long)r->size);
+            break;
+        }
+        t->data = g->base + g->data_offset + t->offset;
+        if (end > prev_end) {
+            prev_end = end;
+            prev = t;
+        }
+    }
+    free(order);
+    return st;
+}
+
+static kvq_status parse(kvq_gguf *g, const char *label, kvq_err *err)
+{
+    reader r = {.p = g->base, .size = g->size, .label = label, .err = err, .arena = &g->arena};
+    uint64_t n_tensors = 0, n_kv = 0;
+    kvq_status st = parse_preamble(g, &r, &n_tensors, &n_kv);
+    if (!st)
+        st = parse_kvs(g, &r, n_kv);
+    if (!st)
+        st = check_metadata(g, &r);
+    if (!st)
+        st = parse_tensor_infos(g, &r, n_tensors);
+    if (!st)
+        st = place_tensors(g, &r);
+    return st;
+}
+
+/* ==========================================================================
+ * open / close / queries
+ * ========================================================================== */
+
+kvq_status kvq_gguf_open_memory(const void *data, size_t size, const char *label, kvq_gguf **out,
+                                kvq_err *err)
+{
+    *out = NULL;
+    if (!label)
+        label = "<memory>";
+    if (!data && size)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: NULL data", label);
+    kvq_gguf *g = calloc(1, sizeof *g);
+    if (!g)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+    static const uint8_t empty[1];
+    g->base = data ? data : empty;
+    g->size = size;
+    kvq_status st = parse(g, label, err);
+    if (st) {
+        kvq_gguf_close(g);
+        return st;
+    }
+    *out = g;
+    return KVQ_OK;
+}
+
+kvq_status kvq_gguf_open(const char *path, kvq_gguf **out, kvq_err *err)
+{
+    *out = NULL;
+    kvq_map m;
+    kvq_status st = kvq_map_file(path, &m, err);
+    if (st)
+        return st;
+    st = kvq_gguf_open_memory(m.data, m.size, path, out, err);
+    if (st) {
+        kvq_unmap(&m);
+        return st;
+    }
+    (*out)->map = m;
+    return KVQ_OK;
+}
+
+void kvq_gguf_close(kvq_gguf *g)
+{
+    if (!g)
+        return;
+    kvq_unmap(&g->map);
+    free(g->kv_index.slots);
+    free(g->tensor_index.slots);
+    arena_free(g->arena);
+    free(g);
+}
+
+uint32_t kvq_gguf_version(const kvq_gguf *g) { return g->version; }
+uint64_t kvq_gguf_alignment(const kvq_gguf *g) { return g->alignment; }
+uint64_t kvq_gguf_data_offset(const kvq_gguf *g) { return g->data_offset; }
+size_t kvq_gguf_kv_count(const kvq_gguf *g) { return g->n_kv; }
+size_t kvq_gguf_tensor_count(const kvq_gguf *g) { return g->n_tensors; }
+
+const kvq_gguf_kv *kvq_gguf_kv_at(const kvq_gguf *g, size_t i)
+{
+    return i < g->n_kv ? &g->kv[i] : NULL;
+}
+
+const kvq_gguf_tensor *kvq_gguf_tensor_at(const kvq_gguf *g, size_t i)
+{
+    return i < g->n_tensors ? &g->tensors[i] : NULL;
+}
+
+const kvq_gguf_value *kvq_gguf_get(const kvq_gguf *g, const char *key)
+{
+    if (!g || !key || !g->kv_index.slots)
+        return NULL;
+    const size_t slot = index_slot(&g->kv_index, key, kv_name, g);
+    const size_t i = g->kv_index.slots[slot];
+    return i ? &g->kv[i - 1].value : NULL;
+}
+
+const kvq_gguf_tensor *kvq_gguf_find_tensor(const kvq_gguf *g, const char *name)
+{
+    if (!g || !name || !g->tensor_index.slots)
+        return NULL;
+    const size_t slot = index_slot(&g->tensor_index, name, tensor_name, g);
+    const size_t i = g->tensor_index.slots[slot];
+    return i ? &g->tensors[i - 1] : NULL;
+}
+
+int kvq_gguf_get_u64(const kvq_gguf *g, const char *key, uint64_t *out)
+{
+    const kvq_gguf_value *v = kvq_gguf_get(g, key);
+    if (!v)
+        return -1;
+    if (is_unsigned_type(v->type)) {
+        *out = v->v.u;
+        return 0;
+    }
+    if (is_signed_type(v->type) && v->v.i >= 0) {
+        *out = (uint64_t)v->v.i;
+        return 0;
+    }
+    return -1;
+}
+
+int kvq_gguf_get_f64(const kvq_gguf *g, const char *key, double *out)
+{
+    const kvq_gguf_value *v = kvq_gguf_get(g, key);
+    if (!v)
+        return -1;
+    if (is_unsigned_type(v->type))
+        *out = (double)v->v.u;
+    else if (is_signed_type(v->type))
+        *out = (double)v->v.i;
+    else if (v->type == KVQ_GGUF_FLOAT32 || v->type == KVQ_GGUF_FLOAT64)
+        *out = v->v.f;
+    else
+        return -1;
+    return 0;
+}
+
+const char *kvq_gguf_get_str(const kvq_gguf *g, const char *key)
+{
+    const kvq_gguf_value *v = kvq_gguf_get(g, key);
+    return v && v->type == KVQ_GGUF_STRING ? v->v.str.s : NULL;
+}
+
+/* ==========================================================================
+ * conversion to f32
+ * ========================================================================== */
+
+int64_t kvq_gguf_tensor_rows(const kvq_gguf_tensor *t)
+{
+    int64_t rows = 1;
+    for (int d = 1; d < 4; d++) {
+        if (t->ne[d] < 0 || (t->ne[d] != 0 && rows > INT64_MAX / t->ne[d]))
+            return -1;
+        rows *= t->ne[d];
+    }
+    return rows;
+}
+
+/* f16/bf16 sources whose address is odd (alignment 1 files) go through a bounce
+ * buffer, because the array converters take uint16_t pointers. */
+static void halves_to_f32(const uint8_t *src, float *out, size_t n, int bf16)
+{
+    void (*conv)(const uint16_t *, float *, size_t) = bf16 ? kvq_bf16_to_f32 : kvq_f16_to_f32;
+    if (((uintptr_t)src & 1u) == 0) {
+        conv((const uint16_t *)(const void *)src, out, n);
+        return;
+    }
+    uint16_t tmp[1024]; // [chunk]
+    for (size_t i = 0; i < n; i += 1024) {
+        const size_t k = n - i < 1024 ? n - i : 1024;
+        memcpy(tmp, src + 2 * i, 2 * k);
+        conv(tmp, out + i, k);
+    }
+}
+
+kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t nrows,
+                                float *out, kvq_err *err)
+{
+    if (!t)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "rows_to_f32: NULL tensor");
+    const char *name = t->name ? t->name : "?";
+    const ggml_type_info *ti = type_info(t->type);
+    if (t->type != KVQ_GGML_F32 && t->type != KVQ_GGML_F16 && t->type != KVQ_GGML_BF16 &&
+        t->type != KVQ_GGML_Q8_0) {
+        if (ti)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                               "tensor '%s': type %s cannot be converted to f32 (F32, F16, BF16 "
+                               "and Q8_0 can)",
+                               name, ti->name);
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "tensor '%s': unknown ggml type %u", name,
+                           t->type);
+    }
+    const int64_t rows = kvq_gguf_tensor_rows(t);
+    if (rows < 0 || t->ne[0] < 0 || t->ne[0] % ti->block != 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "tensor '%s': bad shape", name);
+    if (row0 < 0 || nrows < 0 || row0 > rows || nrows > rows - row0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "tensor '%s': rows [%lld, %lld + %lld) are outside its %lld rows",
+                           name, (long long)row0, (long long)row0, (long long)nrows,
+                           (long long)rows);
+    size_t row_bytes, skip, total, n;
+    if (!kvq_size_mul((size_t)t->ne[0] / ti->block, ti->bytes, &row_bytes) ||
+        !kvq_size_mul((size_t)row0, row_bytes, &skip) ||
+        !kvq_size_mul((size_t)nrows, row_bytes, &total) ||
+        !kvq_size_mul((size_t)nrows, (size_t)t->ne[0], &n) || skip > t->nbytes ||
+        total > t->nbytes - skip)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "tensor '%s': rows exceed its %zu bytes",
+                           name, t->nbytes);
+    if (n == 0)
+        return KVQ_OK;
+    if (!t->data || !out)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "tensor '%s': NULL data or output", name);
+    const uint8_t *src = (const uint8_t *)t->data + skip; // [nrows, ne[0]] in t->type
+    switch (t->type) {
+    case KVQ_GGML_F32: memcpy(out, src, total); break;
+    case KVQ_GGML_F16: halves_to_f32(src, out, n, 0); break;
+    case KVQ_GGML_BF16: halves_to_f32(src, out, n, 1); break;
+    default: kvq_dequant_q8_0(src, out, n); break;
+    }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * writer
+ * ========================================================================== */
+
+typedef struct writer_kv {
+    char *key;
+    kvq_gguf_value value; /* deep copy: strings and items malloc'd */
+} writer_kv;
+
+typedef struct writer_tensor {
+    char *name;
+    uint32_t type, ndim;
+    int64_t ne[4];
+    void *data; /* [nbytes] copy */
+    size_t nbytes;
+    uint64_t offset;
+} writer_tensor;
+
+struct kvq_gguf_writer {
+    writer_kv *kv;
+    size_t n_kv, cap_kv;
+    writer_tensor *t;
+    size_t n_t, cap_t;
+    uint64_t alignment;
+};
+
+/* Makes room for one more item in a growing array; -1 (array unchanged) on failure. */
+static int grow(void **items, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap)
+        return 0;
+    size_t new_cap = *cap * 2 + 8, bytes;
+    if (!kvq_size_mul(new_cap, size, &bytes))
+        return -1;
+    void *p = realloc(*items, bytes);
+    if (!p)
+        return -1;
+    *items = p;
+    *cap = new_cap;
+    return 0;
+}
+
+kvq_gguf_writer *kvq_gguf_writer_new(void)
+{
+    kvq_gguf_writer *w = calloc(1, sizeof *w);
+    if (w)
+        w->alignment = KVQ_GGUF_DEFAULT_ALIGNMENT;
+    return w;
+}
+
+static void value_free(kvq_gguf_value *v)
+{
+    if (v->type == KVQ_GGUF_STRING) {
+        free((char *)v->v.str.s);
+    } else if (v->type == KVQ_GGUF_ARRAY) {
+        kvq_gguf_value *items = (kvq_gguf_value *)v->v.arr.items;
+        for (uint64_t i = 0; items && i < v->v.arr.n; i++)
+            value_free(&items[i]);
+        free(items);
+    }
+    memset(v, 0, sizeof *v);
+}
+
+void kvq_gguf_writer_free(kvq_gguf_writer *w)
+{
+    if (!w)
+        return;
+    for (size_t i = 0; i < w->n_kv; i++) {
+        free(w->kv[i].key);
+        value_free(&w->kv[i].value);
+    }
+    for (size_t i = 0; i < w->n_t; i++) {
+        free(w->t[i].name);
+        free(w->t[i].data);
+    }
+    free(w->kv);
+    free(w->t);
+    free(w);
+}
+
+static kvq_status check_name(const char *s, const char *what, kvq_err *err)
+{
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: empty %s", what);
+    if (!kvq_utf8_valid(s, strlen(s)))
+        return kvq_err_set(err, KVQ_E_BAD_UTF8, "gguf writer: %s is not valid UTF-8", what);
+    return KVQ_OK;
+}
+
+/* Validates src (types, ranges, nesting) and deep-copies it into dst. */
+static kvq_status value_copy(kvq_gguf_value *dst, const kvq_gguf_value *src, int depth,
+                             const char *key, kvq_err *err)
+{
+    memset(dst, 0, sizeof *dst);
+    const uint64_t u = src->v.u;
+    const int64_t i = src->v.i;
+    int ok = 1;
+    switch (src->type) {
+    case KVQ_GGUF_UINT8: ok = u <= UINT8_MAX; break;
+    case KVQ_GGUF_UINT16: ok = u <= UINT16_MAX; break;
+    case KVQ_GGUF_UINT32: ok = u <= UINT32_MAX; break;
+    case KVQ_GGUF_BOOL: ok = u <= 1; break;
+    case KVQ_GGUF_INT8: ok = i >= INT8_MIN && i <= INT8_MAX; break;
+    case KVQ_GGUF_INT16: ok = i >= INT16_MIN && i <= INT16_MAX; break;
+    case KVQ_GGUF_INT32: ok = i >= INT32_MIN && i <= INT32_MAX; break;
+    case KVQ_GGUF_UINT64: case KVQ_GGUF_INT64: case KVQ_GGUF_FLOAT32: case KVQ_GGUF_FLOAT64:
+        break;
+    case KVQ_GGUF_STRING:
+        if (!src->v.str.s && src->v.str.len)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': NULL string", key);
+        break;
+    case KVQ_GGUF_ARRAY:
+        if (depth >= KVQ_GGUF_MAX_NESTING)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "gguf writer: '%s': arrays nested more than %d deep", key,
+                               KVQ_GGUF_MAX_NESTING);
+        if (!type_min_bytes(src->v.arr.type) || (!src->v.arr.items && src->v.arr.n))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': bad array", key);
+        break;
+    default:
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': bad value type %d", key,
+                           (int)src->type);
+    }
+    if (!ok)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': value out of range for %s",
+                           key, kvq_gguf_type_name(src->type));
+    *dst = *src;
+    if (src->type == KVQ_GGUF_STRING) {
+        const size_t n = (size_t)src->v.str.len;
+        char *s = n < SIZE_MAX ? malloc(n + 1) : NULL;
+        if (!s) {
+            memset(dst, 0, sizeof *dst);
+            return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
+        }
+        if (n)
+            memcpy(s, src->v.str.s, n);
+        s[n] = '\0';
+        dst->v.str.s = s;
+    } else if (src->type == KVQ_GGUF_ARRAY) {
+        const uint64_t n = src->v.arr.n;
+        size_t bytes = 0;
+        kvq_gguf_value *items = NULL;
+        dst->v.arr.items = NULL;
+        dst->v.arr.n = 0;
+        if (n > SIZE_MAX || !kvq_size_mul((size_t)n, sizeof *items, &bytes))
+            return kvq_err_set(err, KVQ_E_TOO_LARGE, "gguf writer: '%s': array too large", key);
+        if (n && !(items = calloc((size_t)n, sizeof *items)))
+            return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
+        dst->v.arr.items = items;
+        for (uint64_t k = 0; k < n; k++) {
+            const kvq_gguf_value *it = &src->v.arr.items[k];
+            kvq_status st = it->type != src->v.arr.type
+                                ? kvq_err_set(err, KVQ_E_INVALID_ARG,
+                                              "gguf writer: '%s': array item %llu is %s, not %s",
+                                              key, (unsigned long long)k,
+                                              kvq_gguf_type_name(it->type),
+                                              kvq_gguf_type_name(src->v.arr.type))
+                                : value_copy(&items[k], it, depth + 1, key, err);
+            if (st) {
+                value_free(dst);
+                return st;
+            }
+            dst->v.arr.n = k + 1;
+        }
+    }
+    return KVQ_OK;
+}
+
+kvq_status kvq_gguf_writer_set(kvq_gguf_writer *w, const char *key, const kvq_gguf_value *v,
+                               kvq_err *err)
+{
+    kvq_status st = check_name(key, "metadata key", err);
+    if (st)
+        return st;
+    if (!w || !v)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: NULL argument");
+    uint64_t align = 0;
+    if (!strcmp(key, "general.alignment")) {
+        if (v->type != KVQ_GGUF_UINT32 || v->v.u == 0 || v->v.u > UINT32_MAX ||
+            (v->v.u & (v->v.u - 1)) != 0)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "gguf writer: general.alignment must be a u32 power of two");
+        align = v->v.u;
+    }
+    kvq_gguf_value copy;
+    if ((st = value_copy(&copy, v, 0, key, err)))
+        return st;
+    for (size_t i = 0; i < w->n_kv; i++)
+        if (!strcmp(w->kv[i].key, key)) { /* replace in place: the order stays */
+            value_free(&w->kv[i].value);
+            w->kv[i].value = copy;
+            if (align)
+                w->alignment = align;
+            return KVQ_OK;
+        }
+    char *k = strdup(key);
+    if (!k || grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv)) {
+        free(k);
+        value_free(&copy);
+        return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
+    }
+    w->kv[w->n_kv].key = k;
+    w->kv[w->n_kv].value = copy;
+    w->n_kv++;
+    if (align)
+        w->alignment = align;
+    return KVQ_OK;
+}
+
+kvq_status kvq_gguf_writer_add_tensor(kvq_gguf_writer *w, const char *name, uint32_t type,
+                                      uint32_t ndim, const int64_t *ne, const void *data,
+                                      size_t nbytes, kvq_err *err)
+{
+    kvq_status st = check_name(name, "tensor name", err);
+    if (st)
+        return st;
+    if (!w || !ne || (!data && nbytes))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: NULL argument");
+    const ggml_type_info *ti = type_info(type);
+    if (!ti)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "gguf writer: '%s': unknown ggml type %u",
+                           name, type);
+    if (ndim < 1 || ndim > 4)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': %u dimensions (1..4)",
+                           name, ndim);
+    writer_tensor t = {.type = type, .ndim = ndim, .ne = {1, 1, 1, 1}, .nbytes = nbytes};
+    uint64_t count = 1;
+    for (uint32_t d = 0; d < ndim; d++) {
+        if (ne[d] < 0 || (ne[d] && count > (uint64_t)INT64_MAX / (uint64_t)ne[d]))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: '%s': bad shape", name);
+        count *= (uint64_t)ne[d];
+        t.ne[d] = ne[d];
+    }
+    if (t.ne[0] % ti->block != 0)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "gguf writer: '%s': ne[0] = %lld is not a multiple of the %s block "
+                           "size %u",
+                           name, (long long)t.ne[0], ti->name, ti->block);
+    if (count / ti->block > GGUF_MAX_BYTES / ti->bytes ||
+        (count / ti->block) * ti->bytes != nbytes)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "gguf writer: '%s': %zu bytes do not match its shape and type %s",
+                           name, nbytes, ti->name);
+    for (size_t i = 0; i < w->n_t; i++)
+        if (!strcmp(w->t[i].name, name))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: duplicate tensor '%s'",
+                               name);
+    t.name = strdup(name);
+    t.data = malloc(nbytes ? nbytes : 1);
+    if (!t.name || !t.data || grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t)) {
+        free(t.name);
+        free(t.data);
+        return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
+    }
+    if (nbytes)
+        memcpy(t.data, data, nbytes);
+    w->t[w->n_t++] = t;
+    return KVQ_OK;
+}
+
+/* Output sink: counts bytes (buf and fp NULL), fills a buffer, or writes a FILE. */
+typedef struct sink {
+    uint8_t *buf;
+    FILE *fp;
+    uint64_t len;
+    int failed;
+} sink;
+
+static void put(sink *s, const void *p, size_t n)
+{
+    if (s->buf)
+        memcpy(s->buf + s->len, p, n);
+    else if (s->fp && !s->failed && fwrite(p, 1, n, s->fp) != n)
+        s->failed = 1;
+    s->len += n;
+}
+
+static void put_uint(sink *s, uint64_t v, int n)
+{
+    uint8_t b[8];
+    for (int i = 0; i < n; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    put(s, b, (size_t)n);
+}
+
+static void put_zeros(sink *s, uint64_t n)
+{
+    static const uint8_t zeros[256];
+    while (n) {
+        const size_t k = n < sizeof zeros ? (size_t)n : sizeof zeros;
+        put(s, zeros, k);
+        n -= k;
+    }
+}
+
+static void put_string(sink *s, const char *p, uint64_t n)
+{
+    put_uint(s, n, 8);
+    if (n)
+        put(s, p, (size_t)n);
+}
+
+static void put_value(sink *s, const kvq_gguf_value *v)
+{
+    switch (v->type) {
+    case KVQ_GGUF_FLOAT32: put_uint(s, f64_to_f32_bits(v->v.f), 4); break;
+    case KVQ_GGUF_FLOAT64: {
+        uint64_t b;
+        memcpy(&b, &v->v.f, sizeof b);
+        put_uint(s, b, 8);
+        break;
+    }
+    case KVQ_GGUF_STRING: put_string(s, v->v.str.s, v->v.str.len); break;
+    case KVQ_GGUF_ARRAY:
+        put_uint(s, (uint32_t)v->v.arr.type, 4);
+        put_uint(s, v->v.arr.n, 8);
+        for (uint64_t i = 0; i < v->v.arr.n; i++)
+            put_value(s, &v->v.arr.items[i]);
+        break;
+    default: /* integers and bool; signed values are written two's complement */
+        put_uint(s, v->v.u, (int)type_min_bytes(v->type));
+        break;
+    }
+}
+
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* The whole file, version 3: header, tensor infos, padding, data (each tensor padded
+ * to the alignment, the last one too). Offsets follow insertion order. */
+static void serialize(kvq_gguf_writer *w, sink *s)
+{
+    uint64_t off = 0;
+    for (size_t i = 0; i < w->n_t; i++) {
+        w->t[i].offset = off;
+        off = align_up(off + w->t[i].nbytes, w->alignment);
+    }
+    put(s, "GGUF", 4);
+    put_uint(s, 3, 4);
+    put_uint(s, w->n_t, 8);
+    put_uint(s, w->n_kv, 8);
+    for (size_t i = 0; i < w->n_kv; i++) {
+        put_string(s, w->kv[i].key, strlen(w->kv[i].key));
+        put_uint(s, (uint32_t)w->kv[i].value.type, 4);
+        put_value(s, &w->kv[i].value);
+    }
+    for (size_t i = 0; i < w->n_t; i++) {
+        const writer_tensor *t = &w->t[i];
+        put_string(s, t->name, strlen(t->name));
+        put_uint(s, t->ndim, 4);
+        for (uint32_t d = 0; d < t->ndim; d++)
+            put_uint(s, (uint64_t)t->ne[d], 8);
+        put_uint(s, t->type, 4);
+        put_uint(s, t->offset, 8);
+    }
+    if (w->n_t)
+        put_zeros(s, align_up(s->len, w->alignment) - s->len);
+    for (size_t i = 0; i < w->n_t; i++) {
+        const writer_tensor *t = &w->t[i];
+        put(s, t->data, t->nbytes);
+        put_zeros(s, align_up(t->nbytes, w->alignment) - t->nbytes);
+    }
+}
+
+kvq_status kvq_gguf_writer_to_buffer(kvq_gguf_writer *w, void **data, size_t *size, kvq_err *err)
+{
+    *data = NULL;
+    *size = 0;
+    if (!w)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: NULL writer");
+    sink count = {0};
+    serialize(w, &count);
+    if (count.len > SIZE_MAX)
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "gguf writer: output too large");
+    sink s = {.buf = malloc(count.len ? (size_t)count.len : 1)};
+    if (!s.buf)
+        return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
+    serialize(w, &s);
+    *data = s.buf;
+    *size = (size_t)s.len;
+    return KVQ_OK;
+}
+
+kvq_status kvq_gguf_writer_write(kvq_gguf_writer *w, const char *path, int overwrite,
+                                 kvq_err *err)
+{
+    if (!w || !path)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "gguf writer: NULL argument");
+    kvq_atomic_file af;
+    kvq_status st = kvq_atomic_open(path, overwrite, &af, err);
+    if (st)
+        return st;
+    sink s = {.fp = af.fp};
+    serialize(w, &s);
+    if (s.failed) {
+        kvq_atomic_abort(&af);
+        return kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+    }
+    return kvq_atomic_commit(&af, err);
+}

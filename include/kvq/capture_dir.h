@@ -1,0 +1,117 @@
+/*
+ * kvq/capture_dir.h — reading a capture directory's capture.json (docs/capture.md).
+ *
+ * A capture directory holds capture.json (model identity, corpus provenance, token
+ * counts, the list of layer files) and one safetensors file per captured layer. This
+ * header gives the parsed capture.json as a plain struct, the model identity that
+ * every later stage (moments, fit, artifact) carries and compares, and helpers that
+ * write and read that identity as flat safetensors __metadata__ keys
+ * ("model.n_heads", "model.rope.base", ...: the capture.json "model" object, keys
+ * joined with dots, numbers in decimal with round-trip precision).
+ *
+ * The capture engineer's writer produces the same JSON; this side only reads.
+ */
+#ifndef KVQ_CAPTURE_DIR_H
+#define KVQ_CAPTURE_DIR_H
+
+#include "kvq/common.h"
+#include "kvq/rope.h"
+#include "kvq/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVQ_CAPTURE_FORMAT "kvq-capture"
+#define KVQ_CAPTURE_VERSION 1
+#define KVQ_CAPTURE_JSON "capture.json"
+#define KVQ_CAPTURE_MAX_JSON (64u << 20) /* capture.json larger than 64 MiB is refused */
+
+/* Model identity: the capture.json "model" object. Two files come from the same
+ * model when every field except `path` and `source` agrees (kvq_model_id_compare). */
+typedef struct kvq_model_id {
+    char path[1024];          /* model file or directory as given to capture (provenance) */
+    char source[16];          /* "gguf" | "hf" */
+    char architecture[32];    /* "llama" | "mistral" | "qwen2" */
+    int32_t n_layers;
+    int32_t dim;
+    int32_t hidden_dim;
+    int32_t n_heads;          /* query heads */
+    int32_t n_kv_heads;       /* divides n_heads (GQA group size n_heads / n_kv_heads) */
+    int32_t head_dim;         /* even */
+    int32_t vocab_size;
+    int32_t context_length;
+    double norm_eps;
+    kvq_rope rope;            /* rope.head_dim == head_dim */
+} kvq_model_id;
+
+/* Parsed capture.json. Owned by the caller of kvq_capture_info_read; free with
+ * kvq_capture_info_free. Every array has the length stated next to it. */
+typedef struct kvq_capture_info {
+    char *dir;                /* the directory as given (malloc'd) */
+    int32_t version;          /* KVQ_CAPTURE_VERSION */
+    char tool[64];            /* "kvq 0.1.0" */
+    kvq_model_id model;
+    char corpus_spec[256];
+    uint64_t corpus_seed;
+    char corpus_hash[64];     /* hex string as written */
+    int64_t n_documents;
+    kvq_dtype dtype;          /* storage of q, k, v: KVQ_DT_F32 | F16 | BF16 */
+    int64_t seq_len;
+    int64_t n_tokens;         /* rows of k, v, pos, seq, tokens */
+    int64_t n_sequences;
+    int64_t *sequences;       /* [n_sequences, 2]: first row, length (inside [0, n_tokens)) */
+    int32_t n_files;          /* captured layers */
+    int32_t *layers;          /* [n_files]: model layer index of each file, unique, < n_layers */
+    char **files;             /* [n_files]: plain file names inside dir (no '/', not "..") */
+    int64_t n_queries;        /* "queries": 0 for "all", else the sample size N */
+    int has_values;
+} kvq_capture_info;
+
+/* Reads and validates DIR/capture.json. Cost: reads the JSON only (no layer file is
+ * opened). Errors (messages start with "DIR/capture.json: "):
+ *   KVQ_E_NOT_FOUND   no capture.json (or DIR does not exist)
+ *   KVQ_E_IO          it cannot be read
+ *   KVQ_E_TOO_LARGE   larger than KVQ_CAPTURE_MAX_JSON
+ *   KVQ_E_BAD_JSON    not JSON, or a key missing or of the wrong type (the key is named)
+ *   KVQ_E_BAD_MAGIC   "format" is not "kvq-capture"
+ *   KVQ_E_VERSION     "version" is not 1
+ *   KVQ_E_UNSUPPORTED unknown dtype, rope layout or rope scaling
+ *   KVQ_E_CORRUPT     inconsistent values: n_heads not a multiple of n_kv_heads, odd
+ *                     head_dim, layers/files of different lengths, a layer out of range
+ *                     or repeated, a file name with a path in it, a sequence outside
+ *                     [0, n_tokens), a count out of range
+ *   KVQ_E_NOMEM */
+kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err);
+void kvq_capture_info_free(kvq_capture_info *ci); /* NULL is fine */
+
+/* Index i in [0, n_files) of model layer `layer` in the capture, or -1. */
+int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer);
+
+/* "DIR/FILE" for file i, malloc'd into *path (free()). KVQ_E_NOMEM. */
+kvq_status kvq_capture_info_file_path(const kvq_capture_info *ci, int32_t i, char **path,
+                                      kvq_err *err);
+
+/* ---- model identity ------------------------------------------------------------ */
+
+/* KVQ_OK when a and b describe the same model; otherwise KVQ_E_MISMATCH with the
+ * message "LABEL_A vs LABEL_B: model.FIELD differs (A vs B)" for the first field that
+ * differs (architecture, layer and head counts, dims, vocabulary, context length,
+ * norm_eps, rope base, layout, scaling and scaling parameters; not path or source). */
+kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
+                                const kvq_model_id *b, const char *label_b, kvq_err *err);
+
+/* Sets the identity as __metadata__ keys PREFIX + "n_heads", PREFIX + "rope.base",
+ * ... (prefix usually "model."). Errors: those of kvq_st_writer_set_meta. */
+kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
+                                 kvq_err *err);
+/* Reads what kvq_model_id_set_meta wrote. `label` names the file in messages.
+ * Errors: KVQ_E_NOT_FOUND (a key is missing, named), KVQ_E_CORRUPT (a value does not
+ * parse or is out of range), KVQ_E_UNSUPPORTED (unknown layout or scaling). */
+kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const char *label,
+                                  kvq_model_id *m, kvq_err *err); /* *m untouched on failure */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,258 @@
+/*
+ * kvq/model.h — llama-family models (llama, mistral, qwen2): loading and forward pass.
+ *
+ * A kvq_model is an immutable, read-only view of a checkpoint: its configuration, its
+ * tokenizer and its weights, which stay in the mapped files (nothing is converted at
+ * open time except the small 1-D norm and bias vectors). A kvq_forward is a mutable
+ * working context over one model: scratch buffers, the current sequence and the
+ * attention backend. Several contexts may share one model; a context is used by one
+ * thread at a time.
+ *
+ * Inputs
+ *   GGUF file    architectures "llama" (RoPE pairs interleaved: the converter permuted
+ *                the Q and K weight rows) and "qwen2" (pairs half); weights F32, F16,
+ *                BF16 or Q8_0 (converted with kvq_gguf_rows_to_f32). Llama-3 scaling
+ *                is read back from the converter's rope_freqs.weight tensor.
+ *   HF directory config.json plus model.safetensors, or shards listed in
+ *                model.safetensors.index.json; model_type / architectures llama,
+ *                mistral or qwen2; weights F32, F16 or BF16; RoPE pairs half.
+ *   Anything else (architecture, weight type, rope type, a partial rotary dimension)
+ *   fails with KVQ_E_UNSUPPORTED naming it.
+ *
+ * The forward pass (pre-norm transformer, row vectors):
+ *   x = embed(token)
+ *   per layer: h = rmsnorm(x) ; q = h Wq^T (+bq) ; k = h Wk^T (+bk) ; v = h Wv^T (+bv)
+ *              x += attention(q, k, v, positions) Wo^T
+ *              h = rmsnorm(x) ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+ *   logits = rmsnorm(x) Wout^T            (Wout = the embedding when tied)
+ * Tokens go through in chunks (kvq_forward_params.chunk) so every projection is one
+ * cblas_sgemm over the chunk. After each projection the states are checked: NaN or Inf
+ * in q, k, v, the residual stream or the logits stops the pass with KVQ_E_NUMERIC,
+ * "MODEL: layer L position P: non-finite STATE".
+ *
+ * The attention step is pluggable (kvq_attn_backend below): the forward pass hands
+ * the backend pre-RoPE q, k and v, and the backend applies RoPE, keeps whatever cache
+ * it wants and returns the attention output. kvq_full_attn is the exact default. An
+ * observer (kvq_observe_fn) sees the same pre-RoPE q, k, v before the backend does;
+ * kvq capture records them through it.
+ */
+#ifndef KVQ_MODEL_H
+#define KVQ_MODEL_H
+
+#include "kvq/capture_dir.h"
+#include "kvq/common.h"
+#include "kvq/rope.h"
+#include "kvq/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The tokenizer type of kvq/tokenizer.h (declared here so this header stands alone). */
+typedef struct kvq_tokenizer kvq_tokenizer;
+
+/* ==========================================================================
+ * Configuration
+ * ========================================================================== */
+
+typedef enum kvq_arch {
+    KVQ_ARCH_LLAMA = 0,   /* Llama 1/2/3, TinyStories (llama2.c) */
+    KVQ_ARCH_MISTRAL = 1, /* as llama; sliding_window is recorded, not applied */
+    KVQ_ARCH_QWEN2 = 2    /* llama plus q/k/v projection biases */
+} kvq_arch;
+
+typedef enum kvq_model_source { KVQ_MODEL_GGUF = 0, KVQ_MODEL_HF = 1 } kvq_model_source;
+
+const char *kvq_arch_name(kvq_arch a);                   /* "llama" | "mistral" | "qwen2" */
+const char *kvq_model_source_name(kvq_model_source s);   /* "gguf" | "hf" */
+
+typedef struct kvq_model_config {
+    kvq_arch arch;
+    kvq_model_source source;
+    int32_t n_layers;
+    int32_t dim;              /* residual width */
+    int32_t hidden_dim;       /* MLP width */
+    int32_t n_heads;          /* query heads */
+    int32_t n_kv_heads;       /* divides n_heads */
+    int32_t head_dim;         /* even; n_heads * head_dim need not equal dim */
+    int32_t vocab_size;
+    int32_t context_length;   /* trained context (metadata; not enforced) */
+    int32_t sliding_window;   /* mistral/qwen2 metadata, 0 = none (not applied) */
+    double norm_eps;          /* RMSNorm epsilon */
+    kvq_rope rope;            /* base, scaling and pair layout; rope.head_dim == head_dim */
+    int tied_embeddings;      /* 1: the output matrix is the token embedding */
+    int qkv_bias;             /* 1: q/k/v projections have biases (qwen2) */
+    int32_t bos_id, eos_id;   /* -1 when unknown */
+} kvq_model_config;
+
+/* ==========================================================================
+ * Model
+ * ========================================================================== */
+
+typedef struct kvq_model kvq_model;
+
+typedef struct kvq_model_params {
+    int load_tokenizer;       /* 1 (default): load the tokenizer when the model has one */
+    kvq_callbacks cb;         /* warnings (e.g. an ignored sliding window); may be zero */
+} kvq_model_params;
+
+kvq_model_params kvq_model_params_default(void);
+
+/* Opens a GGUF file or an HF directory (told apart by stat). The files stay mapped
+ * until kvq_model_close. Every tensor the forward pass needs is looked up and its
+ * shape and type checked here, so a model that opens also runs.
+ * Cost: reads headers and the 1-D tensors only; memory O(n_layers + vocab for the
+ * tokenizer). Errors (message "PATH: problem" or "PATH: TENSOR: problem"):
+ *   NOT_FOUND, IO            missing path, config.json, shard or tensor (named)
+ *   BAD_JSON                 config.json / index.json malformed or missing a key (named)
+ *   UNSUPPORTED              architecture, weight type, rope type or feature (named)
+ *   SHAPE_MISMATCH           a tensor whose shape disagrees with the config (named)
+ *   CORRUPT                  inconsistent config (heads not dividing, odd head_dim ...)
+ *   every error of the GGUF / safetensors readers and of the tokenizer loader; NOMEM. */
+kvq_status kvq_model_open(const char *path, const kvq_model_params *p, kvq_model **out,
+                          kvq_err *err);
+void kvq_model_close(kvq_model *m); /* NULL is fine */
+
+const kvq_model_config *kvq_model_config_get(const kvq_model *m);
+const char *kvq_model_path(const kvq_model *m);
+/* The model's tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in the HF
+ * directory), or NULL when it has none or params.load_tokenizer was 0. Owned by m. */
+const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m);
+/* The model identity recorded in captures and artifacts (kvq/capture_dir.h). */
+void kvq_model_identity(const kvq_model *m, kvq_model_id *id);
+
+/* Number of parameters (tied output counted once). */
+uint64_t kvq_model_n_params(const kvq_model *m);
+
+/* ==========================================================================
+ * Attention backend
+ * ==========================================================================
+ *
+ * One call per layer and chunk. The chunk's n tokens are appended, in order, to the
+ * sequence the backend has seen since its last reset: token i attends to every earlier
+ * token of the sequence and to itself (causal). The backend owns its cache; positions
+ * are only for RoPE (the forward pass gives consecutive positions starting at the
+ * sequence length before the chunk). Every layer sees the same chunks in order, layer
+ * 0 first. Inputs are pre-RoPE in the model's pair layout (kvq_model_config.rope),
+ * and are only valid during the call.
+ */
+typedef struct kvq_attn_call {
+    int32_t layer;            /* [0, n_layers) */
+    int32_t n;                /* tokens in the chunk, >= 1 */
+    const int64_t *pos;       /* [n] positions */
+    const float *q;           /* [n, n_heads, head_dim] pre-RoPE */
+    const float *k;           /* [n, n_kv_heads, head_dim] pre-RoPE */
+    const float *v;           /* [n, n_kv_heads, head_dim] */
+    float *out;               /* [n, n_heads, head_dim] attention output (before Wo);
+                                 NULL in observer calls */
+} kvq_attn_call;
+
+typedef struct kvq_attn_backend {
+    const char *name;         /* "full", ... (for messages) */
+    void *user;
+    /* Computes call->out. A non-OK status (with err set) stops the forward pass. */
+    kvq_status (*attend)(void *user, const kvq_attn_call *call, kvq_err *err);
+    /* Forget the sequence (kvq_forward_reset). May be NULL. */
+    void (*reset)(void *user);
+} kvq_attn_backend;
+
+/* Exact causal attention with a KV cache of post-RoPE keys and values:
+ * out_i = sum_j softmax_j(q_i R_{p_i} . k_j R_{p_j} / sqrt(d)) v_j over the group's KV
+ * head. The cache grows (doubling) up to max_tokens per sequence; a longer sequence
+ * fails with KVQ_E_INVALID_ARG. Memory: n_layers * tokens * n_kv_heads * head_dim * 8
+ * bytes plus a score buffer of chunk * tokens floats. */
+typedef struct kvq_full_attn kvq_full_attn;
+kvq_status kvq_full_attn_create(const kvq_model_config *cfg, int64_t max_tokens,
+                                kvq_full_attn **out, kvq_err *err);
+void kvq_full_attn_free(kvq_full_attn *fa);            /* NULL is fine */
+kvq_attn_backend kvq_full_attn_backend(kvq_full_attn *fa);
+int64_t kvq_full_attn_length(const kvq_full_attn *fa); /* tokens cached in layer 0 */
+
+/* Observer: called per layer and chunk with the pre-RoPE q, k, v (call->out is NULL),
+ * after the non-finite check and before the attention backend. A non-OK status stops
+ * the forward pass with that status. */
+typedef kvq_status (*kvq_observe_fn)(void *user, const kvq_attn_call *call, kvq_err *err);
+
+/* ==========================================================================
+ * Forward pass
+ * ========================================================================== */
+
+typedef struct kvq_forward kvq_forward;
+
+typedef struct kvq_forward_params {
+    int32_t threads;          /* BLAS threads (openblas_set_num_threads); 0 = leave as is */
+    int32_t chunk;            /* tokens per prefill chunk, >= 1 (default 256) */
+    int64_t max_tokens;       /* longest sequence of the built-in full attention
+                                 (default 0 = the model's context_length) */
+    int32_t n_layers;         /* run only layers [0, n_layers) (0 = all); a partial run
+                                 cannot produce logits (for capture of early layers) */
+    uint64_t weight_cache_bytes; /* keep f32 copies of non-f32 weights when they all fit
+                                    in this many bytes (default 1 GiB; 0 = never: convert
+                                    per use through a bounded scratch) */
+    uint64_t scratch_bytes;   /* bound of the per-use conversion scratch (default 64 MiB) */
+    kvq_callbacks cb;
+} kvq_forward_params;
+
+kvq_forward_params kvq_forward_params_default(void);
+
+/* Creates a context with the built-in full attention and no observer.
+ * Errors: INVALID_ARG (bad params), NOMEM, and those of kvq_full_attn_create. */
+kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
+                              kvq_forward **out, kvq_err *err);
+void kvq_forward_free(kvq_forward *f); /* NULL is fine */
+
+/* Replaces the attention backend (copied; backend->user must outlive its use);
+ * NULL restores the built-in full attention. Resets the sequence. */
+void kvq_forward_set_attention(kvq_forward *f, const kvq_attn_backend *backend);
+/* Sets (or with fn NULL clears) the observer. */
+void kvq_forward_set_observer(kvq_forward *f, kvq_observe_fn fn, void *user);
+
+/* Starts a new sequence at position 0 (resets the backend). */
+void kvq_forward_reset(kvq_forward *f);
+/* Tokens in the current sequence. */
+int64_t kvq_forward_length(const kvq_forward *f);
+
+typedef enum kvq_logits_mode {
+    KVQ_LOGITS_NONE = 0,      /* skip the output layer (capture) */
+    KVQ_LOGITS_LAST = 1,      /* logits: [vocab_size] for the last token */
+    KVQ_LOGITS_ALL = 2        /* logits: [n, vocab_size] for every token */
+} kvq_logits_mode;
+
+/* Appends tokens[0..n) to the current sequence and runs them through the model in
+ * chunks. Token ids must lie in [0, vocab_size) (KVQ_E_INVALID_ARG). Errors: NUMERIC
+ * (non-finite state, naming layer and position), INVALID_ARG, NOMEM, the conversion
+ * errors of the weight readers, and whatever the backend or the observer returns.
+ * n = 0 does nothing (no logits are written). After an error the sequence is in an
+ * unspecified state: reset before reuse.
+ * Cost: about 2 * n_params * n FLOPs plus attention. */
+kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
+                              kvq_logits_mode mode, float *logits, kvq_err *err);
+
+/* ==========================================================================
+ * Memory estimate and sampling
+ * ========================================================================== */
+
+typedef struct kvq_model_memory {
+    uint64_t mapped_bytes;    /* weights in the files (mapped; paged in as used) */
+    uint64_t converted_bytes; /* f32 copies kept by the weight cache */
+    uint64_t scratch_bytes;   /* activations, conversion scratch, attention scores */
+    uint64_t kv_cache_bytes;  /* full-attention cache for n_ctx tokens */
+    uint64_t total_bytes;     /* sum of the above */
+} kvq_model_memory;
+
+/* What a kvq_forward with params p needs to run sequences of n_ctx tokens (n_ctx 0:
+ * the model's context length). Cheap: arithmetic only. */
+void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, int64_t n_ctx,
+                               kvq_model_memory *out);
+
+/* Picks a token from logits [n]. temp <= 0: argmax (lowest id on ties). Otherwise
+ * softmax(logits / temp), restricted to the smallest set of most likely tokens whose
+ * mass reaches top_p (top_p >= 1: all), sampled with rng. work: [n] floats and
+ * [n] int32 of scratch (NULL allowed for greedy). */
+int32_t kvq_sample_token(const float *logits, int32_t n, double temp, double top_p,
+                         kvq_rng *rng, float *work_p, int32_t *work_idx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_MODEL_H */

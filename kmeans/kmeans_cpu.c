@@ -1,0 +1,274 @@
+/*
+ * kmeans_cpu.c — CPU backend of k-means: blocked SGEMM distances with a fused
+ * argmin, and a centroid update summed in double in point order.
+ *
+ * Parallel work is split into blocks whose size depends on the number of
+ * centroids only; each block's result is written to its own rows and no
+ * floating-point sum crosses a block boundary in thread order, so the output is
+ * bit-identical for any thread count. OpenBLAS runs single-threaded inside the
+ * OpenMP region (see kvq_km_blas_threads_begin).
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#include <omp.h>
+
+#include "kmeans/kmeans_internal.h"
+#include "kmeans/kmeans_kernels.h"
+
+typedef struct cpu_ctx {
+    const float *x;  /* [n, d] borrowed */
+    const float *w;  /* [n] borrowed, or NULL */
+    int64_t n;
+    int32_t d;
+    int32_t threads;
+    float *xnorm;    /* [n] ||x_i||^2 */
+    int64_t *order;  /* [n] point indices grouped by cluster (update scratch) */
+} cpu_ctx;
+
+/* ---- shared helpers ------------------------------------------------------------ */
+
+int64_t kvq_km_block_rows(int32_t kc)
+{
+    int64_t rows = (int64_t)(KVQ_KMEANS_BLOCK_BYTES / sizeof(float)) / (kc > 0 ? kc : 1);
+    if (rows < 8)
+        rows = 8;
+    if (rows > 4096)
+        rows = 4096;
+    return rows;
+}
+
+int kvq_km_blas_threads_begin(void)
+{
+    int prev = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    return prev;
+}
+
+void kvq_km_blas_threads_end(int previous)
+{
+    if (previous >= 1)
+        openblas_set_num_threads(previous);
+}
+
+/* ---- create / destroy ------------------------------------------------------------- */
+
+static void cpu_destroy(void *vctx)
+{
+    cpu_ctx *c = vctx;
+    if (!c)
+        return;
+    free(c->xnorm);
+    free(c->order);
+    free(c);
+}
+
+static kvq_status cpu_create(const float *x, const float *w, int64_t n, int32_t d,
+                             int32_t threads, void **out, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    cpu_ctx *c = calloc(1, sizeof *c);
+    size_t nb;
+    if (!c || !kvq_size_mul((size_t)n, sizeof(float), &nb)) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: cpu context for %lld points",
+                         (long long)n);
+        goto done;
+    }
+    c->x = x;
+    c->w = w;
+    c->n = n;
+    c->d = d;
+    c->threads = threads > 0 ? threads : 1;
+    c->xnorm = malloc(nb ? nb : 1);
+    if (!c->xnorm) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: norms of %lld points", (long long)n);
+        goto done;
+    }
+#pragma omp parallel for num_threads(c->threads) schedule(static) if (n > 4096)
+    for (int64_t i = 0; i < n; i++)
+        c->xnorm[i] = kvq_km_norm2(x + i * d, d);
+    *out = c;
+    c = NULL;
+done:
+    cpu_destroy(c);
+    return st;
+}
+
+/* ---- assign: blocked SGEMM + fused argmin ------------------------------------------ */
+
+/* First minimum of one distance row: s [kc] holds x.c_j for one point. Lanes keep
+ * their own first minimum; kvq_km_better merges them into the sequential answer. */
+static void row_argmin(const float *s, const float *cn, float xn, int32_t kc,
+                       int32_t *out_idx, float *out_dist)
+{
+    float best[KVQ_KM_LANES];
+    int32_t bi[KVQ_KM_LANES];
+    for (int l = 0; l < KVQ_KM_LANES; l++) {
+        best[l] = INFINITY;
+        bi[l] = INT32_MAX;
+    }
+    int32_t j = 0;
+    for (; j + KVQ_KM_LANES <= kc; j += KVQ_KM_LANES)
+        for (int l = 0; l < KVQ_KM_LANES; l++) {
+            float v = kvq_km_dist_from_dot(xn, cn[j + l], s[j + l]);
+            if (v < best[l]) {
+                best[l] = v;
+                bi[l] = j + l;
+            }
+        }
+    for (int l = 0; j < kc; j++, l++) {
+        float v = kvq_km_dist_from_dot(xn, cn[j], s[j]);
+        if (kvq_km_better(v, j, best[l], bi[l])) {
+            best[l] = v;
+            bi[l] = j;
+        }
+    }
+    float b = best[0];
+    int32_t i = bi[0];
+    for (int l = 1; l < KVQ_KM_LANES; l++)
+        if (kvq_km_better(best[l], bi[l], b, i)) {
+            b = best[l];
+            i = bi[l];
+        }
+    *out_idx = i;
+    *out_dist = b;
+}
+
+static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t *assign,
+                             float *dist2, kvq_err *err)
+{
+    cpu_ctx *c = vctx;
+    kvq_status st = KVQ_OK;
+    const int32_t d = c->d;
+    const int64_t rows = kvq_km_block_rows(kc);
+    const int64_t nblocks = (c->n + rows - 1) / rows;
+    const int threads = c->threads;
+    float *cn = NULL;      /* [kc] ||c_j||^2 */
+    float *scratch = NULL; /* [threads, rows, kc] x.c blocks */
+    size_t scratch_n, cn_b;
+    if (!kvq_size_mul((size_t)rows, (size_t)kc, &scratch_n) ||
+        !kvq_size_mul(scratch_n, (size_t)threads, &scratch_n) ||
+        !kvq_size_mul(scratch_n, sizeof(float), &scratch_n) ||
+        !kvq_size_mul((size_t)kc, sizeof(float), &cn_b)) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "kmeans: distance block for k=%d", kc);
+        goto done;
+    }
+    cn = malloc(cn_b);
+    scratch = malloc(scratch_n);
+    if (!cn || !scratch) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: distance block for k=%d", kc);
+        goto done;
+    }
+    for (int32_t j = 0; j < kc; j++)
+        cn[j] = kvq_km_norm2(cent + (size_t)j * d, d);
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (nblocks > 1)
+    for (int64_t b = 0; b < nblocks; b++) {
+        float *s = scratch + (size_t)omp_get_thread_num() * (size_t)rows * (size_t)kc;
+        const int64_t i0 = b * rows;
+        const int64_t nr = c->n - i0 < rows ? c->n - i0 : rows;
+        /* s [nr, kc] = X[i0 : i0 + nr] C^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, kc, d, 1.0f,
+                    c->x + (size_t)i0 * d, d, cent, d, 0.0f, s, kc);
+        for (int64_t r = 0; r < nr; r++) {
+            int32_t idx;
+            float dd;
+            row_argmin(s + (size_t)r * kc, cn, c->xnorm[i0 + r], kc, &idx, &dd);
+            if (assign)
+                assign[i0 + r] = idx;
+            if (dist2)
+                dist2[i0 + r] = dd;
+        }
+    }
+done:
+    free(cn);
+    free(scratch);
+    return st;
+}
+
+/* ---- update: per-cluster sums in double, in point order -------------------------- */
+
+static kvq_status cpu_update(void *vctx, const int32_t *assign, int32_t k, float *cent,
+                             double *wsum, int64_t *count, kvq_err *err)
+{
+    cpu_ctx *c = vctx;
+    kvq_status st = KVQ_OK;
+    const int32_t d = c->d;
+    const int threads = c->threads;
+    int64_t *start = NULL; /* [k + 1] offsets of each cluster in c->order */
+    double *acc = NULL;    /* [threads, d] per-thread sums */
+    size_t acc_b;
+    if (!c->order) {
+        size_t ob;
+        if (!kvq_size_mul((size_t)c->n, sizeof(int64_t), &ob) || !(c->order = malloc(ob))) {
+            st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update order for %lld points",
+                             (long long)c->n);
+            goto done;
+        }
+    }
+    start = calloc((size_t)k + 1, sizeof *start);
+    if (!kvq_size_mul((size_t)threads * (size_t)d, sizeof(double), &acc_b))
+        acc_b = 0;
+    acc = acc_b ? malloc(acc_b) : NULL;
+    if (!start || !acc) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update for k=%d", k);
+        goto done;
+    }
+    /* counting sort by cluster, stable in point order */
+    for (int64_t i = 0; i < c->n; i++) {
+        assert(assign[i] >= 0 && assign[i] < k);
+        start[assign[i] + 1]++;
+    }
+    for (int32_t j = 0; j < k; j++) {
+        count[j] = start[j + 1];
+        start[j + 1] += start[j];
+    }
+    {
+        int64_t *fill = calloc((size_t)k, sizeof *fill);
+        if (!fill) {
+            st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update for k=%d", k);
+            goto done;
+        }
+        for (int64_t i = 0; i < c->n; i++) {
+            int32_t a = assign[i];
+            c->order[start[a] + fill[a]++] = i;
+        }
+        free(fill);
+    }
+
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 16) if (k > 16 && c->n > 4096)
+    for (int32_t j = 0; j < k; j++) {
+        double *s = acc + (size_t)omp_get_thread_num() * d;
+        double ws = 0.0;
+        for (int32_t t = 0; t < d; t++)
+            s[t] = 0.0;
+        for (int64_t q = start[j]; q < start[j + 1]; q++) {
+            const int64_t i = c->order[q];
+            const float wi = c->w ? c->w[i] : 1.0f;
+            const float *xi = c->x + (size_t)i * d;
+            for (int32_t t = 0; t < d; t++)
+                s[t] = kvq_km_accum(s[t], xi[t], wi);
+            ws += wi;
+        }
+        wsum[j] = ws;
+        if (ws > 0.0)
+            for (int32_t t = 0; t < d; t++)
+                cent[(size_t)j * d + t] = kvq_km_centroid_coord(s[t], ws);
+    }
+done:
+    free(start);
+    free(acc);
+    return st;
+}
+
+const kvq_km_backend kvq_km_backend_cpu = {
+    .name = "cpu",
+    .device = KVQ_KMEANS_DEVICE_CPU,
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .assign = cpu_assign,
+    .update = cpu_update,
+};

@@ -1,0 +1,84 @@
+/*
+ * kmeans_internal.h — the backend interface of the k-means driver, and the
+ * seeding entry points. Not installed; shared by the kmeans sources, the CUDA backend
+ * and tests/test_kmeans.c.
+ */
+#ifndef KVQ_KMEANS_INTERNAL_H
+#define KVQ_KMEANS_INTERNAL_H
+
+#include "kvq/common.h"
+#include "kvq/kmeans.h"
+#include "kvq/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- backend interface ---------------------------------------------------------
+ * A backend holds one resident point set (the training set, or the points to
+ * encode) and runs the two hot steps on it. The Lloyd driver (kmeans.c) and the
+ * seeding (kmeans_seed.c) call only these. Every function returns KVQ_OK or sets err. */
+typedef struct kvq_km_backend {
+    const char *name; /* "cpu", "cuda" */
+    kvq_kmeans_device device;
+
+    /* Makes a context over x [n, d] and weights [n] (NULL = all 1). The CPU backend
+     * keeps pointers (the caller keeps x and w alive until destroy); a device
+     * backend copies them. */
+    kvq_status (*create)(const float *x, const float *w, int64_t n, int32_t d,
+                         int32_t threads, void **ctx, kvq_err *err);
+    void (*destroy)(void *ctx); /* NULL is fine */
+
+    /* Nearest of kc centroids [kc, d] (host memory) for every resident point:
+     * assign [n] (ties to the lower index) and dist2 [n] (expanded-form squared
+     * distance, >= 0). Both host memory; either may be NULL. */
+    kvq_status (*assign)(void *ctx, const float *centroids, int32_t kc, int32_t *assign,
+                         float *dist2, kvq_err *err);
+
+    /* Centroid update from the assignment of the last assign() call (passed again
+     * in `assign` [n], host): for every cluster c < k with positive weight,
+     * centroids[c] = sum_i w_i x_i / sum_i w_i (summed in double, in point order);
+     * clusters with zero weight keep their row untouched. wsum [k] and count [k]
+     * receive the total weight and number of points per cluster. Host memory. */
+    kvq_status (*update)(void *ctx, const int32_t *assign, int32_t k, float *centroids,
+                         double *wsum, int64_t *count, kvq_err *err);
+} kvq_km_backend;
+
+extern const kvq_km_backend kvq_km_backend_cpu;
+#ifdef KVQ_HAVE_CUDA
+extern const kvq_km_backend kvq_km_backend_cuda;
+#endif
+
+/* Rows per distance block for kc centroids: depends on kc only (never on the
+ * thread count), so block results and reductions are thread-count independent. */
+int64_t kvq_km_block_rows(int32_t kc);
+
+/* Runs f with OpenBLAS single-threaded (BLAS is called from OpenMP threads). */
+int kvq_km_blas_threads_begin(void);      /* returns the previous count */
+void kvq_km_blas_threads_end(int previous);
+
+/* ---- seeding (kmeans_seed.c) ------------------------------------------------------- */
+
+/* The training set as the seeding sees it. */
+typedef struct kvq_km_data {
+    const float *x; /* [n, d] */
+    const float *w; /* [n] or NULL (all 1) */
+    int64_t n;
+    int32_t d;
+} kvq_km_data;
+
+/* Chooses p->k initial centroids [k, d] from the data with method p->init (not
+ * GIVEN). k-means|| uses `be`/`ctx` (the backend holding the same data) for its
+ * distance passes. Deterministic for a given seed, independent of p->threads.
+ * Errors: KVQ_E_NOMEM, KVQ_E_BACKEND, KVQ_E_CANCELLED. */
+kvq_status kvq_km_seed(const kvq_km_data *data, const kvq_kmeans_params *p,
+                       const kvq_km_backend *be, void *ctx, float *centroids, kvq_err *err);
+
+/* Potential sum_i w_i min_c ||x_i - c||^2 by the scalar reference (tests, logs). */
+double kvq_km_potential_ref(const kvq_km_data *data, const float *centroids, int32_t k,
+                            int32_t threads);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_KMEANS_INTERNAL_H */

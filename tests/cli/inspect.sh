@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# inspect.sh — `kvq inspect` on every kind of input: exact text output, the JSON
+# variant's key fields, and the errors for bad input. Run by tests/run-tests.sh.
+. tests/helpers/clitest.sh
+
+T=$CLI_TMP/in
+mkdir -p "$T"
+
+# ---- the real model (GGUF) ---------------------------------------------------------
+if [ -f "${KVQ_TEST_MODEL:-}" ]; then
+  model_dir=$(cd "$(dirname "$KVQ_TEST_MODEL")" && pwd)
+  model=$(basename "$KVQ_TEST_MODEL")
+  # Run inside the model's directory so the printed path does not depend on where it is.
+  expect_output inspect_stories260K inspect_stories260K.txt -- \
+    bash -c 'cd "$1" && "$2" inspect "$3"' _ "$model_dir" "$KVQ" "$model"
+  expect_json inspect_stories260K_json '
+assert d["format"] == "gguf" and d["version"] == 3, d["format"]
+assert d["file_size"] == 1185376 and d["alignment"] == 32 and d["data_offset"] == 14176
+assert d["architecture"] == "llama"
+hp = d["hyperparameters"]
+assert hp["llama.block_count"] == 5 and hp["llama.embedding_length"] == 64
+assert hp["llama.attention.head_count"] == 8 and hp["llama.attention.head_count_kv"] == 4
+assert hp["llama.feed_forward_length"] == 172 and hp["llama.context_length"] == 2048
+assert hp["llama.rope.dimension_count"] == 8
+assert abs(hp["llama.attention.layer_norm_rms_epsilon"] - 1e-5) < 1e-12
+assert d["head_dim"] == 8 and d["rope_base"] == 10000 and d["rope_base_default"] is True
+t = d["tokenizer"]
+assert (t["model"], t["vocab_size"], t["bos"], t["eos"], t["unknown"]) == ("llama", 512, 1, 2, 0)
+m = d["metadata"]
+assert len(m) == 19, len(m)
+assert m["tokenizer.ggml.tokens"] == {"type": "arr", "item_type": "str", "n": 512}
+assert m["general.architecture"] == {"type": "str", "value": "llama"}
+assert m["tokenizer.ggml.padding_token_id"] == {"type": "u32", "value": 4294967295}
+ts = d["tensors"]
+assert len(ts) == 48
+assert sum(x["nbytes"] for x in ts) == 1171200
+k = {x["name"]: x for x in ts}
+assert k["blk.0.attn_k.weight"] == {"name": "blk.0.attn_k.weight", "type": "F32",
+                                    "ne": [64, 32], "offset": 278784, "nbytes": 8192}
+assert k["blk.4.ffn_down.weight"]["ne"] == [172, 64]
+assert ts[-1]["name"] == "blk.4.ffn_norm.weight" and ts[-1]["offset"] == 1170944
+' -- "$KVQ" inspect --json "$KVQ_TEST_MODEL"
+  head -c 100 "$KVQ_TEST_MODEL" >"$T/cut.gguf"
+  expect_error inspect_truncated_gguf 1 '^kvq: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
+    "$KVQ" inspect "$T/cut.gguf"
+else
+  for n in inspect_stories260K inspect_stories260K_json inspect_truncated_gguf; do
+    skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
+  done
+fi
+
+# ---- a .kvq artifact and its payload -------------------------------------------------
+writer=$KVQ_BUILD/examples/write_artifact
+if [ -x "$writer" ] && "$writer" "$T/example.kvq" >/dev/null; then
+  # The compressed size depends on the libzstd version; everything else may not vary.
+  expect_output_sed inspect_kvq inspect_example_kvq.txt \
+    's/^(example\.kvq: .*), [0-9]+ bytes$/\1, N bytes/; s/compressed [0-9.]+x/compressed R x/' -- \
+    bash -c 'cd "$1" && "$2" inspect example.kvq' _ "$T" "$KVQ"
+  expect_json inspect_kvq_json '
+assert d["format"] == "kvq" and d["version"] == "1.0" and (d["major"], d["minor"]) == (1, 0)
+assert d["valid"] is True and "problem" not in d
+assert d["payload_size"] == 2900, d["payload_size"]
+assert d["model"]["architecture"] == "llama" and d["model"]["rope.layout"] == "interleaved"
+assert d["method"] == {"method": "qa-vq", "codebook_size": "4", "groups": "1", "seed": "1234",
+                       "wrope.w": "64", "wrope.b": "2048"}
+assert d["provenance"]["tool_version"] == "kvq example"
+assert len(d["metadata"]) == 18 and len(d["tensors"]) == 18
+t = {x["name"]: x for x in d["tensors"]}
+assert t["layer.1.head.1.Linv"]["shape"] == [4, 4] and t["layer.1.head.1.Linv"]["dtype"] == "F32"
+assert t["thresholds.leankv.alpha_l"]["shape"] == []
+' -- "$KVQ" inspect --json "$T/example.kvq"
+
+  # The payload on its own, taken out with the standard zstd tool.
+  if command -v zstd >/dev/null; then
+    zstd -q -d "$T/example.kvq" -o "$T/example.safetensors"
+    expect_output inspect_safetensors inspect_example_safetensors.txt -- \
+      bash -c 'cd "$1" && "$2" inspect example.safetensors' _ "$T" "$KVQ"
+    expect_json inspect_safetensors_json '
+assert d["format"] == "safetensors" and d["file_size"] == 2900
+assert d["header_size"] + d["data_size"] == 2900 and d["data_size"] == 1044
+assert d["metadata"]["method"] == "qa-vq" and len(d["tensors"]) == 18
+' -- "$KVQ" inspect --json "$T/example.safetensors"
+  else
+    skip inspect_safetensors "zstd not installed"
+    skip inspect_safetensors_json "zstd not installed"
+  fi
+
+  # Bad artifacts: wrong tag, future version, cut short, checksum flipped.
+  size=$(wc -c <"$T/example.kvq")
+  { head -c 8 "$T/example.kvq"; printf 'KVQB'; tail -c +13 "$T/example.kvq"; } >"$T/tag.kvq"
+  expect_error inspect_wrong_tag 1 '^kvq: [^ ]*/tag\.kvq: .*not a kvq header' -- \
+    "$KVQ" inspect "$T/tag.kvq"
+  { head -c 12 "$T/example.kvq"; printf '\002\000\000\000'; tail -c +17 "$T/example.kvq"; } \
+    >"$T/v2.kvq"
+  expect_error inspect_future_version 1 \
+    '^kvq: [^ ]*/v2\.kvq: artifact format version 2\.0 is not supported' -- \
+    "$KVQ" inspect "$T/v2.kvq"
+  head -c $((size - 10)) "$T/example.kvq" >"$T/cut.kvq"
+  expect_error inspect_truncated_kvq 1 '^kvq: [^ ]*/cut\.kvq: file ends inside the compressed' -- \
+    "$KVQ" inspect "$T/cut.kvq"
+  { head -c $((size - 1)) "$T/example.kvq"; tail -c 1 "$T/example.kvq" | tr '\000-\377' '\001-\377\000'; } \
+    >"$T/sum.kvq"
+  expect_error inspect_checksum_kvq 1 '^kvq: [^ ]*/sum\.kvq: .*checksum' -- \
+    "$KVQ" inspect "$T/sum.kvq"
+else
+  for n in inspect_kvq inspect_kvq_json inspect_safetensors inspect_safetensors_json \
+           inspect_wrong_tag inspect_future_version inspect_truncated_kvq inspect_checksum_kvq; do
+    skip "$n" "$writer not built"
+  done
+fi
+
+# ---- a capture directory (capture.json + one layer file, written by hand) ------------
+mkdir -p "$T/cap"
+cat >"$T/cap/capture.json" <<'EOF'
+{"format": "kvq-capture", "version": 1, "tool": "kvq 0.1.0",
+ "model": {"path": "m.gguf", "source": "gguf", "architecture": "llama", "n_layers": 5,
+           "dim": 64, "hidden_dim": 172, "n_heads": 8, "n_kv_heads": 4, "head_dim": 8,
+           "vocab_size": 512, "context_length": 2048, "norm_eps": 1e-5,
+           "rope": {"base": 10000.0, "layout": "interleaved", "scaling": "none"}},
+ "corpus": {"spec": "uuid:2", "seed": 7, "hash": "00000000deadbeef", "n_documents": 2},
+ "dtype": "f32", "seq_len": 2, "n_tokens": 4, "n_sequences": 2,
+ "sequences": [[0, 2], [2, 2]], "layers": [3], "files": ["layer_003.safetensors"],
+ "queries": "all", "has_values": false}
+EOF
+"$PYTHON" - "$T/cap/layer_003.safetensors" <<'EOF'
+import json, struct, sys
+tensors = [("k", "F32", [4, 4, 8], 4 * 4 * 8 * 4), ("pos", "I32", [4], 16),
+           ("seq", "I32", [4], 16)]
+header, at = {}, 0
+for name, dt, shape, n in tensors:
+    header[name] = {"dtype": dt, "shape": shape, "data_offsets": [at, at + n]}
+    at += n
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(at))
+EOF
+expect_output inspect_capture inspect_capture.txt -- \
+  bash -c 'cd "$1" && "$2" inspect cap' _ "$T" "$KVQ"
+expect_json inspect_capture_json '
+assert d["format"] == "capture" and d["version"] == 1
+assert d["model"]["n_kv_heads"] == 4 and d["model"]["rope_layout"] == "interleaved"
+assert d["corpus"]["hash"] == "00000000deadbeef" and d["n_tokens"] == 4
+assert d["layers"][0]["layer"] == 3 and d["layers"][0]["tensors"][0]["shape"] == [4, 4, 8]
+' -- "$KVQ" inspect --json "$T/cap"
+mkdir -p "$T/notcap"
+expect_error inspect_plain_directory 1 '^kvq: [^ ]*/notcap: .*not a capture directory' -- \
+  "$KVQ" inspect "$T/notcap"
+
+# ---- files that are none of the above, and usage -------------------------------------
+printf 'just some text, not a model\n' >"$T/text.bin"
+expect_error inspect_wrong_magic 1 '^kvq: [^ ]*/text\.bin: not a kvq file' -- \
+  "$KVQ" inspect "$T/text.bin"
+: >"$T/empty.bin"
+expect_error inspect_empty 1 '^kvq: [^ ]*/empty\.bin: empty file$' -- "$KVQ" inspect "$T/empty.bin"
+expect_error inspect_missing 1 '^kvq: [^ ]*/missing\.gguf: No such file' -- \
+  "$KVQ" inspect "$T/missing.gguf"
+expect_error inspect_bad_option 2 "^kvq: inspect: unknown option '--frobnicate'" -- \
+  bash -c '"$1" inspect --frobnicate x 2>&1 >/dev/null | tail -1 >&2; exit "${PIPESTATUS[0]}"' _ "$KVQ"
+if "$KVQ" inspect --help | grep -q '^usage: kvq inspect PATH \[--json\]'; then
+  ok inspect_help
+else
+  fail inspect_help "no usage line in 'kvq inspect --help'"
+fi
+
+cli_done
