@@ -177,6 +177,10 @@ static int bench_model(const char *path, const char *label, const bench_opts *o)
     for (int i = 0; i < o->seq_len; i++)
         toks[i] = (int32_t)kvq_rng_below(&r, (uint64_t)c->vocab_size);
 
+    /* The sgemm reference is measured just before and just after the timed runs and
+     * averaged, so that a change in machine load affects both sides alike. */
+    const double ref_before = sgemm_gflops(o->chunk, c->hidden_dim, c->dim);
+
     /* one warm-up sequence (page-in, allocations), then the timed ones */
     double elapsed = 0;
     for (int s = 0; s <= o->seqs; s++) {
@@ -198,14 +202,15 @@ static int bench_model(const char *path, const char *label, const bench_opts *o)
     const double flops_seq = c->n_layers * (2.0 * w_per_layer * L + 4.0 * qd * L * (L + 1) / 2);
     const double tokens = (double)o->seq_len * o->seqs;
     const double gflops = flops_seq * o->seqs / elapsed / 1e9;
-    const double ref = sgemm_gflops(o->chunk, c->hidden_dim, c->dim);
+    const double ref_after = sgemm_gflops(o->chunk, c->hidden_dim, c->dim);
+    const double ref = (ref_before + ref_after) / 2;
     printf("%-12s dim %d, %d layers, %d/%d heads, hidden %d; seq %d x %d, chunk %d\n", label,
            c->dim, c->n_layers, c->n_heads, c->n_kv_heads, c->hidden_dim, o->seqs, o->seq_len,
            o->chunk);
-    printf("%-12s %.0f tokens/s, %.2f GFLOP/s; sgemm [%d x %d x %d] %.2f GFLOP/s; ratio %.0f%%"
-           " (f32 setup %.2f s)\n",
-           label, tokens / elapsed, gflops, o->chunk, c->hidden_dim, c->dim, ref,
-           100.0 * gflops / ref, t_load);
+    printf("%-12s %.0f tokens/s, %.2f GFLOP/s; sgemm [%d x %d x %d] %.2f GFLOP/s (%.2f before,"
+           " %.2f after); ratio %.0f%% (f32 setup %.2f s)\n",
+           label, tokens / elapsed, gflops, o->chunk, c->hidden_dim, c->dim, ref, ref_before,
+           ref_after, 100.0 * gflops / ref, t_load);
     rc = checksum == checksum ? 0 : 1;
 done:
     kvq_forward_free(f);

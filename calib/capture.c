@@ -191,11 +191,117 @@ struct kvq_capture_writer {
     cap_layer *cap;           /* [n_cap], ascending layer */
     int32_t *slot;            /* [model.n_layers] index into cap, or -1 */
     int64_t *rows;            /* [model.n_layers] rows appended so far */
+    int mthreads;             /* moment accumulation threads */
+    double *mscratch;         /* [mthreads, MOMENT_BLOCK, head_dim] */
     void *conv;               /* conversion scratch */
     size_t conv_cap;          /* bytes */
     kvq_status failed;        /* sticky: after an error only free is allowed */
     int finished;
 };
+
+/* ---- moment accumulation ------------------------------------------------------ */
+
+/* C[a][b] += sum over the rows r of X[r][a] X[r][b], for b >= a (the rest of C is not
+ * touched). Each tile of 4 x 4 entries is summed over every row in order, starting from
+ * zero, then added to C once: every entry gets the same sequence of roundings whichever
+ * path computes it, so the result depends only on X, never on threads or the CPU (no
+ * reassociation, and -std=c11 forbids FMA contraction).       X: [n, d]   C: [d, d]
+ * The 2-wide vectors are the GNU C vector extension (SSE2 on x86-64). */
+typedef double v2d __attribute__((vector_size(16)));
+
+static inline v2d v2d_load(const double *p)
+{
+    v2d v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void tile_add(double *C, int d, int a0, int b0, int na, int nb, const double t[4][4])
+{
+    for (int i = 0; i < na; i++)
+        for (int j = 0; j < nb; j++)
+            if (b0 + j >= a0 + i)
+                C[(size_t)(a0 + i) * d + b0 + j] += t[i][j];
+}
+
+static void syrk_upper(double *C, const double *X, int64_t n, int d)
+{
+    for (int a0 = 0; a0 < d; a0 += 4)
+        for (int b0 = a0; b0 < d; b0 += 4) {
+            const int na = d - a0 < 4 ? d - a0 : 4, nb = d - b0 < 4 ? d - b0 : 4;
+            double t[4][4] = {{0}};
+            if (na == 4 && nb == 4) {
+                v2d c00 = {0, 0}, c01 = {0, 0}, c10 = {0, 0}, c11 = {0, 0};
+                v2d c20 = {0, 0}, c21 = {0, 0}, c30 = {0, 0}, c31 = {0, 0};
+                for (int64_t r = 0; r < n; r++) {
+                    const double *x = X + (size_t)r * d;
+                    const v2d y0 = v2d_load(x + b0), y1 = v2d_load(x + b0 + 2);
+                    const v2d x0 = {x[a0], x[a0]}, x1 = {x[a0 + 1], x[a0 + 1]};
+                    const v2d x2 = {x[a0 + 2], x[a0 + 2]}, x3 = {x[a0 + 3], x[a0 + 3]};
+                    c00 += x0 * y0, c01 += x0 * y1, c10 += x1 * y0, c11 += x1 * y1;
+                    c20 += x2 * y0, c21 += x2 * y1, c30 += x3 * y0, c31 += x3 * y1;
+                }
+                const v2d *c[4][2] = {{&c00, &c01}, {&c10, &c11}, {&c20, &c21}, {&c30, &c31}};
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 2; j++)
+                        memcpy(&t[i][2 * j], c[i][j], sizeof(v2d));
+            } else {
+                for (int64_t r = 0; r < n; r++) {
+                    const double *x = X + (size_t)r * d;
+                    for (int i = 0; i < na; i++)
+                        for (int j = 0; j < nb; j++)
+                            t[i][j] += x[a0 + i] * x[b0 + j];
+                }
+            }
+            tile_add(C, d, a0, b0, na, nb, t);
+        }
+}
+
+/* Rows per syrk_upper call: bounds the scratch, and fixes how the rows of one append
+ * are grouped (the sums depend on the grouping, so it must not depend on threads). */
+#define MOMENT_BLOCK 256
+
+/* acc[h] += q_h^T q_h over the n rows, upper triangle. Heads are independent, so the
+ * thread count does not change the result.     q: [n, n_heads, d]   acc: [n_heads, d, d]
+ * scratch: [n_threads, MOMENT_BLOCK, d] doubles, n_threads = moment_threads(). */
+static int moment_threads(int threads, int n_heads)
+{
+#ifdef _OPENMP
+    int nt = threads > 0 ? threads : omp_get_max_threads();
+    return nt < 1 ? 1 : nt > n_heads ? n_heads : nt;
+#else
+    (void)threads;
+    (void)n_heads;
+    return 1;
+#endif
+}
+
+static void moments_add(double *acc, const float *q, int64_t n, int n_heads, int d, int nt,
+                        double *scratch)
+{
+    if ((double)n * n_heads * d * d < 1e6)
+        nt = 1; /* not worth waking threads */
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static)
+#endif
+    for (int h = 0; h < n_heads; h++) {
+#ifdef _OPENMP
+        double *X = scratch + (size_t)omp_get_thread_num() * MOMENT_BLOCK * d;
+#else
+        double *X = scratch;
+#endif
+        for (int64_t r0 = 0; r0 < n; r0 += MOMENT_BLOCK) {
+            const int64_t m = n - r0 < MOMENT_BLOCK ? n - r0 : MOMENT_BLOCK;
+            for (int64_t r = 0; r < m; r++) {
+                const float *qr = q + ((size_t)(r0 + r) * n_heads + h) * d;
+                for (int a = 0; a < d; a++)
+                    X[r * d + a] = qr[a];
+            }
+            syrk_upper(acc + (size_t)h * d * d, X, m, d);
+        }
+    }
+    (void)nt;
+}
 
 kvq_capture_writer_params kvq_capture_writer_params_default(void)
 {
@@ -362,6 +468,13 @@ kvq_status kvq_capture_writer_create(const char *dir, const kvq_capture_info *in
         w->info.n_queries = 0;
     }
 
+    w->mthreads = moment_threads(w->p.threads, m->n_heads);
+    w->mscratch = malloc((size_t)w->mthreads * MOMENT_BLOCK * (size_t)m->head_dim * sizeof(double));
+    if (!w->mscratch) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+
     if ((st = kvq_tmpdir_create(dir, w->p.overwrite, &w->tmp, err)))
         goto done;
 
@@ -429,6 +542,7 @@ void kvq_capture_writer_free(kvq_capture_writer *w)
     free(w->slot);
     free(w->rows);
     free(w->conv);
+    free(w->mscratch);
     free(w);
 }
 
@@ -499,36 +613,6 @@ static kvq_status raw_put(kvq_capture_writer *w, cap_layer *L, int r, const floa
     return KVQ_OK;
 }
 
-/* acc[h] += sum over the n rows of q_h^T q_h, upper triangle (a <= b) only.
- * Heads are independent, so the result does not depend on the thread count.
- * q: [n, n_heads, d]   acc: [n_heads, d, d] */
-static void moments_add(double *acc, const float *q, int64_t n, int n_heads, int d, int threads)
-{
-#ifdef _OPENMP
-    int nt = threads > 0 ? threads : omp_get_max_threads();
-    if (nt > n_heads)
-        nt = n_heads;
-    if ((double)n * n_heads * d * d < 1e6)
-        nt = 1;
-#pragma omp parallel for num_threads(nt) schedule(static)
-#endif
-    for (int h = 0; h < n_heads; h++) {
-        double x[KVQ_ROPE_MAX_DIM];
-        double *A = acc + (size_t)h * d * d;
-        for (int64_t r = 0; r < n; r++) {
-            const float *qr = q + ((size_t)r * n_heads + h) * d;
-            for (int a = 0; a < d; a++)
-                x[a] = qr[a];
-            for (int a = 0; a < d; a++) {
-                double xa = x[a], *row = A + (size_t)a * d;
-                for (int b = a; b < d; b++)
-                    row[b] += xa * x[b];
-            }
-        }
-    }
-    (void)threads;
-}
-
 kvq_status kvq_capture_writer_append(kvq_capture_writer *w, int32_t layer, int64_t n,
                                      const float *q, const float *k, const float *v,
                                      kvq_err *err)
@@ -592,7 +676,8 @@ kvq_status kvq_capture_writer_append(kvq_capture_writer *w, int32_t layer, int64
     while (r < r0 + n) {
         int64_t end = w->info.sequences[2 * L->seq] + w->info.sequences[2 * L->seq + 1];
         int64_t take = (end < r0 + n ? end : r0 + n) - r;
-        moments_add(L->macc, q + (size_t)(r - r0) * qw, take, m->n_heads, d, w->p.threads);
+        moments_add(L->macc, q + (size_t)(r - r0) * qw, take, m->n_heads, d, w->mthreads,
+                    w->mscratch);
         r += take;
         if (r == end) {
             for (size_t i = 0; i < mom; i++)
@@ -956,6 +1041,7 @@ kvq_status kvq_capture_tokens(const kvq_model *m, const int32_t *tokens, int64_t
     fp.max_tokens = longest;
     fp.n_layers = last + 1; /* layers past the last captured one are not needed */
     fp.cb = p.cb;
+    fp.cb.progress = NULL; /* the observer reports "capture" progress over the whole run */
 
     /* Say up front what the run needs. */
     {
@@ -1068,6 +1154,11 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
                            " is not in [2, 2^31)", p.seq_len);
     if (p.max_tokens < 0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "capture: negative max_tokens");
+    /* Refuse an existing output before reading the whole corpus (the writer checks
+     * again, atomically, when it creates the temporary directory). */
+    if (!p.overwrite && access(dir, F_OK) == 0)
+        return kvq_err_set(err, KVQ_E_EXISTS, "%s: already exists (use --force to overwrite)",
+                           dir);
     const kvq_model_config *cfg = kvq_model_config_get(m);
     const kvq_tokenizer *tok = kvq_model_tokenizer(m);
     if (!tok) {

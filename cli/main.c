@@ -10,6 +10,7 @@ static int cmd_version(int argc, char **argv);
 int cmd_capture(int argc, char **argv); /* cmd_capture.c */
 int cmd_inspect(int argc, char **argv); /* cmd_inspect.c */
 int cmd_moments(int argc, char **argv); /* cmd_moments.c */
+int cmd_fit(int argc, char **argv);     /* cmd_fit.c */
 int cmd_run(int argc, char **argv);     /* cmd_run.c */
 int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
 
@@ -17,6 +18,7 @@ int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
 static const cli_command commands[] = {
     {"capture", "record pre-RoPE Q, K, V per layer over a corpus (or merge captures)", cmd_capture},
     {"moments", "query second moments H and Cholesky factors from a capture", cmd_moments},
+    {"fit", "fit key codebooks per layer and KV head and write the .kvq artifact", cmd_fit},
     {"run", "generate text from a model (full attention)", cmd_run},
     {"eval", "perplexity of a model on a corpus (full attention)", cmd_eval},
     {"inspect", "describe a GGUF, safetensors, .kvq file or capture directory", cmd_inspect},

@@ -1,6 +1,8 @@
 /*
  * kmeans_cpu.c — CPU backend of k-means: blocked SGEMM distances with a fused
- * argmin, and a centroid update summed in double in point order.
+ * argmin (AVX2 when the CPU has it), an exact direct path for d <= KVQ_KM_DIRECT_MAX_D
+ * on AVX2 (equal to the scalar reference bit for bit), and a centroid update summed
+ * in double in point order.
  *
  * Parallel work is split into blocks whose size depends on the number of
  * centroids only; each block's result is written to its own rows and no
@@ -101,8 +103,8 @@ done:
 
 /* First minimum of one distance row: s [kc] holds x.c_j for one point. Lanes keep
  * their own first minimum; kvq_km_better merges them into the sequential answer. */
-static void row_argmin(const float *s, const float *cn, float xn, int32_t kc,
-                       int32_t *out_idx, float *out_dist)
+void kvq_km_row_argmin_ref(const float *s, const float *cn, float xn, int32_t kc,
+                           int32_t *out_idx, float *out_dist)
 {
     float best[KVQ_KM_LANES];
     int32_t bi[KVQ_KM_LANES];
@@ -113,7 +115,7 @@ static void row_argmin(const float *s, const float *cn, float xn, int32_t kc,
     int32_t j = 0;
     for (; j + KVQ_KM_LANES <= kc; j += KVQ_KM_LANES)
         for (int l = 0; l < KVQ_KM_LANES; l++) {
-            float v = kvq_km_dist_from_dot(xn, cn[j + l], s[j + l]);
+            const float v = kvq_km_dist_from_dot(xn, cn[j + l], s[j + l]);
             if (v < best[l]) {
                 best[l] = v;
                 bi[l] = j + l;
@@ -133,7 +135,7 @@ static void row_argmin(const float *s, const float *cn, float xn, int32_t kc,
             b = best[l];
             i = bi[l];
         }
-    *out_idx = i;
+    *out_idx = i == INT32_MAX ? 0 : i; /* every distance overflowed to +inf */
     *out_dist = b;
 }
 
@@ -146,9 +148,37 @@ static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t 
     const int64_t rows = kvq_km_block_rows(kc);
     const int64_t nblocks = (c->n + rows - 1) / rows;
     const int threads = c->threads;
+    void (*row_argmin)(const float *, const float *, float, int32_t, int32_t *, float *) =
+        kvq_km_row_argmin_ref;
+#ifdef KVQ_KM_HAVE_AVX2_ARGMIN
+    if (kvq_cpu_has_avx2())
+        row_argmin = kvq_km_row_argmin_avx2;
+#endif
     float *cn = NULL;      /* [kc] ||c_j||^2 */
     float *scratch = NULL; /* [threads, rows, kc] x.c blocks */
+    float *ct = NULL;      /* [d, roundup(kc, 8)] centroids transposed (direct path) */
     size_t scratch_n, cn_b;
+#ifdef KVQ_KM_HAVE_AVX2_ARGMIN
+    if (d <= KVQ_KM_DIRECT_MAX_D && kvq_cpu_has_avx2()) {
+        const int32_t kc8 = (int32_t)(((int64_t)kc + 7) & ~(int64_t)7);
+        ct = calloc((size_t)d * (size_t)kc8, sizeof *ct);
+        if (!ct) {
+            st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: centroids for k=%d", kc);
+            goto done;
+        }
+        for (int32_t j = 0; j < kc; j++)
+            for (int32_t t = 0; t < d; t++)
+                ct[(size_t)t * kc8 + j] = cent[(size_t)j * d + t];
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (nblocks > 1)
+        for (int64_t b = 0; b < nblocks; b++) {
+            const int64_t i0 = b * rows;
+            const int64_t nr = c->n - i0 < rows ? c->n - i0 : rows;
+            kvq_km_assign_direct_avx2(c->x + (size_t)i0 * d, nr, d, ct, kc, assign + i0,
+                                      dist2 ? dist2 + i0 : NULL);
+        }
+        goto done;
+    }
+#endif
     if (!kvq_size_mul((size_t)rows, (size_t)kc, &scratch_n) ||
         !kvq_size_mul(scratch_n, (size_t)threads, &scratch_n) ||
         !kvq_size_mul(scratch_n, sizeof(float), &scratch_n) ||
@@ -177,8 +207,7 @@ static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t 
             int32_t idx;
             float dd;
             row_argmin(s + (size_t)r * kc, cn, c->xnorm[i0 + r], kc, &idx, &dd);
-            if (assign)
-                assign[i0 + r] = idx;
+            assign[i0 + r] = idx;
             if (dist2)
                 dist2[i0 + r] = dd;
         }
@@ -186,6 +215,7 @@ static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t 
 done:
     free(cn);
     free(scratch);
+    free(ct);
     return st;
 }
 

@@ -30,8 +30,8 @@ typedef struct kvq_km_backend {
     void (*destroy)(void *ctx); /* NULL is fine */
 
     /* Nearest of kc centroids [kc, d] (host memory) for every resident point:
-     * assign [n] (ties to the lower index) and dist2 [n] (expanded-form squared
-     * distance, >= 0). Both host memory; either may be NULL. */
+     * assign [n] (ties to the lower index) and dist2 [n] or NULL (squared distance,
+     * >= 0: the SGEMM expanded form, or exact on the CPU's small-d path). Host memory. */
     kvq_status (*assign)(void *ctx, const float *centroids, int32_t kc, int32_t *assign,
                          float *dist2, kvq_err *err);
 
@@ -53,7 +53,28 @@ extern const kvq_km_backend kvq_km_backend_cuda;
  * thread count), so block results and reductions are thread-count independent. */
 int64_t kvq_km_block_rows(int32_t kc);
 
-/* Runs f with OpenBLAS single-threaded (BLAS is called from OpenMP threads). */
+/* First minimum over j < kc of kvq_km_dist_from_dot(xn, cn[j], s[j]) (ties to the
+ * lower index): the fused argmin of one row of the distance block. s [kc], cn [kc].
+ * The AVX2 version (x86-64 only; call it only when kvq_cpu_has_avx2()) gives the
+ * same index and distance bit for bit. */
+void kvq_km_row_argmin_ref(const float *s, const float *cn, float xn, int32_t kc,
+                           int32_t *out_idx, float *out_dist);
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVQ_KM_HAVE_AVX2_ARGMIN 1
+void kvq_km_row_argmin_avx2(const float *s, const float *cn, float xn, int32_t kc,
+                            int32_t *out_idx, float *out_dist);
+/* Small-d path (d <= KVQ_KM_DIRECT_MAX_D, AVX2 only): nearest of kc centroids for
+ * rows x [nr, d] by exact distances, equal bit for bit to kvq_km_l2sq + first minimum.
+ * ct: the centroids transposed, [d, roundup(kc, 8)] (padding ignored). assign [nr],
+ * dist2 [nr] or NULL. */
+void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
+                               int32_t kc, int32_t *assign, float *dist2);
+#endif
+/* Up to this many dims the CPU backend skips SGEMM and uses the direct path when the
+ * CPU has AVX2 (an SGEMM with K this small is bound by writing the n x k block). */
+#define KVQ_KM_DIRECT_MAX_D 16
+
+/* OpenBLAS single-threaded (BLAS is called from OpenMP threads). */
 int kvq_km_blas_threads_begin(void);      /* returns the previous count */
 void kvq_km_blas_threads_end(int previous);
 

@@ -8,10 +8,15 @@
  * point order inside a block) taken in block order, so every draw is the same for
  * any thread count. k-means|| draws each point's coin from a counter-based hash of
  * (seed, round, point) for the same reason, and uses the backend's SGEMM assign.
+ * BLAS is called from inside OpenMP regions: the caller runs this with OpenBLAS
+ * single-threaded (kvq_km_blas_threads_begin).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <cblas.h>
+#include <omp.h>
 
 #include "kmeans/kmeans_internal.h"
 #include "kmeans/kmeans_kernels.h"
@@ -156,26 +161,42 @@ static kvq_status seed_progress(const kvq_kmeans_params *p, int64_t done, int64_
 /* ---- k-means++ (exact and greedy) ---------------------------------------------------- */
 
 /* Chooses k centroids by D^2 sampling; trials > 1 is greedy k-means++: draw `trials`
- * candidates per step and keep the one whose addition lowers the potential most. */
+ * candidates per step and keep the one whose addition lowers the potential most.
+ * The candidates' potentials come from SGEMM distances (one [block, trials] product
+ * per block of points); D itself is kept with the scalar reference distance. */
 static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, int32_t k,
                           int32_t trials, uint64_t seed, float *cent, kvq_err *err)
 {
     kvq_status st;
     const int32_t d = data->d;
+    const int threads = p->threads;
     const char *label = label_of(p);
     d2_state s;
     kvq_rng rng;
     int64_t *cand = NULL;   /* [trials] candidate point indices */
+    float *cx = NULL;       /* [trials, d] candidate rows */
+    float *cnrm = NULL;     /* [trials] their squared norms */
+    float *xnorm = NULL;    /* [n] squared norms of the points */
+    float *dot = NULL;      /* [threads, SEED_BLOCK, trials] x.c blocks */
     double *part = NULL;    /* [nblocks, trials] per-block potentials */
     kvq_rng_seed(&rng, seed);
-    st = d2_init(&s, data, p->threads, label, err);
+    st = d2_init(&s, data, threads, label, err);
     if (st != KVQ_OK)
         goto done;
-    cand = calloc((size_t)trials, sizeof *cand);
-    part = calloc((size_t)s.nblocks * (size_t)trials, sizeof *part);
-    if (!cand || !part) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: greedy seeding buffers", label);
-        goto done;
+    if (trials > 1) {
+        cand = calloc((size_t)trials, sizeof *cand);
+        cx = malloc((size_t)trials * d * sizeof *cx);
+        cnrm = malloc((size_t)trials * sizeof *cnrm);
+        xnorm = malloc((size_t)data->n * sizeof *xnorm);
+        dot = malloc((size_t)threads * SEED_BLOCK * trials * sizeof *dot);
+        part = calloc((size_t)s.nblocks * (size_t)trials, sizeof *part);
+        if (!cand || !cx || !cnrm || !xnorm || !dot || !part) {
+            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: greedy seeding buffers", label);
+            goto done;
+        }
+#pragma omp parallel for num_threads(threads) schedule(static) if (data->n > SEED_BLOCK)
+        for (int64_t i = 0; i < data->n; i++)
+            xnorm[i] = kvq_km_norm2(data->x + (size_t)i * d, d);
     }
 
     int64_t first = draw_first(data, &rng);
@@ -188,21 +209,29 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
         if (trials <= 1) {
             pick = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
         } else {
-            for (int32_t c = 0; c < trials; c++)
+            for (int32_t c = 0; c < trials; c++) {
                 cand[c] = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
+                memcpy(cx + (size_t)c * d, data->x + (size_t)cand[c] * d,
+                       (size_t)d * sizeof(float));
+                cnrm[c] = xnorm[cand[c]];
+            }
             /* potential after adding each candidate, per block then in block order */
-#pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1) if (s.nblocks > 1)
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (s.nblocks > 1)
             for (int64_t b = 0; b < s.nblocks; b++) {
-                const int64_t i1 =
-                    (b + 1) * SEED_BLOCK < data->n ? (b + 1) * SEED_BLOCK : data->n;
+                const int64_t i0 = b * SEED_BLOCK;
+                const int64_t nr = data->n - i0 < SEED_BLOCK ? data->n - i0 : SEED_BLOCK;
+                float *sb = dot + (size_t)omp_get_thread_num() * SEED_BLOCK * trials;
                 double *pb = part + (size_t)b * trials;
+                /* sb [nr, trials] = X[i0 : i0 + nr] cx^T */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, trials, d, 1.0f,
+                            data->x + (size_t)i0 * d, d, cx, d, 0.0f, sb, trials);
                 for (int32_t c = 0; c < trials; c++)
                     pb[c] = 0.0;
-                for (int64_t i = b * SEED_BLOCK; i < i1; i++) {
-                    const float *xi = data->x + (size_t)i * d;
+                for (int64_t r = 0; r < nr; r++) {
+                    const int64_t i = i0 + r;
                     const double wi = weight_at(data, i);
                     for (int32_t c = 0; c < trials; c++) {
-                        float v = kvq_km_l2sq(xi, data->x + (size_t)cand[c] * d, d);
+                        float v = kvq_km_dist_from_dot(xnorm[i], cnrm[c], sb[r * trials + c]);
                         pb[c] += wi * (double)(v < s.dmin[i] ? v : s.dmin[i]);
                     }
                 }
@@ -229,6 +258,10 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
 done:
     d2_free(&s);
     free(cand);
+    free(cx);
+    free(cnrm);
+    free(xnorm);
+    free(dot);
     free(part);
     return st;
 }

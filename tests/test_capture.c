@@ -178,15 +178,30 @@ static void ref_moments(double *acc, const float *q, int64_t r0, int64_t r1, int
         }
 }
 
-/* Per sequence, then folded into the total, then mirrored: what the file must hold. */
-static double *ref_moment_file(const float *q, const int64_t *seqs, int64_t n_seqs, int H,
-                               int d)
+/* What the file must hold, summed as the writer's contract says: rows are grouped into
+ * pieces (an append call, split at sequence starts), each piece is summed from zero and
+ * added to its sequence's sum, each finished sequence is added to the total, and the
+ * result is mirrored. cuts [n_cuts]: the first row of every append call. */
+static double *ref_moment_file(const float *q, const int64_t *seqs, int64_t n_seqs,
+                               const int64_t *cuts, int n_cuts, int H, int d)
 {
     size_t m = (size_t)H * d * d;
-    double *tot = calloc(m, sizeof *tot), *acc = calloc(m, sizeof *acc);
+    double *tot = calloc(m, sizeof *tot), *acc = calloc(m, sizeof *acc),
+           *piece = calloc(m, sizeof *piece);
     for (int64_t s = 0; s < n_seqs; s++) {
         memset(acc, 0, m * sizeof *acc);
-        ref_moments(acc, q, seqs[2 * s], seqs[2 * s] + seqs[2 * s + 1], H, d);
+        const int64_t first = seqs[2 * s], end = first + seqs[2 * s + 1];
+        for (int64_t r = first; r < end;) {
+            int64_t next = end;
+            for (int c = 0; c < n_cuts; c++)
+                if (cuts[c] > r && cuts[c] < next)
+                    next = cuts[c];
+            memset(piece, 0, m * sizeof *piece);
+            ref_moments(piece, q, r, next, H, d);
+            for (size_t i = 0; i < m; i++)
+                acc[i] += piece[i];
+            r = next;
+        }
         for (size_t i = 0; i < m; i++)
             tot[i] += acc[i];
     }
@@ -195,6 +210,7 @@ static double *ref_moment_file(const float *q, const int64_t *seqs, int64_t n_se
             for (int b = 0; b < a; b++)
                 tot[((size_t)h * d + a) * d + b] = tot[((size_t)h * d + b) * d + a];
     free(acc);
+    free(piece);
     return tot;
 }
 
@@ -350,7 +366,8 @@ static void test_writer_roundtrip(void **state)
         assert_memory_equal(tp.data, pos, sizeof pos);
         assert_memory_equal(ts.data, seq, sizeof seq);
         assert_memory_equal(tt.data, w_tokens, sizeof w_tokens);
-        double *ref = ref_moment_file(q + QOFF(l, 0), w_seqs, 2, W_H, W_D);
+        static const int64_t cuts[2][2] = {{0, 3}, {0, 5}}; /* as writer_feed appends */
+        double *ref = ref_moment_file(q + QOFF(l, 0), w_seqs, 2, cuts[li], 2, W_H, W_D);
         assert_int_equal(tm.n, W_H * W_D * W_D);
         assert_memory_equal(tm.data, ref, tm.nbytes); /* bit for bit */
         free(ref);
@@ -419,7 +436,8 @@ static void test_writer_sample_f16_no_values(void **state)
         else
             differs |= memcmp(first_rows, rows, sizeof first_rows) != 0;
         /* The moments cover every row, not the sample. */
-        double *ref = ref_moment_file(q, w_seqs, 2, W_H, W_D);
+        static const int64_t cuts[2] = {0, 3};
+        double *ref = ref_moment_file(q, w_seqs, 2, cuts, 2, W_H, W_D);
         assert_memory_equal(tm.data, ref, tm.nbytes);
         free(ref);
         kvq_capture_info *rd = NULL;
@@ -519,6 +537,61 @@ static void test_writer_errors(void **state)
                      KVQ_E_INVALID_ARG);
     assert_null(w);
     assert_int_equal(entries_named(dir), 0);
+}
+
+/* Head dims that are not a multiple of the 4 x 4 tile, appends longer than the 256-row
+ * block, and 1 or 2 threads: the sums are the reference's, bit for bit. */
+static void test_writer_moment_kernel(void **state)
+{
+    (void)state;
+    enum { H = 8, T = 1300 };
+    static const int dims[3] = {10, 6, 12};
+    kvq_err e = {0};
+    for (int di = 0; di < 3; di++) {
+        const int d = dims[di];
+        float *q = malloc(sizeof(float) * T * H * d), *k = malloc(sizeof(float) * T * d);
+        int32_t *tok = calloc(T, sizeof *tok);
+        kvq_rng r;
+        kvq_rng_seed(&r, 100 + di);
+        for (int i = 0; i < T * H * d; i++)
+            q[i] = (float)(kvq_rng_normal(&r) * (1 + i % d));
+        for (int i = 0; i < T * d; i++)
+            k[i] = (float)kvq_rng_normal(&r);
+        int32_t layers[1] = {0};
+        int64_t seqs[4] = {0, 1000, 1000, 300};
+        kvq_capture_info ci = writer_info(layers, 1);
+        ci.model.n_heads = H;
+        ci.model.head_dim = d;
+        ci.model.rope = kvq_rope_default(d);
+        ci.n_tokens = T;
+        ci.sequences = seqs;
+        ci.has_values = 0;
+        /* appends of 1100 and 200 rows: pieces [0,256) .. [768,1000) | [1000,1100) [1100,1300) */
+        const int64_t cuts[8] = {0, 256, 512, 768, 1000, 1100};
+        double *ref = ref_moment_file(q, seqs, 2, cuts, 6, H, d);
+        for (int threads = 1; threads <= 2; threads++) {
+            char name[64];
+            snprintf(name, sizeof name, "w_kern_%d_%d", d, threads);
+            const char *dir = test_path(name);
+            kvq_capture_writer_params wp = kvq_capture_writer_params_default();
+            wp.threads = threads;
+            kvq_capture_writer *w = NULL;
+            assert_int_equal(kvq_capture_writer_create(dir, &ci, tok, &wp, &w, &e), KVQ_OK);
+            assert_int_equal(kvq_capture_writer_append(w, 0, 1100, q, k, NULL, &e), KVQ_OK);
+            assert_int_equal(kvq_capture_writer_append(w, 0, 200, q + (size_t)1100 * H * d,
+                                                       k + (size_t)1100 * d, NULL, &e), KVQ_OK);
+            assert_int_equal(kvq_capture_writer_finish(w, &e), KVQ_OK);
+            kvq_capture_writer_free(w);
+            tensor tm = load(dir, 0, "q_moment_sum");
+            assert_int_equal(tm.n, (size_t)H * d * d);
+            assert_memory_equal(tm.data, ref, tm.nbytes);
+            tensor_free(&tm);
+        }
+        free(ref);
+        free(q);
+        free(k);
+        free(tok);
+    }
 }
 
 /* ======================================================================================
@@ -684,7 +757,13 @@ static void test_stories_moments(void **state)
         tensor tc = load(dir, l, "q_moment_count");
         assert_int_equal(tm.shape[0], 8);
         assert_int_equal(tm.shape[1], 8);
-        double *ref = ref_moment_file(tq.data, ci->sequences, ci->n_sequences, 8, 8);
+        /* the forward pass appends chunks of 7 rows from each sequence start */
+        int64_t cuts[64];
+        int n_cuts = 0;
+        for (int64_t s = 0; s < ci->n_sequences; s++)
+            for (int64_t r = 0; r < ci->sequences[2 * s + 1]; r += 7)
+                cuts[n_cuts++] = ci->sequences[2 * s] + r;
+        double *ref = ref_moment_file(tq.data, ci->sequences, ci->n_sequences, cuts, n_cuts, 8, 8);
         assert_memory_equal(tm.data, ref, tm.nbytes);
         /* and a plain sum over all rows agrees to rounding */
         double plain[8 * 8 * 8] = {0};
@@ -1153,6 +1232,7 @@ int main(void)
         cmocka_unit_test(test_writer_roundtrip),
         cmocka_unit_test(test_writer_sample_f16_no_values),
         cmocka_unit_test(test_writer_errors),
+        cmocka_unit_test(test_writer_moment_kernel),
         cmocka_unit_test(test_stories_layer0_independent),
         cmocka_unit_test(test_stories_moments),
         cmocka_unit_test(test_stories_dtypes),

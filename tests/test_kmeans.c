@@ -191,6 +191,98 @@ static void test_gemm_matches_reference(void **state)
     free(dist);
 }
 
+/* The AVX2 fused argmin equals the scalar one bit for bit, ties included. */
+static void test_argmin_simd_matches_ref(void **state)
+{
+#ifdef KVQ_KM_HAVE_AVX2_ARGMIN
+    if (!kvq_cpu_has_avx2())
+        TEST_SKIP("no AVX2 on this CPU");
+    kvq_rng r;
+    kvq_rng_seed(&r, 5);
+    float s[203], cn[203];
+    for (int rep = 0; rep < 2000; rep++) {
+        const int32_t kc = 1 + (int32_t)kvq_rng_below(&r, 203);
+        const float xn = (float)kvq_rng_below(&r, 4);
+        for (int32_t j = 0; j < kc; j++) {
+            /* few distinct values: many exact ties and clamped (<= 0) distances */
+            s[j] = (float)kvq_rng_below(&r, 5) * 0.5f;
+            cn[j] = (float)kvq_rng_below(&r, 4);
+        }
+        if (rep % 3 == 0) /* also continuous values */
+            for (int32_t j = 0; j < kc; j++)
+                s[j] = (float)kvq_rng_normal(&r);
+        int32_t i1, i2;
+        float d1, d2;
+        kvq_km_row_argmin_ref(s, cn, xn, kc, &i1, &d1);
+        kvq_km_row_argmin_avx2(s, cn, xn, kc, &i2, &d2);
+        assert_int_equal(i1, i2);
+        assert_memory_equal(&d1, &d2, sizeof d1);
+        /* and both are the sequential first minimum */
+        int32_t seq = 0;
+        for (int32_t j = 1; j < kc; j++)
+            if (kvq_km_dist_from_dot(xn, cn[j], s[j]) < kvq_km_dist_from_dot(xn, cn[seq], s[seq]))
+                seq = j;
+        assert_int_equal(i1, seq);
+    }
+#else
+    TEST_SKIP("not an x86-64 build");
+#endif
+}
+
+/* The small-d direct path (and so the CPU backend for d <= KVQ_KM_DIRECT_MAX_D) equals
+ * the scalar reference bit for bit: kvq_km_l2sq and the first minimum. */
+static void test_direct_matches_reference(void **state)
+{
+#ifdef KVQ_KM_HAVE_AVX2_ARGMIN
+    if (!kvq_cpu_has_avx2())
+        TEST_SKIP("no AVX2 on this CPU");
+    const int64_t n = 300;
+    int32_t a[300], a2[300];
+    float dist[300];
+    kvq_rng r;
+    kvq_rng_seed(&r, 6);
+    for (int32_t d = 1; d <= KVQ_KM_DIRECT_MAX_D; d++) {
+        const int32_t kc = 1 + (int32_t)kvq_rng_below(&r, 45);
+        const int32_t kc8 = (kc + 7) & ~7;
+        float *x = random_points(n, d, 100 + d);
+        float *c = random_points(kc, d, 200 + d);
+        for (int32_t j = 0; j + 1 < kc; j += 3) /* duplicate centroids: exact ties */
+            memcpy(c + (j + 1) * d, c + j * d, d * sizeof(float));
+        for (int64_t i = 0; i < 20; i++) /* points sitting on a centroid */
+            memcpy(x + i * d, c + (i % kc) * d, d * sizeof(float));
+        float *ct = calloc((size_t)d * kc8, sizeof *ct);
+        for (int32_t j = 0; j < kc; j++)
+            for (int32_t t = 0; t < d; t++)
+                ct[t * kc8 + j] = c[j * d + t];
+        kvq_km_assign_direct_avx2(x, n, d, ct, kc, a, dist);
+        for (int64_t i = 0; i < n; i++) {
+            int32_t best = 0;
+            float bd = INFINITY;
+            for (int32_t j = 0; j < kc; j++) {
+                float v = kvq_km_l2sq(x + i * d, c + j * d, d);
+                if (kvq_km_better(v, j, bd, best)) {
+                    bd = v;
+                    best = j;
+                }
+            }
+            assert_int_equal(a[i], best);
+            assert_memory_equal(&dist[i], &bd, sizeof bd);
+        }
+        /* the public assign takes this path for small d */
+        kvq_kmeans_params p = kvq_kmeans_params_default();
+        p.k = kc;
+        kvq_err e = {0};
+        assert_int_equal(kvq_kmeans_assign(x, n, d, c, &p, a2, NULL, &e), KVQ_OK);
+        assert_memory_equal(a, a2, sizeof a);
+        free(ct);
+        free(x);
+        free(c);
+    }
+#else
+    TEST_SKIP("not an x86-64 build");
+#endif
+}
+
 /* The backend update equals a plain weighted mean summed in double in point order. */
 static void test_update_matches_reference(void **state)
 {
@@ -690,6 +782,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kernels),
         cmocka_unit_test(test_gemm_matches_reference),
+        cmocka_unit_test(test_argmin_simd_matches_ref),
+        cmocka_unit_test(test_direct_matches_reference),
         cmocka_unit_test(test_update_matches_reference),
         cmocka_unit_test(test_inertia_matches_reference),
         cmocka_unit_test(test_planted_recovery),

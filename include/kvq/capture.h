@@ -25,8 +25,8 @@
  *
  * Output is always whole: everything is written into "<dir>.tmp.<random>/" and renamed
  * to <dir> at the end; on any failure the temporary directory is removed and nothing is
- * left behind. Same inputs, seed and dtype give byte-identical files, whatever the
- * thread count.
+ * left behind. Same inputs, seed, dtype and chunk size give byte-identical files,
+ * whatever the thread count (docs/capture.md says in which order the moments are summed).
  */
 #ifndef KVQ_CAPTURE_H
 #define KVQ_CAPTURE_H
@@ -94,8 +94,10 @@ kvq_status kvq_capture_writer_create(const char *dir, const kvq_capture_info *in
  * interleave freely). Pre-RoPE, in the model's pair layout:
  *   q: [n, n_heads, head_dim]   k, v: [n, n_kv_heads, head_dim]   (v ignored, may be
  *   NULL, when has_values is 0). A layer that is not captured is checked for non-finite
- * values and otherwise ignored. Cost: O(n * n_heads * head_dim^2) for the moments plus
- * the conversion and the file writes.
+ * values and otherwise ignored. The moments of the n rows are summed from zero in blocks
+ * (split at sequence starts, then every 256 rows) and added to the sequence's sum, so
+ * the float64 sums depend on how the rows are cut into appends, not on threads.
+ * Cost: O(n * n_heads * head_dim^2) for the moments plus the conversion and the writes.
  * Errors: KVQ_E_NUMERIC (NaN or Inf: "layer L sequence S position P (row R): non-finite
  * q|k|v"), KVQ_E_INVALID_ARG (more than n_tokens rows, unknown layer, NULL), KVQ_E_IO
  * (message names the temporary file), KVQ_E_NOMEM. After an error the writer can only

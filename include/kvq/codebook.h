@@ -23,9 +23,9 @@
  * ("decode") is the concatenation of the group centroids, times L^-1 for the
  * query-aware methods; for vq-postrope it approximates the rotated key k R_j.
  *
- * Numbers: keys, queries, centroids, L and L^-1 are f32; every transform (k L, q~ L^-T,
- * C^z L^-1, k R_p) and every dot product of a LUT entry is computed in double from
- * those f32 values and rounded once, so a codebook created from stored tensors
+ * Numbers: keys, queries, centroids, L and L^-1 are f32; the transforms k L, q~ L^-T and
+ * C^z L^-1 and every LUT entry are computed in double from those f32 values and rounded
+ * once (RoPE rotations use kvq_rope_apply), so a codebook created from stored tensors
  * (kvq_codebook_create, kvq_codebook_load) encodes and scores exactly as the one that
  * was fitted. Encoding uses kvq_kmeans_assign (SGEMM distances): it returns a nearest
  * centroid within KVQ_KMEANS_TOL_DIST of the exact one (kvq/kmeans.h), ties to the
@@ -128,8 +128,9 @@ const float *kvq_codebook_Linv(const kvq_codebook *cb);
 
 /* ---- the method's spaces ------------------------------------------------------- */
 
-/* Fit space of n keys: x_j = k_j L (query-aware), k_j R_{pos_j} (vq-postrope), k_j
- * (plain).  keys: [n, d] pre-RoPE   pos: [n] (vq-postrope; otherwise may be NULL)
+/* Fit space of n keys: x_j = k_j L (query-aware), k_j R_{pos_j} (vq-postrope, rotated
+ * by kvq_rope_apply: float rotation, double angles, as the models do), k_j (plain).
+ *   keys: [n, d] pre-RoPE   pos: [n] (vq-postrope; otherwise may be NULL)
  * out: [n, d] (may not alias keys). `threads` >= 1 splits rows; the result does not
  * depend on it. Errors: KVQ_E_INVALID_ARG (NULL pos for vq-postrope, n < 0).
  * Cost: n d^2 (query-aware), n d (otherwise). */
@@ -281,7 +282,7 @@ typedef struct kvq_fit_summary {
  *
  * Errors: those of kvq_capture_info_read, kvq_moments_open and kvq_st_open;
  *   KVQ_E_MISMATCH  capture and moments of different models (the message names both
- *                   files and the field), or different WRoPE settings
+ *                   files and the field)
  *   KVQ_E_INVALID_ARG  bad parameters (named), groups not dividing d, a requested layer
  *                   missing from the capture or the moments file, a codebook larger than
  *                   the training keys

@@ -180,7 +180,9 @@ typedef kvq_status (*kvq_observe_fn)(void *user, const kvq_attn_call *call, kvq_
 typedef struct kvq_forward kvq_forward;
 
 typedef struct kvq_forward_params {
-    int32_t threads;          /* BLAS threads (openblas_set_num_threads); 0 = leave as is */
+    int32_t threads;          /* BLAS threads, set with openblas_set_num_threads (which is
+                                 process-wide) when a pass starts; 0 = leave as is. Results
+                                 may differ in the last bits between thread counts. */
     int32_t chunk;            /* tokens per prefill chunk, >= 1 (default 256) */
     int64_t max_tokens;       /* longest sequence of the built-in full attention
                                  (default 0 = the model's context_length) */

@@ -1,0 +1,324 @@
+/*
+ * kvq/runtime.h — decoding with VQ retrieval attention.
+ *
+ * Three layers, bottom up:
+ *
+ *   kernels       kvq_rk_*: LUT build, score gather, top-k selection and sparse
+ *                 attention over an f16 or f32 cache. Each has a scalar reference and
+ *                 AVX2 / AVX-512 paths chosen at run time (kvq_isa); tests check fast ==
+ *                 scalar within the named tolerances below.
+ *   kvq_runtime   an opened .kvq artifact, validated against the model, with one
+ *                 kvq_codebook per (layer, KV head). Immutable once opened; several
+ *                 decoding contexts may share it.
+ *   kvq_retrieval a decoding context: the per-sequence KV cache (pre-RoPE K and V in
+ *                 f16 or f32, the codes of every key, selector metadata) and the
+ *                 attention step. It plugs into the forward pass as a kvq_attn_backend
+ *                 (kvq/model.h), so kvq run / kvq eval decode with it unchanged.
+ *
+ * Retrieval attention (DESIGN.md "Retrieval decoding"). For a query row at position i
+ * that sees n cached tokens (itself included), per KV head h:
+ *   - the first S sink tokens and the last w window tokens are always attended;
+ *   - the C = n - S - w tokens between them are the candidates; the selector scores
+ *     them and keeps the top K (the budget, a count or a fraction of n; sinks and
+ *     window come on top); ties go to the earlier token;
+ *   - exact attention over the union. Positions (kvq_positions): ROPE rotates every
+ *     attended key by its own position (q R_i . k_j R_j); WROPE (a2ats) does so for the
+ *     window only and scores the other attended tokens as q R_b . k_j.
+ * GQA: the query heads of a group share one selection. Scores are linear in the query,
+ * so by default (KVQ_GROUP_SUM) the selector scores with the sum of the group's
+ * scoring queries: one LUT and one pass over the codes per KV head, ranking tokens by
+ * the sum (equivalently the mean) of the heads' approximate logits. KVQ_GROUP_MAX
+ * scores every head separately and ranks by the largest of the heads' scores.
+ *
+ * Selectors (kvq_selector):
+ *   full      every candidate (no selection; with ROPE this is exact attention)
+ *   oracle    the top K by exact scores under the position mode (q R_b . k_j for WROPE,
+ *             q R_i . k_j R_j for ROPE), summed (or maxed) over the group
+ *   codebook  the artifact's method: LUT of the scoring query (q R_b, or q R_i for
+ *             vq-postrope; q' = q~ L^-T for the query-aware methods) over the codes
+ *   fier      fier paper: post-RoPE keys quantized to 1 bit per channel, per group of
+ *             32 consecutive tokens (round to nearest of the group's per-channel min and
+ *             max); score q R_i . dequantized key
+ *   quest     quest pages of 16 consecutive tokens: per-channel min / max of the
+ *             post-RoPE keys; page score sum_c max(q_c min_c, q_c max_c) (per head,
+ *             summed or maxed over the group); the best pages are taken whole, the last
+ *             one partly, until K tokens
+ *   mass      hcattention's rule on the codebook's scores: the smallest set of
+ *             candidates whose approximate softmax mass (scores / sqrt(d), over the
+ *             candidates) reaches tau, at most K of them
+ *
+ * Chunks. The forward pass hands the backend chunks of tokens. With prefill_full (the
+ * default) a chunk of more than one token is attended exactly (exact RoPE, every
+ * earlier token), which is how a prompt fills the cache, and a chunk of one token (a
+ * decode step) uses retrieval. With prefill_full = 0 every query row of every chunk
+ * uses retrieval over the tokens before it and itself, which is what `kvq eval`
+ * uses to measure perplexity under retrieval at every evaluated position.
+ *
+ * Threads: a decoding context is used by one thread at a time; params.threads > 1 runs
+ * the KV heads of a row in parallel (OpenMP) with per-thread scratch.
+ */
+#ifndef KVQ_RUNTIME_H
+#define KVQ_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/capture_dir.h"
+#include "kvq/codebook.h"
+#include "kvq/common.h"
+#include "kvq/model.h"
+#include "kvq/moments.h"
+#include "kvq/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ==========================================================================
+ * Kernels
+ * ========================================================================== */
+
+/* Instruction set of a kernel call. A request above what the CPU supports is lowered
+ * to the best the CPU has, so any value is safe to pass. */
+typedef enum kvq_isa {
+    KVQ_ISA_SCALAR = 0,
+    KVQ_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    KVQ_ISA_AVX512 = 2  /* AVX-512 F/BW/VL/DQ (and AVX2) */
+} kvq_isa;
+
+kvq_isa kvq_isa_best(void);               /* what this CPU runs */
+kvq_isa kvq_isa_clamp(kvq_isa want);      /* min(want, best) */
+const char *kvq_isa_name(kvq_isa isa);    /* "scalar" | "avx2" | "avx512" */
+
+/* Tolerances of the fast paths against the scalar references (tests use these):
+ *   dot products (LUT entries, logits): |fast - ref| <= KVQ_RK_TOL_DOT * sum_t |a_t b_t|
+ *   softmax probabilities:              |fast - ref| <= KVQ_RK_TOL_PROB * (p_ref + 1e-6)
+ *   attention outputs:                  |fast - ref| <= KVQ_RK_TOL_OUT * sum_j p_j |v_j|
+ * Score gather and top-k are exact: every path gives the same bits / the same set. */
+#define KVQ_RK_TOL_DOT 1e-5
+#define KVQ_RK_TOL_PROB 1e-5
+#define KVQ_RK_TOL_OUT 2e-5
+#define KVQ_RK_TOL_LUT16 1e-3 /* LUT from the f16 table vs kvq_codebook_lut */
+
+/* The LUT table of a codebook: its key-space (or, for grouped query-aware methods,
+ * z-space) centroids stored transposed in f16, [G, d/G, K], the layout the fast LUT
+ * build streams through. Half the bytes of the f32 centroids: a decode step reads the
+ * whole table once per KV head, so its size is part of the cost per step. Keeps a
+ * pointer to cb (which must outlive it). Errors: KVQ_E_NOMEM. Memory: 2 K d bytes. */
+typedef struct kvq_rk_table kvq_rk_table;
+kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err);
+void kvq_rk_table_free(kvq_rk_table *t); /* NULL is fine */
+uint64_t kvq_rk_table_bytes(const kvq_rk_table *t);
+const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t);
+
+/* LUT of a scoring query qs [d] (kvq_codebook_query_pe): lut [G, K] with
+ * lut[g*K + c] = q'_g . W_g[c] as kvq_codebook_lut defines it, computed from the f16
+ * table: q' = qs L^-T in double for grouped query-aware codebooks, else qs (qavq uses
+ * the key-space codebook C = C^z L^-1). KVQ_ISA_SCALAR sums in double; the fast paths
+ * in float with FMA. Against kvq_codebook_lut (the reference, f32 centroids) every path
+ * agrees within KVQ_RK_TOL_LUT16 * sum_t |q'_t w_t| (the f16 rounding of the table).
+ * Cost: K d multiply-adds (+ d^2 / 2), reading 2 K d bytes. */
+void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut);
+
+/* Score gather: scores[j] = sum over g = 0..G-1 (in order, float) of
+ * lut[g*K + codes[j*G + g]] for j < n. Codes must be < K. Every path gives the bits of
+ * kvq_codebook_score. Cost: n G lookups. */
+void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
+                  int64_t n, float *scores);
+
+/* Top-k selection in O(n) (three radix passes of 11/11/10 bits over order-preserving
+ * keys, the later passes over the few keys that share the earlier digits; no sort).
+ * Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
+ * in increasing index order; among equal scores the lower index wins. Returns the
+ * count. work: [2n] uint32 scratch. Every path selects the same set. */
+int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
+                    uint32_t *work);
+
+/* Logits of nq queries against m rows of a key cache:
+ *   logits[h*ld_l + j] = scale * q[h*d ..] . K[row_j * ld_k ..]   (row_j = idx ? idx[j] : j)
+ * K: f16 (uint16_t) or f32 rows of d elements, ld_k elements apart. dt: KVQ_DT_F16 or
+ * KVQ_DT_F32. The scalar reference sums in double. Cost: nq m d; reads m rows once. */
+void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K,
+                   kvq_dtype dt, int64_t ld_k, const int32_t *idx, int64_t m, float scale,
+                   float *logits, int64_t ld_l);
+
+/* Softmax in place of `rows` rows of m values, ld apart: x = exp(x - max) / sum. The
+ * scalar reference uses expf and a double sum; the fast paths a polynomial exp
+ * (relative error below 2e-7) and float sums. m >= 1. */
+void kvq_rk_softmax(kvq_isa isa, float *x, int32_t rows, int64_t m, int64_t ld);
+
+/* Weighted sum of value rows: out[h*d + t] = sum_j p[h*ld_p + j] * V[row_j*ld_v + t],
+ * rows as in kvq_rk_logits. out: [nq, d] (overwritten). Cost: nq m d; reads m rows. */
+void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V,
+                kvq_dtype dt, int64_t ld_v, const int32_t *idx, int64_t m, int32_t d,
+                float *out);
+
+/* ==========================================================================
+ * The artifact at run time
+ * ========================================================================== */
+
+typedef struct kvq_runtime kvq_runtime;
+
+/* Opens the artifact at `path` for the model `model` (kvq_model_identity; the label
+ * names it in messages) and loads a codebook for every (layer in "layers", KV head).
+ * Checks, in order:
+ *   1. every error of kvq_artifact_open (BAD_MAGIC, TRUNCATED_*, VERSION, CHECKSUM,
+ *      CORRUPT, ...) and of kvq_artifact_validate (CORRUPT, UNSUPPORTED,
+ *      SHAPE_MISMATCH): a truncated or corrupted file is refused here;
+ *   2. method "none": KVQ_E_UNSUPPORTED (the artifact has no codebooks);
+ *   3. the model identity, field by field in this order: n_layers, n_heads,
+ *      n_kv_heads, head_dim, rope.base, rope.layout, rope.scaling and the scaling
+ *      parameters, then (when the artifact records them) the rest of the identity
+ *      (kvq_model_id_compare). A difference is KVQ_E_MISMATCH with the message
+ *      "PATH vs LABEL: model.FIELD differs (ARTIFACT vs MODEL)". Nothing falls back;
+ *   4. every codebook: the errors of kvq_codebook_load.
+ * Cost: decompression plus a copy of every codebook. Memory: the codebooks (K d floats
+ * per head, twice for qavq, plus 2 d^2 for the query-aware methods); the payload is
+ * released before returning. */
+kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const char *label,
+                            kvq_runtime **out, kvq_err *err);
+void kvq_runtime_close(kvq_runtime *rt); /* NULL is fine */
+
+kvq_codebook_method kvq_runtime_method(const kvq_runtime *rt);
+int32_t kvq_runtime_codebook_size(const kvq_runtime *rt); /* K */
+int32_t kvq_runtime_groups(const kvq_runtime *rt);        /* G */
+int32_t kvq_runtime_wrope_w(const kvq_runtime *rt);
+int64_t kvq_runtime_wrope_b(const kvq_runtime *rt);
+const kvq_model_id *kvq_runtime_model(const kvq_runtime *rt); /* the artifact's identity */
+/* The codebook of (layer, KV head), or NULL for a layer without codebooks (those
+ * layers attend fully, as the format specifies). */
+const kvq_codebook *kvq_runtime_codebook(const kvq_runtime *rt, int32_t layer, int32_t head);
+uint64_t kvq_runtime_bytes(const kvq_runtime *rt); /* codebook memory */
+
+/* ==========================================================================
+ * Decoding context
+ * ========================================================================== */
+
+typedef enum kvq_selector {
+    KVQ_SELECT_FULL = 0,
+    KVQ_SELECT_ORACLE = 1,
+    KVQ_SELECT_CODEBOOK = 2,
+    KVQ_SELECT_FIER = 3,
+    KVQ_SELECT_QUEST = 4,
+    KVQ_SELECT_MASS = 5
+} kvq_selector;
+#define KVQ_SELECT_COUNT 6
+
+/* "full", "oracle", "codebook", "fier", "quest", "mass"; "unknown" otherwise. */
+const char *kvq_selector_name(kvq_selector s);
+/* Parses the names above, plus "artifact" and the codebook method names (vq, qavq, pq,
+ * qapq, vq-postrope) for KVQ_SELECT_CODEBOOK; *method (may be NULL) receives the method
+ * named, or -1. KVQ_E_INVALID_ARG naming the text otherwise. */
+kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq_err *err);
+int kvq_selector_needs_artifact(kvq_selector s); /* codebook, mass */
+
+/* How the query heads of a GQA group share one selection. */
+typedef enum kvq_group_score {
+    KVQ_GROUP_SUM = 0,  /* score with the sum of the group's queries (default) */
+    KVQ_GROUP_MAX = 1   /* per-head scores, ranked by their maximum */
+} kvq_group_score;
+
+/* The retrieval budget K for n visible tokens: `count` tokens when count > 0, else
+ * ceil(fraction * n) with fraction in (0, 1]; fraction 1 keeps every candidate. */
+typedef struct kvq_budget {
+    int64_t count;
+    double fraction;
+} kvq_budget;
+
+/* "256" (count), "0.06" or "6%" (fraction of n), "all" (fraction 1). Counts are
+ * 1 .. 2^40; fractions in (0, 1]. KVQ_E_INVALID_ARG naming the text otherwise. */
+kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err);
+/* K for n visible tokens (>= 1 for n >= 1). */
+int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n);
+/* "256", "6%", "all" into buf (always NUL-terminated). */
+void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap);
+
+typedef struct kvq_retrieval_params {
+    kvq_selector selector;    /* default KVQ_SELECT_CODEBOOK */
+    kvq_budget budget;        /* default 6% */
+    int32_t sink;             /* S, >= 0 (default 4) */
+    int32_t window;           /* w, >= 1; 0 = the artifact's wrope.w, 64 without one */
+    int64_t wrope_b;          /* b of the exact step, >= 0; -1 = the artifact's wrope.b
+                                 (2048 without one). The codebook's scoring query always
+                                 uses the artifact's b. */
+    kvq_positions positions;  /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
+    kvq_group_score group;    /* default KVQ_GROUP_SUM */
+    double tau;               /* mass selector, (0, 1] (default 0.9) */
+    int32_t fier_group;       /* tokens per fier quantization group, >= 1 (default 32) */
+    int32_t quest_page;       /* tokens per quest page, >= 1 (default 16) */
+    kvq_dtype cache_dtype;    /* KVQ_DT_F16 (default) or KVQ_DT_F32 */
+    int prefill_full;         /* 1 (default): chunks of more than one token attend
+                                 exactly; 0: every query row uses retrieval */
+    int measure;              /* 1: also compute exact attention per step and collect
+                                 the quality figures of kvq_retrieval_stats (slow) */
+    int64_t max_tokens;       /* longest sequence, >= 1 (default 1 << 20) */
+    int32_t threads;          /* KV heads in parallel, >= 1 (default 1) */
+    kvq_isa isa;              /* kernels (default kvq_isa_best(); lowered as needed) */
+    kvq_callbacks cb;
+} kvq_retrieval_params;
+
+kvq_retrieval_params kvq_retrieval_params_default(void);
+
+typedef struct kvq_retrieval kvq_retrieval;
+
+/* Creates a context for a model with configuration cfg. rt (may be NULL) must have
+ * been opened for the same model: its layers, heads, head dim and RoPE are checked
+ * again (KVQ_E_MISMATCH naming the field); it must outlive the context. The codebook
+ * and mass selectors need rt (KVQ_E_INVALID_ARG without one).
+ * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM.
+ * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V, plus
+ * 2 G bytes of codes (codebook, mass), d/8 + 8d/fier_group bytes (fier) or
+ * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
+ * (n (nq + 3 + d) with ROPE, measure or prefill). */
+kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
+                                const kvq_retrieval_params *p, kvq_retrieval **out,
+                                kvq_err *err);
+void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
+
+/* The attention backend of this context (user = r). Its attend() appends the chunk to
+ * the cache (encoding every key with the layer's codebook) and attends as described
+ * above; errors: INVALID_ARG (a sequence longer than max_tokens, a position out of
+ * [0, 2^31)), NOMEM, and those of kvq_codebook_encode. Its reset() forgets the
+ * sequence (the statistics stay). */
+kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r);
+void kvq_retrieval_reset(kvq_retrieval *r);
+int64_t kvq_retrieval_length(const kvq_retrieval *r); /* tokens cached in layer 0 */
+const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r);
+
+/* Statistics since creation or the last stats_reset, summed over retrieval steps: one
+ * step is one (query row, layer, KV head) attended by retrieval with at least one
+ * candidate (n > S + w). Divide the sums by `steps` (or `measured`) for means. */
+typedef struct kvq_retrieval_stats {
+    uint64_t steps;
+    double visible;          /* sum of n */
+    double attended;         /* sum of attended tokens (sinks + window + selected) */
+    double bytes_read;       /* selector metadata (codes, bits, page bounds) plus the
+                                K and V rows attended, in the cache's storage */
+    double bytes_full;       /* K and V bytes full attention reads in the same steps */
+    double bytes_codebook;   /* codebook bytes read to build LUTs (not KV cache) */
+    /* measure = 1 only: */
+    uint64_t measured;
+    double recall_topk;      /* |selected ∩ oracle's selection| / K (1 when every
+                                candidate fits the budget) */
+    double recall_mass;      /* exact attention mass on the attended tokens (exact
+                                RoPE, mean over the group's query heads) */
+    double out_rel_err;      /* ||o - o_exact|| / ||o_exact||, mean over the group */
+} kvq_retrieval_stats;
+
+void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out);
+void kvq_retrieval_stats_reset(kvq_retrieval *r);
+
+/* The selection of the last retrieval step of (layer, KV head): the candidate
+ * indices chosen (ascending, sinks and window not included) and the count, valid until
+ * the next attend call. For tests. NULL / 0 when there was none. */
+const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer,
+                                            int32_t head, int64_t *count);
+/* The codes of cached token j of (layer, KV head): G values, or NULL when the
+ * context keeps no codes or j is out of range. For tests. */
+const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head,
+                                    int64_t j);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_RUNTIME_H */

@@ -1,0 +1,1114 @@
+/*
+ * fit.c — the `kvq fit` stage (kvq/codebook.h, kvq_fit_run): a capture directory and a
+ * moments file in, one .kvq artifact out.
+ *
+ *   check inputs -> hold out sequences -> for each (layer, KV head) job:
+ *       checkpoint with a matching key?  load it
+ *       else  keys -> fit the method's codebook (and the plain reference) ->
+ *             held-out score MSE -> tensors -> checkpoint
+ *   -> artifact (every job's tensors + summary) -> remove the checkpoint directory
+ *
+ * A job's result is just its list of named tensors (codebooks, diagnostics), the same
+ * whether it was fitted now or read back from its checkpoint file, so a resumed run
+ * writes the same artifact bytes as an uninterrupted one.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvq/artifact.h"
+#include "kvq/capture_dir.h"
+#include "kvq/codebook.h"
+#include "kvq/half.h"
+#include "kvq/moments.h"
+#include "kvq/util.h"
+
+/* Bumped whenever a change in this file changes a job's result: old checkpoints are
+ * then refitted instead of reused. */
+#define FIT_CKPT_VERSION 1
+#define FIT_DEFAULT_K 4096
+#define FIT_MIN_POINTS 39     /* training keys per centroid below which fits get noisy */
+#define FIT_KEY_META "kvq.fit.key"
+#define FIT_BACKEND_META "kvq.fit.backend"
+
+kvq_fit_params kvq_fit_params_default(void)
+{
+    kvq_fit_params p;
+    memset(&p, 0, sizeof p);
+    p.method = KVQ_CODEBOOK_QAVQ;
+    p.iters = 25;
+    p.tol = 1e-4;
+    p.seed = 1234;
+    p.threads = 1;
+    p.init = KVQ_KMEANS_INIT_GREEDY_PP;
+    p.device = KVQ_KMEANS_DEVICE_CPU;
+    p.holdout = 0.1;
+    p.reference = 1;
+    p.checkpoint = 1;
+    return p;
+}
+
+/* ==========================================================================
+ * A job's result: named tensors
+ * ========================================================================== */
+
+typedef struct fit_tensor {
+    char name[128];
+    kvq_dtype dtype;
+    int ndim;
+    int64_t shape[KVQ_MAX_DIMS];
+    void *data;       /* malloc'd, nbytes */
+    size_t nbytes;
+} fit_tensor;
+
+typedef struct fit_job {
+    int32_t layer, head;
+    fit_tensor *t;    /* [n_t] in artifact order */
+    size_t n_t, cap;
+    int cuda;         /* some k-means ran on CUDA */
+    int resumed;      /* read from the checkpoint */
+} fit_job;
+
+static void job_clear(fit_job *j)
+{
+    for (size_t i = 0; i < j->n_t; i++)
+        free(j->t[i].data);
+    free(j->t);
+    j->t = NULL;
+    j->n_t = j->cap = 0;
+}
+
+/* Appends a tensor with a copy of `data` (nbytes from dtype and shape). */
+static kvq_status job_add(fit_job *j, const char *name, kvq_dtype dt, int ndim,
+                          const int64_t *shape, const void *data, kvq_err *err)
+{
+    size_t nbytes = kvq_dtype_size(dt);
+    for (int i = 0; i < ndim; i++)
+        if (!kvq_size_mul(nbytes, (size_t)shape[i], &nbytes))
+            return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: tensor too large", name);
+    if (j->n_t == j->cap) {
+        size_t cap = j->cap ? 2 * j->cap : 16;
+        fit_tensor *t = realloc(j->t, cap * sizeof *t);
+        if (!t)
+            return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", name);
+        j->t = t;
+        j->cap = cap;
+    }
+    fit_tensor *t = &j->t[j->n_t];
+    memset(t, 0, sizeof *t);
+    if (strlen(name) >= sizeof t->name)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: tensor name too long", name);
+    strcpy(t->name, name);
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++)
+        t->shape[i] = shape[i];
+    t->nbytes = nbytes;
+    t->data = malloc(nbytes ? nbytes : 1);
+    if (!t->data)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", name);
+    memcpy(t->data, data, nbytes);
+    j->n_t++;
+    return KVQ_OK;
+}
+
+static kvq_status job_add_scalar(fit_job *j, const char *name, double v, kvq_err *err)
+{
+    return job_add(j, name, KVQ_DT_F64, 0, NULL, &v, err);
+}
+
+static const fit_tensor *job_find(const fit_job *j, const char *name)
+{
+    for (size_t i = 0; i < j->n_t; i++)
+        if (!strcmp(j->t[i].name, name))
+            return &j->t[i];
+    return NULL;
+}
+
+/* The value of a scalar F64 diagnostic "diag.layer.L.head.H.<what>", NaN if absent. */
+static double job_scalar(const fit_job *j, const char *what)
+{
+    char name[128];
+    snprintf(name, sizeof name, "diag.layer.%d.head.%d.%s", (int)j->layer, (int)j->head, what);
+    const fit_tensor *t = job_find(j, name);
+    double v = NAN;
+    if (t && t->dtype == KVQ_DT_F64 && t->ndim == 0)
+        memcpy(&v, t->data, sizeof v);
+    return v;
+}
+
+/* ==========================================================================
+ * Run context
+ * ========================================================================== */
+
+typedef struct fit_ctx {
+    const kvq_fit_params *p;
+    kvq_callbacks cb;           /* the caller's */
+    kvq_capture_info *ci;
+    kvq_moments *m;
+    const char *moments_path;
+    char *ckpt_dir;             /* NULL without checkpoints */
+    int32_t d, n_heads, n_kv, r, K, G;
+    int64_t wrope_b;
+    int32_t wrope_w;
+    kvq_codebook_method ref_method;
+    int ref_fit;                /* the reference needs its own fit (method not plain) */
+    kvq_kmeans_device device;   /* after the CUDA check */
+    uint8_t *heldout;           /* [n_tokens] 1 = the row belongs to a held-out sequence */
+    int64_t n_train, n_hold_rows;
+    int32_t *layers;            /* [n_layers] sorted */
+    size_t n_layers;
+    fit_job *jobs;              /* [n_layers * n_kv] */
+    int32_t jobs_done, jobs_total;
+} fit_ctx;
+
+/* k-means logs one level lower (its INFO lines would drown the per-head ones), and its
+ * progress is forwarded as the stage's, so a stop request is heard mid-fit. */
+static void km_log(void *user, kvq_log_level level, const char *msg)
+{
+    const fit_ctx *c = user;
+    if (c->cb.log)
+        c->cb.log(c->cb.user, level == KVQ_LOG_INFO ? KVQ_LOG_DEBUG : level, msg);
+}
+
+static int km_progress(void *user, const char *what, uint64_t done, uint64_t total)
+{
+    const fit_ctx *c = user;
+    return kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total);
+}
+
+/* "0-3,5" for a sorted list. */
+static void format_layers(const int32_t *l, size_t n, char *buf, size_t cap)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < n && used < cap; i++) {
+        size_t j = i;
+        while (j + 1 < n && l[j + 1] == l[j] + 1)
+            j++;
+        int w = j > i ? snprintf(buf + used, cap - used, "%s%d-%d", i ? "," : "", (int)l[i],
+                                 (int)l[j])
+                      : snprintf(buf + used, cap - used, "%s%d", i ? "," : "", (int)l[i]);
+        used += w > 0 ? (size_t)w : 0;
+        i = j;
+    }
+}
+
+/* ==========================================================================
+ * Reading one layer of the capture
+ * ========================================================================== */
+
+typedef struct layer_data {
+    char *path;
+    kvq_st *st;
+    const kvq_tensor_view *k, *q;
+    int32_t *pos, *seq;   /* [n_tokens] */
+    int32_t *q_rows;      /* [n_q] */
+    int64_t n_q;
+} layer_data;
+
+static void layer_close(layer_data *L)
+{
+    kvq_st_close(L->st);
+    free(L->path);
+    free(L->pos);
+    free(L->seq);
+    free(L->q_rows);
+    memset(L, 0, sizeof *L);
+}
+
+/* Element i of a f32/f16/bf16 tensor as float, for d consecutive elements. */
+static void read_vec(const kvq_tensor_view *v, size_t elem, int32_t d, float *out)
+{
+    const uint8_t *p = (const uint8_t *)v->data + elem * kvq_dtype_size(v->dtype);
+    if (v->dtype == KVQ_DT_F32) {
+        memcpy(out, p, (size_t)d * sizeof *out);
+    } else {
+        uint16_t h[KVQ_ROPE_MAX_DIM];
+        memcpy(h, p, (size_t)d * sizeof *h);
+        if (v->dtype == KVQ_DT_F16)
+            kvq_f16_to_f32(h, out, (size_t)d);
+        else
+            kvq_bf16_to_f32(h, out, (size_t)d);
+    }
+}
+
+static kvq_status get_tensor(const fit_ctx *c, layer_data *L, const char *name, kvq_dtype dt,
+                             int ndim, const int64_t *shape, const kvq_tensor_view **out,
+                             kvq_err *err)
+{
+    const kvq_tensor_view *v = kvq_st_find(L->st, name);
+    if (!v)
+        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: tensor %s is missing", L->path, name);
+    int ok = v->dtype == dt && v->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = shape[i] < 0 || v->shape[i] == shape[i];
+    if (!ok) {
+        char want[128] = "", got[128] = "";
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        for (int i = 0; i < v->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)v->shape[i]);
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: tensor %s is %s [%s], capture.json "
+                           "says %s [%s]", L->path, name, kvq_dtype_name(v->dtype), got,
+                           kvq_dtype_name(dt), want);
+    }
+    *out = v;
+    return KVQ_OK;
+}
+
+static kvq_status copy_i32(const kvq_tensor_view *v, int32_t **out, kvq_err *err)
+{
+    *out = malloc(v->nbytes ? v->nbytes : 1);
+    if (!*out)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory reading %s", v->name);
+    memcpy(*out, v->data, v->nbytes);
+    return KVQ_OK;
+}
+
+static kvq_status layer_open(const fit_ctx *c, int32_t layer, layer_data *L, kvq_err *err)
+{
+    const kvq_capture_info *ci = c->ci;
+    const int64_t n = ci->n_tokens;
+    const kvq_tensor_view *v;
+    kvq_status s;
+    memset(L, 0, sizeof *L);
+    int32_t fi = kvq_capture_info_find_layer(ci, layer);
+    if ((s = kvq_capture_info_file_path(ci, fi, &L->path, err)) ||
+        (s = kvq_st_open(L->path, &L->st, err)))
+        goto fail;
+    const int64_t kshape[3] = {n, c->n_kv, c->d};
+    if ((s = get_tensor(c, L, "k", ci->dtype, 3, kshape, &L->k, err)))
+        goto fail;
+    const int64_t qshape[3] = {-1, c->n_heads, c->d};
+    if ((s = get_tensor(c, L, "q", ci->dtype, 3, qshape, &L->q, err)))
+        goto fail;
+    L->n_q = L->q->shape[0];
+    const int64_t one[1] = {n}, qn[1] = {L->n_q};
+    if ((s = get_tensor(c, L, "pos", KVQ_DT_I32, 1, one, &v, err)) ||
+        (s = copy_i32(v, &L->pos, err)) ||
+        (s = get_tensor(c, L, "seq", KVQ_DT_I32, 1, one, &v, err)) ||
+        (s = copy_i32(v, &L->seq, err)) ||
+        (s = get_tensor(c, L, "q_rows", KVQ_DT_I32, 1, qn, &v, err)) ||
+        (s = copy_i32(v, &L->q_rows, err)))
+        goto fail;
+    for (int64_t i = 0; i < n; i++)
+        if (L->pos[i] < 0 || L->seq[i] < 0 || L->seq[i] >= ci->n_sequences) {
+            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: row %lld: %s %d is out of range",
+                            L->path, (long long)i, L->pos[i] < 0 ? "pos" : "seq",
+                            (int)(L->pos[i] < 0 ? L->pos[i] : L->seq[i]));
+            goto fail;
+        }
+    for (int64_t i = 0; i < L->n_q; i++)
+        if (L->q_rows[i] < 0 || L->q_rows[i] >= n) {
+            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: q_rows[%lld] = %d is outside "
+                            "[0, %lld)", L->path, (long long)i, (int)L->q_rows[i], (long long)n);
+            goto fail;
+        }
+    return KVQ_OK;
+fail:
+    layer_close(L);
+    return s;
+}
+
+/* ==========================================================================
+ * One job
+ * ========================================================================== */
+
+/* The data of (layer, head): training and held-out keys with positions, held-out
+ * scoring queries (q R_b, and q R_pos for vq-postrope), L and L^-1. */
+typedef struct head_data {
+    float *k_train;   /* [n_train, d] */
+    int32_t *p_train; /* [n_train] */
+    float *k_hold;    /* [n_hk, d] */
+    int32_t *p_hold;  /* [n_hk] */
+    int64_t n_hk;
+    float *q_b;       /* [n_hq, d] q R_b */
+    float *q_pos;     /* [n_hq, d] q R_pos (vq-postrope only) */
+    int64_t n_hq;
+} head_data;
+
+static void head_free(head_data *h)
+{
+    free(h->k_train);
+    free(h->p_train);
+    free(h->k_hold);
+    free(h->p_hold);
+    free(h->q_b);
+    free(h->q_pos);
+    memset(h, 0, sizeof *h);
+}
+
+static kvq_status head_load(const fit_ctx *c, const layer_data *L, int32_t layer, int32_t head,
+                            head_data *h, kvq_err *err)
+{
+    const kvq_capture_info *ci = c->ci;
+    const int32_t d = c->d;
+    const int64_t n = ci->n_tokens, n_hold = c->n_hold_rows;
+    kvq_status s = KVQ_OK;
+    memset(h, 0, sizeof *h);
+    int64_t n_hq = 0;
+    for (int64_t i = 0; i < L->n_q; i++)
+        n_hq += c->heldout[L->q_rows[i]];
+    n_hq *= c->r;
+    const int post = c->p->method == KVQ_CODEBOOK_VQ_POSTROPE;
+    if (!(h->k_train = malloc((size_t)c->n_train * d * sizeof(float))) ||
+        !(h->p_train = malloc((size_t)c->n_train * sizeof(int32_t))) ||
+        !(h->k_hold = malloc((size_t)(n_hold ? n_hold : 1) * d * sizeof(float))) ||
+        !(h->p_hold = malloc((size_t)(n_hold ? n_hold : 1) * sizeof(int32_t))) ||
+        !(h->q_b = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))) ||
+        (post && !(h->q_pos = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))))) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the keys of head %d", L->path,
+                        (int)head);
+        goto fail;
+    }
+    int64_t it = 0, ih = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float *dst = c->heldout[i] ? h->k_hold + (size_t)ih * d : h->k_train + (size_t)it * d;
+        read_vec(L->k, ((size_t)i * c->n_kv + head) * d, d, dst);
+        for (int32_t t = 0; t < d; t++)
+            if (!isfinite(dst[t])) {
+                s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d head %d row %lld (sequence "
+                                "%d position %d): non-finite key", L->path, (int)layer,
+                                (int)head, (long long)i, (int)L->seq[i], (int)L->pos[i]);
+                goto fail;
+            }
+        if (c->heldout[i])
+            h->p_hold[ih++] = L->pos[i];
+        else
+            h->p_train[it++] = L->pos[i];
+    }
+    h->n_hk = ih;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&ci->model.rope, theta);
+    int64_t iq = 0;
+    for (int64_t i = 0; i < L->n_q; i++) {
+        const int32_t row = L->q_rows[i];
+        if (!c->heldout[row])
+            continue;
+        for (int32_t g = head * c->r; g < (head + 1) * c->r; g++, iq++) {
+            float *qb = h->q_b + (size_t)iq * d;
+            read_vec(L->q, ((size_t)i * c->n_heads + g) * d, d, qb);
+            for (int32_t t = 0; t < d; t++)
+                if (!isfinite(qb[t])) {
+                    s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d query head %d row %d: "
+                                    "non-finite query", L->path, (int)layer, (int)g, (int)row);
+                    goto fail;
+                }
+            if (post) {
+                float *qp = h->q_pos + (size_t)iq * d;
+                memcpy(qp, qb, (size_t)d * sizeof *qp);
+                kvq_rope_apply(&ci->model.rope, theta, qp, 1, L->pos[row]);
+            }
+            kvq_rope_apply(&ci->model.rope, theta, qb, 1, c->wrope_b);
+        }
+    }
+    h->n_hq = iq;
+    return KVQ_OK;
+fail:
+    head_free(h);
+    return s;
+}
+
+/* The checkpoint key: every input and parameter that changes the job's tensors. */
+static kvq_status job_key(const fit_ctx *c, int32_t layer, int32_t head, char *buf, size_t cap,
+                          kvq_err *err)
+{
+    const int32_t d = c->d;
+    float *M = malloc((size_t)d * d * sizeof *M);
+    kvq_status s = KVQ_OK;
+    uint64_t hash = KVQ_FNV1A64_INIT;
+    if (!M)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    for (int w = 0; w < 2 && !s; w++) {
+        s = kvq_moments_get_f32(c->m, layer, head, w ? KVQ_MOMENTS_MAT_LINV : KVQ_MOMENTS_MAT_L,
+                                M, err);
+        hash = kvq_fnv1a64(M, (size_t)d * d * sizeof *M, hash);
+    }
+    free(M);
+    if (s)
+        return s;
+    const kvq_fit_params *p = c->p;
+    const kvq_model_id *id = &c->ci->model;
+    snprintf(buf, cap,
+             "v%d;layer=%d;head=%d;method=%s;K=%d;G=%d;iters=%d;tol=%.17g;seed=%" PRIu64
+             ";init=%s;holdout=%.17g;reference=%d;device=%s;wrope_b=%lld;model=%s/%d/%d/%d/%d/"
+             "%.17g/%s;capture=%s/%lld/%lld/%s;L=%016" PRIx64,
+             FIT_CKPT_VERSION, (int)layer, (int)head, kvq_codebook_method_name(p->method),
+             (int)c->K, (int)c->G, (int)p->iters, p->tol, p->seed, kvq_kmeans_init_name(p->init),
+             p->holdout, p->reference, c->device == KVQ_KMEANS_DEVICE_CUDA ? "cuda" : "cpu",
+             (long long)c->wrope_b, id->architecture, (int)id->n_layers, (int)id->n_heads,
+             (int)id->n_kv_heads, (int)d, id->rope.base, kvq_rope_layout_name(id->rope.layout),
+             c->ci->corpus_hash, (long long)c->ci->n_tokens, (long long)c->ci->n_sequences,
+             kvq_dtype_name(c->ci->dtype), hash);
+    return KVQ_OK;
+}
+
+static void ckpt_path(const fit_ctx *c, int32_t layer, int32_t head, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "%s/layer.%d.head.%d.safetensors", c->ckpt_dir, (int)layer, (int)head);
+}
+
+/* Loads the checkpoint of a job if it exists and its key matches: 1 loaded, 0 not. */
+static int ckpt_load(const fit_ctx *c, fit_job *j, const char *key)
+{
+    char path[4096];
+    kvq_st *st = NULL;
+    kvq_err e = {0};
+    int ok = 0;
+    if (!c->ckpt_dir)
+        return 0;
+    ckpt_path(c, j->layer, j->head, path, sizeof path);
+    if (access(path, F_OK) != 0)
+        return 0;
+    if (kvq_st_open(path, &st, &e) != KVQ_OK) {
+        kvq_log(&c->cb, KVQ_LOG_WARN, "checkpoint %s is unreadable (%s); refitting", path, e.msg);
+        return 0;
+    }
+    const char *k = kvq_st_meta_get(st, FIT_KEY_META);
+    const char *b = kvq_st_meta_get(st, FIT_BACKEND_META);
+    if (!k || strcmp(k, key) != 0) {
+        kvq_log(&c->cb, KVQ_LOG_INFO, "checkpoint %s was made with other inputs or settings; "
+                "refitting", path);
+        goto done;
+    }
+    for (size_t i = 0; i < kvq_st_count(st); i++) {
+        const kvq_tensor_view *v = kvq_st_tensor(st, i);
+        if (job_add(j, v->name, v->dtype, v->ndim, v->shape, v->data, &e) != KVQ_OK) {
+            job_clear(j);
+            goto done;
+        }
+    }
+    j->cuda = b && !strcmp(b, "cuda");
+    j->resumed = 1;
+    ok = 1;
+done:
+    kvq_st_close(st);
+    return ok;
+}
+
+/* Writes a job's tensors to its checkpoint file (atomically). */
+static kvq_status ckpt_save(const fit_ctx *c, const fit_job *j, const char *key, kvq_err *err)
+{
+    char path[4096];
+    kvq_status s = KVQ_OK;
+    kvq_st_writer *w = kvq_st_writer_new();
+    if (!w)
+        return kvq_err_set(err, KVQ_E_NOMEM, "checkpoint: out of memory");
+    ckpt_path(c, j->layer, j->head, path, sizeof path);
+    /* Created on the first finished job, so a run that fails early leaves nothing. */
+    if (mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST)
+        s = kvq_err_set(err, KVQ_E_IO, "%s: cannot create the checkpoint directory: %s",
+                        c->ckpt_dir, strerror(errno));
+    for (size_t i = 0; i < j->n_t && !s; i++)
+        s = kvq_st_writer_declare(w, j->t[i].name, j->t[i].dtype, j->t[i].ndim, j->t[i].shape,
+                                  err);
+    if (!s && !(s = kvq_st_writer_set_meta(w, FIT_KEY_META, key, err)) &&
+        !(s = kvq_st_writer_set_meta(w, FIT_BACKEND_META, j->cuda ? "cuda" : "cpu", err)))
+        s = kvq_st_writer_begin_file(w, path, 1, err);
+    for (size_t i = 0; i < j->n_t && !s; i++)
+        s = kvq_st_writer_write(w, j->t[i].data, j->t[i].nbytes, err);
+    if (!s)
+        s = kvq_st_writer_finish(w, err);
+    kvq_st_writer_free(w);
+    return s;
+}
+
+/* Adds a fitted codebook's tensors (docs/format.md section 7) and its k-means
+ * diagnostics to the job. */
+static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
+                               const kvq_codebook_fit_stats *fs, kvq_err *err)
+{
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t d = D->dim, K = D->k, G = D->groups, dg = d / G;
+    const int qa = kvq_codebook_method_is_query_aware(D->method);
+    const int L = j->layer, H = j->head;
+    char name[128];
+    kvq_status s;
+    if (qa) {
+        const int64_t dd[2] = {d, d};
+        snprintf(name, sizeof name, KVQ_TENSOR_L, L, H);
+        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_L(cb), err)))
+            return s;
+        snprintf(name, sizeof name, KVQ_TENSOR_LINV, L, H);
+        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_Linv(cb), err)))
+            return s;
+    }
+    const int64_t shape[2] = {K, dg};
+    for (int32_t g = 0; g < G; g++) {
+        if (G == 1)
+            snprintf(name, sizeof name, qa ? KVQ_TENSOR_CZ : KVQ_TENSOR_CODEBOOK, L, H);
+        else
+            snprintf(name, sizeof name, qa ? KVQ_TENSOR_GROUP_CZ : KVQ_TENSOR_GROUP_CODEBOOK, L,
+                     H, (int)g);
+        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_centroids(cb, g), err)))
+            return s;
+    }
+    if (qa && G == 1) {
+        snprintf(name, sizeof name, KVQ_TENSOR_CODEBOOK, L, H);
+        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_key_codebook(cb), err)))
+            return s;
+    }
+    for (int32_t g = 0; g < G; g++) {
+        const kvq_kmeans_stats *ks = &fs->group[g];
+        if (ks->n_iters < 1)
+            continue;
+        if (G == 1)
+            snprintf(name, sizeof name, "diag.layer.%d.head.%d.inertia", L, H);
+        else
+            snprintf(name, sizeof name, "diag.layer.%d.head.%d.group.%d.inertia", L, H, (int)g);
+        const int64_t ni[1] = {ks->n_iters};
+        if ((s = job_add(j, name, KVQ_DT_F64, 1, ni, ks->inertia, err)))
+            return s;
+    }
+    int64_t *sizes = malloc((size_t)G * K * sizeof *sizes);
+    if (!sizes)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    for (int32_t g = 0; g < G; g++)
+        memcpy(sizes + (size_t)g * K, fs->group[g].cluster_size, (size_t)K * sizeof *sizes);
+    snprintf(name, sizeof name, "diag.layer.%d.head.%d.cluster_size", L, H);
+    const int64_t gk[2] = {G, K};
+    s = job_add(j, name, KVQ_DT_I64, 2, gk, sizes, err);
+    free(sizes);
+    return s;
+}
+
+static int stats_cuda(const kvq_codebook_fit_stats *fs)
+{
+    for (int32_t g = 0; g < fs->groups; g++)
+        if (fs->group[g].backend == KVQ_KMEANS_DEVICE_CUDA)
+            return 1;
+    return 0;
+}
+
+/* Fits one (layer, head): the method, the reference, the held-out errors. */
+static kvq_status job_fit(fit_ctx *c, const layer_data *L, fit_job *j, kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    const int32_t d = c->d;
+    head_data h;
+    kvq_codebook *cb = NULL, *ref = NULL;
+    kvq_codebook_fit_stats fs = {0}, rs = {0};
+    float *Lm = NULL, *Li = NULL;
+    char label[64], name[128];
+    kvq_status s;
+    if ((s = head_load(c, L, j->layer, j->head, &h, err)))
+        return s;
+    if (!(Lm = malloc((size_t)d * d * sizeof *Lm)) || !(Li = malloc((size_t)d * d * sizeof *Li))) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    if ((s = kvq_moments_get_f32(c->m, j->layer, j->head, KVQ_MOMENTS_MAT_L, Lm, err)) ||
+        (s = kvq_moments_get_f32(c->m, j->layer, j->head, KVQ_MOMENTS_MAT_LINV, Li, err)))
+        goto done;
+    kvq_codebook_desc desc = {
+        .method = p->method, .dim = d, .k = c->K, .groups = c->G,
+        .rope = c->ci->model.rope, .wrope_b = c->wrope_b,
+    };
+    kvq_codebook_data data = {
+        .keys = h.k_train, .pos = h.p_train, .n = c->n_train, .L = Lm, .Linv = Li,
+    };
+    kvq_kmeans_params km = kvq_kmeans_params_default();
+    km.max_iters = p->iters;
+    km.tol = p->tol;
+    km.seed = kvq_codebook_group_seed(p->seed, (int64_t)j->layer * 65536 + j->head);
+    km.threads = p->threads;
+    km.init = p->init;
+    km.device = c->device;
+    km.min_points_per_centroid = 0; /* warned about once, for the whole run */
+    km.cb.log = km_log;
+    km.cb.progress = km_progress;
+    km.cb.user = c;
+    snprintf(label, sizeof label, "layer %d head %d", (int)j->layer, (int)j->head);
+    km.label = label;
+    if ((s = kvq_codebook_fit(&desc, &data, &km, &cb, &fs, err)) || (s = add_codebook(j, cb, &fs, err)))
+        goto done;
+    j->cuda = stats_cuda(&fs);
+
+    const int have_hold = h.n_hk > 0 && h.n_hq > 0;
+    double mse = NAN, power = NAN, mse_ref = NAN, power_ref = NAN;
+    if (have_hold &&
+        (s = kvq_codebook_score_mse(cb, h.q_pos ? h.q_pos : h.q_b, h.n_hq, h.k_hold, h.p_hold,
+                                    h.n_hk, p->threads, &mse, &power, err)))
+        goto done;
+    if (p->reference && c->ref_fit) {
+        kvq_codebook_desc rd = desc;
+        rd.method = c->ref_method;
+        kvq_codebook_data rdata = data;
+        rdata.L = rdata.Linv = NULL;
+        snprintf(label, sizeof label, "layer %d head %d ref", (int)j->layer, (int)j->head);
+        if ((s = kvq_codebook_fit(&rd, &rdata, &km, &ref, &rs, err)))
+            goto done;
+        j->cuda |= stats_cuda(&rs);
+        if (have_hold &&
+            (s = kvq_codebook_score_mse(ref, h.q_b, h.n_hq, h.k_hold, h.p_hold, h.n_hk,
+                                        p->threads, &mse_ref, &power_ref, err)))
+            goto done;
+    } else if (p->reference) {
+        mse_ref = mse;
+        power_ref = power;
+    }
+    if (have_hold) {
+        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_mse", (int)j->layer, (int)j->head);
+        if ((s = job_add_scalar(j, name, mse, err)))
+            goto done;
+        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_power", (int)j->layer,
+                 (int)j->head);
+        if ((s = job_add_scalar(j, name, power, err)))
+            goto done;
+        if (p->reference) {
+            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_mse", (int)j->layer,
+                     (int)j->head);
+            if ((s = job_add_scalar(j, name, mse_ref, err)))
+                goto done;
+            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_power", (int)j->layer,
+                     (int)j->head);
+            if ((s = job_add_scalar(j, name, power_ref, err)))
+                goto done;
+        }
+    }
+    if (have_hold) {
+        snprintf(name, sizeof name, "diag.layer.%d.head.%d.n_heldout_queries", (int)j->layer,
+                 (int)j->head);
+        s = job_add_scalar(j, name, (double)h.n_hq, err);
+    }
+done:
+    kvq_codebook_free(cb);
+    kvq_codebook_free(ref);
+    kvq_codebook_fit_stats_free(&fs);
+    kvq_codebook_fit_stats_free(&rs);
+    free(Lm);
+    free(Li);
+    head_free(&h);
+    return s;
+}
+
+/* ==========================================================================
+ * Setup: checks, layers, held-out split, codebook size
+ * ========================================================================== */
+
+static kvq_status check_params(const kvq_fit_params *p, kvq_err *err)
+{
+    if ((unsigned)p->method >= KVQ_CODEBOOK_N_METHODS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: unknown method %d", (int)p->method);
+    if (p->codebook_size != 0 && (p->codebook_size < 2 || p->codebook_size > 65536))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: codebook size %d is outside [2, 65536]",
+                           (int)p->codebook_size);
+    if (p->groups < 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: groups %d is negative", (int)p->groups);
+    if (p->iters < 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: iterations %d is negative", (int)p->iters);
+    if (!(p->tol >= 0) || !isfinite(p->tol))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: tolerance must be finite and >= 0");
+    if (p->threads < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: threads %d must be >= 1", (int)p->threads);
+    if (!(p->holdout >= 0 && p->holdout < 1))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: holdout fraction must be in [0, 1)");
+    if (p->n_layers && !p->layers)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: NULL layer list");
+    return KVQ_OK;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The layers to fit: the requested ones (each in both inputs), or all common ones. */
+static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    size_t n = p->layers ? p->n_layers : (size_t)c->ci->n_files;
+    c->layers = malloc((n ? n : 1) * sizeof *c->layers);
+    if (!c->layers)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    c->n_layers = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t l = p->layers ? p->layers[i] : c->ci->layers[i];
+        int in_cap = kvq_capture_info_find_layer(c->ci, l) >= 0;
+        int in_mom = kvq_moments_has_layer(c->m, l);
+        if (p->layers && (!in_cap || !in_mom))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: layer %d is not in %s", (int)l,
+                               !in_cap ? capture_dir : c->moments_path);
+        if (!in_mom)
+            continue;
+        int dup = 0;
+        for (size_t t = 0; t < c->n_layers; t++)
+            dup |= c->layers[t] == l;
+        if (!dup)
+            c->layers[c->n_layers++] = l;
+    }
+    if (c->n_layers == 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %s and %s have no layer in common",
+                           capture_dir, c->moments_path);
+    qsort(c->layers, c->n_layers, sizeof *c->layers, cmp_i32);
+    return KVQ_OK;
+}
+
+/* Marks the rows of a seeded sample of round(holdout * n_sequences) sequences (at least
+ * one when holdout > 0, at most all but one). */
+static kvq_status split_holdout(fit_ctx *c, kvq_err *err)
+{
+    const kvq_capture_info *ci = c->ci;
+    const int64_t ns = ci->n_sequences;
+    int64_t nh = (int64_t)llround(c->p->holdout * (double)ns);
+    if (c->p->holdout > 0 && nh == 0)
+        nh = 1;
+    if (nh > ns - 1)
+        nh = ns - 1;
+    if (nh < 0)
+        nh = 0;
+    int64_t *idx = malloc((size_t)(ns ? ns : 1) * sizeof *idx);
+    c->heldout = calloc((size_t)ci->n_tokens, 1);
+    if (!idx || !c->heldout) {
+        free(idx);
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    }
+    for (int64_t i = 0; i < ns; i++)
+        idx[i] = i;
+    kvq_rng rng;
+    kvq_rng_seed(&rng, kvq_codebook_group_seed(c->p->seed, -2));
+    for (int64_t i = 0; i < nh; i++) {
+        int64_t t = i + (int64_t)kvq_rng_below(&rng, (uint64_t)(ns - i));
+        int64_t tmp = idx[i];
+        idx[i] = idx[t];
+        idx[t] = tmp;
+        const int64_t first = ci->sequences[2 * idx[i]], len = ci->sequences[2 * idx[i] + 1];
+        for (int64_t r = first; r < first + len && r < ci->n_tokens; r++)
+            c->heldout[r] = 1;
+    }
+    free(idx);
+    c->n_hold_rows = 0;
+    for (int64_t r = 0; r < ci->n_tokens; r++)
+        c->n_hold_rows += c->heldout[r];
+    c->n_train = ci->n_tokens - c->n_hold_rows;
+    if (c->p->holdout > 0 && nh == 0)
+        kvq_log(&c->cb, KVQ_LOG_WARN, "%s has one sequence: nothing to hold out, so no held-out "
+                "score error", ci->dir);
+    return KVQ_OK;
+}
+
+static kvq_status choose_k(fit_ctx *c, kvq_err *err)
+{
+    const int64_t n = c->n_train;
+    if (c->p->codebook_size) {
+        c->K = c->p->codebook_size;
+        if (c->K > n)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: codebook size %d is larger than the "
+                               "%lld training keys of %s", (int)c->K, (long long)n, c->ci->dir);
+        if (n < (int64_t)FIT_MIN_POINTS * c->K)
+            kvq_log(&c->cb, KVQ_LOG_WARN, "codebook size %d has only %.1f training keys per "
+                    "centroid (%d or more recommended): the codebooks will be noisy", (int)c->K,
+                    (double)n / c->K, FIT_MIN_POINTS);
+        return KVQ_OK;
+    }
+    int32_t K = FIT_DEFAULT_K;
+    while (K > 2 && (int64_t)FIT_MIN_POINTS * K > n)
+        K /= 2;
+    if (K > n)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %s has only %lld training keys, too "
+                           "few for a codebook", c->ci->dir, (long long)n);
+    if ((int64_t)FIT_MIN_POINTS * K > n)
+        kvq_log(&c->cb, KVQ_LOG_WARN, "only %lld training keys: codebook size %d has fewer than "
+                "%d per centroid", (long long)n, (int)K, FIT_MIN_POINTS);
+    else if (K < FIT_DEFAULT_K)
+        kvq_log(&c->cb, KVQ_LOG_INFO, "codebook size %d (the default %d needs %lld training "
+                "keys, there are %lld)", (int)K, FIT_DEFAULT_K,
+                (long long)FIT_MIN_POINTS * FIT_DEFAULT_K, (long long)n);
+    c->K = K;
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * The artifact
+ * ========================================================================== */
+
+static kvq_status set_meta(kvq_st_writer *w, const char *key, kvq_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static kvq_status set_meta(kvq_st_writer *w, const char *key, kvq_err *err, const char *fmt, ...)
+{
+    char v[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v, sizeof v, fmt, ap);
+    va_end(ap);
+    return kvq_st_writer_set_meta(w, key, v, err);
+}
+
+/* Mean of finite values, NaN when none. */
+static double mean_finite(const double *x, size_t n)
+{
+    double s = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]))
+            s += x[i], k++;
+    return k ? s / (double)k : NAN;
+}
+
+static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary *sum,
+                                 kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    const size_t nj = (size_t)c->jobs_total;
+    const kvq_capture_info *ci = c->ci;
+    kvq_st_writer *w = kvq_st_writer_new();
+    double *mse = malloc(nj * sizeof *mse), *ref = malloc(nj * sizeof *ref),
+           *pow_ = malloc(nj * sizeof *pow_);
+    kvq_status s = KVQ_OK;
+    char buf[4096];
+    int cuda = 0;
+    if (!w || !mse || !ref || !pow_) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", out_path);
+        goto done;
+    }
+    for (size_t i = 0; i < nj; i++) {
+        mse[i] = job_scalar(&c->jobs[i], "score_mse");
+        pow_[i] = job_scalar(&c->jobs[i], "score_power");
+        ref[i] = job_scalar(&c->jobs[i], "ref.score_mse");
+        cuda |= c->jobs[i].cuda;
+    }
+    const int have_mse = isfinite(mean_finite(mse, nj));
+    const int have_ref = isfinite(mean_finite(ref, nj));
+    for (size_t i = 0; i < nj && !s; i++)
+        for (size_t t = 0; t < c->jobs[i].n_t && !s; t++) {
+            const fit_tensor *ft = &c->jobs[i].t[t];
+            s = kvq_st_writer_declare(w, ft->name, ft->dtype, ft->ndim, ft->shape, err);
+        }
+    const int64_t grid[2] = {(int64_t)c->n_layers, c->n_kv};
+    if (!s && have_mse)
+        s = kvq_st_writer_declare(w, "diag.fit.score_mse", KVQ_DT_F64, 2, grid, err);
+    if (!s && have_mse)
+        s = kvq_st_writer_declare(w, "diag.fit.score_power", KVQ_DT_F64, 2, grid, err);
+    if (!s && have_ref)
+        s = kvq_st_writer_declare(w, "diag.fit.score_mse_ref", KVQ_DT_F64, 2, grid, err);
+    if (s)
+        goto done;
+
+    /* Metadata: model identity, method settings, provenance, summary. */
+    format_layers(c->layers, c->n_layers, buf, sizeof buf);
+    const char *refname = !p->reference ? "none" : kvq_codebook_method_name(c->ref_method);
+    if ((s = kvq_model_id_set_meta(&ci->model, "model.", w, err)) ||
+        (s = set_meta(w, KVQ_META_METHOD, err, "%s", kvq_codebook_method_format_name(p->method))) ||
+        (s = set_meta(w, KVQ_META_CODEBOOK_SIZE, err, "%d", (int)c->K)) ||
+        (s = set_meta(w, KVQ_META_GROUPS, err, "%d", (int)c->G)) ||
+        (s = set_meta(w, KVQ_META_WROPE_W, err, "%d", (int)c->wrope_w)) ||
+        (s = set_meta(w, KVQ_META_WROPE_B, err, "%lld", (long long)c->wrope_b)) ||
+        (s = set_meta(w, KVQ_META_SEED, err, "%" PRIu64, p->seed)) ||
+        (s = set_meta(w, KVQ_META_LAYERS, err, "%s", buf)) ||
+        (s = set_meta(w, "kmeans.init", err, "%s", kvq_kmeans_init_name(p->init))) ||
+        (s = set_meta(w, "kmeans.iters", err, "%d", (int)p->iters)) ||
+        (s = set_meta(w, "kmeans.sample", err, "%lld",
+                      (long long)kvq_kmeans_params_default().max_points_per_centroid)) ||
+        (s = set_meta(w, "fit.method", err, "%s", kvq_codebook_method_name(p->method))) ||
+        (s = set_meta(w, "fit.tol", err, "%.17g", p->tol)) ||
+        (s = set_meta(w, "fit.holdout", err, "%.17g", p->holdout)) ||
+        (s = set_meta(w, "fit.reference", err, "%s", refname)) ||
+        (s = set_meta(w, "fit.positions", err, "%s",
+                      kvq_positions_name(kvq_moments_positions(c->m)))) ||
+        (s = set_meta(w, "fit.n_train", err, "%lld", (long long)c->n_train)) ||
+        (s = set_meta(w, "fit.n_heldout_keys", err, "%lld", (long long)c->n_hold_rows)) ||
+        (s = set_meta(w, KVQ_META_TOOL_VERSION, err, "kvq %s", kvq_version())) ||
+        (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
+        (s = set_meta(w, "provenance.corpus", err, "%s", ci->corpus_spec)) ||
+        (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
+        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
+        goto done;
+    sum->score_mse = mean_finite(mse, nj);
+    sum->score_mse_ref = mean_finite(ref, nj);
+    sum->score_power = mean_finite(pow_, nj);
+    if (have_mse && ((s = set_meta(w, "diag.fit.score_mse", err, "%.17g", sum->score_mse)) ||
+                     (s = set_meta(w, "diag.fit.score_power", err, "%.17g", sum->score_power))))
+        goto done;
+    if (have_ref && (s = set_meta(w, "diag.fit.score_mse_ref", err, "%.17g", sum->score_mse_ref)))
+        goto done;
+
+    if ((s = kvq_st_writer_begin_buffer(w, err)))
+        goto done;
+    for (size_t i = 0; i < nj && !s; i++)
+        for (size_t t = 0; t < c->jobs[i].n_t && !s; t++)
+            s = kvq_st_writer_write(w, c->jobs[i].t[t].data, c->jobs[i].t[t].nbytes, err);
+    if (!s && have_mse)
+        s = kvq_st_writer_write(w, mse, nj * sizeof *mse, err);
+    if (!s && have_mse)
+        s = kvq_st_writer_write(w, pow_, nj * sizeof *pow_, err);
+    if (!s && have_ref)
+        s = kvq_st_writer_write(w, ref, nj * sizeof *ref, err);
+    if (!s)
+        s = kvq_st_writer_finish(w, err);
+    if (s)
+        goto done;
+    size_t size = 0;
+    const void *payload = kvq_st_writer_buffer(w, &size);
+    s = kvq_artifact_write(out_path, p->overwrite, payload, size, p->zstd_level, err);
+done:
+    kvq_st_writer_free(w);
+    free(mse);
+    free(ref);
+    free(pow_);
+    return s;
+}
+
+/* ==========================================================================
+ * The stage
+ * ========================================================================== */
+
+kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const char *out_path,
+                       const kvq_fit_params *params, kvq_fit_summary *summary, kvq_err *err)
+{
+    kvq_fit_params defaults = kvq_fit_params_default();
+    const kvq_fit_params *p = params ? params : &defaults;
+    fit_ctx c;
+    kvq_fit_summary sum;
+    layer_data L;
+    kvq_status s;
+    memset(&c, 0, sizeof c);
+    memset(&sum, 0, sizeof sum);
+    memset(&L, 0, sizeof L);
+    sum.score_mse = sum.score_mse_ref = sum.score_power = NAN;
+    c.p = p;
+    c.cb = p->cb;
+    c.moments_path = moments_path;
+    if (!capture_dir || !moments_path || !out_path) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: capture, moments and output are required");
+        goto done;
+    }
+    if ((s = check_params(p, err)))
+        goto done;
+    if (!p->overwrite && access(out_path, F_OK) == 0) {
+        s = kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
+        goto done;
+    }
+    if ((s = kvq_capture_info_read(capture_dir, &c.ci, err)) ||
+        (s = kvq_moments_open(moments_path, &c.m, err)) ||
+        (s = kvq_moments_check_capture(c.m, c.ci, err)))
+        goto done;
+    const kvq_model_id *id = &c.ci->model;
+    c.d = id->head_dim;
+    c.n_heads = id->n_heads;
+    c.n_kv = id->n_kv_heads;
+    c.r = c.n_heads / c.n_kv;
+    c.G = p->groups ? p->groups : kvq_codebook_method_default_groups(p->method);
+    c.wrope_b = kvq_moments_wrope_b(c.m);
+    c.wrope_w = kvq_moments_wrope_w(c.m);
+    if (c.d % c.G != 0 || c.G > c.d) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %d groups do not divide head dim %d",
+                        (int)c.G, (int)c.d);
+        goto done;
+    }
+    c.ref_method = c.G > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
+    c.ref_fit = p->method != KVQ_CODEBOOK_VQ && p->method != KVQ_CODEBOOK_PQ;
+    c.device = p->device;
+    if (c.device != KVQ_KMEANS_DEVICE_CPU) {
+        const char *why = NULL;
+        int have = kvq_cuda_available(&why);
+        if (!have && c.device == KVQ_KMEANS_DEVICE_CUDA)
+            kvq_log(&c.cb, KVQ_LOG_WARN, "CUDA requested but unavailable (%s); fitting on the "
+                    "CPU", why ? why : "unknown reason");
+        c.device = have ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
+    }
+    if ((s = choose_layers(&c, capture_dir, err)) || (s = split_holdout(&c, err)) ||
+        (s = choose_k(&c, err)))
+        goto done;
+
+    c.jobs_total = (int32_t)(c.n_layers * (size_t)c.n_kv);
+    c.jobs = calloc((size_t)c.jobs_total, sizeof *c.jobs);
+    if (!c.jobs) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+        goto done;
+    }
+    if (p->checkpoint) {
+        size_t n = strlen(out_path) + 6;
+        c.ckpt_dir = malloc(n);
+        if (!c.ckpt_dir) {
+            s = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+            goto done;
+        }
+        snprintf(c.ckpt_dir, n, "%s.ckpt", out_path);
+    }
+    kvq_log(&c.cb, KVQ_LOG_INFO, "fit: %s, K %d, G %d, %zu layers x %d KV heads, %lld training "
+            "keys and %lld held-out keys per head", kvq_codebook_method_name(p->method),
+            (int)c.K, (int)c.G, c.n_layers, (int)c.n_kv, (long long)c.n_train,
+            (long long)c.n_hold_rows);
+    if (kvq_progress(&c.cb, "fit", 0, (uint64_t)c.jobs_total)) {
+        s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled");
+        goto done;
+    }
+
+    for (size_t li = 0; li < c.n_layers; li++) {
+        const int32_t layer = c.layers[li];
+        for (int32_t head = 0; head < c.n_kv; head++) {
+            fit_job *j = &c.jobs[li * (size_t)c.n_kv + head];
+            char key[1024];
+            j->layer = layer;
+            j->head = head;
+            if ((s = job_key(&c, layer, head, key, sizeof key, err)))
+                goto done;
+            if (!ckpt_load(&c, j, key)) {
+                if (!L.st && (s = layer_open(&c, layer, &L, err)))
+                    goto done;
+                if ((s = job_fit(&c, &L, j, err)) ||
+                    (c.ckpt_dir && (s = ckpt_save(&c, j, key, err))))
+                    goto done;
+            } else {
+                sum.n_resumed++;
+            }
+            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
+            if (isfinite(m) && isfinite(r))
+                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
+                        "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
+                        kvq_codebook_method_name(c.ref_method), r, r > 0 ? m / r : NAN,
+                        j->resumed ? " (checkpoint)" : "");
+            else
+                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
+                        j->resumed ? " (checkpoint)" : "");
+            c.jobs_done++;
+            if (kvq_progress(&c.cb, "fit", (uint64_t)c.jobs_done, (uint64_t)c.jobs_total)) {
+                s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
+                                "(finished heads are kept in %s)", (int)c.jobs_done,
+                                (int)c.jobs_total, c.ckpt_dir ? c.ckpt_dir : "no checkpoint");
+                goto done;
+            }
+        }
+        layer_close(&L);
+    }
+    if (sum.n_resumed)
+        kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
+                (int)c.jobs_total, c.ckpt_dir);
+    if ((s = write_artifact(&c, out_path, &sum, err)))
+        goto done;
+    if (c.ckpt_dir)
+        kvq_rmtree(c.ckpt_dir);
+    sum.codebook_size = c.K;
+    sum.groups = c.G;
+    sum.n_train = c.n_train;
+    sum.n_heldout_keys = c.n_hold_rows;
+    for (int32_t i = 0; i < c.jobs_total; i++) {
+        double q = job_scalar(&c.jobs[i], "n_heldout_queries");
+        if (isfinite(q) && (int64_t)q > sum.n_heldout_queries)
+            sum.n_heldout_queries = (int64_t)q;
+    }
+    sum.n_jobs = c.jobs_total;
+    if (summary)
+        *summary = sum;
+done:
+    layer_close(&L);
+    for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
+        job_clear(&c.jobs[i]);
+    free(c.jobs);
+    free(c.layers);
+    free(c.heldout);
+    free(c.ckpt_dir);
+    kvq_moments_close(c.m);
+    kvq_capture_info_free(c.ci);
+    return s;
+}

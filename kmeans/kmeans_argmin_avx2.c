@@ -1,0 +1,118 @@
+/*
+ * kmeans_argmin_avx2.c — AVX2 version of the fused argmin of the CPU backend.
+ *
+ * Equals kvq_km_row_argmin_ref bit for bit: every distance is formed by the same
+ * float operations as kvq_km_dist_from_dot (add, multiply by 2, subtract, clamp at
+ * +0; no FMA), each of the 8 lanes keeps its first minimum, and the lanes are merged
+ * with kvq_km_better, which yields the sequential first minimum whatever the lane
+ * layout. tests/test_kmeans.c compares the two on rows with many ties.
+ *
+ * kvq_km_assign_direct_avx2 is the small-d path: exact distances, eight centroids per
+ * register, each the same float operations in the same order as kvq_km_l2sq (lane
+ * l of the reference sums the terms t = l mod 8; the lanes are then added in order),
+ * so it equals the scalar reference (kvq_km_l2sq + first minimum) bit for bit.
+ *
+ * The functions carry a target attribute so they also build where -mavx2 is not passed.
+ */
+#include "kmeans/kmeans_internal.h"
+#include "kmeans/kmeans_kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <math.h>
+
+#define TARGET __attribute__((target("avx2")))
+
+TARGET void kvq_km_row_argmin_avx2(const float *s, const float *cn, float xn, int32_t kc,
+                                   int32_t *out_idx, float *out_dist)
+{
+    const __m256 vxn = _mm256_set1_ps(xn), two = _mm256_set1_ps(2.0f);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i eight = _mm256_set1_epi32(8);
+    __m256 best = _mm256_set1_ps(INFINITY);
+    __m256i bi = _mm256_set1_epi32(INT32_MAX);
+    __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    int32_t j = 0;
+    for (; j + 8 <= kc; j += 8) {
+        const __m256 t = _mm256_add_ps(vxn, _mm256_loadu_ps(cn + j));
+        const __m256 u = _mm256_mul_ps(two, _mm256_loadu_ps(s + j));
+        /* max(v, +0) returns +0 for -0 and NaN, as the ternary in the reference */
+        const __m256 v = _mm256_max_ps(_mm256_sub_ps(t, u), zero);
+        const __m256 lt = _mm256_cmp_ps(v, best, _CMP_LT_OQ);
+        best = _mm256_blendv_ps(best, v, lt);
+        bi = _mm256_castps_si256(
+            _mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(jv), lt));
+        jv = _mm256_add_epi32(jv, eight);
+    }
+    float bl[8];
+    int32_t il[8];
+    _mm256_storeu_ps(bl, best);
+    _mm256_storeu_si256((__m256i *)il, bi);
+    for (int l = 0; j < kc; j++, l++) {
+        const float v = kvq_km_dist_from_dot(xn, cn[j], s[j]);
+        if (kvq_km_better(v, j, bl[l], il[l])) {
+            bl[l] = v;
+            il[l] = j;
+        }
+    }
+    float b = bl[0];
+    int32_t i = il[0];
+    for (int l = 1; l < 8; l++)
+        if (kvq_km_better(bl[l], il[l], b, i)) {
+            b = bl[l];
+            i = il[l];
+        }
+    *out_idx = i == INT32_MAX ? 0 : i; /* every distance overflowed: as the reference */
+    *out_dist = b;
+}
+
+TARGET void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
+                                      int32_t kc, int32_t *assign, float *dist2)
+{
+    const int32_t kc8 = (kc + 7) & ~7;
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int64_t r = 0; r < nr; r++) {
+        const float *xr = x + (size_t)r * d;
+        __m256 best = _mm256_set1_ps(INFINITY);
+        __m256i bi = _mm256_set1_epi32(INT32_MAX);
+        __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        for (int32_t j = 0; j < kc8; j += 8) {
+            /* acc[l] sums the terms t = l mod 8, as the lanes of kvq_km_l2sq */
+            __m256 acc[KVQ_KM_LANES];
+            for (int l = 0; l < KVQ_KM_LANES; l++)
+                acc[l] = _mm256_setzero_ps();
+            for (int32_t t = 0; t < d; t++) {
+                const __m256 diff =
+                    _mm256_sub_ps(_mm256_set1_ps(xr[t]), _mm256_loadu_ps(ct + (size_t)t * kc8 + j));
+                acc[t % KVQ_KM_LANES] =
+                    _mm256_add_ps(acc[t % KVQ_KM_LANES], _mm256_mul_ps(diff, diff));
+            }
+            __m256 v = _mm256_add_ps(_mm256_setzero_ps(), acc[0]);
+            for (int l = 1; l < KVQ_KM_LANES; l++)
+                v = _mm256_add_ps(v, acc[l]);
+            /* padding lanes (j + l >= kc) never win */
+            const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(kc), jv);
+            const __m256 lt =
+                _mm256_and_ps(_mm256_cmp_ps(v, best, _CMP_LT_OQ), _mm256_castsi256_ps(valid));
+            best = _mm256_blendv_ps(best, v, lt);
+            bi = _mm256_castps_si256(
+                _mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(jv), lt));
+            jv = _mm256_add_epi32(jv, eight);
+        }
+        float bl[8];
+        int32_t il[8];
+        _mm256_storeu_ps(bl, best);
+        _mm256_storeu_si256((__m256i *)il, bi);
+        float b = bl[0];
+        int32_t i = il[0];
+        for (int l = 1; l < 8; l++)
+            if (kvq_km_better(bl[l], il[l], b, i)) {
+                b = bl[l];
+                i = il[l];
+            }
+        assign[r] = i == INT32_MAX ? 0 : i;
+        if (dist2)
+            dist2[r] = b;
+    }
+}
+#endif

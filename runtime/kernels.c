@@ -1,0 +1,409 @@
+/*
+ * kernels.c — the retrieval kernels of kvq/runtime.h: scalar references, the LUT
+ * table, the top-k driver and the run-time dispatch to kernels_avx2.c /
+ * kernels_avx512.c.
+ *
+ * The scalar versions are the specification: plain loops, dot products summed in
+ * double, built from the per-element functions of runtime/kernels.h that the CUDA
+ * kernels share. The fast paths are tested against them (tests/test_runtime.c) with
+ * the tolerances named in the header; score gather and top-k must agree exactly.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
+#include "kvq/half.h"
+#include "kvq/runtime.h"
+#include "kvq/util.h"
+#include "runtime/kernels.h"
+#include "runtime/kernels_simd.h"
+
+/* ==========================================================================
+ * Instruction sets
+ * ========================================================================== */
+
+#if KVQ_RK_HAVE_X86
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    return (c & bit_F16C) != 0;
+}
+#endif
+
+/* Computed once: CPU features do not change while we run. Concurrent first calls
+ * compute the same value; relaxed atomics keep that race defined. */
+kvq_isa kvq_isa_best(void)
+{
+#if KVQ_RK_HAVE_X86
+    static int cached = -1;
+    int level = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (level < 0) {
+        level = KVQ_ISA_SCALAR;
+        if (kvq_cpu_has_avx2() && cpu_has_f16c()) {
+            __builtin_cpu_init();
+            level = kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512dq") ? KVQ_ISA_AVX512
+                                                                            : KVQ_ISA_AVX2;
+        }
+        __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
+    }
+    return (kvq_isa)level;
+#else
+    return KVQ_ISA_SCALAR;
+#endif
+}
+
+kvq_isa kvq_isa_clamp(kvq_isa want)
+{
+    const kvq_isa best = kvq_isa_best();
+    if ((int)want < 0)
+        return KVQ_ISA_SCALAR;
+    return want > best ? best : want;
+}
+
+const char *kvq_isa_name(kvq_isa isa)
+{
+    switch (isa) {
+    case KVQ_ISA_SCALAR: return "scalar";
+    case KVQ_ISA_AVX2: return "avx2";
+    case KVQ_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+/* Calls name_avx512 / name_avx2 / the scalar expression by the clamped isa. */
+#if KVQ_RK_HAVE_X86
+#define DISPATCH(isa, name, args, scalar)                                                    \
+    do {                                                                                     \
+        switch (kvq_isa_clamp(isa)) {                                                        \
+        case KVQ_ISA_AVX512: name##_avx512 args; return;                                     \
+        case KVQ_ISA_AVX2: name##_avx2 args; return;                                         \
+        default: scalar; return;                                                             \
+        }                                                                                    \
+    } while (0)
+#define DISPATCH_RET(isa, name, args, scalar)                                                \
+    do {                                                                                     \
+        switch (kvq_isa_clamp(isa)) {                                                        \
+        case KVQ_ISA_AVX512: return name##_avx512 args;                                      \
+        case KVQ_ISA_AVX2: return name##_avx2 args;                                          \
+        default: return scalar;                                                              \
+        }                                                                                    \
+    } while (0)
+#else
+#define DISPATCH(isa, name, args, scalar)                                                    \
+    do {                                                                                     \
+        (void)(isa);                                                                         \
+        scalar;                                                                              \
+        return;                                                                              \
+    } while (0)
+#define DISPATCH_RET(isa, name, args, scalar)                                                \
+    do {                                                                                     \
+        (void)(isa);                                                                         \
+        return scalar;                                                                       \
+    } while (0)
+#endif
+
+/* ==========================================================================
+ * LUT table and LUT build
+ * ========================================================================== */
+
+struct kvq_rk_table {
+    const kvq_codebook *cb;
+    int32_t G, K, dg, d;
+    const float *Linv;   /* [d, d] for grouped query-aware codebooks (q' = qs L^-T), else NULL */
+    uint16_t *CT;        /* [G, dg, K] f16: centroid c of group g, dim t at (g dg + t) K + c */
+};
+
+kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err)
+{
+    *out = NULL;
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    kvq_rk_table *t = calloc(1, sizeof *t);
+    size_t bytes;
+    if (!t || !kvq_size_mul((size_t)D->k, (size_t)D->dim * sizeof(uint16_t), &bytes) ||
+        !(t->CT = malloc(bytes))) {
+        free(t);
+        return kvq_err_set(err, KVQ_E_NOMEM, "LUT table: out of memory");
+    }
+    t->cb = cb;
+    t->G = D->groups;
+    t->K = D->k;
+    t->d = D->dim;
+    t->dg = D->dim / D->groups;
+    /* G == 1: the key-space codebook (C = C^z L^-1 for qavq) scores q~ directly.
+     * G > 1, query-aware: z-space groups, scored with q' = q~ L^-T. */
+    t->Linv = t->G > 1 ? kvq_codebook_Linv(cb) : NULL;
+    for (int32_t g = 0; g < t->G; g++) {
+        const float *W = t->G == 1 ? kvq_codebook_key_codebook(cb) : kvq_codebook_centroids(cb, g);
+        for (int32_t c = 0; c < t->K; c++)
+            for (int32_t i = 0; i < t->dg; i++)
+                t->CT[((size_t)g * t->dg + i) * t->K + c] =
+                    kvq_f32_to_f16_ref(W[(size_t)c * t->dg + i]);
+    }
+    *out = t;
+    return KVQ_OK;
+}
+
+void kvq_rk_table_free(kvq_rk_table *t)
+{
+    if (!t)
+        return;
+    free(t->CT);
+    free(t);
+}
+
+uint64_t kvq_rk_table_bytes(const kvq_rk_table *t)
+{
+    return (uint64_t)t->K * (uint64_t)t->d * sizeof(uint16_t);
+}
+
+const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t) { return t->cb; }
+
+/* q' = qs L^-T in double (q'[a] = sum_{b <= a} qs[b] Linv[a][b]), or qs.   [d] */
+static void lut_query(const kvq_rk_table *t, const float *qs, double *qp)
+{
+    for (int32_t a = 0; a < t->d; a++) {
+        if (!t->Linv) {
+            qp[a] = qs[a];
+            continue;
+        }
+        double s = 0;
+        for (int32_t b = 0; b <= a; b++)
+            s += (double)qs[b] * t->Linv[(size_t)a * t->d + b];
+        qp[a] = s;
+    }
+}
+
+static void lut_scalar(const kvq_rk_table *t, const double *qp, float *lut)
+{
+    for (int32_t g = 0; g < t->G; g++)
+        for (int32_t c = 0; c < t->K; c++) {
+            double s = 0;
+            for (int32_t i = 0; i < t->dg; i++)
+                s += qp[g * t->dg + i] * kvq_rk_h2f(t->CT[((size_t)g * t->dg + i) * t->K + c]);
+            lut[(size_t)g * t->K + c] = (float)s;
+        }
+}
+
+void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut)
+{
+    double qp[KVQ_ROPE_MAX_DIM];
+    lut_query(t, qs, qp);
+#if KVQ_RK_HAVE_X86
+    float qf[KVQ_ROPE_MAX_DIM];
+    for (int32_t i = 0; i < t->d; i++)
+        qf[i] = (float)qp[i];
+#endif
+    DISPATCH(isa, kvq_rk_lut, (qf, t->CT, t->G, t->dg, t->K, lut), lut_scalar(t, qp, lut));
+}
+
+/* ==========================================================================
+ * Score gather
+ * ========================================================================== */
+
+static void score_scalar(const float *lut, int32_t G, int32_t K, const uint16_t *codes, int64_t n,
+                         float *scores)
+{
+    for (int64_t j = 0; j < n; j++)
+        scores[j] = kvq_rk_score_one(lut, G, K, codes + (size_t)j * G);
+}
+
+void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
+                  int64_t n, float *scores)
+{
+    DISPATCH(isa, kvq_rk_score, (lut, G, K, codes, n, scores),
+             score_scalar(lut, G, K, codes, n, scores));
+}
+
+/* ==========================================================================
+ * Top-k selection
+ * ========================================================================== */
+
+static void keyhist_scalar(const float *scores, int64_t n, uint32_t *keys, uint32_t *hist)
+{
+    for (int64_t j = 0; j < n; j++) {
+        keys[j] = kvq_rk_key(scores[j]);
+        hist[keys[j] >> 21]++;
+    }
+}
+
+static int64_t compact_scalar(const uint32_t *keys, int64_t n, uint32_t digit, int shift,
+                              uint32_t mask, uint32_t *out)
+{
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (((keys[j] >> shift) & mask) == digit)
+            out[m++] = keys[j];
+    return m;
+}
+
+static int64_t emit_scalar(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties, int32_t *idx)
+{
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (keys[j] > T || (keys[j] == T && ties-- > 0))
+            idx[m++] = (int32_t)j;
+    return m;
+}
+
+static void keyhist(kvq_isa isa, const float *scores, int64_t n, uint32_t *keys, uint32_t *hist)
+{
+    DISPATCH(isa, kvq_rk_keyhist, (scores, n, keys, hist), keyhist_scalar(scores, n, keys, hist));
+}
+
+static int64_t compact(kvq_isa isa, const uint32_t *keys, int64_t n, uint32_t digit, int shift,
+                       uint32_t mask, uint32_t *out)
+{
+    DISPATCH_RET(isa, kvq_rk_compact, (keys, n, digit, shift, mask, out),
+                 compact_scalar(keys, n, digit, shift, mask, out));
+}
+
+static int64_t emit(kvq_isa isa, const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,
+                    int32_t *idx)
+{
+    DISPATCH_RET(isa, kvq_rk_emit, (keys, n, T, ties, idx), emit_scalar(keys, n, T, ties, idx));
+}
+
+/* Radix select: find the key T of the k-th largest element digit by digit (11, 11, 10
+ * bits, most significant first). After each digit, `remaining` counts how many of the
+ * selection are still to be found among the keys sharing the digits so far; those
+ * keys are compacted so the next pass only looks at them. At the end `remaining` keys
+ * equal to T are taken, in index order. Three passes over n (keys + histogram,
+ * compaction, emission) plus passes over the compacted keys. */
+int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
+                    uint32_t *work)
+{
+    if (n <= 0 || k <= 0)
+        return 0;
+    if (k >= n) {
+        for (int64_t j = 0; j < n; j++)
+            idx[j] = (int32_t)j;
+        return n;
+    }
+    uint32_t *keys = work, *sub = work + n;
+    uint32_t hist[KVQ_RK_HIST];
+    memset(hist, 0, sizeof hist);
+    keyhist(isa, scores, n, keys, hist);
+    const uint32_t *src = keys;
+    int64_t m = n, remaining = k;
+    uint32_t T = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = kvq_rk_digit_shift(pass);
+        const uint32_t mask = kvq_rk_digit_mask(pass);
+        if (pass > 0) {
+            memset(hist, 0, sizeof hist);
+            for (int64_t i = 0; i < m; i++)
+                hist[(src[i] >> shift) & mask]++;
+        }
+        uint32_t b = mask;
+        while (hist[b] < remaining) { /* the selection's digit: bins above are taken whole */
+            remaining -= hist[b];
+            assert(b > 0);
+            b--;
+        }
+        T |= b << shift;
+        if (pass < 2) {
+            m = compact(pass == 0 ? isa : KVQ_ISA_SCALAR, src, m, b, shift, mask, sub);
+            src = sub;
+        }
+    }
+    return emit(isa, keys, n, T, remaining, idx);
+}
+
+/* ==========================================================================
+ * Sparse attention
+ * ========================================================================== */
+
+/* Row r of a cache of f16 or f32 rows into f32.   out: [d] */
+static void load_row(const void *K, int f16, int64_t ld, int64_t r, int32_t d, float *out)
+{
+    if (f16) {
+        const uint16_t *h = (const uint16_t *)K + (size_t)r * ld;
+        for (int32_t t = 0; t < d; t++)
+            out[t] = kvq_rk_h2f(h[t]);
+    } else {
+        memcpy(out, (const float *)K + (size_t)r * ld, (size_t)d * sizeof *out);
+    }
+}
+
+static void logits_scalar(const float *q, int32_t nq, int32_t d, const void *K, int f16,
+                          int64_t ld_k, const int32_t *idx, int64_t m, float scale,
+                          float *logits, int64_t ld_l)
+{
+    float row[KVQ_ROPE_MAX_DIM];
+    assert(d <= KVQ_ROPE_MAX_DIM);
+    for (int64_t j = 0; j < m; j++) {
+        load_row(K, f16, ld_k, idx ? idx[j] : j, d, row);
+        for (int32_t h = 0; h < nq; h++) {
+            double s = 0;
+            for (int32_t t = 0; t < d; t++)
+                s += (double)q[(size_t)h * d + t] * row[t];
+            logits[(size_t)h * ld_l + j] = (float)(s * scale);
+        }
+    }
+}
+
+void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K,
+                   kvq_dtype dt, int64_t ld_k, const int32_t *idx, int64_t m, float scale,
+                   float *logits, int64_t ld_l)
+{
+    const int f16 = dt == KVQ_DT_F16;
+    assert(dt == KVQ_DT_F16 || dt == KVQ_DT_F32);
+    DISPATCH(isa, kvq_rk_logits, (q, nq, d, K, f16, ld_k, idx, m, scale, logits, ld_l),
+             logits_scalar(q, nq, d, K, f16, ld_k, idx, m, scale, logits, ld_l));
+}
+
+static void softmax_scalar(float *x, int32_t rows, int64_t m, int64_t ld)
+{
+    for (int32_t r = 0; r < rows; r++) {
+        float *v = x + (size_t)r * ld, mx = v[0];
+        for (int64_t j = 1; j < m; j++)
+            mx = v[j] > mx ? v[j] : mx;
+        double sum = 0;
+        for (int64_t j = 0; j < m; j++) {
+            v[j] = expf(v[j] - mx);
+            sum += v[j];
+        }
+        for (int64_t j = 0; j < m; j++)
+            v[j] = (float)(v[j] / sum);
+    }
+}
+
+void kvq_rk_softmax(kvq_isa isa, float *x, int32_t rows, int64_t m, int64_t ld)
+{
+    DISPATCH(isa, kvq_rk_softmax, (x, rows, m, ld), softmax_scalar(x, rows, m, ld));
+}
+
+static void mix_scalar(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,
+                       int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
+{
+    float row[KVQ_ROPE_MAX_DIM];
+    double acc[KVQ_ROPE_MAX_DIM];
+    assert(d <= KVQ_ROPE_MAX_DIM);
+    for (int32_t h = 0; h < nq; h++) {
+        memset(acc, 0, sizeof acc);
+        for (int64_t j = 0; j < m; j++) {
+            const double w = p[(size_t)h * ld_p + j];
+            load_row(V, f16, ld_v, idx ? idx[j] : j, d, row);
+            for (int32_t t = 0; t < d; t++)
+                acc[t] += w * row[t];
+        }
+        for (int32_t t = 0; t < d; t++)
+            out[(size_t)h * d + t] = (float)acc[t];
+    }
+}
+
+void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V,
+                kvq_dtype dt, int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
+{
+    const int f16 = dt == KVQ_DT_F16;
+    assert(dt == KVQ_DT_F16 || dt == KVQ_DT_F32);
+    DISPATCH(isa, kvq_rk_mix, (p, nq, ld_p, V, f16, ld_v, idx, m, d, out),
+             mix_scalar(p, nq, ld_p, V, f16, ld_v, idx, m, d, out));
+}

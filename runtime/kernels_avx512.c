@@ -1,0 +1,333 @@
+/*
+ * kernels_avx512.c — AVX-512 (F, BW, VL, DQ) paths of the retrieval kernels.
+ *
+ * Same contracts as the scalar references in kernels.c (see kernels_simd.h): score
+ * gather, keys, compaction and emission give the same bits; LUT, logits, softmax and
+ * mix agree within the tolerances of kvq/runtime.h (float sums in a different order,
+ * a polynomial exp). Tails are handled with masked loads and stores.
+ */
+#include "runtime/kernels_simd.h"
+
+#if KVQ_RK_HAVE_X86
+#include <immintrin.h>
+#include <string.h>
+
+#include "runtime/kernels.h"
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+static inline TARGET __mmask16 tail16(int64_t left)
+{
+    return left <= 0 ? (__mmask16)0 : left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+}
+
+/* 16 elements of a row (f16 or f32) starting at t, masked, as f32. */
+static inline TARGET __m512 load16(const void *row, int f16, int64_t t, __mmask16 m)
+{
+    if (f16)
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + t));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + t);
+}
+
+static inline TARGET const void *row_ptr(const void *base, int f16, int64_t ld, int64_t r)
+{
+    return f16 ? (const void *)((const uint16_t *)base + r * ld)
+               : (const void *)((const float *)base + r * ld);
+}
+
+/* ---- LUT ------------------------------------------------------------------------------ */
+
+TARGET void kvq_rk_lut_avx512(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,
+                              int32_t K, float *lut)
+{
+    for (int32_t g = 0; g < G; g++) {
+        float *L = lut + (size_t)g * K;
+        const uint16_t *T = CT + (size_t)g * dg * K;
+        const float *q = qp + (size_t)g * dg;
+        memset(L, 0, sizeof(float) * (size_t)K);
+        /* Four table rows per sweep over the K accumulators (in L1). */
+        int32_t t = 0;
+        for (; t < dg; t += 4) {
+            const int nr = dg - t < 4 ? dg - t : 4;
+            const __m512 q0 = _mm512_set1_ps(q[t]);
+            const __m512 q1 = _mm512_set1_ps(nr > 1 ? q[t + 1] : 0.0f);
+            const __m512 q2 = _mm512_set1_ps(nr > 2 ? q[t + 2] : 0.0f);
+            const __m512 q3 = _mm512_set1_ps(nr > 3 ? q[t + 3] : 0.0f);
+            const uint16_t *r0 = T + (size_t)t * K;
+            const uint16_t *r1 = nr > 1 ? r0 + K : r0, *r2 = nr > 2 ? r0 + 2 * (size_t)K : r0;
+            const uint16_t *r3 = nr > 3 ? r0 + 3 * (size_t)K : r0;
+            for (int32_t c = 0; c < K; c += 16) {
+                const __mmask16 m = tail16(K - c);
+                __m512 a = _mm512_maskz_loadu_ps(m, L + c);
+                a = _mm512_fmadd_ps(q0, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r0 + c)), a);
+                a = _mm512_fmadd_ps(q1, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r1 + c)), a);
+                a = _mm512_fmadd_ps(q2, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r2 + c)), a);
+                a = _mm512_fmadd_ps(q3, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r3 + c)), a);
+                _mm512_mask_storeu_ps(L + c, m, a);
+            }
+        }
+    }
+}
+
+/* ---- score gather ------------------------------------------------------------------------ */
+
+TARGET void kvq_rk_score_avx512(const float *lut, int32_t G, int32_t K, const uint16_t *codes,
+                                int64_t n, float *scores)
+{
+    int64_t j = 0;
+    if (G == 1) {
+        for (; j + 16 <= n; j += 16) {
+            const __m512i ix =
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(codes + j)));
+            /* 0 + x, as the reference sums from 0 (turns -0 into +0 like it does) */
+            const __m512 s = _mm512_add_ps(_mm512_setzero_ps(), _mm512_i32gather_ps(ix, lut, 4));
+            _mm512_storeu_ps(scores + j, s);
+        }
+    } else {
+        int32_t ix[16] __attribute__((aligned(64)));
+        for (; j + 16 <= n; j += 16) {
+            __m512 s = _mm512_setzero_ps();
+            for (int32_t g = 0; g < G; g++) {
+                for (int l = 0; l < 16; l++)
+                    ix[l] = g * K + codes[(size_t)(j + l) * G + g];
+                s = _mm512_add_ps(s, _mm512_i32gather_ps(_mm512_load_si512(ix), lut, 4));
+            }
+            _mm512_storeu_ps(scores + j, s);
+        }
+    }
+    for (; j < n; j++)
+        scores[j] = kvq_rk_score_one(lut, G, K, codes + (size_t)j * G);
+}
+
+/* ---- top-k scans ---------------------------------------------------------------------------- */
+
+static inline TARGET __m512i keys16(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(_mm512_add_ps(x, _mm512_setzero_ps()));
+    const __m512i flip =
+        _mm512_or_si512(_mm512_srai_epi32(u, 31), _mm512_set1_epi32((int)0x80000000u));
+    return _mm512_xor_si512(u, flip);
+}
+
+TARGET void kvq_rk_keyhist_avx512(const float *scores, int64_t n, uint32_t *keys, uint32_t *hist)
+{
+    int64_t j = 0;
+    for (; j < n; j += 16) {
+        const __mmask16 m = tail16(n - j);
+        _mm512_mask_storeu_epi32(keys + j, m, keys16(_mm512_maskz_loadu_ps(m, scores + j)));
+    }
+    for (j = 0; j < n; j++)
+        hist[keys[j] >> 21]++;
+}
+
+TARGET int64_t kvq_rk_compact_avx512(const uint32_t *keys, int64_t n, uint32_t digit, int shift,
+                                     uint32_t mask, uint32_t *out)
+{
+    const __m512i want = _mm512_set1_epi32((int)digit), msk = _mm512_set1_epi32((int)mask);
+    const __m128i sh = _mm_cvtsi32_si128(shift);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
+        const __m512i dg = _mm512_and_si512(_mm512_srl_epi32(k, sh), msk);
+        const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(valid, dg, want);
+        _mm512_mask_compressstoreu_epi32(out + m, hit, k);
+        m += __builtin_popcount((unsigned)hit);
+    }
+    return m;
+}
+
+/* The lowest `t` set bits of x (t < popcount(x)). */
+static inline uint32_t lowest_bits(uint32_t x, int64_t t)
+{
+    uint32_t r = 0;
+    for (; t > 0; t--) {
+        const uint32_t b = x & (~x + 1u);
+        r |= b;
+        x ^= b;
+    }
+    return r;
+}
+
+TARGET int64_t kvq_rk_emit_avx512(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,
+                                  int32_t *idx)
+{
+    const __m512i tv = _mm512_set1_epi32((int)T);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
+        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
+        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
+        if (eq && ties > 0) {
+            const int c = __builtin_popcount(eq);
+            if (c > ties)
+                eq = lowest_bits(eq, ties);
+            ties -= c > ties ? ties : c;
+            sel |= eq;
+        }
+        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        _mm512_mask_compressstoreu_epi32(idx + m, (__mmask16)sel, ix);
+        m += __builtin_popcount(sel);
+    }
+    return m;
+}
+
+/* ---- logits ---------------------------------------------------------------------------------- */
+
+/* The four horizontal sums of a, b, c, d as one vector [sa, sb, sc, sd]. */
+static inline TARGET __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y), _mm512_extractf32x8_ps(y, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
+}
+
+#define PREFETCH_ROWS 8
+
+TARGET void kvq_rk_logits_avx512(const float *q, int32_t nq, int32_t d, const void *K, int f16,
+                                 int64_t ld_k, const int32_t *idx, int64_t m, float scale,
+                                 float *logits, int64_t ld_l)
+{
+    const int64_t row_bytes = (int64_t)d * (f16 ? 2 : 4);
+    const __m128 sc = _mm_set1_ps(scale);
+    for (int32_t hb = 0; hb < nq; hb += 4) {
+        const int nh = nq - hb < 4 ? nq - hb : 4;
+        /* Missing heads of a block repeat the first one; their sums are dropped. */
+        const float *q0 = q + (size_t)hb * d;
+        const float *q1 = nh > 1 ? q0 + d : q0, *q2 = nh > 2 ? q0 + 2 * d : q0;
+        const float *q3 = nh > 3 ? q0 + 3 * d : q0;
+        for (int64_t j = 0; j < m; j++) {
+            const void *row = row_ptr(K, f16, ld_k, idx ? idx[j] : j);
+            if (idx && j + PREFETCH_ROWS < m) {
+                const char *pf = (const char *)row_ptr(K, f16, ld_k, idx[j + PREFETCH_ROWS]);
+                for (int64_t b = 0; b < row_bytes; b += 64)
+                    _mm_prefetch(pf + b, _MM_HINT_T0);
+            }
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int32_t t = 0; t < d; t += 16) {
+                const __mmask16 mk = tail16(d - t);
+                const __m512 k = load16(row, f16, t, mk);
+                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q0 + t), k, a0);
+                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q1 + t), k, a1);
+                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q2 + t), k, a2);
+                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q3 + t), k, a3);
+            }
+            float s[4];
+            _mm_storeu_ps(s, _mm_mul_ps(hsum4(a0, a1, a2, a3), sc));
+            for (int h = 0; h < nh; h++)
+                logits[(size_t)(hb + h) * ld_l + j] = s[h];
+        }
+    }
+}
+
+/* ---- softmax --------------------------------------------------------------------------------- */
+
+/* exp(x) for x <= 0 (inputs below -87 give exp(-87)): range reduction by ln 2 and a
+ * degree-7 Taylor polynomial on |r| <= ln2/2 (truncation below 1e-8 relative). */
+static inline TARGET __m512 exp16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+TARGET void kvq_rk_softmax_avx512(float *x, int32_t rows, int64_t m, int64_t ld)
+{
+    for (int32_t r = 0; r < rows; r++) {
+        float *v = x + (size_t)r * ld;
+        __m512 mx = _mm512_set1_ps(v[0]);
+        for (int64_t j = 0; j < m; j += 16) {
+            const __mmask16 mk = tail16(m - j);
+            mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_maskz_loadu_ps(mk, v + j));
+        }
+        const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t j = 0; j < m; j += 16) {
+            const __mmask16 mk = tail16(m - j);
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, v + j), mxv));
+            _mm512_mask_storeu_ps(v + j, mk, e);
+            sum = _mm512_mask_add_ps(sum, mk, sum, e);
+        }
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+        for (int64_t j = 0; j < m; j += 16) {
+            const __mmask16 mk = tail16(m - j);
+            _mm512_mask_storeu_ps(v + j, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + j), inv));
+        }
+    }
+}
+
+/* ---- mix -------------------------------------------------------------------------------------- */
+
+/* Blocks: 16 rows (they stay in L1 across the passes below), 4 heads, 64 dims: 16
+ * accumulators live in registers while the block's rows stream through. */
+#define MIX_ROWS 16
+
+TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,
+                              int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
+{
+    const int64_t row_bytes = (int64_t)d * (f16 ? 2 : 4);
+    memset(out, 0, sizeof(float) * (size_t)nq * d);
+    for (int64_t j0 = 0; j0 < m; j0 += MIX_ROWS) {
+        const int64_t jn = m - j0 < MIX_ROWS ? m - j0 : MIX_ROWS;
+        if (idx)
+            for (int64_t j = j0 + MIX_ROWS; j < j0 + 2 * MIX_ROWS && j < m; j++) {
+                const char *pf = (const char *)row_ptr(V, f16, ld_v, idx[j]);
+                for (int64_t b = 0; b < row_bytes; b += 64)
+                    _mm_prefetch(pf + b, _MM_HINT_T0);
+            }
+        for (int32_t hb = 0; hb < nq; hb += 4) {
+            const int nh = nq - hb < 4 ? nq - hb : 4;
+            const float *p0 = p + (size_t)hb * ld_p;
+            const float *p1 = nh > 1 ? p0 + ld_p : p0, *p2 = nh > 2 ? p0 + 2 * ld_p : p0;
+            const float *p3 = nh > 3 ? p0 + 3 * ld_p : p0;
+            for (int32_t t0 = 0; t0 < d; t0 += 64) {
+                const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
+                const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
+                __m512 acc[4][4];
+                for (int h = 0; h < 4; h++)
+                    for (int c = 0; c < 4; c++)
+                        acc[h][c] = _mm512_setzero_ps();
+                for (int64_t j = j0; j < j0 + jn; j++) {
+                    const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
+                    const __m512 v0 = load16(row, f16, t0, m0);
+                    const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
+                    const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
+                    const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
+                    const __m512 w[4] = {_mm512_set1_ps(p0[j]), _mm512_set1_ps(p1[j]),
+                                         _mm512_set1_ps(p2[j]), _mm512_set1_ps(p3[j])};
+                    for (int h = 0; h < 4; h++) {
+                        acc[h][0] = _mm512_fmadd_ps(w[h], v0, acc[h][0]);
+                        acc[h][1] = _mm512_fmadd_ps(w[h], v1, acc[h][1]);
+                        acc[h][2] = _mm512_fmadd_ps(w[h], v2, acc[h][2]);
+                        acc[h][3] = _mm512_fmadd_ps(w[h], v3, acc[h][3]);
+                    }
+                }
+                for (int h = 0; h < nh; h++) {
+                    float *o = out + (size_t)(hb + h) * d + t0;
+                    const __mmask16 mk[4] = {m0, m1, m2, m3};
+                    for (int c = 0; c < 4 && t0 + 16 * c < d; c++)
+                        _mm512_mask_storeu_ps(o + 16 * c, mk[c],
+                                              _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c),
+                                                            acc[h][c]));
+                }
+            }
+        }
+    }
+}
+
+#endif /* KVQ_RK_HAVE_X86 */

@@ -1,0 +1,57 @@
+/*
+ * runtime/kernels_simd.h — internal: the AVX2 and AVX-512 paths behind the kvq_rk_*
+ * kernels of kvq/runtime.h. Not a public header.
+ *
+ * runtime/kernels.c dispatches to these with kvq_isa_clamp(); calling a path the CPU
+ * cannot run is undefined. The intrinsics live only in kernels_avx2.c and
+ * kernels_avx512.c, whose functions carry target attributes so that they also build
+ * where the SIMD flags are not passed (the clang fuzz build compiles all sources in
+ * one command).
+ */
+#ifndef KVQ_RUNTIME_KERNELS_SIMD_H
+#define KVQ_RUNTIME_KERNELS_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVQ_RK_HAVE_X86 1
+
+/* One set per ISA X in {avx2, avx512}; the contracts are those of the public kernels,
+ * on raw arrays:
+ *   lut       lut[g*K + c] = sum_t qp[g*dg + t] * h2f(CT[(g*dg + t)*K + c])
+ *   score     kvq_rk_score
+ *   keyhist   keys[j] = kvq_rk_key(scores[j]); hist[keys[j] >> 21]++ (hist [2048],
+ *             zeroed by the caller)
+ *   compact   appends keys[j] with ((keys[j] >> shift) & mask) == digit to out, in
+ *             order; returns the count (out may alias keys: it never runs ahead)
+ *   emit      idx <- every j with keys[j] > T, and the first `ties` j with keys[j] == T,
+ *             in increasing j; returns the count
+ *   logits, softmax, mix: kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix with f16 = 1 for
+ *             f16 rows and 0 for f32 rows. */
+#define KVQ_RK_DECLARE(X)                                                                    \
+    void kvq_rk_lut_##X(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,         \
+                        int32_t K, float *lut);                                              \
+    void kvq_rk_score_##X(const float *lut, int32_t G, int32_t K, const uint16_t *codes,     \
+                          int64_t n, float *scores);                                         \
+    void kvq_rk_keyhist_##X(const float *scores, int64_t n, uint32_t *keys, uint32_t *hist); \
+    int64_t kvq_rk_compact_##X(const uint32_t *keys, int64_t n, uint32_t digit, int shift,   \
+                               uint32_t mask, uint32_t *out);                                \
+    int64_t kvq_rk_emit_##X(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,       \
+                            int32_t *idx);                                                   \
+    void kvq_rk_logits_##X(const float *q, int32_t nq, int32_t d, const void *K, int f16,    \
+                           int64_t ld_k, const int32_t *idx, int64_t m, float scale,         \
+                           float *logits, int64_t ld_l);                                     \
+    void kvq_rk_softmax_##X(float *x, int32_t rows, int64_t m, int64_t ld);                  \
+    void kvq_rk_mix_##X(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,    \
+                        int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);
+
+KVQ_RK_DECLARE(avx2)
+KVQ_RK_DECLARE(avx512)
+#undef KVQ_RK_DECLARE
+
+#else
+#define KVQ_RK_HAVE_X86 0
+#endif
+
+#endif /* KVQ_RUNTIME_KERNELS_SIMD_H */

@@ -1,0 +1,798 @@
+/*
+ * retrieval.c — the decoding context of kvq/runtime.h: the per-sequence KV cache, the
+ * retrieval attention step and the kvq_attn_backend that plugs both into the forward
+ * pass.
+ *
+ *   attend(call)  1. append the chunk: pre-RoPE K and V into the cache (f16 or f32),
+ *                    positions, the codes of every key (kvq_codebook_encode, one call
+ *                    per head and chunk), fier bits / quest page bounds;
+ *                 2. attend: exactly for prefill chunks (prefill_full), else one
+ *                    retrieval step per query row and KV head (heads in parallel):
+ *                    sinks + selection + window, exact attention over their union.
+ */
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kvq/half.h"
+#include "kvq/runtime.h"
+#include "kvq/util.h"
+#include "runtime/internal.h"
+#include "runtime/kernels.h"
+
+#define MAX_POSITION ((int64_t)1 << 31)
+
+/* ==========================================================================
+ * Parameters
+ * ========================================================================== */
+
+kvq_retrieval_params kvq_retrieval_params_default(void)
+{
+    kvq_retrieval_params p;
+    memset(&p, 0, sizeof p);
+    p.selector = KVQ_SELECT_CODEBOOK;
+    p.budget = (kvq_budget){.count = 0, .fraction = 0.06};
+    p.sink = 4;
+    p.window = 0;
+    p.wrope_b = -1;
+    p.positions = KVQ_POSITIONS_WROPE;
+    p.group = KVQ_GROUP_SUM;
+    p.tau = 0.9;
+    p.fier_group = 32;
+    p.quest_page = 16;
+    p.cache_dtype = KVQ_DT_F16;
+    p.prefill_full = 1;
+    p.measure = 0;
+    p.max_tokens = (int64_t)1 << 20;
+    p.threads = 1;
+    p.isa = kvq_isa_best();
+    return p;
+}
+
+static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime *rt, kvq_err *err)
+{
+    const char *bad = NULL;
+    if ((unsigned)p->selector >= KVQ_SELECT_COUNT)
+        bad = "selector";
+    else if (p->budget.count < 0 || (p->budget.count == 0 && !(p->budget.fraction > 0 &&
+                                                                p->budget.fraction <= 1)))
+        bad = "budget";
+    else if (p->sink < 0)
+        bad = "sink";
+    else if (p->window < 0)
+        bad = "window";
+    else if (p->wrope_b < -1 || p->wrope_b >= MAX_POSITION)
+        bad = "wrope_b";
+    else if (p->positions != KVQ_POSITIONS_WROPE && p->positions != KVQ_POSITIONS_ROPE)
+        bad = "positions";
+    else if (p->group != KVQ_GROUP_SUM && p->group != KVQ_GROUP_MAX)
+        bad = "group";
+    else if (!(p->tau > 0 && p->tau <= 1))
+        bad = "tau";
+    else if (p->fier_group < 1)
+        bad = "fier_group";
+    else if (p->quest_page < 1)
+        bad = "quest_page";
+    else if (p->cache_dtype != KVQ_DT_F16 && p->cache_dtype != KVQ_DT_F32)
+        bad = "cache_dtype (f16 or f32)";
+    else if (p->max_tokens < 1 || p->max_tokens > MAX_POSITION)
+        bad = "max_tokens";
+    else if (p->threads < 1 || p->threads > 1024)
+        bad = "threads";
+    if (bad)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad parameter %s", bad);
+    if (kvq_selector_needs_artifact(p->selector) && !rt)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval: the %s selector needs an artifact (--artifact)",
+                           kvq_selector_name(p->selector));
+    return KVQ_OK;
+}
+
+/* The artifact must describe this model's attention (it was checked against the
+ * model identity when opened; this guards a context built for another config). */
+static kvq_status check_config(const kvq_model_config *c, const kvq_runtime *rt, kvq_err *err)
+{
+    const kvq_model_id *m = kvq_runtime_model(rt);
+#define FIELD(name, a, b)                                                                    \
+    if ((a) != (b))                                                                          \
+        return kvq_err_set(err, KVQ_E_MISMATCH,                                              \
+                           "retrieval: artifact vs model: model.%s differs (%.17g vs %.17g)", \
+                           name, (double)(a), (double)(b));
+    FIELD("n_layers", m->n_layers, c->n_layers)
+    FIELD("n_heads", m->n_heads, c->n_heads)
+    FIELD("n_kv_heads", m->n_kv_heads, c->n_kv_heads)
+    FIELD("head_dim", m->head_dim, c->head_dim)
+    FIELD("rope.base", m->rope.base, c->rope.base)
+#undef FIELD
+    if (m->rope.layout != c->rope.layout)
+        return kvq_err_set(err, KVQ_E_MISMATCH,
+                           "retrieval: artifact vs model: model.rope.layout differs (%s vs %s)",
+                           kvq_rope_layout_name(m->rope.layout),
+                           kvq_rope_layout_name(c->rope.layout));
+    if (m->rope.scaling != c->rope.scaling)
+        return kvq_err_set(err, KVQ_E_MISMATCH,
+                           "retrieval: artifact vs model: model.rope.scaling differs (%s vs %s)",
+                           kvq_rope_scaling_name(m->rope.scaling),
+                           kvq_rope_scaling_name(c->rope.scaling));
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Create / free
+ * ========================================================================== */
+
+static void scratch_free(rt_scratch *S)
+{
+    free(S->scores);
+    free(S->tmp);
+    free(S->work);
+    free(S->mwork);
+    free(S->sel);
+    free(S->osel);
+    free(S->att);
+    free(S->logits);
+    free(S->pfull);
+    free(S->krot);
+    free(S->lut);
+    free(S->qb);
+    free(S->qi);
+    free(S->qx);
+    free(S->o);
+    free(S->ofull);
+}
+
+static void head_free(rt_head *H)
+{
+    free(H->k);
+    free(H->v);
+    free(H->codes);
+    free(H->fbits);
+    free(H->flo);
+    free(H->fhi);
+    free(H->plo);
+    free(H->phi);
+    free(H->sel);
+}
+
+void kvq_retrieval_free(kvq_retrieval *r)
+{
+    if (!r)
+        return;
+    for (int32_t l = 0; r->layer && l < r->n_layers; l++) {
+        rt_layer *L = &r->layer[l];
+        for (int32_t h = 0; L->head && h < r->n_kv; h++)
+            head_free(&L->head[h]);
+        free(L->head);
+        free(L->pos);
+        free(L->cb);
+        free(L->tab);
+    }
+    for (int32_t t = 0; r->scr && t < r->n_scr; t++)
+        scratch_free(&r->scr[t]);
+    free(r->layer);
+    free(r->scr);
+    free(r->rcos);
+    free(r->rsin);
+    free(r->kbuf);
+    free(r->cbuf);
+    free(r->pbuf);
+    free(r);
+}
+
+kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
+                                const kvq_retrieval_params *p, kvq_retrieval **out,
+                                kvq_err *err)
+{
+    kvq_status s;
+    *out = NULL;
+    kvq_retrieval_params P = p ? *p : kvq_retrieval_params_default();
+    if ((s = check_params(&P, rt, err)) || (s = kvq_rope_check(&cfg->rope, err)))
+        return s;
+    if (cfg->n_layers < 1 || cfg->n_kv_heads < 1 || cfg->n_heads % cfg->n_kv_heads ||
+        cfg->head_dim != cfg->rope.head_dim || cfg->head_dim > KVQ_ROPE_MAX_DIM)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: inconsistent model config");
+    if (rt && (s = check_config(cfg, rt, err)))
+        return s;
+    P.isa = kvq_isa_clamp(P.isa);
+    kvq_retrieval *r = calloc(1, sizeof *r);
+    if (!r)
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+    r->p = P;
+    r->rt = rt;
+    r->n_layers = cfg->n_layers;
+    r->n_heads = cfg->n_heads;
+    r->n_kv = cfg->n_kv_heads;
+    r->d = cfg->head_dim;
+    r->gs = cfg->n_heads / cfg->n_kv_heads;
+    r->rope = cfg->rope;
+    r->window = P.window > 0 ? P.window : rt ? kvq_runtime_wrope_w(rt) : 64;
+    r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_runtime_wrope_b(rt) : 2048;
+    r->db = (r->d + 7) / 8;
+    r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
+    kvq_rope_freqs(&r->rope, r->theta);
+    for (int32_t m = 0; m < r->d / 2; m++) {
+        const double a = (double)r->wrope_b * r->theta[m];
+        r->bcos[m] = (float)cos(a);
+        r->bsin[m] = (float)sin(a);
+    }
+    r->layer = calloc((size_t)r->n_layers, sizeof *r->layer);
+    r->n_scr = P.threads;
+    r->scr = calloc((size_t)r->n_scr, sizeof *r->scr);
+    if (!r->layer || !r->scr)
+        goto nomem;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        rt_layer *L = &r->layer[l];
+        L->head = calloc((size_t)r->n_kv, sizeof *L->head);
+        L->cb = calloc((size_t)r->n_kv, sizeof *L->cb);
+        L->tab = calloc((size_t)r->n_kv, sizeof *L->tab);
+        if (!L->head || !L->cb || !L->tab)
+            goto nomem;
+        for (int32_t h = 0; rt && h < r->n_kv; h++) {
+            L->cb[h] = kvq_runtime_codebook(rt, l, h);
+            L->tab[h] = kvq_runtime_table(rt, l, h);
+        }
+    }
+    *out = r;
+    return KVQ_OK;
+nomem:
+    kvq_retrieval_free(r);
+    return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+}
+
+const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r) { return &r->p; }
+
+int64_t kvq_retrieval_length(const kvq_retrieval *r) { return r->layer[0].len; }
+
+void kvq_retrieval_reset(kvq_retrieval *r)
+{
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        r->layer[l].len = 0;
+        for (int32_t h = 0; h < r->n_kv; h++)
+            r->layer[l].head[h].n_sel = 0;
+    }
+}
+
+/* ==========================================================================
+ * Growth: cache rows, RoPE table, scratch
+ * ========================================================================== */
+
+static int grow(void **p, size_t bytes)
+{
+    void *q = realloc(*p, bytes ? bytes : 1);
+    if (!q)
+        return 0;
+    *p = q;
+    return 1;
+}
+
+/* Grows layer l to hold `need` rows (doubling, capped at max_tokens). */
+static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq_err *err)
+{
+    if (need <= L->cap)
+        return KVQ_OK;
+    int64_t cap = L->cap ? L->cap : 256;
+    while (cap < need)
+        cap *= 2;
+    if (cap > r->p.max_tokens)
+        cap = r->p.max_tokens;
+    const size_t d = (size_t)r->d, c = (size_t)cap;
+    const int G = r->rt && L->cb[0] ? kvq_codebook_get_desc(L->cb[0])->groups : 0;
+    const kvq_selector sel = r->p.selector;
+    const size_t fgroups = c / (size_t)r->p.fier_group + 1, pages = c / (size_t)r->p.quest_page + 1;
+    int ok = grow((void **)&L->pos, c * sizeof *L->pos);
+    for (int32_t h = 0; ok && h < r->n_kv; h++) {
+        rt_head *H = &L->head[h];
+        ok = grow(&H->k, c * d * r->es) && grow(&H->v, c * d * r->es);
+        if (ok && G && (sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS))
+            ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
+        if (ok && sel == KVQ_SELECT_FIER)
+            ok = grow((void **)&H->fbits, c * (size_t)r->db) &&
+                 grow((void **)&H->flo, fgroups * d * sizeof(float)) &&
+                 grow((void **)&H->fhi, fgroups * d * sizeof(float));
+        if (ok && sel == KVQ_SELECT_QUEST)
+            ok = grow((void **)&H->plo, pages * d * sizeof(float)) &&
+                 grow((void **)&H->phi, pages * d * sizeof(float));
+    }
+    if (!ok)
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory for %lld cached tokens",
+                           (long long)cap);
+    L->cap = cap;
+    return KVQ_OK;
+}
+
+/* cos / sin of every position up to max_pos (angles in double, as kvq_rope_apply). */
+static kvq_status rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err)
+{
+    if (max_pos < r->rcap)
+        return KVQ_OK;
+    int64_t cap = r->rcap ? r->rcap : 256;
+    while (cap <= max_pos)
+        cap *= 2;
+    const size_t half = (size_t)r->d / 2;
+    if (!grow((void **)&r->rcos, (size_t)cap * half * sizeof(float)) ||
+        !grow((void **)&r->rsin, (size_t)cap * half * sizeof(float)))
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+    for (int64_t p = r->rcap; p < cap; p++)
+        for (size_t m = 0; m < half; m++) {
+            const double a = (double)p * r->theta[m];
+            r->rcos[(size_t)p * half + m] = (float)cos(a);
+            r->rsin[(size_t)p * half + m] = (float)sin(a);
+        }
+    r->rcap = cap;
+    return KVQ_OK;
+}
+
+/* Every thread's scratch for T visible tokens and a chunk of n. */
+static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_err *err)
+{
+    const int need_rot = r->p.positions == KVQ_POSITIONS_ROPE || r->p.measure ||
+                         (r->p.prefill_full && n > 1);
+    const int64_t krot_rows = need_rot ? T : r->window;
+    const size_t gs = (size_t)r->gs, d = (size_t)r->d;
+    size_t lut = 1;
+    for (int32_t l = 0; l < r->n_layers; l++)
+        if (r->layer[l].cb[0]) {
+            const kvq_codebook_desc *D = kvq_codebook_get_desc(r->layer[l].cb[0]);
+            lut = (size_t)D->groups * D->k;
+            break;
+        }
+    for (int32_t t = 0; t < r->n_scr; t++) {
+        rt_scratch *S = &r->scr[t];
+        if (T <= S->cap && krot_rows <= S->krot_rows && S->lut)
+            continue;
+        const int64_t cap = T > S->cap ? (T > 2 * S->cap ? T : 2 * S->cap) : S->cap;
+        const size_t c = (size_t)cap;
+        int ok = grow((void **)&S->scores, c * sizeof(float)) &&
+                 grow((void **)&S->tmp, c * sizeof(float)) &&
+                 grow((void **)&S->work, 2 * c * sizeof(uint32_t)) &&
+                 grow((void **)&S->mwork, c * sizeof(double)) &&
+                 grow((void **)&S->sel, c * sizeof(int32_t)) &&
+                 grow((void **)&S->osel, c * sizeof(int32_t)) &&
+                 grow((void **)&S->att, c * sizeof(int32_t)) &&
+                 grow((void **)&S->logits, gs * c * sizeof(float)) &&
+                 (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
+                 grow((void **)&S->lut, lut * sizeof(float)) &&
+                 grow((void **)&S->qb, gs * d * sizeof(float)) &&
+                 grow((void **)&S->qi, gs * d * sizeof(float)) &&
+                 grow((void **)&S->qx, gs * d * sizeof(float)) &&
+                 grow((void **)&S->o, gs * d * sizeof(float)) &&
+                 grow((void **)&S->ofull, gs * d * sizeof(float));
+        const int64_t kr = need_rot ? cap : krot_rows;
+        if (ok && kr > S->krot_rows) {
+            ok = grow((void **)&S->krot, (size_t)kr * d * sizeof(float));
+            if (ok)
+                S->krot_rows = kr;
+        }
+        if (!ok)
+            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory for scratch");
+        S->cap = cap;
+    }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Keys: storage and rotation
+ * ========================================================================== */
+
+void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y)
+{
+    const size_t half = (size_t)r->d / 2;
+    kvq_rk_rotate(x, r->rcos + (size_t)p * half, r->rsin + (size_t)p * half, (int)r->rope.layout,
+                  r->d, y);
+}
+
+/* Cached key (or value) row j as f32.   out: [d] */
+static void cache_row(const kvq_retrieval *r, const void *base, int64_t j, float *out)
+{
+    const size_t d = (size_t)r->d;
+    if (r->es == 2) {
+        const uint16_t *h = (const uint16_t *)base + (size_t)j * d;
+        for (size_t t = 0; t < d; t++)
+            out[t] = kvq_rk_h2f(h[t]);
+    } else {
+        memcpy(out, (const float *)base + (size_t)j * d, d * sizeof *out);
+    }
+}
+
+void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
+                        float *y)
+{
+    cache_row(r, H->k, j, y);
+    kvq_rt_rotate(r, y, L->pos[j], y);
+}
+
+/* Fier: after token j was stored, update its group's per-channel range of the
+ * post-RoPE keys; when the range moves, re-quantize the group's earlier tokens. */
+static void fier_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t j)
+{
+    const int32_t d = r->d, fg = r->p.fier_group;
+    const int64_t g = j / fg, first = g * fg;
+    float *lo = H->flo + (size_t)g * d, *hi = H->fhi + (size_t)g * d;
+    float kr[KVQ_ROPE_MAX_DIM];
+    kvq_rt_key_rotated(r, L, H, j, kr);
+    int moved = 0;
+    if (j == first) {
+        memcpy(lo, kr, sizeof(float) * (size_t)d);
+        memcpy(hi, kr, sizeof(float) * (size_t)d);
+    } else {
+        for (int32_t c = 0; c < d; c++) {
+            if (kr[c] < lo[c]) {
+                lo[c] = kr[c];
+                moved = 1;
+            }
+            if (kr[c] > hi[c]) {
+                hi[c] = kr[c];
+                moved = 1;
+            }
+        }
+    }
+    for (int64_t t = moved ? first : j; t <= j; t++) {
+        if (t != j)
+            kvq_rt_key_rotated(r, L, H, t, kr);
+        uint8_t *b = H->fbits + (size_t)t * r->db;
+        memset(b, 0, (size_t)r->db);
+        for (int32_t c = 0; c < d; c++)
+            if (kvq_rk_fier_bit(kr[c], lo[c], hi[c]))
+                b[c >> 3] |= (uint8_t)(1u << (c & 7));
+    }
+}
+
+/* Quest: per-channel min / max of the post-RoPE keys of token j's page. */
+static void quest_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t j)
+{
+    const int32_t d = r->d, pg = r->p.quest_page;
+    const int64_t pi = j / pg;
+    float *lo = H->plo + (size_t)pi * d, *hi = H->phi + (size_t)pi * d;
+    float kr[KVQ_ROPE_MAX_DIM];
+    kvq_rt_key_rotated(r, L, H, j, kr);
+    for (int32_t c = 0; c < d; c++) {
+        lo[c] = j % pg == 0 || kr[c] < lo[c] ? kr[c] : lo[c];
+        hi[c] = j % pg == 0 || kr[c] > hi[c] ? kr[c] : hi[c];
+    }
+}
+
+/* Appends the chunk's n tokens to layer l: K, V, positions, codes, selector data. */
+static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
+{
+    rt_layer *L = &r->layer[c->layer];
+    const int64_t n = c->n, past = L->len, d = r->d, kvd = (int64_t)r->n_kv * d;
+    kvq_status s;
+    for (int64_t i = 0; i < n; i++)
+        L->pos[past + i] = c->pos[i];
+    for (int32_t h = 0; h < r->n_kv; h++) {
+        rt_head *H = &L->head[h];
+        for (int64_t i = 0; i < n; i++) {
+            const float *k = c->k + i * kvd + h * d, *v = c->v + i * kvd + h * d;
+            if (r->es == 2) {
+                kvq_f32_to_f16(k, (uint16_t *)H->k + (size_t)(past + i) * d, (size_t)d);
+                kvq_f32_to_f16(v, (uint16_t *)H->v + (size_t)(past + i) * d, (size_t)d);
+            } else {
+                memcpy((float *)H->k + (size_t)(past + i) * d, k, sizeof(float) * (size_t)d);
+                memcpy((float *)H->v + (size_t)(past + i) * d, v, sizeof(float) * (size_t)d);
+            }
+        }
+    }
+    const kvq_selector sel = r->p.selector;
+    if ((sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS) && L->cb[0]) {
+        const int32_t G = kvq_codebook_get_desc(L->cb[0])->groups;
+        if (n > r->buf_rows) {
+            if (!grow((void **)&r->kbuf, (size_t)n * d * sizeof(float)) ||
+                !grow((void **)&r->cbuf, (size_t)n * G * sizeof(int32_t)) ||
+                !grow((void **)&r->pbuf, (size_t)n * sizeof(int32_t)))
+                return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+            r->buf_rows = n;
+        }
+        for (int64_t i = 0; i < n; i++)
+            r->pbuf[i] = (int32_t)c->pos[i];
+        for (int32_t h = 0; h < r->n_kv; h++) {
+            rt_head *H = &L->head[h];
+            /* the key as cached (f16-rounded in an f16 cache): codes describe what is
+             * stored, and the fit assigned exactly these values when they are f32 */
+            for (int64_t i = 0; i < n; i++)
+                cache_row(r, H->k, past + i, r->kbuf + i * d);
+            kvq_err e = {0};
+            if ((s = kvq_codebook_encode(L->cb[h], r->kbuf, r->pbuf, n, 1, r->cbuf, &e)))
+                return kvq_err_set(err, s, "retrieval: layer %d head %d: %s", (int)c->layer,
+                                   (int)h, e.msg);
+            for (int64_t i = 0; i < n * G; i++)
+                H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
+        }
+    }
+    for (int32_t h = 0; h < r->n_kv; h++)
+        for (int64_t i = 0; i < n; i++) {
+            if (sel == KVQ_SELECT_FIER)
+                fier_append(r, L, &L->head[h], past + i);
+            else if (sel == KVQ_SELECT_QUEST)
+                quest_append(r, L, &L->head[h], past + i);
+        }
+    L->len = past + n;
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Attention
+ * ========================================================================== */
+
+/* Exact attention (exact RoPE) of the group's queries over tokens [0, nvis) whose
+ * rotated keys are krot [nvis, d]: probabilities into p [gs, ld] and outputs into
+ * o [gs, d]. qi: [gs, d] rotated queries. */
+static void exact_attention(const kvq_retrieval *r, const rt_head *H, const float *krot,
+                            const float *qi, int64_t nvis, float *p, int64_t ld, float *o)
+{
+    const float scale = (float)(1.0 / sqrt((double)r->d));
+    kvq_rk_logits(r->p.isa, qi, r->gs, r->d, krot, KVQ_DT_F32, r->d, NULL, nvis, scale, p, ld);
+    kvq_rk_softmax(r->p.isa, p, r->gs, nvis, ld);
+    kvq_rk_mix(r->p.isa, p, r->gs, ld, H->v, r->p.cache_dtype, r->d, NULL, nvis, r->d, o);
+}
+
+/* The group's queries rotated by R_b (qb) and by their position (qi). */
+static void rotate_queries(const kvq_retrieval *r, const float *q, int64_t pos, rt_scratch *S)
+{
+    const int32_t d = r->d;
+    for (int32_t g = 0; g < r->gs; g++) {
+        kvq_rk_rotate(q + (size_t)g * d, r->bcos, r->bsin, (int)r->rope.layout, d,
+                      S->qb + (size_t)g * d);
+        kvq_rt_rotate(r, q + (size_t)g * d, pos, S->qi + (size_t)g * d);
+    }
+}
+
+/* Measurement of one step (measure = 1): exact attention over every visible token,
+ * and the oracle's selection of the same size. */
+static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d, gs = r->gs;
+    for (int64_t j = 0; j < st->nvis; j++)
+        kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)j * d);
+    exact_attention(r, st->H, S->krot, S->qi, st->nvis, S->pfull, st->nvis, S->ofull);
+    double mass = 0, rel = 0;
+    for (int32_t g = 0; g < gs; g++) {
+        const float *pf = S->pfull + (size_t)g * st->nvis;
+        double sm = 0, e2 = 0, f2 = 0;
+        for (int64_t a = 0; a < m; a++)
+            sm += pf[att[a]];
+        for (int32_t t = 0; t < d; t++) {
+            const double x = S->o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
+            e2 += (x - y) * (x - y);
+            f2 += y * y;
+        }
+        mass += sm;
+        rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+    }
+    double recall = 1.0;
+    if (nsel < st->nc && nsel > 0) {
+        double unused = 0, unused2 = 0;
+        const int64_t no = kvq_rt_select(st, KVQ_SELECT_ORACLE, nsel, S->osel, &unused, &unused2);
+        /* both lists ascending: count the common indices */
+        int64_t a = 0, b = 0, common = 0;
+        const int32_t *sel = att + st->s_end;
+        while (a < nsel && b < no) {
+            if (sel[a] == S->osel[b]) {
+                common++;
+                a++;
+                b++;
+            } else if (sel[a] < S->osel[b]) {
+                a++;
+            } else {
+                b++;
+            }
+        }
+        recall = (double)common / (double)nsel;
+    }
+    S->sums.measured++;
+    S->sums.recall_mass += mass / gs;
+    S->sums.out_rel_err += rel / gs;
+    S->sums.recall_topk += recall;
+}
+
+/* One retrieval step: query row `row` of the chunk (position pos, nvis tokens
+ * visible) for KV head h; writes the group's outputs [gs, d] to out. */
+static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q,
+                           int64_t pos, int64_t nvis, int record, rt_scratch *S, float *out,
+                           int64_t ld_out)
+{
+    const rt_layer *L = &r->layer[layer];
+    rt_head *H = &L->head[h];
+    const int32_t d = r->d, gs = r->gs;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    rt_step st = {.r = r, .L = L, .H = H, .layer = layer, .head = h, .q = q, .pos = pos,
+                  .nvis = nvis, .S = S};
+    st.s_end = r->p.sink < nvis ? r->p.sink : nvis;
+    st.w_beg = nvis - r->window > st.s_end ? nvis - r->window : st.s_end;
+    st.nc = st.w_beg - st.s_end;
+    rotate_queries(r, q, pos, S);
+
+    /* ---- selection: sinks, the chosen candidates, the window (ascending) */
+    double sel_bytes = 0, cb_bytes = 0;
+    int32_t *att = S->att;
+    int64_t m = 0;
+    for (int64_t j = 0; j < st.s_end; j++)
+        att[m++] = (int32_t)j;
+    const int64_t k = kvq_budget_tokens(&r->p.budget, nvis);
+    const int64_t nsel = kvq_rt_select(&st, r->p.selector, k, att + m, &sel_bytes, &cb_bytes);
+    m += nsel;
+    if (record) { /* the chunk's last row: one writer per head */
+        if (nsel > H->sel_cap) {
+            int64_t cap = H->sel_cap ? 2 * H->sel_cap : 64;
+            while (cap < nsel)
+                cap *= 2;
+            /* a failed grow only loses the record kept for tests */
+            if (grow((void **)&H->sel, (size_t)cap * sizeof *H->sel))
+                H->sel_cap = cap;
+        }
+        H->n_sel = nsel <= H->sel_cap ? nsel : 0;
+        memcpy(H->sel, att + st.s_end, sizeof *H->sel * (size_t)H->n_sel);
+    }
+    const int64_t m_far = m; /* sinks + selection: non-local under WROPE */
+    for (int64_t j = st.w_beg; j < nvis; j++)
+        att[m++] = (int32_t)j;
+
+    /* ---- exact attention over the union */
+    float *lg = S->logits; /* [gs, m] */
+    if (r->p.positions == KVQ_POSITIONS_ROPE) {
+        for (int64_t a = 0; a < m; a++)
+            kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)a * d);
+        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m, scale, lg, m);
+    } else {
+        kvq_rk_logits(r->p.isa, S->qb, gs, d, H->k, r->p.cache_dtype, d, att, m_far, scale, lg, m);
+        for (int64_t a = m_far; a < m; a++)
+            kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)(a - m_far) * d);
+        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m - m_far, scale,
+                      lg + m_far, m);
+    }
+    kvq_rk_softmax(r->p.isa, lg, gs, m, m);
+    kvq_rk_mix(r->p.isa, lg, gs, m, H->v, r->p.cache_dtype, d, att, m, d, S->o);
+    for (int32_t g = 0; g < gs; g++)
+        memcpy(out + (size_t)g * ld_out, S->o + (size_t)g * d, sizeof(float) * (size_t)d);
+
+    /* ---- statistics */
+    if (st.nc > 0) {
+        S->sums.steps++;
+        S->sums.visible += (double)nvis;
+        S->sums.attended += (double)m;
+        S->sums.bytes_read += sel_bytes + (double)m * 2.0 * d * r->es;
+        S->sums.bytes_full += (double)nvis * 2.0 * d * r->es;
+        S->sums.bytes_codebook += cb_bytes;
+        if (r->p.measure)
+            measure_step(&st, att, m, nsel);
+    }
+}
+
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    kvq_retrieval *r = user;
+    kvq_status s;
+    if (c->layer < 0 || c->layer >= r->n_layers || c->n < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad attention call");
+    rt_layer *L = &r->layer[c->layer];
+    const int64_t past = L->len, n = c->n, T = past + n;
+    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
+    if (T > r->p.max_tokens)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval: sequence of %lld tokens exceeds max_tokens %lld",
+                           (long long)T, (long long)r->p.max_tokens);
+    int64_t max_pos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (c->pos[i] < 0 || c->pos[i] >= MAX_POSITION)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: position %lld out of range",
+                               (long long)c->pos[i]);
+        max_pos = c->pos[i] > max_pos ? c->pos[i] : max_pos;
+    }
+    if ((s = layer_reserve(r, L, T, err)) || (s = rope_reserve(r, max_pos, err)) ||
+        (s = scratch_reserve(r, T, n, err)) || (s = append(r, c, err)))
+        return s;
+
+    if (n > 1 && r->p.prefill_full) {
+        /* Prefill: exact attention of every row over the tokens before it. */
+#pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
+        for (int32_t h = 0; h < r->n_kv; h++) {
+            rt_scratch *S = &r->scr[thread_id()];
+            const rt_head *H = &L->head[h];
+            for (int64_t j = 0; j < T; j++)
+                kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
+            for (int64_t i = 0; i < n; i++) {
+                const float *q = c->q + ((size_t)i * nh + (size_t)h * gs) * d;
+                for (int32_t g = 0; g < gs; g++)
+                    kvq_rt_rotate(r, q + (size_t)g * d, c->pos[i], S->qi + (size_t)g * d);
+                const int64_t nvis = past + i + 1;
+                exact_attention(r, H, S->krot, S->qi, nvis, S->logits, nvis, S->o);
+                for (int32_t g = 0; g < gs; g++)
+                    memcpy(c->out + ((size_t)i * nh + (size_t)h * gs + g) * d,
+                           S->o + (size_t)g * d, sizeof(float) * (size_t)d);
+            }
+        }
+    } else {
+        const int64_t items = n * r->n_kv;
+#pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            const int64_t i = it / r->n_kv;
+            const int32_t h = (int32_t)(it % r->n_kv);
+            const size_t off = ((size_t)i * nh + (size_t)h * gs) * d;
+            retrieval_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == n - 1,
+                           &r->scr[thread_id()], c->out + off, d);
+        }
+    }
+    for (int32_t t = 0; t < r->n_scr; t++) {
+        rt_sums *a = &r->sums, *b = &r->scr[t].sums;
+        a->steps += b->steps;
+        a->measured += b->measured;
+        a->visible += b->visible;
+        a->attended += b->attended;
+        a->bytes_read += b->bytes_read;
+        a->bytes_full += b->bytes_full;
+        a->bytes_codebook += b->bytes_codebook;
+        a->recall_topk += b->recall_topk;
+        a->recall_mass += b->recall_mass;
+        a->out_rel_err += b->out_rel_err;
+        memset(b, 0, sizeof *b);
+    }
+    return KVQ_OK;
+}
+
+static void retrieval_reset(void *user) { kvq_retrieval_reset(user); }
+
+kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r)
+{
+    kvq_attn_backend b = {.name = kvq_selector_name(r->p.selector), .user = r,
+                          .attend = retrieval_attend, .reset = retrieval_reset};
+    return b;
+}
+
+/* ==========================================================================
+ * Statistics and test hooks
+ * ========================================================================== */
+
+void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out)
+{
+    const rt_sums *a = &r->sums;
+    memset(out, 0, sizeof *out);
+    out->steps = a->steps;
+    out->visible = a->visible;
+    out->attended = a->attended;
+    out->bytes_read = a->bytes_read;
+    out->bytes_full = a->bytes_full;
+    out->bytes_codebook = a->bytes_codebook;
+    out->measured = a->measured;
+    out->recall_topk = a->recall_topk;
+    out->recall_mass = a->recall_mass;
+    out->out_rel_err = a->out_rel_err;
+}
+
+void kvq_retrieval_stats_reset(kvq_retrieval *r) { memset(&r->sums, 0, sizeof r->sums); }
+
+const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,
+                                            int64_t *count)
+{
+    *count = 0;
+    if (layer < 0 || layer >= r->n_layers || head < 0 || head >= r->n_kv)
+        return NULL;
+    const rt_head *H = &r->layer[layer].head[head];
+    *count = H->n_sel;
+    return H->n_sel ? H->sel : NULL;
+}
+
+const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head,
+                                    int64_t j)
+{
+    if (layer < 0 || layer >= r->n_layers || head < 0 || head >= r->n_kv)
+        return NULL;
+    const rt_layer *L = &r->layer[layer];
+    if (!L->head[head].codes || j < 0 || j >= L->len || !L->cb[head])
+        return NULL;
+    return L->head[head].codes + (size_t)j * kvq_codebook_get_desc(L->cb[head])->groups;
+}

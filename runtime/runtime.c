@@ -1,0 +1,354 @@
+/*
+ * runtime.c — opening a .kvq artifact for decoding: format validation, the model
+ * identity check (field by field, never a silent fallback), one codebook and one LUT
+ * table per (layer, KV head); and the small parsers of kvq/runtime.h (selectors,
+ * budgets).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/artifact.h"
+#include "kvq/runtime.h"
+#include "kvq/util.h"
+#include "runtime/internal.h"
+
+/* ==========================================================================
+ * Selectors and budgets
+ * ========================================================================== */
+
+static const char *const selector_names[KVQ_SELECT_COUNT] = {
+    "full", "oracle", "codebook", "fier", "quest", "mass",
+};
+
+const char *kvq_selector_name(kvq_selector s)
+{
+    return (unsigned)s < KVQ_SELECT_COUNT ? selector_names[s] : "unknown";
+}
+
+kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq_err *err)
+{
+    if (method)
+        *method = -1;
+    if (!s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "selector: NULL");
+    for (int i = 0; i < KVQ_SELECT_COUNT; i++)
+        if (!strcmp(s, selector_names[i])) {
+            *sel = (kvq_selector)i;
+            return KVQ_OK;
+        }
+    if (!strcmp(s, "artifact")) {
+        *sel = KVQ_SELECT_CODEBOOK;
+        return KVQ_OK;
+    }
+    kvq_codebook_method m;
+    if (kvq_codebook_method_parse(s, &m, NULL) == KVQ_OK) {
+        *sel = KVQ_SELECT_CODEBOOK;
+        if (method)
+            *method = (int)m;
+        return KVQ_OK;
+    }
+    return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                       "unknown selector '%s' (full, oracle, codebook or the artifact's method "
+                       "name, fier, quest, mass)", s);
+}
+
+int kvq_selector_needs_artifact(kvq_selector s)
+{
+    return s == KVQ_SELECT_CODEBOOK || s == KVQ_SELECT_MASS;
+}
+
+kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
+{
+    kvq_err e = {0};
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget: empty");
+    if (!strcmp(s, "all")) {
+        *b = (kvq_budget){.count = 0, .fraction = 1.0};
+        return KVQ_OK;
+    }
+    const size_t n = strlen(s);
+    if (s[n - 1] == '%') {
+        char buf[64];
+        double pct;
+        if (n - 1 >= sizeof buf)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': too long", s);
+        memcpy(buf, s, n - 1);
+        buf[n - 1] = 0;
+        if (kvq_parse_f64(buf, 0, 100, &pct, &e) || !(pct > 0))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "budget '%s': a percentage must be in (0, 100]", s);
+        *b = (kvq_budget){.count = 0, .fraction = pct / 100.0};
+        return KVQ_OK;
+    }
+    if (!strchr(s, '.') && !strchr(s, 'e') && !strchr(s, 'E')) {
+        int64_t c;
+        if (kvq_parse_i64(s, 1, (int64_t)1 << 40, &c, &e))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "budget '%s': a count must be in [1, 2^40]", s);
+        *b = (kvq_budget){.count = c, .fraction = 0};
+        return KVQ_OK;
+    }
+    double f;
+    if (kvq_parse_f64(s, 0, 1, &f, &e) || !(f > 0))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a fraction must be in (0, 1]",
+                           s);
+    *b = (kvq_budget){.count = 0, .fraction = f};
+    return KVQ_OK;
+}
+
+int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n)
+{
+    if (n <= 0)
+        return 0;
+    if (b->count > 0)
+        return b->count;
+    if (b->fraction >= 1.0)
+        return n;
+    int64_t k = (int64_t)ceil(b->fraction * (double)n);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
+{
+    if (b->count > 0)
+        snprintf(buf, cap, "%lld", (long long)b->count);
+    else if (b->fraction >= 1.0)
+        snprintf(buf, cap, "all");
+    else
+        snprintf(buf, cap, "%.6g%%", b->fraction * 100.0);
+}
+
+/* ==========================================================================
+ * The artifact at run time
+ * ========================================================================== */
+
+struct kvq_runtime {
+    kvq_model_id model;          /* the artifact's identity */
+    kvq_codebook_method method;
+    int32_t K, G, wrope_w;
+    int64_t wrope_b;
+    int32_t n_layers, n_kv_heads;
+    kvq_codebook **cb;           /* [n_layers * n_kv_heads], NULL for layers without */
+    kvq_rk_table **tab;          /* same */
+    uint64_t bytes;
+};
+
+/* Reads an integer metadata value (required; the artifact was validated). */
+static kvq_status meta_int(const kvq_st *st, const char *path, const char *key, int64_t lo,
+                           int64_t hi, int64_t *out, kvq_err *err)
+{
+    const char *v = kvq_st_meta_get(st, key);
+    kvq_err e = {0};
+    if (!v)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata key %s is missing", path, key);
+    if (kvq_parse_i64(v, lo, hi, out, &e))
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: %s", path, key, e.msg);
+    return KVQ_OK;
+}
+
+static kvq_status meta_real(const kvq_st *st, const char *path, const char *key, double *out,
+                            kvq_err *err)
+{
+    const char *v = kvq_st_meta_get(st, key);
+    kvq_err e = {0};
+    if (!v)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata key %s is missing", path, key);
+    if (kvq_parse_f64(v, -1e300, 1e300, out, &e))
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: %s", path, key, e.msg);
+    return KVQ_OK;
+}
+
+#define MISMATCH(field, fmt, a, b)                                                           \
+    kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (" fmt " vs " fmt ")", path, \
+                label, field, a, b)
+
+/* The attention-relevant identity, field by field, then the rest when recorded. */
+static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_model_id *m,
+                                 const char *label, kvq_model_id *art, kvq_err *err)
+{
+    static const struct {
+        const char *key;
+        size_t off;
+    } ints[] = {
+        {"n_layers", offsetof(kvq_model_id, n_layers)},
+        {"n_heads", offsetof(kvq_model_id, n_heads)},
+        {"n_kv_heads", offsetof(kvq_model_id, n_kv_heads)},
+        {"head_dim", offsetof(kvq_model_id, head_dim)},
+    };
+    kvq_status s;
+    char key[64];
+    memset(art, 0, sizeof *art);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        int64_t v;
+        snprintf(key, sizeof key, "model.%s", ints[i].key);
+        if ((s = meta_int(st, path, key, 1, INT32_MAX, &v, err)))
+            return s;
+        const int32_t want = *(const int32_t *)((const char *)m + ints[i].off);
+        *(int32_t *)((char *)art + ints[i].off) = (int32_t)v;
+        if (v != want)
+            return MISMATCH(ints[i].key, "%lld", (long long)v, (long long)want);
+    }
+    art->rope = kvq_rope_default(art->head_dim);
+    if ((s = meta_real(st, path, KVQ_META_ROPE_BASE, &art->rope.base, err)))
+        return s;
+    if (art->rope.base != m->rope.base)
+        return MISMATCH("rope.base", "%.17g", art->rope.base, m->rope.base);
+    /* validate() checked that layout and scaling parse */
+    kvq_rope_layout_parse(kvq_st_meta_get(st, KVQ_META_ROPE_LAYOUT), &art->rope.layout);
+    if (art->rope.layout != m->rope.layout)
+        return MISMATCH("rope.layout", "%s", kvq_rope_layout_name(art->rope.layout),
+                        kvq_rope_layout_name(m->rope.layout));
+    kvq_rope_scaling_parse(kvq_st_meta_get(st, KVQ_META_ROPE_SCALING), &art->rope.scaling);
+    if (art->rope.scaling != m->rope.scaling)
+        return MISMATCH("rope.scaling", "%s", kvq_rope_scaling_name(art->rope.scaling),
+                        kvq_rope_scaling_name(m->rope.scaling));
+    if (m->rope.scaling != KVQ_ROPE_SCALING_NONE) {
+        static const char *const keys[] = {"rope.factor", "rope.low_freq_factor",
+                                           "rope.high_freq_factor", "rope.original_max_pos"};
+        double *av[] = {&art->rope.factor, &art->rope.low_freq_factor,
+                        &art->rope.high_freq_factor, &art->rope.original_max_pos};
+        const double mv[] = {m->rope.factor, m->rope.low_freq_factor, m->rope.high_freq_factor,
+                             m->rope.original_max_pos};
+        const int n = m->rope.scaling == KVQ_ROPE_SCALING_LINEAR ? 1 : 4;
+        for (int i = 0; i < n; i++) {
+            snprintf(key, sizeof key, "model.%s", keys[i]);
+            if ((s = meta_real(st, path, key, av[i], err)))
+                return s;
+            if (*av[i] != mv[i])
+                return MISMATCH(keys[i], "%.17g", *av[i], mv[i]);
+        }
+    }
+    /* The rest of the identity (architecture, widths, vocabulary ...) when the artifact
+     * records all of it, as `kvq fit` does. */
+    kvq_model_id full;
+    kvq_err e = {0};
+    if (kvq_model_id_from_meta(st, "model.", path, &full, &e) == KVQ_OK) {
+        *art = full;
+        char la[1100];
+        snprintf(la, sizeof la, "%s", path);
+        if ((s = kvq_model_id_compare(art, la, m, label, err)))
+            return s;
+    }
+    return KVQ_OK;
+}
+#undef MISMATCH
+
+void kvq_runtime_close(kvq_runtime *rt)
+{
+    if (!rt)
+        return;
+    const size_t n = (size_t)rt->n_layers * (size_t)rt->n_kv_heads;
+    for (size_t i = 0; rt->cb && i < n; i++)
+        kvq_codebook_free(rt->cb[i]);
+    for (size_t i = 0; rt->tab && i < n; i++)
+        kvq_rk_table_free(rt->tab[i]);
+    free(rt->cb);
+    free(rt->tab);
+    free(rt);
+}
+
+kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const char *label,
+                            kvq_runtime **out, kvq_err *err)
+{
+    kvq_artifact *a = NULL;
+    kvq_runtime *rt = NULL;
+    int32_t *layers = NULL;
+    size_t n_layers_listed = 0;
+    kvq_status s;
+    *out = NULL;
+    if (!path || !model || !label)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "runtime: NULL argument");
+    if ((s = kvq_artifact_open(path, &a, err)) || (s = kvq_artifact_validate(a, err)))
+        goto done;
+    const kvq_st *st = kvq_artifact_payload(a);
+    const char *method = kvq_st_meta_get(st, KVQ_META_METHOD);
+    if (!method || !strcmp(method, KVQ_METHOD_NONE)) {
+        s = kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                        "%s: the artifact has no codebooks (method \"%s\"): nothing to retrieve "
+                        "with", path, method ? method : "?");
+        goto done;
+    }
+    if (!(rt = calloc(1, sizeof *rt))) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    if ((s = check_identity(st, path, model, label, &rt->model, err)))
+        goto done;
+    int64_t K, G, w, b;
+    if ((s = meta_int(st, path, KVQ_META_CODEBOOK_SIZE, 2, 65536, &K, err)) ||
+        (s = meta_int(st, path, KVQ_META_GROUPS, 1, model->head_dim, &G, err)) ||
+        (s = meta_int(st, path, KVQ_META_WROPE_W, 1, INT32_MAX, &w, err)) ||
+        (s = meta_int(st, path, KVQ_META_WROPE_B, 0, INT32_MAX, &b, err)) ||
+        (s = kvq_codebook_method_from_format(method, (int32_t)G, &rt->method, err)))
+        goto done;
+    rt->K = (int32_t)K;
+    rt->G = (int32_t)G;
+    rt->wrope_w = (int32_t)w;
+    rt->wrope_b = b;
+    rt->n_layers = model->n_layers;
+    rt->n_kv_heads = model->n_kv_heads;
+    const size_t n = (size_t)rt->n_layers * (size_t)rt->n_kv_heads;
+    rt->cb = calloc(n, sizeof *rt->cb);
+    rt->tab = calloc(n, sizeof *rt->tab);
+    if (!rt->cb || !rt->tab) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    const char *ls = kvq_st_meta_get(st, KVQ_META_LAYERS);
+    if (ls) {
+        kvq_err e = {0};
+        if (kvq_parse_index_list(ls, rt->n_layers, &layers, &n_layers_listed, &e)) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata layers: %s", path, e.msg);
+            goto done;
+        }
+    }
+    for (int32_t l = 0; l < rt->n_layers; l++) {
+        int listed = !ls;
+        for (size_t i = 0; i < n_layers_listed && !listed; i++)
+            listed = layers[i] == l;
+        if (!listed)
+            continue;
+        for (int32_t h = 0; h < rt->n_kv_heads; h++) {
+            const size_t i = (size_t)l * rt->n_kv_heads + h;
+            kvq_err e = {0};
+            if ((s = kvq_codebook_load(st, l, h, &rt->cb[i], &e))) {
+                kvq_err_set(err, s, "%s: %s", path, e.msg);
+                goto done;
+            }
+            if ((s = kvq_rk_table_create(rt->cb[i], &rt->tab[i], err)))
+                goto done;
+            rt->bytes += (uint64_t)K * model->head_dim * (sizeof(float) + sizeof(uint16_t));
+        }
+    }
+    *out = rt;
+    rt = NULL;
+done:
+    free(layers);
+    kvq_runtime_close(rt);
+    kvq_artifact_close(a);
+    return s;
+}
+
+kvq_codebook_method kvq_runtime_method(const kvq_runtime *rt) { return rt->method; }
+int32_t kvq_runtime_codebook_size(const kvq_runtime *rt) { return rt->K; }
+int32_t kvq_runtime_groups(const kvq_runtime *rt) { return rt->G; }
+int32_t kvq_runtime_wrope_w(const kvq_runtime *rt) { return rt->wrope_w; }
+int64_t kvq_runtime_wrope_b(const kvq_runtime *rt) { return rt->wrope_b; }
+const kvq_model_id *kvq_runtime_model(const kvq_runtime *rt) { return &rt->model; }
+uint64_t kvq_runtime_bytes(const kvq_runtime *rt) { return rt->bytes; }
+
+const kvq_codebook *kvq_runtime_codebook(const kvq_runtime *rt, int32_t layer, int32_t head)
+{
+    if (layer < 0 || layer >= rt->n_layers || head < 0 || head >= rt->n_kv_heads)
+        return NULL;
+    return rt->cb[(size_t)layer * rt->n_kv_heads + head];
+}
+
+const kvq_rk_table *kvq_runtime_table(const kvq_runtime *rt, int32_t layer, int32_t head)
+{
+    if (layer < 0 || layer >= rt->n_layers || head < 0 || head >= rt->n_kv_heads)
+        return NULL;
+    return rt->tab[(size_t)layer * rt->n_kv_heads + head];
+}

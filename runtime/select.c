@@ -1,0 +1,291 @@
+/*
+ * select.c — the selectors of retrieval decoding: which candidates of one step
+ * (query row, layer, KV head) are attended. Every selector scores the candidates
+ * [s_end, w_beg) and the top-k kernel keeps the best; see kvq/runtime.h for the
+ * definitions and the GQA rule (sum, or max, over the group's query heads).
+ *
+ * The step (retrieval.c) has already filled S->qb (q R_b) and S->qi (q R_i) for the
+ * group's query heads.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/runtime.h"
+#include "runtime/internal.h"
+#include "runtime/kernels.h"
+
+/* Sum of the group's query rows.   q: [gs, d] -> out: [d] */
+static void group_sum(const float *q, int32_t gs, int32_t d, float *out)
+{
+    memcpy(out, q, sizeof(float) * (size_t)d);
+    for (int32_t g = 1; g < gs; g++)
+        for (int32_t t = 0; t < d; t++)
+            out[t] += q[(size_t)g * d + t];
+}
+
+/* ---- oracle: exact scores under the position mode ------------------------------------- */
+
+static void oracle_scores(const rt_step *st, float *scores)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d, gs = r->gs;
+    const int max = r->p.group == KVQ_GROUP_MAX;
+    const int32_t nq = max ? gs : 1;
+    float *q = S->qx; /* [nq, d] */
+    if (r->p.positions == KVQ_POSITIONS_WROPE) {
+        /* q R_b . k_j on the stored (pre-RoPE) keys */
+        if (max)
+            memcpy(q, S->qb, sizeof(float) * (size_t)gs * d);
+        else
+            group_sum(S->qb, gs, d, q);
+        const char *base = (const char *)st->H->k + (size_t)st->s_end * d * r->es;
+        float *out = max ? S->logits : scores;
+        kvq_rk_logits(r->p.isa, q, nq, d, base, r->p.cache_dtype, d, NULL, st->nc, 1.0f, out,
+                      st->nc);
+        if (max)
+            for (int64_t j = 0; j < st->nc; j++) {
+                float m = out[j];
+                for (int32_t g = 1; g < gs; g++)
+                    m = out[(size_t)g * st->nc + j] > m ? out[(size_t)g * st->nc + j] : m;
+                scores[j] = m;
+            }
+        return;
+    }
+    /* ROPE: q R_i . k_j R_j, rotating each candidate on the fly */
+    if (max)
+        memcpy(q, S->qi, sizeof(float) * (size_t)gs * d);
+    else
+        group_sum(S->qi, gs, d, q);
+    float kr[KVQ_ROPE_MAX_DIM];
+    for (int64_t j = 0; j < st->nc; j++) {
+        kvq_rt_key_rotated(r, st->L, st->H, st->s_end + j, kr);
+        float best = 0;
+        for (int32_t g = 0; g < nq; g++) {
+            double s = 0;
+            for (int32_t t = 0; t < d; t++)
+                s += (double)q[(size_t)g * d + t] * kr[t];
+            if (g == 0 || (float)s > best)
+                best = (float)s;
+        }
+        scores[j] = best;
+    }
+}
+
+/* ---- codebook: LUT of the scoring query over the codes -------------------------------- */
+
+static void codebook_scores(const rt_step *st, float *scores, double *cb_bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_rk_table *tab = st->L->tab[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t d = r->d, gs = r->gs, G = D->groups, K = D->k;
+    const uint16_t *codes = st->H->codes + (size_t)st->s_end * G;
+    float qs[KVQ_ROPE_MAX_DIM];
+    if (r->p.group == KVQ_GROUP_SUM) {
+        for (int32_t g = 0; g < gs; g++)
+            kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, S->qx + (size_t)g * d);
+        group_sum(S->qx, gs, d, qs);
+        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+        kvq_rk_score(r->p.isa, S->lut, G, K, codes, st->nc, scores);
+        *cb_bytes += (double)kvq_rk_table_bytes(tab);
+        return;
+    }
+    for (int32_t g = 0; g < gs; g++) {
+        kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, qs);
+        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+        kvq_rk_score(r->p.isa, S->lut, G, K, codes, st->nc, g ? S->tmp : scores);
+        for (int64_t j = 0; g && j < st->nc; j++)
+            scores[j] = S->tmp[j] > scores[j] ? S->tmp[j] : scores[j];
+        *cb_bytes += (double)kvq_rk_table_bytes(tab);
+    }
+}
+
+/* ---- fier: 1-bit keys per group of tokens ----------------------------------------------- */
+
+static void fier_scores(const rt_step *st, float *scores, double *bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d, gs = r->gs, fg = r->p.fier_group;
+    const int max = r->p.group == KVQ_GROUP_MAX;
+    const int32_t nq = max ? gs : 1;
+    if (max)
+        memcpy(S->qx, S->qi, sizeof(float) * (size_t)gs * d);
+    else
+        group_sum(S->qi, gs, d, S->qx);
+    float qs[KVQ_ROPE_MAX_DIM];
+    const int64_t j0 = st->s_end, j1 = st->w_beg;
+    int64_t groups = 0;
+    for (int64_t gbeg = j0 - j0 % fg; gbeg < j1; gbeg += fg, groups++) {
+        const int64_t gi = gbeg / fg;
+        const float *lo = st->H->flo + (size_t)gi * d, *hi = st->H->fhi + (size_t)gi * d;
+        const int64_t a = gbeg > j0 ? gbeg : j0, b = gbeg + fg < j1 ? gbeg + fg : j1;
+        for (int32_t h = 0; h < nq; h++) {
+            const float *q = S->qx + (size_t)h * d;
+            float off = 0;
+            for (int32_t c = 0; c < d; c++) {
+                off += q[c] * lo[c];
+                qs[c] = q[c] * (hi[c] - lo[c]);
+            }
+            for (int64_t j = a; j < b; j++) {
+                const float s =
+                    kvq_rk_fier_score(st->H->fbits + (size_t)j * r->db, qs, off, d);
+                if (h == 0 || s > scores[j - j0])
+                    scores[j - j0] = s;
+            }
+        }
+    }
+    *bytes += (double)st->nc * r->db + (double)groups * 2.0 * d * sizeof(float);
+}
+
+/* ---- quest: per-page upper bounds -------------------------------------------------------- */
+
+static void quest_scores(const rt_step *st, float *scores, double *bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d, gs = r->gs, pg = r->p.quest_page;
+    const int max = r->p.group == KVQ_GROUP_MAX;
+    const int64_t j0 = st->s_end, j1 = st->w_beg;
+    int64_t pages = 0;
+    for (int64_t pbeg = j0 - j0 % pg; pbeg < j1; pbeg += pg, pages++) {
+        const int64_t pi = pbeg / pg;
+        const float *lo = st->H->plo + (size_t)pi * d, *hi = st->H->phi + (size_t)pi * d;
+        float agg = 0;
+        for (int32_t h = 0; h < gs; h++) {
+            const float *q = S->qi + (size_t)h * d;
+            float b = 0;
+            for (int32_t c = 0; c < d; c++)
+                b += kvq_rk_quest_term(q[c], lo[c], hi[c]);
+            agg = h == 0 ? b : max ? (b > agg ? b : agg) : agg + b;
+        }
+        const int64_t a = pbeg > j0 ? pbeg : j0, e = pbeg + pg < j1 ? pbeg + pg : j1;
+        for (int64_t j = a; j < e; j++)
+            scores[j - j0] = agg;
+    }
+    *bytes += (double)pages * 2.0 * d * sizeof(float);
+}
+
+/* ---- mass: smallest set reaching tau of the approximate softmax --------------------------- */
+
+/* Number of candidates k* of the hcattention rule: the smallest k such that the k
+ * largest logits (ties to the lower index, as kvq_rk_topk takes them) hold at least
+ * tau of softmax(logits). O(n): a radix search like kvq_rk_topk with each bin weighted
+ * by its softmax mass (in double). keys: [2n] scratch, w: [n] scratch. */
+static int64_t mass_count(const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
+{
+    uint32_t *sub = keys + n;
+    float mx = lg[0];
+    for (int64_t j = 1; j < n; j++)
+        mx = lg[j] > mx ? lg[j] : mx;
+    double Z = 0;
+    for (int64_t j = 0; j < n; j++)
+        Z += exp((double)lg[j] - mx);
+    double need = tau * Z; /* mass still to collect below the digits fixed so far */
+    int64_t taken = 0;     /* candidates above the digits fixed so far */
+    uint32_t T = 0;
+    int64_t m = n;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = kvq_rk_digit_shift(pass);
+        const uint32_t mask = kvq_rk_digit_mask(pass);
+        static const int64_t nb = KVQ_RK_HIST;
+        double hw[KVQ_RK_HIST];
+        int64_t hc[KVQ_RK_HIST];
+        memset(hw, 0, sizeof(double) * nb);
+        memset(hc, 0, sizeof(int64_t) * nb);
+        for (int64_t i = 0; i < m; i++) {
+            uint32_t k;
+            double e;
+            if (pass == 0) {
+                k = keys[i] = kvq_rk_key(lg[i]);
+                e = exp((double)lg[i] - mx);
+            } else {
+                k = sub[i];
+                e = w[i];
+            }
+            hw[(k >> shift) & mask] += e;
+            hc[(k >> shift) & mask]++;
+        }
+        uint32_t b = mask;
+        while (b > 0 && (hc[b] == 0 || hw[b] < need)) {
+            need -= hw[b];
+            taken += hc[b];
+            b--;
+        }
+        T |= b << shift;
+        /* keep the keys of the chosen bin (with their weights) for the next digit */
+        int64_t mm = 0;
+        for (int64_t i = 0; i < m; i++) {
+            const uint32_t k = pass == 0 ? keys[i] : sub[i];
+            if (((k >> shift) & mask) == b) {
+                w[mm] = pass == 0 ? exp((double)lg[i] - mx) : w[i];
+                sub[mm++] = k;
+            }
+        }
+        m = mm;
+    }
+    /* m keys equal T remain, each of weight w[0]: take as many as the mass needs */
+    if (m == 0)
+        return taken > 0 ? taken : 1;
+    int64_t ties = need <= 0 ? 1 : (int64_t)ceil(need / w[0]);
+    ties = ties < 1 ? 1 : ties > m ? m : ties;
+    return taken + ties;
+}
+
+/* ---- the selection ------------------------------------------------------------------------ */
+
+int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
+                      double *sel_bytes, double *codebook_bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int64_t nc = st->nc;
+    if (nc <= 0)
+        return 0;
+    /* Layers without codebooks attend fully (the format's rule for absent layers). */
+    if ((selector == KVQ_SELECT_CODEBOOK || selector == KVQ_SELECT_MASS) &&
+        !st->L->cb[st->head])
+        selector = KVQ_SELECT_FULL;
+    if (selector == KVQ_SELECT_FULL || (k >= nc && selector != KVQ_SELECT_MASS)) {
+        for (int64_t j = 0; j < nc; j++)
+            sel[j] = (int32_t)(st->s_end + j);
+        return nc;
+    }
+    float *scores = S->scores;
+    switch (selector) {
+    case KVQ_SELECT_ORACLE:
+        oracle_scores(st, scores);
+        *sel_bytes += (double)nc * r->d * r->es;
+        break;
+    case KVQ_SELECT_CODEBOOK:
+    case KVQ_SELECT_MASS:
+        codebook_scores(st, scores, codebook_bytes);
+        *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(st->L->cb[st->head])->groups;
+        break;
+    case KVQ_SELECT_FIER:
+        fier_scores(st, scores, sel_bytes);
+        break;
+    case KVQ_SELECT_QUEST:
+        quest_scores(st, scores, sel_bytes);
+        break;
+    case KVQ_SELECT_FULL:
+        break;
+    }
+    if (selector == KVQ_SELECT_MASS) {
+        /* approximate logits: the mean (SUM) or max of the heads' scores, / sqrt(d) */
+        const float sc = (float)(1.0 / sqrt((double)r->d)) /
+                         (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
+        for (int64_t j = 0; j < nc; j++)
+            S->tmp[j] = scores[j] * sc;
+        const int64_t kstar = mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
+        k = kstar < k ? kstar : k;
+    }
+    const int64_t n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);
+    for (int64_t j = 0; j < n; j++)
+        sel[j] += (int32_t)st->s_end;
+    return n;
+}
