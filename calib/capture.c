@@ -205,8 +205,12 @@ struct kvq_capture_writer {
  * touched). Each tile of 4 x 4 entries is summed over every row in order, starting from
  * zero, then added to C once: every entry gets the same sequence of roundings whichever
  * path computes it, so the result depends only on X, never on threads or the CPU (no
- * reassociation, and -std=c11 forbids FMA contraction).       X: [n, d]   C: [d, d]
+ * reassociation, and no FMA contraction: GCC does not contract in ISO C mode, clang is
+ * told so below).                                               X: [n, d]   C: [d, d]
  * The 2-wide vectors are the GNU C vector extension (SSE2 on x86-64). */
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
 typedef double v2d __attribute__((vector_size(16)));
 
 static inline v2d v2d_load(const double *p)

@@ -27,7 +27,7 @@ void kvq_corpus_params_default(kvq_corpus_params *p)
     p->uuid_lines = 64;
     p->passkey_filler = 40;
     p->kv_pairs = 32;
-    p->max_doc_bytes = 1u << 20;
+    p->max_doc_bytes = 1u << 16;
 }
 
 void kvq_seq_params_default(kvq_seq_params *p)

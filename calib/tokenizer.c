@@ -996,7 +996,7 @@ kvq_status kvq_tokenizer_from_gguf(const kvq_gguf *g, const char *label,
         for (uint32_t i = 0; i < n; i++) {
             const kvq_gguf_value *it = &yv->v.arr.items[i];
             int64_t x = it->type == KVQ_GGUF_INT32 ? it->v.i : (int64_t)it->v.u;
-            types[i] = (x < 0 || x > 6) ? 99 : (int32_t)x; /* 99: rejected by _new */
+            types[i] = (x < INT32_MIN || x > INT32_MAX) ? INT32_MAX : (int32_t)x; /* _new checks */
         }
         v.types = types;
     }

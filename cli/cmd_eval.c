@@ -1,10 +1,12 @@
-/* cmd_eval.c — `kvq eval`: perplexity of a model on a corpus, full attention. */
+/* cmd_eval.c — `kvq eval`: perplexity of a model on a corpus, full attention; with
+ * --artifact / --selectors, the retrieval table of cli/eval_retrieval.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/retrieval.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"
@@ -32,8 +34,20 @@ static void eval_usage(FILE *f)
             "  -q, --quiet        nothing on stderr but errors\n"
             "  -v, --verbose      more detail\n"
             "  -h, --help         this help\n"
+            "\n");
+    cli_retrieval_usage(f, 1);
+    fprintf(f,
             "\n"
-            "example: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n");
+            "With retrieval options, eval first measures full attention (the reference), then\n"
+            "for every selector and budget: perplexity with retrieval at every predicted\n"
+            "position (d_ppl: minus the reference), recall of the oracle's top-K tokens,\n"
+            "exact attention mass on the attended tokens, relative error of the attention\n"
+            "output, the fraction of the KV cache read per step, and the passkey and\n"
+            "kv-recall accuracy of the corpus's task documents (prompt attended exactly,\n"
+            "answer decoded greedily with retrieval).\n"
+            "\n"
+            "examples: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n"
+            "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n");
 }
 
 typedef struct eval_state {
@@ -96,9 +110,17 @@ int cmd_eval(int argc, char **argv)
     const char *cmd = "eval", *model_path = NULL, *spec = NULL;
     int64_t seq_len = 512, max_tokens = 0, seed = 0, threads = 0;
     int quiet = 0, verbose = 0, json = 0, rc = 0;
+    cli_retrieval ro;
+    cli_retrieval_init(&ro);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const int r = cli_retrieval_opt(cmd, &ro, argc, argv, &i, 1);
+        if (r >= 0) {
+            if (r)
+                return r;
+            continue;
+        }
         if (cli_is_help(a)) {
             eval_usage(stdout);
             return 0;
@@ -170,6 +192,11 @@ int cmd_eval(int argc, char **argv)
             goto done;
         }
         tok = ids_tok;
+    }
+    if (ro.given) {
+        rc = cli_eval_retrieval(&ro, m, model_path, spec, corpus, tok, seq_len, max_tokens,
+                                (int32_t)threads, json, &cb);
+        goto done;
     }
 
     kvq_forward_params fp = kvq_forward_params_default();

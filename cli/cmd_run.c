@@ -1,9 +1,11 @@
-/* cmd_run.c — `kvq run`: generate text from a model with full attention. */
+/* cmd_run.c — `kvq run`: generate text from a model with full attention, or with
+ * retrieval attention (--artifact / --selector: cli/retrieval.c, kvq/runtime.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/retrieval.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"
 
@@ -16,6 +18,9 @@ static void run_usage(FILE *f)
             "with exact (full) attention, and prints the prompt followed by the\n"
             "continuation on stdout. Timing and the memory estimate go to stderr.\n"
             "Generation stops after N tokens or at an end-of-sequence token.\n"
+            "With --artifact or --selector the prompt is still attended exactly, and every\n"
+            "generated token attends to the sink tokens, the recent window and the tokens\n"
+            "the selector retrieves (the fraction of the KV cache read goes to stderr).\n"
             "\n"
             "options:\n"
             "  --model M          GGUF file or HF directory (required)\n"
@@ -28,8 +33,11 @@ static void run_usage(FILE *f)
             "  -q, --quiet        nothing on stderr but errors\n"
             "  -v, --verbose      more detail\n"
             "  -h, --help         this help\n"
-            "\n"
-            "example: kvq run --model stories260K.gguf -n 48 --temp 0\n");
+            "\n");
+    cli_retrieval_usage(f, 0);
+    fprintf(f, "\n"
+               "examples: kvq run --model stories260K.gguf -n 48 --temp 0\n"
+               "          kvq run --model M --artifact M.kvq --budget 6%% --prompt \"...\"\n");
 }
 
 /* Prints the bytes of decode(ids) past *printed (decoding the whole prefix keeps
@@ -69,9 +77,17 @@ int cmd_run(int argc, char **argv)
     int64_t n_gen = 256, seed = 0, threads = 0;
     double temp = 0.8, top_p = 0.95;
     int quiet = 0, verbose = 0, rc = 0;
+    cli_retrieval ro;
+    cli_retrieval_init(&ro);
 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        const int r = cli_retrieval_opt(cmd, &ro, argc, argv, &i, 0);
+        if (r >= 0) {
+            if (r)
+                return r;
+            continue;
+        }
         if (cli_is_help(a)) {
             run_usage(stdout);
             return 0;
@@ -116,11 +132,21 @@ int cmd_run(int argc, char **argv)
         run_usage(stderr);
         return cli_failf(2, "run: --model is required");
     }
+    if (ro.given && !ro.artifact && !ro.selectors)
+        return cli_failf(2, "run: retrieval options need --artifact or --selector");
+    if (ro.selectors && strchr(ro.selectors, ','))
+        return cli_failf(2, "run: --selector takes one selector");
+    if (ro.budgets && strchr(ro.budgets, ','))
+        return cli_failf(2, "run: --budget takes one budget");
 
     kvq_callbacks cb = cli_callbacks(verbose, quiet);
     kvq_err e = {0};
     kvq_model *m = NULL;
     kvq_forward *f = NULL;
+    kvq_runtime *rt = NULL;
+    kvq_retrieval *ret = NULL;
+    cli_row *rows = NULL;
+    size_t n_rows = 0;
     int32_t *ids = NULL, *prompt_ids = NULL, *work_i = NULL;
     float *logits = NULL, *work_p = NULL;
     size_t n_prompt = 0, printed = 0;
@@ -162,6 +188,26 @@ int cmd_run(int argc, char **argv)
     if (kvq_forward_create(m, &fp, &f, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;
+    }
+    if (ro.given) {
+        /* retrieval: one selector and budget (default: the artifact's codebook, 6%) */
+        if ((rc = cli_retrieval_open(&ro, m, model_path, &rt)))
+            goto done;
+        if (!ro.selectors)
+            ro.selectors = "codebook";
+        if ((rc = cli_retrieval_rows(cmd, &ro, rt, &rows, &n_rows)))
+            goto done;
+        kvq_retrieval_params rp = ro.p;
+        rp.selector = rows[0].selector;
+        rp.budget = rows[0].budget;
+        rp.max_tokens = total;
+        rp.cb = cb;
+        if (kvq_retrieval_create(c, rt, &rp, &ret, &e) != KVQ_OK) {
+            rc = cli_fail(&e);
+            goto done;
+        }
+        const kvq_attn_backend backend = kvq_retrieval_backend(ret);
+        kvq_forward_set_attention(f, &backend);
     }
 
     /* ---- prompt: one prefill; its text is printed as it decodes */
@@ -205,8 +251,21 @@ int cmd_run(int argc, char **argv)
             "prompt: %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)",
             n_prompt, t1 - t0, (long long)n_out, t2 - t1,
             t2 > t1 ? (double)n_out / (t2 - t1) : 0.0);
+    if (ret) {
+        kvq_retrieval_stats st;
+        kvq_retrieval_stats_get(ret, &st);
+        const double n = st.steps ? (double)st.steps : 1.0;
+        kvq_log(&cb, KVQ_LOG_INFO,
+                "retrieval: %s, budget %s: %llu steps (layer x KV head) attended %.1f of %.1f "
+                "cached tokens on average, reading %.2f%% of the KV cache",
+                rows[0].name, rows[0].budget_str, (unsigned long long)st.steps, st.attended / n,
+                st.visible / n, st.bytes_full > 0 ? 100.0 * st.bytes_read / st.bytes_full : 100.0);
+    }
 done:
     kvq_forward_free(f);
+    kvq_retrieval_free(ret);
+    kvq_runtime_close(rt);
+    free(rows);
     kvq_model_close(m);
     free(ids);
     free(prompt_ids);

@@ -892,6 +892,8 @@ kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t 
                            "tensor '%s': rows [%lld, %lld + %lld) are outside its %lld rows",
                            name, (long long)row0, (long long)row0, (long long)nrows,
                            (long long)rows);
+    if (nrows == 0) /* nothing to do; a 0-row tensor may have any ne[0] */
+        return KVQ_OK;
     size_t row_bytes, skip, total, n;
     if (!kvq_size_mul((size_t)t->ne[0] / ti->block, ti->bytes, &row_bytes) ||
         !kvq_size_mul((size_t)row0, row_bytes, &skip) ||

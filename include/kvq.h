@@ -23,5 +23,9 @@
 #include "kvq/kmeans.h"
 #include "kvq/tokenizer.h"
 #include "kvq/corpus.h"
+#include "kvq/model.h"
+#include "kvq/capture_dir.h"
+#include "kvq/capture.h"
+#include "kvq/moments.h"
 
 #endif

@@ -20,6 +20,7 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #define TARGET __attribute__((target("avx2")))
 
@@ -66,53 +67,72 @@ TARGET void kvq_km_row_argmin_avx2(const float *s, const float *cn, float xn, in
     *out_dist = b;
 }
 
-TARGET void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
-                                      int32_t kc, int32_t *assign, float *dist2)
-{
-    const int32_t kc8 = (kc + 7) & ~7;
-    const __m256i eight = _mm256_set1_epi32(8);
-    for (int64_t r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)r * d;
-        __m256 best = _mm256_set1_ps(INFINITY);
-        __m256i bi = _mm256_set1_epi32(INT32_MAX);
-        __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        for (int32_t j = 0; j < kc8; j += 8) {
-            /* acc[l] sums the terms t = l mod 8, as the lanes of kvq_km_l2sq */
-            __m256 acc[KVQ_KM_LANES];
-            for (int l = 0; l < KVQ_KM_LANES; l++)
-                acc[l] = _mm256_setzero_ps();
-            for (int32_t t = 0; t < d; t++) {
-                const __m256 diff =
-                    _mm256_sub_ps(_mm256_set1_ps(xr[t]), _mm256_loadu_ps(ct + (size_t)t * kc8 + j));
-                acc[t % KVQ_KM_LANES] =
-                    _mm256_add_ps(acc[t % KVQ_KM_LANES], _mm256_mul_ps(diff, diff));
-            }
-            __m256 v = _mm256_add_ps(_mm256_setzero_ps(), acc[0]);
-            for (int l = 1; l < KVQ_KM_LANES; l++)
-                v = _mm256_add_ps(v, acc[l]);
-            /* padding lanes (j + l >= kc) never win */
-            const __m256i valid = _mm256_cmpgt_epi32(_mm256_set1_epi32(kc), jv);
-            const __m256 lt =
-                _mm256_and_ps(_mm256_cmp_ps(v, best, _CMP_LT_OQ), _mm256_castsi256_ps(valid));
-            best = _mm256_blendv_ps(best, v, lt);
-            bi = _mm256_castps_si256(
-                _mm256_blendv_ps(_mm256_castsi256_ps(bi), _mm256_castsi256_ps(jv), lt));
-            jv = _mm256_add_epi32(jv, eight);
-        }
-        float bl[8];
-        int32_t il[8];
-        _mm256_storeu_ps(bl, best);
-        _mm256_storeu_si256((__m256i *)il, bi);
-        float b = bl[0];
-        int32_t i = il[0];
-        for (int l = 1; l < 8; l++)
-            if (kvq_km_better(bl[l], il[l], b, i)) {
-                b = bl[l];
-                i = il[l];
-            }
-        assign[r] = i == INT32_MAX ? 0 : i;
-        if (dist2)
-            dist2[r] = b;
+/* DP = 8 or 16 padded dims: the padding (zeros in x and ct) adds +0 to lanes that
+ * are already >= 0, which changes no bit, so each lane equals kvq_km_l2sq's. */
+#define DIRECT_KERNEL(DP)                                                                  \
+    static TARGET void direct_##DP(const float *x, int64_t nr, int32_t d, const float *ct,  \
+                                   int32_t kc, int32_t *assign, float *dist2)               \
+    {                                                                                      \
+        const int32_t kc8 = (kc + 7) & ~7;                                                 \
+        const __m256i eight = _mm256_set1_epi32(8), vkc = _mm256_set1_epi32(kc);           \
+        for (int64_t r = 0; r < nr; r++) {                                                 \
+            float xp[DP] = {0};                                                            \
+            memcpy(xp, x + (size_t)r * d, (size_t)d * sizeof(float));                      \
+            __m256 xb[DP];                                                                 \
+            for (int t = 0; t < DP; t++)                                                   \
+                xb[t] = _mm256_set1_ps(xp[t]);                                             \
+            __m256 best = _mm256_set1_ps(INFINITY);                                        \
+            __m256i bi = _mm256_set1_epi32(INT32_MAX);                                     \
+            __m256i jv = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);                        \
+            for (int32_t j = 0; j < kc8; j += 8) {                                         \
+                __m256 acc[8];                                                             \
+                for (int l = 0; l < 8; l++) {                                              \
+                    const __m256 df =                                                      \
+                        _mm256_sub_ps(xb[l], _mm256_loadu_ps(ct + (size_t)l * kc8 + j));   \
+                    acc[l] = _mm256_mul_ps(df, df);                                        \
+                }                                                                          \
+                for (int l = 8; l < DP; l++) {                                             \
+                    const __m256 df =                                                      \
+                        _mm256_sub_ps(xb[l], _mm256_loadu_ps(ct + (size_t)l * kc8 + j));   \
+                    acc[l - 8] = _mm256_add_ps(acc[l - 8], _mm256_mul_ps(df, df));         \
+                }                                                                          \
+                __m256 v = acc[0];                                                         \
+                for (int l = 1; l < 8; l++)                                                \
+                    v = _mm256_add_ps(v, acc[l]);                                          \
+                /* padding lanes (j + l >= kc) never win */                                \
+                const __m256 lt = _mm256_and_ps(_mm256_cmp_ps(v, best, _CMP_LT_OQ),        \
+                                                _mm256_castsi256_ps(_mm256_cmpgt_epi32(vkc, jv))); \
+                best = _mm256_blendv_ps(best, v, lt);                                      \
+                bi = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(bi),         \
+                                                          _mm256_castsi256_ps(jv), lt));   \
+                jv = _mm256_add_epi32(jv, eight);                                          \
+            }                                                                              \
+            float bl[8];                                                                   \
+            int32_t il[8];                                                                 \
+            _mm256_storeu_ps(bl, best);                                                    \
+            _mm256_storeu_si256((__m256i *)il, bi);                                        \
+            float b = bl[0];                                                               \
+            int32_t i = il[0];                                                             \
+            for (int l = 1; l < 8; l++)                                                    \
+                if (kvq_km_better(bl[l], il[l], b, i)) {                                   \
+                    b = bl[l];                                                             \
+                    i = il[l];                                                             \
+                }                                                                          \
+            assign[r] = i == INT32_MAX ? 0 : i;                                            \
+            if (dist2)                                                                     \
+                dist2[r] = b;                                                              \
+        }                                                                                  \
     }
+
+DIRECT_KERNEL(8)
+DIRECT_KERNEL(16)
+
+void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
+                               int32_t kc, int32_t *assign, float *dist2)
+{
+    if (d <= 8)
+        direct_8(x, nr, d, ct, kc, assign, dist2);
+    else
+        direct_16(x, nr, d, ct, kc, assign, dist2);
 }
 #endif

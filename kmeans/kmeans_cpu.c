@@ -156,12 +156,12 @@ static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t 
 #endif
     float *cn = NULL;      /* [kc] ||c_j||^2 */
     float *scratch = NULL; /* [threads, rows, kc] x.c blocks */
-    float *ct = NULL;      /* [d, roundup(kc, 8)] centroids transposed (direct path) */
+    float *ct = NULL;      /* [dpad, roundup(kc, 8)] centroids transposed (direct path) */
     size_t scratch_n, cn_b;
 #ifdef KVQ_KM_HAVE_AVX2_ARGMIN
     if (d <= KVQ_KM_DIRECT_MAX_D && kvq_cpu_has_avx2()) {
         const int32_t kc8 = (int32_t)(((int64_t)kc + 7) & ~(int64_t)7);
-        ct = calloc((size_t)d * (size_t)kc8, sizeof *ct);
+        ct = calloc((size_t)KVQ_KM_DIRECT_DPAD(d) * (size_t)kc8, sizeof *ct);
         if (!ct) {
             st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: centroids for k=%d", kc);
             goto done;

@@ -65,8 +65,9 @@ void kvq_km_row_argmin_avx2(const float *s, const float *cn, float xn, int32_t k
                             int32_t *out_idx, float *out_dist);
 /* Small-d path (d <= KVQ_KM_DIRECT_MAX_D, AVX2 only): nearest of kc centroids for
  * rows x [nr, d] by exact distances, equal bit for bit to kvq_km_l2sq + first minimum.
- * ct: the centroids transposed, [d, roundup(kc, 8)] (padding ignored). assign [nr],
- * dist2 [nr] or NULL. */
+ * ct: the centroids transposed and zero-padded, [KVQ_KM_DIRECT_DPAD(d), roundup(kc, 8)].
+ * assign [nr], dist2 [nr] or NULL. */
+#define KVQ_KM_DIRECT_DPAD(d) ((d) <= 8 ? 8 : 16)
 void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
                                int32_t kc, int32_t *assign, float *dist2);
 #endif

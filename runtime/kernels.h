@@ -25,14 +25,15 @@
 
 /* ---- f16 ----------------------------------------------------------------------- */
 
-/* IEEE binary16 -> binary32, exact for every pattern (subnormals, Inf, NaN with its
- * payload). Equal to kvq_f16_to_f32_ref; written here so that device code has it. */
+/* IEEE binary16 -> binary32, exact for every pattern (subnormals, Inf; NaN quieted with
+ * its payload kept, as F16C does). Equal to kvq_f16_to_f32_ref bit for bit; written
+ * here so that device code has it. */
 KVQ_HD static inline float kvq_rk_h2f(uint16_t h)
 {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
     if (exp == 0x1fu) {
-        bits = sign | 0x7f800000u | (man << 13);          /* Inf, NaN */
+        bits = sign | (man ? 0x7fc00000u | (man << 13) : 0x7f800000u); /* NaN (quiet), Inf */
     } else if (exp != 0) {
         bits = sign | ((exp + 112u) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
     } else if (man == 0) {

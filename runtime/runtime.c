@@ -279,7 +279,7 @@ kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const c
     int64_t K, G, w, b;
     if ((s = meta_int(st, path, KVQ_META_CODEBOOK_SIZE, 2, 65536, &K, err)) ||
         (s = meta_int(st, path, KVQ_META_GROUPS, 1, model->head_dim, &G, err)) ||
-        (s = meta_int(st, path, KVQ_META_WROPE_W, 1, INT32_MAX, &w, err)) ||
+        (s = meta_int(st, path, KVQ_META_WROPE_W, 0, INT32_MAX, &w, err)) ||
         (s = meta_int(st, path, KVQ_META_WROPE_B, 0, INT32_MAX, &b, err)) ||
         (s = kvq_codebook_method_from_format(method, (int32_t)G, &rt->method, err)))
         goto done;

@@ -281,7 +281,7 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
                          (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
         for (int64_t j = 0; j < nc; j++)
             S->tmp[j] = scores[j] * sc;
-        const int64_t kstar = mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
+        const int64_t kstar = r->p.tau >= 1.0 ? nc : mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
         k = kstar < k ? kstar : k;
     }
     const int64_t n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);

@@ -582,6 +582,24 @@ static void test_huge_counts(void **state)
     expect_patched(&f, f.t_ne0[0], UINT64_C(1) << 62, 8, KVQ_E_TOO_LARGE, "shape", "ne 2^62 x 2");
     expect_patched(&f, f.t_ne0[0], UINT64_MAX, 8, KVQ_E_TOO_LARGE, "shape", "ne -1");
     expect_patched(&f, f.t_ne0[1], UINT64_C(1) << 48, 8, KVQ_E_TOO_LARGE, NULL, "f16 2^49 bytes");
+    /* zero rows of a huge width: an empty tensor, which opens and converts nothing */
+    {
+        uint8_t *p = malloc(f.b.n);
+        memcpy(p, f.b.p, f.b.n);
+        patch(p, f.t_ne0[0], UINT64_C(1) << 62, 8);
+        patch(p, f.t_ne1, 0, 8);
+        kvq_gguf *g = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_gguf_open_memory(p, f.b.n, NULL, &g, &e), KVQ_OK);
+        const kvq_gguf_tensor *t = kvq_gguf_find_tensor(g, "a");
+        assert_int_equal(t->nbytes, 0);
+        assert_int_equal(kvq_gguf_tensor_rows(t), 0);
+        float out[1];
+        assert_int_equal(kvq_gguf_rows_to_f32(t, 0, 0, out, &e), KVQ_OK);
+        assert_int_equal(kvq_gguf_rows_to_f32(t, 0, 1, out, &e), KVQ_E_INVALID_ARG);
+        kvq_gguf_close(g);
+        free(p);
+    }
     free(f.b.p);
 }
 

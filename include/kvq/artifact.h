@@ -129,7 +129,7 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
  * The payload must open as safetensors (KVQ_E_INVALID_ARG naming the problem): the
  * writer never produces a file the reader refuses. Compression is single-threaded
  * with the content checksum and content size on, so the output depends only on the
- * payload and the level. Errors: INVALID_ARG, TOO_LARGE, EXISTS, IO, NOMEM, BACKEND.
+ * payload, the level and the libzstd version. Errors: INVALID_ARG, TOO_LARGE, EXISTS, IO, NOMEM, BACKEND.
  * Cost: level 19 compresses a few MB/s; memory is the payload's compress bound. */
 kvq_status kvq_artifact_write(const char *path, int overwrite, const void *payload,
                               size_t payload_size, int zstd_level, kvq_err *err);

@@ -12,17 +12,19 @@
  * Determinism: the same X, weights, parameters and seed give bit-identical
  * centroids and assignments on the CPU for ANY thread count (work is split into
  * blocks that depend only on n, k and d, and every reduction runs in block or
- * point order). The CUDA backend is deterministic run to run on one device but
- * does not reproduce the CPU bits.
+ * point order), on a given machine and OpenBLAS build. The CUDA backend does not
+ * reproduce the CPU bits (no floating-point atomics are used, so it repeats itself).
  *
  * Distances: the scalar reference is ||x - c||^2 summed in a fixed order
- * (kmeans/kmeans_kernels.h). The fast paths compute ||x||^2 + ||c||^2 - 2 x.c with
- * SGEMM and agree with the reference within KVQ_KMEANS_TOL_DIST (relative to
- * ||x||^2 + ||c||^2); near-ties may therefore pick a different, equally near centroid.
+ * (kmeans/kmeans_kernels.h). For d > 16 (or without AVX2) the CPU computes
+ * ||x||^2 + ||c||^2 - 2 x.c with SGEMM, within KVQ_KMEANS_TOL_DIST of the reference
+ * (relative to ||x||^2 + ||c||^2), so a near-tie may pick a different, equally near
+ * centroid; for d <= 16 with AVX2 it computes the reference itself, bit for bit.
  *
  * Cost: one Lloyd iteration is 2 n k d flops of SGEMM plus O(n k) for the argmin
  * and O(n d) for the update. Seeding: random O(k d); k-means++ O(n k d);
- * greedy k-means++ O(n k d (2 + ln k)); k-means|| about 2 n k d rounds flops (GEMM).
+ * greedy k-means++ O(n k d (2 + ln k)); k-means|| 2 n (oversample k) d SGEMM flops per
+ * round, then k-means++ on the ~rounds x oversample x k candidates.
  * Memory: the training set copy when subsampling (cap k d floats), O(n) per-point
  * arrays, and per thread one distance block of at most KVQ_KMEANS_BLOCK_BYTES.
  * The n x k distance matrix is never held whole.
@@ -145,8 +147,8 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
                           kvq_kmeans_stats *stats, kvq_err *err);
 
 /*
- * Nearest centroid (SGEMM distance, ties to the lower index) of each point:
- * the encoding step.
+ * Nearest centroid (ties to the lower index) of each point, by the same distances as
+ * the Lloyd iterations: the encoding step.
  *
  *   x          [n, d] points (finite)
  *   centroids  [p->k, d]

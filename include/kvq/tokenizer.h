@@ -26,8 +26,10 @@
  *                         ignore_merges (Llama-3) a pre-token that is itself a token
  *                         is emitted whole.
  *                       - metaspace (HF Llama-2/Mistral-style tokenizer.json: BPE with
- *                         byte_fallback and a '▁' normalizer): like SPM preprocessing,
- *                         then rank-based merges over the whole text, <0xHH> fallback.
+ *                         byte_fallback and a '▁' normalizer or Metaspace pre-tokenizer):
+ *                         like SPM preprocessing, then rank-based merges over the whole
+ *                         text, <0xHH> fallback. Metaspace's split at each '▁' is not
+ *                         applied (it only matters for merges that cross a '▁').
  *
  *   KVQ_TOKENIZER_IDS   no vocabulary: a placeholder for pre-tokenized input (files of
  *                       little-endian int32 ids, see kvq_ids_read and the corpus
@@ -224,7 +226,9 @@ enum {
 
 /* Tokenizes text[0..len) (any bytes; NUL is an ordinary byte). *ids is malloc'd
  * (free()), *n its length; empty text gives only the requested BOS/EOS (possibly
- * nothing, *ids then NULL). Cost: O(len log len) time, about 48 bytes per byte of text.
+ * nothing, *ids then NULL). Cost: O(len log len) time; SPM and metaspace merge over the
+ * whole text at once and need up to about 100 bytes of scratch per byte of text, byte-level
+ * BPE only per pre-token.
  * Errors: KVQ_E_UNSUPPORTED (IDS kind), KVQ_E_INVALID_ARG (a byte that has neither a
  * token nor a fallback and no unknown token; BOS/EOS asked for but absent),
  * KVQ_E_TOO_LARGE (len >= 2^31), KVQ_E_NOMEM. */

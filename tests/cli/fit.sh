@@ -21,7 +21,8 @@ expect_error fit_bad_codebook 2 'codebook' -- "$KVQ" fit --codebook 12x
 expect_error fit_no_capture 1 'nowhere/capture.json' -- \
   "$KVQ" fit --capture "$T/nowhere" --moments "$T/m" -o "$T/x.kvq"
 
-if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
+KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+if [ ! -f "$KVQ_TEST_MODEL" ]; then
   skip fit_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
 fi
 if ! "$KVQ" help | grep -q '^  capture' || ! "$KVQ" help | grep -q '^  moments'; then
@@ -36,7 +37,8 @@ fi
 fit() { "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 32 --iters 5 -q "$@"; }
 
 for m in qavq qapq vq pq vq-postrope; do
-  _cli_run fit --method "$m" --threads 1 -o "$T/$m.kvq"
+  case $m in qa*) sel=0-4;; *) sel=1,2;; esac   # the baselines on two layers, for time
+  _cli_run fit --method "$m" --threads 1 --layers "$sel" -o "$T/$m.kvq"
   if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/$m.kvq" ] && [ ! -e "$T/$m.kvq.ckpt" ] &&
      [ ! -s "$CLI_TMP/stdout" ]; then
     ok "fit_$m"
@@ -134,5 +136,16 @@ for h in range(4):
 EOF
 ); rc=$?
 if [ $rc -eq 0 ]; then ok fit_codebook_is_Cz_Linv; else fail fit_codebook_is_Cz_Linv "$out"; fi
+
+# --device cuda: on a machine without a usable GPU, one warning and the CPU's bytes.
+_cli_run fit --method qavq --threads 1 --layers 2 --device cuda -o "$T/qavq_cuda.kvq"
+if "$KVQ" version | grep -q '^cuda: available'; then
+  [ "$(cat "$CLI_TMP/rc")" = 0 ] && ok fit_device_cuda || fail fit_device_cuda "$(head -3 "$CLI_TMP/stderr")"
+elif [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(grep -c 'warning:.*CUDA' "$CLI_TMP/stderr")" = 1 ] &&
+     cmp -s "$T/qavq2.kvq" "$T/qavq_cuda.kvq"; then
+  ok fit_device_cuda_falls_back
+else
+  fail fit_device_cuda_falls_back "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
 
 cli_done

@@ -1,0 +1,213 @@
+/* retrieval.c — retrieval-attention options shared by `kvq run` and `kvq eval`. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/retrieval.h"
+
+void cli_retrieval_init(cli_retrieval *o)
+{
+    memset(o, 0, sizeof *o);
+    o->p = kvq_retrieval_params_default();
+}
+
+int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, int *i, int eval)
+{
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    const char *sel_opt = eval ? "--selectors" : "--selector";
+    const char *bud_opt = eval ? "--budgets" : "--budget";
+    static const char *const value_opts[] = {"--artifact", "--selector", "--selectors",
+                                             "--budget", "--budgets", "--positions", "--sink",
+                                             "--window", "--cache", "--group", "--tau",
+                                             "--attn-threads"};
+    int known = 0;
+    for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
+        known |= !strcmp(a, value_opts[k]);
+    if (!known || (!strcmp(a, "--selector") && eval) || (!strcmp(a, "--selectors") && !eval) ||
+        (!strcmp(a, "--budget") && eval) || (!strcmp(a, "--budgets") && !eval))
+        return -1;
+    if (!val) {
+        fprintf(stderr, "kvq %s: %s needs a value\n", cmd, a);
+        return 2;
+    }
+    int64_t v;
+    double f;
+    int rc = 0;
+    o->given = 1;
+    (*i)++;
+    if (!strcmp(a, "--artifact")) {
+        o->artifact = val;
+    } else if (!strcmp(a, sel_opt)) {
+        o->selectors = val;
+    } else if (!strcmp(a, bud_opt)) {
+        o->budgets = val;
+    } else if (!strcmp(a, "--positions")) {
+        if (kvq_positions_parse(val, &o->p.positions)) {
+            fprintf(stderr, "kvq %s: --positions: '%s' is not wrope or rope\n", cmd, val);
+            rc = 2;
+        }
+    } else if (!strcmp(a, "--sink")) {
+        if (!(rc = cli_opt_i64(cmd, a, val, 0, 1 << 20, &v)))
+            o->p.sink = (int32_t)v;
+    } else if (!strcmp(a, "--window")) {
+        if (!(rc = cli_opt_i64(cmd, a, val, 1, 1 << 20, &v)))
+            o->p.window = (int32_t)v;
+    } else if (!strcmp(a, "--cache")) {
+        if (!strcmp(val, "f16"))
+            o->p.cache_dtype = KVQ_DT_F16;
+        else if (!strcmp(val, "f32"))
+            o->p.cache_dtype = KVQ_DT_F32;
+        else {
+            fprintf(stderr, "kvq %s: --cache: '%s' is not f16 or f32\n", cmd, val);
+            rc = 2;
+        }
+    } else if (!strcmp(a, "--group")) {
+        if (!strcmp(val, "sum"))
+            o->p.group = KVQ_GROUP_SUM;
+        else if (!strcmp(val, "max"))
+            o->p.group = KVQ_GROUP_MAX;
+        else {
+            fprintf(stderr, "kvq %s: --group: '%s' is not sum or max\n", cmd, val);
+            rc = 2;
+        }
+    } else if (!strcmp(a, "--tau")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
+            o->p.tau = f;
+    } else if (!strcmp(a, "--attn-threads")) {
+        if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
+            o->p.threads = (int32_t)v;
+    } else {
+        rc = -1;
+    }
+    return rc;
+}
+
+void cli_retrieval_usage(FILE *f, int eval)
+{
+    fprintf(f,
+            "retrieval attention (any of these switches it on):\n"
+            "  --artifact A       the model's .kvq artifact (codebooks); refused when it was\n"
+            "                     made for another model\n");
+    if (eval)
+        fprintf(f,
+                "  --selectors LIST   comma-separated: full, oracle, codebook (or the artifact's\n"
+                "                     method name), fier, quest, mass (default: all that apply)\n"
+                "  --budgets LIST     comma-separated budgets: a token count, a fraction (0.06)\n"
+                "                     or a percentage (6%%), or all (default 6%%)\n");
+    else
+        fprintf(f,
+                "  --selector S       full, oracle, codebook (or the artifact's method name),\n"
+                "                     fier, quest, mass (default codebook with an artifact)\n"
+                "  --budget B         retrieved tokens per step besides sinks and window: a\n"
+                "                     count, a fraction (0.06), a percentage (6%%) or all (default 6%%)\n");
+    fprintf(f,
+            "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
+            "  --sink N           first tokens always attended (default 4)\n"
+            "  --window N         last tokens always attended, exact RoPE (default: the\n"
+            "                     artifact's wrope.w, else 64)\n"
+            "  --cache T          KV cache storage, f16 (default) or f32\n"
+            "  --group G          GQA group's shared selection: sum (default) or max\n"
+            "  --tau T            mass selector: softmax mass to reach, (0, 1] (default 0.9)\n"
+            "  --attn-threads N   KV heads attended in parallel (default 1)\n");
+}
+
+int cli_retrieval_open(const cli_retrieval *o, const kvq_model *m, const char *model_path,
+                       kvq_runtime **rt)
+{
+    *rt = NULL;
+    if (!o->artifact)
+        return 0;
+    kvq_model_id id;
+    kvq_model_identity(m, &id);
+    kvq_err e = {0};
+    if (kvq_runtime_open(o->artifact, &id, model_path, rt, &e) != KVQ_OK)
+        return cli_fail(&e);
+    return 0;
+}
+
+/* Splits s at commas into a malloc'd copy and pointers into it. */
+static char **split(const char *s, size_t *n, char **buf)
+{
+    *buf = strdup(s);
+    size_t cap = 1;
+    for (const char *p = s; *p; p++)
+        cap += *p == ',';
+    char **v = malloc(sizeof *v * cap);
+    if (!*buf || !v) {
+        free(*buf);
+        free(v);
+        return NULL;
+    }
+    *n = 0;
+    for (char *p = *buf, *tok; (tok = strsep(&p, ","));)
+        v[(*n)++] = tok;
+    return v;
+}
+
+int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_runtime *rt,
+                       cli_row **rows, size_t *n_rows)
+{
+    char defsel[128];
+    const char *method = rt ? kvq_codebook_method_name(kvq_runtime_method(rt)) : NULL;
+    snprintf(defsel, sizeof defsel, rt ? "full,oracle,%s,fier,quest,mass" : "full,oracle,fier,quest",
+             method);
+    char *sbuf = NULL, *bbuf = NULL;
+    size_t ns = 0, nb = 0;
+    char **sv = split(o->selectors ? o->selectors : defsel, &ns, &sbuf);
+    char **bv = split(o->budgets ? o->budgets : "6%", &nb, &bbuf);
+    cli_row *out = calloc(ns * nb + 1, sizeof *out);
+    size_t n = 0;
+    int rc = 0;
+    if (!sv || !bv || !out) {
+        rc = cli_failf(1, "out of memory");
+        goto done;
+    }
+    kvq_budget *budgets = calloc(nb, sizeof *budgets);
+    if (!budgets) {
+        rc = cli_failf(1, "out of memory");
+        goto done;
+    }
+    for (size_t b = 0; b < nb && !rc; b++) {
+        kvq_err e = {0};
+        if (kvq_budget_parse(bv[b], &budgets[b], &e) != KVQ_OK)
+            rc = cli_failf(2, "%s: %s", cmd, e.msg);
+    }
+    for (size_t s = 0; s < ns && !rc; s++) {
+        kvq_selector sel;
+        int m;
+        kvq_err e = {0};
+        if (kvq_selector_parse(sv[s], &sel, &m, &e) != KVQ_OK) {
+            rc = cli_failf(2, "%s: %s", cmd, e.msg);
+            break;
+        }
+        if (kvq_selector_needs_artifact(sel) && !rt) {
+            rc = cli_failf(2, "%s: the %s selector needs --artifact", cmd, sv[s]);
+            break;
+        }
+        if (m >= 0 && (kvq_codebook_method)m != kvq_runtime_method(rt)) {
+            rc = cli_failf(1, "%s: selector %s: the artifact's method is %s", cmd, sv[s], method);
+            break;
+        }
+        for (size_t b = 0; b < (sel == KVQ_SELECT_FULL ? 1 : nb); b++) {
+            cli_row *r = &out[n++];
+            r->selector = sel;
+            r->budget = sel == KVQ_SELECT_FULL ? (kvq_budget){.fraction = 1.0} : budgets[b];
+            snprintf(r->name, sizeof r->name, "%s",
+                     sel == KVQ_SELECT_CODEBOOK ? method : kvq_selector_name(sel));
+            kvq_budget_format(&r->budget, r->budget_str, sizeof r->budget_str);
+        }
+    }
+    free(budgets);
+done:
+    free(sv);
+    free(bv);
+    free(sbuf);
+    free(bbuf);
+    if (rc) {
+        free(out);
+        return rc;
+    }
+    *rows = out;
+    *n_rows = n;
+    return 0;
+}

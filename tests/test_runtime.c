@@ -1,0 +1,1397 @@
+/* test_runtime.c — retrieval decoding: the kernels (fast paths == scalar references,
+ * exact for score gather and top-k), opening artifacts (identity mismatches, truncated
+ * and corrupted files), the cache's codes against the fit's assignment, the selectors
+ * (oracle == brute force, quest pages, fier bits, mass counts), budget = everything
+ * == full attention, and the real tiny model's greedy text under retrieval. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "helpers/testutil.h"
+#include "kvq.h"
+#include "kvq/capture_dir.h"
+#include "kvq/codebook.h"
+#include "kvq/model.h"
+#include "kvq/runtime.h"
+#include "runtime/kernels.h"
+
+/* ==========================================================================
+ * Helpers
+ * ========================================================================== */
+
+static float *randn(size_t n, uint64_t seed, float scale)
+{
+    kvq_rng r;
+    kvq_rng_seed(&r, seed);
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(scale * kvq_rng_normal(&r));
+    return x;
+}
+
+static const kvq_isa isas[] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
+
+/* A lower-triangular, well-conditioned L and its inverse (computed by substitution). */
+static void make_L(int32_t d, uint64_t seed, float *L, float *Linv)
+{
+    kvq_rng r;
+    kvq_rng_seed(&r, seed);
+    memset(L, 0, sizeof(float) * (size_t)d * d);
+    for (int32_t a = 0; a < d; a++)
+        for (int32_t b = 0; b <= a; b++)
+            L[a * d + b] = a == b ? (float)(1.0 + kvq_rng_uniform(&r)) : (float)(0.2 * kvq_rng_normal(&r));
+    /* Linv: solve L X = I column by column (lower triangular) in double */
+    for (int32_t c = 0; c < d; c++)
+        for (int32_t a = 0; a < d; a++) {
+            double s = a == c ? 1.0 : 0.0;
+            for (int32_t b = 0; b < a; b++)
+                s -= (double)L[a * d + b] * Linv[b * d + c];
+            Linv[a * d + c] = (float)(s / L[a * d + a]);
+        }
+}
+
+/* A codebook of the given method with random centroids. */
+static kvq_codebook *random_codebook(kvq_codebook_method method, int32_t d, int32_t K,
+                                     int32_t G, uint64_t seed)
+{
+    kvq_codebook_desc desc = {.method = method, .dim = d, .k = K, .groups = G,
+                              .rope = kvq_rope_default(d), .wrope_b = 2048};
+    float *W = randn((size_t)K * d, seed, 1.0f);
+    float *L = malloc(sizeof(float) * (size_t)d * d), *Li = malloc(sizeof(float) * (size_t)d * d);
+    make_L(d, seed + 1, L, Li);
+    kvq_codebook *cb = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_codebook_create(&desc, W, L, Li, &cb, &e), KVQ_OK);
+    free(W);
+    free(L);
+    free(Li);
+    return cb;
+}
+
+/* A model identity / config of a small synthetic model. */
+static kvq_model_id small_id(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
+{
+    kvq_model_id id;
+    memset(&id, 0, sizeof id);
+    snprintf(id.path, sizeof id.path, "synthetic");
+    snprintf(id.source, sizeof id.source, "gguf");
+    snprintf(id.architecture, sizeof id.architecture, "llama");
+    id.n_layers = n_layers;
+    id.dim = n_heads * d;
+    id.hidden_dim = 4 * n_heads * d;
+    id.n_heads = n_heads;
+    id.n_kv_heads = n_kv;
+    id.head_dim = d;
+    id.vocab_size = 512;
+    id.context_length = 2048;
+    id.norm_eps = 1e-5;
+    id.rope = kvq_rope_default(d);
+    return id;
+}
+
+static kvq_model_config config_of(const kvq_model_id *id)
+{
+    kvq_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = KVQ_ARCH_LLAMA;
+    c.n_layers = id->n_layers;
+    c.dim = id->dim;
+    c.hidden_dim = id->hidden_dim;
+    c.n_heads = id->n_heads;
+    c.n_kv_heads = id->n_kv_heads;
+    c.head_dim = id->head_dim;
+    c.vocab_size = id->vocab_size;
+    c.context_length = id->context_length;
+    c.norm_eps = id->norm_eps;
+    c.rope = id->rope;
+    c.bos_id = 1;
+    c.eos_id = 2;
+    return c;
+}
+
+/* Writes an artifact (docs/format.md section 7) holding cbs[l * n_kv + h] for every
+ * layer and KV head. Returns 0 on success. */
+static int write_artifact(const char *path, const kvq_model_id *id, kvq_codebook *const *cbs)
+{
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cbs[0]);
+    const int32_t d = D->dim, K = D->k, G = D->groups, dg = d / G;
+    const int qa = kvq_codebook_method_is_query_aware(D->method);
+    kvq_err e = {0};
+    kvq_st_writer *w = kvq_st_writer_new();
+    char name[128], v[64];
+    int rc = 1;
+    /* two passes: declare, then write in the same order */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1 && kvq_st_writer_begin_buffer(w, &e))
+            goto done;
+        for (int32_t l = 0; l < id->n_layers; l++)
+            for (int32_t h = 0; h < id->n_kv_heads; h++) {
+                const kvq_codebook *cb = cbs[l * id->n_kv_heads + h];
+                if (qa) {
+                    const float *mats[2] = {kvq_codebook_L(cb), kvq_codebook_Linv(cb)};
+                    const char *mn[2] = {"L", "Linv"};
+                    for (int i = 0; i < 2; i++) {
+                        snprintf(name, sizeof name, "layer.%d.head.%d.%s", l, h, mn[i]);
+                        if (pass == 0 ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2,
+                                                              (int64_t[]){d, d}, &e)
+                                      : kvq_st_writer_write(w, mats[i], sizeof(float) * d * d, &e))
+                            goto done;
+                    }
+                }
+                for (int32_t g = 0; g < G; g++) {
+                    if (G == 1)
+                        snprintf(name, sizeof name, "layer.%d.head.%d.%s", l, h, qa ? "Cz" : "codebook");
+                    else
+                        snprintf(name, sizeof name, "layer.%d.head.%d.group.%d.%s", l, h, g,
+                                 qa ? "Cz" : "codebook");
+                    if (pass == 0 ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2,
+                                                          (int64_t[]){K, dg}, &e)
+                                  : kvq_st_writer_write(w, kvq_codebook_centroids(cb, g),
+                                                        sizeof(float) * K * dg, &e))
+                        goto done;
+                }
+                if (qa && G == 1) {
+                    snprintf(name, sizeof name, "layer.%d.head.%d.codebook", l, h);
+                    if (pass == 0 ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2,
+                                                          (int64_t[]){K, d}, &e)
+                                  : kvq_st_writer_write(w, kvq_codebook_key_codebook(cb),
+                                                        sizeof(float) * K * d, &e))
+                        goto done;
+                }
+            }
+        if (pass == 0) {
+            if (kvq_model_id_set_meta(id, "model.", w, &e) ||
+                kvq_st_writer_set_meta(w, KVQ_META_METHOD, kvq_codebook_method_format_name(D->method), &e))
+                goto done;
+            snprintf(v, sizeof v, "%d", K);
+            if (kvq_st_writer_set_meta(w, KVQ_META_CODEBOOK_SIZE, v, &e))
+                goto done;
+            snprintf(v, sizeof v, "%d", G);
+            if (kvq_st_writer_set_meta(w, KVQ_META_GROUPS, v, &e) ||
+                kvq_st_writer_set_meta(w, KVQ_META_WROPE_W, "64", &e) ||
+                kvq_st_writer_set_meta(w, KVQ_META_WROPE_B, "2048", &e) ||
+                kvq_st_writer_set_meta(w, KVQ_META_SEED, "1", &e) ||
+                kvq_st_writer_set_meta(w, KVQ_META_TOOL_VERSION, "kvq test", &e))
+                goto done;
+        }
+    }
+    if (kvq_st_writer_finish(w, &e))
+        goto done;
+    size_t n;
+    const void *buf = kvq_st_writer_buffer(w, &n);
+    rc = kvq_artifact_write(path, 1, buf, n, 3, &e) != KVQ_OK;
+done:
+    if (rc)
+        printf("write_artifact: %s\n", e.msg);
+    kvq_st_writer_free(w);
+    return rc;
+}
+
+/* A small model's codebooks: one per (layer, head), method and size as given. */
+static kvq_codebook **codebooks_for(const kvq_model_id *id, kvq_codebook_method m, int32_t K,
+                                    int32_t G, uint64_t seed)
+{
+    const int n = id->n_layers * id->n_kv_heads;
+    kvq_codebook **cbs = calloc((size_t)n, sizeof *cbs);
+    for (int i = 0; i < n; i++)
+        cbs[i] = random_codebook(m, id->head_dim, K, G, seed + 10 * (uint64_t)i);
+    return cbs;
+}
+
+static void codebooks_free(kvq_codebook **cbs, int n)
+{
+    for (int i = 0; i < n; i++)
+        kvq_codebook_free(cbs[i]);
+    free(cbs);
+}
+
+/* ==========================================================================
+ * Per-element logic
+ * ========================================================================== */
+
+static void test_h2f_all_patterns(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        const float a = kvq_rk_h2f((uint16_t)h), b = kvq_f16_to_f32_ref((uint16_t)h);
+        uint32_t ua, ub;
+        memcpy(&ua, &a, 4);
+        memcpy(&ub, &b, 4);
+        if (ua != ub)
+            fail_msg("h2f(0x%04x) = 0x%08x, reference 0x%08x", h, ua, ub);
+    }
+}
+
+static void test_key_order(void **state)
+{
+    (void)state;
+    assert_int_equal(kvq_rk_key(0.0f), kvq_rk_key(-0.0f));
+    const float v[] = {-INFINITY, -3e38f, -1.0f, -1e-40f, 0.0f, 1e-40f, 1e-30f, 1.0f, 2.0f, 3e38f, INFINITY};
+    for (size_t i = 0; i + 1 < sizeof v / sizeof v[0]; i++)
+        assert_true(kvq_rk_key(v[i]) < kvq_rk_key(v[i + 1]));
+    float *x = randn(4096, 7, 100.0f);
+    for (int i = 0; i + 1 < 4096; i++)
+        assert_int_equal(x[i] < x[i + 1], kvq_rk_key(x[i]) < kvq_rk_key(x[i + 1]));
+    free(x);
+}
+
+static void test_fier_bits_and_quest_term(void **state)
+{
+    (void)state;
+    /* levels lo = -1, hi = 3: the midpoint 1 goes up */
+    assert_int_equal(kvq_rk_fier_bit(-1.0f, -1.0f, 3.0f), 0);
+    assert_int_equal(kvq_rk_fier_bit(0.99f, -1.0f, 3.0f), 0);
+    assert_int_equal(kvq_rk_fier_bit(1.0f, -1.0f, 3.0f), 1);
+    assert_int_equal(kvq_rk_fier_bit(3.0f, -1.0f, 3.0f), 1);
+    uint8_t bits[2] = {0x05, 0x80}; /* channels 0, 2 and 15 */
+    float qs[16];
+    for (int c = 0; c < 16; c++)
+        qs[c] = (float)(c + 1);
+    assert_true(kvq_rk_fier_score(bits, qs, 0.5f, 16) == 0.5f + 1 + 3 + 16);
+    assert_true(kvq_rk_quest_term(2.0f, -1.0f, 3.0f) == 6.0f);
+    assert_true(kvq_rk_quest_term(-2.0f, -1.0f, 3.0f) == 2.0f);
+}
+
+/* ==========================================================================
+ * Kernels: fast == scalar
+ * ========================================================================== */
+
+static void test_lut_paths(void **state)
+{
+    (void)state;
+    static const struct {
+        kvq_codebook_method m;
+        int32_t d, K, G;
+    } cases[] = {
+        {KVQ_CODEBOOK_VQ, 128, 256, 1},    {KVQ_CODEBOOK_QAVQ, 64, 100, 1},
+        {KVQ_CODEBOOK_PQ, 128, 64, 4},     {KVQ_CODEBOOK_QAPQ, 32, 37, 4},
+        {KVQ_CODEBOOK_VQ_POSTROPE, 8, 16, 1}, {KVQ_CODEBOOK_QAPQ, 10, 19, 5},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t d = cases[ci].d, K = cases[ci].K, G = cases[ci].G, dg = d / G;
+        kvq_codebook *cb = random_codebook(cases[ci].m, d, K, G, 100 + ci);
+        kvq_rk_table *tab = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_rk_table_create(cb, &tab, &e), KVQ_OK);
+        assert_int_equal(kvq_rk_table_bytes(tab), (uint64_t)K * d * 2);
+        float *q = randn((size_t)d, 200 + ci, 1.0f);
+        float *ref = malloc(sizeof(float) * G * K), *sc = malloc(sizeof(float) * G * K);
+        float *fast = malloc(sizeof(float) * G * K);
+        double *bnd = malloc(sizeof(double) * G * K);
+        kvq_codebook_lut(cb, q, ref);
+        kvq_rk_lut(KVQ_ISA_SCALAR, tab, q, sc);
+        /* q' for the bound: |q'_t w_t| summed (q' = q L^-T for grouped query-aware) */
+        double qp[128];
+        const float *Li = kvq_codebook_Linv(cb);
+        for (int32_t a = 0; a < d; a++) {
+            double s = 0;
+            for (int32_t b = 0; b <= a; b++)
+                s += (G > 1 && Li) ? (double)q[b] * Li[a * d + b] : (a == b ? q[b] : 0);
+            qp[a] = s;
+        }
+        for (int32_t g = 0; g < G; g++)
+            for (int32_t c = 0; c < K; c++) {
+                const float *w = G == 1 ? kvq_codebook_key_codebook(cb) + (size_t)c * d
+                                        : kvq_codebook_centroids(cb, g) + (size_t)c * dg;
+                double bound = 0;
+                for (int32_t t = 0; t < dg; t++)
+                    bound += fabs(qp[g * dg + t] * w[t]);
+                bnd[g * K + c] = bound;
+                const double diff = fabs((double)sc[g * K + c] - ref[g * K + c]);
+                if (diff > KVQ_RK_TOL_LUT16 * bound + 1e-6)
+                    fail_msg("case %zu: scalar LUT[%d][%d] %g vs codebook %g (bound %g)", ci, g,
+                             c, sc[g * K + c], ref[g * K + c], bound);
+            }
+        for (size_t ii = 1; ii < 3; ii++) {
+            kvq_rk_lut(isas[ii], tab, q, fast);
+            for (int32_t i = 0; i < G * K; i++) {
+                const double diff = fabs((double)fast[i] - sc[i]);
+                if (diff > KVQ_RK_TOL_DOT * 1.01 * bnd[i] + 1e-7)
+                    fail_msg("case %zu %s: LUT[%d] %.9g vs scalar %.9g", ci,
+                             kvq_isa_name(isas[ii]), i, fast[i], sc[i]);
+            }
+        }
+        free(q);
+        free(ref);
+        free(sc);
+        free(fast);
+        free(bnd);
+        kvq_rk_table_free(tab);
+        kvq_codebook_free(cb);
+    }
+}
+
+static void test_score_paths_exact(void **state)
+{
+    (void)state;
+    static const int32_t Gs[] = {1, 4, 3};
+    for (size_t gi = 0; gi < 3; gi++) {
+        const int32_t G = Gs[gi], K = 300;
+        const int64_t n = 1000 + 7;
+        float *lut = randn((size_t)G * K, 3 + gi, 1.0f);
+        lut[5] = -0.0f; /* a negative zero: every path must give what the reference gives */
+        uint16_t *codes = malloc(sizeof(uint16_t) * n * G);
+        int32_t *codes32 = malloc(sizeof(int32_t) * n * G);
+        kvq_rng r;
+        kvq_rng_seed(&r, 9);
+        for (int64_t i = 0; i < n * G; i++)
+            codes32[i] = codes[i] = (uint16_t)kvq_rng_below(&r, K);
+        codes[0] = 5;
+        codes32[0] = 5;
+        kvq_codebook *cb = random_codebook(G == 1 ? KVQ_CODEBOOK_VQ : KVQ_CODEBOOK_PQ, 12, K, G, 1);
+        float *ref = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+        kvq_codebook_score(cb, lut, codes32, n, ref);
+        for (size_t ii = 0; ii < 3; ii++) {
+            memset(got, 0xff, sizeof(float) * n);
+            kvq_rk_score(isas[ii], lut, G, K, codes, n, got);
+            assert_memory_equal(got, ref, sizeof(float) * n);
+        }
+        kvq_codebook_free(cb);
+        free(lut);
+        free(codes);
+        free(codes32);
+        free(ref);
+        free(got);
+    }
+}
+
+/* Reference top-k: sort indices by (score desc, index asc), take k, sort ascending. */
+static const float *cmp_scores;
+static int cmp_desc(const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    if (cmp_scores[i] != cmp_scores[j])
+        return cmp_scores[i] > cmp_scores[j] ? -1 : 1;
+    return i < j ? -1 : 1;
+}
+static int cmp_asc(const void *a, const void *b)
+{
+    return *(const int32_t *)a < *(const int32_t *)b ? -1 : 1;
+}
+static int64_t topk_ref(const float *s, int64_t n, int64_t k, int32_t *out)
+{
+    int32_t *ix = malloc(sizeof(int32_t) * n);
+    for (int64_t j = 0; j < n; j++)
+        ix[j] = (int32_t)j;
+    cmp_scores = s;
+    qsort(ix, (size_t)n, sizeof *ix, cmp_desc);
+    const int64_t m = k < n ? k : n;
+    memcpy(out, ix, sizeof(int32_t) * m);
+    qsort(out, (size_t)m, sizeof *out, cmp_asc);
+    free(ix);
+    return m;
+}
+
+static void test_topk_paths(void **state)
+{
+    (void)state;
+    static const int64_t ns[] = {1, 5, 17, 100, 1000, 4099, 70000};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+        const int64_t n = ns[ni];
+        for (int mode = 0; mode < 3; mode++) {
+            float *s = randn((size_t)n, 40 + ni * 3 + mode, 10.0f);
+            if (mode == 1) /* many ties */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = roundf(s[j]);
+            if (mode == 2) /* all equal, and signed zeros */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = j % 2 ? 0.0f : -0.0f;
+            static const double fr[] = {0.0, 0.01, 0.06, 0.5, 0.99};
+            for (size_t fi = 0; fi < 5; fi++) {
+                int64_t k = (int64_t)(fr[fi] * n) + (fi == 0);
+                int32_t *want = malloc(sizeof(int32_t) * n), *got = malloc(sizeof(int32_t) * n);
+                uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
+                const int64_t m = topk_ref(s, n, k, want);
+                for (size_t ii = 0; ii < 3; ii++) {
+                    const int64_t g = kvq_rk_topk(isas[ii], s, n, k, got, work);
+                    assert_int_equal(g, m);
+                    if (memcmp(got, want, sizeof(int32_t) * m))
+                        fail_msg("top-%lld of %lld (mode %d, %s) differs from the reference",
+                                 (long long)k, (long long)n, mode, kvq_isa_name(isas[ii]));
+                }
+                free(want);
+                free(got);
+                free(work);
+            }
+            free(s);
+        }
+    }
+    int32_t idx[4];
+    uint32_t work[8];
+    const float s4[4] = {1, 2, 3, 4};
+    assert_int_equal(kvq_rk_topk(KVQ_ISA_SCALAR, s4, 4, 0, idx, work), 0);
+    assert_int_equal(kvq_rk_topk(KVQ_ISA_SCALAR, s4, 4, 9, idx, work), 4);
+    assert_int_equal(idx[3], 3);
+}
+
+/* logits + softmax + mix on f16 and f32 rows, with and without an index list. */
+static void test_attention_paths(void **state)
+{
+    (void)state;
+    static const struct {
+        int32_t nq, d;
+        int64_t rows, m;
+    } cases[] = {{4, 128, 3000, 777}, {1, 8, 50, 50}, {3, 24, 200, 61}, {5, 10, 33, 19}, {8, 64, 500, 130}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t nq = cases[ci].nq, d = cases[ci].d;
+        const int64_t rows = cases[ci].rows, m = cases[ci].m;
+        float *K32 = randn((size_t)rows * d, 11 + ci, 1.0f), *V32 = randn((size_t)rows * d, 12 + ci, 1.0f);
+        float *q = randn((size_t)nq * d, 13 + ci, 0.5f);
+        uint16_t *K16 = malloc(2 * rows * d), *V16 = malloc(2 * rows * d);
+        kvq_f32_to_f16(K32, K16, (size_t)rows * d);
+        kvq_f32_to_f16(V32, V16, (size_t)rows * d);
+        int32_t *idx = malloc(sizeof(int32_t) * m);
+        kvq_rng r;
+        kvq_rng_seed(&r, 5);
+        for (int64_t j = 0; j < m; j++)
+            idx[j] = (int32_t)kvq_rng_below(&r, rows);
+        for (int f16 = 0; f16 < 2; f16++)
+            for (int use_idx = 0; use_idx < 2; use_idx++) {
+                const void *Kc = f16 ? (const void *)K16 : K32, *Vc = f16 ? (const void *)V16 : V32;
+                const kvq_dtype dt = f16 ? KVQ_DT_F16 : KVQ_DT_F32;
+                const int32_t *ix = use_idx ? idx : NULL;
+                const int64_t ld = m + 3;
+                float *ref = malloc(sizeof(float) * nq * ld), *got = malloc(sizeof(float) * nq * ld);
+                float *oref = malloc(sizeof(float) * nq * d), *ogot = malloc(sizeof(float) * nq * d);
+                const float scale = 0.125f;
+                kvq_rk_logits(KVQ_ISA_SCALAR, q, nq, d, Kc, dt, d, ix, m, scale, ref, ld);
+                float *lref = malloc(sizeof(float) * nq * ld);
+                memcpy(lref, ref, sizeof(float) * nq * ld);
+                kvq_rk_softmax(KVQ_ISA_SCALAR, ref, nq, m, ld);
+                kvq_rk_mix(KVQ_ISA_SCALAR, ref, nq, ld, Vc, dt, d, ix, m, d, oref);
+                for (size_t ii = 1; ii < 3; ii++) {
+                    kvq_rk_logits(isas[ii], q, nq, d, Kc, dt, d, ix, m, scale, got, ld);
+                    for (int32_t h = 0; h < nq; h++)
+                        for (int64_t j = 0; j < m; j++) {
+                            const int64_t row = ix ? ix[j] : j;
+                            double bound = 0;
+                            for (int32_t t = 0; t < d; t++)
+                                bound += fabs((double)q[h * d + t] *
+                                              (f16 ? kvq_f16_to_f32_ref(K16[row * d + t]) : K32[row * d + t]));
+                            const double diff = fabs((double)got[h * ld + j] - lref[h * ld + j]);
+                            if (diff > KVQ_RK_TOL_DOT * bound * scale + 1e-7)
+                                fail_msg("logits case %zu f16 %d %s", ci, f16, kvq_isa_name(isas[ii]));
+                        }
+                    memcpy(got, lref, sizeof(float) * nq * ld);
+                    kvq_rk_softmax(isas[ii], got, nq, m, ld);
+                    for (int32_t h = 0; h < nq; h++)
+                        for (int64_t j = 0; j < m; j++) {
+                            const double a = got[h * ld + j], b = ref[h * ld + j];
+                            if (fabs(a - b) > KVQ_RK_TOL_PROB * (b + 1e-6))
+                                fail_msg("softmax case %zu %s: %g vs %g", ci, kvq_isa_name(isas[ii]), a, b);
+                        }
+                    kvq_rk_mix(isas[ii], ref, nq, ld, Vc, dt, d, ix, m, d, ogot);
+                    for (int32_t h = 0; h < nq; h++)
+                        for (int32_t t = 0; t < d; t++) {
+                            double bound = 0;
+                            for (int64_t j = 0; j < m; j++) {
+                                const int64_t row = ix ? ix[j] : j;
+                                bound += ref[h * ld + j] *
+                                         fabs(f16 ? kvq_f16_to_f32_ref(V16[row * d + t]) : V32[row * d + t]);
+                            }
+                            if (fabs((double)ogot[h * d + t] - oref[h * d + t]) > KVQ_RK_TOL_OUT * bound + 1e-7)
+                                fail_msg("mix case %zu f16 %d idx %d %s: %g vs %g", ci, f16, use_idx,
+                                         kvq_isa_name(isas[ii]), ogot[h * d + t], oref[h * d + t]);
+                        }
+                }
+                /* the probabilities of a row sum to 1 */
+                for (int32_t h = 0; h < nq; h++) {
+                    double s = 0;
+                    for (int64_t j = 0; j < m; j++)
+                        s += ref[h * ld + j];
+                    assert_true(fabs(s - 1.0) < 1e-5);
+                }
+                free(ref);
+                free(got);
+                free(lref);
+                free(oref);
+                free(ogot);
+            }
+        free(K32);
+        free(V32);
+        free(K16);
+        free(V16);
+        free(q);
+        free(idx);
+    }
+}
+
+/* ==========================================================================
+ * Parsing
+ * ========================================================================== */
+
+static void test_parse_budget_and_selector(void **state)
+{
+    (void)state;
+    kvq_budget b;
+    kvq_err e = {0};
+    char buf[32];
+    assert_int_equal(kvq_budget_parse("256", &b, &e), KVQ_OK);
+    assert_int_equal(b.count, 256);
+    assert_int_equal(kvq_budget_tokens(&b, 100), 256); /* capped later by the candidates */
+    assert_int_equal(kvq_budget_parse("6%", &b, &e), KVQ_OK);
+    assert_true(b.count == 0 && fabs(b.fraction - 0.06) < 1e-15);
+    assert_int_equal(kvq_budget_tokens(&b, 1000), 60);
+    assert_int_equal(kvq_budget_tokens(&b, 1001), 61);
+    kvq_budget_format(&b, buf, sizeof buf);
+    assert_string_equal(buf, "6%");
+    assert_int_equal(kvq_budget_parse("0.25", &b, &e), KVQ_OK);
+    assert_true(b.fraction == 0.25);
+    assert_int_equal(kvq_budget_parse("all", &b, &e), KVQ_OK);
+    assert_int_equal(kvq_budget_tokens(&b, 77), 77);
+    kvq_budget_format(&b, buf, sizeof buf);
+    assert_string_equal(buf, "all");
+    const char *bad[] = {"", "0", "-3", "1.5", "0%", "101%", "abc", "12x", "0.0"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(kvq_budget_parse(bad[i], &b, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "budget '0.0'"));
+
+    kvq_selector s;
+    int method;
+    assert_int_equal(kvq_selector_parse("quest", &s, &method, &e), KVQ_OK);
+    assert_int_equal(s, KVQ_SELECT_QUEST);
+    assert_int_equal(method, -1);
+    assert_int_equal(kvq_selector_parse("qavq", &s, &method, &e), KVQ_OK);
+    assert_int_equal(s, KVQ_SELECT_CODEBOOK);
+    assert_int_equal(method, KVQ_CODEBOOK_QAVQ);
+    assert_int_equal(kvq_selector_parse("artifact", &s, &method, &e), KVQ_OK);
+    assert_int_equal(s, KVQ_SELECT_CODEBOOK);
+    assert_int_equal(kvq_selector_parse("h2o", &s, &method, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "unknown selector 'h2o'"));
+    for (int i = 0; i < KVQ_SELECT_COUNT; i++) {
+        assert_int_equal(kvq_selector_parse(kvq_selector_name((kvq_selector)i), &s, NULL, &e), KVQ_OK);
+        assert_int_equal(s, i);
+    }
+}
+
+/* ==========================================================================
+ * Opening artifacts
+ * ========================================================================== */
+
+static void test_open_artifact(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(2, 8, 2, 16);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 32, 1, 1);
+    const char *path = test_path("ok.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    assert_int_equal(kvq_runtime_method(rt), KVQ_CODEBOOK_QAVQ);
+    assert_int_equal(kvq_runtime_codebook_size(rt), 32);
+    assert_int_equal(kvq_runtime_groups(rt), 1);
+    assert_int_equal(kvq_runtime_wrope_w(rt), 64);
+    assert_int_equal(kvq_runtime_wrope_b(rt), 2048);
+    for (int l = 0; l < 2; l++)
+        for (int h = 0; h < 2; h++) {
+            const kvq_codebook *cb = kvq_runtime_codebook(rt, l, h);
+            assert_non_null(cb);
+            assert_memory_equal(kvq_codebook_centroids(cb, 0), kvq_codebook_centroids(cbs[l * 2 + h], 0),
+                                sizeof(float) * 32 * 16);
+            assert_memory_equal(kvq_codebook_key_codebook(cb), kvq_codebook_key_codebook(cbs[l * 2 + h]),
+                                sizeof(float) * 32 * 16);
+        }
+    assert_null(kvq_runtime_codebook(rt, 2, 0));
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 4);
+}
+
+/* Each attention-relevant difference is refused, naming the field. */
+static void test_open_mismatch(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(2, 8, 2, 16);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 16, 1, 2);
+    const char *path = test_path("mm.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    static const struct {
+        const char *field, *values;
+    } want[] = {
+        {"n_layers", "(2 vs 3)"},          {"n_heads", "(8 vs 16)"},
+        {"n_kv_heads", "(2 vs 4)"},        {"head_dim", "(16 vs 32)"},
+        {"rope.base", "(10000 vs 500000)"}, {"rope.layout", "(interleaved vs half)"},
+        {"rope.scaling", "(none vs linear)"}, {"vocab_size", "(512 vs 513)"},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        kvq_model_id m = id;
+        switch (i) {
+        case 0: m.n_layers = 3; break;
+        case 1: m.n_heads = 16; break;
+        case 2: m.n_kv_heads = 4; break;
+        case 3: m.head_dim = 32; m.rope.head_dim = 32; break;
+        case 4: m.rope.base = 500000; break;
+        case 5: m.rope.layout = KVQ_ROPE_HALF; break;
+        case 6: m.rope.scaling = KVQ_ROPE_SCALING_LINEAR; m.rope.factor = 2; break;
+        case 7: m.vocab_size = 513; break;
+        }
+        kvq_runtime *rt = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_runtime_open(path, &m, "the model", &rt, &e), KVQ_E_MISMATCH);
+        assert_null(rt);
+        char expect[600];
+        snprintf(expect, sizeof expect, "%s vs the model: model.%s differs %s", path, want[i].field,
+                 want[i].values);
+        assert_string_equal(e.msg, expect);
+    }
+    /* a context for another config is refused too */
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    kvq_model_id other = id;
+    other.n_heads = 4;
+    kvq_model_config c = config_of(&other);
+    kvq_retrieval *r = NULL;
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_E_MISMATCH);
+    assert_non_null(strstr(e.msg, "model.n_heads differs"));
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 4);
+}
+
+static void test_open_corrupt(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 2, 8);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_PQ, 16, 2, 3);
+    const char *path = test_path("c.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    uint8_t *data = NULL;
+    size_t size = 0;
+    kvq_err e = {0};
+    assert_int_equal(kvq_read_file(path, &data, &size, &e), KVQ_OK);
+    const char *bad = test_path("bad.kvq");
+    kvq_runtime *rt = NULL;
+    static const struct {
+        size_t keep;
+        kvq_status want;
+    } trunc[] = {{2, KVQ_E_TRUNCATED_HEADER}, {20, KVQ_E_TRUNCATED_HEADER}, {40, KVQ_E_TRUNCATED_DATA}};
+    for (size_t i = 0; i < 3; i++) {
+        assert_int_equal(test_write_file(bad, data, trunc[i].keep), 0);
+        assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), trunc[i].want);
+        assert_null(rt);
+        assert_non_null(strstr(e.msg, bad));
+    }
+    assert_int_equal(test_write_file(bad, data, size / 2), 0);
+    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_TRUNCATED_DATA);
+    /* the content checksum (the frame's last 4 bytes) */
+    data[size - 1] ^= 0x55;
+    assert_int_equal(test_write_file(bad, data, size), 0);
+    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_CHECKSUM);
+    data[size - 1] ^= 0x55;
+    data[0] ^= 0xff;
+    assert_int_equal(test_write_file(bad, data, size), 0);
+    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_BAD_MAGIC);
+    assert_int_equal(kvq_runtime_open(test_path("none.kvq"), &id, "model", &rt, &e), KVQ_E_NOT_FOUND);
+    free(data);
+
+    /* method "none": thresholds only, nothing to retrieve with */
+    kvq_st_writer *w = kvq_st_writer_new();
+    assert_int_equal(kvq_model_id_set_meta(&id, "model.", w, &e), KVQ_OK);
+    assert_int_equal(kvq_st_writer_set_meta(w, KVQ_META_METHOD, "none", &e), KVQ_OK);
+    assert_int_equal(kvq_st_writer_set_meta(w, KVQ_META_TOOL_VERSION, "kvq test", &e), KVQ_OK);
+    assert_int_equal(kvq_st_writer_begin_buffer(w, &e), KVQ_OK);
+    assert_int_equal(kvq_st_writer_finish(w, &e), KVQ_OK);
+    size_t n;
+    const void *buf = kvq_st_writer_buffer(w, &n);
+    assert_int_equal(kvq_artifact_write(bad, 1, buf, n, 1, &e), KVQ_OK);
+    kvq_st_writer_free(w);
+    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "no codebooks"));
+    codebooks_free(cbs, 2);
+}
+
+/* ==========================================================================
+ * Decoding on a synthetic model
+ * ========================================================================== */
+
+/* Synthetic attention inputs of T tokens for config c. */
+typedef struct seq_data {
+    int64_t T;
+    float *q, *k, *v; /* [T, heads, d] */
+    int64_t *pos;
+} seq_data;
+
+static seq_data make_seq(const kvq_model_config *c, int64_t T, uint64_t seed)
+{
+    seq_data s = {.T = T};
+    const size_t d = (size_t)c->head_dim;
+    s.q = randn((size_t)T * c->n_heads * d, seed, 1.0f);
+    s.k = randn((size_t)T * c->n_kv_heads * d, seed + 1, 1.0f);
+    s.v = randn((size_t)T * c->n_kv_heads * d, seed + 2, 1.0f);
+    s.pos = malloc(sizeof(int64_t) * T);
+    for (int64_t i = 0; i < T; i++)
+        s.pos[i] = i;
+    return s;
+}
+
+static void seq_free(seq_data *s)
+{
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->pos);
+}
+
+/* Runs the sequence through backend b: one chunk of `prefill` tokens, then single
+ * tokens. Every layer gets the same inputs. Returns out [T, heads, d] of the last layer. */
+static float *run_backend(const kvq_model_config *c, const kvq_attn_backend *b, const seq_data *s,
+                          int64_t prefill)
+{
+    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    float *out = malloc(sizeof(float) * s->T * qd);
+    if (b->reset)
+        b->reset(b->user);
+    for (int64_t at = 0; at < s->T;) {
+        const int64_t n = at == 0 ? prefill : 1;
+        for (int32_t l = 0; l < c->n_layers; l++) {
+            kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = s->pos + at,
+                                  .q = s->q + at * qd, .k = s->k + at * kvd, .v = s->v + at * kvd,
+                                  .out = out + at * qd};
+            kvq_err e = {0};
+            if (b->attend(b->user, &call, &e) != KVQ_OK)
+                fail_msg("attend: %s", e.msg);
+        }
+        at += n;
+    }
+    return out;
+}
+
+static double max_rel_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        m = fmax(m, fabs((double)a[i] - b[i]));
+        scale = fmax(scale, fabs((double)b[i]));
+    }
+    return m / (scale > 0 ? scale : 1);
+}
+
+static void test_budget_all_equals_full(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(2, 8, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 16, 4, 4);
+    const char *path = test_path("all.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    seq_data s = make_seq(&c, 260, 77);
+    kvq_full_attn *fa = NULL;
+    assert_int_equal(kvq_full_attn_create(&c, 1000, &fa, &e), KVQ_OK);
+    const kvq_attn_backend fb = kvq_full_attn_backend(fa);
+    float *ref = run_backend(&c, &fb, &s, 100);
+    const size_t n_out = (size_t)s.T * c.n_heads * c.head_dim;
+    for (int sel = 0; sel < KVQ_SELECT_COUNT; sel++)
+        for (int pf = 0; pf < 2; pf++) {
+            kvq_retrieval_params p = kvq_retrieval_params_default();
+            p.selector = (kvq_selector)sel;
+            p.budget = (kvq_budget){.fraction = 1.0};
+            p.tau = 1.0;
+            p.positions = KVQ_POSITIONS_ROPE;
+            p.cache_dtype = KVQ_DT_F32;
+            p.prefill_full = pf;
+            p.threads = 1 + pf;
+            p.measure = sel == KVQ_SELECT_FULL;
+            kvq_retrieval *r = NULL;
+            assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+            const kvq_attn_backend b = kvq_retrieval_backend(r);
+            float *out = run_backend(&c, &b, &s, 100);
+            const double diff = max_rel_diff(out, ref, n_out);
+            if (diff > 2e-5)
+                fail_msg("selector %s prefill_full %d: budget all differs from full attention by %g",
+                         kvq_selector_name((kvq_selector)sel), pf, diff);
+            kvq_retrieval_stats st;
+            kvq_retrieval_stats_get(r, &st);
+            /* retrieval rows with candidates (n > sink 4 + window 64): the decode rows
+             * 100 .. 259, or with every row by retrieval rows 68 .. 259 */
+            const uint64_t rows = pf ? 260 - 100 : 260 - 68;
+            assert_int_equal(st.steps, rows * c.n_layers * c.n_kv_heads);
+            assert_true(st.attended == st.visible);
+            if (p.measure) {
+                assert_int_equal(st.measured, st.steps);
+                assert_true(st.recall_mass / st.measured > 1 - 1e-5);
+                assert_true(st.out_rel_err / st.measured < 1e-5);
+                assert_true(st.recall_topk == (double)st.measured);
+            }
+            free(out);
+            kvq_retrieval_free(r);
+        }
+    /* f16 cache: the same within f16 rounding */
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.selector = KVQ_SELECT_FULL;
+    p.positions = KVQ_POSITIONS_ROPE;
+    kvq_retrieval *r = NULL;
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    float *out = run_backend(&c, &b, &s, 100);
+    assert_true(max_rel_diff(out, ref, n_out) < 5e-3);
+    free(out);
+    kvq_retrieval_free(r);
+    free(ref);
+    seq_free(&s);
+    kvq_full_attn_free(fa);
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 4);
+}
+
+/* Brute-force selection of the last row of s for KV head 0 of a 1-KV-head config:
+ * exact scores under the position mode, summed or maxed over the group. */
+static int64_t brute_oracle(const kvq_model_config *c, const seq_data *s, kvq_positions pos_mode,
+                            kvq_group_score grp, int64_t sink, int64_t window, int64_t k,
+                            int32_t *out, double *gap)
+{
+    const int32_t d = c->head_dim, gs = c->n_heads / c->n_kv_heads;
+    const int64_t i = s->T - 1, j0 = sink, j1 = s->T - window, nc = j1 - j0;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c->rope, theta);
+    float *qr = malloc(sizeof(float) * gs * d), kr[64];
+    memcpy(qr, s->q + (size_t)i * c->n_heads * d, sizeof(float) * gs * d);
+    kvq_rope_apply(&c->rope, theta, qr, gs, pos_mode == KVQ_POSITIONS_WROPE ? 2048 : i);
+    float *sc = malloc(sizeof(float) * nc);
+    for (int64_t j = j0; j < j1; j++) {
+        memcpy(kr, s->k + (size_t)j * c->n_kv_heads * d, sizeof(float) * d);
+        if (pos_mode == KVQ_POSITIONS_ROPE)
+            kvq_rope_apply(&c->rope, theta, kr, 1, j);
+        double agg = 0;
+        for (int32_t g = 0; g < gs; g++) {
+            double dot = 0;
+            for (int32_t t = 0; t < d; t++)
+                dot += (double)qr[g * d + t] * kr[t];
+            agg = grp == KVQ_GROUP_SUM ? agg + dot : (g == 0 || dot > agg ? dot : agg);
+        }
+        sc[j - j0] = (float)agg;
+    }
+    const int64_t m = topk_ref(sc, nc, k, out);
+    /* the margin between the k-th and the (k+1)-th score */
+    float *sorted = malloc(sizeof(float) * nc);
+    int32_t *all = malloc(sizeof(int32_t) * nc);
+    topk_ref(sc, nc, nc, all);
+    cmp_scores = sc;
+    qsort(all, (size_t)nc, sizeof *all, cmp_desc);
+    *gap = (double)sc[all[k - 1]] - sc[all[k]];
+    for (int64_t a = 0; a < m; a++)
+        out[a] += (int32_t)j0;
+    free(sorted);
+    free(all);
+    free(sc);
+    free(qr);
+    return m;
+}
+
+static void test_oracle_exact_topk(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    seq_data s = make_seq(&c, 400, 91);
+    for (int pm = 0; pm < 2; pm++)
+        for (int gm = 0; gm < 2; gm++)
+            for (int isa = 0; isa < 3; isa++) {
+                kvq_retrieval_params p = kvq_retrieval_params_default();
+                p.selector = KVQ_SELECT_ORACLE;
+                p.budget = (kvq_budget){.count = 20};
+                p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
+                p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+                p.cache_dtype = KVQ_DT_F32;
+                p.isa = isas[isa];
+                kvq_retrieval *r = NULL;
+                kvq_err e = {0};
+                assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_OK);
+                const kvq_attn_backend b = kvq_retrieval_backend(r);
+                free(run_backend(&c, &b, &s, 300));
+                int64_t n = 0;
+                const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
+                int32_t want[20];
+                double gap;
+                assert_int_equal(brute_oracle(&c, &s, p.positions, p.group, 4, 64, 20, want, &gap), 20);
+                assert_true(gap > 1e-4); /* the data leave no near-tie at the boundary */
+                assert_int_equal(n, 20);
+                assert_memory_equal(sel, want, sizeof want);
+                kvq_retrieval_free(r);
+            }
+    seq_free(&s);
+}
+
+/* The codes the cache keeps are the fit's assignment of the same keys. */
+static void test_codes_match_fit(void **state)
+{
+    (void)state;
+    static const struct {
+        kvq_codebook_method m;
+        int32_t G;
+    } cases[] = {{KVQ_CODEBOOK_QAVQ, 1}, {KVQ_CODEBOOK_QAPQ, 4}, {KVQ_CODEBOOK_VQ_POSTROPE, 1},
+                 {KVQ_CODEBOOK_PQ, 2}};
+    const kvq_model_id id = small_id(1, 2, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int64_t n = 600;
+        const int32_t d = 16, K = 16, G = cases[ci].G;
+        seq_data s = make_seq(&c, n, 300 + ci);
+        /* clustered keys: 16 centers plus noise */
+        float *cent = randn(16 * d, 7 + ci, 3.0f);
+        for (int64_t j = 0; j < n; j++)
+            for (int32_t t = 0; t < d; t++)
+                s.k[j * d + t] = cent[(j % 16) * d + t] + 0.3f * s.k[j * d + t];
+        int32_t *pos = malloc(sizeof(int32_t) * n);
+        for (int64_t j = 0; j < n; j++)
+            pos[j] = (int32_t)j;
+        float *L = malloc(sizeof(float) * d * d), *Li = malloc(sizeof(float) * d * d);
+        make_L(d, 5 + ci, L, Li);
+        const int qa = kvq_codebook_method_is_query_aware(cases[ci].m);
+        kvq_codebook_desc desc = {.method = cases[ci].m, .dim = d, .k = K, .groups = G,
+                                  .rope = c.rope, .wrope_b = 2048};
+        kvq_codebook_data data = {.keys = s.k, .pos = pos, .n = n, .L = qa ? L : NULL,
+                                  .Linv = qa ? Li : NULL};
+        kvq_kmeans_params km = kvq_kmeans_params_default();
+        km.max_iters = 10;
+        kvq_codebook *cb = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_codebook_fit(&desc, &data, &km, &cb, NULL, &e), KVQ_OK);
+        int32_t *codes = malloc(sizeof(int32_t) * n * G);
+        assert_int_equal(kvq_codebook_encode(cb, s.k, pos, n, 1, codes, &e), KVQ_OK);
+
+        const char *path = test_path("fit.kvq");
+        assert_int_equal(write_artifact(path, &id, &cb), 0);
+        kvq_runtime *rt = NULL;
+        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.cache_dtype = KVQ_DT_F32;
+        kvq_retrieval *r = NULL;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        free(run_backend(&c, &b, &s, 250));
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *got = kvq_retrieval_codes(r, 0, 0, j);
+            assert_non_null(got);
+            for (int32_t g = 0; g < G; g++)
+                if (got[g] != codes[j * G + g])
+                    fail_msg("%s: token %lld group %d: cache code %d, fit %d",
+                             kvq_codebook_method_name(cases[ci].m), (long long)j, g, got[g],
+                             codes[j * G + g]);
+        }
+        assert_null(kvq_retrieval_codes(r, 0, 0, n));
+        if (cases[ci].m == KVQ_CODEBOOK_QAVQ) {
+            /* and the code is the nearest centroid of z = k L (within the SGEMM tolerance) */
+            float *z = malloc(sizeof(float) * n * d);
+            assert_int_equal(kvq_codebook_fit_space(&desc, L, s.k, pos, n, 1, z, &e), KVQ_OK);
+            const float *Cz = kvq_codebook_centroids(cb, 0);
+            for (int64_t j = 0; j < n; j++) {
+                double best = INFINITY, got = 0, norm = 0;
+                for (int32_t k = 0; k < K; k++) {
+                    double dd = 0, cn = 0;
+                    for (int32_t t = 0; t < d; t++) {
+                        dd += ((double)z[j * d + t] - Cz[k * d + t]) * ((double)z[j * d + t] - Cz[k * d + t]);
+                        cn += (double)Cz[k * d + t] * Cz[k * d + t];
+                    }
+                    best = fmin(best, dd);
+                    if (k == codes[j])
+                        got = dd, norm = cn;
+                }
+                double zn = 0;
+                for (int32_t t = 0; t < d; t++)
+                    zn += (double)z[j * d + t] * z[j * d + t];
+                assert_true(got - best <= KVQ_KMEANS_TOL_DIST * (zn + norm) + 1e-9);
+            }
+            free(z);
+        }
+        kvq_retrieval_free(r);
+        kvq_runtime_close(rt);
+        kvq_codebook_free(cb);
+        free(codes);
+        free(pos);
+        free(L);
+        free(Li);
+        free(cent);
+        seq_free(&s);
+    }
+}
+
+/* A needle: token 150's key, rotated by its position, points along the last query
+ * rotated by its own; every selector that sees post-RoPE keys must retrieve it. */
+static void test_selectors_find_needle(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    const int32_t d = 16;
+    const int64_t T = 500, needle = 150;
+    seq_data s = make_seq(&c, T, 123);
+    float *q_last = s.q + (size_t)(T - 1) * 4 * d;
+    for (int g = 1; g < 4; g++)
+        memcpy(q_last + g * d, q_last, sizeof(float) * d);
+    /* k = 6 q R_{i - j}: then k R_j = 6 q R_i */
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    float *kn = s.k + (size_t)needle * d;
+    for (int t = 0; t < d; t++)
+        kn[t] = 6.0f * q_last[t];
+    kvq_rope_apply(&c.rope, theta, kn, 1, (T - 1) - needle);
+    static const kvq_selector sels[] = {KVQ_SELECT_ORACLE, KVQ_SELECT_FIER, KVQ_SELECT_QUEST};
+    for (size_t si = 0; si < 3; si++)
+        for (int gm = 0; gm < 2; gm++) {
+            kvq_retrieval_params p = kvq_retrieval_params_default();
+            p.selector = sels[si];
+            p.budget = (kvq_budget){.count = 24};
+            p.positions = KVQ_POSITIONS_ROPE;
+            p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+            kvq_retrieval *r = NULL;
+            kvq_err e = {0};
+            assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_OK);
+            const kvq_attn_backend b = kvq_retrieval_backend(r);
+            free(run_backend(&c, &b, &s, 420));
+            int64_t n = 0;
+            const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
+            assert_int_equal(n, 24);
+            int found = 0;
+            for (int64_t a = 0; a < n; a++) {
+                found |= sel[a] == needle;
+                assert_true(sel[a] >= 4 && sel[a] < T - 64);
+                if (a)
+                    assert_true(sel[a] > sel[a - 1]);
+            }
+            if (!found)
+                fail_msg("%s did not retrieve the needle", kvq_selector_name(sels[si]));
+            if (sels[si] == KVQ_SELECT_QUEST) {
+                /* whole pages of 16 (the needle's page, 144..159, among them), at most
+                 * one page cut short */
+                int partial = 0;
+                for (int64_t a = 0; a < n;) {
+                    const int64_t page = sel[a] / 16;
+                    int64_t cnt = 0;
+                    while (a < n && sel[a] / 16 == page) {
+                        cnt++;
+                        a++;
+                    }
+                    int64_t lo = page * 16 < 4 ? 4 : page * 16, hi = page * 16 + 16;
+                    hi = hi > T - 64 ? T - 64 : hi;
+                    partial += cnt != hi - lo;
+                }
+                assert_true(partial <= 1);
+            }
+            kvq_retrieval_free(r);
+        }
+    seq_free(&s);
+}
+
+/* mass: the smallest top set reaching tau of the approximate softmax. */
+static void test_mass_selector(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 32, 1, 8);
+    const char *path = test_path("mass.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    seq_data s = make_seq(&c, 300, 5);
+    for (int64_t i = 0; i < 300 * 4 * 16; i++)
+        s.q[i] *= 3.0f; /* a peaked distribution */
+    const int64_t nc = 300 - 4 - 64;
+    static const double taus[] = {1e-9, 0.5, 0.9, 1.0};
+    for (size_t ti = 0; ti < 4; ti++) {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.selector = KVQ_SELECT_MASS;
+        p.budget = (kvq_budget){.fraction = 1.0};
+        p.tau = taus[ti];
+        p.isa = KVQ_ISA_SCALAR;
+        kvq_retrieval *r = NULL;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        free(run_backend(&c, &b, &s, 299));
+        int64_t n = 0;
+        const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
+        /* brute force: the same approximate scores, sorted */
+        const kvq_codebook *cb = kvq_runtime_codebook(rt, 0, 0);
+        float qs[16] = {0}, tmp[16], lut[32];
+        for (int g = 0; g < 4; g++) {
+            kvq_codebook_query_pe(cb, s.q + (size_t)(299 * 4 + g) * 16, 299, tmp);
+            for (int t = 0; t < 16; t++)
+                qs[t] += tmp[t];
+        }
+        kvq_rk_table *tab = NULL;
+        assert_int_equal(kvq_rk_table_create(cb, &tab, &e), KVQ_OK);
+        kvq_rk_lut(KVQ_ISA_SCALAR, tab, qs, lut);
+        kvq_rk_table_free(tab);
+        float *sc = malloc(sizeof(float) * nc);
+        for (int64_t j = 0; j < nc; j++)
+            sc[j] = lut[kvq_retrieval_codes(r, 0, 0, 4 + j)[0]];
+        int32_t *order = malloc(sizeof(int32_t) * nc);
+        for (int64_t j = 0; j < nc; j++)
+            order[j] = (int32_t)j;
+        cmp_scores = sc;
+        qsort(order, (size_t)nc, sizeof *order, cmp_desc);
+        double Z = 0, acc = 0;
+        for (int64_t j = 0; j < nc; j++)
+            Z += exp(((double)sc[j] - sc[order[0]]) * (0.25 / 4.0));
+        int64_t kstar = 0;
+        while (kstar < nc && (kstar == 0 || acc < taus[ti] * Z))
+            acc += exp(((double)sc[order[kstar++]] - sc[order[0]]) * (0.25 / 4.0));
+        if (taus[ti] >= 1.0)
+            kstar = nc;
+        assert_int_equal(n, kstar);
+        int32_t *want = malloc(sizeof(int32_t) * nc);
+        topk_ref(sc, nc, kstar, want);
+        for (int64_t a = 0; a < n; a++)
+            assert_int_equal(sel[a], want[a] + 4);
+        if (ti == 0)
+            assert_int_equal(n, 1);
+        free(want);
+        free(order);
+        free(sc);
+        kvq_retrieval_free(r);
+    }
+    seq_free(&s);
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 1);
+}
+
+static void test_stats_and_errors(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    seq_data s = make_seq(&c, 300, 17);
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.selector = KVQ_SELECT_ORACLE;
+    p.budget = (kvq_budget){.count = 10};
+    p.measure = 1;
+    kvq_retrieval *r = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    free(run_backend(&c, &b, &s, 200));
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    assert_int_equal(st.steps, 100 * 2);
+    assert_int_equal(st.measured, st.steps);
+    assert_true(st.recall_topk == (double)st.measured); /* the oracle agrees with itself */
+    assert_true(st.recall_mass / st.measured > 0.2 && st.recall_mass / st.measured < 1.0);
+    assert_true(st.out_rel_err / st.measured > 0);
+    assert_true(st.attended == st.steps * (4.0 + 64 + 10));
+    /* f16 cache: the oracle reads every candidate key, then 78 K and V rows */
+    double want = 0, full = 0;
+    for (int64_t i = 200; i < 300; i++) {
+        want += (i + 1 - 68) * 16.0 * 2 + 78 * 2 * 16.0 * 2;
+        full += (i + 1) * 2 * 16.0 * 2;
+    }
+    assert_true(fabs(st.bytes_read - 2 * want) < 1e-6 && fabs(st.bytes_full - 2 * full) < 1e-6);
+    kvq_retrieval_stats_reset(r);
+    kvq_retrieval_stats_get(r, &st);
+    assert_int_equal(st.steps, 0);
+
+    /* a sequence longer than max_tokens */
+    kvq_retrieval_free(r);
+    p.max_tokens = 250;
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b2 = kvq_retrieval_backend(r);
+    kvq_attn_call call = {.layer = 0, .n = 251, .pos = s.pos, .q = s.q, .k = s.k, .v = s.v};
+    float *out = malloc(sizeof(float) * 251 * 4 * 16);
+    call.out = out;
+    assert_int_equal(b2.attend(b2.user, &call, &e), KVQ_E_INVALID_ARG);
+    assert_string_equal(e.msg, "retrieval: sequence of 251 tokens exceeds max_tokens 250");
+    free(out);
+    kvq_retrieval_free(r);
+
+    /* selectors that need an artifact, and bad parameters */
+    p = kvq_retrieval_params_default();
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
+    assert_string_equal(e.msg, "retrieval: the codebook selector needs an artifact (--artifact)");
+    p.selector = KVQ_SELECT_QUEST;
+    p.sink = -1;
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
+    assert_string_equal(e.msg, "retrieval: bad parameter sink");
+    p.sink = 4;
+    p.cache_dtype = KVQ_DT_BF16;
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
+    assert_null(r);
+    seq_free(&s);
+}
+
+/* ==========================================================================
+ * The real tiny model
+ * ========================================================================== */
+
+static const int32_t golden_ids[48] = {
+    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
+    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267};
+
+/* Observer collecting layer keys: keys[l] grows [n, n_kv, d]. */
+typedef struct key_rec {
+    int32_t n_layers, kvd;
+    int64_t n[8], cap;
+    float *keys[8];
+} key_rec;
+
+static kvq_status record_keys(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    (void)err;
+    key_rec *kr = user;
+    const int32_t l = c->layer;
+    if (kr->n[l] + c->n > kr->cap)
+        return KVQ_E_NOMEM;
+    memcpy(kr->keys[l] + kr->n[l] * kr->kvd, c->k, sizeof(float) * c->n * kr->kvd);
+    kr->n[l] += c->n;
+    return KVQ_OK;
+}
+
+/* Greedy decoding of n tokens from BOS with forward context f. */
+static void greedy(kvq_forward *f, int32_t n, int32_t *out)
+{
+    float logits[512];
+    int32_t tok = 1;
+    kvq_err e = {0};
+    kvq_forward_reset(f);
+    for (int32_t i = 0; i < n; i++) {
+        if (kvq_forward_tokens(f, &tok, 1, KVQ_LOGITS_LAST, logits, &e) != KVQ_OK)
+            fail_msg("forward: %s", e.msg);
+        int32_t best = 0;
+        for (int32_t v = 1; v < 512; v++)
+            best = logits[v] > logits[best] ? v : best;
+        out[i] = tok = best;
+    }
+}
+
+static void test_stories_retrieval(void **state)
+{
+    (void)state;
+    const char *mp = test_model_path();
+    if (!mp)
+        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    kvq_model_params mpar = kvq_model_params_default();
+    assert_int_equal(kvq_model_open(mp, &mpar, &m, &e), KVQ_OK);
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_model_id id;
+    kvq_model_identity(m, &id);
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.max_tokens = 512;
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, &fp, &f, &e), KVQ_OK);
+
+    /* keys of 300 greedy tokens, then one VQ codebook (K = 16) per layer and KV head */
+    int32_t ref[300];
+    greedy(f, 300, ref);
+    assert_memory_equal(ref, golden_ids, sizeof golden_ids);
+    key_rec kr = {.n_layers = c->n_layers, .kvd = c->n_kv_heads * c->head_dim, .cap = 300};
+    for (int l = 0; l < c->n_layers; l++)
+        kr.keys[l] = malloc(sizeof(float) * 300 * kr.kvd);
+    kvq_forward_set_observer(f, record_keys, &kr);
+    int32_t prompt[300] = {1};
+    memcpy(prompt + 1, ref, sizeof(int32_t) * 299);
+    kvq_forward_reset(f);
+    assert_int_equal(kvq_forward_tokens(f, prompt, 300, KVQ_LOGITS_NONE, NULL, &e), KVQ_OK);
+    kvq_forward_set_observer(f, NULL, NULL);
+    const int32_t d = c->head_dim;
+    kvq_codebook **cbs = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof *cbs);
+    float *hk = malloc(sizeof(float) * 300 * d);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_kv_heads; h++) {
+            for (int j = 0; j < 300; j++)
+                memcpy(hk + j * d, kr.keys[l] + j * kr.kvd + h * d, sizeof(float) * d);
+            kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ, .dim = d, .k = 16, .groups = 1,
+                                      .rope = c->rope, .wrope_b = 2048};
+            kvq_codebook_data data = {.keys = hk, .n = 300};
+            kvq_kmeans_params km = kvq_kmeans_params_default();
+            assert_int_equal(kvq_codebook_fit(&desc, &data, &km, &cbs[l * c->n_kv_heads + h], NULL, &e),
+                             KVQ_OK);
+        }
+    const char *path = test_path("stories.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    assert_int_equal(kvq_runtime_open(path, &id, mp, &rt, &e), KVQ_OK);
+    /* the same artifact for a model whose pairs were laid out differently: refused */
+    kvq_model_id half = id;
+    half.rope.layout = KVQ_ROPE_HALF;
+    kvq_runtime *rt2 = NULL;
+    assert_int_equal(kvq_runtime_open(path, &half, mp, &rt2, &e), KVQ_E_MISMATCH);
+    assert_non_null(strstr(e.msg, "model.rope.layout differs (interleaved vs half)"));
+
+    /* budget = everything, exact positions: the greedy text of full attention, with a
+     * window of 8 so that almost every step retrieves; f32 and f16 caches */
+    for (int f16 = 0; f16 < 2; f16++) {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.budget = (kvq_budget){.fraction = 1.0};
+        p.positions = KVQ_POSITIONS_ROPE;
+        p.window = 8;
+        p.cache_dtype = f16 ? KVQ_DT_F16 : KVQ_DT_F32;
+        kvq_retrieval *r = NULL;
+        assert_int_equal(kvq_retrieval_create(c, rt, &p, &r, &e), KVQ_OK);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        kvq_forward_set_attention(f, &b);
+        int32_t got[300];
+        greedy(f, f16 ? 48 : 300, got);
+        assert_memory_equal(got, ref, sizeof(int32_t) * (f16 ? 48 : 300));
+        kvq_retrieval_stats st;
+        kvq_retrieval_stats_get(r, &st);
+        assert_true(st.steps > 0);
+        kvq_forward_set_attention(f, NULL);
+        kvq_retrieval_free(r);
+    }
+    /* a real budget: runs, reads a fraction of the cache, and keeps the first words */
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.budget = (kvq_budget){.count = 8};
+    p.window = 16;
+    p.measure = 1;
+    kvq_retrieval *r = NULL;
+    assert_int_equal(kvq_retrieval_create(c, rt, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    kvq_forward_set_attention(f, &b);
+    int32_t got[200];
+    greedy(f, 200, got);
+    assert_memory_equal(got, ref, sizeof(int32_t) * 20); /* everything fits the window */
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    assert_true(st.steps > 0 && st.bytes_read < 0.5 * st.bytes_full);
+    assert_true(st.recall_mass / st.measured > 0.5);
+    kvq_forward_set_attention(f, NULL);
+    kvq_retrieval_free(r);
+
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, c->n_layers * c->n_kv_heads);
+    free(hk);
+    for (int l = 0; l < c->n_layers; l++)
+        free(kr.keys[l]);
+    kvq_forward_free(f);
+    kvq_model_close(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_h2f_all_patterns),
+        cmocka_unit_test(test_key_order),
+        cmocka_unit_test(test_fier_bits_and_quest_term),
+        cmocka_unit_test(test_lut_paths),
+        cmocka_unit_test(test_score_paths_exact),
+        cmocka_unit_test(test_topk_paths),
+        cmocka_unit_test(test_attention_paths),
+        cmocka_unit_test(test_parse_budget_and_selector),
+        cmocka_unit_test(test_open_artifact),
+        cmocka_unit_test(test_open_mismatch),
+        cmocka_unit_test(test_open_corrupt),
+        cmocka_unit_test(test_budget_all_equals_full),
+        cmocka_unit_test(test_oracle_exact_topk),
+        cmocka_unit_test(test_codes_match_fit),
+        cmocka_unit_test(test_selectors_find_needle),
+        cmocka_unit_test(test_mass_selector),
+        cmocka_unit_test(test_stats_and_errors),
+        cmocka_unit_test(test_stories_retrieval),
+    };
+    const int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    test_tmpdir_cleanup();
+    return rc;
+}

@@ -1,0 +1,128 @@
+/*
+ * thresholds/internal.h — what the files of thresholds/ share: the per-(layer, KV head)
+ * cache simulator behind both quality measurements (the capture error and the
+ * kvq_simcache backend), the capture layer reader, and the perplexity driver.
+ * Not a public header.
+ */
+#ifndef KVQ_THRESHOLDS_INTERNAL_H
+#define KVQ_THRESHOLDS_INTERNAL_H
+
+#include "kvq/thresholds.h"
+
+/* ==========================================================================
+ * Attention over a cache (double accumulation)
+ * ========================================================================== */
+
+/* out[g] = sum_j p_g(j) V_j with p_g = softmax_j(q_g . K_j / sqrt(d)) over the rows j in
+ * [0, n) whose cls[j] != KVQ_LEANKV_PRUNED (cls NULL: every row). p receives the
+ * probabilities [gs, n] (0 for skipped rows). A query that sees no row gets out = 0.
+ *   q: [gs, d]  K, V: [n, d]  out: [gs, d] (may be NULL)  p: [gs, n] */
+void thr_attend(const float *q, int32_t gs, int32_t d, const float *K, const float *V,
+                int64_t n, const uint8_t *cls, double *p, float *out);
+
+/* ==========================================================================
+ * One (layer, KV head) of a simulated compressed cache
+ * ========================================================================== */
+
+typedef struct thr_head {
+    kvq_simcache_kind kind;
+    kvq_leankv_params lk;
+    kvq_pats_params pt;
+    int32_t d, gs;
+    int64_t n, cap;
+    int64_t seq_len;      /* PATS T (0 = the tokens seen so far) */
+    int64_t prompt_len;   /* LeanKV P */
+    int classified;       /* LeanKV: the prompt rule has run */
+    float *k, *v;         /* [cap, d] exact post-RoPE keys, values (LeanKV) */
+    float *kc, *vc;       /* [cap, d] the cache's rows: dequantized (LeanKV), truncated
+                             (PATS) */
+    uint8_t *cls;         /* [cap] LeanKV classes */
+    double *acc;          /* [cap, gs] attention received from later queries, per head */
+    int64_t *qcum;        /* [cap] queries seen at rows <= j */
+    int64_t nq;           /* queries seen */
+    double *sig;          /* [cap] scratch */
+    double *p;            /* [gs, cap] scratch probabilities */
+    double pats_bytes;    /* PATS packed bytes and unpacked bits of the rows so far */
+    double pats_bits;
+} thr_head;
+
+/* Zeroed head of the given kind and shape (lk / pt copied; either may be NULL when not
+ * used). No allocation until the first push. */
+void thr_head_init(thr_head *h, kvq_simcache_kind kind, const kvq_leankv_params *lk,
+                   const kvq_pats_params *pt, int32_t d, int32_t gs);
+void thr_head_free(thr_head *h);
+/* Starts a sequence (keeps the buffers). */
+void thr_head_begin(thr_head *h, int64_t seq_len, int64_t prompt_len);
+/* Appends token n: post-RoPE key and value [d]; q [gs, d] post-RoPE queries of the row
+ * (NULL: no stored query at this row); out [gs, d] (NULL: not wanted; ignored without
+ * q). Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC (LeanKV quantization). */
+kvq_status thr_head_push(thr_head *h, const float *k, const float *v, const float *q,
+                         float *out, kvq_err *err);
+/* dst becomes a copy of src's sequence state (dst must be initialized; its params stay
+ * those of src until changed). KVQ_E_NOMEM. */
+kvq_status thr_head_copy(thr_head *dst, const thr_head *src, kvq_err *err);
+/* Adds this head's cache memory to m (LeanKV: runs the prompt rule first if the
+ * sequence never left the prompt). Errors: KVQ_E_NUMERIC. */
+kvq_status thr_head_memory(thr_head *h, kvq_simcache_memory *m, kvq_err *err);
+
+/* LeanKV internals used by thr_head (leankv.c). */
+kvq_status thr_leankv_finish_prompt(thr_head *h, kvq_err *err);
+kvq_status thr_leankv_push(thr_head *h, const float *q, float *out, kvq_err *err);
+/* PATS internals (pats.c). */
+void thr_pats_push(thr_head *h, const float *q, float *out);
+
+/* ==========================================================================
+ * Capture layer files
+ * ========================================================================== */
+
+typedef struct thr_layer {
+    kvq_st *st;
+    const kvq_tensor_view *k, *v, *q, *q_rows, *pos;
+    int32_t *qidx;        /* [n_tokens] stored query index of each row, or -1 */
+    int64_t n_q;
+} thr_layer;
+
+/* Opens file i of the capture and checks its tensors against capture.json (dtypes,
+ * shapes, q_rows ascending inside [0, n_tokens), positions >= 0). Errors: the reader's,
+ * KVQ_E_NOT_FOUND (a tensor), KVQ_E_SHAPE_MISMATCH, KVQ_E_CORRUPT, KVQ_E_NOMEM. */
+kvq_status thr_layer_open(const kvq_capture_info *ci, int32_t i, thr_layer *L, kvq_err *err);
+void thr_layer_close(thr_layer *L);
+/* Row `row`, heads [h0, h0 + nh) of a [n_tokens or n_q, heads, d] tensor, as f32:
+ * out [nh, d]. */
+void thr_layer_rows(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh, float *out);
+/* pos[row]. */
+int64_t thr_layer_pos(const thr_layer *L, int64_t row);
+
+/* The prompt length of a sequence of n tokens: floor(fraction * n), at most n - 1. */
+int64_t thr_prompt_len(double fraction, int64_t n);
+
+/* ==========================================================================
+ * Perplexity driver (profile.c)
+ * ========================================================================== */
+
+typedef struct thr_ppl thr_ppl;
+/* Perplexity over positions P .. n-2 of every held-out sequence with `backend` (NULL:
+ * full attention). `begin` (may be NULL) is called after each sequence reset with
+ * (user, n, P). */
+kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
+                        void (*begin)(void *user, int64_t n, int64_t P), void *user,
+                        double *ppl, kvq_err *err);
+const kvq_model_config *thr_ppl_config(const thr_ppl *e);
+
+/* ==========================================================================
+ * Budget profile (budget.c)
+ * ========================================================================== */
+
+/* Fills the budget and mass tables (those whose knob is set in p->knobs) from the
+ * capture with the runtime opened on artifact_path; ppl (may be NULL) adds perplexity.
+ * A knob that cannot run gets its `skipped` reason and KVQ_OK. */
+kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
+                              const kvq_profile_params *p, thr_ppl *ppl,
+                              kvq_profile_table *budget, kvq_profile_table *mass,
+                              kvq_err *err);
+
+/* Allocates t->rows for n rows (NaN-filled) and sets the columns. KVQ_E_NOMEM. */
+kvq_status thr_table_init(kvq_profile_table *t, const char *name, int32_t n_cols,
+                          const char *const *cols, int64_t n_rows, kvq_err *err);
+
+#endif

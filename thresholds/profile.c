@@ -1,0 +1,1123 @@
+/*
+ * profile.c — `kvq profile`: the LeanKV and PATS grids measured on a capture (and,
+ * with a model and a corpus, by perplexity), the budget tables (budget.c), the
+ * selection of the least memory within tolerance, and the artifact writer.
+ * The measurement protocol is the contract in kvq/thresholds.h ("Quality").
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvq/corpus.h"
+#include "kvq/half.h"
+#include "kvq/tokenizer.h"
+#include "kvq/util.h"
+#include "thresholds/internal.h"
+
+/* ==========================================================================
+ * Parameters, tables, results
+ * ========================================================================== */
+
+static const double default_alpha_h[] = {0, 1, 2, 3, 4, 5};
+static const double default_alpha_l[] = {0, 0.02, 0.04, 0.06, 0.08, 0.1};
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+static const char *const leankv_cols[KVQ_PL_NCOLS] = {"alpha_h", "alpha_l", "memory", "high",
+                                                      "low", "pruned", "err", "ppl"};
+static const char *const pats_cols[KVQ_PP_NCOLS] = {"schedule", "b_min", "b_max", "memory",
+                                                    "bits", "err", "ppl"};
+static const char *const budget_cols[KVQ_PB_NCOLS] = {"fraction", "attended", "mass", "err",
+                                                      "ppl"};
+static const char *const mass_cols[KVQ_PB_NCOLS] = {"tau", "attended", "mass", "err", "ppl"};
+
+kvq_profile_params kvq_profile_params_default(void)
+{
+    kvq_profile_params p;
+    memset(&p, 0, sizeof p);
+    p.knobs = KVQ_KNOB_ALL;
+    p.tolerance = -1;
+    p.prompt_fraction = 0.5;
+    p.leankv = kvq_leankv_params_default();
+    p.pats_b_min = 2;
+    p.pats_dtype = KVQ_DT_F16;
+    p.retrieval = kvq_retrieval_params_default();
+    p.ppl_max_tokens = 4096;
+    p.threads = 1;
+    return p;
+}
+
+kvq_status thr_table_init(kvq_profile_table *t, const char *name, int32_t n_cols,
+                          const char *const *cols, int64_t n_rows, kvq_err *err)
+{
+    t->name = name;
+    t->n_cols = n_cols;
+    for (int32_t c = 0; c < n_cols; c++)
+        t->cols[c] = cols[c];
+    t->n_rows = n_rows;
+    t->chosen = -1;
+    t->met = 0;
+    free(t->rows);
+    t->rows = malloc(sizeof(double) * (size_t)(n_rows > 0 ? n_rows : 1) * (size_t)n_cols);
+    if (!t->rows)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (int64_t i = 0; i < n_rows * n_cols; i++)
+        t->rows[i] = NAN;
+    return KVQ_OK;
+}
+
+void kvq_profile_result_free(kvq_profile_result *r)
+{
+    if (!r)
+        return;
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++)
+        free(r->table[i].rows);
+    free(r);
+}
+
+int64_t thr_prompt_len(double fraction, int64_t n)
+{
+    int64_t P = (int64_t)floor(fraction * (double)n);
+    P = P > n - 1 ? n - 1 : P;
+    return P < 0 ? 0 : P;
+}
+
+/* ==========================================================================
+ * Capture layer files
+ * ========================================================================== */
+
+static kvq_status need_tensor(const kvq_st *st, const char *path, const char *name,
+                              kvq_dtype dt, int ndim, const int64_t *shape,
+                              const kvq_tensor_view **out, kvq_err *err)
+{
+    const kvq_tensor_view *t = kvq_st_find(st, name);
+    if (!t)
+        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: no tensor '%s'", path, name);
+    int ok = t->dtype == dt && t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = shape[i] < 0 || t->shape[i] == shape[i];
+    if (!ok)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
+                           "%s: tensor '%s' has dtype %s and %d dims, not what capture.json says",
+                           path, name, kvq_dtype_name(t->dtype), t->ndim);
+    *out = t;
+    return KVQ_OK;
+}
+
+void thr_layer_close(thr_layer *L)
+{
+    kvq_st_close(L->st);
+    free(L->qidx);
+    memset(L, 0, sizeof *L);
+}
+
+static int32_t rd_i32(const void *base, int64_t i)
+{
+    int32_t x;
+    memcpy(&x, (const uint8_t *)base + 4 * i, 4);
+    return x;
+}
+
+kvq_status thr_layer_open(const kvq_capture_info *ci, int32_t i, thr_layer *L, kvq_err *err)
+{
+    char *path = NULL;
+    kvq_status s;
+    memset(L, 0, sizeof *L);
+    if ((s = kvq_capture_info_file_path(ci, i, &path, err)))
+        return s;
+    if ((s = kvq_st_open(path, &L->st, err)))
+        goto done;
+    const int64_t nt = ci->n_tokens, nkv = ci->model.n_kv_heads, nh = ci->model.n_heads,
+                  d = ci->model.head_dim;
+    const int64_t kshape[3] = {nt, nkv, d}, qshape[3] = {-1, nh, d}, rshape[1] = {nt};
+    if ((s = need_tensor(L->st, path, "k", ci->dtype, 3, kshape, &L->k, err)) ||
+        (ci->has_values && (s = need_tensor(L->st, path, "v", ci->dtype, 3, kshape, &L->v, err))) ||
+        (s = need_tensor(L->st, path, "q", ci->dtype, 3, qshape, &L->q, err)) ||
+        (s = need_tensor(L->st, path, "pos", KVQ_DT_I32, 1, rshape, &L->pos, err)))
+        goto done;
+    L->n_q = L->q->shape[0];
+    const int64_t qr_shape[1] = {L->n_q};
+    if ((s = need_tensor(L->st, path, "q_rows", KVQ_DT_I32, 1, qr_shape, &L->q_rows, err)))
+        goto done;
+    if (ci->n_queries == 0 && L->n_q != nt) {
+        s = kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: %lld queries stored, capture.json says all %lld",
+                        path, (long long)L->n_q, (long long)nt);
+        goto done;
+    }
+    L->qidx = malloc(sizeof(int32_t) * (size_t)(nt > 0 ? nt : 1));
+    if (!L->qidx) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    for (int64_t r = 0; r < nt; r++) {
+        L->qidx[r] = -1;
+        if (rd_i32(L->pos->data, r) < 0) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: pos[%lld] is negative", path, (long long)r);
+            goto done;
+        }
+    }
+    for (int64_t a = 0, prev = -1; a < L->n_q; a++) {
+        const int64_t r = rd_i32(L->q_rows->data, a);
+        if (r <= prev || r >= nt) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT,
+                            "%s: q_rows[%lld] = %lld is not ascending inside [0, %lld)", path,
+                            (long long)a, (long long)r, (long long)nt);
+            goto done;
+        }
+        L->qidx[r] = (int32_t)a;
+        prev = r;
+    }
+done:
+    if (s)
+        thr_layer_close(L);
+    free(path);
+    return s;
+}
+
+void thr_layer_rows(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh, float *out)
+{
+    const int64_t d = t->shape[2], per_row = t->shape[1] * d;
+    const size_t es = kvq_dtype_size(t->dtype);
+    const uint8_t *src = (const uint8_t *)t->data + ((size_t)row * per_row + (size_t)h0 * d) * es;
+    const size_t n = (size_t)nh * (size_t)d;
+    for (size_t i = 0; i < n; i++) {
+        if (t->dtype == KVQ_DT_F32) {
+            memcpy(&out[i], src + 4 * i, 4);
+        } else {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            out[i] = t->dtype == KVQ_DT_F16 ? kvq_f16_to_f32_ref(h) : kvq_bf16_to_f32_ref(h);
+        }
+    }
+}
+
+int64_t thr_layer_pos(const thr_layer *L, int64_t row)
+{
+    return rd_i32(L->pos->data, row);
+}
+
+/* ==========================================================================
+ * Perplexity driver
+ * ========================================================================== */
+
+struct thr_ppl {
+    kvq_model *model;
+    kvq_forward *f;
+    int32_t **seqs;       /* [n_seqs] token ids */
+    uint32_t *lens;       /* [n_seqs] */
+    size_t n_seqs, cap;
+    double fraction;
+    int32_t chunk, vocab;
+    float *logits;        /* [chunk, vocab] */
+};
+
+static void ppl_free(thr_ppl *e)
+{
+    if (!e)
+        return;
+    for (size_t i = 0; i < e->n_seqs; i++)
+        free(e->seqs[i]);
+    free(e->seqs);
+    free(e->lens);
+    free(e->logits);
+    kvq_forward_free(e->f);
+    kvq_model_close(e->model);
+    free(e);
+}
+
+static kvq_status collect_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
+{
+    thr_ppl *e = user;
+    if (e->n_seqs == e->cap) {
+        const size_t cap = e->cap ? 2 * e->cap : 16;
+        int32_t **s = realloc(e->seqs, cap * sizeof *s);
+        if (s)
+            e->seqs = s;
+        uint32_t *l = realloc(e->lens, cap * sizeof *l);
+        if (l)
+            e->lens = l;
+        if (!s || !l)
+            return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        e->cap = cap;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * seq->n);
+    if (!ids)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    memcpy(ids, seq->ids, sizeof(int32_t) * seq->n);
+    e->seqs[e->n_seqs] = ids;
+    e->lens[e->n_seqs++] = seq->n;
+    return KVQ_OK;
+}
+
+static kvq_status ppl_open(const kvq_capture_info *ci, const kvq_profile_params *p, thr_ppl **out,
+                           kvq_err *err)
+{
+    kvq_status s;
+    kvq_corpus *corpus = NULL;
+    thr_ppl *e = calloc(1, sizeof *e);
+    *out = NULL;
+    if (!e)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    e->fraction = p->prompt_fraction;
+    kvq_model_params mp = kvq_model_params_default();
+    mp.cb = p->cb;
+    if ((s = kvq_model_open(p->model, &mp, &e->model, err)))
+        goto done;
+    kvq_model_id id;
+    kvq_model_identity(e->model, &id);
+    if ((s = kvq_model_id_compare(&ci->model, "capture", &id, p->model, err)))
+        goto done;
+    const kvq_tokenizer *tok = kvq_model_tokenizer(e->model);
+    if (!tok) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the model has no tokenizer", p->model);
+        goto done;
+    }
+    kvq_corpus_params cp;
+    kvq_corpus_params_default(&cp);
+    cp.seed = p->corpus_seed;
+    if ((s = kvq_corpus_open(p->corpus, &cp, &corpus, err)))
+        goto done;
+    kvq_seq_params sp;
+    kvq_seq_params_default(&sp);
+    sp.seq_len = p->ppl_seq_len ? p->ppl_seq_len : (uint32_t)ci->seq_len;
+    sp.max_tokens = p->ppl_max_tokens;
+    if ((s = kvq_corpus_tokenize(corpus, tok, &sp, &p->cb, collect_seq, e, NULL, err)))
+        goto done;
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.cb = p->cb;
+    fp.max_tokens = sp.seq_len;
+    e->chunk = fp.chunk;
+    e->vocab = kvq_model_config_get(e->model)->vocab_size;
+    e->logits = malloc(sizeof(float) * (size_t)e->chunk * (size_t)e->vocab);
+    if (!e->logits) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    s = kvq_forward_create(e->model, &fp, &e->f, err);
+done:
+    kvq_corpus_free(corpus);
+    if (s)
+        ppl_free(e);
+    else
+        *out = e;
+    return s;
+}
+
+const kvq_model_config *thr_ppl_config(const thr_ppl *e)
+{
+    return kvq_model_config_get(e->model);
+}
+
+/* -log softmax(row)[target] in double.   row: [vocab] */
+static double token_nll(const float *row, int32_t vocab, int32_t target)
+{
+    double mx = row[0], sum = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    for (int32_t i = 0; i < vocab; i++)
+        sum += exp(row[i] - mx);
+    return mx + log(sum) - row[target];
+}
+
+kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
+                        void (*begin)(void *user, int64_t n, int64_t P), void *user,
+                        double *ppl, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    double nll = 0;
+    uint64_t n_pred = 0;
+    kvq_forward_set_attention(e->f, backend);
+    for (size_t q = 0; q < e->n_seqs && !s; q++) {
+        const uint32_t n = e->lens[q];
+        const int64_t P = thr_prompt_len(e->fraction, n);
+        kvq_forward_reset(e->f);
+        if (begin)
+            begin(user, n, P);
+        for (uint32_t at = 0; at < n && !s; at += (uint32_t)e->chunk) {
+            const uint32_t cn = n - at < (uint32_t)e->chunk ? n - at : (uint32_t)e->chunk;
+            if ((s = kvq_forward_tokens(e->f, e->seqs[q] + at, cn, KVQ_LOGITS_ALL, e->logits, err)))
+                break;
+            for (uint32_t i = 0; i < cn; i++) {
+                const uint32_t g = at + i;
+                if ((int64_t)g < P || g + 1 >= n)
+                    continue;
+                nll += token_nll(e->logits + (size_t)i * e->vocab, e->vocab, e->seqs[q][g + 1]);
+                n_pred++;
+            }
+        }
+    }
+    kvq_forward_set_attention(e->f, NULL);
+    if (!s && n_pred == 0)
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG,
+                        "profile: the corpus gave no token to predict after the prompt");
+    if (!s)
+        *ppl = exp(nll / (double)n_pred);
+    return s;
+}
+
+/* ==========================================================================
+ * LeanKV and PATS on the capture
+ * ========================================================================== */
+
+/* One setting's sums over jobs. */
+typedef struct thr_acc {
+    double err_sum, err_n;
+    kvq_simcache_memory mem;
+} thr_acc;
+
+/* The grids, flattened: LeanKV settings first, then PATS. */
+typedef struct thr_grid {
+    int64_t n_lk, n_pt;
+    kvq_leankv_params *lk;  /* [n_lk] */
+    kvq_pats_params *pt;    /* [n_pt] */
+} thr_grid;
+
+/* Per-job scratch for one (sequence, KV head). */
+typedef struct thr_job {
+    int64_t n, P;
+    float *k, *v, *q;     /* [n, d], [n, d], [n, gs, d] post-RoPE (k, q) */
+    uint8_t *has_q;       /* [n] */
+    float *ex, *o;        /* [n, gs, d] exact and simulated outputs (rows >= P) */
+    double *p;            /* [gs, n] */
+} thr_job;
+
+static void job_free(thr_job *j)
+{
+    free(j->k);
+    free(j->v);
+    free(j->q);
+    free(j->has_q);
+    free(j->ex);
+    free(j->o);
+    free(j->p);
+}
+
+/* Adds the error of the simulated outputs of rows P.. against the exact ones. */
+static void add_error(const thr_job *j, int32_t gs, int32_t d, thr_acc *a)
+{
+    for (int64_t t = j->P; t < j->n; t++) {
+        if (!j->has_q[t])
+            continue;
+        for (int32_t g = 0; g < gs; g++) {
+            const float *x = j->o + ((size_t)t * gs + g) * d, *y = j->ex + ((size_t)t * gs + g) * d;
+            double e2 = 0, f2 = 0;
+            for (int32_t c = 0; c < d; c++) {
+                e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
+                f2 += (double)y[c] * y[c];
+            }
+            if (f2 > 0) {
+                a->err_sum += sqrt(e2 / f2);
+                a->err_n += 1;
+            }
+        }
+    }
+}
+
+/* Runs every setting of the grid on one (sequence, KV head): acc [n_lk + n_pt]. */
+static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
+                          const kvq_profile_params *p, const thr_grid *G, int64_t r0, int64_t n,
+                          int32_t h, thr_acc *acc, int64_t *n_rows, kvq_err *err)
+{
+    const int32_t d = ci->model.head_dim, gs = ci->model.n_heads / ci->model.n_kv_heads;
+    const size_t nd = (size_t)n * d, ngd = nd * gs;
+    thr_job j = {.n = n, .P = thr_prompt_len(p->prompt_fraction, n)};
+    thr_head base, work;
+    kvq_status s = KVQ_OK;
+    thr_head_init(&base, KVQ_SIMCACHE_LEANKV, &p->leankv, NULL, d, gs);
+    thr_head_init(&work, KVQ_SIMCACHE_LEANKV, &p->leankv, NULL, d, gs);
+    j.k = malloc(sizeof(float) * nd);
+    j.v = malloc(sizeof(float) * nd);
+    j.q = malloc(sizeof(float) * ngd);
+    j.has_q = malloc((size_t)n);
+    j.ex = calloc(ngd, sizeof(float));
+    j.o = calloc(ngd, sizeof(float));
+    j.p = malloc(sizeof(double) * (size_t)n * gs);
+    if (!j.k || !j.v || !j.q || !j.has_q || !j.ex || !j.o || !j.p) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    /* load the rows and apply RoPE at the captured positions */
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
+        thr_layer_rows(L->k, row, h, 1, j.k + (size_t)t * d);
+        thr_layer_rows(L->v, row, h, 1, j.v + (size_t)t * d);
+        kvq_rope_apply(&ci->model.rope, theta, j.k + (size_t)t * d, 1, pos);
+        j.has_q[t] = L->qidx[row] >= 0;
+        if (j.has_q[t]) {
+            float *qt = j.q + (size_t)t * gs * d;
+            thr_layer_rows(L->q, L->qidx[row], h * gs, gs, qt);
+            kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
+        }
+    }
+    /* exact outputs of the evaluated rows */
+    for (int64_t t = j.P; t < n; t++)
+        if (j.has_q[t]) {
+            thr_attend(j.q + (size_t)t * gs * d, gs, d, j.k, j.v, t + 1, NULL, j.p,
+                       j.ex + (size_t)t * gs * d);
+            *n_rows += 1;
+        }
+
+    /* LeanKV: the prompt once, then each setting from a copy */
+    if (G->n_lk) {
+        thr_head_begin(&base, n, j.P);
+        for (int64_t t = 0; t < j.P && !s; t++)
+            s = thr_head_push(&base, j.k + (size_t)t * d, j.v + (size_t)t * d,
+                              j.has_q[t] ? j.q + (size_t)t * gs * d : NULL, NULL, err);
+    }
+    for (int64_t c = 0; c < G->n_lk && !s; c++) {
+        if ((s = thr_head_copy(&work, &base, err)))
+            break;
+        work.lk = G->lk[c];
+        for (int64_t t = j.P; t < n && !s; t++)
+            s = thr_head_push(&work, j.k + (size_t)t * d, j.v + (size_t)t * d,
+                              j.has_q[t] ? j.q + (size_t)t * gs * d : NULL,
+                              j.o + (size_t)t * gs * d, err);
+        if (!s && !(s = thr_head_memory(&work, &acc[c].mem, err)))
+            add_error(&j, gs, d, &acc[c]);
+    }
+    /* PATS: every setting from the start; queries only where they are evaluated */
+    for (int64_t c = 0; c < G->n_pt && !s; c++) {
+        thr_head ph;
+        thr_head_init(&ph, KVQ_SIMCACHE_PATS, NULL, &G->pt[c], d, gs);
+        thr_head_begin(&ph, n, j.P);
+        for (int64_t t = 0; t < n && !s; t++)
+            s = thr_head_push(&ph, j.k + (size_t)t * d, j.v + (size_t)t * d,
+                              t >= j.P && j.has_q[t] ? j.q + (size_t)t * gs * d : NULL,
+                              j.o + (size_t)t * gs * d, err);
+        if (!s && !(s = thr_head_memory(&ph, &acc[G->n_lk + c].mem, err)))
+            add_error(&j, gs, d, &acc[G->n_lk + c]);
+        thr_head_free(&ph);
+    }
+done:
+    thr_head_free(&base);
+    thr_head_free(&work);
+    job_free(&j);
+    return s;
+}
+
+static void acc_add(thr_acc *a, const thr_acc *b)
+{
+    a->err_sum += b->err_sum;
+    a->err_n += b->err_n;
+    a->mem.bytes += b->mem.bytes;
+    a->mem.bytes_f16 += b->mem.bytes_f16;
+    a->mem.bits += b->mem.bits;
+    a->mem.n_high += b->mem.n_high;
+    a->mem.n_low += b->mem.n_low;
+    a->mem.n_pruned += b->mem.n_pruned;
+}
+
+/* Every captured layer, every (sequence, KV head) job in parallel, summed in job order. */
+static kvq_status profile_capture_grid(const kvq_capture_info *ci, const kvq_profile_params *p,
+                                       const thr_grid *G, thr_acc *total, int64_t *n_rows,
+                                       kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
+    const int64_t n_jobs = ci->n_sequences * n_kv;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_status s = KVQ_OK;
+    kvq_rope_freqs(&ci->model.rope, theta);
+    thr_acc *acc = calloc((size_t)(n_jobs * n_set > 0 ? n_jobs * n_set : 1), sizeof *acc);
+    kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
+    kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
+    int64_t *rows = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *rows);
+    if (!acc || !st || !errs || !rows) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    for (int32_t f = 0; f < ci->n_files && !s; f++) {
+        thr_layer L;
+        if ((s = thr_layer_open(ci, f, &L, err)))
+            break;
+        memset(acc, 0, sizeof *acc * (size_t)(n_jobs * n_set));
+        memset(rows, 0, sizeof *rows * (size_t)n_jobs);
+#pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
+        for (int64_t jb = 0; jb < n_jobs; jb++) {
+            const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
+            st[jb] = n < 2 ? KVQ_OK
+                           : run_job(ci, &L, theta, p, G, r0, n, (int32_t)(jb % n_kv),
+                                     acc + jb * n_set, &rows[jb], &errs[jb]);
+        }
+        thr_layer_close(&L);
+        for (int64_t jb = 0; jb < n_jobs && !s; jb++) {
+            if (st[jb]) {
+                s = st[jb];
+                if (err)
+                    *err = errs[jb];
+                break;
+            }
+            for (int64_t c = 0; c < n_set; c++)
+                acc_add(&total[c], &acc[jb * n_set + c]);
+            if (jb % n_kv == 0)
+                *n_rows += rows[jb];
+        }
+        if (!s && kvq_progress(&p->cb, "profile: capture", (uint64_t)f + 1, (uint64_t)ci->n_files))
+            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+    }
+done:
+    free(acc);
+    free(st);
+    free(errs);
+    free(rows);
+    return s;
+}
+
+/* ==========================================================================
+ * Perplexity of the LeanKV and PATS grids
+ * ========================================================================== */
+
+static void simcache_begin(void *user, int64_t n, int64_t P)
+{
+    kvq_simcache_begin(user, n, P);
+}
+
+static kvq_status ppl_of(thr_ppl *e, kvq_simcache_kind kind, const kvq_leankv_params *lk,
+                         const kvq_pats_params *pt, int32_t threads, double *ppl, kvq_err *err)
+{
+    kvq_simcache *sc = NULL;
+    kvq_status s = kvq_simcache_create(thr_ppl_config(e), kind, lk, pt, threads, &sc, err);
+    if (!s) {
+        const kvq_attn_backend b = kvq_simcache_backend(sc);
+        s = thr_ppl_eval(e, &b, simcache_begin, sc, ppl, err);
+    }
+    kvq_simcache_free(sc);
+    return s;
+}
+
+/* ==========================================================================
+ * Selection
+ * ========================================================================== */
+
+/* Picks the least cost (cost1, then cost2 when >= 0, then quality, then index) among
+ * rows whose quality is within `limit`; if there is none, the best quality (then
+ * cost1). Rows with NaN quality are ignored. */
+static void select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit)
+{
+    int64_t best = -1;
+    int met = 0;
+    for (int64_t i = 0; i < t->n_rows; i++) {
+        const double *r = t->rows + (size_t)i * t->n_cols;
+        if (isnan(r[qcol]))
+            continue;
+        const int in = r[qcol] <= limit;
+        if (best < 0 || (in && !met)) {
+            best = i;
+            met = in;
+            continue;
+        }
+        if (!in && met)
+            continue;
+        const double *b = t->rows + (size_t)best * t->n_cols;
+        int better;
+        if (met) /* least cost, then fewer bits (cost2), then better quality */
+            better = r[cost1] != b[cost1] ? r[cost1] < b[cost1]
+                     : cost2 >= 0 && r[cost2] != b[cost2] ? r[cost2] < b[cost2]
+                     : r[qcol] < b[qcol];
+        else /* best quality, then least cost */
+            better = r[qcol] != b[qcol] ? r[qcol] < b[qcol] : r[cost1] < b[cost1];
+        if (better)
+            best = i;
+    }
+    t->chosen = best;
+    t->met = met;
+}
+
+static void describe_row(const kvq_profile_table *t, int64_t i, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = 0;
+    for (int32_t c = 0; c < t->n_cols && at < cap; c++) {
+        const double x = t->rows[(size_t)i * t->n_cols + c];
+        int k;
+        if (!strcmp(t->cols[c], "schedule"))
+            k = snprintf(buf + at, cap - at, "%sschedule %s", c ? ", " : "",
+                         kvq_pats_schedule_name((kvq_pats_schedule)(int)x));
+        else
+            k = snprintf(buf + at, cap - at, "%s%s %.4g", c ? ", " : "", t->cols[c], x);
+        if (k < 0)
+            break;
+        at += (size_t)k;
+    }
+}
+
+static void select_all(kvq_profile_result *r, const kvq_profile_params *p)
+{
+    static const int qerr[KVQ_PROFILE_N_TABLES] = {KVQ_PL_ERR, KVQ_PP_ERR, KVQ_PB_ERR, KVQ_PB_ERR};
+    static const int qppl[KVQ_PROFILE_N_TABLES] = {KVQ_PL_PPL, KVQ_PP_PPL, KVQ_PB_PPL, KVQ_PB_PPL};
+    static const int c1[KVQ_PROFILE_N_TABLES] = {KVQ_PL_MEMORY, KVQ_PP_MEMORY, KVQ_PB_VALUE,
+                                                 KVQ_PB_ATTENDED};
+    static const int c2[KVQ_PROFILE_N_TABLES] = {-1, KVQ_PP_BITS, -1, KVQ_PB_VALUE};
+    const double limit = r->metric_ppl ? r->ppl_full * (1 + r->tolerance) : r->tolerance;
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
+        kvq_profile_table *t = &r->table[i];
+        if (!t->rows || t->skipped[0])
+            continue;
+        select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit);
+        if (t->chosen < 0)
+            continue;
+        char what[512];
+        describe_row(t, t->chosen, what, sizeof what);
+        if (t->met)
+            kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %s: chose %s", t->name, what);
+        else
+            kvq_log(&p->cb, KVQ_LOG_WARN,
+                    "profile: %s: no setting meets the tolerance (%s <= %.4g); keeping the best "
+                    "found: %s", t->name, r->metric_ppl ? "ppl" : "err", limit, what);
+    }
+}
+
+/* ==========================================================================
+ * The stage
+ * ========================================================================== */
+
+static kvq_status check_params(const kvq_profile_params *p, kvq_err *err)
+{
+    kvq_status s;
+    if (!(p->prompt_fraction >= 0 && p->prompt_fraction < 1))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: prompt fraction %g is not in [0, 1)",
+                           p->prompt_fraction);
+    if (!(p->tolerance < 0 || isfinite(p->tolerance)))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: tolerance %g", p->tolerance);
+    if (p->threads < 1 || p->threads > 4096)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: threads %d", (int)p->threads);
+    if ((s = kvq_leankv_check(&p->leankv, err)))
+        return s;
+    kvq_pats_params pt = kvq_pats_params_default();
+    pt.dtype = p->pats_dtype;
+    pt.b_min = pt.b_max = p->pats_b_min;
+    if ((p->knobs & KVQ_KNOB_PATS) && (s = kvq_pats_check(&pt, err)))
+        return s;
+    const struct { const double *v; size_t n; const char *what; double lo; int open_lo; } g[] = {
+        {p->alpha_h, p->n_alpha_h, "alpha_h", 0, 0}, {p->alpha_l, p->n_alpha_l, "alpha_l", 0, 0},
+        {p->budgets, p->n_budgets, "budget", 0, 1}, {p->taus, p->n_taus, "tau", 0, 1}};
+    for (size_t i = 0; i < N_OF(g); i++) {
+        if (g[i].v && !g[i].n)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: empty %s grid", g[i].what);
+        for (size_t k = 0; g[i].v && k < g[i].n; k++) {
+            const double x = g[i].v[k];
+            const int bad = !isfinite(x) || x < g[i].lo || (g[i].open_lo && x <= g[i].lo) ||
+                            (g[i].open_lo && x > 1);
+            if (bad)
+                return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: %s %g is out of range",
+                                   g[i].what, x);
+        }
+    }
+    if (p->model && !p->corpus)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: a model needs a corpus for perplexity");
+    return KVQ_OK;
+}
+
+static kvq_status make_grid(const kvq_profile_params *p, thr_grid *G, kvq_err *err)
+{
+    const double *ah = p->alpha_h ? p->alpha_h : default_alpha_h;
+    const double *al = p->alpha_l ? p->alpha_l : default_alpha_l;
+    const size_t nah = p->alpha_h ? p->n_alpha_h : N_OF(default_alpha_h);
+    const size_t nal = p->alpha_l ? p->n_alpha_l : N_OF(default_alpha_l);
+    memset(G, 0, sizeof *G);
+    if (p->knobs & KVQ_KNOB_LEANKV)
+        G->n_lk = (int64_t)(nah * nal);
+    /* PATS: b_max = b_min + 2, + 4, ... up to the mantissa bits (which is always in) */
+    const int32_t mant = kvq_pats_mantissa_bits(p->pats_dtype);
+    int32_t bmax[16], nb = 0;
+    if (p->knobs & KVQ_KNOB_PATS) {
+        for (int32_t b = p->pats_b_min + 2; b < mant && nb < 15; b += 2)
+            bmax[nb++] = b;
+        bmax[nb++] = mant > p->pats_b_min ? mant : p->pats_b_min;
+        G->n_pt = (int64_t)KVQ_PATS_N_SCHEDULES * nb;
+    }
+    G->lk = calloc((size_t)(G->n_lk ? G->n_lk : 1), sizeof *G->lk);
+    G->pt = calloc((size_t)(G->n_pt ? G->n_pt : 1), sizeof *G->pt);
+    if (!G->lk || !G->pt)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (size_t a = 0, c = 0; c < (size_t)G->n_lk; a++)
+        for (size_t b = 0; b < nal; b++, c++) {
+            G->lk[c] = p->leankv;
+            G->lk[c].alpha_h = ah[a];
+            G->lk[c].alpha_l = al[b];
+        }
+    for (int32_t sc = 0, c = 0; G->n_pt && sc < KVQ_PATS_N_SCHEDULES; sc++)
+        for (int32_t b = 0; b < nb; b++, c++) {
+            G->pt[c].schedule = (kvq_pats_schedule)sc;
+            G->pt[c].b_min = p->pats_b_min;
+            G->pt[c].b_max = bmax[b];
+            G->pt[c].dtype = p->pats_dtype;
+        }
+    return KVQ_OK;
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : NAN;
+}
+
+kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_path,
+                               const kvq_profile_params *p, kvq_profile_result **out,
+                               kvq_err *err)
+{
+    kvq_capture_info *ci = NULL;
+    kvq_artifact *art = NULL;
+    kvq_profile_result *r = NULL;
+    thr_ppl *ppl = NULL;
+    thr_grid G = {0};
+    thr_acc *total = NULL;
+    kvq_status s;
+    *out = NULL;
+    if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
+        goto done;
+    if (artifact_path) {
+        kvq_model_id aid;
+        if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
+            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
+                                        err)) ||
+            (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
+            goto done;
+    }
+    if (!ci->has_values) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no values (--no-values)",
+                        capture_dir);
+        goto done;
+    }
+    if (ci->n_files < 1) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no layer", capture_dir);
+        goto done;
+    }
+    int64_t n_eval = 0;
+    for (int64_t q = 0; q < ci->n_sequences; q++)
+        n_eval += ci->sequences[2 * q + 1] >= 2;
+    if (n_eval == 0) {
+        s = kvq_err_set(err, KVQ_E_INVALID_ARG,
+                        "%s: no sequence of 2 or more tokens to evaluate", capture_dir);
+        goto done;
+    }
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    r->ppl_full = NAN;
+    r->n_sequences = n_eval;
+    if ((s = make_grid(p, &G, err)))
+        goto done;
+    if ((s = thr_table_init(&r->table[KVQ_PROFILE_LEANKV], "leankv", KVQ_PL_NCOLS, leankv_cols,
+                            G.n_lk, err)) ||
+        (s = thr_table_init(&r->table[KVQ_PROFILE_PATS], "pats", KVQ_PP_NCOLS, pats_cols, G.n_pt,
+                            err)) ||
+        (s = thr_table_init(&r->table[KVQ_PROFILE_BUDGET], "budget", KVQ_PB_NCOLS, budget_cols, 0,
+                            err)) ||
+        (s = thr_table_init(&r->table[KVQ_PROFILE_MASS], "mass", KVQ_PB_NCOLS, mass_cols, 0, err)))
+        goto done;
+    if (!(p->knobs & KVQ_KNOB_LEANKV))
+        snprintf(r->table[KVQ_PROFILE_LEANKV].skipped, 256, "not asked for");
+    if (!(p->knobs & KVQ_KNOB_PATS))
+        snprintf(r->table[KVQ_PROFILE_PATS].skipped, 256, "not asked for");
+    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
+        goto done;
+    r->metric_ppl = ppl != NULL;
+    r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
+
+    /* ---- LeanKV and PATS on the capture */
+    const int64_t n_set = G.n_lk + G.n_pt;
+    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
+    if (!total) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    if (n_set) {
+        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
+                (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
+        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
+            goto done;
+    }
+    for (int64_t c = 0; c < G.n_lk; c++) {
+        double *row = r->table[KVQ_PROFILE_LEANKV].rows + (size_t)c * KVQ_PL_NCOLS;
+        const thr_acc *a = &total[c];
+        const double ntok = a->mem.n_high + a->mem.n_low + a->mem.n_pruned;
+        row[KVQ_PL_ALPHA_H] = G.lk[c].alpha_h;
+        row[KVQ_PL_ALPHA_L] = G.lk[c].alpha_l;
+        row[KVQ_PL_MEMORY] = ratio(a->mem.bytes, a->mem.bytes_f16);
+        row[KVQ_PL_HIGH] = ratio(a->mem.n_high, ntok);
+        row[KVQ_PL_LOW] = ratio(a->mem.n_low, ntok);
+        row[KVQ_PL_PRUNED] = ratio(a->mem.n_pruned, ntok);
+        row[KVQ_PL_ERR] = ratio(a->err_sum, a->err_n);
+    }
+    for (int64_t c = 0; c < G.n_pt; c++) {
+        double *row = r->table[KVQ_PROFILE_PATS].rows + (size_t)c * KVQ_PP_NCOLS;
+        const thr_acc *a = &total[G.n_lk + c];
+        row[KVQ_PP_SCHEDULE] = (double)G.pt[c].schedule;
+        row[KVQ_PP_B_MIN] = G.pt[c].b_min;
+        row[KVQ_PP_B_MAX] = G.pt[c].b_max;
+        row[KVQ_PP_MEMORY] = ratio(a->mem.bytes, a->mem.bytes_f16);
+        row[KVQ_PP_BITS] = ratio(a->mem.bits, 8.0 * a->mem.bytes_f16);
+        row[KVQ_PP_ERR] = ratio(a->err_sum, a->err_n);
+    }
+
+    /* ---- perplexity of the same settings */
+    if (ppl) {
+        if ((s = thr_ppl_eval(ppl, NULL, NULL, NULL, &r->ppl_full, err)))
+            goto done;
+        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: full-attention perplexity %.4f", r->ppl_full);
+        for (int64_t c = 0; c < n_set && !s; c++) {
+            const int lean = c < G.n_lk;
+            double v;
+            if ((s = ppl_of(ppl, lean ? KVQ_SIMCACHE_LEANKV : KVQ_SIMCACHE_PATS,
+                            lean ? &G.lk[c] : NULL, lean ? NULL : &G.pt[c - G.n_lk], p->threads,
+                            &v, err)))
+                break;
+            if (lean)
+                r->table[KVQ_PROFILE_LEANKV].rows[(size_t)c * KVQ_PL_NCOLS + KVQ_PL_PPL] = v;
+            else
+                r->table[KVQ_PROFILE_PATS].rows[(size_t)(c - G.n_lk) * KVQ_PP_NCOLS + KVQ_PP_PPL] = v;
+            if (kvq_progress(&p->cb, "profile: perplexity", (uint64_t)c + 1, (uint64_t)n_set))
+                s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+        }
+        if (s)
+            goto done;
+    }
+
+    /* ---- retrieval budgets */
+    if (p->knobs & (KVQ_KNOB_BUDGET | KVQ_KNOB_MASS)) {
+        if (!artifact_path) {
+            snprintf(r->table[KVQ_PROFILE_BUDGET].skipped, 256, "no artifact");
+            snprintf(r->table[KVQ_PROFILE_MASS].skipped, 256, "no artifact");
+        } else if ((s = thr_budget_profile(ci, artifact_path, p, ppl, &r->table[KVQ_PROFILE_BUDGET],
+                                           &r->table[KVQ_PROFILE_MASS], err))) {
+            goto done;
+        }
+    }
+    if (!(p->knobs & KVQ_KNOB_BUDGET))
+        snprintf(r->table[KVQ_PROFILE_BUDGET].skipped, 256, "not asked for");
+    if (!(p->knobs & KVQ_KNOB_MASS))
+        snprintf(r->table[KVQ_PROFILE_MASS].skipped, 256, "not asked for");
+    select_all(r, p);
+done:
+    free(total);
+    free(G.lk);
+    free(G.pt);
+    ppl_free(ppl);
+    kvq_artifact_close(art);
+    kvq_capture_info_free(ci);
+    if (s)
+        kvq_profile_result_free(r);
+    else
+        *out = r;
+    return s;
+}
+
+/* ==========================================================================
+ * Writing the artifact
+ * ========================================================================== */
+
+static int has_prefix(const char *s, const char *prefix)
+{
+    return !strncmp(s, prefix, strlen(prefix));
+}
+
+static int owned_tensor(const char *name)
+{
+    return has_prefix(name, "thresholds.") || has_prefix(name, "profile.");
+}
+
+static int owned_key(const char *key)
+{
+    static const char *const pre[] = {"thresholds.", "profile.", "leankv.", "pats.", "budget.",
+                                      "mass.", "diag.profile."};
+    for (size_t i = 0; i < N_OF(pre); i++)
+        if (has_prefix(key, pre[i]))
+            return 1;
+    return 0;
+}
+
+/* Collects the new scalars and tables before declaring them. */
+typedef struct new_tensor {
+    char name[64];
+    kvq_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    const void *data;
+    float scalar;
+} new_tensor;
+
+static kvq_status set_meta_f(kvq_st_writer *w, const char *key, double v, kvq_err *err)
+{
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.17g", v);
+    return kvq_st_writer_set_meta(w, key, buf, err);
+}
+
+static const double *chosen_row(const kvq_profile_table *t)
+{
+    return t->rows && !t->skipped[0] && t->chosen >= 0 ? t->rows + (size_t)t->chosen * t->n_cols
+                                                        : NULL;
+}
+
+kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r,
+                             const kvq_profile_params *p, const char *out_path, int overwrite,
+                             kvq_err *err)
+{
+    const kvq_st *st = kvq_artifact_payload(in);
+    kvq_st_writer *w = kvq_st_writer_new();
+    new_tensor nt[16];
+    int n_new = 0;
+    kvq_status s = KVQ_OK;
+    char key[128], cols[256];
+    if (!w)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+
+    const double *lk = chosen_row(&r->table[KVQ_PROFILE_LEANKV]);
+    const double *pt = chosen_row(&r->table[KVQ_PROFILE_PATS]);
+    const double *bu = chosen_row(&r->table[KVQ_PROFILE_BUDGET]);
+    const double *ma = chosen_row(&r->table[KVQ_PROFILE_MASS]);
+    if (lk) {
+        nt[n_new++] = (new_tensor){.name = KVQ_TENSOR_LEANKV_ALPHA_H, .dtype = KVQ_DT_F32,
+                                   .scalar = (float)lk[KVQ_PL_ALPHA_H]};
+        nt[n_new++] = (new_tensor){.name = KVQ_TENSOR_LEANKV_ALPHA_L, .dtype = KVQ_DT_F32,
+                                   .scalar = (float)lk[KVQ_PL_ALPHA_L]};
+    }
+    if (bu)
+        nt[n_new++] = (new_tensor){.name = "thresholds.budget", .dtype = KVQ_DT_F32,
+                                   .scalar = (float)bu[KVQ_PB_VALUE]};
+    if (ma)
+        nt[n_new++] = (new_tensor){.name = "thresholds.mass.tau", .dtype = KVQ_DT_F32,
+                                   .scalar = (float)ma[KVQ_PB_VALUE]};
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
+        const kvq_profile_table *t = &r->table[i];
+        if (!t->rows || t->skipped[0] || t->n_rows < 1)
+            continue;
+        new_tensor x = {.dtype = KVQ_DT_F64, .ndim = 2, .shape = {t->n_rows, t->n_cols},
+                        .data = t->rows};
+        snprintf(x.name, sizeof x.name, "profile.%s", t->name);
+        nt[n_new++] = x;
+    }
+    for (int i = 0; i < n_new; i++)
+        if (!nt[i].data)
+            nt[i].data = &nt[i].scalar;
+
+    /* ---- declarations: the input's tensors (minus earlier profiles), then ours */
+    for (size_t i = 0; i < kvq_st_count(st) && !s; i++) {
+        const kvq_tensor_view *t = kvq_st_tensor(st, i);
+        if (!owned_tensor(t->name))
+            s = kvq_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape, err);
+    }
+    for (int i = 0; i < n_new && !s; i++)
+        s = kvq_st_writer_declare(w, nt[i].name, nt[i].dtype, nt[i].ndim, nt[i].shape, err);
+
+    /* ---- metadata */
+    for (size_t i = 0; i < kvq_st_meta_count(st) && !s; i++)
+        if (!owned_key(kvq_st_meta_key(st, i)))
+            s = kvq_st_writer_set_meta(w, kvq_st_meta_key(st, i), kvq_st_meta_value(st, i), err);
+    if (!s)
+        s = kvq_st_writer_set_meta(w, "thresholds.metric", r->metric_ppl ? "perplexity" : "attn_rel_err",
+                                   err);
+    if (!s)
+        s = set_meta_f(w, "thresholds.tolerance", r->tolerance, err);
+    if (!s)
+        s = set_meta_f(w, "thresholds.prompt_fraction", p->prompt_fraction, err);
+    if (!s && r->metric_ppl)
+        s = set_meta_f(w, "diag.profile.ppl_full", r->ppl_full, err);
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES && !s; i++) {
+        const kvq_profile_table *t = &r->table[i];
+        if (!t->rows)
+            continue;
+        if (t->skipped[0]) {
+            snprintf(key, sizeof key, "profile.%s.skipped", t->name);
+            s = kvq_st_writer_set_meta(w, key, t->skipped, err);
+            continue;
+        }
+        size_t at = 0;
+        cols[0] = 0;
+        for (int32_t c = 0; c < t->n_cols; c++)
+            at += (size_t)snprintf(cols + at, sizeof cols - at, "%s%s", c ? "," : "", t->cols[c]);
+        snprintf(key, sizeof key, "profile.%s.columns", t->name);
+        if ((s = kvq_st_writer_set_meta(w, key, cols, err)))
+            break;
+        if (t->chosen < 0)
+            continue;
+        snprintf(key, sizeof key, "thresholds.%s.met", t->name);
+        if ((s = kvq_st_writer_set_meta(w, key, t->met ? "1" : "0", err)))
+            break;
+        const double *row = t->rows + (size_t)t->chosen * t->n_cols;
+        for (int32_t c = 0; c < t->n_cols && !s; c++) {
+            if (isnan(row[c]))
+                continue;
+            snprintf(key, sizeof key, "diag.profile.%s.%s", t->name, t->cols[c]);
+            s = set_meta_f(w, key, row[c], err);
+        }
+    }
+    if (!s && lk) {
+        if (!(s = set_meta_f(w, "leankv.window", p->leankv.window, err)) &&
+            !(s = set_meta_f(w, "leankv.alpha_h", lk[KVQ_PL_ALPHA_H], err)) &&
+            !(s = set_meta_f(w, "leankv.alpha_l", lk[KVQ_PL_ALPHA_L], err))) {
+            char bits[64];
+            snprintf(bits, sizeof bits, "K%dV%d,K%dV%d", (int)p->leankv.k_high,
+                     (int)p->leankv.v_high, (int)p->leankv.k_low, (int)p->leankv.v_low);
+            s = kvq_st_writer_set_meta(w, "leankv.bits", bits, err);
+        }
+    }
+    if (!s && pt) {
+        if (!(s = kvq_st_writer_set_meta(
+                  w, "pats.schedule",
+                  kvq_pats_schedule_name((kvq_pats_schedule)(int)pt[KVQ_PP_SCHEDULE]), err)) &&
+            !(s = set_meta_f(w, "pats.b_min", pt[KVQ_PP_B_MIN], err)) &&
+            !(s = set_meta_f(w, "pats.b_max", pt[KVQ_PP_B_MAX], err)))
+            s = kvq_st_writer_set_meta(w, "pats.dtype", p->pats_dtype == KVQ_DT_BF16 ? "bf16" : "f16",
+                                       err);
+    }
+    if (!s && (bu || ma)) {
+        if (!(s = kvq_st_writer_set_meta(w, "budget.selector", "codebook", err)) &&
+            !(s = set_meta_f(w, "budget.sink", p->retrieval.sink, err)) &&
+            !(s = kvq_st_writer_set_meta(w, "budget.positions",
+                                         kvq_positions_name(p->retrieval.positions), err)) &&
+            bu)
+            s = set_meta_f(w, "budget.fraction", bu[KVQ_PB_VALUE], err);
+        if (!s && ma)
+            s = set_meta_f(w, "mass.tau", ma[KVQ_PB_VALUE], err);
+    }
+
+    /* ---- data, in declaration order */
+    if (!s)
+        s = kvq_st_writer_begin_buffer(w, err);
+    for (size_t i = 0; i < kvq_st_count(st) && !s; i++) {
+        const kvq_tensor_view *t = kvq_st_tensor(st, i);
+        if (!owned_tensor(t->name))
+            s = kvq_st_writer_write(w, t->data, t->nbytes, err);
+    }
+    for (int i = 0; i < n_new && !s; i++) {
+        size_t bytes = kvq_dtype_size(nt[i].dtype);
+        for (int k = 0; k < nt[i].ndim; k++)
+            bytes *= (size_t)nt[i].shape[k];
+        s = kvq_st_writer_write(w, nt[i].data, bytes, err);
+    }
+    if (!s)
+        s = kvq_st_writer_finish(w, err);
+    if (!s) {
+        size_t n;
+        const void *buf = kvq_st_writer_buffer(w, &n);
+        s = kvq_artifact_write(out_path, overwrite, buf, n, 0, err);
+    }
+    kvq_st_writer_free(w);
+    return s;
+}
+
+kvq_status kvq_profile_run(const char *capture_dir, const char *in_path, const char *out_path,
+                           int overwrite, const kvq_profile_params *p,
+                           kvq_profile_result **out, kvq_err *err)
+{
+    kvq_profile_result *r = NULL;
+    kvq_artifact *in = NULL;
+    kvq_status s;
+    if (out)
+        *out = NULL;
+    if (!overwrite && access(out_path, F_OK) == 0)
+        return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
+    if (!(s = kvq_profile_capture(capture_dir, in_path, p, &r, err)) &&
+        !(s = kvq_artifact_open(in_path, &in, err)))
+        s = kvq_profile_write(in, r, p, out_path, overwrite, err);
+    kvq_artifact_close(in);
+    if (!s && out)
+        *out = r;
+    else
+        kvq_profile_result_free(r);
+    return s;
+}
