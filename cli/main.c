@@ -11,6 +11,7 @@ int cmd_capture(int argc, char **argv); /* cmd_capture.c */
 int cmd_inspect(int argc, char **argv); /* cmd_inspect.c */
 int cmd_moments(int argc, char **argv); /* cmd_moments.c */
 int cmd_fit(int argc, char **argv);     /* cmd_fit.c */
+int cmd_profile(int argc, char **argv); /* cmd_profile.c */
 int cmd_run(int argc, char **argv);     /* cmd_run.c */
 int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
 
@@ -19,6 +20,8 @@ static const cli_command commands[] = {
     {"capture", "record pre-RoPE Q, K, V per layer over a corpus (or merge captures)", cmd_capture},
     {"moments", "query second moments H and Cholesky factors from a capture", cmd_moments},
     {"fit", "fit key codebooks per layer and KV head and write the .kvq artifact", cmd_fit},
+    {"profile", "profile LeanKV thresholds, PATS schedules and retrieval budgets into the artifact",
+     cmd_profile},
     {"run", "generate text from a model (full attention)", cmd_run},
     {"eval", "perplexity of a model on a corpus (full attention)", cmd_eval},
     {"inspect", "describe a GGUF, safetensors, .kvq file or capture directory", cmd_inspect},

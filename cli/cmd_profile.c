@@ -1,0 +1,380 @@
+/* cmd_profile.c — `kvq profile`: LeanKV thresholds, PATS schedules and retrieval budgets
+ * profiled on a capture (memory versus quality), the chosen values written into a copy
+ * of the artifact. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kvq/thresholds.h"
+
+static void profile_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvq profile --capture DIR --artifact IN.kvq -o OUT.kvq [options]\n"
+            "\n"
+            "Measures memory against quality for each compression knob on the capture and\n"
+            "writes IN.kvq plus the chosen values and the full profile to OUT.kvq:\n"
+            "  leankv   alpha_h x alpha_l: K8V4 / K4V2 / pruned by attention significance\n"
+            "  pats     old-, new- and middle-heavy mantissa truncation, b_max up to the\n"
+            "           dtype's mantissa bits\n"
+            "  budget   retrieval budget (fraction of tokens) of the artifact's codebooks\n"
+            "  mass     tau of hcattention's cumulative-mass rule\n"
+            "Quality is the attention-output relative error of the continuation queries of\n"
+            "each capture sequence (the first half is the prompt), or, with --model and\n"
+            "--corpus, the perplexity of the same positions. The least memory whose quality\n"
+            "stays within the tolerance is chosen; when none does, the best found is kept and\n"
+            "flagged (a warning; thresholds.KNOB.met = 0 in OUT.kvq).\n"
+            "\n"
+            "options:\n"
+            "  --capture DIR          capture directory from `kvq capture` (required)\n"
+            "  --artifact IN.kvq      artifact from `kvq fit` (required)\n"
+            "  -o, --output OUT.kvq   artifact to write (required)\n"
+            "  --model M              GGUF file or HF directory: also measure perplexity\n"
+            "  --corpus SPEC          held-out text for the perplexity (with --model)\n"
+            "  --tolerance T          error <= T (default 0.05), or with --model perplexity\n"
+            "                         <= full-attention perplexity x (1 + T) (default 0.01)\n"
+            "  --knobs LIST           any of leankv,pats,budget,mass (default all)\n"
+            "  --prompt-fraction F    prompt share of each sequence, [0, 1) (default 0.5)\n"
+            "  --window W             LeanKV recent window kept at K8V4 (default 64)\n"
+            "  --alpha-h LIST         LeanKV alpha_h grid (default 0,1,2,3,4,5)\n"
+            "  --alpha-l LIST         LeanKV alpha_l grid (default 0,0.02,0.04,0.06,0.08,0.1)\n"
+            "  --pats-b-min B         PATS bits always truncated (default 2)\n"
+            "  --pats-dtype f16|bf16  cache dtype PATS truncates (default f16)\n"
+            "  --budgets LIST         budget fractions, e.g. 1%%,5%%,0.1 (default 1..25%%)\n"
+            "  --taus LIST            mass-rule tau values (default 0.5..0.99)\n"
+            "  --sink S               sink tokens of the retrieval runs (default 4)\n"
+            "  --positions P          wrope (default) or rope for the exact retrieval step\n"
+            "  --seq-len N            perplexity sequence length (default: the capture's)\n"
+            "  --ppl-tokens N         held-out tokens for the perplexity (default 4096)\n"
+            "  --seed S               seed of synthetic corpus sources (default 0)\n"
+            "  --threads T            threads (default 1; the results do not depend on it)\n"
+            "  --json                 print one JSON object instead of the tables\n"
+            "  --force                overwrite OUT.kvq if it exists\n"
+            "  -q, --quiet            no progress or summary on stderr\n"
+            "  -v, --verbose          more detail\n"
+            "  -h, --help             this help\n");
+}
+
+static int takes_value(const char *a)
+{
+    static const char *const opts[] = {
+        "--capture", "--artifact", "-o", "--output", "--model", "--corpus", "--tolerance",
+        "--knobs", "--prompt-fraction", "--window", "--alpha-h", "--alpha-l", "--pats-b-min",
+        "--pats-dtype", "--budgets", "--taus", "--sink", "--positions", "--seq-len",
+        "--ppl-tokens", "--seed", "--threads", NULL};
+    for (int i = 0; opts[i]; i++)
+        if (!strcmp(a, opts[i]))
+            return 1;
+    return 0;
+}
+
+/* "0,0.5,5%" -> malloc'd doubles in [lo, hi] ('%' divides by 100 when percent). Returns 0
+ * or prints the problem and returns 2. */
+static int parse_list(const char *opt, const char *s, int percent, double lo, double hi,
+                      double **out, size_t *n)
+{
+    size_t cap = 1;
+    for (const char *c = s; *c; c++)
+        cap += *c == ',';
+    double *v = malloc(cap * sizeof *v);
+    char *copy = strdup(s);
+    int rc = 0;
+    *n = 0;
+    if (!v || !copy) {
+        rc = cli_failf(2, "profile: out of memory");
+        goto done;
+    }
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        size_t len = strlen(tok);
+        double scale = 1;
+        if (percent && len > 1 && tok[len - 1] == '%') {
+            tok[len - 1] = 0;
+            scale = 0.01;
+        }
+        double x;
+        kvq_err e = {0};
+        if (kvq_parse_f64(tok, -1e300, 1e300, &x, &e) || !(x * scale >= lo && x * scale <= hi)) {
+            rc = cli_failf(2, "profile: %s: '%s' is not a number in [%g, %g]", opt, tok, lo, hi);
+            goto done;
+        }
+        v[(*n)++] = x * scale;
+    }
+    if (*n == 0 || *n != cap)
+        rc = cli_failf(2, "profile: %s: empty item in '%s'", opt, s);
+done:
+    free(copy);
+    if (rc)
+        free(v);
+    else
+        *out = v;
+    return rc;
+}
+
+static int parse_knobs(const char *s, unsigned *knobs)
+{
+    static const struct { const char *name; unsigned bit; } k[] = {
+        {"leankv", KVQ_KNOB_LEANKV}, {"pats", KVQ_KNOB_PATS}, {"budget", KVQ_KNOB_BUDGET},
+        {"mass", KVQ_KNOB_MASS}, {"all", KVQ_KNOB_ALL}};
+    char *copy = strdup(s), *save = NULL;
+    int rc = 0;
+    *knobs = 0;
+    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && !rc; t = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < sizeof k / sizeof k[0] && strcmp(t, k[i].name))
+            i++;
+        if (i == sizeof k / sizeof k[0])
+            rc = cli_failf(2, "profile: --knobs: unknown knob '%s' (leankv, pats, budget, mass)", t);
+        else
+            *knobs |= k[i].bit;
+    }
+    free(copy);
+    if (!rc && !*knobs)
+        rc = cli_failf(2, "profile: --knobs: no knob in '%s'", s);
+    return rc;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static void print_cell(FILE *f, const kvq_profile_table *t, int32_t c, double x)
+{
+    if (isnan(x))
+        fprintf(f, " %12s", "-");
+    else if (!strcmp(t->cols[c], "schedule"))
+        fprintf(f, " %12s", kvq_pats_schedule_name((kvq_pats_schedule)(int)x));
+    else if (!strcmp(t->cols[c], "ppl"))
+        fprintf(f, " %12.4f", x);
+    else
+        fprintf(f, " %12.5g", x);
+}
+
+static void print_tables(const kvq_profile_result *r, const kvq_profile_params *p)
+{
+    printf("profile: %lld sequences, %lld evaluated query rows; metric %s, tolerance %g",
+           (long long)r->n_sequences, (long long)r->n_queries,
+           r->metric_ppl ? "perplexity" : "attention-output relative error", r->tolerance);
+    if (r->metric_ppl)
+        printf(" (full attention %.4f: limit %.4f)", r->ppl_full, r->ppl_full * (1 + r->tolerance));
+    printf("\n");
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
+        const kvq_profile_table *t = &r->table[i];
+        printf("\n%s", t->name);
+        if (i == KVQ_PROFILE_LEANKV)
+            printf(" (window %d, K%dV%d / K%dV%d; memory = fraction of the f16 cache)",
+                   (int)p->leankv.window, (int)p->leankv.k_high, (int)p->leankv.v_high,
+                   (int)p->leankv.k_low, (int)p->leankv.v_low);
+        else if (i == KVQ_PROFILE_PATS)
+            printf(" (%s cache, 64-byte blocks; memory = packed fraction, bits = unpacked)",
+                   p->pats_dtype == KVQ_DT_BF16 ? "bf16" : "f16");
+        else
+            printf(" (attended = fraction of visible tokens; mass = exact attention mass kept)");
+        if (t->skipped[0]) {
+            printf(": skipped: %s\n", t->skipped);
+            continue;
+        }
+        printf("\n  ");
+        for (int32_t c = 0; c < t->n_cols; c++)
+            printf(" %12s", t->cols[c]);
+        printf("\n");
+        for (int64_t j = 0; j < t->n_rows; j++) {
+            printf("%s ", j == t->chosen ? "*" : " ");
+            for (int32_t c = 0; c < t->n_cols; c++)
+                print_cell(stdout, t, c, t->rows[(size_t)j * t->n_cols + c]);
+            printf("\n");
+        }
+        if (t->chosen >= 0)
+            printf("  chosen: row %lld (*)%s\n", (long long)t->chosen + 1,
+                   t->met ? ", within tolerance" : ", NOT within tolerance: the best found is kept");
+    }
+}
+
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        const unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
+    }
+    putchar('"');
+}
+
+static void json_num(double x)
+{
+    if (isfinite(x))
+        printf("%.17g", x);
+    else
+        printf("null");
+}
+
+static void print_json(const kvq_profile_result *r, const char *out)
+{
+    printf("{\"output\": ");
+    json_str(out);
+    printf(", \"metric\": \"%s\", \"tolerance\": ", r->metric_ppl ? "perplexity" : "attn_rel_err");
+    json_num(r->tolerance);
+    printf(", \"ppl_full\": ");
+    json_num(r->ppl_full);
+    printf(", \"sequences\": %lld, \"query_rows\": %lld, \"tables\": {", (long long)r->n_sequences,
+           (long long)r->n_queries);
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
+        const kvq_profile_table *t = &r->table[i];
+        printf("%s\"%s\": {", i ? ", " : "", t->name);
+        if (t->skipped[0]) {
+            printf("\"skipped\": ");
+            json_str(t->skipped);
+            printf("}");
+            continue;
+        }
+        printf("\"columns\": [");
+        for (int32_t c = 0; c < t->n_cols; c++)
+            printf("%s\"%s\"", c ? ", " : "", t->cols[c]);
+        printf("], \"rows\": [");
+        for (int64_t j = 0; j < t->n_rows; j++) {
+            printf("%s[", j ? ", " : "");
+            for (int32_t c = 0; c < t->n_cols; c++) {
+                printf("%s", c ? ", " : "");
+                json_num(t->rows[(size_t)j * t->n_cols + c]);
+            }
+            printf("]");
+        }
+        printf("], \"chosen\": %lld, \"met\": %s}", (long long)t->chosen, t->met ? "true" : "false");
+    }
+    printf("}}\n");
+}
+
+int cmd_profile(int argc, char **argv)
+{
+    const char *cmd = "profile", *capture = NULL, *in = NULL, *out = NULL;
+    kvq_profile_params p = kvq_profile_params_default();
+    int quiet = 0, verbose = 0, json = 0, force = 0, rc = 0;
+    double *ah = NULL, *al = NULL, *bu = NULL, *ta = NULL;
+    int64_t v;
+    kvq_profile_result *res = NULL;
+    kvq_err e = {0};
+
+    for (int i = 1; i < argc && !rc; i++) {
+        const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a)) {
+            profile_usage(stdout);
+            goto done;
+        } else if (takes_value(a) && !val) {
+            rc = cli_failf(2, "profile: %s needs a value", a);
+        } else if (!strcmp(a, "--capture")) {
+            capture = val, i++;
+        } else if (!strcmp(a, "--artifact")) {
+            in = val, i++;
+        } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
+            out = val, i++;
+        } else if (!strcmp(a, "--model")) {
+            p.model = val, i++;
+        } else if (!strcmp(a, "--corpus")) {
+            p.corpus = val, i++;
+        } else if (!strcmp(a, "--tolerance")) {
+            rc = cli_opt_f64(cmd, a, val, 0, 1e6, &p.tolerance), i++;
+        } else if (!strcmp(a, "--knobs")) {
+            rc = parse_knobs(val, &p.knobs), i++;
+        } else if (!strcmp(a, "--prompt-fraction")) {
+            rc = cli_opt_f64(cmd, a, val, 0, 0.999999, &p.prompt_fraction), i++;
+        } else if (!strcmp(a, "--window")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 0, 1 << 30, &v)))
+                p.leankv.window = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--alpha-h")) {
+            free(ah), ah = NULL;
+            rc = parse_list(a, val, 0, 0, 1e6, &ah, &p.n_alpha_h), i++;
+            p.alpha_h = ah;
+        } else if (!strcmp(a, "--alpha-l")) {
+            free(al), al = NULL;
+            rc = parse_list(a, val, 0, 0, 1e6, &al, &p.n_alpha_l), i++;
+            p.alpha_l = al;
+        } else if (!strcmp(a, "--pats-b-min")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 0, 10, &v)))
+                p.pats_b_min = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--pats-dtype")) {
+            if (!strcmp(val, "f16"))
+                p.pats_dtype = KVQ_DT_F16;
+            else if (!strcmp(val, "bf16"))
+                p.pats_dtype = KVQ_DT_BF16;
+            else
+                rc = cli_failf(2, "profile: --pats-dtype must be f16 or bf16, not '%s'", val);
+            i++;
+        } else if (!strcmp(a, "--budgets")) {
+            free(bu), bu = NULL;
+            rc = parse_list(a, val, 1, 1e-9, 1, &bu, &p.n_budgets), i++;
+            p.budgets = bu;
+        } else if (!strcmp(a, "--taus")) {
+            free(ta), ta = NULL;
+            rc = parse_list(a, val, 0, 1e-9, 1, &ta, &p.n_taus), i++;
+            p.taus = ta;
+        } else if (!strcmp(a, "--sink")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 0, 1 << 30, &v)))
+                p.retrieval.sink = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--positions")) {
+            if (kvq_positions_parse(val, &p.retrieval.positions))
+                rc = cli_failf(2, "profile: --positions must be wrope or rope, not '%s'", val);
+            i++;
+        } else if (!strcmp(a, "--seq-len")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &v)))
+                p.ppl_seq_len = (uint32_t)v;
+            i++;
+        } else if (!strcmp(a, "--ppl-tokens")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 2, INT64_MAX, &v)))
+                p.ppl_max_tokens = (uint64_t)v;
+            i++;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))
+                p.corpus_seed = (uint64_t)v;
+            i++;
+        } else if (!strcmp(a, "--threads")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
+                p.threads = (int32_t)v;
+            i++;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--force")) {
+            force = 1;
+        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
+            quiet = 1;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            verbose++;
+        } else {
+            rc = cli_failf(2, "profile: unknown option '%s' (see kvq profile --help)", a);
+        }
+    }
+    if (rc)
+        goto done;
+    if (!capture || !in || !out) {
+        rc = cli_failf(2, "profile: --capture, --artifact and -o are required (see kvq profile --help)");
+        goto done;
+    }
+    if (!p.model != !p.corpus) {
+        rc = cli_failf(2, "profile: --model and --corpus go together");
+        goto done;
+    }
+    p.cb = cli_callbacks(verbose, quiet);
+    if (kvq_profile_run(capture, in, out, force, &p, &res, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    if (json)
+        print_json(res, out);
+    else
+        print_tables(res, &p);
+    kvq_log(&p.cb, KVQ_LOG_INFO, "wrote %s", out);
+done:
+    kvq_profile_result_free(res);
+    free(ah);
+    free(al);
+    free(bu);
+    free(ta);
+    return rc;
+}
