@@ -340,48 +340,34 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
     return KVQ_OK;
 }
 
-kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)
+/* Parses text[0..size) as the capture.json of dir; label names it in messages. */
+static kvq_status parse_text(const char *dir, const char *label, const char *text, size_t size,
+                             kvq_capture_info **out, kvq_err *err)
 {
     kvq_status st = KVQ_OK;
-    kvq_capture_info *ci = NULL;
-    char *label = NULL;
-    uint8_t *text = NULL;
-    size_t size = 0;
+    kvq_capture_info *ci = calloc(1, sizeof *ci);
     cJSON *root = NULL;
-    *out = NULL;
-
-    size_t nd = strlen(dir);
-    label = malloc(nd + sizeof "/" KVQ_CAPTURE_JSON);
-    ci = calloc(1, sizeof *ci);
-    if (!label || !ci || !(ci->dir = strdup(dir))) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+    if (!ci || !(ci->dir = strdup(dir))) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
         goto done;
     }
-    memcpy(label, dir, nd);
-    memcpy(label + nd, "/" KVQ_CAPTURE_JSON, sizeof "/" KVQ_CAPTURE_JSON);
-
-    /* Size first, so a huge file is refused before it is read; a stat failure falls
-     * through to kvq_read_file, which names the error. */
-    struct stat sb;
-    if (stat(label, &sb) == 0 && (uint64_t)sb.st_size > KVQ_CAPTURE_MAX_JSON) {
-        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %llu bytes is larger than %u", label,
-                         (unsigned long long)sb.st_size, KVQ_CAPTURE_MAX_JSON);
+    if (size > KVQ_CAPTURE_MAX_JSON) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %zu bytes is larger than %u", label, size,
+                         KVQ_CAPTURE_MAX_JSON);
         goto done;
     }
-    if ((st = kvq_read_file(label, &text, &size, err)))
-        goto done;
-    if (!kvq_utf8_valid((const char *)text, size)) {
+    if (!kvq_utf8_valid(text, size)) {
         st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: not valid UTF-8", label);
         goto done;
     }
     const char *end = NULL;
-    root = cJSON_ParseWithLengthOpts((const char *)text, size, &end, 0);
+    root = cJSON_ParseWithLengthOpts(text, size, &end, 0);
     if (!root) {
-        long off = end ? (long)(end - (const char *)text) : -1;
+        long off = end ? (long)(end - text) : -1;
         st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: not valid JSON (near byte %ld)", label, off);
         goto done;
     }
-    for (const char *p = end; p && p < (const char *)text + size; p++)
+    for (const char *p = end; p && p < text + size; p++)
         if (*p != ' ' && *p != '\n' && *p != '\r' && *p != '\t') {
             st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: text after the JSON object", label);
             goto done;
@@ -393,9 +379,61 @@ kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_er
     ci = NULL;
 done:
     cJSON_Delete(root);
+    kvq_capture_info_free(ci);
+    return st;
+}
+
+/* "DIR/capture.json", malloc'd, or NULL. */
+static char *json_path(const char *dir)
+{
+    size_t nd = strlen(dir);
+    char *label = malloc(nd + sizeof "/" KVQ_CAPTURE_JSON);
+    if (label) {
+        memcpy(label, dir, nd);
+        memcpy(label + nd, "/" KVQ_CAPTURE_JSON, sizeof "/" KVQ_CAPTURE_JSON);
+    }
+    return label;
+}
+
+kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    uint8_t *text = NULL;
+    size_t size = 0;
+    char *label = json_path(dir);
+    *out = NULL;
+    if (!label) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+        goto done;
+    }
+    /* Size first, so a huge file is refused before it is read; a stat failure falls
+     * through to kvq_read_file, which names the error. */
+    struct stat sb;
+    if (stat(label, &sb) == 0 && (uint64_t)sb.st_size > KVQ_CAPTURE_MAX_JSON) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %llu bytes is larger than %u", label,
+                         (unsigned long long)sb.st_size, KVQ_CAPTURE_MAX_JSON);
+        goto done;
+    }
+    if ((st = kvq_read_file(label, &text, &size, err)))
+        goto done;
+    st = parse_text(dir, label, (const char *)text, size, out, err);
+done:
     free(text);
     free(label);
-    kvq_capture_info_free(ci);
+    return st;
+}
+
+kvq_status kvq_capture_info_read_memory(const char *dir, const void *json, size_t size,
+                                        kvq_capture_info **out, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    char *label = json_path(dir);
+    *out = NULL;
+    if (!label)
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+    else
+        st = parse_text(dir, label, size ? json : "", size, out, err);
+    free(label);
     return st;
 }
 

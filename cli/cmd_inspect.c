@@ -722,8 +722,10 @@ static int inspect_capture(const char *path, int json)
         kvq_st_close(st);
         free(file);
     }
-    if (json)
-        rc = rc ? (cJSON_Delete(doc), rc) : json_emit(path, doc);
+    if (json && rc == 0)
+        rc = json_emit(path, doc); /* frees doc */
+    else
+        cJSON_Delete(doc);          /* NULL is fine */
     kvq_capture_info_free(ci);
     return rc;
 }

@@ -87,7 +87,7 @@ typedef struct header {
 static kvq_status short_field(const uint8_t *p, size_t n, const uint8_t want[4], const char *label,
                               const char *what, kvq_err *err)
 {
-    if (memcmp(p, want, n) != 0)
+    if (n && memcmp(p, want, n) != 0) /* n == 0: p may be NULL (an empty file) */
         return kvq_err_set(err, KVQ_E_BAD_MAGIC, "%s: not a .kvq artifact (bad %s)", label, what);
     return kvq_err_set(err, KVQ_E_TRUNCATED_HEADER, "%s: file ends inside the artifact header "
                        "(%zu bytes)", label, n);
@@ -393,6 +393,23 @@ static kvq_status meta_int(const kvq_st *st, const char *key, int64_t min, int64
     return KVQ_OK;
 }
 
+/* A u64 in plain decimal (digits only), e.g. the seed. */
+static kvq_status meta_u64(const kvq_st *st, const char *key, kvq_err *err)
+{
+    const char *v = NULL;
+    kvq_status s = meta_str(st, key, &v, err);
+    if (s)
+        return s;
+    uint64_t x = 0;
+    for (const char *c = v; *c; c++) {
+        unsigned digit = (unsigned)(*c - '0');
+        if (digit > 9 || x > (UINT64_MAX - digit) / 10)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "metadata \"%s\": '%s' is not a u64", key, v);
+        x = x * 10 + digit;
+    }
+    return KVQ_OK;
+}
+
 static kvq_status meta_float(const kvq_st *st, const char *key, double min, double max,
                              kvq_err *err)
 {
@@ -521,7 +538,7 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
             (s = meta_int(st, KVQ_META_GROUPS, 1, d, &G, err)) ||
             (s = meta_int(st, KVQ_META_WROPE_W, 0, INT32_MAX, &tmp, err)) ||
             (s = meta_int(st, KVQ_META_WROPE_B, 0, INT32_MAX, &tmp, err)) ||
-            (s = meta_int(st, KVQ_META_SEED, 0, INT64_MAX, &tmp, err)))
+            (s = meta_u64(st, KVQ_META_SEED, err)))
             goto done;
         if (d % G != 0) {
             s = kvq_err_set(err, KVQ_E_CORRUPT, "metadata \"groups\": %lld does not divide "

@@ -30,6 +30,7 @@ kvq_kmeans_params kvq_kmeans_params_default(void)
     p.parallel_oversample = 2.0;
     p.max_points_per_centroid = 256;
     p.min_points_per_centroid = 39;
+    p.seed_points_per_centroid = KVQ_KMEANS_SEED_PPC_DEFAULT;
     p.device = KVQ_KMEANS_DEVICE_CPU;
     p.label = NULL;
     return p;
@@ -129,6 +130,7 @@ static kvq_status check_params(const kvq_kmeans_params *p, int64_t n, int32_t d,
     if (p->max_iters < 0 || !(p->tol >= 0.0) || p->threads < 1 || p->greedy_trials < 0 ||
         p->parallel_rounds < 1 || !(p->parallel_oversample > 0.0) ||
         p->max_points_per_centroid < 0 || p->min_points_per_centroid < 0 ||
+        p->seed_points_per_centroid < 0 ||
         (int)p->init < 0 || (int)p->init > KVQ_KMEANS_INIT_GIVEN ||
         (int)p->device < 0 || (int)p->device > KVQ_KMEANS_DEVICE_CUDA)
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
@@ -170,9 +172,7 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Copies a seeded uniform sample of m of the n rows (kept in row order) into
- * *xs [m, d] and, with weights, *ws [m]. */
-static kvq_status subsample(const float *x, const float *w, int64_t n, int32_t d, int64_t m,
+kvq_status kvq_km_subsample(const float *x, const float *w, int64_t n, int32_t d, int64_t m,
                             uint64_t seed, const char *label, float **xs, float **ws,
                             kvq_err *err)
 {
@@ -293,7 +293,8 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
         kvq_log(&p.cb, KVQ_LOG_INFO, "%s: training on a seeded subsample of %lld of %lld points "
                 "(%lld per centroid)", label, (long long)m, (long long)n,
                 (long long)p.max_points_per_centroid);
-        if ((st = subsample(x, weights, n, d, m, p.seed, label, &xs, &ws, err)) != KVQ_OK)
+        if ((st = kvq_km_subsample(x, weights, n, d, m, p.seed, label, &xs, &ws, err)) !=
+            KVQ_OK)
             goto done;
         xt = xs;
         wt = ws;

@@ -12,6 +12,9 @@
  * l of the reference sums the terms t = l mod 8; the lanes are then added in order),
  * so it equals the scalar reference (kvq_km_l2sq + first minimum) bit for bit.
  *
+ * kvq_km_cand_eval_avx2 is the seeding kernel (distances to up to 16 candidates by one
+ * fused multiply-add chain per lane), equal to kvq_km_cand_eval_ref bit for bit.
+ *
  * The functions carry a target attribute so they also build where -mavx2 is not passed.
  */
 #include "kmeans/kmeans_internal.h"
@@ -134,5 +137,89 @@ void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const floa
         direct_8(x, nr, d, ct, kc, assign, dist2);
     else
         direct_16(x, nr, d, ct, kc, assign, dist2);
+}
+
+/* ---- seeding: distances to up to 16 candidates (kvq_km_cand_eval_ref) ----------------
+ * One fused multiply-add per (row, dim) and register of 8 candidates, rows in groups so
+ * that 8 independent chains hide the FMA latency; every lane is the reference's chain. */
+
+#define TARGET_FMA __attribute__((target("avx2,fma")))
+#define CL KVQ_KM_CAND_LANES
+
+/* dist row and potential terms of one row: lanes [0, 8) or [8, 16) (h = 0 or 1). */
+static inline TARGET_FMA void cand_finish8(__m256 dot, float xn, const float *cn, float dm,
+                                           double wr, float *drow, __m256d *p0, __m256d *p1)
+{
+    const __m256 v = _mm256_max_ps(
+        _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn)),
+                      _mm256_mul_ps(_mm256_set1_ps(2.0f), dot)),
+        _mm256_setzero_ps());
+    _mm256_storeu_ps(drow, v);
+    const __m256 m = _mm256_min_ps(v, _mm256_set1_ps(dm));
+    const __m256d w = _mm256_set1_pd(wr);
+    *p0 = _mm256_add_pd(*p0, _mm256_mul_pd(w, _mm256_cvtps_pd(_mm256_castps256_ps128(m))));
+    *p1 = _mm256_add_pd(*p1, _mm256_mul_pd(w, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1))));
+}
+
+TARGET_FMA void kvq_km_cand_eval_avx2(const float *x, const float *xn, const float *w,
+                                      const float *dmin, int64_t nr, int32_t d,
+                                      const float *ct, const float *cn, int32_t nt,
+                                      float *dist, double *pot)
+{
+    __m256d p[4];
+    for (int h = 0; h < 4; h++)
+        p[h] = _mm256_loadu_pd(pot + 4 * h);
+    const int halves = nt > 8 ? 2 : 1;
+    const int group = 8 / halves; /* rows per pass: 8 accumulators either way */
+    int64_t r = 0;
+    for (; r + group <= nr; r += group) {
+        __m256 acc[8];
+        for (int q = 0; q < 8; q++)
+            acc[q] = _mm256_setzero_ps();
+        const float *xr = x + (size_t)r * d;
+        if (halves == 1) {
+            for (int32_t j = 0; j < d; j++) {
+                const __m256 c = _mm256_loadu_ps(ct + (size_t)j * CL);
+#pragma GCC unroll 8
+                for (int q = 0; q < 8; q++)
+                    acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xr[(size_t)q * d + j]), c, acc[q]);
+            }
+        } else {
+            for (int32_t j = 0; j < d; j++) {
+                const __m256 c0 = _mm256_loadu_ps(ct + (size_t)j * CL);
+                const __m256 c1 = _mm256_loadu_ps(ct + (size_t)j * CL + 8);
+#pragma GCC unroll 4
+                for (int q = 0; q < 4; q++) {
+                    const __m256 xb = _mm256_set1_ps(xr[(size_t)q * d + j]);
+                    acc[2 * q] = _mm256_fmadd_ps(xb, c0, acc[2 * q]);
+                    acc[2 * q + 1] = _mm256_fmadd_ps(xb, c1, acc[2 * q + 1]);
+                }
+            }
+        }
+        for (int q = 0; q < group; q++) {
+            const int64_t i = r + q;
+            const double wr = w ? (double)w[i] : 1.0;
+            for (int h = 0; h < halves; h++)
+                cand_finish8(acc[q * halves + h], xn[i], cn + 8 * h, dmin[i], wr,
+                             dist + (size_t)i * CL + 8 * h, &p[2 * h], &p[2 * h + 1]);
+        }
+    }
+    for (; r < nr; r++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        const float *xr = x + (size_t)r * d;
+        for (int32_t j = 0; j < d; j++) {
+            const __m256 xb = _mm256_set1_ps(xr[j]);
+            a0 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(ct + (size_t)j * CL), a0);
+            if (halves == 2)
+                a1 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(ct + (size_t)j * CL + 8), a1);
+        }
+        const double wr = w ? (double)w[r] : 1.0;
+        cand_finish8(a0, xn[r], cn, dmin[r], wr, dist + (size_t)r * CL, &p[0], &p[1]);
+        if (halves == 2)
+            cand_finish8(a1, xn[r], cn + 8, dmin[r], wr, dist + (size_t)r * CL + 8, &p[2],
+                         &p[3]);
+    }
+    for (int h = 0; h < 2 * halves; h++)
+        _mm256_storeu_pd(pot + 4 * h, p[h]);
 }
 #endif

@@ -1,8 +1,8 @@
 /*
  * kmeans_cpu.c — CPU backend of k-means: blocked SGEMM distances with a fused
- * argmin (AVX2 when the CPU has it), an exact direct path for d <= KVQ_KM_DIRECT_MAX_D
- * on AVX2 (equal to the scalar reference bit for bit), and a centroid update summed
- * in double in point order.
+ * argmin (AVX-512 or AVX2 when the CPU has it), an exact direct path for
+ * d <= KVQ_KM_DIRECT_MAX_D on AVX2 / AVX-512 (equal to the scalar reference bit for
+ * bit), and a centroid update summed in double in point order.
  *
  * Parallel work is split into blocks whose size depends on the number of
  * centroids only; each block's result is written to its own rows and no
@@ -151,30 +151,38 @@ static kvq_status cpu_assign(void *vctx, const float *cent, int32_t kc, int32_t 
     void (*row_argmin)(const float *, const float *, float, int32_t, int32_t *, float *) =
         kvq_km_row_argmin_ref;
 #ifdef KVQ_KM_HAVE_AVX2_ARGMIN
-    if (kvq_cpu_has_avx2())
+    const int avx512 = kvq_cpu_has_avx512();
+    if (avx512)
+        row_argmin = kvq_km_row_argmin_avx512;
+    else if (kvq_cpu_has_avx2())
         row_argmin = kvq_km_row_argmin_avx2;
 #endif
     float *cn = NULL;      /* [kc] ||c_j||^2 */
     float *scratch = NULL; /* [threads, rows, kc] x.c blocks */
-    float *ct = NULL;      /* [dpad, roundup(kc, 8)] centroids transposed (direct path) */
+    float *ct = NULL;      /* [dpad, roundup(kc, lanes)] centroids transposed (direct path;
+                              lanes 16 with AVX-512, else 8) */
     size_t scratch_n, cn_b;
 #ifdef KVQ_KM_HAVE_AVX2_ARGMIN
     if (d <= KVQ_KM_DIRECT_MAX_D && kvq_cpu_has_avx2()) {
-        const int32_t kc8 = (int32_t)(((int64_t)kc + 7) & ~(int64_t)7);
-        ct = calloc((size_t)KVQ_KM_DIRECT_DPAD(d) * (size_t)kc8, sizeof *ct);
+        const int64_t lanes = avx512 ? 16 : 8;
+        const int64_t kcp = ((int64_t)kc + lanes - 1) / lanes * lanes;
+        void (*direct)(const float *, int64_t, int32_t, const float *, int32_t, int32_t *,
+                       float *) = avx512 ? kvq_km_assign_direct_avx512
+                                         : kvq_km_assign_direct_avx2;
+        ct = calloc((size_t)KVQ_KM_DIRECT_DPAD(d) * (size_t)kcp, sizeof *ct);
         if (!ct) {
             st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: centroids for k=%d", kc);
             goto done;
         }
         for (int32_t j = 0; j < kc; j++)
             for (int32_t t = 0; t < d; t++)
-                ct[(size_t)t * kc8 + j] = cent[(size_t)j * d + t];
+                ct[(size_t)t * kcp + j] = cent[(size_t)j * d + t];
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (nblocks > 1)
         for (int64_t b = 0; b < nblocks; b++) {
             const int64_t i0 = b * rows;
             const int64_t nr = c->n - i0 < rows ? c->n - i0 : rows;
-            kvq_km_assign_direct_avx2(c->x + (size_t)i0 * d, nr, d, ct, kc, assign + i0,
-                                      dist2 ? dist2 + i0 : NULL);
+            direct(c->x + (size_t)i0 * d, nr, d, ct, kc, assign + i0,
+                   dist2 ? dist2 + i0 : NULL);
         }
         goto done;
     }

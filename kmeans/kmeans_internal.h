@@ -75,11 +75,58 @@ void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const floa
  * CPU has AVX2 (an SGEMM with K this small is bound by writing the n x k block). */
 #define KVQ_KM_DIRECT_MAX_D 16
 
+/* AVX-512 versions (kmeans_avx512.c; call them only when kvq_cpu_has_avx512()), equal
+ * bit for bit to the scalar references like the AVX2 ones. The direct path takes
+ * sixteen centroids per register: ct is [KVQ_KM_DIRECT_DPAD(d), roundup(kc, 16)]. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVQ_KM_HAVE_AVX512 1
+void kvq_km_row_argmin_avx512(const float *s, const float *cn, float xn, int32_t kc,
+                              int32_t *out_idx, float *out_dist);
+void kvq_km_assign_direct_avx512(const float *x, int64_t nr, int32_t d, const float *ct,
+                                 int32_t kc, int32_t *assign, float *dist2);
+#endif
+
+/* ---- seeding kernel: distances to up to KVQ_KM_CAND_LANES candidates -------------------
+ * The inner step of greedy k-means++ / k-means++ (kmeans_seed.c). For rows x [nr, d]
+ * with norms xn [nr] (kvq_km_norm2_fma), weights w [nr] (NULL = all 1) and current
+ * squared distances dmin [nr], and nt <= KVQ_KM_CAND_LANES candidates given transposed
+ * as ct [d, KVQ_KM_CAND_LANES] (ct[j * LANES + t] = coordinate j of candidate t) with
+ * norms cn [KVQ_KM_CAND_LANES] (kvq_km_norm2_fma):
+ *   dot_rt     = fmaf(x_r[d-1], ct[d-1][t], ... fmaf(x_r[0], ct[0][t], 0.0f))  (j ascending)
+ *   dist[r][t] = kvq_km_dist_from_dot(xn[r], cn[t], dot_rt)      dist [nr, LANES]
+ *   pot[t]    += (double)w_r * (double)min(dist[r][t], dmin[r])  in row order, r = 0..nr-1
+ * pot [LANES] is added to (the caller zeroes it). Lanes t >= nt of dist and pot are
+ * unspecified. Every lane is one fused multiply-add chain, so the AVX2 and AVX-512
+ * versions equal the reference bit for bit. Cost: nr * d fused multiply-adds per 8
+ * (AVX2) or 16 (AVX-512) candidates. */
+#define KVQ_KM_CAND_LANES 16
+void kvq_km_cand_eval_ref(const float *x, const float *xn, const float *w, const float *dmin,
+                          int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
+                          float *dist, double *pot);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_cand_eval_avx2(const float *x, const float *xn, const float *w, const float *dmin,
+                           int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
+                           float *dist, double *pot);
+void kvq_km_cand_eval_avx512(const float *x, const float *xn, const float *w,
+                             const float *dmin, int64_t nr, int32_t d, const float *ct,
+                             const float *cn, int32_t nt, float *dist, double *pot);
+#endif
+/* ||a||^2 as the fused chain above (dot of a with itself), so a point's distance to a
+ * candidate equal to it comes out exactly 0. */
+float kvq_km_norm2_fma(const float *a, int32_t d);
+
 /* OpenBLAS single-threaded (BLAS is called from OpenMP threads). */
 int kvq_km_blas_threads_begin(void);      /* returns the previous count */
 void kvq_km_blas_threads_end(int previous);
 
 /* ---- seeding (kmeans_seed.c) ------------------------------------------------------- */
+
+/* Copies a seeded uniform sample of m of the n rows (kept in row order) into
+ * *xs [m, d] (malloc'd) and, when w is not NULL, *ws [m] (else *ws = NULL). The
+ * caller frees both, also on error. Errors: KVQ_E_NOMEM. (kmeans.c) */
+kvq_status kvq_km_subsample(const float *x, const float *w, int64_t n, int32_t d, int64_t m,
+                            uint64_t seed, const char *label, float **xs, float **ws,
+                            kvq_err *err);
 
 /* The training set as the seeding sees it. */
 typedef struct kvq_km_data {
@@ -90,8 +137,10 @@ typedef struct kvq_km_data {
 } kvq_km_data;
 
 /* Chooses p->k initial centroids [k, d] from the data with method p->init (not
- * GIVEN). k-means|| uses `be`/`ctx` (the backend holding the same data) for its
- * distance passes. Deterministic for a given seed, independent of p->threads.
+ * GIVEN). The D^2 methods run on a seeded subsample of p->seed_points_per_centroid * k
+ * points when the data has more. k-means|| uses `be`/`ctx` (the backend holding the
+ * same data) for its distance passes, or a context of `be` over the subsample.
+ * Deterministic for a given seed, independent of p->threads.
  * Errors: KVQ_E_NOMEM, KVQ_E_BACKEND, KVQ_E_CANCELLED. */
 kvq_status kvq_km_seed(const kvq_km_data *data, const kvq_kmeans_params *p,
                        const kvq_km_backend *be, void *ctx, float *centroids, kvq_err *err);

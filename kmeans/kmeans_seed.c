@@ -1,28 +1,80 @@
 /*
  * kmeans_seed.c — initial centroids: k-means++, greedy k-means++, k-means||, random.
  *
+ * The D^2 methods run on a seeded subsample of seed_points_per_centroid * k points of
+ * the training set (all of it when smaller), so their cost grows with k^2, not n k.
+ *
  * D^2 sampling draws point i with probability w_i D_i / sum_j w_j D_j, where D_i is
- * the squared distance to the nearest centroid chosen so far. D is updated by the
- * scalar reference distance (exact, no cancellation) in parallel over fixed blocks
- * of SEED_BLOCK points; the potential is the sum of per-block partial sums (double,
- * point order inside a block) taken in block order, so every draw is the same for
- * any thread count. k-means|| draws each point's coin from a counter-based hash of
- * (seed, round, point) for the same reason, and uses the backend's SGEMM assign.
- * BLAS is called from inside OpenMP regions: the caller runs this with OpenBLAS
- * single-threaded (kvq_km_blas_threads_begin).
+ * the squared distance to the nearest centroid chosen so far. (Greedy) k-means++ keeps
+ * D with the candidate kernel kvq_km_cand_eval_* (below; AVX-512 / AVX2 / scalar, all
+ * equal bit for bit): every step evaluates all of its candidates in one pass over the
+ * points, in fixed blocks of DRAW_BLOCK points, and the winner's distances from that
+ * pass update D. Block sums are kept in double and added in block order, so every draw
+ * is the same for any thread count. k-means|| draws each point's coin from a
+ * counter-based hash of (seed, round, point) for the same reason, and uses the
+ * backend's assign for its distance passes. BLAS is called from inside OpenMP regions:
+ * the caller runs this with OpenBLAS single-threaded (kvq_km_blas_threads_begin).
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
 #include <omp.h>
 
 #include "kmeans/kmeans_internal.h"
 #include "kmeans/kmeans_kernels.h"
 
-#define SEED_BLOCK 4096
+#define DRAW_BLOCK 1024 /* points per block of D sums, draws and kernel calls */
 #define PROGRESS_EVERY 64
+#define LANES KVQ_KM_CAND_LANES
+
+/* ---- the candidate kernel, scalar reference ------------------------------------------ */
+
+float kvq_km_norm2_fma(const float *a, int32_t d)
+{
+    float s = 0.0f;
+    for (int32_t j = 0; j < d; j++)
+        s = fmaf(a[j], a[j], s);
+    return s;
+}
+
+void kvq_km_cand_eval_ref(const float *x, const float *xn, const float *w, const float *dmin,
+                          int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
+                          float *dist, double *pot)
+{
+    for (int64_t r = 0; r < nr; r++) {
+        const float *xr = x + (size_t)r * d;
+        const double wr = w ? (double)w[r] : 1.0;
+        for (int32_t t = 0; t < nt; t++) {
+            float dot = 0.0f;
+            for (int32_t j = 0; j < d; j++)
+                dot = fmaf(xr[j], ct[(size_t)j * LANES + t], dot);
+            const float v = kvq_km_dist_from_dot(xn[r], cn[t], dot);
+            dist[(size_t)r * LANES + t] = v;
+            pot[t] += wr * (double)(v < dmin[r] ? v : dmin[r]);
+        }
+    }
+}
+
+typedef void (*cand_eval_fn)(const float *, const float *, const float *, const float *,
+                             int64_t, int32_t, const float *, const float *, int32_t, float *,
+                             double *);
+
+/* The fastest kernel for nt candidates on this CPU (all give the same bits). */
+static cand_eval_fn pick_cand_eval(int32_t nt)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (nt > 8 && kvq_cpu_has_avx512())
+        return kvq_km_cand_eval_avx512;
+    if (kvq_cpu_has_avx2())
+        return kvq_km_cand_eval_avx2;
+#else
+    (void)nt;
+#endif
+    return kvq_km_cand_eval_ref;
+}
+
+/* ---- D^2 state --------------------------------------------------------------------- */
 
 /* Working state of the D^2 samplers. */
 typedef struct d2_state {
@@ -38,6 +90,11 @@ static inline double weight_at(const kvq_km_data *data, int64_t i)
     return data->w ? (double)data->w[i] : 1.0;
 }
 
+static inline int64_t block_end(const kvq_km_data *data, int64_t b)
+{
+    return (b + 1) * DRAW_BLOCK < data->n ? (b + 1) * DRAW_BLOCK : data->n;
+}
+
 static double d2_total(const d2_state *s)
 {
     double t = 0.0;
@@ -46,19 +103,16 @@ static double d2_total(const d2_state *s)
     return t;
 }
 
-/* dmin = min(dmin, ||x_i - c||^2) (or = when init), then refresh the block sums. */
-static void d2_update(d2_state *s, const float *c, int init)
+/* dmin = ||x_i - c||^2 by the scalar reference, then the block sums (k-means||). */
+static void d2_init_dist(d2_state *s, const float *c)
 {
     const kvq_km_data *data = s->data;
     const int32_t d = data->d;
 #pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1) if (s->nblocks > 1)
     for (int64_t b = 0; b < s->nblocks; b++) {
-        const int64_t i1 = (b + 1) * SEED_BLOCK < data->n ? (b + 1) * SEED_BLOCK : data->n;
         double sum = 0.0;
-        for (int64_t i = b * SEED_BLOCK; i < i1; i++) {
-            float v = kvq_km_l2sq(data->x + (size_t)i * d, c, d);
-            if (init || v < s->dmin[i])
-                s->dmin[i] = v;
+        for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
+            s->dmin[i] = kvq_km_l2sq(data->x + (size_t)i * d, c, d);
             sum += weight_at(data, i) * (double)s->dmin[i];
         }
         s->bsum[b] = sum;
@@ -81,10 +135,9 @@ static int64_t d2_draw(const d2_state *s, double total, double u, kvq_rng *rng)
             break;
         cum += s->bsum[b];
     }
-    const int64_t i1 = (b + 1) * SEED_BLOCK < data->n ? (b + 1) * SEED_BLOCK : data->n;
     int64_t last_pos = -1;
     double run = 0.0;
-    for (int64_t i = b * SEED_BLOCK; i < i1; i++) {
+    for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
         double m = weight_at(data, i) * (double)s->dmin[i];
         if (m > 0.0)
             last_pos = i;
@@ -128,7 +181,7 @@ static kvq_status d2_init(d2_state *s, const kvq_km_data *data, int32_t threads,
     memset(s, 0, sizeof *s);
     s->data = data;
     s->threads = threads;
-    s->nblocks = (data->n + SEED_BLOCK - 1) / SEED_BLOCK;
+    s->nblocks = (data->n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     size_t nb;
     if (kvq_size_mul((size_t)data->n, sizeof(float), &nb))
         s->dmin = malloc(nb ? nb : 1);
@@ -160,109 +213,158 @@ static kvq_status seed_progress(const kvq_kmeans_params *p, int64_t done, int64_
 
 /* ---- k-means++ (exact and greedy) ---------------------------------------------------- */
 
+/* Buffers of one (greedy) k-means++ run. */
+typedef struct pp_work {
+    int64_t *cand;  /* [trials] candidate point indices */
+    float *ct;      /* [d, LANES] candidates of one chunk, transposed, zero-padded */
+    float *cn;      /* [LANES] their squared norms */
+    float *xnorm;   /* [n] squared norms of the points (kvq_km_norm2_fma) */
+    float *dist;    /* [n, LANES] distances to the chunk's candidates */
+    float *dbest;   /* [n] distances to the best candidate so far (trials > LANES) */
+    double *part;   /* [nblocks, LANES] per-block potentials of the chunk */
+} pp_work;
+
+/* Distances of every point to candidates cand [nt] (nt <= LANES) into w->dist, and
+ * per-block potentials with them into w->part. */
+static void eval_chunk(d2_state *s, pp_work *w, const int64_t *cand, int32_t nt)
+{
+    const kvq_km_data *data = s->data;
+    const int32_t d = data->d;
+    memset(w->ct, 0, (size_t)d * LANES * sizeof *w->ct);
+    memset(w->cn, 0, LANES * sizeof *w->cn);
+    for (int32_t t = 0; t < nt; t++) {
+        const float *xc = data->x + (size_t)cand[t] * d;
+        for (int32_t j = 0; j < d; j++)
+            w->ct[(size_t)j * LANES + t] = xc[j];
+        w->cn[t] = w->xnorm[cand[t]];
+    }
+    const cand_eval_fn eval = pick_cand_eval(nt);
+#pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1) if (s->nblocks > 1)
+    for (int64_t b = 0; b < s->nblocks; b++) {
+        const int64_t i0 = b * DRAW_BLOCK;
+        double *pb = w->part + (size_t)b * LANES;
+        for (int t = 0; t < LANES; t++)
+            pb[t] = 0.0;
+        eval(data->x + (size_t)i0 * d, w->xnorm + i0, data->w ? data->w + i0 : NULL,
+             s->dmin + i0, block_end(data, b) - i0, d, w->ct, w->cn, nt,
+             w->dist + (size_t)i0 * LANES, pb);
+    }
+}
+
+/* dmin = min(dmin, src) (src [n] with stride `stride`), 0 at the chosen point, and the
+ * block sums. */
+static void d2_apply(d2_state *s, const float *src, size_t stride, int64_t pick)
+{
+    const kvq_km_data *data = s->data;
+#pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1) if (s->nblocks > 1)
+    for (int64_t b = 0; b < s->nblocks; b++) {
+        double sum = 0.0;
+        for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
+            const float v = src[(size_t)i * stride];
+            if (v < s->dmin[i])
+                s->dmin[i] = v;
+            if (i == pick)
+                s->dmin[i] = 0.0f;
+            sum += weight_at(data, i) * (double)s->dmin[i];
+        }
+        s->bsum[b] = sum;
+    }
+}
+
 /* Chooses k centroids by D^2 sampling; trials > 1 is greedy k-means++: draw `trials`
- * candidates per step and keep the one whose addition lowers the potential most.
- * The candidates' potentials come from SGEMM distances (one [block, trials] product
- * per block of points); D itself is kept with the scalar reference distance. */
+ * candidates per step and keep the one whose addition lowers the potential most
+ * (ties to the earlier draw). Candidates are evaluated LANES at a time in one pass
+ * over the points; the winner's distances from that pass become the new D. */
 static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, int32_t k,
                           int32_t trials, uint64_t seed, float *cent, kvq_err *err)
 {
     kvq_status st;
     const int32_t d = data->d;
-    const int threads = p->threads;
+    const int64_t n = data->n;
     const char *label = label_of(p);
     d2_state s;
     kvq_rng rng;
-    int64_t *cand = NULL;   /* [trials] candidate point indices */
-    float *cx = NULL;       /* [trials, d] candidate rows */
-    float *cnrm = NULL;     /* [trials] their squared norms */
-    float *xnorm = NULL;    /* [n] squared norms of the points */
-    float *dot = NULL;      /* [threads, SEED_BLOCK, trials] x.c blocks */
-    double *part = NULL;    /* [nblocks, trials] per-block potentials */
+    pp_work w;
+    memset(&w, 0, sizeof w);
     kvq_rng_seed(&rng, seed);
-    st = d2_init(&s, data, threads, label, err);
+    if (trials < 1)
+        trials = 1;
+    st = d2_init(&s, data, p->threads, label, err);
     if (st != KVQ_OK)
         goto done;
-    if (trials > 1) {
-        cand = calloc((size_t)trials, sizeof *cand);
-        cx = malloc((size_t)trials * d * sizeof *cx);
-        cnrm = malloc((size_t)trials * sizeof *cnrm);
-        xnorm = malloc((size_t)data->n * sizeof *xnorm);
-        dot = malloc((size_t)threads * SEED_BLOCK * trials * sizeof *dot);
-        part = calloc((size_t)s.nblocks * (size_t)trials, sizeof *part);
-        if (!cand || !cx || !cnrm || !xnorm || !dot || !part) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: greedy seeding buffers", label);
-            goto done;
-        }
-#pragma omp parallel for num_threads(threads) schedule(static) if (data->n > SEED_BLOCK)
-        for (int64_t i = 0; i < data->n; i++)
-            xnorm[i] = kvq_km_norm2(data->x + (size_t)i * d, d);
+    size_t nl;
+    if (!kvq_size_mul((size_t)n, LANES * sizeof(float), &nl)) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: seeding buffers", label);
+        goto done;
+    }
+    w.cand = calloc((size_t)trials, sizeof *w.cand);
+    w.ct = malloc((size_t)d * LANES * sizeof *w.ct);
+    w.cn = malloc(LANES * sizeof *w.cn);
+    w.xnorm = malloc((size_t)n * sizeof *w.xnorm);
+    w.dist = malloc(nl);
+    w.dbest = trials > LANES ? malloc((size_t)n * sizeof *w.dbest) : NULL;
+    w.part = calloc((size_t)s.nblocks * LANES, sizeof *w.part);
+    if (!w.cand || !w.ct || !w.cn || !w.xnorm || !w.dist || (trials > LANES && !w.dbest) ||
+        !w.part) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: seeding buffers for %lld points", label,
+                         (long long)n);
+        goto done;
+    }
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (n > DRAW_BLOCK)
+    for (int64_t i = 0; i < n; i++) {
+        w.xnorm[i] = kvq_km_norm2_fma(data->x + (size_t)i * d, d);
+        s.dmin[i] = INFINITY;
     }
 
-    int64_t first = draw_first(data, &rng);
-    memcpy(cent, data->x + (size_t)first * d, (size_t)d * sizeof(float));
-    d2_update(&s, cent, 1);
-
-    for (int32_t t = 1; t < k; t++) {
-        const double total = d2_total(&s);
+    for (int32_t t = 0; t < k; t++) {
         int64_t pick;
-        if (trials <= 1) {
-            pick = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
+        if (t == 0) {
+            w.cand[0] = pick = draw_first(data, &rng);
+            eval_chunk(&s, &w, w.cand, 1);
+            d2_apply(&s, w.dist, LANES, pick);
         } else {
-            for (int32_t c = 0; c < trials; c++) {
-                cand[c] = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
-                memcpy(cx + (size_t)c * d, data->x + (size_t)cand[c] * d,
-                       (size_t)d * sizeof(float));
-                cnrm[c] = xnorm[cand[c]];
-            }
-            /* potential after adding each candidate, per block then in block order */
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (s.nblocks > 1)
-            for (int64_t b = 0; b < s.nblocks; b++) {
-                const int64_t i0 = b * SEED_BLOCK;
-                const int64_t nr = data->n - i0 < SEED_BLOCK ? data->n - i0 : SEED_BLOCK;
-                float *sb = dot + (size_t)omp_get_thread_num() * SEED_BLOCK * trials;
-                double *pb = part + (size_t)b * trials;
-                /* sb [nr, trials] = X[i0 : i0 + nr] cx^T */
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nr, trials, d, 1.0f,
-                            data->x + (size_t)i0 * d, d, cx, d, 0.0f, sb, trials);
-                for (int32_t c = 0; c < trials; c++)
-                    pb[c] = 0.0;
-                for (int64_t r = 0; r < nr; r++) {
-                    const int64_t i = i0 + r;
-                    const double wi = weight_at(data, i);
-                    for (int32_t c = 0; c < trials; c++) {
-                        float v = kvq_km_dist_from_dot(xnorm[i], cnrm[c], sb[r * trials + c]);
-                        pb[c] += wi * (double)(v < s.dmin[i] ? v : s.dmin[i]);
-                    }
-                }
-            }
+            const double total = d2_total(&s);
+            for (int32_t c = 0; c < trials; c++)
+                w.cand[c] = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
             int32_t best = 0;
             double best_pot = INFINITY;
-            for (int32_t c = 0; c < trials; c++) {
-                double pot = 0.0;
-                for (int64_t b = 0; b < s.nblocks; b++)
-                    pot += part[(size_t)b * trials + c];
-                if (pot < best_pot) {
-                    best_pot = pot;
-                    best = c;
+            for (int32_t c0 = 0; c0 < trials; c0 += LANES) {
+                const int32_t nt = trials - c0 < LANES ? trials - c0 : LANES;
+                eval_chunk(&s, &w, w.cand + c0, nt);
+                int32_t chunk_best = -1;
+                for (int32_t c = 0; c < nt; c++) {
+                    double pot = 0.0;
+                    for (int64_t b = 0; b < s.nblocks; b++)
+                        pot += w.part[(size_t)b * LANES + c];
+                    if (pot < best_pot) {
+                        best_pot = pot;
+                        best = c0 + c;
+                        chunk_best = c;
+                    }
                 }
+                if (w.dbest && chunk_best >= 0)
+                    for (int64_t i = 0; i < n; i++)
+                        w.dbest[i] = w.dist[(size_t)i * LANES + chunk_best];
             }
-            pick = cand[best];
+            pick = w.cand[best];
+            if (w.dbest)
+                d2_apply(&s, w.dbest, 1, pick);
+            else
+                d2_apply(&s, w.dist + best, LANES, pick);
         }
-        float *ct = cent + (size_t)t * d;
-        memcpy(ct, data->x + (size_t)pick * d, (size_t)d * sizeof(float));
-        d2_update(&s, ct, 0);
-        if (t % PROGRESS_EVERY == 0 && (st = seed_progress(p, t, k, err)) != KVQ_OK)
+        memcpy(cent + (size_t)t * d, data->x + (size_t)pick * d, (size_t)d * sizeof(float));
+        if (t % PROGRESS_EVERY == 0 && t > 0 && (st = seed_progress(p, t, k, err)) != KVQ_OK)
             goto done;
     }
 done:
     d2_free(&s);
-    free(cand);
-    free(cx);
-    free(cnrm);
-    free(xnorm);
-    free(dot);
-    free(part);
+    free(w.cand);
+    free(w.ct);
+    free(w.cn);
+    free(w.xnorm);
+    free(w.dist);
+    free(w.dbest);
+    free(w.part);
     return st;
 }
 
@@ -340,13 +442,13 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
     }
 
     cidx[m++] = draw_first(data, &rng);
-    d2_update(&s, data->x + (size_t)cidx[0] * d, 1);
+    d2_init_dist(&s, data->x + (size_t)cidx[0] * d);
 
     for (int32_t r = 0; r < p->parallel_rounds; r++) {
         const double psi = d2_total(&s);
         if (!(psi > 0.0))
             break;
-#pragma omp parallel for num_threads(p->threads) schedule(static) if (n > SEED_BLOCK)
+#pragma omp parallel for num_threads(p->threads) schedule(static) if (n > DRAW_BLOCK)
         for (int64_t i = 0; i < n; i++) {
             double pi = ell * weight_at(data, i) * (double)s.dmin[i] / psi;
             mark[i] = s.dmin[i] > 0.0f && kvq_km_uniform_at(seed, (uint64_t)r + 1, (uint64_t)i) < pi;
@@ -386,12 +488,11 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
         st = be->assign(ctx, cx, (int32_t)nnew, a_new, d_new, err);
         if (st != KVQ_OK)
             goto done;
-        /* fold the new distances in; block sums in block order as in d2_update */
+        /* fold the new distances in; block sums in block order as in d2_apply */
 #pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1) if (s.nblocks > 1)
         for (int64_t b = 0; b < s.nblocks; b++) {
-            const int64_t i1 = (b + 1) * SEED_BLOCK < n ? (b + 1) * SEED_BLOCK : n;
             double sum = 0.0;
-            for (int64_t i = b * SEED_BLOCK; i < i1; i++) {
+            for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
                 if (d_new[i] < s.dmin[i]) {
                     s.dmin[i] = d_new[i];
                     owner[i] = (int32_t)(base + a_new[i]);
@@ -462,40 +563,73 @@ done:
 kvq_status kvq_km_seed(const kvq_km_data *data, const kvq_kmeans_params *p,
                        const kvq_km_backend *be, void *ctx, float *cent, kvq_err *err)
 {
+    kvq_status st = KVQ_OK;
     const int32_t k = p->k;
     const uint64_t seed = kvq_km_mix64(p->seed ^ 0x6b6d65616e73ULL); /* "kmeans" */
+    const char *label = label_of(p);
+    float *xs = NULL, *ws = NULL; /* [m, d], [m]: the seeding subsample, when taken */
+    void *sctx = NULL;            /* backend context over it (k-means||) */
+    kvq_km_data sub = *data;
+    const kvq_km_data *use = data;
+    const int64_t ppc = p->seed_points_per_centroid;
+    if (p->init == KVQ_KMEANS_INIT_RANDOM)
+        return seed_random(data, k, seed, label, cent, err);
+    if (p->init == KVQ_KMEANS_INIT_GIVEN || (int)p->init < 0 ||
+        (int)p->init > KVQ_KMEANS_INIT_GIVEN)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: no seeding for init method %d",
+                           label, (int)p->init);
+    /* ppc * k < n exactly when ppc <= (n - 1) / k, without overflow */
+    if (ppc > 0 && ppc <= (data->n - 1) / k) {
+        sub.n = ppc * k;
+        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: seeding on a subsample of %lld of %lld points",
+                label, (long long)sub.n, (long long)data->n);
+        st = kvq_km_subsample(data->x, data->w, data->n, data->d, sub.n,
+                              kvq_km_mix64(seed ^ 0x5a3b1e5eedULL), label, &xs, &ws, err);
+        if (st != KVQ_OK)
+            goto done;
+        sub.x = xs;
+        sub.w = ws;
+        use = &sub;
+        if (p->init == KVQ_KMEANS_INIT_PARALLEL) {
+            if ((st = be->create(xs, ws, sub.n, sub.d, p->threads, &sctx, err)) != KVQ_OK)
+                goto done;
+            ctx = sctx;
+        }
+    }
     switch (p->init) {
     case KVQ_KMEANS_INIT_PP:
-        return seed_pp(data, p, k, 1, seed, cent, err);
+        st = seed_pp(use, p, k, 1, seed, cent, err);
+        break;
     case KVQ_KMEANS_INIT_GREEDY_PP: {
         int32_t trials = p->greedy_trials > 0 ? p->greedy_trials
                                               : 2 + (int32_t)floor(log((double)k));
-        return seed_pp(data, p, k, trials, seed, cent, err);
-    }
-    case KVQ_KMEANS_INIT_PARALLEL:
-        return seed_parallel(data, p, k, seed, be, ctx, cent, err);
-    case KVQ_KMEANS_INIT_RANDOM:
-        return seed_random(data, k, seed, label_of(p), cent, err);
-    case KVQ_KMEANS_INIT_GIVEN:
+        st = seed_pp(use, p, k, trials, seed, cent, err);
         break;
     }
-    return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: no seeding for init method %d",
-                       label_of(p), (int)p->init);
+    default: /* KVQ_KMEANS_INIT_PARALLEL */
+        st = seed_parallel(use, p, k, seed, be, ctx, cent, err);
+        break;
+    }
+done:
+    if (sctx)
+        be->destroy(sctx);
+    free(xs);
+    free(ws);
+    return st;
 }
 
 double kvq_km_potential_ref(const kvq_km_data *data, const float *cent, int32_t k,
                             int32_t threads)
 {
-    const int64_t nblocks = (data->n + SEED_BLOCK - 1) / SEED_BLOCK;
+    const int64_t nblocks = (data->n + DRAW_BLOCK - 1) / DRAW_BLOCK;
     double *bs = calloc((size_t)nblocks + 1, sizeof *bs);
     if (!bs)
         return NAN;
     const int32_t d = data->d;
 #pragma omp parallel for num_threads(threads > 0 ? threads : 1) schedule(dynamic, 1) if (nblocks > 1)
     for (int64_t b = 0; b < nblocks; b++) {
-        const int64_t i1 = (b + 1) * SEED_BLOCK < data->n ? (b + 1) * SEED_BLOCK : data->n;
         double sum = 0.0;
-        for (int64_t i = b * SEED_BLOCK; i < i1; i++) {
+        for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
             float best = INFINITY;
             for (int32_t j = 0; j < k; j++) {
                 float v = kvq_km_l2sq(data->x + (size_t)i * d, cent + (size_t)j * d, d);

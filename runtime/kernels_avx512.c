@@ -186,40 +186,64 @@ static inline TARGET __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
     return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
 }
 
-#define PREFETCH_ROWS 8
+#define PREFETCH_ROWS 16
+
+static inline TARGET void prefetch_row(const void *row, int64_t bytes)
+{
+    for (int64_t b = 0; b < bytes; b += 64)
+        _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
+/* Four rows against four query heads: 16 accumulators, each K chunk loaded once and
+ * each q chunk once per four rows. logits [4 heads][4 rows] into s. */
+static inline TARGET void dot4x4(const float *const qh[4], const void *const row[4], int f16,
+                                 int32_t d, float s[4][4])
+{
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; r++)
+        for (int h = 0; h < 4; h++)
+            acc[r][h] = _mm512_setzero_ps();
+    for (int32_t t = 0; t < d; t += 16) {
+        const __mmask16 mk = tail16(d - t);
+        __m512 k[4];
+        for (int r = 0; r < 4; r++)
+            k[r] = load16(row[r], f16, t, mk);
+        for (int h = 0; h < 4; h++) {
+            const __m512 q = _mm512_maskz_loadu_ps(mk, qh[h] + t);
+            for (int r = 0; r < 4; r++)
+                acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        _mm_storeu_ps(s[r], hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+}
 
 TARGET void kvq_rk_logits_avx512(const float *q, int32_t nq, int32_t d, const void *K, int f16,
                                  int64_t ld_k, const int32_t *idx, int64_t m, float scale,
                                  float *logits, int64_t ld_l)
 {
     const int64_t row_bytes = (int64_t)d * (f16 ? 2 : 4);
-    const __m128 sc = _mm_set1_ps(scale);
     for (int32_t hb = 0; hb < nq; hb += 4) {
         const int nh = nq - hb < 4 ? nq - hb : 4;
         /* Missing heads of a block repeat the first one; their sums are dropped. */
-        const float *q0 = q + (size_t)hb * d;
-        const float *q1 = nh > 1 ? q0 + d : q0, *q2 = nh > 2 ? q0 + 2 * d : q0;
-        const float *q3 = nh > 3 ? q0 + 3 * d : q0;
-        for (int64_t j = 0; j < m; j++) {
-            const void *row = row_ptr(K, f16, ld_k, idx ? idx[j] : j);
-            if (idx && j + PREFETCH_ROWS < m) {
-                const char *pf = (const char *)row_ptr(K, f16, ld_k, idx[j + PREFETCH_ROWS]);
-                for (int64_t b = 0; b < row_bytes; b += 64)
-                    _mm_prefetch(pf + b, _MM_HINT_T0);
+        const float *qh[4];
+        for (int h = 0; h < 4; h++)
+            qh[h] = q + (size_t)(hb + (h < nh ? h : 0)) * d;
+        for (int64_t j = 0; j < m; j += 4) {
+            const int nr = m - j < 4 ? (int)(m - j) : 4;
+            const void *row[4];
+            for (int r = 0; r < 4; r++) {
+                const int64_t jj = j + (r < nr ? r : 0);
+                row[r] = row_ptr(K, f16, ld_k, idx ? idx[jj] : jj);
             }
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int32_t t = 0; t < d; t += 16) {
-                const __mmask16 mk = tail16(d - t);
-                const __m512 k = load16(row, f16, t, mk);
-                a0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q0 + t), k, a0);
-                a1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q1 + t), k, a1);
-                a2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q2 + t), k, a2);
-                a3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, q3 + t), k, a3);
-            }
-            float s[4];
-            _mm_storeu_ps(s, _mm_mul_ps(hsum4(a0, a1, a2, a3), sc));
-            for (int h = 0; h < nh; h++)
-                logits[(size_t)(hb + h) * ld_l + j] = s[h];
+            if (idx)
+                for (int64_t p = j + PREFETCH_ROWS; p < j + PREFETCH_ROWS + 4 && p < m; p++)
+                    prefetch_row(row_ptr(K, f16, ld_k, idx[p]), row_bytes);
+            float s[4][4];
+            dot4x4(qh, row, f16, d, s);
+            for (int r = 0; r < nr; r++)
+                for (int h = 0; h < nh; h++)
+                    logits[(size_t)(hb + h) * ld_l + j + r] = s[r][h] * scale;
         }
     }
 }
@@ -285,11 +309,8 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
     for (int64_t j0 = 0; j0 < m; j0 += MIX_ROWS) {
         const int64_t jn = m - j0 < MIX_ROWS ? m - j0 : MIX_ROWS;
         if (idx)
-            for (int64_t j = j0 + MIX_ROWS; j < j0 + 2 * MIX_ROWS && j < m; j++) {
-                const char *pf = (const char *)row_ptr(V, f16, ld_v, idx[j]);
-                for (int64_t b = 0; b < row_bytes; b += 64)
-                    _mm_prefetch(pf + b, _MM_HINT_T0);
-            }
+            for (int64_t j = j0 + MIX_ROWS; j < j0 + 2 * MIX_ROWS && j < m; j++)
+                prefetch_row(row_ptr(V, f16, ld_v, idx[j]), row_bytes);
         for (int32_t hb = 0; hb < nq; hb += 4) {
             const int nh = nq - hb < 4 ? nq - hb : 4;
             const float *p0 = p + (size_t)hb * ld_p;

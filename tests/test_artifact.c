@@ -563,6 +563,9 @@ static void test_files_and_atomic_write(void **state)
     kvq_artifact *a = NULL;
     const char *f = test_path("atomic.kvq");
     assert_int_equal(kvq_artifact_open(test_path("missing.kvq"), &a, &e), KVQ_E_NOT_FOUND);
+    assert_int_equal(test_write_file(test_path("empty.kvq"), "", 0), 0);
+    assert_int_equal(kvq_artifact_open(test_path("empty.kvq"), &a, &e), KVQ_E_TRUNCATED_HEADER);
+    assert_int_equal(open_status(NULL, 0, &e), KVQ_E_TRUNCATED_HEADER);
     assert_int_equal(kvq_artifact_open(test_tmpdir(), &a, &e), KVQ_E_IO);
     assert_int_equal(kvq_artifact_write(f, 0, p.p, p.n, 0, &e), KVQ_OK);
     uint8_t *orig;
@@ -622,7 +625,7 @@ static buf conforming(const char *method, int G, const char *drop, const char *b
         "model.n_kv_heads", "2", "model.head_dim", "4", "model.rope.base", "10000",
         "model.rope.layout", "interleaved", "model.rope.scaling", "none", "method", method,
         "codebook_size", "4", "groups", G == 1 ? "1" : "2", "wrope.w", "64", "wrope.b", "2048",
-        "seed", "0", "provenance.tool_version", "kvq test", NULL};
+        "seed", "18446744073709551615", "provenance.tool_version", "kvq test", NULL};
     const char *kept[64];
     int nk = 0;
     for (int i = 0; meta[i]; i += 2)

@@ -20,20 +20,22 @@
 void thr_attend(const float *q, int32_t gs, int32_t d, const float *K, const float *V,
                 int64_t n, const uint8_t *cls, double *p, float *out)
 {
-    const double scale = 1.0 / sqrt((double)d);
-    double acc[KVQ_ROPE_MAX_DIM];
+    /* logits and exponentials in float (the hot loop), sums in double */
+    const float scale = (float)(1.0 / sqrt((double)d));
     for (int32_t g = 0; g < gs; g++) {
         const float *qg = q + (size_t)g * d;
-        double *pg = p + (size_t)g * n, mx = -INFINITY;
+        double *pg = p + (size_t)g * n;
+        float mx = -INFINITY;
         for (int64_t j = 0; j < n; j++) {
             if (cls && cls[j] == KVQ_LEANKV_PRUNED)
                 continue;
             const float *kj = K + (size_t)j * d;
-            double s = 0;
+            float s = 0;
             for (int32_t t = 0; t < d; t++)
-                s += (double)qg[t] * kj[t];
-            pg[j] = s * scale;
-            mx = pg[j] > mx ? pg[j] : mx;
+                s += qg[t] * kj[t];
+            s *= scale;
+            pg[j] = s;
+            mx = s > mx ? s : mx;
         }
         double sum = 0;
         for (int64_t j = 0; j < n; j++) {
@@ -41,23 +43,22 @@ void thr_attend(const float *q, int32_t gs, int32_t d, const float *K, const flo
                 pg[j] = 0;
                 continue;
             }
-            pg[j] = exp(pg[j] - mx);
+            pg[j] = expf((float)pg[j] - mx);
             sum += pg[j];
         }
-        for (int32_t t = 0; t < d; t++)
-            acc[t] = 0;
-        if (sum > 0)
-            for (int64_t j = 0; j < n; j++) {
-                if (pg[j] == 0)
-                    continue;
-                pg[j] /= sum;
-                const float *vj = V + (size_t)j * d;
-                for (int32_t t = 0; t < d; t++)
-                    acc[t] += pg[j] * vj[t];
-            }
-        if (out)
-            for (int32_t t = 0; t < d; t++)
-                out[(size_t)g * d + t] = (float)acc[t];
+        if (sum > 0) {
+            const double inv = 1.0 / sum;
+            for (int64_t j = 0; j < n; j++)
+                pg[j] *= inv;
+        }
+        /* one running sum per output dimension (kept in a register; V is in cache) */
+        for (int32_t t = 0; out && t < d; t++) {
+            double a = 0;
+            if (sum > 0)
+                for (int64_t j = 0; j < n; j++)
+                    a += pg[j] * V[(size_t)j * d + t];
+            out[(size_t)g * d + t] = (float)a;
+        }
     }
 }
 

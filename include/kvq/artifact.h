@@ -129,8 +129,11 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
  * The payload must open as safetensors (KVQ_E_INVALID_ARG naming the problem): the
  * writer never produces a file the reader refuses. Compression is single-threaded
  * with the content checksum and content size on, so the output depends only on the
- * payload, the level and the libzstd version. Errors: INVALID_ARG, TOO_LARGE, EXISTS, IO, NOMEM, BACKEND.
- * Cost: level 19 compresses a few MB/s; memory is the payload's compress bound. */
+ * payload, the level and the libzstd version.
+ * Errors: INVALID_ARG, TOO_LARGE, EXISTS, IO, NOMEM, BACKEND.
+ * Cost: random-normal F32 data compresses 1.08x at every level, at about 1 MB/s at
+ * level 19 and 125 MB/s at level 3 (one core); memory is the payload's compress
+ * bound plus zstd's context (about 81 MiB at level 19, a few MiB at low levels). */
 kvq_status kvq_artifact_write(const char *path, int overwrite, const void *payload,
                               size_t payload_size, int zstd_level, kvq_err *err);
 /* The same into a malloc'd buffer (free()); *out is NULL on failure. */

@@ -83,6 +83,12 @@ typedef struct kvq_capture_info {
  *                     [0, n_tokens), a count out of range
  *   KVQ_E_NOMEM */
 kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err);
+/* The same from memory: json[0..size) is the text of DIR/capture.json (any bytes; it
+ * need not be NUL-terminated, json may be NULL when size is 0). dir is recorded in
+ * ci->dir and used for messages and kvq_capture_info_file_path; nothing is read from
+ * it. Errors: those of kvq_capture_info_read except KVQ_E_NOT_FOUND and KVQ_E_IO. */
+kvq_status kvq_capture_info_read_memory(const char *dir, const void *json, size_t size,
+                                        kvq_capture_info **out, kvq_err *err);
 void kvq_capture_info_free(kvq_capture_info *ci); /* NULL is fine */
 
 /* Index i in [0, n_files) of model layer `layer` in the capture, or -1. */

@@ -49,6 +49,9 @@ extern "C" {
  * ||x||^2 + ||c||^2 (cancellation in the expanded form is the error source). */
 #define KVQ_KMEANS_TOL_DIST 1e-4
 
+/* Default of kvq_kmeans_params.seed_points_per_centroid. */
+#define KVQ_KMEANS_SEED_PPC_DEFAULT 4
+
 /* Upper bound on one thread's distance block (rows x k floats), in bytes. */
 #define KVQ_KMEANS_BLOCK_BYTES (4u << 20)
 
@@ -96,6 +99,11 @@ typedef struct kvq_kmeans_params {
     kvq_callbacks cb;           /* log: INFO for subsampling and the backend, DEBUG per
                                    iteration; progress("kmeans", iter, max_iters) after
                                    each iteration, non-zero return -> KVQ_E_CANCELLED */
+    int64_t seed_points_per_centroid; /* k-means++, greedy k-means++ and k-means|| run
+                                   on a seeded uniform subsample of this * k training
+                                   points when there are more; 0 = all. Seeding then
+                                   costs O(k * this * k * d) whatever n is. Default
+                                   KVQ_KMEANS_SEED_PPC_DEFAULT */
 } kvq_kmeans_params;
 
 /* The defaults listed above. */

@@ -155,11 +155,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     CHECK(w);
 
     /* metadata */
-    char keys[MAX_KV + 1][24];
+    char keys[MAX_KV + 1][32];
     kvq_gguf_value vals[MAX_KV + 1];
     size_t n_kv = take8(&r) % (MAX_KV + 1);
     for (size_t i = 0; i < n_kv; i++) {
-        snprintf(keys[i], sizeof keys[i], "k%zu.\xc3\xa9%02x", i, take8(&r)); /* "é" */
+        snprintf(keys[i], sizeof keys[i], "k%u.\xc3\xa9%02x", (unsigned)i % 100u, take8(&r)); /* "é" */
         make_value(&r, (kvq_gguf_type)(take8(&r) % 13), 0, &vals[i]);
         CHECK(kvq_gguf_writer_set(w, keys[i], &vals[i], &err) == KVQ_OK);
     }
@@ -176,7 +176,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const size_t n_t = take8(&r) % (MAX_T + 1);
     for (size_t i = 0; i < n_t; i++) {
         planned_tensor *t = &ts[i];
-        snprintf(t->name, sizeof t->name, "t%zu", i);
+        snprintf(t->name, sizeof t->name, "t%u", (unsigned)i % 100u);
         t->type = tensor_types[take8(&r) % (sizeof tensor_types / sizeof tensor_types[0])];
         uint32_t block = 0, bytes = 0;
         CHECK(kvq_ggml_type_layout(t->type, &block, &bytes) == 0);

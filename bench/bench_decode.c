@@ -1,0 +1,443 @@
+/*
+ * bench_decode.c — one decode step of one attention layer: full attention over an f16
+ * KV cache against VQ retrieval attention, at long contexts.
+ *
+ *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
+ *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
+ *
+ * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
+ * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
+ * per KV head (the speed does not depend on what the codes say).
+ *
+ * full       per KV head: logits of the group's 4 (post-RoPE) queries against every
+ *            cached key, softmax, weighted sum of every value: K and V read once each
+ *            (kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix on all rows, f16).
+ * retrieval  the runtime's decode step (runtime/retrieval.c) with the same kernels:
+ *            the group's scoring query (sum of q R_b), its LUT from the f16 table,
+ *            the score gather over the candidates' codes, top-K (K = budget x n),
+ *            then exact attention over 4 sinks + the K selected + the 64-token window
+ *            (window keys rotated by their positions, the others scored with q R_b).
+ * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
+ * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the attended K and V
+ * rows (2 d 2 bytes each), per KV head. Scratch (scores, indices, logits) stays in
+ * cache and is not counted.
+ *
+ * Every timed step starts cold: a 256 MiB buffer is streamed through the caches
+ * before each repetition (not timed). The reference bandwidth is memcpy of 256 MiB
+ * (read + write bytes over time, best of the repetitions) measured in the same run;
+ * each variant's "floor" is its bytes moved at that bandwidth. Times are medians.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "kvq.h"
+#include "kvq/codebook.h"
+#include "kvq/runtime.h"
+
+#define N_HEADS 32
+#define N_KV 8
+#define GS (N_HEADS / N_KV)
+#define D 128
+#define SINK 4
+#define WINDOW 64
+#define FLUSH_BYTES ((size_t)256 << 20)
+
+typedef struct args {
+    int64_t contexts[16];
+    int n_contexts;
+    double budget;
+    int64_t codebook, reps, threads, seed;
+    kvq_isa isa;
+} args;
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
+                    "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S]\n");
+    return 2;
+}
+
+static int parse(int argc, char **argv, args *a)
+{
+    kvq_err e = {0};
+    a->n_contexts = 4;
+    a->contexts[0] = 4096;
+    a->contexts[1] = 16384;
+    a->contexts[2] = 65536;
+    a->contexts[3] = 131072;
+    a->budget = 0.06;
+    a->codebook = 4096;
+    a->reps = 5;
+    a->threads = 1;
+    a->seed = 1;
+    a->isa = kvq_isa_best();
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v)
+            return usage();
+        i++;
+        if (!strcmp(o, "--contexts")) {
+            a->n_contexts = 0;
+            char *buf = strdup(v), *p = buf, *tok;
+            while ((tok = strsep(&p, ",")) && a->n_contexts < 16)
+                if (kvq_parse_i64(tok, 256, (int64_t)1 << 24, &a->contexts[a->n_contexts++], &e)) {
+                    fprintf(stderr, "bench_decode: %s\n", e.msg);
+                    free(buf);
+                    return 2;
+                }
+            free(buf);
+        } else if (!strcmp(o, "--budget")) {
+            if (kvq_parse_f64(v, 1e-6, 1, &a->budget, &e))
+                return usage();
+        } else if (!strcmp(o, "--codebook")) {
+            if (kvq_parse_i64(v, 2, 65536, &a->codebook, &e))
+                return usage();
+        } else if (!strcmp(o, "--reps")) {
+            if (kvq_parse_i64(v, 1, 1000, &a->reps, &e))
+                return usage();
+        } else if (!strcmp(o, "--threads")) {
+            if (kvq_parse_i64(v, 1, 256, &a->threads, &e))
+                return usage();
+        } else if (!strcmp(o, "--seed")) {
+            if (kvq_parse_i64(v, 0, INT64_MAX, &a->seed, &e))
+                return usage();
+        } else if (!strcmp(o, "--isa")) {
+            if (!strcmp(v, "scalar"))
+                a->isa = KVQ_ISA_SCALAR;
+            else if (!strcmp(v, "avx2"))
+                a->isa = KVQ_ISA_AVX2;
+            else if (!strcmp(v, "avx512"))
+                a->isa = KVQ_ISA_AVX512;
+            else
+                return usage();
+            a->isa = kvq_isa_clamp(a->isa);
+        } else {
+            return usage();
+        }
+    }
+    return 0;
+}
+
+/* Uniform in [-sqrt 3, sqrt 3) (unit variance): cheap enough for 10^8 values. */
+static float unit(kvq_rng *r)
+{
+    return (float)((double)(kvq_rng_u64(r) >> 40) * (3.4641016151377544 / 16777216.0) -
+                   1.7320508075688772);
+}
+
+/* ---- timing helpers ------------------------------------------------------------------ */
+
+static volatile uint64_t g_sink;
+
+/* Streams a large buffer through the caches so the next step starts cold. */
+static void flush_caches(uint64_t *buf)
+{
+    uint64_t s = 0;
+    const size_t n = FLUSH_BYTES / sizeof *buf;
+    for (size_t i = 0; i < n; i += 8) {
+        buf[i] += 1;
+        s += buf[i];
+    }
+    g_sink += s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int64_t n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* memcpy bandwidth (read + write bytes per second), best of reps. */
+static double memcpy_bandwidth(int64_t reps)
+{
+    const size_t n = FLUSH_BYTES;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (!a || !b)
+        goto done;
+    memset(a, 1, n);
+    memset(b, 2, n);
+    for (int64_t r = 0; r < reps + 1; r++) {
+        const double t0 = kvq_now();
+        memcpy(b, a, n);
+        const double t = kvq_now() - t0;
+        g_sink += (uint64_t)b[r % n];
+        if (r > 0 && 2.0 * n / t > best)
+            best = 2.0 * n / t;
+    }
+done:
+    free(a);
+    free(b);
+    return best;
+}
+
+/* ---- one decode step -------------------------------------------------------------------- */
+
+typedef struct scratch {
+    double phase[4];              /* seconds in LUT, score gather, top-k, attention */
+    float *scores, *logits, *krot;
+    uint32_t *work;
+    int32_t *att;
+    float lut[65536];
+    float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
+} scratch;
+
+typedef struct layer {
+    int64_t n;
+    uint16_t *k[N_KV], *v[N_KV];    /* [n, D] f16 */
+    uint16_t *codes[N_KV];          /* [n] */
+    kvq_rk_table *tab[N_KV];
+    float q[N_HEADS * D];           /* the step's queries (pre-RoPE) */
+    float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
+    float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
+} layer;
+
+static void rotate(const float *x, const float *c, const float *s, float *y)
+{
+    for (int m = 0; m < D / 2; m++) {
+        const float a = x[2 * m], b = x[2 * m + 1];
+        y[2 * m] = a * c[m] - b * s[m];
+        y[2 * m + 1] = a * s[m] + b * c[m];
+    }
+}
+
+static void full_step(const layer *L, int h, kvq_isa isa, scratch *S, float *out)
+{
+    const float scale = (float)(1.0 / sqrt((double)D));
+    for (int g = 0; g < GS; g++) /* the full-attention cache holds post-RoPE keys */
+        rotate(L->q + (size_t)(h * GS + g) * D, L->icos, L->isin, S->qi + g * D);
+    kvq_rk_logits(isa, S->qi, GS, D, L->k[h], KVQ_DT_F16, D, NULL, L->n, scale, S->logits, L->n);
+    kvq_rk_softmax(isa, S->logits, GS, L->n, L->n);
+    kvq_rk_mix(isa, S->logits, GS, L->n, L->v[h], KVQ_DT_F16, D, NULL, L->n, D, out);
+}
+
+/* Returns the attended token count. */
+static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int64_t k_sel, scratch *S,
+                              float *out)
+{
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
+    double t0 = kvq_now(), t1;
+    memset(S->qs, 0, sizeof S->qs);
+    for (int g = 0; g < GS; g++) {
+        const float *q = L->q + (size_t)(h * GS + g) * D;
+        rotate(q, L->bcos, L->bsin, S->qb + g * D);
+        rotate(q, L->icos, L->isin, S->qi + g * D);
+        for (int t = 0; t < D; t++)
+            S->qs[t] += S->qb[g * D + t];
+    }
+    kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+    t1 = kvq_now();
+    S->phase[0] += t1 - t0;
+    const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
+    kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + SINK, nc, S->scores);
+    t0 = kvq_now();
+    S->phase[1] += t0 - t1;
+    int64_t m = 0;
+    for (int64_t j = 0; j < SINK; j++)
+        S->att[m++] = (int32_t)j;
+    const int64_t ns = kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work);
+    t1 = kvq_now();
+    S->phase[2] += t1 - t0;
+    for (int64_t a = 0; a < ns; a++)
+        S->att[m + a] += SINK;
+    m += ns;
+    const int64_t m_far = m;
+    for (int64_t j = w_beg; j < n; j++)
+        S->att[m++] = (int32_t)j;
+    kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits, m);
+    for (int64_t a = 0; a < WINDOW; a++) {
+        float row[D];
+        const uint16_t *kr = L->k[h] + (size_t)(w_beg + a) * D;
+        for (int t = 0; t < D; t++)
+            row[t] = kvq_f16_to_f32_ref(kr[t]);
+        rotate(row, L->wcos + a * (D / 2), L->wsin + a * (D / 2), S->krot + a * D);
+    }
+    kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
+                  S->logits + m_far, m);
+    kvq_rk_softmax(isa, S->logits, GS, m, m);
+    kvq_rk_mix(isa, S->logits, GS, m, L->v[h], KVQ_DT_F16, D, S->att, m, D, out);
+    S->phase[3] += kvq_now() - t1;
+    return m;
+}
+
+/* ---- main ------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    args a;
+    if (parse(argc, argv, &a))
+        return 2;
+    int rc = 1;
+    kvq_codebook *cb[N_KV] = {0};
+    uint64_t *flush = malloc(FLUSH_BYTES);
+    scratch *scr = calloc((size_t)a.threads, sizeof *scr);
+    if (!flush || !scr)
+        return 1;
+    memset(flush, 0, FLUSH_BYTES);
+    kvq_rng rng;
+    kvq_rng_seed(&rng, (uint64_t)a.seed);
+
+    /* one random codebook per KV head (vq, d 128) and its f16 LUT table */
+    layer L;
+    memset(&L, 0, sizeof L);
+    float *W = malloc(sizeof(float) * (size_t)a.codebook * D);
+    for (int h = 0; h < N_KV; h++) {
+        for (int64_t i = 0; i < a.codebook * D; i++)
+            W[i] = (float)kvq_rng_normal(&rng);
+        kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ, .dim = D, .k = (int32_t)a.codebook,
+                                  .groups = 1, .rope = kvq_rope_default(D), .wrope_b = 2048};
+        kvq_err e = {0};
+        if (kvq_codebook_create(&desc, W, NULL, NULL, &cb[h], &e) ||
+            kvq_rk_table_create(cb[h], &L.tab[h], &e)) {
+            fprintf(stderr, "bench_decode: %s\n", e.msg);
+            return 1;
+        }
+    }
+    free(W);
+    const double bw = memcpy_bandwidth(a.reps);
+    printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
+           "%.4g, isa %s, threads %lld\n",
+           N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
+           (long long)a.threads);
+    printf("memcpy: %.2f GB/s (read + write, 256 MiB, best of %lld)\n\n", bw / 1e9,
+           (long long)a.reps);
+    printf("%8s | %9s %8s %9s %6s | %9s %8s %8s %9s %7s | %7s\n", "context", "full ms",
+           "MiB", "GB/s", "of cpy", "retr ms", "K", "MiB", "floor ms", "x floor", "speedup");
+
+    double theta[D / 2];
+    kvq_rope r = kvq_rope_default(D);
+    kvq_rope_freqs(&r, theta);
+    for (int ci = 0; ci < a.n_contexts; ci++) {
+        const int64_t n = a.contexts[ci];
+        L.n = n;
+        /* synthetic cache: keys and values ~ N(0, 1) in f16, random codes */
+        float *tmp = malloc(sizeof(float) * (size_t)n * D);
+        for (int h = 0; h < N_KV; h++) {
+            L.k[h] = malloc(sizeof(uint16_t) * (size_t)n * D);
+            L.v[h] = malloc(sizeof(uint16_t) * (size_t)n * D);
+            L.codes[h] = malloc(sizeof(uint16_t) * (size_t)n);
+            if (!tmp || !L.k[h] || !L.v[h] || !L.codes[h]) {
+                fprintf(stderr, "bench_decode: out of memory at context %lld\n", (long long)n);
+                return 1;
+            }
+            for (int pass = 0; pass < 2; pass++) {
+                for (int64_t i = 0; i < n * D; i++)
+                    tmp[i] = unit(&rng);
+                kvq_f32_to_f16(tmp, pass ? L.v[h] : L.k[h], (size_t)n * D);
+            }
+            for (int64_t j = 0; j < n; j++)
+                L.codes[h][j] = (uint16_t)kvq_rng_below(&rng, (uint64_t)a.codebook);
+        }
+        free(tmp);
+        for (int i = 0; i < N_HEADS * D; i++)
+            L.q[i] = (float)kvq_rng_normal(&rng);
+        for (int m = 0; m < D / 2; m++) {
+            L.bcos[m] = (float)cos(2048.0 * theta[m]);
+            L.bsin[m] = (float)sin(2048.0 * theta[m]);
+            L.icos[m] = (float)cos((double)(n - 1) * theta[m]);
+            L.isin[m] = (float)sin((double)(n - 1) * theta[m]);
+            for (int w = 0; w < WINDOW; w++) {
+                const double ang = (double)(n - WINDOW + w) * theta[m];
+                L.wcos[w * (D / 2) + m] = (float)cos(ang);
+                L.wsin[w * (D / 2) + m] = (float)sin(ang);
+            }
+        }
+        for (int t = 0; t < a.threads; t++) {
+            scratch *S = &scr[t];
+            S->scores = realloc(S->scores, sizeof(float) * (size_t)n);
+            S->logits = realloc(S->logits, sizeof(float) * (size_t)n * GS);
+            S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
+            S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
+            S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
+        }
+        const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
+        float *out_full = malloc(sizeof(float) * N_HEADS * D), *out_ret = malloc(sizeof(float) * N_HEADS * D);
+        double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps);
+        int64_t attended = 0;
+        for (int t = 0; t < a.threads; t++)
+            memset(scr[t].phase, 0, sizeof scr[t].phase);
+        for (int64_t rep = 0; rep < a.reps; rep++) {
+            flush_caches(flush);
+            double t0 = kvq_now();
+#pragma omp parallel for num_threads((int)a.threads) schedule(static)
+            for (int h = 0; h < N_KV; h++) {
+#ifdef _OPENMP
+                scratch *S = &scr[omp_get_thread_num()];
+#else
+                scratch *S = &scr[0];
+#endif
+                full_step(&L, h, a.isa, S, out_full + (size_t)h * GS * D);
+            }
+            tf[rep] = kvq_now() - t0;
+            flush_caches(flush);
+            t0 = kvq_now();
+            int64_t att = 0;
+#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : att)
+            for (int h = 0; h < N_KV; h++) {
+#ifdef _OPENMP
+                scratch *S = &scr[omp_get_thread_num()];
+#else
+                scratch *S = &scr[0];
+#endif
+                att += retrieval_step(&L, h, a.isa, k_sel, S, out_ret + (size_t)h * GS * D);
+            }
+            tr[rep] = kvq_now() - t0;
+            attended = att;
+        }
+        const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps);
+        const double b_full = (double)N_KV * n * D * 2 * 2;
+        const double b_ret = (double)N_KV * (double)kvq_rk_table_bytes(L.tab[0]) +
+                             (double)N_KV * (n - SINK - WINDOW) * 2 + (double)attended * D * 2 * 2;
+        printf("%8lld | %9.3f %8.1f %9.2f %5.0f%% | %9.3f %8lld %8.1f %9.3f %7.2f | %6.1fx\n",
+               (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
+               100.0 * (b_full / t_full) / bw, 1e3 * t_ret, (long long)k_sel, b_ret / 1048576.0,
+               1e3 * b_ret / bw, t_ret / (b_ret / bw), t_full / t_ret);
+        double ph[4] = {0};
+        for (int t = 0; t < a.threads; t++)
+            for (int i = 0; i < 4; i++)
+                ph[i] += scr[t].phase[i] / (double)a.reps;
+        printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, score %.3f ms, "
+               "top-k %.3f ms, attention %.3f ms\n", "", 1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2],
+               1e3 * ph[3]);
+        fflush(stdout);
+        for (int h = 0; h < N_KV; h++) {
+            free(L.k[h]);
+            free(L.v[h]);
+            free(L.codes[h]);
+        }
+        free(out_full);
+        free(out_ret);
+        free(tf);
+        free(tr);
+    }
+    rc = 0;
+    for (int h = 0; h < N_KV; h++) {
+        kvq_rk_table_free(L.tab[h]);
+        kvq_codebook_free(cb[h]);
+    }
+    for (int t = 0; t < a.threads; t++) {
+        free(scr[t].scores);
+        free(scr[t].logits);
+        free(scr[t].krot);
+        free(scr[t].work);
+        free(scr[t].att);
+    }
+    free(scr);
+    free(flush);
+    printf("\nbytes: full = K + V of every token; retrieval = LUT tables + codes + attended "
+           "K, V rows. floor = bytes / memcpy bandwidth.\n");
+    return rc;
+}
