@@ -182,10 +182,19 @@ asan:
 # ---- fuzzing (clang libFuzzer) --------------------------------------------------------
 FUZZ_CFLAGS := -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
                -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
-FUZZ_LIB_SRC := $(LIB_SRC)
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRC)
+# The library is compiled once with the fuzzing flags (-fsanitize=fuzzer-no-link) and
+# each target links against that archive.
+FUZZ_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
+build-fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(FUZZ_CFLAGS) -fopenmp=libgomp -o $@ $< $(FUZZ_LIB_SRC) $(DEP_LIBS) -lm -lpthread -lgomp
+	clang $(FUZZ_CFLAGS:-fsanitize=fuzzer,%=-fsanitize=fuzzer-no-link,%) -fopenmp=libgomp $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -c $< -o $@
+
+build-fuzz/libkvq-fuzz.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c build-fuzz/libkvq-fuzz.a
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -fopenmp=libgomp -o $@ $< build-fuzz/libkvq-fuzz.a $(DEP_LIBS) -lm -lpthread -lgomp
 
 fuzz: check-deps $(FUZZ_BIN)
 	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/corpus-$$n; \

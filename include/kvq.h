@@ -27,5 +27,6 @@
 #include "kvq/capture_dir.h"
 #include "kvq/capture.h"
 #include "kvq/moments.h"
+#include "kvq/codebook.h"
 
 #endif

@@ -407,3 +407,73 @@ void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const voi
     DISPATCH(isa, kvq_rk_mix, (p, nq, ld_p, V, f16, ld_v, idx, m, d, out),
              mix_scalar(p, nq, ld_p, V, f16, ld_v, idx, m, d, out));
 }
+
+/* ---- fused attention (online softmax) ------------------------------------------------ */
+
+size_t kvq_rk_attend_floats(int32_t nq, int32_t d) { return (size_t)nq * ((size_t)d + 2); }
+
+void kvq_rk_attend_init(float *state, int32_t nq, int32_t d)
+{
+    for (int32_t h = 0; h < nq; h++) {
+        state[h] = -INFINITY;
+        state[nq + h] = 0.0f;
+    }
+    memset(state + 2 * nq, 0, sizeof(float) * (size_t)nq * d);
+}
+
+void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out)
+{
+    for (int32_t h = 0; h < nq; h++) {
+        const float l = state[nq + h];
+        const float inv = l > 0 ? 1.0f / l : 0.0f;
+        for (int32_t t = 0; t < d; t++)
+            out[(size_t)h * d + t] = state[2 * nq + (size_t)h * d + t] * inv;
+    }
+}
+
+/* Row by row: the logit in double, then the usual online update (rescale the sum and
+ * the output when the max grows). */
+static void attend_scalar(float *state, const float *q, int32_t nq, int32_t d, const void *K,
+                          int kf16, int64_t ld_k, const int32_t *kidx, const void *V, int vf16,
+                          int64_t ld_v, const int32_t *vidx, int64_t m, float scale)
+{
+    float krow[KVQ_ROPE_MAX_DIM], vrow[KVQ_ROPE_MAX_DIM];
+    assert(d <= KVQ_ROPE_MAX_DIM);
+    float *mx = state, *l = state + nq, *acc = state + 2 * nq;
+    for (int64_t j = 0; j < m; j++) {
+        load_row(K, kf16, ld_k, kidx ? kidx[j] : j, d, krow);
+        load_row(V, vf16, ld_v, vidx ? vidx[j] : j, d, vrow);
+        for (int32_t h = 0; h < nq; h++) {
+            double dot = 0;
+            for (int32_t t = 0; t < d; t++)
+                dot += (double)q[(size_t)h * d + t] * krow[t];
+            const float s = (float)(dot * scale);
+            float *o = acc + (size_t)h * d;
+            if (s > mx[h]) {
+                const float f = expf(mx[h] - s); /* 0 for the first row (-inf) */
+                l[h] *= f;
+                for (int32_t t = 0; t < d; t++)
+                    o[t] *= f;
+                mx[h] = s;
+            }
+            const float p = expf(s - mx[h]);
+            l[h] += p;
+            for (int32_t t = 0; t < d; t++)
+                o[t] += p * vrow[t];
+        }
+    }
+}
+
+void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, int32_t d,
+                        const void *K, kvq_dtype kdt, int64_t ld_k, const int32_t *kidx,
+                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx,
+                        int64_t m, float scale)
+{
+    const int kf16 = kdt == KVQ_DT_F16, vf16 = vdt == KVQ_DT_F16;
+    assert((kdt == KVQ_DT_F16 || kdt == KVQ_DT_F32) && (vdt == KVQ_DT_F16 || vdt == KVQ_DT_F32));
+    if (m <= 0)
+        return;
+    DISPATCH(isa, kvq_rk_attend,
+             (state, q, nq, d, K, kf16, ld_k, kidx, V, vf16, ld_v, vidx, m, scale),
+             attend_scalar(state, q, nq, d, K, kf16, ld_k, kidx, V, vf16, ld_v, vidx, m, scale));
+}

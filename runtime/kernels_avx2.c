@@ -299,12 +299,14 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
             for (int32_t t0 = 0; t0 < dv; t0 += 16) {
                 const int two = t0 + 8 < dv;
                 __m256 acc[4][2];
+#pragma GCC unroll 4
                 for (int h = 0; h < 4; h++)
                     acc[h][0] = acc[h][1] = _mm256_setzero_ps();
                 for (int64_t j = j0; j < j0 + jn; j++) {
                     const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
                     const __m256 v0 = load8(row, f16, t0);
                     const __m256 v1 = two ? load8(row, f16, t0 + 8) : v0;
+#pragma GCC unroll 4
                     for (int h = 0; h < 4; h++) {
                         const __m256 w = _mm256_set1_ps(ph[h][j]);
                         acc[h][0] = _mm256_fmadd_ps(w, v0, acc[h][0]);
@@ -324,6 +326,112 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
                     for (int32_t t = dv; t < d; t++)
                         out[(size_t)(hb + h) * d + t] += ph[h][j] * elem(row, f16, t);
                 }
+        }
+    }
+}
+
+/* ---- fused attention ----------------------------------------------------------------------- */
+
+/* Blocks of 8 rows, as kvq_rk_attend_avx512 with 16. */
+#define ATT_ROWS 8
+
+static inline TARGET void prefetch_row(const void *row, int64_t bytes)
+{
+    for (int64_t b = 0; b < bytes; b += 64)
+        _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
+TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t d,
+                               const void *K, int kf16, int64_t ld_k, const int32_t *kidx,
+                               const void *V, int vf16, int64_t ld_v, const int32_t *vidx,
+                               int64_t m, float scale)
+{
+    float *mx = state, *l = state + nq, *acc = state + 2 * nq;
+    const int32_t dv = d & ~7;
+    const int64_t kbytes = (int64_t)d * (kf16 ? 2 : 4), vbytes = (int64_t)d * (vf16 ? 2 : 4);
+    float pw[4][ATT_ROWS] __attribute__((aligned(32)));
+    for (int64_t j0 = 0; j0 < m; j0 += ATT_ROWS) {
+        const int jn = m - j0 < ATT_ROWS ? (int)(m - j0) : ATT_ROWS;
+        const void *kr[ATT_ROWS], *vr[ATT_ROWS];
+        for (int r = 0; r < ATT_ROWS; r++) {
+            const int64_t jj = j0 + (r < jn ? r : 0);
+            kr[r] = row_ptr(K, kf16, ld_k, kidx ? kidx[jj] : jj);
+            vr[r] = row_ptr(V, vf16, ld_v, vidx ? vidx[jj] : jj);
+        }
+        for (int64_t p = j0 + ATT_ROWS; p < j0 + 2 * ATT_ROWS && p < m; p++) {
+            if (kidx)
+                prefetch_row(row_ptr(K, kf16, ld_k, kidx[p]), kbytes);
+            if (vidx)
+                prefetch_row(row_ptr(V, vf16, ld_v, vidx[p]), vbytes);
+        }
+        for (int32_t hb = 0; hb < nq; hb += 4) {
+            const int nh = nq - hb < 4 ? nq - hb : 4;
+            const float *qh[4];
+            for (int h = 0; h < 4; h++)
+                qh[h] = q + (size_t)(hb + (h < nh ? h : 0)) * d;
+            float s[ATT_ROWS][4];
+            for (int r = 0; r < ATT_ROWS; r++) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+                for (int32_t t = 0; t < dv; t += 8) {
+                    const __m256 k = load8(kr[r], kf16, t);
+                    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh[0] + t), k, a0);
+                    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qh[1] + t), k, a1);
+                    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qh[2] + t), k, a2);
+                    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qh[3] + t), k, a3);
+                }
+                _mm_storeu_ps(s[r], hsum4(a0, a1, a2, a3));
+                for (int h = 0; h < 4; h++)
+                    for (int32_t t = dv; t < d; t++)
+                        s[r][h] += qh[h][t] * elem(kr[r], kf16, t);
+            }
+            for (int h = 0; h < 4; h++) {
+                if (h >= nh) {
+                    _mm256_store_ps(pw[h], _mm256_setzero_ps());
+                    continue;
+                }
+                float lg[ATT_ROWS] __attribute__((aligned(32)));
+                float bm = -INFINITY;
+                for (int r = 0; r < ATT_ROWS; r++) {
+                    lg[r] = r < jn ? s[r][h] * scale : -INFINITY;
+                    bm = lg[r] > bm ? lg[r] : bm;
+                }
+                const float old = mx[hb + h], M = bm > old ? bm : old;
+                __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(lg), _mm256_set1_ps(M)));
+                /* rows past the end: exp8 clamps -inf to exp(-87); zero them */
+                const __m256 live = _mm256_cmp_ps(_mm256_load_ps(lg), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+                p = _mm256_and_ps(p, live);
+                _mm256_store_ps(pw[h], p);
+                if (M > old) {
+                    const float f = old == -INFINITY ? 0.0f : expf(old - M);
+                    l[hb + h] *= f;
+                    float *o = acc + (size_t)(hb + h) * d;
+                    for (int32_t t = 0; t < d; t++)
+                        o[t] *= f;
+                    mx[hb + h] = M;
+                }
+                l[hb + h] += hsum8(p);
+            }
+            float *o[4];
+            for (int h = 0; h < 4; h++)
+                o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
+            for (int32_t t = 0; t < dv; t += 8) {
+                __m256 a[4];
+#pragma GCC unroll 4
+                for (int h = 0; h < 4; h++)
+                    a[h] = _mm256_loadu_ps(o[h] + t);
+                for (int r = 0; r < jn; r++) {
+                    const __m256 v = load8(vr[r], vf16, t);
+#pragma GCC unroll 4
+                    for (int h = 0; h < 4; h++)
+                        a[h] = _mm256_fmadd_ps(_mm256_set1_ps(pw[h][r]), v, a[h]);
+                }
+                for (int h = 0; h < nh; h++)
+                    _mm256_storeu_ps(o[h] + t, a[h]);
+            }
+            for (int h = 0; h < nh; h++)
+                for (int32_t t = dv; t < d; t++)
+                    for (int r = 0; r < jn; r++)
+                        o[h][t] += pw[h][r] * elem(vr[r], vf16, t);
         }
     }
 }

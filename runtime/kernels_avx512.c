@@ -10,6 +10,7 @@
 
 #if KVQ_RK_HAVE_X86
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "runtime/kernels.h"
@@ -199,21 +200,29 @@ static inline TARGET void prefetch_row(const void *row, int64_t bytes)
 static inline TARGET void dot4x4(const float *const qh[4], const void *const row[4], int f16,
                                  int32_t d, float s[4][4])
 {
+    /* (the unroll pragmas let the compiler keep the arrays in registers) */
     __m512 acc[4][4];
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
         for (int h = 0; h < 4; h++)
             acc[r][h] = _mm512_setzero_ps();
     for (int32_t t = 0; t < d; t += 16) {
         const __mmask16 mk = tail16(d - t);
         __m512 k[4];
+#pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
-            k[r] = load16(row[r], f16, t, mk);
+            k[r] = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row[r] + t))
+                       : _mm512_maskz_loadu_ps(mk, (const float *)row[r] + t);
+#pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
             const __m512 q = _mm512_maskz_loadu_ps(mk, qh[h] + t);
+#pragma GCC unroll 4
             for (int r = 0; r < 4; r++)
                 acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
         }
     }
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
         _mm_storeu_ps(s[r], hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
 }
@@ -320,7 +329,9 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
                 const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
                 const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
                 __m512 acc[4][4];
+#pragma GCC unroll 4
                 for (int h = 0; h < 4; h++)
+#pragma GCC unroll 4
                     for (int c = 0; c < 4; c++)
                         acc[h][c] = _mm512_setzero_ps();
                 for (int64_t j = j0; j < j0 + jn; j++) {
@@ -331,6 +342,7 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
                     const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
                     const __m512 w[4] = {_mm512_set1_ps(p0[j]), _mm512_set1_ps(p1[j]),
                                          _mm512_set1_ps(p2[j]), _mm512_set1_ps(p3[j])};
+#pragma GCC unroll 4
                     for (int h = 0; h < 4; h++) {
                         acc[h][0] = _mm512_fmadd_ps(w[h], v0, acc[h][0]);
                         acc[h][1] = _mm512_fmadd_ps(w[h], v1, acc[h][1]);
@@ -341,11 +353,99 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
                 for (int h = 0; h < nh; h++) {
                     float *o = out + (size_t)(hb + h) * d + t0;
                     const __mmask16 mk[4] = {m0, m1, m2, m3};
-                    for (int c = 0; c < 4 && t0 + 16 * c < d; c++)
-                        _mm512_mask_storeu_ps(o + 16 * c, mk[c],
-                                              _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c),
-                                                            acc[h][c]));
+#pragma GCC unroll 4
+                    for (int c = 0; c < 4; c++)
+                        if (t0 + 16 * c < d)
+                            _mm512_mask_storeu_ps(
+                                o + 16 * c, mk[c],
+                                _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c), acc[h][c]));
                 }
+            }
+        }
+    }
+}
+
+/* ---- fused attention ----------------------------------------------------------------------- */
+
+/* Blocks of 16 rows: logits by dot4x4, the block's exponentials as one vector per head,
+ * then the value rows (in L1 by then) into the running outputs. The next block's K and
+ * V rows are prefetched while this one is computed. */
+#define ATT_ROWS 16
+
+TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32_t d,
+                                 const void *K, int kf16, int64_t ld_k, const int32_t *kidx,
+                                 const void *V, int vf16, int64_t ld_v, const int32_t *vidx,
+                                 int64_t m, float scale)
+{
+    float *mx = state, *l = state + nq, *acc = state + 2 * nq;
+    const int64_t kbytes = (int64_t)d * (kf16 ? 2 : 4), vbytes = (int64_t)d * (vf16 ? 2 : 4);
+    float pw[4][ATT_ROWS] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < m; j0 += ATT_ROWS) {
+        const int jn = m - j0 < ATT_ROWS ? (int)(m - j0) : ATT_ROWS;
+        const __mmask16 valid = tail16(jn);
+        const void *kr[ATT_ROWS], *vr[ATT_ROWS];
+        for (int r = 0; r < ATT_ROWS; r++) {
+            const int64_t jj = j0 + (r < jn ? r : 0);
+            kr[r] = row_ptr(K, kf16, ld_k, kidx ? kidx[jj] : jj);
+            vr[r] = row_ptr(V, vf16, ld_v, vidx ? vidx[jj] : jj);
+        }
+        for (int64_t p = j0 + ATT_ROWS; p < j0 + 2 * ATT_ROWS && p < m; p++) {
+            if (kidx)
+                prefetch_row(row_ptr(K, kf16, ld_k, kidx[p]), kbytes);
+            if (vidx)
+                prefetch_row(row_ptr(V, vf16, ld_v, vidx[p]), vbytes);
+        }
+        for (int32_t hb = 0; hb < nq; hb += 4) {
+            const int nh = nq - hb < 4 ? nq - hb : 4;
+            const float *qh[4];
+            for (int h = 0; h < 4; h++)
+                qh[h] = q + (size_t)(hb + (h < nh ? h : 0)) * d;
+            float s[ATT_ROWS][4];
+            for (int r = 0; r < ATT_ROWS; r += 4)
+                dot4x4(qh, kr + r, kf16, d, s + r);
+            for (int h = 0; h < 4; h++) {
+                float lg[ATT_ROWS] __attribute__((aligned(64)));
+                for (int r = 0; r < ATT_ROWS; r++)
+                    lg[r] = s[r][h] * scale;
+                if (h >= nh) {
+                    _mm512_store_ps(pw[h], _mm512_setzero_ps());
+                    continue;
+                }
+                const __m512 x = _mm512_load_ps(lg);
+                const float bm = _mm512_mask_reduce_max_ps(valid, x);
+                const float old = mx[hb + h], M = bm > old ? bm : old;
+                const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(M))));
+                _mm512_store_ps(pw[h], p);
+                if (M > old) { /* rescale what was summed under the old max */
+                    const float f = old == -INFINITY ? 0.0f : expf(old - M);
+                    l[hb + h] *= f;
+                    float *o = acc + (size_t)(hb + h) * d;
+                    const __m512 fv = _mm512_set1_ps(f);
+                    for (int32_t t = 0; t < d; t += 16) {
+                        const __mmask16 mk = tail16(d - t);
+                        _mm512_mask_storeu_ps(o + t, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + t), fv));
+                    }
+                    mx[hb + h] = M;
+                }
+                l[hb + h] += _mm512_reduce_add_ps(p);
+            }
+            float *o[4];
+            for (int h = 0; h < 4; h++)
+                o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
+            for (int32_t t = 0; t < d; t += 16) {
+                const __mmask16 mk = tail16(d - t);
+                __m512 a[4];
+#pragma GCC unroll 4
+                for (int h = 0; h < 4; h++)
+                    a[h] = _mm512_maskz_loadu_ps(mk, o[h] + t);
+                for (int r = 0; r < jn; r++) {
+                    const __m512 v = load16(vr[r], vf16, t, mk);
+#pragma GCC unroll 4
+                    for (int h = 0; h < 4; h++)
+                        a[h] = _mm512_fmadd_ps(_mm512_set1_ps(pw[h][r]), v, a[h]);
+                }
+                for (int h = 0; h < nh; h++)
+                    _mm512_mask_storeu_ps(o[h] + t, mk, a[h]);
             }
         }
     }

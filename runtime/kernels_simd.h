@@ -27,8 +27,10 @@
  *             order; returns the count (out may alias keys: it never runs ahead)
  *   emit      idx <- every j with keys[j] > T, and the first `ties` j with keys[j] == T,
  *             in increasing j; returns the count
- *   logits, softmax, mix: kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix with f16 = 1 for
- *             f16 rows and 0 for f32 rows. */
+ *   logits, softmax, mix, attend: kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix /
+ *             kvq_rk_attend_rows with f16 = 1 for f16 rows and 0 for f32 rows.
+ * The attend state layout (kernels.c): per head h, state[h] = running max,
+ * state[nq + h] = running sum, state[2 nq + h d ..] = running output [d]. */
 #define KVQ_RK_DECLARE(X)                                                                    \
     void kvq_rk_lut_##X(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,         \
                         int32_t K, float *lut);                                              \
@@ -44,7 +46,11 @@
                            float *logits, int64_t ld_l);                                     \
     void kvq_rk_softmax_##X(float *x, int32_t rows, int64_t m, int64_t ld);                  \
     void kvq_rk_mix_##X(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,    \
-                        int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);
+                        int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);    \
+    void kvq_rk_attend_##X(float *state, const float *q, int32_t nq, int32_t d, const void *K, \
+                           int kf16, int64_t ld_k, const int32_t *kidx, const void *V,        \
+                           int vf16, int64_t ld_v, const int32_t *vidx, int64_t m,            \
+                           float scale);
 
 KVQ_RK_DECLARE(avx2)
 KVQ_RK_DECLARE(avx512)

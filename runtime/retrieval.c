@@ -18,6 +18,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#include <sys/mman.h>
 
 #include "kvq/half.h"
 #include "kvq/runtime.h"
@@ -270,6 +271,27 @@ static int grow(void **p, size_t bytes)
     return 1;
 }
 
+/* Grows a K or V array from old to bytes. Arrays of 4 MiB and more are 2 MiB aligned
+ * and advised for transparent huge pages: a decode step reads a few percent of the
+ * rows at random, and with 4 KiB pages nearly every row would cost a TLB miss. */
+#define HUGE_BYTES ((size_t)4 << 20)
+static int grow_cache(void **p, size_t old, size_t bytes)
+{
+    if (bytes < HUGE_BYTES)
+        return grow(p, bytes);
+    void *q = NULL;
+    if (posix_memalign(&q, (size_t)2 << 20, bytes))
+        return 0;
+#ifdef MADV_HUGEPAGE
+    madvise(q, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+    if (*p && old)
+        memcpy(q, *p, old < bytes ? old : bytes);
+    free(*p);
+    *p = q;
+    return 1;
+}
+
 /* Grows layer l to hold `need` rows (doubling, capped at max_tokens). */
 static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq_err *err)
 {
@@ -287,7 +309,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
     int ok = grow((void **)&L->pos, c * sizeof *L->pos);
     for (int32_t h = 0; ok && h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
-        ok = grow(&H->k, c * d * r->es) && grow(&H->v, c * d * r->es);
+        const size_t old = (size_t)L->cap * d * r->es;
+        ok = grow_cache(&H->k, old, c * d * r->es) && grow_cache(&H->v, old, c * d * r->es);
         if (ok && G && (sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS))
             ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
         if (ok && sel == KVQ_SELECT_FIER)

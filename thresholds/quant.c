@@ -38,7 +38,7 @@ kvq_status kvq_asymq_quantize_ref(const float *x, int32_t n, int32_t bits, uint8
         return kvq_err_set(err, KVQ_E_NUMERIC,
                            "asymq: range [%g, %g] does not fit an f16 scale and zero point",
                            (double)lo, (double)hi);
-    const uint16_t z16 = kvq_f32_to_f16_ref(-lo);
+    const uint16_t z16 = kvq_f32_to_f16_ref(0.0f - lo); /* +0, not -0, for lo = 0 */
     const uint16_t s16 = s > 0 ? f16_round_up(s) : 0;
     const float z = kvq_f16_to_f32_ref(z16), sc = kvq_f16_to_f32_ref(s16);
     for (int32_t t = 0; t < n; t++) {

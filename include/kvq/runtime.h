@@ -153,6 +153,28 @@ void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const voi
                 kvq_dtype dt, int64_t ld_v, const int32_t *idx, int64_t m, int32_t d,
                 float *out);
 
+/* Fused sparse attention (one pass, online softmax): the kernel of a decode step.
+ * state: kvq_rk_attend_floats(nq, d) floats = per query head the running max, the
+ * running sum of exp(logit - max) and the running output [d].
+ *   init     empty state (max -inf, sums 0)
+ *   rows     adds m rows: logit_hj = scale * q_h . K[krow_j], value V[vrow_j], with
+ *            krow_j = kidx ? kidx[j] : j and vrow_j = vidx ? vidx[j] : j (K and V may
+ *            differ in dtype and layout, e.g. rotated window keys in f32 next to an f16
+ *            value cache). Calls chain: the result does not depend on how the rows
+ *            are split between calls, beyond rounding.
+ *   finish   out[h] = output / sum   (out: [nq, d]; a state with no rows gives 0)
+ * Equal to logits + softmax + mix over the same rows within KVQ_RK_TOL_OUT (tests).
+ * The fast paths work in blocks of rows and prefetch the next block's K and V rows,
+ * so scattered rows are fetched with both streams in flight.
+ * Cost: 2 nq m d multiply-adds, m exponentials per head; reads each row once. */
+size_t kvq_rk_attend_floats(int32_t nq, int32_t d);
+void kvq_rk_attend_init(float *state, int32_t nq, int32_t d);
+void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, int32_t d,
+                        const void *K, kvq_dtype kdt, int64_t ld_k, const int32_t *kidx,
+                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx,
+                        int64_t m, float scale);
+void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out);
+
 /* ==========================================================================
  * The artifact at run time
  * ========================================================================== */

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# profile.sh — `kvq profile` on the real tiny model: capture -> moments -> fit -> profile
+# with small grids; the tables, the JSON, the artifact it writes (read back by kvq inspect
+# and the independent Python reader), an unmeetable tolerance (warning, exit 0, flagged),
+# identical bytes across thread counts, perplexity with --model, and option errors.
+# Run by tests/run-tests.sh.
+. tests/helpers/clitest.sh
+
+T=$CLI_TMP/profile
+mkdir -p "$T"
+
+_cli_run "$KVQ" profile --help
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q -- "--capture DIR" "$CLI_TMP/stdout" &&
+   grep -q -- "--tolerance T" "$CLI_TMP/stdout"; then ok profile_help; else fail profile_help; fi
+expect_error profile_missing_args 2 'required' -- "$KVQ" profile --capture x
+expect_error profile_bad_knob 2 "unknown knob 'speed'" -- "$KVQ" profile --knobs leankv,speed
+expect_error profile_bad_list 2 "--alpha-h: 'x' is not a number" -- "$KVQ" profile --alpha-h 1,x
+expect_error profile_bad_budget 2 "--budgets: '200' is not a number" -- "$KVQ" profile --budgets 5%,200%
+expect_error profile_model_needs_corpus 2 'go together' -- \
+  "$KVQ" profile --capture x --artifact y -o z --model m
+expect_error profile_no_capture 1 'nowhere/capture.json' -- \
+  "$KVQ" profile --capture "$T/nowhere" --artifact "$T/a.kvq" -o "$T/x.kvq"
+
+KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+if [ ! -f "$KVQ_TEST_MODEL" ]; then
+  skip profile_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
+fi
+for c in capture moments fit; do
+  if ! "$KVQ" help | grep -q "^  $c "; then
+    skip profile_stories260K "kvq $c is not built"; cli_done; exit
+  fi
+done
+if ! "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 \
+     --threads 1 -q -o "$T/cap" 2>"$T/err" ||
+   ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err" ||
+   ! "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 16 --iters 3 --threads 1 -q \
+     -o "$T/a.kvq" 2>>"$T/err"; then
+  skip profile_stories260K "capture, moments or fit failed: $(head -1 "$T/err")"; cli_done; exit
+fi
+
+prof() {
+  "$KVQ" profile --capture "$T/cap" --artifact "$T/a.kvq" --window 32 --alpha-h 0,2 \
+    --alpha-l 0,0.05 --budgets 5%,25% --taus 0.9 -q "$@"
+}
+
+_cli_run prof --threads 1 -o "$T/p1.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/p1.kvq" ] && [ ! -s "$CLI_TMP/stderr" ] &&
+   grep -q '^leankv (window 32' "$CLI_TMP/stdout" && grep -q '^pats ' "$CLI_TMP/stdout" &&
+   grep -q '^budget ' "$CLI_TMP/stdout" && grep -q '^mass ' "$CLI_TMP/stdout" &&
+   [ "$(grep -c '^  chosen: row' "$CLI_TMP/stdout")" = 4 ]; then
+  ok profile_tables
+else
+  fail profile_tables "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")" "$(head -3 "$CLI_TMP/stdout")"
+fi
+
+_cli_run prof --threads 2 -o "$T/p2.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && cmp -s "$T/p1.kvq" "$T/p2.kvq"; then
+  ok profile_same_bytes_any_threads
+else
+  fail profile_same_bytes_any_threads "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
+
+expect_error profile_exists 1 'p1.kvq: exists' -- prof -o "$T/p1.kvq"
+
+_cli_run "$KVQ" inspect "$T/p1.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q 'conforms to format' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +leankv\.alpha_h +[0-9]' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +thresholds\.leankv\.met +[01]$' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +budget\.fraction +0\.' "$CLI_TMP/stdout" &&
+   grep -q 'profile.leankv' "$CLI_TMP/stdout"; then
+  ok profile_inspect
+else
+  fail profile_inspect "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
+
+expect_json profile_json '
+t = d["tables"]
+assert d["metric"] == "attn_rel_err" and d["tolerance"] == 0.05, d
+assert len(t["leankv"]["rows"]) == 4 and t["leankv"]["columns"][0] == "alpha_h"
+assert len(t["pats"]["rows"]) == 12 and len(t["budget"]["rows"]) == 2 and len(t["mass"]["rows"]) == 1
+for k in ("leankv", "pats", "budget", "mass"):
+    x = t[k]; c = x["columns"].index("err"); row = x["rows"][x["chosen"]]
+    assert (row[c] <= 0.05) == x["met"], (k, row)
+lk = t["leankv"]; m = lk["columns"].index("memory")
+assert lk["rows"][0][m] == 20 / 32      # alpha_h 0: every token K8V4 at d = 8
+' -- prof --json --force -o "$T/p3.kvq"
+
+# An unmeetable tolerance: exit 0, one warning per knob, and the artifact flags it.
+_cli_run prof --knobs leankv,pats --tolerance 0 -o "$T/p4.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
+   [ "$(grep -c 'warning: profile: .*no setting meets the tolerance' "$CLI_TMP/stderr")" = 2 ] &&
+   grep -q 'NOT within tolerance' "$CLI_TMP/stdout" &&
+   "$KVQ" inspect "$T/p4.kvq" | grep -Eq '^ +thresholds\.leankv\.met +0$'; then
+  ok profile_unmeetable_tolerance
+else
+  fail profile_unmeetable_tolerance "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
+
+# Perplexity with the model: the metric becomes perplexity.
+expect_json profile_perplexity '
+import math
+assert d["metric"] == "perplexity" and d["tolerance"] == 0.01, d
+assert math.isfinite(d["ppl_full"]) and d["ppl_full"] > 1
+lk = d["tables"]["leankv"]; p = lk["columns"].index("ppl")
+assert all(math.isfinite(r[p]) for r in lk["rows"])
+assert abs(lk["rows"][0][p] / d["ppl_full"] - 1) < 0.05   # alpha_h 0 prunes nothing
+assert "skipped" in d["tables"]["pats"]
+' -- prof --knobs leankv --model "$KVQ_TEST_MODEL" --corpus uuid:2 --ppl-tokens 384 --json \
+     -o "$T/p5.kvq"
+
+if ! "$PYTHON" -c 'import numpy, zstandard' 2>/dev/null; then
+  skip profile_python_reader "numpy or zstandard is not installed"; cli_done; exit
+fi
+out=$("$PYTHON" - "$T/p1.kvq" "$T/a.kvq" <<'EOF' 2>&1
+import sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from kvq_read import read_artifact
+p, a = read_artifact(sys.argv[1]), read_artifact(sys.argv[2])
+for name, x in a.tensors.items():          # every input tensor is copied unchanged
+    assert np.array_equal(p.tensors[name], x), name
+for k, v in a.metadata.items():
+    assert p.metadata[k] == v, k
+lk = p.tensors["profile.leankv"]
+assert lk.shape == (4, 8) and lk.dtype == np.float64
+cols = p.metadata["profile.leankv.columns"].split(",")
+assert np.allclose(lk[:, cols.index("high")] + lk[:, cols.index("low")] + lk[:, cols.index("pruned")], 1)
+ah = float(p.tensors["thresholds.leankv.alpha_h"])
+assert ah == float(p.metadata["leankv.alpha_h"])
+assert p.tensors["profile.pats"].shape == (12, 7) and p.tensors["profile.budget"].shape == (2, 5)
+assert float(p.tensors["thresholds.budget"]) in (np.float32(0.05), np.float32(0.25))
+print("python reader agrees: alpha_h %g, budget %s" % (ah, p.metadata["budget.fraction"]))
+EOF
+); rc=$?
+if [ $rc -eq 0 ]; then ok "profile_python_reader ($out)"; else fail profile_python_reader "$out"; fi
+
+cli_done
