@@ -150,7 +150,7 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(LDLIBS) $(TEST_LIBS) $(if $(CU_OBJ),-lstdc++)
 
-$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(STATIC)
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(wildcard tests/fuzz/*.h) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
 
@@ -192,7 +192,7 @@ build-fuzz/obj/%.o: %.c
 build-fuzz/libkvq-fuzz.a: $(FUZZ_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c build-fuzz/libkvq-fuzz.a
+build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) build-fuzz/libkvq-fuzz.a
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fopenmp=libgomp -o $@ $< build-fuzz/libkvq-fuzz.a $(DEP_LIBS) -lm -lpthread -lgomp
 

@@ -4,6 +4,7 @@
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
+ *                [--attn fused|twopass] [--clock cpu|wall]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -17,6 +18,7 @@
  *            the score gather over the candidates' codes, top-K (K = budget x n),
  *            then exact attention over 4 sinks + the K selected + the 64-token window
  *            (window keys rotated by their positions, the others scored with q R_b).
+ * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the attended K and V
  * rows (2 d 2 bytes each), per KV head. Scratch (scores, indices, logits) stays in
@@ -24,14 +26,18 @@
  *
  * The K and V arrays are allocated as the runtime's cache is (2 MiB aligned, advised for
  * transparent huge pages). Every timed step starts cold: a 256 MiB buffer is streamed through the caches
- * before each repetition (not timed). The reference bandwidth is memcpy of 256 MiB
- * (read + write bytes over time, best of the repetitions) measured in the same run;
- * each variant's "floor" is its bytes moved at that bandwidth. Times are medians.
+ * before each repetition (not timed). Two reference bandwidths are measured in the same
+ * run: memcpy of 256 MiB (read + write bytes over time) and a streaming read (a sum
+ * over 256 MiB), best of the repetitions; a step only reads, so its "floor" is its
+ * bytes moved at the streaming read bandwidth. Times are medians, by
+ * default of process CPU time (--clock wall for the wall clock): on a shared machine
+ * the wall clock also counts time other processes held the core.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -50,18 +56,33 @@
 #define WINDOW 64
 #define FLUSH_BYTES ((size_t)256 << 20)
 
+/* Process CPU time in seconds: on a shared machine the wall clock also counts the time
+ * other processes held the core; CPU time counts only ours (memory stalls included). */
+static double cpu_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The clock used for every figure (--clock cpu | wall). */
+static int g_cpu_clock = 1;
+static double clk(void) { return g_cpu_clock ? cpu_now() : kvq_now(); }
+
 typedef struct args {
     int64_t contexts[16];
     int n_contexts;
     double budget;
     int64_t codebook, reps, threads, seed;
     kvq_isa isa;
+    int fused;     /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
 } args;
 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
-                    "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S]\n");
+                    "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
+                    "[--attn fused|twopass] [--clock cpu|wall]\n");
     return 2;
 }
 
@@ -79,6 +100,7 @@ static int parse(int argc, char **argv, args *a)
     a->threads = 1;
     a->seed = 1;
     a->isa = kvq_isa_best();
+    a->fused = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -108,6 +130,20 @@ static int parse(int argc, char **argv, args *a)
                 return usage();
         } else if (!strcmp(o, "--seed")) {
             if (kvq_parse_i64(v, 0, INT64_MAX, &a->seed, &e))
+                return usage();
+        } else if (!strcmp(o, "--clock")) {
+            if (!strcmp(v, "cpu"))
+                g_cpu_clock = 1;
+            else if (!strcmp(v, "wall"))
+                g_cpu_clock = 0;
+            else
+                return usage();
+        } else if (!strcmp(o, "--attn")) {
+            if (!strcmp(v, "fused"))
+                a->fused = 1;
+            else if (!strcmp(v, "twopass"))
+                a->fused = 0;
+            else
                 return usage();
         } else if (!strcmp(o, "--isa")) {
             if (!strcmp(v, "scalar"))
@@ -150,6 +186,8 @@ static void *cache_alloc(size_t bytes)
 
 static volatile uint64_t g_sink;
 
+
+
 /* Streams a large buffer through the caches so the next step starts cold. */
 static void flush_caches(uint64_t *buf)
 {
@@ -185,9 +223,9 @@ static double memcpy_bandwidth(int64_t reps)
     memset(a, 1, n);
     memset(b, 2, n);
     for (int64_t r = 0; r < reps + 1; r++) {
-        const double t0 = kvq_now();
+        const double t0 = clk();
         memcpy(b, a, n);
-        const double t = kvq_now() - t0;
+        const double t = clk() - t0;
         g_sink += (uint64_t)b[r % n];
         if (r > 0 && 2.0 * n / t > best)
             best = 2.0 * n / t;
@@ -195,6 +233,32 @@ static double memcpy_bandwidth(int64_t reps)
 done:
     free(a);
     free(b);
+    return best;
+}
+
+/* Streaming read bandwidth: a sum over 256 MiB (vectorized by the compiler), best of
+ * reps, each from a cold cache. */
+static double read_bandwidth(int64_t reps, uint64_t *flush)
+{
+    const size_t n = FLUSH_BYTES / sizeof(uint64_t);
+    uint64_t *a = malloc(FLUSH_BYTES);
+    double best = 0;
+    if (!a)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        a[i] = i;
+    for (int64_t r = 0; r < reps; r++) {
+        flush_caches(flush);
+        const double t0 = clk();
+        uint64_t s = 0;
+        for (size_t i = 0; i < n; i++)
+            s += a[i];
+        const double t = clk() - t0;
+        g_sink += s;
+        if (FLUSH_BYTES / t > best)
+            best = FLUSH_BYTES / t;
+    }
+    free(a);
     return best;
 }
 
@@ -207,6 +271,7 @@ typedef struct scratch {
     int32_t *att;
     float lut[65536];
     float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
+    float state[GS * (D + 2)];
 } scratch;
 
 typedef struct layer {
@@ -228,23 +293,30 @@ static void rotate(const float *x, const float *c, const float *s, float *y)
     }
 }
 
-static void full_step(const layer *L, int h, kvq_isa isa, scratch *S, float *out)
+static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S, float *out)
 {
     const float scale = (float)(1.0 / sqrt((double)D));
     for (int g = 0; g < GS; g++) /* the full-attention cache holds post-RoPE keys */
         rotate(L->q + (size_t)(h * GS + g) * D, L->icos, L->isin, S->qi + g * D);
+    if (fused) {
+        kvq_rk_attend_init(S->state, GS, D);
+        kvq_rk_attend_rows(isa, S->state, S->qi, GS, D, L->k[h], KVQ_DT_F16, D, NULL, L->v[h],
+                           KVQ_DT_F16, D, NULL, L->n, scale);
+        kvq_rk_attend_finish(S->state, GS, D, out);
+        return;
+    }
     kvq_rk_logits(isa, S->qi, GS, D, L->k[h], KVQ_DT_F16, D, NULL, L->n, scale, S->logits, L->n);
     kvq_rk_softmax(isa, S->logits, GS, L->n, L->n);
     kvq_rk_mix(isa, S->logits, GS, L->n, L->v[h], KVQ_DT_F16, D, NULL, L->n, D, out);
 }
 
 /* Returns the attended token count. */
-static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int64_t k_sel, scratch *S,
-                              float *out)
+static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int64_t k_sel,
+                              scratch *S, float *out)
 {
     const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
-    double t0 = kvq_now(), t1;
+    double t0 = clk(), t1;
     memset(S->qs, 0, sizeof S->qs);
     for (int g = 0; g < GS; g++) {
         const float *q = L->q + (size_t)(h * GS + g) * D;
@@ -254,17 +326,17 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int64_t k_sel,
             S->qs[t] += S->qb[g * D + t];
     }
     kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
-    t1 = kvq_now();
+    t1 = clk();
     S->phase[0] += t1 - t0;
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
     kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + SINK, nc, S->scores);
-    t0 = kvq_now();
+    t0 = clk();
     S->phase[1] += t0 - t1;
     int64_t m = 0;
     for (int64_t j = 0; j < SINK; j++)
         S->att[m++] = (int32_t)j;
     const int64_t ns = kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work);
-    t1 = kvq_now();
+    t1 = clk();
     S->phase[2] += t1 - t0;
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
@@ -272,7 +344,6 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int64_t k_sel,
     const int64_t m_far = m;
     for (int64_t j = w_beg; j < n; j++)
         S->att[m++] = (int32_t)j;
-    kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits, m);
     for (int64_t a = 0; a < WINDOW; a++) {
         float row[D];
         const uint16_t *kr = L->k[h] + (size_t)(w_beg + a) * D;
@@ -280,11 +351,21 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int64_t k_sel,
             row[t] = kvq_f16_to_f32_ref(kr[t]);
         rotate(row, L->wcos + a * (D / 2), L->wsin + a * (D / 2), S->krot + a * D);
     }
-    kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
-                  S->logits + m_far, m);
-    kvq_rk_softmax(isa, S->logits, GS, m, m);
-    kvq_rk_mix(isa, S->logits, GS, m, L->v[h], KVQ_DT_F16, D, S->att, m, D, out);
-    S->phase[3] += kvq_now() - t1;
+    if (fused) {
+        kvq_rk_attend_init(S->state, GS, D);
+        kvq_rk_attend_rows(isa, S->state, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, L->v[h],
+                           KVQ_DT_F16, D, S->att, m_far, scale);
+        kvq_rk_attend_rows(isa, S->state, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, L->v[h],
+                           KVQ_DT_F16, D, S->att + m_far, WINDOW, scale);
+        kvq_rk_attend_finish(S->state, GS, D, out);
+    } else {
+        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits, m);
+        kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
+                      S->logits + m_far, m);
+        kvq_rk_softmax(isa, S->logits, GS, m, m);
+        kvq_rk_mix(isa, S->logits, GS, m, L->v[h], KVQ_DT_F16, D, S->att, m, D, out);
+    }
+    S->phase[3] += clk() - t1;
     return m;
 }
 
@@ -322,15 +403,17 @@ int main(int argc, char **argv)
         }
     }
     free(W);
-    const double bw = memcpy_bandwidth(a.reps);
+    const double bw = memcpy_bandwidth(a.reps), rbw = read_bandwidth(a.reps, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
-           "%.4g, isa %s, threads %lld\n",
+           "%.4g, isa %s, threads %lld, attention %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
-           (long long)a.threads);
-    printf("memcpy: %.2f GB/s (read + write, 256 MiB, best of %lld)\n\n", bw / 1e9,
-           (long long)a.reps);
-    printf("%8s | %9s %8s %9s %6s | %9s %8s %8s %9s %7s | %7s\n", "context", "full ms",
-           "MiB", "GB/s", "of cpy", "retr ms", "K", "MiB", "floor ms", "x floor", "speedup");
+           (long long)a.threads, a.fused ? "fused" : "twopass",
+           g_cpu_clock ? "process CPU time" : "wall");
+    printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
+           "GB/s (sum of 256 MiB, best of %lld)\n\n",
+           bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
+    printf("%8s | %9s %7s %7s %6s %6s | %8s %6s %6s %8s %7s | %7s\n", "context", "full ms", "MiB",
+           "GB/s", "%cpy", "%read", "retr ms", "K", "MiB", "floor ms", "x floor", "speedup");
 
     double theta[D / 2];
     kvq_rope r = kvq_rope_default(D);
@@ -386,7 +469,7 @@ int main(int argc, char **argv)
             memset(scr[t].phase, 0, sizeof scr[t].phase);
         for (int64_t rep = 0; rep < a.reps; rep++) {
             flush_caches(flush);
-            double t0 = kvq_now();
+            double t0 = clk();
 #pragma omp parallel for num_threads((int)a.threads) schedule(static)
             for (int h = 0; h < N_KV; h++) {
 #ifdef _OPENMP
@@ -394,11 +477,11 @@ int main(int argc, char **argv)
 #else
                 scratch *S = &scr[0];
 #endif
-                full_step(&L, h, a.isa, S, out_full + (size_t)h * GS * D);
+                full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
             }
-            tf[rep] = kvq_now() - t0;
+            tf[rep] = clk() - t0;
             flush_caches(flush);
-            t0 = kvq_now();
+            t0 = clk();
             int64_t att = 0;
 #pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : att)
             for (int h = 0; h < N_KV; h++) {
@@ -407,19 +490,20 @@ int main(int argc, char **argv)
 #else
                 scratch *S = &scr[0];
 #endif
-                att += retrieval_step(&L, h, a.isa, k_sel, S, out_ret + (size_t)h * GS * D);
+                att += retrieval_step(&L, h, a.isa, a.fused, k_sel, S, out_ret + (size_t)h * GS * D);
             }
-            tr[rep] = kvq_now() - t0;
+            tr[rep] = clk() - t0;
             attended = att;
         }
         const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const double b_ret = (double)N_KV * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 + (double)attended * D * 2 * 2;
-        printf("%8lld | %9.3f %8.1f %9.2f %5.0f%% | %9.3f %8lld %8.1f %9.3f %7.2f | %6.1fx\n",
+        printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f %8.3f %7.2f | %6.1fx\n",
                (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
-               100.0 * (b_full / t_full) / bw, 1e3 * t_ret, (long long)k_sel, b_ret / 1048576.0,
-               1e3 * b_ret / bw, t_ret / (b_ret / bw), t_full / t_ret);
+               100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
+               (long long)k_sel, b_ret / 1048576.0, 1e3 * b_ret / rbw, t_ret / (b_ret / rbw),
+               t_full / t_ret);
         double ph[4] = {0};
         for (int t = 0; t < a.threads; t++)
             for (int i = 0; i < 4; i++)
@@ -453,6 +537,6 @@ int main(int argc, char **argv)
     free(scr);
     free(flush);
     printf("\nbytes: full = K + V of every token; retrieval = LUT tables + codes + attended "
-           "K, V rows. floor = bytes / memcpy bandwidth.\n");
+           "K, V rows. floor = bytes / streaming read bandwidth.\n");
     return rc;
 }

@@ -157,6 +157,16 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
     const kvq_model_config *c = kvq_model_config_get(m);
+    if (ro.given) {
+        /* retrieval: one selector and budget (default: the artifact's codebook, 6%),
+         * checked before anything runs */
+        if ((rc = cli_retrieval_open(&ro, m, model_path, &rt)))
+            goto done;
+        if (!ro.selectors)
+            ro.selectors = "codebook";
+        if ((rc = cli_retrieval_rows(cmd, &ro, rt, &rows, &n_rows)))
+            goto done;
+    }
     const kvq_tokenizer *tok = kvq_model_tokenizer(m);
     if (!tok) {
         rc = cli_failf(1, "%s: the model has no tokenizer", model_path);
@@ -190,13 +200,6 @@ int cmd_run(int argc, char **argv)
         goto done;
     }
     if (ro.given) {
-        /* retrieval: one selector and budget (default: the artifact's codebook, 6%) */
-        if ((rc = cli_retrieval_open(&ro, m, model_path, &rt)))
-            goto done;
-        if (!ro.selectors)
-            ro.selectors = "codebook";
-        if ((rc = cli_retrieval_rows(cmd, &ro, rt, &rows, &n_rows)))
-            goto done;
         kvq_retrieval_params rp = ro.p;
         rp.selector = rows[0].selector;
         rp.budget = rows[0].budget;

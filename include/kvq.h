@@ -28,5 +28,6 @@
 #include "kvq/capture.h"
 #include "kvq/moments.h"
 #include "kvq/codebook.h"
+#include "kvq/thresholds.h"
 
 #endif

@@ -139,87 +139,125 @@ void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const floa
         direct_16(x, nr, d, ct, kc, assign, dist2);
 }
 
-/* ---- seeding: distances to up to 16 candidates (kvq_km_cand_eval_ref) ----------------
- * One fused multiply-add per (row, dim) and register of 8 candidates, rows in groups so
- * that 8 independent chains hide the FMA latency; every lane is the reference's chain. */
+/* ---- seeding: tiles of P points x 16 / P candidates (kvq_km_cand_eval_ref) ----------
+ * A tile is two registers of 8 lanes (lanes 0-7, 8-15); for P <= 8 both take the same
+ * broadcast of the tile's P point values, for P = 16 each its own 8. Every lane is the
+ * reference's fused chain. Four tiles at a time give 8 independent chains. */
 
 #define TARGET_FMA __attribute__((target("avx2,fma")))
 #define CL KVQ_KM_CAND_LANES
 
-/* dist row and potential terms of one row: lanes [0, 8) or [8, 16) (h = 0 or 1). */
-static inline TARGET_FMA void cand_finish8(__m256 dot, float xn, const float *cn, float dm,
-                                           double wr, float *drow, __m256d *p0, __m256d *p1)
+/* 8 lanes of half h of a tile from P consecutive per-point floats at a. */
+static inline TARGET_FMA __attribute__((always_inline)) __m256 tile_half(const float *a, int P,
+                                                                         int h)
 {
-    const __m256 v = _mm256_max_ps(
-        _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn)),
-                      _mm256_mul_ps(_mm256_set1_ps(2.0f), dot)),
-        _mm256_setzero_ps());
-    _mm256_storeu_ps(drow, v);
-    const __m256 m = _mm256_min_ps(v, _mm256_set1_ps(dm));
-    const __m256d w = _mm256_set1_pd(wr);
-    *p0 = _mm256_add_pd(*p0, _mm256_mul_pd(w, _mm256_cvtps_pd(_mm256_castps256_ps128(m))));
-    *p1 = _mm256_add_pd(*p1, _mm256_mul_pd(w, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1))));
+    switch (P) {
+    case 1:
+        return _mm256_set1_ps(a[0]);
+    case 2: {
+        double v;
+        memcpy(&v, a, sizeof v);
+        return _mm256_castpd_ps(_mm256_set1_pd(v));
+    }
+    case 4:
+        return _mm256_broadcast_ps((const __m128 *)a);
+    case 8:
+        return _mm256_loadu_ps(a);
+    default:
+        return _mm256_loadu_ps(a + 8 * h);
+    }
 }
 
-TARGET_FMA void kvq_km_cand_eval_avx2(const float *x, const float *xn, const float *w,
-                                      const float *dmin, int64_t nr, int32_t d,
-                                      const float *ct, const float *cn, int32_t nt,
-                                      float *dist, double *pot)
+/* Distances and potential terms of half h of tile g (points i0 = g * P ...). */
+static inline TARGET_FMA __attribute__((always_inline)) void
+tile_finish8(__m256 dot, const float *xn, const float *w, const float *dmin, const float *cn,
+             int P, int h, float *drow, __m256d *p0, __m256d *p1)
 {
-    __m256d p[4];
-    for (int h = 0; h < 4; h++)
-        p[h] = _mm256_loadu_pd(pot + 4 * h);
-    const int halves = nt > 8 ? 2 : 1;
-    const int group = 8 / halves; /* rows per pass: 8 accumulators either way */
-    int64_t r = 0;
-    for (; r + group <= nr; r += group) {
-        __m256 acc[8];
-        for (int q = 0; q < 8; q++)
-            acc[q] = _mm256_setzero_ps();
-        const float *xr = x + (size_t)r * d;
-        if (halves == 1) {
-            for (int32_t j = 0; j < d; j++) {
-                const __m256 c = _mm256_loadu_ps(ct + (size_t)j * CL);
-#pragma GCC unroll 8
-                for (int q = 0; q < 8; q++)
-                    acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(xr[(size_t)q * d + j]), c, acc[q]);
-            }
-        } else {
-            for (int32_t j = 0; j < d; j++) {
-                const __m256 c0 = _mm256_loadu_ps(ct + (size_t)j * CL);
-                const __m256 c1 = _mm256_loadu_ps(ct + (size_t)j * CL + 8);
+    const __m256 v = _mm256_max_ps(
+        _mm256_sub_ps(_mm256_add_ps(tile_half(xn, P, h), _mm256_loadu_ps(cn + 8 * h)),
+                      _mm256_mul_ps(_mm256_set1_ps(2.0f), dot)),
+        _mm256_setzero_ps());
+    _mm256_storeu_ps(drow + 8 * h, v);
+    const __m256 m = _mm256_min_ps(v, tile_half(dmin, P, h));
+    const __m256 wv = tile_half(w, P, h);
+    *p0 = _mm256_add_pd(*p0, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(wv)),
+                                           _mm256_cvtps_pd(_mm256_castps256_ps128(m))));
+    *p1 = _mm256_add_pd(*p1, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(wv, 1)),
+                                           _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1))));
+}
+
+static inline TARGET_FMA __attribute__((always_inline)) void
+cand_tiles(const float *xi, const float *xn, const float *w, const float *dmin, int64_t ntiles,
+           int32_t d, const int P, const float *ct, const float *cn, float *dist, double *pot)
+{
+    __m256d ps[4];
+    for (int q = 0; q < 4; q++)
+        ps[q] = _mm256_loadu_pd(pot + 4 * q);
+    int64_t g = 0;
+    for (; g + 4 <= ntiles; g += 4) {
+        __m256 acc[4][2];
 #pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) {
-                    const __m256 xb = _mm256_set1_ps(xr[(size_t)q * d + j]);
-                    acc[2 * q] = _mm256_fmadd_ps(xb, c0, acc[2 * q]);
-                    acc[2 * q + 1] = _mm256_fmadd_ps(xb, c1, acc[2 * q + 1]);
-                }
+        for (int q = 0; q < 4; q++)
+            acc[q][0] = acc[q][1] = _mm256_setzero_ps();
+        const float *xg = xi + (size_t)g * d * P;
+        for (int32_t j = 0; j < d; j++) {
+            const __m256 c0 = _mm256_loadu_ps(ct + (size_t)j * CL);
+            const __m256 c1 = _mm256_loadu_ps(ct + (size_t)j * CL + 8);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                const float *a = xg + ((size_t)q * d + j) * P;
+                acc[q][0] = _mm256_fmadd_ps(tile_half(a, P, 0), c0, acc[q][0]);
+                acc[q][1] = _mm256_fmadd_ps(tile_half(a, P, 1), c1, acc[q][1]);
             }
         }
-        for (int q = 0; q < group; q++) {
-            const int64_t i = r + q;
-            const double wr = w ? (double)w[i] : 1.0;
-            for (int h = 0; h < halves; h++)
-                cand_finish8(acc[q * halves + h], xn[i], cn + 8 * h, dmin[i], wr,
-                             dist + (size_t)i * CL + 8 * h, &p[2 * h], &p[2 * h + 1]);
+        for (int q = 0; q < 4; q++) {
+            const int64_t i0 = (g + q) * P;
+            float *drow = dist + (size_t)(g + q) * CL;
+            for (int h = 0; h < 2; h++)
+                tile_finish8(acc[q][h], xn + i0, w + i0, dmin + i0, cn, P, h, drow,
+                             &ps[2 * h], &ps[2 * h + 1]);
         }
     }
-    for (; r < nr; r++) {
+    for (; g < ntiles; g++) {
         __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        const float *xr = x + (size_t)r * d;
+        const float *xg = xi + (size_t)g * d * P;
         for (int32_t j = 0; j < d; j++) {
-            const __m256 xb = _mm256_set1_ps(xr[j]);
-            a0 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(ct + (size_t)j * CL), a0);
-            if (halves == 2)
-                a1 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(ct + (size_t)j * CL + 8), a1);
+            a0 = _mm256_fmadd_ps(tile_half(xg + (size_t)j * P, P, 0),
+                                 _mm256_loadu_ps(ct + (size_t)j * CL), a0);
+            a1 = _mm256_fmadd_ps(tile_half(xg + (size_t)j * P, P, 1),
+                                 _mm256_loadu_ps(ct + (size_t)j * CL + 8), a1);
         }
-        const double wr = w ? (double)w[r] : 1.0;
-        cand_finish8(a0, xn[r], cn, dmin[r], wr, dist + (size_t)r * CL, &p[0], &p[1]);
-        if (halves == 2)
-            cand_finish8(a1, xn[r], cn + 8, dmin[r], wr, dist + (size_t)r * CL + 8, &p[2],
-                         &p[3]);
+        const int64_t i0 = g * P;
+        tile_finish8(a0, xn + i0, w + i0, dmin + i0, cn, P, 0, dist + (size_t)g * CL, &ps[0],
+                     &ps[1]);
+        tile_finish8(a1, xn + i0, w + i0, dmin + i0, cn, P, 1, dist + (size_t)g * CL, &ps[2],
+                     &ps[3]);
     }
-    for (int h = 0; h < 2 * halves; h++)
-        _mm256_storeu_pd(pot + 4 * h, p[h]);
+    for (int q = 0; q < 4; q++)
+        _mm256_storeu_pd(pot + 4 * q, ps[q]);
+}
+
+TARGET_FMA void kvq_km_cand_eval_avx2(const float *xi, const float *xn, const float *w,
+                                      const float *dmin, int64_t ntiles, int32_t d, int32_t P,
+                                      const float *ct, const float *cn, float *dist,
+                                      double *pot)
+{
+    switch (P) {
+    case 1:
+        cand_tiles(xi, xn, w, dmin, ntiles, d, 1, ct, cn, dist, pot);
+        break;
+    case 2:
+        cand_tiles(xi, xn, w, dmin, ntiles, d, 2, ct, cn, dist, pot);
+        break;
+    case 4:
+        cand_tiles(xi, xn, w, dmin, ntiles, d, 4, ct, cn, dist, pot);
+        break;
+    case 8:
+        cand_tiles(xi, xn, w, dmin, ntiles, d, 8, ct, cn, dist, pot);
+        break;
+    default:
+        cand_tiles(xi, xn, w, dmin, ntiles, d, 16, ct, cn, dist, pot);
+        break;
+    }
 }
 #endif

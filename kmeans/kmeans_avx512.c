@@ -7,7 +7,7 @@
  *                                (= kvq_km_row_argmin_ref)
  *   kvq_km_assign_direct_avx512  small-d Lloyd assignment by exact distances
  *                                (= kvq_km_l2sq + first minimum)
- *   kvq_km_cand_eval_avx512      seeding distances to 16 candidates
+ *   kvq_km_cand_eval_avx512      seeding distances, one tile of 16 lanes per register
  *                                (= kvq_km_cand_eval_ref)
  *
  * Built with the AVX-512 flags (Makefile: *_avx512.c); call only when
@@ -23,22 +23,15 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
-/* First minimum of 16 lanes (value, index) merged by kvq_km_better. */
+/* First minimum of 16 lanes (value, index): the smallest value, and among the lanes
+ * holding it the smallest index, which is what merging them with kvq_km_better gives.
+ * Values are >= +0 or +inf (never NaN), so equality picks exactly those lanes. */
 static inline TARGET void merge16(__m512 best, __m512i bi, float *out_b, int32_t *out_i)
 {
-    float bl[16];
-    int32_t il[16];
-    _mm512_storeu_ps(bl, best);
-    _mm512_storeu_si512(il, bi);
-    float b = bl[0];
-    int32_t i = il[0];
-    for (int l = 1; l < 16; l++)
-        if (kvq_km_better(bl[l], il[l], b, i)) {
-            b = bl[l];
-            i = il[l];
-        }
+    const float b = _mm512_reduce_min_ps(best);
+    const __mmask16 at = _mm512_cmp_ps_mask(best, _mm512_set1_ps(b), _CMP_EQ_OQ);
+    *out_i = _mm512_mask_reduce_min_epi32(at, bi);
     *out_b = b;
-    *out_i = i;
 }
 
 /* ---- fused argmin of an SGEMM distance row ----------------------------------------- */
@@ -172,60 +165,106 @@ TARGET void kvq_km_assign_direct_avx512(const float *x, int64_t nr, int32_t d,
         direct_16(x, nr, d, ct, kc, assign, dist2);
 }
 
-/* ---- seeding: distances to 16 candidates (kvq_km_cand_eval_ref) --------------------- */
+/* ---- seeding: tiles of P points x 16 / P candidates (kvq_km_cand_eval_ref) ---------- */
 
 #define CL KVQ_KM_CAND_LANES
 
-static inline TARGET void cand_finish16(__m512 dot, float xn, __m512 cn, float dm, double wr,
-                                        float *drow, __m512d *p0, __m512d *p1)
+/* A tile's 16 lanes from P consecutive per-point floats at a: lane l gets a[l % P]. */
+static inline TARGET __attribute__((always_inline)) __m512 tile16(const float *a, int P)
 {
-    const __m512 v = _mm512_max_ps(
-        _mm512_sub_ps(_mm512_add_ps(_mm512_set1_ps(xn), cn),
-                      _mm512_mul_ps(_mm512_set1_ps(2.0f), dot)),
-        _mm512_setzero_ps());
-    _mm512_storeu_ps(drow, v);
-    const __m512 m = _mm512_min_ps(v, _mm512_set1_ps(dm));
-    const __m512d w = _mm512_set1_pd(wr);
-    const __m256 lo = _mm512_castps512_ps256(m);
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1));
-    *p0 = _mm512_add_pd(*p0, _mm512_mul_pd(w, _mm512_cvtps_pd(lo)));
-    *p1 = _mm512_add_pd(*p1, _mm512_mul_pd(w, _mm512_cvtps_pd(hi)));
+    switch (P) {
+    case 1:
+        return _mm512_set1_ps(a[0]);
+    case 2: {
+        double v;
+        memcpy(&v, a, sizeof v);
+        return _mm512_castpd_ps(_mm512_set1_pd(v));
+    }
+    case 4:
+        return _mm512_broadcast_f32x4(_mm_loadu_ps(a));
+    case 8:
+        return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)a)));
+    default:
+        return _mm512_loadu_ps(a);
+    }
 }
 
-TARGET void kvq_km_cand_eval_avx512(const float *x, const float *xn, const float *w,
-                                    const float *dmin, int64_t nr, int32_t d, const float *ct,
-                                    const float *cn, int32_t nt, float *dist, double *pot)
+static inline TARGET __attribute__((always_inline)) void
+tile_finish16(__m512 dot, const float *xn, const float *w, const float *dmin, __m512 cn, int P,
+              float *drow, __m512d *p0, __m512d *p1)
 {
-    (void)nt; /* all 16 lanes are computed; those past nt are unspecified */
+    const __m512 v = _mm512_max_ps(_mm512_sub_ps(_mm512_add_ps(tile16(xn, P), cn),
+                                                 _mm512_mul_ps(_mm512_set1_ps(2.0f), dot)),
+                                   _mm512_setzero_ps());
+    _mm512_storeu_ps(drow, v);
+    const __m512 m = _mm512_min_ps(v, tile16(dmin, P));
+    const __m512 wv = tile16(w, P);
+    const __m256 mlo = _mm512_castps512_ps256(m), wlo = _mm512_castps512_ps256(wv);
+    const __m256 mhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1));
+    const __m256 whi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(wv), 1));
+    *p0 = _mm512_add_pd(*p0, _mm512_mul_pd(_mm512_cvtps_pd(wlo), _mm512_cvtps_pd(mlo)));
+    *p1 = _mm512_add_pd(*p1, _mm512_mul_pd(_mm512_cvtps_pd(whi), _mm512_cvtps_pd(mhi)));
+}
+
+static inline TARGET __attribute__((always_inline)) void
+cand_tiles16(const float *xi, const float *xn, const float *w, const float *dmin,
+             int64_t ntiles, int32_t d, const int P, const float *ct, const float *cn,
+             float *dist, double *pot)
+{
     __m512d p0 = _mm512_loadu_pd(pot), p1 = _mm512_loadu_pd(pot + 8);
     const __m512 vcn = _mm512_loadu_ps(cn);
-    int64_t r = 0;
-    for (; r + 8 <= nr; r += 8) {
+    int64_t g = 0;
+    for (; g + 8 <= ntiles; g += 8) {
         __m512 acc[8];
+#pragma GCC unroll 8
         for (int q = 0; q < 8; q++)
             acc[q] = _mm512_setzero_ps();
-        const float *xr = x + (size_t)r * d;
+        const float *xg = xi + (size_t)g * d * P;
         for (int32_t j = 0; j < d; j++) {
             const __m512 c = _mm512_loadu_ps(ct + (size_t)j * CL);
 #pragma GCC unroll 8
             for (int q = 0; q < 8; q++)
-                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(xr[(size_t)q * d + j]), c, acc[q]);
+                acc[q] = _mm512_fmadd_ps(tile16(xg + ((size_t)q * d + j) * P, P), c, acc[q]);
         }
         for (int q = 0; q < 8; q++) {
-            const int64_t i = r + q;
-            cand_finish16(acc[q], xn[i], vcn, dmin[i], w ? (double)w[i] : 1.0,
-                          dist + (size_t)i * CL, &p0, &p1);
+            const int64_t i0 = (g + q) * P;
+            tile_finish16(acc[q], xn + i0, w + i0, dmin + i0, vcn, P,
+                          dist + (size_t)(g + q) * CL, &p0, &p1);
         }
     }
-    for (; r < nr; r++) {
+    for (; g < ntiles; g++) {
         __m512 a = _mm512_setzero_ps();
-        const float *xr = x + (size_t)r * d;
+        const float *xg = xi + (size_t)g * d * P;
         for (int32_t j = 0; j < d; j++)
-            a = _mm512_fmadd_ps(_mm512_set1_ps(xr[j]), _mm512_loadu_ps(ct + (size_t)j * CL), a);
-        cand_finish16(a, xn[r], vcn, dmin[r], w ? (double)w[r] : 1.0, dist + (size_t)r * CL,
-                      &p0, &p1);
+            a = _mm512_fmadd_ps(tile16(xg + (size_t)j * P, P), _mm512_loadu_ps(ct + (size_t)j * CL),
+                                a);
+        const int64_t i0 = g * P;
+        tile_finish16(a, xn + i0, w + i0, dmin + i0, vcn, P, dist + (size_t)g * CL, &p0, &p1);
     }
     _mm512_storeu_pd(pot, p0);
     _mm512_storeu_pd(pot + 8, p1);
+}
+
+TARGET void kvq_km_cand_eval_avx512(const float *xi, const float *xn, const float *w,
+                                    const float *dmin, int64_t ntiles, int32_t d, int32_t P,
+                                    const float *ct, const float *cn, float *dist, double *pot)
+{
+    switch (P) {
+    case 1:
+        cand_tiles16(xi, xn, w, dmin, ntiles, d, 1, ct, cn, dist, pot);
+        break;
+    case 2:
+        cand_tiles16(xi, xn, w, dmin, ntiles, d, 2, ct, cn, dist, pot);
+        break;
+    case 4:
+        cand_tiles16(xi, xn, w, dmin, ntiles, d, 4, ct, cn, dist, pot);
+        break;
+    case 8:
+        cand_tiles16(xi, xn, w, dmin, ntiles, d, 8, ct, cn, dist, pot);
+        break;
+    default:
+        cand_tiles16(xi, xn, w, dmin, ntiles, d, 16, ct, cn, dist, pot);
+        break;
+    }
 }
 #endif

@@ -86,30 +86,37 @@ void kvq_km_assign_direct_avx512(const float *x, int64_t nr, int32_t d, const fl
                                  int32_t kc, int32_t *assign, float *dist2);
 #endif
 
-/* ---- seeding kernel: distances to up to KVQ_KM_CAND_LANES candidates -------------------
- * The inner step of greedy k-means++ / k-means++ (kmeans_seed.c). For rows x [nr, d]
- * with norms xn [nr] (kvq_km_norm2_fma), weights w [nr] (NULL = all 1) and current
- * squared distances dmin [nr], and nt <= KVQ_KM_CAND_LANES candidates given transposed
- * as ct [d, KVQ_KM_CAND_LANES] (ct[j * LANES + t] = coordinate j of candidate t) with
- * norms cn [KVQ_KM_CAND_LANES] (kvq_km_norm2_fma):
- *   dot_rt     = fmaf(x_r[d-1], ct[d-1][t], ... fmaf(x_r[0], ct[0][t], 0.0f))  (j ascending)
- *   dist[r][t] = kvq_km_dist_from_dot(xn[r], cn[t], dot_rt)      dist [nr, LANES]
- *   pot[t]    += (double)w_r * (double)min(dist[r][t], dmin[r])  in row order, r = 0..nr-1
- * pot [LANES] is added to (the caller zeroes it). Lanes t >= nt of dist and pot are
- * unspecified. Every lane is one fused multiply-add chain, so the AVX2 and AVX-512
- * versions equal the reference bit for bit. Cost: nr * d fused multiply-adds per 8
- * (AVX2) or 16 (AVX-512) candidates. */
+/* ---- seeding kernel: distances to a few candidates -----------------------------------
+ * The inner step of greedy k-means++ / k-means++ (kmeans_seed.c): the distance of every
+ * point to nt <= 16 candidates, in one pass. Its unit is a tile of 16 lanes holding P
+ * points x 16 / P candidates (P = 1, 2, 4, 8 or 16): lane l is point p = l % P and
+ * candidate t = l / P, so a step with 1, 2, 4, 8 or 16 candidates costs 1/16, 1/8, 1/4,
+ * 1/2 or 1 fused multiply-add per point and dim (AVX-512; twice that on AVX2).
+ *
+ *   xi    [ntiles, d, P]  the points interleaved: xi[(g * d + j) * P + p] = x[g * P + p][j]
+ *   xn, w, dmin [ntiles * P]  per point: squared norm (kvq_km_norm2_fma), weight, current
+ *                         squared distance to the nearest centroid (padding points: 0)
+ *   ct    [d, 16]         candidate coordinates per lane: ct[j * 16 + l] = c_{l / P}[j]
+ *   cn    [16]            candidate squared norms per lane (kvq_km_norm2_fma)
+ *   dist  [ntiles, 16]    out: dist[g * 16 + l] = kvq_km_dist_from_dot(xn_i, cn[l], dot),
+ *                         i = g * P + l % P, dot = fmaf(x_i[d-1], ct[d-1][l], ...
+ *                         fmaf(x_i[0], ct[0][l], 0.0f))  (one fused chain, j ascending)
+ *   pot   [16]            added to, per lane, in tile order g = 0, 1, ...:
+ *                         pot[l] += (double)w_i * (double)min(dist[g * 16 + l], dmin_i)
+ *
+ * Every lane is one fused multiply-add chain and one double sum, so the AVX2 and AVX-512
+ * versions equal the reference bit for bit. */
 #define KVQ_KM_CAND_LANES 16
-void kvq_km_cand_eval_ref(const float *x, const float *xn, const float *w, const float *dmin,
-                          int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
-                          float *dist, double *pot);
+void kvq_km_cand_eval_ref(const float *xi, const float *xn, const float *w, const float *dmin,
+                          int64_t ntiles, int32_t d, int32_t P, const float *ct,
+                          const float *cn, float *dist, double *pot);
 #if defined(__x86_64__) && defined(__GNUC__)
-void kvq_km_cand_eval_avx2(const float *x, const float *xn, const float *w, const float *dmin,
-                           int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
-                           float *dist, double *pot);
-void kvq_km_cand_eval_avx512(const float *x, const float *xn, const float *w,
-                             const float *dmin, int64_t nr, int32_t d, const float *ct,
-                             const float *cn, int32_t nt, float *dist, double *pot);
+void kvq_km_cand_eval_avx2(const float *xi, const float *xn, const float *w, const float *dmin,
+                           int64_t ntiles, int32_t d, int32_t P, const float *ct,
+                           const float *cn, float *dist, double *pot);
+void kvq_km_cand_eval_avx512(const float *xi, const float *xn, const float *w,
+                             const float *dmin, int64_t ntiles, int32_t d, int32_t P,
+                             const float *ct, const float *cn, float *dist, double *pot);
 #endif
 /* ||a||^2 as the fused chain above (dot of a with itself), so a point's distance to a
  * candidate equal to it comes out exactly 0. */
@@ -134,6 +141,8 @@ typedef struct kvq_km_data {
     const float *w; /* [n] or NULL (all 1) */
     int64_t n;
     int32_t d;
+    int64_t min_work; /* multiply-adds per thread and step below which a seeding step
+                         runs on one thread; 0 = the default (2^21). Tests set 1. */
 } kvq_km_data;
 
 /* Chooses p->k initial centroids [k, d] from the data with method p->init (not

@@ -24,7 +24,7 @@
 #include "kmeans/kmeans_internal.h"
 #include "kmeans/kmeans_kernels.h"
 
-#define DRAW_BLOCK 1024 /* points per block of D sums, draws and kernel calls */
+#define DRAW_BLOCK 256 /* points per block of D sums, draws and kernel calls */
 #define PROGRESS_EVERY 64
 #define LANES KVQ_KM_CAND_LANES
 
@@ -38,38 +38,35 @@ float kvq_km_norm2_fma(const float *a, int32_t d)
     return s;
 }
 
-void kvq_km_cand_eval_ref(const float *x, const float *xn, const float *w, const float *dmin,
-                          int64_t nr, int32_t d, const float *ct, const float *cn, int32_t nt,
-                          float *dist, double *pot)
+void kvq_km_cand_eval_ref(const float *xi, const float *xn, const float *w, const float *dmin,
+                          int64_t ntiles, int32_t d, int32_t P, const float *ct,
+                          const float *cn, float *dist, double *pot)
 {
-    for (int64_t r = 0; r < nr; r++) {
-        const float *xr = x + (size_t)r * d;
-        const double wr = w ? (double)w[r] : 1.0;
-        for (int32_t t = 0; t < nt; t++) {
+    for (int64_t g = 0; g < ntiles; g++)
+        for (int l = 0; l < LANES; l++) {
+            const int64_t i = g * P + l % P;
+            const float *xg = xi + (size_t)g * d * P + l % P;
             float dot = 0.0f;
             for (int32_t j = 0; j < d; j++)
-                dot = fmaf(xr[j], ct[(size_t)j * LANES + t], dot);
-            const float v = kvq_km_dist_from_dot(xn[r], cn[t], dot);
-            dist[(size_t)r * LANES + t] = v;
-            pot[t] += wr * (double)(v < dmin[r] ? v : dmin[r]);
+                dot = fmaf(xg[(size_t)j * P], ct[(size_t)j * LANES + l], dot);
+            const float v = kvq_km_dist_from_dot(xn[i], cn[l], dot);
+            dist[(size_t)g * LANES + l] = v;
+            pot[l] += (double)w[i] * (double)(v < dmin[i] ? v : dmin[i]);
         }
-    }
 }
 
 typedef void (*cand_eval_fn)(const float *, const float *, const float *, const float *,
-                             int64_t, int32_t, const float *, const float *, int32_t, float *,
+                             int64_t, int32_t, int32_t, const float *, const float *, float *,
                              double *);
 
-/* The fastest kernel for nt candidates on this CPU (all give the same bits). */
-static cand_eval_fn pick_cand_eval(int32_t nt)
+/* The fastest kernel on this CPU (all give the same bits). */
+static cand_eval_fn pick_cand_eval(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (nt > 8 && kvq_cpu_has_avx512())
+    if (kvq_cpu_has_avx512())
         return kvq_km_cand_eval_avx512;
     if (kvq_cpu_has_avx2())
         return kvq_km_cand_eval_avx2;
-#else
-    (void)nt;
 #endif
     return kvq_km_cand_eval_ref;
 }
@@ -213,68 +210,107 @@ static kvq_status seed_progress(const kvq_kmeans_params *p, int64_t done, int64_
 
 /* ---- k-means++ (exact and greedy) ---------------------------------------------------- */
 
-/* Buffers of one (greedy) k-means++ run. */
+/* Buffers of one (greedy) k-means++ run over n points, in tiles of P points
+ * (kvq_km_cand_eval_ref); npad = n rounded up to P, padding points are zero. */
 typedef struct pp_work {
-    int64_t *cand;  /* [trials] candidate point indices */
-    float *ct;      /* [d, LANES] candidates of one chunk, transposed, zero-padded */
-    float *cn;      /* [LANES] their squared norms */
-    float *xnorm;   /* [n] squared norms of the points (kvq_km_norm2_fma) */
-    float *dist;    /* [n, LANES] distances to the chunk's candidates */
-    float *dbest;   /* [n] distances to the best candidate so far (trials > LANES) */
-    double *part;   /* [nblocks, LANES] per-block potentials of the chunk */
+    int32_t P;       /* points per tile: 16 / (candidates per chunk, rounded up to 2^i) */
+    int32_t threads; /* threads of the per-step loops */
+    int64_t npad;
+    int64_t *cand;   /* [trials] candidate point indices */
+    float *ct;       /* [d, LANES] candidates of one chunk, by lane */
+    float *cn;       /* [LANES] their squared norms, by lane */
+    float *xi;       /* [npad / P, d, P] the points, interleaved */
+    float *xnorm;    /* [npad] squared norms of the points (kvq_km_norm2_fma) */
+    float *wt;       /* [npad] weights (1 when the data has none; 0 for padding) */
+    float *dmin;     /* [npad] D; the padding stays 0 */
+    float *dist;     /* [npad / P, LANES] distances to the chunk's candidates */
+    float *dbest;    /* [n] distances to the best candidate so far (trials > LANES) */
+    double *part;    /* [nblocks, LANES] per-block potentials of the chunk */
+    cand_eval_fn eval;
 } pp_work;
 
-/* Distances of every point to candidates cand [nt] (nt <= LANES) into w->dist, and
- * per-block potentials with them into w->part. */
-static void eval_chunk(d2_state *s, pp_work *w, const int64_t *cand, int32_t nt)
+/* Distances of every point to candidates cand [nt] (nt <= LANES / w->P) into w->dist,
+ * and per-block potentials with them into w->part. */
+static void eval_chunk(const d2_state *s, pp_work *w, const int64_t *cand, int32_t nt)
 {
     const kvq_km_data *data = s->data;
-    const int32_t d = data->d;
+    const int32_t d = data->d, P = w->P;
     memset(w->ct, 0, (size_t)d * LANES * sizeof *w->ct);
     memset(w->cn, 0, LANES * sizeof *w->cn);
-    for (int32_t t = 0; t < nt; t++) {
-        const float *xc = data->x + (size_t)cand[t] * d;
+    for (int l = 0; l < LANES && l / P < nt; l++) {
+        const int64_t c = cand[l / P];
         for (int32_t j = 0; j < d; j++)
-            w->ct[(size_t)j * LANES + t] = xc[j];
-        w->cn[t] = w->xnorm[cand[t]];
+            w->ct[(size_t)j * LANES + l] = data->x[(size_t)c * d + j];
+        w->cn[l] = w->xnorm[c];
     }
-    const cand_eval_fn eval = pick_cand_eval(nt);
-#pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1) if (s->nblocks > 1)
+#pragma omp parallel for num_threads(w->threads) schedule(dynamic, 1) if (w->threads > 1)
     for (int64_t b = 0; b < s->nblocks; b++) {
-        const int64_t i0 = b * DRAW_BLOCK;
+        const int64_t g0 = b * DRAW_BLOCK / P;
+        const int64_t g1 = (block_end(data, b) + P - 1) / P;
         double *pb = w->part + (size_t)b * LANES;
-        for (int t = 0; t < LANES; t++)
-            pb[t] = 0.0;
-        eval(data->x + (size_t)i0 * d, w->xnorm + i0, data->w ? data->w + i0 : NULL,
-             s->dmin + i0, block_end(data, b) - i0, d, w->ct, w->cn, nt,
-             w->dist + (size_t)i0 * LANES, pb);
+        for (int l = 0; l < LANES; l++)
+            pb[l] = 0.0;
+        w->eval(w->xi + (size_t)g0 * d * P, w->xnorm + g0 * P, w->wt + g0 * P,
+                w->dmin + g0 * P, g1 - g0, d, P, w->ct, w->cn, w->dist + (size_t)g0 * LANES,
+                pb);
     }
 }
 
-/* dmin = min(dmin, src) (src [n] with stride `stride`), 0 at the chosen point, and the
- * block sums. */
-static void d2_apply(d2_state *s, const float *src, size_t stride, int64_t pick)
+/* Potential after adding candidate t of the last chunk: its lanes of every block. */
+static double chunk_pot(const d2_state *s, const pp_work *w, int32_t t)
+{
+    double pot = 0.0;
+    for (int64_t b = 0; b < s->nblocks; b++)
+        for (int32_t p = 0; p < w->P; p++)
+            pot += w->part[(size_t)b * LANES + t * w->P + p];
+    return pot;
+}
+
+/* Distance of point i to candidate t of the last chunk. */
+static inline float chunk_dist(const pp_work *w, int64_t i, int32_t t)
+{
+    return w->dist[(size_t)(i / w->P) * LANES + t * w->P + i % w->P];
+}
+
+/* D = min(D, distance to the chosen point: candidate t of the last chunk, or dbest
+ * when t < 0), 0 at the chosen point itself, and the block sums. */
+static void d2_apply(d2_state *s, pp_work *w, int32_t t, int64_t pick)
 {
     const kvq_km_data *data = s->data;
-#pragma omp parallel for num_threads(s->threads) schedule(dynamic, 1) if (s->nblocks > 1)
+    const int32_t P = w->P;
+#pragma omp parallel for num_threads(w->threads) schedule(dynamic, 1) if (w->threads > 1)
     for (int64_t b = 0; b < s->nblocks; b++) {
+        const int64_t i0 = b * DRAW_BLOCK, i1 = block_end(data, b);
+        float *dm = w->dmin;
+        if (t >= 0) /* DRAW_BLOCK is a multiple of P: tiles start at i0 */
+            for (int64_t i = i0; i < i1; i += P) {
+                const float *src = w->dist + (size_t)(i / P) * LANES + (size_t)t * P;
+                const int32_t np = i1 - i < P ? (int32_t)(i1 - i) : P;
+                for (int32_t q = 0; q < np; q++)
+                    dm[i + q] = src[q] < dm[i + q] ? src[q] : dm[i + q];
+            }
+        else
+            for (int64_t i = i0; i < i1; i++)
+                dm[i] = w->dbest[i] < dm[i] ? w->dbest[i] : dm[i];
+        if (pick >= i0 && pick < i1)
+            dm[pick] = 0.0f;
         double sum = 0.0;
-        for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
-            const float v = src[(size_t)i * stride];
-            if (v < s->dmin[i])
-                s->dmin[i] = v;
-            if (i == pick)
-                s->dmin[i] = 0.0f;
-            sum += weight_at(data, i) * (double)s->dmin[i];
-        }
+        for (int64_t i = i0; i < i1; i++)
+            sum += (double)w->wt[i] * (double)dm[i];
         s->bsum[b] = sum;
     }
 }
 
+/* Multiply-adds per thread and step below which the per-step loops stay on one thread:
+ * each step has two parallel loops, and on a busy machine waking a second thread
+ * costs more than this much work. */
+#define SEED_MIN_WORK ((int64_t)1 << 21)
+
 /* Chooses k centroids by D^2 sampling; trials > 1 is greedy k-means++: draw `trials`
  * candidates per step and keep the one whose addition lowers the potential most
- * (ties to the earlier draw). Candidates are evaluated LANES at a time in one pass
- * over the points; the winner's distances from that pass become the new D. */
+ * (ties to the earlier draw). The candidates of a step are evaluated in chunks of at
+ * most 16 in one pass over the points each; the winner's distances from that pass
+ * become the new D. */
 static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, int32_t k,
                           int32_t trials, uint64_t seed, float *cent, kvq_err *err)
 {
@@ -289,79 +325,106 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
     kvq_rng_seed(&rng, seed);
     if (trials < 1)
         trials = 1;
+    int32_t per_chunk = 1; /* candidates per chunk: a power of two <= LANES */
+    while (per_chunk < trials && per_chunk < LANES)
+        per_chunk *= 2;
+    w.P = LANES / per_chunk;
+    w.npad = (n + w.P - 1) / w.P * w.P;
+    w.eval = pick_cand_eval();
+    {
+        const int64_t chunks = (trials + LANES - 1) / LANES;
+        const int64_t work = w.npad / w.P * d * chunks;
+        const int64_t want = work / (data->min_work > 0 ? data->min_work : SEED_MIN_WORK);
+        w.threads = want < 1 ? 1 : want < p->threads ? (int32_t)want : p->threads;
+    }
     st = d2_init(&s, data, p->threads, label, err);
     if (st != KVQ_OK)
         goto done;
-    size_t nl;
-    if (!kvq_size_mul((size_t)n, LANES * sizeof(float), &nl)) {
+    size_t nd, nl;
+    if (!kvq_size_mul((size_t)w.npad, (size_t)d * sizeof(float), &nd) ||
+        !kvq_size_mul((size_t)(w.npad / w.P), LANES * sizeof(float), &nl)) {
         st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: seeding buffers", label);
         goto done;
     }
     w.cand = calloc((size_t)trials, sizeof *w.cand);
     w.ct = malloc((size_t)d * LANES * sizeof *w.ct);
     w.cn = malloc(LANES * sizeof *w.cn);
-    w.xnorm = malloc((size_t)n * sizeof *w.xnorm);
+    w.xi = malloc(nd);
+    w.xnorm = calloc((size_t)w.npad, sizeof *w.xnorm);
+    w.wt = calloc((size_t)w.npad, sizeof *w.wt);
+    w.dmin = calloc((size_t)w.npad, sizeof *w.dmin);
     w.dist = malloc(nl);
     w.dbest = trials > LANES ? malloc((size_t)n * sizeof *w.dbest) : NULL;
     w.part = calloc((size_t)s.nblocks * LANES, sizeof *w.part);
-    if (!w.cand || !w.ct || !w.cn || !w.xnorm || !w.dist || (trials > LANES && !w.dbest) ||
-        !w.part) {
+    if (!w.cand || !w.ct || !w.cn || !w.xi || !w.xnorm || !w.wt || !w.dmin || !w.dist ||
+        (trials > LANES && !w.dbest) || !w.part) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: seeding buffers for %lld points", label,
                          (long long)n);
         goto done;
     }
+    /* interleave: xi[(g * d + j) * P + q] = x[g * P + q][j] */
 #pragma omp parallel for num_threads(p->threads) schedule(static) if (n > DRAW_BLOCK)
-    for (int64_t i = 0; i < n; i++) {
-        w.xnorm[i] = kvq_km_norm2_fma(data->x + (size_t)i * d, d);
-        s.dmin[i] = INFINITY;
-    }
+    for (int64_t g = 0; g < w.npad / w.P; g++)
+        for (int32_t q = 0; q < w.P; q++) {
+            const int64_t i = g * w.P + q;
+            float *dst = w.xi + (size_t)g * d * w.P + q;
+            for (int32_t j = 0; j < d; j++)
+                dst[(size_t)j * w.P] = i < n ? data->x[(size_t)i * d + j] : 0.0f;
+            if (i < n) {
+                w.xnorm[i] = kvq_km_norm2_fma(data->x + (size_t)i * d, d);
+                w.wt[i] = data->w ? data->w[i] : 1.0f;
+                w.dmin[i] = INFINITY;
+            }
+        }
+    free(s.dmin); /* the draws read D from w.dmin */
+    s.dmin = w.dmin;
 
     for (int32_t t = 0; t < k; t++) {
         int64_t pick;
         if (t == 0) {
             w.cand[0] = pick = draw_first(data, &rng);
             eval_chunk(&s, &w, w.cand, 1);
-            d2_apply(&s, w.dist, LANES, pick);
+            d2_apply(&s, &w, 0, pick);
         } else {
             const double total = d2_total(&s);
             for (int32_t c = 0; c < trials; c++)
                 w.cand[c] = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
-            int32_t best = 0;
+            int32_t best = 0, best_t = 0;
             double best_pot = INFINITY;
-            for (int32_t c0 = 0; c0 < trials; c0 += LANES) {
-                const int32_t nt = trials - c0 < LANES ? trials - c0 : LANES;
+            for (int32_t c0 = 0; c0 < trials; c0 += per_chunk) {
+                const int32_t nt = trials - c0 < per_chunk ? trials - c0 : per_chunk;
                 eval_chunk(&s, &w, w.cand + c0, nt);
                 int32_t chunk_best = -1;
                 for (int32_t c = 0; c < nt; c++) {
-                    double pot = 0.0;
-                    for (int64_t b = 0; b < s.nblocks; b++)
-                        pot += w.part[(size_t)b * LANES + c];
+                    const double pot = chunk_pot(&s, &w, c);
                     if (pot < best_pot) {
                         best_pot = pot;
                         best = c0 + c;
-                        chunk_best = c;
+                        chunk_best = best_t = c;
                     }
                 }
                 if (w.dbest && chunk_best >= 0)
                     for (int64_t i = 0; i < n; i++)
-                        w.dbest[i] = w.dist[(size_t)i * LANES + chunk_best];
+                        w.dbest[i] = chunk_dist(&w, i, chunk_best);
             }
             pick = w.cand[best];
-            if (w.dbest)
-                d2_apply(&s, w.dbest, 1, pick);
-            else
-                d2_apply(&s, w.dist + best, LANES, pick);
+            d2_apply(&s, &w, w.dbest ? -1 : best_t, pick);
         }
         memcpy(cent + (size_t)t * d, data->x + (size_t)pick * d, (size_t)d * sizeof(float));
         if (t % PROGRESS_EVERY == 0 && t > 0 && (st = seed_progress(p, t, k, err)) != KVQ_OK)
             goto done;
     }
 done:
+    if (s.dmin == w.dmin)
+        s.dmin = NULL;
     d2_free(&s);
     free(w.cand);
     free(w.ct);
     free(w.cn);
+    free(w.xi);
     free(w.xnorm);
+    free(w.wt);
+    free(w.dmin);
     free(w.dist);
     free(w.dbest);
     free(w.part);
@@ -397,12 +460,25 @@ static kvq_status seed_random(const kvq_km_data *data, int32_t k, uint64_t seed,
     return KVQ_OK;
 }
 
+/* Candidates per greedy step: p->greedy_trials, or min(2 + floor(ln k), 4). Four
+ * candidates cost what three do (one tile of 4 points x 4 candidates), and at the same
+ * cost a larger seeding sample with 4 candidates beats 2 + ln k candidates on a smaller
+ * one (docs/BENCHMARKS.md). */
+static int32_t greedy_trials(const kvq_kmeans_params *p, int32_t k)
+{
+    if (p->greedy_trials > 0)
+        return p->greedy_trials;
+    const int32_t t = 2 + (int32_t)floor(log((double)k));
+    return t < 4 ? t : 4;
+}
+
 /* ---- k-means|| ------------------------------------------------------------------------ */
 
 /* Bahmani et al. 2012: start from one weighted-uniform point; each round keeps
  * point i with probability min(1, l w_i D_i / psi), l = oversample * k; then every
  * candidate is weighted by the total weight of the points nearest to it, and
- * weighted k-means++ on the candidates picks the k centroids. */
+ * weighted greedy k-means++ on the candidates (greedy_trials per step) picks the k
+ * centroids. */
 static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params *p,
                                 int32_t k, uint64_t seed, const kvq_km_backend *be,
                                 void *ctx, float *cent, kvq_err *err)
@@ -543,8 +619,9 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
     kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: k-means|| reduced %lld points to %lld candidates",
             label, (long long)n, (long long)m);
     {
-        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d};
-        st = seed_pp(&cand, p, k, 1, kvq_km_mix64(seed ^ 0xca11ULL), cent, err);
+        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d, .min_work = data->min_work};
+        st = seed_pp(&cand, p, k, greedy_trials(p, k), kvq_km_mix64(seed ^ 0xca11ULL), cent,
+                     err);
     }
 done:
     d2_free(&s);
@@ -600,12 +677,9 @@ kvq_status kvq_km_seed(const kvq_km_data *data, const kvq_kmeans_params *p,
     case KVQ_KMEANS_INIT_PP:
         st = seed_pp(use, p, k, 1, seed, cent, err);
         break;
-    case KVQ_KMEANS_INIT_GREEDY_PP: {
-        int32_t trials = p->greedy_trials > 0 ? p->greedy_trials
-                                              : 2 + (int32_t)floor(log((double)k));
-        st = seed_pp(use, p, k, trials, seed, cent, err);
+    case KVQ_KMEANS_INIT_GREEDY_PP:
+        st = seed_pp(use, p, k, greedy_trials(p, k), seed, cent, err);
         break;
-    }
     default: /* KVQ_KMEANS_INIT_PARALLEL */
         st = seed_parallel(use, p, k, seed, be, ctx, cent, err);
         break;

@@ -270,33 +270,25 @@ static int64_t emit(kvq_isa isa, const uint32_t *keys, int64_t n, uint32_t T, in
     DISPATCH_RET(isa, kvq_rk_emit, (keys, n, T, ties, idx), emit_scalar(keys, n, T, ties, idx));
 }
 
-/* Radix select: find the key T of the k-th largest element digit by digit (11, 11, 10
- * bits, most significant first). After each digit, `remaining` counts how many of the
- * selection are still to be found among the keys sharing the digits so far; those
- * keys are compacted so the next pass only looks at them. At the end `remaining` keys
- * equal to T are taken, in index order. Three passes over n (keys + histogram,
- * compaction, emission) plus passes over the compacted keys. */
-int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
-                    uint32_t *work)
+/* The k-th largest of keys[0..m) (1 <= k <= m), digit by digit (11, 11, 10 bits, most
+ * significant first). After each digit, `remaining` counts how many of the selection
+ * are still to be found among the keys sharing the digits so far; those keys are
+ * compacted (into sub [m]) so the next digit only looks at them. Returns the key T
+ * and in *ties how many keys equal to T belong to the top k. hist0, when not NULL, is
+ * the histogram of the first digit, already counted. */
+static uint32_t kth_key(kvq_isa isa, const uint32_t *keys, int64_t m, int64_t k, uint32_t *sub,
+                        const uint32_t *hist0, int64_t *ties)
 {
-    if (n <= 0 || k <= 0)
-        return 0;
-    if (k >= n) {
-        for (int64_t j = 0; j < n; j++)
-            idx[j] = (int32_t)j;
-        return n;
-    }
-    uint32_t *keys = work, *sub = work + n;
     uint32_t hist[KVQ_RK_HIST];
-    memset(hist, 0, sizeof hist);
-    keyhist(isa, scores, n, keys, hist);
     const uint32_t *src = keys;
-    int64_t m = n, remaining = k;
+    int64_t remaining = k;
     uint32_t T = 0;
     for (int pass = 0; pass < 3; pass++) {
         const int shift = kvq_rk_digit_shift(pass);
         const uint32_t mask = kvq_rk_digit_mask(pass);
-        if (pass > 0) {
+        if (pass == 0 && hist0) {
+            memcpy(hist, hist0, sizeof hist);
+        } else {
             memset(hist, 0, sizeof hist);
             for (int64_t i = 0; i < m; i++)
                 hist[(src[i] >> shift) & mask]++;
@@ -313,7 +305,103 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
             src = sub;
         }
     }
-    return emit(isa, keys, n, T, remaining, idx);
+    *ties = remaining;
+    return T;
+}
+
+/* Keys of a strided sample: 1024 of n, deterministic. */
+#define TOPK_SAMPLE 1024
+#define TOPK_SAMPLE_MIN_N 16384
+
+/* Scalar versions of the bracket pass and the emission from scores (kernels_simd.h). */
+static int64_t bracket_scalar(const float *scores, int64_t n, uint32_t lo, uint32_t hi,
+                              uint32_t *out, int64_t *above)
+{
+    int64_t m = 0, a = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const uint32_t key = kvq_rk_key(scores[j]);
+        a += key > hi;
+        if (key >= lo && key <= hi)
+            out[m++] = key;
+    }
+    *above = a;
+    return m;
+}
+
+static int64_t emit_scores_scalar(const float *scores, int64_t n, uint32_t T, int64_t ties,
+                                  int32_t *idx)
+{
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const uint32_t key = kvq_rk_key(scores[j]);
+        if (key > T || (key == T && ties-- > 0))
+            idx[m++] = (int32_t)j;
+    }
+    return m;
+}
+
+static int64_t bracket(kvq_isa isa, const float *scores, int64_t n, uint32_t lo, uint32_t hi,
+                       uint32_t *out, int64_t *above)
+{
+    DISPATCH_RET(isa, kvq_rk_bracket, (scores, n, lo, hi, out, above),
+                 bracket_scalar(scores, n, lo, hi, out, above));
+}
+
+static int64_t emit_scores(kvq_isa isa, const float *scores, int64_t n, uint32_t T, int64_t ties,
+                           int32_t *idx)
+{
+    DISPATCH_RET(isa, kvq_rk_emit_scores, (scores, n, T, ties, idx),
+                 emit_scores_scalar(scores, n, T, ties, idx));
+}
+
+/* Top-k. Large inputs first bracket the threshold with a sample: the keys of 1024
+ * evenly spaced scores give a range [lo, hi] that holds the k-th largest key with high
+ * probability; one vector pass counts the keys above hi and keeps those in the range,
+ * the radix select finds the exact threshold among the kept ones, and a last pass
+ * emits the indices. When the bracket misses (the count above hi exceeds k, or the
+ * range holds too few keys), the full radix select over all keys runs instead. Either
+ * way the threshold and the tie rule are exact, so the selection never depends on the
+ * path. Cost: two passes over n (bracketed), or three (radix). */
+int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
+                    uint32_t *work)
+{
+    if (n <= 0 || k <= 0)
+        return 0;
+    if (k >= n) {
+        for (int64_t j = 0; j < n; j++)
+            idx[j] = (int32_t)j;
+        return n;
+    }
+    uint32_t *keys = work, *sub = work + n;
+    int64_t ties;
+    uint32_t T;
+    if (n >= TOPK_SAMPLE_MIN_N) {
+        uint32_t sample[TOPK_SAMPLE], ssub[TOPK_SAMPLE];
+        for (int64_t i = 0; i < TOPK_SAMPLE; i++)
+            sample[i] = kvq_rk_key(scores[(i * n) / TOPK_SAMPLE]);
+        /* the k-th largest sits near rank r of the sample; widen by ~4 standard deviations */
+        const int64_t r = (k * TOPK_SAMPLE) / n;
+        const int64_t margin = 16 + 4 * (int64_t)sqrt((double)r + 1.0);
+        const int64_t rh = r - margin, rl = r + margin;
+        int64_t unused;
+        const uint32_t hi = rh < 1 ? UINT32_MAX
+                                   : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rh, ssub, NULL, &unused);
+        const uint32_t lo = rl >= TOPK_SAMPLE
+                                ? 0
+                                : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rl, ssub, NULL, &unused);
+        int64_t above;
+        const int64_t m = bracket(isa, scores, n, lo, hi, keys, &above);
+        const int64_t need = k - above;
+        if (need >= 1 && need <= m) {
+            T = kth_key(isa, keys, m, need, sub, NULL, &ties);
+            return emit_scores(isa, scores, n, T, ties, idx);
+        }
+    }
+    uint32_t hist[KVQ_RK_HIST];
+    memset(hist, 0, sizeof hist);
+    keyhist(isa, scores, n, keys, hist);
+    T = kth_key(isa, keys, n, k, sub, hist, &ties);
+    return emit(isa, keys, n, T, ties, idx);
 }
 
 /* ==========================================================================

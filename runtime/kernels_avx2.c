@@ -105,8 +105,7 @@ TARGET void kvq_rk_keyhist_avx2(const float *scores, int64_t n, uint32_t *keys, 
     }
     for (; j < n; j++)
         keys[j] = kvq_rk_key(scores[j]);
-    for (j = 0; j < n; j++)
-        hist[keys[j] >> 21]++;
+    kvq_rk_hist_top(keys, n, hist);
 }
 
 TARGET int64_t kvq_rk_compact_avx2(const uint32_t *keys, int64_t n, uint32_t digit, int shift,
@@ -160,6 +159,77 @@ TARGET int64_t kvq_rk_emit_avx2(const uint32_t *keys, int64_t n, uint32_t T, int
     for (; j < n; j++)
         if (keys[j] > T || (keys[j] == T && ties-- > 0))
             idx[m++] = (int32_t)j;
+    return m;
+}
+
+static inline TARGET __m256i keys8(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(_mm256_add_ps(x, _mm256_setzero_ps()));
+    return _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31),
+                                               _mm256_set1_epi32((int)0x80000000u)));
+}
+
+TARGET int64_t kvq_rk_bracket_avx2(const float *scores, int64_t n, uint32_t lo, uint32_t hi,
+                                   uint32_t *out, int64_t *above)
+{
+    /* unsigned compares through the sign flip */
+    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
+    const __m256i los = _mm256_xor_si256(_mm256_set1_epi32((int)lo), top);
+    const __m256i his = _mm256_xor_si256(_mm256_set1_epi32((int)hi), top);
+    int64_t m = 0, a = 0, j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256i k = keys8(_mm256_loadu_ps(scores + j)), ks = _mm256_xor_si256(k, top);
+        const unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(ks, his)));
+        const unsigned below = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(los, ks)));
+        unsigned in = ~(gt | below) & 0xffu;
+        a += __builtin_popcount(gt);
+        if (in) {
+            uint32_t buf[8];
+            _mm256_storeu_si256((__m256i *)buf, k);
+            while (in) {
+                out[m++] = buf[__builtin_ctz(in)];
+                in &= in - 1;
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const uint32_t key = kvq_rk_key(scores[j]);
+        a += key > hi;
+        if (key >= lo && key <= hi)
+            out[m++] = key;
+    }
+    *above = a;
+    return m;
+}
+
+TARGET int64_t kvq_rk_emit_scores_avx2(const float *scores, int64_t n, uint32_t T, int64_t ties,
+                                       int32_t *idx)
+{
+    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
+    const __m256i tv = _mm256_set1_epi32((int)T), ts = _mm256_xor_si256(tv, top);
+    int64_t m = 0, j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256i k = keys8(_mm256_loadu_ps(scores + j));
+        const unsigned gt = (unsigned)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, top), ts)));
+        const unsigned eq = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
+        unsigned bits = gt | eq;
+        while (bits) {
+            const int l = __builtin_ctz(bits);
+            bits &= bits - 1;
+            if ((gt >> l) & 1u)
+                idx[m++] = (int32_t)(j + l);
+            else if (ties > 0) {
+                idx[m++] = (int32_t)(j + l);
+                ties--;
+            }
+        }
+    }
+    for (; j < n; j++) {
+        const uint32_t key = kvq_rk_key(scores[j]);
+        if (key > T || (key == T && ties-- > 0))
+            idx[m++] = (int32_t)j;
+    }
     return m;
 }
 
@@ -415,16 +485,16 @@ TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t
             for (int h = 0; h < 4; h++)
                 o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
             for (int32_t t = 0; t < dv; t += 8) {
-                __m256 a[4];
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++)
-                    a[h] = _mm256_loadu_ps(o[h] + t);
+                __m256 a0 = _mm256_loadu_ps(o[0] + t), a1 = _mm256_loadu_ps(o[1] + t);
+                __m256 a2 = _mm256_loadu_ps(o[2] + t), a3 = _mm256_loadu_ps(o[3] + t);
                 for (int r = 0; r < jn; r++) {
                     const __m256 v = load8(vr[r], vf16, t);
-#pragma GCC unroll 4
-                    for (int h = 0; h < 4; h++)
-                        a[h] = _mm256_fmadd_ps(_mm256_set1_ps(pw[h][r]), v, a[h]);
+                    a0 = _mm256_fmadd_ps(_mm256_set1_ps(pw[0][r]), v, a0);
+                    a1 = _mm256_fmadd_ps(_mm256_set1_ps(pw[1][r]), v, a1);
+                    a2 = _mm256_fmadd_ps(_mm256_set1_ps(pw[2][r]), v, a2);
+                    a3 = _mm256_fmadd_ps(_mm256_set1_ps(pw[3][r]), v, a3);
                 }
+                const __m256 a[4] = {a0, a1, a2, a3};
                 for (int h = 0; h < nh; h++)
                     _mm256_storeu_ps(o[h] + t, a[h]);
             }

@@ -117,8 +117,7 @@ TARGET void kvq_rk_keyhist_avx512(const float *scores, int64_t n, uint32_t *keys
         const __mmask16 m = tail16(n - j);
         _mm512_mask_storeu_epi32(keys + j, m, keys16(_mm512_maskz_loadu_ps(m, scores + j)));
     }
-    for (j = 0; j < n; j++)
-        hist[keys[j] >> 21]++;
+    kvq_rk_hist_top(keys, n, hist);
 }
 
 TARGET int64_t kvq_rk_compact_avx512(const uint32_t *keys, int64_t n, uint32_t digit, int shift,
@@ -159,6 +158,49 @@ TARGET int64_t kvq_rk_emit_avx512(const uint32_t *keys, int64_t n, uint32_t T, i
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
         const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
+        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
+        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
+        if (eq && ties > 0) {
+            const int c = __builtin_popcount(eq);
+            if (c > ties)
+                eq = lowest_bits(eq, ties);
+            ties -= c > ties ? ties : c;
+            sel |= eq;
+        }
+        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        _mm512_mask_compressstoreu_epi32(idx + m, (__mmask16)sel, ix);
+        m += __builtin_popcount(sel);
+    }
+    return m;
+}
+
+TARGET int64_t kvq_rk_bracket_avx512(const float *scores, int64_t n, uint32_t lo, uint32_t hi,
+                                     uint32_t *out, int64_t *above)
+{
+    const __m512i lov = _mm512_set1_epi32((int)lo), hiv = _mm512_set1_epi32((int)hi);
+    int64_t m = 0, a = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i k = keys16(_mm512_maskz_loadu_ps(valid, scores + j));
+        const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(valid, k, hiv);
+        const __mmask16 in = _mm512_mask_cmpge_epu32_mask(valid, k, lov) & ~gt;
+        a += __builtin_popcount((unsigned)gt);
+        _mm512_mask_compressstoreu_epi32(out + m, in, k);
+        m += __builtin_popcount((unsigned)in);
+    }
+    *above = a;
+    return m;
+}
+
+TARGET int64_t kvq_rk_emit_scores_avx512(const float *scores, int64_t n, uint32_t T, int64_t ties,
+                                         int32_t *idx)
+{
+    const __m512i tv = _mm512_set1_epi32((int)T);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i k = keys16(_mm512_maskz_loadu_ps(valid, scores + j));
         uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
         uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
         if (eq && ties > 0) {
@@ -434,16 +476,17 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                 o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
             for (int32_t t = 0; t < d; t += 16) {
                 const __mmask16 mk = tail16(d - t);
-                __m512 a[4];
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++)
-                    a[h] = _mm512_maskz_loadu_ps(mk, o[h] + t);
+                __m512 a0 = _mm512_maskz_loadu_ps(mk, o[0] + t), a1 = _mm512_maskz_loadu_ps(mk, o[1] + t);
+                __m512 a2 = _mm512_maskz_loadu_ps(mk, o[2] + t), a3 = _mm512_maskz_loadu_ps(mk, o[3] + t);
                 for (int r = 0; r < jn; r++) {
-                    const __m512 v = load16(vr[r], vf16, t, mk);
-#pragma GCC unroll 4
-                    for (int h = 0; h < 4; h++)
-                        a[h] = _mm512_fmadd_ps(_mm512_set1_ps(pw[h][r]), v, a[h]);
+                    const __m512 v = vf16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)vr[r] + t))
+                                          : _mm512_maskz_loadu_ps(mk, (const float *)vr[r] + t);
+                    a0 = _mm512_fmadd_ps(_mm512_set1_ps(pw[0][r]), v, a0);
+                    a1 = _mm512_fmadd_ps(_mm512_set1_ps(pw[1][r]), v, a1);
+                    a2 = _mm512_fmadd_ps(_mm512_set1_ps(pw[2][r]), v, a2);
+                    a3 = _mm512_fmadd_ps(_mm512_set1_ps(pw[3][r]), v, a3);
                 }
+                const __m512 a[4] = {a0, a1, a2, a3};
                 for (int h = 0; h < nh; h++)
                     _mm512_mask_storeu_ps(o[h] + t, mk, a[h]);
             }

@@ -14,6 +14,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <string.h>
+
+/* hist[keys[j] >> 21] += 1 for j < n, counting into four interleaved copies: scores
+ * crowd into a few bins, and one counter incremented back to back waits for its own
+ * previous store. hist: [2048], added to. */
+static inline void kvq_rk_hist_top(const uint32_t *keys, int64_t n, uint32_t *hist)
+{
+    uint32_t h4[4][2048];
+    memset(h4, 0, sizeof h4);
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        h4[0][keys[j] >> 21]++;
+        h4[1][keys[j + 1] >> 21]++;
+        h4[2][keys[j + 2] >> 21]++;
+        h4[3][keys[j + 3] >> 21]++;
+    }
+    for (; j < n; j++)
+        h4[0][keys[j] >> 21]++;
+    for (int b = 0; b < 2048; b++)
+        hist[b] += h4[0][b] + h4[1][b] + h4[2][b] + h4[3][b];
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVQ_RK_HAVE_X86 1
 
@@ -27,6 +49,9 @@
  *             order; returns the count (out may alias keys: it never runs ahead)
  *   emit      idx <- every j with keys[j] > T, and the first `ties` j with keys[j] == T,
  *             in increasing j; returns the count
+ *   bracket   with key = kvq_rk_key(scores[j]): *above = #{key > hi}; appends the keys
+ *             in [lo, hi] to out in order; returns their count
+ *   emit_scores  emit with the keys computed from scores on the fly
  *   logits, softmax, mix, attend: kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix /
  *             kvq_rk_attend_rows with f16 = 1 for f16 rows and 0 for f32 rows.
  * The attend state layout (kernels.c): per head h, state[h] = running max,
@@ -41,6 +66,10 @@
                                uint32_t mask, uint32_t *out);                                \
     int64_t kvq_rk_emit_##X(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,       \
                             int32_t *idx);                                                   \
+    int64_t kvq_rk_bracket_##X(const float *scores, int64_t n, uint32_t lo, uint32_t hi,     \
+                               uint32_t *out, int64_t *above);                               \
+    int64_t kvq_rk_emit_scores_##X(const float *scores, int64_t n, uint32_t T, int64_t ties, \
+                                   int32_t *idx);                                            \
     void kvq_rk_logits_##X(const float *q, int32_t nq, int32_t d, const void *K, int f16,    \
                            int64_t ld_k, const int32_t *idx, int64_t m, float scale,         \
                            float *logits, int64_t ld_l);                                     \

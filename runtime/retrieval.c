@@ -656,13 +656,16 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     for (int64_t j = st.w_beg; j < nvis; j++)
         att[m++] = (int32_t)j;
 
-    /* ---- exact attention over the union */
+    /* ---- exact attention over the union: logits, softmax, weighted sum of values
+     * (two passes: on the development machine this beat kvq_rk_attend_rows, the fused
+     * one-pass kernel, by a few percent; bench_decode --attn compares them) */
     float *lg = S->logits; /* [gs, m] */
     if (r->p.positions == KVQ_POSITIONS_ROPE) {
         for (int64_t a = 0; a < m; a++)
             kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)a * d);
         kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m, scale, lg, m);
     } else {
+        /* sinks and selection: q R_b against the stored keys; the window: exact RoPE */
         kvq_rk_logits(r->p.isa, S->qb, gs, d, H->k, r->p.cache_dtype, d, att, m_far, scale, lg, m);
         for (int64_t a = m_far; a < m; a++)
             kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)(a - m_far) * d);

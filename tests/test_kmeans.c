@@ -1,6 +1,7 @@
 /* test_kmeans.c — k-means: per-element kernels, SGEMM path vs the scalar reference,
- * recovery of planted clusters, monotone inertia, determinism across threads,
- * empty-cluster repair, weights, seeding quality, errors, CUDA fallback. */
+ * AVX2 / AVX-512 paths vs their references, recovery of planted clusters, monotone
+ * inertia, determinism across threads (Lloyd and every seeding path), seeding on a
+ * subsample, empty-cluster repair, weights, seeding quality, errors, CUDA fallback. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -191,7 +192,7 @@ static void test_gemm_matches_reference(void **state)
     free(dist);
 }
 
-/* The AVX2 fused argmin equals the scalar one bit for bit, ties included. */
+/* The AVX2 and AVX-512 fused argmins equal the scalar one bit for bit, ties included. */
 static void test_argmin_simd_matches_ref(void **state)
 {
 #ifdef KVQ_KM_HAVE_AVX2_ARGMIN
@@ -217,6 +218,11 @@ static void test_argmin_simd_matches_ref(void **state)
         kvq_km_row_argmin_avx2(s, cn, xn, kc, &i2, &d2);
         assert_int_equal(i1, i2);
         assert_memory_equal(&d1, &d2, sizeof d1);
+        if (kvq_cpu_has_avx512()) {
+            kvq_km_row_argmin_avx512(s, cn, xn, kc, &i2, &d2);
+            assert_int_equal(i1, i2);
+            assert_memory_equal(&d1, &d2, sizeof d1);
+        }
         /* and both are the sequential first minimum */
         int32_t seq = 0;
         for (int32_t j = 1; j < kc; j++)
@@ -229,8 +235,9 @@ static void test_argmin_simd_matches_ref(void **state)
 #endif
 }
 
-/* The small-d direct path (and so the CPU backend for d <= KVQ_KM_DIRECT_MAX_D) equals
- * the scalar reference bit for bit: kvq_km_l2sq and the first minimum. */
+/* The small-d direct paths, AVX2 and AVX-512 (and so the CPU backend for
+ * d <= KVQ_KM_DIRECT_MAX_D), equal the scalar reference bit for bit: kvq_km_l2sq and the
+ * first minimum. */
 static void test_direct_matches_reference(void **state)
 {
 #ifdef KVQ_KM_HAVE_AVX2_ARGMIN
@@ -255,6 +262,23 @@ static void test_direct_matches_reference(void **state)
             for (int32_t t = 0; t < d; t++)
                 ct[t * kc8 + j] = c[j * d + t];
         kvq_km_assign_direct_avx2(x, n, d, ct, kc, a, dist);
+        if (kvq_cpu_has_avx512()) { /* sixteen centroids per register: its own layout */
+            const int32_t kc16 = (kc + 15) & ~15;
+            float *ct16 = calloc((size_t)KVQ_KM_DIRECT_DPAD(d) * kc16, sizeof *ct16);
+            int32_t a16[300];
+            float dist16[300];
+            for (int32_t j = 0; j < kc; j++)
+                for (int32_t t = 0; t < d; t++)
+                    ct16[t * kc16 + j] = c[j * d + t];
+            kvq_km_assign_direct_avx512(x, n, d, ct16, kc, a16, dist16);
+            assert_memory_equal(a16, a, sizeof a);
+            assert_memory_equal(dist16, dist, sizeof dist);
+            /* row counts that leave every tail of the 4- and 2-row loops */
+            kvq_km_assign_direct_avx512(x + 3 * d, n - 3, d, ct16, kc, a16, dist16);
+            assert_memory_equal(a16, a + 3, (n - 3) * sizeof *a);
+            assert_memory_equal(dist16, dist + 3, (n - 3) * sizeof *dist);
+            free(ct16);
+        }
         for (int64_t i = 0; i < n; i++) {
             int32_t best = 0;
             float bd = INFINITY;
@@ -281,6 +305,174 @@ static void test_direct_matches_reference(void **state)
 #else
     TEST_SKIP("not an x86-64 build");
 #endif
+}
+
+/* The seeding kernel: AVX2 and AVX-512 equal the scalar reference bit for bit for every
+ * tile shape (P points x 16 / P candidates), distances and potentials; a point equal to
+ * a candidate is at distance exactly 0; the distances agree with the exact ones. */
+static void test_cand_eval_matches_ref(void **state)
+{
+    enum { L = KVQ_KM_CAND_LANES, D = 37, MAXT = 13 };
+    const int32_t d = D;
+    kvq_rng r;
+    kvq_rng_seed(&r, 8);
+    const int32_t shapes[5] = {1, 2, 4, 8, 16};
+    const int64_t tiles[3] = {1, 6, MAXT}; /* tails of the 8- and 4-tile loops */
+    float *x = malloc((size_t)MAXT * 16 * d * sizeof *x);
+    float *xi = malloc((size_t)MAXT * 16 * d * sizeof *xi);
+    float xn[MAXT * 16], w[MAXT * 16], dm[MAXT * 16];
+    float ct[D * L], cn[L];
+    float *dist[3];
+    for (int v = 0; v < 3; v++)
+        dist[v] = malloc((size_t)MAXT * L * sizeof(float));
+    for (int si = 0; si < 5; si++)
+        for (int ti = 0; ti < 3; ti++) {
+            const int32_t P = shapes[si], nc = L / P;
+            const int64_t nt = tiles[ti], np = nt * P;
+            for (int64_t i = 0; i < np * d; i++)
+                x[i] = (float)kvq_rng_normal(&r);
+            int64_t cand[16] = {0};
+            for (int32_t t = 0; t < nc; t++)
+                cand[t] = (int64_t)kvq_rng_below(&r, (uint64_t)np);
+            if (nc > 1)
+                cand[nc - 1] = cand[0]; /* two lanes with the same candidate */
+            for (int64_t i = 0; i < np; i++) {
+                const int64_t g = i / P, q = i % P;
+                for (int32_t j = 0; j < d; j++)
+                    xi[((size_t)g * d + j) * P + q] = x[i * d + j];
+                xn[i] = kvq_km_norm2_fma(x + i * d, d);
+                w[i] = (float)(i % 3) * 1.25f; /* includes weight 0 */
+                dm[i] = i % 5 == 0 ? INFINITY : i % 5 == 1 ? 0.0f : (float)(kvq_rng_uniform(&r) * 80);
+            }
+            for (int l = 0; l < L; l++) {
+                for (int32_t j = 0; j < d; j++)
+                    ct[j * L + l] = x[cand[l / P] * d + j];
+                cn[l] = xn[cand[l / P]];
+            }
+            double pot[3][L];
+            for (int v = 0; v < 3; v++)
+                for (int l = 0; l < L; l++)
+                    pot[v][l] = 0.5 * l; /* the kernel adds to it */
+            kvq_km_cand_eval_ref(xi, xn, w, dm, nt, d, P, ct, cn, dist[0], pot[0]);
+            for (int64_t i = 0; i < np; i++)
+                for (int32_t t = 0; t < nc; t++) {
+                    const float v = dist[0][(i / P) * L + t * P + i % P];
+                    if (i == cand[t])
+                        assert_true(v == 0.0f);
+                    const double ex = l2sq_double(x + i * d, x + cand[t] * d, d);
+                    assert_true(fabs(v - ex) <= KVQ_KMEANS_TOL_DIST * (xn[i] + cn[t * P]));
+                }
+#ifdef KVQ_KM_HAVE_AVX2_ARGMIN
+            if (kvq_cpu_has_avx2()) {
+                kvq_km_cand_eval_avx2(xi, xn, w, dm, nt, d, P, ct, cn, dist[1], pot[1]);
+                assert_memory_equal(dist[0], dist[1], (size_t)nt * L * sizeof(float));
+                assert_memory_equal(pot[0], pot[1], sizeof pot[0]);
+            }
+            if (kvq_cpu_has_avx512()) {
+                kvq_km_cand_eval_avx512(xi, xn, w, dm, nt, d, P, ct, cn, dist[2], pot[2]);
+                assert_memory_equal(dist[0], dist[2], (size_t)nt * L * sizeof(float));
+                assert_memory_equal(pot[0], pot[2], sizeof pot[0]);
+            }
+#endif
+        }
+    for (int v = 0; v < 3; v++)
+        free(dist[v]);
+    free(x);
+    free(xi);
+}
+
+/* Every seeding path (k-means++: tiles of 16 points; greedy with 2, 3, 7, 12 and 20
+ * candidates: 8, 4, 2, 1 points per tile and two chunks; k-means||) gives the same bits
+ * on 1 and 2 threads with the per-step loops forced parallel, picks distinct data
+ * points, and with weights never picks a weight-0 point. */
+static void test_seed_paths_threads(void **state)
+{
+    const int64_t n = 2400; /* three seeding blocks */
+    const int32_t d = 11, k = 10;
+    float *x = planted(12, n / 12, d, 4.0f, 0.5f, 131, NULL);
+    float *w = malloc(n * sizeof *w);
+    for (int64_t i = 0; i < n; i++)
+        w[i] = i % 4 == 3 ? 0.0f : 1.0f + (float)(i % 3);
+    float c1[10 * 11], c2[10 * 11];
+    void *ctx = NULL;
+    kvq_err e = {0};
+    const struct {
+        kvq_kmeans_init init;
+        int32_t trials;
+    } cases[] = {{KVQ_KMEANS_INIT_PP, 0},        {KVQ_KMEANS_INIT_GREEDY_PP, 2},
+                 {KVQ_KMEANS_INIT_GREEDY_PP, 3}, {KVQ_KMEANS_INIT_GREEDY_PP, 7},
+                 {KVQ_KMEANS_INIT_GREEDY_PP, 12}, {KVQ_KMEANS_INIT_GREEDY_PP, 20},
+                 {KVQ_KMEANS_INIT_PARALLEL, 0}};
+    for (int wi = 0; wi < 2; wi++) {
+        const float *wp = wi ? w : NULL;
+        assert_int_equal(kvq_km_backend_cpu.create(x, wp, n, d, 2, &ctx, &e), KVQ_OK);
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            kvq_km_data data = {.x = x, .w = wp, .n = n, .d = d, .min_work = 1};
+            kvq_kmeans_params p = kvq_kmeans_params_default();
+            p.k = k;
+            p.init = cases[ci].init;
+            p.greedy_trials = cases[ci].trials;
+            p.seed_points_per_centroid = 0; /* all 2400 points */
+            p.threads = 1;
+            assert_int_equal(kvq_km_seed(&data, &p, &kvq_km_backend_cpu, ctx, c1, &e), KVQ_OK);
+            p.threads = 2;
+            assert_int_equal(kvq_km_seed(&data, &p, &kvq_km_backend_cpu, ctx, c2, &e), KVQ_OK);
+            assert_memory_equal(c1, c2, sizeof c1);
+            for (int32_t j = 0; j < k; j++) {
+                int64_t row = -1;
+                for (int64_t i = 0; i < n && row < 0; i++)
+                    if (memcmp(x + i * d, c1 + j * d, d * sizeof(float)) == 0)
+                        row = i;
+                assert_true(row >= 0);
+                if (wp)
+                    assert_true(wp[row] > 0.0f);
+                for (int32_t q = 0; q < j; q++)
+                    assert_memory_not_equal(c1 + q * d, c1 + j * d, d * sizeof(float));
+            }
+        }
+        kvq_km_backend_cpu.destroy(ctx);
+        ctx = NULL;
+    }
+    free(x);
+    free(w);
+}
+
+/* Seeding runs on a seeded subsample of seed_points_per_centroid * k points: logged,
+ * reproducible, different from seeding on every point, 0 = every point; negative is
+ * rejected. */
+static void test_seed_subsample(void **state)
+{
+    const int64_t n = 4000;
+    const int32_t d = 6, k = 16;
+    float *x = planted(8, n / 8, d, 5.0f, 1.0f, 141, NULL);
+    log_capture lc;
+    memset(&lc, 0, sizeof lc);
+    kvq_kmeans_params p = kvq_kmeans_params_default();
+    p.k = k;
+    p.max_iters = 0;
+    p.label = "sub";
+    p.cb.log = capture_log;
+    p.cb.user = &lc;
+    float c1[16 * 6], c2[16 * 6], c3[16 * 6];
+    kvq_err e = {0};
+    p.seed_points_per_centroid = 10;
+    assert_int_equal(kvq_kmeans_fit(x, n, d, NULL, &p, c1, NULL, NULL, &e), KVQ_OK);
+    assert_non_null(strstr(lc.all, "sub: seeding on a subsample of 160 of 4000 points"));
+    assert_int_equal(kvq_kmeans_fit(x, n, d, NULL, &p, c2, NULL, NULL, &e), KVQ_OK);
+    assert_memory_equal(c1, c2, sizeof c1);
+    memset(&lc, 0, sizeof lc);
+    p.seed_points_per_centroid = 0;
+    assert_int_equal(kvq_kmeans_fit(x, n, d, NULL, &p, c3, NULL, NULL, &e), KVQ_OK);
+    assert_null(strstr(lc.all, "seeding on a subsample"));
+    assert_memory_not_equal(c1, c3, sizeof c1);
+    p.seed_points_per_centroid = 250; /* 250 * 16 = n: no subsample, same as 0 */
+    assert_int_equal(kvq_kmeans_fit(x, n, d, NULL, &p, c2, NULL, NULL, &e), KVQ_OK);
+    assert_memory_equal(c2, c3, sizeof c2);
+    p.seed_points_per_centroid = -1;
+    assert_int_equal(kvq_kmeans_fit(x, n, d, NULL, &p, c2, NULL, NULL, &e), KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_kmeans_params_default().seed_points_per_centroid,
+                     KVQ_KMEANS_SEED_PPC_DEFAULT);
+    free(x);
 }
 
 /* The backend update equals a plain weighted mean summed in double in point order. */
@@ -791,6 +983,9 @@ int main(void)
         cmocka_unit_test(test_gemm_matches_reference),
         cmocka_unit_test(test_argmin_simd_matches_ref),
         cmocka_unit_test(test_direct_matches_reference),
+        cmocka_unit_test(test_cand_eval_matches_ref),
+        cmocka_unit_test(test_seed_paths_threads),
+        cmocka_unit_test(test_seed_subsample),
         cmocka_unit_test(test_update_matches_reference),
         cmocka_unit_test(test_inertia_matches_reference),
         cmocka_unit_test(test_planted_recovery),

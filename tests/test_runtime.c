@@ -392,23 +392,41 @@ static int64_t topk_ref(const float *s, int64_t n, int64_t k, int32_t *out)
 static void test_topk_paths(void **state)
 {
     (void)state;
-    static const int64_t ns[] = {1, 5, 17, 100, 1000, 4099, 70000};
+    static const int64_t ns[] = {1, 5, 17, 100, 1000, 4099, 16384, 200003};
     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
         const int64_t n = ns[ni];
-        for (int mode = 0; mode < 3; mode++) {
-            float *s = randn((size_t)n, 40 + ni * 3 + mode, 10.0f);
+        int32_t *order = malloc(sizeof(int32_t) * n), *want = malloc(sizeof(int32_t) * n);
+        int32_t *got = malloc(sizeof(int32_t) * n);
+        uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
+        for (int mode = 0; mode < 5; mode++) {
+            float *s = randn((size_t)n, 40 + ni * 4 + mode, 10.0f);
             if (mode == 1) /* many ties */
                 for (int64_t j = 0; j < n; j++)
                     s[j] = roundf(s[j]);
             if (mode == 2) /* all equal, and signed zeros */
                 for (int64_t j = 0; j < n; j++)
                     s[j] = j % 2 ? 0.0f : -0.0f;
-            static const double fr[] = {0.0, 0.01, 0.06, 0.5, 0.99};
+            if (mode == 3) /* increasing: the strided sample sees a skewed picture */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = (float)j * (j % 7 == 0 ? 3.0f : 1.0f);
+            if (mode == 4) { /* only the sampled scores (kernels.c: 1024 strided) are high,
+                              * so the sampled bracket misses and the radix path runs */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = -1.0f - fabsf(s[j]);
+                for (int64_t i = 0; i < 1024 && n >= 1024; i++)
+                    s[(i * n) / 1024] = 100.0f + (float)i;
+            }
+            /* reference order: by (score desc, index asc), once per input */
+            for (int64_t j = 0; j < n; j++)
+                order[j] = (int32_t)j;
+            cmp_scores = s;
+            qsort(order, (size_t)n, sizeof *order, cmp_desc);
+            static const double fr[] = {0.0, 0.01, 0.06, 0.5, 0.9999};
             for (size_t fi = 0; fi < 5; fi++) {
-                int64_t k = (int64_t)(fr[fi] * n) + (fi == 0);
-                int32_t *want = malloc(sizeof(int32_t) * n), *got = malloc(sizeof(int32_t) * n);
-                uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
-                const int64_t m = topk_ref(s, n, k, want);
+                const int64_t k = (int64_t)(fr[fi] * n) + (fi == 0);
+                const int64_t m = k < n ? k : n;
+                memcpy(want, order, sizeof(int32_t) * m);
+                qsort(want, (size_t)m, sizeof *want, cmp_asc);
                 for (size_t ii = 0; ii < 3; ii++) {
                     const int64_t g = kvq_rk_topk(isas[ii], s, n, k, got, work);
                     assert_int_equal(g, m);
@@ -416,12 +434,13 @@ static void test_topk_paths(void **state)
                         fail_msg("top-%lld of %lld (mode %d, %s) differs from the reference",
                                  (long long)k, (long long)n, mode, kvq_isa_name(isas[ii]));
                 }
-                free(want);
-                free(got);
-                free(work);
             }
             free(s);
         }
+        free(order);
+        free(want);
+        free(got);
+        free(work);
     }
     int32_t idx[4];
     uint32_t work[8];
@@ -514,6 +533,76 @@ static void test_attention_paths(void **state)
                 free(oref);
                 free(ogot);
             }
+        free(K32);
+        free(V32);
+        free(K16);
+        free(V16);
+        free(q);
+        free(idx);
+    }
+}
+
+/* The fused kernel: every path, rows split over two calls, against the two-pass
+ * composition (scalar logits + softmax + mix). K and V of different dtypes. */
+static void test_attend_paths(void **state)
+{
+    (void)state;
+    static const struct {
+        int32_t nq, d;
+        int64_t rows, m;
+    } cases[] = {{4, 128, 2000, 555}, {2, 8, 40, 37}, {5, 24, 300, 100}, {4, 10, 20, 1}, {8, 64, 400, 129}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t nq = cases[ci].nq, d = cases[ci].d;
+        const int64_t rows = cases[ci].rows, m = cases[ci].m;
+        float *K32 = randn((size_t)rows * d, 61 + ci, 1.0f), *V32 = randn((size_t)rows * d, 62 + ci, 1.0f);
+        float *q = randn((size_t)nq * d, 63 + ci, 1.0f);
+        uint16_t *K16 = malloc(2 * rows * d), *V16 = malloc(2 * rows * d);
+        kvq_f32_to_f16(K32, K16, (size_t)rows * d);
+        kvq_f32_to_f16(V32, V16, (size_t)rows * d);
+        int32_t *idx = malloc(sizeof(int32_t) * m);
+        kvq_rng r;
+        kvq_rng_seed(&r, 15 + ci);
+        for (int64_t j = 0; j < m; j++)
+            idx[j] = (int32_t)kvq_rng_below(&r, rows);
+        for (int combo = 0; combo < 4; combo++) {
+            const int kf16 = combo & 1, vf16 = combo >> 1;
+            const void *Kc = kf16 ? (const void *)K16 : K32, *Vc = vf16 ? (const void *)V16 : V32;
+            const kvq_dtype kdt = kf16 ? KVQ_DT_F16 : KVQ_DT_F32, vdt = vf16 ? KVQ_DT_F16 : KVQ_DT_F32;
+            const float scale = 0.3f;
+            float *p = malloc(sizeof(float) * nq * m), *ref = malloc(sizeof(float) * nq * d);
+            kvq_rk_logits(KVQ_ISA_SCALAR, q, nq, d, Kc, kdt, d, idx, m, scale, p, m);
+            kvq_rk_softmax(KVQ_ISA_SCALAR, p, nq, m, m);
+            kvq_rk_mix(KVQ_ISA_SCALAR, p, nq, m, Vc, vdt, d, idx, m, d, ref);
+            float *st = malloc(sizeof(float) * kvq_rk_attend_floats(nq, d));
+            float *got = malloc(sizeof(float) * nq * d);
+            for (size_t ii = 0; ii < 3; ii++) {
+                const int64_t split = m / 3;
+                kvq_rk_attend_init(st, nq, d);
+                kvq_rk_attend_rows(isas[ii], st, q, nq, d, Kc, kdt, d, idx, Vc, vdt, d, idx, split, scale);
+                kvq_rk_attend_rows(isas[ii], st, q, nq, d, Kc, kdt, d, idx + split, Vc, vdt, d,
+                                   idx + split, m - split, scale);
+                kvq_rk_attend_finish(st, nq, d, got);
+                for (int32_t h = 0; h < nq; h++)
+                    for (int32_t t = 0; t < d; t++) {
+                        double bound = 0;
+                        for (int64_t j = 0; j < m; j++)
+                            bound += p[h * m + j] * fabs(vf16 ? kvq_f16_to_f32_ref(V16[(size_t)idx[j] * d + t])
+                                                              : V32[(size_t)idx[j] * d + t]);
+                        if (fabs((double)got[h * d + t] - ref[h * d + t]) > KVQ_RK_TOL_OUT * bound + 1e-7)
+                            fail_msg("attend case %zu combo %d %s: [%d][%d] %g vs %g", ci, combo,
+                                     kvq_isa_name(isas[ii]), h, t, got[h * d + t], ref[h * d + t]);
+                    }
+            }
+            /* no rows: zeros */
+            kvq_rk_attend_init(st, nq, d);
+            kvq_rk_attend_finish(st, nq, d, got);
+            for (int32_t i = 0; i < nq * d; i++)
+                assert_true(got[i] == 0.0f);
+            free(p);
+            free(ref);
+            free(st);
+            free(got);
+        }
         free(K32);
         free(V32);
         free(K16);
@@ -1379,6 +1468,7 @@ int main(void)
         cmocka_unit_test(test_score_paths_exact),
         cmocka_unit_test(test_topk_paths),
         cmocka_unit_test(test_attention_paths),
+        cmocka_unit_test(test_attend_paths),
         cmocka_unit_test(test_parse_budget_and_selector),
         cmocka_unit_test(test_open_artifact),
         cmocka_unit_test(test_open_mismatch),

@@ -801,30 +801,40 @@ static void test_profile_bad_input(void **state)
     /* no capture at all */
     assert_int_equal(kvq_profile_capture(test_path("nowhere"), NULL, &p, &r, &e), KVQ_E_NOT_FOUND);
 
-    /* empty captures: no layer; only one-token sequences (capture.json alone suffices:
-     * both are refused before any layer file is opened) */
+    /* empty captures. Only one-token sequences: nothing to evaluate (refused before any
+     * layer file is opened, so capture.json alone is enough) */
     kvq_capture_info info;
     int64_t seqs[6];
     int32_t layers[NL];
     const char *dir = test_path("empty");
     char json[600];
     fill_info(&info, seqs, layers, 3, 1);
-    info.n_files = 0;
-    info.layers = NULL;
-    snprintf(json, sizeof json, "%s/capture.json", dir);
-    assert_int_equal(mkdir(dir, 0755), 0);
-    kvq_status s = kvq_capture_info_write(&info, NULL, json, 1, &e);
-    if (s == KVQ_OK) {
-        s = kvq_profile_capture(dir, NULL, &p, &r, &e);
-        /* the reader may refuse a capture without layers itself; either way it fails */
-        assert_int_not_equal(s, KVQ_OK);
-        assert_null(r);
-    }
-    fill_info(&info, seqs, layers, 3, 1);
     info.files = (char *[]){"layer_000.safetensors", "layer_001.safetensors"};
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(json, sizeof json, "%s/capture.json", dir);
     assert_int_equal(kvq_capture_info_write(&info, NULL, json, 1, &e), KVQ_OK);
     assert_int_equal(kvq_profile_capture(dir, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
     assert_non_null(strstr(e.msg, "no sequence"));
+    assert_null(r);
+    /* no token or no layer at all: capture.json itself is refused */
+    static const char *const edits[2][2] = {
+        {"\"n_tokens\": 3", "\"n_tokens\": 0"},
+        {"\"layers\": [0, 1]", "\"layers\": []"}};
+    for (int i = 0; i < 2; i++) {
+        uint8_t *text = NULL;
+        size_t n = 0;
+        assert_int_equal(kvq_capture_info_write(&info, NULL, json, 1, &e), KVQ_OK);
+        assert_int_equal(kvq_read_file(json, &text, &n, &e), KVQ_OK);
+        char *at = strstr((char *)text, edits[i][0]);
+        assert_non_null(at);
+        char edited[4096];
+        snprintf(edited, sizeof edited, "%.*s%s%s", (int)(at - (char *)text), (char *)text,
+                 edits[i][1], at + strlen(edits[i][0]));
+        free(text);
+        assert_int_equal(test_write_file(json, edited, strlen(edited)), 0);
+        assert_int_equal(kvq_profile_capture(dir, NULL, &p, &r, &e), KVQ_E_CORRUPT);
+        assert_null(r);
+    }
 }
 
 /* ==========================================================================

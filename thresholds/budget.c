@@ -53,32 +53,45 @@ static void stats_diff(bsetting *b, const kvq_retrieval_stats *a, const kvq_retr
     b->mass += z->recall_mass - a->recall_mass;
 }
 
-/* Runs one sequence of one layer through every setting. */
-static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t layer, int64_t n, int64_t P,
-                               const float *q, const float *k, const float *v, const int64_t *pos,
-                               int32_t nh, int32_t nkv, int32_t d, float *out, kvq_err *err)
+/* Runs one sequence of one layer through every setting, the settings in parallel
+ * (each context runs single-threaded, so its sums do not depend on the thread count). */
+static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, int32_t layer,
+                               int64_t n, int64_t P, const float *q, const float *k,
+                               const float *v, const int64_t *pos, int32_t nh, int32_t nkv,
+                               int32_t d, float *out, kvq_status *st, kvq_err *errs, kvq_err *err)
 {
-    kvq_status s = KVQ_OK;
-    for (int64_t c = 0; c < n_set && !s; c++) {
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < n_set; c++) {
+        float *o = out + (size_t)c * n * nh * d;
         kvq_retrieval_reset(set[c].r);
         kvq_attn_backend b = kvq_retrieval_backend(set[c].r);
         kvq_retrieval_stats before, after;
+        kvq_status s = KVQ_OK;
         if (P > 0) {
-            const kvq_attn_call call = {.layer = layer, .n = (int32_t)P, .pos = pos, .q = q, .k = k,
-                                        .v = v, .out = out};
-            if ((s = b.attend(b.user, &call, err)))
-                break;
+            const kvq_attn_call call = {.layer = layer, .n = (int32_t)P, .pos = pos, .q = q,
+                                        .k = k, .v = v, .out = o};
+            s = b.attend(b.user, &call, &errs[c]);
         }
-        kvq_retrieval_stats_get(set[c].r, &before);
-        const size_t qo = (size_t)P * nh * d, ko = (size_t)P * nkv * d;
-        const kvq_attn_call call = {.layer = layer, .n = (int32_t)(n - P), .pos = pos + P,
-                                    .q = q + qo, .k = k + ko, .v = v + ko, .out = out + qo};
-        if ((s = b.attend(b.user, &call, err)))
-            break;
-        kvq_retrieval_stats_get(set[c].r, &after);
-        stats_diff(&set[c], &before, &after);
+        if (!s) {
+            kvq_retrieval_stats_get(set[c].r, &before);
+            const size_t qo = (size_t)P * nh * d, ko = (size_t)P * nkv * d;
+            const kvq_attn_call call = {.layer = layer, .n = (int32_t)(n - P), .pos = pos + P,
+                                        .q = q + qo, .k = k + ko, .v = v + ko, .out = o + qo};
+            s = b.attend(b.user, &call, &errs[c]);
+        }
+        if (!s) {
+            kvq_retrieval_stats_get(set[c].r, &after);
+            stats_diff(&set[c], &before, &after);
+        }
+        st[c] = s;
     }
-    return s;
+    for (int64_t c = 0; c < n_set; c++)
+        if (st[c]) {
+            if (err)
+                *err = errs[c];
+            return st[c];
+        }
+    return KVQ_OK;
 }
 
 static void fill_row(double *row, double value, const bsetting *b)
@@ -111,6 +124,8 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     bsetting *set = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
     int64_t *pos = NULL;
+    kvq_status *st = NULL;
+    kvq_err *errs = NULL;
     kvq_status s = KVQ_OK;
     char why[256] = "";
     kvq_err e2 = {0};
@@ -140,11 +155,13 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     for (int64_t i = 0; i < ci->n_sequences; i++)
         longest = ci->sequences[2 * i + 1] > longest ? ci->sequences[2 * i + 1] : longest;
     q = malloc(sizeof(float) * (size_t)longest * nh * d);
-    out = malloc(sizeof(float) * (size_t)longest * nh * d);
+    out = malloc(sizeof(float) * (size_t)n_set * longest * nh * d); /* per setting */
+    st = calloc((size_t)n_set, sizeof *st);
+    errs = calloc((size_t)n_set, sizeof *errs);
     k = malloc(sizeof(float) * (size_t)longest * nkv * d);
     v = malloc(sizeof(float) * (size_t)longest * nkv * d);
     pos = malloc(sizeof(int64_t) * (size_t)longest);
-    if (!set || !q || !out || !k || !v || !pos) {
+    if (!set || !q || !out || !k || !v || !pos || !st || !errs) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
@@ -152,7 +169,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         kvq_retrieval_params rp = p->retrieval;
         rp.prefill_full = 0;
         rp.measure = 1;
-        rp.threads = p->threads;
+        rp.threads = 1;
         rp.cb = p->cb;
         if (c < n_b) {
             rp.selector = KVQ_SELECT_CODEBOOK;
@@ -189,8 +206,8 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
                 thr_layer_rows(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
                 pos[t] = thr_layer_pos(&L, r0 + t);
             }
-            s = run_sequence(set, n_set, layer, n, thr_prompt_len(p->prompt_fraction, n), q, k, v,
-                             pos, nh, nkv, d, out, err);
+            s = run_sequence(set, n_set, p->threads, layer, n, thr_prompt_len(p->prompt_fraction, n),
+                             q, k, v, pos, nh, nkv, d, out, st, errs, err);
         }
         thr_layer_close(&L);
         n_layers_done++;
@@ -218,6 +235,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         kvq_retrieval *r = NULL;
         kvq_retrieval_params rp = set[c].rp;
         rp.measure = 0;
+        rp.threads = p->threads; /* outputs do not depend on it without measurement */
         double val;
         if (!(s = kvq_retrieval_create(thr_ppl_config(ppl), rt, &rp, &r, err))) {
             const kvq_attn_backend b = kvq_retrieval_backend(r);
@@ -245,6 +263,8 @@ done:
     free(v);
     free(out);
     free(pos);
+    free(st);
+    free(errs);
     kvq_runtime_close(rt);
     return s;
 }

@@ -19,14 +19,21 @@
  * (kmeans/kmeans_kernels.h). For d > 16 (or without AVX2) the CPU computes
  * ||x||^2 + ||c||^2 - 2 x.c with SGEMM, within KVQ_KMEANS_TOL_DIST of the reference
  * (relative to ||x||^2 + ||c||^2), so a near-tie may pick a different, equally near
- * centroid; for d <= 16 with AVX2 it computes the reference itself, bit for bit.
+ * centroid; for d <= 16 with AVX2 or AVX-512 it computes the reference itself, bit for
+ * bit.
  *
  * Cost: one Lloyd iteration is 2 n k d flops of SGEMM plus O(n k) for the argmin
- * and O(n d) for the update. Seeding: random O(k d); k-means++ O(n k d);
- * greedy k-means++ O(n k d (2 + ln k)); k-means|| 2 n (oversample k) d SGEMM flops per
- * round, then k-means++ on the ~rounds x oversample x k candidates.
- * Memory: the training set copy when subsampling (cap k d floats), O(n) per-point
- * arrays, and per thread one distance block of at most KVQ_KMEANS_BLOCK_BYTES.
+ * and O(n d) for the update. Seeding: random O(k d). The D^2 methods run on a seeded
+ * subsample of s = min(n, seed_points_per_centroid * k) points, one pass over it per
+ * chosen centroid: k-means++ k s d / 16 fused multiply-adds (AVX-512 lanes), greedy
+ * k-means++ with t candidates k s d t' / 16 (t' = t rounded up to 1, 2, 4, 8, 16;
+ * twice that on AVX2), i.e. with the defaults (s = 4k, t = 4) about k^2 d; k-means||
+ * 2 s (oversample k) d SGEMM flops per round, then greedy k-means++ on the ~rounds x
+ * oversample x k candidates. The per-step passes use several threads only when a step
+ * has at least 2^21 multiply-adds per thread (a busy machine makes finer steps slower).
+ * Memory: the training set copy when subsampling (cap k d floats), the seeding copy
+ * (s d floats plus at most 16 s floats of distances), O(n) per-point arrays, and per thread
+ * one distance block of at most KVQ_KMEANS_BLOCK_BYTES.
  * The n x k distance matrix is never held whole.
  *
  * Threads: OpenMP with params.threads threads. OpenBLAS is called single-threaded
@@ -63,8 +70,8 @@ typedef enum kvq_kmeans_init {
     KVQ_KMEANS_INIT_PP = 1,        /* exact k-means++ (one D^2 draw per step) */
     KVQ_KMEANS_INIT_PARALLEL = 2,  /* k-means|| (Bahmani et al.): `parallel_rounds`
                                       rounds sampling about oversample * k points each,
-                                      then weighted k-means++ on the candidates; for
-                                      large n */
+                                      then weighted greedy k-means++ on the candidates;
+                                      for large n */
     KVQ_KMEANS_INIT_RANDOM = 3,    /* k distinct points chosen uniformly */
     KVQ_KMEANS_INIT_GIVEN = 4      /* use the centroids passed in `centroids` on entry */
 } kvq_kmeans_init;
@@ -86,7 +93,8 @@ typedef struct kvq_kmeans_params {
     uint64_t seed;              /* seeds every random choice. Default 1234 */
     int32_t threads;            /* OpenMP threads, >= 1. Default 1 */
     kvq_kmeans_init init;       /* seeding method. Default KVQ_KMEANS_INIT_GREEDY_PP */
-    int32_t greedy_trials;      /* candidates per greedy step; 0 = 2 + floor(ln k). Default 0 */
+    int32_t greedy_trials;      /* candidates per greedy step; 0 = min(2 + floor(ln k), 4).
+                                   Default 0 */
     int32_t parallel_rounds;    /* k-means|| rounds, >= 1. Default 5 */
     double parallel_oversample; /* k-means|| expected draws per round / k, > 0. Default 2 */
     int64_t max_points_per_centroid; /* train on a seeded uniform subsample of

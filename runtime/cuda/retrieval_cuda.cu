@@ -1,0 +1,288 @@
+/*
+ * retrieval_cuda.cu — CUDA kernels of the retrieval decode step (built only with
+ * `make CUDA=1`; see retrieval_cuda.h for the contract and status).
+ *
+ *   k_lut       one thread per (head, group, centroid): the LUT entry from the f16 table
+ *               (coalesced along the centroids, as the CPU kernel streams it)
+ *   k_score     one thread per (head, candidate): kvq_rk_score_one
+ *   k_topk      one block per head: three radix passes with a shared-memory histogram
+ *               over the keys of kvq_rk_key, then an ordered emission (a block scan of
+ *               per-thread counts over contiguous index ranges), so ties go to the lower
+ *               index exactly as on the CPU
+ *   k_rotate    one thread per (head, window row, pair): kvq_rk_rotate's arithmetic
+ *   k_attend    one block per head: logits (a warp per attended row), softmax, and the
+ *               weighted sum of values (a thread per (query head, dim))
+ * The per-element logic is runtime/kernels.h, shared with the CPU kernels.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "runtime/cuda/retrieval_cuda.h"
+#include "runtime/kernels.h"
+
+#define TOPK_THREADS 256
+#define ATT_THREADS 256
+#define MAX_D 256
+
+/* ---- LUT and scores ---------------------------------------------------------------- */
+
+__global__ void k_lut(const uint16_t *table, const float *qs, int n_kv, int d, int K, int G,
+                      float *lut)
+{
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const int dg = d / G;
+    if (i >= (long long)n_kv * G * K)
+        return;
+    const int c = (int)(i % K), g = (int)((i / K) % G), h = (int)(i / ((long long)K * G));
+    const uint16_t *T = table + ((long long)h * G + g) * dg * K;
+    const float *q = qs + (long long)h * d + g * dg;
+    float s = 0.0f;
+    for (int t = 0; t < dg; t++)
+        s = fmaf(q[t], kvq_rk_h2f(T[(long long)t * K + c]), s);
+    lut[((long long)h * G + g) * K + c] = s;
+}
+
+__global__ void k_score(const float *lut, const uint16_t *codes, int n_kv, int K, int G,
+                        int64_t ld, int64_t first, int64_t nc, float *scores)
+{
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)n_kv * nc)
+        return;
+    const int h = (int)(i / nc);
+    const long long j = i % nc;
+    scores[(long long)h * ld + j] =
+        kvq_rk_score_one(lut + (long long)h * G * K, G, K, codes + ((long long)h * ld + first + j) * G);
+}
+
+/* ---- top-k ---------------------------------------------------------------------------- */
+
+/* Exclusive block scan of one value per thread (Hillis-Steele in shared memory). */
+__device__ int64_t block_exclusive_scan(int64_t v, int64_t *sh, int64_t *total)
+{
+    const int t = threadIdx.x;
+    sh[t] = v;
+    __syncthreads();
+    for (int off = 1; off < blockDim.x; off <<= 1) {
+        const int64_t add = t >= off ? sh[t - off] : 0;
+        __syncthreads();
+        sh[t] += add;
+        __syncthreads();
+    }
+    const int64_t incl = sh[t];
+    *total = sh[blockDim.x - 1];
+    __syncthreads();
+    return incl - v;
+}
+
+/* Block h selects from scores[h*ld .. + nc) the top k_sel (k_sel < nc) into
+ * idx[h*ld ..] (ascending, offset by `first`). */
+__global__ void k_topk(const float *scores, int64_t ld, int64_t nc, int64_t k_sel,
+                       int64_t first, uint32_t *keys, int32_t *idx)
+{
+    __shared__ unsigned int hist[KVQ_RK_HIST];
+    __shared__ int64_t scan[TOPK_THREADS];
+    __shared__ uint32_t sh_T, sh_prefix_mask;
+    __shared__ int64_t sh_remaining;
+    const int h = blockIdx.x, t = threadIdx.x;
+    const float *s = scores + (long long)h * ld;
+    uint32_t *ky = keys + (long long)h * ld;
+    for (int64_t j = t; j < nc; j += blockDim.x)
+        ky[j] = kvq_rk_key(s[j]);
+    if (t == 0) {
+        sh_T = 0;
+        sh_prefix_mask = 0;
+        sh_remaining = k_sel;
+    }
+    __syncthreads();
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = kvq_rk_digit_shift(pass);
+        const uint32_t mask = kvq_rk_digit_mask(pass);
+        for (int b = t; b < KVQ_RK_HIST; b += blockDim.x)
+            hist[b] = 0;
+        __syncthreads();
+        const uint32_t T = sh_T, pm = sh_prefix_mask;
+        for (int64_t j = t; j < nc; j += blockDim.x)
+            if ((ky[j] & pm) == T)
+                atomicAdd(&hist[(ky[j] >> shift) & mask], 1u);
+        __syncthreads();
+        if (t == 0) {
+            int64_t rem = sh_remaining;
+            uint32_t b = mask;
+            while (b > 0 && (int64_t)hist[b] < rem) {
+                rem -= hist[b];
+                b--;
+            }
+            sh_remaining = rem;
+            sh_T = T | (b << shift);
+            sh_prefix_mask = pm | (mask << shift);
+        }
+        __syncthreads();
+    }
+    /* ordered emission: thread t owns the contiguous range [a, e) */
+    const uint32_t T = sh_T;
+    const int64_t per = (nc + blockDim.x - 1) / blockDim.x;
+    const int64_t a = t * per < nc ? t * per : nc, e = a + per < nc ? a + per : nc;
+    int64_t gt = 0, eq = 0, tot;
+    for (int64_t j = a; j < e; j++) {
+        gt += ky[j] > T;
+        eq += ky[j] == T;
+    }
+    const int64_t eq_before = block_exclusive_scan(eq, scan, &tot);
+    const int64_t ties = sh_remaining;
+    const int64_t my_ties = eq_before >= ties ? 0 : (eq < ties - eq_before ? eq : ties - eq_before);
+    const int64_t out_before = block_exclusive_scan(gt + my_ties, scan, &tot);
+    int32_t *o = idx + (long long)h * ld;
+    int64_t w = out_before, taken = 0;
+    for (int64_t j = a; j < e; j++)
+        if (ky[j] > T || (ky[j] == T && taken++ < my_ties))
+            o[w++] = (int32_t)(first + j);
+}
+
+/* ---- window rotation and attention ------------------------------------------------------ */
+
+__global__ void k_rotate(const uint16_t *k, int64_t ld, int n_kv, int d, int64_t w_beg, int window,
+                         const float *wcos, const float *wsin, int layout, float *krot)
+{
+    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i >= (long long)n_kv * window)
+        return;
+    const int h = (int)(i / window), a = (int)(i % window);
+    float x[MAX_D];
+    const uint16_t *row = k + ((long long)h * ld + w_beg + a) * d;
+    for (int t = 0; t < d; t++)
+        x[t] = kvq_rk_h2f(row[t]);
+    kvq_rk_rotate(x, wcos + (long long)a * (d / 2), wsin + (long long)a * (d / 2), layout, d,
+                  krot + ((long long)h * window + a) * d);
+}
+
+/* Block h: attended rows are the sinks [0, S), idx[h][0 .. n_sel) and the window
+ * [w_beg, n); logits [gs, m] in global scratch. */
+__global__ void k_attend(const kvq_rt_cuda_step s, int64_t n_sel, int64_t w_beg)
+{
+    const int h = blockIdx.x, gs = s.gs, d = s.d;
+    const int64_t sinks = s.sink < w_beg ? s.sink : w_beg;
+    const int64_t m_far = sinks + n_sel, m = m_far + (s.n - w_beg);
+    const float scale = rsqrtf((float)d);
+    const int32_t *sel = s.idx + (long long)h * s.ld;
+    float *lg = s.logits + (long long)h * gs * s.ld;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+    /* logits: one warp per (query head, row) */
+    for (int64_t w = warp; w < (int64_t)gs * m; w += n_warps) {
+        const int g = (int)(w / m);
+        const int64_t a = w % m;
+        const float *q;
+        const uint16_t *kh = NULL;
+        const float *kf = NULL;
+        if (a < m_far) {
+            const int64_t row = a < sinks ? a : sel[a - sinks];
+            kh = s.k + ((long long)h * s.ld + row) * d;
+            q = s.qb + ((long long)h * gs + g) * d;
+        } else {
+            kf = s.krot + ((long long)h * s.window + (a - m_far)) * d;
+            q = s.qi + ((long long)h * gs + g) * d;
+        }
+        float acc = 0.0f;
+        for (int t = lane; t < d; t += 32)
+            acc = fmaf(q[t], kh ? kvq_rk_h2f(kh[t]) : kf[t], acc);
+        for (int off = 16; off > 0; off >>= 1)
+            acc += __shfl_down_sync(0xffffffffu, acc, off);
+        if (lane == 0)
+            lg[(long long)g * s.ld + a] = acc * scale;
+    }
+    __syncthreads();
+    /* softmax: one warp per query head */
+    for (int g = warp; g < gs; g += n_warps) {
+        float *x = lg + (long long)g * s.ld, mx = -INFINITY, sum = 0.0f;
+        for (int64_t a = lane; a < m; a += 32)
+            mx = fmaxf(mx, x[a]);
+        for (int off = 16; off > 0; off >>= 1)
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        for (int64_t a = lane; a < m; a += 32) {
+            x[a] = expf(x[a] - mx);
+            sum += x[a];
+        }
+        for (int off = 16; off > 0; off >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, off);
+        const float inv = 1.0f / sum;
+        for (int64_t a = lane; a < m; a += 32)
+            x[a] *= inv;
+    }
+    __syncthreads();
+    /* weighted sum of values: one thread per (query head, dim) */
+    for (int i = threadIdx.x; i < gs * d; i += blockDim.x) {
+        const int g = i / d, t = i % d;
+        const float *p = lg + (long long)g * s.ld;
+        float acc = 0.0f;
+        for (int64_t a = 0; a < m; a++) {
+            const int64_t row = a < sinks ? a : a < m_far ? sel[a - sinks] : w_beg + (a - m_far);
+            acc = fmaf(p[a], kvq_rk_h2f(s.v[((long long)h * s.ld + row) * d + t]), acc);
+        }
+        s.out[((long long)h * gs + g) * d + t] = acc;
+    }
+}
+
+/* ---- host -------------------------------------------------------------------------------- */
+
+static kvq_status cu_check(cudaError_t e, const char *what, kvq_err *err)
+{
+    if (e == cudaSuccess)
+        return KVQ_OK;
+    return kvq_err_set(err, KVQ_E_BACKEND, "retrieval cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+static unsigned blocks_for(long long n, int threads)
+{
+    return (unsigned)((n + threads - 1) / threads);
+}
+
+extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err)
+{
+    if (s->d > MAX_D || s->d % 2 || s->G < 1 || s->d % s->G || s->n < 1 || s->gs < 1 ||
+        s->n_kv < 1 || s->window < 0 || s->sink < 0 || s->ld < s->n)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad step sizes");
+    const int64_t s_end = s->sink < s->n ? s->sink : s->n;
+    const int64_t w_beg = s->n - s->window > s_end ? s->n - s->window : s_end;
+    const int64_t nc = w_beg - s_end;
+    int64_t n_sel = nc;
+    kvq_status st;
+    if (nc > 0) {
+        k_lut<<<blocks_for((long long)s->n_kv * s->G * s->K, 256), 256>>>(
+            s->table, s->qs, s->n_kv, s->d, s->K, s->G, s->lut);
+        k_score<<<blocks_for((long long)s->n_kv * nc, 256), 256>>>(s->lut, s->codes, s->n_kv, s->K,
+                                                                   s->G, s->ld, s_end, nc, s->scores);
+        if (s->k_sel < nc) {
+            k_topk<<<s->n_kv, TOPK_THREADS>>>(s->scores, s->ld, nc, s->k_sel, s_end, s->keys, s->idx);
+            n_sel = s->k_sel;
+        } else {
+            /* every candidate: the index list is the candidate range */
+            for (int h = 0; h < s->n_kv; h++) {
+                int32_t *host = (int32_t *)malloc(sizeof(int32_t) * (size_t)nc);
+                if (!host)
+                    return kvq_err_set(err, KVQ_E_NOMEM, "retrieval cuda: out of memory");
+                for (int64_t j = 0; j < nc; j++)
+                    host[j] = (int32_t)(s_end + j);
+                st = cu_check(cudaMemcpy(s->idx + (long long)h * s->ld, host, sizeof(int32_t) * nc,
+                                         cudaMemcpyHostToDevice), "index upload", err);
+                free(host);
+                if (st)
+                    return st;
+            }
+        }
+        if ((st = cu_check(cudaGetLastError(), "selection kernels", err)))
+            return st;
+    } else {
+        n_sel = 0;
+    }
+    const int window = (int)(s->n - w_beg);
+    if (window > 0)
+        k_rotate<<<blocks_for((long long)s->n_kv * window, 128), 128>>>(
+            s->k, s->ld, s->n_kv, s->d, w_beg, window, s->wcos, s->wsin, s->layout, s->krot);
+    kvq_rt_cuda_step copy = *s;
+    copy.window = window;
+    k_attend<<<s->n_kv, ATT_THREADS>>>(copy, n_sel, w_beg);
+    if ((st = cu_check(cudaGetLastError(), "attention kernels", err)))
+        return st;
+    return cu_check(cudaDeviceSynchronize(), "synchronize", err);
+}
