@@ -75,7 +75,7 @@ typedef struct args {
     double budget;
     int64_t codebook, reps, threads, seed;
     kvq_isa isa;
-    int fused;     /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
+    int fused; /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
 } args;
 
 static int usage(void)
@@ -186,8 +186,6 @@ static void *cache_alloc(size_t bytes)
 
 static volatile uint64_t g_sink;
 
-
-
 /* Streams a large buffer through the caches so the next step starts cold. */
 static void flush_caches(uint64_t *buf)
 {
@@ -265,7 +263,7 @@ static double read_bandwidth(int64_t reps, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[4];              /* seconds in LUT, score gather, top-k, attention */
+    double phase[4]; /* seconds in LUT, score gather, top-k, attention */
     float *scores, *logits, *krot;
     uint32_t *work;
     int32_t *att;
@@ -276,10 +274,10 @@ typedef struct scratch {
 
 typedef struct layer {
     int64_t n;
-    uint16_t *k[N_KV], *v[N_KV];    /* [n, D] f16 */
-    uint16_t *codes[N_KV];          /* [n] */
+    uint16_t *k[N_KV], *v[N_KV]; /* [n, D] f16 */
+    uint16_t *codes[N_KV];       /* [n] */
     kvq_rk_table *tab[N_KV];
-    float q[N_HEADS * D];           /* the step's queries (pre-RoPE) */
+    float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
@@ -359,7 +357,8 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
                            KVQ_DT_F16, D, S->att + m_far, WINDOW, scale);
         kvq_rk_attend_finish(S->state, GS, D, out);
     } else {
-        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits, m);
+        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits,
+                      m);
         kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
                       S->logits + m_far, m);
         kvq_rk_softmax(isa, S->logits, GS, m, m);
@@ -393,8 +392,12 @@ int main(int argc, char **argv)
     for (int h = 0; h < N_KV; h++) {
         for (int64_t i = 0; i < a.codebook * D; i++)
             W[i] = (float)kvq_rng_normal(&rng);
-        kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ, .dim = D, .k = (int32_t)a.codebook,
-                                  .groups = 1, .rope = kvq_rope_default(D), .wrope_b = 2048};
+        kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ,
+                                  .dim = D,
+                                  .k = (int32_t)a.codebook,
+                                  .groups = 1,
+                                  .rope = kvq_rope_default(D),
+                                  .wrope_b = 2048};
         kvq_err e = {0};
         if (kvq_codebook_create(&desc, W, NULL, NULL, &cb[h], &e) ||
             kvq_rk_table_create(cb[h], &L.tab[h], &e)) {
@@ -462,7 +465,8 @@ int main(int argc, char **argv)
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
-        float *out_full = malloc(sizeof(float) * N_HEADS * D), *out_ret = malloc(sizeof(float) * N_HEADS * D);
+        float *out_full = malloc(sizeof(float) * N_HEADS * D),
+              *out_ret = malloc(sizeof(float) * N_HEADS * D);
         double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps);
         int64_t attended = 0;
         for (int t = 0; t < a.threads; t++)
@@ -490,7 +494,8 @@ int main(int argc, char **argv)
 #else
                 scratch *S = &scr[0];
 #endif
-                att += retrieval_step(&L, h, a.isa, a.fused, k_sel, S, out_ret + (size_t)h * GS * D);
+                att +=
+                    retrieval_step(&L, h, a.isa, a.fused, k_sel, S, out_ret + (size_t)h * GS * D);
             }
             tr[rep] = clk() - t0;
             attended = att;
@@ -499,18 +504,19 @@ int main(int argc, char **argv)
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const double b_ret = (double)N_KV * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 + (double)attended * D * 2 * 2;
-        printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f %8.3f %7.2f | %6.1fx\n",
-               (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
-               100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
-               (long long)k_sel, b_ret / 1048576.0, 1e3 * b_ret / rbw, t_ret / (b_ret / rbw),
-               t_full / t_ret);
+        printf(
+            "%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f %8.3f %7.2f | %6.1fx\n",
+            (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
+            100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
+            (long long)k_sel, b_ret / 1048576.0, 1e3 * b_ret / rbw, t_ret / (b_ret / rbw),
+            t_full / t_ret);
         double ph[4] = {0};
         for (int t = 0; t < a.threads; t++)
             for (int i = 0; i < 4; i++)
                 ph[i] += scr[t].phase[i] / (double)a.reps;
         printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, score %.3f ms, "
-               "top-k %.3f ms, attention %.3f ms\n", "", 1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[3]);
+               "top-k %.3f ms, attention %.3f ms\n",
+               "", 1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2], 1e3 * ph[3]);
         fflush(stdout);
         for (int h = 0; h < N_KV; h++) {
             free(L.k[h]);

@@ -110,7 +110,7 @@ static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
     if ((st = j_str(j, m, p, "path", 0, id->path, sizeof id->path)) ||
         (st = j_str(j, m, p, "source", 1, id->source, sizeof id->source)) ||
         (st = j_str(j, m, p, "architecture", 1, id->architecture, sizeof id->architecture)) ||
-        (st = j_i32(j, m, p, "n_layers", 1, 1 << 20, &id->n_layers)) ||
+        (st = j_i32(j, m, p, "n_layers", 1, INT32_MAX, &id->n_layers)) ||
         (st = j_i32(j, m, p, "dim", 1, INT32_MAX, &id->dim)) ||
         (st = j_i32(j, m, p, "hidden_dim", 1, INT32_MAX, &id->hidden_dim)) ||
         (st = j_i32(j, m, p, "n_heads", 1, 1 << 16, &id->n_heads)) ||
@@ -120,6 +120,9 @@ static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
         (st = j_i32(j, m, p, "context_length", 1, INT32_MAX, &id->context_length)) ||
         (st = j_num(j, m, p, "norm_eps", 1, &id->norm_eps)))
         return st;
+    if (id->n_layers > KVQ_CAPTURE_MAX_LAYERS)
+        return kvq_err_set(j->err, KVQ_E_TOO_LARGE, "%s: model.n_layers %d is more than %d",
+                           j->label, id->n_layers, KVQ_CAPTURE_MAX_LAYERS);
     if (id->n_heads % id->n_kv_heads)
         return kvq_err_set(j->err, KVQ_E_CORRUPT,
                            "%s: model.n_heads %d is not a multiple of model.n_kv_heads %d",
@@ -160,6 +163,52 @@ static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
     if (kvq_rope_check(&id->rope, &re) != KVQ_OK)
         return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.%s", j->label, re.msg);
     return KVQ_OK;
+}
+
+/* Fills ci->layers and ci->files (allocated, ci->n_files entries) from the parallel
+ * JSON lists starting at x and f. One pass, O(n_files + n_layers): a flag per model
+ * layer (n_layers <= KVQ_CAPTURE_MAX_LAYERS) finds repeats. */
+static kvq_status parse_layer_files(const jctx *j, const cJSON *x, const cJSON *f,
+                                    kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
+    uint8_t *seen = calloc((size_t)ci->model.n_layers, 1); // [n_layers] 1 = listed
+    if (!seen)
+        return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+    for (int32_t i = 0; i < ci->n_files; i++, x = x->next, f = f->next) {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
+            x->valuedouble < 0 || x->valuedouble >= ci->model.n_layers) {
+            st = kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: layers[%d] is not a layer index "
+                             "below %d", j->label, i, ci->model.n_layers);
+            break;
+        }
+        ci->layers[i] = (int32_t)x->valuedouble;
+        if (seen[ci->layers[i]]++) {
+            st = kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: layer %d is listed twice", j->label,
+                             ci->layers[i]);
+            break;
+        }
+        if (!cJSON_IsString(f)) {
+            st = kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: files[%d] must be a string",
+                             j->label, i);
+            break;
+        }
+        const char *name = f->valuestring;
+        /* Plain names only: a capture must not point outside its directory. */
+        if (!name[0] || strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") ||
+            !strcmp(name, "..")) {
+            st = kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: files[%d] \"%s\" is not a plain "
+                             "file name", j->label, i, name);
+            break;
+        }
+        ci->files[i] = strdup(name);
+        if (!ci->files[i]) {
+            st = kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+            break;
+        }
+    }
+    free(seen);
+    return st;
 }
 
 static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
@@ -311,33 +360,7 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
     if (!ci->layers || !ci->files)
         return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
     ci->n_files = nl;
-    for (int i = 0; i < nl; i++) {
-        const cJSON *x = cJSON_GetArrayItem(layers, i);
-        const cJSON *f = cJSON_GetArrayItem(files, i);
-        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble) ||
-            x->valuedouble < 0 || x->valuedouble >= ci->model.n_layers)
-            return kvq_err_set(j->err, KVQ_E_CORRUPT,
-                               "%s: layers[%d] is not a layer index below %d", j->label, i,
-                               ci->model.n_layers);
-        ci->layers[i] = (int32_t)x->valuedouble;
-        for (int k = 0; k < i; k++)
-            if (ci->layers[k] == ci->layers[i])
-                return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: layer %d is listed twice",
-                                   j->label, ci->layers[i]);
-        if (!cJSON_IsString(f))
-            return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: files[%d] must be a string",
-                               j->label, i);
-        const char *name = f->valuestring;
-        /* Plain names only: a capture must not point outside its directory. */
-        if (!name[0] || strchr(name, '/') || strchr(name, '\\') || !strcmp(name, ".") ||
-            !strcmp(name, ".."))
-            return kvq_err_set(j->err, KVQ_E_CORRUPT,
-                               "%s: files[%d] \"%s\" is not a plain file name", j->label, i, name);
-        ci->files[i] = strdup(name);
-        if (!ci->files[i])
-            return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
-    }
-    return KVQ_OK;
+    return parse_layer_files(j, layers->child, files->child, ci);
 }
 
 /* Parses text[0..size) as the capture.json of dir; label names it in messages. */

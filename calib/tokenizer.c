@@ -716,6 +716,17 @@ const char *kvq_tokenizer_piece(const kvq_tokenizer *t, int32_t id, size_t *len)
  * encode / decode
  * ========================================================================== */
 
+int kvq_tokenizer_adds_prefix(const kvq_tokenizer *t, const char *text, size_t len,
+                              unsigned flags)
+{
+    if (t->kind == KVQ_TOKENIZER_IDS || !t->add_space_prefix || len == 0 ||
+        (flags & KVQ_ENCODE_NO_PREFIX))
+        return 0;
+    /* HF's ByteLevel add_prefix_space leaves text that starts with a space alone;
+     * SentencePiece's dummy prefix (SPM, metaspace) is always added. */
+    return !(t->byte_level && text[0] == ' ');
+}
+
 kvq_status kvq_tokenizer_encode(const kvq_tokenizer *t, const char *text, size_t len,
                                 unsigned flags, int32_t **ids, size_t *n, kvq_err *err)
 {
@@ -737,7 +748,7 @@ kvq_status kvq_tokenizer_encode(const kvq_tokenizer *t, const char *text, size_t
         goto done;
     }
     if (len > 0) {
-        int prefix = t->add_space_prefix && !(flags & KVQ_ENCODE_NO_PREFIX);
+        const int prefix = kvq_tokenizer_adds_prefix(t, text, len, flags);
         st = t->kind == KVQ_TOKENIZER_SPM ? tok_spm_encode(t, text, len, prefix, &out, err)
                                           : tok_bpe_encode(t, text, len, prefix, &out, err);
         if (st)
@@ -1248,6 +1259,9 @@ static const cJSON *json_find_type(const cJSON *node, const char *type)
     return NULL;
 }
 
+/* tokenizer.json ids must stay below 2 x (vocab + added_tokens entries) + this. */
+#define HF_SPARSE_SLACK 1024
+
 static int is_int_id(const cJSON *it, uint32_t limit)
 {
     if (!cJSON_IsNumber(it))
@@ -1327,8 +1341,10 @@ kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const
     }
     /* vocabulary size: the largest id + 1 over vocab and added_tokens */
     uint32_t n = 0;
+    uint64_t entries = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, vocab) {
+        entries++;
         if (!is_int_id(e, KVQ_TOKENIZER_MAX_VOCAB)) {
             st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: vocab entry '%.40s' does not have an id in "
                              "[0, %u) (tokenizer model 'BPE')", label, e->string,
@@ -1340,6 +1356,7 @@ kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const
     }
     cJSON_ArrayForEach(e, added) {
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
+        entries++;
         if (!cJSON_IsObject(e) || !is_int_id(id, KVQ_TOKENIZER_MAX_VOCAB) ||
             !json_str(e, "content")) {
             st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: an added_tokens entry lacks an id or "
@@ -1352,6 +1369,14 @@ kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const
     if (n == 0) {
         st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: empty vocabulary (tokenizer model 'BPE')",
                          label);
+        goto done;
+    }
+    /* Ids index dense arrays: a few entries with a huge id would cost memory and time
+     * in proportion to the id, not to the file. Real vocabularies have few holes. */
+    if ((uint64_t)n - 1 >= 2 * entries + HF_SPARSE_SLACK) {
+        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: sparse vocabulary: largest id %u for %llu "
+                         "entries (it must be below 2 x entries + %d; tokenizer model 'BPE')",
+                         label, n - 1, (unsigned long long)entries, HF_SPARSE_SLACK);
         goto done;
     }
     tokens = calloc(n, sizeof *tokens);

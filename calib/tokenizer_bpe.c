@@ -372,7 +372,7 @@ kvq_status tok_bpe_encode(const kvq_tokenizer *t, const char *text, size_t len, 
     size_t cap = 0;
     const char *s = text;
     size_t n = len;
-    if (prefix && text[0] != ' ') { /* ByteLevel add_prefix_space */
+    if (prefix) { /* ByteLevel add_prefix_space (the caller checked text[0] != ' ') */
         pbuf = malloc(len + 1);
         if (!pbuf)
             return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");

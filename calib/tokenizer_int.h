@@ -98,7 +98,8 @@ kvq_status tok_split_code_points(const kvq_tokenizer *t, const char *buf, size_t
                                  tok_sym **syms, size_t *count, kvq_err *err);
 
 /* ---- encoders ---------------------------------------------------------------------- */
-/* Append the ids of text[0..len) to out (no BOS/EOS). */
+/* Append the ids of text[0..len) to out (no BOS/EOS). prefix: add the dummy prefix space
+ * (kvq_tokenizer_encode decides with kvq_tokenizer_adds_prefix). */
 kvq_status tok_spm_encode(const kvq_tokenizer *t, const char *text, size_t len, int prefix,
                           tok_ids *out, kvq_err *err);
 kvq_status tok_bpe_encode(const kvq_tokenizer *t, const char *text, size_t len, int prefix,

@@ -4,9 +4,12 @@
  * artifact (zstd skippable magic), safetensors (u64 header length, then '{'), or a
  * capture directory (a directory with capture.json). The text output is for people
  * and is compared byte for byte by tests/cli/inspect.sh; --json prints one document
- * for scripts. */
+ * for scripts, with everything the text shows. An artifact from `kvq fit` / `kvq
+ * profile` also gets a summary of docs/format.md sections 9 and 10 ("fit" and
+ * "thresholds" in the JSON). */
 #include <cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +33,9 @@ static void inspect_usage(FILE *f)
             "directory (detected from the content): format and version, model identity\n"
             "and hyperparameters, tokenizer, method settings, metadata, and every tensor\n"
             "with its type and shape. GGUF shapes are in ne order (ne[0] contiguous).\n"
+            "For an artifact from `kvq fit`: the fit's settings and its held-out\n"
+            "attention-score error per layer against the plain-VQ reference; after\n"
+            "`kvq profile`: the chosen thresholds and each knob's memory/quality table.\n"
             "\n"
             "options:\n"
             "  --json       one JSON document instead of text\n"
@@ -596,6 +602,487 @@ static int is_other_key(const char *k)
     return !is_model_key(k) && !is_provenance_key(k) && !is_method_key(k);
 }
 
+/* ==========================================================================
+ * .kvq: what `kvq fit` and `kvq profile` added (docs/format.md, sections 9 and 10),
+ * as a summary. All of it is optional in an artifact: a piece that is missing or
+ * malformed shows as "-" (null in JSON), never as an error.
+ * ========================================================================== */
+
+/* Element i of an F64 or F32 tensor as a double (views may be unaligned), else NaN. */
+static double tensor_at(const kvq_tensor_view *t, size_t i)
+{
+    double v = NAN;
+    if (t->dtype == KVQ_DT_F64 && i < t->nbytes / 8) {
+        memcpy(&v, (const char *)t->data + i * 8, 8);
+    } else if (t->dtype == KVQ_DT_F32 && i < t->nbytes / 4) {
+        float f;
+        memcpy(&f, (const char *)t->data + i * 4, 4);
+        v = f;
+    }
+    return v;
+}
+
+/* A metadata value as a number; NaN when absent or not a whole number. */
+static double meta_num(const kvq_st *st, const char *key)
+{
+    const char *v = kvq_st_meta_get(st, key);
+    char *end = NULL;
+    double x = v && *v ? strtod(v, &end) : NAN;
+    return end && *end == '\0' ? x : NAN;
+}
+
+static const char *meta_str(const kvq_st *st, const char *key, const char *dflt)
+{
+    const char *v = kvq_st_meta_get(st, key);
+    return v ? v : dflt;
+}
+
+/* Mean of the finite values of x[0..n); NaN when there is none. */
+static double mean_finite(const double *x, size_t n)
+{
+    double s = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i])) {
+            s += x[i];
+            k++;
+        }
+    return k ? s / (double)k : NAN;
+}
+
+/* A double as the shortest decimal that reads back to it (cJSON's own printing keeps
+ * 15 digits when they come within its epsilon), or null when it is not finite. */
+static cJSON *json_num_or_null(double x)
+{
+    char b[32];
+    if (!isfinite(x))
+        return cJSON_CreateNull();
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(b, sizeof b, "%.*g", digits, x);
+        if (strtod(b, NULL) == x)
+            break;
+    }
+    return cJSON_CreateRaw(b);
+}
+
+static cJSON *json_str_or_null(const char *s)
+{
+    return s ? cJSON_CreateString(s) : cJSON_CreateNull();
+}
+
+/* ---- kvq fit ---------------------------------------------------------------------- */
+
+enum { FIT_MSE, FIT_REF, FIT_POWER, FIT_NQ };
+/* The [n_fit_layers, n_kv_heads] grids, and the per-head scalars used without them. */
+static const char *const fit_grid[FIT_NQ] = {"diag.fit.score_mse", "diag.fit.score_mse_ref",
+                                             "diag.fit.score_power"};
+static const char *const fit_scalar[FIT_NQ] = {"diag.layer.%d.head.%d.score_mse",
+                                               "diag.layer.%d.head.%d.ref.score_mse",
+                                               "diag.layer.%d.head.%d.score_power"};
+
+typedef struct fit_summary {
+    const char *fit_method;   /* fit.method: vq, qavq, pq, qapq, vq-postrope */
+    const char *reference;    /* fit.reference, "none" when absent */
+    int64_t n_layers, n_kv;   /* model.n_layers, model.n_kv_heads (0 if malformed) */
+    int32_t *layers;          /* [n_fit] model layers with codebooks */
+    size_t n_fit;             /* 0: no per-layer table */
+    double *v[FIT_NQ];        /* [n_fit, n_kv] per (fit layer, KV head); NaN = absent */
+} fit_summary;
+
+static void fit_summary_free(fit_summary *f)
+{
+    free(f->layers);
+    for (int k = 0; k < FIT_NQ; k++)
+        free(f->v[k]);
+}
+
+/* Reads the fit's summary from st. 0 with *f filled (free with fit_summary_free) for
+ * an artifact written by `kvq fit` (it has fit.method); -1 for any other. The table
+ * is left empty (n_fit 0) when the model keys or `layers` do not parse or memory runs
+ * out. */
+static int fit_summary_load(const kvq_st *st, fit_summary *f)
+{
+    kvq_err e = {0};
+    memset(f, 0, sizeof *f);
+    f->fit_method = kvq_st_meta_get(st, "fit.method");
+    if (!f->fit_method)
+        return -1;
+    f->reference = meta_str(st, "fit.reference", "none");
+    if (kvq_parse_i64(meta_str(st, KVQ_META_N_LAYERS, ""), 1, 1 << 20, &f->n_layers, &e) ||
+        kvq_parse_i64(meta_str(st, KVQ_META_N_KV_HEADS, ""), 1, 1 << 20, &f->n_kv, &e)) {
+        f->n_layers = f->n_kv = 0;
+        return 0;
+    }
+    const char *layers = kvq_st_meta_get(st, KVQ_META_LAYERS);
+    size_t n_fit = 0;
+    if (layers) {
+        if (kvq_parse_index_list(layers, f->n_layers, &f->layers, &n_fit, &e))
+            return 0;
+    } else {
+        n_fit = (size_t)f->n_layers;
+        if (!(f->layers = malloc(n_fit * sizeof *f->layers)))
+            return 0;
+        for (size_t i = 0; i < n_fit; i++)
+            f->layers[i] = (int32_t)i;
+    }
+    const size_t n_kv = (size_t)f->n_kv;
+    for (int k = 0; k < FIT_NQ; k++)
+        if (!(f->v[k] = malloc(n_fit * n_kv * sizeof *f->v[k])))
+            return 0;
+    for (int k = 0; k < FIT_NQ; k++) {
+        const kvq_tensor_view *g = kvq_st_find(st, fit_grid[k]);
+        const int grid = g && g->ndim == 2 && g->shape[0] == (int64_t)n_fit &&
+                         g->shape[1] == f->n_kv;
+        for (size_t i = 0; i < n_fit; i++)
+            for (size_t h = 0; h < n_kv; h++) {
+                double x = NAN;
+                if (grid) {
+                    x = tensor_at(g, i * n_kv + h);
+                } else {
+                    char name[128];
+                    snprintf(name, sizeof name, fit_scalar[k], f->layers[i], (int)h);
+                    const kvq_tensor_view *t = kvq_st_find(st, name);
+                    if (t && t->ndim == 0)
+                        x = tensor_at(t, 0);
+                }
+                f->v[k][i * n_kv + h] = x;
+            }
+    }
+    f->n_fit = n_fit;
+    return 0;
+}
+
+/* Code bits per token per KV head: groups x ceil(log2 codebook_size); 0 if unknown. */
+static int fit_code_bits(const kvq_st *st)
+{
+    const double k = meta_num(st, KVQ_META_CODEBOOK_SIZE), g = meta_num(st, KVQ_META_GROUPS);
+    if (!(k >= 2 && k <= 65536 && g >= 1 && g <= 65536))
+        return 0;
+    int bits = 0;
+    while ((double)(1 << bits) < k)
+        bits++;
+    return bits * (int)g;
+}
+
+/* x in a 12-wide cell with printf format fmt, or "-" when it is not finite. */
+static void put_cell(const char *fmt, double x)
+{
+    if (isfinite(x))
+        printf(fmt, x);
+    else
+        printf(" %12s", "-");
+}
+
+static void fit_text(const kvq_st *st, const fit_summary *f)
+{
+    const char *na = "-";
+    const int bits = fit_code_bits(st);
+    printf("\nfit:\n");
+    printf("  method      %s (artifact method %s), reference %s\n", f->fit_method,
+           meta_str(st, KVQ_META_METHOD, na), f->reference);
+    printf("  codebooks   %s centroids x %s group(s)", meta_str(st, KVQ_META_CODEBOOK_SIZE, na),
+           meta_str(st, KVQ_META_GROUPS, na));
+    if (bits)
+        printf(": %d bits per token per KV head", bits);
+    printf("\n  seed        %s\n", meta_str(st, KVQ_META_SEED, na));
+    printf("  layers      %s", meta_str(st, KVQ_META_LAYERS, "all"));
+    if (f->n_kv)
+        printf(" (%zu of %lld), %lld KV heads each", f->n_fit, (long long)f->n_layers,
+               (long long)f->n_kv);
+    printf("\n  k-means     %s, at most %s iterations, tol %g, sample %s x K\n",
+           meta_str(st, "kmeans.init", na), meta_str(st, "kmeans.iters", na),
+           meta_num(st, "fit.tol"), meta_str(st, "kmeans.sample", na));
+    printf("  keys        %s training, %s held out per head (holdout %g of the sequences)\n",
+           meta_str(st, "fit.n_train", na), meta_str(st, "fit.n_heldout_keys", na),
+           meta_num(st, "fit.holdout"));
+    printf("  positions   %s (w %s, b %s)\n", meta_str(st, "fit.positions", na),
+           meta_str(st, KVQ_META_WROPE_W, na), meta_str(st, KVQ_META_WROPE_B, na));
+    if (!f->n_fit)
+        return;
+    const size_t n_kv = (size_t)f->n_kv;
+    char ratio[64];
+    snprintf(ratio, sizeof ratio, "%s/%s", f->fit_method, f->reference);
+    printf("\nheld-out attention-score MSE per layer (mean over %zu KV heads; power = "
+           "E[score^2]):\n", n_kv);
+    printf("  %5s %12.12s %12.12s %12.12s %12s\n", "layer", f->fit_method, f->reference, ratio,
+           "power");
+    for (size_t i = 0; i <= f->n_fit; i++) {
+        /* rows: each fit layer, then "all" over every (layer, head) */
+        const size_t off = i < f->n_fit ? i * n_kv : 0;
+        const size_t n = i < f->n_fit ? n_kv : f->n_fit * n_kv;
+        const double m = mean_finite(f->v[FIT_MSE] + off, n);
+        const double r = mean_finite(f->v[FIT_REF] + off, n);
+        if (i < f->n_fit)
+            printf("  %5d", f->layers[i]);
+        else
+            printf("  %5s", "all");
+        put_cell(" %12.4g", m);
+        put_cell(" %12.4g", r);
+        put_cell(" %12.4f", m / r);
+        put_cell(" %12.4g", mean_finite(f->v[FIT_POWER] + off, n));
+        putchar('\n');
+    }
+}
+
+static cJSON *fit_json(const kvq_st *st, const fit_summary *f)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "method", f->fit_method);
+    cJSON_AddItemToObject(o, "artifact_method", json_str_or_null(kvq_st_meta_get(st,
+                                                                                KVQ_META_METHOD)));
+    cJSON_AddStringToObject(o, "reference", f->reference);
+    cJSON_AddItemToObject(o, "codebook_size", json_num_or_null(meta_num(st,
+                                                                         KVQ_META_CODEBOOK_SIZE)));
+    cJSON_AddItemToObject(o, "groups", json_num_or_null(meta_num(st, KVQ_META_GROUPS)));
+    const int bits = fit_code_bits(st);
+    cJSON_AddItemToObject(o, "bits_per_token", bits ? cJSON_CreateNumber(bits)
+                                                    : cJSON_CreateNull());
+    /* a u64: as a number when a double holds it exactly, else the decimal string */
+    const char *seed = kvq_st_meta_get(st, KVQ_META_SEED);
+    int64_t s64;
+    kvq_err e = {0};
+    cJSON_AddItemToObject(o, "seed", !seed ? cJSON_CreateNull()
+                                     : kvq_parse_i64(seed, 0, (int64_t)1 << 53, &s64, &e) == KVQ_OK
+                                         ? json_i64(s64) : cJSON_CreateString(seed));
+    cJSON *kl = cJSON_AddArrayToObject(o, "layers");
+    for (size_t i = 0; i < f->n_fit; i++)
+        cJSON_AddItemToArray(kl, cJSON_CreateNumber(f->layers[i]));
+    cJSON_AddItemToObject(o, "n_kv_heads", f->n_kv ? json_i64(f->n_kv) : cJSON_CreateNull());
+    cJSON *km = cJSON_AddObjectToObject(o, "kmeans");
+    cJSON_AddItemToObject(km, "init", json_str_or_null(kvq_st_meta_get(st, "kmeans.init")));
+    cJSON_AddItemToObject(km, "iters", json_num_or_null(meta_num(st, "kmeans.iters")));
+    cJSON_AddItemToObject(km, "sample", json_num_or_null(meta_num(st, "kmeans.sample")));
+    cJSON_AddItemToObject(km, "tol", json_num_or_null(meta_num(st, "fit.tol")));
+    cJSON_AddItemToObject(o, "holdout", json_num_or_null(meta_num(st, "fit.holdout")));
+    cJSON_AddItemToObject(o, "positions", json_str_or_null(kvq_st_meta_get(st,
+                                                                           "fit.positions")));
+    cJSON_AddItemToObject(o, "n_train", json_num_or_null(meta_num(st, "fit.n_train")));
+    cJSON_AddItemToObject(o, "n_heldout_keys", json_num_or_null(meta_num(st,
+                                                                          "fit.n_heldout_keys")));
+    static const char *const names[FIT_NQ] = {"score_mse", "score_mse_ref", "score_power"};
+    const size_t n_kv = (size_t)f->n_kv, all = f->n_fit * n_kv;
+    /* over every (layer, head); NaN (null) without a table: mean_finite of nothing */
+    for (int k = 0; k < FIT_NQ; k++)
+        cJSON_AddItemToObject(o, names[k], json_num_or_null(mean_finite(f->v[k], all)));
+    cJSON_AddItemToObject(o, "ratio", json_num_or_null(mean_finite(f->v[FIT_MSE], all) /
+                                                       mean_finite(f->v[FIT_REF], all)));
+    cJSON *pl = cJSON_AddArrayToObject(o, "per_layer");
+    for (size_t i = 0; i < f->n_fit; i++) {
+        cJSON *r = cJSON_CreateObject(), *heads = cJSON_CreateObject();
+        cJSON_AddNumberToObject(r, "layer", f->layers[i]);
+        for (int k = 0; k < FIT_NQ; k++) {
+            const double *x = f->v[k] + i * n_kv;
+            cJSON_AddItemToObject(r, names[k], json_num_or_null(mean_finite(x, n_kv)));
+            cJSON *a = cJSON_AddArrayToObject(heads, names[k]);
+            for (size_t h = 0; h < n_kv; h++)
+                cJSON_AddItemToArray(a, json_num_or_null(x[h]));
+        }
+        cJSON_AddItemToObject(r, "ratio",
+                              json_num_or_null(mean_finite(f->v[FIT_MSE] + i * n_kv, n_kv) /
+                                               mean_finite(f->v[FIT_REF] + i * n_kv, n_kv)));
+        cJSON_AddItemToObject(r, "heads", heads);
+        cJSON_AddItemToArray(pl, r);
+    }
+    return o;
+}
+
+/* ---- kvq profile ------------------------------------------------------------------ */
+
+enum { KNOB_LEANKV, KNOB_PATS, KNOB_BUDGET, KNOB_MASS, N_KNOBS };
+static const char *const knob_name[N_KNOBS] = {"leankv", "pats", "budget", "mass"};
+static const char *const knob_note[N_KNOBS] = {
+    "memory: of the f16 cache; high/low/pruned: token shares",
+    "memory: packed, of the cache; bits: unpacked, of 16",
+    "attended: of the visible tokens; mass: attention mass kept",
+    "attended: of the visible tokens; mass: attention mass kept",
+};
+#define KNOB_MAX_COLS 16
+
+/* One profile table: profile.NAME [n_rows, n_cols] under profile.NAME.columns. */
+typedef struct knob_table {
+    const char *skipped;                /* profile.NAME.skipped, or NULL */
+    const kvq_tensor_view *rows;        /* [n_rows, n_cols] F64, or NULL (absent, malformed) */
+    int64_t n_rows;
+    int n_cols;
+    char col_buf[256];
+    const char *cols[KNOB_MAX_COLS];    /* into col_buf */
+    int64_t chosen;                     /* the row equal to diag.profile.NAME.*, or -1 */
+    int met;                            /* thresholds.NAME.met: 1, 0, or -1 if absent */
+} knob_table;
+
+static void knob_load(const kvq_st *st, int k, knob_table *t)
+{
+    char key[128];
+    memset(t, 0, sizeof *t);
+    t->chosen = -1;
+    snprintf(key, sizeof key, "profile.%s.skipped", knob_name[k]);
+    t->skipped = kvq_st_meta_get(st, key);
+    snprintf(key, sizeof key, "thresholds.%s.met", knob_name[k]);
+    const double met = meta_num(st, key);
+    t->met = met == 1 ? 1 : met == 0 ? 0 : -1;
+    snprintf(key, sizeof key, "profile.%s.columns", knob_name[k]);
+    snprintf(t->col_buf, sizeof t->col_buf, "%s", meta_str(st, key, ""));
+    char *save = NULL;
+    for (char *c = strtok_r(t->col_buf, ",", &save); c && t->n_cols < KNOB_MAX_COLS;
+         c = strtok_r(NULL, ",", &save))
+        t->cols[t->n_cols++] = c;
+    snprintf(key, sizeof key, "profile.%s", knob_name[k]);
+    const kvq_tensor_view *v = kvq_st_find(st, key);
+    if (!v || v->dtype != KVQ_DT_F64 || v->ndim != 2 || t->n_cols == 0 ||
+        v->shape[1] != t->n_cols)
+        return;
+    t->rows = v;
+    t->n_rows = v->shape[0];
+    /* profile writes the chosen row's finite values as diag.profile.NAME.COLUMN (%.17g,
+     * exact): the first row that agrees on every column is the chosen one */
+    for (int64_t r = 0; r < t->n_rows && t->chosen < 0; r++) {
+        int same = 1;
+        for (int c = 0; c < t->n_cols && same; c++) {
+            snprintf(key, sizeof key, "diag.profile.%s.%s", knob_name[k], t->cols[c]);
+            const double m = meta_num(st, key), x = tensor_at(v, (size_t)r * t->n_cols + c);
+            same = isnan(x) ? isnan(m) : m == x;
+        }
+        if (same)
+            t->chosen = r;
+    }
+}
+
+/* An artifact written by `kvq profile` has thresholds.metric. */
+static int has_profile(const kvq_st *st)
+{
+    return kvq_st_meta_get(st, "thresholds.metric") != NULL;
+}
+
+static const char *met_text(int met)
+{
+    return met == 1 ? "within tolerance" : met == 0 ? "NOT within tolerance (the best found)"
+                                                    : "tolerance not recorded";
+}
+
+/* The chosen setting of knob k in words, from the keys profile writes. */
+static void knob_setting_text(const kvq_st *st, int k)
+{
+    const char *na = "-";
+    switch (k) {
+    case KNOB_LEANKV:
+        printf("alpha_h %g, alpha_l %g (window %s, %s)", meta_num(st, "leankv.alpha_h"),
+               meta_num(st, "leankv.alpha_l"), meta_str(st, "leankv.window", na),
+               meta_str(st, "leankv.bits", na));
+        break;
+    case KNOB_PATS:
+        printf("schedule %s, b_min %s, b_max %s (%s cache)", meta_str(st, "pats.schedule", na),
+               meta_str(st, "pats.b_min", na), meta_str(st, "pats.b_max", na),
+               meta_str(st, "pats.dtype", na));
+        break;
+    case KNOB_BUDGET:
+        printf("fraction %g (%s selector, sink %s, positions %s)",
+               meta_num(st, "budget.fraction"), meta_str(st, "budget.selector", na),
+               meta_str(st, "budget.sink", na), meta_str(st, "budget.positions", na));
+        break;
+    default:
+        printf("tau %g", meta_num(st, "mass.tau"));
+        break;
+    }
+}
+
+static void profile_text(const kvq_st *st)
+{
+    knob_table t[N_KNOBS];
+    for (int k = 0; k < N_KNOBS; k++)
+        knob_load(st, k, &t[k]);
+    printf("\nthresholds (metric %s, tolerance %g, prompt fraction %g):\n",
+           meta_str(st, "thresholds.metric", "-"), meta_num(st, "thresholds.tolerance"),
+           meta_num(st, "thresholds.prompt_fraction"));
+    const double ppl = meta_num(st, "diag.profile.ppl_full");
+    if (isfinite(ppl))
+        printf("  %-7s %.4f (perplexity with full attention)\n", "ppl", ppl);
+    for (int k = 0; k < N_KNOBS; k++) {
+        if (t[k].skipped) {
+            printf("  %-7s skipped: %s\n", knob_name[k], t[k].skipped);
+        } else if (t[k].rows && t[k].chosen >= 0) {
+            printf("  %-7s ", knob_name[k]);
+            knob_setting_text(st, k);
+            printf(": %s\n", met_text(t[k].met));
+        } else if (t[k].rows) {
+            printf("  %-7s no setting chosen\n", knob_name[k]);
+        }
+    }
+    for (int k = 0; k < N_KNOBS; k++) {
+        const knob_table *x = &t[k];
+        if (!x->rows)
+            continue;
+        printf("\n%s profile (* = chosen; %s):\n  ", knob_name[k], knob_note[k]);
+        for (int c = 0; c < x->n_cols; c++)
+            printf(" %12.12s", x->cols[c]);
+        putchar('\n');
+        for (int64_t r = 0; r < x->n_rows; r++) {
+            printf("%s ", r == x->chosen ? "*" : " ");
+            for (int c = 0; c < x->n_cols; c++) {
+                const double v = tensor_at(x->rows, (size_t)r * x->n_cols + c);
+                if (isnan(v))
+                    printf(" %12s", "-");
+                else if (!strcmp(x->cols[c], "schedule"))
+                    printf(" %12s", kvq_pats_schedule_name((kvq_pats_schedule)(int)v));
+                else
+                    printf(" %12.5g", v);
+            }
+            putchar('\n');
+        }
+    }
+}
+
+static cJSON *profile_json(const kvq_st *st)
+{
+    static const char *const setting[N_KNOBS][5] = {
+        {"leankv.alpha_h", "leankv.alpha_l", "leankv.window", "leankv.bits", NULL},
+        {"pats.schedule", "pats.b_min", "pats.b_max", "pats.dtype", NULL},
+        {"budget.fraction", "budget.selector", "budget.sink", "budget.positions", NULL},
+        {"mass.tau", NULL},
+    };
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddItemToObject(o, "metric", json_str_or_null(kvq_st_meta_get(st, "thresholds.metric")));
+    cJSON_AddItemToObject(o, "tolerance", json_num_or_null(meta_num(st, "thresholds.tolerance")));
+    cJSON_AddItemToObject(o, "prompt_fraction",
+                          json_num_or_null(meta_num(st, "thresholds.prompt_fraction")));
+    cJSON_AddItemToObject(o, "ppl_full", json_num_or_null(meta_num(st, "diag.profile.ppl_full")));
+    for (int k = 0; k < N_KNOBS; k++) {
+        knob_table t;
+        knob_load(st, k, &t);
+        if (!t.skipped && !t.rows)
+            continue;
+        cJSON *ko = cJSON_AddObjectToObject(o, knob_name[k]);
+        if (t.skipped) {
+            cJSON_AddStringToObject(ko, "skipped", t.skipped);
+            continue;
+        }
+        /* the chosen setting: numbers as numbers, names as strings */
+        for (int s = 0; setting[k][s]; s++) {
+            const char *v = kvq_st_meta_get(st, setting[k][s]);
+            const double x = meta_num(st, setting[k][s]);
+            const char *field = strchr(setting[k][s], '.') + 1;
+            cJSON_AddItemToObject(ko, field, !v ? cJSON_CreateNull()
+                                             : isfinite(x) ? cJSON_CreateNumber(x)
+                                                           : cJSON_CreateString(v));
+        }
+        cJSON_AddItemToObject(ko, "met", t.met < 0 ? cJSON_CreateNull() : cJSON_CreateBool(t.met));
+        cJSON_AddItemToObject(ko, "chosen", t.chosen < 0 ? cJSON_CreateNull()
+                                                         : json_i64(t.chosen));
+        cJSON *cols = cJSON_AddArrayToObject(ko, "columns");
+        for (int c = 0; c < t.n_cols; c++)
+            cJSON_AddItemToArray(cols, cJSON_CreateString(t.cols[c]));
+        cJSON *rows = cJSON_AddArrayToObject(ko, "rows");
+        for (int64_t r = 0; r < t.n_rows; r++) {
+            cJSON *row = cJSON_CreateArray();
+            for (int c = 0; c < t.n_cols; c++) {
+                const double x = tensor_at(t.rows, (size_t)r * t.n_cols + c);
+                cJSON_AddItemToArray(row, json_num_or_null(x));
+            }
+            cJSON_AddItemToArray(rows, row);
+        }
+    }
+    return o;
+}
+
 static int inspect_kvq(const char *path, uint64_t file_size, int json)
 {
     kvq_err e = {0}, ve = {0};
@@ -605,6 +1092,8 @@ static int inspect_kvq(const char *path, uint64_t file_size, int json)
     const kvq_st *st = kvq_artifact_payload(a);
     kvq_status valid = kvq_artifact_validate(a, &ve);
     size_t payload = kvq_artifact_payload_size(a);
+    fit_summary fit;
+    const int is_fit = fit_summary_load(st, &fit) == 0;
     int rc = 0;
     if (json) {
         cJSON *doc = json_header(path, "kvq", file_size);
@@ -621,6 +1110,10 @@ static int inspect_kvq(const char *path, uint64_t file_size, int json)
         cJSON_AddItemToObject(doc, "method", st_meta_json(st, NULL, is_method_key));
         cJSON_AddItemToObject(doc, "provenance",
                               st_meta_json(st, "provenance.", is_provenance_key));
+        if (is_fit)
+            cJSON_AddItemToObject(doc, "fit", fit_json(st, &fit));
+        if (has_profile(st))
+            cJSON_AddItemToObject(doc, "thresholds", profile_json(st));
         cJSON_AddItemToObject(doc, "metadata", st_meta_json(st, NULL, NULL));
         cJSON_AddItemToObject(doc, "tensors", st_tensors_json(st));
         rc = json_emit(path, doc);
@@ -636,12 +1129,18 @@ static int inspect_kvq(const char *path, uint64_t file_size, int json)
         else
             printf("  does not conform to format %d.%d: %s\n", KVQ_ARTIFACT_MAJOR,
                    KVQ_ARTIFACT_MINOR, ve.msg);
+        if (is_fit)
+            fit_text(st, &fit);
+        if (has_profile(st))
+            profile_text(st);
         st_meta_text(st, "model", is_model_key);
         st_meta_text(st, "method", is_method_key);
         st_meta_text(st, "provenance", is_provenance_key);
         st_meta_text(st, "other metadata", is_other_key);
         st_tensors_text(st);
     }
+    if (is_fit)
+        fit_summary_free(&fit);
     kvq_artifact_close(a);
     return rc;
 }

@@ -23,8 +23,8 @@
 /* ---- the corpus, held in memory ---------------------------------------------------- */
 
 typedef struct seq_list {
-    int32_t *ids;      /* all sequences, concatenated */
-    int64_t *off;      /* [n + 1] */
+    int32_t *ids; /* all sequences, concatenated */
+    int64_t *off; /* [n + 1] */
     size_t n, cap;
     int64_t n_ids, ids_cap;
 } seq_list;
@@ -60,16 +60,16 @@ static kvq_status keep_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 
 typedef struct task {
     kvq_corpus_task kind;
-    int32_t *ids;      /* prompt, BOS first */
+    int32_t *ids; /* prompt, BOS first */
     size_t n;
     char *answer;
-    int32_t n_gen;     /* tokens to generate */
+    int32_t n_gen; /* tokens to generate */
 } task;
 
 typedef struct task_list {
     task *t;
     size_t n;
-    int64_t longest;   /* prompt + generated */
+    int64_t longest; /* prompt + generated */
 } task_list;
 
 static void tasks_free(task_list *tl)
@@ -94,8 +94,10 @@ static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok,
         task t = {.kind = doc->task};
         int32_t *ans = NULL;
         size_t n_ans = 0;
-        if ((s = kvq_tokenizer_encode(tok, doc->text, doc->len, KVQ_ENCODE_BOS, &t.ids, &t.n, err)) ||
-            (s = kvq_tokenizer_encode(tok, doc->answer, strlen(doc->answer), 0, &ans, &n_ans, err))) {
+        if ((s = kvq_tokenizer_encode(tok, doc->text, doc->len, KVQ_ENCODE_BOS, &t.ids, &t.n,
+                                      err)) ||
+            (s = kvq_tokenizer_encode(tok, doc->answer, strlen(doc->answer), 0, &ans, &n_ans,
+                                      err))) {
             free(t.ids);
             break;
         }
@@ -172,7 +174,8 @@ static kvq_status answer_tasks(kvq_forward *f, const kvq_tokenizer *tok, const t
         for (int32_t g = 0; g < t->n_gen; g++) {
             int32_t next = kvq_sample_token(logits, vocab, 0, 1, NULL, NULL, NULL);
             ids[n++] = next;
-            if (g + 1 < t->n_gen && (s = kvq_forward_tokens(f, &next, 1, KVQ_LOGITS_LAST, logits, err)))
+            if (g + 1 < t->n_gen &&
+                (s = kvq_forward_tokens(f, &next, 1, KVQ_LOGITS_LAST, logits, err)))
                 return s;
         }
         /* the continuation is the text past the decoded prompt */
@@ -353,17 +356,18 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
                "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"sequences\": %zu, "
                "\"tokens\": %llu, \"predicted\": %llu, \"reference\": {\"nll\": %.6f, "
                "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}, \"rows\": [",
-               pos, (int)o->p.sink, (int)window, cache,
-               o->p.group == KVQ_GROUP_SUM ? "sum" : "max", o->p.tau, (long long)seq_len, sl.n,
-               (unsigned long long)stats.n_tokens, (unsigned long long)n_pred, ref_nll,
-               exp(ref_nll), ref_correct[KVQ_TASK_PASSKEY], n_task[KVQ_TASK_PASSKEY],
-               ref_correct[KVQ_TASK_KV_RECALL], n_task[KVQ_TASK_KV_RECALL]);
+               pos, (int)o->p.sink, (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max",
+               o->p.tau, (long long)seq_len, sl.n, (unsigned long long)stats.n_tokens,
+               (unsigned long long)n_pred, ref_nll, exp(ref_nll), ref_correct[KVQ_TASK_PASSKEY],
+               n_task[KVQ_TASK_PASSKEY], ref_correct[KVQ_TASK_KV_RECALL],
+               n_task[KVQ_TASK_KV_RECALL]);
         for (size_t i = 0; i < n_rows; i++) {
             const kvq_retrieval_stats *st = &res[i].st;
-            printf("%s{\"selector\": \"%s\", \"budget\": \"%s\", \"nll\": %.6f, \"perplexity\": %.6f, "
-                   "\"perplexity_delta\": %.6f, \"steps\": %llu, ",
-                   i ? ", " : "", rows[i].name, rows[i].budget_str, res[i].nll, res[i].ppl,
-                   res[i].ppl - exp(ref_nll), (unsigned long long)st->steps);
+            printf(
+                "%s{\"selector\": \"%s\", \"budget\": \"%s\", \"nll\": %.6f, \"perplexity\": %.6f, "
+                "\"perplexity_delta\": %.6f, \"steps\": %llu, ",
+                i ? ", " : "", rows[i].name, rows[i].budget_str, res[i].nll, res[i].ppl,
+                res[i].ppl - exp(ref_nll), (unsigned long long)st->steps);
             if (st->steps)
                 printf("\"recall_topk\": %.6f, \"recall_mass\": %.6f, \"out_rel_err\": %.6f, "
                        "\"kv_read_fraction\": %.6f, \"attended_fraction\": %.6f, ",
@@ -373,9 +377,9 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
             else
                 printf("\"recall_topk\": null, \"recall_mass\": null, \"out_rel_err\": null, "
                        "\"kv_read_fraction\": null, \"attended_fraction\": null, ");
-            printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}", res[i].correct[KVQ_TASK_PASSKEY],
-                   n_task[KVQ_TASK_PASSKEY], res[i].correct[KVQ_TASK_KV_RECALL],
-                   n_task[KVQ_TASK_KV_RECALL]);
+            printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}",
+                   res[i].correct[KVQ_TASK_PASSKEY], n_task[KVQ_TASK_PASSKEY],
+                   res[i].correct[KVQ_TASK_KV_RECALL], n_task[KVQ_TASK_KV_RECALL]);
         }
         printf("]}\n");
     } else {
@@ -401,7 +405,8 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
         for (size_t i = 0; i < n_rows; i++) {
             const kvq_retrieval_stats *st = &res[i].st;
             char pk[32], kv[32];
-            snprintf(pk, sizeof pk, "%d/%d", res[i].correct[KVQ_TASK_PASSKEY], n_task[KVQ_TASK_PASSKEY]);
+            snprintf(pk, sizeof pk, "%d/%d", res[i].correct[KVQ_TASK_PASSKEY],
+                     n_task[KVQ_TASK_PASSKEY]);
             snprintf(kv, sizeof kv, "%d/%d", res[i].correct[KVQ_TASK_KV_RECALL],
                      n_task[KVQ_TASK_KV_RECALL]);
             printf("%-12s %-7s %10.4f %+9.4f", rows[i].name, rows[i].budget_str, res[i].ppl,

@@ -12,6 +12,7 @@ int cmd_inspect(int argc, char **argv); /* cmd_inspect.c */
 int cmd_moments(int argc, char **argv); /* cmd_moments.c */
 int cmd_fit(int argc, char **argv);     /* cmd_fit.c */
 int cmd_profile(int argc, char **argv); /* cmd_profile.c */
+int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
 int cmd_run(int argc, char **argv);     /* cmd_run.c */
 int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
 
@@ -22,8 +23,9 @@ static const cli_command commands[] = {
     {"fit", "fit key codebooks per layer and KV head and write the .kvq artifact", cmd_fit},
     {"profile", "profile LeanKV thresholds, PATS schedules and retrieval budgets into the artifact",
      cmd_profile},
-    {"run", "generate text from a model (full attention)", cmd_run},
-    {"eval", "perplexity of a model on a corpus (full attention)", cmd_eval},
+    {"calibrate", "run capture, moments, fit and profile with defaults, resumably", cmd_calibrate},
+    {"run", "generate text, with full or retrieval attention (--artifact)", cmd_run},
+    {"eval", "perplexity and retrieval quality per selector and budget", cmd_eval},
     {"inspect", "describe a GGUF, safetensors, .kvq file or capture directory", cmd_inspect},
     {"version", "print the version and build configuration", cmd_version},
     {"help", "list commands, or show one command's help", cmd_help},

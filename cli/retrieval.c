@@ -16,10 +16,9 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     const char *sel_opt = eval ? "--selectors" : "--selector";
     const char *bud_opt = eval ? "--budgets" : "--budget";
-    static const char *const value_opts[] = {"--artifact", "--selector", "--selectors",
-                                             "--budget", "--budgets", "--positions", "--sink",
-                                             "--window", "--cache", "--group", "--tau",
-                                             "--attn-threads"};
+    static const char *const value_opts[] = {
+        "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
+        "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads"};
     int known = 0;
     for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
         known |= !strcmp(a, value_opts[k]);
@@ -84,10 +83,9 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
 
 void cli_retrieval_usage(FILE *f, int eval)
 {
-    fprintf(f,
-            "retrieval attention (any of these switches it on):\n"
-            "  --artifact A       the model's .kvq artifact (codebooks); refused when it was\n"
-            "                     made for another model\n");
+    fprintf(f, "retrieval attention (any of these switches it on):\n"
+               "  --artifact A       the model's .kvq artifact (codebooks); refused when it was\n"
+               "                     made for another model\n");
     if (eval)
         fprintf(f,
                 "  --selectors LIST   comma-separated: full, oracle, codebook (or the artifact's\n"
@@ -95,20 +93,19 @@ void cli_retrieval_usage(FILE *f, int eval)
                 "  --budgets LIST     comma-separated budgets: a token count, a fraction (0.06)\n"
                 "                     or a percentage (6%%), or all (default 6%%)\n");
     else
-        fprintf(f,
-                "  --selector S       full, oracle, codebook (or the artifact's method name),\n"
-                "                     fier, quest, mass (default codebook with an artifact)\n"
-                "  --budget B         retrieved tokens per step besides sinks and window: a\n"
-                "                     count, a fraction (0.06), a percentage (6%%) or all (default 6%%)\n");
-    fprintf(f,
-            "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
-            "  --sink N           first tokens always attended (default 4)\n"
-            "  --window N         last tokens always attended, exact RoPE (default: the\n"
-            "                     artifact's wrope.w, else 64)\n"
-            "  --cache T          KV cache storage, f16 (default) or f32\n"
-            "  --group G          GQA group's shared selection: sum (default) or max\n"
-            "  --tau T            mass selector: softmax mass to reach, (0, 1] (default 0.9)\n"
-            "  --attn-threads N   KV heads attended in parallel (default 1)\n");
+        fprintf(f, "  --selector S       full, oracle, codebook (or the artifact's method name),\n"
+                   "                     fier, quest, mass (default codebook with an artifact)\n"
+                   "  --budget B         retrieved tokens per step besides sinks and window: a\n"
+                   "                     count, a fraction (0.06), a percentage (6%%) or all "
+                   "(default 6%%)\n");
+    fprintf(f, "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
+               "  --sink N           first tokens always attended (default 4)\n"
+               "  --window N         last tokens always attended, exact RoPE (default: the\n"
+               "                     artifact's wrope.w, else 64)\n"
+               "  --cache T          KV cache storage, f16 (default) or f32\n"
+               "  --group G          GQA group's shared selection: sum (default) or max\n"
+               "  --tau T            mass selector: softmax mass to reach, (0, 1] (default 0.9)\n"
+               "  --attn-threads N   KV heads attended in parallel (default 1)\n");
 }
 
 int cli_retrieval_open(const cli_retrieval *o, const kvq_model *m, const char *model_path,
@@ -149,8 +146,8 @@ int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_runtim
 {
     char defsel[128];
     const char *method = rt ? kvq_codebook_method_name(kvq_runtime_method(rt)) : NULL;
-    snprintf(defsel, sizeof defsel, rt ? "full,oracle,%s,fier,quest,mass" : "full,oracle,fier,quest",
-             method);
+    snprintf(defsel, sizeof defsel,
+             rt ? "full,oracle,%s,fier,quest,mass" : "full,oracle,fier,quest", method);
     char *sbuf = NULL, *bbuf = NULL;
     size_t ns = 0, nb = 0;
     char **sv = split(o->selectors ? o->selectors : defsel, &ns, &sbuf);

@@ -11,12 +11,12 @@
 #include "kvq/runtime.h"
 
 typedef struct cli_retrieval {
-    const char *artifact;      /* --artifact, or NULL */
-    const char *selectors;     /* --selector (run) / --selectors (eval), or NULL */
-    const char *budgets;       /* --budget (run) / --budgets (eval), or NULL */
-    kvq_retrieval_params p;    /* --sink --window --positions --cache --group --tau
+    const char *artifact;   /* --artifact, or NULL */
+    const char *selectors;  /* --selector (run) / --selectors (eval), or NULL */
+    const char *budgets;    /* --budget (run) / --budgets (eval), or NULL */
+    kvq_retrieval_params p; /* --sink --window --positions --cache --group --tau
                                   --attn-threads; selector and budget are set per row */
-    int given;                 /* some retrieval option was given */
+    int given;              /* some retrieval option was given */
 } cli_retrieval;
 
 void cli_retrieval_init(cli_retrieval *o);
@@ -39,7 +39,7 @@ int cli_retrieval_open(const cli_retrieval *o, const kvq_model *m, const char *m
 typedef struct cli_row {
     kvq_selector selector;
     kvq_budget budget;
-    char name[32];             /* selector as printed: the artifact's method for codebook */
+    char name[32]; /* selector as printed: the artifact's method for codebook */
     char budget_str[32];
 } cli_row;
 

@@ -29,5 +29,6 @@
 #include "kvq/moments.h"
 #include "kvq/codebook.h"
 #include "kvq/thresholds.h"
+#include "kvq/runtime.h"
 
 #endif

@@ -141,8 +141,9 @@ typedef struct kvq_km_data {
     const float *w; /* [n] or NULL (all 1) */
     int64_t n;
     int32_t d;
-    int64_t min_work; /* multiply-adds per thread and step below which a seeding step
-                         runs on one thread; 0 = the default (2^21). Tests set 1. */
+    int32_t force_threads; /* 1: the seeding's per-step loops always use p->threads
+                              threads; 0: they pick 1 or p->threads by timing the first
+                              steps (the result is the same either way). Tests set 1. */
 } kvq_km_data;
 
 /* Chooses p->k initial centroids [k, d] from the data with method p->init (not

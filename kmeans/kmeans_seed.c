@@ -301,10 +301,50 @@ static void d2_apply(d2_state *s, pp_work *w, int32_t t, int64_t pick)
     }
 }
 
-/* Multiply-adds per thread and step below which the per-step loops stay on one thread:
- * each step has two parallel loops, and on a busy machine waking a second thread
- * costs more than this much work. */
-#define SEED_MIN_WORK ((int64_t)1 << 21)
+/* Threads of the per-step loops. Every block's result and every sum is the same for any
+ * thread count, so the count is chosen for speed alone. A step is small (two parallel
+ * loops over a few megabytes at most), and when the machine is busy, waking a second
+ * thread twice per step can cost milliseconds, far more than the step itself. So
+ * steps with fewer than SEED_MIN_WORK multiply-adds run on one thread, and otherwise
+ * the steps are timed: the first SEED_PROBE run on p->threads, the next SEED_PROBE on one
+ * thread, later ones use the faster (by a running mean of step times), trying the other
+ * for one step every SEED_REPROBE steps. force_threads turns this off (tests). */
+#define SEED_MIN_WORK ((int64_t)1 << 16)
+#define SEED_PROBE 2
+#define SEED_REPROBE 1024
+
+typedef struct step_timer {
+    int32_t fixed;  /* > 0: always this many threads; 0: choose by timing */
+    int32_t many;   /* p->threads */
+    double mean[2]; /* running mean step time with `many` threads [0] and one [1]; < 0 unset */
+    int mode;       /* the step being timed ran with `many` (0) or one (1) thread */
+    double t0;
+} step_timer;
+
+/* Threads for step t (t >= 1), and the start of its timing. */
+static int32_t timer_begin(step_timer *tm, int32_t t)
+{
+    if (tm->fixed > 0)
+        return tm->fixed;
+    const int best = tm->mean[0] < 0 ? 0 : tm->mean[1] < 0 ? 1 : tm->mean[0] > tm->mean[1];
+    if (t <= 2 * SEED_PROBE) /* several steps in a row: a woken team stays awake */
+        tm->mode = t > SEED_PROBE;
+    else if (t % SEED_REPROBE == 0)
+        tm->mode = !best;
+    else
+        tm->mode = best;
+    tm->t0 = kvq_now();
+    return tm->mode ? 1 : tm->many;
+}
+
+static void timer_end(step_timer *tm)
+{
+    if (tm->fixed > 0)
+        return;
+    const double dt = kvq_now() - tm->t0;
+    double *m = &tm->mean[tm->mode];
+    *m = *m < 0 ? dt : 0.75 * *m + 0.25 * dt;
+}
 
 /* Chooses k centroids by D^2 sampling; trials > 1 is greedy k-means++: draw `trials`
  * candidates per step and keep the one whose addition lowers the potential most
@@ -331,11 +371,11 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
     w.P = LANES / per_chunk;
     w.npad = (n + w.P - 1) / w.P * w.P;
     w.eval = pick_cand_eval();
+    step_timer tm = {.fixed = p->threads, .many = p->threads, .mean = {-1.0, -1.0}};
     {
-        const int64_t chunks = (trials + LANES - 1) / LANES;
-        const int64_t work = w.npad / w.P * d * chunks;
-        const int64_t want = work / (data->min_work > 0 ? data->min_work : SEED_MIN_WORK);
-        w.threads = want < 1 ? 1 : want < p->threads ? (int32_t)want : p->threads;
+        const int64_t work = w.npad / w.P * d * ((trials + LANES - 1) / LANES);
+        if (!data->force_threads && p->threads > 1)
+            tm.fixed = work >= SEED_MIN_WORK && n > DRAW_BLOCK ? 0 : 1;
     }
     st = d2_init(&s, data, p->threads, label, err);
     if (st != KVQ_OK)
@@ -381,6 +421,7 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
 
     for (int32_t t = 0; t < k; t++) {
         int64_t pick;
+        w.threads = t == 0 ? (tm.fixed ? tm.fixed : 1) : timer_begin(&tm, t);
         if (t == 0) {
             w.cand[0] = pick = draw_first(data, &rng);
             eval_chunk(&s, &w, w.cand, 1);
@@ -410,10 +451,15 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
             pick = w.cand[best];
             d2_apply(&s, &w, w.dbest ? -1 : best_t, pick);
         }
+        if (t > 0)
+            timer_end(&tm);
         memcpy(cent + (size_t)t * d, data->x + (size_t)pick * d, (size_t)d * sizeof(float));
         if (t % PROGRESS_EVERY == 0 && t > 0 && (st = seed_progress(p, t, k, err)) != KVQ_OK)
             goto done;
     }
+    if (!tm.fixed)
+        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: seeding step %.3g ms on %d threads, %.3g ms on 1",
+                label, 1e3 * tm.mean[0], p->threads, 1e3 * tm.mean[1]);
 done:
     if (s.dmin == w.dmin)
         s.dmin = NULL;
@@ -619,7 +665,8 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
     kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: k-means|| reduced %lld points to %lld candidates",
             label, (long long)n, (long long)m);
     {
-        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d, .min_work = data->min_work};
+        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d,
+                            .force_threads = data->force_threads};
         st = seed_pp(&cand, p, k, greedy_trials(p, k), kvq_km_mix64(seed ^ 0xca11ULL), cent,
                      err);
     }

@@ -13,21 +13,21 @@ const kvq_rk_table *kvq_runtime_table(const kvq_runtime *rt, int32_t layer, int3
 
 /* One (layer, KV head) of the cache. Rows are token indices 0 .. len-1. */
 typedef struct rt_head {
-    void *k, *v;          /* [cap, d] pre-RoPE keys and values, cache dtype */
-    uint16_t *codes;      /* [cap, G] codebook and mass selectors */
-    uint8_t *fbits;       /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
-    float *flo, *fhi;     /* [cap / fier_group + 1, d] fier: per-channel min / max */
-    float *plo, *phi;     /* [cap / quest_page + 1, d] quest: per-channel min / max */
-    int32_t *sel;         /* [sel_cap] last selection (candidate token indices) */
+    void *k, *v;      /* [cap, d] pre-RoPE keys and values, cache dtype */
+    uint16_t *codes;  /* [cap, G] codebook and mass selectors */
+    uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
+    float *flo, *fhi; /* [cap / fier_group + 1, d] fier: per-channel min / max */
+    float *plo, *phi; /* [cap / quest_page + 1, d] quest: per-channel min / max */
+    int32_t *sel;     /* [sel_cap] last selection (candidate token indices) */
     int64_t n_sel, sel_cap;
 } rt_head;
 
 typedef struct rt_layer {
-    int64_t len, cap;     /* tokens cached / rows allocated */
-    int64_t *pos;         /* [cap] positions */
-    rt_head *head;        /* [n_kv_heads] */
-    const kvq_codebook **cb;    /* [n_kv_heads] the artifact's, NULL without */
-    const kvq_rk_table **tab;   /* [n_kv_heads] */
+    int64_t len, cap;         /* tokens cached / rows allocated */
+    int64_t *pos;             /* [cap] positions */
+    rt_head *head;            /* [n_kv_heads] */
+    const kvq_codebook **cb;  /* [n_kv_heads] the artifact's, NULL without */
+    const kvq_rk_table **tab; /* [n_kv_heads] */
 } rt_layer;
 
 /* Sums of kvq_retrieval_stats, per thread until merged. */
@@ -39,21 +39,25 @@ typedef struct rt_sums {
 
 /* Per-thread scratch, sized for T visible tokens. */
 typedef struct rt_scratch {
-    int64_t cap;          /* T it holds */
-    int64_t krot_rows;    /* rows of krot */
-    float *scores;        /* [T] candidate scores */
-    float *tmp;           /* [T] per-head scores (group max) */
-    uint32_t *work;       /* [2T] selection keys */
-    double *mwork;        /* [T] mass selection weights */
-    int32_t *sel;         /* [T] selected candidates (token indices) */
-    int32_t *osel;        /* [T] the oracle's selection (measure) */
-    int32_t *att;         /* [T] attended tokens */
-    float *logits;        /* [gs, T] */
-    float *pfull;         /* [gs, T] exact probabilities (measure) */
-    float *krot;          /* [krot_rows, d] rotated keys */
-    float *lut;           /* [G K] */
-    float *qb, *qi, *qx;  /* [gs, d] q R_b, q R_i, selector queries */
-    float *o, *ofull;     /* [gs, d] */
+    int64_t cap;         /* T it holds */
+    int64_t krot_rows;   /* rows of krot */
+    float *scores;       /* [T] candidate scores */
+    float *tmp;          /* [T] per-head scores (group max) */
+    uint32_t *work;      /* [2T] selection keys */
+    double *mwork;       /* [T] mass selection weights */
+    int32_t *sel;        /* [T] selected candidates (token indices) */
+    int32_t *osel;       /* [T] the oracle's selection (measure) */
+    int32_t *att;        /* [T] attended tokens */
+    float *logits;       /* [gs, T] */
+    float *pfull;        /* [gs, T] exact probabilities (measure) */
+    float *krot;         /* [krot_rows, d] rotated keys */
+    float *lut;          /* [G K] */
+    float *qb, *qi, *qx; /* [gs, d] q R_b, q R_i, selector queries */
+    float *o, *ofull;    /* [gs, d] */
+    float *pre;          /* [n, T] prefill scores (pre_bytes) */
+    float *vbuf, *qpre;  /* [T, d] prefill values in f32, [n, d] rotated queries
+                            (both vbuf_bytes: n <= T) */
+    size_t pre_bytes, vbuf_bytes;
     rt_sums sums;
 } rt_scratch;
 
@@ -61,21 +65,21 @@ struct kvq_retrieval {
     kvq_retrieval_params p;
     const kvq_runtime *rt;
     int32_t n_layers, n_heads, n_kv, d, gs; /* gs: query heads per KV head */
-    int32_t window;       /* w used */
-    int64_t wrope_b;      /* b used by the exact step */
+    int32_t window;                         /* w used */
+    int64_t wrope_b;                        /* b used by the exact step */
     kvq_rope rope;
-    int32_t db;           /* fier bytes per token */
-    size_t es;            /* cache element size */
+    int32_t db; /* fier bytes per token */
+    size_t es;  /* cache element size */
     double theta[KVQ_ROPE_MAX_DIM / 2];
     float bcos[KVQ_ROPE_MAX_DIM / 2], bsin[KVQ_ROPE_MAX_DIM / 2]; /* R_b */
-    float *rcos, *rsin;   /* [rcap, d/2] cos / sin of every position seen */
+    float *rcos, *rsin; /* [rcap, d/2] cos / sin of every position seen */
     int64_t rcap;
-    rt_layer *layer;      /* [n_layers] */
-    rt_scratch *scr;      /* [threads] */
+    rt_layer *layer; /* [n_layers] */
+    rt_scratch *scr; /* [threads] */
     int32_t n_scr;
-    float *kbuf;          /* [n, d] one head's keys of a chunk (encoding) */
-    int32_t *cbuf;        /* [n, G] codes of a chunk */
-    int32_t *pbuf;        /* [n] positions as int32 */
+    float *kbuf;   /* [n, d] one head's keys of a chunk (encoding) */
+    int32_t *cbuf; /* [n, G] codes of a chunk */
+    int32_t *pbuf; /* [n] positions as int32 */
     int64_t buf_rows;
     rt_sums sums;
 };
@@ -86,12 +90,12 @@ typedef struct rt_step {
     const rt_layer *L;
     const rt_head *H;
     int32_t layer, head;
-    const float *q;       /* [gs, d] pre-RoPE queries of the group */
-    int64_t pos;          /* the query's position */
-    int64_t nvis;         /* visible tokens [0, nvis) */
-    int64_t s_end;        /* sinks [0, s_end) */
-    int64_t w_beg;        /* window [w_beg, nvis) */
-    int64_t nc;           /* candidates [s_end, w_beg) */
+    const float *q; /* [gs, d] pre-RoPE queries of the group */
+    int64_t pos;    /* the query's position */
+    int64_t nvis;   /* visible tokens [0, nvis) */
+    int64_t s_end;  /* sinks [0, s_end) */
+    int64_t w_beg;  /* window [w_beg, nvis) */
+    int64_t nc;     /* candidates [s_end, w_beg) */
     rt_scratch *S;
 } rt_step;
 

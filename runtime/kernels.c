@@ -49,7 +49,7 @@ kvq_isa kvq_isa_best(void)
         if (kvq_cpu_has_avx2() && cpu_has_f16c()) {
             __builtin_cpu_init();
             level = kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512dq") ? KVQ_ISA_AVX512
-                                                                            : KVQ_ISA_AVX2;
+                                                                               : KVQ_ISA_AVX2;
         }
         __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
     }
@@ -70,42 +70,54 @@ kvq_isa kvq_isa_clamp(kvq_isa want)
 const char *kvq_isa_name(kvq_isa isa)
 {
     switch (isa) {
-    case KVQ_ISA_SCALAR: return "scalar";
-    case KVQ_ISA_AVX2: return "avx2";
-    case KVQ_ISA_AVX512: return "avx512";
+    case KVQ_ISA_SCALAR:
+        return "scalar";
+    case KVQ_ISA_AVX2:
+        return "avx2";
+    case KVQ_ISA_AVX512:
+        return "avx512";
     }
     return "unknown";
 }
 
 /* Calls name_avx512 / name_avx2 / the scalar expression by the clamped isa. */
 #if KVQ_RK_HAVE_X86
-#define DISPATCH(isa, name, args, scalar)                                                    \
-    do {                                                                                     \
-        switch (kvq_isa_clamp(isa)) {                                                        \
-        case KVQ_ISA_AVX512: name##_avx512 args; return;                                     \
-        case KVQ_ISA_AVX2: name##_avx2 args; return;                                         \
-        default: scalar; return;                                                             \
-        }                                                                                    \
+#define DISPATCH(isa, name, args, scalar)                                                          \
+    do {                                                                                           \
+        switch (kvq_isa_clamp(isa)) {                                                              \
+        case KVQ_ISA_AVX512:                                                                       \
+            name##_avx512 args;                                                                    \
+            return;                                                                                \
+        case KVQ_ISA_AVX2:                                                                         \
+            name##_avx2 args;                                                                      \
+            return;                                                                                \
+        default:                                                                                   \
+            scalar;                                                                                \
+            return;                                                                                \
+        }                                                                                          \
     } while (0)
-#define DISPATCH_RET(isa, name, args, scalar)                                                \
-    do {                                                                                     \
-        switch (kvq_isa_clamp(isa)) {                                                        \
-        case KVQ_ISA_AVX512: return name##_avx512 args;                                      \
-        case KVQ_ISA_AVX2: return name##_avx2 args;                                          \
-        default: return scalar;                                                              \
-        }                                                                                    \
+#define DISPATCH_RET(isa, name, args, scalar)                                                      \
+    do {                                                                                           \
+        switch (kvq_isa_clamp(isa)) {                                                              \
+        case KVQ_ISA_AVX512:                                                                       \
+            return name##_avx512 args;                                                             \
+        case KVQ_ISA_AVX2:                                                                         \
+            return name##_avx2 args;                                                               \
+        default:                                                                                   \
+            return scalar;                                                                         \
+        }                                                                                          \
     } while (0)
 #else
-#define DISPATCH(isa, name, args, scalar)                                                    \
-    do {                                                                                     \
-        (void)(isa);                                                                         \
-        scalar;                                                                              \
-        return;                                                                              \
+#define DISPATCH(isa, name, args, scalar)                                                          \
+    do {                                                                                           \
+        (void)(isa);                                                                               \
+        scalar;                                                                                    \
+        return;                                                                                    \
     } while (0)
-#define DISPATCH_RET(isa, name, args, scalar)                                                \
-    do {                                                                                     \
-        (void)(isa);                                                                         \
-        return scalar;                                                                       \
+#define DISPATCH_RET(isa, name, args, scalar)                                                      \
+    do {                                                                                           \
+        (void)(isa);                                                                               \
+        return scalar;                                                                             \
     } while (0)
 #endif
 
@@ -116,8 +128,8 @@ const char *kvq_isa_name(kvq_isa isa)
 struct kvq_rk_table {
     const kvq_codebook *cb;
     int32_t G, K, dg, d;
-    const float *Linv;   /* [d, d] for grouped query-aware codebooks (q' = qs L^-T), else NULL */
-    uint16_t *CT;        /* [G, dg, K] f16: centroid c of group g, dim t at (g dg + t) K + c */
+    const float *Linv; /* [d, d] for grouped query-aware codebooks (q' = qs L^-T), else NULL */
+    uint16_t *CT;      /* [G, dg, K] f16: centroid c of group g, dim t at (g dg + t) K + c */
 };
 
 kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err)
@@ -384,11 +396,12 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
         const int64_t margin = 16 + 4 * (int64_t)sqrt((double)r + 1.0);
         const int64_t rh = r - margin, rl = r + margin;
         int64_t unused;
-        const uint32_t hi = rh < 1 ? UINT32_MAX
-                                   : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rh, ssub, NULL, &unused);
-        const uint32_t lo = rl >= TOPK_SAMPLE
-                                ? 0
-                                : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rl, ssub, NULL, &unused);
+        const uint32_t hi =
+            rh < 1 ? UINT32_MAX
+                   : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rh, ssub, NULL, &unused);
+        const uint32_t lo = rl >= TOPK_SAMPLE ? 0
+                                              : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rl,
+                                                        ssub, NULL, &unused);
         int64_t above;
         const int64_t m = bracket(isa, scores, n, lo, hi, keys, &above);
         const int64_t need = k - above;
@@ -421,8 +434,8 @@ static void load_row(const void *K, int f16, int64_t ld, int64_t r, int32_t d, f
 }
 
 static void logits_scalar(const float *q, int32_t nq, int32_t d, const void *K, int f16,
-                          int64_t ld_k, const int32_t *idx, int64_t m, float scale,
-                          float *logits, int64_t ld_l)
+                          int64_t ld_k, const int32_t *idx, int64_t m, float scale, float *logits,
+                          int64_t ld_l)
 {
     float row[KVQ_ROPE_MAX_DIM];
     assert(d <= KVQ_ROPE_MAX_DIM);
@@ -437,9 +450,9 @@ static void logits_scalar(const float *q, int32_t nq, int32_t d, const void *K, 
     }
 }
 
-void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K,
-                   kvq_dtype dt, int64_t ld_k, const int32_t *idx, int64_t m, float scale,
-                   float *logits, int64_t ld_l)
+void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K, kvq_dtype dt,
+                   int64_t ld_k, const int32_t *idx, int64_t m, float scale, float *logits,
+                   int64_t ld_l)
 {
     const int f16 = dt == KVQ_DT_F16;
     assert(dt == KVQ_DT_F16 || dt == KVQ_DT_F32);
@@ -487,8 +500,8 @@ static void mix_scalar(const float *p, int32_t nq, int64_t ld_p, const void *V, 
     }
 }
 
-void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V,
-                kvq_dtype dt, int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
+void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V, kvq_dtype dt,
+                int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
 {
     const int f16 = dt == KVQ_DT_F16;
     assert(dt == KVQ_DT_F16 || dt == KVQ_DT_F32);
@@ -554,8 +567,8 @@ static void attend_scalar(float *state, const float *q, int32_t nq, int32_t d, c
 
 void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, int32_t d,
                         const void *K, kvq_dtype kdt, int64_t ld_k, const int32_t *kidx,
-                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx,
-                        int64_t m, float scale)
+                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx, int64_t m,
+                        float scale)
 {
     const int kf16 = kdt == KVQ_DT_F16, vf16 = vdt == KVQ_DT_F16;
     assert((kdt == KVQ_DT_F16 || kdt == KVQ_DT_F32) && (vdt == KVQ_DT_F16 || vdt == KVQ_DT_F32));

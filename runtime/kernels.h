@@ -37,8 +37,8 @@ KVQ_HD static inline float kvq_rk_h2f(uint16_t h)
     } else if (exp != 0) {
         bits = sign | ((exp + 112u) << 23) | (man << 13); /* normal: rebias 15 -> 127 */
     } else if (man == 0) {
-        bits = sign;                                      /* signed zero */
-    } else {                                              /* subnormal: normalize */
+        bits = sign; /* signed zero */
+    } else {         /* subnormal: normalize */
         uint32_t e = 113u;
         while (!(man & 0x400u)) {
             man <<= 1;
@@ -73,19 +73,13 @@ KVQ_HD static inline int kvq_rk_digit_shift(int pass)
 {
     return pass == 0 ? 21 : pass == 1 ? 10 : 0;
 }
-KVQ_HD static inline uint32_t kvq_rk_digit_mask(int pass)
-{
-    return pass == 2 ? 0x3ffu : 0x7ffu;
-}
+KVQ_HD static inline uint32_t kvq_rk_digit_mask(int pass) { return pass == 2 ? 0x3ffu : 0x7ffu; }
 
 /* ---- RoPE ------------------------------------------------------------------------- */
 
 /* Dimensions of pair m of a head of d dims: layout 0 interleaved (2m, 2m+1), 1 half
  * (m, m + d/2); the kvq_rope_layout values. */
-KVQ_HD static inline int kvq_rk_pair0(int layout, int d, int m)
-{
-    return layout == 0 ? 2 * m : m;
-}
+KVQ_HD static inline int kvq_rk_pair0(int layout, int d, int m) { return layout == 0 ? 2 * m : m; }
 KVQ_HD static inline int kvq_rk_pair1(int layout, int d, int m)
 {
     return layout == 0 ? 2 * m + 1 : m + d / 2;
@@ -94,8 +88,8 @@ KVQ_HD static inline int kvq_rk_pair1(int layout, int d, int m)
 /* Rotates x [d] by the cos/sin of one position (c, s: [d/2], the angle p * theta_m
  * rounded to float) into y [d] (may alias x): the arithmetic of kvq_rope_apply, so
  * rotated vectors equal the full-attention backend's bit for bit. */
-KVQ_HD static inline void kvq_rk_rotate(const float *x, const float *c, const float *s,
-                                        int layout, int d, float *y)
+KVQ_HD static inline void kvq_rk_rotate(const float *x, const float *c, const float *s, int layout,
+                                        int d, float *y)
 {
     for (int m = 0; m < d / 2; m++) {
         const int i0 = kvq_rk_pair0(layout, d, m), i1 = kvq_rk_pair1(layout, d, m);
@@ -135,8 +129,7 @@ KVQ_HD static inline int kvq_rk_fier_bit(float x, float lo, float hi)
 /* Fier: score of one token from its packed bits [d/8] given the group's offset
  * a = q . lo and the per-channel step qs[c] = q_c (hi_c - lo_c): a + sum of qs over
  * the set bits, in channel order. Bit c is byte c/8, bit c%8. */
-KVQ_HD static inline float kvq_rk_fier_score(const uint8_t *bits, const float *qs, float a,
-                                             int d)
+KVQ_HD static inline float kvq_rk_fier_score(const uint8_t *bits, const float *qs, float a, int d)
 {
     float s = 0.0f;
     for (int c = 0; c < d; c++)

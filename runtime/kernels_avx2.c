@@ -38,8 +38,8 @@ static inline const void *row_ptr(const void *base, int f16, int64_t ld, int64_t
 
 /* ---- LUT ------------------------------------------------------------------------------ */
 
-TARGET void kvq_rk_lut_avx2(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,
-                            int32_t K, float *lut)
+TARGET void kvq_rk_lut_avx2(const float *qp, const uint16_t *CT, int32_t G, int32_t dg, int32_t K,
+                            float *lut)
 {
     for (int32_t g = 0; g < G; g++) {
         float *L = lut + (size_t)g * K;
@@ -53,8 +53,10 @@ TARGET void kvq_rk_lut_avx2(const float *qp, const uint16_t *CT, int32_t G, int3
             int32_t c = 0;
             for (; c + 8 <= K; c += 8) {
                 __m256 a = _mm256_loadu_ps(L + c);
-                a = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + c))), a);
-                a = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + c))), a);
+                a = _mm256_fmadd_ps(q0, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r0 + c))),
+                                    a);
+                a = _mm256_fmadd_ps(q1, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r1 + c))),
+                                    a);
                 _mm256_storeu_ps(L + c, a);
             }
             for (; c < K; c++)
@@ -82,7 +84,8 @@ TARGET void kvq_rk_score_avx2(const float *lut, int32_t G, int32_t K, const uint
             for (int32_t g = 0; g < G; g++) {
                 for (int l = 0; l < 8; l++)
                     ix[l] = g * K + codes[(size_t)(j + l) * G + g];
-                s = _mm256_add_ps(s, _mm256_i32gather_ps(lut, _mm256_load_si256((const __m256i *)ix), 4));
+                s = _mm256_add_ps(
+                    s, _mm256_i32gather_ps(lut, _mm256_load_si256((const __m256i *)ix), 4));
             }
             _mm256_storeu_ps(scores + j, s);
         }
@@ -98,8 +101,8 @@ TARGET void kvq_rk_keyhist_avx2(const float *scores, int64_t n, uint32_t *keys, 
     int64_t j = 0;
     const __m256i top = _mm256_set1_epi32((int)0x80000000u);
     for (; j + 8 <= n; j += 8) {
-        const __m256i u = _mm256_castps_si256(_mm256_add_ps(_mm256_loadu_ps(scores + j),
-                                                            _mm256_setzero_ps()));
+        const __m256i u =
+            _mm256_castps_si256(_mm256_add_ps(_mm256_loadu_ps(scores + j), _mm256_setzero_ps()));
         const __m256i k = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), top));
         _mm256_storeu_si256((__m256i *)(keys + j), k);
     }
@@ -117,7 +120,8 @@ TARGET int64_t kvq_rk_compact_avx2(const uint32_t *keys, int64_t n, uint32_t dig
     for (; j + 8 <= n; j += 8) {
         const __m256i k = _mm256_loadu_si256((const __m256i *)(keys + j));
         const __m256i dg = _mm256_and_si256(_mm256_srl_epi32(k, sh), msk);
-        unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(dg, want)));
+        unsigned hit =
+            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(dg, want)));
         uint32_t buf[8];
         _mm256_storeu_si256((__m256i *)buf, k);
         while (hit) {
@@ -165,8 +169,8 @@ TARGET int64_t kvq_rk_emit_avx2(const uint32_t *keys, int64_t n, uint32_t T, int
 static inline TARGET __m256i keys8(__m256 x)
 {
     const __m256i u = _mm256_castps_si256(_mm256_add_ps(x, _mm256_setzero_ps()));
-    return _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31),
-                                               _mm256_set1_epi32((int)0x80000000u)));
+    return _mm256_xor_si256(
+        u, _mm256_or_si256(_mm256_srai_epi32(u, 31), _mm256_set1_epi32((int)0x80000000u)));
 }
 
 TARGET int64_t kvq_rk_bracket_avx2(const float *scores, int64_t n, uint32_t lo, uint32_t hi,
@@ -179,8 +183,10 @@ TARGET int64_t kvq_rk_bracket_avx2(const float *scores, int64_t n, uint32_t lo, 
     int64_t m = 0, a = 0, j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256i k = keys8(_mm256_loadu_ps(scores + j)), ks = _mm256_xor_si256(k, top);
-        const unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(ks, his)));
-        const unsigned below = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(los, ks)));
+        const unsigned gt =
+            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(ks, his)));
+        const unsigned below =
+            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(los, ks)));
         unsigned in = ~(gt | below) & 0xffu;
         a += __builtin_popcount(gt);
         if (in) {
@@ -212,7 +218,8 @@ TARGET int64_t kvq_rk_emit_scores_avx2(const float *scores, int64_t n, uint32_t 
         const __m256i k = keys8(_mm256_loadu_ps(scores + j));
         const unsigned gt = (unsigned)_mm256_movemask_ps(
             _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, top), ts)));
-        const unsigned eq = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
+        const unsigned eq =
+            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
         unsigned bits = gt | eq;
         while (bits) {
             const int l = __builtin_ctz(bits);
@@ -300,7 +307,8 @@ static inline TARGET __m256 exp8(__m256 x)
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
@@ -411,10 +419,9 @@ static inline TARGET void prefetch_row(const void *row, int64_t bytes)
         _mm_prefetch((const char *)row + b, _MM_HINT_T0);
 }
 
-TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t d,
-                               const void *K, int kf16, int64_t ld_k, const int32_t *kidx,
-                               const void *V, int vf16, int64_t ld_v, const int32_t *vidx,
-                               int64_t m, float scale)
+TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t d, const void *K,
+                               int kf16, int64_t ld_k, const int32_t *kidx, const void *V, int vf16,
+                               int64_t ld_v, const int32_t *vidx, int64_t m, float scale)
 {
     float *mx = state, *l = state + nq, *acc = state + 2 * nq;
     const int32_t dv = d & ~7;
@@ -468,7 +475,8 @@ TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t
                 const float old = mx[hb + h], M = bm > old ? bm : old;
                 __m256 p = exp8(_mm256_sub_ps(_mm256_load_ps(lg), _mm256_set1_ps(M)));
                 /* rows past the end: exp8 clamps -inf to exp(-87); zero them */
-                const __m256 live = _mm256_cmp_ps(_mm256_load_ps(lg), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+                const __m256 live =
+                    _mm256_cmp_ps(_mm256_load_ps(lg), _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
                 p = _mm256_and_ps(p, live);
                 _mm256_store_ps(pw[h], p);
                 if (M > old) {

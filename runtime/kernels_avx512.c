@@ -19,7 +19,9 @@
 
 static inline TARGET __mmask16 tail16(int64_t left)
 {
-    return left <= 0 ? (__mmask16)0 : left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+    return left <= 0    ? (__mmask16)0
+           : left >= 16 ? (__mmask16)0xffff
+                        : (__mmask16)((1u << left) - 1u);
 }
 
 /* 16 elements of a row (f16 or f32) starting at t, masked, as f32. */
@@ -38,8 +40,8 @@ static inline TARGET const void *row_ptr(const void *base, int f16, int64_t ld, 
 
 /* ---- LUT ------------------------------------------------------------------------------ */
 
-TARGET void kvq_rk_lut_avx512(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,
-                              int32_t K, float *lut)
+TARGET void kvq_rk_lut_avx512(const float *qp, const uint16_t *CT, int32_t G, int32_t dg, int32_t K,
+                              float *lut)
 {
     for (int32_t g = 0; g < G; g++) {
         float *L = lut + (size_t)g * K;
@@ -224,7 +226,8 @@ static inline TARGET __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
 {
     const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
     const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-    const __m512 y = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    const __m512 y =
+        _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
     const __m256 z = _mm256_add_ps(_mm512_castps512_ps256(y), _mm512_extractf32x8_ps(y, 1));
     return _mm_add_ps(_mm256_castps256_ps128(z), _mm256_extractf128_ps(z, 1));
 }
@@ -414,10 +417,10 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
  * V rows are prefetched while this one is computed. */
 #define ATT_ROWS 16
 
-TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32_t d,
-                                 const void *K, int kf16, int64_t ld_k, const int32_t *kidx,
-                                 const void *V, int vf16, int64_t ld_v, const int32_t *vidx,
-                                 int64_t m, float scale)
+TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32_t d, const void *K,
+                                 int kf16, int64_t ld_k, const int32_t *kidx, const void *V,
+                                 int vf16, int64_t ld_v, const int32_t *vidx, int64_t m,
+                                 float scale)
 {
     float *mx = state, *l = state + nq, *acc = state + 2 * nq;
     const int64_t kbytes = (int64_t)d * (kf16 ? 2 : 4), vbytes = (int64_t)d * (vf16 ? 2 : 4);
@@ -456,7 +459,8 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                 const __m512 x = _mm512_load_ps(lg);
                 const float bm = _mm512_mask_reduce_max_ps(valid, x);
                 const float old = mx[hb + h], M = bm > old ? bm : old;
-                const __m512 p = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(M))));
+                const __m512 p =
+                    _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(x, _mm512_set1_ps(M))));
                 _mm512_store_ps(pw[h], p);
                 if (M > old) { /* rescale what was summed under the old max */
                     const float f = old == -INFINITY ? 0.0f : expf(old - M);
@@ -465,7 +469,8 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                     const __m512 fv = _mm512_set1_ps(f);
                     for (int32_t t = 0; t < d; t += 16) {
                         const __mmask16 mk = tail16(d - t);
-                        _mm512_mask_storeu_ps(o + t, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + t), fv));
+                        _mm512_mask_storeu_ps(o + t, mk,
+                                              _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + t), fv));
                     }
                     mx[hb + h] = M;
                 }
@@ -476,10 +481,13 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                 o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
             for (int32_t t = 0; t < d; t += 16) {
                 const __mmask16 mk = tail16(d - t);
-                __m512 a0 = _mm512_maskz_loadu_ps(mk, o[0] + t), a1 = _mm512_maskz_loadu_ps(mk, o[1] + t);
-                __m512 a2 = _mm512_maskz_loadu_ps(mk, o[2] + t), a3 = _mm512_maskz_loadu_ps(mk, o[3] + t);
+                __m512 a0 = _mm512_maskz_loadu_ps(mk, o[0] + t),
+                       a1 = _mm512_maskz_loadu_ps(mk, o[1] + t);
+                __m512 a2 = _mm512_maskz_loadu_ps(mk, o[2] + t),
+                       a3 = _mm512_maskz_loadu_ps(mk, o[3] + t);
                 for (int r = 0; r < jn; r++) {
-                    const __m512 v = vf16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)vr[r] + t))
+                    const __m512 v = vf16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                                                mk, (const uint16_t *)vr[r] + t))
                                           : _mm512_maskz_loadu_ps(mk, (const float *)vr[r] + t);
                     a0 = _mm512_fmadd_ps(_mm512_set1_ps(pw[0][r]), v, a0);
                     a1 = _mm512_fmadd_ps(_mm512_set1_ps(pw[1][r]), v, a1);

@@ -56,30 +56,29 @@ static inline void kvq_rk_hist_top(const uint32_t *keys, int64_t n, uint32_t *hi
  *             kvq_rk_attend_rows with f16 = 1 for f16 rows and 0 for f32 rows.
  * The attend state layout (kernels.c): per head h, state[h] = running max,
  * state[nq + h] = running sum, state[2 nq + h d ..] = running output [d]. */
-#define KVQ_RK_DECLARE(X)                                                                    \
-    void kvq_rk_lut_##X(const float *qp, const uint16_t *CT, int32_t G, int32_t dg,         \
-                        int32_t K, float *lut);                                              \
-    void kvq_rk_score_##X(const float *lut, int32_t G, int32_t K, const uint16_t *codes,     \
-                          int64_t n, float *scores);                                         \
-    void kvq_rk_keyhist_##X(const float *scores, int64_t n, uint32_t *keys, uint32_t *hist); \
-    int64_t kvq_rk_compact_##X(const uint32_t *keys, int64_t n, uint32_t digit, int shift,   \
-                               uint32_t mask, uint32_t *out);                                \
-    int64_t kvq_rk_emit_##X(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,       \
-                            int32_t *idx);                                                   \
-    int64_t kvq_rk_bracket_##X(const float *scores, int64_t n, uint32_t lo, uint32_t hi,     \
-                               uint32_t *out, int64_t *above);                               \
-    int64_t kvq_rk_emit_scores_##X(const float *scores, int64_t n, uint32_t T, int64_t ties, \
-                                   int32_t *idx);                                            \
-    void kvq_rk_logits_##X(const float *q, int32_t nq, int32_t d, const void *K, int f16,    \
-                           int64_t ld_k, const int32_t *idx, int64_t m, float scale,         \
-                           float *logits, int64_t ld_l);                                     \
-    void kvq_rk_softmax_##X(float *x, int32_t rows, int64_t m, int64_t ld);                  \
-    void kvq_rk_mix_##X(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,    \
-                        int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);    \
-    void kvq_rk_attend_##X(float *state, const float *q, int32_t nq, int32_t d, const void *K, \
-                           int kf16, int64_t ld_k, const int32_t *kidx, const void *V,        \
-                           int vf16, int64_t ld_v, const int32_t *vidx, int64_t m,            \
-                           float scale);
+#define KVQ_RK_DECLARE(X)                                                                          \
+    void kvq_rk_lut_##X(const float *qp, const uint16_t *CT, int32_t G, int32_t dg, int32_t K,     \
+                        float *lut);                                                               \
+    void kvq_rk_score_##X(const float *lut, int32_t G, int32_t K, const uint16_t *codes,           \
+                          int64_t n, float *scores);                                               \
+    void kvq_rk_keyhist_##X(const float *scores, int64_t n, uint32_t *keys, uint32_t *hist);       \
+    int64_t kvq_rk_compact_##X(const uint32_t *keys, int64_t n, uint32_t digit, int shift,         \
+                               uint32_t mask, uint32_t *out);                                      \
+    int64_t kvq_rk_emit_##X(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,             \
+                            int32_t *idx);                                                         \
+    int64_t kvq_rk_bracket_##X(const float *scores, int64_t n, uint32_t lo, uint32_t hi,           \
+                               uint32_t *out, int64_t *above);                                     \
+    int64_t kvq_rk_emit_scores_##X(const float *scores, int64_t n, uint32_t T, int64_t ties,       \
+                                   int32_t *idx);                                                  \
+    void kvq_rk_logits_##X(const float *q, int32_t nq, int32_t d, const void *K, int f16,          \
+                           int64_t ld_k, const int32_t *idx, int64_t m, float scale,               \
+                           float *logits, int64_t ld_l);                                           \
+    void kvq_rk_softmax_##X(float *x, int32_t rows, int64_t m, int64_t ld);                        \
+    void kvq_rk_mix_##X(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,          \
+                        int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);       \
+    void kvq_rk_attend_##X(float *state, const float *q, int32_t nq, int32_t d, const void *K,     \
+                           int kf16, int64_t ld_k, const int32_t *kidx, const void *V, int vf16,   \
+                           int64_t ld_v, const int32_t *vidx, int64_t m, float scale);
 
 KVQ_RK_DECLARE(avx2)
 KVQ_RK_DECLARE(avx512)

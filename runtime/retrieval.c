@@ -20,6 +20,8 @@
 #endif
 #include <sys/mman.h>
 
+#include <cblas.h>
+
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
@@ -60,8 +62,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
     const char *bad = NULL;
     if ((unsigned)p->selector >= KVQ_SELECT_COUNT)
         bad = "selector";
-    else if (p->budget.count < 0 || (p->budget.count == 0 && !(p->budget.fraction > 0 &&
-                                                                p->budget.fraction <= 1)))
+    else if (p->budget.count < 0 ||
+             (p->budget.count == 0 && !(p->budget.fraction > 0 && p->budget.fraction <= 1)))
         bad = "budget";
     else if (p->sink < 0)
         bad = "sink";
@@ -99,10 +101,10 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
 static kvq_status check_config(const kvq_model_config *c, const kvq_runtime *rt, kvq_err *err)
 {
     const kvq_model_id *m = kvq_runtime_model(rt);
-#define FIELD(name, a, b)                                                                    \
-    if ((a) != (b))                                                                          \
-        return kvq_err_set(err, KVQ_E_MISMATCH,                                              \
-                           "retrieval: artifact vs model: model.%s differs (%.17g vs %.17g)", \
+#define FIELD(name, a, b)                                                                          \
+    if ((a) != (b))                                                                                \
+        return kvq_err_set(err, KVQ_E_MISMATCH,                                                    \
+                           "retrieval: artifact vs model: model.%s differs (%.17g vs %.17g)",      \
                            name, (double)(a), (double)(b));
     FIELD("n_layers", m->n_layers, c->n_layers)
     FIELD("n_heads", m->n_heads, c->n_heads)
@@ -145,6 +147,9 @@ static void scratch_free(rt_scratch *S)
     free(S->qx);
     free(S->o);
     free(S->ofull);
+    free(S->pre);
+    free(S->vbuf);
+    free(S->qpre);
 }
 
 static void head_free(rt_head *H)
@@ -186,8 +191,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
 }
 
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
-                                const kvq_retrieval_params *p, kvq_retrieval **out,
-                                kvq_err *err)
+                                const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err)
 {
     kvq_status s;
     *out = NULL;
@@ -353,8 +357,31 @@ static kvq_status rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err)
 /* Every thread's scratch for T visible tokens and a chunk of n. */
 static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_err *err)
 {
-    const int need_rot = r->p.positions == KVQ_POSITIONS_ROPE || r->p.measure ||
-                         (r->p.prefill_full && n > 1);
+    if (r->p.prefill_full && n > 1) {
+        size_t pre, vb;
+        if (!kvq_size_mul((size_t)n, (size_t)T, &pre) || !kvq_size_mul(pre, sizeof(float), &pre) ||
+            !kvq_size_mul((size_t)T, (size_t)r->d * sizeof(float), &vb))
+            return kvq_err_set(err, KVQ_E_TOO_LARGE, "retrieval: prefill of %lld x %lld",
+                               (long long)n, (long long)T);
+        for (int32_t t = 0; t < r->n_scr; t++) {
+            rt_scratch *S = &r->scr[t];
+            if (pre > S->pre_bytes) {
+                if (!grow((void **)&S->pre, pre))
+                    return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory for prefill");
+                S->pre_bytes = pre;
+            }
+            if (vb > S->vbuf_bytes) {
+                if (!grow((void **)&S->vbuf, vb) ||
+                    !grow((void **)&S->qpre, (size_t)n * r->d * sizeof(float) > vb
+                                                 ? (size_t)n * r->d * sizeof(float)
+                                                 : vb))
+                    return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory for prefill");
+                S->vbuf_bytes = vb;
+            }
+        }
+    }
+    const int need_rot =
+        r->p.positions == KVQ_POSITIONS_ROPE || r->p.measure || (r->p.prefill_full && n > 1);
     const int64_t krot_rows = need_rot ? T : r->window;
     const size_t gs = (size_t)r->gs, d = (size_t)r->d;
     size_t lut = 1;
@@ -520,8 +547,8 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
                 cache_row(r, H->k, past + i, r->kbuf + i * d);
             kvq_err e = {0};
             if ((s = kvq_codebook_encode(L->cb[h], r->kbuf, r->pbuf, n, 1, r->cbuf, &e)))
-                return kvq_err_set(err, s, "retrieval: layer %d head %d: %s", (int)c->layer,
-                                   (int)h, e.msg);
+                return kvq_err_set(err, s, "retrieval: layer %d head %d: %s", (int)c->layer, (int)h,
+                                   e.msg);
             for (int64_t i = 0; i < n * G; i++)
                 H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
         }
@@ -624,8 +651,15 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     rt_head *H = &L->head[h];
     const int32_t d = r->d, gs = r->gs;
     const float scale = (float)(1.0 / sqrt((double)d));
-    rt_step st = {.r = r, .L = L, .H = H, .layer = layer, .head = h, .q = q, .pos = pos,
-                  .nvis = nvis, .S = S};
+    rt_step st = {.r = r,
+                  .L = L,
+                  .H = H,
+                  .layer = layer,
+                  .head = h,
+                  .q = q,
+                  .pos = pos,
+                  .nvis = nvis,
+                  .S = S};
     st.s_end = r->p.sink < nvis ? r->p.sink : nvis;
     st.w_beg = nvis - r->window > st.s_end ? nvis - r->window : st.s_end;
     st.nc = st.w_beg - st.s_end;
@@ -650,7 +684,8 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
                 H->sel_cap = cap;
         }
         H->n_sel = nsel <= H->sel_cap ? nsel : 0;
-        memcpy(H->sel, att + st.s_end, sizeof *H->sel * (size_t)H->n_sel);
+        if (H->n_sel)
+            memcpy(H->sel, att + st.s_end, sizeof *H->sel * (size_t)H->n_sel);
     }
     const int64_t m_far = m; /* sinks + selection: non-local under WROPE */
     for (int64_t j = st.w_beg; j < nvis; j++)
@@ -690,6 +725,40 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     }
 }
 
+/* Exact attention of a prefill chunk for KV head h, as matrix products (the full
+ * attention backend's method): per query head S = (Q R) (K R)^T / sqrt(d) [n, T] with
+ * cblas_sgemm, a causal softmax per row, O = S V. */
+static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
+                         const kvq_attn_call *c, int64_t past, rt_scratch *S)
+{
+    const rt_head *H = &L->head[h];
+    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
+    const int64_t n = c->n, T = past + n;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (int64_t j = 0; j < T; j++)
+        kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
+    const float *V = H->v;
+    if (r->es == 2) {
+        kvq_f16_to_f32((const uint16_t *)H->v, S->vbuf, (size_t)T * d);
+        V = S->vbuf;
+    }
+    for (int32_t g = 0; g < gs; g++) {
+        for (int64_t i = 0; i < n; i++)
+            kvq_rt_rotate(r, c->q + ((size_t)i * nh + (size_t)h * gs + g) * d, c->pos[i],
+                          S->qpre + (size_t)i * d);
+        float *P = S->pre; /* [n, T] */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale, S->qpre, d,
+                    S->krot, d, 0.0f, P, (int)T);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t nvis = past + i + 1;
+            kvq_rk_softmax(r->p.isa, P + (size_t)i * T, 1, nvis, T);
+            memset(P + (size_t)i * T + nvis, 0, sizeof(float) * (size_t)(T - nvis));
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, d, (int)T, 1.0f, P, (int)T,
+                    V, d, 0.0f, c->out + (size_t)(h * gs + g) * d, nh * d);
+    }
+}
+
 static int thread_id(void)
 {
 #ifdef _OPENMP
@@ -726,22 +795,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
     if (n > 1 && r->p.prefill_full) {
         /* Prefill: exact attention of every row over the tokens before it. */
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
-        for (int32_t h = 0; h < r->n_kv; h++) {
-            rt_scratch *S = &r->scr[thread_id()];
-            const rt_head *H = &L->head[h];
-            for (int64_t j = 0; j < T; j++)
-                kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
-            for (int64_t i = 0; i < n; i++) {
-                const float *q = c->q + ((size_t)i * nh + (size_t)h * gs) * d;
-                for (int32_t g = 0; g < gs; g++)
-                    kvq_rt_rotate(r, q + (size_t)g * d, c->pos[i], S->qi + (size_t)g * d);
-                const int64_t nvis = past + i + 1;
-                exact_attention(r, H, S->krot, S->qi, nvis, S->logits, nvis, S->o);
-                for (int32_t g = 0; g < gs; g++)
-                    memcpy(c->out + ((size_t)i * nh + (size_t)h * gs + g) * d,
-                           S->o + (size_t)g * d, sizeof(float) * (size_t)d);
-            }
-        }
+        for (int32_t h = 0; h < r->n_kv; h++)
+            prefill_head(r, L, h, c, past, &r->scr[thread_id()]);
     } else {
         const int64_t items = n * r->n_kv;
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
@@ -774,8 +829,10 @@ static void retrieval_reset(void *user) { kvq_retrieval_reset(user); }
 
 kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r)
 {
-    kvq_attn_backend b = {.name = kvq_selector_name(r->p.selector), .user = r,
-                          .attend = retrieval_attend, .reset = retrieval_reset};
+    kvq_attn_backend b = {.name = kvq_selector_name(r->p.selector),
+                          .user = r,
+                          .attend = retrieval_attend,
+                          .reset = retrieval_reset};
     return b;
 }
 
@@ -812,8 +869,7 @@ const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t laye
     return H->n_sel ? H->sel : NULL;
 }
 
-const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head,
-                                    int64_t j)
+const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head, int64_t j)
 {
     if (layer < 0 || layer >= r->n_layers || head < 0 || head >= r->n_kv)
         return NULL;

@@ -51,7 +51,8 @@ kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq
     }
     return kvq_err_set(err, KVQ_E_INVALID_ARG,
                        "unknown selector '%s' (full, oracle, codebook or the artifact's method "
-                       "name, fier, quest, mass)", s);
+                       "name, fier, quest, mass)",
+                       s);
 }
 
 int kvq_selector_needs_artifact(kvq_selector s)
@@ -85,15 +86,14 @@ kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
     if (!strchr(s, '.') && !strchr(s, 'e') && !strchr(s, 'E')) {
         int64_t c;
         if (kvq_parse_i64(s, 1, (int64_t)1 << 40, &c, &e))
-            return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                               "budget '%s': a count must be in [1, 2^40]", s);
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a count must be in [1, 2^40]",
+                               s);
         *b = (kvq_budget){.count = c, .fraction = 0};
         return KVQ_OK;
     }
     double f;
     if (kvq_parse_f64(s, 0, 1, &f, &e) || !(f > 0))
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a fraction must be in (0, 1]",
-                           s);
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a fraction must be in (0, 1]", s);
     *b = (kvq_budget){.count = 0, .fraction = f};
     return KVQ_OK;
 }
@@ -125,13 +125,13 @@ void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
  * ========================================================================== */
 
 struct kvq_runtime {
-    kvq_model_id model;          /* the artifact's identity */
+    kvq_model_id model; /* the artifact's identity */
     kvq_codebook_method method;
     int32_t K, G, wrope_w;
     int64_t wrope_b;
     int32_t n_layers, n_kv_heads;
-    kvq_codebook **cb;           /* [n_layers * n_kv_heads], NULL for layers without */
-    kvq_rk_table **tab;          /* same */
+    kvq_codebook **cb;  /* [n_layers * n_kv_heads], NULL for layers without */
+    kvq_rk_table **tab; /* same */
     uint64_t bytes;
 };
 
@@ -160,8 +160,8 @@ static kvq_status meta_real(const kvq_st *st, const char *path, const char *key,
     return KVQ_OK;
 }
 
-#define MISMATCH(field, fmt, a, b)                                                           \
-    kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (" fmt " vs " fmt ")", path, \
+#define MISMATCH(field, fmt, a, b)                                                                 \
+    kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (" fmt " vs " fmt ")", path,      \
                 label, field, a, b)
 
 /* The attention-relevant identity, field by field, then the rest when recorded. */
@@ -207,8 +207,8 @@ static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_m
     if (m->rope.scaling != KVQ_ROPE_SCALING_NONE) {
         static const char *const keys[] = {"rope.factor", "rope.low_freq_factor",
                                            "rope.high_freq_factor", "rope.original_max_pos"};
-        double *av[] = {&art->rope.factor, &art->rope.low_freq_factor,
-                        &art->rope.high_freq_factor, &art->rope.original_max_pos};
+        double *av[] = {&art->rope.factor, &art->rope.low_freq_factor, &art->rope.high_freq_factor,
+                        &art->rope.original_max_pos};
         const double mv[] = {m->rope.factor, m->rope.low_freq_factor, m->rope.high_freq_factor,
                              m->rope.original_max_pos};
         const int n = m->rope.scaling == KVQ_ROPE_SCALING_LINEAR ? 1 : 4;
@@ -267,7 +267,8 @@ kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const c
     if (!method || !strcmp(method, KVQ_METHOD_NONE)) {
         s = kvq_err_set(err, KVQ_E_UNSUPPORTED,
                         "%s: the artifact has no codebooks (method \"%s\"): nothing to retrieve "
-                        "with", path, method ? method : "?");
+                        "with",
+                        path, method ? method : "?");
         goto done;
     }
     if (!(rt = calloc(1, sizeof *rt))) {

@@ -132,8 +132,7 @@ static void fier_scores(const rt_step *st, float *scores, double *bytes)
                 qs[c] = q[c] * (hi[c] - lo[c]);
             }
             for (int64_t j = a; j < b; j++) {
-                const float s =
-                    kvq_rk_fier_score(st->H->fbits + (size_t)j * r->db, qs, off, d);
+                const float s = kvq_rk_fier_score(st->H->fbits + (size_t)j * r->db, qs, off, d);
                 if (h == 0 || s > scores[j - j0])
                     scores[j - j0] = s;
             }
@@ -247,8 +246,7 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
     if (nc <= 0)
         return 0;
     /* Layers without codebooks attend fully (the format's rule for absent layers). */
-    if ((selector == KVQ_SELECT_CODEBOOK || selector == KVQ_SELECT_MASS) &&
-        !st->L->cb[st->head])
+    if ((selector == KVQ_SELECT_CODEBOOK || selector == KVQ_SELECT_MASS) && !st->L->cb[st->head])
         selector = KVQ_SELECT_FULL;
     if (selector == KVQ_SELECT_FULL || (k >= nc && selector != KVQ_SELECT_MASS)) {
         for (int64_t j = 0; j < nc; j++)
@@ -277,11 +275,12 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
     }
     if (selector == KVQ_SELECT_MASS) {
         /* approximate logits: the mean (SUM) or max of the heads' scores, / sqrt(d) */
-        const float sc = (float)(1.0 / sqrt((double)r->d)) /
-                         (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
+        const float sc =
+            (float)(1.0 / sqrt((double)r->d)) / (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
         for (int64_t j = 0; j < nc; j++)
             S->tmp[j] = scores[j] * sc;
-        const int64_t kstar = r->p.tau >= 1.0 ? nc : mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
+        const int64_t kstar =
+            r->p.tau >= 1.0 ? nc : mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
         k = kstar < k ? kstar : k;
     }
     const int64_t n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);

@@ -407,7 +407,7 @@ static void test_seed_paths_threads(void **state)
         const float *wp = wi ? w : NULL;
         assert_int_equal(kvq_km_backend_cpu.create(x, wp, n, d, 2, &ctx, &e), KVQ_OK);
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-            kvq_km_data data = {.x = x, .w = wp, .n = n, .d = d, .min_work = 1};
+            kvq_km_data data = {.x = x, .w = wp, .n = n, .d = d, .force_threads = 1};
             kvq_kmeans_params p = kvq_kmeans_params_default();
             p.k = k;
             p.init = cases[ci].init;

@@ -900,6 +900,126 @@ static void test_capture_info(void **state)
     kvq_capture_info_free(ci);
 }
 
+/* capture.json text for a model of n_layers layers listing `layers` (model layer
+ * indices, file i named "f<i>"), in a malloc'd buffer; *size gets its length. */
+static char *capture_json_text(int n_layers, const int *layers, int n, size_t *size)
+{
+    const size_t cap = 1024 + (size_t)n * 32;
+    char *s = malloc(cap);
+    assert_non_null(s);
+    size_t w = (size_t)snprintf(s, cap,
+        "{\"format\": \"kvq-capture\", \"version\": 1, \"tool\": \"kvq test\",\n"
+        " \"model\": {\"source\": \"hf\", \"architecture\": \"qwen2\", \"n_layers\": %d,\n"
+        "   \"dim\": 64, \"hidden_dim\": 128, \"n_heads\": 8, \"n_kv_heads\": 2,\n"
+        "   \"head_dim\": 16, \"vocab_size\": 1000, \"context_length\": 4096,\n"
+        "   \"norm_eps\": 1e-6, \"rope\": {\"base\": 1000000, \"layout\": \"half\",\n"
+        "   \"scaling\": \"none\"}},\n"
+        " \"corpus\": {\"spec\": \"uuid:4\", \"seed\": 9, \"hash\": \"0123456789abcdef\",\n"
+        "   \"n_documents\": 4},\n"
+        " \"dtype\": \"bf16\", \"seq_len\": 32, \"n_tokens\": 64,\n"
+        " \"sequences\": [[0, 32], [32, 32]], \"queries\": 16, \"seed\": 3,\n"
+        " \"has_values\": true,\n \"layers\": [", n_layers);
+    for (int i = 0; i < n; i++)
+        w += (size_t)snprintf(s + w, cap - w, "%s%d", i ? ", " : "", layers[i]);
+    w += (size_t)snprintf(s + w, cap - w, "],\n \"files\": [");
+    for (int i = 0; i < n; i++)
+        w += (size_t)snprintf(s + w, cap - w, "%s\"f%d\"", i ? ", " : "", i);
+    w += (size_t)snprintf(s + w, cap - w, "]}\n");
+    assert_true(w < cap);
+    *size = w;
+    return s;
+}
+
+static kvq_status read_mem(const char *text, size_t size, kvq_capture_info **ci, kvq_err *e)
+{
+    *ci = (kvq_capture_info *)text; /* must be overwritten, also on failure */
+    kvq_status st = kvq_capture_info_read_memory("mem", text, size, ci, e);
+    if (st != KVQ_OK)
+        assert_null(*ci);
+    return st;
+}
+
+/* kvq_capture_info_read_memory: a valid document (not NUL-terminated), every layer of
+ * the largest model accepted, and the exact status of corrupt ones. */
+static void test_capture_info_memory(void **state)
+{
+    kvq_err e = {0};
+    kvq_capture_info *ci = NULL;
+    size_t size = 0;
+    const int three[] = {3, 0, 1};
+    char *text = capture_json_text(4, three, 3, &size);
+    /* The size bounds the document: the bytes after it are not read. */
+    char *padded = malloc(size + 8);
+    memcpy(padded, text, size);
+    memcpy(padded + size, "garbage!", 8);
+    assert_int_equal(read_mem(padded, size, &ci, &e), KVQ_OK);
+    assert_string_equal(ci->dir, "mem");
+    assert_string_equal(ci->model.architecture, "qwen2");
+    assert_int_equal(ci->model.n_layers, 4);
+    assert_int_equal(ci->model.rope.layout, KVQ_ROPE_HALF);
+    assert_true(ci->model.rope.base == 1e6);
+    assert_int_equal(ci->dtype, KVQ_DT_BF16);
+    assert_int_equal(ci->n_queries, 16);
+    assert_true(ci->has_values);
+    assert_int_equal(ci->corpus_seed, 9);
+    assert_int_equal(ci->n_sequences, 2);
+    assert_int_equal(ci->sequences[2], 32);
+    assert_int_equal(ci->n_files, 3);
+    assert_int_equal(ci->layers[0], 3);
+    assert_string_equal(ci->files[2], "f2");
+    assert_int_equal(kvq_capture_info_find_layer(ci, 1), 2);
+    assert_int_equal(kvq_capture_info_find_layer(ci, 2), -1);
+    char *p = NULL;
+    assert_int_equal(kvq_capture_info_file_path(ci, 0, &p, &e), KVQ_OK);
+    assert_string_equal(p, "mem/f0");
+    free(p);
+    kvq_capture_info_free(ci);
+    assert_int_equal(read_mem(padded, size + 8, &ci, &e), KVQ_E_BAD_JSON);
+    assert_string_equal(e.msg, "mem/capture.json: text after the JSON object");
+    free(padded);
+    free(text);
+
+    /* The largest model, every layer listed in reverse: one linear pass. */
+    enum { N = KVQ_CAPTURE_MAX_LAYERS };
+    int *all = malloc(N * sizeof *all);
+    for (int i = 0; i < N; i++)
+        all[i] = N - 1 - i;
+    text = capture_json_text(N, all, N, &size);
+    assert_int_equal(read_mem(text, size, &ci, &e), KVQ_OK);
+    assert_int_equal(ci->n_files, N);
+    assert_int_equal(ci->layers[N - 1], 0);
+    assert_int_equal(kvq_capture_info_find_layer(ci, N - 1), 0);
+    kvq_capture_info_free(ci);
+    free(text);
+    all[N - 1] = N / 2; /* a repeat at the very end */
+    text = capture_json_text(N, all, N, &size);
+    assert_int_equal(read_mem(text, size, &ci, &e), KVQ_E_CORRUPT);
+    assert_string_equal(e.msg, "mem/capture.json: layer 32768 is listed twice");
+    free(text);
+    free(all);
+
+    /* Corrupt documents: exact status and message. */
+    const int dup[] = {1, 2, 1}, out[] = {0, 4}, one[] = {0};
+    struct { int n_layers; const int *layers; int n; kvq_status want; const char *msg; } cases[] = {
+        {4, dup, 3, KVQ_E_CORRUPT, "mem/capture.json: layer 1 is listed twice"},
+        {4, out, 2, KVQ_E_CORRUPT, "mem/capture.json: layers[1] is not a layer index below 4"},
+        {KVQ_CAPTURE_MAX_LAYERS + 1, one, 1, KVQ_E_TOO_LARGE,
+         "mem/capture.json: model.n_layers 65537 is more than 65536"},
+        {0, one, 1, KVQ_E_CORRUPT, "mem/capture.json: model.n_layers = 0 is outside [1, "},
+        {2, three, 3, KVQ_E_CORRUPT, "mem/capture.json: 3 layers listed, model has 2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        text = capture_json_text(cases[i].n_layers, cases[i].layers, cases[i].n, &size);
+        kvq_status st = read_mem(text, size, &ci, &e);
+        if (st != cases[i].want || strncmp(e.msg, cases[i].msg, strlen(cases[i].msg)))
+            fail_msg("case %zu: got %d '%s'", i, (int)st, e.msg);
+        free(text);
+    }
+    assert_int_equal(read_mem(NULL, 0, &ci, &e), KVQ_E_BAD_JSON);
+    assert_int_equal(read_mem("{\"format\": \"kvq-capture\", \"version\": 2}", 39, &ci, &e),
+                     KVQ_E_VERSION);
+}
+
 static int teardown(void **state)
 {
     test_tmpdir_cleanup();
@@ -916,6 +1036,7 @@ int main(void)
         cmocka_unit_test(test_gqa_grouping),
         cmocka_unit_test(test_rotation),
         cmocka_unit_test(test_capture_info),
+        cmocka_unit_test(test_capture_info_memory),
         cmocka_unit_test(test_stage_wrope),
         cmocka_unit_test(test_stage_rope),
         cmocka_unit_test(test_stage_dead_dim),

@@ -46,7 +46,8 @@ static void make_L(int32_t d, uint64_t seed, float *L, float *Linv)
     memset(L, 0, sizeof(float) * (size_t)d * d);
     for (int32_t a = 0; a < d; a++)
         for (int32_t b = 0; b <= a; b++)
-            L[a * d + b] = a == b ? (float)(1.0 + kvq_rng_uniform(&r)) : (float)(0.2 * kvq_rng_normal(&r));
+            L[a * d + b] =
+                a == b ? (float)(1.0 + kvq_rng_uniform(&r)) : (float)(0.2 * kvq_rng_normal(&r));
     /* Linv: solve L X = I column by column (lower triangular) in double */
     for (int32_t c = 0; c < d; c++)
         for (int32_t a = 0; a < d; a++) {
@@ -58,11 +59,15 @@ static void make_L(int32_t d, uint64_t seed, float *L, float *Linv)
 }
 
 /* A codebook of the given method with random centroids. */
-static kvq_codebook *random_codebook(kvq_codebook_method method, int32_t d, int32_t K,
-                                     int32_t G, uint64_t seed)
+static kvq_codebook *random_codebook(kvq_codebook_method method, int32_t d, int32_t K, int32_t G,
+                                     uint64_t seed)
 {
-    kvq_codebook_desc desc = {.method = method, .dim = d, .k = K, .groups = G,
-                              .rope = kvq_rope_default(d), .wrope_b = 2048};
+    kvq_codebook_desc desc = {.method = method,
+                              .dim = d,
+                              .k = K,
+                              .groups = G,
+                              .rope = kvq_rope_default(d),
+                              .wrope_b = 2048};
     float *W = randn((size_t)K * d, seed, 1.0f);
     float *L = malloc(sizeof(float) * (size_t)d * d), *Li = malloc(sizeof(float) * (size_t)d * d);
     make_L(d, seed + 1, L, Li);
@@ -147,28 +152,30 @@ static int write_artifact(const char *path, const kvq_model_id *id, kvq_codebook
                 }
                 for (int32_t g = 0; g < G; g++) {
                     if (G == 1)
-                        snprintf(name, sizeof name, "layer.%d.head.%d.%s", l, h, qa ? "Cz" : "codebook");
+                        snprintf(name, sizeof name, "layer.%d.head.%d.%s", l, h,
+                                 qa ? "Cz" : "codebook");
                     else
                         snprintf(name, sizeof name, "layer.%d.head.%d.group.%d.%s", l, h, g,
                                  qa ? "Cz" : "codebook");
-                    if (pass == 0 ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2,
-                                                          (int64_t[]){K, dg}, &e)
-                                  : kvq_st_writer_write(w, kvq_codebook_centroids(cb, g),
-                                                        sizeof(float) * K * dg, &e))
+                    if (pass == 0
+                            ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2, (int64_t[]){K, dg}, &e)
+                            : kvq_st_writer_write(w, kvq_codebook_centroids(cb, g),
+                                                  sizeof(float) * K * dg, &e))
                         goto done;
                 }
                 if (qa && G == 1) {
                     snprintf(name, sizeof name, "layer.%d.head.%d.codebook", l, h);
-                    if (pass == 0 ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2,
-                                                          (int64_t[]){K, d}, &e)
-                                  : kvq_st_writer_write(w, kvq_codebook_key_codebook(cb),
-                                                        sizeof(float) * K * d, &e))
+                    if (pass == 0
+                            ? kvq_st_writer_declare(w, name, KVQ_DT_F32, 2, (int64_t[]){K, d}, &e)
+                            : kvq_st_writer_write(w, kvq_codebook_key_codebook(cb),
+                                                  sizeof(float) * K * d, &e))
                         goto done;
                 }
             }
         if (pass == 0) {
             if (kvq_model_id_set_meta(id, "model.", w, &e) ||
-                kvq_st_writer_set_meta(w, KVQ_META_METHOD, kvq_codebook_method_format_name(D->method), &e))
+                kvq_st_writer_set_meta(w, KVQ_META_METHOD,
+                                       kvq_codebook_method_format_name(D->method), &e))
                 goto done;
             snprintf(v, sizeof v, "%d", K);
             if (kvq_st_writer_set_meta(w, KVQ_META_CODEBOOK_SIZE, v, &e))
@@ -233,7 +240,8 @@ static void test_key_order(void **state)
 {
     (void)state;
     assert_int_equal(kvq_rk_key(0.0f), kvq_rk_key(-0.0f));
-    const float v[] = {-INFINITY, -3e38f, -1.0f, -1e-40f, 0.0f, 1e-40f, 1e-30f, 1.0f, 2.0f, 3e38f, INFINITY};
+    const float v[] = {-INFINITY, -3e38f, -1.0f, -1e-40f, 0.0f,    1e-40f,
+                       1e-30f,    1.0f,   2.0f,  3e38f,   INFINITY};
     for (size_t i = 0; i + 1 < sizeof v / sizeof v[0]; i++)
         assert_true(kvq_rk_key(v[i]) < kvq_rk_key(v[i + 1]));
     float *x = randn(4096, 7, 100.0f);
@@ -270,8 +278,8 @@ static void test_lut_paths(void **state)
         kvq_codebook_method m;
         int32_t d, K, G;
     } cases[] = {
-        {KVQ_CODEBOOK_VQ, 128, 256, 1},    {KVQ_CODEBOOK_QAVQ, 64, 100, 1},
-        {KVQ_CODEBOOK_PQ, 128, 64, 4},     {KVQ_CODEBOOK_QAPQ, 32, 37, 4},
+        {KVQ_CODEBOOK_VQ, 128, 256, 1},       {KVQ_CODEBOOK_QAVQ, 64, 100, 1},
+        {KVQ_CODEBOOK_PQ, 128, 64, 4},        {KVQ_CODEBOOK_QAPQ, 32, 37, 4},
         {KVQ_CODEBOOK_VQ_POSTROPE, 8, 16, 1}, {KVQ_CODEBOOK_QAPQ, 10, 19, 5},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -306,16 +314,16 @@ static void test_lut_paths(void **state)
                 bnd[g * K + c] = bound;
                 const double diff = fabs((double)sc[g * K + c] - ref[g * K + c]);
                 if (diff > KVQ_RK_TOL_LUT16 * bound + 1e-6)
-                    fail_msg("case %zu: scalar LUT[%d][%d] %g vs codebook %g (bound %g)", ci, g,
-                             c, sc[g * K + c], ref[g * K + c], bound);
+                    fail_msg("case %zu: scalar LUT[%d][%d] %g vs codebook %g (bound %g)", ci, g, c,
+                             sc[g * K + c], ref[g * K + c], bound);
             }
         for (size_t ii = 1; ii < 3; ii++) {
             kvq_rk_lut(isas[ii], tab, q, fast);
             for (int32_t i = 0; i < G * K; i++) {
                 const double diff = fabs((double)fast[i] - sc[i]);
                 if (diff > KVQ_RK_TOL_DOT * 1.01 * bnd[i] + 1e-7)
-                    fail_msg("case %zu %s: LUT[%d] %.9g vs scalar %.9g", ci,
-                             kvq_isa_name(isas[ii]), i, fast[i], sc[i]);
+                    fail_msg("case %zu %s: LUT[%d] %.9g vs scalar %.9g", ci, kvq_isa_name(isas[ii]),
+                             i, fast[i], sc[i]);
             }
         }
         free(q);
@@ -457,11 +465,13 @@ static void test_attention_paths(void **state)
     static const struct {
         int32_t nq, d;
         int64_t rows, m;
-    } cases[] = {{4, 128, 3000, 777}, {1, 8, 50, 50}, {3, 24, 200, 61}, {5, 10, 33, 19}, {8, 64, 500, 130}};
+    } cases[] = {
+        {4, 128, 3000, 777}, {1, 8, 50, 50}, {3, 24, 200, 61}, {5, 10, 33, 19}, {8, 64, 500, 130}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t nq = cases[ci].nq, d = cases[ci].d;
         const int64_t rows = cases[ci].rows, m = cases[ci].m;
-        float *K32 = randn((size_t)rows * d, 11 + ci, 1.0f), *V32 = randn((size_t)rows * d, 12 + ci, 1.0f);
+        float *K32 = randn((size_t)rows * d, 11 + ci, 1.0f),
+              *V32 = randn((size_t)rows * d, 12 + ci, 1.0f);
         float *q = randn((size_t)nq * d, 13 + ci, 0.5f);
         uint16_t *K16 = malloc(2 * rows * d), *V16 = malloc(2 * rows * d);
         kvq_f32_to_f16(K32, K16, (size_t)rows * d);
@@ -477,8 +487,10 @@ static void test_attention_paths(void **state)
                 const kvq_dtype dt = f16 ? KVQ_DT_F16 : KVQ_DT_F32;
                 const int32_t *ix = use_idx ? idx : NULL;
                 const int64_t ld = m + 3;
-                float *ref = malloc(sizeof(float) * nq * ld), *got = malloc(sizeof(float) * nq * ld);
-                float *oref = malloc(sizeof(float) * nq * d), *ogot = malloc(sizeof(float) * nq * d);
+                float *ref = malloc(sizeof(float) * nq * ld),
+                      *got = malloc(sizeof(float) * nq * ld);
+                float *oref = malloc(sizeof(float) * nq * d),
+                      *ogot = malloc(sizeof(float) * nq * d);
                 const float scale = 0.125f;
                 kvq_rk_logits(KVQ_ISA_SCALAR, q, nq, d, Kc, dt, d, ix, m, scale, ref, ld);
                 float *lref = malloc(sizeof(float) * nq * ld);
@@ -493,10 +505,12 @@ static void test_attention_paths(void **state)
                             double bound = 0;
                             for (int32_t t = 0; t < d; t++)
                                 bound += fabs((double)q[h * d + t] *
-                                              (f16 ? kvq_f16_to_f32_ref(K16[row * d + t]) : K32[row * d + t]));
+                                              (f16 ? kvq_f16_to_f32_ref(K16[row * d + t])
+                                                   : K32[row * d + t]));
                             const double diff = fabs((double)got[h * ld + j] - lref[h * ld + j]);
                             if (diff > KVQ_RK_TOL_DOT * bound * scale + 1e-7)
-                                fail_msg("logits case %zu f16 %d %s", ci, f16, kvq_isa_name(isas[ii]));
+                                fail_msg("logits case %zu f16 %d %s", ci, f16,
+                                         kvq_isa_name(isas[ii]));
                         }
                     memcpy(got, lref, sizeof(float) * nq * ld);
                     kvq_rk_softmax(isas[ii], got, nq, m, ld);
@@ -504,7 +518,8 @@ static void test_attention_paths(void **state)
                         for (int64_t j = 0; j < m; j++) {
                             const double a = got[h * ld + j], b = ref[h * ld + j];
                             if (fabs(a - b) > KVQ_RK_TOL_PROB * (b + 1e-6))
-                                fail_msg("softmax case %zu %s: %g vs %g", ci, kvq_isa_name(isas[ii]), a, b);
+                                fail_msg("softmax case %zu %s: %g vs %g", ci,
+                                         kvq_isa_name(isas[ii]), a, b);
                         }
                     kvq_rk_mix(isas[ii], ref, nq, ld, Vc, dt, d, ix, m, d, ogot);
                     for (int32_t h = 0; h < nq; h++)
@@ -513,11 +528,14 @@ static void test_attention_paths(void **state)
                             for (int64_t j = 0; j < m; j++) {
                                 const int64_t row = ix ? ix[j] : j;
                                 bound += ref[h * ld + j] *
-                                         fabs(f16 ? kvq_f16_to_f32_ref(V16[row * d + t]) : V32[row * d + t]);
+                                         fabs(f16 ? kvq_f16_to_f32_ref(V16[row * d + t])
+                                                  : V32[row * d + t]);
                             }
-                            if (fabs((double)ogot[h * d + t] - oref[h * d + t]) > KVQ_RK_TOL_OUT * bound + 1e-7)
-                                fail_msg("mix case %zu f16 %d idx %d %s: %g vs %g", ci, f16, use_idx,
-                                         kvq_isa_name(isas[ii]), ogot[h * d + t], oref[h * d + t]);
+                            if (fabs((double)ogot[h * d + t] - oref[h * d + t]) >
+                                KVQ_RK_TOL_OUT * bound + 1e-7)
+                                fail_msg("mix case %zu f16 %d idx %d %s: %g vs %g", ci, f16,
+                                         use_idx, kvq_isa_name(isas[ii]), ogot[h * d + t],
+                                         oref[h * d + t]);
                         }
                 }
                 /* the probabilities of a row sum to 1 */
@@ -550,11 +568,13 @@ static void test_attend_paths(void **state)
     static const struct {
         int32_t nq, d;
         int64_t rows, m;
-    } cases[] = {{4, 128, 2000, 555}, {2, 8, 40, 37}, {5, 24, 300, 100}, {4, 10, 20, 1}, {8, 64, 400, 129}};
+    } cases[] = {
+        {4, 128, 2000, 555}, {2, 8, 40, 37}, {5, 24, 300, 100}, {4, 10, 20, 1}, {8, 64, 400, 129}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t nq = cases[ci].nq, d = cases[ci].d;
         const int64_t rows = cases[ci].rows, m = cases[ci].m;
-        float *K32 = randn((size_t)rows * d, 61 + ci, 1.0f), *V32 = randn((size_t)rows * d, 62 + ci, 1.0f);
+        float *K32 = randn((size_t)rows * d, 61 + ci, 1.0f),
+              *V32 = randn((size_t)rows * d, 62 + ci, 1.0f);
         float *q = randn((size_t)nq * d, 63 + ci, 1.0f);
         uint16_t *K16 = malloc(2 * rows * d), *V16 = malloc(2 * rows * d);
         kvq_f32_to_f16(K32, K16, (size_t)rows * d);
@@ -567,7 +587,8 @@ static void test_attend_paths(void **state)
         for (int combo = 0; combo < 4; combo++) {
             const int kf16 = combo & 1, vf16 = combo >> 1;
             const void *Kc = kf16 ? (const void *)K16 : K32, *Vc = vf16 ? (const void *)V16 : V32;
-            const kvq_dtype kdt = kf16 ? KVQ_DT_F16 : KVQ_DT_F32, vdt = vf16 ? KVQ_DT_F16 : KVQ_DT_F32;
+            const kvq_dtype kdt = kf16 ? KVQ_DT_F16 : KVQ_DT_F32,
+                            vdt = vf16 ? KVQ_DT_F16 : KVQ_DT_F32;
             const float scale = 0.3f;
             float *p = malloc(sizeof(float) * nq * m), *ref = malloc(sizeof(float) * nq * d);
             kvq_rk_logits(KVQ_ISA_SCALAR, q, nq, d, Kc, kdt, d, idx, m, scale, p, m);
@@ -578,7 +599,8 @@ static void test_attend_paths(void **state)
             for (size_t ii = 0; ii < 3; ii++) {
                 const int64_t split = m / 3;
                 kvq_rk_attend_init(st, nq, d);
-                kvq_rk_attend_rows(isas[ii], st, q, nq, d, Kc, kdt, d, idx, Vc, vdt, d, idx, split, scale);
+                kvq_rk_attend_rows(isas[ii], st, q, nq, d, Kc, kdt, d, idx, Vc, vdt, d, idx, split,
+                                   scale);
                 kvq_rk_attend_rows(isas[ii], st, q, nq, d, Kc, kdt, d, idx + split, Vc, vdt, d,
                                    idx + split, m - split, scale);
                 kvq_rk_attend_finish(st, nq, d, got);
@@ -586,9 +608,11 @@ static void test_attend_paths(void **state)
                     for (int32_t t = 0; t < d; t++) {
                         double bound = 0;
                         for (int64_t j = 0; j < m; j++)
-                            bound += p[h * m + j] * fabs(vf16 ? kvq_f16_to_f32_ref(V16[(size_t)idx[j] * d + t])
-                                                              : V32[(size_t)idx[j] * d + t]);
-                        if (fabs((double)got[h * d + t] - ref[h * d + t]) > KVQ_RK_TOL_OUT * bound + 1e-7)
+                            bound += p[h * m + j] *
+                                     fabs(vf16 ? kvq_f16_to_f32_ref(V16[(size_t)idx[j] * d + t])
+                                               : V32[(size_t)idx[j] * d + t]);
+                        if (fabs((double)got[h * d + t] - ref[h * d + t]) >
+                            KVQ_RK_TOL_OUT * bound + 1e-7)
                             fail_msg("attend case %zu combo %d %s: [%d][%d] %g vs %g", ci, combo,
                                      kvq_isa_name(isas[ii]), h, t, got[h * d + t], ref[h * d + t]);
                     }
@@ -655,7 +679,8 @@ static void test_parse_budget_and_selector(void **state)
     assert_int_equal(kvq_selector_parse("h2o", &s, &method, &e), KVQ_E_INVALID_ARG);
     assert_non_null(strstr(e.msg, "unknown selector 'h2o'"));
     for (int i = 0; i < KVQ_SELECT_COUNT; i++) {
-        assert_int_equal(kvq_selector_parse(kvq_selector_name((kvq_selector)i), &s, NULL, &e), KVQ_OK);
+        assert_int_equal(kvq_selector_parse(kvq_selector_name((kvq_selector)i), &s, NULL, &e),
+                         KVQ_OK);
         assert_int_equal(s, i);
     }
 }
@@ -683,10 +708,10 @@ static void test_open_artifact(void **state)
         for (int h = 0; h < 2; h++) {
             const kvq_codebook *cb = kvq_runtime_codebook(rt, l, h);
             assert_non_null(cb);
-            assert_memory_equal(kvq_codebook_centroids(cb, 0), kvq_codebook_centroids(cbs[l * 2 + h], 0),
-                                sizeof(float) * 32 * 16);
-            assert_memory_equal(kvq_codebook_key_codebook(cb), kvq_codebook_key_codebook(cbs[l * 2 + h]),
-                                sizeof(float) * 32 * 16);
+            assert_memory_equal(kvq_codebook_centroids(cb, 0),
+                                kvq_codebook_centroids(cbs[l * 2 + h], 0), sizeof(float) * 32 * 16);
+            assert_memory_equal(kvq_codebook_key_codebook(cb),
+                                kvq_codebook_key_codebook(cbs[l * 2 + h]), sizeof(float) * 32 * 16);
         }
     assert_null(kvq_runtime_codebook(rt, 2, 0));
     kvq_runtime_close(rt);
@@ -704,22 +729,44 @@ static void test_open_mismatch(void **state)
     static const struct {
         const char *field, *values;
     } want[] = {
-        {"n_layers", "(2 vs 3)"},          {"n_heads", "(8 vs 16)"},
-        {"n_kv_heads", "(2 vs 4)"},        {"head_dim", "(16 vs 32)"},
-        {"rope.base", "(10000 vs 500000)"}, {"rope.layout", "(interleaved vs half)"},
-        {"rope.scaling", "(none vs linear)"}, {"vocab_size", "(512 vs 513)"},
+        {"n_layers", "(2 vs 3)"},
+        {"n_heads", "(8 vs 16)"},
+        {"n_kv_heads", "(2 vs 4)"},
+        {"head_dim", "(16 vs 32)"},
+        {"rope.base", "(10000 vs 500000)"},
+        {"rope.layout", "(interleaved vs half)"},
+        {"rope.scaling", "(none vs linear)"},
+        {"vocab_size", "(512 vs 513)"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         kvq_model_id m = id;
         switch (i) {
-        case 0: m.n_layers = 3; break;
-        case 1: m.n_heads = 16; break;
-        case 2: m.n_kv_heads = 4; break;
-        case 3: m.head_dim = 32; m.rope.head_dim = 32; break;
-        case 4: m.rope.base = 500000; break;
-        case 5: m.rope.layout = KVQ_ROPE_HALF; break;
-        case 6: m.rope.scaling = KVQ_ROPE_SCALING_LINEAR; m.rope.factor = 2; break;
-        case 7: m.vocab_size = 513; break;
+        case 0:
+            m.n_layers = 3;
+            break;
+        case 1:
+            m.n_heads = 16;
+            break;
+        case 2:
+            m.n_kv_heads = 4;
+            break;
+        case 3:
+            m.head_dim = 32;
+            m.rope.head_dim = 32;
+            break;
+        case 4:
+            m.rope.base = 500000;
+            break;
+        case 5:
+            m.rope.layout = KVQ_ROPE_HALF;
+            break;
+        case 6:
+            m.rope.scaling = KVQ_ROPE_SCALING_LINEAR;
+            m.rope.factor = 2;
+            break;
+        case 7:
+            m.vocab_size = 513;
+            break;
         }
         kvq_runtime *rt = NULL;
         kvq_err e = {0};
@@ -761,7 +808,8 @@ static void test_open_corrupt(void **state)
     static const struct {
         size_t keep;
         kvq_status want;
-    } trunc[] = {{2, KVQ_E_TRUNCATED_HEADER}, {20, KVQ_E_TRUNCATED_HEADER}, {40, KVQ_E_TRUNCATED_DATA}};
+    } trunc[] = {
+        {2, KVQ_E_TRUNCATED_HEADER}, {20, KVQ_E_TRUNCATED_HEADER}, {40, KVQ_E_TRUNCATED_DATA}};
     for (size_t i = 0; i < 3; i++) {
         assert_int_equal(test_write_file(bad, data, trunc[i].keep), 0);
         assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), trunc[i].want);
@@ -778,7 +826,8 @@ static void test_open_corrupt(void **state)
     data[0] ^= 0xff;
     assert_int_equal(test_write_file(bad, data, size), 0);
     assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_BAD_MAGIC);
-    assert_int_equal(kvq_runtime_open(test_path("none.kvq"), &id, "model", &rt, &e), KVQ_E_NOT_FOUND);
+    assert_int_equal(kvq_runtime_open(test_path("none.kvq"), &id, "model", &rt, &e),
+                     KVQ_E_NOT_FOUND);
     free(data);
 
     /* method "none": thresholds only, nothing to retrieve with */
@@ -841,8 +890,12 @@ static float *run_backend(const kvq_model_config *c, const kvq_attn_backend *b, 
     for (int64_t at = 0; at < s->T;) {
         const int64_t n = at == 0 ? prefill : 1;
         for (int32_t l = 0; l < c->n_layers; l++) {
-            kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = s->pos + at,
-                                  .q = s->q + at * qd, .k = s->k + at * kvd, .v = s->v + at * kvd,
+            kvq_attn_call call = {.layer = l,
+                                  .n = (int32_t)n,
+                                  .pos = s->pos + at,
+                                  .q = s->q + at * qd,
+                                  .k = s->k + at * kvd,
+                                  .v = s->v + at * kvd,
                                   .out = out + at * qd};
             kvq_err e = {0};
             if (b->attend(b->user, &call, &e) != KVQ_OK)
@@ -897,8 +950,9 @@ static void test_budget_all_equals_full(void **state)
             float *out = run_backend(&c, &b, &s, 100);
             const double diff = max_rel_diff(out, ref, n_out);
             if (diff > 2e-5)
-                fail_msg("selector %s prefill_full %d: budget all differs from full attention by %g",
-                         kvq_selector_name((kvq_selector)sel), pf, diff);
+                fail_msg(
+                    "selector %s prefill_full %d: budget all differs from full attention by %g",
+                    kvq_selector_name((kvq_selector)sel), pf, diff);
             kvq_retrieval_stats st;
             kvq_retrieval_stats_get(r, &st);
             /* retrieval rows with candidates (n > sink 4 + window 64): the decode rows
@@ -1002,7 +1056,8 @@ static void test_oracle_exact_topk(void **state)
                 const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
                 int32_t want[20];
                 double gap;
-                assert_int_equal(brute_oracle(&c, &s, p.positions, p.group, 4, 64, 20, want, &gap), 20);
+                assert_int_equal(brute_oracle(&c, &s, p.positions, p.group, 4, 64, 20, want, &gap),
+                                 20);
                 assert_true(gap > 1e-4); /* the data leave no near-tie at the boundary */
                 assert_int_equal(n, 20);
                 assert_memory_equal(sel, want, sizeof want);
@@ -1018,7 +1073,9 @@ static void test_codes_match_fit(void **state)
     static const struct {
         kvq_codebook_method m;
         int32_t G;
-    } cases[] = {{KVQ_CODEBOOK_QAVQ, 1}, {KVQ_CODEBOOK_QAPQ, 4}, {KVQ_CODEBOOK_VQ_POSTROPE, 1},
+    } cases[] = {{KVQ_CODEBOOK_QAVQ, 1},
+                 {KVQ_CODEBOOK_QAPQ, 4},
+                 {KVQ_CODEBOOK_VQ_POSTROPE, 1},
                  {KVQ_CODEBOOK_PQ, 2}};
     const kvq_model_id id = small_id(1, 2, 1, 16);
     const kvq_model_config c = config_of(&id);
@@ -1037,10 +1094,10 @@ static void test_codes_match_fit(void **state)
         float *L = malloc(sizeof(float) * d * d), *Li = malloc(sizeof(float) * d * d);
         make_L(d, 5 + ci, L, Li);
         const int qa = kvq_codebook_method_is_query_aware(cases[ci].m);
-        kvq_codebook_desc desc = {.method = cases[ci].m, .dim = d, .k = K, .groups = G,
-                                  .rope = c.rope, .wrope_b = 2048};
-        kvq_codebook_data data = {.keys = s.k, .pos = pos, .n = n, .L = qa ? L : NULL,
-                                  .Linv = qa ? Li : NULL};
+        kvq_codebook_desc desc = {
+            .method = cases[ci].m, .dim = d, .k = K, .groups = G, .rope = c.rope, .wrope_b = 2048};
+        kvq_codebook_data data = {
+            .keys = s.k, .pos = pos, .n = n, .L = qa ? L : NULL, .Linv = qa ? Li : NULL};
         kvq_kmeans_params km = kvq_kmeans_params_default();
         km.max_iters = 10;
         kvq_codebook *cb = NULL;
@@ -1079,7 +1136,8 @@ static void test_codes_match_fit(void **state)
                 for (int32_t k = 0; k < K; k++) {
                     double dd = 0, cn = 0;
                     for (int32_t t = 0; t < d; t++) {
-                        dd += ((double)z[j * d + t] - Cz[k * d + t]) * ((double)z[j * d + t] - Cz[k * d + t]);
+                        dd += ((double)z[j * d + t] - Cz[k * d + t]) *
+                              ((double)z[j * d + t] - Cz[k * d + t]);
                         cn += (double)Cz[k * d + t] * Cz[k * d + t];
                     }
                     best = fmin(best, dd);
@@ -1312,10 +1370,10 @@ static void test_stats_and_errors(void **state)
  * The real tiny model
  * ========================================================================== */
 
-static const int32_t golden_ids[48] = {
-    403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
-    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385,
-    328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267};
+static const int32_t golden_ids[48] = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421,
+                                       395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292,
+                                       411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
+                                       261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267};
 
 /* Observer collecting layer keys: keys[l] grows [n, n_kv, d]. */
 typedef struct key_rec {
@@ -1391,12 +1449,16 @@ static void test_stories_retrieval(void **state)
         for (int h = 0; h < c->n_kv_heads; h++) {
             for (int j = 0; j < 300; j++)
                 memcpy(hk + j * d, kr.keys[l] + j * kr.kvd + h * d, sizeof(float) * d);
-            kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ, .dim = d, .k = 16, .groups = 1,
-                                      .rope = c->rope, .wrope_b = 2048};
+            kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ,
+                                      .dim = d,
+                                      .k = 16,
+                                      .groups = 1,
+                                      .rope = c->rope,
+                                      .wrope_b = 2048};
             kvq_codebook_data data = {.keys = hk, .n = 300};
             kvq_kmeans_params km = kvq_kmeans_params_default();
-            assert_int_equal(kvq_codebook_fit(&desc, &data, &km, &cbs[l * c->n_kv_heads + h], NULL, &e),
-                             KVQ_OK);
+            assert_int_equal(
+                kvq_codebook_fit(&desc, &data, &km, &cbs[l * c->n_kv_heads + h], NULL, &e), KVQ_OK);
         }
     const char *path = test_path("stories.kvq");
     assert_int_equal(write_artifact(path, &id, cbs), 0);

@@ -758,6 +758,13 @@ static void test_bpe_hf_errors(void **state)
          "added_tokens"},
         {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":99999999},\"merges\":[]},"
          "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}", KVQ_E_CORRUPT, "'a'"},
+        /* sparse: the largest id must stay below 2 x entries + 1024 (3 entries: 1030) */
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1030},\"merges\":[]},"
+         "\"added_tokens\":[{\"id\":1,\"content\":\"<s>\"}],"
+         "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}", KVQ_E_CORRUPT,
+         "sparse vocabulary: largest id 1030 for 3 entries"},
+        {"{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":13000000},\"merges\":[]},"
+         "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}", KVQ_E_CORRUPT, "sparse vocabulary"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         kvq_status st = kvq_tokenizer_from_hf_json_memory(cases[k].json, strlen(cases[k].json),
@@ -767,6 +774,92 @@ static void test_bpe_hf_errors(void **state)
                      cases[k].msg);
         assert_null(t);
     }
+    /* one id below the sparse limit loads, holes and all */
+    static const char dense_enough[] =
+        "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1029},\"merges\":[]},"
+        "\"added_tokens\":[{\"id\":1,\"content\":\"<s>\"}],"
+        "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}";
+    t = hf_tok(dense_enough, NULL);
+    assert_int_equal(kvq_tokenizer_n_vocab(t), 1030);
+    assert_int_equal(kvq_tokenizer_token_type(t, 500), KVQ_TOKEN_UNUSED);
+    kvq_tokenizer_free(t);
+}
+
+/* decode(ids, kvq_tokenizer_adds_prefix(s) ? 0 : KEEP_PREFIX) == s: the round trip
+ * kvq_tokenizer_decode promises, with the prefix tracked. */
+static void assert_tracked_round_trip(const kvq_tokenizer *t, const char *s, unsigned flags,
+                                      int want_added)
+{
+    int32_t *ids;
+    size_t n, m;
+    char *back;
+    kvq_err e = {0};
+    const size_t len = strlen(s);
+    const int added = kvq_tokenizer_adds_prefix(t, s, len, flags);
+    assert_int_equal(added, want_added);
+    encode_ok(t, s, len, flags, &ids, &n);
+    assert_int_equal(kvq_tokenizer_decode(t, ids, n, added ? 0 : KVQ_DECODE_KEEP_PREFIX, &back,
+                                          &m, &e), KVQ_OK);
+    if (m != len || memcmp(back, s, len) != 0)
+        fail_msg("'%s' (flags %u) decodes to '%s'", s, flags, back);
+    free(back);
+    free(ids);
+}
+
+/* Byte-level BPE with add_prefix_space: HF adds the space only before text that does
+ * not start with one, so "hello" and " hello" give the same ids; the caller learns
+ * which happened from kvq_tokenizer_adds_prefix and decodes accordingly. */
+static void test_bpe_prefix_space(void **state)
+{
+    static const char pre[] = "{\"type\":\"ByteLevel\",\"add_prefix_space\":true,"
+                              "\"trim_offsets\":true,\"use_regex\":true}";
+    char *json = bytelevel_json(MERGES_SPACE_FIRST, pre, 0);
+    kvq_tokenizer *t = hf_tok(json, NULL);
+    assert_ids(t, "hello", (const int32_t[]){ID_GHE, ID_LLO}, 2);
+    assert_ids(t, " hello", (const int32_t[]){ID_GHE, ID_LLO}, 2);
+    assert_ids(t, "  two", (const int32_t[]){32, 32, 't', 'w', 'o'}, 5);
+    assert_int_equal(kvq_tokenizer_adds_prefix(t, "", 0, 0), 0);
+    assert_tracked_round_trip(t, "hello", 0, 1);
+    assert_tracked_round_trip(t, " hello", 0, 0);
+    assert_tracked_round_trip(t, "  two", 0, 0);
+    assert_tracked_round_trip(t, "  two", KVQ_ENCODE_NO_PREFIX, 0);
+    assert_tracked_round_trip(t, "two", KVQ_ENCODE_NO_PREFIX, 0);
+    assert_tracked_round_trip(t, "\ttab first", 0, 1);
+    /* what decode does with each flag: the ids cannot tell "two" from " two" */
+    int32_t *ids;
+    size_t n;
+    char *s;
+    kvq_err e = {0};
+    encode_ok(t, "  two", 5, 0, &ids, &n);
+    assert_int_equal(kvq_tokenizer_decode(t, ids, n, 0, &s, NULL, &e), KVQ_OK);
+    assert_string_equal(s, " two");
+    free(s);
+    assert_int_equal(kvq_tokenizer_decode(t, ids, n, KVQ_DECODE_KEEP_PREFIX, &s, NULL, &e),
+                     KVQ_OK);
+    assert_string_equal(s, "  two");
+    free(s);
+    free(ids);
+    kvq_tokenizer_free(t);
+    free(json);
+
+    /* without add_prefix_space nothing is added or dropped */
+    json = bytelevel_json(MERGES_SPACE_FIRST, PRE_GPT2, 0);
+    t = hf_tok(json, NULL);
+    assert_int_equal(kvq_tokenizer_adds_prefix(t, "hello", 5, 0), 0);
+    assert_round_trip(t, "  two", 5);
+    assert_round_trip(t, "hello", 5);
+    kvq_tokenizer_free(t);
+    free(json);
+
+    /* SPM's dummy prefix is added even before a space, so the plain round trip holds */
+    const char *const p[] = {SP, "a", "b", "ab", SP "a"};
+    const float sc[] = {0, 0, 0, -1, -2};
+    t = tiny_spm(p, sc, 5, 1, 0);
+    assert_tracked_round_trip(t, "  ab", 0, 1);
+    assert_tracked_round_trip(t, "  ab", KVQ_ENCODE_NO_PREFIX, 0);
+    assert_round_trip(t, "  ab", 4);
+    assert_ids(t, " ab", (const int32_t[]){259, 259, 262}, 3);
+    kvq_tokenizer_free(t);
 }
 
 /* Llama-2 style tokenizer.json: BPE with '▁' normalizer and byte fallback. */
@@ -1067,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_bpe_hf_llama3),
         cmocka_unit_test(test_bpe_hf_file_and_config),
         cmocka_unit_test(test_bpe_hf_errors),
+        cmocka_unit_test(test_bpe_prefix_space),
         cmocka_unit_test(test_bpe_hf_metaspace),
         cmocka_unit_test(test_bpe_gguf),
         cmocka_unit_test(test_pretokenize),

@@ -26,6 +26,7 @@ extern "C" {
 #define KVQ_CAPTURE_VERSION 1
 #define KVQ_CAPTURE_JSON "capture.json"
 #define KVQ_CAPTURE_MAX_JSON (64u << 20) /* capture.json larger than 64 MiB is refused */
+#define KVQ_CAPTURE_MAX_LAYERS 65536     /* model.n_layers above this is refused */
 
 /* Model identity: the capture.json "model" object. Two files come from the same
  * model when every field except `path` and `source` agrees (kvq_model_id_compare). */
@@ -33,7 +34,7 @@ typedef struct kvq_model_id {
     char path[1024];          /* model file or directory as given to capture (provenance) */
     char source[16];          /* "gguf" | "hf" */
     char architecture[32];    /* "llama" | "mistral" | "qwen2" */
-    int32_t n_layers;
+    int32_t n_layers;         /* 1 .. KVQ_CAPTURE_MAX_LAYERS in a capture.json */
     int32_t dim;
     int32_t hidden_dim;
     int32_t n_heads;          /* query heads */
@@ -69,10 +70,12 @@ typedef struct kvq_capture_info {
 } kvq_capture_info;
 
 /* Reads and validates DIR/capture.json. Cost: reads the JSON only (no layer file is
- * opened). Errors (messages start with "DIR/capture.json: "):
+ * opened); time and memory linear in its size plus n_layers bytes.
+ * Errors (messages start with "DIR/capture.json: "):
  *   KVQ_E_NOT_FOUND   no capture.json (or DIR does not exist)
  *   KVQ_E_IO          it cannot be read
- *   KVQ_E_TOO_LARGE   larger than KVQ_CAPTURE_MAX_JSON
+ *   KVQ_E_TOO_LARGE   larger than KVQ_CAPTURE_MAX_JSON, or model.n_layers above
+ *                     KVQ_CAPTURE_MAX_LAYERS
  *   KVQ_E_BAD_JSON    not JSON, or a key missing or of the wrong type (the key is named)
  *   KVQ_E_BAD_MAGIC   "format" is not "kvq-capture"
  *   KVQ_E_VERSION     "version" is not 1

@@ -29,8 +29,8 @@
  * k-means++ with t candidates k s d t' / 16 (t' = t rounded up to 1, 2, 4, 8, 16;
  * twice that on AVX2), i.e. with the defaults (s = 4k, t = 4) about k^2 d; k-means||
  * 2 s (oversample k) d SGEMM flops per round, then greedy k-means++ on the ~rounds x
- * oversample x k candidates. The per-step passes use several threads only when a step
- * has at least 2^21 multiply-adds per thread (a busy machine makes finer steps slower).
+ * oversample x k candidates. Seeding steps are small: they run on one thread or on
+ * params.threads, whichever the first steps time as faster (same result either way).
  * Memory: the training set copy when subsampling (cap k d floats), the seeding copy
  * (s d floats plus at most 16 s floats of distances), O(n) per-point arrays, and per thread
  * one distance block of at most KVQ_KMEANS_BLOCK_BYTES.

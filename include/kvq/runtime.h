@@ -82,13 +82,13 @@ extern "C" {
  * to the best the CPU has, so any value is safe to pass. */
 typedef enum kvq_isa {
     KVQ_ISA_SCALAR = 0,
-    KVQ_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    KVQ_ISA_AVX512 = 2  /* AVX-512 F/BW/VL/DQ (and AVX2) */
+    KVQ_ISA_AVX2 = 1,  /* AVX2 + FMA + F16C */
+    KVQ_ISA_AVX512 = 2 /* AVX-512 F/BW/VL/DQ (and AVX2) */
 } kvq_isa;
 
-kvq_isa kvq_isa_best(void);               /* what this CPU runs */
-kvq_isa kvq_isa_clamp(kvq_isa want);      /* min(want, best) */
-const char *kvq_isa_name(kvq_isa isa);    /* "scalar" | "avx2" | "avx512" */
+kvq_isa kvq_isa_best(void);            /* what this CPU runs */
+kvq_isa kvq_isa_clamp(kvq_isa want);   /* min(want, best) */
+const char *kvq_isa_name(kvq_isa isa); /* "scalar" | "avx2" | "avx512" */
 
 /* Tolerances of the fast paths against the scalar references (tests use these):
  *   dot products (LUT entries, logits): |fast - ref| <= KVQ_RK_TOL_DOT * sum_t |a_t b_t|
@@ -126,9 +126,11 @@ void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut)
 void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
                   int64_t n, float *scores);
 
-/* Top-k selection in O(n) (three radix passes of 11/11/10 bits over order-preserving
- * keys, the later passes over the few keys that share the earlier digits; no sort).
- * Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
+/* Top-k selection in O(n), no sort: radix select (digits of 11/11/10 bits over
+ * order-preserving keys, later digits only over the keys sharing the earlier ones);
+ * from 16384 scores on, a strided sample of 1024 first brackets the threshold so that
+ * one vector pass keeps only the keys near it (the full radix pass runs when the
+ * bracket misses). Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
  * in increasing index order; among equal scores the lower index wins. Returns the
  * count. work: [2n] uint32 scratch. Every path selects the same set. */
 int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
@@ -138,9 +140,9 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
  *   logits[h*ld_l + j] = scale * q[h*d ..] . K[row_j * ld_k ..]   (row_j = idx ? idx[j] : j)
  * K: f16 (uint16_t) or f32 rows of d elements, ld_k elements apart. dt: KVQ_DT_F16 or
  * KVQ_DT_F32. The scalar reference sums in double. Cost: nq m d; reads m rows once. */
-void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K,
-                   kvq_dtype dt, int64_t ld_k, const int32_t *idx, int64_t m, float scale,
-                   float *logits, int64_t ld_l);
+void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K, kvq_dtype dt,
+                   int64_t ld_k, const int32_t *idx, int64_t m, float scale, float *logits,
+                   int64_t ld_l);
 
 /* Softmax in place of `rows` rows of m values, ld apart: x = exp(x - max) / sum. The
  * scalar reference uses expf and a double sum; the fast paths a polynomial exp
@@ -149,9 +151,8 @@ void kvq_rk_softmax(kvq_isa isa, float *x, int32_t rows, int64_t m, int64_t ld);
 
 /* Weighted sum of value rows: out[h*d + t] = sum_j p[h*ld_p + j] * V[row_j*ld_v + t],
  * rows as in kvq_rk_logits. out: [nq, d] (overwritten). Cost: nq m d; reads m rows. */
-void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V,
-                kvq_dtype dt, int64_t ld_v, const int32_t *idx, int64_t m, int32_t d,
-                float *out);
+void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V, kvq_dtype dt,
+                int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);
 
 /* Fused sparse attention (one pass, online softmax): the kernel of a decode step.
  * state: kvq_rk_attend_floats(nq, d) floats = per query head the running max, the
@@ -171,8 +172,8 @@ size_t kvq_rk_attend_floats(int32_t nq, int32_t d);
 void kvq_rk_attend_init(float *state, int32_t nq, int32_t d);
 void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, int32_t d,
                         const void *K, kvq_dtype kdt, int64_t ld_k, const int32_t *kidx,
-                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx,
-                        int64_t m, float scale);
+                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx, int64_t m,
+                        float scale);
 void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out);
 
 /* ==========================================================================
@@ -236,8 +237,8 @@ int kvq_selector_needs_artifact(kvq_selector s); /* codebook, mass */
 
 /* How the query heads of a GQA group share one selection. */
 typedef enum kvq_group_score {
-    KVQ_GROUP_SUM = 0,  /* score with the sum of the group's queries (default) */
-    KVQ_GROUP_MAX = 1   /* per-head scores, ranked by their maximum */
+    KVQ_GROUP_SUM = 0, /* score with the sum of the group's queries (default) */
+    KVQ_GROUP_MAX = 1  /* per-head scores, ranked by their maximum */
 } kvq_group_score;
 
 /* The retrieval budget K for n visible tokens: `count` tokens when count > 0, else
@@ -256,26 +257,26 @@ int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n);
 void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap);
 
 typedef struct kvq_retrieval_params {
-    kvq_selector selector;    /* default KVQ_SELECT_CODEBOOK */
-    kvq_budget budget;        /* default 6% */
-    int32_t sink;             /* S, >= 0 (default 4) */
-    int32_t window;           /* w, >= 1; 0 = the artifact's wrope.w, 64 without one */
-    int64_t wrope_b;          /* b of the exact step, >= 0; -1 = the artifact's wrope.b
+    kvq_selector selector;   /* default KVQ_SELECT_CODEBOOK */
+    kvq_budget budget;       /* default 6% */
+    int32_t sink;            /* S, >= 0 (default 4) */
+    int32_t window;          /* w, >= 1; 0 = the artifact's wrope.w, 64 without one */
+    int64_t wrope_b;         /* b of the exact step, >= 0; -1 = the artifact's wrope.b
                                  (2048 without one). The codebook's scoring query always
                                  uses the artifact's b. */
-    kvq_positions positions;  /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
-    kvq_group_score group;    /* default KVQ_GROUP_SUM */
-    double tau;               /* mass selector, (0, 1] (default 0.9) */
-    int32_t fier_group;       /* tokens per fier quantization group, >= 1 (default 32) */
-    int32_t quest_page;       /* tokens per quest page, >= 1 (default 16) */
-    kvq_dtype cache_dtype;    /* KVQ_DT_F16 (default) or KVQ_DT_F32 */
-    int prefill_full;         /* 1 (default): chunks of more than one token attend
+    kvq_positions positions; /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
+    kvq_group_score group;   /* default KVQ_GROUP_SUM */
+    double tau;              /* mass selector, (0, 1] (default 0.9) */
+    int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
+    int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
+    kvq_dtype cache_dtype;   /* KVQ_DT_F16 (default) or KVQ_DT_F32 */
+    int prefill_full;        /* 1 (default): chunks of more than one token attend
                                  exactly; 0: every query row uses retrieval */
-    int measure;              /* 1: also compute exact attention per step and collect
+    int measure;             /* 1: also compute exact attention per step and collect
                                  the quality figures of kvq_retrieval_stats (slow) */
-    int64_t max_tokens;       /* longest sequence, >= 1 (default 1 << 20) */
-    int32_t threads;          /* KV heads in parallel, >= 1 (default 1) */
-    kvq_isa isa;              /* kernels (default kvq_isa_best(); lowered as needed) */
+    int64_t max_tokens;      /* longest sequence, >= 1 (default 1 << 20) */
+    int32_t threads;         /* KV heads in parallel, >= 1 (default 1) */
+    kvq_isa isa;             /* kernels (default kvq_isa_best(); lowered as needed) */
     kvq_callbacks cb;
 } kvq_retrieval_params;
 
@@ -293,8 +294,7 @@ typedef struct kvq_retrieval kvq_retrieval;
  * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
  * (n (nq + 3 + d) with ROPE, measure or prefill). */
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
-                                const kvq_retrieval_params *p, kvq_retrieval **out,
-                                kvq_err *err);
+                                const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err);
 void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
 
 /* The attention backend of this context (user = r). Its attend() appends the chunk to
@@ -312,19 +312,19 @@ const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r);
  * candidate (n > S + w). Divide the sums by `steps` (or `measured`) for means. */
 typedef struct kvq_retrieval_stats {
     uint64_t steps;
-    double visible;          /* sum of n */
-    double attended;         /* sum of attended tokens (sinks + window + selected) */
-    double bytes_read;       /* selector metadata (codes, bits, page bounds) plus the
+    double visible;        /* sum of n */
+    double attended;       /* sum of attended tokens (sinks + window + selected) */
+    double bytes_read;     /* selector metadata (codes, bits, page bounds) plus the
                                 K and V rows attended, in the cache's storage */
-    double bytes_full;       /* K and V bytes full attention reads in the same steps */
-    double bytes_codebook;   /* codebook bytes read to build LUTs (not KV cache) */
+    double bytes_full;     /* K and V bytes full attention reads in the same steps */
+    double bytes_codebook; /* codebook bytes read to build LUTs (not KV cache) */
     /* measure = 1 only: */
     uint64_t measured;
-    double recall_topk;      /* |selected ∩ oracle's selection| / K (1 when every
+    double recall_topk; /* |selected ∩ oracle's selection| / K (1 when every
                                 candidate fits the budget) */
-    double recall_mass;      /* exact attention mass on the attended tokens (exact
+    double recall_mass; /* exact attention mass on the attended tokens (exact
                                 RoPE, mean over the group's query heads) */
-    double out_rel_err;      /* ||o - o_exact|| / ||o_exact||, mean over the group */
+    double out_rel_err; /* ||o - o_exact|| / ||o_exact||, mean over the group */
 } kvq_retrieval_stats;
 
 void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out);
@@ -333,12 +333,11 @@ void kvq_retrieval_stats_reset(kvq_retrieval *r);
 /* The selection of the last retrieval step of (layer, KV head): the candidate
  * indices chosen (ascending, sinks and window not included) and the count, valid until
  * the next attend call. For tests. NULL / 0 when there was none. */
-const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer,
-                                            int32_t head, int64_t *count);
+const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,
+                                            int64_t *count);
 /* The codes of cached token j of (layer, KV head): G values, or NULL when the
  * context keeps no codes or j is out of range. For tests. */
-const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head,
-                                    int64_t j);
+const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head, int64_t j);
 
 #ifdef __cplusplus
 }

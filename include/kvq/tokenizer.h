@@ -115,7 +115,9 @@ typedef struct kvq_vocab {
     const char *const *merge_pairs; /* [2 * n_merges] left, right (used when merges is NULL) */
     int32_t bos, eos, unk;      /* token ids, -1 = none */
     int add_bos;                /* the model expects BOS at the start of a sequence */
-    int add_space_prefix;       /* SPM/metaspace: dummy prefix ' ' before the text */
+    int add_space_prefix;       /* dummy prefix ' ' before the text: always for SPM and
+                                   metaspace; byte-level BPE (HF ByteLevel add_prefix_space)
+                                   only when the text does not start with ' ' */
     int byte_level;             /* BPE: 1 byte-level, 0 metaspace ('▁' + byte fallback) */
     int ignore_merges;          /* BPE byte-level: a pre-token that is a token is kept */
     kvq_pretok pretok;          /* BPE byte-level split */
@@ -163,8 +165,10 @@ kvq_status kvq_tokenizer_from_gguf(const kvq_gguf *g, const char *label,
  * <|begin_of_text|>, <|end_of_text|>, <|endoftext|>).
  * Errors: KVQ_E_NOT_FOUND, KVQ_E_IO, KVQ_E_BAD_JSON (not JSON), KVQ_E_UNSUPPORTED
  * (another model type, BPE with a word prefix/suffix, neither ByteLevel nor '▁'
- * handling), KVQ_E_CORRUPT (vocab/merges/added_tokens of the wrong shape),
- * KVQ_E_TOO_LARGE. */
+ * handling), KVQ_E_CORRUPT (vocab/merges/added_tokens of the wrong shape; an id outside
+ * [0, KVQ_TOKENIZER_MAX_VOCAB); a "sparse vocabulary": the largest id is at least
+ * 2 x (model.vocab + added_tokens entries) + 1024, since every id up to the largest is
+ * allocated, holes included), KVQ_E_TOO_LARGE. */
 kvq_status kvq_tokenizer_from_hf_json(const char *path, const kvq_callbacks *cb,
                                       kvq_tokenizer **out, kvq_err *err);
 /* Same from memory: json[0..len) is tokenizer.json, config (NUL-terminated, may be
@@ -224,7 +228,8 @@ enum {
     KVQ_ENCODE_NO_PREFIX = 1u << 2  /* no dummy prefix (text continues earlier text) */
 };
 
-/* Tokenizes text[0..len) (any bytes; NUL is an ordinary byte). *ids is malloc'd
+/* Tokenizes text[0..len) (any bytes; NUL is an ordinary byte), with the dummy prefix
+ * when kvq_tokenizer_adds_prefix(t, text, len, flags) says so. *ids is malloc'd
  * (free()), *n its length; empty text gives only the requested BOS/EOS (possibly
  * nothing, *ids then NULL). Cost: O(len log len) time; SPM and metaspace merge over the
  * whole text at once and need up to about 100 bytes of scratch per byte of text, byte-level
@@ -240,11 +245,26 @@ enum {
     KVQ_DECODE_SPECIAL = 1u << 1      /* render CONTROL/UNKNOWN tokens as their string */
 };
 
+/* 1 when kvq_tokenizer_encode(t, text, len, flags, ...) adds the dummy prefix space:
+ * the tokenizer has add_space_prefix, len > 0, flags lacks KVQ_ENCODE_NO_PREFIX, and,
+ * for byte-level BPE, text[0] is not ' ' (HF's ByteLevel add_prefix_space leaves such
+ * text alone, so "x" and " x" give the same ids there). Else 0; always 0 for IDS. */
+int kvq_tokenizer_adds_prefix(const kvq_tokenizer *t, const char *text, size_t len,
+                              unsigned flags);
+
 /* Concatenates the pieces of ids[0..n) into a malloc'd, NUL-terminated buffer (free());
  * *len (may be NULL) gets its length. With a dummy prefix (add_space_prefix), one
- * leading space of the output is dropped unless KVQ_DECODE_KEEP_PREFIX, so
- * decode(encode(s)) == s. Errors: KVQ_E_INVALID_ARG (an id out of range, naming its
- * index), KVQ_E_NOMEM. */
+ * leading space of the output is dropped unless KVQ_DECODE_KEEP_PREFIX.
+ * Round trip: with ids = encode(s, eflags) and
+ *   dflags = kvq_tokenizer_adds_prefix(t, s, len, eflags) ? 0 : KVQ_DECODE_KEEP_PREFIX,
+ * decode(ids, dflags) == s whenever every id is a NORMAL or BYTE token other than the
+ * unknown id (the unknown fallback loses the text) and, for SPM/metaspace, neither s
+ * nor the output has a '▁' (a '▁' in s decodes to ' '; in a vocabulary without a '▁'
+ * token, an escaped space may fall back to the bytes of '▁', which decode to '▁').
+ * In particular decode(encode(s, 0), 0) == s for every such s except byte-level BPE with
+ * add_space_prefix and s starting with ' ', where the ids cannot tell whether a
+ * space was added: that text needs KVQ_DECODE_KEEP_PREFIX (as the formula gives).
+ * Errors: KVQ_E_INVALID_ARG (an id out of range, naming its index), KVQ_E_NOMEM. */
 kvq_status kvq_tokenizer_decode(const kvq_tokenizer *t, const int32_t *ids, size_t n,
                                 unsigned flags, char **text, size_t *len, kvq_err *err);
 

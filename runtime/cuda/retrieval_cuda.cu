@@ -44,16 +44,16 @@ __global__ void k_lut(const uint16_t *table, const float *qs, int n_kv, int d, i
     lut[((long long)h * G + g) * K + c] = s;
 }
 
-__global__ void k_score(const float *lut, const uint16_t *codes, int n_kv, int K, int G,
-                        int64_t ld, int64_t first, int64_t nc, float *scores)
+__global__ void k_score(const float *lut, const uint16_t *codes, int n_kv, int K, int G, int64_t ld,
+                        int64_t first, int64_t nc, float *scores)
 {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= (long long)n_kv * nc)
         return;
     const int h = (int)(i / nc);
     const long long j = i % nc;
-    scores[(long long)h * ld + j] =
-        kvq_rk_score_one(lut + (long long)h * G * K, G, K, codes + ((long long)h * ld + first + j) * G);
+    scores[(long long)h * ld + j] = kvq_rk_score_one(lut + (long long)h * G * K, G, K,
+                                                     codes + ((long long)h * ld + first + j) * G);
 }
 
 /* ---- top-k ---------------------------------------------------------------------------- */
@@ -78,8 +78,8 @@ __device__ int64_t block_exclusive_scan(int64_t v, int64_t *sh, int64_t *total)
 
 /* Block h selects from scores[h*ld .. + nc) the top k_sel (k_sel < nc) into
  * idx[h*ld ..] (ascending, offset by `first`). */
-__global__ void k_topk(const float *scores, int64_t ld, int64_t nc, int64_t k_sel,
-                       int64_t first, uint32_t *keys, int32_t *idx)
+__global__ void k_topk(const float *scores, int64_t ld, int64_t nc, int64_t k_sel, int64_t first,
+                       uint32_t *keys, int32_t *idx)
 {
     __shared__ unsigned int hist[KVQ_RK_HIST];
     __shared__ int64_t scan[TOPK_THREADS];
@@ -248,12 +248,13 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
     int64_t n_sel = nc;
     kvq_status st;
     if (nc > 0) {
-        k_lut<<<blocks_for((long long)s->n_kv * s->G * s->K, 256), 256>>>(
-            s->table, s->qs, s->n_kv, s->d, s->K, s->G, s->lut);
-        k_score<<<blocks_for((long long)s->n_kv * nc, 256), 256>>>(s->lut, s->codes, s->n_kv, s->K,
-                                                                   s->G, s->ld, s_end, nc, s->scores);
+        k_lut<<<blocks_for((long long)s->n_kv * s->G * s->K, 256), 256>>>(s->table, s->qs, s->n_kv,
+                                                                          s->d, s->K, s->G, s->lut);
+        k_score<<<blocks_for((long long)s->n_kv * nc, 256), 256>>>(
+            s->lut, s->codes, s->n_kv, s->K, s->G, s->ld, s_end, nc, s->scores);
         if (s->k_sel < nc) {
-            k_topk<<<s->n_kv, TOPK_THREADS>>>(s->scores, s->ld, nc, s->k_sel, s_end, s->keys, s->idx);
+            k_topk<<<s->n_kv, TOPK_THREADS>>>(s->scores, s->ld, nc, s->k_sel, s_end, s->keys,
+                                              s->idx);
             n_sel = s->k_sel;
         } else {
             /* every candidate: the index list is the candidate range */
@@ -264,7 +265,8 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
                 for (int64_t j = 0; j < nc; j++)
                     host[j] = (int32_t)(s_end + j);
                 st = cu_check(cudaMemcpy(s->idx + (long long)h * s->ld, host, sizeof(int32_t) * nc,
-                                         cudaMemcpyHostToDevice), "index upload", err);
+                                         cudaMemcpyHostToDevice),
+                              "index upload", err);
                 free(host);
                 if (st)
                     return st;

@@ -25,21 +25,21 @@ extern "C" {
 #endif
 
 typedef struct kvq_rt_cuda_step {
-    int32_t n_kv, gs, d;          /* KV heads, query heads per KV head, head dim (<= 256) */
-    int32_t K, G;                 /* codebook size and groups */
-    int64_t n;                    /* visible tokens */
-    int32_t sink, window;         /* S and w */
-    int64_t k_sel;                /* top-K budget */
-    int layout;                   /* kvq_rope_layout of the head */
-    const uint16_t *k, *v;        /* [n_kv, ld, d] f16 pre-RoPE keys and values */
-    int64_t ld;                   /* rows allocated per head */
-    const uint16_t *codes;        /* [n_kv, ld, G] */
-    const uint16_t *table;        /* [n_kv, G, d/G, K] f16 LUT tables (kvq_rk_table layout) */
-    const float *qs;              /* [n_kv, d] summed scoring queries (q' for grouped
+    int32_t n_kv, gs, d;      /* KV heads, query heads per KV head, head dim (<= 256) */
+    int32_t K, G;             /* codebook size and groups */
+    int64_t n;                /* visible tokens */
+    int32_t sink, window;     /* S and w */
+    int64_t k_sel;            /* top-K budget */
+    int layout;               /* kvq_rope_layout of the head */
+    const uint16_t *k, *v;    /* [n_kv, ld, d] f16 pre-RoPE keys and values */
+    int64_t ld;               /* rows allocated per head */
+    const uint16_t *codes;    /* [n_kv, ld, G] */
+    const uint16_t *table;    /* [n_kv, G, d/G, K] f16 LUT tables (kvq_rk_table layout) */
+    const float *qs;          /* [n_kv, d] summed scoring queries (q' for grouped
                                      query-aware codebooks), computed by the host */
-    const float *qb, *qi;         /* [n_kv, gs, d] queries rotated by R_b and R_i */
-    const float *wcos, *wsin;     /* [window, d/2] cos / sin of the window positions */
-    float *out;                   /* [n_kv, gs, d] */
+    const float *qb, *qi;     /* [n_kv, gs, d] queries rotated by R_b and R_i */
+    const float *wcos, *wsin; /* [window, d/2] cos / sin of the window positions */
+    float *out;               /* [n_kv, gs, d] */
     /* device scratch, per KV head: lut [G K], scores [n], keys [n] u32, idx [n] i32,
      * krot [window, d], logits [gs, n] */
     float *lut, *scores, *krot, *logits;

@@ -109,6 +109,142 @@ else
   done
 fi
 
+# ---- what `kvq fit` and `kvq profile` add: the summary sections -----------------------
+# A small fit of the real model, then a profile of it (mass not asked for: skipped).
+# The text is compared up to the metadata sections (listed as for any artifact), with
+# masks for the file size and compression ratio (libzstd), the per-layer score errors
+# and the measured columns of the profile tables (floating point that may move in the
+# last digits with the BLAS or the CPU): the checks after it test those numbers.
+fit_names="inspect_fit inspect_profile inspect_fit_json inspect_fit_text_numbers
+  inspect_profile_json inspect_fit_python_reader"
+fit_reason=
+if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
+  fit_reason="model ${KVQ_TEST_MODEL:-(unset)} not found"
+else
+  for c in capture moments fit profile; do
+    "$KVQ" help | grep -q "^  $c " || fit_reason="kvq $c is not built"
+  done
+fi
+if [ -z "$fit_reason" ] &&
+   ! { "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:2 --seq-len 128 --max-tokens 512 \
+         --threads 1 -q -o "$T/fitcap" &&
+       "$KVQ" moments --capture "$T/fitcap" -o "$T/fitmom" -q &&
+       "$KVQ" fit --capture "$T/fitcap" --moments "$T/fitmom" --codebook 16 --iters 3 \
+         --threads 1 -q -o "$T/fit.kvq" &&
+       "$KVQ" profile --capture "$T/fitcap" --artifact "$T/fit.kvq" --knobs leankv,pats,budget \
+         --window 32 --alpha-h 0,2 --alpha-l 0,0.05 --budgets 5%,25% --tolerance 0.2 \
+         --threads 1 -q -o "$T/prof.kvq"; } >/dev/null 2>"$T/fit.err"; then
+  fit_reason="capture, moments, fit or profile failed: $(grep -v warning "$T/fit.err" | head -1)"
+fi
+if [ -n "$fit_reason" ]; then
+  for n in $fit_names; do skip "$n" "$fit_reason"; done
+else
+  summary_sed='s/^([a-z]+\.kvq: .*), [0-9]+ bytes$/\1, N bytes/; s/compressed [0-9.]+x/compressed R x/
+/^held-out attention-score MSE/,/^$/ s/^( +([0-9]+|all)) .*/\1 #/
+/^[a-z]+ profile \(/,/^$/ s/ +-?[0-9]+\.[0-9]+(e[-+][0-9]+)?/ #/g'
+  # shellcheck disable=SC2016
+  summary='set -o pipefail; cd "$1" && "$2" inspect "$3" | sed "/^model (/,\$d"'
+  expect_output_sed inspect_fit inspect_fit_kvq.txt "$summary_sed" -- \
+    bash -c "$summary" _ "$T" "$KVQ" fit.kvq
+  expect_output_sed inspect_profile inspect_profile_kvq.txt "$summary_sed" -- \
+    bash -c "$summary" _ "$T" "$KVQ" prof.kvq
+
+  expect_json inspect_fit_json '
+f, m = d["fit"], d["metadata"]
+assert "thresholds" not in d
+assert (f["method"], f["artifact_method"], f["reference"]) == ("qavq", "qa-vq", "vq")
+assert (f["codebook_size"], f["groups"], f["bits_per_token"], f["seed"]) == (16, 1, 4, 1234)
+assert f["layers"] == [0, 1, 2, 3, 4] and f["n_kv_heads"] == 4
+assert f["kmeans"] == {"init": "greedy-k-means++", "iters": 3, "sample": 256, "tol": 0.0001}
+assert (f["holdout"], f["positions"], f["n_train"], f["n_heldout_keys"]) == (0.1, "wrope", 384, 128)
+def close(a, b): return abs(a - b) <= 1e-12 * max(abs(a), abs(b))
+heads = {k: [] for k in ("score_mse", "score_mse_ref", "score_power")}
+assert [r["layer"] for r in f["per_layer"]] == [0, 1, 2, 3, 4]
+for r in f["per_layer"]:
+    for k in heads:
+        assert len(r["heads"][k]) == 4 and all(x > 0 for x in r["heads"][k]), (r, k)
+        assert close(r[k], sum(r["heads"][k]) / 4), (r, k)
+        heads[k] += r["heads"][k]
+    assert close(r["ratio"], r["score_mse"] / r["score_mse_ref"])
+for k in heads:   # the overall means are those kvq fit wrote in the metadata
+    assert close(f[k], sum(heads[k]) / 20) and close(f[k], float(m["diag.fit." + k])), k
+assert close(f["ratio"], f["score_mse"] / f["score_mse_ref"])
+assert f["ratio"] < 1, f["ratio"]   # query-aware beats plain VQ on held-out scores
+names = {x["name"] for x in d["tensors"]}   # the raw listing stays complete
+assert all("diag.layer.%d.head.%d.ref.score_mse" % (l, h) in names
+           for l in range(5) for h in range(4))
+assert {"diag.fit." + k for k in heads} <= names and "fit.method" in m
+' -- "$KVQ" inspect --json "$T/fit.kvq"
+
+  # The masked text columns hold the JSON values at 4 significant digits.
+  "$KVQ" inspect "$T/fit.kvq" >"$T/fit.txt"
+  "$KVQ" inspect --json "$T/fit.kvq" >"$T/fit.json"
+  if out=$("$PYTHON" - "$T/fit.txt" "$T/fit.json" 2>&1 <<'EOF'
+import json, sys
+text, f = open(sys.argv[1]).read().split("\n"), json.load(open(sys.argv[2]))["fit"]
+at = text.index("held-out attention-score MSE per layer (mean over 4 KV heads; "
+                "power = E[score^2]):")
+assert text[at + 1].split() == ["layer", "qavq", "vq", "qavq/vq", "power"], text[at + 1]
+rows = f["per_layer"] + [dict(f, layer="all")]
+for line, r in zip(text[at + 2:], rows):
+    want = [str(r["layer"]), "%.4g" % r["score_mse"], "%.4g" % r["score_mse_ref"],
+            "%.4f" % r["ratio"], "%.4g" % r["score_power"]]
+    assert line.split() == want, (line, want)
+assert text[at + 2 + len(rows)] == ""
+EOF
+  ); then ok inspect_fit_text_numbers; else fail inspect_fit_text_numbers "$out"; fi
+
+  expect_json inspect_profile_json '
+t, m = d["thresholds"], d["metadata"]
+assert (t["metric"], t["tolerance"], t["prompt_fraction"]) == ("attn_rel_err", 0.2, 0.5)
+assert t["ppl_full"] is None and t["mass"] == {"skipped": "not asked for"}, t
+for k, n_rows in (("leankv", 4), ("pats", 12), ("budget", 2)):
+    x = t[k]
+    assert x["columns"] == m["profile.%s.columns" % k].split(","), k
+    assert len(x["rows"]) == n_rows and x["met"] is True and 0 <= x["chosen"] < n_rows, k
+    row = dict(zip(x["columns"], x["rows"][x["chosen"]]))
+    assert row["err"] <= 0.2 and row["ppl"] is None, (k, row)
+    for c, v in row.items():   # the chosen row is the one profile recorded
+        assert v is None or float(m["diag.profile.%s.%s" % (k, c)]) == v, (k, c)
+lk, pt, bu = (dict(zip(t[k]["columns"], t[k]["rows"][t[k]["chosen"]]))
+              for k in ("leankv", "pats", "budget"))
+assert (t["leankv"]["alpha_h"], t["leankv"]["alpha_l"]) == (lk["alpha_h"], lk["alpha_l"])
+assert (t["leankv"]["window"], t["leankv"]["bits"]) == (32, "K8V4,K4V2")
+assert t["leankv"]["rows"][0][:3] == [0, 0, 20 / 32]   # alpha_h 0: every token K8V4, d = 8
+names = ["old-heavy", "new-heavy", "middle-heavy"]
+assert t["pats"]["schedule"] == names[int(pt["schedule"])] and t["pats"]["b_max"] == pt["b_max"]
+assert (t["pats"]["dtype"], t["pats"]["b_min"]) == ("f16", 2)
+assert (t["budget"]["fraction"], t["budget"]["sink"]) == (bu["fraction"], 4)
+assert (t["budget"]["selector"], t["budget"]["positions"]) == ("codebook", "wrope")
+assert d["fit"]["method"] == "qavq"
+' -- "$KVQ" inspect --json "$T/prof.kvq"
+
+  if ! "$PYTHON" -c 'import numpy, zstandard' 2>/dev/null; then
+    skip inspect_fit_python_reader "numpy or zstandard is not installed"
+  else
+    # The independent reader: the JSON per-head values and profile rows are the tensors.
+    "$KVQ" inspect --json "$T/prof.kvq" >"$T/prof.json"
+    if out=$("$PYTHON" - "$T/prof.kvq" "$T/prof.json" 2>&1 <<'EOF'
+import json, sys
+import numpy as np
+sys.path.insert(0, "scripts")
+from kvq_read import read_artifact
+a, d = read_artifact(sys.argv[1]), json.load(open(sys.argv[2]))
+for i, r in enumerate(d["fit"]["per_layer"]):
+    for k, name in (("score_mse", "score_mse"), ("score_mse_ref", "ref.score_mse"),
+                    ("score_power", "score_power")):
+        assert r["heads"][k] == a.tensors["diag.fit." + k][i].tolist(), (i, k)
+        for h in range(4):
+            x = a.tensors["diag.layer.%d.head.%d.%s" % (i, h, name)]
+            assert float(x) == r["heads"][k][h], (i, h, name)
+for k in ("leankv", "pats", "budget"):
+    x = np.array(d["thresholds"][k]["rows"], dtype=float)
+    assert np.array_equal(x, a.tensors["profile." + k], equal_nan=True), k
+EOF
+    ); then ok inspect_fit_python_reader; else fail inspect_fit_python_reader "$out"; fi
+  fi
+fi
+
 # ---- a capture directory (capture.json + one layer file, written by hand) ------------
 mkdir -p "$T/cap"
 cat >"$T/cap/capture.json" <<'EOF'

@@ -123,8 +123,9 @@ for key, r in rows.items():
     assert 0 < r["recall_mass"] <= 1.000001 and 0 <= r["recall_topk"] <= 1, (key, r)
     if key[0] in ("qavq", "fier", "quest", "mass"):
         assert r["kv_read_fraction"] < 0.8, (key, r)
-assert d["reference"]["passkey"][1] == 1 and d["sequences"] == 1, d
-' -- "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt,passkey:1" \
+assert d["reference"]["kv_recall"][1] == 1 and d["reference"]["passkey"][1] == 0, d
+assert all(r["kv_recall"][1] == 1 for r in d["rows"]) and d["sequences"] == 1, d
+' -- "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt,kv-recall:1" \
     --seq-len 64 --max-tokens 64 --budgets 4 --window 8 --positions rope --json -q
 
 _cli_run "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \

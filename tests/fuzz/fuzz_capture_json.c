@@ -111,7 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(ci == NULL && err.status == st);
         CHECK(strncmp(err.msg, LABEL, sizeof LABEL - 1) == 0);
         CHECK(st == KVQ_E_BAD_JSON || st == KVQ_E_BAD_MAGIC || st == KVQ_E_VERSION ||
-              st == KVQ_E_UNSUPPORTED || st == KVQ_E_CORRUPT || st == KVQ_E_NOMEM);
+              st == KVQ_E_UNSUPPORTED || st == KVQ_E_CORRUPT || st == KVQ_E_TOO_LARGE ||
+              st == KVQ_E_NOMEM);
         return 0;
     }
     CHECK(ci != NULL);

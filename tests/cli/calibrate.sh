@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# calibrate.sh — `kvq calibrate` end to end on the real tiny model with small settings:
+# the artifact it writes (kvq inspect, kvq eval --artifact), resuming (every stage
+# skipped; an interrupted stage rerun alone), a changed fit parameter rerunning fit and
+# profile only, --force, --no-profile, the stages' outputs equal to running the stage
+# commands by hand, and bad input failing with one clear line and leaving nothing.
+# Run by tests/run-tests.sh.
+. tests/helpers/clitest.sh
+
+T=$CLI_TMP/calibrate
+mkdir -p "$T"
+
+_cli_run "$KVQ" calibrate --help
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q -- "--work DIR" "$CLI_TMP/stdout" &&
+   grep -q -- "--heldout-tokens N" "$CLI_TMP/stdout"; then ok calibrate_help; else fail calibrate_help; fi
+expect_error calibrate_missing_args 2 'required' -- "$KVQ" calibrate --model x
+expect_error calibrate_bad_option 2 "unknown option '--speed'" -- "$KVQ" calibrate --speed
+expect_error calibrate_bad_device 2 'cpu or cuda' -- "$KVQ" calibrate --device tpu
+
+# Nothing left behind: no output, no work directory.
+left_nothing() { [ ! -e "$1" ] && [ ! -e "$1.work" ] && ! ls "$T" | grep -q '\.tmp\.'; }
+
+expect_error calibrate_missing_model 1 'nowhere\.gguf: No such file or directory' -- \
+  "$KVQ" calibrate --model "$T/nowhere.gguf" -q -o "$T/m.kvq"
+left_nothing "$T/m.kvq" && ok calibrate_missing_model_leaves_nothing ||
+  fail calibrate_missing_model_leaves_nothing "$(ls "$T")"
+
+KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+if [ ! -f "$KVQ_TEST_MODEL" ]; then
+  skip calibrate_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
+fi
+M=$KVQ_TEST_MODEL
+
+: >"$T/empty.txt"
+expect_error calibrate_empty_corpus 1 "corpus '.*empty\.txt' contains no text" -- \
+  "$KVQ" calibrate --model "$M" --corpus "$T/empty.txt" -q -o "$T/e.kvq"
+left_nothing "$T/e.kvq" && ok calibrate_empty_corpus_leaves_nothing ||
+  fail calibrate_empty_corpus_leaves_nothing "$(ls "$T")"
+
+echo "not an artifact" >"$T/notes.txt"
+expect_error calibrate_refuses_other_file 1 'notes\.txt: exists and is not a \.kvq artifact' -- \
+  "$KVQ" calibrate --model "$M" -q -o "$T/notes.txt"
+[ "$(cat "$T/notes.txt")" = "not an artifact" ] && [ ! -e "$T/notes.txt.work" ] &&
+  ok calibrate_refuses_other_file_untouched || fail calibrate_refuses_other_file_untouched
+
+# Small settings: 2048 calibration tokens in sequences of 128, 256 held-out tokens.
+W=$T/a.kvq.work
+cal() {
+  "$KVQ" calibrate --model "$M" --seq-len 128 --max-tokens 2048 --heldout-tokens 256 \
+    --codebook 16 --threads 2 --work "$W" "$@"
+}
+# n_lines PATTERN: lines of the last stderr matching PATTERN.
+n_lines() { grep -c -- "$1" "$CLI_TMP/stderr"; }
+stage_was() { grep -A1 "] $1: " "$CLI_TMP/stderr" | grep -q -- "$2"; }
+
+_cli_run cal --iters 3 -o "$T/a.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/a.kvq" ] &&
+   [ "$(n_lines 'running: no previous output')" = 5 ] && [ "$(n_lines 'done in ')" = 5 ] &&
+   grep -q "^calibrate: wrote $T/a.kvq" "$CLI_TMP/stdout" &&
+   grep -q '^  tokens          2048 calibration in 16 sequences; 256 held-out in 2$' "$CLI_TMP/stdout" &&
+   grep -q '^  codebooks       qavq, K 16, G 1, 20 heads$' "$CLI_TMP/stdout" &&
+   grep -Eq '^  score MSE .*ratio 0\.[0-9]+$' "$CLI_TMP/stdout" &&
+   grep -q '^  leankv          alpha_h' "$CLI_TMP/stdout" &&
+   [ -s "$W/capture/capture.json" ] && [ -s "$W/heldout/capture.json" ] &&
+   [ -s "$W/profile.params.json" ] && [ ! -e "$W/fit.kvq.ckpt" ]; then
+  ok calibrate_first_run
+else
+  fail calibrate_first_run "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")" \
+    "$(head -12 "$CLI_TMP/stdout")"
+fi
+cp "$T/a.kvq" "$T/a1.kvq"
+
+_cli_run "$KVQ" inspect "$T/a.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q 'conforms to format' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +leankv\.alpha_h +[0-9]' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +budget\.fraction +0\.' "$CLI_TMP/stdout" &&
+   grep -Eq '^ +provenance\.n_tokens +2048$' "$CLI_TMP/stdout"; then
+  ok calibrate_inspect
+else
+  fail calibrate_inspect "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
+
+if "$KVQ" eval --help | grep -q -- '--artifact'; then
+  _cli_run "$KVQ" eval --model "$M" --artifact "$T/a.kvq" --corpus kv-recall:1 --seq-len 128 \
+    --max-tokens 256 --selectors codebook --budgets 10% --threads 1 -q
+  if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -Eq '^qavq +10%' "$CLI_TMP/stdout"; then
+    ok calibrate_eval_loads_artifact
+  else
+    fail calibrate_eval_loads_artifact "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+  fi
+else
+  skip calibrate_eval_loads_artifact "kvq eval has no --artifact yet"
+fi
+
+# The same command again: every stage skipped, the output left alone.
+_cli_run cal --iters 3 -o "$T/a.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(n_lines 'skipped: up to date')" = 5 ] &&
+   [ "$(n_lines 'running:')" = 0 ] && grep -q "^calibrate: up to date: $T/a.kvq" "$CLI_TMP/stdout" &&
+   cmp -s "$T/a.kvq" "$T/a1.kvq"; then
+  ok calibrate_resume_skips_all
+else
+  fail calibrate_resume_skips_all "exit $(cat "$CLI_TMP/rc")" "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"
+fi
+
+# A run killed inside the profile leaves no profile record: only the profile reruns,
+# and gives the same bytes.
+rm -f "$W/profile.params.json"
+_cli_run cal --iters 3 -o "$T/a.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(n_lines 'skipped: up to date')" = 4 ] &&
+   stage_was profile 'running: no parameter record (interrupted?)' &&
+   cmp -s "$T/a.kvq" "$T/a1.kvq"; then
+  ok calibrate_interrupted_stage_reruns_alone
+else
+  fail calibrate_interrupted_stage_reruns_alone "exit $(cat "$CLI_TMP/rc")" \
+    "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"
+fi
+
+# A fit parameter: capture, moments and heldout skipped; fit and profile rerun.
+_cli_run cal --iters 4 -o "$T/b.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && stage_was capture 'skipped' && stage_was moments 'skipped' &&
+   stage_was heldout 'skipped' && stage_was fit 'running: iters changed: 3 -> 4' &&
+   stage_was profile 'running: its input fit changed' && [ -s "$T/b.kvq" ] &&
+   ! cmp -s "$T/a.kvq" "$T/b.kvq" && cmp -s "$T/b.kvq" "$W/profile.kvq"; then
+  ok calibrate_fit_param_reruns_fit_only
+else
+  fail calibrate_fit_param_reruns_fit_only "exit $(cat "$CLI_TMP/rc")" \
+    "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"
+fi
+
+# The stages' outputs are what the stage commands give with the same settings.
+if "$KVQ" moments --capture "$W/capture" -q -o "$T/mom.safetensors" &&
+   "$KVQ" fit --capture "$W/capture" --moments "$W/moments.safetensors" --codebook 16 \
+     --iters 4 --seed 1234 --threads 1 -q -o "$T/fit.kvq" &&
+   cmp -s "$T/mom.safetensors" "$W/moments.safetensors" && cmp -s "$T/fit.kvq" "$W/fit.kvq"; then
+  ok calibrate_matches_stage_commands
+else
+  fail calibrate_matches_stage_commands
+fi
+
+# --no-profile: three stages, all up to date; the output is the fit artifact.
+_cli_run cal --iters 4 --no-profile -o "$T/c.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(n_lines 'skipped: up to date')" = 3 ] &&
+   grep -q '\[3/3\] fit' "$CLI_TMP/stderr" && cmp -s "$T/c.kvq" "$W/fit.kvq" &&
+   ! grep -q '^  leankv' "$CLI_TMP/stdout"; then
+  ok calibrate_no_profile
+else
+  fail calibrate_no_profile "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
+fi
+
+# --force: every stage again, the same bytes.
+_cli_run cal --iters 4 --force -o "$T/b.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(n_lines 'running: forced')" = 5 ] &&
+   cmp -s "$T/b.kvq" "$W/profile.kvq" && cmp -s "$T/fit.kvq" "$W/fit.kvq"; then
+  ok calibrate_force_same_bytes
+else
+  fail calibrate_force_same_bytes "exit $(cat "$CLI_TMP/rc")" "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"
+fi
+
+cli_done
