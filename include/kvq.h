@@ -9,6 +9,7 @@
  *   kmeans      k-means++ and the codebook methods (CPU and CUDA backends)
  *   runtime     KV cache with codes, selectors, retrieval attention
  *   thresholds  LeanKV, PATS and budget profiling
+ *   pipeline    kvq calibrate: every stage in order, resumable
  */
 #ifndef KVQ_H
 #define KVQ_H
@@ -30,5 +31,6 @@
 #include "kvq/codebook.h"
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
+#include "kvq/calibrate.h"
 
 #endif

@@ -244,6 +244,28 @@ static void test_stages_resume_and_summary(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(s.ran[order[i]], 0);
 
+    /* A run killed inside the profile: no record, temporaries left behind. Only the
+     * profile reruns, and its leftovers (only its own) are removed first. */
+    char path[1100], tmp_rec[1100], other[1100];
+    snprintf(path, sizeof path, "%s/profile.params.json", work);
+    assert_int_equal(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/profile.kvq.tmp.abc123", work);
+    snprintf(tmp_rec, sizeof tmp_rec, "%s/profile.params.json.tmp.x", work);
+    snprintf(other, sizeof other, "%s/keep.tmp.1", work);
+    assert_int_equal(test_write_file(path, "x", 1), 0);
+    assert_int_equal(test_write_file(tmp_rec, "x", 1), 0);
+    assert_int_equal(test_write_file(other, "x", 1), 0);
+    memset(&ev, 0, sizeof ev);
+    assert_int_equal(kvq_calibrate_run(model, out2, &p, &s, &e), KVQ_OK);
+    assert_int_equal(event_of(&ev, KVQ_CALIB_PROFILE, &why), KVQ_CALIB_EVENT_RUN);
+    assert_string_equal(why, "no parameter record (interrupted?)");
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(s.ran[order[i]], 0);
+    assert_int_equal(s.out_replaced, 0); /* the same bytes as before */
+    assert_false(exists(path));
+    assert_false(exists(tmp_rec));
+    assert_true(exists(other));
+
     /* No profile: three stages, the output is the fit artifact. */
     memset(&ev, 0, sizeof ev);
     p.profile = 0;

@@ -55,7 +55,7 @@
 extern "C" {
 #endif
 
-/* The default corpus: the synthetic sets of kvq/corpus.h, about 17,000 tokens with
+/* The default corpus: the synthetic sets of kvq/corpus.h, about 20,000 tokens with
  * the stories260K tokenizer, read in this order (uuid lines as in a2ats's calibration
  * mix, then passkey prompts with their filler text, then key-value recall prompts,
  * which end up in the held-out set). kvq has no built-in natural-text source: pass

@@ -799,6 +799,30 @@ static void report(const calib_ctx *c, kvq_calibrate_stage s, kvq_calibrate_even
                 ev == KVQ_CALIB_EVENT_SKIP ? "skipped" : "running", why);
 }
 
+/* Removes what a killed run of stage s left in the work directory: temporaries
+ * "NAME.tmp.*" of its output and of its record (the stages write through
+ * kvq_atomic_open / kvq_tmpdir_create, which a killed process cannot clean up). */
+static void remove_leftovers(const calib_ctx *c, kvq_calibrate_stage s)
+{
+    const char *names[2] = {strrchr(c->out_path[s], '/'), strrchr(c->rec_path[s], '/')};
+    DIR *d = opendir(c->work);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        for (int i = 0; i < 2; i++) {
+            const size_t n = strlen(names[i] + 1);
+            if (!strncmp(e->d_name, names[i] + 1, n) && !strncmp(e->d_name + n, ".tmp.", 5)) {
+                char *path = path_join(c->work, e->d_name);
+                if (path)
+                    kvq_rmtree(path);
+                free(path);
+            }
+        }
+    }
+    closedir(d);
+}
+
 /* Skips or runs stage s. */
 static kvq_status do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
 {
@@ -828,6 +852,7 @@ static kvq_status do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
         st = kvq_err_set(err, KVQ_E_IO, "%s: cannot remove: %s", c->rec_path[s], strerror(errno));
         goto done;
     }
+    remove_leftovers(c, s);
     const double t0 = kvq_now();
     if ((st = run_stage(c, s, err)))
         goto done;
