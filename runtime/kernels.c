@@ -282,29 +282,54 @@ static int64_t emit(kvq_isa isa, const uint32_t *keys, int64_t n, uint32_t T, in
     DISPATCH_RET(isa, kvq_rk_emit, (keys, n, T, ties, idx), emit_scalar(keys, n, T, ties, idx));
 }
 
-/* The k-th largest of keys[0..m) (1 <= k <= m), digit by digit (11, 11, 10 bits, most
- * significant first). After each digit, `remaining` counts how many of the selection
- * are still to be found among the keys sharing the digits so far; those keys are
- * compacted (into sub [m]) so the next digit only looks at them. Returns the key T
- * and in *ties how many keys equal to T belong to the top k. hist0, when not NULL, is
- * the histogram of the first digit, already counted. */
-static uint32_t kth_key(kvq_isa isa, const uint32_t *keys, int64_t m, int64_t k, uint32_t *sub,
-                        const uint32_t *hist0, int64_t *ties)
+/* hist[(src[i] >> shift) & mask] += 1 for i < m; hist: [mask + 1], zeroed here. From
+ * 4096 keys on, counts into four interleaved copies: a narrow range of keys crowds into
+ * a few bins, and one counter incremented back to back waits for its own store. */
+static void digit_hist(const uint32_t *src, int64_t m, int shift, uint32_t mask, uint32_t *hist)
+{
+    const size_t bins = (size_t)mask + 1;
+    memset(hist, 0, sizeof *hist * bins);
+    int64_t i = 0;
+    if (m >= 4096) {
+        uint32_t h4[3][KVQ_RK_HIST];
+        memset(h4, 0, sizeof h4);
+        for (; i + 4 <= m; i += 4) {
+            hist[(src[i] >> shift) & mask]++;
+            h4[0][(src[i + 1] >> shift) & mask]++;
+            h4[1][(src[i + 2] >> shift) & mask]++;
+            h4[2][(src[i + 3] >> shift) & mask]++;
+        }
+        for (size_t b = 0; b < bins; b++)
+            hist[b] += h4[0][b] + h4[1][b] + h4[2][b];
+    }
+    for (; i < m; i++)
+        hist[(src[i] >> shift) & mask]++;
+}
+
+/* The k-th largest of keys[0..m) (1 <= k <= m), digit by digit, most significant first,
+ * over the low `bits` bits of the keys (every key < 2^bits; 32 for any keys): digits of
+ * 11 bits from the top, the last one narrower (32 bits: 11, 11, 10). After each digit,
+ * `remaining` counts how many of the selection are still to be found among the keys
+ * sharing the digits so far; those keys are compacted (into sub [m]) so the next digit
+ * only looks at them. Returns the key T and in *ties how many keys equal to T belong to
+ * the top k. hist0, when not NULL, is the histogram of the first digit of 32-bit keys
+ * (keys >> 21), already counted. */
+static uint32_t kth_key(kvq_isa isa, const uint32_t *keys, int64_t m, int64_t k, int bits,
+                        uint32_t *sub, const uint32_t *hist0, int64_t *ties)
 {
     uint32_t hist[KVQ_RK_HIST];
     const uint32_t *src = keys;
     int64_t remaining = k;
     uint32_t T = 0;
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = kvq_rk_digit_shift(pass);
-        const uint32_t mask = kvq_rk_digit_mask(pass);
-        if (pass == 0 && hist0) {
+    assert(bits >= 0 && bits <= 32 && (!hist0 || bits == 32));
+    for (int pass = 0, left = bits; left > 0; pass++) {
+        const int w = left < KVQ_RK_DIGIT_BITS0 ? left : KVQ_RK_DIGIT_BITS0;
+        const int shift = left - w;
+        const uint32_t mask = (1u << w) - 1u;
+        if (pass == 0 && hist0)
             memcpy(hist, hist0, sizeof hist);
-        } else {
-            memset(hist, 0, sizeof hist);
-            for (int64_t i = 0; i < m; i++)
-                hist[(src[i] >> shift) & mask]++;
-        }
+        else
+            digit_hist(src, m, shift, mask, hist);
         uint32_t b = mask;
         while (hist[b] < remaining) { /* the selection's digit: bins above are taken whole */
             remaining -= hist[b];
@@ -312,7 +337,8 @@ static uint32_t kth_key(kvq_isa isa, const uint32_t *keys, int64_t m, int64_t k,
             b--;
         }
         T |= b << shift;
-        if (pass < 2) {
+        left = shift;
+        if (left > 0) {
             m = compact(pass == 0 ? isa : KVQ_ISA_SCALAR, src, m, b, shift, mask, sub);
             src = sub;
         }
@@ -320,6 +346,9 @@ static uint32_t kth_key(kvq_isa isa, const uint32_t *keys, int64_t m, int64_t k,
     *ties = remaining;
     return T;
 }
+
+/* Number of significant bits of x (0 for 0). */
+static int bit_width(uint32_t x) { return x ? 32 - __builtin_clz(x) : 0; }
 
 /* Keys of a strided sample: 1024 of n, deterministic. */
 #define TOPK_SAMPLE 1024
@@ -398,22 +427,26 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
         int64_t unused;
         const uint32_t hi =
             rh < 1 ? UINT32_MAX
-                   : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rh, ssub, NULL, &unused);
+                   : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rh, 32, ssub, NULL, &unused);
         const uint32_t lo = rl >= TOPK_SAMPLE ? 0
                                               : kth_key(KVQ_ISA_SCALAR, sample, TOPK_SAMPLE, rl,
-                                                        ssub, NULL, &unused);
+                                                        32, ssub, NULL, &unused);
         int64_t above;
         const int64_t m = bracket(isa, scores, n, lo, hi, keys, &above);
         const int64_t need = k - above;
         if (need >= 1 && need <= m) {
-            T = kth_key(isa, keys, m, need, sub, NULL, &ties);
+            /* every kept key is in [lo, hi]: select over key - lo, whose digits are
+             * spread over the bracket's width rather than crowded into a few bins */
+            for (int64_t i = 0; i < m; i++)
+                keys[i] -= lo;
+            T = lo + kth_key(isa, keys, m, need, bit_width(hi - lo), sub, NULL, &ties);
             return emit_scores(isa, scores, n, T, ties, idx);
         }
     }
     uint32_t hist[KVQ_RK_HIST];
     memset(hist, 0, sizeof hist);
     keyhist(isa, scores, n, keys, hist);
-    T = kth_key(isa, keys, n, k, sub, hist, &ties);
+    T = kth_key(isa, keys, n, k, 32, sub, hist, &ties);
     return emit(isa, keys, n, T, ties, idx);
 }
 

@@ -104,6 +104,16 @@ TARGET void kvq_rk_score_avx512(const float *lut, int32_t G, int32_t K, const ui
 
 /* ---- top-k scans ---------------------------------------------------------------------------- */
 
+/* Stores the lanes of x selected by sel, packed, at out (popcount(sel) elements): a
+ * compress in registers and a masked store, which on the cores measured runs several
+ * times faster than the compress-to-memory form. Returns the count. */
+static inline TARGET int64_t compress_store(uint32_t *out, __mmask16 sel, __m512i x)
+{
+    const int c = __builtin_popcount((unsigned)sel);
+    _mm512_mask_storeu_epi32(out, (__mmask16)((1u << c) - 1u), _mm512_maskz_compress_epi32(sel, x));
+    return c;
+}
+
 static inline TARGET __m512i keys16(__m512 x)
 {
     const __m512i u = _mm512_castps_si512(_mm512_add_ps(x, _mm512_setzero_ps()));
@@ -133,8 +143,7 @@ TARGET int64_t kvq_rk_compact_avx512(const uint32_t *keys, int64_t n, uint32_t d
         const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
         const __m512i dg = _mm512_and_si512(_mm512_srl_epi32(k, sh), msk);
         const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(valid, dg, want);
-        _mm512_mask_compressstoreu_epi32(out + m, hit, k);
-        m += __builtin_popcount((unsigned)hit);
+        m += compress_store(out + m, hit, k);
     }
     return m;
 }
@@ -170,8 +179,7 @@ TARGET int64_t kvq_rk_emit_avx512(const uint32_t *keys, int64_t n, uint32_t T, i
             sel |= eq;
         }
         const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
-        _mm512_mask_compressstoreu_epi32(idx + m, (__mmask16)sel, ix);
-        m += __builtin_popcount(sel);
+        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
     }
     return m;
 }
@@ -187,8 +195,7 @@ TARGET int64_t kvq_rk_bracket_avx512(const float *scores, int64_t n, uint32_t lo
         const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(valid, k, hiv);
         const __mmask16 in = _mm512_mask_cmpge_epu32_mask(valid, k, lov) & ~gt;
         a += __builtin_popcount((unsigned)gt);
-        _mm512_mask_compressstoreu_epi32(out + m, in, k);
-        m += __builtin_popcount((unsigned)in);
+        m += compress_store(out + m, in, k);
     }
     *above = a;
     return m;
@@ -213,8 +220,7 @@ TARGET int64_t kvq_rk_emit_scores_avx512(const float *scores, int64_t n, uint32_
             sel |= eq;
         }
         const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
-        _mm512_mask_compressstoreu_epi32(idx + m, (__mmask16)sel, ix);
-        m += __builtin_popcount(sel);
+        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
     }
     return m;
 }
