@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -406,7 +407,7 @@ static void test_topk_paths(void **state)
         int32_t *order = malloc(sizeof(int32_t) * n), *want = malloc(sizeof(int32_t) * n);
         int32_t *got = malloc(sizeof(int32_t) * n);
         uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
-        for (int mode = 0; mode < 5; mode++) {
+        for (int mode = 0; mode < 7; mode++) {
             float *s = randn((size_t)n, 40 + ni * 4 + mode, 10.0f);
             if (mode == 1) /* many ties */
                 for (int64_t j = 0; j < n; j++)
@@ -424,6 +425,13 @@ static void test_topk_paths(void **state)
                 for (int64_t i = 0; i < 1024 && n >= 1024; i++)
                     s[(i * n) / 1024] = 100.0f + (float)i;
             }
+            if (mode == 5) /* 64 values, as scores gathered from a small LUT: the sampled
+                            * bracket is narrow and the threshold shared by many */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = (float)(((uint32_t)j * 2654435761u) >> 26) * 0.37f - 9.0f;
+            if (mode == 6) /* five scores a few ulps apart: a bracket of a few bits */
+                for (int64_t j = 0; j < n; j++)
+                    s[j] = 1.0f + (float)((j * 7) % 5) * FLT_EPSILON;
             /* reference order: by (score desc, index asc), once per input */
             for (int64_t j = 0; j < n; j++)
                 order[j] = (int32_t)j;

@@ -129,8 +129,9 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
 /* Top-k selection in O(n), no sort: radix select (digits of 11/11/10 bits over
  * order-preserving keys, later digits only over the keys sharing the earlier ones);
  * from 16384 scores on, a strided sample of 1024 first brackets the threshold so that
- * one vector pass keeps only the keys near it (the full radix pass runs when the
- * bracket misses). Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
+ * one vector pass keeps only the keys near it, and the radix select runs over their
+ * offsets from the bracket's low end (digits spread over its width; the full radix pass
+ * runs when the bracket misses). Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
  * in increasing index order; among equal scores the lower index wins. Returns the
  * count. work: [2n] uint32 scratch. Every path selects the same set. */
 int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
