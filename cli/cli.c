@@ -122,3 +122,9 @@ int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, d
 }
 
 int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--help"); }
+
+int32_t cli_default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n < 1024 ? (int32_t)n : 1;
+}

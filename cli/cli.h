@@ -30,6 +30,10 @@ int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, 
                 int64_t *out);
 int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, double max,
                 double *out);
+/* The number of online CPUs (1 if unknown): the --threads default of stages whose
+ * output does not depend on the thread count. */
+int32_t cli_default_threads(void);
+
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);
 

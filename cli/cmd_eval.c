@@ -58,17 +58,6 @@ typedef struct eval_state {
     uint64_t n_pred, n_seq;
 } eval_state;
 
-/* -log softmax(row)[target], computed stably in double.   // row: [vocab] */
-static double token_nll(const float *row, int32_t vocab, int32_t target)
-{
-    double mx = row[0], sum = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    for (int32_t i = 0; i < vocab; i++)
-        sum += exp(row[i] - mx);
-    return mx + log(sum) - row[target];
-}
-
 static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 {
     eval_state *s = user;
@@ -82,7 +71,7 @@ static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
             const uint32_t g = at + i;
             if (g + 1 >= seq->n)
                 break;
-            s->nll += token_nll(s->logits + (size_t)i * s->vocab, s->vocab, seq->ids[g + 1]);
+            s->nll += kvq_token_nll(s->logits + (size_t)i * s->vocab, s->vocab, seq->ids[g + 1]);
             s->n_pred++;
         }
     }

@@ -73,8 +73,7 @@ int cmd_fit(int argc, char **argv)
     size_t n_layers = 0;
     kvq_err e = {0};
 
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    p.threads = ncpu > 0 && ncpu < 1024 ? (int32_t)ncpu : 1;
+    p.threads = cli_default_threads();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (cli_is_help(a)) {

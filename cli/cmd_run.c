@@ -160,7 +160,7 @@ int cmd_run(int argc, char **argv)
     if (ro.given) {
         /* retrieval: one selector and budget (default: the artifact's codebook, 6%),
          * checked before anything runs */
-        if ((rc = cli_retrieval_open(&ro, m, model_path, &rt)))
+        if ((rc = cli_retrieval_open(&ro, m, model_path, &cb, &rt)))
             goto done;
         if (!ro.selectors)
             ro.selectors = "codebook";

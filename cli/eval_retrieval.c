@@ -122,17 +122,6 @@ static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok,
 
 /* ---- measurements ---------------------------------------------------------------- */
 
-/* -log softmax(row)[target], in double.   row: [vocab] */
-static double token_nll(const float *row, int32_t vocab, int32_t target)
-{
-    double mx = row[0], sum = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    for (int32_t i = 0; i < vocab; i++)
-        sum += exp(row[i] - mx);
-    return mx + log(sum) - row[target];
-}
-
 /* Summed NLL and predicted tokens over every sequence, with f's current attention. */
 static kvq_status perplexity(kvq_forward *f, const seq_list *l, int32_t chunk, int32_t vocab,
                              float *logits, double *nll, uint64_t *n_pred, kvq_err *err)
@@ -149,7 +138,7 @@ static kvq_status perplexity(kvq_forward *f, const seq_list *l, int32_t chunk, i
             if (s)
                 return s;
             for (int64_t i = 0; i < cn && at + i + 1 < n; i++) {
-                *nll += token_nll(logits + i * vocab, vocab, ids[at + i + 1]);
+                *nll += kvq_token_nll(logits + i * vocab, vocab, ids[at + i + 1]);
                 (*n_pred)++;
             }
         }
@@ -242,7 +231,7 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     int n_task[3] = {0};
     kvq_status s;
 
-    if ((rc = cli_retrieval_open(o, m, model_path, &rt)) ||
+    if ((rc = cli_retrieval_open(o, m, model_path, cb, &rt)) ||
         (rc = cli_retrieval_rows("eval", o, rt, &rows, &n_rows)))
         goto done;
     kvq_seq_params sp;

@@ -18,7 +18,8 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     const char *bud_opt = eval ? "--budgets" : "--budget";
     static const char *const value_opts[] = {
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
-        "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads"};
+        "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
+        "--device"};
     int known = 0;
     for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
         known |= !strcmp(a, value_opts[k]);
@@ -72,6 +73,12 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
+    } else if (!strcmp(a, "--device")) {
+        kvq_err e = {0};
+        if (kvq_retrieval_device_parse(val, &o->p.device, &e) != KVQ_OK) {
+            fprintf(stderr, "kvq %s: --device: '%s' is not cpu, cuda or auto\n", cmd, val);
+            rc = 2;
+        }
     } else if (!strcmp(a, "--attn-threads")) {
         if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
             o->p.threads = (int32_t)v;
@@ -105,13 +112,18 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --cache T          KV cache storage, f16 (default) or f32\n"
                "  --group G          GQA group's shared selection: sum (default) or max\n"
                "  --tau T            mass selector: softmax mass to reach, (0, 1] (default 0.9)\n"
-               "  --attn-threads N   KV heads attended in parallel (default 1)\n");
+               "  --attn-threads N   KV heads attended in parallel (default 1)\n"
+               "  --device D         where the codebook selection runs: cpu (default), cuda\n"
+               "                     or auto; cuda without a device warns and uses the CPU\n");
 }
 
-int cli_retrieval_open(const cli_retrieval *o, const kvq_model *m, const char *model_path,
-                       kvq_runtime **rt)
+int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_path,
+                       const kvq_callbacks *cb, kvq_runtime **rt)
 {
     *rt = NULL;
+    /* once per command, so a CUDA request that cannot be met warns once however many
+     * contexts (eval rows) follow */
+    o->p.device = kvq_retrieval_device_resolve(o->p.device, cb);
     if (!o->artifact)
         return 0;
     kvq_model_id id;

@@ -15,7 +15,7 @@ typedef struct cli_retrieval {
     const char *selectors;  /* --selector (run) / --selectors (eval), or NULL */
     const char *budgets;    /* --budget (run) / --budgets (eval), or NULL */
     kvq_retrieval_params p; /* --sink --window --positions --cache --group --tau
-                                  --attn-threads; selector and budget are set per row */
+                                  --attn-threads --device; selector and budget per row */
     int given;              /* some retrieval option was given */
 } cli_retrieval;
 
@@ -30,10 +30,11 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
 /* The option lines of the help text. */
 void cli_retrieval_usage(FILE *f, int eval);
 
-/* Opens o->artifact for model m (NULL in *rt when none was given). Prints the error
- * and returns 1 on failure. */
-int cli_retrieval_open(const cli_retrieval *o, const kvq_model *m, const char *model_path,
-                       kvq_runtime **rt);
+/* Resolves o->p.device (kvq_retrieval_device_resolve: one warning through cb when CUDA
+ * was asked for and cannot run) and opens o->artifact for model m (NULL in *rt when none
+ * was given). Prints the error and returns 1 on failure. */
+int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_path,
+                       const kvq_callbacks *cb, kvq_runtime **rt);
 
 /* One row of a selector x budget table. */
 typedef struct cli_row {

@@ -693,9 +693,24 @@ static int teardown(void **state)
     return 0;
 }
 
+/* kvq_token_nll: uniform logits give log(vocab); a shift of all logits changes nothing;
+ * a large logit does not overflow. */
+static void test_token_nll(void **state)
+{
+    float u[5] = {0, 0, 0, 0, 0}, v[3] = {1000.0f, 0.0f, -1000.0f}, w[3] = {2.0f, 1.0f, 0.0f};
+    assert_true(fabs(kvq_token_nll(u, 5, 3) - log(5.0)) < 1e-12);
+    assert_true(fabs(kvq_token_nll(v, 3, 0)) < 1e-12);
+    assert_true(fabs(kvq_token_nll(v, 3, 1) - 1000.0) < 1e-9);
+    double ref = -(1.0 - log(exp(2.0) + exp(1.0) + 1.0));
+    assert_true(fabs(kvq_token_nll(w, 3, 1) - ref) < 1e-12);
+    float w2[3] = {102.0f, 101.0f, 100.0f};
+    assert_true(fabs(kvq_token_nll(w2, 3, 1) - ref) < 1e-6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_token_nll),
         cmocka_unit_test(test_stories_golden),
         cmocka_unit_test(test_forms_llama),
         cmocka_unit_test(test_forms_qwen2),

@@ -310,17 +310,6 @@ const kvq_model_config *thr_ppl_config(const thr_ppl *e)
     return kvq_model_config_get(e->model);
 }
 
-/* -log softmax(row)[target] in double.   row: [vocab] */
-static double token_nll(const float *row, int32_t vocab, int32_t target)
-{
-    double mx = row[0], sum = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        mx = row[i] > mx ? row[i] : mx;
-    for (int32_t i = 0; i < vocab; i++)
-        sum += exp(row[i] - mx);
-    return mx + log(sum) - row[target];
-}
-
 kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
                         void (*begin)(void *user, int64_t n, int64_t P), void *user,
                         double *ppl, kvq_err *err)
@@ -343,7 +332,7 @@ kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
                 const uint32_t g = at + i;
                 if ((int64_t)g < P || g + 1 >= n)
                     continue;
-                nll += token_nll(e->logits + (size_t)i * e->vocab, e->vocab, e->seqs[q][g + 1]);
+                nll += kvq_token_nll(e->logits + (size_t)i * e->vocab, e->vocab, e->seqs[q][g + 1]);
                 n_pred++;
             }
         }
