@@ -11,6 +11,40 @@
 /* The LUT table of (layer, KV head), or NULL (runtime.c). */
 const kvq_rk_table *kvq_runtime_table(const kvq_runtime *rt, int32_t layer, int32_t head);
 
+/* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c). */
+const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K);
+/* The query the table's LUT is built from: q' = qs L^-T (grouped query-aware
+ * codebooks, in double, rounded to float) or qs.   qs, qp: [d] (kernels.c) */
+void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp);
+
+typedef struct rt_step rt_step;
+typedef struct rt_layer rt_layer;
+
+/* The decode step's selection kernels (runtime/device.c): the steps that run on the
+ * chosen device, so that retrieval.c and select.c are written once.
+ *   init     after the context is built: device copies of the LUT tables
+ *   fini     releases what init made (the context is being freed)
+ *   codes    rows [first, first + n) of (layer, head)'s codes were written (the cache
+ *            holds L->cap rows)
+ *   select   the codebook selector under KVQ_GROUP_SUM: LUT of the scoring query qs
+ *            [d], score gather over the candidates' codes, top k (1 <= k < st->nc);
+ *            the k selected token indices, ascending, into sel
+ * NULL entries do nothing. Errors as kvq_status (BACKEND for a device failure). */
+typedef struct rt_backend {
+    const char *name;
+    kvq_retrieval_device device;
+    kvq_status (*init)(kvq_retrieval *r, kvq_err *err);
+    void (*fini)(kvq_retrieval *r);
+    kvq_status (*codes)(kvq_retrieval *r, const rt_layer *L, int32_t layer, int32_t head,
+                        int64_t first, int64_t n, kvq_err *err);
+    kvq_status (*select)(const rt_step *st, const float *qs, int64_t k, int32_t *sel,
+                         kvq_err *err);
+} rt_backend;
+
+/* Picks the backend of a new context from r->p.device (logging one warning when a CUDA
+ * request falls back) and runs its init. */
+kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
+
 /* One (layer, KV head) of the cache. Rows are token indices 0 .. len-1. */
 typedef struct rt_head {
     void *k, *v;      /* [cap, d] pre-RoPE keys and values, cache dtype */
@@ -22,13 +56,13 @@ typedef struct rt_head {
     int64_t n_sel, sel_cap;
 } rt_head;
 
-typedef struct rt_layer {
+struct rt_layer {
     int64_t len, cap;         /* tokens cached / rows allocated */
     int64_t *pos;             /* [cap] positions */
     rt_head *head;            /* [n_kv_heads] */
     const kvq_codebook **cb;  /* [n_kv_heads] the artifact's, NULL without */
     const kvq_rk_table **tab; /* [n_kv_heads] */
-} rt_layer;
+};
 
 /* Sums of kvq_retrieval_stats, per thread until merged. */
 typedef struct rt_sums {
@@ -59,6 +93,9 @@ typedef struct rt_scratch {
                             (both vbuf_bytes: n <= T) */
     size_t pre_bytes, vbuf_bytes;
     rt_sums sums;
+    int32_t slot;        /* index of this scratch (the device backend's slot) */
+    kvq_status status;   /* first backend failure of the current attend call */
+    kvq_err err;         /* its message */
 } rt_scratch;
 
 struct kvq_retrieval {
@@ -82,10 +119,12 @@ struct kvq_retrieval {
     int32_t *pbuf; /* [n] positions as int32 */
     int64_t buf_rows;
     rt_sums sums;
+    const rt_backend *be; /* selection kernels (device.c) */
+    void *dev;            /* the backend's state (kvq_rt_cuda with CUDA), or NULL */
 };
 
 /* One attention step: query row at position pos over nvis tokens of (layer, head). */
-typedef struct rt_step {
+struct rt_step {
     const kvq_retrieval *r;
     const rt_layer *L;
     const rt_head *H;
@@ -97,7 +136,7 @@ typedef struct rt_step {
     int64_t w_beg;  /* window [w_beg, nvis) */
     int64_t nc;     /* candidates [s_end, w_beg) */
     rt_scratch *S;
-} rt_step;
+};
 
 /* Rotates cached key j of the step's head by its position into y [d] (f32). */
 void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,

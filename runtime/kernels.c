@@ -20,6 +20,7 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
+#include "runtime/internal.h"
 #include "runtime/kernels.h"
 #include "runtime/kernels_simd.h"
 
@@ -177,6 +178,14 @@ uint64_t kvq_rk_table_bytes(const kvq_rk_table *t)
 
 const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t) { return t->cb; }
 
+const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K)
+{
+    *G = t->G;
+    *dg = t->dg;
+    *K = t->K;
+    return t->CT;
+}
+
 /* q' = qs L^-T in double (q'[a] = sum_{b <= a} qs[b] Linv[a][b]), or qs.   [d] */
 static void lut_query(const kvq_rk_table *t, const float *qs, double *qp)
 {
@@ -190,6 +199,14 @@ static void lut_query(const kvq_rk_table *t, const float *qs, double *qp)
             s += (double)qs[b] * t->Linv[(size_t)a * t->d + b];
         qp[a] = s;
     }
+}
+
+void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp)
+{
+    double q[KVQ_ROPE_MAX_DIM];
+    lut_query(t, qs, q);
+    for (int32_t i = 0; i < t->d; i++)
+        qp[i] = (float)q[i];
 }
 
 static void lut_scalar(const kvq_rk_table *t, const double *qp, float *lut)

@@ -54,6 +54,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.max_tokens = (int64_t)1 << 20;
     p.threads = 1;
     p.isa = kvq_isa_best();
+    p.device = KVQ_RETRIEVAL_DEVICE_CPU;
     return p;
 }
 
@@ -87,6 +88,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
         bad = "max_tokens";
     else if (p->threads < 1 || p->threads > 1024)
         bad = "threads";
+    else if ((unsigned)p->device > KVQ_RETRIEVAL_DEVICE_CUDA)
+        bad = "device";
     if (bad)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad parameter %s", bad);
     if (kvq_selector_needs_artifact(p->selector) && !rt)
@@ -169,6 +172,8 @@ void kvq_retrieval_free(kvq_retrieval *r)
 {
     if (!r)
         return;
+    if (r->be && r->be->fini)
+        r->be->fini(r);
     for (int32_t l = 0; r->layer && l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         for (int32_t h = 0; L->head && h < r->n_kv; h++)
@@ -230,6 +235,8 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *
     r->scr = calloc((size_t)r->n_scr, sizeof *r->scr);
     if (!r->layer || !r->scr)
         goto nomem;
+    for (int32_t t = 0; t < r->n_scr; t++)
+        r->scr[t].slot = t;
     for (int32_t l = 0; l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         L->head = calloc((size_t)r->n_kv, sizeof *L->head);
@@ -241,6 +248,10 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *
             L->cb[h] = kvq_runtime_codebook(rt, l, h);
             L->tab[h] = kvq_runtime_table(rt, l, h);
         }
+    }
+    if ((s = kvq_rt_backend_open(r, err))) {
+        kvq_retrieval_free(r);
+        return s;
     }
     *out = r;
     return KVQ_OK;
@@ -551,6 +562,8 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
                                    e.msg);
             for (int64_t i = 0; i < n * G; i++)
                 H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
+            if (r->be->codes && (s = r->be->codes(r, L, c->layer, h, past, n, err)))
+                return s;
         }
     }
     for (int32_t h = 0; h < r->n_kv; h++)
@@ -792,6 +805,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
         (s = scratch_reserve(r, T, n, err)) || (s = append(r, c, err)))
         return s;
 
+    for (int32_t t = 0; t < r->n_scr; t++)
+        r->scr[t].status = KVQ_OK;
     if (n > 1 && r->p.prefill_full) {
         /* Prefill: exact attention of every row over the tokens before it. */
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
@@ -822,6 +837,9 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
         a->out_rel_err += b->out_rel_err;
         memset(b, 0, sizeof *b);
     }
+    for (int32_t t = 0; t < r->n_scr; t++) /* a device failure in some step */
+        if (r->scr[t].status)
+            return kvq_err_set(err, r->scr[t].status, "%s", r->scr[t].err.msg);
     return KVQ_OK;
 }
 

@@ -254,6 +254,27 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
         return nc;
     }
     float *scores = S->scores;
+    if (selector == KVQ_SELECT_CODEBOOK && r->p.group == KVQ_GROUP_SUM) {
+        /* the backend's LUT, gather and top-k (device.c): CPU or CUDA kernels */
+        const kvq_codebook *cb = st->L->cb[st->head];
+        const int32_t d = r->d, gs = r->gs;
+        float qs[KVQ_ROPE_MAX_DIM];
+        for (int32_t g = 0; g < gs; g++)
+            kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, S->qx + (size_t)g * d);
+        group_sum(S->qx, gs, d, qs);
+        *codebook_bytes += (double)kvq_rk_table_bytes(st->L->tab[st->head]);
+        *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(cb)->groups;
+        kvq_err e = {0};
+        const kvq_status s = r->be->select(st, qs, k, sel, &e);
+        if (s) { /* recorded for attend(); the step attends sinks and window only */
+            if (!S->status) {
+                S->status = s;
+                S->err = e;
+            }
+            return 0;
+        }
+        return k;
+    }
     switch (selector) {
     case KVQ_SELECT_ORACLE:
         oracle_scores(st, scores);

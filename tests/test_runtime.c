@@ -371,6 +371,101 @@ static void test_score_paths_exact(void **state)
     }
 }
 
+/* The KVQ_HD functions the CUDA kernels call, against the CPU references they share:
+ * kvq_rk_rotate == kvq_rope_apply bit for bit (both layouts; the pairs tile the head),
+ * kvq_rk_score_one sums the groups in order in float, and the digits of
+ * kvq_rk_digit_shift / mask tile the 32-bit keys. */
+static void test_shared_element_functions(void **state)
+{
+    (void)state;
+    const int32_t d = 32;
+    for (int layout = 0; layout < 2; layout++) {
+        kvq_rope rope = kvq_rope_default(d);
+        rope.layout = (kvq_rope_layout)layout;
+        int seen[32] = {0};
+        for (int m = 0; m < d / 2; m++) {
+            const int i0 = kvq_rk_pair0(layout, d, m), i1 = kvq_rk_pair1(layout, d, m);
+            assert_int_equal(kvq_rope_pair_of(rope.layout, d, i0), m);
+            assert_int_equal(kvq_rope_pair_of(rope.layout, d, i1), m);
+            seen[i0]++;
+            seen[i1]++;
+        }
+        for (int t = 0; t < d; t++)
+            assert_int_equal(seen[t], 1);
+        double theta[KVQ_ROPE_MAX_DIM / 2];
+        kvq_rope_freqs(&rope, theta);
+        float *x = randn((size_t)d, 40 + (uint64_t)layout, 2.0f);
+        static const int64_t positions[] = {0, 1, 37, 2048, 100003};
+        for (size_t pi = 0; pi < 5; pi++) {
+            float c[KVQ_ROPE_MAX_DIM / 2], sn[KVQ_ROPE_MAX_DIM / 2], ref[32], got[32];
+            for (int m = 0; m < d / 2; m++) {
+                c[m] = (float)cos((double)positions[pi] * theta[m]);
+                sn[m] = (float)sin((double)positions[pi] * theta[m]);
+            }
+            memcpy(ref, x, sizeof ref);
+            kvq_rope_apply(&rope, theta, ref, 1, positions[pi]);
+            kvq_rk_rotate(x, c, sn, layout, d, got);
+            assert_memory_equal(got, ref, sizeof ref);
+            memcpy(got, x, sizeof got); /* in place (y aliasing x) gives the same bits */
+            kvq_rk_rotate(got, c, sn, layout, d, got);
+            assert_memory_equal(got, ref, sizeof ref);
+        }
+        free(x);
+    }
+    /* float sum in group order: 1e8 + 1 rounds to 1e8, so order 0, 1, 2 gives 0 (any
+     * other order, or a double sum, gives 1) */
+    const float lut[3 * 2] = {1e8f, 5.0f, 1.0f, 7.0f, -1e8f, 9.0f};
+    const uint16_t code[3] = {0, 0, 0}, code2[3] = {1, 1, 1};
+    assert_true(kvq_rk_score_one(lut, 3, 2, code) == 0.0f);
+    assert_true(kvq_rk_score_one(lut, 3, 2, code2) == 21.0f);
+    /* the three digits cover bits 31..0 once: shifts 21, 10, 0, widths 11, 11, 10 */
+    uint32_t covered = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const uint32_t field = kvq_rk_digit_mask(pass) << kvq_rk_digit_shift(pass);
+        assert_int_equal(covered & field, 0);
+        covered |= field;
+        assert_true(kvq_rk_digit_mask(pass) < KVQ_RK_HIST);
+    }
+    assert_int_equal(covered, 0xffffffffu);
+    assert_int_equal(kvq_rk_digit_shift(0), KVQ_RK_DIGIT_BITS1 + KVQ_RK_DIGIT_BITS2);
+    assert_int_equal(kvq_rk_digit_mask(2), (1u << KVQ_RK_DIGIT_BITS2) - 1);
+}
+
+/* The selection rule of the CUDA top-k kernel (k_topk), run on the host with the same
+ * KVQ_HD functions: three radix passes over the keys sharing the digits fixed so far
+ * (a prefix mask), the threshold key T, then every key above T and the first `ties`
+ * keys equal to T in index order. */
+static int64_t topk_device_rule(const float *s, int64_t n, int64_t k, int32_t *idx)
+{
+    uint32_t *ky = malloc(sizeof(uint32_t) * (size_t)n);
+    static uint32_t hist[KVQ_RK_HIST];
+    for (int64_t j = 0; j < n; j++)
+        ky[j] = kvq_rk_key(s[j]);
+    uint32_t T = 0, pm = 0;
+    int64_t rem = k;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = kvq_rk_digit_shift(pass);
+        const uint32_t mask = kvq_rk_digit_mask(pass);
+        memset(hist, 0, sizeof hist);
+        for (int64_t j = 0; j < n; j++)
+            if ((ky[j] & pm) == T)
+                hist[(ky[j] >> shift) & mask]++;
+        uint32_t b = mask;
+        while (b > 0 && (int64_t)hist[b] < rem) {
+            rem -= hist[b];
+            b--;
+        }
+        T |= b << shift;
+        pm |= mask << shift;
+    }
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++)
+        if (ky[j] > T || (ky[j] == T && rem-- > 0))
+            idx[m++] = (int32_t)j;
+    free(ky);
+    return m;
+}
+
 /* Reference top-k: sort indices by (score desc, index asc), take k, sort ascending. */
 static const float *cmp_scores;
 static int cmp_desc(const void *a, const void *b)
@@ -467,6 +562,40 @@ static void test_topk_paths(void **state)
 }
 
 /* logits + softmax + mix on f16 and f32 rows, with and without an index list. */
+static void test_topk_device_rule(void **state)
+{
+    (void)state;
+    const int64_t n = 5000;
+    int32_t *ref = malloc(sizeof(int32_t) * n), *dev = malloc(sizeof(int32_t) * n),
+            *cpu = malloc(sizeof(int32_t) * n);
+    uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
+    for (int variant = 0; variant < 3; variant++) {
+        float *sc = randn((size_t)n, 60 + (uint64_t)variant, 1.0f);
+        for (int64_t j = 0; j < n; j++) {
+            if (variant == 1) /* heavy ties: 17 distinct values */
+                sc[j] = (float)((j * 7919) % 17) - 8.0f;
+            else if (variant == 2) /* keys differing only in the last digit */
+                sc[j] = 1.0f + (float)(j % 300) * FLT_EPSILON;
+        }
+        sc[3] = -0.0f;
+        sc[4] = 0.0f;
+        static const int64_t ks[] = {1, 2, 16, 299, 300, 2500, 4999};
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+            const int64_t k = ks[ki];
+            const int64_t nr = topk_ref(sc, n, k, ref);
+            assert_int_equal(topk_device_rule(sc, n, k, dev), nr);
+            assert_memory_equal(dev, ref, sizeof(int32_t) * (size_t)nr);
+            assert_int_equal(kvq_rk_topk(KVQ_ISA_SCALAR, sc, n, k, cpu, work), nr);
+            assert_memory_equal(cpu, dev, sizeof(int32_t) * (size_t)nr);
+        }
+        free(sc);
+    }
+    free(ref);
+    free(dev);
+    free(cpu);
+    free(work);
+}
+
 static void test_attention_paths(void **state)
 {
     (void)state;
@@ -1378,6 +1507,138 @@ static void test_stats_and_errors(void **state)
  * The real tiny model
  * ========================================================================== */
 
+/* Counts the warnings logged (and keeps the last). */
+typedef struct log_count {
+    int warn, other;
+    char last[512];
+} log_count;
+static void count_log(void *user, kvq_log_level level, const char *msg)
+{
+    log_count *lc = user;
+    if (level == KVQ_LOG_WARN) {
+        lc->warn++;
+        snprintf(lc->last, sizeof lc->last, "%s", msg);
+    } else {
+        lc->other++;
+    }
+}
+
+/* Device choice: names, parsing, and device = cuda where it cannot run (this build
+ * without the CUDA backend, or no device): one warning, then the CPU path with the CPU's
+ * bytes. With a device (a CUDA build on a GPU machine) the codebook selection runs on it
+ * and must agree with the CPU within the LUT's rounding. */
+static void test_device_choice(void **state)
+{
+    (void)state;
+    kvq_err e = {0};
+    kvq_retrieval_device dv;
+    assert_int_equal(kvq_retrieval_device_parse("cuda", &dv, &e), KVQ_OK);
+    assert_int_equal(dv, KVQ_RETRIEVAL_DEVICE_CUDA);
+    assert_int_equal(kvq_retrieval_device_parse("auto", &dv, &e), KVQ_OK);
+    assert_int_equal(dv, KVQ_RETRIEVAL_DEVICE_AUTO);
+    assert_int_equal(kvq_retrieval_device_parse("cpu", &dv, &e), KVQ_OK);
+    assert_int_equal(dv, KVQ_RETRIEVAL_DEVICE_CPU);
+    assert_int_equal(kvq_retrieval_device_parse("gpu", &dv, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "'gpu'"));
+    assert_string_equal(kvq_retrieval_device_name(KVQ_RETRIEVAL_DEVICE_CUDA), "cuda");
+    assert_int_equal(kvq_retrieval_params_default().device, KVQ_RETRIEVAL_DEVICE_CPU);
+
+    const char *why = NULL;
+    const int have = kvq_cuda_available(&why);
+    const kvq_model_id id = small_id(2, 8, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 32, 4, 90);
+    const char *path = test_path("device.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    seq_data s = make_seq(&c, 400, 91);
+    const size_t n_out = (size_t)s.T * c.n_heads * c.head_dim;
+
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.budget = (kvq_budget){.count = 24};
+    p.window = 16;
+    p.device = 7;
+    kvq_retrieval *r = NULL;
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "device"));
+
+    for (int threads = 1; threads <= 2; threads++) {
+        float *out[3];
+        int64_t nsel[3];
+        int32_t sel[3][400];
+        log_count lc[3];
+        static const kvq_retrieval_device devs[3] = {
+            KVQ_RETRIEVAL_DEVICE_CPU, KVQ_RETRIEVAL_DEVICE_CUDA, KVQ_RETRIEVAL_DEVICE_AUTO};
+        for (int i = 0; i < 3; i++) {
+            memset(&lc[i], 0, sizeof lc[i]);
+            p.device = devs[i];
+            p.threads = threads;
+            p.cb = (kvq_callbacks){.log = count_log, .user = &lc[i]};
+            assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+            assert_int_equal(kvq_retrieval_device_used(r), devs[i] == KVQ_RETRIEVAL_DEVICE_CPU || !have
+                                                               ? KVQ_RETRIEVAL_DEVICE_CPU
+                                                               : KVQ_RETRIEVAL_DEVICE_CUDA);
+            const kvq_attn_backend b = kvq_retrieval_backend(r);
+            out[i] = run_backend(&c, &b, &s, 100);
+            const int32_t *ls = kvq_retrieval_last_selection(r, 1, 1, &nsel[i]);
+            assert_int_equal(nsel[i], 24);
+            memcpy(sel[i], ls, sizeof(int32_t) * (size_t)nsel[i]);
+            kvq_retrieval_free(r);
+        }
+        assert_int_equal(lc[0].warn, 0); /* cpu: nothing to say */
+        assert_int_equal(lc[2].warn, 0); /* auto: silent either way */
+        if (!have) {
+            assert_int_equal(lc[1].warn, 1);
+            assert_non_null(strstr(lc[1].last, "CUDA requested but unavailable"));
+            assert_non_null(strstr(lc[1].last, why));
+            for (int i = 1; i < 3; i++) {
+                assert_memory_equal(out[i], out[0], sizeof(float) * n_out);
+                assert_memory_equal(sel[i], sel[0], sizeof(int32_t) * 24);
+            }
+        } else {
+            /* the device's LUT sums in float (fmaf): a near tie may swap, rarely */
+            assert_int_equal(lc[1].warn, 0);
+            int common = 0;
+            for (int a = 0, bb = 0; a < 24 && bb < 24;)
+                if (sel[1][a] == sel[0][bb])
+                    common++, a++, bb++;
+                else if (sel[1][a] < sel[0][bb])
+                    a++;
+                else
+                    bb++;
+            assert_true(common >= 22);
+            assert_true(max_rel_diff(out[1], out[0], n_out) < 0.05);
+        }
+        for (int i = 0; i < 3; i++)
+            free(out[i]);
+    }
+
+    /* a selector the CUDA step does not cover: still one warning, CPU results */
+    log_count lc = {0};
+    p.selector = KVQ_SELECT_FIER;
+    p.device = KVQ_RETRIEVAL_DEVICE_CUDA;
+    p.threads = 1;
+    p.cb = (kvq_callbacks){.log = count_log, .user = &lc};
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    assert_int_equal(lc.warn, 1);
+    assert_int_equal(kvq_retrieval_device_used(r), KVQ_RETRIEVAL_DEVICE_CPU);
+    kvq_retrieval_free(r);
+    /* resolving once up front (what the CLI does) warns once; the contexts then get CPU */
+    memset(&lc, 0, sizeof lc);
+    const kvq_retrieval_device got = kvq_retrieval_device_resolve(KVQ_RETRIEVAL_DEVICE_CUDA, &p.cb);
+    assert_int_equal(got, have ? KVQ_RETRIEVAL_DEVICE_CUDA : KVQ_RETRIEVAL_DEVICE_CPU);
+    assert_int_equal(lc.warn, have ? 0 : 1);
+    assert_int_equal(kvq_retrieval_device_resolve(KVQ_RETRIEVAL_DEVICE_AUTO, &p.cb), got);
+    assert_int_equal(kvq_retrieval_device_resolve(KVQ_RETRIEVAL_DEVICE_CPU, &p.cb),
+                     KVQ_RETRIEVAL_DEVICE_CPU);
+    assert_int_equal(lc.warn, have ? 0 : 1);
+
+    seq_free(&s);
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 4);
+}
+
 static const int32_t golden_ids[48] = {403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421,
                                        395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292,
                                        411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
@@ -1537,6 +1798,8 @@ int main(void)
         cmocka_unit_test(test_lut_paths),
         cmocka_unit_test(test_score_paths_exact),
         cmocka_unit_test(test_topk_paths),
+        cmocka_unit_test(test_shared_element_functions),
+        cmocka_unit_test(test_topk_device_rule),
         cmocka_unit_test(test_attention_paths),
         cmocka_unit_test(test_attend_paths),
         cmocka_unit_test(test_parse_budget_and_selector),
@@ -1549,6 +1812,7 @@ int main(void)
         cmocka_unit_test(test_selectors_find_needle),
         cmocka_unit_test(test_mass_selector),
         cmocka_unit_test(test_stats_and_errors),
+        cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_stories_retrieval),
     };
     const int rc = cmocka_run_group_tests(tests, NULL, NULL);

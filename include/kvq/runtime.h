@@ -257,6 +257,31 @@ int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n);
 /* "256", "6%", "all" into buf (always NUL-terminated). */
 void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap);
 
+/* Where the decode step's selection runs (the LUT of the scoring query, the score
+ * gather over the codes and the top-k). CPU: the kvq_rk_* kernels. CUDA: the kernels of
+ * runtime/cuda/retrieval_cuda.cu, for the codebook selector with KVQ_GROUP_SUM (other
+ * selectors and KVQ_GROUP_MAX stay on the CPU); the exact attention over the selected
+ * tokens stays on the CPU either way (docs/runtime.md). AUTO = CUDA when usable, else the
+ * CPU, silently. CUDA in a build without the CUDA backend, on a machine without a device
+ * or for a configuration the CUDA step does not cover logs one KVQ_LOG_WARN line (the
+ * reason) when the context is created and runs on the CPU, with the CPU's results. */
+typedef enum kvq_retrieval_device {
+    KVQ_RETRIEVAL_DEVICE_AUTO = 0,
+    KVQ_RETRIEVAL_DEVICE_CPU = 1,
+    KVQ_RETRIEVAL_DEVICE_CUDA = 2
+} kvq_retrieval_device;
+
+/* "auto", "cpu", "cuda"; "unknown" otherwise. */
+const char *kvq_retrieval_device_name(kvq_retrieval_device dev);
+/* Parses the names above. KVQ_E_INVALID_ARG naming the text otherwise. */
+kvq_status kvq_retrieval_device_parse(const char *s, kvq_retrieval_device *dev, kvq_err *err);
+/* The device a request gets on this build and machine: CPU or CUDA, never AUTO. CUDA
+ * when requested (or AUTO) and kvq_cuda_available(); a CUDA request that cannot be met
+ * logs one KVQ_LOG_WARN line through cb (may be NULL) naming why. A caller creating
+ * several contexts resolves once and passes the result, so the warning comes once. */
+kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
+                                                  const kvq_callbacks *cb);
+
 typedef struct kvq_retrieval_params {
     kvq_selector selector;   /* default KVQ_SELECT_CODEBOOK */
     kvq_budget budget;       /* default 6% */
@@ -278,6 +303,7 @@ typedef struct kvq_retrieval_params {
     int64_t max_tokens;      /* longest sequence, >= 1 (default 1 << 20) */
     int32_t threads;         /* KV heads in parallel, >= 1 (default 1) */
     kvq_isa isa;             /* kernels (default kvq_isa_best(); lowered as needed) */
+    kvq_retrieval_device device; /* selection kernels (default KVQ_RETRIEVAL_DEVICE_CPU) */
     kvq_callbacks cb;
 } kvq_retrieval_params;
 
@@ -289,7 +315,8 @@ typedef struct kvq_retrieval kvq_retrieval;
  * been opened for the same model: its layers, heads, head dim and RoPE are checked
  * again (KVQ_E_MISMATCH naming the field); it must outlive the context. The codebook
  * and mass selectors need rt (KVQ_E_INVALID_ARG without one).
- * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM.
+ * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM, BACKEND (device memory or
+ * an upload failed with device CUDA).
  * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V, plus
  * 2 G bytes of codes (codebook, mass), d/8 + 8d/fier_group bytes (fier) or
  * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
@@ -307,6 +334,8 @@ kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r);
 void kvq_retrieval_reset(kvq_retrieval *r);
 int64_t kvq_retrieval_length(const kvq_retrieval *r); /* tokens cached in layer 0 */
 const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r);
+/* The device the context's selection runs on: CPU or CUDA (never AUTO). */
+kvq_retrieval_device kvq_retrieval_device_used(const kvq_retrieval *r);
 
 /* Statistics since creation or the last stats_reset, summed over retrieval steps: one
  * step is one (query row, layer, KV head) attended by retrieval with at least one

@@ -288,3 +288,202 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
         return st;
     return cu_check(cudaDeviceSynchronize(), "synchronize", err);
 }
+
+/* ---- selection of one (layer, KV head) step ------------------------------------------------ */
+
+typedef struct cu_head {
+    uint16_t *table; /* [G, dg, K] f16, device */
+    uint16_t *codes; /* [cap, G], device */
+    int64_t cap;     /* rows of codes */
+    int32_t G, dg, K;
+} cu_head;
+
+typedef struct cu_slot {
+    float *qp, *lut, *scores; /* [d], [G K], [n] */
+    uint32_t *keys;           /* [n] */
+    int32_t *idx;             /* [n] */
+    int64_t n;                /* rows of scores / keys / idx */
+    int64_t lut_n, d;         /* floats of lut, of qp */
+} cu_slot;
+
+struct kvq_rt_cuda {
+    int32_t n_layers, n_kv, n_slots;
+    cu_head *head; /* [n_layers, n_kv] */
+    cu_slot *slot; /* [n_slots] */
+};
+
+extern "C" kvq_status kvq_rt_cuda_create(int32_t n_layers, int32_t n_kv, int32_t n_slots,
+                                         kvq_rt_cuda **out, kvq_err *err)
+{
+    *out = NULL;
+    if (n_layers < 1 || n_kv < 1 || n_slots < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad context sizes");
+    kvq_rt_cuda *c = (kvq_rt_cuda *)calloc(1, sizeof *c);
+    if (c) {
+        c->head = (cu_head *)calloc((size_t)n_layers * (size_t)n_kv, sizeof *c->head);
+        c->slot = (cu_slot *)calloc((size_t)n_slots, sizeof *c->slot);
+    }
+    if (!c || !c->head || !c->slot) {
+        kvq_rt_cuda_free(c);
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval cuda: out of memory");
+    }
+    c->n_layers = n_layers;
+    c->n_kv = n_kv;
+    c->n_slots = n_slots;
+    *out = c;
+    return KVQ_OK;
+}
+
+static void slot_release(cu_slot *s)
+{
+    cudaFree(s->qp);
+    cudaFree(s->lut);
+    cudaFree(s->scores);
+    cudaFree(s->keys);
+    cudaFree(s->idx);
+    memset(s, 0, sizeof *s);
+}
+
+extern "C" void kvq_rt_cuda_free(kvq_rt_cuda *c)
+{
+    if (!c)
+        return;
+    for (int64_t i = 0; c->head && i < (int64_t)c->n_layers * c->n_kv; i++) {
+        cudaFree(c->head[i].table);
+        cudaFree(c->head[i].codes);
+    }
+    for (int32_t t = 0; c->slot && t < c->n_slots; t++)
+        slot_release(&c->slot[t]);
+    free(c->head);
+    free(c->slot);
+    free(c);
+}
+
+static cu_head *head_of(kvq_rt_cuda *c, int32_t layer, int32_t head)
+{
+    if (layer < 0 || layer >= c->n_layers || head < 0 || head >= c->n_kv)
+        return NULL;
+    return &c->head[(size_t)layer * c->n_kv + head];
+}
+
+extern "C" kvq_status kvq_rt_cuda_set_table(kvq_rt_cuda *c, int32_t layer, int32_t head,
+                                            const uint16_t *ct, int32_t G, int32_t dg, int32_t K,
+                                            kvq_err *err)
+{
+    cu_head *H = head_of(c, layer, head);
+    if (!H || G < 1 || dg < 1 || K < 1 || K > 65536 || H->table)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad table of layer %d head %d",
+                           (int)layer, (int)head);
+    const size_t bytes = (size_t)G * (size_t)dg * (size_t)K * sizeof(uint16_t);
+    kvq_status st;
+    if ((st = cu_check(cudaMalloc((void **)&H->table, bytes), "table allocation", err)) ||
+        (st = cu_check(cudaMemcpy(H->table, ct, bytes, cudaMemcpyHostToDevice), "table upload",
+                       err)))
+        return st;
+    H->G = G;
+    H->dg = dg;
+    H->K = K;
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_rt_cuda_put_codes(kvq_rt_cuda *c, int32_t layer, int32_t head,
+                                            const uint16_t *codes, int64_t first, int64_t n,
+                                            int64_t cap, kvq_err *err)
+{
+    cu_head *H = head_of(c, layer, head);
+    if (!H || !H->table || first < 0 || n < 0 || first + n > cap)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad code rows of layer %d "
+                           "head %d", (int)layer, (int)head);
+    const size_t row = (size_t)H->G * sizeof(uint16_t);
+    kvq_status st;
+    if (cap > H->cap) {
+        uint16_t *grown = NULL;
+        if ((st = cu_check(cudaMalloc((void **)&grown, (size_t)cap * row), "codes allocation",
+                           err)))
+            return st;
+        if (H->cap &&
+            (st = cu_check(cudaMemcpy(grown, H->codes, (size_t)H->cap * row,
+                                      cudaMemcpyDeviceToDevice),
+                           "codes copy", err))) {
+            cudaFree(grown);
+            return st;
+        }
+        cudaFree(H->codes);
+        H->codes = grown;
+        H->cap = cap;
+    }
+    if (n == 0)
+        return KVQ_OK;
+    return cu_check(cudaMemcpy(H->codes + (size_t)first * H->G, codes + (size_t)first * H->G,
+                               (size_t)n * row, cudaMemcpyHostToDevice),
+                    "codes upload", err);
+}
+
+/* Grows slot scratch to n candidates, a LUT of lut_n floats and a query of d floats. */
+static kvq_status slot_reserve(cu_slot *s, int64_t n, int64_t lut_n, int64_t d, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    if (n > s->n) {
+        cudaFree(s->scores);
+        cudaFree(s->keys);
+        cudaFree(s->idx);
+        s->scores = NULL;
+        s->keys = NULL;
+        s->idx = NULL;
+        s->n = 0;
+        const int64_t want = n > 2 * s->n ? n : 2 * s->n;
+        if ((st = cu_check(cudaMalloc((void **)&s->scores, sizeof(float) * want), "scratch",
+                           err)) ||
+            (st = cu_check(cudaMalloc((void **)&s->keys, sizeof(uint32_t) * want), "scratch",
+                           err)) ||
+            (st = cu_check(cudaMalloc((void **)&s->idx, sizeof(int32_t) * want), "scratch", err)))
+            return st;
+        s->n = want;
+    }
+    if (lut_n > s->lut_n) {
+        cudaFree(s->lut);
+        s->lut = NULL;
+        s->lut_n = 0;
+        if ((st = cu_check(cudaMalloc((void **)&s->lut, sizeof(float) * lut_n), "scratch", err)))
+            return st;
+        s->lut_n = lut_n;
+    }
+    if (d > s->d) {
+        cudaFree(s->qp);
+        s->qp = NULL;
+        s->d = 0;
+        if ((st = cu_check(cudaMalloc((void **)&s->qp, sizeof(float) * d), "scratch", err)))
+            return st;
+        s->d = d;
+    }
+    return st;
+}
+
+extern "C" kvq_status kvq_rt_cuda_select(kvq_rt_cuda *c, int32_t slot, int32_t layer, int32_t head,
+                                         const float *qp, int64_t first, int64_t nc, int64_t k,
+                                         int32_t *sel, kvq_err *err)
+{
+    cu_head *H = head_of(c, layer, head);
+    if (!H || !H->table || slot < 0 || slot >= c->n_slots || first < 0 || nc < 2 || k < 1 ||
+        k >= nc || first + nc > H->cap || first + nc > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval cuda: bad selection of layer %d head %d", (int)layer,
+                           (int)head);
+    cu_slot *S = &c->slot[slot];
+    const int32_t d = H->G * H->dg;
+    kvq_status st;
+    if ((st = slot_reserve(S, nc, (int64_t)H->G * H->K, d, err)) ||
+        (st = cu_check(cudaMemcpy(S->qp, qp, sizeof(float) * d, cudaMemcpyHostToDevice),
+                       "query upload", err)))
+        return st;
+    /* one KV head per launch: h = 0 everywhere, so the row stride ld is unused */
+    k_lut<<<blocks_for((long long)H->G * H->K, 256), 256>>>(H->table, S->qp, 1, d, H->K, H->G,
+                                                            S->lut);
+    k_score<<<blocks_for(nc, 256), 256>>>(S->lut, H->codes, 1, H->K, H->G, nc, first, nc,
+                                          S->scores);
+    k_topk<<<1, TOPK_THREADS>>>(S->scores, nc, nc, k, first, S->keys, S->idx);
+    if ((st = cu_check(cudaGetLastError(), "selection kernels", err)))
+        return st;
+    return cu_check(cudaMemcpy(sel, S->idx, sizeof(int32_t) * k, cudaMemcpyDeviceToHost),
+                    "selection download", err);
+}

@@ -10,8 +10,17 @@
  * Every per-element step is a KVQ_HD function of runtime/kernels.h, shared with the
  * CPU kernels that the tests check. All pointers are device memory.
  *
- * Status: compiled in the CUDA build; no GPU was available to run it, so it is not
- * wired into kvq_retrieval yet and nothing calls it.
+ * Two entry points:
+ *   kvq_rt_cuda_decode   the whole step for every KV head of a layer (LUT, scores, top-k,
+ *                        window rotation, attention). Compiled, not called by
+ *                        kvq_retrieval (its cache lives in host memory).
+ *   kvq_rt_cuda_select   the selection of one (layer, KV head) step: LUT, score gather
+ *                        and top-k on the device over a device mirror of the codes, the
+ *                        selected token indices copied back. This is what kvq_retrieval
+ *                        calls with device CUDA (runtime/device.c).
+ *
+ * Status: compiled and linked in the CUDA build; no GPU was available to run either,
+ * so neither has been executed (docs/runtime.md).
  */
 #ifndef KVQ_RUNTIME_RETRIEVAL_CUDA_H
 #define KVQ_RUNTIME_RETRIEVAL_CUDA_H
@@ -50,6 +59,44 @@ typedef struct kvq_rt_cuda_step {
 /* Runs the step on the current device (default stream) and waits for it.
  * Errors: KVQ_E_INVALID_ARG (d > 256, sizes), KVQ_E_BACKEND (a CUDA error, named). */
 kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err);
+
+/* ---- selection on the device, one (layer, KV head) at a time ---------------------------- */
+
+/* Device state of one decoding context: the f16 LUT table and a mirror of the codes of
+ * every (layer, KV head), and per-slot scratch (one slot per host thread that may call
+ * kvq_rt_cuda_select concurrently). Host memory for the bookkeeping, device memory for
+ * the rest; every call is synchronous on the default stream. */
+typedef struct kvq_rt_cuda kvq_rt_cuda;
+
+/* Errors: KVQ_E_INVALID_ARG (sizes), KVQ_E_NOMEM (host). Allocates no device memory. */
+kvq_status kvq_rt_cuda_create(int32_t n_layers, int32_t n_kv, int32_t n_slots, kvq_rt_cuda **out,
+                              kvq_err *err);
+void kvq_rt_cuda_free(kvq_rt_cuda *c); /* NULL is fine */
+
+/* Uploads the LUT table of (layer, head): ct [G, dg, K] f16 (kvq_rk_table layout).
+ * Errors: KVQ_E_INVALID_ARG, KVQ_E_BACKEND (allocation or copy, named). */
+kvq_status kvq_rt_cuda_set_table(kvq_rt_cuda *c, int32_t layer, int32_t head, const uint16_t *ct,
+                                 int32_t G, int32_t dg, int32_t K, kvq_err *err);
+
+/* Copies the codes of rows [first, first + n) of (layer, head) to the device: codes is
+ * the host array [cap, G] of all rows (the table's G). The mirror grows to cap rows,
+ * keeping the rows already there. Errors: KVQ_E_INVALID_ARG (no table, rows beyond cap),
+ * KVQ_E_BACKEND. */
+kvq_status kvq_rt_cuda_put_codes(kvq_rt_cuda *c, int32_t layer, int32_t head,
+                                 const uint16_t *codes, int64_t first, int64_t n, int64_t cap,
+                                 kvq_err *err);
+
+/* Selection of one step on the device: the LUT of qp [G dg] (the scoring query, q' for
+ * grouped query-aware codebooks) from the table, the scores of candidate rows
+ * [first, first + nc) from their codes (kvq_rk_score_one), and the top k of them
+ * (1 <= k < nc; kvq_rk_topk's rule: ties to the lower index). Writes the k selected
+ * token indices (first + j), ascending, to the host array sel [k]. slot < n_slots: the
+ * calling thread's scratch. Errors: KVQ_E_INVALID_ARG, KVQ_E_BACKEND.
+ * Cost on the device: K d multiply-adds, nc G lookups, three radix passes over nc keys;
+ * 4 k bytes copied back. */
+kvq_status kvq_rt_cuda_select(kvq_rt_cuda *c, int32_t slot, int32_t layer, int32_t head,
+                              const float *qp, int64_t first, int64_t nc, int64_t k, int32_t *sel,
+                              kvq_err *err);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,8 @@ expect_error runtime_bad_cache 2 "^kvq run: --cache: 'bf16' is not f16 or f32$" 
   "$KVQ" run --model x --selector full --cache bf16
 expect_error runtime_bad_window 2 '^kvq run: --window: ' -- "$KVQ" run --model x --window 0
 expect_error runtime_bad_tau 2 '^kvq eval: --tau: ' -- "$KVQ" eval --model x --corpus uuid:1 --tau 2
+expect_error runtime_bad_device 2 "^kvq run: --device: 'gpu' is not cpu, cuda or auto$" -- \
+  "$KVQ" run --model x --selector full --device gpu
 
 if [ ! -f "$MODEL" ]; then
   skip runtime_stories260K "test model $MODEL not found"; cli_done; exit
@@ -73,6 +75,21 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -n "$read_pct" ] &&
   ok runtime_budget_8
 else
   fail runtime_budget_8 "read $read_pct%" "$(head -2 "$CLI_TMP/stdout")" "$(tail -2 "$CLI_TMP/stderr")"
+fi
+# --device cuda where CUDA cannot run (this build, or no device): one warning, then the
+# CPU's text, byte for byte
+cp "$CLI_TMP/stdout" "$T/cpu.txt"
+_cli_run "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --budget 8 --window 16 -n 100 --temp 0 \
+  --device cuda
+n_warn=$(grep -c '^kvq: warning: retrieval: CUDA requested but unavailable: .*; using the CPU$' "$CLI_TMP/stderr")
+if [ "$n_warn" = 0 ] && [ "$(cat "$CLI_TMP/rc")" = 0 ] && ! grep -q warning "$CLI_TMP/stderr"; then
+  skip runtime_device_cuda_fallback "a CUDA device is present: the selection ran on it"
+elif [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$n_warn" = 1 ] &&
+     [ "$(grep -c 'warning' "$CLI_TMP/stderr")" = 1 ] && cmp -s "$CLI_TMP/stdout" "$T/cpu.txt"; then
+  ok runtime_device_cuda_fallback
+else
+  fail runtime_device_cuda_fallback "warnings: $n_warn" "$(grep warning "$CLI_TMP/stderr")" \
+    "$(head -c 200 "$CLI_TMP/stdout")"
 fi
 expect_error runtime_method_mismatch 1 "^kvq: run: selector pq: the artifact's method is qavq$" -- \
   "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --selector pq
@@ -137,5 +154,19 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
   ok runtime_eval_text
 else
   fail runtime_eval_text "$(cat "$CLI_TMP/stdout" "$CLI_TMP/stderr" | head -20)"
+fi
+# eval with --device cuda where CUDA cannot run: one warning for all rows, the same table
+cp "$CLI_TMP/stdout" "$T/eval_cpu.txt"
+_cli_run "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \
+  --seq-len 64 --selectors full,qavq --budgets 4,50% --window 8 -q --device cuda
+n_warn=$(grep -c '^kvq: warning: retrieval: CUDA requested but unavailable' "$CLI_TMP/stderr")
+if [ "$n_warn" = 0 ] && [ "$(cat "$CLI_TMP/rc")" = 0 ] && ! grep -q warning "$CLI_TMP/stderr"; then
+  skip runtime_eval_device_cuda_fallback "a CUDA device is present: the selection ran on it"
+elif [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$n_warn" = 1 ] &&
+     [ "$(grep -c 'warning' "$CLI_TMP/stderr")" = 1 ] && cmp -s "$CLI_TMP/stdout" "$T/eval_cpu.txt"; then
+  ok runtime_eval_device_cuda_fallback
+else
+  fail runtime_eval_device_cuda_fallback "warnings: $n_warn" "$(cat "$CLI_TMP/stderr" | head -5)" \
+    "$(diff "$T/eval_cpu.txt" "$CLI_TMP/stdout" | head -5)"
 fi
 cli_done
