@@ -3,6 +3,9 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 const char *kvq_status_str(kvq_status s)
 {
@@ -68,11 +71,20 @@ int kvq_progress(const kvq_callbacks *cb, const char *what, uint64_t done, uint6
 
 const char *kvq_version(void) { return KVQ_VERSION_STRING; }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* F16C by cpuid: clang's __builtin_cpu_supports does not know "f16c". */
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 int kvq_cpu_has_avx2(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
 #else
     return 0;
 #endif
@@ -82,8 +94,9 @@ int kvq_cpu_has_avx512(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl");
+    return kvq_cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
 #else
     return 0;
 #endif

@@ -16,9 +16,6 @@
 #include "kvq/common.h"
 #include "formats/half_simd.h"
 
-#if KVQ_HAVE_X86_SIMD
-#include <cpuid.h>
-#endif
 
 static uint32_t f32_bits(float x)
 {
@@ -137,16 +134,6 @@ void kvq_bf16_to_f32_scalar(const uint16_t *in, float *out, size_t n)
         out[i] = kvq_bf16_to_f32_ref(in[i]);
 }
 
-#if KVQ_HAVE_X86_SIMD
-static int cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    return (c & bit_F16C) != 0;
-}
-#endif
-
 /* The CPU's features do not change while we run, so the answer is computed once
  * (cpuid can be slow under a hypervisor). Concurrent first calls compute the same
  * value; relaxed atomic loads and stores keep that race defined. */
@@ -157,7 +144,7 @@ int kvq_half_simd_level(void)
     int level = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (level < 0) {
         level = KVQ_SIMD_SCALAR;
-        if (kvq_cpu_has_avx2() && cpu_has_f16c())
+        if (kvq_cpu_has_avx2()) /* includes F16C */
             level = kvq_cpu_has_avx512() ? KVQ_SIMD_AVX512 : KVQ_SIMD_AVX2;
         __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
     }

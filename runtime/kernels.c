@@ -13,10 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
-#endif
-
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
@@ -28,16 +24,6 @@
  * Instruction sets
  * ========================================================================== */
 
-#if KVQ_RK_HAVE_X86
-static int cpu_has_f16c(void)
-{
-    unsigned a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    return (c & bit_F16C) != 0;
-}
-#endif
-
 /* Computed once: CPU features do not change while we run. Concurrent first calls
  * compute the same value; relaxed atomics keep that race defined. */
 kvq_isa kvq_isa_best(void)
@@ -47,11 +33,8 @@ kvq_isa kvq_isa_best(void)
     int level = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (level < 0) {
         level = KVQ_ISA_SCALAR;
-        if (kvq_cpu_has_avx2() && cpu_has_f16c()) {
-            __builtin_cpu_init();
-            level = kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512dq") ? KVQ_ISA_AVX512
-                                                                               : KVQ_ISA_AVX2;
-        }
+        if (kvq_cpu_has_avx2()) /* includes FMA and F16C */
+            level = kvq_cpu_has_avx512() ? KVQ_ISA_AVX512 : KVQ_ISA_AVX2;
         __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
     }
     return (kvq_isa)level;

@@ -118,8 +118,8 @@ const char *kvq_version(void);
 int kvq_cuda_available(const char **why);
 
 /* Run-time CPU features, for choosing SIMD paths. */
-int kvq_cpu_has_avx2(void);     /* AVX2 and FMA */
-int kvq_cpu_has_avx512(void);   /* AVX-512 F, BW and VL */
+int kvq_cpu_has_avx2(void);     /* AVX2, FMA and F16C */
+int kvq_cpu_has_avx512(void);   /* all of the above and AVX-512 F, BW, VL and DQ */
 
 #ifdef __cplusplus
 }
