@@ -829,6 +829,29 @@ int kvq_gguf_get_f64(const kvq_gguf *g, const char *key, double *out)
     return 0;
 }
 
+int kvq_gguf_value_equal(const kvq_gguf_value *a, const kvq_gguf_value *b)
+{
+    if (a->type != b->type)
+        return 0;
+    switch (a->type) {
+    case KVQ_GGUF_STRING:
+        return a->v.str.len == b->v.str.len && !memcmp(a->v.str.s, b->v.str.s, a->v.str.len);
+    case KVQ_GGUF_ARRAY:
+        if (a->v.arr.type != b->v.arr.type || a->v.arr.n != b->v.arr.n)
+            return 0;
+        for (uint64_t i = 0; i < a->v.arr.n; i++)
+            if (!kvq_gguf_value_equal(&a->v.arr.items[i], &b->v.arr.items[i]))
+                return 0;
+        return 1;
+    case KVQ_GGUF_FLOAT32: case KVQ_GGUF_FLOAT64:
+        return !memcmp(&a->v.f, &b->v.f, sizeof a->v.f);
+    case KVQ_GGUF_INT8: case KVQ_GGUF_INT16: case KVQ_GGUF_INT32: case KVQ_GGUF_INT64:
+        return a->v.i == b->v.i;
+    default:
+        return a->v.u == b->v.u;
+    }
+}
+
 const char *kvq_gguf_get_str(const kvq_gguf *g, const char *key)
 {
     const kvq_gguf_value *v = kvq_gguf_get(g, key);

@@ -824,29 +824,6 @@ static void test_q8_0(void **state)
  * writer round trips
  * ========================================================================== */
 
-static int value_equal(const kvq_gguf_value *a, const kvq_gguf_value *b)
-{
-    if (a->type != b->type)
-        return 0;
-    switch (a->type) {
-    case KVQ_GGUF_STRING:
-        return a->v.str.len == b->v.str.len && !memcmp(a->v.str.s, b->v.str.s, a->v.str.len);
-    case KVQ_GGUF_ARRAY:
-        if (a->v.arr.type != b->v.arr.type || a->v.arr.n != b->v.arr.n)
-            return 0;
-        for (uint64_t i = 0; i < a->v.arr.n; i++)
-            if (!value_equal(&a->v.arr.items[i], &b->v.arr.items[i]))
-                return 0;
-        return 1;
-    case KVQ_GGUF_FLOAT32: case KVQ_GGUF_FLOAT64:
-        return !memcmp(&a->v.f, &b->v.f, sizeof a->v.f);
-    case KVQ_GGUF_INT8: case KVQ_GGUF_INT16: case KVQ_GGUF_INT32: case KVQ_GGUF_INT64:
-        return a->v.i == b->v.i;
-    default:
-        return a->v.u == b->v.u;
-    }
-}
-
 /* Copies everything a reader holds into a new writer. */
 static kvq_gguf_writer *writer_from(const kvq_gguf *g)
 {
@@ -992,14 +969,14 @@ static void test_writer_round_trip(void **state)
         snprintf(key, sizeof key, "s.%s", kvq_gguf_type_name(scalars[i].type));
         const kvq_gguf_value *v = kvq_gguf_get(g, key);
         assert_non_null(v);
-        assert_true(value_equal(v, &scalars[i]));
+        assert_true(kvq_gguf_value_equal(v, &scalars[i]));
     }
-    assert_true(value_equal(kvq_gguf_get(g, "s.snan"), &nanv));
-    assert_true(value_equal(kvq_gguf_get(g, "s.str"), &str));
-    assert_true(value_equal(kvq_gguf_get(g, "a.nested"), &nested));
-    assert_true(value_equal(kvq_gguf_get(g, "a.deep"), &lvl0));
-    assert_true(value_equal(kvq_gguf_get(g, "a.empty"), &empty));
-    assert_false(value_equal(kvq_gguf_get(g, "a.nested"), &lvl0));
+    assert_true(kvq_gguf_value_equal(kvq_gguf_get(g, "s.snan"), &nanv));
+    assert_true(kvq_gguf_value_equal(kvq_gguf_get(g, "s.str"), &str));
+    assert_true(kvq_gguf_value_equal(kvq_gguf_get(g, "a.nested"), &nested));
+    assert_true(kvq_gguf_value_equal(kvq_gguf_get(g, "a.deep"), &lvl0));
+    assert_true(kvq_gguf_value_equal(kvq_gguf_get(g, "a.empty"), &empty));
+    assert_false(kvq_gguf_value_equal(kvq_gguf_get(g, "a.nested"), &lvl0));
 
     float out[R * C], want[R * C];
     const kvq_gguf_tensor *t = kvq_gguf_find_tensor(g, "f32");

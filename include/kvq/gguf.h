@@ -135,6 +135,9 @@ const kvq_gguf_value *kvq_gguf_get(const kvq_gguf *g, const char *key); /* NULL 
 int kvq_gguf_get_u64(const kvq_gguf *g, const char *key, uint64_t *out);
 int kvq_gguf_get_f64(const kvq_gguf *g, const char *key, double *out);
 const char *kvq_gguf_get_str(const kvq_gguf *g, const char *key); /* NULL if absent */
+/* 1 if a and b have the same type and value (arrays element by element, floats bit
+ * for bit, so NaN payloads count), else 0. */
+int kvq_gguf_value_equal(const kvq_gguf_value *a, const kvq_gguf_value *b);
 
 size_t kvq_gguf_tensor_count(const kvq_gguf *g);
 const kvq_gguf_tensor *kvq_gguf_tensor_at(const kvq_gguf *g, size_t i); /* file order */

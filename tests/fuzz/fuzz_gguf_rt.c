@@ -106,29 +106,6 @@ static void make_value(recipe *r, kvq_gguf_type type, int depth, kvq_gguf_value 
     }
 }
 
-static int value_equal(const kvq_gguf_value *a, const kvq_gguf_value *b)
-{
-    if (a->type != b->type)
-        return 0;
-    switch (a->type) {
-    case KVQ_GGUF_STRING:
-        return a->v.str.len == b->v.str.len && !memcmp(a->v.str.s, b->v.str.s, a->v.str.len);
-    case KVQ_GGUF_ARRAY:
-        if (a->v.arr.type != b->v.arr.type || a->v.arr.n != b->v.arr.n)
-            return 0;
-        for (uint64_t i = 0; i < a->v.arr.n; i++)
-            if (!value_equal(&a->v.arr.items[i], &b->v.arr.items[i]))
-                return 0;
-        return 1;
-    case KVQ_GGUF_FLOAT32: case KVQ_GGUF_FLOAT64:
-        return !memcmp(&a->v.f, &b->v.f, sizeof a->v.f);
-    case KVQ_GGUF_INT8: case KVQ_GGUF_INT16: case KVQ_GGUF_INT32: case KVQ_GGUF_INT64:
-        return a->v.i == b->v.i;
-    default:
-        return a->v.u == b->v.u;
-    }
-}
-
 enum { MAX_KV = 8, MAX_T = 4 };
 static const uint32_t tensor_types[] = {KVQ_GGML_F32, KVQ_GGML_F16, KVQ_GGML_BF16,
                                         KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_I8};
@@ -212,7 +189,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < n_kv; i++) {
         const kvq_gguf_kv *kv = kvq_gguf_kv_at(g, i);
         CHECK(strcmp(kv->key, keys[i]) == 0);
-        CHECK(value_equal(&kv->value, &vals[i]));
+        CHECK(kvq_gguf_value_equal(&kv->value, &vals[i]));
     }
     CHECK(kvq_gguf_tensor_count(g) == n_t);
     for (size_t i = 0; i < n_t; i++) {
