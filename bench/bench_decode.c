@@ -4,7 +4,7 @@
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
- *                [--attn fused|twopass] [--clock cpu|wall]
+ *                [--attn fused|twopass] [--select auto|codes|scores] [--clock cpu|wall]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -15,14 +15,23 @@
  *            (kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix on all rows, f16).
  * retrieval  the runtime's decode step (runtime/retrieval.c) with the same kernels:
  *            the group's scoring query (sum of q R_b), its LUT from the f16 table,
- *            the score gather over the candidates' codes, top-K (K = budget x n),
- *            then exact attention over 4 sinks + the K selected + the 64-token window
- *            (window keys rotated by their positions, the others scored with q R_b).
+ *            the top-K (K = budget x n) of the candidates from their codes
+ *            (kvq_rk_code_counts from the per-code counts the cache keeps, then
+ *            kvq_rk_topk_codes: one pass over the codes), then exact attention over
+ *            4 sinks + the K selected + the 64-token window (window keys rotated by
+ *            their positions, the others scored with q R_b).
+ * --select scores selects as multi-group codebooks must instead: score gather
+ * (kvq_rk_score) then kvq_rk_topk over the scores; the same tokens either way. The
+ * default (auto) chooses as the runtime does (kvq_rk_codes_select_pays: codes once
+ * the candidates outnumber the codebook's entries four to one).
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
- * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the attended K and V
- * rows (2 d 2 bytes each), per KV head. Scratch (scores, indices, logits) stays in
- * cache and is not counted.
+ * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
+ * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
+ * head. Scratch (scores, indices, logits) stays in cache and is not counted.
+ * --threads T runs the KV heads on T threads (both steps) and measures the reference
+ * bandwidths with T threads too; the clock is then the wall clock (process CPU time
+ * would add the threads up).
  *
  * The K and V arrays are allocated as the runtime's cache is (2 MiB aligned, advised for
  * transparent huge pages). Every timed step starts cold: a 256 MiB buffer is streamed through the caches
@@ -75,14 +84,16 @@ typedef struct args {
     double budget;
     int64_t codebook, reps, threads, seed;
     kvq_isa isa;
-    int fused; /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
+    int fused;  /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
+    int scores; /* selection through scores (1), from the codes (0), or as the runtime
+                   chooses (-1: kvq_rk_codes_select_pays) */
 } args;
 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
-                    "[--attn fused|twopass] [--clock cpu|wall]\n");
+                    "[--attn fused|twopass] [--select auto|codes|scores] [--clock cpu|wall]\n");
     return 2;
 }
 
@@ -101,6 +112,8 @@ static int parse(int argc, char **argv, args *a)
     a->seed = 1;
     a->isa = kvq_isa_best();
     a->fused = 0;
+    a->scores = -1;
+    int clock_set = 0;
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v)
@@ -138,11 +151,21 @@ static int parse(int argc, char **argv, args *a)
                 g_cpu_clock = 0;
             else
                 return usage();
+            clock_set = 1;
         } else if (!strcmp(o, "--attn")) {
             if (!strcmp(v, "fused"))
                 a->fused = 1;
             else if (!strcmp(v, "twopass"))
                 a->fused = 0;
+            else
+                return usage();
+        } else if (!strcmp(o, "--select")) {
+            if (!strcmp(v, "codes"))
+                a->scores = 0;
+            else if (!strcmp(v, "scores"))
+                a->scores = 1;
+            else if (!strcmp(v, "auto"))
+                a->scores = -1;
             else
                 return usage();
         } else if (!strcmp(o, "--isa")) {
@@ -159,6 +182,11 @@ static int parse(int argc, char **argv, args *a)
             return usage();
         }
     }
+    if (a->threads > 1 && !clock_set)
+        g_cpu_clock = 0;
+    if (a->threads > 1 && g_cpu_clock)
+        fprintf(stderr, "bench_decode: warning: process CPU time adds up the %lld threads\n",
+                (long long)a->threads);
     return 0;
 }
 
@@ -210,8 +238,9 @@ static double median(double *v, int64_t n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* memcpy bandwidth (read + write bytes per second), best of reps. */
-static double memcpy_bandwidth(int64_t reps)
+/* memcpy bandwidth (read + write bytes per second), best of reps; T threads copy
+ * one slice each. */
+static double memcpy_bandwidth(int64_t reps, int T)
 {
     const size_t n = FLUSH_BYTES;
     char *a = malloc(n), *b = malloc(n);
@@ -222,7 +251,9 @@ static double memcpy_bandwidth(int64_t reps)
     memset(b, 2, n);
     for (int64_t r = 0; r < reps + 1; r++) {
         const double t0 = clk();
-        memcpy(b, a, n);
+#pragma omp parallel for num_threads(T) schedule(static)
+        for (int i = 0; i < T; i++)
+            memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
         const double t = clk() - t0;
         g_sink += (uint64_t)b[r % n];
         if (r > 0 && 2.0 * n / t > best)
@@ -234,9 +265,9 @@ done:
     return best;
 }
 
-/* Streaming read bandwidth: a sum over 256 MiB (vectorized by the compiler), best of
- * reps, each from a cold cache. */
-static double read_bandwidth(int64_t reps, uint64_t *flush)
+/* Streaming read bandwidth: a sum over 256 MiB (vectorized by the compiler; T threads
+ * sum one slice each), best of reps, each from a cold cache. */
+static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 {
     const size_t n = FLUSH_BYTES / sizeof(uint64_t);
     uint64_t *a = malloc(FLUSH_BYTES);
@@ -249,6 +280,7 @@ static double read_bandwidth(int64_t reps, uint64_t *flush)
         flush_caches(flush);
         const double t0 = clk();
         uint64_t s = 0;
+#pragma omp parallel for num_threads(T) schedule(static) reduction(+ : s)
         for (size_t i = 0; i < n; i++)
             s += a[i];
         const double t = clk() - t0;
@@ -265,7 +297,7 @@ static double read_bandwidth(int64_t reps, uint64_t *flush)
 typedef struct scratch {
     double phase[4]; /* seconds in LUT, score gather, top-k, attention */
     float *scores, *logits, *krot;
-    uint32_t *work;
+    uint32_t *work, *cwork;
     int32_t *att;
     float lut[65536];
     float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
@@ -276,6 +308,9 @@ typedef struct layer {
     int64_t n;
     uint16_t *k[N_KV], *v[N_KV]; /* [n, D] f16 */
     uint16_t *codes[N_KV];       /* [n] */
+    uint32_t *hist[N_KV];        /* [K] per-code counts of codes[0..n), as the cache keeps */
+    int32_t *att[N_KV];          /* [n] the last retrieval step's attended rows, per head */
+    int64_t n_att[N_KV];
     kvq_rk_table *tab[N_KV];
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
@@ -309,8 +344,8 @@ static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S,
 }
 
 /* Returns the attended token count. */
-static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int64_t k_sel,
-                              scratch *S, float *out)
+static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
+                              int64_t k_sel, scratch *S, float *out)
 {
     const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
@@ -327,13 +362,19 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
     t1 = clk();
     S->phase[0] += t1 - t0;
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
-    kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + SINK, nc, S->scores);
+    if (by_scores)
+        kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + SINK, nc, S->scores);
+    else
+        kvq_rk_code_counts(L->hist[h], cd->k, L->codes[h], n, SINK, w_beg, S->cwork);
     t0 = clk();
     S->phase[1] += t0 - t1;
     int64_t m = 0;
     for (int64_t j = 0; j < SINK; j++)
         S->att[m++] = (int32_t)j;
-    const int64_t ns = kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work);
+    const int64_t ns =
+        by_scores ? kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work)
+                  : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k_sel,
+                                      S->att + m, S->cwork + cd->k);
     t1 = clk();
     S->phase[2] += t1 - t0;
     for (int64_t a = 0; a < ns; a++)
@@ -365,7 +406,26 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
         kvq_rk_mix(isa, S->logits, GS, m, L->v[h], KVQ_DT_F16, D, S->att, m, D, out);
     }
     S->phase[3] += clk() - t1;
+    memcpy(L->att[h], S->att, sizeof(int32_t) * (size_t)m);
+    ((layer *)L)->n_att[h] = m;
     return m;
+}
+
+/* The attended K and V rows of head h read with plain loads and nothing else (K rows,
+ * then V rows, as the step reads them): what the memory system gives this access
+ * pattern, the "rows" reference. */
+static uint64_t gather_rows(const layer *L, int h)
+{
+    uint64_t s = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        const uint16_t *base = pass ? L->v[h] : L->k[h];
+        for (int64_t a = 0; a < L->n_att[h]; a++) {
+            const uint64_t *r = (const uint64_t *)(base + (size_t)L->att[h][a] * D);
+            for (int t = 0; t < D * 2 / 8; t++)
+                s += r[t];
+        }
+    }
+    return s;
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -406,17 +466,20 @@ int main(int argc, char **argv)
         }
     }
     free(W);
-    const double bw = memcpy_bandwidth(a.reps), rbw = read_bandwidth(a.reps, flush);
+    const double bw = memcpy_bandwidth(a.reps, (int)a.threads),
+                 rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
-           "%.4g, isa %s, threads %lld, attention %s, clock %s\n",
+           "%.4g, isa %s, threads %lld, attention %s, selection from %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
+           a.scores < 0 ? "codes or scores (auto)" : a.scores ? "scores" : "codes",
            g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
-    printf("%8s | %9s %7s %7s %6s %6s | %8s %6s %6s %8s %7s | %7s\n", "context", "full ms", "MiB",
-           "GB/s", "%cpy", "%read", "retr ms", "K", "MiB", "floor ms", "x floor", "speedup");
+    printf("%8s | %9s %7s %7s %6s %6s | %8s %6s %6s | %8s %7s | %7s %8s %7s | %7s\n", "context",
+           "full ms", "MiB", "GB/s", "%cpy", "%read", "retr ms", "K", "MiB", "floor ms",
+           "x floor", "rows GB/s", "rfloor ms", "x rfloor", "speedup");
 
     double theta[D / 2];
     kvq_rope r = kvq_rope_default(D);
@@ -439,8 +502,14 @@ int main(int argc, char **argv)
                     tmp[i] = unit(&rng);
                 kvq_f32_to_f16(tmp, pass ? L.v[h] : L.k[h], (size_t)n * D);
             }
-            for (int64_t j = 0; j < n; j++)
+            L.hist[h] = calloc((size_t)a.codebook, sizeof *L.hist[h]);
+            L.att[h] = malloc(sizeof(int32_t) * (size_t)n);
+            if (!L.hist[h] || !L.att[h])
+                return 1;
+            for (int64_t j = 0; j < n; j++) {
                 L.codes[h][j] = (uint16_t)kvq_rng_below(&rng, (uint64_t)a.codebook);
+                L.hist[h][L.codes[h][j]]++;
+            }
         }
         free(tmp);
         for (int i = 0; i < N_HEADS * D; i++)
@@ -463,11 +532,15 @@ int main(int argc, char **argv)
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
+            S->cwork = realloc(S->cwork, sizeof(uint32_t) * 4 * (size_t)a.codebook);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
+        const int by_scores =
+            a.scores >= 0 ? a.scores : !kvq_rk_codes_select_pays(n - SINK - WINDOW, (int32_t)a.codebook);
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
-        double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps);
+        double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps),
+               *tg = malloc(sizeof(double) * a.reps);
         int64_t attended = 0;
         for (int t = 0; t < a.threads; t++)
             memset(scr[t].phase, 0, sizeof scr[t].phase);
@@ -494,39 +567,57 @@ int main(int argc, char **argv)
 #else
                 scratch *S = &scr[0];
 #endif
-                att +=
-                    retrieval_step(&L, h, a.isa, a.fused, k_sel, S, out_ret + (size_t)h * GS * D);
+                att += retrieval_step(&L, h, a.isa, a.fused, by_scores, k_sel, S,
+                                      out_ret + (size_t)h * GS * D);
             }
             tr[rep] = clk() - t0;
             attended = att;
+            flush_caches(flush);
+            t0 = clk();
+            uint64_t gs = 0;
+#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : gs)
+            for (int h = 0; h < N_KV; h++)
+                gs += gather_rows(&L, h);
+            tg[rep] = clk() - t0;
+            g_sink += gs;
         }
-        const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps);
+        const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
+                     t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
+        const double b_rows = (double)attended * D * 2 * 2;
         const double b_ret = (double)N_KV * (double)kvq_rk_table_bytes(L.tab[0]) +
-                             (double)N_KV * (n - SINK - WINDOW) * 2 + (double)attended * D * 2 * 2;
-        printf(
-            "%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f %8.3f %7.2f | %6.1fx\n",
-            (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
-            100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
-            (long long)k_sel, b_ret / 1048576.0, 1e3 * b_ret / rbw, t_ret / (b_ret / rbw),
-            t_full / t_ret);
+                             (double)N_KV * (n - SINK - WINDOW) * 2 +
+                             (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows;
+        /* floors: every byte at the streaming read rate; and the attended rows at the rate
+         * plain loads of exactly those rows achieved (t_rows), the rest streaming */
+        const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;
+        printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f | %8.3f %7.2f | "
+               "%7.2f %8.3f %7.2f | %6.1fx\n",
+               (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
+               100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
+               (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
+               b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
         double ph[4] = {0};
         for (int t = 0; t < a.threads; t++)
             for (int i = 0; i < 4; i++)
                 ph[i] += scr[t].phase[i] / (double)a.reps;
-        printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, score %.3f ms, "
+        printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
                "top-k %.3f ms, attention %.3f ms\n",
-               "", 1e3 * ph[0], 1e3 * ph[1], 1e3 * ph[2], 1e3 * ph[3]);
+               "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
+               1e3 * ph[3]);
         fflush(stdout);
         for (int h = 0; h < N_KV; h++) {
             free(L.k[h]);
             free(L.v[h]);
             free(L.codes[h]);
+            free(L.hist[h]);
+            free(L.att[h]);
         }
         free(out_full);
         free(out_ret);
         free(tf);
         free(tr);
+        free(tg);
     }
     rc = 0;
     for (int h = 0; h < N_KV; h++) {
@@ -539,10 +630,13 @@ int main(int argc, char **argv)
         free(scr[t].krot);
         free(scr[t].work);
         free(scr[t].att);
+        free(scr[t].cwork);
     }
     free(scr);
     free(flush);
-    printf("\nbytes: full = K + V of every token; retrieval = LUT tables + codes + attended "
-           "K, V rows. floor = bytes / streaming read bandwidth.\n");
+    printf("\nbytes: full = K + V of every token; retrieval = LUT tables + codes + code counts + "
+           "attended K, V rows. floor = bytes / streaming read bandwidth; rows GB/s = plain "
+           "loads of the attended rows alone (cold, same threads); rfloor = those loads' time + "
+           "the other bytes at the streaming rate.\n");
     return rc;
 }

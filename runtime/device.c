@@ -80,8 +80,17 @@ static kvq_status cpu_select(const rt_step *st, const float *qs, int64_t k, int3
     const uint16_t *codes = st->H->codes + (size_t)st->s_end * D->groups; /* [nc, G] */
     (void)err;
     kvq_rk_lut(r->p.isa, tab, qs, S->lut);
-    kvq_rk_score(r->p.isa, S->lut, D->groups, D->k, codes, st->nc, S->scores);
-    const int64_t n = kvq_rk_topk(r->p.isa, S->scores, st->nc, k, sel, S->work);
+    int64_t n;
+    if (D->groups == 1 && st->H->hist && kvq_rk_codes_select_pays(st->nc, D->k)) {
+        /* one pass over the codes, no scores (same selection as below) */
+        kvq_rk_code_counts(st->H->hist, D->k, st->H->codes, st->L->len, st->s_end, st->w_beg,
+                           S->cwork);
+        n = kvq_rk_topk_codes(r->p.isa, S->lut, D->k, S->cwork, codes, st->nc, k, sel,
+                              S->cwork + D->k);
+    } else {
+        kvq_rk_score(r->p.isa, S->lut, D->groups, D->k, codes, st->nc, S->scores);
+        n = kvq_rk_topk(r->p.isa, S->scores, st->nc, k, sel, S->work);
+    }
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)st->s_end;
     return KVQ_OK;

@@ -27,8 +27,10 @@ typedef struct rt_layer rt_layer;
  *   codes    rows [first, first + n) of (layer, head)'s codes were written (the cache
  *            holds L->cap rows)
  *   select   the codebook selector under KVQ_GROUP_SUM: LUT of the scoring query qs
- *            [d], score gather over the candidates' codes, top k (1 <= k < st->nc);
- *            the k selected token indices, ascending, into sel
+ *            [d], then the top k (1 <= k < st->nc) of the candidates' scores (the CPU
+ *            selects from the codes and their counts when G = 1, kvq_rk_topk_codes;
+ *            otherwise score gather + top-k); the k selected token indices, ascending,
+ *            into sel
  * NULL entries do nothing. Errors as kvq_status (BACKEND for a device failure). */
 typedef struct rt_backend {
     const char *name;
@@ -49,6 +51,7 @@ kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
 typedef struct rt_head {
     void *k, *v;      /* [cap, d] pre-RoPE keys and values, cache dtype */
     uint16_t *codes;  /* [cap, G] codebook and mass selectors */
+    uint32_t *hist;   /* [K] single-group codebooks: how many of rows [0, len) have each code */
     uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
     float *flo, *fhi; /* [cap / fier_group + 1, d] fier: per-channel min / max */
     float *plo, *phi; /* [cap / quest_page + 1, d] quest: per-channel min / max */
@@ -86,6 +89,7 @@ typedef struct rt_scratch {
     float *pfull;        /* [gs, T] exact probabilities (measure) */
     float *krot;         /* [krot_rows, d] rotated keys */
     float *lut;          /* [G K] */
+    uint32_t *cwork;     /* [4 G K] code counts and kvq_rk_topk_codes scratch */
     float *qb, *qi, *qx; /* [gs, d] q R_b, q R_i, selector queries */
     float *o, *ofull;    /* [gs, d] */
     float *pre;          /* [n, T] prefill scores (pre_bytes) */

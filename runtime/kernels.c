@@ -451,6 +451,113 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
 }
 
 /* ==========================================================================
+ * Top-k from codes (single-group codebooks)
+ * ========================================================================== */
+
+void kvq_rk_code_counts(const uint32_t *hist, int32_t K, const uint16_t *codes, int64_t len,
+                        int64_t a, int64_t b, uint32_t *counts)
+{
+    assert(0 <= a && a <= b && b <= len);
+    if (hist && a + (len - b) <= (b - a) / 4) {
+        memcpy(counts, hist, sizeof *counts * (size_t)K);
+        for (int64_t j = 0; j < a; j++)
+            counts[codes[j]]--;
+        for (int64_t j = b; j < len; j++)
+            counts[codes[j]]--;
+        return;
+    }
+    memset(counts, 0, sizeof *counts * (size_t)K);
+    for (int64_t j = a; j < b; j++)
+        counts[codes[j]]++;
+}
+
+/* The key T of the k-th largest of a multiset in which keys[i] occurs w[i] times
+ * (1 <= k <= sum of w), digit by digit as kth_key does: per digit a histogram of the
+ * weights, the bins above the k-th taken whole, the entries of its bin compacted in
+ * place for the next digit. *ties: how many of the occurrences of T are in the top k.
+ * keys and w are overwritten. */
+static uint32_t kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t k, int64_t *ties)
+{
+    uint64_t hist[KVQ_RK_HIST]; /* weights summed in 64 bits: no count can overflow */
+    int64_t remaining = k;
+    uint32_t T = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        const int shift = kvq_rk_digit_shift(pass);
+        const uint32_t mask = kvq_rk_digit_mask(pass);
+        memset(hist, 0, sizeof *hist * ((size_t)mask + 1));
+        uint32_t top = 0; /* the largest digit present: the bins above it are empty */
+        for (int64_t i = 0; i < m; i++) {
+            const uint32_t dg = (keys[i] >> shift) & mask;
+            hist[dg] += w[i];
+            top = dg > top ? dg : top;
+        }
+        uint32_t b = top;
+        while (b > 0 && hist[b] < (uint64_t)remaining) {
+            remaining -= (int64_t)hist[b];
+            b--;
+        }
+        assert(hist[b] >= (uint64_t)remaining); /* else the counts do not add up to k */
+        T |= b << shift;
+        int64_t mm = 0;
+        for (int64_t i = 0; i < m; i++) { /* in place (mm <= i), without a branch */
+            const uint32_t key = keys[i], wi = w[i];
+            keys[mm] = key;
+            w[mm] = wi;
+            mm += ((key >> shift) & mask) == b;
+        }
+        m = mm;
+    }
+    *ties = remaining;
+    return T;
+}
+
+static int64_t emit_codes_scalar(const uint32_t *ktab, const uint16_t *codes, int64_t n,
+                                 uint32_t T, int64_t ties, int32_t *idx)
+{
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const uint32_t key = ktab[codes[j]];
+        if (key > T || (key == T && ties-- > 0))
+            idx[m++] = (int32_t)j;
+    }
+    return m;
+}
+
+static int64_t emit_codes(kvq_isa isa, const uint32_t *ktab, int32_t K, const uint16_t *codes,
+                          int64_t n, uint32_t T, int64_t ties, int64_t room, int32_t *idx)
+{
+    DISPATCH_RET(isa, kvq_rk_emit_codes, (ktab, K, codes, n, T, ties, room, idx),
+                 emit_codes_scalar(ktab, codes, n, T, ties, idx));
+}
+
+/* The threshold from the K LUT entries weighted by their counts, then one pass over the
+ * codes with the keys looked up per code: the same threshold, tie count and emission
+ * rule as kvq_rk_topk over the scores lut[codes[j]], hence the same selection. */
+int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32_t *counts,
+                          const uint16_t *codes, int64_t n, int64_t k, int32_t *idx,
+                          uint32_t *work)
+{
+    if (n <= 0 || k <= 0)
+        return 0;
+    if (k >= n) {
+        for (int64_t j = 0; j < n; j++)
+            idx[j] = (int32_t)j;
+        return n;
+    }
+    uint32_t *ktab = work, *keys = work + K, *w = work + 2 * (size_t)K;
+    int64_t m = 0;
+    for (int32_t c = 0; c < K; c++) { /* the codes that occur, compacted without a branch */
+        ktab[c] = kvq_rk_key(lut[c]);
+        keys[m] = ktab[c];
+        w[m] = counts[c];
+        m += counts[c] != 0;
+    }
+    int64_t ties;
+    const uint32_t T = kth_key_weighted(keys, w, m, k, &ties);
+    return emit_codes(isa, ktab, K, codes, n, T, ties, k, idx); /* emits exactly k */
+}
+
+/* ==========================================================================
  * Sparse attention
  * ========================================================================== */
 

@@ -225,6 +225,114 @@ TARGET int64_t kvq_rk_emit_scores_avx512(const float *scores, int64_t n, uint32_
     return m;
 }
 
+/* Emission from codes through a gather of each token's key: any K. */
+static TARGET int64_t emit_codes_gather(const uint32_t *ktab, const uint16_t *codes, int64_t n,
+                                        uint32_t T, int64_t ties, int32_t *idx)
+{
+    const __m512i tv = _mm512_set1_epi32((int)T);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i c = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, codes + j));
+        const __m512i k =
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, c, (const int *)ktab, 4);
+        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
+        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
+        if (eq && ties > 0) {
+            const int cnt = __builtin_popcount(eq);
+            if (cnt > ties)
+                eq = lowest_bits(eq, ties);
+            ties -= cnt > ties ? ties : cnt;
+            sel |= eq;
+        }
+        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
+    }
+    return m;
+}
+
+/* Codes per register-held bitmap: 8 registers of 16 words hold one bit per code for
+ * K <= 4096. */
+#define EMIT_BITMAP_MAX_K 4096
+
+/* Emission from codes for K <= 4096 with at most one code whose key equals T: a bitmap
+ * of the codes whose key exceeds T lives in 8 registers (128 words), and each token's
+ * bit is found with two-table permutes (word = code >> 5, its bits 0-4 within a pair of
+ * registers, bits 5-6 choosing the pair) and a variable shift; the tokens of the
+ * boundary code bc (-1: none) are matched by comparing the codes. No memory access per
+ * token besides its code: gathers run several times slower on the cores measured. */
+static TARGET int64_t emit_codes_bitmap(const uint32_t *words, const uint16_t *codes, int64_t n,
+                                        int32_t bc, int64_t ties, int64_t room, int32_t *idx)
+{
+    __m512i B[8];
+    for (int i = 0; i < 8; i++)
+        B[i] = _mm512_loadu_si512(words + 16 * i);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i b5 = _mm512_set1_epi32(32), b6 = _mm512_set1_epi32(64);
+    const __m512i low5 = _mm512_set1_epi32(31), one = _mm512_set1_epi32(1);
+    const __m512i bcv = _mm512_set1_epi32(bc);
+    int64_t m = 0;
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 valid = tail16(n - j);
+        const __m512i c = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, codes + j));
+        const __m512i w = _mm512_srli_epi32(c, 5);
+        const __m512i p0 = _mm512_permutex2var_epi32(B[0], w, B[1]);
+        const __m512i p1 = _mm512_permutex2var_epi32(B[2], w, B[3]);
+        const __m512i p2 = _mm512_permutex2var_epi32(B[4], w, B[5]);
+        const __m512i p3 = _mm512_permutex2var_epi32(B[6], w, B[7]);
+        const __mmask16 m5 = _mm512_test_epi32_mask(w, b5), m6 = _mm512_test_epi32_mask(w, b6);
+        const __m512i word = _mm512_mask_blend_epi32(m6, _mm512_mask_blend_epi32(m5, p0, p1),
+                                                     _mm512_mask_blend_epi32(m5, p2, p3));
+        const __m512i bit = _mm512_srlv_epi32(word, _mm512_and_si512(c, low5));
+        uint32_t sel = _mm512_mask_test_epi32_mask(valid, bit, one);
+        if (ties > 0) {
+            uint32_t eq = _mm512_mask_cmpeq_epi32_mask(valid, c, bcv);
+            if (eq) {
+                const int cnt = __builtin_popcount(eq);
+                if (cnt > ties)
+                    eq = lowest_bits(eq, ties);
+                ties -= cnt > ties ? ties : cnt;
+                sel |= eq;
+            }
+        }
+        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
+        if (m + 16 <= room) /* a plain store: masked ones cost more, and idx has room */
+            _mm512_storeu_si512(idx + m, _mm512_maskz_compress_epi32((__mmask16)sel, ix));
+        else
+            compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
+        m += __builtin_popcount(sel);
+    }
+    return m;
+}
+
+TARGET int64_t kvq_rk_emit_codes_avx512(const uint32_t *ktab, int32_t K, const uint16_t *codes,
+                                        int64_t n, uint32_t T, int64_t ties, int64_t room,
+                                        int32_t *idx)
+{
+    if (K <= EMIT_BITMAP_MAX_K) {
+        /* the bitmap of the keys above T, and the codes whose key equals T */
+        uint32_t words[EMIT_BITMAP_MAX_K / 32];
+        memset(words, 0, sizeof words);
+        const __m512i tv = _mm512_set1_epi32((int)T);
+        int32_t bc = -1, n_eq = 0;
+        for (int32_t c = 0; c < K; c += 16) {
+            const __mmask16 v = tail16(K - c);
+            const __m512i k = _mm512_maskz_loadu_epi32(v, ktab + c);
+            const uint32_t gt = _mm512_mask_cmpgt_epu32_mask(v, k, tv);
+            const uint32_t eq = _mm512_mask_cmpeq_epu32_mask(v, k, tv);
+            words[c >> 5] |= gt << (c & 16);
+            if (eq) {
+                bc = c + __builtin_ctz(eq);
+                n_eq += __builtin_popcount(eq);
+            }
+        }
+        if (n_eq <= 1)
+            return emit_codes_bitmap(words, codes, n, bc, ties, room, idx);
+    }
+    return emit_codes_gather(ktab, codes, n, T, ties, idx);
+}
+
 /* ---- logits ---------------------------------------------------------------------------------- */
 
 /* The four horizontal sums of a, b, c, d as one vector [sa, sb, sc, sd]. */
@@ -368,9 +476,6 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
     memset(out, 0, sizeof(float) * (size_t)nq * d);
     for (int64_t j0 = 0; j0 < m; j0 += MIX_ROWS) {
         const int64_t jn = m - j0 < MIX_ROWS ? m - j0 : MIX_ROWS;
-        if (idx)
-            for (int64_t j = j0 + MIX_ROWS; j < j0 + 2 * MIX_ROWS && j < m; j++)
-                prefetch_row(row_ptr(V, f16, ld_v, idx[j]), row_bytes);
         for (int32_t hb = 0; hb < nq; hb += 4) {
             const int nh = nq - hb < 4 ? nq - hb : 4;
             const float *p0 = p + (size_t)hb * ld_p;
@@ -386,6 +491,10 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
                     for (int c = 0; c < 4; c++)
                         acc[h][c] = _mm512_setzero_ps();
                 for (int64_t j = j0; j < j0 + jn; j++) {
+                    /* the row a block ahead, one per row consumed: prefetches spread
+                     * over the loop keep the fill buffers busy without bursts */
+                    if (idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
+                        prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
                     const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
                     const __m512 v0 = load16(row, f16, t0, m0);
                     const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;

@@ -145,6 +145,7 @@ static void scratch_free(rt_scratch *S)
     free(S->pfull);
     free(S->krot);
     free(S->lut);
+    free(S->cwork);
     free(S->qb);
     free(S->qi);
     free(S->qx);
@@ -160,6 +161,7 @@ static void head_free(rt_head *H)
     free(H->k);
     free(H->v);
     free(H->codes);
+    free(H->hist);
     free(H->fbits);
     free(H->flo);
     free(H->fhi);
@@ -267,9 +269,14 @@ int64_t kvq_retrieval_length(const kvq_retrieval *r) { return r->layer[0].len; }
 void kvq_retrieval_reset(kvq_retrieval *r)
 {
     for (int32_t l = 0; l < r->n_layers; l++) {
-        r->layer[l].len = 0;
-        for (int32_t h = 0; h < r->n_kv; h++)
-            r->layer[l].head[h].n_sel = 0;
+        rt_layer *L = &r->layer[l];
+        L->len = 0;
+        for (int32_t h = 0; h < r->n_kv; h++) {
+            L->head[h].n_sel = 0;
+            if (L->head[h].hist)
+                memset(L->head[h].hist, 0,
+                       sizeof(uint32_t) * (size_t)kvq_codebook_get_desc(L->cb[h])->k);
+        }
     }
 }
 
@@ -418,6 +425,7 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  grow((void **)&S->logits, gs * c * sizeof(float)) &&
                  (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
                  grow((void **)&S->lut, lut * sizeof(float)) &&
+                 grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&
                  grow((void **)&S->qb, gs * d * sizeof(float)) &&
                  grow((void **)&S->qi, gs * d * sizeof(float)) &&
                  grow((void **)&S->qx, gs * d * sizeof(float)) &&
@@ -562,6 +570,14 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
                                    e.msg);
             for (int64_t i = 0; i < n * G; i++)
                 H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
+            if (G == 1) { /* per-code counts for kvq_rk_topk_codes */
+                if (!H->hist &&
+                    !(H->hist = calloc((size_t)kvq_codebook_get_desc(L->cb[h])->k,
+                                       sizeof *H->hist)))
+                    return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+                for (int64_t i = 0; i < n; i++)
+                    H->hist[r->cbuf[i]]++;
+            }
             if (r->be->codes && (s = r->be->codes(r, L, c->layer, h, past, n, err)))
                 return s;
         }

@@ -561,6 +561,76 @@ static void test_topk_paths(void **state)
     assert_int_equal(idx[3], 3);
 }
 
+/* Top-k from codes == top-k of the gathered scores, for every ISA: LUTs with distinct
+ * values, with many equal entries (the boundary code taken in part), with signed zeros
+ * and with unused codes; counts from kvq_rk_code_counts both ways (subtracting the
+ * codes outside a range from a histogram, and counting the range). */
+static void test_topk_codes(void **state)
+{
+    (void)state;
+    static const int64_t ns[] = {1, 7, 33, 1000, 20000, 131072};
+    static const int32_t Ks[] = {1, 16, 4096};
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (int mode = 0; mode < 4; mode++) {
+                const int64_t n = ns[ni], pad = 5, len = n + 2 * pad;
+                const int32_t K = Ks[ki];
+                kvq_rng r;
+                kvq_rng_seed(&r, 900 + ni * 16 + ki * 4 + (uint64_t)mode);
+                float *lut = randn((size_t)K, 77 + (uint64_t)mode, 3.0f);
+                if (mode == 1) /* a handful of distinct values: ties at the threshold */
+                    for (int32_t c = 0; c < K; c++)
+                        lut[c] = (float)(c % 5);
+                if (mode == 2) /* signed zeros are one value */
+                    for (int32_t c = 0; c < K; c++)
+                        lut[c] = c % 3 ? (c % 2 ? 0.0f : -0.0f) : 1.0f;
+                uint16_t *codes = malloc(sizeof(uint16_t) * (size_t)len);
+                for (int64_t j = 0; j < len; j++) /* mode 3: only the odd codes occur */
+                    codes[j] = (uint16_t)(mode == 3 && K > 1
+                                              ? (kvq_rng_below(&r, (uint64_t)K / 2) * 2 + 1)
+                                              : kvq_rng_below(&r, (uint64_t)K));
+                uint32_t *hist = calloc((size_t)K, sizeof *hist);
+                uint32_t *c1 = malloc(sizeof(uint32_t) * K), *c2 = malloc(sizeof(uint32_t) * K);
+                for (int64_t j = 0; j < len; j++)
+                    hist[codes[j]]++;
+                /* candidates [pad, pad + n) of len codes */
+                kvq_rk_code_counts(hist, K, codes, len, pad, pad + n, c1);
+                kvq_rk_code_counts(NULL, K, codes, len, pad, pad + n, c2);
+                assert_memory_equal(c1, c2, sizeof(uint32_t) * K);
+                const uint16_t *cand = codes + pad;
+                float *sc = malloc(sizeof(float) * (size_t)n);
+                kvq_rk_score(KVQ_ISA_SCALAR, lut, 1, K, cand, n, sc);
+                int32_t *want = malloc(sizeof(int32_t) * n), *got = malloc(sizeof(int32_t) * n);
+                uint32_t *work = malloc(sizeof(uint32_t) * 2 * n);
+                uint32_t *cwork = malloc(sizeof(uint32_t) * 3 * K);
+                static const double fr[] = {0.0, 0.06, 0.5, 0.999, 1.0};
+                for (size_t fi = 0; fi < sizeof fr / sizeof fr[0]; fi++) {
+                    const int64_t k = (int64_t)(fr[fi] * n) + (fi == 0);
+                    const int64_t m = kvq_rk_topk(KVQ_ISA_SCALAR, sc, n, k, want, work);
+                    for (size_t ii = 0; ii < 3; ii++) {
+                        memset(got, 0xff, sizeof(int32_t) * n);
+                        const int64_t g =
+                            kvq_rk_topk_codes(isas[ii], lut, K, c1, cand, n, k, got, cwork);
+                        if (g != m || memcmp(got, want, sizeof(int32_t) * m))
+                            fail_msg("top-%lld of %lld codes (K %d, mode %d, %s) differs from "
+                                     "the top-k of the scores",
+                                     (long long)k, (long long)n, (int)K, mode,
+                                     kvq_isa_name(isas[ii]));
+                    }
+                }
+                free(lut);
+                free(codes);
+                free(hist);
+                free(c1);
+                free(c2);
+                free(sc);
+                free(want);
+                free(got);
+                free(work);
+                free(cwork);
+            }
+}
+
 /* logits + softmax + mix on f16 and f32 rows, with and without an index list. */
 static void test_topk_device_rule(void **state)
 {
@@ -1441,6 +1511,57 @@ static void test_mass_selector(void **state)
     codebooks_free(cbs, 1);
 }
 
+/* The codebook selector of a single-group codebook selects from the codes and their
+ * counts (kvq_rk_topk_codes; the counts kept per head as tokens are appended); the mass
+ * selector at tau = 1 runs the score gather + kvq_rk_topk on the same LUT. Every row
+ * of a retrieval-only chunk (prefill_full = 0: the cache holds rows past the query,
+ * which the counts must leave out) and of the decode steps after it must attend the
+ * same tokens, so the outputs agree bit for bit. 16 codes over 400 tokens: the
+ * threshold code is shared by many candidates and taken in part. */
+static void test_codes_selection_equals_scores(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(2, 4, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    static const kvq_codebook_method methods[] = {KVQ_CODEBOOK_VQ, KVQ_CODEBOOK_QAVQ};
+    for (size_t mi = 0; mi < 2; mi++) {
+        kvq_codebook **cbs = codebooks_for(&id, methods[mi], 16, 1, 40 + mi);
+        const char *path = test_path("codes_sel.kvq");
+        assert_int_equal(write_artifact(path, &id, cbs), 0);
+        kvq_runtime *rt = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+        seq_data s = make_seq(&c, 400, 61 + mi);
+        static const int64_t budgets[] = {1, 20, 57};
+        for (int pf = 0; pf < 2; pf++)
+            for (size_t bi = 0; bi < 3; bi++) {
+                float *out[2];
+                for (int v = 0; v < 2; v++) {
+                    kvq_retrieval_params p = kvq_retrieval_params_default();
+                    p.selector = v ? KVQ_SELECT_MASS : KVQ_SELECT_CODEBOOK;
+                    p.tau = 1.0;
+                    p.budget = (kvq_budget){.count = budgets[bi]};
+                    p.prefill_full = pf;
+                    p.window = 16;
+                    kvq_retrieval *r = NULL;
+                    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+                    const kvq_attn_backend b = kvq_retrieval_backend(r);
+                    out[v] = run_backend(&c, &b, &s, 300);
+                    kvq_retrieval_free(r);
+                }
+                if (memcmp(out[0], out[1], sizeof(float) * 400 * 4 * 16))
+                    fail_msg("%s, budget %lld, prefill_full %d: selecting from codes differs "
+                             "from selecting from scores",
+                             mi ? "qavq" : "vq", (long long)budgets[bi], pf);
+                free(out[0]);
+                free(out[1]);
+            }
+        seq_free(&s);
+        kvq_runtime_close(rt);
+        codebooks_free(cbs, 4);
+    }
+}
+
 static void test_stats_and_errors(void **state)
 {
     (void)state;
@@ -1798,6 +1919,7 @@ int main(void)
         cmocka_unit_test(test_lut_paths),
         cmocka_unit_test(test_score_paths_exact),
         cmocka_unit_test(test_topk_paths),
+        cmocka_unit_test(test_topk_codes),
         cmocka_unit_test(test_shared_element_functions),
         cmocka_unit_test(test_topk_device_rule),
         cmocka_unit_test(test_attention_paths),
@@ -1811,6 +1933,7 @@ int main(void)
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_selectors_find_needle),
         cmocka_unit_test(test_mass_selector),
+        cmocka_unit_test(test_codes_selection_equals_scores),
         cmocka_unit_test(test_stats_and_errors),
         cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_stories_retrieval),

@@ -137,6 +137,32 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
 int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
                     uint32_t *work);
 
+/* Top-k from codes, for single-group codebooks (G = 1), where candidate j's score is
+ * lut[codes[j]]: selects exactly what kvq_rk_topk selects from the scores kvq_rk_score
+ * gives (same indices, increasing, same tie rule) without writing the scores. The
+ * threshold comes from the K LUT entries weighted by counts (a radix select over K
+ * keys), then one pass over the codes looks up each token's key and emits the indices.
+ * counts[c] must be the number of codes[0..n) equal to c (kvq_rk_code_counts).
+ * work: [3K] uint32 scratch. Cost: O(K) plus n lookups, one pass over 2n bytes of
+ * codes, against kvq_rk_score + kvq_rk_topk's n lookups and two or three passes over
+ * the 4n bytes of scores. */
+int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32_t *counts,
+                          const uint16_t *codes, int64_t n, int64_t k, int32_t *idx,
+                          uint32_t *work);
+
+/* Whether selecting n candidates from codes (kvq_rk_topk_codes) is expected to beat
+ * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 20 us at
+ * K = 4096) pays off once the candidates outnumber the codes four to one (measured with
+ * bench_decode --select, docs/BENCHMARKS.md). Either way the selection is the same. */
+static inline int kvq_rk_codes_select_pays(int64_t n, int32_t K) { return n >= 4 * (int64_t)K; }
+
+/* counts[c] = how many of codes[a..b) equal c (0 <= a <= b <= len), for codes < K. hist,
+ * when not NULL, holds the same counts over codes[0..len) (kept as tokens are
+ * appended): when the codes outside [a, b) are few, counts = hist minus those, else
+ * codes[a..b) are counted. counts: [K]. */
+void kvq_rk_code_counts(const uint32_t *hist, int32_t K, const uint16_t *codes, int64_t len,
+                        int64_t a, int64_t b, uint32_t *counts);
+
 /* Logits of nq queries against m rows of a key cache:
  *   logits[h*ld_l + j] = scale * q[h*d ..] . K[row_j * ld_k ..]   (row_j = idx ? idx[j] : j)
  * K: f16 (uint16_t) or f32 rows of d elements, ld_k elements apart. dt: KVQ_DT_F16 or
