@@ -4,7 +4,8 @@
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
- *                [--attn fused|twopass] [--select auto|codes|scores] [--clock cpu|wall]
+ *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
+ *                [--clock cpu|wall]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -24,6 +25,10 @@
  * (kvq_rk_score) then kvq_rk_topk over the scores; the same tokens either way. The
  * default (auto) chooses as the runtime does (kvq_rk_codes_select_pays: codes once
  * the candidates outnumber the codebook's entries four to one).
+ * Row order: as the runtime keeps them after a long prompt (kvq/runtime.h "Row
+ * order"), the candidates' rows are sorted by code (kvq_rk_code_order; K, V and codes
+ * moved together), so a step's selected rows come in runs of one code; --order token
+ * keeps them in token order (the scattered rows the selection gives without it).
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
@@ -87,13 +92,15 @@ typedef struct args {
     int fused;  /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
                    chooses (-1: kvq_rk_codes_select_pays) */
+    int token_order; /* candidates' rows in token order (1) or code order (0) */
 } args;
 
 static int usage(void)
 {
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
-                    "[--attn fused|twopass] [--select auto|codes|scores] [--clock cpu|wall]\n");
+                    "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
+                    "[--clock cpu|wall]\n");
     return 2;
 }
 
@@ -168,6 +175,13 @@ static int parse(int argc, char **argv, args *a)
                 a->scores = -1;
             else
                 return usage();
+        } else if (!strcmp(o, "--order")) {
+            if (!strcmp(v, "code"))
+                a->token_order = 0;
+            else if (!strcmp(v, "token"))
+                a->token_order = 1;
+            else
+                return usage();
         } else if (!strcmp(o, "--isa")) {
             if (!strcmp(v, "scalar"))
                 a->isa = KVQ_ISA_SCALAR;
@@ -209,6 +223,11 @@ static void *cache_alloc(size_t bytes)
 #endif
     return p;
 }
+
+/* The runtime's row order after a prompt of n tokens (runtime/retrieval.c sort_head):
+ * rows [SINK, n - WINDOW) stably sorted by code, K, V and codes moved together. */
+struct layer;
+static int sort_candidates(struct layer *L, int h, int32_t K);
 
 /* ---- timing helpers ------------------------------------------------------------------ */
 
@@ -316,6 +335,32 @@ typedef struct layer {
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
+
+static int sort_candidates(layer *L, int h, int32_t K)
+{
+    const int64_t nc = L->n - SINK - WINDOW;
+    int32_t *order = malloc(sizeof *order * (size_t)nc);
+    uint32_t *count = malloc(sizeof *count * (size_t)K);
+    uint16_t *tmp = malloc(sizeof *tmp * (size_t)nc * D);
+    if (!order || !count || !tmp) {
+        fprintf(stderr, "bench_decode: out of memory sorting rows\n");
+        return 1;
+    }
+    kvq_rk_code_order(L->codes[h] + SINK, nc, K, count, order);
+    for (int pass = 0; pass < 2; pass++) {
+        uint16_t *base = (pass ? L->v[h] : L->k[h]) + (size_t)SINK * D;
+        for (int64_t i = 0; i < nc; i++)
+            memcpy(tmp + (size_t)i * D, base + (size_t)order[i] * D, sizeof *tmp * D);
+        memcpy(base, tmp, sizeof *tmp * (size_t)nc * D);
+    }
+    for (int64_t i = 0; i < nc; i++)
+        tmp[i] = L->codes[h][SINK + order[i]];
+    memcpy(L->codes[h] + SINK, tmp, sizeof *tmp * (size_t)nc);
+    free(order);
+    free(count);
+    free(tmp);
+    return 0;
+}
 
 static void rotate(const float *x, const float *c, const float *s, float *y)
 {
@@ -469,10 +514,12 @@ int main(int argc, char **argv)
     const double bw = memcpy_bandwidth(a.reps, (int)a.threads),
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
-           "%.4g, isa %s, threads %lld, attention %s, selection from %s, clock %s\n",
+           "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
+           "clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores < 0 ? "codes or scores (auto)" : a.scores ? "scores" : "codes",
+           a.token_order ? "token" : "code",
            g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
@@ -510,6 +557,8 @@ int main(int argc, char **argv)
                 L.codes[h][j] = (uint16_t)kvq_rng_below(&rng, (uint64_t)a.codebook);
                 L.hist[h][L.codes[h][j]]++;
             }
+            if (!a.token_order && sort_candidates(&L, h, (int32_t)a.codebook))
+                return 1;
         }
         free(tmp);
         for (int i = 0; i < N_HEADS * D; i++)

@@ -19,7 +19,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     static const char *const value_opts[] = {
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
-        "--device"};
+        "--device",   "--rows"};
     int known = 0;
     for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
         known |= !strcmp(a, value_opts[k]);
@@ -79,6 +79,15 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             fprintf(stderr, "kvq %s: --device: '%s' is not cpu, cuda or auto\n", cmd, val);
             rc = 2;
         }
+    } else if (!strcmp(a, "--rows")) {
+        if (!strcmp(val, "code"))
+            o->p.code_order = 1;
+        else if (!strcmp(val, "token"))
+            o->p.code_order = 0;
+        else {
+            fprintf(stderr, "kvq %s: --rows: '%s' is not code or token\n", cmd, val);
+            rc = 2;
+        }
     } else if (!strcmp(a, "--attn-threads")) {
         if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
             o->p.threads = (int32_t)v;
@@ -112,6 +121,9 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --cache T          KV cache storage, f16 (default) or f32\n"
                "  --group G          GQA group's shared selection: sum (default) or max\n"
                "  --tau T            mass selector: softmax mass to reach, (0, 1] (default 0.9)\n"
+               "  --rows R           order of the far cache rows with a single-group codebook:\n"
+               "                     code (default: sorted by code, so a step reads runs of\n"
+               "                     rows) or token\n"
                "  --attn-threads N   KV heads attended in parallel (default 1)\n"
                "  --device D         where the codebook selection runs: cpu (default), cuda\n"
                "                     or auto; cuda without a device warns and uses the CPU\n");

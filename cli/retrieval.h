@@ -15,7 +15,8 @@ typedef struct cli_retrieval {
     const char *selectors;  /* --selector (run) / --selectors (eval), or NULL */
     const char *budgets;    /* --budget (run) / --budgets (eval), or NULL */
     kvq_retrieval_params p; /* --sink --window --positions --cache --group --tau
-                                  --attn-threads --device; selector and budget per row */
+                                  --rows --attn-threads --device; selector and budget
+                                  per row */
     int given;              /* some retrieval option was given */
 } cli_retrieval;
 

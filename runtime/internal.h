@@ -47,7 +47,9 @@ typedef struct rt_backend {
  * request falls back) and runs its init. */
 kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
 
-/* One (layer, KV head) of the cache. Rows are token indices 0 .. len-1. */
+/* One (layer, KV head) of the cache. Row j holds token j, except that rows
+ * [sink, sorted_end) are in code order when tok is set (kvq/runtime.h "Row order"):
+ * row j then holds token tok[j]. Rows [sorted_end, len) are always tokens in order. */
 typedef struct rt_head {
     void *k, *v;      /* [cap, d] pre-RoPE keys and values, cache dtype */
     uint16_t *codes;  /* [cap, G] codebook and mass selectors */
@@ -55,8 +57,11 @@ typedef struct rt_head {
     uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
     float *flo, *fhi; /* [cap / fier_group + 1, d] fier: per-channel min / max */
     float *plo, *phi; /* [cap / quest_page + 1, d] quest: per-channel min / max */
-    int32_t *sel;     /* [sel_cap] last selection (candidate token indices) */
+    int32_t *sel;     /* [sel_cap] last selection (candidate rows) */
+    int32_t *sel_tok; /* [sel_cap] the same as token indices, ascending (filled on request) */
     int64_t n_sel, sel_cap;
+    int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
+    int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
 
 struct rt_layer {
@@ -142,7 +147,10 @@ struct rt_step {
     rt_scratch *S;
 };
 
-/* Rotates cached key j of the step's head by its position into y [d] (f32). */
+/* The token row j of head H holds. */
+static inline int64_t kvq_rt_row_token(const rt_head *H, int64_t j) { return H->tok ? H->tok[j] : j; }
+
+/* Rotates cached key row j of the step's head by its token's position into y [d] (f32). */
 void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
                         float *y);
 /* Rotates x [d] by position p into y (may alias). */

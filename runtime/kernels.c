@@ -454,6 +454,22 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
  * Top-k from codes (single-group codebooks)
  * ========================================================================== */
 
+void kvq_rk_code_order(const uint16_t *codes, int64_t n, int32_t K, uint32_t *count,
+                       int32_t *order)
+{
+    memset(count, 0, sizeof *count * (size_t)K);
+    for (int64_t j = 0; j < n; j++)
+        count[codes[j]]++;
+    uint32_t start = 0; /* count -> the first slot of each code */
+    for (int32_t c = 0; c < K; c++) {
+        const uint32_t cnt = count[c];
+        count[c] = start;
+        start += cnt;
+    }
+    for (int64_t j = 0; j < n; j++)
+        order[count[codes[j]]++] = (int32_t)j;
+}
+
 void kvq_rk_code_counts(const uint32_t *hist, int32_t K, const uint16_t *codes, int64_t len,
                         int64_t a, int64_t b, uint32_t *counts)
 {

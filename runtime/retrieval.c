@@ -51,6 +51,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.cache_dtype = KVQ_DT_F16;
     p.prefill_full = 1;
     p.measure = 0;
+    p.code_order = 1;
     p.max_tokens = (int64_t)1 << 20;
     p.threads = 1;
     p.isa = kvq_isa_best();
@@ -78,6 +79,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
         bad = "group";
     else if (!(p->tau > 0 && p->tau <= 1))
         bad = "tau";
+    else if (p->code_order != 0 && p->code_order != 1)
+        bad = "code_order";
     else if (p->fier_group < 1)
         bad = "fier_group";
     else if (p->quest_page < 1)
@@ -168,6 +171,8 @@ static void head_free(rt_head *H)
     free(H->plo);
     free(H->phi);
     free(H->sel);
+    free(H->sel_tok);
+    free(H->tok);
 }
 
 void kvq_retrieval_free(kvq_retrieval *r)
@@ -273,6 +278,9 @@ void kvq_retrieval_reset(kvq_retrieval *r)
         L->len = 0;
         for (int32_t h = 0; h < r->n_kv; h++) {
             L->head[h].n_sel = 0;
+            free(L->head[h].tok);
+            L->head[h].tok = NULL;
+            L->head[h].sorted_end = 0;
             if (L->head[h].hist)
                 memset(L->head[h].hist, 0,
                        sizeof(uint32_t) * (size_t)kvq_codebook_get_desc(L->cb[h])->k);
@@ -335,6 +343,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
         ok = grow_cache(&H->k, old, c * d * r->es) && grow_cache(&H->v, old, c * d * r->es);
         if (ok && G && (sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS))
             ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
+        if (ok && H->tok)
+            ok = grow((void **)&H->tok, c * sizeof *H->tok);
         if (ok && sel == KVQ_SELECT_FIER)
             ok = grow((void **)&H->fbits, c * (size_t)r->db) &&
                  grow((void **)&H->flo, fgroups * d * sizeof(float)) &&
@@ -472,7 +482,7 @@ void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head
                         float *y)
 {
     cache_row(r, H->k, j, y);
-    kvq_rt_rotate(r, y, L->pos[j], y);
+    kvq_rt_rotate(r, y, L->pos[kvq_rt_row_token(H, j)], y);
 }
 
 /* Fier: after token j was stored, update its group's per-channel range of the
@@ -523,6 +533,88 @@ static void quest_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, 
         lo[c] = j % pg == 0 || kr[c] < lo[c] ? kr[c] : lo[c];
         hi[c] = j % pg == 0 || kr[c] > hi[c] ? kr[c] : hi[c];
     }
+}
+
+/* ==========================================================================
+ * Row order (kvq/runtime.h): the far rows of single-group codebooks in code order
+ * ========================================================================== */
+
+/* A sort waits until the unsorted far rows number 4 K (K the codebook size: fewer rows
+ * per code would make runs too short to read faster) and a quarter of the sorted ones
+ * (so each row is moved a bounded number of times as the cache grows). */
+#define SORT_ROWS_PER_CODE 4
+
+/* Puts rows [S, e) of H in code order: one stable counting sort of their codes, then
+ * K, V, codes and tokens moved through a copy. */
+static kvq_status sort_head(kvq_retrieval *r, const rt_layer *L, rt_head *H, int32_t K, int64_t e,
+                            kvq_err *err)
+{
+    const int64_t S = r->p.sink, n = e - S;
+    const size_t row = (size_t)r->d * r->es;
+    if (!H->tok) {
+        if (!(H->tok = malloc(sizeof *H->tok * (size_t)L->cap)))
+            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+        for (int64_t j = 0; j < L->len; j++)
+            H->tok[j] = (int32_t)j;
+    }
+    int32_t *order = malloc(sizeof *order * (size_t)n);
+    uint32_t *count = malloc(sizeof *count * (size_t)K);
+    void *tmp = malloc(row * (size_t)n);
+    if (!order || !count || !tmp) {
+        free(order);
+        free(count);
+        free(tmp);
+        return kvq_err_set(err, KVQ_E_NOMEM,
+                           "retrieval: out of memory sorting %lld rows by code (%.1f MiB)",
+                           (long long)n, (double)(row * (size_t)n) / 1048576.0);
+    }
+    kvq_rk_code_order(H->codes + S, n, K, count, order);
+    for (int pass = 0; pass < 2; pass++) {
+        char *base = (char *)(pass ? H->v : H->k) + (size_t)S * row;
+        for (int64_t i = 0; i < n; i++)
+            memcpy((char *)tmp + (size_t)i * row, base + (size_t)order[i] * row, row);
+        memcpy(base, tmp, row * (size_t)n);
+    }
+    /* tokens and codes through the same copy (a row holds at least 4 bytes: d >= 2) */
+    int32_t *t32 = tmp;
+    for (int64_t i = 0; i < n; i++)
+        t32[i] = H->tok[S + order[i]];
+    memcpy(H->tok + S, t32, sizeof *t32 * (size_t)n);
+    uint16_t *c16 = tmp;
+    for (int64_t i = 0; i < n; i++)
+        c16[i] = H->codes[S + order[i]];
+    memcpy(H->codes + S, c16, sizeof *c16 * (size_t)n);
+    H->sorted_end = e;
+    free(order);
+    free(count);
+    free(tmp);
+    return KVQ_OK;
+}
+
+/* After a chunk starting at token `past` was appended to L: sorts each head's far rows
+ * when the rule of kvq/runtime.h "Row order" says so. Rows before e = past + 1 - w can
+ * enter no later window (every later query sees at least past + 1 tokens), and no
+ * later query sees fewer than e tokens, so the visible rows stay the visible tokens. */
+static kvq_status sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err)
+{
+    const kvq_selector sel = r->p.selector;
+    if (!r->p.code_order || r->be->codes || !L->cb[0] ||
+        (sel != KVQ_SELECT_CODEBOOK && sel != KVQ_SELECT_MASS) ||
+        kvq_codebook_get_desc(L->cb[0])->groups != 1)
+        return KVQ_OK;
+    const int64_t S = r->p.sink, e = past + 1 - r->window;
+    for (int32_t h = 0; h < r->n_kv; h++) {
+        rt_head *H = &L->head[h];
+        const int64_t done = H->sorted_end > S ? H->sorted_end - S : 0;
+        const int64_t fresh = e - S - done;
+        const int32_t K = L->cb[h] ? kvq_codebook_get_desc(L->cb[h])->k : 0;
+        if (!K || fresh < SORT_ROWS_PER_CODE * (int64_t)K || fresh < done / 4)
+            continue;
+        const kvq_status s = sort_head(r, L, H, K, e, err);
+        if (s)
+            return s;
+    }
+    return KVQ_OK;
 }
 
 /* Appends the chunk's n tokens to layer l: K, V, positions, codes, selector data. */
@@ -589,8 +681,12 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
             else if (sel == KVQ_SELECT_QUEST)
                 quest_append(r, L, &L->head[h], past + i);
         }
+    for (int32_t h = 0; h < r->n_kv; h++)
+        if (L->head[h].tok)
+            for (int64_t i = 0; i < n; i++)
+                L->head[h].tok[past + i] = (int32_t)(past + i);
     L->len = past + n;
-    return KVQ_OK;
+    return sort_rows(r, L, past, err);
 }
 
 /* ==========================================================================
@@ -709,7 +805,8 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
             while (cap < nsel)
                 cap *= 2;
             /* a failed grow only loses the record kept for tests */
-            if (grow((void **)&H->sel, (size_t)cap * sizeof *H->sel))
+            if (grow((void **)&H->sel, (size_t)cap * sizeof *H->sel) &&
+                grow((void **)&H->sel_tok, (size_t)cap * sizeof *H->sel_tok))
                 H->sel_cap = cap;
         }
         H->n_sel = nsel <= H->sel_cap ? nsel : 0;
@@ -892,6 +989,20 @@ void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out)
 
 void kvq_retrieval_stats_reset(kvq_retrieval *r) { memset(&r->sums, 0, sizeof r->sums); }
 
+int64_t kvq_retrieval_sorted_rows(const kvq_retrieval *r, int32_t layer, int32_t head)
+{
+    if (layer < 0 || layer >= r->n_layers || head < 0 || head >= r->n_kv)
+        return 0;
+    const rt_head *H = &r->layer[layer].head[head];
+    return H->tok && H->sorted_end > r->p.sink ? H->sorted_end - r->p.sink : 0;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
 const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,
                                             int64_t *count)
 {
@@ -900,7 +1011,14 @@ const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t laye
         return NULL;
     const rt_head *H = &r->layer[layer].head[head];
     *count = H->n_sel;
-    return H->n_sel ? H->sel : NULL;
+    if (!H->n_sel)
+        return NULL;
+    /* rows -> tokens, ascending (rows in code order are not) */
+    for (int64_t a = 0; a < H->n_sel; a++)
+        H->sel_tok[a] = (int32_t)kvq_rt_row_token(H, H->sel[a]);
+    if (H->tok)
+        qsort(H->sel_tok, (size_t)H->n_sel, sizeof *H->sel_tok, cmp_i32);
+    return H->sel_tok;
 }
 
 const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head, int64_t j)
@@ -908,7 +1026,12 @@ const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32
     if (layer < 0 || layer >= r->n_layers || head < 0 || head >= r->n_kv)
         return NULL;
     const rt_layer *L = &r->layer[layer];
-    if (!L->head[head].codes || j < 0 || j >= L->len || !L->cb[head])
+    const rt_head *H = &L->head[head];
+    if (!H->codes || j < 0 || j >= L->len || !L->cb[head])
         return NULL;
-    return L->head[head].codes + (size_t)j * kvq_codebook_get_desc(L->cb[head])->groups;
+    int64_t row = j;
+    if (H->tok && j >= r->p.sink && j < H->sorted_end) /* find the row (a linear search) */
+        for (row = r->p.sink; H->tok[row] != j; row++)
+            ;
+    return H->codes + (size_t)row * kvq_codebook_get_desc(L->cb[head])->groups;
 }

@@ -1562,6 +1562,109 @@ static void test_codes_selection_equals_scores(void **state)
     }
 }
 
+/* kvq_rk_code_order: a stable sort by code. */
+static void test_code_order_kernel(void **state)
+{
+    (void)state;
+    const int64_t n = 5000;
+    const int32_t K = 37;
+    uint16_t *codes = malloc(sizeof(uint16_t) * n);
+    int32_t *order = malloc(sizeof(int32_t) * n);
+    uint32_t count[37];
+    kvq_rng r;
+    kvq_rng_seed(&r, 5);
+    for (int64_t j = 0; j < n; j++)
+        codes[j] = (uint16_t)kvq_rng_below(&r, (uint64_t)K);
+    kvq_rk_code_order(codes, n, K, count, order);
+    char *seen = calloc((size_t)n, 1);
+    for (int64_t i = 0; i < n; i++) {
+        assert_true(order[i] >= 0 && order[i] < n && !seen[order[i]]);
+        seen[order[i]] = 1;
+        if (i > 0) { /* by code, then by index */
+            const uint16_t a = codes[order[i - 1]], b = codes[order[i]];
+            assert_true(a < b || (a == b && order[i - 1] < order[i]));
+        }
+    }
+    free(seen);
+    free(codes);
+    free(order);
+}
+
+/* Rows in code order (params.code_order = 1, the default) against token order: chunks
+ * of retrieval-only rows (prefill_full = 0) and single decode steps, both position
+ * modes. The far rows must end up sorted, every token keep its codes, the selections
+ * be the same token sets and the outputs agree to rounding (the sums run in row order). */
+static void test_code_order_layout(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 16, 1, 70);
+    const char *path = test_path("code_order.kvq");
+    assert_int_equal(write_artifact(path, &id, cbs), 0);
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    const int64_t T = 700;
+    seq_data s = make_seq(&c, T, 71);
+    const size_t qd = 4 * 16, kvd = 2 * 16;
+    for (int pm = 0; pm < 2; pm++)
+        for (int pf = 0; pf < 2; pf++) {
+            float *out[2];
+            kvq_retrieval *ctx[2];
+            for (int v = 0; v < 2; v++) {
+                kvq_retrieval_params p = kvq_retrieval_params_default();
+                p.budget = (kvq_budget){.count = 25};
+                p.window = 16;
+                p.code_order = v;
+                p.prefill_full = pf;
+                p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
+                assert_int_equal(kvq_retrieval_create(&c, rt, &p, &ctx[v], &e), KVQ_OK);
+                const kvq_attn_backend b = kvq_retrieval_backend(ctx[v]);
+                out[v] = malloc(sizeof(float) * (size_t)T * qd);
+                /* chunks of 100 up to 500, then single tokens */
+                for (int64_t at = 0; at < T;) {
+                    const int64_t n = at < 500 ? 100 : 1;
+                    kvq_attn_call call = {.layer = 0,
+                                          .n = (int32_t)n,
+                                          .pos = s.pos + at,
+                                          .q = s.q + at * qd,
+                                          .k = s.k + at * kvd,
+                                          .v = s.v + at * kvd,
+                                          .out = out[v] + at * qd};
+                    assert_int_equal(b.attend(b.user, &call, &e), KVQ_OK);
+                    at += n;
+                }
+            }
+            for (int32_t h = 0; h < 2; h++) {
+                /* sorted up to the last sort: at least the rows before 500 - 16 */
+                assert_true(kvq_retrieval_sorted_rows(ctx[1], 0, h) >= 500 + 1 - 16 - 4);
+                assert_int_equal(kvq_retrieval_sorted_rows(ctx[0], 0, h), 0);
+                for (int64_t j = 0; j < T; j++)
+                    assert_int_equal(kvq_retrieval_codes(ctx[1], 0, h, j)[0],
+                                     kvq_retrieval_codes(ctx[0], 0, h, j)[0]);
+                int64_t n0 = 0, n1 = 0;
+                const int32_t *s0 = kvq_retrieval_last_selection(ctx[0], 0, h, &n0);
+                const int32_t *s1 = kvq_retrieval_last_selection(ctx[1], 0, h, &n1);
+                assert_int_equal(n0, 25);
+                assert_int_equal(n1, n0);
+                assert_memory_equal(s0, s1, sizeof(int32_t) * (size_t)n0);
+            }
+            const double diff = max_rel_diff(out[1], out[0], (size_t)T * qd);
+            if (diff > 1e-5)
+                fail_msg("positions %s, prefill_full %d: code order differs from token order "
+                         "by %g",
+                         pm ? "rope" : "wrope", pf, diff);
+            for (int v = 0; v < 2; v++) {
+                kvq_retrieval_free(ctx[v]);
+                free(out[v]);
+            }
+        }
+    seq_free(&s);
+    kvq_runtime_close(rt);
+    codebooks_free(cbs, 2);
+}
+
 static void test_stats_and_errors(void **state)
 {
     (void)state;
@@ -1934,6 +2037,8 @@ int main(void)
         cmocka_unit_test(test_selectors_find_needle),
         cmocka_unit_test(test_mass_selector),
         cmocka_unit_test(test_codes_selection_equals_scores),
+        cmocka_unit_test(test_code_order_kernel),
+        cmocka_unit_test(test_code_order_layout),
         cmocka_unit_test(test_stats_and_errors),
         cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_stories_retrieval),

@@ -20,7 +20,8 @@
  *   - the first S sink tokens and the last w window tokens are always attended;
  *   - the C = n - S - w tokens between them are the candidates; the selector scores
  *     them and keeps the top K (the budget, a count or a fraction of n; sinks and
- *     window come on top); ties go to the earlier token;
+ *     window come on top); ties go to the earlier token (one exception under "Row
+ *     order");
  *   - exact attention over the union. Positions (kvq_positions): ROPE rotates every
  *     attended key by its own position (q R_i . k_j R_j); WROPE (a2ats) does so for the
  *     window only and scores the other attended tokens as q R_b . k_j.
@@ -53,6 +54,21 @@
  * decode step) uses retrieval. With prefill_full = 0 every query row of every chunk
  * uses retrieval over the tokens before it and itself, which is what `kvq eval`
  * uses to measure perplexity under retrieval at every evaluated position.
+ *
+ * Row order. With a single-group codebook (vq, qavq, vq-postrope), the codebook or mass
+ * selector, the CPU backend and code_order = 1 (the default), each KV head keeps the
+ * cached rows that can no longer enter any window, [S, e) with e = the chunk's first
+ * position + 1 - w, sorted by code (stably: within a code, token order), re-sorting
+ * [S, e) as the unsorted part grows (below). All tokens of a code have the same approximate score, so the rows a step
+ * selects are a few hundred contiguous runs (whole codes) instead of thousands of
+ * scattered rows, which one core reads at about twice the rate (docs/BENCHMARKS.md
+ * "Decode"). Selections are the same sets either way; the attention sums them in row
+ * order, so outputs differ from token order by rounding only. Ties between tokens of
+ * different codes whose scores are bit-identical go by row order. A sort waits until
+ * the unsorted far rows number 4 K (K the codebook size) and a quarter of the sorted
+ * ones; it moves every row of [S, e) of the head once (K, V, codes) through a copy of
+ * them (d x 2 or 4 bytes per row, one head at a time). After a long prompt the first
+ * decode step sorts; later sorts come at geometrically growing lengths.
  *
  * Threads: a decoding context is used by one thread at a time; params.threads > 1 runs
  * the KV heads of a row in parallel (OpenMP) with per-thread scratch.
@@ -155,6 +171,12 @@ int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32
  * K = 4096) pays off once the candidates outnumber the codes four to one (measured with
  * bench_decode --select, docs/BENCHMARKS.md). Either way the selection is the same. */
 static inline int kvq_rk_codes_select_pays(int64_t n, int32_t K) { return n >= 4 * (int64_t)K; }
+
+/* Stable order of n rows by code (codes < K): order[i] = the row that comes i-th when
+ * rows are sorted by code, rows of one code in increasing index (a counting sort).
+ * count: [K] scratch. */
+void kvq_rk_code_order(const uint16_t *codes, int64_t n, int32_t K, uint32_t *count,
+                       int32_t *order);
 
 /* counts[c] = how many of codes[a..b) equal c (0 <= a <= b <= len), for codes < K. hist,
  * when not NULL, holds the same counts over codes[0..len) (kept as tokens are
@@ -326,6 +348,8 @@ typedef struct kvq_retrieval_params {
                                  exactly; 0: every query row uses retrieval */
     int measure;             /* 1: also compute exact attention per step and collect
                                  the quality figures of kvq_retrieval_stats (slow) */
+    int code_order;          /* 1 (default): keep the far rows of single-group codebooks
+                                 in code order (see "Row order" above); 0: token order */
     int64_t max_tokens;      /* longest sequence, >= 1 (default 1 << 20) */
     int32_t threads;         /* KV heads in parallel, >= 1 (default 1) */
     kvq_isa isa;             /* kernels (default kvq_isa_best(); lowered as needed) */
@@ -386,14 +410,19 @@ typedef struct kvq_retrieval_stats {
 void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out);
 void kvq_retrieval_stats_reset(kvq_retrieval *r);
 
-/* The selection of the last retrieval step of (layer, KV head): the candidate
+/* The selection of the last retrieval step of (layer, KV head): the candidate token
  * indices chosen (ascending, sinks and window not included) and the count, valid until
- * the next attend call. For tests. NULL / 0 when there was none. */
+ * the next attend call or the next call of this function. For tests. NULL / 0 when
+ * there was none. */
 const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,
                                             int64_t *count);
 /* The codes of cached token j of (layer, KV head): G values, or NULL when the
- * context keeps no codes or j is out of range. For tests. */
+ * context keeps no codes or j is out of range. For tests (a linear search while the
+ * rows are in code order). */
 const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32_t head, int64_t j);
+/* How many far rows of (layer, KV head) are in code order ("Row order"); 0 when the
+ * rows are in token order. */
+int64_t kvq_retrieval_sorted_rows(const kvq_retrieval *r, int32_t layer, int32_t head);
 
 #ifdef __cplusplus
 }
