@@ -305,16 +305,26 @@ static int grow(void **p, size_t bytes)
  * and advised for transparent huge pages: a decode step reads a few percent of the
  * rows at random, and with 4 KiB pages nearly every row would cost a TLB miss. */
 #define HUGE_BYTES ((size_t)4 << 20)
+static void *cache_alloc(size_t bytes)
+{
+    if (bytes < HUGE_BYTES)
+        return malloc(bytes ? bytes : 1);
+    void *q = NULL;
+    if (posix_memalign(&q, (size_t)2 << 20, bytes))
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(q, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
+#endif
+    return q;
+}
+
 static int grow_cache(void **p, size_t old, size_t bytes)
 {
     if (bytes < HUGE_BYTES)
         return grow(p, bytes);
-    void *q = NULL;
-    if (posix_memalign(&q, (size_t)2 << 20, bytes))
+    void *q = cache_alloc(bytes);
+    if (!q)
         return 0;
-#ifdef MADV_HUGEPAGE
-    madvise(q, bytes, MADV_HUGEPAGE); /* advice only: failure changes nothing */
-#endif
     if (*p && old)
         memcpy(q, *p, old < bytes ? old : bytes);
     free(*p);
@@ -545,49 +555,54 @@ static void quest_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, 
 #define SORT_ROWS_PER_CODE 4
 
 /* Puts rows [S, e) of H in code order: one stable counting sort of their codes, then
- * K, V, codes and tokens moved through a copy. */
-static kvq_status sort_head(kvq_retrieval *r, const rt_layer *L, rt_head *H, int32_t K, int64_t e,
-                            kvq_err *err)
+ * K and V copied row by row into new arrays (which replace the old ones: no copy back)
+ * and codes and tokens through a small copy. */
+static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int32_t K,
+                            int64_t e, kvq_err *err)
 {
-    const int64_t S = r->p.sink, n = e - S;
-    const size_t row = (size_t)r->d * r->es;
-    if (!H->tok) {
-        if (!(H->tok = malloc(sizeof *H->tok * (size_t)L->cap)))
-            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
-        for (int64_t j = 0; j < L->len; j++)
-            H->tok[j] = (int32_t)j;
-    }
+    const int64_t S = r->p.sink, n = e - S, len = L->len;
+    const size_t row = (size_t)r->d * r->es, all = row * (size_t)L->cap;
     int32_t *order = malloc(sizeof *order * (size_t)n);
     uint32_t *count = malloc(sizeof *count * (size_t)K);
-    void *tmp = malloc(row * (size_t)n);
-    if (!order || !count || !tmp) {
+    int32_t *t32 = malloc(sizeof *t32 * (size_t)n);
+    void *dst[2] = {cache_alloc(all), cache_alloc(all)};
+    if (!H->tok && (H->tok = malloc(sizeof *H->tok * (size_t)L->cap)))
+        for (int64_t j = 0; j < len; j++)
+            H->tok[j] = (int32_t)j;
+    if (!order || !count || !t32 || !dst[0] || !dst[1] || !H->tok) {
         free(order);
         free(count);
-        free(tmp);
+        free(t32);
+        free(dst[0]);
+        free(dst[1]);
         return kvq_err_set(err, KVQ_E_NOMEM,
                            "retrieval: out of memory sorting %lld rows by code (%.1f MiB)",
-                           (long long)n, (double)(row * (size_t)n) / 1048576.0);
+                           (long long)n, 2.0 * (double)all / 1048576.0);
     }
     kvq_rk_code_order(H->codes + S, n, K, count, order);
     for (int pass = 0; pass < 2; pass++) {
-        char *base = (char *)(pass ? H->v : H->k) + (size_t)S * row;
+        const char *src = pass ? H->v : H->k;
+        char *out = dst[pass];
+        memcpy(out, src, row * (size_t)S);
         for (int64_t i = 0; i < n; i++)
-            memcpy((char *)tmp + (size_t)i * row, base + (size_t)order[i] * row, row);
-        memcpy(base, tmp, row * (size_t)n);
+            memcpy(out + (size_t)(S + i) * row, src + (size_t)(S + order[i]) * row, row);
+        memcpy(out + (size_t)e * row, src + (size_t)e * row, row * (size_t)(len - e));
     }
-    /* tokens and codes through the same copy (a row holds at least 4 bytes: d >= 2) */
-    int32_t *t32 = tmp;
+    free(H->k);
+    free(H->v);
+    H->k = dst[0];
+    H->v = dst[1];
     for (int64_t i = 0; i < n; i++)
         t32[i] = H->tok[S + order[i]];
     memcpy(H->tok + S, t32, sizeof *t32 * (size_t)n);
-    uint16_t *c16 = tmp;
+    uint16_t *c16 = (uint16_t *)t32; /* n codes fit in the n tokens' bytes */
     for (int64_t i = 0; i < n; i++)
         c16[i] = H->codes[S + order[i]];
     memcpy(H->codes + S, c16, sizeof *c16 * (size_t)n);
     H->sorted_end = e;
     free(order);
     free(count);
-    free(tmp);
+    free(t32);
     return KVQ_OK;
 }
 
@@ -603,6 +618,10 @@ static kvq_status sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
         kvq_codebook_get_desc(L->cb[0])->groups != 1)
         return KVQ_OK;
     const int64_t S = r->p.sink, e = past + 1 - r->window;
+    kvq_status status = KVQ_OK;
+    kvq_err first = {0};
+    /* heads in parallel, as the step runs them (each sort holds its own copies) */
+#pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
     for (int32_t h = 0; h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
         const int64_t done = H->sorted_end > S ? H->sorted_end - S : 0;
@@ -610,11 +629,19 @@ static kvq_status sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
         const int32_t K = L->cb[h] ? kvq_codebook_get_desc(L->cb[h])->k : 0;
         if (!K || fresh < SORT_ROWS_PER_CODE * (int64_t)K || fresh < done / 4)
             continue;
-        const kvq_status s = sort_head(r, L, H, K, e, err);
-        if (s)
-            return s;
+        kvq_err he = {0};
+        const kvq_status s = sort_head(r, L, H, K, e, &he);
+        if (s) {
+#pragma omp critical(kvq_sort_rows)
+            if (!status) {
+                status = s;
+                first = he;
+            }
+        }
     }
-    return KVQ_OK;
+    if (status)
+        *err = first;
+    return status;
 }
 
 /* Appends the chunk's n tokens to layer l: K, V, positions, codes, selector data. */
