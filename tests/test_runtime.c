@@ -1617,6 +1617,7 @@ static void test_code_order_layout(void **state)
                 p.budget = (kvq_budget){.count = 25};
                 p.window = 16;
                 p.code_order = v;
+                p.threads = 1 + v; /* heads sort (and attend) on two threads */
                 p.prefill_full = pf;
                 p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
                 assert_int_equal(kvq_retrieval_create(&c, rt, &p, &ctx[v], &e), KVQ_OK);
