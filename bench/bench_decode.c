@@ -56,11 +56,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include <sys/mman.h>
 
 #include "kvq.h"
 #include "kvq/codebook.h"
 #include "kvq/runtime.h"
+
+#include "bench/bench_common.h"
 
 #define N_HEADS 32
 #define N_KV 8
@@ -68,20 +69,11 @@
 #define D 128
 #define SINK 4
 #define WINDOW 64
-#define FLUSH_BYTES ((size_t)256 << 20)
-
-/* Process CPU time in seconds: on a shared machine the wall clock also counts the time
- * other processes held the core; CPU time counts only ours (memory stalls included). */
-static double cpu_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
+#define FLUSH_BYTES BENCH_FLUSH_BYTES
 
 /* The clock used for every figure (--clock cpu | wall). */
 static int g_cpu_clock = 1;
-static double clk(void) { return g_cpu_clock ? cpu_now() : kvq_now(); }
+static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
 
 typedef struct args {
     int64_t contexts[16];
@@ -211,39 +203,12 @@ static float unit(kvq_rng *r)
                    1.7320508075688772);
 }
 
-/* A cache array as the runtime allocates it (runtime/retrieval.c): 2 MiB aligned and
- * advised for transparent huge pages. */
-static void *cache_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)2 << 20, bytes))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    return p;
-}
-
 /* The runtime's row order after a prompt of n tokens (runtime/retrieval.c sort_head):
  * rows [SINK, n - WINDOW) stably sorted by code, K, V and codes moved together. */
 struct layer;
 static int sort_candidates(struct layer *L, int h, int32_t K);
 
 /* ---- timing helpers ------------------------------------------------------------------ */
-
-static volatile uint64_t g_sink;
-
-/* Streams a large buffer through the caches so the next step starts cold. */
-static void flush_caches(uint64_t *buf)
-{
-    uint64_t s = 0;
-    const size_t n = FLUSH_BYTES / sizeof *buf;
-    for (size_t i = 0; i < n; i += 8) {
-        buf[i] += 1;
-        s += buf[i];
-    }
-    g_sink += s;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -274,7 +239,7 @@ static double memcpy_bandwidth(int64_t reps, int T)
         for (int i = 0; i < T; i++)
             memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
         const double t = clk() - t0;
-        g_sink += (uint64_t)b[r % n];
+        bench_sink += (uint64_t)b[r % n];
         if (r > 0 && 2.0 * n / t > best)
             best = 2.0 * n / t;
     }
@@ -296,14 +261,14 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
     for (size_t i = 0; i < n; i++)
         a[i] = i;
     for (int64_t r = 0; r < reps; r++) {
-        flush_caches(flush);
+        bench_flush_caches(flush);
         const double t0 = clk();
         uint64_t s = 0;
 #pragma omp parallel for num_threads(T) schedule(static) reduction(+ : s)
         for (size_t i = 0; i < n; i++)
             s += a[i];
         const double t = clk() - t0;
-        g_sink += s;
+        bench_sink += s;
         if (FLUSH_BYTES / t > best)
             best = FLUSH_BYTES / t;
     }
@@ -336,8 +301,6 @@ typedef struct layer {
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
 
-static void *cache_alloc(size_t bytes);
-
 static int sort_candidates(layer *L, int h, int32_t K)
 {
     const int64_t n = L->n, nc = n - SINK - WINDOW;
@@ -352,7 +315,7 @@ static int sort_candidates(layer *L, int h, int32_t K)
     kvq_rk_code_order(L->codes[h] + SINK, nc, K, count, order);
     for (int pass = 0; pass < 2; pass++) { /* into new arrays, as the runtime does */
         uint16_t **arr = pass ? &L->v[h] : &L->k[h];
-        char *dst = cache_alloc(row * (size_t)n);
+        char *dst = bench_cache_alloc(row * (size_t)n);
         const char *src = (const char *)*arr;
         if (!dst) {
             fprintf(stderr, "bench_decode: out of memory sorting rows\n");
@@ -550,8 +513,8 @@ int main(int argc, char **argv)
         double t_sort = 0; /* putting the candidates' rows in code order, all heads */
         float *tmp = malloc(sizeof(float) * (size_t)n * D);
         for (int h = 0; h < N_KV; h++) {
-            L.k[h] = cache_alloc(sizeof(uint16_t) * (size_t)n * D);
-            L.v[h] = cache_alloc(sizeof(uint16_t) * (size_t)n * D);
+            L.k[h] = bench_cache_alloc(sizeof(uint16_t) * (size_t)n * D);
+            L.v[h] = bench_cache_alloc(sizeof(uint16_t) * (size_t)n * D);
             L.codes[h] = malloc(sizeof(uint16_t) * (size_t)n);
             if (!tmp || !L.k[h] || !L.v[h] || !L.codes[h]) {
                 fprintf(stderr, "bench_decode: out of memory at context %lld\n", (long long)n);
@@ -571,7 +534,7 @@ int main(int argc, char **argv)
                 L.hist[h][L.codes[h][j]]++;
             }
             if (!a.token_order) {
-                flush_caches(flush);
+                bench_flush_caches(flush);
                 const double t0 = clk();
                 if (sort_candidates(&L, h, (int32_t)a.codebook))
                     return 1;
@@ -612,7 +575,7 @@ int main(int argc, char **argv)
         for (int t = 0; t < a.threads; t++)
             memset(scr[t].phase, 0, sizeof scr[t].phase);
         for (int64_t rep = 0; rep < a.reps; rep++) {
-            flush_caches(flush);
+            bench_flush_caches(flush);
             double t0 = clk();
 #pragma omp parallel for num_threads((int)a.threads) schedule(static)
             for (int h = 0; h < N_KV; h++) {
@@ -624,7 +587,7 @@ int main(int argc, char **argv)
                 full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
             }
             tf[rep] = clk() - t0;
-            flush_caches(flush);
+            bench_flush_caches(flush);
             t0 = clk();
             int64_t att = 0;
 #pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : att)
@@ -639,14 +602,14 @@ int main(int argc, char **argv)
             }
             tr[rep] = clk() - t0;
             attended = att;
-            flush_caches(flush);
+            bench_flush_caches(flush);
             t0 = clk();
             uint64_t gs = 0;
 #pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : gs)
             for (int h = 0; h < N_KV; h++)
                 gs += gather_rows(&L, h);
             tg[rep] = clk() - t0;
-            g_sink += gs;
+            bench_sink += gs;
         }
         const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
                      t_rows = median(tg, a.reps);

@@ -20,42 +20,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
 #include "kvq.h"
 
+#include "bench/bench_common.h"
+
 #define ROW_U64 32 /* 256 bytes: one f16 row of d = 128 */
-#define FLUSH_BYTES ((size_t)256 << 20)
+#define FLUSH_BYTES BENCH_FLUSH_BYTES
 
-static volatile uint64_t g_sink;
-
-static double cpu_now(void)
+/* A cache-like array of `bytes`, written once (so its pages exist). */
+static uint64_t *filled_array(size_t bytes)
 {
-    struct timespec t;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void flush_caches(uint64_t *buf)
-{
-    uint64_t s = 0;
-    for (size_t i = 0; i < FLUSH_BYTES / sizeof *buf; i += 8) {
-        buf[i] += 1;
-        s += buf[i];
-    }
-    g_sink += s;
-}
-
-static uint64_t *cache_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, (size_t)2 << 20, bytes))
-        return NULL;
-#ifdef MADV_HUGEPAGE
-    madvise(p, bytes, MADV_HUGEPAGE);
-#endif
-    memset(p, 1, bytes);
+    uint64_t *p = bench_cache_alloc(bytes);
+    if (p)
+        memset(p, 1, bytes);
     return p;
 }
 
@@ -110,7 +88,7 @@ int main(int argc, char **argv)
         return 1;
     memset(flush, 0, FLUSH_BYTES);
     for (int64_t a = 0; a < 2 * heads; a++)
-        if (!(arr[a] = cache_alloc(bytes))) {
+        if (!(arr[a] = filled_array(bytes))) {
             fprintf(stderr, "bench_gather: out of memory (%lld arrays of %zu bytes)\n",
                     (long long)(2 * heads), bytes);
             return 1;
@@ -124,13 +102,13 @@ int main(int argc, char **argv)
     const size_t stream_u64 = bytes / sizeof(uint64_t);
     double best_stream = 1e30;
     for (int64_t r = 0; r < reps; r++) {
-        flush_caches(flush);
-        const double t0 = cpu_now();
+        bench_flush_caches(flush);
+        const double t0 = bench_cpu_now();
         uint64_t s = 0;
         for (size_t i = 0; i < stream_u64; i++)
             s += arr[0][i];
-        const double t = cpu_now() - t0;
-        g_sink += s;
+        const double t = bench_cpu_now() - t0;
+        bench_sink += s;
         best_stream = t < best_stream ? t : best_stream;
     }
     const double stream_bw = (double)bytes / best_stream;
@@ -149,8 +127,8 @@ int main(int argc, char **argv)
                     rows[m++] = (int32_t)(j + k);
         double best = 1e30;
         for (int64_t r = 0; r < reps; r++) {
-            flush_caches(flush);
-            const double t0 = cpu_now();
+            bench_flush_caches(flush);
+            const double t0 = bench_cpu_now();
             uint64_t s = 0;
             for (int64_t a = 0; a < 2 * heads; a++) {
                 const uint64_t *base = arr[a];
@@ -160,8 +138,8 @@ int main(int argc, char **argv)
                         s += row[t];
                 }
             }
-            const double t = cpu_now() - t0;
-            g_sink += s;
+            const double t = bench_cpu_now() - t0;
+            bench_sink += s;
             best = t < best ? t : best;
         }
         const double moved = (double)m * 2.0 * (double)heads * 256.0;

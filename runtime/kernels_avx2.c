@@ -135,30 +135,39 @@ TARGET int64_t kvq_rk_compact_avx2(const uint32_t *keys, int64_t n, uint32_t dig
     return m;
 }
 
+/* The emission step of 8 keys k of tokens j .. j+7 against the threshold tv: every key
+ * above it, and keys equal to it while *ties lasts, appended to idx[m..]; returns the
+ * new count. Unsigned compares through the sign flip: a >u b <=> (a ^ 2^31) >s (b ^ 2^31). */
+static inline TARGET int64_t emit8(__m256i k, __m256i tv, int64_t j, int64_t *ties, int32_t *idx,
+                                   int64_t m)
+{
+    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
+    const unsigned gt = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_xor_si256(k, top), _mm256_xor_si256(tv, top))));
+    const unsigned eq =
+        (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
+    unsigned bits = gt | eq;
+    while (bits) {
+        const int l = __builtin_ctz(bits);
+        bits &= bits - 1;
+        if ((gt >> l) & 1u) {
+            idx[m++] = (int32_t)(j + l);
+        } else if (*ties > 0) {
+            idx[m++] = (int32_t)(j + l);
+            (*ties)--;
+        }
+    }
+    return m;
+}
+
 TARGET int64_t kvq_rk_emit_avx2(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,
                                 int32_t *idx)
 {
-    /* Unsigned compares through the sign flip: a >u b  <=>  (a ^ 2^31) >s (b ^ 2^31). */
-    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
-    const __m256i tv = _mm256_set1_epi32((int)T), ts = _mm256_xor_si256(tv, top);
+    const __m256i tv = _mm256_set1_epi32((int)T);
     int64_t m = 0, j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256i k = _mm256_loadu_si256((const __m256i *)(keys + j));
-        const unsigned gt = (unsigned)_mm256_movemask_ps(
-            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, top), ts)));
-        const unsigned eq =
-            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
-        unsigned bits = gt | eq;
-        while (bits) {
-            const int l = __builtin_ctz(bits);
-            bits &= bits - 1;
-            if ((gt >> l) & 1u)
-                idx[m++] = (int32_t)(j + l);
-            else if (ties > 0) {
-                idx[m++] = (int32_t)(j + l);
-                ties--;
-            }
-        }
+        m = emit8(k, tv, j, &ties, idx, m);
     }
     for (; j < n; j++)
         if (keys[j] > T || (keys[j] == T && ties-- > 0))
@@ -172,27 +181,12 @@ TARGET int64_t kvq_rk_emit_codes_avx2(const uint32_t *ktab, int32_t K, const uin
 {
     (void)K;
     (void)room;
-    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
-    const __m256i tv = _mm256_set1_epi32((int)T), ts = _mm256_xor_si256(tv, top);
+    const __m256i tv = _mm256_set1_epi32((int)T);
     int64_t m = 0, j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256i c = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(codes + j)));
         const __m256i k = _mm256_i32gather_epi32((const int *)ktab, c, 4);
-        const unsigned gt = (unsigned)_mm256_movemask_ps(
-            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, top), ts)));
-        const unsigned eq =
-            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
-        unsigned bits = gt | eq;
-        while (bits) {
-            const int l = __builtin_ctz(bits);
-            bits &= bits - 1;
-            if ((gt >> l) & 1u)
-                idx[m++] = (int32_t)(j + l);
-            else if (ties > 0) {
-                idx[m++] = (int32_t)(j + l);
-                ties--;
-            }
-        }
+        m = emit8(k, tv, j, &ties, idx, m);
     }
     for (; j < n; j++) {
         const uint32_t key = ktab[codes[j]];
@@ -247,26 +241,11 @@ TARGET int64_t kvq_rk_bracket_avx2(const float *scores, int64_t n, uint32_t lo, 
 TARGET int64_t kvq_rk_emit_scores_avx2(const float *scores, int64_t n, uint32_t T, int64_t ties,
                                        int32_t *idx)
 {
-    const __m256i top = _mm256_set1_epi32((int)0x80000000u);
-    const __m256i tv = _mm256_set1_epi32((int)T), ts = _mm256_xor_si256(tv, top);
+    const __m256i tv = _mm256_set1_epi32((int)T);
     int64_t m = 0, j = 0;
     for (; j + 8 <= n; j += 8) {
         const __m256i k = keys8(_mm256_loadu_ps(scores + j));
-        const unsigned gt = (unsigned)_mm256_movemask_ps(
-            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_xor_si256(k, top), ts)));
-        const unsigned eq =
-            (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(k, tv)));
-        unsigned bits = gt | eq;
-        while (bits) {
-            const int l = __builtin_ctz(bits);
-            bits &= bits - 1;
-            if ((gt >> l) & 1u)
-                idx[m++] = (int32_t)(j + l);
-            else if (ties > 0) {
-                idx[m++] = (int32_t)(j + l);
-                ties--;
-            }
-        }
+        m = emit8(k, tv, j, &ties, idx, m);
     }
     for (; j < n; j++) {
         const uint32_t key = kvq_rk_key(scores[j]);

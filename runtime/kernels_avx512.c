@@ -160,26 +160,41 @@ static inline uint32_t lowest_bits(uint32_t x, int64_t t)
     return r;
 }
 
+/* The lanes of eq taken as ties: the lowest *ties of them (all when fewer); *ties goes
+ * down by as many. */
+static inline uint32_t take_ties(uint32_t eq, int64_t *ties)
+{
+    if (!eq || *ties <= 0)
+        return 0;
+    const int cnt = __builtin_popcount(eq);
+    if (cnt > *ties)
+        eq = lowest_bits(eq, *ties);
+    *ties -= cnt > *ties ? *ties : cnt;
+    return eq;
+}
+
+/* The emission step of the 16 keys k (lanes `valid`) of tokens j .. j+15 against the
+ * threshold tv: every key above it, and keys equal to it while *ties lasts, appended to
+ * idx[m..]; returns the new count. */
+static inline TARGET int64_t emit16(__m512i k, __mmask16 valid, __m512i tv, int64_t j,
+                                    int64_t *ties, int32_t *idx, int64_t m)
+{
+    const uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv) |
+                         take_ties(_mm512_mask_cmpeq_epu32_mask(valid, k, tv), ties);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return m + compress_store((uint32_t *)idx + m, (__mmask16)sel,
+                              _mm512_add_epi32(_mm512_set1_epi32((int)j), iota));
+}
+
 TARGET int64_t kvq_rk_emit_avx512(const uint32_t *keys, int64_t n, uint32_t T, int64_t ties,
                                   int32_t *idx)
 {
     const __m512i tv = _mm512_set1_epi32((int)T);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
         const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
-        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
-        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
-        if (eq && ties > 0) {
-            const int c = __builtin_popcount(eq);
-            if (c > ties)
-                eq = lowest_bits(eq, ties);
-            ties -= c > ties ? ties : c;
-            sel |= eq;
-        }
-        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
-        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
+        m = emit16(k, valid, tv, j, &ties, idx, m);
     }
     return m;
 }
@@ -205,22 +220,11 @@ TARGET int64_t kvq_rk_emit_scores_avx512(const float *scores, int64_t n, uint32_
                                          int32_t *idx)
 {
     const __m512i tv = _mm512_set1_epi32((int)T);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
         const __m512i k = keys16(_mm512_maskz_loadu_ps(valid, scores + j));
-        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
-        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
-        if (eq && ties > 0) {
-            const int c = __builtin_popcount(eq);
-            if (c > ties)
-                eq = lowest_bits(eq, ties);
-            ties -= c > ties ? ties : c;
-            sel |= eq;
-        }
-        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
-        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
+        m = emit16(k, valid, tv, j, &ties, idx, m);
     }
     return m;
 }
@@ -230,24 +234,13 @@ static TARGET int64_t emit_codes_gather(const uint32_t *ktab, const uint16_t *co
                                         uint32_t T, int64_t ties, int32_t *idx)
 {
     const __m512i tv = _mm512_set1_epi32((int)T);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
         const __m512i c = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, codes + j));
         const __m512i k =
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, c, (const int *)ktab, 4);
-        uint32_t sel = _mm512_mask_cmpgt_epu32_mask(valid, k, tv);
-        uint32_t eq = _mm512_mask_cmpeq_epu32_mask(valid, k, tv);
-        if (eq && ties > 0) {
-            const int cnt = __builtin_popcount(eq);
-            if (cnt > ties)
-                eq = lowest_bits(eq, ties);
-            ties -= cnt > ties ? ties : cnt;
-            sel |= eq;
-        }
-        const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
-        m += compress_store((uint32_t *)idx + m, (__mmask16)sel, ix);
+        m = emit16(k, valid, tv, j, &ties, idx, m);
     }
     return m;
 }
@@ -286,16 +279,8 @@ static TARGET int64_t emit_codes_bitmap(const uint32_t *words, const uint16_t *c
                                                      _mm512_mask_blend_epi32(m5, p2, p3));
         const __m512i bit = _mm512_srlv_epi32(word, _mm512_and_si512(c, low5));
         uint32_t sel = _mm512_mask_test_epi32_mask(valid, bit, one);
-        if (ties > 0) {
-            uint32_t eq = _mm512_mask_cmpeq_epi32_mask(valid, c, bcv);
-            if (eq) {
-                const int cnt = __builtin_popcount(eq);
-                if (cnt > ties)
-                    eq = lowest_bits(eq, ties);
-                ties -= cnt > ties ? ties : cnt;
-                sel |= eq;
-            }
-        }
+        if (ties > 0)
+            sel |= take_ties(_mm512_mask_cmpeq_epi32_mask(valid, c, bcv), &ties);
         const __m512i ix = _mm512_add_epi32(_mm512_set1_epi32((int)j), iota);
         if (m + 16 <= room) /* a plain store: masked ones cost more, and idx has room */
             _mm512_storeu_si512(idx + m, _mm512_maskz_compress_epi32((__mmask16)sel, ix));

@@ -213,6 +213,18 @@ static kvq_codebook **codebooks_for(const kvq_model_id *id, kvq_codebook_method 
     return cbs;
 }
 
+/* Writes cbs for id to path and opens it for the same model (failing the test
+ * otherwise). */
+static kvq_runtime *write_and_open(const char *path, const kvq_model_id *id, kvq_codebook **cbs)
+{
+    kvq_runtime *rt = NULL;
+    kvq_err e = {0};
+    assert_int_equal(write_artifact(path, id, cbs), 0);
+    if (kvq_runtime_open(path, id, "model", &rt, &e) != KVQ_OK)
+        fail_msg("%s", e.msg);
+    return rt;
+}
+
 static void codebooks_free(kvq_codebook **cbs, int n)
 {
     for (int i = 0; i < n; i++)
@@ -901,11 +913,7 @@ static void test_open_artifact(void **state)
     (void)state;
     const kvq_model_id id = small_id(2, 8, 2, 16);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 32, 1, 1);
-    const char *path = test_path("ok.kvq");
-    assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
-    kvq_err e = {0};
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    kvq_runtime *rt = write_and_open(test_path("ok.kvq"), &id, cbs);
     assert_int_equal(kvq_runtime_method(rt), KVQ_CODEBOOK_QAVQ);
     assert_int_equal(kvq_runtime_codebook_size(rt), 32);
     assert_int_equal(kvq_runtime_groups(rt), 1);
@@ -1087,15 +1095,17 @@ static void seq_free(seq_data *s)
 
 /* Runs the sequence through backend b: one chunk of `prefill` tokens, then single
  * tokens. Every layer gets the same inputs. Returns out [T, heads, d] of the last layer. */
-static float *run_backend(const kvq_model_config *c, const kvq_attn_backend *b, const seq_data *s,
-                          int64_t prefill)
+/* Runs the sequence through backend b in chunks of `chunk` tokens while fewer than
+ * `until` are cached, then one token at a time; returns the outputs [T, nq d]. */
+static float *run_backend_chunks(const kvq_model_config *c, const kvq_attn_backend *b,
+                                 const seq_data *s, int64_t chunk, int64_t until)
 {
     const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
     float *out = malloc(sizeof(float) * s->T * qd);
     if (b->reset)
         b->reset(b->user);
     for (int64_t at = 0; at < s->T;) {
-        const int64_t n = at == 0 ? prefill : 1;
+        const int64_t n = at < until ? (chunk < s->T - at ? chunk : s->T - at) : 1;
         for (int32_t l = 0; l < c->n_layers; l++) {
             kvq_attn_call call = {.layer = l,
                                   .n = (int32_t)n,
@@ -1111,6 +1121,13 @@ static float *run_backend(const kvq_model_config *c, const kvq_attn_backend *b, 
         at += n;
     }
     return out;
+}
+
+/* A prompt of `prefill` tokens, then decode steps. */
+static float *run_backend(const kvq_model_config *c, const kvq_attn_backend *b, const seq_data *s,
+                          int64_t prefill)
+{
+    return run_backend_chunks(c, b, s, prefill, prefill);
 }
 
 static double max_rel_diff(const float *a, const float *b, size_t n)
@@ -1129,11 +1146,8 @@ static void test_budget_all_equals_full(void **state)
     const kvq_model_id id = small_id(2, 8, 2, 16);
     const kvq_model_config c = config_of(&id);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 16, 4, 4);
-    const char *path = test_path("all.kvq");
-    assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
+    kvq_runtime *rt = write_and_open(test_path("all.kvq"), &id, cbs);
     kvq_err e = {0};
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
     seq_data s = make_seq(&c, 260, 77);
     kvq_full_attn *fa = NULL;
     assert_int_equal(kvq_full_attn_create(&c, 1000, &fa, &e), KVQ_OK);
@@ -1444,11 +1458,8 @@ static void test_mass_selector(void **state)
     const kvq_model_id id = small_id(1, 4, 1, 16);
     const kvq_model_config c = config_of(&id);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 32, 1, 8);
-    const char *path = test_path("mass.kvq");
-    assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
+    kvq_runtime *rt = write_and_open(test_path("mass.kvq"), &id, cbs);
     kvq_err e = {0};
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
     seq_data s = make_seq(&c, 300, 5);
     for (int64_t i = 0; i < 300 * 4 * 16; i++)
         s.q[i] *= 3.0f; /* a peaked distribution */
@@ -1526,11 +1537,8 @@ static void test_codes_selection_equals_scores(void **state)
     static const kvq_codebook_method methods[] = {KVQ_CODEBOOK_VQ, KVQ_CODEBOOK_QAVQ};
     for (size_t mi = 0; mi < 2; mi++) {
         kvq_codebook **cbs = codebooks_for(&id, methods[mi], 16, 1, 40 + mi);
-        const char *path = test_path("codes_sel.kvq");
-        assert_int_equal(write_artifact(path, &id, cbs), 0);
-        kvq_runtime *rt = NULL;
+        kvq_runtime *rt = write_and_open(test_path("codes_sel.kvq"), &id, cbs);
         kvq_err e = {0};
-        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
         seq_data s = make_seq(&c, 400, 61 + mi);
         static const int64_t budgets[] = {1, 20, 57};
         for (int pf = 0; pf < 2; pf++)
@@ -1600,14 +1608,11 @@ static void test_code_order_layout(void **state)
     const kvq_model_id id = small_id(1, 4, 2, 16);
     const kvq_model_config c = config_of(&id);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 16, 1, 70);
-    const char *path = test_path("code_order.kvq");
-    assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
+    kvq_runtime *rt = write_and_open(test_path("code_order.kvq"), &id, cbs);
     kvq_err e = {0};
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
     const int64_t T = 700;
     seq_data s = make_seq(&c, T, 71);
-    const size_t qd = 4 * 16, kvd = 2 * 16;
+    const size_t qd = 4 * 16;
     for (int pm = 0; pm < 2; pm++)
         for (int pf = 0; pf < 2; pf++) {
             float *out[2];
@@ -1622,20 +1627,7 @@ static void test_code_order_layout(void **state)
                 p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
                 assert_int_equal(kvq_retrieval_create(&c, rt, &p, &ctx[v], &e), KVQ_OK);
                 const kvq_attn_backend b = kvq_retrieval_backend(ctx[v]);
-                out[v] = malloc(sizeof(float) * (size_t)T * qd);
-                /* chunks of 100 up to 500, then single tokens */
-                for (int64_t at = 0; at < T;) {
-                    const int64_t n = at < 500 ? 100 : 1;
-                    kvq_attn_call call = {.layer = 0,
-                                          .n = (int32_t)n,
-                                          .pos = s.pos + at,
-                                          .q = s.q + at * qd,
-                                          .k = s.k + at * kvd,
-                                          .v = s.v + at * kvd,
-                                          .out = out[v] + at * qd};
-                    assert_int_equal(b.attend(b.user, &call, &e), KVQ_OK);
-                    at += n;
-                }
+                out[v] = run_backend_chunks(&c, &b, &s, 100, 500); /* then single tokens */
             }
             for (int32_t h = 0; h < 2; h++) {
                 /* sorted up to the last sort: at least the rows before 500 - 16 */
