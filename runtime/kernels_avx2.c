@@ -175,27 +175,6 @@ TARGET int64_t kvq_rk_emit_avx2(const uint32_t *keys, int64_t n, uint32_t T, int
     return m;
 }
 
-TARGET int64_t kvq_rk_emit_codes_avx2(const uint32_t *ktab, int32_t K, const uint16_t *codes,
-                                      int64_t n, uint32_t T, int64_t ties, int64_t room,
-                                      int32_t *idx)
-{
-    (void)K;
-    (void)room;
-    const __m256i tv = _mm256_set1_epi32((int)T);
-    int64_t m = 0, j = 0;
-    for (; j + 8 <= n; j += 8) {
-        const __m256i c = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(codes + j)));
-        const __m256i k = _mm256_i32gather_epi32((const int *)ktab, c, 4);
-        m = emit8(k, tv, j, &ties, idx, m);
-    }
-    for (; j < n; j++) {
-        const uint32_t key = ktab[codes[j]];
-        if (key > T || (key == T && ties-- > 0))
-            idx[m++] = (int32_t)j;
-    }
-    return m;
-}
-
 static inline TARGET __m256i keys8(__m256 x)
 {
     const __m256i u = _mm256_castps_si256(_mm256_add_ps(x, _mm256_setzero_ps()));

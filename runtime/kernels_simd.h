@@ -52,9 +52,6 @@ static inline void kvq_rk_hist_top(const uint32_t *keys, int64_t n, uint32_t *hi
  *   bracket   with key = kvq_rk_key(scores[j]): *above = #{key > hi}; appends the keys
  *             in [lo, hi] to out in order; returns their count
  *   emit_scores  emit with the keys computed from scores on the fly
- *   emit_codes   emit with the key of token j looked up as ktab[codes[j]] (ktab: [K]);
- *             idx holds `room` entries (at least the count emitted), which lets a path
- *             store whole vectors while they fit
  *   logits, softmax, mix, attend: kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix /
  *             kvq_rk_attend_rows with f16 = 1 for f16 rows and 0 for f32 rows.
  * The attend state layout (kernels.c): per head h, state[h] = running max,
@@ -73,9 +70,6 @@ static inline void kvq_rk_hist_top(const uint32_t *keys, int64_t n, uint32_t *hi
                                uint32_t *out, int64_t *above);                                     \
     int64_t kvq_rk_emit_scores_##X(const float *scores, int64_t n, uint32_t T, int64_t ties,       \
                                    int32_t *idx);                                                  \
-    int64_t kvq_rk_emit_codes_##X(const uint32_t *ktab, int32_t K, const uint16_t *codes,         \
-                                  int64_t n, uint32_t T, int64_t ties, int64_t room,               \
-                                  int32_t *idx);                                                   \
     void kvq_rk_logits_##X(const float *q, int32_t nq, int32_t d, const void *K, int f16,          \
                            int64_t ld_k, const int32_t *idx, int64_t m, float scale,               \
                            float *logits, int64_t ld_l);                                           \
@@ -89,6 +83,12 @@ static inline void kvq_rk_hist_top(const uint32_t *keys, int64_t n, uint32_t *hi
 KVQ_RK_DECLARE(avx2)
 KVQ_RK_DECLARE(avx512)
 #undef KVQ_RK_DECLARE
+
+/* AVX-512 only (AVX2 runs the scalar loop, kernels.c): emit with the key of token j
+ * looked up as ktab[codes[j]] (ktab: [K]); idx holds `room` entries (at least the count
+ * emitted), which lets it store whole vectors while they fit. */
+int64_t kvq_rk_emit_codes_avx512(const uint32_t *ktab, int32_t K, const uint16_t *codes,
+                                 int64_t n, uint32_t T, int64_t ties, int64_t room, int32_t *idx);
 
 #else
 #define KVQ_RK_HAVE_X86 0
