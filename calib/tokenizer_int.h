@@ -114,4 +114,8 @@ int tok_cp_to_byte(uint32_t cp);
 size_t tok_pretok_next(kvq_pretok style, uint32_t max_digits, const char *text, size_t len,
                        size_t i);
 
+/* Class of a code point in the byte-level pre-tokenizer (tokenizer_bpe.c): 0 other,
+ * 1 letter (\p{L}), 2 number (\p{N}), 3 space (\s); above U+10FFFF: other. */
+int tok_cp_class(uint32_t cp);
+
 #endif

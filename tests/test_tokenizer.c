@@ -1091,6 +1091,18 @@ static void test_pretokenize(void **state)
                  "na\xc3\xafve caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac\xe3\x80\x82 "
                  "\xf0\x9f\x98\x80! \xd0\x9f\xd1\x80\xd0\xb8 e\xcc\x81\xc2\xa0\xd9\xa3",
                  u1, 10);
+    /* Indic vowel signs and viramas are marks, not letters: each ends the word (what
+     * Python's regex module gives for the GPT-2 expression); Roman numerals and
+     * Devanagari digits are numbers; Cherokee and U+A66E are letters */
+    const char *const u2[] = {"\xe0\xa4\xb9", "\xe0\xa4\xbf", "\xe0\xa4\xa8", "\xe0\xa5\x8d",
+                              "\xe0\xa4\xa6", "\xe0\xa5\x80", " \xe2\x85\xab\xe2\x85\xa2",
+                              " \xe0\xa5\xaa\xe0\xa5\xa8", " \xe1\x8f\xa3\xe1\x8e\xb3\xe1\x8e\xa9",
+                              " \xea\x99\xae"};
+    assert_split(KVQ_PRETOK_GPT2, 0,
+                 "\xe0\xa4\xb9\xe0\xa4\xbf\xe0\xa4\xa8\xe0\xa5\x8d\xe0\xa4\xa6\xe0\xa5\x80 "
+                 "\xe2\x85\xab\xe2\x85\xa2 \xe0\xa5\xaa\xe0\xa5\xa8 \xe1\x8f\xa3\xe1\x8e\xb3\xe1\x8e\xa9 "
+                 "\xea\x99\xae",
+                 u2, 10);
     /* stray bytes count as punctuation */
     const char *const b1[] = {"a", "\xff\x80", " b"};
     assert_split(KVQ_PRETOK_GPT2, 0, "a\xff\x80 b", b1, 3);
