@@ -210,7 +210,8 @@ static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
         kvq_rope_apply(&cfg->rope, fa->theta, fa->qrot + i * qd, nh, c->pos[i]);
     }
 
-    /* Per query head: S = Q K^T / sqrt(d) [n, T], causal softmax, out = S V. */
+    /* Per query head: S = Q K^T / sqrt(d) [n, T], causal softmax (over the sliding
+     * window when the layer has one), out = S V. */
     const int group = nh / nkv;
     const float scale = (float)(1.0 / sqrt((double)d));
     float *S = fa->scores;
@@ -220,18 +221,21 @@ static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
                     fa->qrot + h * d, (int)qd, K + g * d, (int)kvd, 0.0f, S, (int)T);
         for (int64_t i = 0; i < n; i++) {
             float *row = S + i * T;
-            const int64_t valid = past + i + 1; /* causal: keys [0, past + i] */
-            float mx = row[0];
-            for (int64_t j = 1; j < valid; j++)
+            const int64_t valid = past + i + 1; /* causal: keys [lo, past + i] */
+            const int64_t lo = kvq_model_window_start(cfg, c->layer, valid);
+            float mx = row[lo];
+            for (int64_t j = lo + 1; j < valid; j++)
                 mx = row[j] > mx ? row[j] : mx;
             double sum = 0;
-            for (int64_t j = 0; j < valid; j++) {
+            for (int64_t j = lo; j < valid; j++) {
                 row[j] = expf(row[j] - mx);
                 sum += row[j];
             }
             const float inv = (float)(1.0 / sum);
-            for (int64_t j = 0; j < valid; j++)
+            for (int64_t j = lo; j < valid; j++)
                 row[j] *= inv;
+            for (int64_t j = 0; j < lo; j++)
+                row[j] = 0.0f;
             for (int64_t j = valid; j < T; j++)
                 row[j] = 0.0f;
         }

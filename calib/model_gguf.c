@@ -376,8 +376,5 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
             kvq_log(&p->cb, KVQ_LOG_WARN, "%s: tokenizer has %u tokens, the model %d", path,
                     kvq_tokenizer_n_vocab(m->tok), c->vocab_size);
     }
-    if (c->sliding_window > 0)
-        kvq_log(&p->cb, KVQ_LOG_INFO, "%s: sliding window %d is not applied (full attention)",
-                path, c->sliding_window);
     return KVQ_OK;
 }

@@ -69,6 +69,13 @@ static kvq_status json_i32(const cJSON *o, const char *key, int required, int32_
     return KVQ_OK;
 }
 
+/* sliding_window, and which layers use it: all for mistral; for qwen2 those from
+ * max_window_layers on (transformers' default 28 when the key is absent). A
+ * "layer_types" list, when present, must be full attention then sliding attention
+ * (any other pattern is refused) and decides. */
+static kvq_status parse_sliding_window(const cJSON *cfg, kvq_model_config *c, const char *path,
+                                       kvq_err *err);
+
 static kvq_status json_f64(const cJSON *o, const char *key, double *out, const char *path,
                            kvq_err *err)
 {
@@ -78,6 +85,48 @@ static kvq_status json_f64(const cJSON *o, const char *key, double *out, const c
     if (!cJSON_IsNumber(v))
         return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"%s\" is not a number", path, key);
     *out = v->valuedouble;
+    return KVQ_OK;
+}
+
+static kvq_status parse_sliding_window(const cJSON *cfg, kvq_model_config *c, const char *path,
+                                       kvq_err *err)
+{
+    kvq_status st;
+    c->sliding_window = 0;
+    c->sliding_from = 0;
+    if ((st = json_i32(cfg, "sliding_window", 0, &c->sliding_window, path, err)))
+        return st;
+    if (c->sliding_window == 0)
+        return KVQ_OK;
+    if (c->arch == KVQ_ARCH_QWEN2) {
+        c->sliding_from = 28;
+        if ((st = json_i32(cfg, "max_window_layers", 0, &c->sliding_from, path, err)))
+            return st;
+    }
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    if (types && !cJSON_IsNull(types)) {
+        int32_t first = -1, i = 0;
+        const cJSON *t;
+        if (!cJSON_IsArray(types))
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list", path);
+        cJSON_ArrayForEach(t, types)
+        {
+            const int sliding = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");
+            if (!sliding && !(cJSON_IsString(t) && !strcmp(t->valuestring, "full_attention")))
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: layer_types[%d] is not "
+                                   "full_attention or sliding_attention", path, (int)i);
+            if (sliding && first < 0)
+                first = i;
+            if (!sliding && first >= 0)
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                                   "%s: layer_types: full attention after sliding attention "
+                                   "(layer %d) is not supported", path, (int)i);
+            i++;
+        }
+        if (first < 0) /* no sliding layer */
+            c->sliding_window = 0;
+        c->sliding_from = first < 0 ? 0 : first;
+    }
     return KVQ_OK;
 }
 
@@ -216,7 +265,7 @@ static kvq_status parse_config(const cJSON *cfg, kvq_model_config *c, const char
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported %s", path,
                            attn_bias ? "attention_bias" : "mlp_bias");
     c->qkv_bias = c->arch == KVQ_ARCH_QWEN2;
-    if (use_sw && (st = json_i32(cfg, "sliding_window", 0, &c->sliding_window, path, err)))
+    if (use_sw && (st = parse_sliding_window(cfg, c, path, err)))
         return st;
     c->bos_id = json_token_id(cfg, "bos_token_id");
     c->eos_id = json_token_id(cfg, "eos_token_id");
@@ -469,9 +518,6 @@ kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *e
             kvq_log(&p->cb, KVQ_LOG_WARN, "%s: tokenizer has %u tokens, the model %d", m->path,
                     kvq_tokenizer_n_vocab(m->tok), c->vocab_size);
     }
-    if (c->sliding_window > 0)
-        kvq_log(&p->cb, KVQ_LOG_INFO, "%s: sliding window %d is not applied (full attention)",
-                m->path, c->sliding_window);
 done:
     if (h.shard_paths)
         for (size_t i = 0; i < m->n_shards; i++)

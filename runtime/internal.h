@@ -112,6 +112,7 @@ struct kvq_retrieval {
     const kvq_runtime *rt;
     int32_t n_layers, n_heads, n_kv, d, gs; /* gs: query heads per KV head */
     int32_t window;                         /* w used */
+    int32_t sliding_window, sliding_from;   /* the model's (kvq_model_window_start) */
     int64_t wrope_b;                        /* b used by the exact step */
     kvq_rope rope;
     int32_t db; /* fier bytes per token */
@@ -140,8 +141,9 @@ struct rt_step {
     int32_t layer, head;
     const float *q; /* [gs, d] pre-RoPE queries of the group */
     int64_t pos;    /* the query's position */
-    int64_t nvis;   /* visible tokens [0, nvis) */
-    int64_t s_end;  /* sinks [0, s_end) */
+    int64_t nvis;   /* tokens [0, nvis) precede the query (itself included) */
+    int64_t lo;     /* the first it sees: 0, or nvis - W under a sliding window */
+    int64_t s_end;  /* sinks [lo, s_end) */
     int64_t w_beg;  /* window [w_beg, nvis) */
     int64_t nc;     /* candidates [s_end, w_beg) */
     rt_scratch *S;

@@ -228,6 +228,8 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *
     r->gs = cfg->n_heads / cfg->n_kv_heads;
     r->rope = cfg->rope;
     r->window = P.window > 0 ? P.window : rt ? kvq_runtime_wrope_w(rt) : 64;
+    r->sliding_window = cfg->sliding_window;
+    r->sliding_from = cfg->sliding_from;
     r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_runtime_wrope_b(rt) : 2048;
     r->db = (r->d + 7) / 8;
     r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
@@ -545,6 +547,14 @@ static void quest_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, 
     }
 }
 
+/* The first token a query of `layer` with n tokens before it (itself included) sees. */
+static int64_t window_start(const kvq_retrieval *r, int32_t layer, int64_t n)
+{
+    const kvq_model_config c = {.sliding_window = r->sliding_window,
+                                .sliding_from = r->sliding_from};
+    return kvq_model_window_start(&c, layer, n);
+}
+
 /* ==========================================================================
  * Row order (kvq/runtime.h): the far rows of single-group codebooks in code order
  * ========================================================================== */
@@ -613,7 +623,11 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
 static kvq_status sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err)
 {
     const kvq_selector sel = r->p.selector;
+    const int32_t layer = (int32_t)(L - r->layer);
+    /* under a sliding window the visible tokens are a range that moves past the sinks:
+     * rows must stay in token order */
     if (!r->p.code_order || r->be->codes || !L->cb[0] ||
+        (r->sliding_window > 0 && layer >= r->sliding_from) ||
         (sel != KVQ_SELECT_CODEBOOK && sel != KVQ_SELECT_MASS) ||
         kvq_codebook_get_desc(L->cb[0])->groups != 1)
         return KVQ_OK;
@@ -720,16 +734,17 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
  * Attention
  * ========================================================================== */
 
-/* Exact attention (exact RoPE) of the group's queries over tokens [0, nvis) whose
- * rotated keys are krot [nvis, d]: probabilities into p [gs, ld] and outputs into
+/* Exact attention (exact RoPE) of the group's queries over the m tokens [lo, lo + m)
+ * whose rotated keys are krot [m, d]: probabilities into p [gs, ld] and outputs into
  * o [gs, d]. qi: [gs, d] rotated queries. */
 static void exact_attention(const kvq_retrieval *r, const rt_head *H, const float *krot,
-                            const float *qi, int64_t nvis, float *p, int64_t ld, float *o)
+                            const float *qi, int64_t lo, int64_t m, float *p, int64_t ld, float *o)
 {
     const float scale = (float)(1.0 / sqrt((double)r->d));
-    kvq_rk_logits(r->p.isa, qi, r->gs, r->d, krot, KVQ_DT_F32, r->d, NULL, nvis, scale, p, ld);
-    kvq_rk_softmax(r->p.isa, p, r->gs, nvis, ld);
-    kvq_rk_mix(r->p.isa, p, r->gs, ld, H->v, r->p.cache_dtype, r->d, NULL, nvis, r->d, o);
+    kvq_rk_logits(r->p.isa, qi, r->gs, r->d, krot, KVQ_DT_F32, r->d, NULL, m, scale, p, ld);
+    kvq_rk_softmax(r->p.isa, p, r->gs, m, ld);
+    kvq_rk_mix(r->p.isa, p, r->gs, ld, (const char *)H->v + (size_t)lo * r->d * r->es,
+               r->p.cache_dtype, r->d, NULL, m, r->d, o);
 }
 
 /* The group's queries rotated by R_b (qb) and by their position (qi). */
@@ -750,15 +765,16 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
-    for (int64_t j = 0; j < st->nvis; j++)
-        kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)j * d);
-    exact_attention(r, st->H, S->krot, S->qi, st->nvis, S->pfull, st->nvis, S->ofull);
+    const int64_t lo = st->lo, nv = st->nvis - lo; /* the visible tokens [lo, nvis) */
+    for (int64_t j = lo; j < st->nvis; j++)
+        kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
+    exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
     double mass = 0, rel = 0;
     for (int32_t g = 0; g < gs; g++) {
-        const float *pf = S->pfull + (size_t)g * st->nvis;
+        const float *pf = S->pfull + (size_t)g * nv;
         double sm = 0, e2 = 0, f2 = 0;
         for (int64_t a = 0; a < m; a++)
-            sm += pf[att[a]];
+            sm += pf[att[a] - lo];
         for (int32_t t = 0; t < d; t++) {
             const double x = S->o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
             e2 += (x - y) * (x - y);
@@ -812,7 +828,8 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
                   .pos = pos,
                   .nvis = nvis,
                   .S = S};
-    st.s_end = r->p.sink < nvis ? r->p.sink : nvis;
+    st.lo = window_start(r, layer, nvis);
+    st.s_end = st.lo + (r->p.sink < nvis - st.lo ? r->p.sink : nvis - st.lo);
     st.w_beg = nvis - r->window > st.s_end ? nvis - r->window : st.s_end;
     st.nc = st.w_beg - st.s_end;
     rotate_queries(r, q, pos, S);
@@ -821,9 +838,9 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     double sel_bytes = 0, cb_bytes = 0;
     int32_t *att = S->att;
     int64_t m = 0;
-    for (int64_t j = 0; j < st.s_end; j++)
+    for (int64_t j = st.lo; j < st.s_end; j++)
         att[m++] = (int32_t)j;
-    const int64_t k = kvq_budget_tokens(&r->p.budget, nvis);
+    const int64_t k = kvq_budget_tokens(&r->p.budget, nvis - st.lo);
     const int64_t nsel = kvq_rt_select(&st, r->p.selector, k, att + m, &sel_bytes, &cb_bytes);
     m += nsel;
     if (record) { /* the chunk's last row: one writer per head */
@@ -868,10 +885,10 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     /* ---- statistics */
     if (st.nc > 0) {
         S->sums.steps++;
-        S->sums.visible += (double)nvis;
+        S->sums.visible += (double)(nvis - st.lo);
         S->sums.attended += (double)m;
         S->sums.bytes_read += sel_bytes + (double)m * 2.0 * d * r->es;
-        S->sums.bytes_full += (double)nvis * 2.0 * d * r->es;
+        S->sums.bytes_full += (double)(nvis - st.lo) * 2.0 * d * r->es;
         S->sums.bytes_codebook += cb_bytes;
         if (r->p.measure)
             measure_step(&st, att, m, nsel);
@@ -902,10 +919,12 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
         float *P = S->pre; /* [n, T] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale, S->qpre, d,
                     S->krot, d, 0.0f, P, (int)T);
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t nvis = past + i + 1;
-            kvq_rk_softmax(r->p.isa, P + (size_t)i * T, 1, nvis, T);
-            memset(P + (size_t)i * T + nvis, 0, sizeof(float) * (size_t)(T - nvis));
+        for (int64_t i = 0; i < n; i++) { /* causal, over the sliding window if any */
+            const int64_t nvis = past + i + 1, lo = window_start(r, c->layer, nvis);
+            float *row = P + (size_t)i * T;
+            kvq_rk_softmax(r->p.isa, row + lo, 1, nvis - lo, T);
+            memset(row, 0, sizeof(float) * (size_t)lo);
+            memset(row + nvis, 0, sizeof(float) * (size_t)(T - nvis));
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, d, (int)T, 1.0f, P, (int)T,
                     V, d, 0.0f, c->out + (size_t)(h * gs + g) * d, nh * d);

@@ -333,6 +333,77 @@ static void test_forms_storage_types(void **state)
     tinyllama_free(t);
 }
 
+static void expect_open(const tinyllama_spec *s, int gguf, const char *name, kvq_status want,
+                        const char *needle);
+
+/* Opens a mistral or qwen2 HF directory with extra config members. */
+static kvq_model *open_hf_with(const char *arch, const char *extra, const char *name)
+{
+    tinyllama_spec s = tinyllama_default();
+    s.arch = arch;
+    s.hf_extra = extra;
+    tinyllama *t = tinyllama_new(&s);
+    assert_int_equal(tinyllama_write_hf(t, test_path(name)), 0);
+    tinyllama_free(t);
+    return open_ok(test_path(name));
+}
+
+/* Sliding windows: which layers get one, from the HF config; the forward pass then
+ * matches the unwindowed model on the first W rows and departs from it after. */
+static void test_sliding_window(void **state)
+{
+    kvq_model *m = open_hf_with("mistral", "\"sliding_window\": 8", "hf-swa");
+    const kvq_model_config *c = kvq_model_config_get(m);
+    assert_int_equal(c->sliding_window, 8);
+    assert_int_equal(c->sliding_from, 0);
+    assert_int_equal(kvq_model_window_start(c, 0, 8), 0);
+    assert_int_equal(kvq_model_window_start(c, 1, 20), 12);
+    kvq_model *full = open_hf_with("mistral", "\"sliding_window\": null", "hf-noswa");
+    assert_int_equal(kvq_model_config_get(full)->sliding_window, 0);
+    const int n = 20, vocab = kvq_model_config_get(full)->vocab_size;
+    int32_t *toks = random_tokens(n, vocab, 11);
+    float *a = run_all(m, toks, n, 7, NULL), *b = run_all(full, toks, n, 7, NULL);
+    assert_close(a, b, (size_t)8 * vocab, 1e-5); /* rows 0..7 see at most 8 tokens */
+    double far = 0;
+    for (size_t i = (size_t)8 * vocab; i < (size_t)n * vocab; i++)
+        far = fmax(far, fabs((double)a[i] - b[i]));
+    assert_true(far > 1e-3);
+    /* chunking does not matter */
+    float *a1 = run_all(m, toks, n, 1, NULL);
+    assert_close(a, a1, (size_t)n * vocab, 1e-5);
+    free(a);
+    free(a1);
+    free(b);
+    free(toks);
+    kvq_model_close(m);
+    kvq_model_close(full);
+
+    /* qwen2: only with use_sliding_window, from max_window_layers on (default 28) */
+    m = open_hf_with("qwen2", "\"sliding_window\": 8", "hf-q-off");
+    assert_int_equal(kvq_model_config_get(m)->sliding_window, 0);
+    kvq_model_close(m);
+    m = open_hf_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 8, "
+                              "\"max_window_layers\": 1", "hf-q-from1");
+    assert_int_equal(kvq_model_config_get(m)->sliding_window, 8);
+    assert_int_equal(kvq_model_config_get(m)->sliding_from, 1);
+    assert_int_equal(kvq_model_window_start(kvq_model_config_get(m), 0, 20), 0);
+    kvq_model_close(m);
+    m = open_hf_with("qwen2", "\"use_sliding_window\": true, \"sliding_window\": 8",
+                     "hf-q-default");
+    assert_int_equal(kvq_model_config_get(m)->sliding_from, 28);
+    kvq_model_close(m);
+    /* layer_types decides; a full layer after a sliding one is refused */
+    m = open_hf_with("mistral", "\"sliding_window\": 8, \"layer_types\": "
+                                "[\"full_attention\", \"sliding_attention\"]", "hf-lt");
+    assert_int_equal(kvq_model_config_get(m)->sliding_from, 1);
+    kvq_model_close(m);
+    tinyllama_spec s = tinyllama_default();
+    s.arch = "mistral";
+    s.hf_extra = "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+                 "\"full_attention\"]";
+    expect_open(&s, 0, "hf-lt-bad", KVQ_E_UNSUPPORTED, "full attention after sliding attention");
+}
+
 /* Per-use conversion through a small scratch equals the cached f32 copy. */
 static void test_conversion_paths(void **state)
 {
@@ -716,6 +787,7 @@ int main(void)
         cmocka_unit_test(test_forms_qwen2),
         cmocka_unit_test(test_forms_rope_scaling),
         cmocka_unit_test(test_forms_storage_types),
+        cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_conversion_paths),
         cmocka_unit_test(test_layer0_k_independent),
         cmocka_unit_test(test_backend_and_observer),

@@ -1093,10 +1093,9 @@ static void seq_free(seq_data *s)
     free(s->pos);
 }
 
-/* Runs the sequence through backend b: one chunk of `prefill` tokens, then single
- * tokens. Every layer gets the same inputs. Returns out [T, heads, d] of the last layer. */
 /* Runs the sequence through backend b in chunks of `chunk` tokens while fewer than
- * `until` are cached, then one token at a time; returns the outputs [T, nq d]. */
+ * `until` are cached, then one token at a time. Every layer gets the same inputs.
+ * Returns out [T, heads, d] of the last layer. */
 static float *run_backend_chunks(const kvq_model_config *c, const kvq_attn_backend *b,
                                  const seq_data *s, int64_t chunk, int64_t until)
 {
@@ -1140,11 +1139,16 @@ static double max_rel_diff(const float *a, const float *b, size_t n)
     return m / (scale > 0 ? scale : 1);
 }
 
-static void test_budget_all_equals_full(void **state)
+/* Budget = everything reproduces full attention for every selector, with and without
+ * a sliding window (sw: layer 1 sees the last 80 tokens). */
+static void budget_all_equals_full(int sw)
 {
-    (void)state;
     const kvq_model_id id = small_id(2, 8, 2, 16);
-    const kvq_model_config c = config_of(&id);
+    kvq_model_config c = config_of(&id);
+    if (sw) {
+        c.sliding_window = 80; /* below the prompt of 100: the prefill rows see it too */
+        c.sliding_from = 1;
+    }
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 16, 4, 4);
     kvq_runtime *rt = write_and_open(test_path("all.kvq"), &id, cbs);
     kvq_err e = {0};
@@ -1206,6 +1210,64 @@ static void test_budget_all_equals_full(void **state)
     kvq_full_attn_free(fa);
     kvq_runtime_close(rt);
     codebooks_free(cbs, 4);
+}
+
+static void test_budget_all_equals_full(void **state)
+{
+    (void)state;
+    budget_all_equals_full(0);
+    budget_all_equals_full(1);
+}
+
+/* The sliding window of full attention, checked independently: row i of a layer with a
+ * window of W equals the last row of the same layer without a window run on tokens
+ * [i - W + 1, i] alone (same positions). */
+static void test_sliding_window_attention(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 2, 16);
+    kvq_model_config cw = config_of(&id);
+    const kvq_model_config c = cw;
+    cw.sliding_window = 50;
+    const int64_t T = 200, W = 50;
+    seq_data s = make_seq(&c, T, 55);
+    kvq_err e = {0};
+    kvq_full_attn *fa = NULL;
+    assert_int_equal(kvq_full_attn_create(&cw, 1000, &fa, &e), KVQ_OK);
+    const kvq_attn_backend fb = kvq_full_attn_backend(fa);
+    float *out = run_backend(&cw, &fb, &s, 70);
+    const size_t qd = 4 * 16, kvd = 2 * 16;
+    static const int64_t rows[] = {30, 49, 50, 69, 70, 123, 199};
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+        const int64_t i = rows[ri], lo = i + 1 > W ? i + 1 - W : 0, m = i + 1 - lo;
+        seq_data sub = {.T = m};
+        sub.q = s.q + lo * qd;
+        sub.k = s.k + lo * kvd;
+        sub.v = s.v + lo * kvd;
+        sub.pos = s.pos + lo;
+        kvq_full_attn *fu = NULL;
+        assert_int_equal(kvq_full_attn_create(&c, 1000, &fu, &e), KVQ_OK);
+        const kvq_attn_backend ub = kvq_full_attn_backend(fu);
+        float *ref = run_backend(&c, &ub, &sub, m);
+        const double diff = max_rel_diff(out + i * qd, ref + (m - 1) * qd, qd);
+        if (diff > 1e-5)
+            fail_msg("row %lld: windowed attention differs from attention over its window by %g",
+                     (long long)i, diff);
+        free(ref);
+        kvq_full_attn_free(fu);
+    }
+    /* and the window changes the rows it should */
+    kvq_full_attn *fn = NULL;
+    assert_int_equal(kvq_full_attn_create(&c, 1000, &fn, &e), KVQ_OK);
+    const kvq_attn_backend nb = kvq_full_attn_backend(fn);
+    float *plain = run_backend(&c, &nb, &s, 70);
+    assert_true(max_rel_diff(out, plain, (size_t)W * qd) < 1e-6);
+    assert_true(max_rel_diff(out + 150 * qd, plain + 150 * qd, 50 * qd) > 1e-3);
+    free(plain);
+    kvq_full_attn_free(fn);
+    free(out);
+    kvq_full_attn_free(fa);
+    seq_free(&s);
 }
 
 /* Brute-force selection of the last row of s for KV head 0 of a 1-KV-head config:
@@ -2025,6 +2087,7 @@ int main(void)
         cmocka_unit_test(test_open_mismatch),
         cmocka_unit_test(test_open_corrupt),
         cmocka_unit_test(test_budget_all_equals_full),
+        cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

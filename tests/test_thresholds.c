@@ -386,6 +386,22 @@ static void test_simcache_memory_hand_count(void **state)
     assert_true(m.bytes_f16 == 3 * 4 * 128);
     kvq_simcache_free(s);
 
+    /* a model with a sliding window: refused past the window, with the reason */
+    cfg.sliding_window = 2;
+    assert_int_equal(kvq_simcache_create(&cfg, KVQ_SIMCACHE_PATS, NULL, &pt, 1, &s, &e), KVQ_OK);
+    b = kvq_simcache_backend(s);
+    kvq_simcache_begin(s, 3, 0);
+    {
+        int64_t pos[3] = {0, 1, 2};
+        kvq_attn_call c = {.layer = 0, .n = 3, .pos = pos, .q = q, .k = k, .v = v, .out = out};
+        assert_int_equal(b.attend(b.user, &c, &e), KVQ_E_UNSUPPORTED);
+        assert_non_null(strstr(e.msg, "sliding window of 2 tokens"));
+        c.n = 2; /* within the window: simulated */
+        assert_int_equal(b.attend(b.user, &c, &e), KVQ_OK);
+    }
+    kvq_simcache_free(s);
+    cfg.sliding_window = 0;
+
     /* bad arguments */
     assert_int_equal(kvq_simcache_create(&cfg, KVQ_SIMCACHE_PATS, NULL, NULL, 1, &s, &e),
                      KVQ_E_INVALID_ARG);

@@ -221,6 +221,7 @@ struct kvq_simcache {
     kvq_rope rope;
     double theta[KVQ_ROPE_MAX_DIM / 2];
     int32_t n_layers, n_kv, nh, gs, d, threads;
+    int32_t sliding_window, sliding_from; /* the model's (not simulated: refused) */
     thr_head *heads;   /* [n_layers, n_kv] */
     float *qr, *kr;    /* [rows, nh, d], [rows, n_kv, d]: the chunk after RoPE */
     int64_t rows;
@@ -255,6 +256,8 @@ kvq_status kvq_simcache_create(const kvq_model_config *cfg, kvq_simcache_kind ki
     c->gs = cfg->n_heads / cfg->n_kv_heads;
     c->d = cfg->head_dim;
     c->threads = threads > 0 ? threads : 1;
+    c->sliding_window = cfg->sliding_window;
+    c->sliding_from = cfg->sliding_from;
     c->heads = calloc((size_t)c->n_layers * c->n_kv, sizeof *c->heads);
     c->st = calloc((size_t)c->n_kv, sizeof *c->st);
     c->errs = calloc((size_t)c->n_kv, sizeof *c->errs);
@@ -303,6 +306,15 @@ static kvq_status simcache_attend(void *user, const kvq_attn_call *c, kvq_err *e
         if (c->pos[i] < 0 || c->pos[i] > INT32_MAX)
             return kvq_err_set(err, KVQ_E_INVALID_ARG, "simcache: position %lld out of range",
                                (long long)c->pos[i]);
+    const int64_t cached = s->heads[(size_t)c->layer * nkv].n;
+    if (s->sliding_window > 0 && c->layer >= s->sliding_from &&
+        cached + c->n > s->sliding_window)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "simcache: layer %d attends over a sliding window of %d tokens; "
+                           "simulating LeanKV / PATS past it (%lld tokens) is not supported: "
+                           "use sequences of at most %d tokens",
+                           (int)c->layer, (int)s->sliding_window, (long long)(cached + c->n),
+                           (int)s->sliding_window);
     if (c->n > s->rows) {
         float *qr = realloc(s->qr, sizeof(float) * (size_t)c->n * nh * d);
         if (qr)

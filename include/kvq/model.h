@@ -57,7 +57,7 @@ typedef struct kvq_tokenizer kvq_tokenizer;
 
 typedef enum kvq_arch {
     KVQ_ARCH_LLAMA = 0,   /* Llama 1/2/3, TinyStories (llama2.c) */
-    KVQ_ARCH_MISTRAL = 1, /* as llama; sliding_window is recorded, not applied */
+    KVQ_ARCH_MISTRAL = 1, /* as llama, with a sliding attention window when configured */
     KVQ_ARCH_QWEN2 = 2    /* llama plus q/k/v projection biases */
 } kvq_arch;
 
@@ -77,13 +77,25 @@ typedef struct kvq_model_config {
     int32_t head_dim;         /* even; n_heads * head_dim need not equal dim */
     int32_t vocab_size;
     int32_t context_length;   /* trained context (metadata; not enforced) */
-    int32_t sliding_window;   /* mistral/qwen2 metadata, 0 = none (not applied) */
+    int32_t sliding_window;   /* W > 0: layers from sliding_from on attend only the last
+                                 W tokens (the query's own included); 0 = none */
+    int32_t sliding_from;     /* first layer with the window: 0 for mistral, qwen2's
+                                 max_window_layers (HF) */
     double norm_eps;          /* RMSNorm epsilon */
     kvq_rope rope;            /* base, scaling and pair layout; rope.head_dim == head_dim */
     int tied_embeddings;      /* 1: the output matrix is the token embedding */
     int qkv_bias;             /* 1: q/k/v projections have biases (qwen2) */
     int32_t bos_id, eos_id;   /* -1 when unknown */
 } kvq_model_config;
+
+/* The first cached token a query of `layer` sees when n tokens are visible to it
+ * (itself the last): n - W under a sliding window of W tokens, else 0. */
+static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t layer, int64_t n)
+{
+    return c->sliding_window > 0 && layer >= c->sliding_from && n > c->sliding_window
+               ? n - c->sliding_window
+               : 0;
+}
 
 /* ==========================================================================
  * Model

@@ -25,6 +25,10 @@
  *   - exact attention over the union. Positions (kvq_positions): ROPE rotates every
  *     attended key by its own position (q R_i . k_j R_j); WROPE (a2ats) does so for the
  *     window only and scores the other attended tokens as q R_b . k_j.
+ * Sliding windows (kvq_model_config.sliding_window): in a layer with a window of W
+ * tokens a query sees only the last W (kvq_model_window_start), as full attention
+ * does; sinks are the first S of those, the candidates lie between them and the recent
+ * window, and the rows stay in token order.
  * GQA: the query heads of a group share one selection. Scores are linear in the query,
  * so by default (KVQ_GROUP_SUM) the selector scores with the sum of the group's
  * scoring queries: one LUT and one pass over the codes per KV head, ranking tokens by
@@ -395,7 +399,8 @@ kvq_retrieval_device kvq_retrieval_device_used(const kvq_retrieval *r);
  * candidate (n > S + w). Divide the sums by `steps` (or `measured`) for means. */
 typedef struct kvq_retrieval_stats {
     uint64_t steps;
-    double visible;        /* sum of n */
+    double visible;        /* sum of n (the tokens each query sees: at most W under a
+                              sliding window) */
     double attended;       /* sum of attended tokens (sinks + window + selected) */
     double bytes_read;     /* selector metadata (codes, bits, page bounds) plus the
                                 K and V rows attended, in the cache's storage */

@@ -264,7 +264,8 @@ void kvq_simcache_free(kvq_simcache *s); /* NULL is fine */
 void kvq_simcache_begin(kvq_simcache *s, int64_t seq_len, int64_t prompt_len);
 /* The backend (user = s). attend errors: KVQ_E_INVALID_ARG (layer out of range, a
  * position outside [0, 2^31)), KVQ_E_NUMERIC (a value LeanKV cannot quantize in f16),
- * KVQ_E_NOMEM. */
+ * KVQ_E_UNSUPPORTED (a layer with a sliding window asked to attend past it: the
+ * simulation does not apply windows), KVQ_E_NOMEM. */
 kvq_attn_backend kvq_simcache_backend(kvq_simcache *s);
 
 /* Memory of the cache now, summed over layers and KV heads. */

@@ -280,6 +280,8 @@ static int write_config(const tinyllama *t, const char *dir)
                 s->factor, s->low_freq_factor, s->high_freq_factor, s->original_max_pos);
     else
         fprintf(f, "  \"rope_scaling\": null,\n");
+    if (s->hf_extra)
+        fprintf(f, "  %s,\n", s->hf_extra);
     fprintf(f, "  \"transformers_version\": \"4.44.0\"\n}\n");
     return fclose(f) == 0 ? 0 : wrote_err(path, NULL);
 }

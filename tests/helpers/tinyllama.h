@@ -35,6 +35,8 @@ typedef struct tinyllama_spec {
     uint64_t seed;
     const char *tokenizer_from; /* GGUF: copy the tokenizer.* metadata of this GGUF file
                                    (e.g. stories260K.gguf with vocab 512), or NULL */
+    const char *hf_extra;    /* HF: JSON members added to config.json, e.g.
+                                "\"sliding_window\": 8", or NULL */
 
     /* Deliberate defects, for error-path tests (NULL = none). Names are in the form
      * being written (HF "model.layers.0.mlp.down_proj.weight", GGUF "blk.0.ffn_down.weight"). */
