@@ -105,7 +105,7 @@ typedef struct kvq_model kvq_model;
 
 typedef struct kvq_model_params {
     int load_tokenizer;       /* 1 (default): load the tokenizer when the model has one */
-    kvq_callbacks cb;         /* warnings (e.g. an ignored sliding window); may be zero */
+    kvq_callbacks cb;         /* warnings (e.g. a tokenizer larger than the model); may be zero */
 } kvq_model_params;
 
 kvq_model_params kvq_model_params_default(void);
