@@ -28,9 +28,9 @@ typedef struct rt_layer rt_layer;
  *            holds L->cap rows)
  *   select   the codebook selector under KVQ_GROUP_SUM: LUT of the scoring query qs
  *            [d], then the top k (1 <= k < st->nc) of the candidates' scores (the CPU
- *            selects from the codes and their counts when G = 1, kvq_rk_topk_codes;
- *            otherwise score gather + top-k); the k selected token indices, ascending,
- *            into sel
+ *            selects from the codes and their counts when G = 1 and
+ *            kvq_rk_codes_select_pays, kvq_rk_topk_codes; otherwise score gather +
+ *            top-k); the k selected rows, ascending, into sel
  * NULL entries do nothing. Errors as kvq_status (BACKEND for a device failure). */
 typedef struct rt_backend {
     const char *name;

@@ -174,9 +174,9 @@ int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32
                           uint32_t *work);
 
 /* Whether selecting n candidates from codes (kvq_rk_topk_codes) is expected to beat
- * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 20 us at
- * K = 4096) pays off once the candidates outnumber the codes four to one (measured with
- * bench_decode --select, docs/BENCHMARKS.md). Either way the selection is the same. */
+ * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 17 us at
+ * K = 4096) pays off once the candidates outnumber the codes four to one (bench_topk,
+ * docs/BENCHMARKS.md "Decode"). Either way the selection is the same. */
 static inline int kvq_rk_codes_select_pays(int64_t n, int32_t K) { return n >= 4 * (int64_t)K; }
 
 /* Stable order of n rows by code (codes < K): order[i] = the row that comes i-th when
