@@ -25,7 +25,6 @@
 #include "kvq/artifact.h"
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
-#include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
 
@@ -205,8 +204,7 @@ static void format_layers(const int32_t *l, size_t n, char *buf, size_t cap)
  * ========================================================================== */
 
 typedef struct layer_data {
-    char *path;
-    kvq_st *st;
+    kvq_capture_layer f;
     const kvq_tensor_view *k, *q;
     int32_t *pos, *seq;   /* [n_tokens] */
     int32_t *q_rows;      /* [n_q] */
@@ -215,108 +213,29 @@ typedef struct layer_data {
 
 static void layer_close(layer_data *L)
 {
-    kvq_st_close(L->st);
-    free(L->path);
+    kvq_capture_layer_close(&L->f);
     free(L->pos);
     free(L->seq);
     free(L->q_rows);
     memset(L, 0, sizeof *L);
 }
 
-/* Element i of a f32/f16/bf16 tensor as float, for d consecutive elements. */
-static void read_vec(const kvq_tensor_view *v, size_t elem, int32_t d, float *out)
-{
-    const uint8_t *p = (const uint8_t *)v->data + elem * kvq_dtype_size(v->dtype);
-    if (v->dtype == KVQ_DT_F32) {
-        memcpy(out, p, (size_t)d * sizeof *out);
-    } else {
-        uint16_t h[KVQ_ROPE_MAX_DIM];
-        memcpy(h, p, (size_t)d * sizeof *h);
-        if (v->dtype == KVQ_DT_F16)
-            kvq_f16_to_f32(h, out, (size_t)d);
-        else
-            kvq_bf16_to_f32(h, out, (size_t)d);
-    }
-}
-
-static kvq_status get_tensor(const fit_ctx *c, layer_data *L, const char *name, kvq_dtype dt,
-                             int ndim, const int64_t *shape, const kvq_tensor_view **out,
-                             kvq_err *err)
-{
-    const kvq_tensor_view *v = kvq_st_find(L->st, name);
-    if (!v)
-        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: tensor %s is missing", L->path, name);
-    int ok = v->dtype == dt && v->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = shape[i] < 0 || v->shape[i] == shape[i];
-    if (!ok) {
-        char want[128] = "", got[128] = "";
-        for (int i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
-                     (long long)shape[i]);
-        for (int i = 0; i < v->ndim; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
-                     (long long)v->shape[i]);
-        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: tensor %s is %s [%s], capture.json "
-                           "says %s [%s]", L->path, name, kvq_dtype_name(v->dtype), got,
-                           kvq_dtype_name(dt), want);
-    }
-    *out = v;
-    return KVQ_OK;
-}
-
-static kvq_status copy_i32(const kvq_tensor_view *v, int32_t **out, kvq_err *err)
-{
-    *out = malloc(v->nbytes ? v->nbytes : 1);
-    if (!*out)
-        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory reading %s", v->name);
-    memcpy(*out, v->data, v->nbytes);
-    return KVQ_OK;
-}
-
 static kvq_status layer_open(const fit_ctx *c, int32_t layer, layer_data *L, kvq_err *err)
 {
-    const kvq_capture_info *ci = c->ci;
-    const int64_t n = ci->n_tokens;
-    const kvq_tensor_view *v;
     kvq_status s;
     memset(L, 0, sizeof *L);
-    int32_t fi = kvq_capture_info_find_layer(ci, layer);
-    if ((s = kvq_capture_info_file_path(ci, fi, &L->path, err)) ||
-        (s = kvq_st_open(L->path, &L->st, err)))
-        goto fail;
-    const int64_t kshape[3] = {n, c->n_kv, c->d};
-    if ((s = get_tensor(c, L, "k", ci->dtype, 3, kshape, &L->k, err)))
-        goto fail;
-    const int64_t qshape[3] = {-1, c->n_heads, c->d};
-    if ((s = get_tensor(c, L, "q", ci->dtype, 3, qshape, &L->q, err)))
-        goto fail;
-    L->n_q = L->q->shape[0];
-    const int64_t one[1] = {n}, qn[1] = {L->n_q};
-    if ((s = get_tensor(c, L, "pos", KVQ_DT_I32, 1, one, &v, err)) ||
-        (s = copy_i32(v, &L->pos, err)) ||
-        (s = get_tensor(c, L, "seq", KVQ_DT_I32, 1, one, &v, err)) ||
-        (s = copy_i32(v, &L->seq, err)) ||
-        (s = get_tensor(c, L, "q_rows", KVQ_DT_I32, 1, qn, &v, err)) ||
-        (s = copy_i32(v, &L->q_rows, err)))
-        goto fail;
-    for (int64_t i = 0; i < n; i++)
-        if (L->pos[i] < 0 || L->seq[i] < 0 || L->seq[i] >= ci->n_sequences) {
-            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: row %lld: %s %d is out of range",
-                            L->path, (long long)i, L->pos[i] < 0 ? "pos" : "seq",
-                            (int)(L->pos[i] < 0 ? L->pos[i] : L->seq[i]));
-            goto fail;
-        }
-    for (int64_t i = 0; i < L->n_q; i++)
-        if (L->q_rows[i] < 0 || L->q_rows[i] >= n) {
-            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: q_rows[%lld] = %d is outside "
-                            "[0, %lld)", L->path, (long long)i, (int)L->q_rows[i], (long long)n);
-            goto fail;
-        }
+    if ((s = kvq_capture_layer_open(c->ci, kvq_capture_info_find_layer(c->ci, layer), &L->f,
+                                    err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "k", &L->k, err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "q", &L->q, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "pos", &L->pos, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "seq", &L->seq, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "q_rows", &L->q_rows, err))) {
+        layer_close(L);
+        return s;
+    }
+    L->n_q = L->f.n_q;
     return KVQ_OK;
-fail:
-    layer_close(L);
-    return s;
 }
 
 /* ==========================================================================
@@ -366,18 +285,18 @@ static kvq_status head_load(const fit_ctx *c, const layer_data *L, int32_t layer
         !(h->p_hold = malloc((size_t)(n_hold ? n_hold : 1) * sizeof(int32_t))) ||
         !(h->q_b = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))) ||
         (post && !(h->q_pos = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))))) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the keys of head %d", L->path,
-                        (int)head);
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the keys of head %d",
+                        L->f.path, (int)head);
         goto fail;
     }
     int64_t it = 0, ih = 0;
     for (int64_t i = 0; i < n; i++) {
         float *dst = c->heldout[i] ? h->k_hold + (size_t)ih * d : h->k_train + (size_t)it * d;
-        read_vec(L->k, ((size_t)i * c->n_kv + head) * d, d, dst);
+        kvq_capture_read_heads(L->k, i, head, 1, dst);
         for (int32_t t = 0; t < d; t++)
             if (!isfinite(dst[t])) {
                 s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d head %d row %lld (sequence "
-                                "%d position %d): non-finite key", L->path, (int)layer,
+                                "%d position %d): non-finite key", L->f.path, (int)layer,
                                 (int)head, (long long)i, (int)L->seq[i], (int)L->pos[i]);
                 goto fail;
             }
@@ -396,11 +315,11 @@ static kvq_status head_load(const fit_ctx *c, const layer_data *L, int32_t layer
             continue;
         for (int32_t g = head * c->r; g < (head + 1) * c->r; g++, iq++) {
             float *qb = h->q_b + (size_t)iq * d;
-            read_vec(L->q, ((size_t)i * c->n_heads + g) * d, d, qb);
+            kvq_capture_read_heads(L->q, i, g, 1, qb);
             for (int32_t t = 0; t < d; t++)
                 if (!isfinite(qb[t])) {
                     s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d query head %d row %d: "
-                                    "non-finite query", L->path, (int)layer, (int)g, (int)row);
+                                    "non-finite query", L->f.path, (int)layer, (int)g, (int)row);
                     goto fail;
                 }
             if (post) {
@@ -1054,7 +973,7 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
             if ((s = job_key(&c, layer, head, key, sizeof key, err)))
                 goto done;
             if (!ckpt_load(&c, j, key)) {
-                if (!L.st && (s = layer_open(&c, layer, &L, err)))
+                if (!L.f.st && (s = layer_open(&c, layer, &L, err)))
                     goto done;
                 if ((s = job_fit(&c, &L, j, err)) ||
                     (c.ckpt_dir && (s = ckpt_save(&c, j, key, err))))

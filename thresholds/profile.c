@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "kvq/corpus.h"
-#include "kvq/half.h"
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
 #include "thresholds/internal.h"
@@ -88,114 +87,47 @@ int64_t thr_prompt_len(double fraction, int64_t n)
  * Capture layer files
  * ========================================================================== */
 
-static kvq_status need_tensor(const kvq_st *st, const char *path, const char *name,
-                              kvq_dtype dt, int ndim, const int64_t *shape,
-                              const kvq_tensor_view **out, kvq_err *err)
-{
-    const kvq_tensor_view *t = kvq_st_find(st, name);
-    if (!t)
-        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: no tensor '%s'", path, name);
-    int ok = t->dtype == dt && t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = shape[i] < 0 || t->shape[i] == shape[i];
-    if (!ok)
-        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
-                           "%s: tensor '%s' has dtype %s and %d dims, not what capture.json says",
-                           path, name, kvq_dtype_name(t->dtype), t->ndim);
-    *out = t;
-    return KVQ_OK;
-}
-
 void thr_layer_close(thr_layer *L)
 {
-    kvq_st_close(L->st);
+    kvq_capture_layer_close(&L->f);
+    free(L->pos);
     free(L->qidx);
     memset(L, 0, sizeof *L);
 }
 
-static int32_t rd_i32(const void *base, int64_t i)
-{
-    int32_t x;
-    memcpy(&x, (const uint8_t *)base + 4 * i, 4);
-    return x;
-}
-
 kvq_status thr_layer_open(const kvq_capture_info *ci, int32_t i, thr_layer *L, kvq_err *err)
 {
-    char *path = NULL;
     kvq_status s;
+    int32_t *rows = NULL;
     memset(L, 0, sizeof *L);
-    if ((s = kvq_capture_info_file_path(ci, i, &path, err)))
-        return s;
-    if ((s = kvq_st_open(path, &L->st, err)))
+    if ((s = kvq_capture_layer_open(ci, i, &L->f, err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "k", &L->k, err)) ||
+        (ci->has_values && (s = kvq_capture_layer_tensor(&L->f, "v", &L->v, err))) ||
+        (s = kvq_capture_layer_tensor(&L->f, "q", &L->q, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "pos", &L->pos, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "q_rows", &rows, err)))
         goto done;
-    const int64_t nt = ci->n_tokens, nkv = ci->model.n_kv_heads, nh = ci->model.n_heads,
-                  d = ci->model.head_dim;
-    const int64_t kshape[3] = {nt, nkv, d}, qshape[3] = {-1, nh, d}, rshape[1] = {nt};
-    if ((s = need_tensor(L->st, path, "k", ci->dtype, 3, kshape, &L->k, err)) ||
-        (ci->has_values && (s = need_tensor(L->st, path, "v", ci->dtype, 3, kshape, &L->v, err))) ||
-        (s = need_tensor(L->st, path, "q", ci->dtype, 3, qshape, &L->q, err)) ||
-        (s = need_tensor(L->st, path, "pos", KVQ_DT_I32, 1, rshape, &L->pos, err)))
-        goto done;
-    L->n_q = L->q->shape[0];
-    const int64_t qr_shape[1] = {L->n_q};
-    if ((s = need_tensor(L->st, path, "q_rows", KVQ_DT_I32, 1, qr_shape, &L->q_rows, err)))
-        goto done;
-    if (ci->n_queries == 0 && L->n_q != nt) {
-        s = kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: %lld queries stored, capture.json says all %lld",
-                        path, (long long)L->n_q, (long long)nt);
-        goto done;
-    }
+    const int64_t nt = ci->n_tokens;
+    L->n_q = L->f.n_q;
     L->qidx = malloc(sizeof(int32_t) * (size_t)(nt > 0 ? nt : 1));
     if (!L->qidx) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", L->f.path);
         goto done;
     }
-    for (int64_t r = 0; r < nt; r++) {
+    for (int64_t r = 0; r < nt; r++)
         L->qidx[r] = -1;
-        if (rd_i32(L->pos->data, r) < 0) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: pos[%lld] is negative", path, (long long)r);
-            goto done;
-        }
-    }
-    for (int64_t a = 0, prev = -1; a < L->n_q; a++) {
-        const int64_t r = rd_i32(L->q_rows->data, a);
-        if (r <= prev || r >= nt) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT,
-                            "%s: q_rows[%lld] = %lld is not ascending inside [0, %lld)", path,
-                            (long long)a, (long long)r, (long long)nt);
-            goto done;
-        }
-        L->qidx[r] = (int32_t)a;
-        prev = r;
-    }
+    for (int64_t a = 0; a < L->n_q; a++)
+        L->qidx[rows[a]] = (int32_t)a;
 done:
     if (s)
         thr_layer_close(L);
-    free(path);
+    free(rows);
     return s;
-}
-
-void thr_layer_rows(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh, float *out)
-{
-    const int64_t d = t->shape[2], per_row = t->shape[1] * d;
-    const size_t es = kvq_dtype_size(t->dtype);
-    const uint8_t *src = (const uint8_t *)t->data + ((size_t)row * per_row + (size_t)h0 * d) * es;
-    const size_t n = (size_t)nh * (size_t)d;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == KVQ_DT_F32) {
-            memcpy(&out[i], src + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = t->dtype == KVQ_DT_F16 ? kvq_f16_to_f32_ref(h) : kvq_bf16_to_f32_ref(h);
-        }
-    }
 }
 
 int64_t thr_layer_pos(const thr_layer *L, int64_t row)
 {
-    return rd_i32(L->pos->data, row);
+    return L->pos[row];
 }
 
 /* ==========================================================================
@@ -430,13 +362,13 @@ static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const 
     /* load the rows and apply RoPE at the captured positions */
     for (int64_t t = 0; t < n; t++) {
         const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
-        thr_layer_rows(L->k, row, h, 1, j.k + (size_t)t * d);
-        thr_layer_rows(L->v, row, h, 1, j.v + (size_t)t * d);
+        kvq_capture_read_heads(L->k, row, h, 1, j.k + (size_t)t * d);
+        kvq_capture_read_heads(L->v, row, h, 1, j.v + (size_t)t * d);
         kvq_rope_apply(&ci->model.rope, theta, j.k + (size_t)t * d, 1, pos);
         j.has_q[t] = L->qidx[row] >= 0;
         if (j.has_q[t]) {
             float *qt = j.q + (size_t)t * gs * d;
-            thr_layer_rows(L->q, L->qidx[row], h * gs, gs, qt);
+            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
             kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
         }
     }
