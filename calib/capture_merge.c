@@ -222,6 +222,109 @@ done:
     return st;
 }
 
+/* Reads and compares the inputs' descriptions; sets each one's offsets in the result
+ * and the totals in *out (n_tokens, n_sequences, n_documents, corpus_hash, n_queries:
+ * the stored query rows, 0 for "all"). *nq: the stored query rows in all. */
+static kvq_status read_inputs(merge_in *in, const char *const *inputs, size_t n_in,
+                              const char *dir, kvq_capture_info *out, int64_t *nq_out,
+                              kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    int64_t nt = 0, ns = 0, nq = 0, ndocs = 0;
+    int all_rows = 1;
+    uint64_t hash = KVQ_FNV1A64_INIT;
+    for (size_t i = 0; i < n_in; i++) {
+        in[i].dir = inputs[i];
+        if ((st = kvq_capture_info_read(inputs[i], &in[i].ci, err)))
+            return st;
+        const kvq_capture_info *ci = in[i].ci;
+        if (i > 0 && (st = check_same(&in[0], &in[i], err)))
+            return st;
+        if (ci->n_sequences < 1)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s/%s: no sequences listed", inputs[i],
+                               KVQ_CAPTURE_JSON);
+        in[i].n_q = ci->n_queries > 0 ? ci->n_queries : ci->n_tokens;
+        all_rows &= ci->n_queries == 0;
+        in[i].row0 = nt;
+        in[i].seq0 = ns;
+        nt += ci->n_tokens;
+        ns += ci->n_sequences;
+        nq += in[i].n_q;
+        ndocs += ci->n_documents;
+        if (nt > INT32_MAX)
+            return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: more than 2^31 - 1 rows in all",
+                               dir);
+        hash = kvq_fnv1a64(ci->corpus_hash, strlen(ci->corpus_hash) + 1, hash);
+    }
+    out->n_documents = ndocs;
+    snprintf(out->corpus_hash, sizeof out->corpus_hash, "%016" PRIx64, hash);
+    out->n_tokens = nt;
+    out->n_sequences = ns;
+    out->n_queries = all_rows ? 0 : nq;
+    *nq_out = nq;
+    return KVQ_OK;
+}
+
+/* The rest of the merged description: model, provenance, storage, layers, sequences. */
+static kvq_status describe_merged(const merge_in *in, size_t n_in, const char *dir,
+                                  kvq_capture_info *out, kvq_err *err)
+{
+    const kvq_capture_info *c0 = in[0].ci;
+    out->model = c0->model;
+    out->corpus_seed = c0->corpus_seed;
+    size_t cap = sizeof out->corpus_spec, len = 0;
+    for (size_t i = 0; i < n_in; i++) {
+        int k = snprintf(out->corpus_spec + len, cap - len, "%s%s", i ? " + " : "",
+                         in[i].ci->corpus_spec);
+        if (k < 0 || (size_t)k >= cap - len) {
+            memcpy(out->corpus_spec + cap - 4, "...", 4); /* keep it readable: truncate */
+            break;
+        }
+        len += (size_t)k;
+    }
+    out->dtype = c0->dtype;
+    out->seq_len = c0->seq_len;
+    out->has_values = c0->has_values;
+    out->n_files = c0->n_files;
+    out->layers = c0->layers;
+    out->sequences = malloc((size_t)out->n_sequences * 2 * sizeof(int64_t));
+    out->files = calloc((size_t)c0->n_files, sizeof(char *));
+    if (!out->sequences || !out->files)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+    for (size_t i = 0; i < n_in; i++)
+        for (int64_t s = 0; s < in[i].ci->n_sequences; s++) {
+            out->sequences[2 * (in[i].seq0 + s)] = in[i].ci->sequences[2 * s] + in[i].row0;
+            out->sequences[2 * (in[i].seq0 + s) + 1] = in[i].ci->sequences[2 * s + 1];
+        }
+    return KVQ_OK;
+}
+
+/* Merges every layer into files of the directory tmp. */
+static kvq_status merge_layers(merge_in *in, size_t n_in, const char *tmp, const char *dir,
+                               kvq_capture_info *out, int64_t nq, const kvq_callbacks *cb,
+                               kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    for (int32_t f = 0; f < out->n_files; f++) {
+        char name[64];
+        snprintf(name, sizeof name, "layer_%03d.safetensors", out->layers[f]);
+        size_t pl = strlen(tmp) + strlen(name) + 2;
+        char *path = malloc(pl);
+        if (!path || !(out->files[f] = strdup(name))) {
+            free(path);
+            return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+        }
+        snprintf(path, pl, "%s/%s", tmp, name);
+        st = merge_layer(in, n_in, out, out->layers[f], nq, path, err);
+        free(path);
+        if (st)
+            return st;
+        if (kvq_progress(cb, "capture: merge", (uint64_t)f + 1, (uint64_t)out->n_files))
+            return kvq_err_set(err, KVQ_E_CANCELLED, "%s: cancelled", dir);
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_capture_merge(const char *const *inputs, size_t n_in, const char *dir,
                              int overwrite, const kvq_callbacks *cb, kvq_err *err)
 {
@@ -235,98 +338,19 @@ kvq_status kvq_capture_merge(const char *const *inputs, size_t n_in, const char 
     if (!(in = calloc(n_in, sizeof *in)))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
 
-    /* Read and compare the descriptions. */
-    int64_t nt = 0, ns = 0, nq = 0, ndocs = 0;
-    int all_rows = 1;
-    uint64_t hash = KVQ_FNV1A64_INIT;
-    for (size_t i = 0; i < n_in; i++) {
-        in[i].dir = inputs[i];
-        if ((st = kvq_capture_info_read(inputs[i], &in[i].ci, err)))
-            goto done;
-        const kvq_capture_info *ci = in[i].ci;
-        if (i > 0 && (st = check_same(&in[0], &in[i], err)))
-            goto done;
-        if (ci->n_sequences < 1) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s/%s: no sequences listed", inputs[i],
-                             KVQ_CAPTURE_JSON);
-            goto done;
-        }
-        in[i].n_q = ci->n_queries > 0 ? ci->n_queries : ci->n_tokens;
-        all_rows &= ci->n_queries == 0;
-        in[i].row0 = nt;
-        in[i].seq0 = ns;
-        nt += ci->n_tokens;
-        ns += ci->n_sequences;
-        nq += in[i].n_q;
-        ndocs += ci->n_documents;
-        if (nt > INT32_MAX) {
-            st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: more than 2^31 - 1 rows in all", dir);
-            goto done;
-        }
-        hash = kvq_fnv1a64(ci->corpus_hash, strlen(ci->corpus_hash) + 1, hash);
-    }
-
-    /* The merged description. */
-    const kvq_capture_info *c0 = in[0].ci;
-    out.model = c0->model;
-    out.corpus_seed = c0->corpus_seed;
-    out.n_documents = ndocs;
-    snprintf(out.corpus_hash, sizeof out.corpus_hash, "%016" PRIx64, hash);
-    size_t cap = sizeof out.corpus_spec, len = 0;
-    for (size_t i = 0; i < n_in; i++) {
-        int k = snprintf(out.corpus_spec + len, cap - len, "%s%s", i ? " + " : "",
-                         in[i].ci->corpus_spec);
-        if (k < 0 || (size_t)k >= cap - len) {
-            memcpy(out.corpus_spec + cap - 4, "...", 4); /* keep it readable: truncate */
-            break;
-        }
-        len += (size_t)k;
-    }
-    out.dtype = c0->dtype;
-    out.seq_len = c0->seq_len;
-    out.n_tokens = nt;
-    out.n_sequences = ns;
-    out.n_queries = all_rows ? 0 : nq;
-    out.has_values = c0->has_values;
-    out.n_files = c0->n_files;
-    out.layers = c0->layers;
-    out.sequences = malloc((size_t)ns * 2 * sizeof(int64_t));
-    out.files = calloc((size_t)c0->n_files, sizeof(char *));
-    if (!out.sequences || !out.files) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
+    /* Read and compare the descriptions, then describe the result. */
+    int64_t nq = 0;
+    if ((st = read_inputs(in, inputs, n_in, dir, &out, &nq, err)) ||
+        (st = describe_merged(in, n_in, dir, &out, err)))
         goto done;
-    }
-    for (size_t i = 0; i < n_in; i++)
-        for (int64_t s = 0; s < in[i].ci->n_sequences; s++) {
-            out.sequences[2 * (in[i].seq0 + s)] = in[i].ci->sequences[2 * s] + in[i].row0;
-            out.sequences[2 * (in[i].seq0 + s) + 1] = in[i].ci->sequences[2 * s + 1];
-        }
 
     if ((st = kvq_tmpdir_create(dir, overwrite, &tmp, err)))
         goto done;
     kvq_log(cb, KVQ_LOG_INFO,
             "capture merge: %zu captures, %" PRId64 " tokens in %" PRId64 " sequences, %d layers",
-            n_in, nt, ns, out.n_files);
-    for (int32_t f = 0; f < out.n_files; f++) {
-        char name[64];
-        snprintf(name, sizeof name, "layer_%03d.safetensors", out.layers[f]);
-        size_t pl = strlen(tmp) + strlen(name) + 2;
-        char *path = malloc(pl);
-        if (!path || !(out.files[f] = strdup(name))) {
-            free(path);
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
-            goto done;
-        }
-        snprintf(path, pl, "%s/%s", tmp, name);
-        st = merge_layer(in, n_in, &out, out.layers[f], nq, path, err);
-        free(path);
-        if (st)
-            goto done;
-        if (kvq_progress(cb, "capture: merge", (uint64_t)f + 1, (uint64_t)out.n_files)) {
-            st = kvq_err_set(err, KVQ_E_CANCELLED, "%s: cancelled", dir);
-            goto done;
-        }
-    }
+            n_in, out.n_tokens, out.n_sequences, out.n_files);
+    if ((st = merge_layers(in, n_in, tmp, dir, &out, nq, cb, err)))
+        goto done;
     size_t jl = strlen(tmp) + sizeof "/" KVQ_CAPTURE_JSON;
     if (!(json = malloc(jl))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);

@@ -881,6 +881,90 @@ done:
  * The stage
  * ========================================================================== */
 
+/* Opens the capture and the moments file and derives the run's shapes and device. */
+static kvq_status fit_open(fit_ctx *c, const char *capture_dir, const char *moments_path,
+                           kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    kvq_status s;
+    if ((s = kvq_capture_info_read(capture_dir, &c->ci, err)) ||
+        (s = kvq_moments_open(moments_path, &c->m, err)) ||
+        (s = kvq_moments_check_capture(c->m, c->ci, err)))
+        return s;
+    const kvq_model_id *id = &c->ci->model;
+    c->d = id->head_dim;
+    c->n_heads = id->n_heads;
+    c->n_kv = id->n_kv_heads;
+    c->r = c->n_heads / c->n_kv;
+    c->G = p->groups ? p->groups : kvq_codebook_method_default_groups(p->method);
+    c->wrope_b = kvq_moments_wrope_b(c->m);
+    c->wrope_w = kvq_moments_wrope_w(c->m);
+    if (c->d % c->G != 0 || c->G > c->d)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %d groups do not divide head dim %d",
+                           (int)c->G, (int)c->d);
+    c->ref_method = c->G > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
+    c->ref_fit = p->method != KVQ_CODEBOOK_VQ && p->method != KVQ_CODEBOOK_PQ;
+    c->device = p->device;
+    if (c->device != KVQ_KMEANS_DEVICE_CPU) {
+        const char *why = NULL;
+        int have = kvq_cuda_available(&why);
+        if (!have && c->device == KVQ_KMEANS_DEVICE_CUDA)
+            kvq_log(&c->cb, KVQ_LOG_WARN, "CUDA requested but unavailable (%s); fitting on the "
+                    "CPU", why ? why : "unknown reason");
+        c->device = have ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
+    }
+    return KVQ_OK;
+}
+
+/* Every (layer, KV head) job in order: from its checkpoint or fitted, one layer file
+ * open at a time. */
+static kvq_status run_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
+{
+    layer_data L;
+    kvq_status s = KVQ_OK;
+    memset(&L, 0, sizeof L);
+    for (size_t li = 0; li < c->n_layers; li++) {
+        const int32_t layer = c->layers[li];
+        for (int32_t head = 0; head < c->n_kv; head++) {
+            fit_job *j = &c->jobs[li * (size_t)c->n_kv + head];
+            char key[1024];
+            j->layer = layer;
+            j->head = head;
+            if ((s = job_key(c, layer, head, key, sizeof key, err)))
+                goto done;
+            if (!ckpt_load(c, j, key)) {
+                if (!L.f.st && (s = layer_open(c, layer, &L, err)))
+                    goto done;
+                if ((s = job_fit(c, &L, j, err)) ||
+                    (c->ckpt_dir && (s = ckpt_save(c, j, key, err))))
+                    goto done;
+            } else {
+                sum->n_resumed++;
+            }
+            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
+            if (isfinite(m) && isfinite(r))
+                kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
+                        "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
+                        kvq_codebook_method_name(c->ref_method), r, r > 0 ? m / r : NAN,
+                        j->resumed ? " (checkpoint)" : "");
+            else
+                kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
+                        j->resumed ? " (checkpoint)" : "");
+            c->jobs_done++;
+            if (kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total)) {
+                s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
+                                "(finished heads are kept in %s)", (int)c->jobs_done,
+                                (int)c->jobs_total, c->ckpt_dir ? c->ckpt_dir : "no checkpoint");
+                goto done;
+            }
+        }
+        layer_close(&L);
+    }
+done:
+    layer_close(&L);
+    return s;
+}
+
 kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const char *out_path,
                        const kvq_fit_params *params, kvq_fit_summary *summary, kvq_err *err)
 {
@@ -888,11 +972,9 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     const kvq_fit_params *p = params ? params : &defaults;
     fit_ctx c;
     kvq_fit_summary sum;
-    layer_data L;
     kvq_status s;
     memset(&c, 0, sizeof c);
     memset(&sum, 0, sizeof sum);
-    memset(&L, 0, sizeof L);
     sum.score_mse = sum.score_mse_ref = sum.score_power = NAN;
     c.p = p;
     c.cb = p->cb;
@@ -907,34 +989,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
         s = kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
         goto done;
     }
-    if ((s = kvq_capture_info_read(capture_dir, &c.ci, err)) ||
-        (s = kvq_moments_open(moments_path, &c.m, err)) ||
-        (s = kvq_moments_check_capture(c.m, c.ci, err)))
+    if ((s = fit_open(&c, capture_dir, moments_path, err)))
         goto done;
-    const kvq_model_id *id = &c.ci->model;
-    c.d = id->head_dim;
-    c.n_heads = id->n_heads;
-    c.n_kv = id->n_kv_heads;
-    c.r = c.n_heads / c.n_kv;
-    c.G = p->groups ? p->groups : kvq_codebook_method_default_groups(p->method);
-    c.wrope_b = kvq_moments_wrope_b(c.m);
-    c.wrope_w = kvq_moments_wrope_w(c.m);
-    if (c.d % c.G != 0 || c.G > c.d) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %d groups do not divide head dim %d",
-                        (int)c.G, (int)c.d);
-        goto done;
-    }
-    c.ref_method = c.G > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
-    c.ref_fit = p->method != KVQ_CODEBOOK_VQ && p->method != KVQ_CODEBOOK_PQ;
-    c.device = p->device;
-    if (c.device != KVQ_KMEANS_DEVICE_CPU) {
-        const char *why = NULL;
-        int have = kvq_cuda_available(&why);
-        if (!have && c.device == KVQ_KMEANS_DEVICE_CUDA)
-            kvq_log(&c.cb, KVQ_LOG_WARN, "CUDA requested but unavailable (%s); fitting on the "
-                    "CPU", why ? why : "unknown reason");
-        c.device = have ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
-    }
     if ((s = choose_layers(&c, capture_dir, err)) || (s = split_holdout(&c, err)) ||
         (s = choose_k(&c, err)))
         goto done;
@@ -963,43 +1019,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
         goto done;
     }
 
-    for (size_t li = 0; li < c.n_layers; li++) {
-        const int32_t layer = c.layers[li];
-        for (int32_t head = 0; head < c.n_kv; head++) {
-            fit_job *j = &c.jobs[li * (size_t)c.n_kv + head];
-            char key[1024];
-            j->layer = layer;
-            j->head = head;
-            if ((s = job_key(&c, layer, head, key, sizeof key, err)))
-                goto done;
-            if (!ckpt_load(&c, j, key)) {
-                if (!L.f.st && (s = layer_open(&c, layer, &L, err)))
-                    goto done;
-                if ((s = job_fit(&c, &L, j, err)) ||
-                    (c.ckpt_dir && (s = ckpt_save(&c, j, key, err))))
-                    goto done;
-            } else {
-                sum.n_resumed++;
-            }
-            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
-            if (isfinite(m) && isfinite(r))
-                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
-                        "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
-                        kvq_codebook_method_name(c.ref_method), r, r > 0 ? m / r : NAN,
-                        j->resumed ? " (checkpoint)" : "");
-            else
-                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
-                        j->resumed ? " (checkpoint)" : "");
-            c.jobs_done++;
-            if (kvq_progress(&c.cb, "fit", (uint64_t)c.jobs_done, (uint64_t)c.jobs_total)) {
-                s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
-                                "(finished heads are kept in %s)", (int)c.jobs_done,
-                                (int)c.jobs_total, c.ckpt_dir ? c.ckpt_dir : "no checkpoint");
-                goto done;
-            }
-        }
-        layer_close(&L);
-    }
+    if ((s = run_jobs(&c, &sum, err)))
+        goto done;
     if (sum.n_resumed)
         kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
                 (int)c.jobs_total, c.ckpt_dir);
@@ -1020,7 +1041,6 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (summary)
         *summary = sum;
 done:
-    layer_close(&L);
     for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
         job_clear(&c.jobs[i]);
     free(c.jobs);

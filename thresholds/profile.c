@@ -673,54 +673,33 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : NAN;
 }
 
-kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_path,
-                               const kvq_profile_params *p, kvq_profile_result **out,
-                               kvq_err *err)
+/* The capture can be profiled: values, a layer, a sequence of 2 or more tokens
+ * (*n_eval of them). */
+static kvq_status check_capture(const kvq_capture_info *ci, const char *capture_dir,
+                                int64_t *n_eval_out, kvq_err *err)
 {
-    kvq_capture_info *ci = NULL;
-    kvq_artifact *art = NULL;
-    kvq_profile_result *r = NULL;
-    thr_ppl *ppl = NULL;
-    thr_grid G = {0};
-    thr_acc *total = NULL;
-    kvq_status s;
-    *out = NULL;
-    if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
-        goto done;
-    if (artifact_path) {
-        kvq_model_id aid;
-        if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
-            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
-                                        err)) ||
-            (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
-            goto done;
-    }
-    if (!ci->has_values) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no values (--no-values)",
-                        capture_dir);
-        goto done;
-    }
-    if (ci->n_files < 1) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no layer", capture_dir);
-        goto done;
-    }
+    if (!ci->has_values)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: the capture has no values (--no-values)", capture_dir);
+    if (ci->n_files < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no layer",
+                           capture_dir);
     int64_t n_eval = 0;
     for (int64_t q = 0; q < ci->n_sequences; q++)
         n_eval += ci->sequences[2 * q + 1] >= 2;
-    if (n_eval == 0) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG,
-                        "%s: no sequence of 2 or more tokens to evaluate", capture_dir);
-        goto done;
-    }
-    r = calloc(1, sizeof *r);
-    if (!r) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    r->ppl_full = NAN;
-    r->n_sequences = n_eval;
-    if ((s = make_grid(p, &G, err)))
-        goto done;
+    if (n_eval == 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: no sequence of 2 or more tokens to evaluate", capture_dir);
+    *n_eval_out = n_eval;
+    return KVQ_OK;
+}
+
+/* The four tables of r, sized for the grid G. */
+static kvq_status init_tables(kvq_profile_result *r, const kvq_profile_params *p,
+                              const thr_grid *G_, kvq_err *err)
+{
+    const thr_grid G = *G_;
+    kvq_status s;
     if ((s = thr_table_init(&r->table[KVQ_PROFILE_LEANKV], "leankv", KVQ_PL_NCOLS, leankv_cols,
                             G.n_lk, err)) ||
         (s = thr_table_init(&r->table[KVQ_PROFILE_PATS], "pats", KVQ_PP_NCOLS, pats_cols, G.n_pt,
@@ -728,29 +707,18 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
         (s = thr_table_init(&r->table[KVQ_PROFILE_BUDGET], "budget", KVQ_PB_NCOLS, budget_cols, 0,
                             err)) ||
         (s = thr_table_init(&r->table[KVQ_PROFILE_MASS], "mass", KVQ_PB_NCOLS, mass_cols, 0, err)))
-        goto done;
+        return s;
     if (!(p->knobs & KVQ_KNOB_LEANKV))
         snprintf(r->table[KVQ_PROFILE_LEANKV].skipped, 256, "not asked for");
     if (!(p->knobs & KVQ_KNOB_PATS))
         snprintf(r->table[KVQ_PROFILE_PATS].skipped, 256, "not asked for");
-    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
-        goto done;
-    r->metric_ppl = ppl != NULL;
-    r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
+    return KVQ_OK;
+}
 
-    /* ---- LeanKV and PATS on the capture */
-    const int64_t n_set = G.n_lk + G.n_pt;
-    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
-    if (!total) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    if (n_set) {
-        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
-                (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
-        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
-            goto done;
-    }
+/* The LeanKV and PATS rows from the capture totals: total[n_lk + n_pt]. */
+static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_acc *total)
+{
+    const thr_grid G = *G_;
     for (int64_t c = 0; c < G.n_lk; c++) {
         double *row = r->table[KVQ_PROFILE_LEANKV].rows + (size_t)c * KVQ_PL_NCOLS;
         const thr_acc *a = &total[c];
@@ -773,30 +741,93 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
         row[KVQ_PP_BITS] = ratio(a->mem.bits, 8.0 * a->mem.bytes_f16);
         row[KVQ_PP_ERR] = ratio(a->err_sum, a->err_n);
     }
+}
 
-    /* ---- perplexity of the same settings */
-    if (ppl) {
-        if ((s = thr_ppl_eval(ppl, NULL, NULL, NULL, &r->ppl_full, err)))
-            goto done;
-        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: full-attention perplexity %.4f", r->ppl_full);
-        for (int64_t c = 0; c < n_set && !s; c++) {
-            const int lean = c < G.n_lk;
-            double v;
-            if ((s = ppl_of(ppl, lean ? KVQ_SIMCACHE_LEANKV : KVQ_SIMCACHE_PATS,
-                            lean ? &G.lk[c] : NULL, lean ? NULL : &G.pt[c - G.n_lk], p->threads,
-                            &v, err)))
-                break;
-            if (lean)
-                r->table[KVQ_PROFILE_LEANKV].rows[(size_t)c * KVQ_PL_NCOLS + KVQ_PL_PPL] = v;
-            else
-                r->table[KVQ_PROFILE_PATS].rows[(size_t)(c - G.n_lk) * KVQ_PP_NCOLS + KVQ_PP_PPL] = v;
-            if (kvq_progress(&p->cb, "profile: perplexity", (uint64_t)c + 1, (uint64_t)n_set))
-                s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
-        }
-        if (s)
+/* The perplexity column of the LeanKV and PATS rows, and the full-attention one. */
+static kvq_status ppl_rows(thr_ppl *ppl, const kvq_profile_params *p, const thr_grid *G_,
+                           kvq_profile_result *r, kvq_err *err)
+{
+    const thr_grid G = *G_;
+    const int64_t n_set = G.n_lk + G.n_pt;
+    kvq_status s = KVQ_OK;
+    if ((s = thr_ppl_eval(ppl, NULL, NULL, NULL, &r->ppl_full, err)))
+        return s;
+    kvq_log(&p->cb, KVQ_LOG_INFO, "profile: full-attention perplexity %.4f", r->ppl_full);
+    for (int64_t c = 0; c < n_set && !s; c++) {
+        const int lean = c < G.n_lk;
+        double v;
+        if ((s = ppl_of(ppl, lean ? KVQ_SIMCACHE_LEANKV : KVQ_SIMCACHE_PATS,
+                        lean ? &G.lk[c] : NULL, lean ? NULL : &G.pt[c - G.n_lk], p->threads,
+                        &v, err)))
+            break;
+        if (lean)
+            r->table[KVQ_PROFILE_LEANKV].rows[(size_t)c * KVQ_PL_NCOLS + KVQ_PL_PPL] = v;
+        else
+            r->table[KVQ_PROFILE_PATS].rows[(size_t)(c - G.n_lk) * KVQ_PP_NCOLS + KVQ_PP_PPL] = v;
+        if (kvq_progress(&p->cb, "profile: perplexity", (uint64_t)c + 1, (uint64_t)n_set))
+            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+    }
+    return s;
+}
+
+kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_path,
+                               const kvq_profile_params *p, kvq_profile_result **out,
+                               kvq_err *err)
+{
+    kvq_capture_info *ci = NULL;
+    kvq_artifact *art = NULL;
+    kvq_profile_result *r = NULL;
+    thr_ppl *ppl = NULL;
+    thr_grid G = {0};
+    thr_acc *total = NULL;
+    kvq_status s;
+    *out = NULL;
+    if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
+        goto done;
+    if (artifact_path) {
+        kvq_model_id aid;
+        if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
+            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
+                                        err)) ||
+            (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
             goto done;
     }
+    int64_t n_eval = 0;
+    if ((s = check_capture(ci, capture_dir, &n_eval, err)))
+        goto done;
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    r->ppl_full = NAN;
+    r->n_sequences = n_eval;
+    if ((s = make_grid(p, &G, err)))
+        goto done;
+    if ((s = init_tables(r, p, &G, err)))
+        goto done;
+    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
+        goto done;
+    r->metric_ppl = ppl != NULL;
+    r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
 
+    /* ---- LeanKV and PATS on the capture */
+    const int64_t n_set = G.n_lk + G.n_pt;
+    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
+    if (!total) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    if (n_set) {
+        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
+                (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
+        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
+            goto done;
+    }
+    fill_grid_rows(r, &G, total);
+    /* ---- perplexity of the same settings */
+    if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
+        goto done;
     /* ---- retrieval budgets */
     if (p->knobs & (KVQ_KNOB_BUDGET | KVQ_KNOB_MASS)) {
         if (!artifact_path) {
