@@ -211,14 +211,12 @@ static kvq_status parse_layer_files(const jctx *j, const cJSON *x, const cJSON *
     return st;
 }
 
-static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+/* format, version, tool. */
+static kvq_status parse_header(const jctx *j, const cJSON *root, kvq_capture_info *ci)
 {
     kvq_status st = KVQ_OK;
     char buf[64];
     int64_t v = 0;
-    if (!cJSON_IsObject(root))
-        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: not a JSON object", j->label);
-
     if ((st = j_str(j, root, "", "format", 1, buf, sizeof buf)) && st != KVQ_E_CORRUPT)
         return st;
     if (st || strcmp(buf, KVQ_CAPTURE_FORMAT))
@@ -233,12 +231,14 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
     ci->version = (int32_t)v;
     if ((st = j_str(j, root, "", "tool", 0, ci->tool, sizeof ci->tool)))
         return st;
+    return KVQ_OK;
+}
 
-    const cJSON *m = j_member(j, root, "", "model", 1, &st);
-    if (!m || (st = parse_model(j, m, &ci->model)))
-        return st;
-
-    /* Provenance: optional apart from the hash, which every later file repeats. */
+/* corpus. Provenance: optional apart from the hash, which every later file repeats. */
+static kvq_status parse_corpus(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
+    int64_t v = 0;
     const cJSON *c = j_member(j, root, "", "corpus", 1, &st);
     if (!c)
         return st;
@@ -263,7 +263,14 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
             return st;
         ci->corpus_seed = (uint64_t)v;
     }
+    return KVQ_OK;
+}
 
+/* dtype, token counts, queries, has_values. */
+static kvq_status parse_rows(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
+    char buf[64];
     if ((st = j_str(j, root, "", "dtype", 1, buf, sizeof buf)) && st != KVQ_E_CORRUPT)
         return st;
     if (st == KVQ_E_CORRUPT || (strcmp(buf, "f32") && strcmp(buf, "f16") && strcmp(buf, "bf16")))
@@ -292,8 +299,13 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
                                j->label);
         ci->has_values = cJSON_IsTrue(hv);
     }
+    return KVQ_OK;
+}
 
-    /* sequences: [[first, length], ...] inside [0, n_tokens). */
+/* sequences: [[first, length], ...] inside [0, n_tokens). */
+static kvq_status parse_sequences(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
     const cJSON *seqs = cJSON_GetObjectItemCaseSensitive(root, "sequences");
     if (seqs) {
         if (!cJSON_IsArray(seqs))
@@ -338,8 +350,13 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
                                "%s: n_sequences %" PRId64 " but %d sequences listed", j->label, ns,
                                n);
     }
+    return KVQ_OK;
+}
 
-    /* layers and files: parallel arrays. */
+/* layers and files: parallel arrays. */
+static kvq_status parse_layers(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
     const cJSON *layers = j_member(j, root, "", "layers", 1, &st);
     if (!layers)
         return st;
@@ -361,6 +378,22 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
         return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
     ci->n_files = nl;
     return parse_layer_files(j, layers->child, files->child, ci);
+}
+
+static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    kvq_status st = KVQ_OK;
+    if (!cJSON_IsObject(root))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: not a JSON object", j->label);
+    if ((st = parse_header(j, root, ci)))
+        return st;
+    const cJSON *m = j_member(j, root, "", "model", 1, &st);
+    if (!m || (st = parse_model(j, m, &ci->model)))
+        return st;
+    if ((st = parse_corpus(j, root, ci)) || (st = parse_rows(j, root, ci)) ||
+        (st = parse_sequences(j, root, ci)))
+        return st;
+    return parse_layers(j, root, ci);
 }
 
 /* Parses text[0..size) as the capture.json of dir; label names it in messages. */

@@ -36,11 +36,8 @@ static void tensor_name(char *buf, size_t cap, int32_t layer, int t)
     snprintf(buf, cap, "layer.%" PRId32 ".%s", layer, tensor_suffix[t]);
 }
 
-/* ======================================================================================
- * Reading the inputs of one layer
- * ====================================================================================== */
-
-/* The view `name` with the given dtype and shape, or NOT_FOUND / SHAPE_MISMATCH. */
+/* The view `name` of a moments file with the given dtype and shape, or NOT_FOUND /
+ * SHAPE_MISMATCH. */
 static kvq_status need_tensor(const kvq_st *st, const char *file, const char *name,
                               kvq_dtype dtype, int ndim, const int64_t *shape,
                               const kvq_tensor_view **out, kvq_err *err)
@@ -61,7 +58,7 @@ static kvq_status need_tensor(const kvq_st *st, const char *file, const char *na
             b += (size_t)snprintf(got + b, sizeof got - b, "%s%" PRId64, i ? ", " : "",
                                   v->shape[i]);
         return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
-                           "%s: tensor %s is %s [%s], expected %s [%s] (from capture.json)",
+                           "%s: tensor %s is %s [%s], expected %s [%s]",
                            file, name, kvq_dtype_name(v->dtype), got, kvq_dtype_name(dtype),
                            want);
     }
@@ -69,24 +66,27 @@ static kvq_status need_tensor(const kvq_st *st, const char *file, const char *na
     return KVQ_OK;
 }
 
+/* ======================================================================================
+ * Reading the inputs of one layer (kvq_capture_layer)
+ * ====================================================================================== */
+
 /* Mean of the pre-RoPE sums, grouped (wrope: rotated by R_b afterwards).
  *   H: [n_kv, d, d]   count: [n_kv]   S: [n_heads, d, d] scratch   counts: [n_heads] scratch */
-static kvq_status layer_from_sums(const kvq_st *st, const char *file, const kvq_model_id *m,
+static kvq_status layer_from_sums(const kvq_capture_layer *L, const kvq_model_id *m,
                                   double *S, double *counts, double *H, double *count,
                                   kvq_err *err)
 {
     kvq_status s;
-    const int nh = m->n_heads, d = m->head_dim;
+    const int nh = m->n_heads;
     const kvq_tensor_view *vs, *vc;
-    int64_t shape_s[3] = {nh, d, d}, shape_c[1] = {nh};
-    if ((s = need_tensor(st, file, "q_moment_sum", KVQ_DT_F64, 3, shape_s, &vs, err)) ||
-        (s = need_tensor(st, file, "q_moment_count", KVQ_DT_F64, 1, shape_c, &vc, err)))
+    if ((s = kvq_capture_layer_tensor(L, "q_moment_sum", &vs, err)) ||
+        (s = kvq_capture_layer_tensor(L, "q_moment_count", &vc, err)))
         return s;
     memcpy(S, vs->data, vs->nbytes); /* the view may be unaligned */
     memcpy(counts, vc->data, vc->nbytes);
     kvq_err ge = {0};
-    if ((s = kvq_moments_group(S, counts, nh, m->n_kv_heads, d, H, count, &ge)))
-        return kvq_err_set(err, s, "%s: %s", file, ge.msg);
+    if ((s = kvq_moments_group(S, counts, nh, m->n_kv_heads, m->head_dim, H, count, &ge)))
+        return kvq_err_set(err, s, "%s: %s", L->path, ge.msg);
     return KVQ_OK;
 }
 
@@ -106,69 +106,44 @@ static void rope_rotate_f64(const kvq_rope *r, const double *theta, double *x, i
 
 /* Post-RoPE mean over the stored queries: H[h] = mean over rows i and g in G(h) of
  * (q R_pos)^T (q R_pos).   H: [n_kv, d, d]   count: [n_kv] */
-static kvq_status layer_from_queries(const kvq_st *st, const char *file,
-                                     const kvq_capture_info *ci, double *H, double *count,
-                                     kvq_err *err)
+static kvq_status layer_from_queries(const kvq_capture_layer *L, const kvq_capture_info *ci,
+                                     double *H, double *count, kvq_err *err)
 {
     enum { CHUNK = 512 };
     kvq_status s = KVQ_OK;
+    const char *file = L->path;
     const kvq_model_id *m = &ci->model;
     const int nh = m->n_heads, nkv = m->n_kv_heads, d = m->head_dim, r = nh / nkv;
     const size_t dd = (size_t)d * d;
-    const kvq_tensor_view *vq, *vrows, *vpos;
-    int64_t shape_q[3] = {-1, nh, d}, shape_pos[1] = {ci->n_tokens}, shape_rows[1];
+    const kvq_tensor_view *vq;
     int32_t *pos = NULL, *rows = NULL;
-    void *raw = NULL;   // [CHUNK, nh, d] in the capture dtype
     float *qf = NULL;   // [CHUNK, nh, d]
     double *X = NULL;   // [r * CHUNK, d] rotated rows of one group
     double theta[KVQ_ROPE_MAX_DIM / 2];
 
-    if ((s = need_tensor(st, file, "q", ci->dtype, 3, shape_q, &vq, err)))
-        return s;
+    if ((s = kvq_capture_layer_tensor(L, "q", &vq, err)) ||
+        (s = kvq_capture_layer_column(L, "q_rows", &rows, err)) ||
+        (s = kvq_capture_layer_column(L, "pos", &pos, err)))
+        goto done;
     const int64_t n_q = vq->shape[0];
-    shape_rows[0] = n_q;
-    if ((s = need_tensor(st, file, "q_rows", KVQ_DT_I32, 1, shape_rows, &vrows, err)) ||
-        (s = need_tensor(st, file, "pos", KVQ_DT_I32, 1, shape_pos, &vpos, err)))
-        return s;
-    if (n_q == 0)
-        return kvq_err_set(err, KVQ_E_NUMERIC, "%s: no stored queries (q has 0 rows)", file);
-
-    const size_t esz = kvq_dtype_size(ci->dtype), row_elems = (size_t)nh * d;
-    pos = malloc(vpos->nbytes + 1);
-    rows = malloc(vrows->nbytes + 1);
-    raw = malloc(CHUNK * row_elems * esz);
-    qf = malloc(CHUNK * row_elems * sizeof *qf);
-    X = malloc((size_t)r * CHUNK * d * sizeof *X);
-    if (!pos || !rows || !raw || !qf || !X) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", file);
+    if (n_q == 0) {
+        s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: no stored queries (q has 0 rows)", file);
         goto done;
     }
-    memcpy(pos, vpos->data, vpos->nbytes);
-    memcpy(rows, vrows->data, vrows->nbytes);
-    for (int64_t i = 0; i < n_q; i++) {
-        if (rows[i] < 0 || rows[i] >= ci->n_tokens) {
-            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: q_rows[%" PRId64 "] = %d is outside "
-                            "[0, %" PRId64 ")", file, i, rows[i], ci->n_tokens);
-            goto done;
-        }
-        if (pos[rows[i]] < 0) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: pos[%d] = %d is negative", file, rows[i],
-                            pos[rows[i]]);
-            goto done;
-        }
+
+    const size_t row_elems = (size_t)nh * d;
+    qf = malloc(CHUNK * row_elems * sizeof *qf);
+    X = malloc((size_t)r * CHUNK * d * sizeof *X);
+    if (!qf || !X) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", file);
+        goto done;
     }
     kvq_rope_freqs(&m->rope, theta);
     memset(H, 0, (size_t)nkv * dd * sizeof *H);
     for (int64_t c0 = 0; c0 < n_q; c0 += CHUNK) {
         const int nc = (int)(n_q - c0 < CHUNK ? n_q - c0 : CHUNK);
         const size_t ne = (size_t)nc * row_elems;
-        memcpy(raw, (const uint8_t *)vq->data + (size_t)c0 * row_elems * esz, ne * esz);
-        if (ci->dtype == KVQ_DT_F16)
-            kvq_f16_to_f32(raw, qf, ne);
-        else if (ci->dtype == KVQ_DT_BF16)
-            kvq_bf16_to_f32(raw, qf, ne);
-        else
-            memcpy(qf, raw, ne * sizeof *qf);
+        kvq_capture_read_f32(vq, (size_t)c0 * row_elems, ne, qf);
         for (int h = 0; h < nkv; h++) {
             /* X = the group's rows, rotated: [r * nc, d]; H[h] += X^T X (lower part). */
             for (int gi = 0; gi < r; gi++)
@@ -200,7 +175,6 @@ static kvq_status layer_from_queries(const kvq_st *st, const char *file,
 done:
     free(pos);
     free(rows);
-    free(raw);
     free(qf);
     free(X);
     return s;
@@ -427,8 +401,7 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
     kvq_status s;
     kvq_capture_info *ci = NULL;
     kvq_st_writer *w = NULL;
-    kvq_st *in = NULL;
-    char *file = NULL;
+    kvq_capture_layer in = {0};
     double *S = NULL, *counts = NULL, *R = NULL, *work = NULL;
     layer_out o = {0};
 
@@ -469,38 +442,27 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
 
     for (int32_t i = 0; i < ci->n_files; i++) {
         const int32_t layer = ci->layers[i];
-        if ((s = kvq_capture_info_file_path(ci, i, &file, err)) ||
-            (s = kvq_st_open(file, &in, err)))
+        if ((s = kvq_capture_layer_open(ci, i, &in, err)))
             goto done;
-        const char *ml = kvq_st_meta_get(in, "layer");
-        int64_t mlv = 0;
-        if (ml && (kvq_parse_i64(ml, 0, INT32_MAX, &mlv, NULL) || mlv != layer)) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata layer \"%s\" but capture.json "
-                            "lists this file as layer %d", file, ml, (int)layer);
-            goto done;
-        }
         if (p->positions == KVQ_POSITIONS_WROPE) {
-            if ((s = layer_from_sums(in, file, m, S, counts, o.H, o.count, err)))
+            if ((s = layer_from_sums(&in, m, S, counts, o.H, o.count, err)))
                 goto done;
             for (int h = 0; h < nkv; h++)
                 kvq_moments_rotate(o.H + h * dd, R, d, work); // H = R_b^T H_pre R_b
         } else {
-            if ((s = layer_from_queries(in, file, ci, o.H, o.count, err)))
+            if ((s = layer_from_queries(&in, ci, o.H, o.count, err)))
                 goto done;
         }
-        kvq_st_close(in);
-        in = NULL;
         for (int h = 0; h < nkv; h++)
             kvq_moments_symmetrize(o.H + h * dd, d);
         kvq_err fe = {0};
         if ((s = factor_layer(p, use_cuda, layer, nkv, d, &o, cb, &fe))) {
-            kvq_err_set(err, s, "%s: %s", file, fe.msg);
+            kvq_err_set(err, s, "%s: %s", in.path, fe.msg);
             goto done;
         }
         if ((s = write_layer(w, &o, nkv, d, err)))
             goto done;
-        free(file);
-        file = NULL;
+        kvq_capture_layer_close(&in);
         if (kvq_progress(cb, "moments", (uint64_t)i + 1, (uint64_t)ci->n_files)) {
             s = kvq_err_set(err, KVQ_E_CANCELLED, "%s: cancelled", out_path);
             goto done;
@@ -509,9 +471,8 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
     s = kvq_st_writer_finish(w, err);
 done:
     kvq_st_writer_free(w); /* removes the temporary unless finished */
-    kvq_st_close(in);
+    kvq_capture_layer_close(&in);
     kvq_capture_info_free(ci);
-    free(file);
     free(S);
     free(counts);
     free(R);

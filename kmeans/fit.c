@@ -25,7 +25,6 @@
 #include "kvq/artifact.h"
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
-#include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
 
@@ -205,8 +204,7 @@ static void format_layers(const int32_t *l, size_t n, char *buf, size_t cap)
  * ========================================================================== */
 
 typedef struct layer_data {
-    char *path;
-    kvq_st *st;
+    kvq_capture_layer f;
     const kvq_tensor_view *k, *q;
     int32_t *pos, *seq;   /* [n_tokens] */
     int32_t *q_rows;      /* [n_q] */
@@ -215,108 +213,29 @@ typedef struct layer_data {
 
 static void layer_close(layer_data *L)
 {
-    kvq_st_close(L->st);
-    free(L->path);
+    kvq_capture_layer_close(&L->f);
     free(L->pos);
     free(L->seq);
     free(L->q_rows);
     memset(L, 0, sizeof *L);
 }
 
-/* Element i of a f32/f16/bf16 tensor as float, for d consecutive elements. */
-static void read_vec(const kvq_tensor_view *v, size_t elem, int32_t d, float *out)
-{
-    const uint8_t *p = (const uint8_t *)v->data + elem * kvq_dtype_size(v->dtype);
-    if (v->dtype == KVQ_DT_F32) {
-        memcpy(out, p, (size_t)d * sizeof *out);
-    } else {
-        uint16_t h[KVQ_ROPE_MAX_DIM];
-        memcpy(h, p, (size_t)d * sizeof *h);
-        if (v->dtype == KVQ_DT_F16)
-            kvq_f16_to_f32(h, out, (size_t)d);
-        else
-            kvq_bf16_to_f32(h, out, (size_t)d);
-    }
-}
-
-static kvq_status get_tensor(const fit_ctx *c, layer_data *L, const char *name, kvq_dtype dt,
-                             int ndim, const int64_t *shape, const kvq_tensor_view **out,
-                             kvq_err *err)
-{
-    const kvq_tensor_view *v = kvq_st_find(L->st, name);
-    if (!v)
-        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: tensor %s is missing", L->path, name);
-    int ok = v->dtype == dt && v->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = shape[i] < 0 || v->shape[i] == shape[i];
-    if (!ok) {
-        char want[128] = "", got[128] = "";
-        for (int i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
-                     (long long)shape[i]);
-        for (int i = 0; i < v->ndim; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
-                     (long long)v->shape[i]);
-        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: tensor %s is %s [%s], capture.json "
-                           "says %s [%s]", L->path, name, kvq_dtype_name(v->dtype), got,
-                           kvq_dtype_name(dt), want);
-    }
-    *out = v;
-    return KVQ_OK;
-}
-
-static kvq_status copy_i32(const kvq_tensor_view *v, int32_t **out, kvq_err *err)
-{
-    *out = malloc(v->nbytes ? v->nbytes : 1);
-    if (!*out)
-        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory reading %s", v->name);
-    memcpy(*out, v->data, v->nbytes);
-    return KVQ_OK;
-}
-
 static kvq_status layer_open(const fit_ctx *c, int32_t layer, layer_data *L, kvq_err *err)
 {
-    const kvq_capture_info *ci = c->ci;
-    const int64_t n = ci->n_tokens;
-    const kvq_tensor_view *v;
     kvq_status s;
     memset(L, 0, sizeof *L);
-    int32_t fi = kvq_capture_info_find_layer(ci, layer);
-    if ((s = kvq_capture_info_file_path(ci, fi, &L->path, err)) ||
-        (s = kvq_st_open(L->path, &L->st, err)))
-        goto fail;
-    const int64_t kshape[3] = {n, c->n_kv, c->d};
-    if ((s = get_tensor(c, L, "k", ci->dtype, 3, kshape, &L->k, err)))
-        goto fail;
-    const int64_t qshape[3] = {-1, c->n_heads, c->d};
-    if ((s = get_tensor(c, L, "q", ci->dtype, 3, qshape, &L->q, err)))
-        goto fail;
-    L->n_q = L->q->shape[0];
-    const int64_t one[1] = {n}, qn[1] = {L->n_q};
-    if ((s = get_tensor(c, L, "pos", KVQ_DT_I32, 1, one, &v, err)) ||
-        (s = copy_i32(v, &L->pos, err)) ||
-        (s = get_tensor(c, L, "seq", KVQ_DT_I32, 1, one, &v, err)) ||
-        (s = copy_i32(v, &L->seq, err)) ||
-        (s = get_tensor(c, L, "q_rows", KVQ_DT_I32, 1, qn, &v, err)) ||
-        (s = copy_i32(v, &L->q_rows, err)))
-        goto fail;
-    for (int64_t i = 0; i < n; i++)
-        if (L->pos[i] < 0 || L->seq[i] < 0 || L->seq[i] >= ci->n_sequences) {
-            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: row %lld: %s %d is out of range",
-                            L->path, (long long)i, L->pos[i] < 0 ? "pos" : "seq",
-                            (int)(L->pos[i] < 0 ? L->pos[i] : L->seq[i]));
-            goto fail;
-        }
-    for (int64_t i = 0; i < L->n_q; i++)
-        if (L->q_rows[i] < 0 || L->q_rows[i] >= n) {
-            s = kvq_err_set(err, KVQ_E_OUT_OF_BOUNDS, "%s: q_rows[%lld] = %d is outside "
-                            "[0, %lld)", L->path, (long long)i, (int)L->q_rows[i], (long long)n);
-            goto fail;
-        }
+    if ((s = kvq_capture_layer_open(c->ci, kvq_capture_info_find_layer(c->ci, layer), &L->f,
+                                    err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "k", &L->k, err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "q", &L->q, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "pos", &L->pos, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "seq", &L->seq, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "q_rows", &L->q_rows, err))) {
+        layer_close(L);
+        return s;
+    }
+    L->n_q = L->f.n_q;
     return KVQ_OK;
-fail:
-    layer_close(L);
-    return s;
 }
 
 /* ==========================================================================
@@ -366,18 +285,18 @@ static kvq_status head_load(const fit_ctx *c, const layer_data *L, int32_t layer
         !(h->p_hold = malloc((size_t)(n_hold ? n_hold : 1) * sizeof(int32_t))) ||
         !(h->q_b = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))) ||
         (post && !(h->q_pos = malloc((size_t)(n_hq ? n_hq : 1) * d * sizeof(float))))) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the keys of head %d", L->path,
-                        (int)head);
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the keys of head %d",
+                        L->f.path, (int)head);
         goto fail;
     }
     int64_t it = 0, ih = 0;
     for (int64_t i = 0; i < n; i++) {
         float *dst = c->heldout[i] ? h->k_hold + (size_t)ih * d : h->k_train + (size_t)it * d;
-        read_vec(L->k, ((size_t)i * c->n_kv + head) * d, d, dst);
+        kvq_capture_read_heads(L->k, i, head, 1, dst);
         for (int32_t t = 0; t < d; t++)
             if (!isfinite(dst[t])) {
                 s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d head %d row %lld (sequence "
-                                "%d position %d): non-finite key", L->path, (int)layer,
+                                "%d position %d): non-finite key", L->f.path, (int)layer,
                                 (int)head, (long long)i, (int)L->seq[i], (int)L->pos[i]);
                 goto fail;
             }
@@ -396,11 +315,11 @@ static kvq_status head_load(const fit_ctx *c, const layer_data *L, int32_t layer
             continue;
         for (int32_t g = head * c->r; g < (head + 1) * c->r; g++, iq++) {
             float *qb = h->q_b + (size_t)iq * d;
-            read_vec(L->q, ((size_t)i * c->n_heads + g) * d, d, qb);
+            kvq_capture_read_heads(L->q, i, g, 1, qb);
             for (int32_t t = 0; t < d; t++)
                 if (!isfinite(qb[t])) {
                     s = kvq_err_set(err, KVQ_E_NUMERIC, "%s: layer %d query head %d row %d: "
-                                    "non-finite query", L->path, (int)layer, (int)g, (int)row);
+                                    "non-finite query", L->f.path, (int)layer, (int)g, (int)row);
                     goto fail;
                 }
             if (post) {
@@ -962,6 +881,90 @@ done:
  * The stage
  * ========================================================================== */
 
+/* Opens the capture and the moments file and derives the run's shapes and device. */
+static kvq_status fit_open(fit_ctx *c, const char *capture_dir, const char *moments_path,
+                           kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    kvq_status s;
+    if ((s = kvq_capture_info_read(capture_dir, &c->ci, err)) ||
+        (s = kvq_moments_open(moments_path, &c->m, err)) ||
+        (s = kvq_moments_check_capture(c->m, c->ci, err)))
+        return s;
+    const kvq_model_id *id = &c->ci->model;
+    c->d = id->head_dim;
+    c->n_heads = id->n_heads;
+    c->n_kv = id->n_kv_heads;
+    c->r = c->n_heads / c->n_kv;
+    c->G = p->groups ? p->groups : kvq_codebook_method_default_groups(p->method);
+    c->wrope_b = kvq_moments_wrope_b(c->m);
+    c->wrope_w = kvq_moments_wrope_w(c->m);
+    if (c->d % c->G != 0 || c->G > c->d)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %d groups do not divide head dim %d",
+                           (int)c->G, (int)c->d);
+    c->ref_method = c->G > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
+    c->ref_fit = p->method != KVQ_CODEBOOK_VQ && p->method != KVQ_CODEBOOK_PQ;
+    c->device = p->device;
+    if (c->device != KVQ_KMEANS_DEVICE_CPU) {
+        const char *why = NULL;
+        int have = kvq_cuda_available(&why);
+        if (!have && c->device == KVQ_KMEANS_DEVICE_CUDA)
+            kvq_log(&c->cb, KVQ_LOG_WARN, "CUDA requested but unavailable (%s); fitting on the "
+                    "CPU", why ? why : "unknown reason");
+        c->device = have ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
+    }
+    return KVQ_OK;
+}
+
+/* Every (layer, KV head) job in order: from its checkpoint or fitted, one layer file
+ * open at a time. */
+static kvq_status run_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
+{
+    layer_data L;
+    kvq_status s = KVQ_OK;
+    memset(&L, 0, sizeof L);
+    for (size_t li = 0; li < c->n_layers; li++) {
+        const int32_t layer = c->layers[li];
+        for (int32_t head = 0; head < c->n_kv; head++) {
+            fit_job *j = &c->jobs[li * (size_t)c->n_kv + head];
+            char key[1024];
+            j->layer = layer;
+            j->head = head;
+            if ((s = job_key(c, layer, head, key, sizeof key, err)))
+                goto done;
+            if (!ckpt_load(c, j, key)) {
+                if (!L.f.st && (s = layer_open(c, layer, &L, err)))
+                    goto done;
+                if ((s = job_fit(c, &L, j, err)) ||
+                    (c->ckpt_dir && (s = ckpt_save(c, j, key, err))))
+                    goto done;
+            } else {
+                sum->n_resumed++;
+            }
+            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
+            if (isfinite(m) && isfinite(r))
+                kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
+                        "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
+                        kvq_codebook_method_name(c->ref_method), r, r > 0 ? m / r : NAN,
+                        j->resumed ? " (checkpoint)" : "");
+            else
+                kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
+                        j->resumed ? " (checkpoint)" : "");
+            c->jobs_done++;
+            if (kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total)) {
+                s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
+                                "(finished heads are kept in %s)", (int)c->jobs_done,
+                                (int)c->jobs_total, c->ckpt_dir ? c->ckpt_dir : "no checkpoint");
+                goto done;
+            }
+        }
+        layer_close(&L);
+    }
+done:
+    layer_close(&L);
+    return s;
+}
+
 kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const char *out_path,
                        const kvq_fit_params *params, kvq_fit_summary *summary, kvq_err *err)
 {
@@ -969,11 +972,9 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     const kvq_fit_params *p = params ? params : &defaults;
     fit_ctx c;
     kvq_fit_summary sum;
-    layer_data L;
     kvq_status s;
     memset(&c, 0, sizeof c);
     memset(&sum, 0, sizeof sum);
-    memset(&L, 0, sizeof L);
     sum.score_mse = sum.score_mse_ref = sum.score_power = NAN;
     c.p = p;
     c.cb = p->cb;
@@ -988,34 +989,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
         s = kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
         goto done;
     }
-    if ((s = kvq_capture_info_read(capture_dir, &c.ci, err)) ||
-        (s = kvq_moments_open(moments_path, &c.m, err)) ||
-        (s = kvq_moments_check_capture(c.m, c.ci, err)))
+    if ((s = fit_open(&c, capture_dir, moments_path, err)))
         goto done;
-    const kvq_model_id *id = &c.ci->model;
-    c.d = id->head_dim;
-    c.n_heads = id->n_heads;
-    c.n_kv = id->n_kv_heads;
-    c.r = c.n_heads / c.n_kv;
-    c.G = p->groups ? p->groups : kvq_codebook_method_default_groups(p->method);
-    c.wrope_b = kvq_moments_wrope_b(c.m);
-    c.wrope_w = kvq_moments_wrope_w(c.m);
-    if (c.d % c.G != 0 || c.G > c.d) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %d groups do not divide head dim %d",
-                        (int)c.G, (int)c.d);
-        goto done;
-    }
-    c.ref_method = c.G > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
-    c.ref_fit = p->method != KVQ_CODEBOOK_VQ && p->method != KVQ_CODEBOOK_PQ;
-    c.device = p->device;
-    if (c.device != KVQ_KMEANS_DEVICE_CPU) {
-        const char *why = NULL;
-        int have = kvq_cuda_available(&why);
-        if (!have && c.device == KVQ_KMEANS_DEVICE_CUDA)
-            kvq_log(&c.cb, KVQ_LOG_WARN, "CUDA requested but unavailable (%s); fitting on the "
-                    "CPU", why ? why : "unknown reason");
-        c.device = have ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
-    }
     if ((s = choose_layers(&c, capture_dir, err)) || (s = split_holdout(&c, err)) ||
         (s = choose_k(&c, err)))
         goto done;
@@ -1044,43 +1019,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
         goto done;
     }
 
-    for (size_t li = 0; li < c.n_layers; li++) {
-        const int32_t layer = c.layers[li];
-        for (int32_t head = 0; head < c.n_kv; head++) {
-            fit_job *j = &c.jobs[li * (size_t)c.n_kv + head];
-            char key[1024];
-            j->layer = layer;
-            j->head = head;
-            if ((s = job_key(&c, layer, head, key, sizeof key, err)))
-                goto done;
-            if (!ckpt_load(&c, j, key)) {
-                if (!L.st && (s = layer_open(&c, layer, &L, err)))
-                    goto done;
-                if ((s = job_fit(&c, &L, j, err)) ||
-                    (c.ckpt_dir && (s = ckpt_save(&c, j, key, err))))
-                    goto done;
-            } else {
-                sum.n_resumed++;
-            }
-            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
-            if (isfinite(m) && isfinite(r))
-                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
-                        "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
-                        kvq_codebook_method_name(c.ref_method), r, r > 0 ? m / r : NAN,
-                        j->resumed ? " (checkpoint)" : "");
-            else
-                kvq_log(&c.cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
-                        j->resumed ? " (checkpoint)" : "");
-            c.jobs_done++;
-            if (kvq_progress(&c.cb, "fit", (uint64_t)c.jobs_done, (uint64_t)c.jobs_total)) {
-                s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
-                                "(finished heads are kept in %s)", (int)c.jobs_done,
-                                (int)c.jobs_total, c.ckpt_dir ? c.ckpt_dir : "no checkpoint");
-                goto done;
-            }
-        }
-        layer_close(&L);
-    }
+    if ((s = run_jobs(&c, &sum, err)))
+        goto done;
     if (sum.n_resumed)
         kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
                 (int)c.jobs_total, c.ckpt_dir);
@@ -1101,7 +1041,6 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (summary)
         *summary = sum;
 done:
-    layer_close(&L);
     for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
         job_clear(&c.jobs[i]);
     free(c.jobs);

@@ -201,9 +201,9 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
             if (n < 2)
                 continue;
             for (int64_t t = 0; t < n; t++) {
-                thr_layer_rows(L.q, L.qidx[r0 + t], 0, nh, q + (size_t)t * nh * d);
-                thr_layer_rows(L.k, r0 + t, 0, nkv, k + (size_t)t * nkv * d);
-                thr_layer_rows(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
+                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, q + (size_t)t * nh * d);
+                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, k + (size_t)t * nkv * d);
+                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
                 pos[t] = thr_layer_pos(&L, r0 + t);
             }
             s = run_sequence(set, n_set, p->threads, layer, n, thr_prompt_len(p->prompt_fraction, n),

@@ -76,20 +76,18 @@ void thr_pats_push(thr_head *h, const float *q, float *out);
  * ========================================================================== */
 
 typedef struct thr_layer {
-    kvq_st *st;
-    const kvq_tensor_view *k, *v, *q, *q_rows, *pos;
+    kvq_capture_layer f;
+    const kvq_tensor_view *k, *v, *q;
+    int32_t *pos;         /* [n_tokens] */
     int32_t *qidx;        /* [n_tokens] stored query index of each row, or -1 */
     int64_t n_q;
 } thr_layer;
 
-/* Opens file i of the capture and checks its tensors against capture.json (dtypes,
- * shapes, q_rows ascending inside [0, n_tokens), positions >= 0). Errors: the reader's,
- * KVQ_E_NOT_FOUND (a tensor), KVQ_E_SHAPE_MISMATCH, KVQ_E_CORRUPT, KVQ_E_NOMEM. */
+/* Opens file i of the capture with the capture layer reader (kvq_capture_layer_open)
+ * and reads k, v (with values), q, pos and q_rows, checked against capture.json.
+ * Rows of k, v and q are read with kvq_capture_read_heads. Errors: the reader's. */
 kvq_status thr_layer_open(const kvq_capture_info *ci, int32_t i, thr_layer *L, kvq_err *err);
 void thr_layer_close(thr_layer *L);
-/* Row `row`, heads [h0, h0 + nh) of a [n_tokens or n_q, heads, d] tensor, as f32:
- * out [nh, d]. */
-void thr_layer_rows(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh, float *out);
 /* pos[row]. */
 int64_t thr_layer_pos(const thr_layer *L, int64_t row);
 

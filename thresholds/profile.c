@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include "kvq/corpus.h"
-#include "kvq/half.h"
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
 #include "thresholds/internal.h"
@@ -88,114 +87,47 @@ int64_t thr_prompt_len(double fraction, int64_t n)
  * Capture layer files
  * ========================================================================== */
 
-static kvq_status need_tensor(const kvq_st *st, const char *path, const char *name,
-                              kvq_dtype dt, int ndim, const int64_t *shape,
-                              const kvq_tensor_view **out, kvq_err *err)
-{
-    const kvq_tensor_view *t = kvq_st_find(st, name);
-    if (!t)
-        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: no tensor '%s'", path, name);
-    int ok = t->dtype == dt && t->ndim == ndim;
-    for (int i = 0; ok && i < ndim; i++)
-        ok = shape[i] < 0 || t->shape[i] == shape[i];
-    if (!ok)
-        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
-                           "%s: tensor '%s' has dtype %s and %d dims, not what capture.json says",
-                           path, name, kvq_dtype_name(t->dtype), t->ndim);
-    *out = t;
-    return KVQ_OK;
-}
-
 void thr_layer_close(thr_layer *L)
 {
-    kvq_st_close(L->st);
+    kvq_capture_layer_close(&L->f);
+    free(L->pos);
     free(L->qidx);
     memset(L, 0, sizeof *L);
 }
 
-static int32_t rd_i32(const void *base, int64_t i)
-{
-    int32_t x;
-    memcpy(&x, (const uint8_t *)base + 4 * i, 4);
-    return x;
-}
-
 kvq_status thr_layer_open(const kvq_capture_info *ci, int32_t i, thr_layer *L, kvq_err *err)
 {
-    char *path = NULL;
     kvq_status s;
+    int32_t *rows = NULL;
     memset(L, 0, sizeof *L);
-    if ((s = kvq_capture_info_file_path(ci, i, &path, err)))
-        return s;
-    if ((s = kvq_st_open(path, &L->st, err)))
+    if ((s = kvq_capture_layer_open(ci, i, &L->f, err)) ||
+        (s = kvq_capture_layer_tensor(&L->f, "k", &L->k, err)) ||
+        (ci->has_values && (s = kvq_capture_layer_tensor(&L->f, "v", &L->v, err))) ||
+        (s = kvq_capture_layer_tensor(&L->f, "q", &L->q, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "pos", &L->pos, err)) ||
+        (s = kvq_capture_layer_column(&L->f, "q_rows", &rows, err)))
         goto done;
-    const int64_t nt = ci->n_tokens, nkv = ci->model.n_kv_heads, nh = ci->model.n_heads,
-                  d = ci->model.head_dim;
-    const int64_t kshape[3] = {nt, nkv, d}, qshape[3] = {-1, nh, d}, rshape[1] = {nt};
-    if ((s = need_tensor(L->st, path, "k", ci->dtype, 3, kshape, &L->k, err)) ||
-        (ci->has_values && (s = need_tensor(L->st, path, "v", ci->dtype, 3, kshape, &L->v, err))) ||
-        (s = need_tensor(L->st, path, "q", ci->dtype, 3, qshape, &L->q, err)) ||
-        (s = need_tensor(L->st, path, "pos", KVQ_DT_I32, 1, rshape, &L->pos, err)))
-        goto done;
-    L->n_q = L->q->shape[0];
-    const int64_t qr_shape[1] = {L->n_q};
-    if ((s = need_tensor(L->st, path, "q_rows", KVQ_DT_I32, 1, qr_shape, &L->q_rows, err)))
-        goto done;
-    if (ci->n_queries == 0 && L->n_q != nt) {
-        s = kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: %lld queries stored, capture.json says all %lld",
-                        path, (long long)L->n_q, (long long)nt);
-        goto done;
-    }
+    const int64_t nt = ci->n_tokens;
+    L->n_q = L->f.n_q;
     L->qidx = malloc(sizeof(int32_t) * (size_t)(nt > 0 ? nt : 1));
     if (!L->qidx) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", L->f.path);
         goto done;
     }
-    for (int64_t r = 0; r < nt; r++) {
+    for (int64_t r = 0; r < nt; r++)
         L->qidx[r] = -1;
-        if (rd_i32(L->pos->data, r) < 0) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: pos[%lld] is negative", path, (long long)r);
-            goto done;
-        }
-    }
-    for (int64_t a = 0, prev = -1; a < L->n_q; a++) {
-        const int64_t r = rd_i32(L->q_rows->data, a);
-        if (r <= prev || r >= nt) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT,
-                            "%s: q_rows[%lld] = %lld is not ascending inside [0, %lld)", path,
-                            (long long)a, (long long)r, (long long)nt);
-            goto done;
-        }
-        L->qidx[r] = (int32_t)a;
-        prev = r;
-    }
+    for (int64_t a = 0; a < L->n_q; a++)
+        L->qidx[rows[a]] = (int32_t)a;
 done:
     if (s)
         thr_layer_close(L);
-    free(path);
+    free(rows);
     return s;
-}
-
-void thr_layer_rows(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh, float *out)
-{
-    const int64_t d = t->shape[2], per_row = t->shape[1] * d;
-    const size_t es = kvq_dtype_size(t->dtype);
-    const uint8_t *src = (const uint8_t *)t->data + ((size_t)row * per_row + (size_t)h0 * d) * es;
-    const size_t n = (size_t)nh * (size_t)d;
-    for (size_t i = 0; i < n; i++) {
-        if (t->dtype == KVQ_DT_F32) {
-            memcpy(&out[i], src + 4 * i, 4);
-        } else {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            out[i] = t->dtype == KVQ_DT_F16 ? kvq_f16_to_f32_ref(h) : kvq_bf16_to_f32_ref(h);
-        }
-    }
 }
 
 int64_t thr_layer_pos(const thr_layer *L, int64_t row)
 {
-    return rd_i32(L->pos->data, row);
+    return L->pos[row];
 }
 
 /* ==========================================================================
@@ -430,13 +362,13 @@ static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const 
     /* load the rows and apply RoPE at the captured positions */
     for (int64_t t = 0; t < n; t++) {
         const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
-        thr_layer_rows(L->k, row, h, 1, j.k + (size_t)t * d);
-        thr_layer_rows(L->v, row, h, 1, j.v + (size_t)t * d);
+        kvq_capture_read_heads(L->k, row, h, 1, j.k + (size_t)t * d);
+        kvq_capture_read_heads(L->v, row, h, 1, j.v + (size_t)t * d);
         kvq_rope_apply(&ci->model.rope, theta, j.k + (size_t)t * d, 1, pos);
         j.has_q[t] = L->qidx[row] >= 0;
         if (j.has_q[t]) {
             float *qt = j.q + (size_t)t * gs * d;
-            thr_layer_rows(L->q, L->qidx[row], h * gs, gs, qt);
+            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
             kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
         }
     }
@@ -741,54 +673,33 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : NAN;
 }
 
-kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_path,
-                               const kvq_profile_params *p, kvq_profile_result **out,
-                               kvq_err *err)
+/* The capture can be profiled: values, a layer, a sequence of 2 or more tokens
+ * (*n_eval of them). */
+static kvq_status check_capture(const kvq_capture_info *ci, const char *capture_dir,
+                                int64_t *n_eval_out, kvq_err *err)
 {
-    kvq_capture_info *ci = NULL;
-    kvq_artifact *art = NULL;
-    kvq_profile_result *r = NULL;
-    thr_ppl *ppl = NULL;
-    thr_grid G = {0};
-    thr_acc *total = NULL;
-    kvq_status s;
-    *out = NULL;
-    if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
-        goto done;
-    if (artifact_path) {
-        kvq_model_id aid;
-        if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
-            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
-                                        err)) ||
-            (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
-            goto done;
-    }
-    if (!ci->has_values) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no values (--no-values)",
-                        capture_dir);
-        goto done;
-    }
-    if (ci->n_files < 1) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no layer", capture_dir);
-        goto done;
-    }
+    if (!ci->has_values)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: the capture has no values (--no-values)", capture_dir);
+    if (ci->n_files < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: the capture has no layer",
+                           capture_dir);
     int64_t n_eval = 0;
     for (int64_t q = 0; q < ci->n_sequences; q++)
         n_eval += ci->sequences[2 * q + 1] >= 2;
-    if (n_eval == 0) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG,
-                        "%s: no sequence of 2 or more tokens to evaluate", capture_dir);
-        goto done;
-    }
-    r = calloc(1, sizeof *r);
-    if (!r) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    r->ppl_full = NAN;
-    r->n_sequences = n_eval;
-    if ((s = make_grid(p, &G, err)))
-        goto done;
+    if (n_eval == 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "%s: no sequence of 2 or more tokens to evaluate", capture_dir);
+    *n_eval_out = n_eval;
+    return KVQ_OK;
+}
+
+/* The four tables of r, sized for the grid G. */
+static kvq_status init_tables(kvq_profile_result *r, const kvq_profile_params *p,
+                              const thr_grid *G_, kvq_err *err)
+{
+    const thr_grid G = *G_;
+    kvq_status s;
     if ((s = thr_table_init(&r->table[KVQ_PROFILE_LEANKV], "leankv", KVQ_PL_NCOLS, leankv_cols,
                             G.n_lk, err)) ||
         (s = thr_table_init(&r->table[KVQ_PROFILE_PATS], "pats", KVQ_PP_NCOLS, pats_cols, G.n_pt,
@@ -796,29 +707,18 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
         (s = thr_table_init(&r->table[KVQ_PROFILE_BUDGET], "budget", KVQ_PB_NCOLS, budget_cols, 0,
                             err)) ||
         (s = thr_table_init(&r->table[KVQ_PROFILE_MASS], "mass", KVQ_PB_NCOLS, mass_cols, 0, err)))
-        goto done;
+        return s;
     if (!(p->knobs & KVQ_KNOB_LEANKV))
         snprintf(r->table[KVQ_PROFILE_LEANKV].skipped, 256, "not asked for");
     if (!(p->knobs & KVQ_KNOB_PATS))
         snprintf(r->table[KVQ_PROFILE_PATS].skipped, 256, "not asked for");
-    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
-        goto done;
-    r->metric_ppl = ppl != NULL;
-    r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
+    return KVQ_OK;
+}
 
-    /* ---- LeanKV and PATS on the capture */
-    const int64_t n_set = G.n_lk + G.n_pt;
-    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
-    if (!total) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    if (n_set) {
-        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
-                (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
-        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
-            goto done;
-    }
+/* The LeanKV and PATS rows from the capture totals: total[n_lk + n_pt]. */
+static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_acc *total)
+{
+    const thr_grid G = *G_;
     for (int64_t c = 0; c < G.n_lk; c++) {
         double *row = r->table[KVQ_PROFILE_LEANKV].rows + (size_t)c * KVQ_PL_NCOLS;
         const thr_acc *a = &total[c];
@@ -841,30 +741,93 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
         row[KVQ_PP_BITS] = ratio(a->mem.bits, 8.0 * a->mem.bytes_f16);
         row[KVQ_PP_ERR] = ratio(a->err_sum, a->err_n);
     }
+}
 
-    /* ---- perplexity of the same settings */
-    if (ppl) {
-        if ((s = thr_ppl_eval(ppl, NULL, NULL, NULL, &r->ppl_full, err)))
-            goto done;
-        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: full-attention perplexity %.4f", r->ppl_full);
-        for (int64_t c = 0; c < n_set && !s; c++) {
-            const int lean = c < G.n_lk;
-            double v;
-            if ((s = ppl_of(ppl, lean ? KVQ_SIMCACHE_LEANKV : KVQ_SIMCACHE_PATS,
-                            lean ? &G.lk[c] : NULL, lean ? NULL : &G.pt[c - G.n_lk], p->threads,
-                            &v, err)))
-                break;
-            if (lean)
-                r->table[KVQ_PROFILE_LEANKV].rows[(size_t)c * KVQ_PL_NCOLS + KVQ_PL_PPL] = v;
-            else
-                r->table[KVQ_PROFILE_PATS].rows[(size_t)(c - G.n_lk) * KVQ_PP_NCOLS + KVQ_PP_PPL] = v;
-            if (kvq_progress(&p->cb, "profile: perplexity", (uint64_t)c + 1, (uint64_t)n_set))
-                s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
-        }
-        if (s)
+/* The perplexity column of the LeanKV and PATS rows, and the full-attention one. */
+static kvq_status ppl_rows(thr_ppl *ppl, const kvq_profile_params *p, const thr_grid *G_,
+                           kvq_profile_result *r, kvq_err *err)
+{
+    const thr_grid G = *G_;
+    const int64_t n_set = G.n_lk + G.n_pt;
+    kvq_status s = KVQ_OK;
+    if ((s = thr_ppl_eval(ppl, NULL, NULL, NULL, &r->ppl_full, err)))
+        return s;
+    kvq_log(&p->cb, KVQ_LOG_INFO, "profile: full-attention perplexity %.4f", r->ppl_full);
+    for (int64_t c = 0; c < n_set && !s; c++) {
+        const int lean = c < G.n_lk;
+        double v;
+        if ((s = ppl_of(ppl, lean ? KVQ_SIMCACHE_LEANKV : KVQ_SIMCACHE_PATS,
+                        lean ? &G.lk[c] : NULL, lean ? NULL : &G.pt[c - G.n_lk], p->threads,
+                        &v, err)))
+            break;
+        if (lean)
+            r->table[KVQ_PROFILE_LEANKV].rows[(size_t)c * KVQ_PL_NCOLS + KVQ_PL_PPL] = v;
+        else
+            r->table[KVQ_PROFILE_PATS].rows[(size_t)(c - G.n_lk) * KVQ_PP_NCOLS + KVQ_PP_PPL] = v;
+        if (kvq_progress(&p->cb, "profile: perplexity", (uint64_t)c + 1, (uint64_t)n_set))
+            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+    }
+    return s;
+}
+
+kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_path,
+                               const kvq_profile_params *p, kvq_profile_result **out,
+                               kvq_err *err)
+{
+    kvq_capture_info *ci = NULL;
+    kvq_artifact *art = NULL;
+    kvq_profile_result *r = NULL;
+    thr_ppl *ppl = NULL;
+    thr_grid G = {0};
+    thr_acc *total = NULL;
+    kvq_status s;
+    *out = NULL;
+    if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
+        goto done;
+    if (artifact_path) {
+        kvq_model_id aid;
+        if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
+            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
+                                        err)) ||
+            (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
             goto done;
     }
+    int64_t n_eval = 0;
+    if ((s = check_capture(ci, capture_dir, &n_eval, err)))
+        goto done;
+    r = calloc(1, sizeof *r);
+    if (!r) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    r->ppl_full = NAN;
+    r->n_sequences = n_eval;
+    if ((s = make_grid(p, &G, err)))
+        goto done;
+    if ((s = init_tables(r, p, &G, err)))
+        goto done;
+    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
+        goto done;
+    r->metric_ppl = ppl != NULL;
+    r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
 
+    /* ---- LeanKV and PATS on the capture */
+    const int64_t n_set = G.n_lk + G.n_pt;
+    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
+    if (!total) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    if (n_set) {
+        kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
+                (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
+        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
+            goto done;
+    }
+    fill_grid_rows(r, &G, total);
+    /* ---- perplexity of the same settings */
+    if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
+        goto done;
     /* ---- retrieval budgets */
     if (p->knobs & (KVQ_KNOB_BUDGET | KVQ_KNOB_MASS)) {
         if (!artifact_path) {

@@ -3,7 +3,8 @@
  *
  * A capture directory holds capture.json (model identity, corpus provenance, token
  * counts, the list of layer files) and one safetensors file per captured layer. This
- * header gives the parsed capture.json as a plain struct, the model identity that
+ * header gives the parsed capture.json as a plain struct, the reader of one layer file
+ * (kvq_capture_layer, calib/capture_layer.c), the model identity that
  * every later stage (moments, fit, artifact) carries and compares, and helpers that
  * write and read that identity as flat safetensors __metadata__ keys
  * ("model.n_heads", "model.rope.base", ...: the capture.json "model" object, keys
@@ -100,6 +101,57 @@ int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer);
 /* "DIR/FILE" for file i, malloc'd into *path (free()). KVQ_E_NOMEM. */
 kvq_status kvq_capture_info_file_path(const kvq_capture_info *ci, int32_t i, char **path,
                                       kvq_err *err);
+
+/* ---- one layer file ------------------------------------------------------------- */
+
+/* An open layer file of a capture (docs/capture.md, "layer_LLL.safetensors"): the one
+ * reader every stage uses (moments, fit, profile, merge). Each tensor is checked
+ * against capture.json when it is asked for, so a stage that needs only some tensors
+ * works on files without the others. Every message starts with "DIR/FILE: ". */
+typedef struct kvq_capture_layer {
+    const kvq_capture_info *ci; /* not owned; outlives the layer */
+    int32_t layer;              /* model layer index of the file */
+    int64_t n_q;                /* stored query rows: n_queries, or n_tokens for "all" */
+    char *path;                 /* "DIR/FILE" (malloc'd) */
+    kvq_st *st;
+} kvq_capture_layer;
+
+/* Opens file i in [0, ci->n_files) and checks its "layer" metadata (when present)
+ * against ci->layers[i]. Errors: those of kvq_st_open, KVQ_E_CORRUPT (another layer),
+ * KVQ_E_NOMEM. *L is zeroed on failure. */
+kvq_status kvq_capture_layer_open(const kvq_capture_info *ci, int32_t i, kvq_capture_layer *L,
+                                  kvq_err *err);
+void kvq_capture_layer_close(kvq_capture_layer *L); /* zeroes *L; zeroed or closed is fine */
+
+/* The tensor `name` with the dtype and shape capture.json gives it:
+ *   k, v                         ci->dtype [n_tokens, n_kv_heads, head_dim]
+ *   q                            ci->dtype [n_q, n_heads, head_dim]
+ *   q_rows                       I32 [n_q]
+ *   pos, seq, tokens             I32 [n_tokens]
+ *   q_moment_sum, q_moment_count F64 [n_heads, head_dim, head_dim], F64 [n_heads]
+ * Errors: KVQ_E_NOT_FOUND (missing), KVQ_E_SHAPE_MISMATCH (dtype or shape, both named),
+ * KVQ_E_INVALID_ARG (a name not in the table). */
+kvq_status kvq_capture_layer_tensor(const kvq_capture_layer *L, const char *name,
+                                    const kvq_tensor_view **out, kvq_err *err);
+
+/* Values [first, first + n) of the I32 column t (q_rows, pos, seq or tokens, from
+ * kvq_capture_layer_tensor) into out[n], each checked: q_rows ascending inside
+ * [0, n_tokens), pos inside [0, n_tokens), seq inside [0, n_sequences), tokens inside
+ * [0, vocab_size). Streams: a column may be read in any number of consecutive pieces.
+ * Errors: KVQ_E_CORRUPT (the first bad value, named with its index). */
+kvq_status kvq_capture_layer_ints(const kvq_capture_layer *L, const kvq_tensor_view *t,
+                                  int64_t first, int64_t n, int32_t *out, kvq_err *err);
+/* The whole checked column `name`, malloc'd into *out (free()). Errors: those of
+ * kvq_capture_layer_tensor and kvq_capture_layer_ints, KVQ_E_NOMEM. */
+kvq_status kvq_capture_layer_column(const kvq_capture_layer *L, const char *name,
+                                    int32_t **out, kvq_err *err);
+
+/* Elements [first, first + n) of an f32/f16/bf16 tensor as f32 (exact). */
+void kvq_capture_read_f32(const kvq_tensor_view *t, size_t first, size_t n, float *out);
+/* Row `row`, heads [h0, h0 + nh) of a [rows, heads, d] tensor (k, v, q) as f32:
+ * out [nh, d]. */
+void kvq_capture_read_heads(const kvq_tensor_view *t, int64_t row, int32_t h0, int32_t nh,
+                            float *out);
 
 /* ---- model identity ------------------------------------------------------------ */
 
