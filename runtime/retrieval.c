@@ -25,7 +25,7 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
 
 #define MAX_POSITION ((int64_t)1 << 31)

@@ -14,7 +14,7 @@
 #include "kvq/half.h"
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
  * Parameters, tables, results

@@ -11,7 +11,7 @@
 #endif
 
 #include "kvq/util.h"
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
  * Attention
