@@ -5,6 +5,7 @@
 #include "kvq/safetensors.h"
 
 #include <assert.h>
+#include <inttypes.h>
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -806,14 +807,8 @@ kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype d
     if (w->slots[slot])
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "safetensors writer: tensor '%.100s' declared twice", name);
-    if (w->n_decls == w->cap_decls) {
-        size_t cap = w->cap_decls ? 2 * w->cap_decls : 16;
-        st_decl *nd = realloc(w->decls, cap * sizeof *nd);
-        if (!nd)
-            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
-        w->decls = nd;
-        w->cap_decls = cap;
-    }
+    if (kvq_grow((void **)&w->decls, &w->cap_decls, w->n_decls + 1, sizeof *w->decls))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
     st_decl *d = &w->decls[w->n_decls];
     memset(d, 0, sizeof *d);
     if (!(d->name = strdup(name)))
@@ -840,14 +835,8 @@ kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char 
     if (!kvq_utf8_valid(key, strlen(key)) || !kvq_utf8_valid(value, strlen(value)))
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "safetensors writer: metadata is not valid UTF-8");
-    if (w->n_meta == w->cap_meta) {
-        size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
-        st_meta *nm = realloc(w->meta, cap * sizeof *nm);
-        if (!nm)
-            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
-        w->meta = nm;
-        w->cap_meta = cap;
-    }
+    if (kvq_grow((void **)&w->meta, &w->cap_meta, w->n_meta + 1, sizeof *w->meta))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
     char *v = strdup(value);
     if (!v)
         return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
@@ -870,73 +859,6 @@ kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char 
 
 /* ---- header serialization ---------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->cap - b->len < n) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = 1;
-                return;
-            }
-            cap *= 2;
-        }
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_u64(sbuf *b, uint64_t v)
-{
-    char t[24];
-    int n = snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    sb_put(b, t, (size_t)n);
-}
-
-/* A JSON string literal: quote, backslash and control characters escaped, other
- * bytes (valid UTF-8, checked at declare/set_meta) copied as they are. */
-static void sb_json_str(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        char t[8];
-        switch (*c) {
-        case '"': sb_put(b, "\\\"", 2); break;
-        case '\\': sb_put(b, "\\\\", 2); break;
-        case '\b': sb_put(b, "\\b", 2); break;
-        case '\f': sb_put(b, "\\f", 2); break;
-        case '\n': sb_put(b, "\\n", 2); break;
-        case '\r': sb_put(b, "\\r", 2); break;
-        case '\t': sb_put(b, "\\t", 2); break;
-        default:
-            if (*c < 0x20) {
-                snprintf(t, sizeof t, "\\u%04x", *c);
-                sb_put(b, t, 6);
-            } else {
-                sb_put(b, (const char *)c, 1);
-            }
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
 static int cmp_meta(const void *a, const void *b)
 {
     return strcmp(((const st_meta *)a)->key, ((const st_meta *)b)->key);
@@ -947,57 +869,57 @@ static int cmp_meta(const void *a, const void *b)
 static kvq_status build_header(kvq_st_writer *w, const char *label, char **out, size_t *size,
                                kvq_err *err)
 {
-    sbuf b = {0};
+    kvq_strbuf b = {0};
     if (w->n_meta)
         qsort(w->meta, w->n_meta, sizeof *w->meta, cmp_meta);
-    sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
-    sb_puts(&b, "{");
+    kvq_sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
+    kvq_sb_puts(&b, "{");
     if (w->n_meta) {
-        sb_puts(&b, "\"__metadata__\":{");
+        kvq_sb_puts(&b, "\"__metadata__\":{");
         for (size_t i = 0; i < w->n_meta; i++) {
             if (i)
-                sb_puts(&b, ",");
-            sb_json_str(&b, w->meta[i].key);
-            sb_puts(&b, ":");
-            sb_json_str(&b, w->meta[i].value);
+                kvq_sb_puts(&b, ",");
+            kvq_sb_json_str(&b, w->meta[i].key);
+            kvq_sb_puts(&b, ":");
+            kvq_sb_json_str(&b, w->meta[i].value);
         }
-        sb_puts(&b, "}");
+        kvq_sb_puts(&b, "}");
     }
     for (size_t i = 0; i < w->n_decls; i++) {
         const st_decl *d = &w->decls[i];
         if (i || w->n_meta)
-            sb_puts(&b, ",");
-        sb_json_str(&b, d->name);
-        sb_puts(&b, ":{\"dtype\":\"");
-        sb_puts(&b, kvq_dtype_name(d->dtype));
-        sb_puts(&b, "\",\"shape\":[");
+            kvq_sb_puts(&b, ",");
+        kvq_sb_json_str(&b, d->name);
+        kvq_sb_puts(&b, ":{\"dtype\":\"");
+        kvq_sb_puts(&b, kvq_dtype_name(d->dtype));
+        kvq_sb_puts(&b, "\",\"shape\":[");
         for (int k = 0; k < d->ndim; k++) {
             if (k)
-                sb_puts(&b, ",");
-            sb_u64(&b, (uint64_t)d->shape[k]);
+                kvq_sb_puts(&b, ",");
+            kvq_sb_printf(&b, "%" PRIu64, (uint64_t)d->shape[k]);
         }
-        sb_puts(&b, "],\"data_offsets\":[");
-        sb_u64(&b, d->begin);
-        sb_puts(&b, ",");
-        sb_u64(&b, d->end);
-        sb_puts(&b, "]}");
+        kvq_sb_puts(&b, "],\"data_offsets\":[");
+        kvq_sb_printf(&b, "%" PRIu64, d->begin);
+        kvq_sb_puts(&b, ",");
+        kvq_sb_printf(&b, "%" PRIu64, d->end);
+        kvq_sb_puts(&b, "]}");
     }
-    sb_puts(&b, "}");
-    while ((b.len - 8) % 8)
-        sb_puts(&b, " ");
+    kvq_sb_puts(&b, "}");
+    while (!b.oom && (b.len - 8) % 8)
+        kvq_sb_puts(&b, " ");
     if (b.oom) {
-        free(b.p);
+        kvq_sb_free(&b);
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     }
     uint64_t n = b.len - 8;
     if (n > KVQ_ST_MAX_HEADER) {
-        free(b.p);
+        kvq_sb_free(&b);
         return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: header of %llu bytes exceeds the %u limit",
                            label, (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
     }
     for (int i = 0; i < 8; i++)
-        b.p[i] = (char)(n >> (8 * i));
-    *out = b.p;
+        b.s[i] = (char)(n >> (8 * i));
+    *out = b.s;
     *size = b.len;
     return KVQ_OK;
 }
