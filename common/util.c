@@ -131,26 +131,6 @@ done:
  * growable arrays and strings
  * ========================================================================== */
 
-int kvq_grow(void **items, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap && *items)
-        return 0;
-    size_t c = *cap < 16 ? 16 : *cap, bytes;
-    while (c < need) {
-        if (c > SIZE_MAX / 2)
-            return -1;
-        c *= 2;
-    }
-    if (!kvq_size_mul(c, size, &bytes))
-        return -1;
-    void *p = realloc(*items, bytes ? bytes : 1);
-    if (!p)
-        return -1;
-    *items = p;
-    *cap = c;
-    return 0;
-}
-
 int kvq_resize(void **p, size_t n, size_t size)
 {
     size_t bytes;
@@ -160,6 +140,22 @@ int kvq_resize(void **p, size_t n, size_t size)
     if (!q)
         return -1;
     *p = q;
+    return 0;
+}
+
+int kvq_grow(void **items, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap && *items)
+        return 0;
+    size_t c = *cap < 16 ? 16 : *cap;
+    while (c < need) {
+        if (c > SIZE_MAX / 2)
+            return -1;
+        c *= 2;
+    }
+    if (kvq_resize(items, c, size))
+        return -1;
+    *cap = c;
     return 0;
 }
 
