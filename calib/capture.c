@@ -26,31 +26,6 @@
  * capture.json writer
  * ====================================================================================== */
 
-/* Writes s as a JSON string. Bytes that are not valid UTF-8 would make the file
- * unreadable, so a string that is not valid UTF-8 has its non-ASCII bytes written as '?'. */
-static void json_str(FILE *f, const char *s)
-{
-    size_t n = strlen(s);
-    int ascii_only = !kvq_utf8_valid(s, n);
-    fputc('"', f);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
-        else if (c == '\t')
-            fputs("\\t", f);
-        else if (c < 0x20 || c == 0x7f)
-            fprintf(f, "\\u%04x", c);
-        else if (c >= 0x80 && ascii_only)
-            fputc('?', f);
-        else
-            fputc(c, f);
-    }
-    fputc('"', f);
-}
-
 /* Shortest decimal that reads back as the same double. */
 static void json_num(FILE *f, double x)
 {
@@ -103,11 +78,11 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     fprintf(f, "{\n  \"format\": \"%s\",\n  \"version\": %d,\n  \"tool\": \"kvq %s\",\n",
             KVQ_CAPTURE_FORMAT, KVQ_CAPTURE_VERSION, kvq_version());
     fputs("  \"model\": {\n    \"path\": ", f);
-    json_str(f, m->path);
+    kvq_json_write_str(f, m->path);
     fputs(",\n    \"source\": ", f);
-    json_str(f, m->source);
+    kvq_json_write_str(f, m->source);
     fputs(",\n    \"architecture\": ", f);
-    json_str(f, m->architecture);
+    kvq_json_write_str(f, m->architecture);
     fprintf(f, ",\n    \"n_layers\": %d, \"dim\": %d, \"hidden_dim\": %d,\n", m->n_layers, m->dim,
             m->hidden_dim);
     fprintf(f, "    \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d,\n", m->n_heads,
@@ -129,11 +104,11 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     fputs("}\n  },\n", f);
 
     fputs("  \"corpus\": {\"spec\": ", f);
-    json_str(f, ci->corpus_spec);
+    kvq_json_write_str(f, ci->corpus_spec);
     fputs(", \"seed\": ", f);
     json_u64(f, ci->corpus_seed);
     fputs(", \"hash\": ", f);
-    json_str(f, ci->corpus_hash);
+    kvq_json_write_str(f, ci->corpus_hash);
     fprintf(f, ", \"n_documents\": %" PRId64 "},\n", ci->n_documents);
 
     fprintf(f, "  \"dtype\": \"%s\",\n  \"seq_len\": %" PRId64 ",\n  \"n_tokens\": %" PRId64
@@ -148,7 +123,7 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     fputs("],\n  \"files\": [", f);
     for (int32_t i = 0; i < ci->n_files; i++) {
         fputs(i == 0 ? "" : i % 4 ? ", " : ",\n    ", f);
-        json_str(f, ci->files[i]);
+        kvq_json_write_str(f, ci->files[i]);
     }
     fputs("],\n  \"queries\": ", f);
     if (ci->n_queries > 0)
@@ -327,12 +302,6 @@ static void sample_rows(int64_t total, int64_t n, uint64_t seed, int32_t *rows)
             rows[got++] = (int32_t)i;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The sequence holding `row` (sequences tile the rows in order). */
 static int64_t seq_of_row(const kvq_capture_info *ci, int64_t row)
 {
@@ -389,15 +358,6 @@ static kvq_status check_info(const kvq_capture_info *ci, const char *dir, kvq_er
     return KVQ_OK;
 }
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", dir, name);
-    return s;
-}
-
 kvq_status kvq_capture_writer_create(const char *dir, const kvq_capture_info *info,
                                      const int32_t *tokens,
                                      const kvq_capture_writer_params *p,
@@ -446,7 +406,7 @@ kvq_status kvq_capture_writer_create(const char *dir, const kvq_capture_info *in
 
     /* Layers: ascending, unique. */
     memcpy(w->info.layers, info->layers, (size_t)info->n_files * sizeof(int32_t));
-    qsort(w->info.layers, (size_t)info->n_files, sizeof(int32_t), cmp_i32);
+    qsort(w->info.layers, (size_t)info->n_files, sizeof(int32_t), kvq_cmp_i32);
     for (int32_t i = 1; i < info->n_files; i++)
         if (w->info.layers[i] == w->info.layers[i - 1]) {
             st = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: layer %d is listed twice", dir,
@@ -502,7 +462,7 @@ kvq_status kvq_capture_writer_create(const char *dir, const kvq_capture_info *in
                 continue;
             char name[64];
             snprintf(name, sizeof name, "layer_%03d.%s.raw", L->layer, raw_name[r]);
-            if (!(L->raw_path[r] = path_join(w->tmp, name))) {
+            if (!(L->raw_path[r] = kvq_path_join(w->tmp, name))) {
                 st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
                 goto done;
             }
@@ -841,7 +801,7 @@ kvq_status kvq_capture_writer_finish(kvq_capture_writer *w, kvq_err *err)
         cap_layer *L = &w->cap[i];
         char name[64];
         snprintf(name, sizeof name, "layer_%03d.safetensors", L->layer);
-        char *path = path_join(w->tmp, name);
+        char *path = kvq_path_join(w->tmp, name);
         files[i] = strdup(name);
         if (!path || !files[i]) {
             free(path);
@@ -865,7 +825,7 @@ kvq_status kvq_capture_writer_finish(kvq_capture_writer *w, kvq_err *err)
         }
     }
     w->info.files = files;
-    if (!(json = path_join(w->tmp, KVQ_CAPTURE_JSON))) {
+    if (!(json = kvq_path_join(w->tmp, KVQ_CAPTURE_JSON))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", w->info.dir);
         goto done;
     }

@@ -518,11 +518,8 @@ int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer)
 kvq_status kvq_capture_info_file_path(const kvq_capture_info *ci, int32_t i, char **path,
                                       kvq_err *err)
 {
-    size_t n = strlen(ci->dir) + strlen(ci->files[i]) + 2;
-    *path = malloc(n);
-    if (!*path)
+    if (!(*path = kvq_path_join(ci->dir, ci->files[i])))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", ci->dir);
-    snprintf(*path, n, "%s/%s", ci->dir, ci->files[i]);
     return KVQ_OK;
 }
 

@@ -308,13 +308,11 @@ static kvq_status merge_layers(merge_in *in, size_t n_in, const char *tmp, const
     for (int32_t f = 0; f < out->n_files; f++) {
         char name[64];
         snprintf(name, sizeof name, "layer_%03d.safetensors", out->layers[f]);
-        size_t pl = strlen(tmp) + strlen(name) + 2;
-        char *path = malloc(pl);
+        char *path = kvq_path_join(tmp, name);
         if (!path || !(out->files[f] = strdup(name))) {
             free(path);
             return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
         }
-        snprintf(path, pl, "%s/%s", tmp, name);
         st = merge_layer(in, n_in, out, out->layers[f], nq, path, err);
         free(path);
         if (st)
@@ -351,12 +349,10 @@ kvq_status kvq_capture_merge(const char *const *inputs, size_t n_in, const char 
             n_in, out.n_tokens, out.n_sequences, out.n_files);
     if ((st = merge_layers(in, n_in, tmp, dir, &out, nq, cb, err)))
         goto done;
-    size_t jl = strlen(tmp) + sizeof "/" KVQ_CAPTURE_JSON;
-    if (!(json = malloc(jl))) {
+    if (!(json = kvq_path_join(tmp, KVQ_CAPTURE_JSON))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
         goto done;
     }
-    snprintf(json, jl, "%s/%s", tmp, KVQ_CAPTURE_JSON);
     if ((st = kvq_capture_info_write(&out, NULL, json, 0, err)) ||
         (st = kvq_tmpdir_commit(tmp, dir, overwrite, err)))
         goto done;

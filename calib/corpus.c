@@ -295,28 +295,10 @@ void kvq_corpus_iter_free(kvq_corpus_iter *it)
     free(it);
 }
 
-/* Returns p grown to at least need bytes (*cap tracks its size), p itself when it is
- * big enough, or NULL when out of memory (p is then still valid). */
-static void *grow(void *p, size_t *cap, size_t need)
-{
-    if (need <= *cap && p)
-        return p;
-    size_t c = *cap ? *cap : 256;
-    while (c < need)
-        c = c > SIZE_MAX / 2 ? need : c * 2;
-    void *q = realloc(p, c);
-    if (q)
-        *cap = c;
-    return q;
-}
-
-#define GROW(ptr, cap, need) ((tmp_ = grow((ptr), &(cap), (need))) ? ((ptr) = tmp_, 0) : -1)
-
 static int set_label(kvq_corpus_iter *it, const char *fmt_path, uint64_t num, int with_num)
 {
-    void *tmp_;
     size_t need = strlen(fmt_path) + 32;
-    if (GROW(it->label, it->label_cap, need))
+    if (kvq_grow((void **)&it->label, &it->label_cap, need, 1))
         return -1;
     if (with_num)
         snprintf(it->label, it->label_cap, "%s%llu", fmt_path, (unsigned long long)num);
@@ -328,8 +310,7 @@ static int set_label(kvq_corpus_iter *it, const char *fmt_path, uint64_t num, in
 /* Appends s[0..n) to the current document text. */
 static int text_put(kvq_corpus_iter *it, const char *s, size_t n)
 {
-    void *tmp_;
-    if (GROW(it->text, it->text_cap, it->text_len + n + 1))
+    if (kvq_grow((void **)&it->text, &it->text_cap, it->text_len + n + 1, 1))
         return -1;
     memcpy(it->text + it->text_len, s, n);
     it->text_len += n;
@@ -353,8 +334,7 @@ static kvq_status open_file(kvq_corpus_iter *it, const char *path, kvq_err *err)
 /* Fills the read buffer up to max bytes. */
 static kvq_status fill(kvq_corpus_iter *it, size_t max, kvq_err *err)
 {
-    void *tmp_;
-    if (GROW(it->buf, it->buf_cap, max + 1))
+    if (kvq_grow((void **)&it->buf, &it->buf_cap, max + 1, 1))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
     while (it->buf_len < max && !it->eof) {
         size_t got = fread(it->buf + it->buf_len, 1, max - it->buf_len, it->fp);
@@ -426,8 +406,7 @@ static kvq_status next_ids_part(kvq_corpus_iter *it, int *got, kvq_err *err)
                            "token ids", it->fpath,
                            (unsigned long long)(it->ids_read * 4 + it->buf_len));
     size_t n = it->buf_len / 4;
-    void *tmp_;
-    if (GROW(it->ids, it->ids_cap, n * sizeof *it->ids))
+    if (kvq_grow((void **)&it->ids, &it->ids_cap, n * sizeof *it->ids, 1))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
     const uint8_t *b = (const uint8_t *)it->buf;
     for (size_t i = 0; i < n; i++) {
@@ -495,8 +474,7 @@ static kvq_status next_jsonl(kvq_corpus_iter *it, int *got, kvq_err *err)
         if (it->text_len == 0)
             continue; /* "text": "" */
         size_t need = strlen(it->fpath) + 32;
-        void *tmp_;
-        if (GROW(it->label, it->label_cap, need))
+        if (kvq_grow((void **)&it->label, &it->label_cap, need, 1))
             return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
         snprintf(it->label, it->label_cap, "%s:%llu", it->fpath,
                  (unsigned long long)it->line_no);
@@ -528,8 +506,7 @@ static char *join_path(const char *dir, const char *name)
 
 static kvq_status dir_push(kvq_corpus_iter *it, const char *path, kvq_err *err)
 {
-    void *tmp_;
-    if (GROW(it->stack, it->stack_cap, (it->depth + 1) * sizeof *it->stack))
+    if (kvq_grow((void **)&it->stack, &it->stack_cap, (it->depth + 1) * sizeof *it->stack, 1))
         return kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
     DIR *d = opendir(path);
     if (!d)
@@ -542,7 +519,7 @@ static kvq_status dir_push(kvq_corpus_iter *it, const char *path, kvq_err *err)
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.')
             continue;
-        if (GROW(l.names, cap, (l.n + 1) * sizeof *l.names) ||
+        if (kvq_grow((void **)&l.names, &cap, (l.n + 1) * sizeof *l.names, 1) ||
             !(l.names[l.n] = strdup(e->d_name))) {
             st = kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
             break;

@@ -20,15 +20,6 @@
  * JSON helpers
  * ========================================================================== */
 
-static char *join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", dir, name);
-    return s;
-}
-
 /* Reads and parses a JSON file. A missing file is KVQ_E_NOT_FOUND. */
 static kvq_status read_json(const char *path, cJSON **out, kvq_err *err)
 {
@@ -288,8 +279,8 @@ static kvq_status open_shards(hf_ctx *h, kvq_err *err)
 {
     kvq_model *m = h->m;
     kvq_status st = KVQ_OK;
-    char *single = join(m->path, "model.safetensors");
-    char *index = join(m->path, "model.safetensors.index.json");
+    char *single = kvq_path_join(m->path, "model.safetensors");
+    char *index = kvq_path_join(m->path, "model.safetensors.index.json");
     if (!single || !index) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", m->path);
         goto done;
@@ -341,7 +332,7 @@ static kvq_status open_shards(hf_ctx *h, kvq_err *err)
                              index, f);
             goto done;
         }
-        char *fp = join(m->path, f);
+        char *fp = kvq_path_join(m->path, f);
         if (!fp) {
             st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", m->path);
             goto done;
@@ -484,8 +475,8 @@ kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *e
     hf_ctx h = {.m = m};
     cJSON *cfg = NULL;
     kvq_model_config *c = &m->cfg;
-    char *cfg_path = join(m->path, "config.json");
-    char *tok_path = join(m->path, "tokenizer.json");
+    char *cfg_path = kvq_path_join(m->path, "config.json");
+    char *tok_path = kvq_path_join(m->path, "tokenizer.json");
     kvq_status st = KVQ_OK;
     if (!cfg_path || !tok_path) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", m->path);

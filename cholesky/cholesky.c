@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cholesky/internal.h"
+#include "cholesky/cholesky_internal.h"
 #include "kvq/moments.h"
 
 /* ======================================================================================

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cholesky/internal.h"
+#include "cholesky/cholesky_internal.h"
 #include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/rope.h"

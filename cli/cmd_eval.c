@@ -79,21 +79,6 @@ static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
     return KVQ_OK;
 }
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 int cmd_eval(int argc, char **argv)
 {
     const char *cmd = "eval", *model_path = NULL, *spec = NULL;
@@ -228,9 +213,9 @@ int cmd_eval(int argc, char **argv)
     const double nll = s.nll / (double)s.n_pred, ppl = exp(nll);
     if (json) {
         printf("{\"model\": ");
-        json_str(stdout, model_path);
+        kvq_json_write_str(stdout, model_path);
         printf(", \"corpus\": ");
-        json_str(stdout, spec);
+        kvq_json_write_str(stdout, spec);
         printf(", \"corpus_hash\": \"%016llx\", \"attention\": \"full\", \"seq_len\": %lld, "
                "\"sequences\": %llu, \"tokens\": %llu, \"predicted\": %llu, \"nll\": %.6f, "
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",

@@ -190,21 +190,6 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
     }
 }
 
-static void json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        const unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            printf("\\%c", ch);
-        else if (ch < 0x20)
-            printf("\\u%04x", ch);
-        else
-            putchar(ch);
-    }
-    putchar('"');
-}
-
 static void json_num(double x)
 {
     if (isfinite(x))
@@ -216,7 +201,7 @@ static void json_num(double x)
 static void print_json(const kvq_profile_result *r, const char *out)
 {
     printf("{\"output\": ");
-    json_str(out);
+    kvq_json_write_str(stdout, out);
     printf(", \"metric\": \"%s\", \"tolerance\": ", r->metric_ppl ? "perplexity" : "attn_rel_err");
     json_num(r->tolerance);
     printf(", \"ppl_full\": ");
@@ -228,7 +213,7 @@ static void print_json(const kvq_profile_result *r, const char *out)
         printf("%s\"%s\": {", i ? ", " : "", t->name);
         if (t->skipped[0]) {
             printf("\"skipped\": ");
-            json_str(t->skipped);
+            kvq_json_write_str(stdout, t->skipped);
             printf("}");
             continue;
         }

@@ -193,21 +193,6 @@ typedef struct row_result {
     int correct[3];
 } row_result;
 
-static void json_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (; *s; s++) {
-        const unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\')
-            fprintf(f, "\\%c", ch);
-        else if (ch < 0x20)
-            fprintf(f, "\\u%04x", ch);
-        else
-            fputc(ch, f);
-    }
-    fputc('"', f);
-}
-
 static double mean(double sum, uint64_t n) { return n ? sum / (double)n : NAN; }
 
 int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_path,
@@ -327,18 +312,18 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     const char *pos = kvq_positions_name(o->p.positions);
     if (json) {
         printf("{\"model\": ");
-        json_str(stdout, model_path);
+        kvq_json_write_str(stdout, model_path);
         printf(", \"corpus\": ");
-        json_str(stdout, spec);
+        kvq_json_write_str(stdout, spec);
         printf(", \"corpus_hash\": \"%016llx\", \"attention\": \"retrieval\", \"artifact\": ",
                (unsigned long long)stats.hash);
         if (o->artifact)
-            json_str(stdout, o->artifact);
+            kvq_json_write_str(stdout, o->artifact);
         else
             printf("null");
         printf(", \"method\": ");
         if (method)
-            json_str(stdout, method);
+            kvq_json_write_str(stdout, method);
         else
             printf("null");
         printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "

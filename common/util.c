@@ -1,4 +1,5 @@
-/* util.c — checked parsing, file mapping, atomic output, hashing, RNG, time. */
+/* util.c — checked parsing, growable arrays and strings, JSON strings, file mapping,
+ * atomic output, hashing, RNG, time. */
 #include "kvq/util.h"
 
 #include <dirent.h>
@@ -6,6 +7,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -48,9 +50,15 @@ kvq_status kvq_parse_f64(const char *s, double min, double max, double *out, kvq
     return KVQ_OK;
 }
 
-static int cmp_i32(const void *a, const void *b)
+int kvq_cmp_i32(const void *a, const void *b)
 {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int kvq_cmp_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
 }
 
@@ -111,12 +119,170 @@ kvq_status kvq_parse_index_list(const char *s, int64_t limit, int32_t **out, siz
     for (int64_t i = 0, k = 0; i < limit; i++)
         if (seen[i])
             (*out)[k++] = (int32_t)i;
-    qsort(*out, count, sizeof **out, cmp_i32);
+    qsort(*out, count, sizeof **out, kvq_cmp_i32);
     *n = count;
 done:
     free(copy);
     free(seen);
     return st;
+}
+
+/* ==========================================================================
+ * growable arrays and strings
+ * ========================================================================== */
+
+int kvq_resize(void **p, size_t n, size_t size)
+{
+    size_t bytes;
+    if (!kvq_size_mul(n, size, &bytes))
+        return -1;
+    void *q = realloc(*p, bytes ? bytes : 1);
+    if (!q)
+        return -1;
+    *p = q;
+    return 0;
+}
+
+int kvq_grow(void **items, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap && *items)
+        return 0;
+    size_t c = *cap < 16 ? 16 : *cap;
+    while (c < need) {
+        if (c > SIZE_MAX / 2)
+            return -1;
+        c *= 2;
+    }
+    if (kvq_resize(items, c, size))
+        return -1;
+    *cap = c;
+    return 0;
+}
+
+/* Room for n more bytes and the NUL. */
+static int sb_reserve(kvq_strbuf *b, size_t n)
+{
+    if (b->oom)
+        return 0;
+    size_t need;
+    if (!kvq_size_add(b->len, n, &need) || !kvq_size_add(need, 1, &need) ||
+        kvq_grow((void **)&b->s, &b->cap, need, 1)) {
+        b->oom = 1;
+        return 0;
+    }
+    return 1;
+}
+
+void kvq_sb_put(kvq_strbuf *b, const void *p, size_t n)
+{
+    if (!sb_reserve(b, n))
+        return;
+    memcpy(b->s + b->len, p, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
+void kvq_sb_puts(kvq_strbuf *b, const char *s) { kvq_sb_put(b, s, strlen(s)); }
+
+void kvq_sb_printf(kvq_strbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = 1;
+        return;
+    }
+    if (!sb_reserve(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->s + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void kvq_sb_free(kvq_strbuf *b)
+{
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
+/* ==========================================================================
+ * JSON strings
+ * ========================================================================== */
+
+/* The text that stands for byte c inside a JSON string: its escape, '?' for a byte
+ * >= 0x80 when ascii_only, else c itself. Returns its length (at most 6). */
+static size_t json_escape(unsigned char c, int ascii_only, char out[8])
+{
+    static const char hex[] = "0123456789abcdef";
+    const char *e = NULL;
+    switch (c) {
+    case '"': e = "\\\""; break;
+    case '\\': e = "\\\\"; break;
+    case '\b': e = "\\b"; break;
+    case '\f': e = "\\f"; break;
+    case '\n': e = "\\n"; break;
+    case '\r': e = "\\r"; break;
+    case '\t': e = "\\t"; break;
+    default: break;
+    }
+    if (e) {
+        memcpy(out, e, 2);
+        return 2;
+    }
+    if (c < 0x20 || c == 0x7f) {
+        memcpy(out, "\\u00", 4);
+        out[4] = hex[c >> 4];
+        out[5] = hex[c & 15];
+        return 6;
+    }
+    out[0] = c >= 0x80 && ascii_only ? '?' : (char)c;
+    return 1;
+}
+
+void kvq_json_write_str(FILE *f, const char *s)
+{
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    const size_t n = strlen(s);
+    const int ascii_only = !kvq_utf8_valid(s, n);
+    char t[8];
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++)
+        fwrite(t, 1, json_escape((unsigned char)s[i], ascii_only, t), f);
+    fputc('"', f);
+}
+
+void kvq_sb_json_str(kvq_strbuf *b, const char *s)
+{
+    if (!s) {
+        kvq_sb_puts(b, "null");
+        return;
+    }
+    const size_t n = strlen(s);
+    const int ascii_only = !kvq_utf8_valid(s, n);
+    char t[8];
+    kvq_sb_put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++)
+        kvq_sb_put(b, t, json_escape((unsigned char)s[i], ascii_only, t));
+    kvq_sb_put(b, "\"", 1);
+}
+
+/* ==========================================================================
+ * path joins
+ * ========================================================================== */
+
+char *kvq_path_join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *s = malloc(n);
+    if (s)
+        snprintf(s, n, "%s/%s", dir, name);
+    return s;
 }
 
 /* ==========================================================================
@@ -372,11 +538,9 @@ void kvq_rmtree(const char *path)
             while ((e = readdir(d))) {
                 if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
                     continue;
-                size_t n = strlen(path) + strlen(e->d_name) + 2;
-                char *child = malloc(n);
+                char *child = kvq_path_join(path, e->d_name);
                 if (!child)
                     break;
-                snprintf(child, n, "%s/%s", path, e->d_name);
                 kvq_rmtree(child);
                 free(child);
             }

@@ -72,7 +72,7 @@ static const char *const metadata[] = {
     KVQ_META_ROPE_BASE, "10000",
     KVQ_META_ROPE_LAYOUT, "interleaved",
     KVQ_META_ROPE_SCALING, "none",
-    KVQ_META_METHOD, KVQ_METHOD_QA_VQ,
+    KVQ_META_METHOD, KVQ_METHOD_QAVQ,
     KVQ_META_CODEBOOK_SIZE, "4",
     KVQ_META_GROUPS, "1",
     KVQ_META_WROPE_W, "64",

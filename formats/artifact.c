@@ -471,7 +471,7 @@ static kvq_status check_threshold(const kvq_st *st, const char *name, int64_t n_
 }
 
 /* The tensors one (layer, KV head) needs for the method (see the table in
- * docs/format.md). method: 1 vq, 2 qa-vq, 3 post-rope-vq. */
+ * docs/format.md). method: 1 vq, 2 qavq, 3 vq-postrope. */
 static kvq_status check_head(const kvq_st *st, int method, int l, int h, int64_t K, int64_t G,
                              int64_t d, kvq_err *err)
 {
@@ -498,8 +498,11 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
 {
     static const char *const layouts[] = {"interleaved", "half", NULL};
     static const char *const scalings[] = {"none", "linear", "llama3", NULL};
-    static const char *const methods[] = {KVQ_METHOD_NONE, KVQ_METHOD_VQ, KVQ_METHOD_QA_VQ,
-                                          KVQ_METHOD_POST_ROPE_VQ, NULL};
+    /* The old spellings last; method_of maps them to their index among the first four. */
+    static const char *const methods[] = {KVQ_METHOD_NONE, KVQ_METHOD_VQ, KVQ_METHOD_QAVQ,
+                                          KVQ_METHOD_VQ_POSTROPE, KVQ_METHOD_QAVQ_OLD,
+                                          KVQ_METHOD_VQ_POSTROPE_OLD, NULL};
+    static const int method_of[] = {0, 1, 2, 3, 2, 3};
     const kvq_st *st = a->st;
     const char *str = NULL;
     int64_t n_layers, n_heads, n_kv, d, K = 0, G = 1, tmp;
@@ -533,6 +536,7 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
     if ((s = meta_enum(st, KVQ_META_METHOD, methods, &method, err)) ||
         (s = meta_str(st, KVQ_META_TOOL_VERSION, &str, err)))
         goto done;
+    method = method_of[method];
     if (method != 0) {
         if ((s = meta_int(st, KVQ_META_CODEBOOK_SIZE, 2, 1 << 16, &K, err)) ||
             (s = meta_int(st, KVQ_META_GROUPS, 1, d, &G, err)) ||

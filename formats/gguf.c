@@ -965,22 +965,6 @@ struct kvq_gguf_writer {
     uint64_t alignment;
 };
 
-/* Makes room for one more item in a growing array; -1 (array unchanged) on failure. */
-static int grow(void **items, size_t *cap, size_t n, size_t size)
-{
-    if (n < *cap)
-        return 0;
-    size_t new_cap = *cap * 2 + 8, bytes;
-    if (!kvq_size_mul(new_cap, size, &bytes))
-        return -1;
-    void *p = realloc(*items, bytes);
-    if (!p)
-        return -1;
-    *items = p;
-    *cap = new_cap;
-    return 0;
-}
-
 kvq_gguf_writer *kvq_gguf_writer_new(void)
 {
     kvq_gguf_writer *w = calloc(1, sizeof *w);
@@ -1135,7 +1119,7 @@ kvq_status kvq_gguf_writer_set(kvq_gguf_writer *w, const char *key, const kvq_gg
             return KVQ_OK;
         }
     char *k = strdup(key);
-    if (!k || grow((void **)&w->kv, &w->cap_kv, w->n_kv, sizeof *w->kv)) {
+    if (!k || kvq_grow((void **)&w->kv, &w->cap_kv, w->n_kv + 1, sizeof *w->kv)) {
         free(k);
         value_free(&copy);
         return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");
@@ -1188,7 +1172,7 @@ kvq_status kvq_gguf_writer_add_tensor(kvq_gguf_writer *w, const char *name, uint
                                name);
     t.name = strdup(name);
     t.data = malloc(nbytes ? nbytes : 1);
-    if (!t.name || !t.data || grow((void **)&w->t, &w->cap_t, w->n_t, sizeof *w->t)) {
+    if (!t.name || !t.data || kvq_grow((void **)&w->t, &w->cap_t, w->n_t + 1, sizeof *w->t)) {
         free(t.name);
         free(t.data);
         return kvq_err_set(err, KVQ_E_NOMEM, "gguf writer: out of memory");

@@ -5,6 +5,7 @@
 #include "kvq/safetensors.h"
 
 #include <assert.h>
+#include <inttypes.h>
 #include <cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -360,188 +361,186 @@ static const char *arena_put(char **p, const char *s)
     return d;
 }
 
-/* Parses and validates the bytes p[0..size) into st (checks 1-7). */
-static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char *label,
-                          kvq_err *err)
+/* Checks 1-3: the header length, then the header as UTF-8 text and as one JSON object.
+ * Sets st->header_size and st->data_size; *root (cJSON_Delete) is the parsed header. */
+static kvq_status st_parse_header(kvq_st *st, const uint8_t *p, size_t size, const char *label,
+                                  cJSON **root, kvq_err *err)
 {
-    kvq_status s = KVQ_OK;
-    cJSON *root = NULL;
-    st_entry *ents = NULL;
-
-    if (size < 8) {
-        s = kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
-                        "%s: %zu bytes, shorter than the 8-byte header length", label, size);
-        goto done;
-    }
+    *root = NULL;
+    if (size < 8)
+        return kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
+                           "%s: %zu bytes, shorter than the 8-byte header length", label, size);
     uint64_t n = read_le64(p);
-    if (n > KVQ_ST_MAX_HEADER) {
-        s = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: header length %llu exceeds the %u-byte limit",
-                        label, (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
-        goto done;
-    }
-    if (n > size - 8) {
-        s = kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
-                        "%s: header length %llu but only %zu bytes follow", label,
-                        (unsigned long long)n, size - 8);
-        goto done;
-    }
+    if (n > KVQ_ST_MAX_HEADER)
+        return kvq_err_set(err, KVQ_E_TOO_LARGE,
+                           "%s: header length %llu exceeds the %u-byte limit", label,
+                           (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
+    if (n > size - 8)
+        return kvq_err_set(err, KVQ_E_TRUNCATED_HEADER,
+                           "%s: header length %llu but only %zu bytes follow", label,
+                           (unsigned long long)n, size - 8);
     const unsigned char *hdr = p + 8;
     st->header_size = 8 + (size_t)n;
     st->data_size = size - st->header_size;
 
     /* 2-3: text, then JSON */
-    if (!kvq_utf8_valid((const char *)hdr, (size_t)n)) {
-        s = kvq_err_set(err, KVQ_E_BAD_UTF8, "%s: header is not valid UTF-8", label);
-        goto done;
-    }
-    if ((s = header_lex_check(hdr, (size_t)n, label, err)))
-        goto done;
+    if (!kvq_utf8_valid((const char *)hdr, (size_t)n))
+        return kvq_err_set(err, KVQ_E_BAD_UTF8, "%s: header is not valid UTF-8", label);
+    kvq_status s = header_lex_check(hdr, (size_t)n, label, err);
+    if (s)
+        return s;
     const char *parse_end = NULL;
-    root = n ? cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &parse_end, 0) : NULL;
-    if (!root) {
-        s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not valid JSON (near byte %zu)",
-                        label, parse_end ? (size_t)(parse_end - (const char *)hdr) : (size_t)0);
-        goto done;
-    }
+    *root = n ? cJSON_ParseWithLengthOpts((const char *)hdr, (size_t)n, &parse_end, 0) : NULL;
+    if (!*root)
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not valid JSON (near byte %zu)",
+                           label,
+                           parse_end ? (size_t)(parse_end - (const char *)hdr) : (size_t)0);
     for (const unsigned char *q = (const unsigned char *)parse_end; q < hdr + n; q++)
-        if (!is_ws(*q)) {
-            s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header: trailing bytes after the JSON at %zu",
-                            label, (size_t)(q - hdr));
-            goto done;
-        }
-    if (!cJSON_IsObject(root)) {
-        s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not a JSON object", label);
-        goto done;
-    }
+        if (!is_ws(*q))
+            return kvq_err_set(err, KVQ_E_BAD_JSON,
+                               "%s: header: trailing bytes after the JSON at %zu", label,
+                               (size_t)(q - hdr));
+    if (!cJSON_IsObject(*root))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: header is not a JSON object", label);
+    return KVQ_OK;
+}
 
-    /* Count entries, find __metadata__. */
-    size_t n_items = 0, n_tensors = 0;
-    const cJSON *meta = NULL, *item;
+/* Finds the one __metadata__ entry of root (*meta NULL when there is none) and checks
+ * that it maps keys to strings. *n_tensors: the other entries; *n_meta: its keys. */
+static kvq_status st_find_metadata(const cJSON *root, const char *label, const cJSON **meta,
+                                   size_t *n_tensors, size_t *n_meta, kvq_err *err)
+{
+    size_t n_items = 0;
+    const cJSON *item;
+    *meta = NULL;
+    *n_meta = 0;
     cJSON_ArrayForEach(item, root)
     {
         n_items++;
         if (strcmp(item->string, "__metadata__") != 0)
             continue;
-        if (meta) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__", label);
-            goto done;
-        }
-        meta = item;
+        if (*meta)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__", label);
+        *meta = item;
     }
-    n_tensors = n_items - (meta != NULL);
+    *n_tensors = n_items - (*meta != NULL);
+    if (!*meta)
+        return KVQ_OK;
+    if (!cJSON_IsObject(*meta))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: __metadata__ is not an object", label);
+    cJSON_ArrayForEach(item, *meta)
+    {
+        if (!cJSON_IsString(item))
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: __metadata__ '%.100s' is not a string",
+                               label, item->string);
+        (*n_meta)++;
+    }
+    return KVQ_OK;
+}
 
-    size_t n_meta = 0;
-    if (meta) {
-        if (!cJSON_IsObject(meta)) {
-            s = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: __metadata__ is not an object", label);
-            goto done;
-        }
-        cJSON_ArrayForEach(item, meta)
-        {
-            if (!cJSON_IsString(item)) {
-                s = kvq_err_set(err, KVQ_E_BAD_JSON,
-                                "%s: __metadata__ '%.100s' is not a string", label, item->string);
-                goto done;
-            }
-            n_meta++;
-        }
-    }
-
-    /* 4: tensors, in header order. Counts are bounded by the header length. */
-    ents = calloc(n_tensors ? n_tensors : 1, sizeof *ents);
-    st->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *st->tensors);
-    st->by_name = calloc(n_tensors ? n_tensors : 1, sizeof *st->by_name);
-    st->meta = calloc(n_meta ? 2 * n_meta : 1, sizeof *st->meta);
-    if (!ents || !st->tensors || !st->by_name || !st->meta) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
-    size_t k = 0, strings = 0;
+/* Check 4: the tensor entries of root, in header order, into ents[0..n_tensors), and
+ * the metadata pairs into st->meta (both still pointing into the JSON tree). *strings:
+ * the bytes their names, keys and values take with their NULs. */
+static kvq_status st_parse_entries(kvq_st *st, const cJSON *root, const cJSON *meta,
+                                   const char *label, st_entry *ents, size_t n_tensors,
+                                   size_t *strings, kvq_err *err)
+{
+    size_t k = 0;
+    const cJSON *item;
+    *strings = 0;
     cJSON_ArrayForEach(item, root)
     {
         if (item == meta)
             continue;
-        if ((s = parse_tensor(item, label, &ents[k], err)))
-            goto done;
+        kvq_status s = parse_tensor(item, label, &ents[k], err);
+        if (s)
+            return s;
         ents[k].order = k;
-        strings += strlen(item->string) + 1;
+        *strings += strlen(item->string) + 1;
         k++;
     }
     assert(k == n_tensors);
+    (void)n_tensors; /* NDEBUG */
     if (meta) {
         k = 0;
         cJSON_ArrayForEach(item, meta)
         {
             st->meta[2 * k] = item->string;
             st->meta[2 * k + 1] = item->valuestring;
-            strings += strlen(item->string) + strlen(item->valuestring) + 2;
+            *strings += strlen(item->string) + strlen(item->valuestring) + 2;
             k++;
         }
     }
+    return KVQ_OK;
+}
 
-    /* 5: duplicates */
+/* Check 5: no tensor name and no metadata key twice. Leaves st->by_name pointing at
+ * ents' views sorted by name, and st->meta sorted by key. */
+static kvq_status st_check_duplicates(kvq_st *st, st_entry *ents, size_t n_tensors,
+                                      size_t n_meta, const char *label, kvq_err *err)
+{
     for (size_t i = 0; i < n_tensors; i++)
         st->by_name[i] = &ents[i].v;
     qsort(st->by_name, n_tensors, sizeof *st->by_name, cmp_view_name);
     for (size_t i = 1; i < n_tensors; i++)
-        if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate tensor name '%.100s'", label,
-                            st->by_name[i]->name);
-            goto done;
-        }
+        if (strcmp(st->by_name[i - 1]->name, st->by_name[i]->name) == 0)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate tensor name '%.100s'", label,
+                               st->by_name[i]->name);
     qsort(st->meta, n_meta, 2 * sizeof *st->meta, cmp_meta_key);
     for (size_t i = 1; i < n_meta; i++)
-        if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0) {
-            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__ key '%.100s'", label,
-                            st->meta[2 * i]);
-            goto done;
-        }
+        if (strcmp(st->meta[2 * i - 2], st->meta[2 * i]) == 0)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: duplicate __metadata__ key '%.100s'",
+                               label, st->meta[2 * i]);
+    return KVQ_OK;
+}
 
-    /* 6-7: layout */
+/* Checks 6-7: sorted by offset, the tensors tile the data section of data_size bytes
+ * exactly: no overlap, no hole, nothing past its end and nothing left after the last. */
+static kvq_status st_check_layout(st_entry *ents, size_t n_tensors, size_t data_size,
+                                  const char *label, kvq_err *err)
+{
     qsort(ents, n_tensors, sizeof *ents, cmp_entry_layout);
     uint64_t expected = 0;
     for (size_t i = 0; i < n_tensors; i++) {
         const st_entry *e = &ents[i];
-        if (e->v.offset < expected) {
-            s = kvq_err_set(err, KVQ_E_OVERLAP,
-                            "%s: tensor '%.100s': data_offsets [%llu, %llu] overlap the previous "
-                            "tensor ending at %llu",
-                            label, e->v.name, (unsigned long long)e->v.offset,
-                            (unsigned long long)e->end, (unsigned long long)expected);
-            goto done;
-        }
+        if (e->v.offset < expected)
+            return kvq_err_set(err, KVQ_E_OVERLAP,
+                               "%s: tensor '%.100s': data_offsets [%llu, %llu] overlap the "
+                               "previous tensor ending at %llu",
+                               label, e->v.name, (unsigned long long)e->v.offset,
+                               (unsigned long long)e->end, (unsigned long long)expected);
         if (e->v.offset > expected) {
-            int outside = e->end > (uint64_t)st->data_size;
-            s = kvq_err_set(err, outside ? KVQ_E_OUT_OF_BOUNDS : KVQ_E_CORRUPT,
-                            "%s: tensor '%.100s': data_offsets [%llu, %llu] leave a hole at %llu%s",
-                            label, e->v.name, (unsigned long long)e->v.offset,
-                            (unsigned long long)e->end, (unsigned long long)expected,
-                            outside ? " and end past the data section" : "");
-            goto done;
+            int outside = e->end > (uint64_t)data_size;
+            return kvq_err_set(err, outside ? KVQ_E_OUT_OF_BOUNDS : KVQ_E_CORRUPT,
+                               "%s: tensor '%.100s': data_offsets [%llu, %llu] leave a hole at "
+                               "%llu%s",
+                               label, e->v.name, (unsigned long long)e->v.offset,
+                               (unsigned long long)e->end, (unsigned long long)expected,
+                               outside ? " and end past the data section" : "");
         }
         expected = e->end;
     }
-    if (expected > (uint64_t)st->data_size) {
-        s = kvq_err_set(err, KVQ_E_TRUNCATED_DATA,
-                        "%s: tensors need %llu data bytes but the file holds %zu", label,
-                        (unsigned long long)expected, st->data_size);
-        goto done;
-    }
-    if (expected < (uint64_t)st->data_size) {
-        s = kvq_err_set(err, KVQ_E_CORRUPT,
-                        "%s: %llu unreferenced bytes after the last tensor (data section %zu)",
-                        label, (unsigned long long)(st->data_size - expected), st->data_size);
-        goto done;
-    }
+    if (expected > (uint64_t)data_size)
+        return kvq_err_set(err, KVQ_E_TRUNCATED_DATA,
+                           "%s: tensors need %llu data bytes but the file holds %zu", label,
+                           (unsigned long long)expected, data_size);
+    if (expected < (uint64_t)data_size)
+        return kvq_err_set(err, KVQ_E_CORRUPT,
+                           "%s: %llu unreferenced bytes after the last tensor (data section %zu)",
+                           label, (unsigned long long)(data_size - expected), data_size);
+    return KVQ_OK;
+}
 
-    /* Valid: copy strings out of the JSON tree and point the views at the data. */
+/* A valid header: copies the names, keys and values (`strings` bytes) out of the JSON
+ * tree into st->strings and points the views at the data that starts at `data`. */
+static kvq_status st_publish(kvq_st *st, const st_entry *ents, size_t n_tensors, size_t n_meta,
+                             size_t strings, const uint8_t *data, const char *label,
+                             kvq_err *err)
+{
     st->strings = malloc(strings ? strings : 1);
-    if (!st->strings) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
+    if (!st->strings)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     char *w = st->strings;
-    const uint8_t *data = p + st->header_size;
     for (size_t i = 0; i < n_tensors; i++) {
         st->tensors[i] = ents[i].v;
         st->tensors[i].name = arena_put(&w, ents[i].v.name);
@@ -553,6 +552,37 @@ static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char 
         st->meta[i] = arena_put(&w, st->meta[i]);
     st->count = n_tensors;
     st->n_meta = n_meta;
+    return KVQ_OK;
+}
+
+/* Parses and validates the bytes p[0..size) into st (checks 1-7, one step each). */
+static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char *label,
+                          kvq_err *err)
+{
+    cJSON *root = NULL;
+    st_entry *ents = NULL;
+    const cJSON *meta = NULL;
+    size_t n_tensors = 0, n_meta = 0, strings = 0;
+    kvq_status s = st_parse_header(st, p, size, label, &root, err);
+    if (!s)
+        s = st_find_metadata(root, label, &meta, &n_tensors, &n_meta, err);
+    if (s)
+        goto done;
+
+    /* Counts are bounded by the header length. */
+    ents = calloc(n_tensors ? n_tensors : 1, sizeof *ents);
+    st->tensors = calloc(n_tensors ? n_tensors : 1, sizeof *st->tensors);
+    st->by_name = calloc(n_tensors ? n_tensors : 1, sizeof *st->by_name);
+    st->meta = calloc(n_meta ? 2 * n_meta : 1, sizeof *st->meta);
+    if (!ents || !st->tensors || !st->by_name || !st->meta) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    if ((s = st_parse_entries(st, root, meta, label, ents, n_tensors, &strings, err)) ||
+        (s = st_check_duplicates(st, ents, n_tensors, n_meta, label, err)) ||
+        (s = st_check_layout(ents, n_tensors, st->data_size, label, err)))
+        goto done;
+    s = st_publish(st, ents, n_tensors, n_meta, strings, p + st->header_size, label, err);
 done:
     cJSON_Delete(root);
     free(ents);
@@ -806,14 +836,8 @@ kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype d
     if (w->slots[slot])
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "safetensors writer: tensor '%.100s' declared twice", name);
-    if (w->n_decls == w->cap_decls) {
-        size_t cap = w->cap_decls ? 2 * w->cap_decls : 16;
-        st_decl *nd = realloc(w->decls, cap * sizeof *nd);
-        if (!nd)
-            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
-        w->decls = nd;
-        w->cap_decls = cap;
-    }
+    if (kvq_grow((void **)&w->decls, &w->cap_decls, w->n_decls + 1, sizeof *w->decls))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
     st_decl *d = &w->decls[w->n_decls];
     memset(d, 0, sizeof *d);
     if (!(d->name = strdup(name)))
@@ -840,14 +864,8 @@ kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char 
     if (!kvq_utf8_valid(key, strlen(key)) || !kvq_utf8_valid(value, strlen(value)))
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "safetensors writer: metadata is not valid UTF-8");
-    if (w->n_meta == w->cap_meta) {
-        size_t cap = w->cap_meta ? 2 * w->cap_meta : 8;
-        st_meta *nm = realloc(w->meta, cap * sizeof *nm);
-        if (!nm)
-            return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
-        w->meta = nm;
-        w->cap_meta = cap;
-    }
+    if (kvq_grow((void **)&w->meta, &w->cap_meta, w->n_meta + 1, sizeof *w->meta))
+        return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
     char *v = strdup(value);
     if (!v)
         return kvq_err_set(err, KVQ_E_NOMEM, "safetensors writer: out of memory");
@@ -870,73 +888,6 @@ kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char 
 
 /* ---- header serialization ---------------------------------------------------- */
 
-typedef struct sbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->cap - b->len < n) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n) {
-            if (cap > SIZE_MAX / 2) {
-                b->oom = 1;
-                return;
-            }
-            cap *= 2;
-        }
-        char *np = realloc(b->p, cap);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-}
-
-static void sb_puts(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
-
-static void sb_u64(sbuf *b, uint64_t v)
-{
-    char t[24];
-    int n = snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    sb_put(b, t, (size_t)n);
-}
-
-/* A JSON string literal: quote, backslash and control characters escaped, other
- * bytes (valid UTF-8, checked at declare/set_meta) copied as they are. */
-static void sb_json_str(sbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        char t[8];
-        switch (*c) {
-        case '"': sb_put(b, "\\\"", 2); break;
-        case '\\': sb_put(b, "\\\\", 2); break;
-        case '\b': sb_put(b, "\\b", 2); break;
-        case '\f': sb_put(b, "\\f", 2); break;
-        case '\n': sb_put(b, "\\n", 2); break;
-        case '\r': sb_put(b, "\\r", 2); break;
-        case '\t': sb_put(b, "\\t", 2); break;
-        default:
-            if (*c < 0x20) {
-                snprintf(t, sizeof t, "\\u%04x", *c);
-                sb_put(b, t, 6);
-            } else {
-                sb_put(b, (const char *)c, 1);
-            }
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
 static int cmp_meta(const void *a, const void *b)
 {
     return strcmp(((const st_meta *)a)->key, ((const st_meta *)b)->key);
@@ -947,57 +898,57 @@ static int cmp_meta(const void *a, const void *b)
 static kvq_status build_header(kvq_st_writer *w, const char *label, char **out, size_t *size,
                                kvq_err *err)
 {
-    sbuf b = {0};
+    kvq_strbuf b = {0};
     if (w->n_meta)
         qsort(w->meta, w->n_meta, sizeof *w->meta, cmp_meta);
-    sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
-    sb_puts(&b, "{");
+    kvq_sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
+    kvq_sb_puts(&b, "{");
     if (w->n_meta) {
-        sb_puts(&b, "\"__metadata__\":{");
+        kvq_sb_puts(&b, "\"__metadata__\":{");
         for (size_t i = 0; i < w->n_meta; i++) {
             if (i)
-                sb_puts(&b, ",");
-            sb_json_str(&b, w->meta[i].key);
-            sb_puts(&b, ":");
-            sb_json_str(&b, w->meta[i].value);
+                kvq_sb_puts(&b, ",");
+            kvq_sb_json_str(&b, w->meta[i].key);
+            kvq_sb_puts(&b, ":");
+            kvq_sb_json_str(&b, w->meta[i].value);
         }
-        sb_puts(&b, "}");
+        kvq_sb_puts(&b, "}");
     }
     for (size_t i = 0; i < w->n_decls; i++) {
         const st_decl *d = &w->decls[i];
         if (i || w->n_meta)
-            sb_puts(&b, ",");
-        sb_json_str(&b, d->name);
-        sb_puts(&b, ":{\"dtype\":\"");
-        sb_puts(&b, kvq_dtype_name(d->dtype));
-        sb_puts(&b, "\",\"shape\":[");
+            kvq_sb_puts(&b, ",");
+        kvq_sb_json_str(&b, d->name);
+        kvq_sb_puts(&b, ":{\"dtype\":\"");
+        kvq_sb_puts(&b, kvq_dtype_name(d->dtype));
+        kvq_sb_puts(&b, "\",\"shape\":[");
         for (int k = 0; k < d->ndim; k++) {
             if (k)
-                sb_puts(&b, ",");
-            sb_u64(&b, (uint64_t)d->shape[k]);
+                kvq_sb_puts(&b, ",");
+            kvq_sb_printf(&b, "%" PRIu64, (uint64_t)d->shape[k]);
         }
-        sb_puts(&b, "],\"data_offsets\":[");
-        sb_u64(&b, d->begin);
-        sb_puts(&b, ",");
-        sb_u64(&b, d->end);
-        sb_puts(&b, "]}");
+        kvq_sb_puts(&b, "],\"data_offsets\":[");
+        kvq_sb_printf(&b, "%" PRIu64, d->begin);
+        kvq_sb_puts(&b, ",");
+        kvq_sb_printf(&b, "%" PRIu64, d->end);
+        kvq_sb_puts(&b, "]}");
     }
-    sb_puts(&b, "}");
-    while ((b.len - 8) % 8)
-        sb_puts(&b, " ");
+    kvq_sb_puts(&b, "}");
+    while (!b.oom && (b.len - 8) % 8)
+        kvq_sb_puts(&b, " ");
     if (b.oom) {
-        free(b.p);
+        kvq_sb_free(&b);
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     }
     uint64_t n = b.len - 8;
     if (n > KVQ_ST_MAX_HEADER) {
-        free(b.p);
+        kvq_sb_free(&b);
         return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: header of %llu bytes exceeds the %u limit",
                            label, (unsigned long long)n, (unsigned)KVQ_ST_MAX_HEADER);
     }
     for (int i = 0; i < 8; i++)
-        b.p[i] = (char)(n >> (8 * i));
-    *out = b.p;
+        b.s[i] = (char)(n >> (8 * i));
+    *out = b.s;
     *size = b.len;
     return KVQ_OK;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kvq/codebook.h"
+#include "kvq/artifact.h"
 #include "kvq/util.h"
 
 struct kvq_codebook {
@@ -47,11 +48,11 @@ kvq_status kvq_codebook_method_parse(const char *s, kvq_codebook_method *m, kvq_
             *m = (kvq_codebook_method)i;
             return KVQ_OK;
         }
-    if (!strcmp(s, "qa-vq")) {
+    if (!strcmp(s, KVQ_METHOD_QAVQ_OLD)) {
         *m = KVQ_CODEBOOK_QAVQ;
         return KVQ_OK;
     }
-    if (!strcmp(s, "post-rope-vq")) {
+    if (!strcmp(s, KVQ_METHOD_VQ_POSTROPE_OLD)) {
         *m = KVQ_CODEBOOK_VQ_POSTROPE;
         return KVQ_OK;
     }
@@ -67,9 +68,9 @@ const char *kvq_codebook_method_format_name(kvq_codebook_method m)
         return "vq";
     case KVQ_CODEBOOK_QAVQ:
     case KVQ_CODEBOOK_QAPQ:
-        return "qa-vq";
+        return KVQ_METHOD_QAVQ;
     case KVQ_CODEBOOK_VQ_POSTROPE:
-        return "post-rope-vq";
+        return KVQ_METHOD_VQ_POSTROPE;
     }
     return "unknown";
 }
@@ -77,11 +78,12 @@ const char *kvq_codebook_method_format_name(kvq_codebook_method m)
 kvq_status kvq_codebook_method_from_format(const char *name, int32_t groups,
                                            kvq_codebook_method *m, kvq_err *err)
 {
-    if (name && !strcmp(name, "vq"))
+    if (name && !strcmp(name, KVQ_METHOD_VQ))
         *m = groups > 1 ? KVQ_CODEBOOK_PQ : KVQ_CODEBOOK_VQ;
-    else if (name && !strcmp(name, "qa-vq"))
+    else if (name && (!strcmp(name, KVQ_METHOD_QAVQ) || !strcmp(name, KVQ_METHOD_QAVQ_OLD)))
         *m = groups > 1 ? KVQ_CODEBOOK_QAPQ : KVQ_CODEBOOK_QAVQ;
-    else if (name && !strcmp(name, "post-rope-vq"))
+    else if (name && (!strcmp(name, KVQ_METHOD_VQ_POSTROPE) ||
+                      !strcmp(name, KVQ_METHOD_VQ_POSTROPE_OLD)))
         *m = KVQ_CODEBOOK_VQ_POSTROPE;
     else
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "method '%s' has no codebooks",

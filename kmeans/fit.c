@@ -636,12 +636,6 @@ static kvq_status check_params(const kvq_fit_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The layers to fit: the requested ones (each in both inputs), or all common ones. */
 static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *err)
 {
@@ -669,7 +663,7 @@ static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *er
     if (c->n_layers == 0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %s and %s have no layer in common",
                            capture_dir, c->moments_path);
-    qsort(c->layers, c->n_layers, sizeof *c->layers, cmp_i32);
+    qsort(c->layers, c->n_layers, sizeof *c->layers, kvq_cmp_i32);
     return KVQ_OK;
 }
 

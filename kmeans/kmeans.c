@@ -166,12 +166,6 @@ static const kvq_km_backend *pick_backend(const kvq_kmeans_params *p, const char
 
 /* ---- subsampling ---------------------------------------------------------------------- */
 
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
 kvq_status kvq_km_subsample(const float *x, const float *w, int64_t n, int32_t d, int64_t m,
                             uint64_t seed, const char *label, float **xs, float **ws,
                             kvq_err *err)
@@ -195,7 +189,7 @@ kvq_status kvq_km_subsample(const float *x, const float *w, int64_t n, int32_t d
         idx[t] = idx[j];
         idx[j] = tmp;
     }
-    qsort(idx, (size_t)m, sizeof *idx, cmp_i64);
+    qsort(idx, (size_t)m, sizeof *idx, kvq_cmp_i64);
     for (int64_t t = 0; t < m; t++) {
         memcpy(*xs + (size_t)t * d, x + (size_t)idx[t] * d, (size_t)d * sizeof(float));
         if (w)

@@ -11,13 +11,7 @@
 
 #include <stdint.h>
 
-#ifndef KVQ_HD
-#if defined(__CUDACC__)
-#define KVQ_HD __host__ __device__
-#else
-#define KVQ_HD
-#endif
-#endif
+#include "common/hd.h"
 
 /* Lanes of the fixed-order sums below: partial sums over j = l mod KVQ_KM_LANES,
  * then added lane 0, 1, ... in order. Fixed, so every caller gets the same bits,

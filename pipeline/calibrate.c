@@ -62,133 +62,67 @@ kvq_calibrate_params kvq_calibrate_params_default(void)
 }
 
 /* ==========================================================================
- * A growable string
- * ========================================================================== */
-
-typedef struct sbuf {
-    char *s;    /* [cap], NUL-terminated */
-    size_t len, cap;
-    int oom;    /* an append failed: the text is incomplete */
-} sbuf;
-
-static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        const size_t room = b->cap - b->len;
-        const int n = b->s ? vsnprintf(b->s + b->len, room, fmt, ap) : -2;
-        va_end(ap);
-        if (n == -1) {
-            b->oom = 1;
-            return;
-        }
-        if (n >= 0 && (size_t)n < room) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t need = b->cap ? b->cap * 2 : 1024;
-        while (n >= 0 && need < b->len + (size_t)n + 1)
-            need *= 2;
-        char *s = realloc(b->s, need);
-        if (!s) {
-            b->oom = 1;
-            return;
-        }
-        b->s = s;
-        b->cap = need;
-        if (b->len == 0)
-            b->s[0] = 0;
-    }
-}
-
-/* A JSON string literal of s. */
-static void sb_json_str(sbuf *b, const char *s)
-{
-    sb_printf(b, "\"");
-    for (; s && *s; s++) {
-        const unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            sb_printf(b, "\\%c", c);
-        else if (c < 0x20)
-            sb_printf(b, "\\u%04x", c);
-        else
-            sb_printf(b, "%c", c);
-    }
-    sb_printf(b, "\"");
-}
-
-static void sb_free(sbuf *b)
-{
-    free(b->s);
-    memset(b, 0, sizeof *b);
-}
-
-/* ==========================================================================
  * Parameter records: {"key": value, ...} with one key per line
  * ========================================================================== */
 
-static void rec_begin(sbuf *b, kvq_calibrate_stage s)
+static void rec_begin(kvq_strbuf *b, kvq_calibrate_stage s)
 {
-    sb_printf(b, "{\n  \"stage\": \"%s\",\n  \"record\": %d,\n  \"tool\": \"kvq %s\"",
+    kvq_sb_printf(b, "{\n  \"stage\": \"%s\",\n  \"record\": %d,\n  \"tool\": \"kvq %s\"",
               stage_names[s], CALIB_RECORD_VERSION, kvq_version());
 }
-static void rec_str(sbuf *b, const char *key, const char *v)
+static void rec_str(kvq_strbuf *b, const char *key, const char *v)
 {
-    sb_printf(b, ",\n  \"%s\": ", key);
+    kvq_sb_printf(b, ",\n  \"%s\": ", key);
     if (v)
-        sb_json_str(b, v);
+        kvq_sb_json_str(b, v);
     else
-        sb_printf(b, "null");
+        kvq_sb_printf(b, "null");
 }
-static void rec_i64(sbuf *b, const char *key, int64_t v)
+static void rec_i64(kvq_strbuf *b, const char *key, int64_t v)
 {
-    sb_printf(b, ",\n  \"%s\": %" PRId64, key, v);
+    kvq_sb_printf(b, ",\n  \"%s\": %" PRId64, key, v);
 }
-static void rec_u64(sbuf *b, const char *key, uint64_t v)
+static void rec_u64(kvq_strbuf *b, const char *key, uint64_t v)
 {
-    sb_printf(b, ",\n  \"%s\": %" PRIu64, key, v);
+    kvq_sb_printf(b, ",\n  \"%s\": %" PRIu64, key, v);
 }
-static void rec_f64(sbuf *b, const char *key, double v)
+static void rec_f64(kvq_strbuf *b, const char *key, double v)
 {
     if (isfinite(v))
-        sb_printf(b, ",\n  \"%s\": %.17g", key, v);
+        kvq_sb_printf(b, ",\n  \"%s\": %.17g", key, v);
     else
-        sb_printf(b, ",\n  \"%s\": \"%g\"", key, v);
+        kvq_sb_printf(b, ",\n  \"%s\": \"%g\"", key, v);
 }
-static void rec_hex(sbuf *b, const char *key, uint64_t v)
+static void rec_hex(kvq_strbuf *b, const char *key, uint64_t v)
 {
-    sb_printf(b, ",\n  \"%s\": \"%016" PRIx64 "\"", key, v);
+    kvq_sb_printf(b, ",\n  \"%s\": \"%016" PRIx64 "\"", key, v);
 }
 /* A list of doubles, or the string "default" for NULL. */
-static void rec_f64_list(sbuf *b, const char *key, const double *v, size_t n)
+static void rec_f64_list(kvq_strbuf *b, const char *key, const double *v, size_t n)
 {
     if (!v) {
         rec_str(b, key, "default");
         return;
     }
-    sb_printf(b, ",\n  \"%s\": [", key);
+    kvq_sb_printf(b, ",\n  \"%s\": [", key);
     for (size_t i = 0; i < n; i++)
-        sb_printf(b, "%s%.17g", i ? ", " : "", v[i]);
-    sb_printf(b, "]");
+        kvq_sb_printf(b, "%s%.17g", i ? ", " : "", v[i]);
+    kvq_sb_printf(b, "]");
 }
-static void rec_i32_list(sbuf *b, const char *key, const int32_t *v, size_t n)
+static void rec_i32_list(kvq_strbuf *b, const char *key, const int32_t *v, size_t n)
 {
     if (!v) {
         rec_str(b, key, "all");
         return;
     }
-    sb_printf(b, ",\n  \"%s\": [", key);
+    kvq_sb_printf(b, ",\n  \"%s\": [", key);
     for (size_t i = 0; i < n; i++)
-        sb_printf(b, "%s%d", i ? ", " : "", (int)v[i]);
-    sb_printf(b, "]");
+        kvq_sb_printf(b, "%s%d", i ? ", " : "", (int)v[i]);
+    kvq_sb_printf(b, "]");
 }
-static void rec_end(sbuf *b) { sb_printf(b, "\n}\n"); }
+static void rec_end(kvq_strbuf *b) { kvq_sb_printf(b, "\n}\n"); }
 
-static uint64_t rec_hash(const sbuf *b) { return kvq_fnv1a64(b->s, b->len, KVQ_FNV1A64_INIT); }
+static uint64_t rec_hash(const kvq_strbuf *b) { return kvq_fnv1a64(b->s, b->len, KVQ_FNV1A64_INIT); }
 
 /* Line `i` (0-based) of text, into out (cap bytes; "" past the end). */
 static void text_line(const char *text, size_t i, char *out, size_t cap)
@@ -301,10 +235,8 @@ static uint64_t ident_path(const char *path, int depth, uint64_t h)
         qsort(names, n, sizeof *names, cmp_str);
     for (size_t i = 0; i < n; i++) {
         h = ident_mix(h, names[i], strlen(names[i]) + 1);
-        size_t len = strlen(path) + strlen(names[i]) + 2;
-        char *sub = malloc(len);
+        char *sub = kvq_path_join(path, names[i]);
         if (sub) {
-            snprintf(sub, len, "%s/%s", path, names[i]);
             h = ident_path(sub, depth + 1, h);
             free(sub);
         }
@@ -329,7 +261,7 @@ typedef struct calib_ctx {
     char *out_path[KVQ_CALIB_N_STAGES];    /* outputs */
     char *rec_path[KVQ_CALIB_N_STAGES];    /* parameter records */
     char *none_path;                /* heldout.none */
-    sbuf rec[KVQ_CALIB_N_STAGES];   /* this run's records */
+    kvq_strbuf rec[KVQ_CALIB_N_STAGES];   /* this run's records */
     int active[KVQ_CALIB_N_STAGES]; /* stage is part of this run */
     int32_t index[KVQ_CALIB_N_STAGES], count;
     kvq_calibrate_summary *sum;
@@ -347,19 +279,10 @@ typedef struct calib_ctx {
     kvq_corpus_stats stats;
 } calib_ctx;
 
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *s = malloc(n);
-    if (s)
-        snprintf(s, n, "%s/%s", dir, name);
-    return s;
-}
-
 /* The capture directory the profile reads: heldout/ when it holds a capture. */
 static const char *profile_capture(const calib_ctx *c)
 {
-    char *cj = path_join(c->out_path[KVQ_CALIB_HELDOUT], KVQ_CAPTURE_JSON);
+    char *cj = kvq_path_join(c->out_path[KVQ_CALIB_HELDOUT], KVQ_CAPTURE_JSON);
     const int held = c->active[KVQ_CALIB_HELDOUT] && cj && access(cj, F_OK) == 0;
     free(cj);
     return held ? c->out_path[KVQ_CALIB_HELDOUT] : c->out_path[KVQ_CALIB_CAPTURE];
@@ -369,7 +292,7 @@ static const char *profile_capture(const calib_ctx *c)
  * The records of this run
  * ========================================================================== */
 
-static void rec_capture_common(calib_ctx *c, sbuf *b)
+static void rec_capture_common(calib_ctx *c, kvq_strbuf *b)
 {
     const kvq_calibrate_params *p = c->p;
     const kvq_capture_params *cp = &p->capture;
@@ -397,7 +320,7 @@ static void rec_capture_common(calib_ctx *c, sbuf *b)
     rec_i32_list(b, "layers", cp->layers, cp->n_layers);
 }
 
-static void rec_profile_params(sbuf *b, const kvq_profile_params *q)
+static void rec_profile_params(kvq_strbuf *b, const kvq_profile_params *q)
 {
     rec_u64(b, "knobs", q->knobs);
     rec_f64(b, "tolerance", q->tolerance);
@@ -434,7 +357,7 @@ static void rec_profile_params(sbuf *b, const kvq_profile_params *q)
 static kvq_status build_records(calib_ctx *c, kvq_err *err)
 {
     const kvq_calibrate_params *p = c->p;
-    sbuf *b;
+    kvq_strbuf *b;
 
     b = &c->rec[KVQ_CALIB_CAPTURE];
     rec_begin(b, KVQ_CALIB_CAPTURE);
@@ -738,7 +661,7 @@ static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
 static int output_exists(const calib_ctx *c, kvq_calibrate_stage s)
 {
     if (s == KVQ_CALIB_CAPTURE || s == KVQ_CALIB_HELDOUT) {
-        char *cj = path_join(c->out_path[s], KVQ_CAPTURE_JSON);
+        char *cj = kvq_path_join(c->out_path[s], KVQ_CAPTURE_JSON);
         int ok = cj && access(cj, F_OK) == 0;
         free(cj);
         return ok || (s == KVQ_CALIB_HELDOUT && access(c->none_path, F_OK) == 0);
@@ -813,7 +736,7 @@ static void remove_leftovers(const calib_ctx *c, kvq_calibrate_stage s)
         for (int i = 0; i < 2; i++) {
             const size_t n = strlen(names[i] + 1);
             if (!strncmp(e->d_name, names[i] + 1, n) && !strncmp(e->d_name + n, ".tmp.", 5)) {
-                char *path = path_join(c->work, e->d_name);
+                char *path = kvq_path_join(c->work, e->d_name);
                 if (path)
                     kvq_rmtree(path);
                 free(path);
@@ -1052,7 +975,7 @@ static void ctx_free(calib_ctx *c)
     for (int s = 0; s < KVQ_CALIB_N_STAGES; s++) {
         free(c->out_path[s]);
         free(c->rec_path[s]);
-        sb_free(&c->rec[s]);
+        kvq_sb_free(&c->rec[s]);
     }
     free(c->none_path);
     free(c->work);
@@ -1104,11 +1027,11 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
     for (int s = 0; s < KVQ_CALIB_N_STAGES && !oom; s++) {
         char rec[64];
         snprintf(rec, sizeof rec, "%s.params.json", stage_names[s]);
-        c.out_path[s] = path_join(c.work, outs[s]);
-        c.rec_path[s] = path_join(c.work, rec);
+        c.out_path[s] = kvq_path_join(c.work, outs[s]);
+        c.rec_path[s] = kvq_path_join(c.work, rec);
         oom = !c.out_path[s] || !c.rec_path[s];
     }
-    if (oom || !(c.none_path = path_join(c.work, "heldout.none"))) {
+    if (oom || !(c.none_path = kvq_path_join(c.work, "heldout.none"))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "calibrate: out of memory");
         goto done;
     }

@@ -1,6 +1,6 @@
 /*
  * device.c — where the decode step's selection runs: the device choice of
- * kvq_retrieval_params and the two rt_backend tables (internal.h).
+ * kvq_retrieval_params and the two rt_backend tables (runtime_internal.h).
  *
  *   cpu    LUT, score gather and top-k with the kvq_rk_* kernels (params.isa)
  *   cuda   the same three steps with the kernels of runtime/cuda/retrieval_cuda.cu over a
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "kvq/runtime.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 #ifdef KVQ_HAVE_CUDA
 #include "runtime/cuda/retrieval_cuda.h"

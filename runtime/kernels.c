@@ -16,7 +16,7 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
 #include "runtime/kernels_simd.h"
 

@@ -15,13 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef KVQ_HD
-#if defined(__CUDACC__)
-#define KVQ_HD __host__ __device__
-#else
-#define KVQ_HD
-#endif
-#endif
+#include "common/hd.h"
 
 /* ---- f16 ----------------------------------------------------------------------- */
 

@@ -25,7 +25,7 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
 
 #define MAX_POSITION ((int64_t)1 << 31)
@@ -294,14 +294,7 @@ void kvq_retrieval_reset(kvq_retrieval *r)
  * Growth: cache rows, RoPE table, scratch
  * ========================================================================== */
 
-static int grow(void **p, size_t bytes)
-{
-    void *q = realloc(*p, bytes ? bytes : 1);
-    if (!q)
-        return 0;
-    *p = q;
-    return 1;
-}
+static int grow(void **p, size_t bytes) { return kvq_resize(p, bytes, 1) == 0; }
 
 /* Grows a K or V array from old to bytes. Arrays of 4 MiB and more are 2 MiB aligned
  * and advised for transparent huge pages: a decode step reads a few percent of the
@@ -1043,12 +1036,6 @@ int64_t kvq_retrieval_sorted_rows(const kvq_retrieval *r, int32_t layer, int32_t
     return H->tok && H->sorted_end > r->p.sink ? H->sorted_end - r->p.sink : 0;
 }
 
-static int cmp_i32(const void *a, const void *b)
-{
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,
                                             int64_t *count)
 {
@@ -1063,7 +1050,7 @@ const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t laye
     for (int64_t a = 0; a < H->n_sel; a++)
         H->sel_tok[a] = (int32_t)kvq_rt_row_token(H, H->sel[a]);
     if (H->tok)
-        qsort(H->sel_tok, (size_t)H->n_sel, sizeof *H->sel_tok, cmp_i32);
+        qsort(H->sel_tok, (size_t)H->n_sel, sizeof *H->sel_tok, kvq_cmp_i32);
     return H->sel_tok;
 }
 

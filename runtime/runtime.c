@@ -12,7 +12,7 @@
 #include "kvq/artifact.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 
 /* ==========================================================================
  * Selectors and budgets

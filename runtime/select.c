@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "kvq/runtime.h"
-#include "runtime/internal.h"
+#include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
 
 /* Sum of the group's query rows.   q: [gs, d] -> out: [d] */

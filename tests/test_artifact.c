@@ -637,7 +637,7 @@ static buf conforming(const char *method, int G, const char *drop, const char *b
     static char names[64][64];
     tensor_spec t[64];
     int nt = 0;
-    int qa = !strcmp(method, "qa-vq");
+    int qa = !strcmp(method, "qavq") || !strcmp(method, "qa-vq");
     for (int l = 0; l < V_LAYERS; l++)
         for (int h = 0; h < V_KV; h++) {
             const char *kinds[4];
@@ -687,13 +687,19 @@ static kvq_status validate_status(buf payload, kvq_err *e)
 static void test_validate(void **state)
 {
     kvq_err e = {0};
-    assert_int_equal(validate_status(conforming("qa-vq", 1, NULL, NULL), &e), KVQ_OK);
-    assert_int_equal(validate_status(conforming("qa-vq", 2, NULL, NULL), &e), KVQ_OK);
+    assert_int_equal(validate_status(conforming("qavq", 1, NULL, NULL), &e), KVQ_OK);
+    assert_int_equal(validate_status(conforming("qavq", 2, NULL, NULL), &e), KVQ_OK);
     assert_int_equal(validate_status(conforming("vq", 1, NULL, NULL), &e), KVQ_OK);
     assert_int_equal(validate_status(conforming("vq", 2, NULL, NULL), &e), KVQ_OK);
+    assert_int_equal(validate_status(conforming("vq-postrope", 1, NULL, NULL), &e), KVQ_OK);
+    /* The old spellings of artifacts written before the names were unified. */
+    assert_int_equal(validate_status(conforming("qa-vq", 1, NULL, NULL), &e), KVQ_OK);
+    assert_int_equal(validate_status(conforming("qa-vq", 2, NULL, NULL), &e), KVQ_OK);
     assert_int_equal(validate_status(conforming("post-rope-vq", 1, NULL, NULL), &e), KVQ_OK);
+    assert_int_equal(validate_status(conforming("qa-vq", 1, NULL, "layer.1.head.0.Linv"), &e),
+                     KVQ_E_SHAPE_MISMATCH);
 
-    assert_int_equal(validate_status(conforming("qa-vq", 1, "model.n_kv_heads", NULL), &e),
+    assert_int_equal(validate_status(conforming("qavq", 1, "model.n_kv_heads", NULL), &e),
                      KVQ_E_CORRUPT);
     assert_non_null(strstr(e.msg, "\"model.n_kv_heads\""));
     assert_int_equal(validate_status(conforming("vq", 1, "provenance.tool_version", NULL), &e),
@@ -702,7 +708,7 @@ static void test_validate(void **state)
     assert_int_equal(validate_status(conforming("magic-vq", 1, NULL, NULL), &e),
                      KVQ_E_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "magic-vq"));
-    assert_int_equal(validate_status(conforming("qa-vq", 1, NULL, "layer.1.head.0.Linv"), &e),
+    assert_int_equal(validate_status(conforming("qavq", 1, NULL, "layer.1.head.0.Linv"), &e),
                      KVQ_E_SHAPE_MISMATCH);
     assert_non_null(strstr(e.msg, "layer.1.head.0.Linv"));
     assert_int_equal(validate_status(conforming("vq", 2, NULL, "layer.1.head.1.group.1.codebook"),

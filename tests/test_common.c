@@ -133,6 +133,63 @@ static void test_rng_reproducible(void **state)
     assert_true(fabs(s2 / 20000 - 1.0) < 0.05);
 }
 
+static void test_small_helpers(void **state)
+{
+    (void)state;
+    /* JSON strings: one escaper for files and string buffers. */
+    const char *in = "a\"b\\c\n\t\x01\x7f\xc3\xa9";
+    const char *want = "\"a\\\"b\\\\c\\n\\t\\u0001\\u007f\xc3\xa9\"";
+    kvq_strbuf b = {0};
+    kvq_sb_json_str(&b, in);
+    assert_false(b.oom);
+    assert_string_equal(b.s, want);
+    char buf[64] = {0};
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    assert_non_null(f);
+    kvq_json_write_str(f, in);
+    kvq_json_write_str(f, NULL);
+    fclose(f);
+    char both[64];
+    snprintf(both, sizeof both, "%snull", want);
+    assert_string_equal(buf, both);
+    /* Not UTF-8: the high bytes become '?' so the JSON stays readable. */
+    kvq_sb_free(&b);
+    kvq_sb_json_str(&b, "x\xff");
+    assert_string_equal(b.s, "\"x?\"");
+    kvq_sb_free(&b);
+    kvq_sb_put(&b, "ab", 2);
+    kvq_sb_printf(&b, "%d-%s", 42, "z");
+    kvq_sb_puts(&b, "!");
+    assert_int_equal(b.len, 7);
+    assert_string_equal(b.s, "ab42-z!");
+    kvq_sb_free(&b);
+    assert_null(b.s);
+
+    /* Growth keeps the contents and at least the room asked for. */
+    int32_t *v = NULL;
+    size_t cap = 0;
+    for (int32_t i = 0; i < 1000; i++) {
+        assert_int_equal(kvq_grow((void **)&v, &cap, (size_t)i + 1, sizeof *v), 0);
+        assert_true(cap > (size_t)i);
+        v[i] = 999 - i;
+    }
+    assert_int_equal(kvq_grow((void **)&v, &cap, SIZE_MAX, sizeof *v), -1);
+    assert_int_equal(kvq_resize((void **)&v, SIZE_MAX / 2, sizeof *v), -1);
+    qsort(v, 1000, sizeof *v, kvq_cmp_i32);
+    for (int32_t i = 0; i < 1000; i++)
+        assert_int_equal(v[i], i);
+    assert_int_equal(kvq_resize((void **)&v, 10, sizeof *v), 0);
+    assert_int_equal(v[9], 9);
+    free(v);
+    int64_t w[3] = {INT64_MAX, INT64_MIN, 0};
+    qsort(w, 3, sizeof *w, kvq_cmp_i64);
+    assert_true(w[0] == INT64_MIN && w[1] == 0 && w[2] == INT64_MAX);
+
+    char *p = kvq_path_join("dir", "name.json");
+    assert_string_equal(p, "dir/name.json");
+    free(p);
+}
+
 static int teardown(void **state)
 {
     test_tmpdir_cleanup();
@@ -148,6 +205,7 @@ int main(void)
         cmocka_unit_test(test_utf8),
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_rng_reproducible),
+        cmocka_unit_test(test_small_helpers),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, teardown);
 }

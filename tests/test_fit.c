@@ -149,6 +149,18 @@ static void test_method_names(void **state)
     assert_int_equal(kvq_codebook_method_default_groups(KVQ_CODEBOOK_QAPQ), 4);
     assert_int_equal(kvq_codebook_method_default_groups(KVQ_CODEBOOK_VQ_POSTROPE), 1);
     assert_string_equal(kvq_codebook_method_format_name(KVQ_CODEBOOK_PQ), "vq");
+    /* Writers use one spelling per method; the old artifact spellings are still read. */
+    assert_string_equal(kvq_codebook_method_format_name(KVQ_CODEBOOK_QAVQ), "qavq");
+    assert_string_equal(kvq_codebook_method_format_name(KVQ_CODEBOOK_QAPQ), "qavq");
+    assert_string_equal(kvq_codebook_method_format_name(KVQ_CODEBOOK_VQ_POSTROPE), "vq-postrope");
+    assert_int_equal(kvq_codebook_method_parse("post-rope-vq", &m, &e), KVQ_OK);
+    assert_int_equal(m, KVQ_CODEBOOK_VQ_POSTROPE);
+    assert_int_equal(kvq_codebook_method_from_format("qa-vq", 1, &m, &e), KVQ_OK);
+    assert_int_equal(m, KVQ_CODEBOOK_QAVQ);
+    assert_int_equal(kvq_codebook_method_from_format("qa-vq", 4, &m, &e), KVQ_OK);
+    assert_int_equal(m, KVQ_CODEBOOK_QAPQ);
+    assert_int_equal(kvq_codebook_method_from_format("post-rope-vq", 1, &m, &e), KVQ_OK);
+    assert_int_equal(m, KVQ_CODEBOOK_VQ_POSTROPE);
 }
 
 static void test_desc_errors(void **state)

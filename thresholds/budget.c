@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 static const double default_budgets[] = {0.01, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15, 0.20, 0.25};
 static const double default_taus[] = {0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99};

@@ -1,12 +1,12 @@
 /*
  * leankv.c — the LeanKV policy (leankv paper, section 4): token significance, the
  * prompt-phase rule, the generation-phase Algorithm 1, bytes per token, and the LeanKV
- * side of the per-head cache simulator (thresholds/internal.h).
+ * side of the per-head cache simulator (thresholds/thresholds_internal.h).
  */
 #include <math.h>
 #include <string.h>
 
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
  * Parameters

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "kvq/half.h"
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 static const char *const schedule_names[KVQ_PATS_N_SCHEDULES] = {
     "old-heavy", "new-heavy", "middle-heavy",

@@ -13,7 +13,7 @@
 #include "kvq/corpus.h"
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
  * Parameters, tables, results

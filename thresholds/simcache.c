@@ -11,7 +11,7 @@
 #endif
 
 #include "kvq/util.h"
-#include "thresholds/internal.h"
+#include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
  * Attention
@@ -104,18 +104,6 @@ void thr_head_begin(thr_head *h, int64_t seq_len, int64_t prompt_len)
     h->pats_bits = 0;
 }
 
-static int grow(void **p, size_t n, size_t size)
-{
-    size_t bytes;
-    if (!kvq_size_mul(n, size, &bytes))
-        return 0;
-    void *q = realloc(*p, bytes ? bytes : 1);
-    if (!q)
-        return 0;
-    *p = q;
-    return 1;
-}
-
 /* Room for `need` rows (doubling). */
 static kvq_status reserve(thr_head *h, int64_t need, kvq_err *err)
 {
@@ -126,13 +114,15 @@ static kvq_status reserve(thr_head *h, int64_t need, kvq_err *err)
         cap *= 2;
     const size_t c = (size_t)cap, d = (size_t)h->d, gs = (size_t)h->gs;
     const int lean = h->kind == KVQ_SIMCACHE_LEANKV;
-    if ((lean && (!grow((void **)&h->k, c * d, sizeof(float)) ||
-                  !grow((void **)&h->v, c * d, sizeof(float)) ||
-                  !grow((void **)&h->cls, c, 1) || !grow((void **)&h->acc, c * gs, sizeof(double)) ||
-                  !grow((void **)&h->qcum, c, sizeof(int64_t)) ||
-                  !grow((void **)&h->sig, c, sizeof(double)))) ||
-        !grow((void **)&h->kc, c * d, sizeof(float)) || !grow((void **)&h->vc, c * d, sizeof(float)) ||
-        !grow((void **)&h->p, c * gs, sizeof(double)))
+    if ((lean && (kvq_resize((void **)&h->k, c * d, sizeof(float)) ||
+                  kvq_resize((void **)&h->v, c * d, sizeof(float)) ||
+                  kvq_resize((void **)&h->cls, c, 1) ||
+                  kvq_resize((void **)&h->acc, c * gs, sizeof(double)) ||
+                  kvq_resize((void **)&h->qcum, c, sizeof(int64_t)) ||
+                  kvq_resize((void **)&h->sig, c, sizeof(double)))) ||
+        kvq_resize((void **)&h->kc, c * d, sizeof(float)) ||
+        kvq_resize((void **)&h->vc, c * d, sizeof(float)) ||
+        kvq_resize((void **)&h->p, c * gs, sizeof(double)))
         return kvq_err_set(err, KVQ_E_NOMEM, "simcache: out of memory for %lld tokens",
                            (long long)cap);
     h->cap = cap;

@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cholesky/internal.h"
+#include "cholesky/cholesky_internal.h"
 
 extern "C" kvq_status kvq_moments_cuda_potrf_batched(const double *A, int n, int d, double *L,
                                                      int *info, kvq_err *err)

@@ -55,8 +55,12 @@ extern "C" {
 
 #define KVQ_METHOD_NONE          "none"          /* thresholds/schedules only */
 #define KVQ_METHOD_VQ            "vq"            /* plain VQ of pre-RoPE keys (L = I) */
-#define KVQ_METHOD_QA_VQ         "qa-vq"         /* query-aware VQ in z = k L space */
-#define KVQ_METHOD_POST_ROPE_VQ  "post-rope-vq"  /* baseline: VQ of post-RoPE keys */
+#define KVQ_METHOD_QAVQ          "qavq"          /* query-aware VQ in z = k L space */
+#define KVQ_METHOD_VQ_POSTROPE   "vq-postrope"   /* baseline: VQ of post-RoPE keys */
+/* The spellings artifacts used before the method names were unified: readers accept
+ * them as KVQ_METHOD_QAVQ / KVQ_METHOD_VQ_POSTROPE; writers never write them. */
+#define KVQ_METHOD_QAVQ_OLD          "qa-vq"
+#define KVQ_METHOD_VQ_POSTROPE_OLD   "post-rope-vq"
 
 /* Tensor names: printf formats taking (layer, kv head[, group]). */
 #define KVQ_TENSOR_CODEBOOK       "layer.%d.head.%d.codebook"          /* [K, d] */

@@ -62,14 +62,15 @@ typedef enum kvq_codebook_method {
 
 /* "vq", "qavq", "pq", "qapq", "vq-postrope"; "unknown" otherwise. */
 const char *kvq_codebook_method_name(kvq_codebook_method m);
-/* Parses the names above and the artifact spellings "qa-vq" (= qavq) and
+/* Parses the names above and the old artifact spellings "qa-vq" (= qavq) and
  * "post-rope-vq" (= vq-postrope). KVQ_E_INVALID_ARG naming the text otherwise. */
 kvq_status kvq_codebook_method_parse(const char *s, kvq_codebook_method *m, kvq_err *err);
 /* The artifact's "method" value (docs/format.md section 7): "vq" for vq and pq,
- * "qa-vq" for qavq and qapq, "post-rope-vq" for vq-postrope. */
+ * "qavq" for qavq and qapq, "vq-postrope" for vq-postrope. */
 const char *kvq_codebook_method_format_name(kvq_codebook_method m);
 /* The method for an artifact "method" value and a group count: vq/pq and qavq/qapq
- * are told apart by groups (1 or more). KVQ_E_UNSUPPORTED for an unknown name. */
+ * are told apart by groups (1 or more); the old spellings "qa-vq" and "post-rope-vq"
+ * are read as "qavq" and "vq-postrope". KVQ_E_UNSUPPORTED for an unknown name. */
 kvq_status kvq_codebook_method_from_format(const char *name, int32_t groups,
                                            kvq_codebook_method *m, kvq_err *err);
 int32_t kvq_codebook_method_default_groups(kvq_codebook_method m); /* 1 or 4 */

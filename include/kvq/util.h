@@ -1,5 +1,6 @@
 /*
- * kvq/util.h — checked parsing, file mapping, atomic output, small helpers.
+ * kvq/util.h — checked parsing, growable arrays and strings, JSON strings, file
+ * mapping, atomic output, small helpers.
  *
  * These sit at the bottom of the dependency graph and are used by every stage
  * and by the CLI.
@@ -32,6 +33,41 @@ static inline int kvq_size_add(size_t a, size_t b, size_t *out)
 {
     return !__builtin_add_overflow(a, b, out);
 }
+
+/* ---- growable arrays ------------------------------------------------------------
+ * kvq_grow: makes room for `need` items of `size` bytes in *items, whose capacity is
+ * *cap items, doubling it (from 16 at least) until it holds `need`. Returns 0, or -1 on
+ * size overflow or out of memory, with *items and *cap unchanged.
+ * kvq_resize: reallocates *p to n items of `size` bytes (at least one byte). Returns 0,
+ * or -1 on size overflow or out of memory, with *p unchanged. */
+int kvq_grow(void **items, size_t *cap, size_t need, size_t size);
+int kvq_resize(void **p, size_t n, size_t size);
+
+/* ---- growable string ------------------------------------------------------------- */
+typedef struct kvq_strbuf {
+    char *s;    /* [cap]; NUL-terminated once anything was appended; NULL when empty */
+    size_t len, cap;
+    int oom;    /* an append failed: the text is incomplete (later appends do nothing) */
+} kvq_strbuf;
+void kvq_sb_put(kvq_strbuf *b, const void *p, size_t n); /* n bytes, may hold NULs */
+void kvq_sb_puts(kvq_strbuf *b, const char *s);
+void kvq_sb_printf(kvq_strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvq_sb_json_str(kvq_strbuf *b, const char *s); /* as kvq_json_write_str */
+void kvq_sb_free(kvq_strbuf *b);                    /* back to {0} */
+
+/* ---- JSON strings -----------------------------------------------------------------
+ * Writes s as a JSON string literal: quote and backslash escaped, \b \f \n \r \t,
+ * other control characters and DEL as \u00XX, other bytes as they are. A string that
+ * is not valid UTF-8 (which would make the file unreadable) has its bytes >= 0x80
+ * written as '?'. s = NULL writes null. */
+void kvq_json_write_str(FILE *f, const char *s);
+
+/* ---- small helpers ----------------------------------------------------------------- */
+/* qsort comparators, ascending. */
+int kvq_cmp_i32(const void *a, const void *b);
+int kvq_cmp_i64(const void *a, const void *b);
+/* "dir/name", malloc'd (free()); NULL when out of memory. */
+char *kvq_path_join(const char *dir, const char *name);
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 /* 1 if s[0..n) is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */

@@ -86,13 +86,13 @@ mom = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"]
 
 a = read_artifact(T + "/qavq.kvq")           # --layers 1,3, no reference, no holdout
 m = a.metadata
-assert m["method"] == "qa-vq" and m["fit.method"] == "qavq" and m["layers"] == "1,3", m
+assert m["method"] == "qavq" and m["fit.method"] == "qavq" and m["layers"] == "1,3", m
 assert m["fit.reference"] == "none" and "diag.fit.score_mse" not in m
 assert "layer.0.head.0.Cz" not in a.tensors and "layer.3.head.3.Cz" in a.tensors
 
 a = read_artifact(T + "/qapq.kvq")
 m, t = a.metadata, a.tensors
-assert m["method"] == "qa-vq" and m["groups"] == "4" and m["codebook_size"] == "32", m
+assert m["method"] == "qavq" and m["groups"] == "4" and m["codebook_size"] == "32", m
 assert m["fit.method"] == "qapq" and m["fit.reference"] == "pq" and m["layers"] == "0-4"
 assert m["model.n_kv_heads"] == "4" and m["model.rope.layout"] == "interleaved"
 assert m["provenance.backend"] == "cpu" and m["wrope.b"] == "2048"

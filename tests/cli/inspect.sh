@@ -61,7 +61,7 @@ assert d["format"] == "kvq" and d["version"] == "1.0" and (d["major"], d["minor"
 assert d["valid"] is True and "problem" not in d
 assert d["payload_size"] == 2900, d["payload_size"]
 assert d["model"]["architecture"] == "llama" and d["model"]["rope.layout"] == "interleaved"
-assert d["method"] == {"method": "qa-vq", "codebook_size": "4", "groups": "1", "seed": "1234",
+assert d["method"] == {"method": "qavq", "codebook_size": "4", "groups": "1", "seed": "1234",
                        "wrope.w": "64", "wrope.b": "2048"}
 assert d["provenance"]["tool_version"] == "kvq example"
 assert len(d["metadata"]) == 18 and len(d["tensors"]) == 18
@@ -78,7 +78,7 @@ assert t["thresholds.leankv.alpha_l"]["shape"] == []
     expect_json inspect_safetensors_json '
 assert d["format"] == "safetensors" and d["file_size"] == 2900
 assert d["header_size"] + d["data_size"] == 2900 and d["data_size"] == 1044
-assert d["metadata"]["method"] == "qa-vq" and len(d["tensors"]) == 18
+assert d["metadata"]["method"] == "qavq" and len(d["tensors"]) == 18
 ' -- "$KVQ" inspect --json "$T/example.safetensors"
   else
     skip inspect_safetensors "zstd not installed"
@@ -152,7 +152,7 @@ else
   expect_json inspect_fit_json '
 f, m = d["fit"], d["metadata"]
 assert "thresholds" not in d
-assert (f["method"], f["artifact_method"], f["reference"]) == ("qavq", "qa-vq", "vq")
+assert (f["method"], f["artifact_method"], f["reference"]) == ("qavq", "qavq", "vq")
 assert (f["codebook_size"], f["groups"], f["bits_per_token"], f["seed"]) == (16, 1, 4, 1234)
 assert f["layers"] == [0, 1, 2, 3, 4] and f["n_kv_heads"] == 4
 assert f["kmeans"] == {"init": "greedy-k-means++", "iters": 3, "sample": 256, "tol": 0.0001}

@@ -35,7 +35,7 @@ EXPECTED_META = {
     "model.architecture": "llama", "model.n_layers": "2", "model.n_heads": "4",
     "model.n_kv_heads": "2", "model.head_dim": "4", "model.rope.base": "10000",
     "model.rope.layout": "interleaved", "model.rope.scaling": "none",
-    "method": "qa-vq", "codebook_size": "4", "groups": "1", "wrope.w": "64",
+    "method": "qavq", "codebook_size": "4", "groups": "1", "wrope.w": "64",
     "wrope.b": "2048", "seed": "1234", "provenance.corpus_hash": "0123456789abcdef",
     "provenance.n_tokens": "4096", "provenance.tool_version": "kvq example",
     "provenance.backend": "cpu",

@@ -1,5 +1,5 @@
-/* internal.h — pieces of the regularized Cholesky shared by the CPU driver
- * (cholesky.c, moments.c) and the CUDA backend (cuda/moments_cuda.cu). Not public. */
+/* cholesky/cholesky_internal.h — pieces of the regularized Cholesky shared by the CPU
+ * driver (cholesky.c, moments.c) and the CUDA backend (cuda/moments_cuda.cu). Not public. */
 #ifndef KVQ_CHOLESKY_INTERNAL_H
 #define KVQ_CHOLESKY_INTERNAL_H
 

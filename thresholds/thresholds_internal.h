@@ -1,6 +1,6 @@
 /*
- * thresholds/internal.h — what the files of thresholds/ share: the per-(layer, KV head)
- * cache simulator behind both quality measurements (the capture error and the
+ * thresholds/thresholds_internal.h — what the files of thresholds/ share: the
+ * per-(layer, KV head) cache simulator behind both quality measurements (the capture error and the
  * kvq_simcache backend), the capture layer reader, and the perplexity driver.
  * Not a public header.
  */

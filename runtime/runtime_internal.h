@@ -1,5 +1,5 @@
 /*
- * runtime/internal.h — internal structures of the decoding context, shared by
+ * runtime/runtime_internal.h — internal structures of the decoding context, shared by
  * runtime/retrieval.c (cache, attention step, backend) and runtime/select.c (the
  * selectors). Not a public header.
  */
