@@ -1,5 +1,5 @@
 /*
- * fit.c — the `kvq fit` stage (kvq/codebook.h, kvq_fit_run): a capture directory and a
+ * fit.c — the `kvq fit` stage (kvq/fit.h, kvq_fit_run): a capture directory and a
  * moments file in, one .kvq artifact out.
  *
  *   check inputs -> hold out sequences -> for each (layer, KV head) job:
@@ -25,6 +25,7 @@
 #include "kvq/artifact.h"
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
+#include "kvq/fit.h"
 #include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
@@ -522,41 +523,26 @@ static kvq_status ckpt_save(const fit_ctx *c, const fit_job *j, const char *key,
     return s;
 }
 
-/* Adds a fitted codebook's tensors (docs/format.md section 7) and its k-means
- * diagnostics to the job. */
+/* kvq_codebook_tensor_fn adding an F32 [rows, cols] tensor to the job (user). */
+static kvq_status job_add_f32(void *user, const char *name, int64_t rows, int64_t cols,
+                              const float *data, kvq_err *err)
+{
+    const int64_t shape[2] = {rows, cols};
+    return job_add(user, name, KVQ_DT_F32, 2, shape, data, err);
+}
+
+/* Adds a fitted codebook's tensors (kvq_codebook_save, docs/format.md section 7) and its
+ * k-means diagnostics to the job. */
 static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
                                const kvq_codebook_fit_stats *fs, kvq_err *err)
 {
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
-    const int32_t d = D->dim, K = D->k, G = D->groups, dg = d / G;
-    const int qa = kvq_codebook_method_is_query_aware(D->method);
+    const int32_t K = D->k, G = D->groups;
     const int L = j->layer, H = j->head;
     char name[128];
     kvq_status s;
-    if (qa) {
-        const int64_t dd[2] = {d, d};
-        snprintf(name, sizeof name, KVQ_TENSOR_L, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_L(cb), err)))
-            return s;
-        snprintf(name, sizeof name, KVQ_TENSOR_LINV, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_Linv(cb), err)))
-            return s;
-    }
-    const int64_t shape[2] = {K, dg};
-    for (int32_t g = 0; g < G; g++) {
-        if (G == 1)
-            snprintf(name, sizeof name, qa ? KVQ_TENSOR_CZ : KVQ_TENSOR_CODEBOOK, L, H);
-        else
-            snprintf(name, sizeof name, qa ? KVQ_TENSOR_GROUP_CZ : KVQ_TENSOR_GROUP_CODEBOOK, L,
-                     H, (int)g);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_centroids(cb, g), err)))
-            return s;
-    }
-    if (qa && G == 1) {
-        snprintf(name, sizeof name, KVQ_TENSOR_CODEBOOK, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_key_codebook(cb), err)))
-            return s;
-    }
+    if ((s = kvq_codebook_save(cb, L, H, job_add_f32, j, err)))
+        return s;
     for (int32_t g = 0; g < G; g++) {
         const kvq_kmeans_stats *ks = &fs->group[g];
         if (ks->n_iters < 1)

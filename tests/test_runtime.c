@@ -306,7 +306,7 @@ static void test_lut_paths(void **state)
         float *ref = malloc(sizeof(float) * G * K), *sc = malloc(sizeof(float) * G * K);
         float *fast = malloc(sizeof(float) * G * K);
         double *bnd = malloc(sizeof(double) * G * K);
-        kvq_codebook_lut(cb, q, ref);
+        kvq_codebook_lut_ref(cb, q, ref);
         kvq_rk_lut(KVQ_ISA_SCALAR, tab, q, sc);
         /* q' for the bound: |q'_t w_t| summed (q' = q L^-T for grouped query-aware) */
         double qp[128];
