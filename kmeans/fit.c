@@ -136,7 +136,7 @@ static const fit_tensor *job_find(const fit_job *j, const char *name)
 static double job_scalar(const fit_job *j, const char *what)
 {
     char name[128];
-    snprintf(name, sizeof name, "diag.layer.%d.head.%d.%s", (int)j->layer, (int)j->head, what);
+    snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, what);
     const fit_tensor *t = job_find(j, name);
     double v = NAN;
     if (t && t->dtype == KVQ_DT_F64 && t->ndim == 0)
@@ -548,9 +548,9 @@ static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
         if (ks->n_iters < 1)
             continue;
         if (G == 1)
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.inertia", L, H);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, L, H, "inertia");
         else
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.group.%d.inertia", L, H, (int)g);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_GROUP, L, H, (int)g, "inertia");
         const int64_t ni[1] = {ks->n_iters};
         if ((s = job_add(j, name, KVQ_DT_F64, 1, ni, ks->inertia, err)))
             return s;
@@ -560,7 +560,7 @@ static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
         return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
     for (int32_t g = 0; g < G; g++)
         memcpy(sizes + (size_t)g * K, fs->group[g].cluster_size, (size_t)K * sizeof *sizes);
-    snprintf(name, sizeof name, "diag.layer.%d.head.%d.cluster_size", L, H);
+    snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, L, H, "cluster_size");
     const int64_t gk[2] = {G, K};
     s = job_add(j, name, KVQ_DT_I64, 2, gk, sizes, err);
     free(sizes);
@@ -643,27 +643,23 @@ static kvq_status job_fit(fit_ctx *c, const layer_data *L, fit_job *j, kvq_err *
         power_ref = power;
     }
     if (have_hold) {
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_mse", (int)j->layer, (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "score_mse");
         if ((s = job_add_scalar(j, name, mse, err)))
             goto done;
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_power", (int)j->layer,
-                 (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "score_power");
         if ((s = job_add_scalar(j, name, power, err)))
             goto done;
         if (p->reference) {
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_mse", (int)j->layer,
-                     (int)j->head);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "ref.score_mse");
             if ((s = job_add_scalar(j, name, mse_ref, err)))
                 goto done;
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_power", (int)j->layer,
-                     (int)j->head);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "ref.score_power");
             if ((s = job_add_scalar(j, name, power_ref, err)))
                 goto done;
         }
     }
     if (have_hold) {
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.n_heldout_queries", (int)j->layer,
-                 (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "n_heldout_queries");
         s = job_add_scalar(j, name, (double)h.n_hq, err);
     }
 done:
@@ -872,18 +868,18 @@ static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summa
         }
     const int64_t grid[2] = {(int64_t)c->n_layers, c->n_kv};
     if (!s && have_mse)
-        s = kvq_st_writer_declare(w, "diag.fit.score_mse", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE, KVQ_DT_F64, 2, grid, err);
     if (!s && have_mse)
-        s = kvq_st_writer_declare(w, "diag.fit.score_power", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_POWER, KVQ_DT_F64, 2, grid, err);
     if (!s && have_ref)
-        s = kvq_st_writer_declare(w, "diag.fit.score_mse_ref", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE_REF, KVQ_DT_F64, 2, grid, err);
     if (s)
         goto done;
 
     /* Metadata: model identity, method settings, provenance, summary. */
     format_layers(c->layers, c->n_layers, buf, sizeof buf);
     const char *refname = !p->reference ? "none" : kvq_codebook_method_name(c->ref_method);
-    if ((s = kvq_model_id_set_meta(&ci->model, "model.", w, err)) ||
+    if ((s = kvq_model_id_set_meta(&ci->model, KVQ_META_MODEL_PREFIX, w, err)) ||
         (s = set_meta(w, KVQ_META_METHOD, err, "%s", kvq_codebook_method_format_name(p->method))) ||
         (s = set_meta(w, KVQ_META_CODEBOOK_SIZE, err, "%d", (int)c->K)) ||
         (s = set_meta(w, KVQ_META_GROUPS, err, "%d", (int)c->G)) ||
@@ -895,27 +891,27 @@ static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summa
         (s = set_meta(w, "kmeans.iters", err, "%d", (int)p->iters)) ||
         (s = set_meta(w, "kmeans.sample", err, "%lld",
                       (long long)kvq_kmeans_params_default().max_points_per_centroid)) ||
-        (s = set_meta(w, "fit.method", err, "%s", kvq_codebook_method_name(p->method))) ||
-        (s = set_meta(w, "fit.tol", err, "%.17g", p->tol)) ||
-        (s = set_meta(w, "fit.holdout", err, "%.17g", p->holdout)) ||
-        (s = set_meta(w, "fit.reference", err, "%s", refname)) ||
-        (s = set_meta(w, "fit.positions", err, "%s",
+        (s = set_meta(w, KVQ_META_FIT_METHOD, err, "%s", kvq_codebook_method_name(p->method))) ||
+        (s = set_meta(w, KVQ_META_FIT_TOL, err, "%.17g", p->tol)) ||
+        (s = set_meta(w, KVQ_META_FIT_HOLDOUT, err, "%.17g", p->holdout)) ||
+        (s = set_meta(w, KVQ_META_FIT_REFERENCE, err, "%s", refname)) ||
+        (s = set_meta(w, KVQ_META_FIT_POSITIONS, err, "%s",
                       kvq_positions_name(kvq_moments_positions(c->m)))) ||
-        (s = set_meta(w, "fit.n_train", err, "%lld", (long long)c->n_train)) ||
-        (s = set_meta(w, "fit.n_heldout_keys", err, "%lld", (long long)c->n_hold_rows)) ||
+        (s = set_meta(w, KVQ_META_FIT_N_TRAIN, err, "%lld", (long long)c->n_train)) ||
+        (s = set_meta(w, KVQ_META_FIT_N_HELDOUT_KEYS, err, "%lld", (long long)c->n_hold_rows)) ||
         (s = set_meta(w, KVQ_META_TOOL_VERSION, err, "kvq %s", kvq_version())) ||
         (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
-        (s = set_meta(w, "provenance.corpus", err, "%s", ci->corpus_spec)) ||
+        (s = set_meta(w, KVQ_META_CORPUS, err, "%s", ci->corpus_spec)) ||
         (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
         (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
         goto done;
     sum->score_mse = mean_finite(mse, nj);
     sum->score_mse_ref = mean_finite(ref, nj);
     sum->score_power = mean_finite(pow_, nj);
-    if (have_mse && ((s = set_meta(w, "diag.fit.score_mse", err, "%.17g", sum->score_mse)) ||
-                     (s = set_meta(w, "diag.fit.score_power", err, "%.17g", sum->score_power))))
+    if (have_mse && ((s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE, err, "%.17g", sum->score_mse)) ||
+                     (s = set_meta(w, KVQ_DIAG_FIT_SCORE_POWER, err, "%.17g", sum->score_power))))
         goto done;
-    if (have_ref && (s = set_meta(w, "diag.fit.score_mse_ref", err, "%.17g", sum->score_mse_ref)))
+    if (have_ref && (s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE_REF, err, "%.17g", sum->score_mse_ref)))
         goto done;
 
     if ((s = kvq_st_writer_begin_buffer(w, err)))

@@ -107,29 +107,10 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
  * model identity when opened; this guards a context built for another config). */
 static kvq_status check_config(const kvq_model_config *c, const kvq_runtime *rt, kvq_err *err)
 {
-    const kvq_model_id *m = kvq_runtime_model(rt);
-#define FIELD(name, a, b)                                                                          \
-    if ((a) != (b))                                                                                \
-        return kvq_err_set(err, KVQ_E_MISMATCH,                                                    \
-                           "retrieval: artifact vs model: model.%s differs (%.17g vs %.17g)",      \
-                           name, (double)(a), (double)(b));
-    FIELD("n_layers", m->n_layers, c->n_layers)
-    FIELD("n_heads", m->n_heads, c->n_heads)
-    FIELD("n_kv_heads", m->n_kv_heads, c->n_kv_heads)
-    FIELD("head_dim", m->head_dim, c->head_dim)
-    FIELD("rope.base", m->rope.base, c->rope.base)
-#undef FIELD
-    if (m->rope.layout != c->rope.layout)
-        return kvq_err_set(err, KVQ_E_MISMATCH,
-                           "retrieval: artifact vs model: model.rope.layout differs (%s vs %s)",
-                           kvq_rope_layout_name(m->rope.layout),
-                           kvq_rope_layout_name(c->rope.layout));
-    if (m->rope.scaling != c->rope.scaling)
-        return kvq_err_set(err, KVQ_E_MISMATCH,
-                           "retrieval: artifact vs model: model.rope.scaling differs (%s vs %s)",
-                           kvq_rope_scaling_name(m->rope.scaling),
-                           kvq_rope_scaling_name(c->rope.scaling));
-    return KVQ_OK;
+    kvq_model_id cid;
+    kvq_model_id_from_config(c, "", &cid);
+    return kvq_model_id_compare_attention(kvq_runtime_model(rt), "retrieval: artifact", &cid,
+                                          "model", err);
 }
 
 /* ==========================================================================
