@@ -601,6 +601,49 @@ kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
     return KVQ_OK;
 }
 
+kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
+                                          const kvq_model_id *b, const char *label_b,
+                                          kvq_err *err)
+{
+#define DIFFERS(field, fmt, va, vb)                                                                \
+    kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (" fmt " vs " fmt ")", label_a,   \
+                label_b, field, va, vb)
+    const struct {
+        const char *key;
+        int32_t a, b;
+    } ints[] = {{"n_layers", a->n_layers, b->n_layers},
+                {"n_heads", a->n_heads, b->n_heads},
+                {"n_kv_heads", a->n_kv_heads, b->n_kv_heads},
+                {"head_dim", a->head_dim, b->head_dim}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if (ints[i].a != ints[i].b)
+            return DIFFERS(ints[i].key, "%d", (int)ints[i].a, (int)ints[i].b);
+    const kvq_rope *ra = &a->rope, *rb = &b->rope;
+    if (ra->base != rb->base)
+        return DIFFERS("rope.base", "%.17g", ra->base, rb->base);
+    if (ra->layout != rb->layout)
+        return DIFFERS("rope.layout", "%s", kvq_rope_layout_name(ra->layout),
+                       kvq_rope_layout_name(rb->layout));
+    if (ra->scaling != rb->scaling)
+        return DIFFERS("rope.scaling", "%s", kvq_rope_scaling_name(ra->scaling),
+                       kvq_rope_scaling_name(rb->scaling));
+    const struct {
+        const char *key;
+        double a, b;
+    } reals[] = {{"rope.factor", ra->factor, rb->factor},
+                 {"rope.low_freq_factor", ra->low_freq_factor, rb->low_freq_factor},
+                 {"rope.high_freq_factor", ra->high_freq_factor, rb->high_freq_factor},
+                 {"rope.original_max_pos", ra->original_max_pos, rb->original_max_pos}};
+    const size_t n_reals = ra->scaling == KVQ_ROPE_SCALING_NONE     ? 0
+                           : ra->scaling == KVQ_ROPE_SCALING_LINEAR ? 1
+                                                                    : 4;
+    for (size_t i = 0; i < n_reals; i++)
+        if (reals[i].a != reals[i].b)
+            return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
+#undef DIFFERS
+    return KVQ_OK;
+}
+
 kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
                                  kvq_err *err)
 {

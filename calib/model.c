@@ -226,11 +226,10 @@ const kvq_model_config *kvq_model_config_get(const kvq_model *m) { return &m->cf
 const char *kvq_model_path(const kvq_model *m) { return m->path; }
 const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m) { return m->tok; }
 
-void kvq_model_identity(const kvq_model *m, kvq_model_id *id)
+void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_model_id *id)
 {
-    const kvq_model_config *c = &m->cfg;
     memset(id, 0, sizeof *id);
-    snprintf(id->path, sizeof id->path, "%s", m->path);
+    snprintf(id->path, sizeof id->path, "%s", path ? path : "");
     snprintf(id->source, sizeof id->source, "%s", kvq_model_source_name(c->source));
     snprintf(id->architecture, sizeof id->architecture, "%s", kvq_arch_name(c->arch));
     id->n_layers = c->n_layers;
@@ -243,6 +242,33 @@ void kvq_model_identity(const kvq_model *m, kvq_model_id *id)
     id->context_length = c->context_length;
     id->norm_eps = c->norm_eps;
     id->rope = c->rope;
+}
+
+kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
+{
+    kvq_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = !strcmp(id->architecture, "qwen2")     ? KVQ_ARCH_QWEN2
+             : !strcmp(id->architecture, "mistral") ? KVQ_ARCH_MISTRAL
+                                                    : KVQ_ARCH_LLAMA;
+    c.source = !strcmp(id->source, "hf") ? KVQ_MODEL_HF : KVQ_MODEL_GGUF;
+    c.n_layers = id->n_layers;
+    c.dim = id->dim;
+    c.hidden_dim = id->hidden_dim;
+    c.n_heads = id->n_heads;
+    c.n_kv_heads = id->n_kv_heads;
+    c.head_dim = id->head_dim;
+    c.vocab_size = id->vocab_size;
+    c.context_length = id->context_length;
+    c.norm_eps = id->norm_eps;
+    c.rope = id->rope;
+    c.bos_id = c.eos_id = -1;
+    return c;
+}
+
+void kvq_model_identity(const kvq_model *m, kvq_model_id *id)
+{
+    kvq_model_id_from_config(&m->cfg, m->path, id);
 }
 
 uint64_t kvq_model_n_params(const kvq_model *m)

@@ -29,6 +29,7 @@
 #include "kvq/capture.h"
 #include "kvq/moments.h"
 #include "kvq/codebook.h"
+#include "kvq/fit.h"
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
 #include "kvq/calibrate.h"

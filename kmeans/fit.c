@@ -1,5 +1,5 @@
 /*
- * fit.c — the `kvq fit` stage (kvq/codebook.h, kvq_fit_run): a capture directory and a
+ * fit.c — the `kvq fit` stage (kvq/fit.h, kvq_fit_run): a capture directory and a
  * moments file in, one .kvq artifact out.
  *
  *   check inputs -> hold out sequences -> for each (layer, KV head) job:
@@ -25,6 +25,8 @@
 #include "kvq/artifact.h"
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
+#include "kvq/fit.h"
+#include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
 
@@ -134,7 +136,7 @@ static const fit_tensor *job_find(const fit_job *j, const char *name)
 static double job_scalar(const fit_job *j, const char *what)
 {
     char name[128];
-    snprintf(name, sizeof name, "diag.layer.%d.head.%d.%s", (int)j->layer, (int)j->head, what);
+    snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, what);
     const fit_tensor *t = job_find(j, name);
     double v = NAN;
     if (t && t->dtype == KVQ_DT_F64 && t->ndim == 0)
@@ -441,49 +443,34 @@ static kvq_status ckpt_save(const fit_ctx *c, const fit_job *j, const char *key,
     return s;
 }
 
-/* Adds a fitted codebook's tensors (docs/format.md section 7) and its k-means
- * diagnostics to the job. */
+/* kvq_codebook_tensor_fn adding an F32 [rows, cols] tensor to the job (user). */
+static kvq_status job_add_f32(void *user, const char *name, int64_t rows, int64_t cols,
+                              const float *data, kvq_err *err)
+{
+    const int64_t shape[2] = {rows, cols};
+    return job_add(user, name, KVQ_DT_F32, 2, shape, data, err);
+}
+
+/* Adds a fitted codebook's tensors (kvq_codebook_save, docs/format.md section 7) and its
+ * k-means diagnostics to the job. */
 static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
                                const kvq_codebook_fit_stats *fs, kvq_err *err)
 {
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
-    const int32_t d = D->dim, K = D->k, G = D->groups, dg = d / G;
-    const int qa = kvq_codebook_method_is_query_aware(D->method);
+    const int32_t K = D->k, G = D->groups;
     const int L = j->layer, H = j->head;
     char name[128];
     kvq_status s;
-    if (qa) {
-        const int64_t dd[2] = {d, d};
-        snprintf(name, sizeof name, KVQ_TENSOR_L, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_L(cb), err)))
-            return s;
-        snprintf(name, sizeof name, KVQ_TENSOR_LINV, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, dd, kvq_codebook_Linv(cb), err)))
-            return s;
-    }
-    const int64_t shape[2] = {K, dg};
-    for (int32_t g = 0; g < G; g++) {
-        if (G == 1)
-            snprintf(name, sizeof name, qa ? KVQ_TENSOR_CZ : KVQ_TENSOR_CODEBOOK, L, H);
-        else
-            snprintf(name, sizeof name, qa ? KVQ_TENSOR_GROUP_CZ : KVQ_TENSOR_GROUP_CODEBOOK, L,
-                     H, (int)g);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_centroids(cb, g), err)))
-            return s;
-    }
-    if (qa && G == 1) {
-        snprintf(name, sizeof name, KVQ_TENSOR_CODEBOOK, L, H);
-        if ((s = job_add(j, name, KVQ_DT_F32, 2, shape, kvq_codebook_key_codebook(cb), err)))
-            return s;
-    }
+    if ((s = kvq_codebook_save(cb, L, H, job_add_f32, j, err)))
+        return s;
     for (int32_t g = 0; g < G; g++) {
         const kvq_kmeans_stats *ks = &fs->group[g];
         if (ks->n_iters < 1)
             continue;
         if (G == 1)
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.inertia", L, H);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, L, H, "inertia");
         else
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.group.%d.inertia", L, H, (int)g);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_GROUP, L, H, (int)g, "inertia");
         const int64_t ni[1] = {ks->n_iters};
         if ((s = job_add(j, name, KVQ_DT_F64, 1, ni, ks->inertia, err)))
             return s;
@@ -493,7 +480,7 @@ static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
         return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
     for (int32_t g = 0; g < G; g++)
         memcpy(sizes + (size_t)g * K, fs->group[g].cluster_size, (size_t)K * sizeof *sizes);
-    snprintf(name, sizeof name, "diag.layer.%d.head.%d.cluster_size", L, H);
+    snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, L, H, "cluster_size");
     const int64_t gk[2] = {G, K};
     s = job_add(j, name, KVQ_DT_I64, 2, gk, sizes, err);
     free(sizes);
@@ -576,27 +563,23 @@ static kvq_status job_fit(fit_ctx *c, const layer_data *L, fit_job *j, kvq_err *
         power_ref = power;
     }
     if (have_hold) {
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_mse", (int)j->layer, (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "score_mse");
         if ((s = job_add_scalar(j, name, mse, err)))
             goto done;
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.score_power", (int)j->layer,
-                 (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "score_power");
         if ((s = job_add_scalar(j, name, power, err)))
             goto done;
         if (p->reference) {
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_mse", (int)j->layer,
-                     (int)j->head);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "ref.score_mse");
             if ((s = job_add_scalar(j, name, mse_ref, err)))
                 goto done;
-            snprintf(name, sizeof name, "diag.layer.%d.head.%d.ref.score_power", (int)j->layer,
-                     (int)j->head);
+            snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "ref.score_power");
             if ((s = job_add_scalar(j, name, power_ref, err)))
                 goto done;
         }
     }
     if (have_hold) {
-        snprintf(name, sizeof name, "diag.layer.%d.head.%d.n_heldout_queries", (int)j->layer,
-                 (int)j->head);
+        snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, "n_heldout_queries");
         s = job_add_scalar(j, name, (double)h.n_hq, err);
     }
 done:
@@ -799,18 +782,18 @@ static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summa
         }
     const int64_t grid[2] = {(int64_t)c->n_layers, c->n_kv};
     if (!s && have_mse)
-        s = kvq_st_writer_declare(w, "diag.fit.score_mse", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE, KVQ_DT_F64, 2, grid, err);
     if (!s && have_mse)
-        s = kvq_st_writer_declare(w, "diag.fit.score_power", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_POWER, KVQ_DT_F64, 2, grid, err);
     if (!s && have_ref)
-        s = kvq_st_writer_declare(w, "diag.fit.score_mse_ref", KVQ_DT_F64, 2, grid, err);
+        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE_REF, KVQ_DT_F64, 2, grid, err);
     if (s)
         goto done;
 
     /* Metadata: model identity, method settings, provenance, summary. */
     format_layers(c->layers, c->n_layers, buf, sizeof buf);
     const char *refname = !p->reference ? "none" : kvq_codebook_method_name(c->ref_method);
-    if ((s = kvq_model_id_set_meta(&ci->model, "model.", w, err)) ||
+    if ((s = kvq_model_id_set_meta(&ci->model, KVQ_META_MODEL_PREFIX, w, err)) ||
         (s = set_meta(w, KVQ_META_METHOD, err, "%s", kvq_codebook_method_format_name(p->method))) ||
         (s = set_meta(w, KVQ_META_CODEBOOK_SIZE, err, "%d", (int)c->K)) ||
         (s = set_meta(w, KVQ_META_GROUPS, err, "%d", (int)c->G)) ||
@@ -822,27 +805,27 @@ static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summa
         (s = set_meta(w, "kmeans.iters", err, "%d", (int)p->iters)) ||
         (s = set_meta(w, "kmeans.sample", err, "%lld",
                       (long long)kvq_kmeans_params_default().max_points_per_centroid)) ||
-        (s = set_meta(w, "fit.method", err, "%s", kvq_codebook_method_name(p->method))) ||
-        (s = set_meta(w, "fit.tol", err, "%.17g", p->tol)) ||
-        (s = set_meta(w, "fit.holdout", err, "%.17g", p->holdout)) ||
-        (s = set_meta(w, "fit.reference", err, "%s", refname)) ||
-        (s = set_meta(w, "fit.positions", err, "%s",
+        (s = set_meta(w, KVQ_META_FIT_METHOD, err, "%s", kvq_codebook_method_name(p->method))) ||
+        (s = set_meta(w, KVQ_META_FIT_TOL, err, "%.17g", p->tol)) ||
+        (s = set_meta(w, KVQ_META_FIT_HOLDOUT, err, "%.17g", p->holdout)) ||
+        (s = set_meta(w, KVQ_META_FIT_REFERENCE, err, "%s", refname)) ||
+        (s = set_meta(w, KVQ_META_FIT_POSITIONS, err, "%s",
                       kvq_positions_name(kvq_moments_positions(c->m)))) ||
-        (s = set_meta(w, "fit.n_train", err, "%lld", (long long)c->n_train)) ||
-        (s = set_meta(w, "fit.n_heldout_keys", err, "%lld", (long long)c->n_hold_rows)) ||
+        (s = set_meta(w, KVQ_META_FIT_N_TRAIN, err, "%lld", (long long)c->n_train)) ||
+        (s = set_meta(w, KVQ_META_FIT_N_HELDOUT_KEYS, err, "%lld", (long long)c->n_hold_rows)) ||
         (s = set_meta(w, KVQ_META_TOOL_VERSION, err, "kvq %s", kvq_version())) ||
         (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
-        (s = set_meta(w, "provenance.corpus", err, "%s", ci->corpus_spec)) ||
+        (s = set_meta(w, KVQ_META_CORPUS, err, "%s", ci->corpus_spec)) ||
         (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
         (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
         goto done;
     sum->score_mse = mean_finite(mse, nj);
     sum->score_mse_ref = mean_finite(ref, nj);
     sum->score_power = mean_finite(pow_, nj);
-    if (have_mse && ((s = set_meta(w, "diag.fit.score_mse", err, "%.17g", sum->score_mse)) ||
-                     (s = set_meta(w, "diag.fit.score_power", err, "%.17g", sum->score_power))))
+    if (have_mse && ((s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE, err, "%.17g", sum->score_mse)) ||
+                     (s = set_meta(w, KVQ_DIAG_FIT_SCORE_POWER, err, "%.17g", sum->score_power))))
         goto done;
-    if (have_ref && (s = set_meta(w, "diag.fit.score_mse_ref", err, "%.17g", sum->score_mse_ref)))
+    if (have_ref && (s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE_REF, err, "%.17g", sum->score_mse_ref)))
         goto done;
 
     if ((s = kvq_st_writer_begin_buffer(w, err)))

@@ -9,6 +9,7 @@
 #include "kvq/common.h"
 #include "kvq/kmeans.h"
 #include "kvq/util.h"
+#include "codebook/nearest.h" /* KVQ_KM_DIRECT_MAX_D */
 
 #ifdef __cplusplus
 extern "C" {
@@ -71,9 +72,9 @@ void kvq_km_row_argmin_avx2(const float *s, const float *cn, float xn, int32_t k
 void kvq_km_assign_direct_avx2(const float *x, int64_t nr, int32_t d, const float *ct,
                                int32_t kc, int32_t *assign, float *dist2);
 #endif
-/* Up to this many dims the CPU backend skips SGEMM and uses the direct path when the
- * CPU has AVX2 (an SGEMM with K this small is bound by writing the n x k block). */
-#define KVQ_KM_DIRECT_MAX_D 16
+/* Up to KVQ_KM_DIRECT_MAX_D dims (codebook/nearest.h) the CPU backend skips SGEMM and
+ * uses the direct path when the CPU has AVX2 (an SGEMM with K this small is bound by
+ * writing the n x k block). */
 
 /* AVX-512 versions (kmeans_avx512.c; call them only when kvq_cpu_has_avx512()), equal
  * bit for bit to the scalar references like the AVX2 ones. The direct path takes

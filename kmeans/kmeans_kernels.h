@@ -11,68 +11,7 @@
 
 #include <stdint.h>
 
-#include "common/hd.h"
-
-/* Lanes of the fixed-order sums below: partial sums over j = l mod KVQ_KM_LANES,
- * then added lane 0, 1, ... in order. Fixed, so every caller gets the same bits,
- * and wide enough for the compiler to vectorize without reassociating. */
-#define KVQ_KM_LANES 8
-
-/* ---- distances ---------------------------------------------------------------- */
-
-/* ||a - b||^2 over d floats: the scalar reference distance. */
-KVQ_HD static inline float kvq_km_l2sq(const float *a, const float *b, int32_t d)
-{
-    float acc[KVQ_KM_LANES] = {0};
-    int32_t j = 0;
-    for (; j + KVQ_KM_LANES <= d; j += KVQ_KM_LANES)
-        for (int l = 0; l < KVQ_KM_LANES; l++) {
-            float t = a[j + l] - b[j + l];
-            acc[l] += t * t;
-        }
-    for (int l = 0; j < d; j++, l++) {
-        float t = a[j] - b[j];
-        acc[l] += t * t;
-    }
-    float s = 0.0f;
-    for (int l = 0; l < KVQ_KM_LANES; l++)
-        s += acc[l];
-    return s;
-}
-
-/* ||a||^2 over d floats, same summation order as kvq_km_l2sq. */
-KVQ_HD static inline float kvq_km_norm2(const float *a, int32_t d)
-{
-    float acc[KVQ_KM_LANES] = {0};
-    int32_t j = 0;
-    for (; j + KVQ_KM_LANES <= d; j += KVQ_KM_LANES)
-        for (int l = 0; l < KVQ_KM_LANES; l++)
-            acc[l] += a[j + l] * a[j + l];
-    for (int l = 0; j < d; j++, l++)
-        acc[l] += a[j] * a[j];
-    float s = 0.0f;
-    for (int l = 0; l < KVQ_KM_LANES; l++)
-        s += acc[l];
-    return s;
-}
-
-/* Squared distance from the expanded form ||x||^2 + ||c||^2 - 2 x.c, clamped at 0
- * (cancellation can make it slightly negative). `dot` comes from SGEMM. */
-KVQ_HD static inline float kvq_km_dist_from_dot(float xnorm, float cnorm, float dot)
-{
-    float v = (xnorm + cnorm) - 2.0f * dot;
-    return v > 0.0f ? v : 0.0f;
-}
-
-/* ---- argmin ------------------------------------------------------------------- */
-
-/* 1 if candidate (dist, idx) beats the current best (best, best_idx): smaller
- * distance, ties to the lower index. Order-independent, so any reduction tree
- * (lanes, warps) yields the sequential first minimum. */
-KVQ_HD static inline int kvq_km_better(float dist, int32_t idx, float best, int32_t best_idx)
-{
-    return dist < best || (dist == best && idx < best_idx);
-}
+#include "codebook/nearest.h" /* KVQ_HD, the distances and the tie rule */
 
 /* ---- centroid update ---------------------------------------------------------- */
 

@@ -169,19 +169,16 @@ const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg,
     return t->CT;
 }
 
-/* q' = qs L^-T in double (q'[a] = sum_{b <= a} qs[b] Linv[a][b]), or qs.   [d] */
+/* q' = qs L^-T in double for grouped query-aware codebooks (kvq_codebook_lut_query), else
+ * qs (qavq's table holds the key-space codebook C).   [d] */
 static void lut_query(const kvq_rk_table *t, const float *qs, double *qp)
 {
-    for (int32_t a = 0; a < t->d; a++) {
-        if (!t->Linv) {
-            qp[a] = qs[a];
-            continue;
-        }
-        double s = 0;
-        for (int32_t b = 0; b <= a; b++)
-            s += (double)qs[b] * t->Linv[(size_t)a * t->d + b];
-        qp[a] = s;
+    if (t->Linv) {
+        kvq_codebook_lut_query(t->cb, qs, qp);
+        return;
     }
+    for (int32_t a = 0; a < t->d; a++)
+        qp[a] = qs[a];
 }
 
 void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp)

@@ -160,11 +160,8 @@ static kvq_status meta_real(const kvq_st *st, const char *path, const char *key,
     return KVQ_OK;
 }
 
-#define MISMATCH(field, fmt, a, b)                                                                 \
-    kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (" fmt " vs " fmt ")", path,      \
-                label, field, a, b)
-
-/* The attention-relevant identity, field by field, then the rest when recorded. */
+/* The artifact's attention shape (the keys every artifact records), compared with
+ * kvq_model_id_compare_attention; then the rest of the identity when recorded. */
 static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_model_id *m,
                                  const char *label, kvq_model_id *art, kvq_err *err)
 {
@@ -172,59 +169,42 @@ static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_m
         const char *key;
         size_t off;
     } ints[] = {
-        {"n_layers", offsetof(kvq_model_id, n_layers)},
-        {"n_heads", offsetof(kvq_model_id, n_heads)},
-        {"n_kv_heads", offsetof(kvq_model_id, n_kv_heads)},
-        {"head_dim", offsetof(kvq_model_id, head_dim)},
+        {KVQ_META_N_LAYERS, offsetof(kvq_model_id, n_layers)},
+        {KVQ_META_N_HEADS, offsetof(kvq_model_id, n_heads)},
+        {KVQ_META_N_KV_HEADS, offsetof(kvq_model_id, n_kv_heads)},
+        {KVQ_META_HEAD_DIM, offsetof(kvq_model_id, head_dim)},
     };
     kvq_status s;
-    char key[64];
     memset(art, 0, sizeof *art);
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         int64_t v;
-        snprintf(key, sizeof key, "model.%s", ints[i].key);
-        if ((s = meta_int(st, path, key, 1, INT32_MAX, &v, err)))
+        if ((s = meta_int(st, path, ints[i].key, 1, INT32_MAX, &v, err)))
             return s;
-        const int32_t want = *(const int32_t *)((const char *)m + ints[i].off);
         *(int32_t *)((char *)art + ints[i].off) = (int32_t)v;
-        if (v != want)
-            return MISMATCH(ints[i].key, "%lld", (long long)v, (long long)want);
     }
     art->rope = kvq_rope_default(art->head_dim);
     if ((s = meta_real(st, path, KVQ_META_ROPE_BASE, &art->rope.base, err)))
         return s;
-    if (art->rope.base != m->rope.base)
-        return MISMATCH("rope.base", "%.17g", art->rope.base, m->rope.base);
     /* validate() checked that layout and scaling parse */
     kvq_rope_layout_parse(kvq_st_meta_get(st, KVQ_META_ROPE_LAYOUT), &art->rope.layout);
-    if (art->rope.layout != m->rope.layout)
-        return MISMATCH("rope.layout", "%s", kvq_rope_layout_name(art->rope.layout),
-                        kvq_rope_layout_name(m->rope.layout));
     kvq_rope_scaling_parse(kvq_st_meta_get(st, KVQ_META_ROPE_SCALING), &art->rope.scaling);
-    if (art->rope.scaling != m->rope.scaling)
-        return MISMATCH("rope.scaling", "%s", kvq_rope_scaling_name(art->rope.scaling),
-                        kvq_rope_scaling_name(m->rope.scaling));
-    if (m->rope.scaling != KVQ_ROPE_SCALING_NONE) {
-        static const char *const keys[] = {"rope.factor", "rope.low_freq_factor",
-                                           "rope.high_freq_factor", "rope.original_max_pos"};
+    if (art->rope.scaling != KVQ_ROPE_SCALING_NONE) {
+        static const char *const keys[] = {KVQ_META_ROPE_FACTOR, KVQ_META_ROPE_LOW_FREQ,
+                                           KVQ_META_ROPE_HIGH_FREQ, KVQ_META_ROPE_ORIG_MAX};
         double *av[] = {&art->rope.factor, &art->rope.low_freq_factor, &art->rope.high_freq_factor,
                         &art->rope.original_max_pos};
-        const double mv[] = {m->rope.factor, m->rope.low_freq_factor, m->rope.high_freq_factor,
-                             m->rope.original_max_pos};
-        const int n = m->rope.scaling == KVQ_ROPE_SCALING_LINEAR ? 1 : 4;
-        for (int i = 0; i < n; i++) {
-            snprintf(key, sizeof key, "model.%s", keys[i]);
-            if ((s = meta_real(st, path, key, av[i], err)))
+        const int n = art->rope.scaling == KVQ_ROPE_SCALING_LINEAR ? 1 : 4;
+        for (int i = 0; i < n; i++)
+            if ((s = meta_real(st, path, keys[i], av[i], err)))
                 return s;
-            if (*av[i] != mv[i])
-                return MISMATCH(keys[i], "%.17g", *av[i], mv[i]);
-        }
     }
+    if ((s = kvq_model_id_compare_attention(art, path, m, label, err)))
+        return s;
     /* The rest of the identity (architecture, widths, vocabulary ...) when the artifact
      * records all of it, as `kvq fit` does. */
     kvq_model_id full;
     kvq_err e = {0};
-    if (kvq_model_id_from_meta(st, "model.", path, &full, &e) == KVQ_OK) {
+    if (kvq_model_id_from_meta(st, KVQ_META_MODEL_PREFIX, path, &full, &e) == KVQ_OK) {
         *art = full;
         char la[1100];
         snprintf(la, sizeof la, "%s", path);
@@ -233,7 +213,6 @@ static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_m
     }
     return KVQ_OK;
 }
-#undef MISMATCH
 
 void kvq_runtime_close(kvq_runtime *rt)
 {

@@ -1,7 +1,7 @@
 /*
  * runtime/runtime_internal.h — internal structures of the decoding context, shared by
- * runtime/retrieval.c (cache, attention step, backend) and runtime/select.c (the
- * selectors). Not a public header.
+ * runtime/retrieval.c (cache, attention step, backend), runtime/row_order.c (code
+ * order of the cached rows) and runtime/select.c (the selectors). Not a public header.
  */
 #ifndef KVQ_RUNTIME_INTERNAL_H
 #define KVQ_RUNTIME_INTERNAL_H
@@ -157,6 +157,15 @@ void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head
                         float *y);
 /* Rotates x [d] by position p into y (may alias). */
 void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y);
+
+/* A K or V array of `bytes` (retrieval.c): 2 MiB aligned and advised for huge pages
+ * from 4 MiB on; free() releases it. NULL when out of memory. */
+void *kvq_rt_cache_alloc(size_t bytes);
+
+/* After a chunk starting at token `past` was appended to L: puts each head's far rows
+ * in code order when the rule of kvq/runtime.h "Row order" says so (row_order.c).
+ * Errors: KVQ_E_NOMEM naming the rows. */
+kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
 
 /* Selection for the step (select.c): writes the chosen candidates (ascending token
  * indices) to S->sel and returns the count, at most k for the budgeted selectors.

@@ -344,7 +344,7 @@ static void test_lut_scores(void **state)
         for (int qi = 0; qi < 20; qi++) {
             float qs[D];
             kvq_codebook_query_pe(cb, q + qi * D, 100 + qi, qs);
-            kvq_codebook_lut(cb, qs, lut);
+            kvq_codebook_lut_ref(cb, qs, lut);
             kvq_codebook_score(cb, lut, codes, nt, scores);
             for (int64_t j = 0; j < nt; j++) {
                 const int32_t *cj = codes + j * G;

@@ -306,7 +306,7 @@ static void test_lut_paths(void **state)
         float *ref = malloc(sizeof(float) * G * K), *sc = malloc(sizeof(float) * G * K);
         float *fast = malloc(sizeof(float) * G * K);
         double *bnd = malloc(sizeof(double) * G * K);
-        kvq_codebook_lut(cb, q, ref);
+        kvq_codebook_lut_ref(cb, q, ref);
         kvq_rk_lut(KVQ_ISA_SCALAR, tab, q, sc);
         /* q' for the bound: |q'_t w_t| summed (q' = q L^-T for grouped query-aware) */
         double qp[128];
@@ -1446,6 +1446,109 @@ static void test_codes_match_fit(void **state)
     }
 }
 
+/* Ties: the runtime's codes (per chunk and per decoded token), kvq_codebook_encode of
+ * the whole batch, the fit's final assignment (kvq_kmeans_fit with the centroids given,
+ * no iterations) and kvq_kmeans_assign are the same codes, the first nearest centroid,
+ * on small-integer data where every distance is exact and many keys sit at exactly
+ * equal distances from two or more centroids (duplicated centroids, midpoints). Head
+ * dim 16 takes the exact-distance rule, 32 the expanded form. */
+static void test_codes_ties_match_fit(void **state)
+{
+    (void)state;
+    for (int32_t d = 16; d <= 32; d += 16) {
+        const kvq_model_id id = small_id(1, 2, 1, d);
+        const kvq_model_config c = config_of(&id);
+        const int64_t n = 400;
+        const int32_t K = 8;
+        uint64_t rng = 99 + (uint64_t)d;
+#define NEXT_INT(m) ((int)((rng = rng * 6364136223846793005ULL + 1442695040888963407ULL) >> 33) % (m))
+        float *C = malloc(sizeof(float) * K * d);
+        for (int32_t k = 0; k < K; k++)
+            for (int32_t t = 0; t < d; t++)
+                C[k * d + t] = (float)(2 * (NEXT_INT(5) - 2)); /* even, -4 .. 4 */
+        memcpy(C + 5 * d, C + 2 * d, sizeof(float) * d); /* duplicates: 2 must win over 5 */
+        memcpy(C + 7 * d, C + 0 * d, sizeof(float) * d); /* and 0 over 7 */
+        seq_data s = make_seq(&c, n, 4242 + d);
+        for (int64_t j = 0; j < n; j++) {
+            const int a = NEXT_INT(K), b = NEXT_INT(K), mid = j % 3 != 0;
+            for (int32_t t = 0; t < d; t++)
+                s.k[j * d + t] = mid ? (C[a * d + t] + C[b * d + t]) / 2 /* exact midpoint */
+                                     : (float)(NEXT_INT(9) - 4);
+        }
+#undef NEXT_INT
+        /* brute force in double: exact here; count the keys with a tie at the minimum */
+        int32_t *want = malloc(sizeof(int32_t) * n);
+        int64_t ties = 0;
+        for (int64_t j = 0; j < n; j++) {
+            double best = INFINITY;
+            int n_best = 0;
+            for (int32_t k = 0; k < K; k++) {
+                double dd = 0;
+                for (int32_t t = 0; t < d; t++)
+                    dd += ((double)s.k[j * d + t] - C[k * d + t]) *
+                          ((double)s.k[j * d + t] - C[k * d + t]);
+                if (dd < best)
+                    best = dd, want[j] = k, n_best = 1;
+                else if (dd == best)
+                    n_best++;
+            }
+            ties += n_best > 1;
+        }
+        assert_true(ties >= n / 4);
+
+        kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ, .dim = d, .k = K, .groups = 1,
+                                  .rope = c.rope, .wrope_b = 0};
+        kvq_codebook *cb = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_codebook_create(&desc, C, NULL, NULL, &cb, &e), KVQ_OK);
+        int32_t *enc = malloc(sizeof(int32_t) * n), *asg = malloc(sizeof(int32_t) * n),
+                *fit = malloc(sizeof(int32_t) * n);
+        int32_t *pos = malloc(sizeof(int32_t) * n);
+        for (int64_t j = 0; j < n; j++)
+            pos[j] = (int32_t)j;
+        assert_int_equal(kvq_codebook_encode(cb, s.k, pos, n, 2, enc, &e), KVQ_OK);
+        kvq_kmeans_params km = kvq_kmeans_params_default();
+        km.k = K;
+        assert_int_equal(kvq_kmeans_assign(s.k, n, d, C, &km, asg, NULL, &e), KVQ_OK);
+        km.init = KVQ_KMEANS_INIT_GIVEN;
+        km.max_iters = 0;
+        float *C2 = malloc(sizeof(float) * K * d);
+        memcpy(C2, C, sizeof(float) * K * d);
+        assert_int_equal(kvq_kmeans_fit(s.k, n, d, NULL, &km, C2, fit, NULL, &e), KVQ_OK);
+        assert_memory_equal(C2, C, sizeof(float) * K * d);
+
+        const char *path = test_path("ties.kvq");
+        assert_int_equal(write_artifact(path, &id, &cb), 0);
+        kvq_runtime *rt = NULL;
+        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.cache_dtype = KVQ_DT_F32;
+        kvq_retrieval *r = NULL;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        free(run_backend(&c, &b, &s, 250)); /* a chunk of 250, then one token at a time */
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *got = kvq_retrieval_codes(r, 0, 0, j);
+            assert_non_null(got);
+            if (got[0] != want[j] || enc[j] != want[j] || asg[j] != want[j] || fit[j] != want[j])
+                fail_msg("d %d key %lld: runtime %d, encode %d, kmeans_assign %d, fit %d, "
+                         "first nearest %d", (int)d, (long long)j, got[0], enc[j], asg[j],
+                         fit[j], want[j]);
+        }
+        kvq_retrieval_free(r);
+        kvq_runtime_close(rt);
+        kvq_codebook_free(cb);
+        free(C);
+        free(C2);
+        free(want);
+        free(enc);
+        free(asg);
+        free(fit);
+        free(pos);
+        seq_free(&s);
+    }
+}
+
 /* A needle: token 150's key, rotated by its position, points along the last query
  * rotated by its own; every selector that sees post-RoPE keys must retrieve it. */
 static void test_selectors_find_needle(void **state)
@@ -2090,6 +2193,7 @@ int main(void)
         cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_codes_match_fit),
+        cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),
         cmocka_unit_test(test_mass_selector),
         cmocka_unit_test(test_codes_selection_equals_scores),

@@ -15,28 +15,6 @@
 static const double default_budgets[] = {0.01, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15, 0.20, 0.25};
 static const double default_taus[] = {0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99};
 
-/* The model configuration the runtime checks, from a capture's identity. */
-static kvq_model_config config_of(const kvq_model_id *id)
-{
-    kvq_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = !strcmp(id->architecture, "qwen2")     ? KVQ_ARCH_QWEN2
-             : !strcmp(id->architecture, "mistral") ? KVQ_ARCH_MISTRAL
-                                                    : KVQ_ARCH_LLAMA;
-    c.n_layers = id->n_layers;
-    c.dim = id->dim;
-    c.hidden_dim = id->hidden_dim;
-    c.n_heads = id->n_heads;
-    c.n_kv_heads = id->n_kv_heads;
-    c.head_dim = id->head_dim;
-    c.vocab_size = id->vocab_size;
-    c.context_length = id->context_length;
-    c.norm_eps = id->norm_eps;
-    c.rope = id->rope;
-    c.bos_id = c.eos_id = -1;
-    return c;
-}
-
 /* One setting: its context and the sums of its continuation steps. */
 typedef struct bsetting {
     kvq_retrieval_params rp;
@@ -119,7 +97,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
                             : 0;
     const int64_t n_set = n_b + n_t;
     const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
-    const kvq_model_config cfg = config_of(&ci->model);
+    const kvq_model_config cfg = kvq_model_config_from_id(&ci->model);
     kvq_runtime *rt = NULL;
     bsetting *set = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL;

@@ -787,7 +787,7 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     if (artifact_path) {
         kvq_model_id aid;
         if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
-            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), "model.", artifact_path, &aid,
+            (s = kvq_model_id_from_meta(kvq_artifact_payload(art), KVQ_META_MODEL_PREFIX, artifact_path, &aid,
                                         err)) ||
             (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
             goto done;
@@ -928,10 +928,10 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
                                    .scalar = (float)lk[KVQ_PL_ALPHA_L]};
     }
     if (bu)
-        nt[n_new++] = (new_tensor){.name = "thresholds.budget", .dtype = KVQ_DT_F32,
+        nt[n_new++] = (new_tensor){.name = KVQ_TENSOR_THR_BUDGET, .dtype = KVQ_DT_F32,
                                    .scalar = (float)bu[KVQ_PB_VALUE]};
     if (ma)
-        nt[n_new++] = (new_tensor){.name = "thresholds.mass.tau", .dtype = KVQ_DT_F32,
+        nt[n_new++] = (new_tensor){.name = KVQ_TENSOR_THR_MASS_TAU, .dtype = KVQ_DT_F32,
                                    .scalar = (float)ma[KVQ_PB_VALUE]};
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
@@ -939,7 +939,7 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
             continue;
         new_tensor x = {.dtype = KVQ_DT_F64, .ndim = 2, .shape = {t->n_rows, t->n_cols},
                         .data = t->rows};
-        snprintf(x.name, sizeof x.name, "profile.%s", t->name);
+        snprintf(x.name, sizeof x.name, KVQ_TENSOR_PROFILE, t->name);
         nt[n_new++] = x;
     }
     for (int i = 0; i < n_new; i++)
@@ -960,20 +960,20 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
         if (!owned_key(kvq_st_meta_key(st, i)))
             s = kvq_st_writer_set_meta(w, kvq_st_meta_key(st, i), kvq_st_meta_value(st, i), err);
     if (!s)
-        s = kvq_st_writer_set_meta(w, "thresholds.metric", r->metric_ppl ? "perplexity" : "attn_rel_err",
+        s = kvq_st_writer_set_meta(w, KVQ_META_THR_METRIC, r->metric_ppl ? "perplexity" : "attn_rel_err",
                                    err);
     if (!s)
-        s = set_meta_f(w, "thresholds.tolerance", r->tolerance, err);
+        s = set_meta_f(w, KVQ_META_THR_TOLERANCE, r->tolerance, err);
     if (!s)
-        s = set_meta_f(w, "thresholds.prompt_fraction", p->prompt_fraction, err);
+        s = set_meta_f(w, KVQ_META_THR_PROMPT_FRACTION, p->prompt_fraction, err);
     if (!s && r->metric_ppl)
-        s = set_meta_f(w, "diag.profile.ppl_full", r->ppl_full, err);
+        s = set_meta_f(w, KVQ_META_DIAG_PPL_FULL, r->ppl_full, err);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES && !s; i++) {
         const kvq_profile_table *t = &r->table[i];
         if (!t->rows)
             continue;
         if (t->skipped[0]) {
-            snprintf(key, sizeof key, "profile.%s.skipped", t->name);
+            snprintf(key, sizeof key, KVQ_META_PROFILE_SKIPPED, t->name);
             s = kvq_st_writer_set_meta(w, key, t->skipped, err);
             continue;
         }
@@ -981,50 +981,50 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
         cols[0] = 0;
         for (int32_t c = 0; c < t->n_cols; c++)
             at += (size_t)snprintf(cols + at, sizeof cols - at, "%s%s", c ? "," : "", t->cols[c]);
-        snprintf(key, sizeof key, "profile.%s.columns", t->name);
+        snprintf(key, sizeof key, KVQ_META_PROFILE_COLUMNS, t->name);
         if ((s = kvq_st_writer_set_meta(w, key, cols, err)))
             break;
         if (t->chosen < 0)
             continue;
-        snprintf(key, sizeof key, "thresholds.%s.met", t->name);
+        snprintf(key, sizeof key, KVQ_META_THR_MET, t->name);
         if ((s = kvq_st_writer_set_meta(w, key, t->met ? "1" : "0", err)))
             break;
         const double *row = t->rows + (size_t)t->chosen * t->n_cols;
         for (int32_t c = 0; c < t->n_cols && !s; c++) {
             if (isnan(row[c]))
                 continue;
-            snprintf(key, sizeof key, "diag.profile.%s.%s", t->name, t->cols[c]);
+            snprintf(key, sizeof key, KVQ_META_DIAG_PROFILE, t->name, t->cols[c]);
             s = set_meta_f(w, key, row[c], err);
         }
     }
     if (!s && lk) {
-        if (!(s = set_meta_f(w, "leankv.window", p->leankv.window, err)) &&
-            !(s = set_meta_f(w, "leankv.alpha_h", lk[KVQ_PL_ALPHA_H], err)) &&
-            !(s = set_meta_f(w, "leankv.alpha_l", lk[KVQ_PL_ALPHA_L], err))) {
+        if (!(s = set_meta_f(w, KVQ_META_LEANKV_WINDOW, p->leankv.window, err)) &&
+            !(s = set_meta_f(w, KVQ_META_LEANKV_ALPHA_H, lk[KVQ_PL_ALPHA_H], err)) &&
+            !(s = set_meta_f(w, KVQ_META_LEANKV_ALPHA_L, lk[KVQ_PL_ALPHA_L], err))) {
             char bits[64];
             snprintf(bits, sizeof bits, "K%dV%d,K%dV%d", (int)p->leankv.k_high,
                      (int)p->leankv.v_high, (int)p->leankv.k_low, (int)p->leankv.v_low);
-            s = kvq_st_writer_set_meta(w, "leankv.bits", bits, err);
+            s = kvq_st_writer_set_meta(w, KVQ_META_LEANKV_BITS, bits, err);
         }
     }
     if (!s && pt) {
         if (!(s = kvq_st_writer_set_meta(
-                  w, "pats.schedule",
+                  w, KVQ_META_PATS_SCHEDULE,
                   kvq_pats_schedule_name((kvq_pats_schedule)(int)pt[KVQ_PP_SCHEDULE]), err)) &&
-            !(s = set_meta_f(w, "pats.b_min", pt[KVQ_PP_B_MIN], err)) &&
-            !(s = set_meta_f(w, "pats.b_max", pt[KVQ_PP_B_MAX], err)))
-            s = kvq_st_writer_set_meta(w, "pats.dtype", p->pats_dtype == KVQ_DT_BF16 ? "bf16" : "f16",
+            !(s = set_meta_f(w, KVQ_META_PATS_B_MIN, pt[KVQ_PP_B_MIN], err)) &&
+            !(s = set_meta_f(w, KVQ_META_PATS_B_MAX, pt[KVQ_PP_B_MAX], err)))
+            s = kvq_st_writer_set_meta(w, KVQ_META_PATS_DTYPE, p->pats_dtype == KVQ_DT_BF16 ? "bf16" : "f16",
                                        err);
     }
     if (!s && (bu || ma)) {
-        if (!(s = kvq_st_writer_set_meta(w, "budget.selector", "codebook", err)) &&
-            !(s = set_meta_f(w, "budget.sink", p->retrieval.sink, err)) &&
-            !(s = kvq_st_writer_set_meta(w, "budget.positions",
+        if (!(s = kvq_st_writer_set_meta(w, KVQ_META_BUDGET_SELECTOR, "codebook", err)) &&
+            !(s = set_meta_f(w, KVQ_META_BUDGET_SINK, p->retrieval.sink, err)) &&
+            !(s = kvq_st_writer_set_meta(w, KVQ_META_BUDGET_POSITIONS,
                                          kvq_positions_name(p->retrieval.positions), err)) &&
             bu)
-            s = set_meta_f(w, "budget.fraction", bu[KVQ_PB_VALUE], err);
+            s = set_meta_f(w, KVQ_META_BUDGET_FRACTION, bu[KVQ_PB_VALUE], err);
         if (!s && ma)
-            s = set_meta_f(w, "mass.tau", ma[KVQ_PB_VALUE], err);
+            s = set_meta_f(w, KVQ_META_MASS_TAU, ma[KVQ_PB_VALUE], err);
     }
 
     /* ---- data, in declaration order */

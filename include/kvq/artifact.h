@@ -29,6 +29,7 @@ extern "C" {
 
 /* ---- names (docs/format.md, "Metadata" and "Tensors") --------------------------
  * Metadata values are strings: integers in decimal, floats printed with "%.17g". */
+#define KVQ_META_MODEL_PREFIX     "model."  /* kvq_model_id_set_meta / _from_meta prefix */
 #define KVQ_META_ARCH             "model.architecture"      /* required */
 #define KVQ_META_N_LAYERS         "model.n_layers"          /* required */
 #define KVQ_META_N_HEADS          "model.n_heads"           /* required */
@@ -52,6 +53,46 @@ extern "C" {
 #define KVQ_META_N_TOKENS         "provenance.n_tokens"
 #define KVQ_META_TOOL_VERSION     "provenance.tool_version" /* required */
 #define KVQ_META_BACKEND          "provenance.backend"
+
+/* Written by kvq fit and kvq profile (docs/format.md "Metadata", "Tensors"): every
+ * writer and reader uses these names. */
+#define KVQ_META_CORPUS               "provenance.corpus"               /* provenance: the corpus spec */
+#define KVQ_META_FIT_METHOD           "fit.method"                      /* kvq fit: method name (kvq_codebook_method_name) */
+#define KVQ_META_FIT_TOL              "fit.tol"
+#define KVQ_META_FIT_HOLDOUT          "fit.holdout"
+#define KVQ_META_FIT_REFERENCE        "fit.reference"
+#define KVQ_META_FIT_POSITIONS        "fit.positions"
+#define KVQ_META_FIT_N_TRAIN          "fit.n_train"
+#define KVQ_META_FIT_N_HELDOUT_KEYS   "fit.n_heldout_keys"
+#define KVQ_DIAG_FIT_SCORE_MSE        "diag.fit.score_mse"              /* metadata (mean) and tensor [n_layers, n_kv_heads] */
+#define KVQ_DIAG_FIT_SCORE_POWER      "diag.fit.score_power"            /* metadata (mean) and tensor */
+#define KVQ_DIAG_FIT_SCORE_MSE_REF    "diag.fit.score_mse_ref"          /* metadata (mean) and tensor */
+#define KVQ_META_THR_METRIC           "thresholds.metric"               /* kvq profile: perplexity | attn_rel_err */
+#define KVQ_META_THR_TOLERANCE        "thresholds.tolerance"
+#define KVQ_META_THR_PROMPT_FRACTION  "thresholds.prompt_fraction"
+#define KVQ_META_DIAG_PPL_FULL        "diag.profile.ppl_full"
+#define KVQ_META_LEANKV_WINDOW        "leankv.window"
+#define KVQ_META_LEANKV_ALPHA_H       "leankv.alpha_h"
+#define KVQ_META_LEANKV_ALPHA_L       "leankv.alpha_l"
+#define KVQ_META_LEANKV_BITS          "leankv.bits"
+#define KVQ_META_PATS_SCHEDULE        "pats.schedule"
+#define KVQ_META_PATS_B_MIN           "pats.b_min"
+#define KVQ_META_PATS_B_MAX           "pats.b_max"
+#define KVQ_META_PATS_DTYPE           "pats.dtype"
+#define KVQ_META_BUDGET_SELECTOR      "budget.selector"
+#define KVQ_META_BUDGET_SINK          "budget.sink"
+#define KVQ_META_BUDGET_POSITIONS     "budget.positions"
+#define KVQ_META_BUDGET_FRACTION      "budget.fraction"
+#define KVQ_META_MASS_TAU             "mass.tau"
+#define KVQ_META_PROFILE_SKIPPED      "profile.%s.skipped"              /* format taking the table name */
+#define KVQ_META_PROFILE_COLUMNS      "profile.%s.columns"              /* format taking the table name */
+#define KVQ_META_THR_MET              "thresholds.%s.met"               /* format taking the table name */
+#define KVQ_META_DIAG_PROFILE         "diag.profile.%s.%s"              /* format taking table and column */
+#define KVQ_TENSOR_PROFILE            "profile.%s"                      /* format taking the table name */
+#define KVQ_TENSOR_THR_BUDGET         "thresholds.budget"
+#define KVQ_TENSOR_THR_MASS_TAU       "thresholds.mass.tau"
+#define KVQ_TENSOR_DIAG_HEAD          "diag.layer.%d.head.%d.%s"        /* format taking (layer, kv head, what) */
+#define KVQ_TENSOR_DIAG_GROUP         "diag.layer.%d.head.%d.group.%d.%s" /* format taking (layer, kv head, group, what) */
 
 #define KVQ_METHOD_NONE          "none"          /* thresholds/schedules only */
 #define KVQ_METHOD_VQ            "vq"            /* plain VQ of pre-RoPE keys (L = I) */

@@ -46,7 +46,7 @@
 #include <stdint.h>
 
 #include "kvq/capture.h"
-#include "kvq/codebook.h"
+#include "kvq/fit.h"
 #include "kvq/common.h"
 #include "kvq/moments.h"
 #include "kvq/thresholds.h"

@@ -162,6 +162,15 @@ void kvq_capture_read_heads(const kvq_tensor_view *t, int64_t row, int32_t h0, i
 kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
                                 const kvq_model_id *b, const char *label_b, kvq_err *err);
 
+/* The attention shape only (what the runtime's codebooks and caches depend on): layer,
+ * head and KV-head counts, head dim, RoPE base, layout, scaling and, for a scaling other
+ * than none, its parameters (linear: factor; llama3: all four), in that order. KVQ_OK
+ * when they agree; else KVQ_E_MISMATCH with the message of kvq_model_id_compare,
+ * "LABEL_A vs LABEL_B: model.FIELD differs (A vs B)", naming both shapes' values. */
+kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
+                                          const kvq_model_id *b, const char *label_b,
+                                          kvq_err *err);
+
 /* Sets the identity as __metadata__ keys PREFIX + "n_heads", PREFIX + "rope.base",
  * ... (prefix usually "model."). Errors: those of kvq_st_writer_set_meta. */
 kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,

@@ -1,7 +1,8 @@
 /*
- * kvq/codebook.h — key codebooks per (layer, KV head): the five methods, their fit,
- * encoding, lookup-table scoring, and the `kvq fit` stage that fits every head of a
- * model and writes the .kvq artifact.
+ * kvq/codebook.h — key codebooks per (layer, KV head): the five methods, and the codebook
+ * object the fit and the runtime share: create, load from / save to the .kvq artifact,
+ * encode, decode, lookup-table scoring (codebook/codebook.c). Fitting one with k-means
+ * and the `kvq fit` stage are in kvq/fit.h.
  *
  * Math (DESIGN.md, row vectors; d = head dim, K = codebook size, G = groups, d/G dims
  * per group, group g covering dims g*d/G .. (g+1)*d/G - 1):
@@ -27,9 +28,16 @@
  * C^z L^-1 and every LUT entry are computed in double from those f32 values and rounded
  * once (RoPE rotations use kvq_rope_apply), so a codebook created from stored tensors
  * (kvq_codebook_create, kvq_codebook_load) encodes and scores exactly as the one that
- * was fitted. Encoding uses kvq_kmeans_assign (SGEMM distances): it returns a nearest
- * centroid within KVQ_KMEANS_TOL_DIST of the exact one (kvq/kmeans.h), ties to the
- * lower index, and the same codes for any thread count.
+ * was fitted. Encoding (kvq_codebook_encode) is the nearest-centroid rule of
+ * codebook/nearest.h, the one k-means assigns by: for d/G <= KVQ_KM_DIRECT_MAX_D (16) the
+ * exact distance ||x - c||^2 (kvq_km_l2sq), above it ||x||^2 + ||c||^2 - 2 x.c clamped
+ * at 0 (kvq_km_dist_from_dot) with the norms and the dot summed in a fixed order; ties
+ * go to the lower index. It gives the codes of kvq_kmeans_assign on the same centroids
+ * exactly for d/G <= 16 on AVX2 CPUs and whenever the dot products are exact (e.g. ties
+ * of small-integer data); otherwise (SGEMM rounds the dot differently) a nearest
+ * centroid within KVQ_KMEANS_TOL_DIST. Every caller (the fit's diagnostics, the
+ * runtime's cache) encodes through it, so they agree bit for bit, for any batch size
+ * and thread count.
  */
 #ifndef KVQ_CODEBOOK_H
 #define KVQ_CODEBOOK_H
@@ -38,7 +46,6 @@
 #include <stdint.h>
 
 #include "kvq/common.h"
-#include "kvq/kmeans.h"
 #include "kvq/rope.h"
 #include "kvq/safetensors.h"
 
@@ -117,6 +124,17 @@ void kvq_codebook_free(kvq_codebook *cb); /* NULL is fine */
 kvq_status kvq_codebook_load(const kvq_st *payload, int32_t layer, int32_t head,
                              kvq_codebook **out, kvq_err *err);
 
+/* Saves (layer, KV head)'s tensors (docs/format.md section 7) in the artifact's order:
+ * L and Linv (query-aware methods), then per group the fit-space centroids (Cz or
+ * codebook, named per group when G > 1), then for qavq the key-space codebook C.
+ * `add` receives each F32 tensor [rows, cols] (data row-major, valid during the call);
+ * its error stops the save and is returned. The metadata keys the loader reads
+ * (method, codebook_size, groups, wrope.b, model.*) are the writer's. */
+typedef kvq_status (*kvq_codebook_tensor_fn)(void *user, const char *name, int64_t rows,
+                                             int64_t cols, const float *data, kvq_err *err);
+kvq_status kvq_codebook_save(const kvq_codebook *cb, int32_t layer, int32_t head,
+                             kvq_codebook_tensor_fn add, void *user, kvq_err *err);
+
 const kvq_codebook_desc *kvq_codebook_get_desc(const kvq_codebook *cb);
 /* Group g's fit-space centroids W_g [K, d/G] (g < G). */
 const float *kvq_codebook_centroids(const kvq_codebook *cb, int32_t g);
@@ -143,13 +161,21 @@ kvq_status kvq_codebook_fit_space(const kvq_codebook_desc *desc, const float *L,
  * every method but vq-postrope, q R_pos for vq-postrope.   q, out: [d] (may alias) */
 void kvq_codebook_query_pe(const kvq_codebook *cb, const float *q, int64_t pos, float *out);
 
+/* Index of the first row of x [n, d] with a non-finite value, or -1. */
+int64_t kvq_codebook_first_bad_row(const float *x, int64_t n, int32_t d);
+/* Copies columns [g dg, (g+1) dg) of x [n, d] into sub [n, dg] (group g's sub-vectors). */
+void kvq_codebook_take_group(const float *x, int64_t n, int32_t d, int32_t g, int32_t dg,
+                             float *sub);
+
 /* ---- encode, decode, score ------------------------------------------------------- */
 
-/* Codes of n keys: codes[j*G + g] = nearest centroid of group g of the fit-space key.
+/* Codes of n keys: codes[j*G + g] = nearest centroid of group g of the fit-space key
+ * (the rule above; precomputed centroid norms).
  *   keys [n, d] pre-RoPE   pos [n] (vq-postrope only, else may be NULL)   codes [n, G]
+ * Allocation-free (one key's fit space on the stack), so the runtime calls it per token.
+ * `threads` >= 1 splits rows; the codes do not depend on it nor on n.
  * Errors: KVQ_E_INVALID_ARG, KVQ_E_NUMERIC (a non-finite key: the message names the
- * row), KVQ_E_NOMEM, KVQ_E_BACKEND. Cost: 2 n K d flops (SGEMM) plus the transform.
- * Memory: n d floats. */
+ * row). Cost: n K d multiply-adds plus the transform. */
 kvq_status kvq_codebook_encode(const kvq_codebook *cb, const float *keys, const int32_t *pos,
                                int64_t n, int32_t threads, int32_t *codes, kvq_err *err);
 
@@ -159,10 +185,15 @@ kvq_status kvq_codebook_encode(const kvq_codebook *cb, const float *keys, const 
  * Codes out of range are an internal error (assert). Cost: n d (d^2 query-aware). */
 void kvq_codebook_decode(const kvq_codebook *cb, const int32_t *codes, int64_t n, float *khat);
 
-/* Lookup table of a scoring query qs [d] (from kvq_codebook_query_pe):
- * lut[g*K + c] = q'_g . W_g[c], q' = qs L^-T for query-aware methods, else qs.
- * lut: [G, K]. Cost: K d (+ d^2). */
-void kvq_codebook_lut(const kvq_codebook *cb, const float *qs, float *lut);
+/* The LUT query of a scoring query qs [d]: q' = qs L^-T in double for query-aware
+ * methods (q'[a] = sum_{b <= a} qs[b] Linv[a][b]), else qs.   qp: [d] */
+void kvq_codebook_lut_query(const kvq_codebook *cb, const float *qs, double *qp);
+
+/* The reference lookup table of a scoring query qs [d] (from kvq_codebook_query_pe):
+ * lut[g*K + c] = q'_g . W_g[c] (q' from kvq_codebook_lut_query), in double from the f32
+ * centroids, rounded once. lut: [G, K]. Cost: K d (+ d^2). The fast LUT the decode step
+ * uses (f16 table, SIMD) is kvq_rk_lut (kvq/runtime.h), tested against this one. */
+void kvq_codebook_lut_ref(const kvq_codebook *cb, const float *qs, float *lut);
 
 /* Approximate scores of n codes [n, G] from a LUT [G, K]:
  * scores[j] = sum over g = 0 .. G-1 (in that order, in float) of lut[g*K + codes[j*G+g]].
@@ -186,119 +217,6 @@ double kvq_codebook_score_ref(const kvq_codebook *cb, const float *qs, const int
 kvq_status kvq_codebook_score_mse(const kvq_codebook *cb, const float *qs, int64_t n_q,
                                   const float *keys, const int32_t *pos, int64_t n_k,
                                   int32_t threads, double *mse, double *power, kvq_err *err);
-
-/* ---- fit ------------------------------------------------------------------------- */
-
-/* Training data of one head. */
-typedef struct kvq_codebook_data {
-    const float *keys;  /* [n, d] pre-RoPE keys, finite */
-    const int32_t *pos; /* [n] positions (vq-postrope; otherwise may be NULL) */
-    int64_t n;          /* >= K */
-    const float *L;     /* [d, d] lower factor of H (query-aware methods, else NULL) */
-    const float *Linv;  /* [d, d] its inverse (query-aware methods, else NULL) */
-} kvq_codebook_data;
-
-/* Statistics of a fit: one k-means run per group. */
-typedef struct kvq_codebook_fit_stats {
-    int32_t groups;
-    kvq_kmeans_stats *group;  /* [groups] (malloc'd) */
-} kvq_codebook_fit_stats;
-void kvq_codebook_fit_stats_free(kvq_codebook_fit_stats *s); /* zeroed struct is fine */
-
-/* Fits the codebook: fit-space keys, then per group g k-means (`km`: iterations, tol,
- * init, threads, device, callbacks; km->k is replaced by desc->k and km->seed by
- * kvq_codebook_group_seed(km->seed, g)) on the group's sub-vectors [n, d/G].
- * Errors: KVQ_E_INVALID_ARG (desc, data: n < K, NULL L for a query-aware method),
- * KVQ_E_NUMERIC (a non-finite key: the message names the row), and those of
- * kvq_kmeans_fit. Cost: the transform plus G k-means runs on d/G dims. */
-kvq_status kvq_codebook_fit(const kvq_codebook_desc *desc, const kvq_codebook_data *data,
-                            const kvq_kmeans_params *km, kvq_codebook **out,
-                            kvq_codebook_fit_stats *stats, kvq_err *err);
-
-/* Seed of group g's k-means from a head's seed (a fixed mix; g = 0 gives a different
- * value from `seed` too). Also used to derive per-head seeds in kvq_fit_run. */
-uint64_t kvq_codebook_group_seed(uint64_t seed, int64_t g);
-
-/* ==========================================================================
- * The fit stage: every (layer, KV head) of a capture -> one .kvq artifact
- * ========================================================================== */
-
-typedef struct kvq_fit_params {
-    kvq_codebook_method method;  /* default KVQ_CODEBOOK_QAVQ */
-    int32_t codebook_size;       /* K, 2 .. 65536; 0 (default) = 4096 reduced to the largest
-                                    power of two with at least 39 training keys per centroid
-                                    (a warning when even 2 has fewer) */
-    int32_t groups;              /* G dividing d; 0 (default) = the method's default */
-    int32_t iters;               /* Lloyd iterations, >= 0. Default 25 */
-    double tol;                  /* relative inertia tolerance, >= 0. Default 1e-4 */
-    uint64_t seed;               /* default 1234 */
-    int32_t threads;             /* >= 1, default 1; the output does not depend on it */
-    kvq_kmeans_init init;        /* default greedy k-means++ */
-    kvq_kmeans_device device;    /* default CPU; CUDA without a device: one warning, CPU */
-    double holdout;              /* fraction of sequences held out for the score-MSE
-                                    diagnostic, [0, 1). Default 0.1 */
-    int reference;               /* 1 (default): also fit plain VQ with the same K and G
-                                    ("vq" or "pq") on the same keys, for the diagnostic */
-    const int32_t *layers;       /* [n_layers] model layers to fit; NULL = every layer in
-                                    both the capture and the moments file */
-    size_t n_layers;
-    int overwrite;               /* replace an existing output */
-    int checkpoint;              /* 1 (default): keep finished jobs in OUT.ckpt/ */
-    int zstd_level;              /* 0 = the artifact default */
-    kvq_callbacks cb;            /* log; progress("fit", heads done, heads total) after
-                                    each head, non-zero -> KVQ_E_CANCELLED */
-} kvq_fit_params;
-
-kvq_fit_params kvq_fit_params_default(void);
-
-/* What a run did (optional output of kvq_fit_run). */
-typedef struct kvq_fit_summary {
-    int32_t codebook_size;       /* K used */
-    int32_t groups;              /* G used */
-    int64_t n_train;             /* training keys per head */
-    int64_t n_heldout_keys;      /* held-out keys per head (0 with holdout 0) */
-    int64_t n_heldout_queries;   /* held-out query vectors per KV head (GQA group) */
-    int32_t n_jobs;              /* (layer, KV head) jobs */
-    int32_t n_resumed;           /* jobs loaded from the checkpoint */
-    double score_mse;            /* mean over heads of the held-out score MSE (NaN
-                                    without held-out data) */
-    double score_mse_ref;        /* the same for the reference (NaN when none) */
-    double score_power;          /* mean over heads of E[(q~.k)^2] on held-out data */
-} kvq_fit_summary;
-
-/*
- * Fits every requested (layer, KV head) of the capture with the moments' L and writes
- * the artifact `out_path` (docs/format.md, section "kvq fit") atomically.
- *
- * Jobs run in (layer, head) order; each finished job is written to
- * "<out_path>.ckpt/layer.L.head.H.safetensors" (atomically) with a key of every input
- * and parameter that changes its result, so a killed or cancelled run, started again
- * with the same arguments, loads the finished jobs instead of refitting them (a job
- * whose key differs is refitted). The checkpoint directory is removed once the
- * artifact is written. Capture directories are assumed immutable (they are written
- * whole, then renamed): the key covers their corpus hash and sizes, not every byte.
- *
- * Same inputs, parameters and seed give the same artifact bytes, for any thread count
- * and whether or not the run was resumed (CPU backend).
- *
- * Errors: those of kvq_capture_info_read, kvq_moments_open and kvq_st_open;
- *   KVQ_E_MISMATCH  capture and moments of different models (the message names both
- *                   files and the field)
- *   KVQ_E_INVALID_ARG  bad parameters (named), groups not dividing d, a requested layer
- *                   missing from the capture or the moments file, a codebook larger than
- *                   the training keys
- *   KVQ_E_SHAPE_MISMATCH  a layer tensor whose dtype or shape disagrees with capture.json
- *   KVQ_E_OUT_OF_BOUNDS   pos, seq or q_rows out of range
- *   KVQ_E_NUMERIC   a non-finite key ("layer L head H row R (sequence S position P)")
- *   KVQ_E_EXISTS    the output exists and overwrite is 0 (checked before any work)
- *   KVQ_E_CANCELLED the progress callback asked to stop (finished jobs stay checkpointed)
- *   and KVQ_E_IO, KVQ_E_NOMEM, KVQ_E_BACKEND.
- * Cost: per head, the k-means fits (method and reference) and one encode of the
- * held-out keys. Memory: one layer's keys of one head in f32 (x3 during a fit), plus
- * every finished codebook until the artifact is written.
- */
-kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const char *out_path,
-                       const kvq_fit_params *p, kvq_fit_summary *summary, kvq_err *err);
 
 #ifdef __cplusplus
 }

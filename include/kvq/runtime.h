@@ -121,7 +121,7 @@ const char *kvq_isa_name(kvq_isa isa); /* "scalar" | "avx2" | "avx512" */
 #define KVQ_RK_TOL_DOT 1e-5
 #define KVQ_RK_TOL_PROB 1e-5
 #define KVQ_RK_TOL_OUT 2e-5
-#define KVQ_RK_TOL_LUT16 1e-3 /* LUT from the f16 table vs kvq_codebook_lut */
+#define KVQ_RK_TOL_LUT16 1e-3 /* LUT from the f16 table vs kvq_codebook_lut_ref */
 
 /* The LUT table of a codebook: its key-space (or, for grouped query-aware methods,
  * z-space) centroids stored transposed in f16, [G, d/G, K], the layout the fast LUT
@@ -135,10 +135,10 @@ uint64_t kvq_rk_table_bytes(const kvq_rk_table *t);
 const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t);
 
 /* LUT of a scoring query qs [d] (kvq_codebook_query_pe): lut [G, K] with
- * lut[g*K + c] = q'_g . W_g[c] as kvq_codebook_lut defines it, computed from the f16
+ * lut[g*K + c] = q'_g . W_g[c] as kvq_codebook_lut_ref defines it, computed from the f16
  * table: q' = qs L^-T in double for grouped query-aware codebooks, else qs (qavq uses
  * the key-space codebook C = C^z L^-1). KVQ_ISA_SCALAR sums in double; the fast paths
- * in float with FMA. Against kvq_codebook_lut (the reference, f32 centroids) every path
+ * in float with FMA. Against kvq_codebook_lut_ref (the reference, f32 centroids) every path
  * agrees within KVQ_RK_TOL_LUT16 * sum_t |q'_t w_t| (the f16 rounding of the table).
  * Cost: K d multiply-adds (+ d^2 / 2), reading 2 K d bytes. */
 void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut);

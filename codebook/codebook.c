@@ -1,6 +1,8 @@
 /*
- * codebook.c — the codebook methods of kvq/codebook.h: fit space, k-means per group,
- * encode, decode, lookup tables and the attention-score error.
+ * codebook.c — the codebook object of kvq/codebook.h: methods, create, fit space,
+ * encode (codebook/nearest.h), decode, lookup tables, the attention-score error, and
+ * load from / save to the artifact. The k-means fit that builds one is
+ * kmeans/codebook_fit.c.
  *
  * A codebook stores, per group g, the fit-space centroids W_g [K, d/G] (C^z groups for
  * the query-aware methods). Everything else (the key-space codebook of qavq, the LUT
@@ -13,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codebook/nearest.h"
+#include "kvq/artifact.h"
 #include "kvq/codebook.h"
 #include "kvq/artifact.h"
 #include "kvq/util.h"
@@ -23,6 +27,7 @@ struct kvq_codebook {
     float *W;          /* [G, K, dg] fit-space centroids */
     float *C;          /* [K, d] key-space codebook (G == 1): W itself, or C^z L^-1 */
     float *L, *Linv;   /* [d, d] query-aware methods, else NULL */
+    float *cnorm;      /* [G, K] ||W_g[c]||^2 (kvq_km_norm2) for encode */
     double theta[KVQ_ROPE_MAX_DIM / 2]; /* RoPE frequencies   // [d/2] */
 };
 
@@ -183,6 +188,11 @@ kvq_status kvq_codebook_create(const kvq_codebook_desc *desc, const float *centr
     if (!cb->W)
         goto nomem;
     memcpy(cb->W, centroids, nw * sizeof *cb->W);
+    cb->cnorm = malloc((size_t)desc->groups * K * sizeof *cb->cnorm);
+    if (!cb->cnorm)
+        goto nomem;
+    for (size_t c = 0; c < (size_t)desc->groups * K; c++)
+        cb->cnorm[c] = kvq_km_norm2(cb->W + c * cb->dg, cb->dg);
     if (qa) {
         cb->L = malloc(dd * sizeof *cb->L);
         cb->Linv = malloc(dd * sizeof *cb->Linv);
@@ -216,6 +226,7 @@ void kvq_codebook_free(kvq_codebook *cb)
     if (cb->C != cb->W)
         free(cb->C);
     free(cb->W);
+    free(cb->cnorm);
     free(cb->L);
     free(cb->Linv);
     free(cb);
@@ -248,6 +259,21 @@ static void mul_lower(const float *k, const float *L, int32_t d, float *z)
     }
 }
 
+/* Fit space of one key (vq-postrope: rotated with `theta`, kvq_rope_freqs of desc's RoPE).
+ * key, x: [d] (may not alias). */
+static void fit_space_row(const kvq_codebook_desc *desc, const double *theta, const float *L,
+                          const float *key, int32_t pos, float *x)
+{
+    const int32_t d = desc->dim;
+    if (kvq_codebook_method_is_query_aware(desc->method)) {
+        mul_lower(key, L, d, x);
+        return;
+    }
+    memcpy(x, key, (size_t)d * sizeof *x);
+    if (desc->method == KVQ_CODEBOOK_VQ_POSTROPE)
+        kvq_rope_apply(&desc->rope, theta, x, 1, pos);
+}
+
 kvq_status kvq_codebook_fit_space(const kvq_codebook_desc *desc, const float *L,
                                   const float *keys, const int32_t *pos, int64_t n,
                                   int32_t threads, float *out, kvq_err *err)
@@ -263,20 +289,13 @@ kvq_status kvq_codebook_fit_space(const kvq_codebook_desc *desc, const float *L,
     if (kvq_codebook_method_is_query_aware(desc->method) && !L)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "codebook: %s needs L",
                            kvq_codebook_method_name(desc->method));
-    if (desc->method == KVQ_CODEBOOK_VQ_POSTROPE) {
-        double theta[KVQ_ROPE_MAX_DIM / 2];
-        kvq_rope_freqs(&desc->rope, theta);
-        memcpy(out, keys, (size_t)n * d * sizeof *out);
-#pragma omp parallel for num_threads(threads) schedule(static) if (n > 4096)
-        for (int64_t j = 0; j < n; j++)
-            kvq_rope_apply(&desc->rope, theta, out + (size_t)j * d, 1, pos[j]);
-    } else if (kvq_codebook_method_is_query_aware(desc->method)) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (n > 1024)
-        for (int64_t j = 0; j < n; j++)
-            mul_lower(keys + (size_t)j * d, L, d, out + (size_t)j * d);
-    } else if (n > 0) {
-        memcpy(out, keys, (size_t)n * d * sizeof *out);
-    }
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&desc->rope, theta);
+    const int64_t par = kvq_codebook_method_is_query_aware(desc->method) ? 1024 : 4096;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > par)
+    for (int64_t j = 0; j < n; j++)
+        fit_space_row(desc, theta, L, keys + (size_t)j * d, pos ? pos[j] : 0,
+                      out + (size_t)j * d);
     return KVQ_OK;
 }
 
@@ -293,8 +312,7 @@ void kvq_codebook_query_pe(const kvq_codebook *cb, const float *q, int64_t pos, 
  * Encode, decode, LUT, score
  * ========================================================================== */
 
-/* Index of the first row of x [n, d] with a non-finite value, or -1. */
-static int64_t first_bad_row(const float *x, int64_t n, int32_t d)
+int64_t kvq_codebook_first_bad_row(const float *x, int64_t n, int32_t d)
 {
     for (int64_t j = 0; j < n; j++)
         if (!all_finite(x + (size_t)j * d, (size_t)d))
@@ -302,59 +320,57 @@ static int64_t first_bad_row(const float *x, int64_t n, int32_t d)
     return -1;
 }
 
-/* Copies columns [g dg, (g+1) dg) of x [n, d] into sub [n, dg]. */
-static void take_group(const float *x, int64_t n, int32_t d, int32_t g, int32_t dg, float *sub)
+void kvq_codebook_take_group(const float *x, int64_t n, int32_t d, int32_t g, int32_t dg, float *sub)
 {
     for (int64_t j = 0; j < n; j++)
         memcpy(sub + (size_t)j * dg, x + (size_t)j * d + (size_t)g * dg, (size_t)dg * sizeof *sub);
+}
+
+/* Nearest of the K centroids W [K, dg] (norms cn [K]) to x [dg]: the rule of
+ * codebook/nearest.h, first minimum (kvq_km_better), 0 when every distance overflows. */
+static int32_t nearest(const float *x, const float *W, const float *cn, int32_t K, int32_t dg)
+{
+    float best = INFINITY;
+    int32_t bi = INT32_MAX;
+    const float xn = dg <= KVQ_KM_DIRECT_MAX_D ? 0.0f : kvq_km_norm2(x, dg);
+    for (int32_t c = 0; c < K; c++) {
+        const float *w = W + (size_t)c * dg;
+        const float v = dg <= KVQ_KM_DIRECT_MAX_D
+                            ? kvq_km_l2sq(x, w, dg)
+                            : kvq_km_dist_from_dot(xn, cn[c], kvq_km_dot(x, w, dg));
+        if (kvq_km_better(v, c, best, bi)) {
+            best = v;
+            bi = c;
+        }
+    }
+    return bi == INT32_MAX ? 0 : bi;
 }
 
 kvq_status kvq_codebook_encode(const kvq_codebook *cb, const float *keys, const int32_t *pos,
                                int64_t n, int32_t threads, int32_t *codes, kvq_err *err)
 {
     const kvq_codebook_desc *D = &cb->desc;
-    const int32_t d = D->dim, G = D->groups, dg = cb->dg;
-    float *x = NULL, *sub = NULL;
-    int32_t *a = NULL;
-    kvq_status s = KVQ_OK;
-    size_t bytes;
+    const int32_t d = D->dim, G = D->groups, K = D->k, dg = cb->dg;
     if (n < 0 || (n > 0 && (!keys || !codes)) || threads < 1)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "encode: bad keys, count or threads");
+    if (D->method == KVQ_CODEBOOK_VQ_POSTROPE && n > 0 && !pos)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "codebook: vq-postrope needs key positions");
     if (n == 0)
         return KVQ_OK;
-    int64_t bad = first_bad_row(keys, n, d);
+    int64_t bad = kvq_codebook_first_bad_row(keys, n, d);
     if (bad >= 0)
         return kvq_err_set(err, KVQ_E_NUMERIC, "encode: key row %lld is not finite",
                            (long long)bad);
-    if (!kvq_size_mul((size_t)n, (size_t)d * sizeof(float), &bytes) ||
-        !(x = malloc(bytes)) || (G > 1 && !(sub = malloc(bytes / G))) ||
-        (G > 1 && !(a = malloc((size_t)n * sizeof *a)))) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "encode: out of memory for %lld keys", (long long)n);
-        goto done;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
+    for (int64_t j = 0; j < n; j++) {
+        float x[KVQ_ROPE_MAX_DIM];
+        fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x);
+        for (int32_t g = 0; g < G; g++)
+            codes[(size_t)j * G + g] =
+                nearest(x + (size_t)g * dg, kvq_codebook_centroids(cb, g),
+                        cb->cnorm + (size_t)g * K, K, dg);
     }
-    if ((s = kvq_codebook_fit_space(D, cb->L, keys, pos, n, threads, x, err)))
-        goto done;
-    kvq_kmeans_params kp = kvq_kmeans_params_default();
-    kp.k = D->k;
-    kp.threads = threads;
-    kp.label = "encode";
-    for (int32_t g = 0; g < G; g++) {
-        if (G == 1) {
-            s = kvq_kmeans_assign(x, n, d, cb->W, &kp, codes, NULL, err);
-        } else {
-            take_group(x, n, d, g, dg, sub);
-            s = kvq_kmeans_assign(sub, n, dg, kvq_codebook_centroids(cb, g), &kp, a, NULL, err);
-            for (int64_t j = 0; j < n && !s; j++)
-                codes[(size_t)j * G + g] = a[j];
-        }
-        if (s)
-            goto done;
-    }
-done:
-    free(x);
-    free(sub);
-    free(a);
-    return s;
+    return KVQ_OK;
 }
 
 /* Fit-space reconstruction of one code [G]: the concatenated group centroids. */
@@ -386,8 +402,7 @@ void kvq_codebook_decode(const kvq_codebook *cb, const int32_t *codes, int64_t n
     }
 }
 
-/* q' = qs L^-T in double: q'[a] = sum_{b <= a} qs[b] Linv[a][b].   qs, qp: [d] */
-static void lut_query(const kvq_codebook *cb, const float *qs, double *qp)
+void kvq_codebook_lut_query(const kvq_codebook *cb, const float *qs, double *qp)
 {
     const int32_t d = cb->desc.dim;
     for (int32_t a = 0; a < d; a++) {
@@ -402,11 +417,11 @@ static void lut_query(const kvq_codebook *cb, const float *qs, double *qp)
     }
 }
 
-void kvq_codebook_lut(const kvq_codebook *cb, const float *qs, float *lut)
+void kvq_codebook_lut_ref(const kvq_codebook *cb, const float *qs, float *lut)
 {
     const int32_t K = cb->desc.k, G = cb->desc.groups, dg = cb->dg;
     double qp[KVQ_ROPE_MAX_DIM];
-    lut_query(cb, qs, qp);
+    kvq_codebook_lut_query(cb, qs, qp);
     for (int32_t g = 0; g < G; g++) {
         const float *W = kvq_codebook_centroids(cb, g);
         const double *q = qp + (size_t)g * dg;
@@ -528,102 +543,6 @@ done:
 }
 
 /* ==========================================================================
- * Fit
- * ========================================================================== */
-
-uint64_t kvq_codebook_group_seed(uint64_t seed, int64_t g)
-{
-    /* SplitMix64 finalizer of seed + (g + 1) * golden ratio. */
-    uint64_t z = seed + (uint64_t)(g + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-void kvq_codebook_fit_stats_free(kvq_codebook_fit_stats *s)
-{
-    if (!s)
-        return;
-    for (int32_t g = 0; s->group && g < s->groups; g++)
-        kvq_kmeans_stats_free(&s->group[g]);
-    free(s->group);
-    s->group = NULL;
-    s->groups = 0;
-}
-
-kvq_status kvq_codebook_fit(const kvq_codebook_desc *desc, const kvq_codebook_data *data,
-                            const kvq_kmeans_params *km, kvq_codebook **out,
-                            kvq_codebook_fit_stats *stats, kvq_err *err)
-{
-    float *x = NULL, *sub = NULL, *W = NULL;
-    kvq_codebook_fit_stats st = {0};
-    kvq_status s;
-    size_t bytes;
-    char label[96];
-    if (!out)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: NULL output");
-    *out = NULL;
-    if (stats)
-        memset(stats, 0, sizeof *stats);
-    if ((s = kvq_codebook_desc_check(desc, err)))
-        return s;
-    kvq_kmeans_params kp = km ? *km : kvq_kmeans_params_default();
-    const char *base = kp.label ? kp.label : "codebook";
-    const int32_t d = desc->dim, G = desc->groups, K = desc->k, dg = d / G;
-    const int qa = kvq_codebook_method_is_query_aware(desc->method);
-    if (!data || !data->keys || kp.threads < 1)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: no keys", base);
-    if (data->n < K)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: codebook size %d is larger than the "
-                           "%lld training keys", base, (int)K, (long long)data->n);
-    if (qa && (!data->L || !data->Linv))
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: %s needs L and L^-1", base,
-                           kvq_codebook_method_name(desc->method));
-    int64_t bad = first_bad_row(data->keys, data->n, d);
-    if (bad >= 0)
-        return kvq_err_set(err, KVQ_E_NUMERIC, "%s: key row %lld is not finite", base,
-                           (long long)bad);
-    if (!kvq_size_mul((size_t)data->n, (size_t)d * sizeof(float), &bytes) ||
-        !(x = malloc(bytes)) || (G > 1 && !(sub = malloc(bytes / G))) ||
-        !(W = malloc((size_t)K * d * sizeof *W)) ||
-        !(st.group = calloc((size_t)G, sizeof *st.group))) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for %lld keys", base,
-                        (long long)data->n);
-        goto done;
-    }
-    st.groups = G;
-    if ((s = kvq_codebook_fit_space(desc, data->L, data->keys, data->pos, data->n, kp.threads,
-                                    x, err)))
-        goto done;
-    const uint64_t seed = kp.seed;
-    for (int32_t g = 0; g < G; g++) {
-        kp.k = K;
-        kp.seed = kvq_codebook_group_seed(seed, g);
-        if (G > 1)
-            snprintf(label, sizeof label, "%s g%d", base, (int)g);
-        else
-            snprintf(label, sizeof label, "%s", base);
-        kp.label = label;
-        if (G > 1)
-            take_group(x, data->n, d, g, dg, sub);
-        s = kvq_kmeans_fit(G > 1 ? sub : x, data->n, dg, NULL, &kp, W + (size_t)g * K * dg,
-                           NULL, &st.group[g], err);
-        if (s)
-            goto done;
-    }
-    s = kvq_codebook_create(desc, W, data->L, data->Linv, out, err);
-done:
-    if (s == KVQ_OK && stats)
-        *stats = st;
-    else
-        kvq_codebook_fit_stats_free(&st);
-    free(x);
-    free(sub);
-    free(W);
-    return s;
-}
-
-/* ==========================================================================
  * Loading from an artifact payload
  * ========================================================================== */
 
@@ -653,6 +572,47 @@ static kvq_status find_f32(const kvq_st *st, const char *name, int64_t r, int64_
     return KVQ_OK;
 }
 
+/* The tensor name of group g's fit-space centroids: Cz (query-aware) or codebook, with
+ * the group in the name when G > 1. */
+static void group_tensor_name(int qa, int32_t G, int32_t layer, int32_t head, int32_t g,
+                              char *name, size_t cap)
+{
+    if (G == 1)
+        snprintf(name, cap, qa ? KVQ_TENSOR_CZ : KVQ_TENSOR_CODEBOOK, (int)layer, (int)head);
+    else
+        snprintf(name, cap, qa ? KVQ_TENSOR_GROUP_CZ : KVQ_TENSOR_GROUP_CODEBOOK, (int)layer,
+                 (int)head, (int)g);
+}
+
+kvq_status kvq_codebook_save(const kvq_codebook *cb, int32_t layer, int32_t head,
+                             kvq_codebook_tensor_fn add, void *user, kvq_err *err)
+{
+    const kvq_codebook_desc *D = &cb->desc;
+    const int32_t d = D->dim, K = D->k, G = D->groups;
+    const int qa = kvq_codebook_method_is_query_aware(D->method);
+    char name[128];
+    kvq_status s;
+    if (qa) {
+        snprintf(name, sizeof name, KVQ_TENSOR_L, (int)layer, (int)head);
+        if ((s = add(user, name, d, d, cb->L, err)))
+            return s;
+        snprintf(name, sizeof name, KVQ_TENSOR_LINV, (int)layer, (int)head);
+        if ((s = add(user, name, d, d, cb->Linv, err)))
+            return s;
+    }
+    for (int32_t g = 0; g < G; g++) {
+        group_tensor_name(qa, G, layer, head, g, name, sizeof name);
+        if ((s = add(user, name, K, cb->dg, kvq_codebook_centroids(cb, g), err)))
+            return s;
+    }
+    if (qa && G == 1) {
+        snprintf(name, sizeof name, KVQ_TENSOR_CODEBOOK, (int)layer, (int)head);
+        if ((s = add(user, name, K, d, cb->C, err)))
+            return s;
+    }
+    return KVQ_OK;
+}
+
 kvq_status kvq_codebook_load(const kvq_st *payload, int32_t layer, int32_t head,
                              kvq_codebook **out, kvq_err *err)
 {
@@ -666,23 +626,23 @@ kvq_status kvq_codebook_load(const kvq_st *payload, int32_t layer, int32_t head,
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "artifact: NULL argument");
     *out = NULL;
     memset(&desc, 0, sizeof desc);
-    if ((s = meta_i64(payload, "model.head_dim", 2, KVQ_ROPE_MAX_DIM, &d, err)) ||
-        (s = meta_i64(payload, "codebook_size", 1, 65536, &K, err)) ||
-        (s = meta_i64(payload, "groups", 1, d, &G, err)) ||
-        (s = meta_i64(payload, "wrope.b", 0, INT32_MAX, &b, err)) ||
-        (s = meta_i64(payload, "model.n_kv_heads", 1, 1 << 20, &x, err)))
+    if ((s = meta_i64(payload, KVQ_META_HEAD_DIM, 2, KVQ_ROPE_MAX_DIM, &d, err)) ||
+        (s = meta_i64(payload, KVQ_META_CODEBOOK_SIZE, 1, 65536, &K, err)) ||
+        (s = meta_i64(payload, KVQ_META_GROUPS, 1, d, &G, err)) ||
+        (s = meta_i64(payload, KVQ_META_WROPE_B, 0, INT32_MAX, &b, err)) ||
+        (s = meta_i64(payload, KVQ_META_N_KV_HEADS, 1, 1 << 20, &x, err)))
         return s;
     if (head < 0 || head >= x)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "artifact: KV head %d is out of range "
                            "(%lld heads)", (int)head, (long long)x);
-    if ((s = kvq_codebook_method_from_format(kvq_st_meta_get(payload, "method"), (int32_t)G,
+    if ((s = kvq_codebook_method_from_format(kvq_st_meta_get(payload, KVQ_META_METHOD), (int32_t)G,
                                              &desc.method, err)))
         return s;
     /* RoPE from the model identity keys. */
     desc.rope = kvq_rope_default((int32_t)d);
-    const char *lay = kvq_st_meta_get(payload, "model.rope.layout");
-    const char *sca = kvq_st_meta_get(payload, "model.rope.scaling");
-    const char *base = kvq_st_meta_get(payload, "model.rope.base");
+    const char *lay = kvq_st_meta_get(payload, KVQ_META_ROPE_LAYOUT);
+    const char *sca = kvq_st_meta_get(payload, KVQ_META_ROPE_SCALING);
+    const char *base = kvq_st_meta_get(payload, KVQ_META_ROPE_BASE);
     kvq_err e = {0};
     if (!lay || !sca || !base)
         return kvq_err_set(err, KVQ_E_NOT_FOUND, "artifact: model.rope.* keys are missing");
@@ -692,9 +652,8 @@ kvq_status kvq_codebook_load(const kvq_st *payload, int32_t layer, int32_t head,
                            "'%s' is unknown", lay, sca);
     if (kvq_parse_f64(base, 1.0, 1e300, &desc.rope.base, &e))
         return kvq_err_set(err, KVQ_E_CORRUPT, "artifact: model.rope.base: %s", e.msg);
-    static const char *const rope_keys[] = {"model.rope.factor", "model.rope.low_freq_factor",
-                                            "model.rope.high_freq_factor",
-                                            "model.rope.original_max_pos"};
+    static const char *const rope_keys[] = {KVQ_META_ROPE_FACTOR, KVQ_META_ROPE_LOW_FREQ,
+                                            KVQ_META_ROPE_HIGH_FREQ, KVQ_META_ROPE_ORIG_MAX};
     double *rope_vals[] = {&desc.rope.factor, &desc.rope.low_freq_factor,
                            &desc.rope.high_freq_factor, &desc.rope.original_max_pos};
     for (int i = 0; i < 4; i++) {
@@ -714,23 +673,18 @@ kvq_status kvq_codebook_load(const kvq_st *payload, int32_t layer, int32_t head,
         s = kvq_err_set(err, KVQ_E_NOMEM, "artifact: out of memory");
         goto done;
     }
-    const char *what = qa ? "Cz" : "codebook";
     for (int64_t g = 0; g < G; g++) {
-        if (G == 1)
-            snprintf(name, sizeof name, "layer.%d.head.%d.%s", (int)layer, (int)head, what);
-        else
-            snprintf(name, sizeof name, "layer.%d.head.%d.group.%d.%s", (int)layer, (int)head,
-                     (int)g, what);
+        group_tensor_name(qa, (int32_t)G, layer, head, (int32_t)g, name, sizeof name);
         if ((s = find_f32(payload, name, K, dg, &v, err)))
             goto done;
         memcpy(W + (size_t)g * K * dg, v->data, v->nbytes);
     }
     if (qa) {
-        snprintf(name, sizeof name, "layer.%d.head.%d.L", (int)layer, (int)head);
+        snprintf(name, sizeof name, KVQ_TENSOR_L, (int)layer, (int)head);
         if ((s = find_f32(payload, name, d, d, &v, err)))
             goto done;
         memcpy(L, v->data, v->nbytes);
-        snprintf(name, sizeof name, "layer.%d.head.%d.Linv", (int)layer, (int)head);
+        snprintf(name, sizeof name, KVQ_TENSOR_LINV, (int)layer, (int)head);
         if ((s = find_f32(payload, name, d, d, &v, err)))
             goto done;
         memcpy(Linv, v->data, v->nbytes);
