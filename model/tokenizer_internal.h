@@ -1,9 +1,9 @@
 /*
- * tokenizer_int.h — what tokenizer.c (tables, loaders, decode), tokenizer_sp.c (SPM
+ * tokenizer_internal.h — what tokenizer.c (tables, loaders, decode), tokenizer_sp.c (SPM
  * encoding) and tokenizer_bpe.c (BPE encoding, pre-tokenizer) share. Not installed.
  */
-#ifndef KVQ_TOKENIZER_INT_H
-#define KVQ_TOKENIZER_INT_H
+#ifndef KVQ_TOKENIZER_INTERNAL_H
+#define KVQ_TOKENIZER_INTERNAL_H
 
 #include "kvq/tokenizer.h"
 

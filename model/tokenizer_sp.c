@@ -7,7 +7,7 @@
  * the leftmost pair. That is what llama2.c does with its O(n^2) scan and llama.cpp
  * with its priority queue; the result is the same.
  */
-#include "calib/tokenizer_int.h"
+#include "model/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * HF tokenizer.json / llama2.c loaders. Encoding proper lives in tokenizer_sp.c (SPM)
  * and tokenizer_bpe.c (BPE and the pre-tokenizer).
  */
-#include "calib/tokenizer_int.h"
+#include "model/tokenizer_internal.h"
 
 #include <cJSON.h>
 #include <stdlib.h>
