@@ -1,11 +1,13 @@
 /*
- * tokenizer.c — vocabulary tables, the merge engine, decode, dispatch, and the GGUF /
- * HF tokenizer.json / llama2.c loaders. Encoding proper lives in tokenizer_sp.c (SPM)
- * and tokenizer_bpe.c (BPE and the pre-tokenizer).
+ * tokenizer.c — the core: a tokenizer built from a kvq_vocab (string table, token
+ * types, pieces, merge table), queries, encode / decode dispatch, pre-tokenized id
+ * files and the loader auto-detection. The merge engine is in tokenizer_merge.c,
+ * encoding proper in tokenizer_sp.c (SPM) and tokenizer_bpe.c (BPE and the
+ * pre-tokenizer); the loaders in tokenizer_gguf.c, tokenizer_hf.c (tokenizer.json)
+ * and tokenizer_llama2c.c (tokenizer.bin).
  */
 #include "model/tokenizer_internal.h"
 
-#include <cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -90,8 +92,7 @@ static size_t utf8_put(uint32_t cp, char *out)
     return 4;
 }
 
-/* "<0xHH>" (upper- or lower-case hex) -> HH, else -1. */
-static int parse_byte_token(const char *s, size_t n)
+int tok_parse_byte_token(const char *s, size_t n)
 {
     if (n != 6 || s[0] != '<' || s[1] != '0' || s[2] != 'x' || s[5] != '>')
         return -1;
@@ -153,142 +154,6 @@ int tok_pair_lookup(const kvq_tokenizer *t, int32_t l, int32_t r, int32_t *rank,
 }
 
 /* ==========================================================================
- * the merge engine
- * ========================================================================== */
-
-typedef struct heap_ent {
-    double prio;
-    int32_t l, r;
-    uint32_t size; /* l.len + r.len when the entry was made: detects stale entries */
-    int32_t id;
-} heap_ent;
-
-typedef struct heap {
-    heap_ent *v;
-    size_t n, cap;
-} heap;
-
-/* a comes out before b: higher priority, then the leftmost pair. */
-static int heap_before(const heap_ent *a, const heap_ent *b)
-{
-    return a->prio > b->prio || (a->prio == b->prio && a->l < b->l);
-}
-
-static int heap_push(heap *h, heap_ent e)
-{
-    if (h->n == h->cap) {
-        size_t cap = h->cap ? h->cap * 2 : 64;
-        heap_ent *v = realloc(h->v, cap * sizeof *v);
-        if (!v)
-            return -1;
-        h->v = v;
-        h->cap = cap;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!heap_before(&e, &h->v[p]))
-            break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = e;
-    return 0;
-}
-
-static heap_ent heap_pop(heap *h)
-{
-    heap_ent top = h->v[0];
-    heap_ent last = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n)
-            break;
-        if (c + 1 < h->n && heap_before(&h->v[c + 1], &h->v[c]))
-            c++;
-        if (!heap_before(&h->v[c], &last))
-            break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n > 0)
-        h->v[i] = last;
-    return top;
-}
-
-static int try_pair(heap *h, tok_sym *syms, int32_t l, int32_t r, tok_pair_fn fn,
-                    const void *ctx)
-{
-    if (l < 0 || r < 0)
-        return 0;
-    heap_ent e;
-    if (!fn(ctx, &syms[l], &syms[r], &e.prio, &e.id))
-        return 0;
-    e.l = l;
-    e.r = r;
-    e.size = syms[l].len + syms[r].len;
-    return heap_push(h, e);
-}
-
-int tok_merge(tok_sym *syms, size_t n, tok_pair_fn fn, const void *ctx)
-{
-    heap h = {0};
-    int rc = 0;
-    for (size_t i = 0; i + 1 < n && rc == 0; i++)
-        rc = try_pair(&h, syms, (int32_t)i, (int32_t)i + 1, fn, ctx);
-    while (rc == 0 && h.n > 0) {
-        heap_ent e = heap_pop(&h);
-        tok_sym *l = &syms[e.l], *r = &syms[e.r];
-        if (l->len == 0 || r->len == 0 || l->next != e.r || l->len + r->len != e.size)
-            continue; /* stale: one side has changed since the entry was made */
-        l->len += r->len;
-        l->id = e.id;
-        l->next = r->next;
-        if (r->next >= 0)
-            syms[r->next].prev = e.l;
-        r->len = 0;
-        rc = try_pair(&h, syms, l->prev, e.l, fn, ctx);
-        if (rc == 0)
-            rc = try_pair(&h, syms, e.l, l->next, fn, ctx);
-    }
-    free(h.v);
-    return rc;
-}
-
-kvq_status tok_emit(const kvq_tokenizer *t, const tok_sym *syms, size_t n, const char *buf,
-                    tok_ids *out, kvq_err *err)
-{
-    if (n == 0)
-        return KVQ_OK;
-    for (int32_t i = 0; i >= 0; i = syms[i].next) {
-        const tok_sym *s = &syms[i];
-        if (s->id >= 0) {
-            if (tok_ids_push(out, s->id))
-                return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");
-            continue;
-        }
-        const unsigned char *b = (const unsigned char *)buf + s->start;
-        int all_bytes = 1;
-        for (uint32_t k = 0; k < s->len; k++)
-            all_bytes &= t->byte_tok[b[k]] >= 0;
-        if (all_bytes) {
-            for (uint32_t k = 0; k < s->len; k++)
-                if (tok_ids_push(out, t->byte_tok[b[k]]))
-                    return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");
-        } else if (t->unk >= 0) {
-            if (tok_ids_push(out, t->unk))
-                return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");
-        } else {
-            return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                               "tokenizer '%s': cannot encode byte 0x%02X: no byte token and "
-                               "no unknown token", t->model, b[0]);
-        }
-    }
-    return KVQ_OK;
-}
-
-/* ==========================================================================
  * building
  * ========================================================================== */
 
@@ -336,7 +201,7 @@ static size_t decode_piece(const kvq_tokenizer *t, int32_t id, char *out)
     case KVQ_TOKEN_UNKNOWN:
         return 0;
     case KVQ_TOKEN_BYTE:
-        out[0] = (char)parse_byte_token(s, n);
+        out[0] = (char)tok_parse_byte_token(s, n);
         return 1;
     case KVQ_TOKEN_USER_DEFINED:
         memcpy(out, s, n);
@@ -374,15 +239,10 @@ static size_t decode_piece(const kvq_tokenizer *t, int32_t id, char *out)
     return w;
 }
 
-kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const char *label,
-                             const kvq_callbacks *cb, kvq_tokenizer **out, kvq_err *err)
+/* The argument and vocabulary checks of kvq_tokenizer_new, before anything is built. */
+static kvq_status check_vocab(kvq_tokenizer_kind kind, const kvq_vocab *v, const char *label,
+                              const char *model, kvq_err *err)
 {
-    kvq_status st = KVQ_OK;
-    kvq_tokenizer *t = NULL;
-    const char *model = v && v->model ? v->model : (kind == KVQ_TOKENIZER_SPM ? "spm" : "bpe");
-    if (!label)
-        label = "tokenizer";
-    *out = NULL;
     if (!v || (kind != KVQ_TOKENIZER_SPM && kind != KVQ_TOKENIZER_BPE) || !v->tokens)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: bad tokenizer arguments (tokenizer "
                            "model '%s')", label, model);
@@ -403,99 +263,90 @@ kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const 
             return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s token id %d is outside the "
                                "vocabulary of %u (tokenizer model '%s')", label,
                                special_name[k], special[k], n, model);
+    return KVQ_OK;
+}
 
-    t = calloc(1, sizeof *t);
-    if (!t)
-        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-    t->kind = kind;
-    snprintf(t->model, sizeof t->model, "%s", model);
-    t->n = n;
-    t->bos = v->bos;
-    t->eos = v->eos;
-    t->unk = v->unk;
-    t->add_bos = v->add_bos != 0;
-    t->add_space_prefix = v->add_space_prefix != 0;
-    t->byte_level = kind == KVQ_TOKENIZER_BPE && v->byte_level;
-    t->ignore_merges = t->byte_level && v->ignore_merges;
-    t->pretok = t->byte_level ? v->pretok : KVQ_PRETOK_NONE;
-    t->max_digits = v->max_digits;
-    for (int b = 0; b < 256; b++)
-        t->byte_tok[b] = t->byte_sym[b] = -1;
-
-    /* ---- strings, types, scores ---- */
+/* The token strings: offsets and lengths, then one NUL-terminated copy each (the
+ * piece arrays are allocated with the same layout, filled by build_pieces). */
+static kvq_status build_strings(kvq_tokenizer *t, const kvq_vocab *v, const char *label,
+                                const char *model, kvq_err *err)
+{
+    const uint32_t n = t->n;
     t->str_off = malloc(n * sizeof *t->str_off);
     t->str_len = malloc(n * sizeof *t->str_len);
     t->piece_off = malloc(n * sizeof *t->piece_off);
     t->piece_len = malloc(n * sizeof *t->piece_len);
     t->types = malloc(n);
-    if (!t->str_off || !t->str_len || !t->piece_off || !t->piece_len || !t->types) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
+    if (!t->str_off || !t->str_len || !t->piece_off || !t->piece_len || !t->types)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     size_t total = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (!v->tokens[i]) {
-            st = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: token %u is NULL (tokenizer model "
-                             "'%s')", label, i, model);
-            goto done;
-        }
+        if (!v->tokens[i])
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: token %u is NULL (tokenizer model "
+                               "'%s')", label, i, model);
         size_t len = v->token_lens ? v->token_lens[i] : strlen(v->tokens[i]);
-        if (len > UINT32_MAX / 2 || !kvq_size_add(total, len + 1, &total)) {
-            st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: token %u is too long (tokenizer model "
-                             "'%s')", label, i, model);
-            goto done;
-        }
+        if (len > UINT32_MAX / 2 || !kvq_size_add(total, len + 1, &total))
+            return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: token %u is too long (tokenizer model "
+                               "'%s')", label, i, model);
         t->str_off[i] = total - len - 1;
         t->str_len[i] = (uint32_t)len;
     }
     t->str = malloc(total ? total : 1);
     t->piece = malloc(total ? total : 1);
-    if (!t->str || !t->piece) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
+    if (!t->str || !t->piece)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     for (uint32_t i = 0; i < n; i++) {
         memcpy(t->str + t->str_off[i], v->tokens[i], t->str_len[i]);
         t->str[t->str_off[i] + t->str_len[i]] = '\0';
     }
+    return KVQ_OK;
+}
+
+/* The type of every token (given, or guessed from the special ids and <0xHH>) and the
+ * byte fallback table. */
+static kvq_status build_types(kvq_tokenizer *t, const kvq_vocab *v, const char *label,
+                              const char *model, kvq_err *err)
+{
     const int bytes_possible = !t->byte_level; /* <0xHH> tokens exist in SPM/metaspace */
-    for (uint32_t i = 0; i < n; i++) {
+    for (uint32_t i = 0; i < t->n; i++) {
         const char *s = tok_str(t, (int32_t)i);
         int type;
         if (v->types) {
             type = v->types[i] == 0 ? KVQ_TOKEN_NORMAL : v->types[i];
-            if (type < KVQ_TOKEN_NORMAL || type > KVQ_TOKEN_BYTE) {
-                st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: token %u has type %d (tokenizer "
-                                 "model '%s')", label, i, v->types[i], model);
-                goto done;
-            }
+            if (type < KVQ_TOKEN_NORMAL || type > KVQ_TOKEN_BYTE)
+                return kvq_err_set(err, KVQ_E_CORRUPT, "%s: token %u has type %d (tokenizer "
+                                   "model '%s')", label, i, v->types[i], model);
         } else if ((int32_t)i == v->unk) {
             type = KVQ_TOKEN_UNKNOWN;
         } else if ((int32_t)i == v->bos || (int32_t)i == v->eos) {
             type = KVQ_TOKEN_CONTROL;
-        } else if (bytes_possible && parse_byte_token(s, t->str_len[i]) >= 0) {
+        } else if (bytes_possible && tok_parse_byte_token(s, t->str_len[i]) >= 0) {
             type = KVQ_TOKEN_BYTE;
         } else {
             type = KVQ_TOKEN_NORMAL;
         }
         if (type == KVQ_TOKEN_BYTE) {
-            int b = parse_byte_token(s, t->str_len[i]);
-            if (b < 0) {
-                st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: byte token %u is '%.32s', not <0xHH> "
-                                 "(tokenizer model '%s')", label, i, s, model);
-                goto done;
-            }
+            int b = tok_parse_byte_token(s, t->str_len[i]);
+            if (b < 0)
+                return kvq_err_set(err, KVQ_E_CORRUPT, "%s: byte token %u is '%.32s', not "
+                                   "<0xHH> (tokenizer model '%s')", label, i, s, model);
             if (t->byte_tok[b] < 0)
                 t->byte_tok[b] = (int32_t)i;
         }
         t->types[i] = (uint8_t)type;
     }
+    return KVQ_OK;
+}
+
+/* The scores (when given) and each token's decoded piece. */
+static kvq_status build_pieces(kvq_tokenizer *t, const kvq_vocab *v, const char *label,
+                               kvq_err *err)
+{
+    const uint32_t n = t->n;
     if (v->scores) {
         t->scores = malloc(n * sizeof *t->scores);
-        if (!t->scores) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
+        if (!t->scores)
+            return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
         memcpy(t->scores, v->scores, n * sizeof *t->scores);
     }
     for (uint32_t i = 0; i < n; i++) {
@@ -504,14 +355,18 @@ kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const 
         t->piece_len[i] = (uint32_t)w;
         t->piece[t->piece_off[i] + w] = '\0';
     }
+    return KVQ_OK;
+}
 
-    /* ---- string -> id table (first id wins) ---- */
+/* The string -> id table (first id wins) and, byte-level, the token of each byte's
+ * GPT-2 alphabet character. */
+static kvq_status build_table(kvq_tokenizer *t, const char *label, kvq_err *err)
+{
+    const uint32_t n = t->n;
     t->table_mask = pow2_at_least((size_t)n * 2) - 1;
     t->table = malloc((t->table_mask + 1) * sizeof *t->table);
-    if (!t->table) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
+    if (!t->table)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
     memset(t->table, 0xff, (t->table_mask + 1) * sizeof *t->table);
     for (uint32_t i = 0; i < n; i++) {
         size_t len = t->str_len[i];
@@ -529,91 +384,140 @@ kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const 
             t->byte_sym[b] = tok_lookup(t, u, k);
         }
     }
+    return KVQ_OK;
+}
 
-    /* ---- merges ---- */
-    if (kind == KVQ_TOKENIZER_BPE && v->n_merges > 0) {
-        if (!v->merges && !v->merge_pairs) {
-            st = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: merge count without merges "
-                             "(tokenizer model '%s')", label, model);
-            goto done;
-        }
-        if (v->n_merges > INT32_MAX / 4) {
-            st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %u merges (tokenizer model '%s')",
-                             label, v->n_merges, model);
-            goto done;
-        }
-        t->pair_mask = pow2_at_least((size_t)v->n_merges * 2) - 1;
-        t->pairs = malloc((t->pair_mask + 1) * sizeof *t->pairs);
-        char *cat = NULL;
-        size_t cat_cap = 0;
-        if (!t->pairs) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        for (size_t i = 0; i <= t->pair_mask; i++)
-            t->pairs[i].key = UINT64_MAX;
-        uint32_t skipped = 0;
-        for (uint32_t m = 0; m < v->n_merges; m++) {
-            const char *a, *b;
-            size_t an, bn;
-            if (v->merges) {
-                const char *s = v->merges[m];
-                const char *sp = s ? strchr(s, ' ') : NULL;
-                if (!sp) {
-                    free(cat);
-                    st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u is not \"left right\" "
-                                     "(tokenizer model '%s')", label, m, model);
-                    goto done;
-                }
-                a = s;
-                an = (size_t)(sp - s);
-                b = sp + 1;
-                bn = strlen(b);
-            } else {
-                a = v->merge_pairs[2 * (size_t)m];
-                b = v->merge_pairs[2 * (size_t)m + 1];
-                if (!a || !b) {
-                    free(cat);
-                    st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u is incomplete "
-                                     "(tokenizer model '%s')", label, m, model);
-                    goto done;
-                }
-                an = strlen(a);
-                bn = strlen(b);
-            }
-            if (an + bn > cat_cap) {
-                char *c2 = realloc(cat, an + bn);
-                if (!c2) {
-                    free(cat);
-                    st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-                    goto done;
-                }
-                cat = c2;
-                cat_cap = an + bn;
-            }
-            int32_t la = tok_lookup(t, a, an), rb = tok_lookup(t, b, bn);
-            if (an + bn > 0) {
-                memcpy(cat, a, an);
-                memcpy(cat + an, b, bn);
-            }
-            int32_t id = tok_lookup(t, cat, an + bn);
-            if (la < 0 || rb < 0 || id < 0) {
-                skipped++;
-                continue;
-            }
-            tok_pair *p = (tok_pair *)pair_find(t, la, rb);
-            if (p->key == UINT64_MAX) { /* a repeated pair keeps its first rank */
-                p->key = (uint64_t)(uint32_t)la << 32 | (uint32_t)rb;
-                p->rank = (int32_t)m;
-                p->id = id;
-            }
-        }
-        free(cat);
-        if (skipped)
-            kvq_log(cb, KVQ_LOG_WARN, "%s: %u of %u merges name strings that are not tokens; "
-                    "skipped (tokenizer model '%s')", label, skipped, v->n_merges, model);
+/* Merge m's two sides: "left right" (v->merges) or a pair (v->merge_pairs). 0 ok,
+ * -1 not "left right", -2 incomplete pair. */
+static int merge_sides(const kvq_vocab *v, uint32_t m, const char **a, size_t *an,
+                       const char **b, size_t *bn)
+{
+    if (v->merges) {
+        const char *s = v->merges[m];
+        const char *sp = s ? strchr(s, ' ') : NULL;
+        if (!sp)
+            return -1;
+        *a = s;
+        *an = (size_t)(sp - s);
+        *b = sp + 1;
+        *bn = strlen(*b);
+    } else {
+        *a = v->merge_pairs[2 * (size_t)m];
+        *b = v->merge_pairs[2 * (size_t)m + 1];
+        if (!*a || !*b)
+            return -2;
+        *an = strlen(*a);
+        *bn = strlen(*b);
     }
-done:
+    return 0;
+}
+
+/* The (left id, right id) -> (rank, merged id) table of a BPE vocabulary; merges that
+ * name strings which are not tokens are skipped with a warning. */
+static kvq_status build_merges(kvq_tokenizer *t, const kvq_vocab *v, const char *label,
+                               const char *model, const kvq_callbacks *cb, kvq_err *err)
+{
+    if (!v->merges && !v->merge_pairs)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: merge count without merges "
+                           "(tokenizer model '%s')", label, model);
+    if (v->n_merges > INT32_MAX / 4)
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %u merges (tokenizer model '%s')",
+                           label, v->n_merges, model);
+    t->pair_mask = pow2_at_least((size_t)v->n_merges * 2) - 1;
+    t->pairs = malloc((t->pair_mask + 1) * sizeof *t->pairs);
+    if (!t->pairs)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+    for (size_t i = 0; i <= t->pair_mask; i++)
+        t->pairs[i].key = UINT64_MAX;
+    kvq_status st = KVQ_OK;
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    uint32_t skipped = 0;
+    for (uint32_t m = 0; m < v->n_merges; m++) {
+        const char *a, *b;
+        size_t an, bn;
+        int rc = merge_sides(v, m, &a, &an, &b, &bn);
+        if (rc == -1) {
+            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u is not \"left right\" "
+                             "(tokenizer model '%s')", label, m, model);
+            break;
+        }
+        if (rc == -2) {
+            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u is incomplete "
+                             "(tokenizer model '%s')", label, m, model);
+            break;
+        }
+        if (an + bn > cat_cap) {
+            char *c2 = realloc(cat, an + bn);
+            if (!c2) {
+                st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+                break;
+            }
+            cat = c2;
+            cat_cap = an + bn;
+        }
+        int32_t la = tok_lookup(t, a, an), rb = tok_lookup(t, b, bn);
+        if (an + bn > 0) {
+            memcpy(cat, a, an);
+            memcpy(cat + an, b, bn);
+        }
+        int32_t id = tok_lookup(t, cat, an + bn);
+        if (la < 0 || rb < 0 || id < 0) {
+            skipped++;
+            continue;
+        }
+        tok_pair *p = (tok_pair *)pair_find(t, la, rb);
+        if (p->key == UINT64_MAX) { /* a repeated pair keeps its first rank */
+            p->key = (uint64_t)(uint32_t)la << 32 | (uint32_t)rb;
+            p->rank = (int32_t)m;
+            p->id = id;
+        }
+    }
+    free(cat);
+    if (st == KVQ_OK && skipped)
+        kvq_log(cb, KVQ_LOG_WARN, "%s: %u of %u merges name strings that are not tokens; "
+                "skipped (tokenizer model '%s')", label, skipped, v->n_merges, model);
+    return st;
+}
+
+kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const char *label,
+                             const kvq_callbacks *cb, kvq_tokenizer **out, kvq_err *err)
+{
+    const char *model = v && v->model ? v->model : (kind == KVQ_TOKENIZER_SPM ? "spm" : "bpe");
+    if (!label)
+        label = "tokenizer";
+    *out = NULL;
+    kvq_status st = check_vocab(kind, v, label, model, err);
+    if (st)
+        return st;
+
+    kvq_tokenizer *t = calloc(1, sizeof *t);
+    if (!t)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
+    t->kind = kind;
+    snprintf(t->model, sizeof t->model, "%s", model);
+    t->n = v->n_tokens;
+    t->bos = v->bos;
+    t->eos = v->eos;
+    t->unk = v->unk;
+    t->add_bos = v->add_bos != 0;
+    t->add_space_prefix = v->add_space_prefix != 0;
+    t->byte_level = kind == KVQ_TOKENIZER_BPE && v->byte_level;
+    t->ignore_merges = t->byte_level && v->ignore_merges;
+    t->pretok = t->byte_level ? v->pretok : KVQ_PRETOK_NONE;
+    t->max_digits = v->max_digits;
+    for (int b = 0; b < 256; b++)
+        t->byte_tok[b] = t->byte_sym[b] = -1;
+
+    st = build_strings(t, v, label, model, err);
+    if (st == KVQ_OK)
+        st = build_types(t, v, label, model, err);
+    if (st == KVQ_OK)
+        st = build_pieces(t, v, label, err);
+    if (st == KVQ_OK)
+        st = build_table(t, label, err);
+    if (st == KVQ_OK && kind == KVQ_TOKENIZER_BPE && v->n_merges > 0)
+        st = build_merges(t, v, label, model, cb, err);
     if (st != KVQ_OK) {
         kvq_tokenizer_free(t);
         return st;
@@ -865,724 +769,6 @@ kvq_status kvq_ids_read(const char *path, uint32_t n_vocab, int32_t **ids, size_
     *n = count;
 done:
     kvq_unmap(&m);
-    return st;
-}
-
-/* ==========================================================================
- * GGUF
- * ========================================================================== */
-
-/* An array of `type` items with n entries, or NULL. */
-static const kvq_gguf_value *gguf_array(const kvq_gguf *g, const char *key, kvq_gguf_type type)
-{
-    const kvq_gguf_value *v = kvq_gguf_get(g, key);
-    if (!v || v->type != KVQ_GGUF_ARRAY || v->v.arr.type != type)
-        return NULL;
-    return v;
-}
-
-/* Reads an optional token id key: *id stays as given when absent; UINT32_MAX and
- * larger mean "none". 0 ok, -1 out of range, -2 wrong type. */
-static int gguf_token_id(const kvq_gguf *g, const char *key, uint32_t n, int32_t *id)
-{
-    const kvq_gguf_value *v = kvq_gguf_get(g, key);
-    if (!v)
-        return 0;
-    uint64_t u;
-    if (kvq_gguf_get_u64(g, key, &u) != 0)
-        return -2;
-    if (u >= UINT32_MAX) {
-        *id = -1;
-        return 0;
-    }
-    if (u >= n)
-        return -1;
-    *id = (int32_t)u;
-    return 0;
-}
-
-static int gguf_bool(const kvq_gguf *g, const char *key, int dflt)
-{
-    const kvq_gguf_value *v = kvq_gguf_get(g, key);
-    if (!v)
-        return dflt;
-    if (v->type == KVQ_GGUF_BOOL)
-        return v->v.u != 0;
-    uint64_t u;
-    return kvq_gguf_get_u64(g, key, &u) == 0 ? u != 0 : dflt;
-}
-
-kvq_status kvq_tokenizer_from_gguf(const kvq_gguf *g, const char *label,
-                                   const kvq_callbacks *cb, kvq_tokenizer **out, kvq_err *err)
-{
-    kvq_status st = KVQ_OK;
-    const char **tokens = NULL, **merges = NULL;
-    uint32_t *lens = NULL;
-    float *scores = NULL;
-    int32_t *types = NULL;
-    *out = NULL;
-    if (!label)
-        label = "gguf";
-
-    const char *model = kvq_gguf_get_str(g, "tokenizer.ggml.model");
-    if (!model)
-        return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: no tokenizer (tokenizer.ggml.model is "
-                           "missing)", label);
-    kvq_tokenizer_kind kind;
-    if (strcmp(model, "llama") == 0)
-        kind = KVQ_TOKENIZER_SPM;
-    else if (strcmp(model, "gpt2") == 0)
-        kind = KVQ_TOKENIZER_BPE;
-    else
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: tokenizer model '%s' is not supported "
-                           "(supported: llama, gpt2)", label, model);
-
-    const kvq_gguf_value *tv = gguf_array(g, "tokenizer.ggml.tokens", KVQ_GGUF_STRING);
-    if (!tv || tv->v.arr.n == 0)
-        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: tokenizer.ggml.tokens is missing or not a "
-                           "non-empty array of strings (tokenizer model '%s')", label, model);
-    if (tv->v.arr.n > KVQ_TOKENIZER_MAX_VOCAB)
-        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %llu tokens (tokenizer model '%s')",
-                           label, (unsigned long long)tv->v.arr.n, model);
-    const uint32_t n = (uint32_t)tv->v.arr.n;
-
-    kvq_vocab v;
-    kvq_vocab_default(&v);
-    v.model = model;
-    v.n_tokens = n;
-    tokens = malloc(n * sizeof *tokens);
-    lens = malloc(n * sizeof *lens);
-    if (!tokens || !lens) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        const kvq_gguf_value *it = &tv->v.arr.items[i];
-        if (it->v.str.len > UINT32_MAX / 2) {
-            st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: token %u is too long (tokenizer model "
-                             "'%s')", label, i, model);
-            goto done;
-        }
-        tokens[i] = it->v.str.s;
-        lens[i] = (uint32_t)it->v.str.len;
-    }
-    v.tokens = tokens;
-    v.token_lens = lens;
-
-    const kvq_gguf_value *sv = kvq_gguf_get(g, "tokenizer.ggml.scores");
-    if (sv) {
-        if (sv->type != KVQ_GGUF_ARRAY || sv->v.arr.type != KVQ_GGUF_FLOAT32 ||
-            sv->v.arr.n != n) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: tokenizer.ggml.scores is not %u f32 values "
-                             "(tokenizer model '%s')", label, n, model);
-            goto done;
-        }
-        scores = malloc(n * sizeof *scores);
-        if (!scores) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        for (uint32_t i = 0; i < n; i++)
-            scores[i] = (float)sv->v.arr.items[i].v.f;
-        v.scores = scores;
-    } else if (kind == KVQ_TOKENIZER_SPM) {
-        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: tokenizer.ggml.scores is missing (tokenizer "
-                         "model '%s')", label, model);
-        goto done;
-    }
-
-    const kvq_gguf_value *yv = kvq_gguf_get(g, "tokenizer.ggml.token_type");
-    if (yv) {
-        if (yv->type != KVQ_GGUF_ARRAY || yv->v.arr.n != n ||
-            (yv->v.arr.type != KVQ_GGUF_INT32 && yv->v.arr.type != KVQ_GGUF_UINT32)) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: tokenizer.ggml.token_type is not %u int32 "
-                             "values (tokenizer model '%s')", label, n, model);
-            goto done;
-        }
-        types = malloc(n * sizeof *types);
-        if (!types) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        for (uint32_t i = 0; i < n; i++) {
-            const kvq_gguf_value *it = &yv->v.arr.items[i];
-            int64_t x = it->type == KVQ_GGUF_INT32 ? it->v.i : (int64_t)it->v.u;
-            types[i] = (x < INT32_MIN || x > INT32_MAX) ? INT32_MAX : (int32_t)x; /* _new checks */
-        }
-        v.types = types;
-    }
-
-    static const char *const id_keys[3] = {"tokenizer.ggml.bos_token_id",
-                                           "tokenizer.ggml.eos_token_id",
-                                           "tokenizer.ggml.unknown_token_id"};
-    int32_t ids[3] = {-1, -1, -1};
-    if (kind == KVQ_TOKENIZER_SPM) { /* llama.cpp's defaults for SentencePiece vocabularies */
-        ids[0] = n > 1 ? 1 : -1;
-        ids[1] = n > 2 ? 2 : -1;
-        ids[2] = 0;
-    }
-    for (int k = 0; k < 3; k++) {
-        int rc = gguf_token_id(g, id_keys[k], n, &ids[k]);
-        if (rc) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s is %s (tokenizer model '%s')", label,
-                             id_keys[k], rc == -1 ? "outside the vocabulary" : "not an integer",
-                             model);
-            goto done;
-        }
-    }
-    v.bos = ids[0];
-    v.eos = ids[1];
-    v.unk = ids[2];
-
-    if (kind == KVQ_TOKENIZER_SPM) {
-        v.add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix", 1);
-        v.add_bos = gguf_bool(g, "tokenizer.ggml.add_bos_token", 1);
-    } else {
-        const kvq_gguf_value *mv = gguf_array(g, "tokenizer.ggml.merges", KVQ_GGUF_STRING);
-        if (!mv) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: tokenizer.ggml.merges is missing or not "
-                             "an array of strings (tokenizer model '%s')", label, model);
-            goto done;
-        }
-        if (mv->v.arr.n > INT32_MAX / 4) {
-            st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: %llu merges (tokenizer model '%s')",
-                             label, (unsigned long long)mv->v.arr.n, model);
-            goto done;
-        }
-        v.n_merges = (uint32_t)mv->v.arr.n;
-        merges = malloc((v.n_merges ? v.n_merges : 1) * sizeof *merges);
-        if (!merges) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        for (uint32_t i = 0; i < v.n_merges; i++)
-            merges[i] = mv->v.arr.items[i].v.str.s;
-        v.merges = merges;
-        v.byte_level = 1;
-        v.add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix", 0);
-        const char *pre = kvq_gguf_get_str(g, "tokenizer.ggml.pre");
-        v.pretok = KVQ_PRETOK_GPT2;
-        if (pre && (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") ||
-                    !strcmp(pre, "llama-v3"))) {
-            v.pretok = KVQ_PRETOK_LLAMA3;
-            v.max_digits = 3;
-            v.ignore_merges = 1;
-        } else if (pre && (!strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen"))) {
-            v.pretok = KVQ_PRETOK_LLAMA3;
-            v.max_digits = 1;
-        } else if (pre && strcmp(pre, "gpt-2") && strcmp(pre, "gpt2") &&
-                   strcmp(pre, "default")) {
-            kvq_log(cb, KVQ_LOG_WARN, "%s: pre-tokenizer '%s' is approximated by the GPT-2 split",
-                    label, pre);
-        }
-        v.add_bos = gguf_bool(g, "tokenizer.ggml.add_bos_token",
-                              v.pretok == KVQ_PRETOK_LLAMA3 && v.max_digits == 3);
-    }
-    st = kvq_tokenizer_new(kind, &v, label, cb, out, err);
-done:
-    free(tokens);
-    free(lens);
-    free(scores);
-    free(types);
-    free(merges);
-    return st;
-}
-
-/* ==========================================================================
- * llama2.c tokenizer.bin
- * ========================================================================== */
-
-static uint32_t rd_u32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-kvq_status kvq_tokenizer_from_llama2c_memory(const void *data, size_t size, const char *label,
-                                             kvq_tokenizer **out, kvq_err *err)
-{
-    const uint8_t *p = data;
-    kvq_status st = KVQ_OK;
-    char **tokens = NULL;
-    uint32_t *lens = NULL;
-    float *scores = NULL;
-    uint32_t n = 0;
-    *out = NULL;
-    if (!label)
-        label = "tokenizer.bin";
-    if (size < 4)
-        return kvq_err_set(err, KVQ_E_TRUNCATED_HEADER, "%s: %zu bytes, too short for a "
-                           "llama2.c tokenizer (tokenizer model 'llama2c')", label, size);
-    int32_t max_len = (int32_t)rd_u32(p);
-    if (max_len < 1)
-        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: max_token_length %d (tokenizer model "
-                           "'llama2c')", label, max_len);
-    /* pass 1: count and check every record against the bytes remaining */
-    size_t off = 4;
-    while (off < size) {
-        if (size - off < 8) {
-            return kvq_err_set(err, KVQ_E_TRUNCATED_DATA, "%s: token %u is cut short at byte "
-                               "%zu (tokenizer model 'llama2c')", label, n, off);
-        }
-        int32_t len = (int32_t)rd_u32(p + off + 4);
-        if (len < 0)
-            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: token %u has length %d (tokenizer "
-                               "model 'llama2c')", label, n, len);
-        if ((size_t)len > size - off - 8)
-            return kvq_err_set(err, KVQ_E_TRUNCATED_DATA, "%s: token %u (%d bytes) runs past "
-                               "the end of the file (tokenizer model 'llama2c')", label, n, len);
-        off += 8 + (size_t)len;
-        if (++n > KVQ_TOKENIZER_MAX_VOCAB)
-            return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: more than %u tokens (tokenizer model "
-                               "'llama2c')", label, KVQ_TOKENIZER_MAX_VOCAB);
-    }
-    if (n == 0)
-        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: no tokens (tokenizer model 'llama2c')",
-                           label);
-    tokens = calloc(n, sizeof *tokens);
-    lens = malloc(n * sizeof *lens);
-    scores = malloc(n * sizeof *scores);
-    if (!tokens || !lens || !scores) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
-    /* pass 2: copy, turning ' ' back into '▁' and "\n<s>\n" into "<s>" */
-    off = 4;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t sb = rd_u32(p + off);
-        float sc;
-        memcpy(&sc, &sb, 4);
-        size_t len = rd_u32(p + off + 4);
-        const char *s = (const char *)p + off + 8;
-        off += 8 + len;
-        if (len >= 2 && s[0] == '\n' && s[len - 1] == '\n' &&
-            ((len == 5 && !memcmp(s + 1, "<s>", 3)) || (len == 6 && !memcmp(s + 1, "</s>", 4)))) {
-            s++;
-            len -= 2;
-        }
-        char *d = malloc(3 * len + 1);
-        if (!d) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        size_t w = 0;
-        for (size_t k = 0; k < len; k++) {
-            if (s[k] == ' ') {
-                memcpy(d + w, "\xe2\x96\x81", 3);
-                w += 3;
-            } else {
-                d[w++] = s[k];
-            }
-        }
-        d[w] = '\0';
-        tokens[i] = d;
-        lens[i] = (uint32_t)w;
-        scores[i] = sc;
-    }
-    kvq_vocab v;
-    kvq_vocab_default(&v);
-    v.model = "llama2c";
-    v.n_tokens = n;
-    v.tokens = (const char *const *)tokens;
-    v.token_lens = lens;
-    v.scores = scores;
-    v.unk = 0;
-    v.bos = n > 1 ? 1 : -1;
-    v.eos = n > 2 ? 2 : -1;
-    v.add_bos = 1;
-    v.add_space_prefix = 1;
-    st = kvq_tokenizer_new(KVQ_TOKENIZER_SPM, &v, label, NULL, out, err);
-done:
-    if (tokens)
-        for (uint32_t i = 0; i < n; i++)
-            free(tokens[i]);
-    free(tokens);
-    free(lens);
-    free(scores);
-    return st;
-}
-
-kvq_status kvq_tokenizer_from_llama2c(const char *path, kvq_tokenizer **out, kvq_err *err)
-{
-    kvq_map m;
-    *out = NULL;
-    kvq_status st = kvq_map_file(path, &m, err);
-    if (st)
-        return st;
-    st = kvq_tokenizer_from_llama2c_memory(m.data, m.size, path, out, err);
-    kvq_unmap(&m);
-    return st;
-}
-
-/* ==========================================================================
- * HF tokenizer.json
- * ========================================================================== */
-
-static const char *json_str(const cJSON *obj, const char *key)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    return cJSON_IsString(it) ? it->valuestring : NULL;
-}
-
-/* A special-token entry of tokenizer_config.json: "text" or {"content": "text"}. */
-static const char *json_token_text(const cJSON *obj, const char *key)
-{
-    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (cJSON_IsString(it))
-        return it->valuestring;
-    if (cJSON_IsObject(it))
-        return json_str(it, "content");
-    return NULL;
-}
-
-/* Does the JSON tree of a normalizer/pre-tokenizer/decoder mention a component of
- * type `type`? Looks through "Sequence" lists (any nesting). */
-static const cJSON *json_find_type(const cJSON *node, const char *type)
-{
-    if (!node || cJSON_IsNull(node))
-        return NULL;
-    if (cJSON_IsObject(node)) {
-        const char *t = json_str(node, "type");
-        if (t && strcmp(t, type) == 0)
-            return node;
-        static const char *const lists[] = {"pretokenizers", "normalizers", "decoders",
-                                            "processors"};
-        for (size_t k = 0; k < sizeof lists / sizeof *lists; k++) {
-            const cJSON *l = cJSON_GetObjectItemCaseSensitive(node, lists[k]);
-            const cJSON *e;
-            cJSON_ArrayForEach(e, l) {
-                const cJSON *f = json_find_type(e, type);
-                if (f)
-                    return f;
-            }
-        }
-    }
-    return NULL;
-}
-
-/* tokenizer.json ids must stay below 2 x (vocab + added_tokens entries) + this. */
-#define HF_SPARSE_SLACK 1024
-
-static int is_int_id(const cJSON *it, uint32_t limit)
-{
-    if (!cJSON_IsNumber(it))
-        return 0;
-    double d = it->valuedouble;
-    return d >= 0 && d < (double)limit && d == (double)(int64_t)d;
-}
-
-/* Chooses the pre-token split from a Split pre-tokenizer's regex (or GPT-2 when the
- * ByteLevel pre-tokenizer does the splitting itself). */
-static void hf_pretok(const cJSON *pre, kvq_vocab *v, const char *label,
-                      const kvq_callbacks *cb)
-{
-    v->pretok = KVQ_PRETOK_GPT2;
-    v->max_digits = 0;
-    const cJSON *split = json_find_type(pre, "Split");
-    const char *re = NULL;
-    if (split) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(split, "pattern");
-        re = json_str(pat, "Regex");
-    }
-    if (!re)
-        return;
-    if (strstr(re, "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+")) {
-        v->pretok = KVQ_PRETOK_LLAMA3;
-        v->max_digits = strstr(re, "\\p{N}{1,3}") ? 3 : strstr(re, "\\p{N}+") ? 0 : 1;
-        return;
-    }
-    if (!strstr(re, " ?\\p{L}+| ?\\p{N}+"))
-        kvq_log(cb, KVQ_LOG_WARN, "%s: pre-tokenizer regex '%.80s' is approximated by the "
-                "GPT-2 split", label, re);
-}
-
-kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const char *config,
-                                             const char *label, const kvq_callbacks *cb,
-                                             kvq_tokenizer **out, kvq_err *err)
-{
-    kvq_status st = KVQ_OK;
-    cJSON *root = NULL, *cfg = NULL;
-    const char **tokens = NULL, **merges = NULL;
-    int32_t *types = NULL;
-    *out = NULL;
-    if (!label)
-        label = "tokenizer.json";
-
-    root = cJSON_ParseWithLength(json, len);
-    if (!root || !cJSON_IsObject(root)) {
-        st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: not a JSON object", label);
-        goto done;
-    }
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model)) {
-        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: no \"model\" object", label);
-        goto done;
-    }
-    const char *mtype = json_str(model, "type");
-    if (mtype && strcmp(mtype, "BPE") != 0) {
-        st = kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: tokenizer model type '%s' is not "
-                         "supported (supported: BPE)", label, mtype);
-        goto done;
-    }
-    const char *cwp = json_str(model, "continuing_subword_prefix");
-    const char *ews = json_str(model, "end_of_word_suffix");
-    if ((cwp && *cwp) || (ews && *ews)) {
-        st = kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: BPE with a subword prefix/suffix is not "
-                         "supported (tokenizer model 'BPE')", label);
-        goto done;
-    }
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *mlist = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (!cJSON_IsObject(vocab) || (mlist && !cJSON_IsArray(mlist)) ||
-        (added && !cJSON_IsNull(added) && !cJSON_IsArray(added))) {
-        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: model.vocab must be an object, model.merges "
-                         "and added_tokens arrays (tokenizer model 'BPE')", label);
-        goto done;
-    }
-    /* vocabulary size: the largest id + 1 over vocab and added_tokens */
-    uint32_t n = 0;
-    uint64_t entries = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, vocab) {
-        entries++;
-        if (!is_int_id(e, KVQ_TOKENIZER_MAX_VOCAB)) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: vocab entry '%.40s' does not have an id in "
-                             "[0, %u) (tokenizer model 'BPE')", label, e->string,
-                             KVQ_TOKENIZER_MAX_VOCAB);
-            goto done;
-        }
-        if ((uint32_t)e->valuedouble + 1 > n)
-            n = (uint32_t)e->valuedouble + 1;
-    }
-    cJSON_ArrayForEach(e, added) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "id");
-        entries++;
-        if (!cJSON_IsObject(e) || !is_int_id(id, KVQ_TOKENIZER_MAX_VOCAB) ||
-            !json_str(e, "content")) {
-            st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: an added_tokens entry lacks an id or "
-                             "content (tokenizer model 'BPE')", label);
-            goto done;
-        }
-        if ((uint32_t)id->valuedouble + 1 > n)
-            n = (uint32_t)id->valuedouble + 1;
-    }
-    if (n == 0) {
-        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: empty vocabulary (tokenizer model 'BPE')",
-                         label);
-        goto done;
-    }
-    /* Ids index dense arrays: a few entries with a huge id would cost memory and time
-     * in proportion to the id, not to the file. Real vocabularies have few holes. */
-    if ((uint64_t)n - 1 >= 2 * entries + HF_SPARSE_SLACK) {
-        st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: sparse vocabulary: largest id %u for %llu "
-                         "entries (it must be below 2 x entries + %d; tokenizer model 'BPE')",
-                         label, n - 1, (unsigned long long)entries, HF_SPARSE_SLACK);
-        goto done;
-    }
-    tokens = calloc(n, sizeof *tokens);
-    types = calloc(n, sizeof *types);
-    if (!tokens || !types) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-        goto done;
-    }
-    cJSON_ArrayForEach(e, vocab) {
-        uint32_t id = (uint32_t)e->valuedouble;
-        if (!tokens[id]) {
-            tokens[id] = e->string;
-            types[id] = KVQ_TOKEN_NORMAL;
-        }
-    }
-    cJSON_ArrayForEach(e, added) {
-        uint32_t id = (uint32_t)cJSON_GetObjectItemCaseSensitive(e, "id")->valuedouble;
-        tokens[id] = json_str(e, "content");
-        types[id] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(e, "special"))
-                        ? KVQ_TOKEN_CONTROL : KVQ_TOKEN_USER_DEFINED;
-    }
-    for (uint32_t i = 0; i < n; i++)
-        if (!tokens[i]) { /* a hole in the id space */
-            tokens[i] = "";
-            types[i] = KVQ_TOKEN_UNUSED;
-        }
-
-    kvq_vocab v;
-    kvq_vocab_default(&v);
-    v.model = "hf-bpe";
-    v.n_tokens = n;
-    v.tokens = tokens;
-    v.types = types;
-
-    /* merges: "a b" strings or [a, b] pairs */
-    uint32_t nm = (uint32_t)cJSON_GetArraySize(mlist);
-    if (nm > 0) {
-        merges = malloc(2 * (size_t)nm * sizeof *merges);
-        if (!merges) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", label);
-            goto done;
-        }
-        uint32_t m = 0;
-        int as_strings = -1;
-        cJSON_ArrayForEach(e, mlist) {
-            if (cJSON_IsString(e) && as_strings != 0) {
-                as_strings = 1;
-                merges[m] = e->valuestring;
-                if (!strchr(e->valuestring, ' ')) {
-                    st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u '%.40s' is not \"left "
-                                     "right\" (tokenizer model 'BPE')", label, m, e->valuestring);
-                    goto done;
-                }
-            } else if (cJSON_IsArray(e) && as_strings != 1 && cJSON_GetArraySize(e) == 2 &&
-                       cJSON_IsString(cJSON_GetArrayItem(e, 0)) &&
-                       cJSON_IsString(cJSON_GetArrayItem(e, 1))) {
-                as_strings = 0;
-                merges[2 * (size_t)m] = cJSON_GetArrayItem(e, 0)->valuestring;
-                merges[2 * (size_t)m + 1] = cJSON_GetArrayItem(e, 1)->valuestring;
-            } else {
-                st = kvq_err_set(err, KVQ_E_CORRUPT, "%s: merge %u is neither \"left right\" nor "
-                                 "[left, right] (tokenizer model 'BPE')", label, m);
-                goto done;
-            }
-            m++;
-        }
-        v.n_merges = nm;
-        if (as_strings == 1)
-            v.merges = merges;
-        else
-            v.merge_pairs = merges;
-    }
-
-    /* flavour: byte-level or metaspace */
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    const cJSON *bl = json_find_type(pre, "ByteLevel");
-    if (!bl)
-        bl = json_find_type(dec, "ByteLevel");
-    const cJSON *meta = json_find_type(pre, "Metaspace");
-    int metaspace_norm = json_find_type(norm, "Replace") || json_find_type(norm, "Prepend");
-    if (bl) {
-        v.byte_level = 1;
-        const cJSON *aps = cJSON_GetObjectItemCaseSensitive(bl, "add_prefix_space");
-        v.add_space_prefix = cJSON_IsTrue(aps) && json_find_type(pre, "ByteLevel") != NULL;
-        const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(bl, "use_regex");
-        if (json_find_type(pre, "Split") || !cJSON_IsFalse(use_regex))
-            hf_pretok(pre, &v, label, cb);
-        else
-            v.pretok = KVQ_PRETOK_NONE;
-        v.ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-    } else if (meta || metaspace_norm) {
-        v.byte_level = 0;
-        v.add_space_prefix = json_find_type(norm, "Prepend") != NULL;
-        if (meta) {
-            const char *scheme = json_str(meta, "prepend_scheme");
-            const cJSON *aps = cJSON_GetObjectItemCaseSensitive(meta, "add_prefix_space");
-            v.add_space_prefix = scheme ? strcmp(scheme, "never") != 0 : !cJSON_IsFalse(aps);
-        }
-    } else {
-        st = kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: BPE without ByteLevel or Metaspace ('▁') "
-                         "handling is not supported (tokenizer model 'BPE')", label);
-        goto done;
-    }
-    if (!v.byte_level) /* byte fallback tokens are ordinary vocab entries in tokenizer.json */
-        for (uint32_t i = 0; i < n; i++)
-            if (types[i] == KVQ_TOKEN_NORMAL && parse_byte_token(tokens[i], strlen(tokens[i])) >= 0)
-                types[i] = KVQ_TOKEN_BYTE;
-    if (!v.byte_level && json_find_type(norm, "NFC"))
-        kvq_log(cb, KVQ_LOG_WARN, "%s: the NFC normalizer is not applied", label);
-    if (v.byte_level && (json_find_type(norm, "NFC") || json_find_type(norm, "NFKC")))
-        kvq_log(cb, KVQ_LOG_WARN, "%s: the Unicode normalizer is not applied", label);
-
-    /* special tokens */
-    const char *unk = json_str(model, "unk_token");
-    if (unk) {
-        for (uint32_t i = 0; i < n && v.unk < 0; i++)
-            if (strcmp(tokens[i], unk) == 0)
-                v.unk = (int32_t)i;
-    }
-    const char *bos = NULL, *eos = NULL;
-    int add_bos = -1;
-    if (config) {
-        cfg = cJSON_Parse(config);
-        if (!cJSON_IsObject(cfg)) {
-            st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s: tokenizer_config.json is not a JSON "
-                             "object", label);
-            goto done;
-        }
-        bos = json_token_text(cfg, "bos_token");
-        eos = json_token_text(cfg, "eos_token");
-        const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
-        if (cJSON_IsBool(ab))
-            add_bos = cJSON_IsTrue(ab);
-    }
-    if (!bos) { /* the template's first special token */
-        const cJSON *tp = json_find_type(cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
-                                         "TemplateProcessing");
-        const cJSON *single = tp ? cJSON_GetObjectItemCaseSensitive(tp, "single") : NULL;
-        const cJSON *first = cJSON_GetArrayItem(single, 0);
-        const cJSON *sp = first ? cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") : NULL;
-        if (sp) {
-            bos = json_str(sp, "id");
-            if (bos && add_bos < 0)
-                add_bos = 1;
-        }
-    }
-    static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<|endoftext|>"};
-    static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>"};
-    for (size_t k = 0; !bos && k < 3; k++)
-        for (uint32_t i = 0; i < n && !bos; i++)
-            if (strcmp(tokens[i], bos_names[k]) == 0)
-                bos = bos_names[k];
-    for (size_t k = 0; !eos && k < 3; k++)
-        for (uint32_t i = 0; i < n && !eos; i++)
-            if (strcmp(tokens[i], eos_names[k]) == 0)
-                eos = eos_names[k];
-    for (uint32_t i = 0; i < n; i++) {
-        if (bos && v.bos < 0 && strcmp(tokens[i], bos) == 0)
-            v.bos = (int32_t)i;
-        if (eos && v.eos < 0 && strcmp(tokens[i], eos) == 0)
-            v.eos = (int32_t)i;
-    }
-    v.add_bos = add_bos >= 0 ? add_bos : v.bos >= 0 && strcmp(tokens[v.bos], "<|endoftext|>");
-    st = kvq_tokenizer_new(KVQ_TOKENIZER_BPE, &v, label, cb, out, err);
-done:
-    free(tokens);
-    free(types);
-    free(merges);
-    cJSON_Delete(root);
-    cJSON_Delete(cfg);
-    return st;
-}
-
-kvq_status kvq_tokenizer_from_hf_json(const char *path, const kvq_callbacks *cb,
-                                      kvq_tokenizer **out, kvq_err *err)
-{
-    uint8_t *json = NULL, *config = NULL;
-    size_t n = 0, cn = 0;
-    char *cfg_path = NULL;
-    *out = NULL;
-    kvq_status st = kvq_read_file(path, &json, &n, err);
-    if (st)
-        return st;
-    const char *slash = strrchr(path, '/');
-    size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-    cfg_path = malloc(dir + sizeof "tokenizer_config.json");
-    if (!cfg_path) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    memcpy(cfg_path, path, dir);
-    memcpy(cfg_path + dir, "tokenizer_config.json", sizeof "tokenizer_config.json");
-    kvq_err cerr = {0};
-    kvq_status cst = kvq_read_file(cfg_path, &config, &cn, &cerr);
-    if (cst != KVQ_OK && cst != KVQ_E_NOT_FOUND) {
-        st = kvq_err_set(err, cst, "%s", cerr.msg);
-        goto done;
-    }
-    st = kvq_tokenizer_from_hf_json_memory((const char *)json, n, (const char *)config, path, cb,
-                                           out, err);
-done:
-    free(json);
-    free(config);
-    free(cfg_path);
     return st;
 }
 
