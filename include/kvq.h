@@ -4,7 +4,8 @@
  * Dependency order, bottom up (each layer uses only the ones below it):
  *   common      status codes, errors, callbacks, checked parsing, files, RNG
  *   formats     half precision, safetensors, GGUF, .kvq artifact
- *   calib       model loading, tokenizers, forward pass, corpus, capture
+ *   model       model loading (GGUF, HF), RoPE, forward pass, tokenizers
+ *   calib       corpus, capture, capture directory, merge
  *   cholesky    query moments, H, Cholesky factors
  *   kmeans      k-means++ and the codebook methods (CPU and CUDA backends)
  *   runtime     KV cache with codes, selectors, retrieval attention

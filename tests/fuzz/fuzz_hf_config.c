@@ -1,5 +1,5 @@
 /* fuzz_hf_config.c — libFuzzer target for the HF config.json and
- * model.safetensors.index.json parsing in calib/model_hf.c.
+ * model.safetensors.index.json parsing in model/model_hf.c.
  *
  * The parser is reachable only through kvq_model_open on a directory, so each input is
  * written into a fresh temporary directory: the bytes up to the first NUL as

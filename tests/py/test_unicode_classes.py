@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_unicode_classes.py - the pre-tokenizer's character classes.
 
-calib/unicode_classes.h must be what scripts/gen_unicode_classes.py generates from
+model/unicode_classes.h must be what scripts/gen_unicode_classes.py generates from
 this Python's Unicode database, and its classes must agree with the `regex` module's
 \\p{L} and \\p{N} (the expressions the tokenizers' pre-tokenizers are written in) on
 every code point assigned in that database. Exit 0 pass, 77 skip (reason on the last
@@ -24,7 +24,7 @@ def main():
                             "--check"], capture_output=True, text=True)
     if check.returncode != 0:
         print(check.stdout + check.stderr)
-        print("FAIL: calib/unicode_classes.h differs from the generator's output")
+        print("FAIL: model/unicode_classes.h differs from the generator's output")
         return 1
     try:
         import regex

@@ -1,9 +1,11 @@
 /*
- * tokenizer_int.h — what tokenizer.c (tables, loaders, decode), tokenizer_sp.c (SPM
- * encoding) and tokenizer_bpe.c (BPE encoding, pre-tokenizer) share. Not installed.
+ * tokenizer_internal.h — what the tokenizer files share: tokenizer.c (the core: tables,
+ * queries, encode/decode), tokenizer_merge.c (the merge engine), tokenizer_sp.c (SPM
+ * encoding), tokenizer_bpe.c (BPE encoding, pre-tokenizer) and the loaders
+ * tokenizer_gguf.c, tokenizer_hf.c and tokenizer_llama2c.c. Not installed.
  */
-#ifndef KVQ_TOKENIZER_INT_H
-#define KVQ_TOKENIZER_INT_H
+#ifndef KVQ_TOKENIZER_INTERNAL_H
+#define KVQ_TOKENIZER_INTERNAL_H
 
 #include "kvq/tokenizer.h"
 
@@ -53,6 +55,9 @@ int32_t tok_lookup(const kvq_tokenizer *t, const char *s, size_t len);
 /* Rank and result of merging tokens l and r: 1 if the pair merges, else 0. */
 int tok_pair_lookup(const kvq_tokenizer *t, int32_t l, int32_t r, int32_t *rank, int32_t *id);
 
+/* "<0xHH>" (upper- or lower-case hex) -> HH, else -1. */
+int tok_parse_byte_token(const char *s, size_t n);
+
 /* Length of the well-formed UTF-8 code point at s[0..n) (1-4), or 0 when s[0] does not
  * start one (the caller then treats the single byte as a symbol). *cp gets the value. */
 size_t tok_utf8_next(const unsigned char *s, size_t n, uint32_t *cp);
@@ -64,7 +69,7 @@ typedef struct tok_ids {
 } tok_ids;
 int tok_ids_push(tok_ids *a, int32_t id); /* 0 ok, -1 out of memory */
 
-/* ---- the merge engine (tokenizer.c) -------------------------------------------------
+/* ---- the merge engine (tokenizer_merge.c) -------------------------------------------
  * Symbols are contiguous spans of the working buffer in a doubly linked list. The
  * pair callback says whether l and r may merge: it returns 1 and sets *prio (higher
  * merges first) and *id (the merged token), or 0. tok_merge runs merges until none is

@@ -233,16 +233,12 @@ unsupported:
  * Loader
  * ========================================================================== */
 
-kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err *err)
+/* The architecture (general.architecture) and its RoPE layout. */
+static kvq_status read_arch(kvq_model *m, const char **arch_out, kvq_err *err)
 {
-    kvq_status st = kvq_gguf_open(m->path, &m->gguf, err);
-    if (st != KVQ_OK)
-        return st;
-    const kvq_gguf *g = m->gguf;
     kvq_model_config *c = &m->cfg;
     const char *path = m->path;
-
-    const char *arch = kvq_gguf_get_str(g, "general.architecture");
+    const char *arch = *arch_out = kvq_gguf_get_str(m->gguf, "general.architecture");
     if (!arch)
         return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key general.architecture",
                            path);
@@ -259,6 +255,17 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported architecture '%s'", path,
                            arch);
     }
+    return KVQ_OK;
+}
+
+/* The hyperparameters "<arch>.*" and the RoPE settings: base, dimensions, scaling from
+ * metadata (linear) or the llama3 factors tensor. */
+static kvq_status read_hparams(kvq_model *m, const char *arch, kvq_err *err)
+{
+    kvq_status st;
+    const kvq_gguf *g = m->gguf;
+    kvq_model_config *c = &m->cfg;
+    const char *path = m->path;
 
     /* ---- hyperparameters */
     c->norm_eps = 1e-5;
@@ -303,8 +310,15 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
         rope_dim <= KVQ_ROPE_MAX_DIM && rope_dim % 2 == 0 && c->rope.base > 1 &&
         (st = rope_from_freq_factors(m, err)))
         return st;
+    return KVQ_OK;
+}
 
-    /* ---- vocabulary from the embedding */
+/* The vocabulary size from the embedding's rows, BOS / EOS from the tokenizer keys. */
+static kvq_status read_vocab(kvq_model *m, kvq_err *err)
+{
+    const kvq_gguf *g = m->gguf;
+    kvq_model_config *c = &m->cfg;
+    const char *path = m->path;
     const kvq_gguf_tensor *emb = kvq_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing tensor token_embd.weight", path);
@@ -317,11 +331,48 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
                     ? (int32_t)u : -1;
     c->eos_id = kvq_gguf_get_u64(g, "tokenizer.ggml.eos_token_id", &u) == 0 && u < INT32_MAX
                     ? (int32_t)u : -1;
-    if ((st = kvq_model_check_config(c, path, err)))
-        return st;
+    return KVQ_OK;
+}
 
-    /* ---- tensors */
+/* Binds the weights of layer l ("blk.<l>.*"). */
+static kvq_status bind_layer(kvq_model *m, int32_t l, kvq_err *err)
+{
+    kvq_status st;
+    const kvq_model_config *c = &m->cfg;
     const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    kvq_layer_weights *L = &m->layers[l];
+    char n[13][96];
+    static const char *const suffix[13] = {
+        "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+        "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
+        "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"};
+    for (int i = 0; i < 13; i++)
+        snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+    if ((st = bind(m, n[0], qd, c->dim, 1, &L->wq, err)) ||
+        (st = bind(m, n[1], kvd, c->dim, 1, &L->wk, err)) ||
+        (st = bind(m, n[2], kvd, c->dim, 1, &L->wv, err)) ||
+        (st = bind(m, n[3], c->dim, qd, 1, &L->wo, err)) ||
+        (st = bind(m, n[4], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
+        (st = bind(m, n[5], c->hidden_dim, c->dim, 1, &L->w_up, err)) ||
+        (st = bind(m, n[6], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
+        (st = bind_vec(m, n[7], c->dim, &L->attn_norm, err)) ||
+        (st = bind_vec(m, n[8], c->dim, &L->ffn_norm, err)))
+        return st;
+    if (c->qkv_bias && ((st = bind_vec(m, n[9], qd, &L->bq, err)) ||
+                        (st = bind_vec(m, n[10], kvd, &L->bk, err)) ||
+                        (st = bind_vec(m, n[11], kvd, &L->bv, err))))
+        return st;
+    if (kvq_gguf_find_tensor(m->gguf, n[12]))
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: output projection bias", m->path,
+                           n[12]);
+    return KVQ_OK;
+}
+
+/* Binds the embedding, output and every layer's weights (the config is checked). */
+static kvq_status bind_tensors(kvq_model *m, kvq_err *err)
+{
+    kvq_status st;
+    kvq_model_config *c = &m->cfg;
     if ((st = bind(m, "token_embd.weight", c->vocab_size, c->dim, 1, &m->tok_embd, err)) ||
         (st = bind_vec(m, "output_norm.weight", c->dim, &m->out_norm, err)) ||
         (st = bind(m, "output.weight", c->vocab_size, c->dim, 0, &m->output, err)))
@@ -331,50 +382,46 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
         m->output = m->tok_embd;
     }
     /* llama models may carry q/k/v biases too (attention_bias); qwen2 always does. */
-    if (kvq_gguf_find_tensor(g, "blk.0.attn_q.bias"))
+    if (kvq_gguf_find_tensor(m->gguf, "blk.0.attn_q.bias"))
         c->qkv_bias = 1;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)
-        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        kvq_layer_weights *L = &m->layers[l];
-        char n[13][96];
-        static const char *const suffix[13] = {
-            "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-            "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
-            "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"};
-        for (int i = 0; i < 13; i++)
-            snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
-        if ((st = bind(m, n[0], qd, c->dim, 1, &L->wq, err)) ||
-            (st = bind(m, n[1], kvd, c->dim, 1, &L->wk, err)) ||
-            (st = bind(m, n[2], kvd, c->dim, 1, &L->wv, err)) ||
-            (st = bind(m, n[3], c->dim, qd, 1, &L->wo, err)) ||
-            (st = bind(m, n[4], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
-            (st = bind(m, n[5], c->hidden_dim, c->dim, 1, &L->w_up, err)) ||
-            (st = bind(m, n[6], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
-            (st = bind_vec(m, n[7], c->dim, &L->attn_norm, err)) ||
-            (st = bind_vec(m, n[8], c->dim, &L->ffn_norm, err)))
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", m->path);
+    for (int32_t l = 0; l < c->n_layers; l++)
+        if ((st = bind_layer(m, l, err)))
             return st;
-        if (c->qkv_bias && ((st = bind_vec(m, n[9], qd, &L->bq, err)) ||
-                            (st = bind_vec(m, n[10], kvd, &L->bk, err)) ||
-                            (st = bind_vec(m, n[11], kvd, &L->bv, err))))
-            return st;
-        if (kvq_gguf_find_tensor(g, n[12]))
-            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: output projection bias", path,
-                               n[12]);
-    }
+    return KVQ_OK;
+}
 
-    /* ---- tokenizer (optional) */
-    if (p->load_tokenizer && kvq_gguf_get(g, "tokenizer.ggml.model")) {
-        if ((st = kvq_tokenizer_from_gguf(g, path, &p->cb, &m->tok, err)))
-            return st;
-        if (c->bos_id < 0)
-            c->bos_id = kvq_tokenizer_bos(m->tok);
-        if (c->eos_id < 0)
-            c->eos_id = kvq_tokenizer_eos(m->tok);
-        if (kvq_tokenizer_n_vocab(m->tok) > (uint32_t)c->vocab_size)
-            kvq_log(&p->cb, KVQ_LOG_WARN, "%s: tokenizer has %u tokens, the model %d", path,
-                    kvq_tokenizer_n_vocab(m->tok), c->vocab_size);
-    }
+/* The tokenizer in the metadata (optional); it fills in a missing BOS / EOS. */
+static kvq_status load_tokenizer(kvq_model *m, const kvq_model_params *p, kvq_err *err)
+{
+    kvq_status st;
+    kvq_model_config *c = &m->cfg;
+    const char *path = m->path;
+    if ((st = kvq_tokenizer_from_gguf(m->gguf, path, &p->cb, &m->tok, err)))
+        return st;
+    if (c->bos_id < 0)
+        c->bos_id = kvq_tokenizer_bos(m->tok);
+    if (c->eos_id < 0)
+        c->eos_id = kvq_tokenizer_eos(m->tok);
+    if (kvq_tokenizer_n_vocab(m->tok) > (uint32_t)c->vocab_size)
+        kvq_log(&p->cb, KVQ_LOG_WARN, "%s: tokenizer has %u tokens, the model %d", path,
+                kvq_tokenizer_n_vocab(m->tok), c->vocab_size);
+    return KVQ_OK;
+}
+
+kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err *err)
+{
+    kvq_status st = kvq_gguf_open(m->path, &m->gguf, err);
+    if (st != KVQ_OK)
+        return st;
+    const char *arch = NULL;
+    if ((st = read_arch(m, &arch, err)) || (st = read_hparams(m, arch, err)) ||
+        (st = read_vocab(m, err)) || (st = kvq_model_check_config(&m->cfg, m->path, err)) ||
+        (st = bind_tensors(m, err)))
+        return st;
+    if (p->load_tokenizer && kvq_gguf_get(m->gguf, "tokenizer.ggml.model"))
+        return load_tokenizer(m, p, err);
     return KVQ_OK;
 }

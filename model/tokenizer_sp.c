@@ -2,12 +2,12 @@
  * tokenizer_sp.c — SentencePiece-style encoding (GGUF "llama", llama2.c).
  *
  * The text is escaped ('▁' for ' ', one leading '▁' as the dummy prefix), split into
- * code points, and merged by score with the shared engine in tokenizer.c: the pair
+ * code points, and merged by score with the shared engine in tokenizer_merge.c: the pair
  * whose concatenation is a token with the highest score merges first, ties going to
  * the leftmost pair. That is what llama2.c does with its O(n^2) scan and llama.cpp
  * with its priority queue; the result is the same.
  */
-#include "calib/tokenizer_int.h"
+#include "model/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * the GPT-2 / Llama-3 pre-token split (see kvq/tokenizer.h for the exact expressions
  * and the approximate character classes), and the metaspace flavour.
  */
-#include "calib/tokenizer_int.h"
+#include "model/tokenizer_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +42,7 @@ int tok_cp_to_byte(uint32_t cp)
  * character classes (Unicode general categories; see the header)
  * ========================================================================== */
 
-#include "calib/unicode_classes.h"
+#include "model/unicode_classes.h"
 
 enum { C_OTHER = 0, C_LETTER = 1, C_NUMBER = 2, C_SPACE = 3 }; /* 1, 2 as in the table */
 
