@@ -169,7 +169,7 @@ fuzz-replay: $(FUZZ_REPLAY)
 # ---- tests -------------------------------------------------------------------------
 # `make test` installs what is missing, then rebuilds with warnings as errors.
 test:
-	@if [ -n "$(strip $(MISSING))" ] || ! $(PYTHON) -c 'import numpy, zstandard, regex' 2>/dev/null; then \
+	@if [ -n "$(strip $(MISSING))" ] || ! $(PYTHON) -c 'import numpy, zstandard, regex, gguf' 2>/dev/null; then \
 	  bash scripts/install-deps.sh; fi
 	@$(MAKE) --no-print-directory WERROR=1 test-run
 

@@ -9,6 +9,7 @@
  * multiple of its own size.
  */
 #include "kvq/gguf.h"
+#include "kvq/quant.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,7 @@
 
 #include "kvq/half.h"
 #include "kvq/util.h"
+#include "formats/quant_simd.h"
 
 /* Counts and lengths that would need more than this many bytes are TOO_LARGE rather
  * than TRUNCATED_HEADER: no real file is that big, so the number itself is garbage. */
@@ -31,39 +33,10 @@ enum {
  * ggml tensor types
  * ========================================================================== */
 
-typedef struct ggml_type_info {
-    const char *name;
-    uint32_t block;  /* elements per block */
-    uint32_t bytes;  /* bytes per block */
-} ggml_type_info;
+/* The table of ggml types (names, block layouts, what kvq computes) is in quant.c. */
+typedef kvq_quant_info ggml_type_info;
 
-/* Block layouts as ggml defines them (QK_K = 256). Ids 4, 5, 31..33 and 36..38 were
- * removed from ggml and stay unknown. */
-static const ggml_type_info ggml_types[] = {
-    [KVQ_GGML_F32] = {"F32", 1, 4},       [KVQ_GGML_F16] = {"F16", 1, 2},
-    [KVQ_GGML_Q4_0] = {"Q4_0", 32, 18},   [KVQ_GGML_Q4_1] = {"Q4_1", 32, 20},
-    [KVQ_GGML_Q5_0] = {"Q5_0", 32, 22},   [KVQ_GGML_Q5_1] = {"Q5_1", 32, 24},
-    [KVQ_GGML_Q8_0] = {"Q8_0", 32, 34},   [KVQ_GGML_Q8_1] = {"Q8_1", 32, 36},
-    [KVQ_GGML_Q2_K] = {"Q2_K", 256, 84},  [KVQ_GGML_Q3_K] = {"Q3_K", 256, 110},
-    [KVQ_GGML_Q4_K] = {"Q4_K", 256, 144}, [KVQ_GGML_Q5_K] = {"Q5_K", 256, 176},
-    [KVQ_GGML_Q6_K] = {"Q6_K", 256, 210}, [KVQ_GGML_Q8_K] = {"Q8_K", 256, 292},
-    [16] = {"IQ2_XXS", 256, 66},          [17] = {"IQ2_XS", 256, 74},
-    [18] = {"IQ3_XXS", 256, 98},          [19] = {"IQ1_S", 256, 50},
-    [20] = {"IQ4_NL", 32, 18},            [21] = {"IQ3_S", 256, 110},
-    [22] = {"IQ2_S", 256, 82},            [23] = {"IQ4_XS", 256, 136},
-    [KVQ_GGML_I8] = {"I8", 1, 1},         [KVQ_GGML_I16] = {"I16", 1, 2},
-    [KVQ_GGML_I32] = {"I32", 1, 4},       [KVQ_GGML_I64] = {"I64", 1, 8},
-    [KVQ_GGML_F64] = {"F64", 1, 8},       [29] = {"IQ1_M", 256, 56},
-    [KVQ_GGML_BF16] = {"BF16", 1, 2},     [34] = {"TQ1_0", 256, 54},
-    [35] = {"TQ2_0", 256, 66},            [39] = {"MXFP4", 32, 17},
-};
-
-static const ggml_type_info *type_info(uint32_t type)
-{
-    if (type >= sizeof ggml_types / sizeof ggml_types[0] || !ggml_types[type].name)
-        return NULL;
-    return &ggml_types[type];
-}
+static const ggml_type_info *type_info(uint32_t type) { return kvq_quant_info_of(type); }
 
 const char *kvq_ggml_type_name(uint32_t type)
 {
@@ -77,9 +50,9 @@ int kvq_ggml_type_layout(uint32_t type, uint32_t *block_elems, uint32_t *block_b
     if (!ti)
         return -1;
     if (block_elems)
-        *block_elems = ti->block;
+        *block_elems = ti->block_elems;
     if (block_bytes)
-        *block_bytes = ti->bytes;
+        *block_bytes = ti->block_bytes;
     return 0;
 }
 
@@ -580,16 +553,16 @@ static kvq_status parse_tensor_infos(kvq_gguf *g, reader *r, uint64_t n_tensors)
             count *= ne[d];
             t->ne[d] = (int64_t)ne[d];
         }
-        if (ne[0] % ti->block != 0)
+        if (ne[0] % ti->block_elems != 0)
             return kvq_err_set(r->err, KVQ_E_CORRUPT,
                                "%s: tensor '%s': ne[0] = %llu is not a multiple of the %s block "
                                "size %u",
-                               r->label, t->name, (unsigned long long)ne[0], ti->name, ti->block);
-        const uint64_t blocks = count / ti->block;
-        if (blocks > GGUF_MAX_BYTES / ti->bytes)
+                               r->label, t->name, (unsigned long long)ne[0], ti->name, ti->block_elems);
+        const uint64_t blocks = count / ti->block_elems;
+        if (blocks > GGUF_MAX_BYTES / ti->block_bytes)
             return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: tensor '%s' is too large", r->label,
                                t->name);
-        t->nbytes = (size_t)(blocks * ti->bytes);
+        t->nbytes = (size_t)(blocks * ti->block_bytes);
         if (t->offset % g->alignment != 0)
             return kvq_err_set(r->err, KVQ_E_CORRUPT,
                                "%s: tensor '%s' offset %llu is not a multiple of the alignment %llu",
@@ -873,23 +846,6 @@ int64_t kvq_gguf_tensor_rows(const kvq_gguf_tensor *t)
     return rows;
 }
 
-/* f16/bf16 sources whose address is odd (alignment 1 files) go through a bounce
- * buffer, because the array converters take uint16_t pointers. */
-static void halves_to_f32(const uint8_t *src, float *out, size_t n, int bf16)
-{
-    void (*conv)(const uint16_t *, float *, size_t) = bf16 ? kvq_bf16_to_f32 : kvq_f16_to_f32;
-    if (((uintptr_t)src & 1u) == 0) {
-        conv((const uint16_t *)(const void *)src, out, n);
-        return;
-    }
-    uint16_t tmp[1024]; // [chunk]
-    for (size_t i = 0; i < n; i += 1024) {
-        const size_t k = n - i < 1024 ? n - i : 1024;
-        memcpy(tmp, src + 2 * i, 2 * k);
-        conv(tmp, out + i, k);
-    }
-}
-
 kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t nrows,
                                 float *out, kvq_err *err)
 {
@@ -897,18 +853,18 @@ kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t 
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "rows_to_f32: NULL tensor");
     const char *name = t->name ? t->name : "?";
     const ggml_type_info *ti = type_info(t->type);
-    if (t->type != KVQ_GGML_F32 && t->type != KVQ_GGML_F16 && t->type != KVQ_GGML_BF16 &&
-        t->type != KVQ_GGML_Q8_0) {
+    if (!kvq_quant_supported(t->type)) {
         if (ti)
             return kvq_err_set(err, KVQ_E_UNSUPPORTED,
-                               "tensor '%s': type %s cannot be converted to f32 (F32, F16, BF16 "
-                               "and Q8_0 can)",
+                               "tensor '%s': ggml type %s is not supported (kvq computes with "
+                               "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, "
+                               "Q5_K and Q6_K)",
                                name, ti->name);
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "tensor '%s': unknown ggml type %u", name,
                            t->type);
     }
     const int64_t rows = kvq_gguf_tensor_rows(t);
-    if (rows < 0 || t->ne[0] < 0 || t->ne[0] % ti->block != 0)
+    if (rows < 0 || t->ne[0] < 0 || t->ne[0] % ti->block_elems != 0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "tensor '%s': bad shape", name);
     if (row0 < 0 || nrows < 0 || row0 > rows || nrows > rows - row0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
@@ -918,7 +874,7 @@ kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t 
     if (nrows == 0) /* nothing to do; a 0-row tensor may have any ne[0] */
         return KVQ_OK;
     size_t row_bytes, skip, total, n;
-    if (!kvq_size_mul((size_t)t->ne[0] / ti->block, ti->bytes, &row_bytes) ||
+    if (!kvq_size_mul((size_t)t->ne[0] / ti->block_elems, ti->block_bytes, &row_bytes) ||
         !kvq_size_mul((size_t)row0, row_bytes, &skip) ||
         !kvq_size_mul((size_t)nrows, row_bytes, &total) ||
         !kvq_size_mul((size_t)nrows, (size_t)t->ne[0], &n) || skip > t->nbytes ||
@@ -930,12 +886,7 @@ kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t 
     if (!t->data || !out)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "tensor '%s': NULL data or output", name);
     const uint8_t *src = (const uint8_t *)t->data + skip; // [nrows, ne[0]] in t->type
-    switch (t->type) {
-    case KVQ_GGML_F32: memcpy(out, src, total); break;
-    case KVQ_GGML_F16: halves_to_f32(src, out, n, 0); break;
-    case KVQ_GGML_BF16: halves_to_f32(src, out, n, 1); break;
-    default: kvq_dequant_q8_0(src, out, n); break;
-    }
+    kvq_quant_fast_kernel(t->type)(src, out, n);
     return KVQ_OK;
 }
 
@@ -1156,13 +1107,13 @@ kvq_status kvq_gguf_writer_add_tensor(kvq_gguf_writer *w, const char *name, uint
         count *= (uint64_t)ne[d];
         t.ne[d] = ne[d];
     }
-    if (t.ne[0] % ti->block != 0)
+    if (t.ne[0] % ti->block_elems != 0)
         return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
                            "gguf writer: '%s': ne[0] = %lld is not a multiple of the %s block "
                            "size %u",
-                           name, (long long)t.ne[0], ti->name, ti->block);
-    if (count / ti->block > GGUF_MAX_BYTES / ti->bytes ||
-        (count / ti->block) * ti->bytes != nbytes)
+                           name, (long long)t.ne[0], ti->name, ti->block_elems);
+    if (count / ti->block_elems > GGUF_MAX_BYTES / ti->block_bytes ||
+        (count / ti->block_elems) * ti->block_bytes != nbytes)
         return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH,
                            "gguf writer: '%s': %zu bytes do not match its shape and type %s",
                            name, nbytes, ti->name);

@@ -1,5 +1,6 @@
 /*
- * half_avx2.c — AVX2 + F16C kernels for f16/bf16 conversion and Q8_0 dequantization.
+ * half_avx2.c — AVX2 + F16C kernels for f16/bf16 conversion (the Q8_0 kernel is in
+ * quant_avx2.c).
  *
  * Each function equals its scalar reference bit for bit (see half.c for the NaN
  * rules): f16 goes through F16C's vcvtps2ph / vcvtph2ps with the rounding mode given
@@ -91,24 +92,6 @@ TARGET void kvq_bf16_to_f32_avx2(const uint16_t *in, float *out, size_t n)
     }
     for (; i < n; i++)
         out[i] = kvq_bf16_to_f32_ref(in[i]);
-}
-
-/* Q8_0: blocks of 34 bytes (f16 d, int8 q[32]); value = d * q, one rounding, as in
- * kvq_dequant_q8_0_ref. Blocks are not aligned, so everything is loaded unaligned. */
-TARGET void kvq_dequant_q8_0_avx2(const void *blocks, float *out, size_t n)
-{
-    const uint8_t *p = blocks;
-    for (size_t b = 0; b < n / 32; b++, p += 34, out += 32) {
-        uint16_t d16;
-        memcpy(&d16, p, 2);
-        const __m256 d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16))));
-        const uint8_t *q = p + 2;
-        for (int k = 0; k < 4; k++) {
-            const __m128i q8 = _mm_loadl_epi64((const __m128i *)(q + 8 * k));
-            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8));
-            _mm256_storeu_ps(out + 8 * k, _mm256_mul_ps(v, d));
-        }
-    }
 }
 
 #endif

@@ -1,5 +1,6 @@
 /*
- * half_avx512.c — AVX-512 (F, BW, VL) kernels for f16/bf16 conversion and Q8_0.
+ * half_avx512.c — AVX-512 (F, BW, VL) kernels for f16/bf16 conversion (the Q8_0 kernel
+ * is in quant_avx512.c).
  *
  * Same contract as half_avx2.c: bit-for-bit equal to the scalar references. Tails are
  * handled with masked loads and stores, so no scalar loop is needed. The bf16 paths
@@ -86,22 +87,6 @@ TARGET void kvq_bf16_to_f32_avx512(const uint16_t *in, float *out, size_t n)
         const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, mask), inf);
         const __m512i r = _mm512_mask_or_epi32(b, is_nan, b, qbit);
         _mm512_mask_storeu_epi32(out + i, m, r);
-    }
-}
-
-/* Q8_0, 34-byte blocks: two 16-lane halves per block, value = d * q. */
-TARGET void kvq_dequant_q8_0_avx512(const void *blocks, float *out, size_t n)
-{
-    const uint8_t *p = blocks;
-    for (size_t b = 0; b < n / 32; b++, p += 34, out += 32) {
-        uint16_t d16;
-        memcpy(&d16, p, 2);
-        const __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16))));
-        const __m128i lo = _mm_loadu_si128((const __m128i *)(p + 2));
-        const __m128i hi = _mm_loadu_si128((const __m128i *)(p + 18));
-        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
-        _mm512_storeu_ps(out + 16,
-                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
     }
 }
 

@@ -1,6 +1,7 @@
 /*
  * formats/half_simd.h — internal: the SIMD kernels behind kvq/half.h and the Q8_0
- * dequantizer of kvq/gguf.h. Not a public header.
+ * dequantizer of kvq/gguf.h (defined in quant_avx2.c / quant_avx512.c; the other
+ * quant kernels are in formats/quant_simd.h). Not a public header.
  *
  * Each kernel computes exactly what the matching scalar reference computes, bit for
  * bit (tests/test_half.c and tests/test_gguf.c check every path the CPU can run).

@@ -20,6 +20,7 @@
 #include "kvq/half.h"
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"
+#include "kvq/quant.h"
 #include "kvq/artifact.h"
 #include "kvq/rope.h"
 #include "kvq/kmeans.h"

@@ -5,7 +5,7 @@ set -euo pipefail
 
 APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
 libcjson-dev libcmocka-dev clang python3 python3-pip"
-PY_PKGS="numpy zstandard regex"
+PY_PKGS="numpy zstandard regex gguf"
 
 missing=()
 for p in $APT_PKGS; do

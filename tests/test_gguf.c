@@ -16,6 +16,7 @@
 #include "kvq/common.h"
 #include "kvq/gguf.h"
 #include "kvq/half.h"
+#include "kvq/quant.h"
 #include "kvq/util.h"
 #include "formats/half_simd.h"
 
@@ -912,7 +913,7 @@ static void test_writer_round_trip(void **state)
     const kvq_gguf_value u8b = {.type = KVQ_GGUF_UINT8, .v.u = 7};
     assert_int_equal(kvq_gguf_writer_set(w, "s.u8", &u8b, &e), KVQ_OK);
 
-    /* tensors: F32, F16, BF16, Q8_0 (quantized here), Q4_K (opaque bytes), I8 */
+    /* tensors: F32, F16, BF16, Q8_0 (quantized here), Q4_K (arbitrary bytes), I8 */
     enum { R = 3, C = 64 };
     static float src[R * C];
     static uint16_t h16[R * C], b16[R * C];
@@ -997,9 +998,11 @@ static void test_writer_round_trip(void **state)
     t = kvq_gguf_find_tensor(g, "q4k");
     assert_int_equal(t->nbytes, 288);
     assert_memory_equal(t->data, q4k, 288);
-    assert_int_equal(kvq_gguf_rows_to_f32(t, 0, 1, out, &e), KVQ_E_UNSUPPORTED);
-    assert_non_null(strstr(e.msg, "Q4_K"));
-    assert_non_null(strstr(e.msg, "q4k"));
+    /* Q4_K converts through kvq/quant.h (tests/test_quant.c checks the values) */
+    float k_out[256], k_want[256];
+    assert_int_equal(kvq_gguf_rows_to_f32(t, 1, 1, k_out, &e), KVQ_OK);
+    assert_int_equal(kvq_dequantize_ref(KVQ_GGML_Q4_K, q4k + 144, k_want, 256, &e), KVQ_OK);
+    assert_memory_equal(k_out, k_want, sizeof k_want);
     assert_int_equal(kvq_gguf_rows_to_f32(kvq_gguf_find_tensor(g, "i8"), 0, 1, out, &e),
                      KVQ_E_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "I8"));

@@ -77,7 +77,8 @@ typedef struct kvq_gguf_kv {
 #define KVQ_GGUF_DEFAULT_ALIGNMENT 32
 #define KVQ_GGUF_MAX_NESTING 16 /* arrays of arrays, deepest accepted level */
 
-/* ggml tensor types kvq knows by name. Only F32, F16, BF16 and Q8_0 convert. The
+/* ggml tensor types kvq knows by name. F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ * Q2_K, Q3_K, Q4_K, Q5_K and Q6_K convert and compute (kvq/quant.h). The
  * name table also knows ggml's IQ*, TQ*, MXFP4 types (ids 16..23, 29, 34, 35, 39)
  * with their block sizes, so files holding them open and can be listed. */
 enum {
@@ -89,7 +90,7 @@ enum {
 };
 /* Name of a ggml type ("Q8_0"), or NULL for an id kvq does not know. */
 const char *kvq_ggml_type_name(uint32_t type);
-/* Block layout of a ggml type: elements per block (1 for F32/F16/BF16, 32 for Q8_0,
+/* Block layout of a ggml type: elements per block (1 for F32/F16/BF16, 32 for Q4_0..Q8_0,
  * 256 for the K types) and bytes per block. 0 if known, -1 (outputs untouched) if not. */
 int kvq_ggml_type_layout(uint32_t type, uint32_t *block_elems, uint32_t *block_bytes);
 
@@ -144,8 +145,9 @@ const kvq_gguf_tensor *kvq_gguf_tensor_at(const kvq_gguf *g, size_t i); /* file 
 const kvq_gguf_tensor *kvq_gguf_find_tensor(const kvq_gguf *g, const char *name);
 
 /* Converts rows [row0, row0 + nrows) of t (rows of ne[0] elements) to f32.
- * out: [nrows, ne[0]] floats. F32/F16/BF16/Q8_0 (fast paths, equal bit for bit to the
- * scalar references); other types: KVQ_E_UNSUPPORTED naming the type. Rows outside
+ * out: [nrows, ne[0]] floats. Every type kvq_quant_supported() accepts (fast paths,
+ * equal bit for bit to the scalar references of kvq/quant.h); other types:
+ * KVQ_E_UNSUPPORTED naming the type. Rows outside
  * the tensor: KVQ_E_INVALID_ARG. Works for any data alignment. */
 kvq_status kvq_gguf_rows_to_f32(const kvq_gguf_tensor *t, int64_t row0, int64_t nrows,
                                 float *out, kvq_err *err);

@@ -8,6 +8,7 @@
 
 #include "kvq/gguf.h"
 #include "kvq/half.h"
+#include "kvq/quant.h"
 
 #define CHECK(x) do { if (!(x)) abort(); } while (0)
 
@@ -42,23 +43,8 @@ static uint64_t walk(const kvq_gguf_value *v, int depth)
 /* Reference conversion of n elements of a supported type, for comparison. */
 static void reference_rows(const kvq_gguf_tensor *t, int64_t nrows, float *out)
 {
-    const size_t n = (size_t)(nrows * t->ne[0]);
-    switch (t->type) {
-    case KVQ_GGML_F32:
-        memcpy(out, t->data, n * sizeof(float));
-        break;
-    case KVQ_GGML_F16:
-    case KVQ_GGML_BF16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, (const uint8_t *)t->data + 2 * i, 2);
-            out[i] = t->type == KVQ_GGML_F16 ? kvq_f16_to_f32_ref(h) : kvq_bf16_to_f32_ref(h);
-        }
-        break;
-    default:
-        kvq_dequant_q8_0_ref(t->data, out, n);
-        break;
-    }
+    kvq_err err = {0};
+    CHECK(kvq_dequantize_ref(t->type, t->data, out, (size_t)(nrows * t->ne[0]), &err) == KVQ_OK);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -101,8 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         float *out = malloc((n ? n : 1) * sizeof *out), *ref = malloc((n ? n : 1) * sizeof *ref);
         CHECK(out && ref);
         const kvq_status st = kvq_gguf_rows_to_f32(t, 0, nrows, out, &err);
-        const int convertible = t->type == KVQ_GGML_F32 || t->type == KVQ_GGML_F16 ||
-                                t->type == KVQ_GGML_BF16 || t->type == KVQ_GGML_Q8_0;
+        const int convertible = kvq_quant_supported(t->type);
         CHECK(st == (convertible ? KVQ_OK : KVQ_E_UNSUPPORTED));
         if (st == KVQ_OK && n) {
             reference_rows(t, nrows, ref);

@@ -11,6 +11,7 @@
 
 #include "kvq/gguf.h"
 #include "kvq/half.h"
+#include "kvq/quant.h"
 
 #define CHECK(x) do { if (!(x)) abort(); } while (0)
 
@@ -107,8 +108,9 @@ static void make_value(recipe *r, kvq_gguf_type type, int depth, kvq_gguf_value 
 }
 
 enum { MAX_KV = 8, MAX_T = 4 };
-static const uint32_t tensor_types[] = {KVQ_GGML_F32, KVQ_GGML_F16, KVQ_GGML_BF16,
-                                        KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_I8};
+static const uint32_t tensor_types[] = {KVQ_GGML_F32,  KVQ_GGML_F16,  KVQ_GGML_BF16,
+                                        KVQ_GGML_Q8_0, KVQ_GGML_Q4_0, KVQ_GGML_I8,
+                                        KVQ_GGML_Q4_K, KVQ_GGML_Q6_K, 16 /* IQ2_XXS */};
 
 typedef struct planned_tensor {
     char name[16];
@@ -203,18 +205,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         float *out = malloc((n ? n : 1) * sizeof *out), *ref = malloc((n ? n : 1) * sizeof *ref);
         CHECK(out && ref);
         const kvq_status st = kvq_gguf_rows_to_f32(t, 0, rows, out, &err);
-        if (t->type == KVQ_GGML_Q4_0 || t->type == KVQ_GGML_I8) {
+        if (!kvq_quant_supported(t->type)) {
             CHECK(st == KVQ_E_UNSUPPORTED);
         } else {
             CHECK(st == KVQ_OK);
-            for (size_t k = 0; t->type == KVQ_GGML_F16 && k < n; k++)
-                ref[k] = kvq_f16_to_f32_ref((uint16_t)(ts[i].data[2 * k] | ts[i].data[2 * k + 1] << 8));
-            for (size_t k = 0; t->type == KVQ_GGML_BF16 && k < n; k++)
-                ref[k] = kvq_bf16_to_f32_ref((uint16_t)(ts[i].data[2 * k] | ts[i].data[2 * k + 1] << 8));
-            if (t->type == KVQ_GGML_F32 && n)
-                memcpy(ref, ts[i].data, n * sizeof *ref);
-            if (t->type == KVQ_GGML_Q8_0)
-                kvq_dequant_q8_0_ref(ts[i].data, ref, n);
+            CHECK(kvq_dequantize_ref(t->type, ts[i].data, ref, n, &err) == KVQ_OK);
             CHECK(n == 0 || memcmp(out, ref, n * sizeof *out) == 0);
         }
         free(out);

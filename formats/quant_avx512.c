@@ -1,0 +1,48 @@
+/*
+ * quant_avx512.c — AVX-512 (F, BW, VL) kernels of kvq/quant.h: Q8_0 dequantization
+ * (equal bit for bit to kvq_dequant_q8_0_ref) and the 16-lane f32 dot product of the
+ * fused matrix-vector product. The other block types use their AVX2 kernels on
+ * AVX-512 machines.
+ */
+#include "formats/quant_simd.h"
+
+#if KVQ_HAVE_X86_SIMD
+#include <immintrin.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* Q8_0, 34-byte blocks: two 16-lane halves per block, value = d * q. */
+TARGET void kvq_dequant_q8_0_avx512(const void *blocks, float *out, size_t n)
+{
+    const uint8_t *p = blocks;
+    for (size_t b = 0; b < n / 32; b++, p += 34, out += 32) {
+        uint16_t d16;
+        memcpy(&d16, p, 2);
+        const __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(d16))));
+        const __m128i lo = _mm_loadu_si128((const __m128i *)(p + 2));
+        const __m128i hi = _mm_loadu_si128((const __m128i *)(p + 18));
+        _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), d));
+        _mm512_storeu_ps(out + 16,
+                         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), d));
+    }
+}
+
+/* Two 16-lane FMA accumulators, a masked tail, one reduction. */
+TARGET float kvq_dot_f32_avx512(const float *a, const float *b, size_t n)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i),
+                               acc0);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+}
+
+#endif
