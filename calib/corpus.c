@@ -1,6 +1,7 @@
 /*
  * corpus.c — corpus spec parsing, streaming document iteration (files, directories,
- * jsonl, pre-tokenized ids, synthetic generators) and sequence cutting.
+ * jsonl, pre-tokenized ids) and sequence cutting. The synthetic generators are in
+ * corpus_synth.c.
  */
 #include "kvq/corpus.h"
 
@@ -13,6 +14,8 @@
 #include <sys/stat.h>
 
 #include "kvq/util.h"
+
+#include "calib/corpus_internal.h"
 
 #define MAX_GEN_DOCS 10000000ULL
 
@@ -62,14 +65,6 @@ static int is_generator(kvq_corpus_kind k)
 {
     return k == KVQ_CORPUS_UUID || k == KVQ_CORPUS_PASSKEY || k == KVQ_CORPUS_KV_RECALL;
 }
-
-struct kvq_corpus {
-    char *spec;
-    kvq_corpus_params p;
-    kvq_corpus_source *src; /* [n_src] */
-    uint32_t *ordinal;      /* [n_src] index among the sources of the same kind */
-    size_t n_src;
-};
 
 void kvq_corpus_free(kvq_corpus *c)
 {
@@ -206,47 +201,6 @@ done:
  * iteration state
  * ========================================================================== */
 
-typedef struct dir_level {
-    char *path;
-    char **names; /* [n], sorted */
-    size_t n, i;
-} dir_level;
-
-struct kvq_corpus_iter {
-    const kvq_corpus *c;
-    size_t si;             /* current source */
-    int started;           /* the current source has been opened */
-    uint64_t next_index;   /* index of the next document */
-    int failed;
-
-    /* files (file:, dir: members, jsonl:, ids:) */
-    FILE *fp;
-    char *fpath;           /* the open file's path (owned) */
-    uint32_t part;
-    char *buf;             /* [buf_cap] read buffer */
-    size_t buf_len, buf_cap;
-    int eof;
-    uint64_t line_no;      /* jsonl */
-    char *line;            /* jsonl getline buffer */
-    size_t line_cap;
-    uint64_t ids_read;     /* ids: ids before the current part */
-
-    dir_level *stack;      /* dir: */
-    size_t depth, stack_cap;
-
-    uint64_t gen_i;        /* generators: next document number */
-
-    /* the current document */
-    char *text;            /* owned text storage */
-    size_t text_len, text_cap;
-    int32_t *ids;
-    size_t ids_cap;
-    char *label;
-    size_t label_cap;
-    char answer[32];
-    kvq_corpus_doc doc;
-};
-
 kvq_status kvq_corpus_iter_new(const kvq_corpus *c, kvq_corpus_iter **out, kvq_err *err)
 {
     *out = calloc(1, sizeof **out);
@@ -295,7 +249,7 @@ void kvq_corpus_iter_free(kvq_corpus_iter *it)
     free(it);
 }
 
-static int set_label(kvq_corpus_iter *it, const char *fmt_path, uint64_t num, int with_num)
+int kvq_corpus_set_label(kvq_corpus_iter *it, const char *fmt_path, uint64_t num, int with_num)
 {
     size_t need = strlen(fmt_path) + 32;
     if (kvq_grow((void **)&it->label, &it->label_cap, need, 1))
@@ -308,7 +262,7 @@ static int set_label(kvq_corpus_iter *it, const char *fmt_path, uint64_t num, in
 }
 
 /* Appends s[0..n) to the current document text. */
-static int text_put(kvq_corpus_iter *it, const char *s, size_t n)
+int kvq_corpus_text_put(kvq_corpus_iter *it, const char *s, size_t n)
 {
     if (kvq_grow((void **)&it->text, &it->text_cap, it->text_len + n + 1, 1))
         return -1;
@@ -382,10 +336,10 @@ static kvq_status next_text_part(kvq_corpus_iter *it, int *got, kvq_err *err)
         }
     }
     it->text_len = 0;
-    if (text_put(it, it->buf, cut))
+    if (kvq_corpus_text_put(it, it->buf, cut))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
     consume(it, cut);
-    if (set_label(it, it->fpath, 0, 0))
+    if (kvq_corpus_set_label(it, it->fpath, 0, 0))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
     it->doc.text = it->text;
     it->doc.len = it->text_len;
@@ -419,7 +373,7 @@ static kvq_status next_ids_part(kvq_corpus_iter *it, int *got, kvq_err *err)
     }
     consume(it, it->buf_len);
     it->ids_read += n;
-    if (set_label(it, it->fpath, 0, 0))
+    if (kvq_corpus_set_label(it, it->fpath, 0, 0))
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
     it->doc.ids = it->ids;
     it->doc.n_ids = n;
@@ -467,7 +421,7 @@ static kvq_status next_jsonl(kvq_corpus_iter *it, int *got, kvq_err *err)
             return st;
         }
         it->text_len = 0;
-        int oom = text_put(it, t->valuestring, strlen(t->valuestring));
+        int oom = kvq_corpus_text_put(it, t->valuestring, strlen(t->valuestring));
         cJSON_Delete(j);
         if (oom)
             return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", it->fpath);
@@ -575,135 +529,6 @@ static kvq_status dir_next_file(kvq_corpus_iter *it, int *got, kvq_err *err)
 }
 
 /* ==========================================================================
- * synthetic generators
- * ========================================================================== */
-
-/* The document's RNG: a hash of (seed, kind, ordinal, number), byte order fixed. */
-static void gen_rng(kvq_rng *r, uint64_t seed, kvq_corpus_kind kind, uint32_t ordinal,
-                    uint64_t i)
-{
-    uint64_t v[4] = {seed, (uint64_t)kind, ordinal, i};
-    uint8_t b[32];
-    for (int k = 0; k < 4; k++)
-        for (int j = 0; j < 8; j++)
-            b[8 * k + j] = (uint8_t)(v[k] >> (8 * j));
-    kvq_rng_seed(r, kvq_fnv1a64(b, sizeof b, KVQ_FNV1A64_INIT));
-}
-
-static void hex_digits(kvq_rng *r, char *out, int n)
-{
-    static const char hex[] = "0123456789abcdef";
-    for (int k = 0; k < n; k++)
-        out[k] = hex[kvq_rng_below(r, 16)];
-    out[n] = '\0';
-}
-
-/* A random UUID v4 in canonical form (36 characters + NUL). */
-static void uuid4(kvq_rng *r, char out[37])
-{
-    static const char hex[] = "0123456789abcdef";
-    uint8_t b[16];
-    for (int k = 0; k < 16; k++)
-        b[k] = (uint8_t)(kvq_rng_u64(r) >> 56);
-    b[6] = (uint8_t)((b[6] & 0x0F) | 0x40); /* version 4 */
-    b[8] = (uint8_t)((b[8] & 0x3F) | 0x80); /* variant 10 */
-    int w = 0;
-    for (int k = 0; k < 16; k++) {
-        if (k == 4 || k == 6 || k == 8 || k == 10)
-            out[w++] = '-';
-        out[w++] = hex[b[k] >> 4];
-        out[w++] = hex[b[k] & 15];
-    }
-    out[w] = '\0';
-}
-
-static const char PASSKEY_INTRO[] =
-    "There is an important piece of information hidden inside a lot of irrelevant text. "
-    "Find it and memorize it. I will quiz you about it afterwards.\n";
-static const char PASSKEY_FILLER[] =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back "
-    "again.\n";
-static const char KV_INTRO[] =
-    "Below is a list of keys and their values. Remember the value of every key.\n";
-
-static int text_putf(kvq_corpus_iter *it, const char *fmt, const char *a, const char *b)
-{
-    char line[256];
-    int n = snprintf(line, sizeof line, fmt, a, b);
-    return n < 0 || (size_t)n >= sizeof line ? -1 : text_put(it, line, (size_t)n);
-}
-
-static kvq_status generate(kvq_corpus_iter *it, kvq_err *err)
-{
-    const kvq_corpus *c = it->c;
-    const kvq_corpus_source *s = &c->src[it->si];
-    kvq_rng r;
-    gen_rng(&r, c->p.seed, s->kind, c->ordinal[it->si], it->gen_i);
-    int oom = 0;
-    it->text_len = 0;
-    it->answer[0] = '\0';
-    it->doc.task = KVQ_TASK_NONE;
-    if (s->kind == KVQ_CORPUS_UUID) {
-        for (uint32_t k = 0; k < c->p.uuid_lines && !oom; k++) {
-            char u[37];
-            uuid4(&r, u);
-            u[36] = '\n';
-            oom = text_put(it, u, 37);
-        }
-    } else if (s->kind == KVQ_CORPUS_PASSKEY) {
-        snprintf(it->answer, sizeof it->answer, "%05u",
-                 (unsigned)(10000 + kvq_rng_below(&r, 90000)));
-        uint64_t at = kvq_rng_below(&r, (uint64_t)c->p.passkey_filler + 1);
-        oom = text_put(it, PASSKEY_INTRO, sizeof PASSKEY_INTRO - 1);
-        for (uint64_t k = 0; k <= c->p.passkey_filler && !oom; k++) {
-            if (k == at)
-                oom = text_putf(it, "The pass key is %s. Remember it. %s is the pass key.\n",
-                                it->answer, it->answer);
-            if (k < c->p.passkey_filler && !oom)
-                oom = text_put(it, PASSKEY_FILLER, sizeof PASSKEY_FILLER - 1);
-        }
-        static const char question[] = "What is the pass key? The pass key is";
-        if (!oom)
-            oom = text_put(it, question, sizeof question - 1);
-        it->doc.task = KVQ_TASK_PASSKEY;
-    } else {
-        uint32_t n = c->p.kv_pairs;
-        char(*keys)[9] = malloc(n * sizeof *keys);
-        if (!keys)
-            return kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
-        uint64_t q = kvq_rng_below(&r, n);
-        oom = text_put(it, KV_INTRO, sizeof KV_INTRO - 1);
-        for (uint32_t k = 0; k < n && !oom; k++) {
-            char value[9];
-            for (int fresh = 0; !fresh;) { /* keys are distinct */
-                hex_digits(&r, keys[k], 8);
-                fresh = 1;
-                for (uint32_t j = 0; j < k && fresh; j++)
-                    fresh = memcmp(keys[j], keys[k], 8) != 0;
-            }
-            hex_digits(&r, value, 8);
-            if (k == q)
-                memcpy(it->answer, value, 9);
-            oom = text_putf(it, "%s: %s\n", keys[k], value);
-        }
-        if (!oom)
-            oom = text_putf(it, "What is the value of key %s? The value of key %s is", keys[q],
-                            keys[q]);
-        free(keys);
-        it->doc.task = KVQ_TASK_KV_RECALL;
-    }
-    char name[32];
-    snprintf(name, sizeof name, "%s#", kvq_corpus_kind_name(s->kind));
-    if (oom || set_label(it, name, it->gen_i, 1))
-        return kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
-    it->doc.text = it->text;
-    it->doc.len = it->text_len;
-    it->doc.answer = it->doc.task != KVQ_TASK_NONE ? it->answer : NULL;
-    it->gen_i++;
-    return KVQ_OK;
-}
-
-/* ==========================================================================
  * the iterator
  * ========================================================================== */
 
@@ -745,7 +570,7 @@ kvq_status kvq_corpus_iter_next(kvq_corpus_iter *it, const kvq_corpus_doc **doc,
             break;
         default: /* generators */
             if (it->gen_i < s->count) {
-                st = generate(it, err);
+                st = kvq_corpus_generate(it, err);
                 got = st == KVQ_OK;
             }
             break;
@@ -916,24 +741,10 @@ static kvq_status seq_push(seq_state *s, int32_t tok, int64_t doc, kvq_err *err)
     return KVQ_OK;
 }
 
-kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
-                               const kvq_seq_params *p, const kvq_callbacks *cb, kvq_seq_fn fn,
-                               void *user, kvq_corpus_stats *stats, kvq_err *err)
+/* Checks p against the tokenizer; *sep = the token between documents, or -1. */
+static kvq_status tokenize_check(const kvq_tokenizer *t, const kvq_seq_params *p,
+                                 int32_t *sep_out, kvq_err *err)
 {
-    kvq_status st = KVQ_OK;
-    kvq_corpus_iter *it = NULL;
-    int32_t *ids = NULL;
-    kvq_corpus_stats local;
-    seq_state s = {0};
-    kvq_seq_params dp;
-    if (!stats)
-        stats = &local;
-    memset(stats, 0, sizeof *stats);
-    stats->hash = KVQ_FNV1A64_INIT;
-    if (!p) {
-        kvq_seq_params_default(&dp);
-        p = &dp;
-    }
     if (p->seq_len < 2)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "tokenize: seq_len %u is less than 2",
                            p->seq_len);
@@ -952,6 +763,65 @@ kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "tokenize: tokenizer '%s' has no %s token "
                            "to separate documents", kvq_tokenizer_model(t),
                            p->sep == KVQ_DOC_SEP_BOS ? "BOS" : "EOS");
+    *sep_out = sep;
+    return KVQ_OK;
+}
+
+/* The tokens of one document: its text encoded into *ids (which it then owns), or its
+ * pre-tokenized ids checked against the vocabulary.               *toks: [*nt] */
+static kvq_status doc_tokens(const kvq_tokenizer *t, const kvq_corpus_doc *d, uint32_t n_vocab,
+                             int32_t **ids, const int32_t **toks_out, size_t *nt_out,
+                             kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    const int32_t *toks;
+    size_t nt;
+    if (d->text) {
+        free(*ids);
+        *ids = NULL;
+        unsigned flags = d->part > 0 ? KVQ_ENCODE_NO_PREFIX : 0;
+        if ((st = kvq_tokenizer_encode(t, d->text, d->len, flags, ids, &nt, err)))
+            return st;
+        toks = *ids;
+    } else {
+        toks = d->ids;
+        nt = d->n_ids;
+        for (size_t i = 0; i < nt; i++)
+            if ((uint32_t)toks[i] >= n_vocab) {
+                st = kvq_err_set(err, KVQ_E_MISMATCH, "%s: token id %d at index %zu of part "
+                                 "%u is outside the vocabulary of %u", d->label, toks[i], i,
+                                 d->part, n_vocab);
+                break;
+            }
+        if (st)
+            return st;
+    }
+    *toks_out = toks;
+    *nt_out = nt;
+    return KVQ_OK;
+}
+
+kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
+                               const kvq_seq_params *p, const kvq_callbacks *cb, kvq_seq_fn fn,
+                               void *user, kvq_corpus_stats *stats, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    kvq_corpus_iter *it = NULL;
+    int32_t *ids = NULL;
+    kvq_corpus_stats local;
+    seq_state s = {0};
+    kvq_seq_params dp;
+    if (!stats)
+        stats = &local;
+    memset(stats, 0, sizeof *stats);
+    stats->hash = KVQ_FNV1A64_INIT;
+    if (!p) {
+        kvq_seq_params_default(&dp);
+        p = &dp;
+    }
+    int32_t sep = -1;
+    if ((st = tokenize_check(t, p, &sep, err)))
+        return st;
     s.p = p;
     s.cb = cb;
     s.fn = fn;
@@ -973,26 +843,8 @@ kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
         stats->hash = hash_doc(d, stats->hash, &stats->n_bytes);
         const int32_t *toks;
         size_t nt;
-        if (d->text) {
-            free(ids);
-            ids = NULL;
-            unsigned flags = d->part > 0 ? KVQ_ENCODE_NO_PREFIX : 0;
-            if ((st = kvq_tokenizer_encode(t, d->text, d->len, flags, &ids, &nt, err)))
-                break;
-            toks = ids;
-        } else {
-            toks = d->ids;
-            nt = d->n_ids;
-            for (size_t i = 0; i < nt; i++)
-                if ((uint32_t)toks[i] >= n_vocab) {
-                    st = kvq_err_set(err, KVQ_E_MISMATCH, "%s: token id %d at index %zu of part "
-                                     "%u is outside the vocabulary of %u", d->label, toks[i], i,
-                                     d->part, n_vocab);
-                    break;
-                }
-            if (st)
-                break;
-        }
+        if ((st = doc_tokens(t, d, n_vocab, &ids, &toks, &nt, err)))
+            break;
         if (nt == 0)
             continue;
         stats->n_doc_tokens += nt;

@@ -239,6 +239,153 @@ static int64_t repair_empty(float *cent, int32_t k, int32_t d, double *wsum, dou
 
 /* ---- fit --------------------------------------------------------------------------------- */
 
+/* Checks the inputs of kvq_kmeans_fit. */
+static kvq_status fit_check(const float *x, int64_t n, int32_t d, const float *weights,
+                            const float *centroids, const kvq_kmeans_params *p,
+                            const char *label, kvq_err *err)
+{
+    kvq_status st;
+    if (!x || !centroids)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: NULL data or centroids", label);
+    if ((st = check_params(p, n, d, label, err)) != KVQ_OK)
+        return st;
+    if ((st = check_rows(x, n, d, "data", label, err)) != KVQ_OK)
+        return st;
+    if (weights && (st = check_weights(weights, n, label, err)) != KVQ_OK)
+        return st;
+    if (p->init == KVQ_KMEANS_INIT_GIVEN &&
+        (st = check_rows(centroids, p->k, d, "initial centroid", label, err)) != KVQ_OK)
+        return st;
+    return KVQ_OK;
+}
+
+/* The training set: all n points, or a seeded subsample of p->max_points_per_centroid * k
+ * of them (*xs, *ws: [m, d], [m], owned by the caller) when there are more. */
+static kvq_status training_set(const float *x, const float *weights, int64_t n, int32_t d,
+                               const kvq_kmeans_params *p, const char *label, const float **xt,
+                               const float **wt, int64_t *m_out, float **xs, float **ws,
+                               kvq_err *err)
+{
+    kvq_status st;
+    const int32_t k = p->k;
+    int64_t m = n;
+    if (p->max_points_per_centroid > 0 && n / p->max_points_per_centroid >= k &&
+        n > p->max_points_per_centroid * k) {
+        m = p->max_points_per_centroid * k;
+        kvq_log(&p->cb, KVQ_LOG_INFO, "%s: training on a seeded subsample of %lld of %lld points "
+                "(%lld per centroid)", label, (long long)m, (long long)n,
+                (long long)p->max_points_per_centroid);
+        if ((st = kvq_km_subsample(x, weights, n, d, m, p->seed, label, xs, ws, err)) !=
+            KVQ_OK)
+            return st;
+        *xt = *xs;
+        *wt = *ws;
+        *m_out = m;
+        if (weights && (st = check_weights(*wt, m, label, err)) != KVQ_OK) {
+            kvq_err_set(err, st, "%s: the subsample has zero total weight; raise "
+                        "max_points_per_centroid", label);
+            return st;
+        }
+    }
+    return KVQ_OK;
+}
+
+/* Working buffers of the Lloyd iterations (m training points, k clusters). */
+typedef struct lloyd_bufs {
+    int32_t *a;                       /* [m] assignment of the training points */
+    float *dist;                      /* [m] their squared distances */
+    double *wsum, *cin;               /* [k] weight and inertia per cluster */
+    int64_t *count;                   /* [k] points per cluster */
+} lloyd_bufs;
+
+/* Lloyd iterations on the m training points xt (weights wt or NULL) from the seeded
+ * centroids [k, d]: assign -> update -> repair empty clusters, until the relative
+ * inertia change is below p->tol or p->max_iters. Fills the per-iteration stats. */
+static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *wt, int64_t m,
+                        int32_t d, const kvq_kmeans_params *p, const char *label,
+                        float *centroids, const lloyd_bufs *b, kvq_kmeans_stats *s,
+                        kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    const int32_t k = p->k;
+    int32_t *a = b->a;
+    float *dist = b->dist;
+    double *wsum = b->wsum, *cin = b->cin;
+    int64_t *count = b->count;
+    kvq_rng rng;
+    kvq_rng_seed(&rng, kvq_km_mix64(p->seed ^ 0x7e9a12ULL));
+    double prev = 0.0;
+    for (int32_t it = 0; it < p->max_iters; it++) {
+        const double t0 = kvq_now();
+        if ((st = be->assign(ctx, centroids, k, a, dist, err)) != KVQ_OK)
+            return st;
+        double inertia = 0.0;
+        memset(cin, 0, (size_t)k * sizeof *cin);
+        memset(s->cluster_size, 0, (size_t)k * sizeof *s->cluster_size);
+        for (int64_t i = 0; i < m; i++) {
+            const double v = (wt ? (double)wt[i] : 1.0) * (double)dist[i];
+            inertia += v;
+            cin[a[i]] += v;
+            s->cluster_size[a[i]]++;
+        }
+        s->inertia[it] = inertia;
+        s->n_iters = it + 1;
+        const int stop = inertia == 0.0 || (it > 0 && fabs(prev - inertia) < p->tol * prev);
+        if (!stop) {
+            if ((st = be->update(ctx, a, k, centroids, wsum, count, err)) != KVQ_OK)
+                return st;
+            int64_t r = repair_empty(centroids, k, d, wsum, cin, &rng);
+            if (r > 0)
+                kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: iteration %d: re-seeded %lld empty clusters",
+                        label, it, (long long)r);
+            s->n_empty_repairs += r;
+        }
+        s->iter_seconds[it] = kvq_now() - t0;
+        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: iteration %d inertia %.9g (%.3f s)", label, it,
+                inertia, s->iter_seconds[it]);
+        if (kvq_progress(&p->cb, "kmeans", (uint64_t)it + 1, (uint64_t)p->max_iters))
+            return kvq_err_set(err, KVQ_E_CANCELLED, "%s: cancelled at iteration %d", label, it);
+        if (stop) {
+            s->converged = 1;
+            break;
+        }
+        prev = inertia;
+    }
+    return KVQ_OK;
+}
+
+/* Final assignment of every one of the n points x to the centroids [k, d], and the
+ * inertia over all of them. ctx holds the training points xt; when they are a subsample,
+ * a context over all points is created in *ctx_all (the caller destroys it). */
+static kvq_status final_assign(const kvq_km_backend *be, void *ctx, void **ctx_all,
+                               const float *x, const float *weights, int64_t n, int32_t d,
+                               const float *xt, const kvq_kmeans_params *p, const char *label,
+                               const float *centroids, int32_t *assign, kvq_kmeans_stats *s,
+                               kvq_err *err)
+{
+    kvq_status st;
+    const int32_t k = p->k;
+    void *c_all = ctx;
+    float *dall = NULL;
+    if (xt != x) {
+        if ((st = be->create(x, weights, n, d, p->threads, ctx_all, err)) != KVQ_OK)
+            return st;
+        c_all = *ctx_all;
+    }
+    dall = malloc((size_t)n * sizeof *dall);
+    if (!dall)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: final distances", label);
+    st = be->assign(c_all, centroids, k, assign, dall, err);
+    if (st == KVQ_OK) {
+        double tot = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            tot += (weights ? (double)weights[i] : 1.0) * (double)dall[i];
+        s->inertia_final = tot;
+    }
+    free(dall);
+    return st;
+}
+
 kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *weights,
                           const kvq_kmeans_params *pin, float *centroids, int32_t *assign,
                           kvq_kmeans_stats *stats, kvq_err *err)
@@ -259,18 +406,7 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
     memset(&s, 0, sizeof s);
     s.inertia_final = -1.0;
 
-    if (!x || !centroids) {
-        st = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: NULL data or centroids", label);
-        goto done;
-    }
-    if ((st = check_params(&p, n, d, label, err)) != KVQ_OK)
-        goto done;
-    if ((st = check_rows(x, n, d, "data", label, err)) != KVQ_OK)
-        goto done;
-    if (weights && (st = check_weights(weights, n, label, err)) != KVQ_OK)
-        goto done;
-    if (p.init == KVQ_KMEANS_INIT_GIVEN &&
-        (st = check_rows(centroids, p.k, d, "initial centroid", label, err)) != KVQ_OK)
+    if ((st = fit_check(x, n, d, weights, centroids, &p, label, err)) != KVQ_OK)
         goto done;
     const int32_t k = p.k;
     if (p.min_points_per_centroid > 0 && n / p.min_points_per_centroid < k)
@@ -281,23 +417,8 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
     /* training set: all points, or a seeded subsample of cap * k */
     const float *xt = x, *wt = weights;
     int64_t m = n;
-    if (p.max_points_per_centroid > 0 && n / p.max_points_per_centroid >= k &&
-        n > p.max_points_per_centroid * k) {
-        m = p.max_points_per_centroid * k;
-        kvq_log(&p.cb, KVQ_LOG_INFO, "%s: training on a seeded subsample of %lld of %lld points "
-                "(%lld per centroid)", label, (long long)m, (long long)n,
-                (long long)p.max_points_per_centroid);
-        if ((st = kvq_km_subsample(x, weights, n, d, m, p.seed, label, &xs, &ws, err)) !=
-            KVQ_OK)
-            goto done;
-        xt = xs;
-        wt = ws;
-        if (weights && (st = check_weights(wt, m, label, err)) != KVQ_OK) {
-            kvq_err_set(err, st, "%s: the subsample has zero total weight; raise "
-                        "max_points_per_centroid", label);
-            goto done;
-        }
-    }
+    if ((st = training_set(x, weights, n, d, &p, label, &xt, &wt, &m, &xs, &ws, err)) != KVQ_OK)
+        goto done;
     s.n_train = m;
 
     size_t kd;
@@ -338,73 +459,14 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
     }
 
     /* Lloyd */
-    kvq_rng rng;
-    kvq_rng_seed(&rng, kvq_km_mix64(p.seed ^ 0x7e9a12ULL));
-    double prev = 0.0;
-    for (int32_t it = 0; it < p.max_iters; it++) {
-        const double t0 = kvq_now();
-        if ((st = be->assign(ctx, centroids, k, a, dist, err)) != KVQ_OK)
-            goto done;
-        double inertia = 0.0;
-        memset(cin, 0, (size_t)k * sizeof *cin);
-        memset(s.cluster_size, 0, (size_t)k * sizeof *s.cluster_size);
-        for (int64_t i = 0; i < m; i++) {
-            const double v = (wt ? (double)wt[i] : 1.0) * (double)dist[i];
-            inertia += v;
-            cin[a[i]] += v;
-            s.cluster_size[a[i]]++;
-        }
-        s.inertia[it] = inertia;
-        s.n_iters = it + 1;
-        const int stop = inertia == 0.0 || (it > 0 && fabs(prev - inertia) < p.tol * prev);
-        if (!stop) {
-            if ((st = be->update(ctx, a, k, centroids, wsum, count, err)) != KVQ_OK)
-                goto done;
-            int64_t r = repair_empty(centroids, k, d, wsum, cin, &rng);
-            if (r > 0)
-                kvq_log(&p.cb, KVQ_LOG_DEBUG, "%s: iteration %d: re-seeded %lld empty clusters",
-                        label, it, (long long)r);
-            s.n_empty_repairs += r;
-        }
-        s.iter_seconds[it] = kvq_now() - t0;
-        kvq_log(&p.cb, KVQ_LOG_DEBUG, "%s: iteration %d inertia %.9g (%.3f s)", label, it,
-                inertia, s.iter_seconds[it]);
-        if (kvq_progress(&p.cb, "kmeans", (uint64_t)it + 1, (uint64_t)p.max_iters)) {
-            st = kvq_err_set(err, KVQ_E_CANCELLED, "%s: cancelled at iteration %d", label, it);
-            goto done;
-        }
-        if (stop) {
-            s.converged = 1;
-            break;
-        }
-        prev = inertia;
-    }
+    const lloyd_bufs bufs = {a, dist, wsum, cin, count};
+    if ((st = lloyd(be, ctx, wt, m, d, &p, label, centroids, &bufs, &s, err)) != KVQ_OK)
+        goto done;
 
     /* final assignment of every point */
-    if (assign) {
-        void *c_all = ctx;
-        float *dall = NULL;
-        if (xt != x) {
-            if ((st = be->create(x, weights, n, d, p.threads, &ctx_all, err)) != KVQ_OK)
-                goto done;
-            c_all = ctx_all;
-        }
-        dall = malloc((size_t)n * sizeof *dall);
-        if (!dall) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: final distances", label);
-            goto done;
-        }
-        st = be->assign(c_all, centroids, k, assign, dall, err);
-        if (st == KVQ_OK) {
-            double tot = 0.0;
-            for (int64_t i = 0; i < n; i++)
-                tot += (weights ? (double)weights[i] : 1.0) * (double)dall[i];
-            s.inertia_final = tot;
-        }
-        free(dall);
-        if (st != KVQ_OK)
-            goto done;
-    }
+    if (assign && (st = final_assign(be, ctx, &ctx_all, x, weights, n, d, xt, &p, label,
+                                     centroids, assign, &s, err)) != KVQ_OK)
+        goto done;
     s.total_seconds = kvq_now() - t_start;
     kvq_log(&p.cb, KVQ_LOG_INFO, "%s: k-means k=%d: %d iterations, inertia %.6g, %lld repairs, "
             "%.2f s", label, k, s.n_iters, s.n_iters ? s.inertia[s.n_iters - 1] : 0.0,

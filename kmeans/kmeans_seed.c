@@ -346,6 +346,98 @@ static void timer_end(step_timer *tm)
     *m = *m < 0 ? dt : 0.75 * *m + 0.25 * dt;
 }
 
+/* The buffers of w for n points of d dims (w->P and w->npad set) and `trials`
+ * candidates per step; s gives the block count. */
+static kvq_status pp_work_alloc(pp_work *w, const d2_state *s, int64_t n, int32_t d,
+                                int32_t trials, const char *label, kvq_err *err)
+{
+    size_t nd, nl;
+    if (!kvq_size_mul((size_t)w->npad, (size_t)d * sizeof(float), &nd) ||
+        !kvq_size_mul((size_t)(w->npad / w->P), LANES * sizeof(float), &nl))
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: seeding buffers", label);
+    w->cand = calloc((size_t)trials, sizeof *w->cand);
+    w->ct = malloc((size_t)d * LANES * sizeof *w->ct);
+    w->cn = malloc(LANES * sizeof *w->cn);
+    w->xi = malloc(nd);
+    w->xnorm = calloc((size_t)w->npad, sizeof *w->xnorm);
+    w->wt = calloc((size_t)w->npad, sizeof *w->wt);
+    w->dmin = calloc((size_t)w->npad, sizeof *w->dmin);
+    w->dist = malloc(nl);
+    w->dbest = trials > LANES ? malloc((size_t)n * sizeof *w->dbest) : NULL;
+    w->part = calloc((size_t)s->nblocks * LANES, sizeof *w->part);
+    if (!w->cand || !w->ct || !w->cn || !w->xi || !w->xnorm || !w->wt || !w->dmin || !w->dist ||
+        (trials > LANES && !w->dbest) || !w->part)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: seeding buffers for %lld points", label,
+                           (long long)n);
+    return KVQ_OK;
+}
+
+static void pp_work_free(pp_work *w)
+{
+    free(w->cand);
+    free(w->ct);
+    free(w->cn);
+    free(w->xi);
+    free(w->xnorm);
+    free(w->wt);
+    free(w->dmin);
+    free(w->dist);
+    free(w->dbest);
+    free(w->part);
+}
+
+/* The points into w: interleaved in tiles of P, their norms, weights, and D = inf. */
+static void pp_interleave(pp_work *w, const kvq_km_data *data, int32_t threads)
+{
+    const int32_t d = data->d;
+    const int64_t n = data->n;
+    /* interleave: xi[(g * d + j) * P + q] = x[g * P + q][j] */
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > DRAW_BLOCK)
+    for (int64_t g = 0; g < w->npad / w->P; g++)
+        for (int32_t q = 0; q < w->P; q++) {
+            const int64_t i = g * w->P + q;
+            float *dst = w->xi + (size_t)g * d * w->P + q;
+            for (int32_t j = 0; j < d; j++)
+                dst[(size_t)j * w->P] = i < n ? data->x[(size_t)i * d + j] : 0.0f;
+            if (i < n) {
+                w->xnorm[i] = kvq_km_norm2_fma(data->x + (size_t)i * d, d);
+                w->wt[i] = data->w ? data->w[i] : 1.0f;
+                w->dmin[i] = INFINITY;
+            }
+        }
+}
+
+/* One step after the first: draws `trials` candidates, evaluates them in chunks of
+ * per_chunk, applies the one that lowers the potential most and returns its point. */
+static int64_t pp_step(d2_state *s, pp_work *w, int32_t trials, int32_t per_chunk, kvq_rng *rng)
+{
+    const int64_t n = s->data->n;
+    const double total = d2_total(s);
+    for (int32_t c = 0; c < trials; c++)
+        w->cand[c] = d2_draw(s, total, kvq_rng_uniform(rng), rng);
+    int32_t best = 0, best_t = 0;
+    double best_pot = INFINITY;
+    for (int32_t c0 = 0; c0 < trials; c0 += per_chunk) {
+        const int32_t nt = trials - c0 < per_chunk ? trials - c0 : per_chunk;
+        eval_chunk(s, w, w->cand + c0, nt);
+        int32_t chunk_best = -1;
+        for (int32_t c = 0; c < nt; c++) {
+            const double pot = chunk_pot(s, w, c);
+            if (pot < best_pot) {
+                best_pot = pot;
+                best = c0 + c;
+                chunk_best = best_t = c;
+            }
+        }
+        if (w->dbest && chunk_best >= 0)
+            for (int64_t i = 0; i < n; i++)
+                w->dbest[i] = chunk_dist(w, i, chunk_best);
+    }
+    const int64_t pick = w->cand[best];
+    d2_apply(s, w, w->dbest ? -1 : best_t, pick);
+    return pick;
+}
+
 /* Chooses k centroids by D^2 sampling; trials > 1 is greedy k-means++: draw `trials`
  * candidates per step and keep the one whose addition lowers the potential most
  * (ties to the earlier draw). The candidates of a step are evaluated in chunks of at
@@ -380,42 +472,9 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
     st = d2_init(&s, data, p->threads, label, err);
     if (st != KVQ_OK)
         goto done;
-    size_t nd, nl;
-    if (!kvq_size_mul((size_t)w.npad, (size_t)d * sizeof(float), &nd) ||
-        !kvq_size_mul((size_t)(w.npad / w.P), LANES * sizeof(float), &nl)) {
-        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: seeding buffers", label);
+    if ((st = pp_work_alloc(&w, &s, n, d, trials, label, err)) != KVQ_OK)
         goto done;
-    }
-    w.cand = calloc((size_t)trials, sizeof *w.cand);
-    w.ct = malloc((size_t)d * LANES * sizeof *w.ct);
-    w.cn = malloc(LANES * sizeof *w.cn);
-    w.xi = malloc(nd);
-    w.xnorm = calloc((size_t)w.npad, sizeof *w.xnorm);
-    w.wt = calloc((size_t)w.npad, sizeof *w.wt);
-    w.dmin = calloc((size_t)w.npad, sizeof *w.dmin);
-    w.dist = malloc(nl);
-    w.dbest = trials > LANES ? malloc((size_t)n * sizeof *w.dbest) : NULL;
-    w.part = calloc((size_t)s.nblocks * LANES, sizeof *w.part);
-    if (!w.cand || !w.ct || !w.cn || !w.xi || !w.xnorm || !w.wt || !w.dmin || !w.dist ||
-        (trials > LANES && !w.dbest) || !w.part) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: seeding buffers for %lld points", label,
-                         (long long)n);
-        goto done;
-    }
-    /* interleave: xi[(g * d + j) * P + q] = x[g * P + q][j] */
-#pragma omp parallel for num_threads(p->threads) schedule(static) if (n > DRAW_BLOCK)
-    for (int64_t g = 0; g < w.npad / w.P; g++)
-        for (int32_t q = 0; q < w.P; q++) {
-            const int64_t i = g * w.P + q;
-            float *dst = w.xi + (size_t)g * d * w.P + q;
-            for (int32_t j = 0; j < d; j++)
-                dst[(size_t)j * w.P] = i < n ? data->x[(size_t)i * d + j] : 0.0f;
-            if (i < n) {
-                w.xnorm[i] = kvq_km_norm2_fma(data->x + (size_t)i * d, d);
-                w.wt[i] = data->w ? data->w[i] : 1.0f;
-                w.dmin[i] = INFINITY;
-            }
-        }
+    pp_interleave(&w, data, p->threads);
     free(s.dmin); /* the draws read D from w.dmin */
     s.dmin = w.dmin;
 
@@ -427,29 +486,7 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
             eval_chunk(&s, &w, w.cand, 1);
             d2_apply(&s, &w, 0, pick);
         } else {
-            const double total = d2_total(&s);
-            for (int32_t c = 0; c < trials; c++)
-                w.cand[c] = d2_draw(&s, total, kvq_rng_uniform(&rng), &rng);
-            int32_t best = 0, best_t = 0;
-            double best_pot = INFINITY;
-            for (int32_t c0 = 0; c0 < trials; c0 += per_chunk) {
-                const int32_t nt = trials - c0 < per_chunk ? trials - c0 : per_chunk;
-                eval_chunk(&s, &w, w.cand + c0, nt);
-                int32_t chunk_best = -1;
-                for (int32_t c = 0; c < nt; c++) {
-                    const double pot = chunk_pot(&s, &w, c);
-                    if (pot < best_pot) {
-                        best_pot = pot;
-                        best = c0 + c;
-                        chunk_best = best_t = c;
-                    }
-                }
-                if (w.dbest && chunk_best >= 0)
-                    for (int64_t i = 0; i < n; i++)
-                        w.dbest[i] = chunk_dist(&w, i, chunk_best);
-            }
-            pick = w.cand[best];
-            d2_apply(&s, &w, w.dbest ? -1 : best_t, pick);
+            pick = pp_step(&s, &w, trials, per_chunk, &rng);
         }
         if (t > 0)
             timer_end(&tm);
@@ -464,16 +501,7 @@ done:
     if (s.dmin == w.dmin)
         s.dmin = NULL;
     d2_free(&s);
-    free(w.cand);
-    free(w.ct);
-    free(w.cn);
-    free(w.xi);
-    free(w.xnorm);
-    free(w.wt);
-    free(w.dmin);
-    free(w.dist);
-    free(w.dbest);
-    free(w.part);
+    pp_work_free(&w);
     return st;
 }
 
@@ -520,6 +548,96 @@ static int32_t greedy_trials(const kvq_kmeans_params *p, int32_t k)
 
 /* ---- k-means|| ------------------------------------------------------------------------ */
 
+/* Appends the points marked this round (mark [n]) to the candidates cidx [*m], growing
+ * it (*cap entries) when needed. */
+static kvq_status par_collect(const unsigned char *mark, int64_t n, int64_t **cidx,
+                              int64_t *cap, int64_t *m, const char *label, kvq_err *err)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (!mark[i])
+            continue;
+        if (*m == *cap) { /* far above the expected count: grow */
+            int64_t ncap = *cap * 2 < n ? *cap * 2 : n;
+            int64_t *t = realloc(*cidx, (size_t)ncap * sizeof *t);
+            if (!t)
+                return kvq_err_set(err, KVQ_E_NOMEM, "%s: k-means|| candidates", label);
+            *cidx = t;
+            *cap = ncap;
+        }
+        (*cidx)[(*m)++] = i;
+    }
+    return KVQ_OK;
+}
+
+/* Folds the distances d_new to this round's candidates (a_new: the nearest of them,
+ * numbered from base) into D and owner; block sums in block order as in d2_apply. */
+static void par_fold(d2_state *s, const kvq_km_data *data, const float *d_new,
+                     const int32_t *a_new, const unsigned char *mark, int64_t base,
+                     int32_t threads, int32_t *owner)
+{
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (s->nblocks > 1)
+    for (int64_t b = 0; b < s->nblocks; b++) {
+        double sum = 0.0;
+        for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
+            if (d_new[i] < s->dmin[i]) {
+                s->dmin[i] = d_new[i];
+                owner[i] = (int32_t)(base + a_new[i]);
+            }
+            if (mark[i]) /* a candidate is its own nearest */
+                s->dmin[i] = 0.0f;
+            sum += weight_at(data, i) * (double)s->dmin[i];
+        }
+        s->bsum[b] = sum;
+    }
+}
+
+/* The last step of k-means||: each of the m candidates cidx is weighted by the total
+ * weight of the points it owns (owner [n]), and weighted greedy k-means++ on the
+ * candidates picks the k centroids. */
+static kvq_status par_reduce(const kvq_km_data *data, const kvq_kmeans_params *p, int32_t k,
+                             uint64_t seed, const int64_t *cidx, int32_t *owner, int64_t m,
+                             float *cent, kvq_err *err)
+{
+    kvq_status st;
+    const int32_t d = data->d;
+    const int64_t n = data->n;
+    const char *label = label_of(p);
+    if (m > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: k-means|| candidates", label);
+    float *cx = malloc((size_t)m * d * sizeof *cx);
+    float *cw = calloc((size_t)m, sizeof *cw);
+    double *cwd = calloc((size_t)m, sizeof *cwd);
+    if (!cx || !cw || !cwd) {
+        free(cwd);
+        free(cx);
+        free(cw);
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: k-means|| candidates", label);
+    }
+    for (int64_t c = 0; c < m; c++)
+        memcpy(cx + (size_t)c * d, data->x + (size_t)cidx[c] * d, (size_t)d * sizeof(float));
+    /* owner[] is only updated on a strict improvement: candidates keep their own
+     * index because they had distance 0 when chosen. Points never improved by a
+     * round belong to candidate 0 (calloc). */
+    for (int64_t c = 0; c < m; c++)
+        owner[cidx[c]] = (int32_t)c;
+    for (int64_t i = 0; i < n; i++)
+        cwd[owner[i]] += weight_at(data, i);
+    for (int64_t c = 0; c < m; c++)
+        cw[c] = (float)cwd[c];
+    free(cwd);
+    kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: k-means|| reduced %lld points to %lld candidates",
+            label, (long long)n, (long long)m);
+    {
+        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d,
+                            .force_threads = data->force_threads};
+        st = seed_pp(&cand, p, k, greedy_trials(p, k), kvq_km_mix64(seed ^ 0xca11ULL), cent,
+                     err);
+    }
+    free(cx);
+    free(cw);
+    return st;
+}
+
 /* Bahmani et al. 2012: start from one weighted-uniform point; each round keeps
  * point i with probability min(1, l w_i D_i / psi), l = oversample * k; then every
  * candidate is weighted by the total weight of the points nearest to it, and
@@ -540,8 +658,7 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
     int32_t *owner = NULL;  /* [n] nearest candidate of each point */
     int32_t *a_new = NULL;  /* [n] nearest among this round's candidates */
     float *d_new = NULL;    /* [n] distance to it */
-    float *cx = NULL;       /* [m, d] candidate rows */
-    float *cw = NULL;       /* [m] candidate weights */
+    float *cx = NULL;       /* [nnew, d] this round's candidate rows */
     unsigned char *mark = NULL; /* [n] drawn this round */
     int64_t m = 0, cap = 0;
     kvq_rng_seed(&rng, seed);
@@ -576,21 +693,8 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
             mark[i] = s.dmin[i] > 0.0f && kvq_km_uniform_at(seed, (uint64_t)r + 1, (uint64_t)i) < pi;
         }
         const int64_t base = m;
-        for (int64_t i = 0; i < n; i++) {
-            if (!mark[i])
-                continue;
-            if (m == cap) { /* far above the expected count: grow */
-                int64_t ncap = cap * 2 < n ? cap * 2 : n;
-                int64_t *t = realloc(cidx, (size_t)ncap * sizeof *t);
-                if (!t) {
-                    st = kvq_err_set(err, KVQ_E_NOMEM, "%s: k-means|| candidates", label);
-                    goto done;
-                }
-                cidx = t;
-                cap = ncap;
-            }
-            cidx[m++] = i;
-        }
+        if ((st = par_collect(mark, n, &cidx, &cap, &m, label, err)) != KVQ_OK)
+            goto done;
         const int64_t nnew = m - base;
         if (nnew == 0)
             continue;
@@ -610,21 +714,7 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
         st = be->assign(ctx, cx, (int32_t)nnew, a_new, d_new, err);
         if (st != KVQ_OK)
             goto done;
-        /* fold the new distances in; block sums in block order as in d2_apply */
-#pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1) if (s.nblocks > 1)
-        for (int64_t b = 0; b < s.nblocks; b++) {
-            double sum = 0.0;
-            for (int64_t i = b * DRAW_BLOCK; i < block_end(data, b); i++) {
-                if (d_new[i] < s.dmin[i]) {
-                    s.dmin[i] = d_new[i];
-                    owner[i] = (int32_t)(base + a_new[i]);
-                }
-                if (mark[i]) /* a candidate is its own nearest */
-                    s.dmin[i] = 0.0f;
-                sum += weight_at(data, i) * (double)s.dmin[i];
-            }
-            s.bsum[b] = sum;
-        }
+        par_fold(&s, data, d_new, a_new, mark, base, p->threads, owner);
         if ((st = seed_progress(p, r + 1, p->parallel_rounds, err)) != KVQ_OK)
             goto done;
     }
@@ -637,39 +727,9 @@ static kvq_status seed_parallel(const kvq_km_data *data, const kvq_kmeans_params
         st = seed_pp(data, p, k, 1, kvq_km_mix64(seed ^ 0x5eedULL), cent, err);
         goto done;
     }
-    if (m > INT32_MAX) {
-        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: k-means|| candidates", label);
-        goto done;
-    }
     free(cx);
-    cx = malloc((size_t)m * d * sizeof *cx);
-    cw = calloc((size_t)m, sizeof *cw);
-    double *cwd = calloc((size_t)m, sizeof *cwd);
-    if (!cx || !cw || !cwd) {
-        free(cwd);
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: k-means|| candidates", label);
-        goto done;
-    }
-    for (int64_t c = 0; c < m; c++)
-        memcpy(cx + (size_t)c * d, data->x + (size_t)cidx[c] * d, (size_t)d * sizeof(float));
-    /* owner[] is only updated on a strict improvement: candidates keep their own
-     * index because they had distance 0 when chosen. Points never improved by a
-     * round belong to candidate 0 (calloc). */
-    for (int64_t c = 0; c < m; c++)
-        owner[cidx[c]] = (int32_t)c;
-    for (int64_t i = 0; i < n; i++)
-        cwd[owner[i]] += weight_at(data, i);
-    for (int64_t c = 0; c < m; c++)
-        cw[c] = (float)cwd[c];
-    free(cwd);
-    kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: k-means|| reduced %lld points to %lld candidates",
-            label, (long long)n, (long long)m);
-    {
-        kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d,
-                            .force_threads = data->force_threads};
-        st = seed_pp(&cand, p, k, greedy_trials(p, k), kvq_km_mix64(seed ^ 0xca11ULL), cent,
-                     err);
-    }
+    cx = NULL;
+    st = par_reduce(data, p, k, seed, cidx, owner, m, cent, err);
 done:
     d2_free(&s);
     free(cidx);
@@ -678,7 +738,6 @@ done:
     free(d_new);
     free(mark);
     free(cx);
-    free(cw);
     return st;
 }
 

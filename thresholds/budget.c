@@ -80,6 +80,111 @@ static void fill_row(double *row, double value, const bsetting *b)
     row[KVQ_PB_ERR] = b->measured > 0 ? b->err / b->measured : NAN;
 }
 
+/* One retrieval context per setting: the codebook selector at each budget fraction
+ * fr [n_b], then the mass rule at each tau [n_set - n_b]; measured, single-threaded. */
+static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
+                                  const double *tau, const kvq_profile_params *p,
+                                  const kvq_model_config *cfg, const kvq_runtime *rt,
+                                  kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    for (int64_t c = 0; c < n_set && !s; c++) {
+        kvq_retrieval_params rp = p->retrieval;
+        rp.prefill_full = 0;
+        rp.measure = 1;
+        rp.threads = 1;
+        rp.cb = p->cb;
+        if (c < n_b) {
+            rp.selector = KVQ_SELECT_CODEBOOK;
+            rp.budget.count = 0;
+            rp.budget.fraction = fr[c];
+        } else {
+            rp.selector = KVQ_SELECT_MASS;
+            rp.budget.count = 0;
+            rp.budget.fraction = 1.0;
+            rp.tau = tau[c - n_b];
+        }
+        set[c].rp = rp;
+        s = kvq_retrieval_create(cfg, rt, &rp, &set[c].r, err);
+    }
+    return s;
+}
+
+/* Buffers of one sequence (longest rows) and of every setting's outputs on it. */
+typedef struct seq_bufs {
+    float *q, *k, *v;  /* [longest, nh, d], [longest, nkv, d] x 2 */
+    float *out;        /* [n_set, longest, nh, d] */
+    int64_t *pos;      /* [longest] */
+    kvq_status *st;    /* [n_set] */
+    kvq_err *errs;     /* [n_set] */
+} seq_bufs;
+
+/* Every sequence of every captured layer that has codebooks, through every setting;
+ * *n_layers_done counts the layers run. */
+static kvq_status run_layers(const kvq_capture_info *ci, const kvq_runtime *rt, bsetting *set,
+                             int64_t n_set, const kvq_profile_params *p, const seq_bufs *b,
+                             int32_t *n_layers_done, kvq_err *err)
+{
+    const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
+    float *q = b->q, *k = b->k, *v = b->v, *out = b->out;
+    int64_t *pos = b->pos;
+    kvq_status *st = b->st;
+    kvq_err *errs = b->errs;
+    kvq_status s = KVQ_OK;
+    for (int32_t f = 0; f < ci->n_files && !s; f++) {
+        const int32_t layer = ci->layers[f];
+        if (!kvq_runtime_codebook(rt, layer, 0))
+            continue;
+        thr_layer L;
+        if ((s = thr_layer_open(ci, f, &L, err)))
+            break;
+        for (int64_t i = 0; i < ci->n_sequences && !s; i++) {
+            const int64_t r0 = ci->sequences[2 * i], n = ci->sequences[2 * i + 1];
+            if (n < 2)
+                continue;
+            for (int64_t t = 0; t < n; t++) {
+                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, q + (size_t)t * nh * d);
+                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, k + (size_t)t * nkv * d);
+                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
+                pos[t] = thr_layer_pos(&L, r0 + t);
+            }
+            s = run_sequence(set, n_set, p->threads, layer, n, thr_prompt_len(p->prompt_fraction, n),
+                             q, k, v, pos, nh, nkv, d, out, st, errs, err);
+        }
+        thr_layer_close(&L);
+        (*n_layers_done)++;
+        if (!s && kvq_progress(&p->cb, "profile: budget", (uint64_t)f + 1, (uint64_t)ci->n_files))
+            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+    }
+    return s;
+}
+
+/* The perplexity column: plain retrieval decoding (no measurement) with each setting. */
+static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
+                             const kvq_profile_params *p, thr_ppl *ppl, const kvq_runtime *rt,
+                             kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    for (int64_t c = 0; ppl && c < n_set && !s; c++) {
+        kvq_retrieval *r = NULL;
+        kvq_retrieval_params rp = set[c].rp;
+        rp.measure = 0;
+        rp.threads = p->threads; /* outputs do not depend on it without measurement */
+        double val;
+        if (!(s = kvq_retrieval_create(thr_ppl_config(ppl), rt, &rp, &r, err))) {
+            const kvq_attn_backend b = kvq_retrieval_backend(r);
+            if (!(s = thr_ppl_eval(ppl, &b, NULL, NULL, &val, err))) {
+                if (c < n_b)
+                    budget->rows[(size_t)c * KVQ_PB_NCOLS + KVQ_PB_PPL] = val;
+                else
+                    mass->rows[(size_t)(c - n_b) * KVQ_PB_NCOLS + KVQ_PB_PPL] = val;
+            }
+        }
+        kvq_retrieval_free(r);
+    }
+    return s;
+}
+
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
@@ -143,56 +248,13 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
-    for (int64_t c = 0; c < n_set && !s; c++) {
-        kvq_retrieval_params rp = p->retrieval;
-        rp.prefill_full = 0;
-        rp.measure = 1;
-        rp.threads = 1;
-        rp.cb = p->cb;
-        if (c < n_b) {
-            rp.selector = KVQ_SELECT_CODEBOOK;
-            rp.budget.count = 0;
-            rp.budget.fraction = fr[c];
-        } else {
-            rp.selector = KVQ_SELECT_MASS;
-            rp.budget.count = 0;
-            rp.budget.fraction = 1.0;
-            rp.tau = tau[c - n_b];
-        }
-        set[c].rp = rp;
-        s = kvq_retrieval_create(&cfg, rt, &rp, &set[c].r, err);
-    }
-    if (s)
+    if ((s = create_settings(set, n_set, n_b, fr, tau, p, &cfg, rt, err)))
         goto done;
 
     /* ---- the capture, layer by layer (layers without codebooks attend fully: skipped) */
     int32_t n_layers_done = 0;
-    for (int32_t f = 0; f < ci->n_files && !s; f++) {
-        const int32_t layer = ci->layers[f];
-        if (!kvq_runtime_codebook(rt, layer, 0))
-            continue;
-        thr_layer L;
-        if ((s = thr_layer_open(ci, f, &L, err)))
-            break;
-        for (int64_t i = 0; i < ci->n_sequences && !s; i++) {
-            const int64_t r0 = ci->sequences[2 * i], n = ci->sequences[2 * i + 1];
-            if (n < 2)
-                continue;
-            for (int64_t t = 0; t < n; t++) {
-                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, q + (size_t)t * nh * d);
-                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, k + (size_t)t * nkv * d);
-                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
-                pos[t] = thr_layer_pos(&L, r0 + t);
-            }
-            s = run_sequence(set, n_set, p->threads, layer, n, thr_prompt_len(p->prompt_fraction, n),
-                             q, k, v, pos, nh, nkv, d, out, st, errs, err);
-        }
-        thr_layer_close(&L);
-        n_layers_done++;
-        if (!s && kvq_progress(&p->cb, "profile: budget", (uint64_t)f + 1, (uint64_t)ci->n_files))
-            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
-    }
-    if (s)
+    const seq_bufs bufs = {q, k, v, out, pos, st, errs};
+    if ((s = run_layers(ci, rt, set, n_set, p, &bufs, &n_layers_done, err)))
         goto done;
     double measured = 0;
     for (int64_t c = 0; c < n_set; c++)
@@ -209,23 +271,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         fill_row(mass->rows + (size_t)c * KVQ_PB_NCOLS, tau[c], &set[n_b + c]);
 
     /* ---- perplexity with each setting (no measurement: plain retrieval decoding) */
-    for (int64_t c = 0; ppl && c < n_set && !s; c++) {
-        kvq_retrieval *r = NULL;
-        kvq_retrieval_params rp = set[c].rp;
-        rp.measure = 0;
-        rp.threads = p->threads; /* outputs do not depend on it without measurement */
-        double val;
-        if (!(s = kvq_retrieval_create(thr_ppl_config(ppl), rt, &rp, &r, err))) {
-            const kvq_attn_backend b = kvq_retrieval_backend(r);
-            if (!(s = thr_ppl_eval(ppl, &b, NULL, NULL, &val, err))) {
-                if (c < n_b)
-                    budget->rows[(size_t)c * KVQ_PB_NCOLS + KVQ_PB_PPL] = val;
-                else
-                    mass->rows[(size_t)(c - n_b) * KVQ_PB_NCOLS + KVQ_PB_PPL] = val;
-            }
-        }
-        kvq_retrieval_free(r);
-    }
+    s = ppl_column(set, n_set, n_b, p, ppl, rt, budget, mass, err);
     goto done;
 
 skip:
