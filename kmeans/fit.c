@@ -8,18 +8,18 @@
  *             held-out score MSE -> tensors -> checkpoint
  *   -> artifact (every job's tensors + summary) -> remove the checkpoint directory
  *
+ * This file is the driver (inputs, jobs, fitting); the checkpoint files are in
+ * fit_checkpoint.c, the artifact writer in fit_artifact.c, and what they share in
+ * fit_internal.h.
+ *
  * A job's result is just its list of named tensors (codebooks, diagnostics), the same
  * whether it was fitted now or read back from its checkpoint file, so a resumed run
  * writes the same artifact bytes as an uninterrupted one.
  */
-#include <errno.h>
-#include <stdarg.h>
-#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kvq/artifact.h"
@@ -29,14 +29,10 @@
 #include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
+#include "kmeans/fit_internal.h"
 
-/* Bumped whenever a change in this file changes a job's result: old checkpoints are
- * then refitted instead of reused. */
-#define FIT_CKPT_VERSION 1
 #define FIT_DEFAULT_K 4096
 #define FIT_MIN_POINTS 39     /* training keys per centroid below which fits get noisy */
-#define FIT_KEY_META "kvq.fit.key"
-#define FIT_BACKEND_META "kvq.fit.backend"
 
 kvq_fit_params kvq_fit_params_default(void)
 {
@@ -59,24 +55,7 @@ kvq_fit_params kvq_fit_params_default(void)
  * A job's result: named tensors
  * ========================================================================== */
 
-typedef struct fit_tensor {
-    char name[128];
-    kvq_dtype dtype;
-    int ndim;
-    int64_t shape[KVQ_MAX_DIMS];
-    void *data;       /* malloc'd, nbytes */
-    size_t nbytes;
-} fit_tensor;
-
-typedef struct fit_job {
-    int32_t layer, head;
-    fit_tensor *t;    /* [n_t] in artifact order */
-    size_t n_t, cap;
-    int cuda;         /* some k-means ran on CUDA */
-    int resumed;      /* read from the checkpoint */
-} fit_job;
-
-static void job_clear(fit_job *j)
+void fit_job_clear(fit_job *j)
 {
     for (size_t i = 0; i < j->n_t; i++)
         free(j->t[i].data);
@@ -86,8 +65,8 @@ static void job_clear(fit_job *j)
 }
 
 /* Appends a tensor with a copy of `data` (nbytes from dtype and shape). */
-static kvq_status job_add(fit_job *j, const char *name, kvq_dtype dt, int ndim,
-                          const int64_t *shape, const void *data, kvq_err *err)
+kvq_status fit_job_add(fit_job *j, const char *name, kvq_dtype dt, int ndim,
+                       const int64_t *shape, const void *data, kvq_err *err)
 {
     size_t nbytes = kvq_dtype_size(dt);
     for (int i = 0; i < ndim; i++)
@@ -121,7 +100,7 @@ static kvq_status job_add(fit_job *j, const char *name, kvq_dtype dt, int ndim,
 
 static kvq_status job_add_scalar(fit_job *j, const char *name, double v, kvq_err *err)
 {
-    return job_add(j, name, KVQ_DT_F64, 0, NULL, &v, err);
+    return fit_job_add(j, name, KVQ_DT_F64, 0, NULL, &v, err);
 }
 
 static const fit_tensor *job_find(const fit_job *j, const char *name)
@@ -133,7 +112,7 @@ static const fit_tensor *job_find(const fit_job *j, const char *name)
 }
 
 /* The value of a scalar F64 diagnostic "diag.layer.L.head.H.<what>", NaN if absent. */
-static double job_scalar(const fit_job *j, const char *what)
+double fit_job_scalar(const fit_job *j, const char *what)
 {
     char name[128];
     snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, (int)j->layer, (int)j->head, what);
@@ -148,27 +127,6 @@ static double job_scalar(const fit_job *j, const char *what)
  * Run context
  * ========================================================================== */
 
-typedef struct fit_ctx {
-    const kvq_fit_params *p;
-    kvq_callbacks cb;           /* the caller's */
-    kvq_capture_info *ci;
-    kvq_moments *m;
-    const char *moments_path;
-    char *ckpt_dir;             /* NULL without checkpoints */
-    int32_t d, n_heads, n_kv, r, K, G;
-    int64_t wrope_b;
-    int32_t wrope_w;
-    kvq_codebook_method ref_method;
-    int ref_fit;                /* the reference needs its own fit (method not plain) */
-    kvq_kmeans_device device;   /* after the CUDA check */
-    uint8_t *heldout;           /* [n_tokens] 1 = the row belongs to a held-out sequence */
-    int64_t n_train, n_hold_rows;
-    int32_t *layers;            /* [n_layers] sorted */
-    size_t n_layers;
-    fit_job *jobs;              /* [n_layers * n_kv] */
-    int32_t jobs_done, jobs_total;
-} fit_ctx;
-
 /* k-means logs one level lower (its INFO lines would drown the per-head ones), and its
  * progress is forwarded as the stage's, so a stop request is heard mid-fit. */
 static void km_log(void *user, kvq_log_level level, const char *msg)
@@ -182,23 +140,6 @@ static int km_progress(void *user, const char *what, uint64_t done, uint64_t tot
 {
     const fit_ctx *c = user;
     return kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total);
-}
-
-/* "0-3,5" for a sorted list. */
-static void format_layers(const int32_t *l, size_t n, char *buf, size_t cap)
-{
-    size_t used = 0;
-    buf[0] = 0;
-    for (size_t i = 0; i < n && used < cap; i++) {
-        size_t j = i;
-        while (j + 1 < n && l[j + 1] == l[j] + 1)
-            j++;
-        int w = j > i ? snprintf(buf + used, cap - used, "%s%d-%d", i ? "," : "", (int)l[i],
-                                 (int)l[j])
-                      : snprintf(buf + used, cap - used, "%s%d", i ? "," : "", (int)l[i]);
-        used += w > 0 ? (size_t)w : 0;
-        i = j;
-    }
 }
 
 /* ==========================================================================
@@ -339,116 +280,12 @@ fail:
     return s;
 }
 
-/* The checkpoint key: every input and parameter that changes the job's tensors. */
-static kvq_status job_key(const fit_ctx *c, int32_t layer, int32_t head, char *buf, size_t cap,
-                          kvq_err *err)
-{
-    const int32_t d = c->d;
-    float *M = malloc((size_t)d * d * sizeof *M);
-    kvq_status s = KVQ_OK;
-    uint64_t hash = KVQ_FNV1A64_INIT;
-    if (!M)
-        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
-    for (int w = 0; w < 2 && !s; w++) {
-        s = kvq_moments_get_f32(c->m, layer, head, w ? KVQ_MOMENTS_MAT_LINV : KVQ_MOMENTS_MAT_L,
-                                M, err);
-        hash = kvq_fnv1a64(M, (size_t)d * d * sizeof *M, hash);
-    }
-    free(M);
-    if (s)
-        return s;
-    const kvq_fit_params *p = c->p;
-    const kvq_model_id *id = &c->ci->model;
-    snprintf(buf, cap,
-             "v%d;layer=%d;head=%d;method=%s;K=%d;G=%d;iters=%d;tol=%.17g;seed=%" PRIu64
-             ";init=%s;holdout=%.17g;reference=%d;device=%s;wrope_b=%lld;model=%s/%d/%d/%d/%d/"
-             "%.17g/%s;capture=%s/%lld/%lld/%s;L=%016" PRIx64,
-             FIT_CKPT_VERSION, (int)layer, (int)head, kvq_codebook_method_name(p->method),
-             (int)c->K, (int)c->G, (int)p->iters, p->tol, p->seed, kvq_kmeans_init_name(p->init),
-             p->holdout, p->reference, c->device == KVQ_KMEANS_DEVICE_CUDA ? "cuda" : "cpu",
-             (long long)c->wrope_b, id->architecture, (int)id->n_layers, (int)id->n_heads,
-             (int)id->n_kv_heads, (int)d, id->rope.base, kvq_rope_layout_name(id->rope.layout),
-             c->ci->corpus_hash, (long long)c->ci->n_tokens, (long long)c->ci->n_sequences,
-             kvq_dtype_name(c->ci->dtype), hash);
-    return KVQ_OK;
-}
-
-static void ckpt_path(const fit_ctx *c, int32_t layer, int32_t head, char *buf, size_t cap)
-{
-    snprintf(buf, cap, "%s/layer.%d.head.%d.safetensors", c->ckpt_dir, (int)layer, (int)head);
-}
-
-/* Loads the checkpoint of a job if it exists and its key matches: 1 loaded, 0 not. */
-static int ckpt_load(const fit_ctx *c, fit_job *j, const char *key)
-{
-    char path[4096];
-    kvq_st *st = NULL;
-    kvq_err e = {0};
-    int ok = 0;
-    if (!c->ckpt_dir)
-        return 0;
-    ckpt_path(c, j->layer, j->head, path, sizeof path);
-    if (access(path, F_OK) != 0)
-        return 0;
-    if (kvq_st_open(path, &st, &e) != KVQ_OK) {
-        kvq_log(&c->cb, KVQ_LOG_WARN, "checkpoint %s is unreadable (%s); refitting", path, e.msg);
-        return 0;
-    }
-    const char *k = kvq_st_meta_get(st, FIT_KEY_META);
-    const char *b = kvq_st_meta_get(st, FIT_BACKEND_META);
-    if (!k || strcmp(k, key) != 0) {
-        kvq_log(&c->cb, KVQ_LOG_INFO, "checkpoint %s was made with other inputs or settings; "
-                "refitting", path);
-        goto done;
-    }
-    for (size_t i = 0; i < kvq_st_count(st); i++) {
-        const kvq_tensor_view *v = kvq_st_tensor(st, i);
-        if (job_add(j, v->name, v->dtype, v->ndim, v->shape, v->data, &e) != KVQ_OK) {
-            job_clear(j);
-            goto done;
-        }
-    }
-    j->cuda = b && !strcmp(b, "cuda");
-    j->resumed = 1;
-    ok = 1;
-done:
-    kvq_st_close(st);
-    return ok;
-}
-
-/* Writes a job's tensors to its checkpoint file (atomically). */
-static kvq_status ckpt_save(const fit_ctx *c, const fit_job *j, const char *key, kvq_err *err)
-{
-    char path[4096];
-    kvq_status s = KVQ_OK;
-    kvq_st_writer *w = kvq_st_writer_new();
-    if (!w)
-        return kvq_err_set(err, KVQ_E_NOMEM, "checkpoint: out of memory");
-    ckpt_path(c, j->layer, j->head, path, sizeof path);
-    /* Created on the first finished job, so a run that fails early leaves nothing. */
-    if (mkdir(c->ckpt_dir, 0777) != 0 && errno != EEXIST)
-        s = kvq_err_set(err, KVQ_E_IO, "%s: cannot create the checkpoint directory: %s",
-                        c->ckpt_dir, strerror(errno));
-    for (size_t i = 0; i < j->n_t && !s; i++)
-        s = kvq_st_writer_declare(w, j->t[i].name, j->t[i].dtype, j->t[i].ndim, j->t[i].shape,
-                                  err);
-    if (!s && !(s = kvq_st_writer_set_meta(w, FIT_KEY_META, key, err)) &&
-        !(s = kvq_st_writer_set_meta(w, FIT_BACKEND_META, j->cuda ? "cuda" : "cpu", err)))
-        s = kvq_st_writer_begin_file(w, path, 1, err);
-    for (size_t i = 0; i < j->n_t && !s; i++)
-        s = kvq_st_writer_write(w, j->t[i].data, j->t[i].nbytes, err);
-    if (!s)
-        s = kvq_st_writer_finish(w, err);
-    kvq_st_writer_free(w);
-    return s;
-}
-
 /* kvq_codebook_tensor_fn adding an F32 [rows, cols] tensor to the job (user). */
 static kvq_status job_add_f32(void *user, const char *name, int64_t rows, int64_t cols,
                               const float *data, kvq_err *err)
 {
     const int64_t shape[2] = {rows, cols};
-    return job_add(user, name, KVQ_DT_F32, 2, shape, data, err);
+    return fit_job_add(user, name, KVQ_DT_F32, 2, shape, data, err);
 }
 
 /* Adds a fitted codebook's tensors (kvq_codebook_save, docs/format.md section 7) and its
@@ -472,7 +309,7 @@ static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
         else
             snprintf(name, sizeof name, KVQ_TENSOR_DIAG_GROUP, L, H, (int)g, "inertia");
         const int64_t ni[1] = {ks->n_iters};
-        if ((s = job_add(j, name, KVQ_DT_F64, 1, ni, ks->inertia, err)))
+        if ((s = fit_job_add(j, name, KVQ_DT_F64, 1, ni, ks->inertia, err)))
             return s;
     }
     int64_t *sizes = malloc((size_t)G * K * sizeof *sizes);
@@ -482,7 +319,7 @@ static kvq_status add_codebook(fit_job *j, const kvq_codebook *cb,
         memcpy(sizes + (size_t)g * K, fs->group[g].cluster_size, (size_t)K * sizeof *sizes);
     snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, L, H, "cluster_size");
     const int64_t gk[2] = {G, K};
-    s = job_add(j, name, KVQ_DT_I64, 2, gk, sizes, err);
+    s = fit_job_add(j, name, KVQ_DT_I64, 2, gk, sizes, err);
     free(sizes);
     return s;
 }
@@ -725,136 +562,6 @@ static kvq_status choose_k(fit_ctx *c, kvq_err *err)
 }
 
 /* ==========================================================================
- * The artifact
- * ========================================================================== */
-
-static kvq_status set_meta(kvq_st_writer *w, const char *key, kvq_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static kvq_status set_meta(kvq_st_writer *w, const char *key, kvq_err *err, const char *fmt, ...)
-{
-    char v[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(v, sizeof v, fmt, ap);
-    va_end(ap);
-    return kvq_st_writer_set_meta(w, key, v, err);
-}
-
-/* Mean of finite values, NaN when none. */
-static double mean_finite(const double *x, size_t n)
-{
-    double s = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++)
-        if (isfinite(x[i]))
-            s += x[i], k++;
-    return k ? s / (double)k : NAN;
-}
-
-static kvq_status write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary *sum,
-                                 kvq_err *err)
-{
-    const kvq_fit_params *p = c->p;
-    const size_t nj = (size_t)c->jobs_total;
-    const kvq_capture_info *ci = c->ci;
-    kvq_st_writer *w = kvq_st_writer_new();
-    double *mse = malloc(nj * sizeof *mse), *ref = malloc(nj * sizeof *ref),
-           *pow_ = malloc(nj * sizeof *pow_);
-    kvq_status s = KVQ_OK;
-    char buf[4096];
-    int cuda = 0;
-    if (!w || !mse || !ref || !pow_) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", out_path);
-        goto done;
-    }
-    for (size_t i = 0; i < nj; i++) {
-        mse[i] = job_scalar(&c->jobs[i], "score_mse");
-        pow_[i] = job_scalar(&c->jobs[i], "score_power");
-        ref[i] = job_scalar(&c->jobs[i], "ref.score_mse");
-        cuda |= c->jobs[i].cuda;
-    }
-    const int have_mse = isfinite(mean_finite(mse, nj));
-    const int have_ref = isfinite(mean_finite(ref, nj));
-    for (size_t i = 0; i < nj && !s; i++)
-        for (size_t t = 0; t < c->jobs[i].n_t && !s; t++) {
-            const fit_tensor *ft = &c->jobs[i].t[t];
-            s = kvq_st_writer_declare(w, ft->name, ft->dtype, ft->ndim, ft->shape, err);
-        }
-    const int64_t grid[2] = {(int64_t)c->n_layers, c->n_kv};
-    if (!s && have_mse)
-        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE, KVQ_DT_F64, 2, grid, err);
-    if (!s && have_mse)
-        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_POWER, KVQ_DT_F64, 2, grid, err);
-    if (!s && have_ref)
-        s = kvq_st_writer_declare(w, KVQ_DIAG_FIT_SCORE_MSE_REF, KVQ_DT_F64, 2, grid, err);
-    if (s)
-        goto done;
-
-    /* Metadata: model identity, method settings, provenance, summary. */
-    format_layers(c->layers, c->n_layers, buf, sizeof buf);
-    const char *refname = !p->reference ? "none" : kvq_codebook_method_name(c->ref_method);
-    if ((s = kvq_model_id_set_meta(&ci->model, KVQ_META_MODEL_PREFIX, w, err)) ||
-        (s = set_meta(w, KVQ_META_METHOD, err, "%s", kvq_codebook_method_format_name(p->method))) ||
-        (s = set_meta(w, KVQ_META_CODEBOOK_SIZE, err, "%d", (int)c->K)) ||
-        (s = set_meta(w, KVQ_META_GROUPS, err, "%d", (int)c->G)) ||
-        (s = set_meta(w, KVQ_META_WROPE_W, err, "%d", (int)c->wrope_w)) ||
-        (s = set_meta(w, KVQ_META_WROPE_B, err, "%lld", (long long)c->wrope_b)) ||
-        (s = set_meta(w, KVQ_META_SEED, err, "%" PRIu64, p->seed)) ||
-        (s = set_meta(w, KVQ_META_LAYERS, err, "%s", buf)) ||
-        (s = set_meta(w, "kmeans.init", err, "%s", kvq_kmeans_init_name(p->init))) ||
-        (s = set_meta(w, "kmeans.iters", err, "%d", (int)p->iters)) ||
-        (s = set_meta(w, "kmeans.sample", err, "%lld",
-                      (long long)kvq_kmeans_params_default().max_points_per_centroid)) ||
-        (s = set_meta(w, KVQ_META_FIT_METHOD, err, "%s", kvq_codebook_method_name(p->method))) ||
-        (s = set_meta(w, KVQ_META_FIT_TOL, err, "%.17g", p->tol)) ||
-        (s = set_meta(w, KVQ_META_FIT_HOLDOUT, err, "%.17g", p->holdout)) ||
-        (s = set_meta(w, KVQ_META_FIT_REFERENCE, err, "%s", refname)) ||
-        (s = set_meta(w, KVQ_META_FIT_POSITIONS, err, "%s",
-                      kvq_positions_name(kvq_moments_positions(c->m)))) ||
-        (s = set_meta(w, KVQ_META_FIT_N_TRAIN, err, "%lld", (long long)c->n_train)) ||
-        (s = set_meta(w, KVQ_META_FIT_N_HELDOUT_KEYS, err, "%lld", (long long)c->n_hold_rows)) ||
-        (s = set_meta(w, KVQ_META_TOOL_VERSION, err, "kvq %s", kvq_version())) ||
-        (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
-        (s = set_meta(w, KVQ_META_CORPUS, err, "%s", ci->corpus_spec)) ||
-        (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
-        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
-        goto done;
-    sum->score_mse = mean_finite(mse, nj);
-    sum->score_mse_ref = mean_finite(ref, nj);
-    sum->score_power = mean_finite(pow_, nj);
-    if (have_mse && ((s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE, err, "%.17g", sum->score_mse)) ||
-                     (s = set_meta(w, KVQ_DIAG_FIT_SCORE_POWER, err, "%.17g", sum->score_power))))
-        goto done;
-    if (have_ref && (s = set_meta(w, KVQ_DIAG_FIT_SCORE_MSE_REF, err, "%.17g", sum->score_mse_ref)))
-        goto done;
-
-    if ((s = kvq_st_writer_begin_buffer(w, err)))
-        goto done;
-    for (size_t i = 0; i < nj && !s; i++)
-        for (size_t t = 0; t < c->jobs[i].n_t && !s; t++)
-            s = kvq_st_writer_write(w, c->jobs[i].t[t].data, c->jobs[i].t[t].nbytes, err);
-    if (!s && have_mse)
-        s = kvq_st_writer_write(w, mse, nj * sizeof *mse, err);
-    if (!s && have_mse)
-        s = kvq_st_writer_write(w, pow_, nj * sizeof *pow_, err);
-    if (!s && have_ref)
-        s = kvq_st_writer_write(w, ref, nj * sizeof *ref, err);
-    if (!s)
-        s = kvq_st_writer_finish(w, err);
-    if (s)
-        goto done;
-    size_t size = 0;
-    const void *payload = kvq_st_writer_buffer(w, &size);
-    s = kvq_artifact_write(out_path, p->overwrite, payload, size, p->zstd_level, err);
-done:
-    kvq_st_writer_free(w);
-    free(mse);
-    free(ref);
-    free(pow_);
-    return s;
-}
-
-/* ==========================================================================
  * The stage
  * ========================================================================== */
 
@@ -907,18 +614,18 @@ static kvq_status run_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
             char key[1024];
             j->layer = layer;
             j->head = head;
-            if ((s = job_key(c, layer, head, key, sizeof key, err)))
+            if ((s = fit_job_key(c, layer, head, key, sizeof key, err)))
                 goto done;
-            if (!ckpt_load(c, j, key)) {
+            if (!fit_ckpt_load(c, j, key)) {
                 if (!L.f.st && (s = layer_open(c, layer, &L, err)))
                     goto done;
                 if ((s = job_fit(c, &L, j, err)) ||
-                    (c->ckpt_dir && (s = ckpt_save(c, j, key, err))))
+                    (c->ckpt_dir && (s = fit_ckpt_save(c, j, key, err))))
                     goto done;
             } else {
                 sum->n_resumed++;
             }
-            double m = job_scalar(j, "score_mse"), r = job_scalar(j, "ref.score_mse");
+            double m = fit_job_scalar(j, "score_mse"), r = fit_job_scalar(j, "ref.score_mse");
             if (isfinite(m) && isfinite(r))
                 kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: held-out score MSE %.4g, "
                         "reference %s %.4g (ratio %.3f)%s", (int)layer, (int)head, m,
@@ -1001,7 +708,7 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (sum.n_resumed)
         kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
                 (int)c.jobs_total, c.ckpt_dir);
-    if ((s = write_artifact(&c, out_path, &sum, err)))
+    if ((s = fit_write_artifact(&c, out_path, &sum, err)))
         goto done;
     if (c.ckpt_dir)
         kvq_rmtree(c.ckpt_dir);
@@ -1010,7 +717,7 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     sum.n_train = c.n_train;
     sum.n_heldout_keys = c.n_hold_rows;
     for (int32_t i = 0; i < c.jobs_total; i++) {
-        double q = job_scalar(&c.jobs[i], "n_heldout_queries");
+        double q = fit_job_scalar(&c.jobs[i], "n_heldout_queries");
         if (isfinite(q) && (int64_t)q > sum.n_heldout_queries)
             sum.n_heldout_queries = (int64_t)q;
     }
@@ -1019,7 +726,7 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
         *summary = sum;
 done:
     for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
-        job_clear(&c.jobs[i]);
+        fit_job_clear(&c.jobs[i]);
     free(c.jobs);
     free(c.layers);
     free(c.heldout);
