@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"

@@ -1,11 +1,11 @@
 /* cmd_run.c — `kvq run`: generate text from a model with full attention, or with
- * retrieval attention (--artifact / --selector: cli/retrieval.c, kvq/runtime.h). */
+ * retrieval attention (--artifact / --selector: cli/retrieval_opts.c, kvq/runtime.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/retrieval_opts.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"
 

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/retrieval_opts.h"
 
 /* ---- the corpus, held in memory ---------------------------------------------------- */
 
