@@ -9,6 +9,7 @@
 #include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
+#include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
 
 static void eval_usage(FILE *f)
@@ -54,27 +55,17 @@ typedef struct eval_state {
     kvq_forward *f;
     float *logits;        /* [chunk, vocab] */
     int32_t chunk, vocab;
-    double nll;           /* summed negative log-likelihood, nats */
-    uint64_t n_pred, n_seq;
+    kvq_nll_sum sum;      /* summed negative log-likelihood (nats), predicted tokens */
+    uint64_t n_seq;
 } eval_state;
 
 static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 {
     eval_state *s = user;
-    kvq_forward_reset(s->f);
-    for (uint32_t at = 0; at < seq->n; at += (uint32_t)s->chunk) {
-        const uint32_t cn = seq->n - at < (uint32_t)s->chunk ? seq->n - at : (uint32_t)s->chunk;
-        kvq_status st = kvq_forward_tokens(s->f, seq->ids + at, cn, KVQ_LOGITS_ALL, s->logits, err);
-        if (st != KVQ_OK)
-            return st;
-        for (uint32_t i = 0; i < cn; i++) {
-            const uint32_t g = at + i;
-            if (g + 1 >= seq->n)
-                break;
-            s->nll += kvq_token_nll(s->logits + (size_t)i * s->vocab, s->vocab, seq->ids[g + 1]);
-            s->n_pred++;
-        }
-    }
+    kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, 0, s->chunk, s->vocab, s->logits,
+                                       &s->sum, err);
+    if (st != KVQ_OK)
+        return st;
     s->n_seq++;
     return KVQ_OK;
 }
@@ -221,11 +212,11 @@ int cmd_eval(int argc, char **argv)
         goto done;
     }
     double secs = kvq_now() - t0;
-    if (s.n_pred == 0) {
+    if (s.sum.n_pred == 0) {
         rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
         goto done;
     }
-    const double nll = s.nll / (double)s.n_pred, ppl = exp(nll);
+    const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
     if (json) {
         printf("{\"model\": ");
         json_str(stdout, model_path);
@@ -236,7 +227,7 @@ int cmd_eval(int argc, char **argv)
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
                (unsigned long long)stats.hash, (long long)seq_len,
                (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.n_pred, nll, ppl, secs,
+               (unsigned long long)s.sum.n_pred, nll, ppl, secs,
                secs > 0 ? (double)stats.n_tokens / secs : 0.0);
     } else {
         printf("model       %s\n", model_path);
@@ -245,7 +236,7 @@ int cmd_eval(int argc, char **argv)
         printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
                (long long)seq_len);
         printf("tokens      %llu (%llu predicted)\n", (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.n_pred);
+               (unsigned long long)s.sum.n_pred);
         printf("nll         %.6f nats/token\n", nll);
         printf("perplexity  %.4f\n", ppl);
     }

@@ -19,44 +19,9 @@
 
 #include "cli/cli.h"
 #include "cli/retrieval_opts.h"
+#include "kvq/perplexity.h"
 
-/* ---- the corpus, held in memory ---------------------------------------------------- */
-
-typedef struct seq_list {
-    int32_t *ids; /* all sequences, concatenated */
-    int64_t *off; /* [n + 1] */
-    size_t n, cap;
-    int64_t n_ids, ids_cap;
-} seq_list;
-
-static kvq_status keep_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
-{
-    seq_list *l = user;
-    if (l->n + 2 > l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 64;
-        int64_t *o = realloc(l->off, sizeof *o * cap);
-        if (!o)
-            return kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
-        l->off = o;
-        l->cap = cap;
-    }
-    if (l->n_ids + seq->n > l->ids_cap) {
-        int64_t cap = l->ids_cap ? 2 * l->ids_cap : 4096;
-        while (cap < l->n_ids + seq->n)
-            cap *= 2;
-        int32_t *p = realloc(l->ids, sizeof *p * (size_t)cap);
-        if (!p)
-            return kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
-        l->ids = p;
-        l->ids_cap = cap;
-    }
-    if (l->n == 0)
-        l->off[0] = 0;
-    memcpy(l->ids + l->n_ids, seq->ids, sizeof(int32_t) * seq->n);
-    l->n_ids += seq->n;
-    l->off[++l->n] = l->n_ids;
-    return KVQ_OK;
-}
+/* ---- the corpus's task documents ------------------------------------------------- */
 
 typedef struct task {
     kvq_corpus_task kind;
@@ -123,27 +88,14 @@ static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok,
 /* ---- measurements ---------------------------------------------------------------- */
 
 /* Summed NLL and predicted tokens over every sequence, with f's current attention. */
-static kvq_status perplexity(kvq_forward *f, const seq_list *l, int32_t chunk, int32_t vocab,
+static kvq_status perplexity(kvq_forward *f, const kvq_seq_set *l, int32_t chunk, int32_t vocab,
                              float *logits, double *nll, uint64_t *n_pred, kvq_err *err)
 {
-    *nll = 0;
-    *n_pred = 0;
-    for (size_t q = 0; q < l->n; q++) {
-        const int32_t *ids = l->ids + l->off[q];
-        const int64_t n = l->off[q + 1] - l->off[q];
-        kvq_forward_reset(f);
-        for (int64_t at = 0; at < n; at += chunk) {
-            const int64_t cn = n - at < chunk ? n - at : chunk;
-            kvq_status s = kvq_forward_tokens(f, ids + at, cn, KVQ_LOGITS_ALL, logits, err);
-            if (s)
-                return s;
-            for (int64_t i = 0; i < cn && at + i + 1 < n; i++) {
-                *nll += kvq_token_nll(logits + i * vocab, vocab, ids[at + i + 1]);
-                (*n_pred)++;
-            }
-        }
-    }
-    return KVQ_OK;
+    kvq_nll_sum sum = {0};
+    kvq_status s = kvq_perplexity_set(f, l, chunk, vocab, logits, NULL, NULL, &sum, err);
+    *nll = sum.nll;
+    *n_pred = sum.n_pred;
+    return s;
 }
 
 /* Correct answers per task kind [3] (indexed by kvq_corpus_task). */
@@ -220,7 +172,7 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     cli_row *rows = NULL;
     row_result *res = NULL;
     size_t n_rows = 0;
-    seq_list sl = {0};
+    kvq_seq_set sl = {0};
     task_list tl = {0};
     kvq_forward *f = NULL;
     kvq_retrieval *r = NULL;
@@ -239,7 +191,7 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     sp.seq_len = (uint32_t)seq_len;
     sp.max_tokens = (uint64_t)max_tokens;
     kvq_corpus_stats stats;
-    if ((s = kvq_corpus_tokenize(corpus, tok, &sp, cb, keep_seq, &sl, &stats, &e)) ||
+    if ((s = kvq_seq_set_collect(corpus, tok, &sp, cb, &sl, &stats, &e)) ||
         (s = read_tasks(corpus, tok, &tl, &e))) {
         rc = cli_fail(&e);
         goto done;
@@ -414,8 +366,7 @@ done:
     kvq_forward_free(f);
     kvq_runtime_close(rt);
     tasks_free(&tl);
-    free(sl.ids);
-    free(sl.off);
+    kvq_seq_set_free(&sl);
     free(rows);
     free(res);
     free(logits);

@@ -25,6 +25,7 @@
 #include "kvq/tokenizer.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
+#include "kvq/perplexity.h"
 #include "kvq/capture_dir.h"
 #include "kvq/capture.h"
 #include "kvq/moments.h"
