@@ -20,6 +20,7 @@
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"
 #include "kvq/artifact.h"
+#include "kvq/artifact_summary.h"
 #include "kvq/rope.h"
 #include "kvq/kmeans.h"
 #include "kvq/tokenizer.h"

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "kvq/artifact.h"
+#include "kvq/artifact_summary.h"
 #include "kvq/corpus.h"
 #include "kvq/kmeans.h"
 #include "kvq/model.h"
@@ -919,24 +920,6 @@ done:
     return st;
 }
 
-static double meta_f64(const kvq_st *st, const char *key)
-{
-    const char *v = kvq_st_meta_get(st, key);
-    double x;
-    return v && kvq_parse_f64(v, -INFINITY, INFINITY, &x, NULL) == KVQ_OK ? x : NAN;
-}
-static int64_t meta_i64(const kvq_st *st, const char *key, int64_t dflt)
-{
-    const char *v = kvq_st_meta_get(st, key);
-    int64_t x;
-    return v && kvq_parse_i64(v, INT64_MIN, INT64_MAX, &x, NULL) == KVQ_OK ? x : dflt;
-}
-static void meta_str(const kvq_st *st, const char *key, char *out, size_t cap)
-{
-    const char *v = kvq_st_meta_get(st, key);
-    snprintf(out, cap, "%s", v ? v : "");
-}
-
 static void summary_reset(kvq_calibrate_summary *s)
 {
     memset(s, 0, sizeof *s);
@@ -953,13 +936,21 @@ static void summary_reset(kvq_calibrate_summary *s)
     s->leankv_met = s->pats_met = s->budget_met = s->mass_met = -1;
 }
 
+/* The chosen row's value in column col of knob k (diag.profile.KNOB.COL), else NaN. */
+static double knob_value(const kvq_artifact_knob *k, const char *col)
+{
+    for (int c = 0; c < k->n_cols; c++)
+        if (!strcmp(k->cols[c], col))
+            return k->chosen_value[c];
+    return NAN;
+}
+
 static kvq_status read_summary(calib_ctx *c, const char *final, kvq_err *err)
 {
     kvq_calibrate_summary *s = c->sum;
     kvq_capture_info *ci = NULL;
     kvq_artifact *a = NULL;
-    int32_t *layers = NULL;
-    size_t n_layers = 0;
+    kvq_artifact_summary as = {0};
     kvq_status st = kvq_capture_info_read(c->out_path[KVQ_CALIB_CAPTURE], &ci, err);
     if (st)
         goto done;
@@ -974,52 +965,51 @@ static kvq_status read_summary(calib_ctx *c, const char *final, kvq_err *err)
         s->n_heldout_tokens = ci->n_tokens;
         s->n_heldout_sequences = ci->n_sequences;
     }
-    if ((st = kvq_artifact_open(final, &a, err)))
+    if ((st = kvq_artifact_open(final, &a, err)) ||
+        (st = kvq_artifact_summary_read(kvq_artifact_payload(a), &as, err)))
         goto done;
-    const kvq_st *m = kvq_artifact_payload(a);
-    meta_str(m, "fit.method", s->method, sizeof s->method);
-    s->codebook_size = (int32_t)meta_i64(m, KVQ_META_CODEBOOK_SIZE, -1);
-    s->groups = (int32_t)meta_i64(m, KVQ_META_GROUPS, -1);
-    const int64_t n_kv = meta_i64(m, KVQ_META_N_KV_HEADS, -1);
-    const int64_t n_l = meta_i64(m, KVQ_META_N_LAYERS, -1);
-    const char *ls = kvq_st_meta_get(m, KVQ_META_LAYERS);
-    if (n_kv > 0 && n_l > 0) {
-        if (!ls)
-            s->n_heads = (int32_t)(n_kv * n_l);
-        else if (kvq_parse_index_list(ls, n_l, &layers, &n_layers, NULL) == KVQ_OK)
-            s->n_heads = (int32_t)(n_kv * (int64_t)n_layers);
-    }
-    s->score_mse = meta_f64(m, "diag.fit.score_mse");
-    s->score_mse_ref = meta_f64(m, "diag.fit.score_mse_ref");
-    s->score_power = meta_f64(m, "diag.fit.score_power");
+    const kvq_artifact_fit *f = &as.fit;
+    snprintf(s->method, sizeof s->method, "%s", f->method ? f->method : "");
+    s->codebook_size = (int32_t)f->codebook_size;
+    s->groups = (int32_t)f->groups;
+    if (f->n_fit)
+        s->n_heads = (int32_t)(f->n_kv * (int64_t)f->n_fit);
+    s->score_mse = f->mean[KVQ_FIT_SCORE_MSE];
+    s->score_mse_ref = f->mean[KVQ_FIT_SCORE_MSE_REF];
+    s->score_power = f->mean[KVQ_FIT_SCORE_POWER];
 
-    s->profiled = kvq_st_meta_get(m, "thresholds.metric") != NULL;
+    const kvq_artifact_profile *pr = &as.profile;
+    s->profiled = pr->present;
     if (!s->profiled)
         goto done;
-    meta_str(m, "thresholds.metric", s->metric, sizeof s->metric);
-    s->tolerance = meta_f64(m, "thresholds.tolerance");
-    s->leankv_met = (int)meta_i64(m, "thresholds.leankv.met", -1);
-    s->leankv_alpha_h = meta_f64(m, "leankv.alpha_h");
-    s->leankv_alpha_l = meta_f64(m, "leankv.alpha_l");
-    s->leankv_memory = meta_f64(m, "diag.profile.leankv.memory");
-    s->leankv_err = meta_f64(m, "diag.profile.leankv.err");
-    s->pats_met = (int)meta_i64(m, "thresholds.pats.met", -1);
-    meta_str(m, "pats.schedule", s->pats_schedule, sizeof s->pats_schedule);
-    s->pats_b_min = (int32_t)meta_i64(m, "pats.b_min", -1);
-    s->pats_b_max = (int32_t)meta_i64(m, "pats.b_max", -1);
-    s->pats_memory = meta_f64(m, "diag.profile.pats.memory");
-    s->pats_bits = meta_f64(m, "diag.profile.pats.bits");
-    s->pats_err = meta_f64(m, "diag.profile.pats.err");
-    s->budget_met = (int)meta_i64(m, "thresholds.budget.met", -1);
-    s->budget_fraction = meta_f64(m, "budget.fraction");
-    s->budget_attended = meta_f64(m, "diag.profile.budget.attended");
-    s->budget_err = meta_f64(m, "diag.profile.budget.err");
-    s->mass_met = (int)meta_i64(m, "thresholds.mass.met", -1);
-    s->mass_tau = meta_f64(m, "mass.tau");
-    s->mass_attended = meta_f64(m, "diag.profile.mass.attended");
-    s->mass_err = meta_f64(m, "diag.profile.mass.err");
+    snprintf(s->metric, sizeof s->metric, "%s", pr->metric);
+    s->tolerance = pr->tolerance;
+    const kvq_artifact_knob *lk = &pr->knob[KVQ_SUMMARY_LEANKV];
+    const kvq_artifact_knob *pt = &pr->knob[KVQ_SUMMARY_PATS];
+    const kvq_artifact_knob *bu = &pr->knob[KVQ_SUMMARY_BUDGET];
+    const kvq_artifact_knob *ma = &pr->knob[KVQ_SUMMARY_MASS];
+    s->leankv_met = lk->met;
+    s->leankv_alpha_h = lk->setting_num[0];
+    s->leankv_alpha_l = lk->setting_num[1];
+    s->leankv_memory = knob_value(lk, "memory");
+    s->leankv_err = knob_value(lk, "err");
+    s->pats_met = pt->met;
+    snprintf(s->pats_schedule, sizeof s->pats_schedule, "%s", pt->setting[0] ? pt->setting[0] : "");
+    s->pats_b_min = isfinite(pt->setting_num[1]) ? (int32_t)pt->setting_num[1] : -1;
+    s->pats_b_max = isfinite(pt->setting_num[2]) ? (int32_t)pt->setting_num[2] : -1;
+    s->pats_memory = knob_value(pt, "memory");
+    s->pats_bits = knob_value(pt, "bits");
+    s->pats_err = knob_value(pt, "err");
+    s->budget_met = bu->met;
+    s->budget_fraction = bu->setting_num[0];
+    s->budget_attended = knob_value(bu, "attended");
+    s->budget_err = knob_value(bu, "err");
+    s->mass_met = ma->met;
+    s->mass_tau = ma->setting_num[0];
+    s->mass_attended = knob_value(ma, "attended");
+    s->mass_err = knob_value(ma, "err");
 done:
-    free(layers);
+    kvq_artifact_summary_free(&as);
     kvq_artifact_close(a);
     kvq_capture_info_free(ci);
     return st;
