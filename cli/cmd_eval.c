@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
@@ -85,17 +86,24 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
-int cmd_eval(int argc, char **argv)
-{
-    const char *cmd = "eval", *model_path = NULL, *spec = NULL;
-    int64_t seq_len = 512, max_tokens = 0, seed = 0, threads = 0;
-    int quiet = 0, verbose = 0, json = 0, rc = 0;
+typedef struct eval_opts {
+    cli_model_opts m;     /* --model --seed (of the corpus) --threads -q -v */
+    const char *spec;     /* --corpus */
+    int64_t seq_len, max_tokens;
+    int json;
     cli_retrieval ro;
-    cli_retrieval_init(&ro);
+} eval_opts;
 
+/* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
+static int eval_parse(int argc, char **argv, eval_opts *o)
+{
+    const char *cmd = "eval";
+    int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        const int r = cli_retrieval_opt(cmd, &ro, argc, argv, &i, 1);
+        int r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 1);
+        if (r < 0)
+            r = cli_model_opt(cmd, &o->m, argc, argv, &i);
         if (r >= 0) {
             if (r)
                 return r;
@@ -104,34 +112,19 @@ int cmd_eval(int argc, char **argv)
         if (cli_is_help(a)) {
             eval_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            verbose++;
         } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--corpus")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--corpus")) {
             if (!val)
                 return cli_failf(2, "eval: %s needs a value", a);
-            if (!strcmp(a, "--model"))
-                model_path = val;
-            else
-                spec = val;
+            o->spec = val;
             i++;
         } else if (!strcmp(a, "--seq-len")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &seq_len)))
+            if ((rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &o->seq_len)))
                 return rc;
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &max_tokens)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &seed)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 1024, &threads)))
+            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &o->max_tokens)))
                 return rc;
             i++;
         } else {
@@ -139,54 +132,32 @@ int cmd_eval(int argc, char **argv)
             return cli_failf(2, "eval: unknown option '%s'", a);
         }
     }
-    if (!model_path || !spec) {
+    if (!o->m.model || !o->spec) {
         eval_usage(stderr);
         return cli_failf(2, "eval: --model and --corpus are required");
     }
+    return -1;
+}
 
-    kvq_callbacks cb = cli_callbacks(verbose, quiet);
-    kvq_err e = {0};
-    kvq_model *m = NULL;
-    kvq_corpus *corpus = NULL;
-    kvq_tokenizer *ids_tok = NULL;
-    eval_state s = {0};
-    kvq_model_params mp = kvq_model_params_default();
-    mp.cb = cb;
-    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
+/* Perplexity with full attention over the corpus, streamed sequence by sequence,
+ * printed as text or JSON. */
+static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *corpus,
+                     const kvq_tokenizer *tok, const kvq_callbacks *cb)
+{
+    const char *model_path = o->m.model, *spec = o->spec;
     const kvq_model_config *c = kvq_model_config_get(m);
-    kvq_corpus_params cp;
-    kvq_corpus_params_default(&cp);
-    cp.seed = (uint64_t)seed;
-    if (kvq_corpus_open(spec, &cp, &corpus, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    /* A model without a tokenizer can still be evaluated on ids: corpora. */
-    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
-    if (!tok) {
-        if (kvq_tokenizer_new_ids((uint32_t)c->vocab_size, c->bos_id, c->eos_id, &ids_tok, &e)) {
-            rc = cli_fail(&e);
-            goto done;
-        }
-        tok = ids_tok;
-    }
-    if (ro.given) {
-        rc = cli_eval_retrieval(&ro, m, model_path, spec, corpus, tok, seq_len, max_tokens,
-                                (int32_t)threads, json, &cb);
-        goto done;
-    }
-
+    const int64_t seq_len = o->seq_len;
+    kvq_err e = {0};
+    eval_state s = {0};
+    int rc = 0;
     kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = (int32_t)threads;
+    fp.threads = (int32_t)o->m.threads;
     fp.max_tokens = seq_len;
-    fp.cb = cb;
+    fp.cb = *cb;
     fp.cb.progress = NULL; /* progress comes from the corpus reader, per token */
     kvq_model_memory mem;
     kvq_model_memory_estimate(m, &fp, seq_len, &mem);
-    kvq_log(&cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
+    kvq_log(cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
             mem.total_bytes / 1048576.0, mem.mapped_bytes / 1048576.0,
             mem.kv_cache_bytes / 1048576.0);
     if (kvq_forward_create(m, &fp, &s.f, &e) != KVQ_OK) {
@@ -204,10 +175,10 @@ int cmd_eval(int argc, char **argv)
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
     sp.seq_len = (uint32_t)seq_len;
-    sp.max_tokens = (uint64_t)max_tokens;
+    sp.max_tokens = (uint64_t)o->max_tokens;
     kvq_corpus_stats stats;
     double t0 = kvq_now();
-    if (kvq_corpus_tokenize(corpus, tok, &sp, &cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
+    if (kvq_corpus_tokenize(corpus, tok, &sp, cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;
     }
@@ -217,7 +188,7 @@ int cmd_eval(int argc, char **argv)
         goto done;
     }
     const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
-    if (json) {
+    if (o->json) {
         printf("{\"model\": ");
         json_str(stdout, model_path);
         printf(", \"corpus\": ");
@@ -240,12 +211,57 @@ int cmd_eval(int argc, char **argv)
         printf("nll         %.6f nats/token\n", nll);
         printf("perplexity  %.4f\n", ppl);
     }
-    kvq_log(&cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
+    kvq_log(cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
             (unsigned long long)stats.n_tokens, secs,
             secs > 0 ? (double)stats.n_tokens / secs : 0.0);
 done:
     free(s.logits);
     kvq_forward_free(s.f);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    eval_opts o = {.seq_len = 512};
+    cli_retrieval_init(&o.ro);
+    int rc = eval_parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    const char *model_path = o.m.model;
+    kvq_callbacks cb = cli_callbacks(o.m.verbose, o.m.quiet);
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    kvq_corpus *corpus = NULL;
+    kvq_tokenizer *ids_tok = NULL;
+    kvq_model_params mp = kvq_model_params_default();
+    mp.cb = cb;
+    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_corpus_params cp;
+    kvq_corpus_params_default(&cp);
+    cp.seed = (uint64_t)o.m.seed;
+    if (kvq_corpus_open(o.spec, &cp, &corpus, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    /* A model without a tokenizer can still be evaluated on ids: corpora. */
+    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
+    if (!tok) {
+        if (kvq_tokenizer_new_ids((uint32_t)c->vocab_size, c->bos_id, c->eos_id, &ids_tok, &e)) {
+            rc = cli_fail(&e);
+            goto done;
+        }
+        tok = ids_tok;
+    }
+    if (o.ro.given)
+        rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
+                                o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
+    else
+        rc = eval_full(&o, m, corpus, tok, &cb);
+done:
     kvq_tokenizer_free(ids_tok);
     kvq_corpus_free(corpus);
     kvq_model_close(m);
