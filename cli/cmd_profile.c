@@ -356,7 +356,8 @@ static int profile_parse(int argc, char **argv, profile_opts *o)
     if (rc)
         return rc;
     if (!o->capture || !o->in || !o->out)
-        return cli_failf(2, "profile: --capture, --artifact and -o are required (see kvq profile --help)");
+        return cli_failf(2, "profile: --capture, --artifact and -o are required "
+                         "(see kvq profile --help)");
     if (!o->p.model != !o->p.corpus)
         return cli_failf(2, "profile: --model and --corpus go together");
     return -1;

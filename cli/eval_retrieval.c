@@ -328,7 +328,8 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
            "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}, \"rows\": [",
            pos, (int)o->p.sink, (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max",
            o->p.tau, (long long)seq_len, x->sl.n, (unsigned long long)x->stats.n_tokens,
-           (unsigned long long)x->n_pred, x->ref_nll, exp(x->ref_nll), x->ref_correct[KVQ_TASK_PASSKEY],
+           (unsigned long long)x->n_pred, x->ref_nll, exp(x->ref_nll),
+           x->ref_correct[KVQ_TASK_PASSKEY],
            x->n_task[KVQ_TASK_PASSKEY], x->ref_correct[KVQ_TASK_KV_RECALL],
            x->n_task[KVQ_TASK_KV_RECALL]);
     for (size_t i = 0; i < x->n_rows; i++) {

@@ -54,6 +54,8 @@ int json_emit(const char *path, cJSON *doc);
 const char *jstr(const cJSON *o, const char *key, const char *dflt);
 /* A number (or a raw number of json_num_or_null) as a double; NaN otherwise. */
 double jvalue(const cJSON *x);
+/* A json_i64 value (a number, or a decimal string beyond 2^53); 0 otherwise. */
+int64_t jint(const cJSON *x);
 /* o[key] as a number, or dflt when absent, null or not a number. */
 double jnum_or(const cJSON *o, const char *key, double dflt);
 /* o[key] of json_u64 (a number, or a decimal string above 2^53); 0 when absent. */

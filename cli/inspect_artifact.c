@@ -134,9 +134,10 @@ static cJSON *knob_json(const kvq_artifact_knob *t)
     cJSON *rows = cJSON_AddArrayToObject(ko, "rows");
     for (int64_t r = 0; r < t->n_rows; r++) {
         cJSON *row = cJSON_CreateArray();
-        for (int c = 0; c < t->n_cols; c++)
-            cJSON_AddItemToArray(row, json_num_or_null(kvq_tensor_f64_at(t->rows,
-                                                                         (size_t)r * t->n_cols + c)));
+        for (int c = 0; c < t->n_cols; c++) {
+            const double x = kvq_tensor_f64_at(t->rows, (size_t)r * t->n_cols + c);
+            cJSON_AddItemToArray(row, json_num_or_null(x));
+        }
         cJSON_AddItemToArray(rows, row);
     }
     return ko;

@@ -92,7 +92,7 @@ static void capture_text(const cJSON *doc)
             int nd = 0;
             for (const cJSON *x = cJSON_GetObjectItemCaseSensitive(t, "shape")->child;
                  x && nd < 8; x = x->next)
-                dims[nd++] = (int64_t)jvalue(x);
+                dims[nd++] = jint(x);
             printf("%s %s %s ", t != ts->child ? "," : "", jstr(t, "name", ""),
                    jstr(t, "dtype", ""));
             put_dims(stdout, nd, dims);

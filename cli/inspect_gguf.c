@@ -1,5 +1,6 @@
 /* inspect_gguf.c — `kvq inspect` of a GGUF model: header, hyperparameters (with the
  * derived head_dim and rope base), tokenizer, metadata and tensors. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,43 +11,6 @@
 /* ==========================================================================
  * GGUF
  * ========================================================================== */
-
-static void gguf_value_text(FILE *f, const kvq_gguf_value *v)
-{
-    switch (v->type) {
-    case KVQ_GGUF_UINT8: case KVQ_GGUF_UINT16: case KVQ_GGUF_UINT32: case KVQ_GGUF_UINT64:
-        fprintf(f, "%llu", (unsigned long long)v->v.u);
-        break;
-    case KVQ_GGUF_INT8: case KVQ_GGUF_INT16: case KVQ_GGUF_INT32: case KVQ_GGUF_INT64:
-        fprintf(f, "%lld", (long long)v->v.i);
-        break;
-    case KVQ_GGUF_FLOAT32:
-        fprintf(f, "%.9g", v->v.f);
-        break;
-    case KVQ_GGUF_FLOAT64:
-        fprintf(f, "%.17g", v->v.f);
-        break;
-    case KVQ_GGUF_BOOL:
-        fputs(v->v.u ? "true" : "false", f);
-        break;
-    case KVQ_GGUF_STRING:
-        put_quoted(f, v->v.str.s, (size_t)v->v.str.len);
-        break;
-    case KVQ_GGUF_ARRAY:
-        if (v->v.arr.n > SHORT_ARRAY) {
-            fprintf(f, "[%llu x %s]", (unsigned long long)v->v.arr.n,
-                    kvq_gguf_type_name(v->v.arr.type));
-            break;
-        }
-        fputc('[', f);
-        for (uint64_t i = 0; i < v->v.arr.n; i++) {
-            fputs(i ? ", " : "", f);
-            gguf_value_text(f, &v->v.arr.items[i]);
-        }
-        fputc(']', f);
-        break;
-    }
-}
 
 /* The plain JSON value (long arrays: {"type": "arr", "item_type", "n"}). */
 static cJSON *gguf_value_json(const kvq_gguf_value *v)
@@ -132,107 +96,6 @@ static gguf_derived gguf_derive(const kvq_gguf *g)
     return d;
 }
 
-static void gguf_text(const char *path, const kvq_gguf *g, uint64_t file_size)
-{
-    const size_t nkv = kvq_gguf_kv_count(g), nt = kvq_gguf_tensor_count(g);
-    gguf_derived d = gguf_derive(g);
-    printf("%s: GGUF version %u, %llu bytes\n", path, kvq_gguf_version(g),
-           (unsigned long long)file_size);
-    printf("  %zu metadata keys, %zu tensors, alignment %llu, data at offset %llu\n", nkv, nt,
-           (unsigned long long)kvq_gguf_alignment(g), (unsigned long long)kvq_gguf_data_offset(g));
-
-    const char **keys = calloc(nkv + 4, sizeof *keys);
-    if (!keys)
-        return;
-    for (size_t i = 0; i < nkv; i++)
-        keys[i] = kvq_gguf_kv_at(g, i)->key;
-    int w = widest(keys, nkv);
-    char rope_key[96];
-    snprintf(rope_key, sizeof rope_key, "%srope.freq_base", d.prefix);
-    if ((int)strlen(rope_key) > w)
-        w = (int)strlen(rope_key);
-
-    printf("\nhyperparameters (%s):\n", d.arch ? d.arch : "no general.architecture");
-    for (size_t i = 0; i < nkv; i++) {
-        const kvq_gguf_kv *kv = kvq_gguf_kv_at(g, i);
-        if (strncmp(kv->key, d.prefix, strlen(d.prefix)) != 0)
-            continue;
-        printf("  %-*s  ", w, kv->key);
-        gguf_value_text(stdout, &kv->value);
-        putchar('\n');
-    }
-    if (d.has_head_dim)
-        printf("  %-*s  %llu (embedding_length / head_count)\n", w, "head_dim",
-               (unsigned long long)d.head_dim);
-    if (d.rope_base_default)
-        printf("  %-*s  %g (absent: the default)\n", w, rope_key, d.rope_base);
-
-    const char *tok_model = kvq_gguf_get_str(g, "tokenizer.ggml.model");
-    if (tok_model || d.vocab) {
-        printf("\ntokenizer:\n");
-        printf("  %-10s  %s\n", "model", tok_model ? tok_model : "(absent)");
-        printf("  %-10s  %llu\n", "vocab size", (unsigned long long)d.vocab);
-        for (int i = 0; i < N_SPECIAL; i++) {
-            uint64_t id;
-            if (kvq_gguf_get_u64(g, special_keys[i][1], &id) != 0)
-                continue;
-            printf("  %-10s  %llu", special_keys[i][0], (unsigned long long)id);
-            const kvq_gguf_value *t = gguf_token(g, id);
-            if (t) {
-                putchar(' ');
-                put_quoted(stdout, t->v.str.s, (size_t)t->v.str.len);
-            } else {
-                fputs(id == UINT32_MAX || id == UINT64_MAX ? " (unset)" : " (not a token id)",
-                      stdout);
-            }
-            putchar('\n');
-        }
-    }
-
-    printf("\nmetadata (%zu):\n", nkv);
-    for (size_t i = 0; i < nkv; i++) {
-        const kvq_gguf_kv *kv = kvq_gguf_kv_at(g, i);
-        printf("  %-*s  %-4s  ", w, kv->key, kvq_gguf_type_name(kv->value.type));
-        gguf_value_text(stdout, &kv->value);
-        putchar('\n');
-    }
-    free(keys);
-
-    const char **names = calloc(nt + 1, sizeof *names);
-    if (!names)
-        return;
-    uint64_t elems = 0, bytes = 0;
-    for (size_t i = 0; i < nt; i++) {
-        const kvq_gguf_tensor *t = kvq_gguf_tensor_at(g, i);
-        names[i] = t->name;
-        uint64_t e = 1;
-        for (uint32_t k = 0; k < t->ndim; k++)
-            e *= (uint64_t)t->ne[k];
-        elems += e;
-        bytes += t->nbytes;
-    }
-    int wn = widest(names, nt);
-    if (wn < 4)
-        wn = 4;
-    printf("\ntensors (%zu, %llu elements, %llu bytes):\n", nt, (unsigned long long)elems,
-           (unsigned long long)bytes);
-    printf("  %-*s  %-6s  %-16s  %s\n", wn, "name", "type", "ne", "offset");
-    for (size_t i = 0; i < nt; i++) {
-        const kvq_gguf_tensor *t = kvq_gguf_tensor_at(g, i);
-        char shape[96];
-        int k = snprintf(shape, sizeof shape, "[");
-        for (uint32_t j = 0; j < t->ndim && k < (int)sizeof shape; j++)
-            k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%lld", j ? ", " : "",
-                          (long long)t->ne[j]);
-        if (k < (int)sizeof shape)
-            snprintf(shape + k, sizeof shape - (size_t)k, "]");
-        const char *type = kvq_ggml_type_name(t->type);
-        printf("  %-*s  %-6s  %-16s  %llu\n", wn, t->name, type ? type : "?", shape,
-               (unsigned long long)t->offset);
-    }
-    free(names);
-}
-
 static cJSON *gguf_json(const char *path, const kvq_gguf *g, uint64_t file_size)
 {
     gguf_derived d = gguf_derive(g);
@@ -294,6 +157,169 @@ static cJSON *gguf_json(const char *path, const kvq_gguf *g, uint64_t file_size)
     return doc;
 }
 
+/* A value of the description as the text shows it: type is its GGUF type name
+ * (item_type for the items of an array). Nested arrays keep no item type in the
+ * description: their strings print quoted, their numbers as integers when whole,
+ * else with 17 digits. */
+static void value_text(FILE *f, const char *type, const cJSON *v, const cJSON *entry)
+{
+    if (cJSON_IsObject(v)) { /* a long array inside an array */
+        fprintf(f, "[%llu x %s]", (unsigned long long)ju64(v, "n"), jstr(v, "item_type", "?"));
+    } else if (!strcmp(type, "arr") || cJSON_IsArray(v)) {
+        if (!v) {
+            fprintf(f, "[%llu x %s]", (unsigned long long)ju64(entry, "n"),
+                    jstr(entry, "item_type", "?"));
+            return;
+        }
+        const char *it = entry ? jstr(entry, "item_type", "") : "";
+        fputc('[', f);
+        for (const cJSON *x = v->child; x; x = x->next) {
+            fputs(x != v->child ? ", " : "", f);
+            value_text(f, it, x, NULL);
+        }
+        fputc(']', f);
+    } else if (cJSON_IsString(v) && (!strcmp(type, "str") || !type[0])) {
+        put_quoted(f, v->valuestring, strlen(v->valuestring));
+    } else if (cJSON_IsString(v)) { /* an integer above 2^53 */
+        fputs(v->valuestring, f);
+    } else if (cJSON_IsBool(v)) {
+        fputs(cJSON_IsTrue(v) ? "true" : "false", f);
+    } else if (type[0] == 'u' || (type[0] == '\0' && v->valuedouble >= 0 &&
+                                  v->valuedouble == floor(v->valuedouble))) {
+        fprintf(f, "%llu", (unsigned long long)v->valuedouble);
+    } else if (type[0] == 'i' || (type[0] == '\0' && v->valuedouble == floor(v->valuedouble))) {
+        fprintf(f, "%lld", (long long)v->valuedouble);
+    } else if (!strcmp(type, "f32")) {
+        fprintf(f, "%.9g", v->valuedouble);
+    } else {
+        fprintf(f, "%.17g", v->valuedouble);
+    }
+}
+
+/* A metadata entry {"type", "value" | "item_type", "n"} of the description. */
+static void entry_text(FILE *f, const cJSON *e)
+{
+    value_text(f, jstr(e, "type", ""), cJSON_GetObjectItemCaseSensitive(e, "value"), e);
+}
+
+/* The tokenizer section; the special tokens' text is looked up in the file. */
+static void gguf_tokenizer_text(const cJSON *doc, const kvq_gguf *g)
+{
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(doc, "tokenizer");
+    const char *tok_model = jstr(tok, "model", NULL);
+    const uint64_t vocab = ju64(tok, "vocab_size");
+    if (!tok_model && !vocab)
+        return;
+    printf("\ntokenizer:\n");
+    printf("  %-10s  %s\n", "model", tok_model ? tok_model : "(absent)");
+    printf("  %-10s  %llu\n", "vocab size", (unsigned long long)vocab);
+    for (int i = 0; i < N_SPECIAL; i++) {
+        if (!cJSON_GetObjectItemCaseSensitive(tok, special_keys[i][0]))
+            continue;
+        const uint64_t id = ju64(tok, special_keys[i][0]);
+        printf("  %-10s  %llu", special_keys[i][0], (unsigned long long)id);
+        const kvq_gguf_value *t = gguf_token(g, id);
+        if (t) {
+            putchar(' ');
+            put_quoted(stdout, t->v.str.s, (size_t)t->v.str.len);
+        } else {
+            fputs(id == UINT32_MAX || id == UINT64_MAX ? " (unset)" : " (not a token id)",
+                  stdout);
+        }
+        putchar('\n');
+    }
+}
+
+static void gguf_tensors_text(const cJSON *ts)
+{
+    const int nt = cJSON_GetArraySize(ts);
+    const char **names = calloc((size_t)nt + 1, sizeof *names);
+    if (!names)
+        return;
+    uint64_t elems = 0, bytes = 0;
+    int i = 0;
+    for (const cJSON *t = ts->child; t; t = t->next, i++) {
+        names[i] = jstr(t, "name", "");
+        uint64_t e = 1;
+        for (const cJSON *d = cJSON_GetObjectItemCaseSensitive(t, "ne")->child; d; d = d->next)
+            e *= (uint64_t)jint(d);
+        elems += e;
+        bytes += ju64(t, "nbytes");
+    }
+    int wn = widest(names, (size_t)nt);
+    if (wn < 4)
+        wn = 4;
+    printf("\ntensors (%d, %llu elements, %llu bytes):\n", nt, (unsigned long long)elems,
+           (unsigned long long)bytes);
+    printf("  %-*s  %-6s  %-16s  %s\n", wn, "name", "type", "ne", "offset");
+    for (const cJSON *t = ts->child; t; t = t->next) {
+        char shape[96];
+        int k = snprintf(shape, sizeof shape, "[");
+        const cJSON *d0 = cJSON_GetObjectItemCaseSensitive(t, "ne")->child;
+        for (const cJSON *d = d0; d && k < (int)sizeof shape; d = d->next)
+            k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%lld", d != d0 ? ", " : "",
+                          (long long)jint(d));
+        if (k < (int)sizeof shape)
+            snprintf(shape + k, sizeof shape - (size_t)k, "]");
+        printf("  %-*s  %-6s  %-16s  %llu\n", wn, jstr(t, "name", ""), jstr(t, "type", "?"),
+               shape, (unsigned long long)ju64(t, "offset"));
+    }
+    free(names);
+}
+
+/* The text, rendered from the description (gguf_json). */
+static void gguf_text(const cJSON *doc, const kvq_gguf *g)
+{
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(doc, "metadata");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(doc, "tensors");
+    const int nkv = cJSON_GetArraySize(meta);
+    const char *arch = jstr(doc, "architecture", NULL);
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s.", arch ? arch : "?");
+    printf("%s: GGUF version %d, %llu bytes\n", jstr(doc, "path", "?"),
+           (int)jnum_or(doc, "version", 0), (unsigned long long)ju64(doc, "file_size"));
+    printf("  %d metadata keys, %d tensors, alignment %llu, data at offset %llu\n", nkv,
+           cJSON_GetArraySize(ts), (unsigned long long)ju64(doc, "alignment"),
+           (unsigned long long)ju64(doc, "data_offset"));
+
+    const char **keys = calloc((size_t)nkv + 4, sizeof *keys);
+    if (!keys)
+        return;
+    int n = 0;
+    for (const cJSON *kv = meta->child; kv; kv = kv->next)
+        keys[n++] = kv->string;
+    int w = widest(keys, (size_t)nkv);
+    char rope_key[96];
+    snprintf(rope_key, sizeof rope_key, "%srope.freq_base", prefix);
+    if ((int)strlen(rope_key) > w)
+        w = (int)strlen(rope_key);
+
+    printf("\nhyperparameters (%s):\n", arch ? arch : "no general.architecture");
+    for (const cJSON *kv = meta->child; kv; kv = kv->next) {
+        if (strncmp(kv->string, prefix, strlen(prefix)) != 0)
+            continue;
+        printf("  %-*s  ", w, kv->string);
+        entry_text(stdout, kv);
+        putchar('\n');
+    }
+    if (cJSON_GetObjectItemCaseSensitive(doc, "head_dim"))
+        printf("  %-*s  %llu (embedding_length / head_count)\n", w, "head_dim",
+               (unsigned long long)ju64(doc, "head_dim"));
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "rope_base_default")))
+        printf("  %-*s  %g (absent: the default)\n", w, rope_key, jnum_or(doc, "rope_base", NAN));
+
+    gguf_tokenizer_text(doc, g);
+
+    printf("\nmetadata (%d):\n", nkv);
+    for (const cJSON *kv = meta->child; kv; kv = kv->next) {
+        printf("  %-*s  %-4s  ", w, kv->string, jstr(kv, "type", "?"));
+        entry_text(stdout, kv);
+        putchar('\n');
+    }
+    free(keys);
+    gguf_tensors_text(ts);
+}
+
 int inspect_gguf(const char *path, uint64_t file_size, int json)
 {
     kvq_err e = {0};
@@ -301,10 +327,15 @@ int inspect_gguf(const char *path, uint64_t file_size, int json)
     if (kvq_gguf_open(path, &g, &e) != KVQ_OK)
         return cli_fail(&e);
     int rc = 0;
-    if (json)
-        rc = json_emit(path, gguf_json(path, g, file_size));
-    else
-        gguf_text(path, g, file_size);
+    cJSON *doc = gguf_json(path, g, file_size);
+    if (json) {
+        rc = json_emit(path, doc); /* frees doc */
+    } else if (!doc) {
+        rc = cli_failf(1, "%s: out of memory describing the model", path);
+    } else {
+        gguf_text(doc, g);
+        cJSON_Delete(doc);
+    }
     kvq_gguf_close(g);
     return rc;
 }

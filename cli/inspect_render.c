@@ -164,6 +164,13 @@ double jvalue(const cJSON *x)
     return NAN;
 }
 
+int64_t jint(const cJSON *x)
+{
+    if (cJSON_IsString(x))
+        return strtoll(x->valuestring, NULL, 10);
+    return cJSON_IsNumber(x) ? (int64_t)x->valuedouble : 0;
+}
+
 double jnum_or(const cJSON *o, const char *key, double dflt)
 {
     const cJSON *x = o ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;

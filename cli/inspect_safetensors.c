@@ -42,7 +42,7 @@ static int dims_of(const cJSON *a, int64_t dims[8])
 {
     int n = 0;
     for (const cJSON *x = a ? a->child : NULL; x && n < 8; x = x->next)
-        dims[n++] = (int64_t)jvalue(x);
+        dims[n++] = jint(x);
     return n;
 }
 

@@ -51,7 +51,8 @@ int cli_fit_opt(const char *cmd, kvq_fit_params *p, int argc, char **argv, int *
             p->iters = (int32_t)v;
     } else if (!strcmp(a, "--init")) {
         if (kvq_kmeans_init_parse(val, &p->init, &e) || p->init == KVQ_KMEANS_INIT_GIVEN)
-            return cli_failf(2, "%s: --init: %s", cmd, e.msg[0] ? e.msg : "'given' needs centroids");
+            return cli_failf(2, "%s: --init: %s", cmd,
+                             e.msg[0] ? e.msg : "'given' needs centroids");
     } else {
         return -1;
     }
