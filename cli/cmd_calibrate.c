@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "kvq/calibrate.h"
 
 static void calibrate_usage(FILE *f)
@@ -169,7 +170,7 @@ int cmd_calibrate(int argc, char **argv)
 {
     const char *cmd = "calibrate", *model = NULL, *out = NULL;
     kvq_calibrate_params p = kvq_calibrate_params_default();
-    int quiet = 0, verbose = 0, rc = 0;
+    int quiet = 0, verbose = 0, rc = 0, r;
     int64_t v;
     kvq_err e = {0};
 
@@ -181,6 +182,9 @@ int cmd_calibrate(int argc, char **argv)
             return 0;
         } else if (takes_value(a) && !val) {
             return cli_failf(2, "calibrate: %s needs a value", a);
+        } else if ((r = cli_fit_opt(cmd, &p.fit, argc, argv, &i)) >= 0) {
+            if (r)
+                return r;
         } else if (!strcmp(a, "--model")) {
             model = val, i++;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
@@ -189,10 +193,6 @@ int cmd_calibrate(int argc, char **argv)
             p.corpus = val, i++;
         } else if (!strcmp(a, "--work")) {
             p.work_dir = val, i++;
-        } else if (!strcmp(a, "--method")) {
-            if (kvq_codebook_method_parse(val, &p.fit.method, &e))
-                return cli_failf(2, "calibrate: --method: %s", e.msg);
-            i++;
         } else if (!strcmp(a, "--seq-len")) {
             if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.capture.seq_len)))
                 return rc;
@@ -204,23 +204,6 @@ int cmd_calibrate(int argc, char **argv)
         } else if (!strcmp(a, "--heldout-tokens")) {
             if ((rc = cli_opt_i64(cmd, a, val, 0, INT32_MAX, &p.heldout_tokens)))
                 return rc;
-            i++;
-        } else if (!strcmp(a, "--codebook")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 2, 65536, &v)))
-                return rc;
-            p.fit.codebook_size = (int32_t)v, i++;
-        } else if (!strcmp(a, "--groups")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 65536, &v)))
-                return rc;
-            p.fit.groups = (int32_t)v, i++;
-        } else if (!strcmp(a, "--iters")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, 1000000, &v)))
-                return rc;
-            p.fit.iters = (int32_t)v, i++;
-        } else if (!strcmp(a, "--init")) {
-            if (kvq_kmeans_init_parse(val, &p.fit.init, &e) || p.fit.init == KVQ_KMEANS_INIT_GIVEN)
-                return cli_failf(2, "calibrate: --init: %s",
-                                 e.msg[0] ? e.msg : "'given' needs centroids");
             i++;
         } else if (!strcmp(a, "--tolerance")) {
             if ((rc = cli_opt_f64(cmd, a, val, 0, 1e6, &p.prof.tolerance)))

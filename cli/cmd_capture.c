@@ -50,18 +50,22 @@ static int run_merge(const char *const *inputs, size_t n, const char *out, int f
     return 0;
 }
 
-int cmd_capture(int argc, char **argv)
-{
-    const char *cmd = "capture", *model = NULL, *spec = NULL, *out = NULL, *layers = NULL;
-    const char **merge = NULL;
-    size_t n_merge = 0;
-    kvq_capture_params p = kvq_capture_params_default();
-    int quiet = 0, verbose = 0, rc = 0, merging = 0;
-    int64_t v;
-    uint64_t seed = 0;
+typedef struct capture_opts {
+    const char *model, *spec, *out, *layers;
+    const char **merge;   /* [argc] the directories after --merge */
+    size_t n_merge;
+    int merging;
+    kvq_capture_params p;
+    int quiet, verbose;
+    uint64_t seed;
+} capture_opts;
 
-    if (!(merge = calloc((size_t)argc, sizeof *merge)))
-        return cli_failf(1, "capture: out of memory");
+/* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
+static int capture_parse(int argc, char **argv, capture_opts *o)
+{
+    const char *cmd = "capture";
+    int rc = 0;
+    int64_t v;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         int needs_value = !strcmp(a, "--model") || !strcmp(a, "--corpus") || !strcmp(a, "-o") ||
@@ -69,127 +73,145 @@ int cmd_capture(int argc, char **argv)
                           !strcmp(a, "--dtype") || !strcmp(a, "--queries");
         if (needs_value && !val) {
             rc = cli_failf(2, "capture: %s needs a value", a);
-            goto done;
+            return rc;
         }
         if (cli_is_help(a)) {
             capture_usage(stdout);
-            goto done;
+            return 0;
         } else if (!strcmp(a, "--merge")) {
-            merging = 1;
+            o->merging = 1;
             while (i + 1 < argc && argv[i + 1][0] != '-')
-                merge[n_merge++] = argv[++i];
+                o->merge[o->n_merge++] = argv[++i];
         } else if (!strcmp(a, "--model")) {
-            model = val, i++;
+            o->model = val, i++;
         } else if (!strcmp(a, "--corpus")) {
-            spec = val, i++;
+            o->spec = val, i++;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            out = val, i++;
+            o->out = val, i++;
         } else if (!strcmp(a, "--layers")) {
-            layers = val, i++;
+            o->layers = val, i++;
         } else if (!strcmp(a, "--seq-len")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.seq_len)))
-                goto done;
+            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &o->p.seq_len)))
+                return rc;
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, INT64_MAX, &p.max_tokens)))
-                goto done;
+            if ((rc = cli_opt_i64(cmd, a, val, 1, INT64_MAX, &o->p.max_tokens)))
+                return rc;
             i++;
         } else if (!strcmp(a, "--dtype")) {
             if (!strcmp(val, "f16"))
-                p.dtype = KVQ_DT_F16;
+                o->p.dtype = KVQ_DT_F16;
             else if (!strcmp(val, "bf16"))
-                p.dtype = KVQ_DT_BF16;
+                o->p.dtype = KVQ_DT_BF16;
             else if (!strcmp(val, "f32"))
-                p.dtype = KVQ_DT_F32;
+                o->p.dtype = KVQ_DT_F32;
             else {
                 rc = cli_failf(2, "capture: --dtype must be f16, bf16 or f32, not '%s'", val);
-                goto done;
+                return rc;
             }
             i++;
         } else if (!strcmp(a, "--no-values")) {
-            p.values = 0;
+            o->p.values = 0;
         } else if (!strcmp(a, "--queries")) {
             if (!strcmp(val, "all"))
-                p.n_queries = 0;
-            else if ((rc = cli_opt_i64(cmd, a, val, 1, INT32_MAX, &p.n_queries)))
-                goto done;
+                o->p.n_queries = 0;
+            else if ((rc = cli_opt_i64(cmd, a, val, 1, INT32_MAX, &o->p.n_queries)))
+                return rc;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))
-                goto done;
-            seed = (uint64_t)v;
+                return rc;
+            o->seed = (uint64_t)v;
             i++;
         } else if (!strcmp(a, "--threads")) {
             if ((rc = cli_opt_i64(cmd, a, val, 1, 4096, &v)))
-                goto done;
-            p.threads = (int32_t)v;
+                return rc;
+            o->p.threads = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--chunk")) {
             if ((rc = cli_opt_i64(cmd, a, val, 1, 1 << 20, &v)))
-                goto done;
-            p.chunk = (int32_t)v;
+                return rc;
+            o->p.chunk = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--force")) {
-            p.overwrite = 1;
+            o->p.overwrite = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
+            o->quiet = 1;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            verbose++;
+            o->verbose++;
         } else {
             capture_usage(stderr);
             rc = cli_failf(2, "capture: unknown option '%s'", a);
-            goto done;
+            return rc;
         }
     }
 
-    kvq_callbacks cb = cli_callbacks(verbose, quiet);
-    if (merging) {
-        if (!out || n_merge < 1 || model || spec) {
-            capture_usage(stderr);
-            rc = cli_failf(2, "capture: --merge takes capture directories and -o only");
-            goto done;
-        }
-        rc = run_merge(merge, n_merge, out, p.overwrite, &cb);
-        goto done;
-    }
-    if (!model || !spec || !out) {
-        capture_usage(stderr);
-        rc = cli_failf(2, "capture: --model, --corpus and -o are required");
-        goto done;
-    }
+    return -1;
+}
 
+/* Captures the corpus with the model into o->out. */
+static int capture_model(capture_opts *o, const kvq_callbacks *cb)
+{
+    kvq_capture_params p = o->p;
     kvq_err e = {0};
     kvq_model *m = NULL;
     int32_t *list = NULL;
     size_t n_list = 0;
+    int rc = 0;
     kvq_model_params mp = kvq_model_params_default();
-    mp.cb = cb;
-    if (kvq_model_open(model, &mp, &m, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    if (layers) {
-        if (kvq_parse_index_list(layers, kvq_model_config_get(m)->n_layers, &list, &n_list,
+    mp.cb = *cb;
+    if (kvq_model_open(o->model, &mp, &m, &e) != KVQ_OK)
+        return cli_fail(&e);
+    if (o->layers) {
+        if (kvq_parse_index_list(o->layers, kvq_model_config_get(m)->n_layers, &list, &n_list,
                                  &e) != KVQ_OK) {
             rc = cli_failf(2, "capture: --layers: %s", e.msg);
             kvq_model_close(m);
-            goto done;
+            return rc;
         }
         p.layers = list;
         p.n_layers = n_list;
     }
-    p.seed = seed;
-    p.cb = cb;
+    p.seed = o->seed;
+    p.cb = *cb;
     kvq_corpus_params cp;
     kvq_corpus_params_default(&cp);
-    cp.seed = seed;
-    if (kvq_capture_run(m, spec, &cp, &p, out, &e) != KVQ_OK)
+    cp.seed = o->seed;
+    if (kvq_capture_run(m, o->spec, &cp, &p, o->out, &e) != KVQ_OK)
         rc = cli_fail(&e);
     else
-        kvq_log(&cb, KVQ_LOG_INFO, "wrote %s", out);
+        kvq_log(cb, KVQ_LOG_INFO, "wrote %s", o->out);
     free(list);
     kvq_model_close(m);
+    return rc;
+}
+
+int cmd_capture(int argc, char **argv)
+{
+    capture_opts o = {.p = kvq_capture_params_default()};
+    int rc;
+    if (!(o.merge = calloc((size_t)argc, sizeof *o.merge)))
+        return cli_failf(1, "capture: out of memory");
+    if ((rc = capture_parse(argc, argv, &o)) >= 0)
+        goto done;
+    rc = 0;
+    kvq_callbacks cb = cli_callbacks(o.verbose, o.quiet);
+    if (o.merging) {
+        if (!o.out || o.n_merge < 1 || o.model || o.spec) {
+            capture_usage(stderr);
+            rc = cli_failf(2, "capture: --merge takes capture directories and -o only");
+            goto done;
+        }
+        rc = run_merge(o.merge, o.n_merge, o.out, o.p.overwrite, &cb);
+        goto done;
+    }
+    if (!o.model || !o.spec || !o.out) {
+        capture_usage(stderr);
+        rc = cli_failf(2, "capture: --model, --corpus and -o are required");
+        goto done;
+    }
+    rc = capture_model(&o, &cb);
 done:
-    free(merge);
+    free(o.merge);
     return rc;
 }

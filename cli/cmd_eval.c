@@ -6,9 +6,11 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/opts.h"
+#include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
+#include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
 
 static void eval_usage(FILE *f)
@@ -54,42 +56,39 @@ typedef struct eval_state {
     kvq_forward *f;
     float *logits;        /* [chunk, vocab] */
     int32_t chunk, vocab;
-    double nll;           /* summed negative log-likelihood, nats */
-    uint64_t n_pred, n_seq;
+    kvq_nll_sum sum;      /* summed negative log-likelihood (nats), predicted tokens */
+    uint64_t n_seq;
 } eval_state;
 
 static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 {
     eval_state *s = user;
-    kvq_forward_reset(s->f);
-    for (uint32_t at = 0; at < seq->n; at += (uint32_t)s->chunk) {
-        const uint32_t cn = seq->n - at < (uint32_t)s->chunk ? seq->n - at : (uint32_t)s->chunk;
-        kvq_status st = kvq_forward_tokens(s->f, seq->ids + at, cn, KVQ_LOGITS_ALL, s->logits, err);
-        if (st != KVQ_OK)
-            return st;
-        for (uint32_t i = 0; i < cn; i++) {
-            const uint32_t g = at + i;
-            if (g + 1 >= seq->n)
-                break;
-            s->nll += kvq_token_nll(s->logits + (size_t)i * s->vocab, s->vocab, seq->ids[g + 1]);
-            s->n_pred++;
-        }
-    }
+    kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, 0, s->chunk, s->vocab, s->logits,
+                                       &s->sum, err);
+    if (st != KVQ_OK)
+        return st;
     s->n_seq++;
     return KVQ_OK;
 }
 
-int cmd_eval(int argc, char **argv)
-{
-    const char *cmd = "eval", *model_path = NULL, *spec = NULL;
-    int64_t seq_len = 512, max_tokens = 0, seed = 0, threads = 0;
-    int quiet = 0, verbose = 0, json = 0, rc = 0;
+typedef struct eval_opts {
+    cli_model_opts m;     /* --model --seed (of the corpus) --threads -q -v */
+    const char *spec;     /* --corpus */
+    int64_t seq_len, max_tokens;
+    int json;
     cli_retrieval ro;
-    cli_retrieval_init(&ro);
+} eval_opts;
 
+/* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
+static int eval_parse(int argc, char **argv, eval_opts *o)
+{
+    const char *cmd = "eval";
+    int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        const int r = cli_retrieval_opt(cmd, &ro, argc, argv, &i, 1);
+        int r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 1);
+        if (r < 0)
+            r = cli_model_opt(cmd, &o->m, argc, argv, &i);
         if (r >= 0) {
             if (r)
                 return r;
@@ -98,34 +97,19 @@ int cmd_eval(int argc, char **argv)
         if (cli_is_help(a)) {
             eval_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            verbose++;
         } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--corpus")) {
+            o->json = 1;
+        } else if (!strcmp(a, "--corpus")) {
             if (!val)
                 return cli_failf(2, "eval: %s needs a value", a);
-            if (!strcmp(a, "--model"))
-                model_path = val;
-            else
-                spec = val;
+            o->spec = val;
             i++;
         } else if (!strcmp(a, "--seq-len")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &seq_len)))
+            if ((rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &o->seq_len)))
                 return rc;
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &max_tokens)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &seed)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 1024, &threads)))
+            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &o->max_tokens)))
                 return rc;
             i++;
         } else {
@@ -133,54 +117,32 @@ int cmd_eval(int argc, char **argv)
             return cli_failf(2, "eval: unknown option '%s'", a);
         }
     }
-    if (!model_path || !spec) {
+    if (!o->m.model || !o->spec) {
         eval_usage(stderr);
         return cli_failf(2, "eval: --model and --corpus are required");
     }
+    return -1;
+}
 
-    kvq_callbacks cb = cli_callbacks(verbose, quiet);
-    kvq_err e = {0};
-    kvq_model *m = NULL;
-    kvq_corpus *corpus = NULL;
-    kvq_tokenizer *ids_tok = NULL;
-    eval_state s = {0};
-    kvq_model_params mp = kvq_model_params_default();
-    mp.cb = cb;
-    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
+/* Perplexity with full attention over the corpus, streamed sequence by sequence,
+ * printed as text or JSON. */
+static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *corpus,
+                     const kvq_tokenizer *tok, const kvq_callbacks *cb)
+{
+    const char *model_path = o->m.model, *spec = o->spec;
     const kvq_model_config *c = kvq_model_config_get(m);
-    kvq_corpus_params cp;
-    kvq_corpus_params_default(&cp);
-    cp.seed = (uint64_t)seed;
-    if (kvq_corpus_open(spec, &cp, &corpus, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    /* A model without a tokenizer can still be evaluated on ids: corpora. */
-    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
-    if (!tok) {
-        if (kvq_tokenizer_new_ids((uint32_t)c->vocab_size, c->bos_id, c->eos_id, &ids_tok, &e)) {
-            rc = cli_fail(&e);
-            goto done;
-        }
-        tok = ids_tok;
-    }
-    if (ro.given) {
-        rc = cli_eval_retrieval(&ro, m, model_path, spec, corpus, tok, seq_len, max_tokens,
-                                (int32_t)threads, json, &cb);
-        goto done;
-    }
-
+    const int64_t seq_len = o->seq_len;
+    kvq_err e = {0};
+    eval_state s = {0};
+    int rc = 0;
     kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = (int32_t)threads;
+    fp.threads = (int32_t)o->m.threads;
     fp.max_tokens = seq_len;
-    fp.cb = cb;
+    fp.cb = *cb;
     fp.cb.progress = NULL; /* progress comes from the corpus reader, per token */
     kvq_model_memory mem;
     kvq_model_memory_estimate(m, &fp, seq_len, &mem);
-    kvq_log(&cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
+    kvq_log(cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
             mem.total_bytes / 1048576.0, mem.mapped_bytes / 1048576.0,
             mem.kv_cache_bytes / 1048576.0);
     if (kvq_forward_create(m, &fp, &s.f, &e) != KVQ_OK) {
@@ -198,20 +160,20 @@ int cmd_eval(int argc, char **argv)
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
     sp.seq_len = (uint32_t)seq_len;
-    sp.max_tokens = (uint64_t)max_tokens;
+    sp.max_tokens = (uint64_t)o->max_tokens;
     kvq_corpus_stats stats;
     double t0 = kvq_now();
-    if (kvq_corpus_tokenize(corpus, tok, &sp, &cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
+    if (kvq_corpus_tokenize(corpus, tok, &sp, cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;
     }
     double secs = kvq_now() - t0;
-    if (s.n_pred == 0) {
+    if (s.sum.n_pred == 0) {
         rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
         goto done;
     }
-    const double nll = s.nll / (double)s.n_pred, ppl = exp(nll);
-    if (json) {
+    const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
+    if (o->json) {
         printf("{\"model\": ");
         kvq_json_write_str(stdout, model_path);
         printf(", \"corpus\": ");
@@ -221,7 +183,7 @@ int cmd_eval(int argc, char **argv)
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
                (unsigned long long)stats.hash, (long long)seq_len,
                (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.n_pred, nll, ppl, secs,
+               (unsigned long long)s.sum.n_pred, nll, ppl, secs,
                secs > 0 ? (double)stats.n_tokens / secs : 0.0);
     } else {
         printf("model       %s\n", model_path);
@@ -230,16 +192,61 @@ int cmd_eval(int argc, char **argv)
         printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
                (long long)seq_len);
         printf("tokens      %llu (%llu predicted)\n", (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.n_pred);
+               (unsigned long long)s.sum.n_pred);
         printf("nll         %.6f nats/token\n", nll);
         printf("perplexity  %.4f\n", ppl);
     }
-    kvq_log(&cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
+    kvq_log(cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
             (unsigned long long)stats.n_tokens, secs,
             secs > 0 ? (double)stats.n_tokens / secs : 0.0);
 done:
     free(s.logits);
     kvq_forward_free(s.f);
+    return rc;
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    eval_opts o = {.seq_len = 512};
+    cli_retrieval_init(&o.ro);
+    int rc = eval_parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    const char *model_path = o.m.model;
+    kvq_callbacks cb = cli_callbacks(o.m.verbose, o.m.quiet);
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    kvq_corpus *corpus = NULL;
+    kvq_tokenizer *ids_tok = NULL;
+    kvq_model_params mp = kvq_model_params_default();
+    mp.cb = cb;
+    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_corpus_params cp;
+    kvq_corpus_params_default(&cp);
+    cp.seed = (uint64_t)o.m.seed;
+    if (kvq_corpus_open(o.spec, &cp, &corpus, &e) != KVQ_OK) {
+        rc = cli_fail(&e);
+        goto done;
+    }
+    /* A model without a tokenizer can still be evaluated on ids: corpora. */
+    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
+    if (!tok) {
+        if (kvq_tokenizer_new_ids((uint32_t)c->vocab_size, c->bos_id, c->eos_id, &ids_tok, &e)) {
+            rc = cli_fail(&e);
+            goto done;
+        }
+        tok = ids_tok;
+    }
+    if (o.ro.given)
+        rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
+                                o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
+    else
+        rc = eval_full(&o, m, corpus, tok, &cb);
+done:
     kvq_tokenizer_free(ids_tok);
     kvq_corpus_free(corpus);
     kvq_model_close(m);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "kvq/codebook.h"
 
 static void fit_usage(FILE *f)
@@ -67,7 +68,7 @@ int cmd_fit(int argc, char **argv)
 {
     const char *cmd = "fit", *capture = NULL, *moments = NULL, *out = NULL, *layers = NULL;
     kvq_fit_params p = kvq_fit_params_default();
-    int quiet = 0, verbose = 0, rc = 0;
+    int quiet = 0, verbose = 0, rc = 0, r;
     int64_t v;
     int32_t *layer_list = NULL;
     size_t n_layers = 0;
@@ -81,35 +82,18 @@ int cmd_fit(int argc, char **argv)
             return 0;
         } else if (takes_value(a) && !val) {
             return cli_failf(2, "fit: %s needs a value", a);
+        } else if ((r = cli_fit_opt(cmd, &p, argc, argv, &i)) >= 0) {
+            if (r)
+                return r;
         } else if (!strcmp(a, "--capture")) {
             capture = val, i++;
         } else if (!strcmp(a, "--moments")) {
             moments = val, i++;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             out = val, i++;
-        } else if (!strcmp(a, "--method")) {
-            if (kvq_codebook_method_parse(val, &p.method, &e))
-                return cli_failf(2, "fit: --method: %s", e.msg);
-            i++;
-        } else if (!strcmp(a, "--codebook")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 2, 65536, &v)))
-                return rc;
-            p.codebook_size = (int32_t)v, i++;
-        } else if (!strcmp(a, "--groups")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 65536, &v)))
-                return rc;
-            p.groups = (int32_t)v, i++;
-        } else if (!strcmp(a, "--iters")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, 1000000, &v)))
-                return rc;
-            p.iters = (int32_t)v, i++;
         } else if (!strcmp(a, "--tol")) {
             if ((rc = cli_opt_f64(cmd, a, val, 0, 1, &p.tol)))
                 return rc;
-            i++;
-        } else if (!strcmp(a, "--init")) {
-            if (kvq_kmeans_init_parse(val, &p.init, &e) || p.init == KVQ_KMEANS_INIT_GIVEN)
-                return cli_failf(2, "fit: --init: %s", e.msg[0] ? e.msg : "'given' needs centroids");
             i++;
         } else if (!strcmp(a, "--seed")) {
             if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))

@@ -234,132 +234,144 @@ static void print_json(const kvq_profile_result *r, const char *out)
     printf("}}\n");
 }
 
-int cmd_profile(int argc, char **argv)
-{
-    const char *cmd = "profile", *capture = NULL, *in = NULL, *out = NULL;
-    kvq_profile_params p = kvq_profile_params_default();
-    int quiet = 0, verbose = 0, json = 0, force = 0, rc = 0;
-    double *ah = NULL, *al = NULL, *bu = NULL, *ta = NULL;
-    int64_t v;
-    kvq_profile_result *res = NULL;
-    kvq_err e = {0};
+typedef struct profile_opts {
+    const char *capture, *in, *out;
+    kvq_profile_params p;
+    int quiet, verbose, json, force;
+    double *ah, *al, *bu, *ta;  /* the lists p points to */
+} profile_opts;
 
+/* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
+static int profile_parse(int argc, char **argv, profile_opts *o)
+{
+    const char *cmd = "profile";
+    int rc = 0;
+    int64_t v;
     for (int i = 1; i < argc && !rc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (cli_is_help(a)) {
             profile_usage(stdout);
-            goto done;
+            return 0;
         } else if (takes_value(a) && !val) {
             rc = cli_failf(2, "profile: %s needs a value", a);
         } else if (!strcmp(a, "--capture")) {
-            capture = val, i++;
+            o->capture = val, i++;
         } else if (!strcmp(a, "--artifact")) {
-            in = val, i++;
+            o->in = val, i++;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
-            out = val, i++;
+            o->out = val, i++;
         } else if (!strcmp(a, "--model")) {
-            p.model = val, i++;
+            o->p.model = val, i++;
         } else if (!strcmp(a, "--corpus")) {
-            p.corpus = val, i++;
+            o->p.corpus = val, i++;
         } else if (!strcmp(a, "--tolerance")) {
-            rc = cli_opt_f64(cmd, a, val, 0, 1e6, &p.tolerance), i++;
+            rc = cli_opt_f64(cmd, a, val, 0, 1e6, &o->p.tolerance), i++;
         } else if (!strcmp(a, "--knobs")) {
-            rc = parse_knobs(val, &p.knobs), i++;
+            rc = parse_knobs(val, &o->p.knobs), i++;
         } else if (!strcmp(a, "--prompt-fraction")) {
-            rc = cli_opt_f64(cmd, a, val, 0, 0.999999, &p.prompt_fraction), i++;
+            rc = cli_opt_f64(cmd, a, val, 0, 0.999999, &o->p.prompt_fraction), i++;
         } else if (!strcmp(a, "--window")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 0, 1 << 30, &v)))
-                p.leankv.window = (int32_t)v;
+                o->p.leankv.window = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--alpha-h")) {
-            free(ah), ah = NULL;
-            rc = parse_list(a, val, 0, 0, 1e6, &ah, &p.n_alpha_h), i++;
-            p.alpha_h = ah;
+            free(o->ah), o->ah = NULL;
+            rc = parse_list(a, val, 0, 0, 1e6, &o->ah, &o->p.n_alpha_h), i++;
+            o->p.alpha_h = o->ah;
         } else if (!strcmp(a, "--alpha-l")) {
-            free(al), al = NULL;
-            rc = parse_list(a, val, 0, 0, 1e6, &al, &p.n_alpha_l), i++;
-            p.alpha_l = al;
+            free(o->al), o->al = NULL;
+            rc = parse_list(a, val, 0, 0, 1e6, &o->al, &o->p.n_alpha_l), i++;
+            o->p.alpha_l = o->al;
         } else if (!strcmp(a, "--pats-b-min")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 0, 10, &v)))
-                p.pats_b_min = (int32_t)v;
+                o->p.pats_b_min = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--pats-dtype")) {
             if (!strcmp(val, "f16"))
-                p.pats_dtype = KVQ_DT_F16;
+                o->p.pats_dtype = KVQ_DT_F16;
             else if (!strcmp(val, "bf16"))
-                p.pats_dtype = KVQ_DT_BF16;
+                o->p.pats_dtype = KVQ_DT_BF16;
             else
                 rc = cli_failf(2, "profile: --pats-dtype must be f16 or bf16, not '%s'", val);
             i++;
         } else if (!strcmp(a, "--budgets")) {
-            free(bu), bu = NULL;
-            rc = parse_list(a, val, 1, 1e-9, 1, &bu, &p.n_budgets), i++;
-            p.budgets = bu;
+            free(o->bu), o->bu = NULL;
+            rc = parse_list(a, val, 1, 1e-9, 1, &o->bu, &o->p.n_budgets), i++;
+            o->p.budgets = o->bu;
         } else if (!strcmp(a, "--taus")) {
-            free(ta), ta = NULL;
-            rc = parse_list(a, val, 0, 1e-9, 1, &ta, &p.n_taus), i++;
-            p.taus = ta;
+            free(o->ta), o->ta = NULL;
+            rc = parse_list(a, val, 0, 1e-9, 1, &o->ta, &o->p.n_taus), i++;
+            o->p.taus = o->ta;
         } else if (!strcmp(a, "--sink")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 0, 1 << 30, &v)))
-                p.retrieval.sink = (int32_t)v;
+                o->p.retrieval.sink = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--positions")) {
-            if (kvq_positions_parse(val, &p.retrieval.positions))
+            if (kvq_positions_parse(val, &o->p.retrieval.positions))
                 rc = cli_failf(2, "profile: --positions must be wrope or rope, not '%s'", val);
             i++;
         } else if (!strcmp(a, "--seq-len")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 2, 1 << 20, &v)))
-                p.ppl_seq_len = (uint32_t)v;
+                o->p.ppl_seq_len = (uint32_t)v;
             i++;
         } else if (!strcmp(a, "--ppl-tokens")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 2, INT64_MAX, &v)))
-                p.ppl_max_tokens = (uint64_t)v;
+                o->p.ppl_max_tokens = (uint64_t)v;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))
-                p.corpus_seed = (uint64_t)v;
+                o->p.corpus_seed = (uint64_t)v;
             i++;
         } else if (!strcmp(a, "--threads")) {
             if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
-                p.threads = (int32_t)v;
+                o->p.threads = (int32_t)v;
             i++;
         } else if (!strcmp(a, "--json")) {
-            json = 1;
+            o->json = 1;
         } else if (!strcmp(a, "--force")) {
-            force = 1;
+            o->force = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
+            o->quiet = 1;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            verbose++;
+            o->verbose++;
         } else {
             rc = cli_failf(2, "profile: unknown option '%s' (see kvq profile --help)", a);
         }
     }
     if (rc)
+        return rc;
+    if (!o->capture || !o->in || !o->out)
+        return cli_failf(2, "profile: --capture, --artifact and -o are required "
+                         "(see kvq profile --help)");
+    if (!o->p.model != !o->p.corpus)
+        return cli_failf(2, "profile: --model and --corpus go together");
+    return -1;
+}
+
+int cmd_profile(int argc, char **argv)
+{
+    profile_opts o = {.p = kvq_profile_params_default()};
+    kvq_profile_result *res = NULL;
+    kvq_err e = {0};
+    int rc = profile_parse(argc, argv, &o);
+    if (rc >= 0)
         goto done;
-    if (!capture || !in || !out) {
-        rc = cli_failf(2, "profile: --capture, --artifact and -o are required (see kvq profile --help)");
-        goto done;
-    }
-    if (!p.model != !p.corpus) {
-        rc = cli_failf(2, "profile: --model and --corpus go together");
-        goto done;
-    }
-    p.cb = cli_callbacks(verbose, quiet);
-    if (kvq_profile_run(capture, in, out, force, &p, &res, &e) != KVQ_OK) {
+    rc = 0;
+    o.p.cb = cli_callbacks(o.verbose, o.quiet);
+    if (kvq_profile_run(o.capture, o.in, o.out, o.force, &o.p, &res, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;
     }
-    if (json)
-        print_json(res, out);
+    if (o.json)
+        print_json(res, o.out);
     else
-        print_tables(res, &p);
-    kvq_log(&p.cb, KVQ_LOG_INFO, "wrote %s", out);
+        print_tables(res, &o.p);
+    kvq_log(&o.p.cb, KVQ_LOG_INFO, "wrote %s", o.out);
 done:
     kvq_profile_result_free(res);
-    free(ah);
-    free(al);
-    free(bu);
-    free(ta);
+    free(o.ah);
+    free(o.al);
+    free(o.bu);
+    free(o.ta);
     return rc;
 }

@@ -1,11 +1,12 @@
 /* cmd_run.c — `kvq run`: generate text from a model with full attention, or with
- * retrieval attention (--artifact / --selector: cli/retrieval.c, kvq/runtime.h). */
+ * retrieval attention (--artifact / --selector: cli/retrieval_opts.c, kvq/runtime.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/opts.h"
+#include "cli/retrieval_opts.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"
 
@@ -71,18 +72,24 @@ static void log_memory(const kvq_callbacks *cb, const kvq_model *m, const kvq_fo
             mem.scratch_bytes / 1048576.0);
 }
 
-int cmd_run(int argc, char **argv)
-{
-    const char *cmd = "run", *model_path = NULL, *prompt = "";
-    int64_t n_gen = 256, seed = 0, threads = 0;
-    double temp = 0.8, top_p = 0.95;
-    int quiet = 0, verbose = 0, rc = 0;
+typedef struct run_opts {
+    cli_model_opts m;     /* --model --seed (sampling) --threads -q -v */
+    const char *prompt;
+    int64_t n_gen;
+    double temp, top_p;
     cli_retrieval ro;
-    cli_retrieval_init(&ro);
+} run_opts;
 
+/* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
+static int run_parse(int argc, char **argv, run_opts *o)
+{
+    const char *cmd = "run";
+    int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        const int r = cli_retrieval_opt(cmd, &ro, argc, argv, &i, 0);
+        int r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 0);
+        if (r < 0)
+            r = cli_model_opt(cmd, &o->m, argc, argv, &i);
         if (r >= 0) {
             if (r)
                 return r;
@@ -91,36 +98,21 @@ int cmd_run(int argc, char **argv)
         if (cli_is_help(a)) {
             run_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
-            quiet = 1;
-        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
-            verbose++;
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt")) {
+        } else if (!strcmp(a, "--prompt")) {
             if (!val)
                 return cli_failf(2, "run: %s needs a value", a);
-            if (!strcmp(a, "--model"))
-                model_path = val;
-            else
-                prompt = val;
+            o->prompt = val;
             i++;
         } else if (!strcmp(a, "-n")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 1000000, &n_gen)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--seed")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &seed)))
-                return rc;
-            i++;
-        } else if (!strcmp(a, "--threads")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, 1024, &threads)))
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 1000000, &o->n_gen)))
                 return rc;
             i++;
         } else if (!strcmp(a, "--temp")) {
-            if ((rc = cli_opt_f64(cmd, a, val, 0, 100, &temp)))
+            if ((rc = cli_opt_f64(cmd, a, val, 0, 100, &o->temp)))
                 return rc;
             i++;
         } else if (!strcmp(a, "--top-p")) {
-            if ((rc = cli_opt_f64(cmd, a, val, 1e-9, 1, &top_p)))
+            if ((rc = cli_opt_f64(cmd, a, val, 1e-9, 1, &o->top_p)))
                 return rc;
             i++;
         } else {
@@ -128,152 +120,184 @@ int cmd_run(int argc, char **argv)
             return cli_failf(2, "run: unknown option '%s'", a);
         }
     }
-    if (!model_path) {
+    if (!o->m.model) {
         run_usage(stderr);
         return cli_failf(2, "run: --model is required");
     }
-    if (ro.given && !ro.artifact && !ro.selectors)
+    if (o->ro.given && !o->ro.artifact && !o->ro.selectors)
         return cli_failf(2, "run: retrieval options need --artifact or --selector");
-    if (ro.selectors && strchr(ro.selectors, ','))
+    if (o->ro.selectors && strchr(o->ro.selectors, ','))
         return cli_failf(2, "run: --selector takes one selector");
-    if (ro.budgets && strchr(ro.budgets, ','))
+    if (o->ro.budgets && strchr(o->ro.budgets, ','))
         return cli_failf(2, "run: --budget takes one budget");
+    return -1;
+}
 
-    kvq_callbacks cb = cli_callbacks(verbose, quiet);
+/* What a run holds; every pointer is freed by run_free. */
+typedef struct run_state {
+    kvq_callbacks cb;
+    kvq_model *m;
+    const kvq_model_config *c;
+    const kvq_tokenizer *tok;
+    kvq_forward *f;
+    kvq_runtime *rt;
+    kvq_retrieval *ret;
+    cli_row *rows;
+    size_t n_rows;
+    int32_t *ids, *prompt_ids, *work_i;  /* [total], [n_prompt], [vocab] */
+    float *logits, *work_p;              /* [vocab], [vocab] */
+    size_t n_prompt;
+    int64_t total;                       /* prompt + generated tokens at most */
+} run_state;
+
+static void run_free(run_state *r)
+{
+    kvq_forward_free(r->f);
+    kvq_retrieval_free(r->ret);
+    kvq_runtime_close(r->rt);
+    free(r->rows);
+    kvq_model_close(r->m);
+    free(r->ids);
+    free(r->prompt_ids);
+    free(r->logits);
+    free(r->work_p);
+    free(r->work_i);
+}
+
+/* The model, the retrieval row (checked before anything runs), the prompt's tokens. */
+static int run_open(run_opts *o, run_state *r)
+{
+    const char *model_path = o->m.model;
     kvq_err e = {0};
-    kvq_model *m = NULL;
-    kvq_forward *f = NULL;
-    kvq_runtime *rt = NULL;
-    kvq_retrieval *ret = NULL;
-    cli_row *rows = NULL;
-    size_t n_rows = 0;
-    int32_t *ids = NULL, *prompt_ids = NULL, *work_i = NULL;
-    float *logits = NULL, *work_p = NULL;
-    size_t n_prompt = 0, printed = 0;
+    int rc;
     kvq_model_params mp = kvq_model_params_default();
-    mp.cb = cb;
-    if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    const kvq_model_config *c = kvq_model_config_get(m);
-    if (ro.given) {
+    mp.cb = r->cb;
+    if (kvq_model_open(model_path, &mp, &r->m, &e) != KVQ_OK)
+        return cli_fail(&e);
+    r->c = kvq_model_config_get(r->m);
+    if (o->ro.given) {
         /* retrieval: one selector and budget (default: the artifact's codebook, 6%),
          * checked before anything runs */
-        if ((rc = cli_retrieval_open(&ro, m, model_path, &cb, &rt)))
-            goto done;
-        if (!ro.selectors)
-            ro.selectors = "codebook";
-        if ((rc = cli_retrieval_rows(cmd, &ro, rt, &rows, &n_rows)))
-            goto done;
+        if ((rc = cli_retrieval_open(&o->ro, r->m, model_path, &r->cb, &r->rt)))
+            return rc;
+        if (!o->ro.selectors)
+            o->ro.selectors = "codebook";
+        if ((rc = cli_retrieval_rows("run", &o->ro, r->rt, &r->rows, &r->n_rows)))
+            return rc;
     }
-    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
-    if (!tok) {
-        rc = cli_failf(1, "%s: the model has no tokenizer", model_path);
-        goto done;
-    }
-    if (kvq_tokenizer_encode(tok, prompt, strlen(prompt), KVQ_ENCODE_BOS, &prompt_ids, &n_prompt,
-                             &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
+    r->tok = kvq_model_tokenizer(r->m);
+    if (!r->tok)
+        return cli_failf(1, "%s: the model has no tokenizer", model_path);
+    if (kvq_tokenizer_encode(r->tok, o->prompt, strlen(o->prompt), KVQ_ENCODE_BOS,
+                             &r->prompt_ids, &r->n_prompt, &e) != KVQ_OK)
+        return cli_fail(&e);
+    return 0;
+}
 
-    const int64_t total = (int64_t)n_prompt + n_gen;
-    if (c->context_length > 0 && total > c->context_length)
-        kvq_log(&cb, KVQ_LOG_WARN, "%s: %lld tokens exceed the trained context of %d", model_path,
-                (long long)total, c->context_length);
+/* The forward pass (with the retrieval backend when asked for) and its buffers. */
+static int run_prepare(const run_opts *o, run_state *r)
+{
+    const char *model_path = o->m.model;
+    const kvq_model_config *c = r->c;
+    kvq_err e = {0};
+    r->total = (int64_t)r->n_prompt + o->n_gen;
+    if (c->context_length > 0 && r->total > c->context_length)
+        kvq_log(&r->cb, KVQ_LOG_WARN, "%s: %lld tokens exceed the trained context of %d",
+                model_path, (long long)r->total, c->context_length);
     kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = (int32_t)threads;
-    fp.max_tokens = total;
-    fp.cb = cb;
-    log_memory(&cb, m, &fp, total);
-    ids = malloc(sizeof *ids * (size_t)total);
-    logits = malloc(sizeof *logits * (size_t)c->vocab_size);
-    work_p = malloc(sizeof *work_p * (size_t)c->vocab_size);
-    work_i = malloc(sizeof *work_i * (size_t)c->vocab_size);
-    if (!ids || !logits || !work_p || !work_i) {
-        rc = cli_failf(1, "%s: out of memory", model_path);
-        goto done;
+    fp.threads = (int32_t)o->m.threads;
+    fp.max_tokens = r->total;
+    fp.cb = r->cb;
+    log_memory(&r->cb, r->m, &fp, r->total);
+    r->ids = malloc(sizeof *r->ids * (size_t)r->total);
+    r->logits = malloc(sizeof *r->logits * (size_t)c->vocab_size);
+    r->work_p = malloc(sizeof *r->work_p * (size_t)c->vocab_size);
+    r->work_i = malloc(sizeof *r->work_i * (size_t)c->vocab_size);
+    if (!r->ids || !r->logits || !r->work_p || !r->work_i)
+        return cli_failf(1, "%s: out of memory", model_path);
+    if (kvq_forward_create(r->m, &fp, &r->f, &e) != KVQ_OK)
+        return cli_fail(&e);
+    if (o->ro.given) {
+        kvq_retrieval_params rp = o->ro.p;
+        rp.selector = r->rows[0].selector;
+        rp.budget = r->rows[0].budget;
+        rp.max_tokens = r->total;
+        rp.cb = r->cb;
+        if (kvq_retrieval_create(c, r->rt, &rp, &r->ret, &e) != KVQ_OK)
+            return cli_fail(&e);
+        const kvq_attn_backend backend = kvq_retrieval_backend(r->ret);
+        kvq_forward_set_attention(r->f, &backend);
     }
-    if (kvq_forward_create(m, &fp, &f, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    if (ro.given) {
-        kvq_retrieval_params rp = ro.p;
-        rp.selector = rows[0].selector;
-        rp.budget = rows[0].budget;
-        rp.max_tokens = total;
-        rp.cb = cb;
-        if (kvq_retrieval_create(c, rt, &rp, &ret, &e) != KVQ_OK) {
-            rc = cli_fail(&e);
-            goto done;
-        }
-        const kvq_attn_backend backend = kvq_retrieval_backend(ret);
-        kvq_forward_set_attention(f, &backend);
-    }
+    return 0;
+}
+
+/* Prefill, then sample and print token by token; timing and retrieval figures to
+ * stderr. */
+static int run_generate(const run_opts *o, run_state *r)
+{
+    kvq_err e = {0};
+    size_t printed = 0;
+    const size_t n_prompt = r->n_prompt;
 
     /* ---- prompt: one prefill; its text is printed as it decodes */
-    memcpy(ids, prompt_ids, sizeof *ids * n_prompt);
+    memcpy(r->ids, r->prompt_ids, sizeof *r->ids * n_prompt);
     double t0 = kvq_now();
-    if (kvq_forward_tokens(f, ids, (int64_t)n_prompt, KVQ_LOGITS_LAST, logits, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    if (print_new_text(tok, ids, n_prompt, &printed, &e)) {
-        rc = cli_fail(&e);
-        goto done;
-    }
+    if (kvq_forward_tokens(r->f, r->ids, (int64_t)n_prompt, KVQ_LOGITS_LAST, r->logits, &e) !=
+        KVQ_OK)
+        return cli_fail(&e);
+    if (print_new_text(r->tok, r->ids, n_prompt, &printed, &e))
+        return cli_fail(&e);
     double t1 = kvq_now();
 
     /* ---- generation: sample, stop at BOS/EOS, feed the token back */
     kvq_rng rng;
-    kvq_rng_seed(&rng, (uint64_t)seed);
+    kvq_rng_seed(&rng, (uint64_t)o->m.seed);
     int64_t n_out = 0;
-    const int32_t bos = kvq_tokenizer_bos(tok), eos = kvq_tokenizer_eos(tok);
-    while (n_out < n_gen) {
-        int32_t next = kvq_sample_token(logits, c->vocab_size, temp, top_p, &rng, work_p, work_i);
+    const int32_t bos = kvq_tokenizer_bos(r->tok), eos = kvq_tokenizer_eos(r->tok);
+    while (n_out < o->n_gen) {
+        int32_t next = kvq_sample_token(r->logits, r->c->vocab_size, o->temp, o->top_p, &rng,
+                                        r->work_p, r->work_i);
         if (next == eos || next == bos)
             break;
-        ids[n_prompt + (size_t)n_out++] = next;
-        if (print_new_text(tok, ids, n_prompt + (size_t)n_out, &printed, &e)) {
-            rc = cli_fail(&e);
-            goto done;
-        }
-        if (n_out == n_gen)
+        r->ids[n_prompt + (size_t)n_out++] = next;
+        if (print_new_text(r->tok, r->ids, n_prompt + (size_t)n_out, &printed, &e))
+            return cli_fail(&e);
+        if (n_out == o->n_gen)
             break;
-        if (kvq_forward_tokens(f, &next, 1, KVQ_LOGITS_LAST, logits, &e) != KVQ_OK) {
-            rc = cli_fail(&e);
-            goto done;
-        }
+        if (kvq_forward_tokens(r->f, &next, 1, KVQ_LOGITS_LAST, r->logits, &e) != KVQ_OK)
+            return cli_fail(&e);
     }
     fputc('\n', stdout);
     fflush(stdout);
     double t2 = kvq_now();
-    kvq_log(&cb, KVQ_LOG_INFO,
+    kvq_log(&r->cb, KVQ_LOG_INFO,
             "prompt: %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)",
             n_prompt, t1 - t0, (long long)n_out, t2 - t1,
             t2 > t1 ? (double)n_out / (t2 - t1) : 0.0);
-    if (ret) {
+    if (r->ret) {
         kvq_retrieval_stats st;
-        kvq_retrieval_stats_get(ret, &st);
+        kvq_retrieval_stats_get(r->ret, &st);
         const double n = st.steps ? (double)st.steps : 1.0;
-        kvq_log(&cb, KVQ_LOG_INFO,
+        kvq_log(&r->cb, KVQ_LOG_INFO,
                 "retrieval: %s, budget %s: %llu steps (layer x KV head) attended %.1f of %.1f "
                 "cached tokens on average, reading %.2f%% of the KV cache",
-                rows[0].name, rows[0].budget_str, (unsigned long long)st.steps, st.attended / n,
-                st.visible / n, st.bytes_full > 0 ? 100.0 * st.bytes_read / st.bytes_full : 100.0);
+                r->rows[0].name, r->rows[0].budget_str, (unsigned long long)st.steps,
+                st.attended / n, st.visible / n,
+                st.bytes_full > 0 ? 100.0 * st.bytes_read / st.bytes_full : 100.0);
     }
-done:
-    kvq_forward_free(f);
-    kvq_retrieval_free(ret);
-    kvq_runtime_close(rt);
-    free(rows);
-    kvq_model_close(m);
-    free(ids);
-    free(prompt_ids);
-    free(logits);
-    free(work_p);
-    free(work_i);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_opts o = {.prompt = "", .n_gen = 256, .temp = 0.8, .top_p = 0.95};
+    cli_retrieval_init(&o.ro);
+    int rc = run_parse(argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    run_state r = {.cb = cli_callbacks(o.m.verbose, o.m.quiet)};
+    if (!(rc = run_open(&o, &r)) && !(rc = run_prepare(&o, &r)))
+        rc = run_generate(&o, &r);
+    run_free(&r);
     return rc;
 }

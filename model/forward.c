@@ -701,16 +701,6 @@ static void sort_by_prob(int32_t *idx, int32_t n, const float *p)
     }
 }
 
-double kvq_token_nll(const float *logits, int32_t vocab, int32_t target)
-{
-    double mx = logits[0], sum = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        mx = logits[i] > mx ? logits[i] : mx;
-    for (int32_t i = 0; i < vocab; i++)
-        sum += exp(logits[i] - mx);
-    return mx + log(sum) - logits[target];
-}
-
 int32_t kvq_sample_token(const float *logits, int32_t n, double temp, double top_p,
                          kvq_rng *rng, float *work_p, int32_t *work_idx)
 {

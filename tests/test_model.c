@@ -16,6 +16,7 @@
 #include "helpers/testutil.h"
 #include "helpers/tinyllama.h"
 #include "kvq/model.h"
+#include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
 
 /* ---- helpers ------------------------------------------------------------------ */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "kvq/corpus.h"
+#include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
 #include "thresholds/thresholds_internal.h"
@@ -136,9 +137,7 @@ int64_t thr_layer_pos(const thr_layer *L, int64_t row)
 struct thr_ppl {
     kvq_model *model;
     kvq_forward *f;
-    int32_t **seqs;       /* [n_seqs] token ids */
-    uint32_t *lens;       /* [n_seqs] */
-    size_t n_seqs, cap;
+    kvq_seq_set seqs;     /* the corpus's sequences */
     double fraction;
     int32_t chunk, vocab;
     float *logits;        /* [chunk, vocab] */
@@ -148,38 +147,11 @@ static void ppl_free(thr_ppl *e)
 {
     if (!e)
         return;
-    for (size_t i = 0; i < e->n_seqs; i++)
-        free(e->seqs[i]);
-    free(e->seqs);
-    free(e->lens);
+    kvq_seq_set_free(&e->seqs);
     free(e->logits);
     kvq_forward_free(e->f);
     kvq_model_close(e->model);
     free(e);
-}
-
-static kvq_status collect_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
-{
-    thr_ppl *e = user;
-    if (e->n_seqs == e->cap) {
-        const size_t cap = e->cap ? 2 * e->cap : 16;
-        int32_t **s = realloc(e->seqs, cap * sizeof *s);
-        if (s)
-            e->seqs = s;
-        uint32_t *l = realloc(e->lens, cap * sizeof *l);
-        if (l)
-            e->lens = l;
-        if (!s || !l)
-            return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        e->cap = cap;
-    }
-    int32_t *ids = malloc(sizeof(int32_t) * seq->n);
-    if (!ids)
-        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-    memcpy(ids, seq->ids, sizeof(int32_t) * seq->n);
-    e->seqs[e->n_seqs] = ids;
-    e->lens[e->n_seqs++] = seq->n;
-    return KVQ_OK;
 }
 
 static kvq_status ppl_open(const kvq_capture_info *ci, const kvq_profile_params *p, thr_ppl **out,
@@ -214,7 +186,7 @@ static kvq_status ppl_open(const kvq_capture_info *ci, const kvq_profile_params 
     kvq_seq_params_default(&sp);
     sp.seq_len = p->ppl_seq_len ? p->ppl_seq_len : (uint32_t)ci->seq_len;
     sp.max_tokens = p->ppl_max_tokens;
-    if ((s = kvq_corpus_tokenize(corpus, tok, &sp, &p->cb, collect_seq, e, NULL, err)))
+    if ((s = kvq_seq_set_collect(corpus, tok, &sp, &p->cb, &e->seqs, NULL, err)))
         goto done;
     kvq_forward_params fp = kvq_forward_params_default();
     fp.cb = p->cb;
@@ -241,39 +213,37 @@ const kvq_model_config *thr_ppl_config(const thr_ppl *e)
     return kvq_model_config_get(e->model);
 }
 
+/* The prompt of each sequence (thr_prompt_len), announced to the caller's begin. */
+typedef struct ppl_begin_ctx {
+    const thr_ppl *e;
+    void (*begin)(void *user, int64_t n, int64_t P);
+    void *user;
+} ppl_begin_ctx;
+
+static int64_t ppl_begin(void *user, int64_t n)
+{
+    const ppl_begin_ctx *c = user;
+    const int64_t P = thr_prompt_len(c->e->fraction, n);
+    if (c->begin)
+        c->begin(c->user, n, P);
+    return P;
+}
+
 kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
                         void (*begin)(void *user, int64_t n, int64_t P), void *user,
                         double *ppl, kvq_err *err)
 {
-    kvq_status s = KVQ_OK;
-    double nll = 0;
-    uint64_t n_pred = 0;
+    kvq_nll_sum sum = {0};
+    ppl_begin_ctx bc = {.e = e, .begin = begin, .user = user};
     kvq_forward_set_attention(e->f, backend);
-    for (size_t q = 0; q < e->n_seqs && !s; q++) {
-        const uint32_t n = e->lens[q];
-        const int64_t P = thr_prompt_len(e->fraction, n);
-        kvq_forward_reset(e->f);
-        if (begin)
-            begin(user, n, P);
-        for (uint32_t at = 0; at < n && !s; at += (uint32_t)e->chunk) {
-            const uint32_t cn = n - at < (uint32_t)e->chunk ? n - at : (uint32_t)e->chunk;
-            if ((s = kvq_forward_tokens(e->f, e->seqs[q] + at, cn, KVQ_LOGITS_ALL, e->logits, err)))
-                break;
-            for (uint32_t i = 0; i < cn; i++) {
-                const uint32_t g = at + i;
-                if ((int64_t)g < P || g + 1 >= n)
-                    continue;
-                nll += kvq_token_nll(e->logits + (size_t)i * e->vocab, e->vocab, e->seqs[q][g + 1]);
-                n_pred++;
-            }
-        }
-    }
+    kvq_status s = kvq_perplexity_set(e->f, &e->seqs, e->chunk, e->vocab, e->logits, ppl_begin,
+                                      &bc, &sum, err);
     kvq_forward_set_attention(e->f, NULL);
-    if (!s && n_pred == 0)
+    if (!s && sum.n_pred == 0)
         s = kvq_err_set(err, KVQ_E_INVALID_ARG,
                         "profile: the corpus gave no token to predict after the prompt");
     if (!s)
-        *ppl = exp(nll / (double)n_pred);
+        *ppl = exp(sum.nll / (double)sum.n_pred);
     return s;
 }
 

@@ -275,10 +275,6 @@ void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, 
 int32_t kvq_sample_token(const float *logits, int32_t n, double temp, double top_p,
                          kvq_rng *rng, float *work_p, int32_t *work_idx);
 
-/* -log softmax(logits)[target] in nats, computed stably in double (the per-token
- * loss behind every perplexity kvq reports).   // logits: [vocab] */
-double kvq_token_nll(const float *logits, int32_t vocab, int32_t target);
-
 #ifdef __cplusplus
 }
 #endif

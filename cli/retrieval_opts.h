@@ -1,8 +1,8 @@
-/* retrieval.h — the retrieval-attention options shared by `kvq run` and `kvq eval`
- * (cli/retrieval.c): parsing, help text, opening the artifact for a model, and the
+/* retrieval_opts.h — the retrieval-attention options shared by `kvq run` and `kvq eval`
+ * (cli/retrieval_opts.c): parsing, help text, opening the artifact for a model, and the
  * selector / budget lists of eval. Uses the public headers only. */
-#ifndef KVQ_CLI_RETRIEVAL_H
-#define KVQ_CLI_RETRIEVAL_H
+#ifndef KVQ_CLI_RETRIEVAL_OPTS_H
+#define KVQ_CLI_RETRIEVAL_OPTS_H
 
 #include <stdio.h>
 

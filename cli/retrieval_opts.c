@@ -1,9 +1,9 @@
-/* retrieval.c — retrieval-attention options shared by `kvq run` and `kvq eval`. */
+/* retrieval_opts.c — retrieval-attention options shared by `kvq run` and `kvq eval`. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/retrieval.h"
+#include "cli/retrieval_opts.h"
 
 void cli_retrieval_init(cli_retrieval *o)
 {

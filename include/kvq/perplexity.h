@@ -1,0 +1,89 @@
+/*
+ * kvq/perplexity.h — perplexity of a model on token sequences: the per-token loss, the
+ * loop that runs sequences through a forward pass and sums it, and the set of
+ * sequences a corpus is cut into (model/perplexity.c).
+ *
+ * Every perplexity kvq reports (`kvq eval` with full attention and per retrieval row,
+ * `kvq profile` per knob setting) is exp(nll / n_pred) of the sums below, taken with
+ * whatever attention backend the kvq_forward has at the time.
+ */
+#ifndef KVQ_PERPLEXITY_H
+#define KVQ_PERPLEXITY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/common.h"
+#include "kvq/corpus.h"
+#include "kvq/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* -log softmax(logits)[target] in nats, computed stably in double (the per-token
+ * loss behind every perplexity kvq reports).   // logits: [vocab] */
+double kvq_token_nll(const float *logits, int32_t vocab, int32_t target);
+
+/* ==========================================================================
+ * Sequences held in memory
+ * ========================================================================== */
+
+/* The sequences of a corpus, concatenated: sequence i is ids[off[i] .. off[i + 1]).
+ * Zero-initialise; free with kvq_seq_set_free. */
+typedef struct kvq_seq_set {
+    int32_t *ids;        /* [n_ids] all sequences, concatenated */
+    int64_t *off;        /* [n + 1] (NULL while n = 0) */
+    size_t n;            /* sequences */
+    int64_t n_ids;       /* tokens */
+    size_t cap;          /* private: capacity of off */
+    int64_t ids_cap;     /* private: capacity of ids */
+} kvq_seq_set;
+
+/* A kvq_seq_fn: appends seq to the kvq_seq_set user. Errors: NOMEM. */
+kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err);
+
+/* Cuts corpus c into sequences with tokenizer t and params p (kvq_corpus_tokenize,
+ * progress through cb, stats may be NULL) and appends them to *out. Errors: those of
+ * kvq_corpus_tokenize, NOMEM. */
+kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
+                               const kvq_seq_params *p, const kvq_callbacks *cb,
+                               kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err);
+
+void kvq_seq_set_free(kvq_seq_set *s); /* frees the arrays and zeroes *s; NULL is fine */
+
+/* ==========================================================================
+ * The perplexity loop
+ * ========================================================================== */
+
+/* Summed negative log-likelihood (nats) and the number of predicted tokens. */
+typedef struct kvq_nll_sum {
+    double nll;
+    uint64_t n_pred;
+} kvq_nll_sum;
+
+/* Runs ids[0..n) through f from a reset (kvq_forward_reset) in chunks of `chunk`
+ * tokens with all logits, and adds kvq_token_nll of every next token ids[t + 1] for
+ * t in [from, n - 1) to *acc, in position order. logits: [chunk, vocab] scratch; the
+ * forward's attention backend is used as set. Errors: those of kvq_forward_tokens
+ * (*acc then holds the tokens summed before the error). */
+kvq_status kvq_perplexity_seq(kvq_forward *f, const int32_t *ids, int64_t n, int64_t from,
+                              int32_t chunk, int32_t vocab, float *logits, kvq_nll_sum *acc,
+                              kvq_err *err);
+
+/* Called for each sequence of kvq_perplexity_set with its length n, after the forward
+ * was reset and before its first token (so it may prepare the attention backend);
+ * returns the position from which tokens are predicted (the prompt before it is only
+ * attended). */
+typedef int64_t (*kvq_ppl_begin_fn)(void *user, int64_t n);
+
+/* kvq_perplexity_seq over every sequence of s in order, all into *acc (not cleared
+ * first), with from = begin(user, n) (begin NULL: from 0). Stops at the first error. */
+kvq_status kvq_perplexity_set(kvq_forward *f, const kvq_seq_set *s, int32_t chunk,
+                              int32_t vocab, float *logits, kvq_ppl_begin_fn begin, void *user,
+                              kvq_nll_sum *acc, kvq_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_PERPLEXITY_H */

@@ -1,0 +1,77 @@
+/* calibrate_ctx.h — the pieces of the `kvq calibrate` driver (kvq/calibrate.h), shared
+ * by pipeline/calibrate.c (the driver and its context), calibrate_records.c (the
+ * parameter records and file identities), calibrate_stages.c (the corpus tokens and
+ * the stage runner) and calibrate_output.c (publishing the artifact, the summary). */
+#ifndef KVQ_PIPELINE_CALIBRATE_CTX_H
+#define KVQ_PIPELINE_CALIBRATE_CTX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/calibrate.h"
+#include "kvq/corpus.h"
+#include "kvq/model.h"
+
+#define CALIB_RECORD_VERSION 1
+#define CALIB_IDENT_DEPTH 8 /* directory levels hashed into a file identity */
+
+/* The run's context. */
+typedef struct calib_ctx {
+    const kvq_calibrate_params *p;
+    const char *model_path;
+    const char *spec;               /* corpus spec */
+    kvq_corpus *corpus;
+    char *work;                     /* work directory */
+    int created_work;               /* this run created it */
+    int stage_done;                 /* some stage finished in this run */
+    char *out_path[KVQ_CALIB_N_STAGES];    /* outputs */
+    char *rec_path[KVQ_CALIB_N_STAGES];    /* parameter records */
+    char *none_path;                /* heldout.none */
+    kvq_strbuf rec[KVQ_CALIB_N_STAGES];   /* this run's records */
+    int active[KVQ_CALIB_N_STAGES]; /* stage is part of this run */
+    int32_t index[KVQ_CALIB_N_STAGES], count;
+    kvq_calibrate_summary *sum;
+
+    /* Opened and tokenized only when a capture stage has to run. */
+    kvq_model *model;
+    int tokenized;
+    int32_t *ids;                   /* [n_ids] calibration then held-out tokens */
+    size_t n_ids, cap_ids;
+    int64_t *seqs;                  /* [n_seqs, 2] first index into ids, length */
+    size_t n_seqs, cap_seqs;
+    size_t n_cal_seqs;              /* the first n_cal_seqs sequences are calibration */
+    int64_t n_cal_tokens, n_held_tokens;
+    int phase;                      /* 0 calibration, 1 held-out, 2 done */
+    kvq_corpus_stats stats;
+} calib_ctx;
+
+/* ---- calibrate.c */
+
+
+/* The capture directory the profile reads: heldout/ when it holds a capture. */
+const char *calib_profile_capture(const calib_ctx *c);
+
+/* ---- calibrate_records.c */
+
+/* Why the record `old` differs from `new_text`, in words (the first differing key). */
+void calib_record_diff(const char *old, const char *new_text, char *why, size_t cap);
+/* This run's parameter record of every active stage, into c->rec. */
+kvq_status calib_build_records(calib_ctx *c, kvq_err *err);
+
+/* ---- calibrate_stages.c */
+
+/* Runs stage s unless its output is up to date with its record (skip), reporting both. */
+kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err);
+
+/* ---- calibrate_output.c */
+
+/* Refuses an out_path that exists and is not a .kvq artifact. */
+kvq_status calib_check_out(const char *path, kvq_err *err);
+/* Copies the final artifact to out_path unless it holds the same bytes already. */
+kvq_status calib_publish(const char *from, const char *to, int *replaced, kvq_err *err);
+void calib_summary_reset(kvq_calibrate_summary *s);
+/* The summary of the run: the captures' sizes and the final artifact's fit and profile
+ * (kvq_artifact_summary). */
+kvq_status calib_read_summary(calib_ctx *c, const char *final, kvq_err *err);
+
+#endif
