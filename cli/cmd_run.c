@@ -140,7 +140,7 @@ typedef struct run_state {
     const kvq_model_config *c;
     const kvq_tokenizer *tok;
     kvq_forward *f;
-    kvq_runtime *rt;
+    kvq_codebook_set *rt;
     kvq_retrieval *ret;
     cli_row *rows;
     size_t n_rows;
@@ -154,7 +154,7 @@ static void run_free(run_state *r)
 {
     kvq_forward_free(r->f);
     kvq_retrieval_free(r->ret);
-    kvq_runtime_close(r->rt);
+    kvq_codebook_set_close(r->rt);
     free(r->rows);
     kvq_model_close(r->m);
     free(r->ids);

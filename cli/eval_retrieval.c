@@ -150,7 +150,7 @@ static double mean(double sum, uint64_t n) { return n ? sum / (double)n : NAN; }
 /* One `kvq eval` with retrieval: its inputs, buffers and results. */
 typedef struct evr {
     const kvq_model_config *c;
-    kvq_runtime *rt;
+    kvq_codebook_set *rt;
     cli_row *rows;
     row_result *res;         /* [n_rows] */
     size_t n_rows;
@@ -171,7 +171,7 @@ typedef struct evr {
 static void evr_free(evr *x)
 {
     kvq_forward_free(x->f);
-    kvq_runtime_close(x->rt);
+    kvq_codebook_set_close(x->rt);
     tasks_free(&x->tl);
     kvq_seq_set_free(&x->sl);
     free(x->rows);
@@ -350,7 +350,7 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
     printf("attention   retrieval: ");
     if (x->rt)
         printf("artifact %s (%s, K %d, G %d), ", o->artifact, method,
-               (int)kvq_runtime_codebook_size(x->rt), (int)kvq_runtime_groups(x->rt));
+               (int)kvq_codebook_set_size(x->rt), (int)kvq_codebook_set_groups(x->rt));
     printf("positions %s, sink %d, window %d, cache %s, group %s\n", pos, (int)o->p.sink,
            (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
     printf("sequences   %zu of up to %lld tokens\n", x->sl.n, (long long)seq_len);
@@ -396,8 +396,8 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
         rc = evr_row(&x, i, o, tok, cb);
     if (!rc) {
         evr_setting g = {
-            .method = x.rt ? kvq_codebook_method_name(kvq_runtime_method(x.rt)) : NULL,
-            .window = o->p.window ? o->p.window : x.rt ? kvq_runtime_wrope_w(x.rt) : 64,
+            .method = x.rt ? kvq_codebook_method_name(kvq_codebook_set_method(x.rt)) : NULL,
+            .window = o->p.window ? o->p.window : x.rt ? kvq_codebook_set_wrope_w(x.rt) : 64,
             .cache = o->p.cache_dtype == KVQ_DT_F16 ? "f16" : "f32",
             .pos = kvq_positions_name(o->p.positions),
         };

@@ -130,7 +130,7 @@ void cli_retrieval_usage(FILE *f, int eval)
 }
 
 int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_path,
-                       const kvq_callbacks *cb, kvq_runtime **rt)
+                       const kvq_callbacks *cb, kvq_codebook_set **rt)
 {
     *rt = NULL;
     /* once per command, so a CUDA request that cannot be met warns once however many
@@ -141,7 +141,7 @@ int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_p
     kvq_model_id id;
     kvq_model_identity(m, &id);
     kvq_err e = {0};
-    if (kvq_runtime_open(o->artifact, &id, model_path, rt, &e) != KVQ_OK)
+    if (kvq_codebook_set_open(o->artifact, &id, model_path, rt, &e) != KVQ_OK)
         return cli_fail(&e);
     return 0;
 }
@@ -165,11 +165,11 @@ static char **split(const char *s, size_t *n, char **buf)
     return v;
 }
 
-int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_runtime *rt,
+int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_codebook_set *rt,
                        cli_row **rows, size_t *n_rows)
 {
     char defsel[128];
-    const char *method = rt ? kvq_codebook_method_name(kvq_runtime_method(rt)) : NULL;
+    const char *method = rt ? kvq_codebook_method_name(kvq_codebook_set_method(rt)) : NULL;
     snprintf(defsel, sizeof defsel,
              rt ? "full,oracle,%s,fier,quest,mass" : "full,oracle,fier,quest", method);
     char *sbuf = NULL, *bbuf = NULL;
@@ -205,7 +205,7 @@ int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_runtim
             rc = cli_failf(2, "%s: the %s selector needs --artifact", cmd, sv[s]);
             break;
         }
-        if (m >= 0 && (kvq_codebook_method)m != kvq_runtime_method(rt)) {
+        if (m >= 0 && (kvq_codebook_method)m != kvq_codebook_set_method(rt)) {
             rc = cli_failf(1, "%s: selector %s: the artifact's method is %s", cmd, sv[s], method);
             break;
         }

@@ -35,7 +35,7 @@ void cli_retrieval_usage(FILE *f, int eval);
  * was asked for and cannot run) and opens o->artifact for model m (NULL in *rt when none
  * was given). Prints the error and returns 1 on failure. */
 int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_path,
-                       const kvq_callbacks *cb, kvq_runtime **rt);
+                       const kvq_callbacks *cb, kvq_codebook_set **rt);
 
 /* One row of a selector x budget table. */
 typedef struct cli_row {
@@ -50,7 +50,7 @@ typedef struct cli_row {
  * "6%"); "full" gets one row (budget "all"). Checks that a method name matches the
  * artifact and that codebook / mass have one. *rows is malloc'd. Prints the error and
  * returns 2 on a bad list, 1 on a mismatch. */
-int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_runtime *rt,
+int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_codebook_set *rt,
                        cli_row **rows, size_t *n_rows);
 
 /* `kvq eval` with retrieval (cli/eval_retrieval.c): perplexity with full attention

@@ -60,7 +60,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     return p;
 }
 
-static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime *rt, kvq_err *err)
+static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook_set *rt, kvq_err *err)
 {
     const char *bad = NULL;
     if ((unsigned)p->selector >= KVQ_SELECT_COUNT)
@@ -105,11 +105,11 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_runtime 
 
 /* The artifact must describe this model's attention (it was checked against the
  * model identity when opened; this guards a context built for another config). */
-static kvq_status check_config(const kvq_model_config *c, const kvq_runtime *rt, kvq_err *err)
+static kvq_status check_config(const kvq_model_config *c, const kvq_codebook_set *rt, kvq_err *err)
 {
     kvq_model_id cid;
     kvq_model_id_from_config(c, "", &cid);
-    return kvq_model_id_compare_attention(kvq_runtime_model(rt), "retrieval: artifact", &cid,
+    return kvq_model_id_compare_attention(kvq_codebook_set_model(rt), "retrieval: artifact", &cid,
                                           "model", err);
 }
 
@@ -184,7 +184,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
     free(r);
 }
 
-kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
+kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                 const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err)
 {
     kvq_status s;
@@ -209,10 +209,10 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *
     r->d = cfg->head_dim;
     r->gs = cfg->n_heads / cfg->n_kv_heads;
     r->rope = cfg->rope;
-    r->window = P.window > 0 ? P.window : rt ? kvq_runtime_wrope_w(rt) : 64;
+    r->window = P.window > 0 ? P.window : rt ? kvq_codebook_set_wrope_w(rt) : 64;
     r->sliding_window = cfg->sliding_window;
     r->sliding_from = cfg->sliding_from;
-    r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_runtime_wrope_b(rt) : 2048;
+    r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_codebook_set_wrope_b(rt) : 2048;
     r->db = (r->d + 7) / 8;
     r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
     kvq_rope_freqs(&r->rope, r->theta);
@@ -236,8 +236,8 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *
         if (!L->head || !L->cb || !L->tab)
             goto nomem;
         for (int32_t h = 0; rt && h < r->n_kv; h++) {
-            L->cb[h] = kvq_runtime_codebook(rt, l, h);
-            L->tab[h] = kvq_runtime_table(rt, l, h);
+            L->cb[h] = kvq_codebook_set_at(rt, l, h);
+            L->tab[h] = kvq_codebook_set_table(rt, l, h);
         }
     }
     if ((s = kvq_rt_backend_open(r, err))) {

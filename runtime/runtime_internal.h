@@ -8,8 +8,8 @@
 
 #include "kvq/runtime.h"
 
-/* The LUT table of (layer, KV head), or NULL (runtime.c). */
-const kvq_rk_table *kvq_runtime_table(const kvq_runtime *rt, int32_t layer, int32_t head);
+/* The LUT table of (layer, KV head), or NULL (codebook_set.c). */
+const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t layer, int32_t head);
 
 /* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c). */
 const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K);
@@ -109,7 +109,7 @@ typedef struct rt_scratch {
 
 struct kvq_retrieval {
     kvq_retrieval_params p;
-    const kvq_runtime *rt;
+    const kvq_codebook_set *rt;
     int32_t n_layers, n_heads, n_kv, d, gs; /* gs: query heads per KV head */
     int32_t window;                         /* w used */
     int32_t sliding_window, sliding_from;   /* the model's (kvq_model_window_start) */

@@ -215,12 +215,12 @@ static kvq_codebook **codebooks_for(const kvq_model_id *id, kvq_codebook_method 
 
 /* Writes cbs for id to path and opens it for the same model (failing the test
  * otherwise). */
-static kvq_runtime *write_and_open(const char *path, const kvq_model_id *id, kvq_codebook **cbs)
+static kvq_codebook_set *write_and_open(const char *path, const kvq_model_id *id, kvq_codebook **cbs)
 {
-    kvq_runtime *rt = NULL;
+    kvq_codebook_set *rt = NULL;
     kvq_err e = {0};
     assert_int_equal(write_artifact(path, id, cbs), 0);
-    if (kvq_runtime_open(path, id, "model", &rt, &e) != KVQ_OK)
+    if (kvq_codebook_set_open(path, id, "model", &rt, &e) != KVQ_OK)
         fail_msg("%s", e.msg);
     return rt;
 }
@@ -913,23 +913,23 @@ static void test_open_artifact(void **state)
     (void)state;
     const kvq_model_id id = small_id(2, 8, 2, 16);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 32, 1, 1);
-    kvq_runtime *rt = write_and_open(test_path("ok.kvq"), &id, cbs);
-    assert_int_equal(kvq_runtime_method(rt), KVQ_CODEBOOK_QAVQ);
-    assert_int_equal(kvq_runtime_codebook_size(rt), 32);
-    assert_int_equal(kvq_runtime_groups(rt), 1);
-    assert_int_equal(kvq_runtime_wrope_w(rt), 64);
-    assert_int_equal(kvq_runtime_wrope_b(rt), 2048);
+    kvq_codebook_set *rt = write_and_open(test_path("ok.kvq"), &id, cbs);
+    assert_int_equal(kvq_codebook_set_method(rt), KVQ_CODEBOOK_QAVQ);
+    assert_int_equal(kvq_codebook_set_size(rt), 32);
+    assert_int_equal(kvq_codebook_set_groups(rt), 1);
+    assert_int_equal(kvq_codebook_set_wrope_w(rt), 64);
+    assert_int_equal(kvq_codebook_set_wrope_b(rt), 2048);
     for (int l = 0; l < 2; l++)
         for (int h = 0; h < 2; h++) {
-            const kvq_codebook *cb = kvq_runtime_codebook(rt, l, h);
+            const kvq_codebook *cb = kvq_codebook_set_at(rt, l, h);
             assert_non_null(cb);
             assert_memory_equal(kvq_codebook_centroids(cb, 0),
                                 kvq_codebook_centroids(cbs[l * 2 + h], 0), sizeof(float) * 32 * 16);
             assert_memory_equal(kvq_codebook_key_codebook(cb),
                                 kvq_codebook_key_codebook(cbs[l * 2 + h]), sizeof(float) * 32 * 16);
         }
-    assert_null(kvq_runtime_codebook(rt, 2, 0));
-    kvq_runtime_close(rt);
+    assert_null(kvq_codebook_set_at(rt, 2, 0));
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 4);
 }
 
@@ -983,9 +983,9 @@ static void test_open_mismatch(void **state)
             m.vocab_size = 513;
             break;
         }
-        kvq_runtime *rt = NULL;
+        kvq_codebook_set *rt = NULL;
         kvq_err e = {0};
-        assert_int_equal(kvq_runtime_open(path, &m, "the model", &rt, &e), KVQ_E_MISMATCH);
+        assert_int_equal(kvq_codebook_set_open(path, &m, "the model", &rt, &e), KVQ_E_MISMATCH);
         assert_null(rt);
         char expect[600];
         snprintf(expect, sizeof expect, "%s vs the model: model.%s differs %s", path, want[i].field,
@@ -993,9 +993,9 @@ static void test_open_mismatch(void **state)
         assert_string_equal(e.msg, expect);
     }
     /* a context for another config is refused too */
-    kvq_runtime *rt = NULL;
+    kvq_codebook_set *rt = NULL;
     kvq_err e = {0};
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    assert_int_equal(kvq_codebook_set_open(path, &id, "model", &rt, &e), KVQ_OK);
     kvq_model_id other = id;
     other.n_heads = 4;
     kvq_model_config c = config_of(&other);
@@ -1003,7 +1003,7 @@ static void test_open_mismatch(void **state)
     kvq_retrieval_params p = kvq_retrieval_params_default();
     assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_E_MISMATCH);
     assert_non_null(strstr(e.msg, "model.n_heads differs"));
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 4);
 }
 
@@ -1019,7 +1019,7 @@ static void test_open_corrupt(void **state)
     kvq_err e = {0};
     assert_int_equal(kvq_read_file(path, &data, &size, &e), KVQ_OK);
     const char *bad = test_path("bad.kvq");
-    kvq_runtime *rt = NULL;
+    kvq_codebook_set *rt = NULL;
     static const struct {
         size_t keep;
         kvq_status want;
@@ -1027,21 +1027,21 @@ static void test_open_corrupt(void **state)
         {2, KVQ_E_TRUNCATED_HEADER}, {20, KVQ_E_TRUNCATED_HEADER}, {40, KVQ_E_TRUNCATED_DATA}};
     for (size_t i = 0; i < 3; i++) {
         assert_int_equal(test_write_file(bad, data, trunc[i].keep), 0);
-        assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), trunc[i].want);
+        assert_int_equal(kvq_codebook_set_open(bad, &id, "model", &rt, &e), trunc[i].want);
         assert_null(rt);
         assert_non_null(strstr(e.msg, bad));
     }
     assert_int_equal(test_write_file(bad, data, size / 2), 0);
-    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_TRUNCATED_DATA);
+    assert_int_equal(kvq_codebook_set_open(bad, &id, "model", &rt, &e), KVQ_E_TRUNCATED_DATA);
     /* the content checksum (the frame's last 4 bytes) */
     data[size - 1] ^= 0x55;
     assert_int_equal(test_write_file(bad, data, size), 0);
-    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_CHECKSUM);
+    assert_int_equal(kvq_codebook_set_open(bad, &id, "model", &rt, &e), KVQ_E_CHECKSUM);
     data[size - 1] ^= 0x55;
     data[0] ^= 0xff;
     assert_int_equal(test_write_file(bad, data, size), 0);
-    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_BAD_MAGIC);
-    assert_int_equal(kvq_runtime_open(test_path("none.kvq"), &id, "model", &rt, &e),
+    assert_int_equal(kvq_codebook_set_open(bad, &id, "model", &rt, &e), KVQ_E_BAD_MAGIC);
+    assert_int_equal(kvq_codebook_set_open(test_path("none.kvq"), &id, "model", &rt, &e),
                      KVQ_E_NOT_FOUND);
     free(data);
 
@@ -1056,7 +1056,7 @@ static void test_open_corrupt(void **state)
     const void *buf = kvq_st_writer_buffer(w, &n);
     assert_int_equal(kvq_artifact_write(bad, 1, buf, n, 1, &e), KVQ_OK);
     kvq_st_writer_free(w);
-    assert_int_equal(kvq_runtime_open(bad, &id, "model", &rt, &e), KVQ_E_UNSUPPORTED);
+    assert_int_equal(kvq_codebook_set_open(bad, &id, "model", &rt, &e), KVQ_E_UNSUPPORTED);
     assert_non_null(strstr(e.msg, "no codebooks"));
     codebooks_free(cbs, 2);
 }
@@ -1150,7 +1150,7 @@ static void budget_all_equals_full(int sw)
         c.sliding_from = 1;
     }
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 16, 4, 4);
-    kvq_runtime *rt = write_and_open(test_path("all.kvq"), &id, cbs);
+    kvq_codebook_set *rt = write_and_open(test_path("all.kvq"), &id, cbs);
     kvq_err e = {0};
     seq_data s = make_seq(&c, 260, 77);
     kvq_full_attn *fa = NULL;
@@ -1208,7 +1208,7 @@ static void budget_all_equals_full(int sw)
     free(ref);
     seq_free(&s);
     kvq_full_attn_free(fa);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 4);
 }
 
@@ -1391,8 +1391,8 @@ static void test_codes_match_fit(void **state)
 
         const char *path = test_path("fit.kvq");
         assert_int_equal(write_artifact(path, &id, &cb), 0);
-        kvq_runtime *rt = NULL;
-        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+        kvq_codebook_set *rt = NULL;
+        assert_int_equal(kvq_codebook_set_open(path, &id, "model", &rt, &e), KVQ_OK);
         kvq_retrieval_params p = kvq_retrieval_params_default();
         p.cache_dtype = KVQ_DT_F32;
         kvq_retrieval *r = NULL;
@@ -1435,7 +1435,7 @@ static void test_codes_match_fit(void **state)
             free(z);
         }
         kvq_retrieval_free(r);
-        kvq_runtime_close(rt);
+        kvq_codebook_set_close(rt);
         kvq_codebook_free(cb);
         free(codes);
         free(pos);
@@ -1519,8 +1519,8 @@ static void test_codes_ties_match_fit(void **state)
 
         const char *path = test_path("ties.kvq");
         assert_int_equal(write_artifact(path, &id, &cb), 0);
-        kvq_runtime *rt = NULL;
-        assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+        kvq_codebook_set *rt = NULL;
+        assert_int_equal(kvq_codebook_set_open(path, &id, "model", &rt, &e), KVQ_OK);
         kvq_retrieval_params p = kvq_retrieval_params_default();
         p.cache_dtype = KVQ_DT_F32;
         kvq_retrieval *r = NULL;
@@ -1536,7 +1536,7 @@ static void test_codes_ties_match_fit(void **state)
                          fit[j], want[j]);
         }
         kvq_retrieval_free(r);
-        kvq_runtime_close(rt);
+        kvq_codebook_set_close(rt);
         kvq_codebook_free(cb);
         free(C);
         free(C2);
@@ -1623,7 +1623,7 @@ static void test_mass_selector(void **state)
     const kvq_model_id id = small_id(1, 4, 1, 16);
     const kvq_model_config c = config_of(&id);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 32, 1, 8);
-    kvq_runtime *rt = write_and_open(test_path("mass.kvq"), &id, cbs);
+    kvq_codebook_set *rt = write_and_open(test_path("mass.kvq"), &id, cbs);
     kvq_err e = {0};
     seq_data s = make_seq(&c, 300, 5);
     for (int64_t i = 0; i < 300 * 4 * 16; i++)
@@ -1643,7 +1643,7 @@ static void test_mass_selector(void **state)
         int64_t n = 0;
         const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
         /* brute force: the same approximate scores, sorted */
-        const kvq_codebook *cb = kvq_runtime_codebook(rt, 0, 0);
+        const kvq_codebook *cb = kvq_codebook_set_at(rt, 0, 0);
         float qs[16] = {0}, tmp[16], lut[32];
         for (int g = 0; g < 4; g++) {
             kvq_codebook_query_pe(cb, s.q + (size_t)(299 * 4 + g) * 16, 299, tmp);
@@ -1683,7 +1683,7 @@ static void test_mass_selector(void **state)
         kvq_retrieval_free(r);
     }
     seq_free(&s);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 1);
 }
 
@@ -1702,7 +1702,7 @@ static void test_codes_selection_equals_scores(void **state)
     static const kvq_codebook_method methods[] = {KVQ_CODEBOOK_VQ, KVQ_CODEBOOK_QAVQ};
     for (size_t mi = 0; mi < 2; mi++) {
         kvq_codebook **cbs = codebooks_for(&id, methods[mi], 16, 1, 40 + mi);
-        kvq_runtime *rt = write_and_open(test_path("codes_sel.kvq"), &id, cbs);
+        kvq_codebook_set *rt = write_and_open(test_path("codes_sel.kvq"), &id, cbs);
         kvq_err e = {0};
         seq_data s = make_seq(&c, 400, 61 + mi);
         static const int64_t budgets[] = {1, 20, 57};
@@ -1730,7 +1730,7 @@ static void test_codes_selection_equals_scores(void **state)
                 free(out[1]);
             }
         seq_free(&s);
-        kvq_runtime_close(rt);
+        kvq_codebook_set_close(rt);
         codebooks_free(cbs, 4);
     }
 }
@@ -1773,7 +1773,7 @@ static void test_code_order_layout(void **state)
     const kvq_model_id id = small_id(1, 4, 2, 16);
     const kvq_model_config c = config_of(&id);
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_VQ, 16, 1, 70);
-    kvq_runtime *rt = write_and_open(test_path("code_order.kvq"), &id, cbs);
+    kvq_codebook_set *rt = write_and_open(test_path("code_order.kvq"), &id, cbs);
     kvq_err e = {0};
     const int64_t T = 700;
     seq_data s = make_seq(&c, T, 71);
@@ -1819,7 +1819,7 @@ static void test_code_order_layout(void **state)
             }
         }
     seq_free(&s);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 2);
 }
 
@@ -1932,8 +1932,8 @@ static void test_device_choice(void **state)
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 32, 4, 90);
     const char *path = test_path("device.kvq");
     assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
-    assert_int_equal(kvq_runtime_open(path, &id, "model", &rt, &e), KVQ_OK);
+    kvq_codebook_set *rt = NULL;
+    assert_int_equal(kvq_codebook_set_open(path, &id, "model", &rt, &e), KVQ_OK);
     seq_data s = make_seq(&c, 400, 91);
     const size_t n_out = (size_t)s.T * c.n_heads * c.head_dim;
 
@@ -2017,7 +2017,7 @@ static void test_device_choice(void **state)
     assert_int_equal(lc.warn, have ? 0 : 1);
 
     seq_free(&s);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, 4);
 }
 
@@ -2113,13 +2113,13 @@ static void test_stories_retrieval(void **state)
         }
     const char *path = test_path("stories.kvq");
     assert_int_equal(write_artifact(path, &id, cbs), 0);
-    kvq_runtime *rt = NULL;
-    assert_int_equal(kvq_runtime_open(path, &id, mp, &rt, &e), KVQ_OK);
+    kvq_codebook_set *rt = NULL;
+    assert_int_equal(kvq_codebook_set_open(path, &id, mp, &rt, &e), KVQ_OK);
     /* the same artifact for a model whose pairs were laid out differently: refused */
     kvq_model_id half = id;
     half.rope.layout = KVQ_ROPE_HALF;
-    kvq_runtime *rt2 = NULL;
-    assert_int_equal(kvq_runtime_open(path, &half, mp, &rt2, &e), KVQ_E_MISMATCH);
+    kvq_codebook_set *rt2 = NULL;
+    assert_int_equal(kvq_codebook_set_open(path, &half, mp, &rt2, &e), KVQ_E_MISMATCH);
     assert_non_null(strstr(e.msg, "model.rope.layout differs (interleaved vs half)"));
 
     /* budget = everything, exact positions: the greedy text of full attention, with a
@@ -2162,7 +2162,7 @@ static void test_stories_retrieval(void **state)
     kvq_forward_set_attention(f, NULL);
     kvq_retrieval_free(r);
 
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     codebooks_free(cbs, c->n_layers * c->n_kv_heads);
     free(hk);
     for (int l = 0; l < c->n_layers; l++)

@@ -84,7 +84,7 @@ static void fill_row(double *row, double value, const bsetting *b)
  * fr [n_b], then the mass rule at each tau [n_set - n_b]; measured, single-threaded. */
 static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
                                   const double *tau, const kvq_profile_params *p,
-                                  const kvq_model_config *cfg, const kvq_runtime *rt,
+                                  const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                   kvq_err *err)
 {
     kvq_status s = KVQ_OK;
@@ -121,7 +121,7 @@ typedef struct seq_bufs {
 
 /* Every sequence of every captured layer that has codebooks, through every setting;
  * *n_layers_done counts the layers run. */
-static kvq_status run_layers(const kvq_capture_info *ci, const kvq_runtime *rt, bsetting *set,
+static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set *rt, bsetting *set,
                              int64_t n_set, const kvq_profile_params *p, const seq_bufs *b,
                              int32_t *n_layers_done, kvq_err *err)
 {
@@ -133,7 +133,7 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_runtime *rt, 
     kvq_status s = KVQ_OK;
     for (int32_t f = 0; f < ci->n_files && !s; f++) {
         const int32_t layer = ci->layers[f];
-        if (!kvq_runtime_codebook(rt, layer, 0))
+        if (!kvq_codebook_set_at(rt, layer, 0))
             continue;
         thr_layer L;
         if ((s = thr_layer_open(ci, f, &L, err)))
@@ -161,7 +161,7 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_runtime *rt, 
 
 /* The perplexity column: plain retrieval decoding (no measurement) with each setting. */
 static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
-                             const kvq_profile_params *p, thr_ppl *ppl, const kvq_runtime *rt,
+                             const kvq_profile_params *p, thr_ppl *ppl, const kvq_codebook_set *rt,
                              kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
 {
     kvq_status s = KVQ_OK;
@@ -203,7 +203,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     const int64_t n_set = n_b + n_t;
     const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
     const kvq_model_config cfg = kvq_model_config_from_id(&ci->model);
-    kvq_runtime *rt = NULL;
+    kvq_codebook_set *rt = NULL;
     bsetting *set = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
     int64_t *pos = NULL;
@@ -222,7 +222,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         snprintf(why, sizeof why, "the capture stores a sample of the queries; budgets need all");
         goto skip;
     }
-    s = kvq_runtime_open(artifact_path, &ci->model, "capture", &rt, &e2);
+    s = kvq_codebook_set_open(artifact_path, &ci->model, "capture", &rt, &e2);
     if (s == KVQ_E_UNSUPPORTED) {
         snprintf(why, sizeof why, "%.250s", e2.msg);
         s = KVQ_OK;
@@ -289,6 +289,6 @@ done:
     free(pos);
     free(st);
     free(errs);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     return s;
 }

@@ -7,7 +7,7 @@
  *                 attention over an f16 or f32 cache. Each has a scalar reference and
  *                 AVX2 / AVX-512 paths chosen at run time (kvq_isa); tests check fast ==
  *                 scalar within the named tolerances below.
- *   kvq_runtime   an opened .kvq artifact, validated against the model, with one
+ *   kvq_codebook_set   an opened .kvq artifact, validated against the model, with one
  *                 kvq_codebook per (layer, KV head). Immutable once opened; several
  *                 decoding contexts may share it.
  *   kvq_retrieval a decoding context: the per-sequence KV cache (pre-RoPE K and V in
@@ -236,7 +236,7 @@ void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out)
  * The artifact at run time
  * ========================================================================== */
 
-typedef struct kvq_runtime kvq_runtime;
+typedef struct kvq_codebook_set kvq_codebook_set;
 
 /* Opens the artifact at `path` for the model `model` (kvq_model_identity; the label
  * names it in messages) and loads a codebook for every (layer in "layers", KV head).
@@ -254,20 +254,20 @@ typedef struct kvq_runtime kvq_runtime;
  * Cost: decompression plus a copy of every codebook. Memory: the codebooks (K d floats
  * per head, twice for qavq, plus 2 d^2 for the query-aware methods); the payload is
  * released before returning. */
-kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const char *label,
-                            kvq_runtime **out, kvq_err *err);
-void kvq_runtime_close(kvq_runtime *rt); /* NULL is fine */
+kvq_status kvq_codebook_set_open(const char *path, const kvq_model_id *model, const char *label,
+                                  kvq_codebook_set **out, kvq_err *err);
+void kvq_codebook_set_close(kvq_codebook_set *rt); /* NULL is fine */
 
-kvq_codebook_method kvq_runtime_method(const kvq_runtime *rt);
-int32_t kvq_runtime_codebook_size(const kvq_runtime *rt); /* K */
-int32_t kvq_runtime_groups(const kvq_runtime *rt);        /* G */
-int32_t kvq_runtime_wrope_w(const kvq_runtime *rt);
-int64_t kvq_runtime_wrope_b(const kvq_runtime *rt);
-const kvq_model_id *kvq_runtime_model(const kvq_runtime *rt); /* the artifact's identity */
+kvq_codebook_method kvq_codebook_set_method(const kvq_codebook_set *rt);
+int32_t kvq_codebook_set_size(const kvq_codebook_set *rt); /* K */
+int32_t kvq_codebook_set_groups(const kvq_codebook_set *rt);        /* G */
+int32_t kvq_codebook_set_wrope_w(const kvq_codebook_set *rt);
+int64_t kvq_codebook_set_wrope_b(const kvq_codebook_set *rt);
+const kvq_model_id *kvq_codebook_set_model(const kvq_codebook_set *rt); /* the artifact's identity */
 /* The codebook of (layer, KV head), or NULL for a layer without codebooks (those
  * layers attend fully, as the format specifies). */
-const kvq_codebook *kvq_runtime_codebook(const kvq_runtime *rt, int32_t layer, int32_t head);
-uint64_t kvq_runtime_bytes(const kvq_runtime *rt); /* codebook memory */
+const kvq_codebook *kvq_codebook_set_at(const kvq_codebook_set *rt, int32_t layer, int32_t head);
+uint64_t kvq_codebook_set_bytes(const kvq_codebook_set *rt); /* codebook memory */
 
 /* ==========================================================================
  * Decoding context
@@ -378,7 +378,7 @@ typedef struct kvq_retrieval kvq_retrieval;
  * 2 G bytes of codes (codebook, mass), d/8 + 8d/fier_group bytes (fier) or
  * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
  * (n (nq + 3 + d) with ROPE, measure or prefill). */
-kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_runtime *rt,
+kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                 const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err);
 void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
 

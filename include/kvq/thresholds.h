@@ -364,7 +364,7 @@ void kvq_profile_result_free(kvq_profile_result *r); /* NULL is fine; frees r to
  * field); KVQ_E_INVALID_ARG (bad parameters; a capture without values; no captured
  * layer; no sequence with a continuation to evaluate); KVQ_E_CORRUPT /
  * KVQ_E_SHAPE_MISMATCH (a layer file whose tensors disagree with capture.json); those of
- * kvq_model_open, kvq_corpus_*, kvq_runtime_open; KVQ_E_CANCELLED; KVQ_E_NOMEM.
+ * kvq_model_open, kvq_corpus_*, kvq_codebook_set_open; KVQ_E_CANCELLED; KVQ_E_NOMEM.
  * A knob that cannot run (budget: no artifact, method none, sampled queries) is skipped
  * with the reason in its table's `skipped` and a log line. Cost: per knob setting one
  * pass over the capture, O(sum over sequences of N^2 d) per (layer, query head); with a

@@ -1,8 +1,7 @@
 /*
- * runtime.c — opening a .kvq artifact for decoding: format validation, the model
- * identity check (field by field, never a silent fallback), one codebook and one LUT
- * table per (layer, KV head); and the small parsers of kvq/runtime.h (selectors,
- * budgets).
+ * codebook_set.c — an artifact's codebooks loaded for decoding (kvq_codebook_set):
+ * format validation, the model identity check (never a silent fallback), one codebook
+ * and one LUT table per (layer, KV head).
  */
 #include <math.h>
 #include <stdio.h>
@@ -15,116 +14,10 @@
 #include "runtime/runtime_internal.h"
 
 /* ==========================================================================
- * Selectors and budgets
- * ========================================================================== */
-
-static const char *const selector_names[KVQ_SELECT_COUNT] = {
-    "full", "oracle", "codebook", "fier", "quest", "mass",
-};
-
-const char *kvq_selector_name(kvq_selector s)
-{
-    return (unsigned)s < KVQ_SELECT_COUNT ? selector_names[s] : "unknown";
-}
-
-kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq_err *err)
-{
-    if (method)
-        *method = -1;
-    if (!s)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "selector: NULL");
-    for (int i = 0; i < KVQ_SELECT_COUNT; i++)
-        if (!strcmp(s, selector_names[i])) {
-            *sel = (kvq_selector)i;
-            return KVQ_OK;
-        }
-    if (!strcmp(s, "artifact")) {
-        *sel = KVQ_SELECT_CODEBOOK;
-        return KVQ_OK;
-    }
-    kvq_codebook_method m;
-    if (kvq_codebook_method_parse(s, &m, NULL) == KVQ_OK) {
-        *sel = KVQ_SELECT_CODEBOOK;
-        if (method)
-            *method = (int)m;
-        return KVQ_OK;
-    }
-    return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                       "unknown selector '%s' (full, oracle, codebook or the artifact's method "
-                       "name, fier, quest, mass)",
-                       s);
-}
-
-int kvq_selector_needs_artifact(kvq_selector s)
-{
-    return s == KVQ_SELECT_CODEBOOK || s == KVQ_SELECT_MASS;
-}
-
-kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
-{
-    kvq_err e = {0};
-    if (!s || !*s)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget: empty");
-    if (!strcmp(s, "all")) {
-        *b = (kvq_budget){.count = 0, .fraction = 1.0};
-        return KVQ_OK;
-    }
-    const size_t n = strlen(s);
-    if (s[n - 1] == '%') {
-        char buf[64];
-        double pct;
-        if (n - 1 >= sizeof buf)
-            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': too long", s);
-        memcpy(buf, s, n - 1);
-        buf[n - 1] = 0;
-        if (kvq_parse_f64(buf, 0, 100, &pct, &e) || !(pct > 0))
-            return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                               "budget '%s': a percentage must be in (0, 100]", s);
-        *b = (kvq_budget){.count = 0, .fraction = pct / 100.0};
-        return KVQ_OK;
-    }
-    if (!strchr(s, '.') && !strchr(s, 'e') && !strchr(s, 'E')) {
-        int64_t c;
-        if (kvq_parse_i64(s, 1, (int64_t)1 << 40, &c, &e))
-            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a count must be in [1, 2^40]",
-                               s);
-        *b = (kvq_budget){.count = c, .fraction = 0};
-        return KVQ_OK;
-    }
-    double f;
-    if (kvq_parse_f64(s, 0, 1, &f, &e) || !(f > 0))
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a fraction must be in (0, 1]", s);
-    *b = (kvq_budget){.count = 0, .fraction = f};
-    return KVQ_OK;
-}
-
-int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n)
-{
-    if (n <= 0)
-        return 0;
-    if (b->count > 0)
-        return b->count;
-    if (b->fraction >= 1.0)
-        return n;
-    int64_t k = (int64_t)ceil(b->fraction * (double)n);
-    return k < 1 ? 1 : k > n ? n : k;
-}
-
-void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
-{
-    if (b->count > 0)
-        snprintf(buf, cap, "%lld", (long long)b->count);
-    else if (b->fraction >= 1.0)
-        snprintf(buf, cap, "all");
-    else
-        snprintf(buf, cap, "%.6g%%", b->fraction * 100.0);
-}
-
-/* ==========================================================================
  * The artifact at run time
  * ========================================================================== */
 
-struct kvq_runtime {
+struct kvq_codebook_set {
     kvq_model_id model; /* the artifact's identity */
     kvq_codebook_method method;
     int32_t K, G, wrope_w;
@@ -214,7 +107,7 @@ static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_m
     return KVQ_OK;
 }
 
-void kvq_runtime_close(kvq_runtime *rt)
+void kvq_codebook_set_close(kvq_codebook_set *rt)
 {
     if (!rt)
         return;
@@ -228,11 +121,11 @@ void kvq_runtime_close(kvq_runtime *rt)
     free(rt);
 }
 
-kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const char *label,
-                            kvq_runtime **out, kvq_err *err)
+kvq_status kvq_codebook_set_open(const char *path, const kvq_model_id *model, const char *label,
+                                  kvq_codebook_set **out, kvq_err *err)
 {
     kvq_artifact *a = NULL;
-    kvq_runtime *rt = NULL;
+    kvq_codebook_set *rt = NULL;
     int32_t *layers = NULL;
     size_t n_layers_listed = 0;
     kvq_status s;
@@ -306,27 +199,27 @@ kvq_status kvq_runtime_open(const char *path, const kvq_model_id *model, const c
     rt = NULL;
 done:
     free(layers);
-    kvq_runtime_close(rt);
+    kvq_codebook_set_close(rt);
     kvq_artifact_close(a);
     return s;
 }
 
-kvq_codebook_method kvq_runtime_method(const kvq_runtime *rt) { return rt->method; }
-int32_t kvq_runtime_codebook_size(const kvq_runtime *rt) { return rt->K; }
-int32_t kvq_runtime_groups(const kvq_runtime *rt) { return rt->G; }
-int32_t kvq_runtime_wrope_w(const kvq_runtime *rt) { return rt->wrope_w; }
-int64_t kvq_runtime_wrope_b(const kvq_runtime *rt) { return rt->wrope_b; }
-const kvq_model_id *kvq_runtime_model(const kvq_runtime *rt) { return &rt->model; }
-uint64_t kvq_runtime_bytes(const kvq_runtime *rt) { return rt->bytes; }
+kvq_codebook_method kvq_codebook_set_method(const kvq_codebook_set *rt) { return rt->method; }
+int32_t kvq_codebook_set_size(const kvq_codebook_set *rt) { return rt->K; }
+int32_t kvq_codebook_set_groups(const kvq_codebook_set *rt) { return rt->G; }
+int32_t kvq_codebook_set_wrope_w(const kvq_codebook_set *rt) { return rt->wrope_w; }
+int64_t kvq_codebook_set_wrope_b(const kvq_codebook_set *rt) { return rt->wrope_b; }
+const kvq_model_id *kvq_codebook_set_model(const kvq_codebook_set *rt) { return &rt->model; }
+uint64_t kvq_codebook_set_bytes(const kvq_codebook_set *rt) { return rt->bytes; }
 
-const kvq_codebook *kvq_runtime_codebook(const kvq_runtime *rt, int32_t layer, int32_t head)
+const kvq_codebook *kvq_codebook_set_at(const kvq_codebook_set *rt, int32_t layer, int32_t head)
 {
     if (layer < 0 || layer >= rt->n_layers || head < 0 || head >= rt->n_kv_heads)
         return NULL;
     return rt->cb[(size_t)layer * rt->n_kv_heads + head];
 }
 
-const kvq_rk_table *kvq_runtime_table(const kvq_runtime *rt, int32_t layer, int32_t head)
+const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t layer, int32_t head)
 {
     if (layer < 0 || layer >= rt->n_layers || head < 0 || head >= rt->n_kv_heads)
         return NULL;

@@ -1,0 +1,118 @@
+/*
+ * options.c — the small parsers and names of kvq/runtime.h: selectors, budgets.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/artifact.h"
+#include "kvq/runtime.h"
+#include "kvq/util.h"
+#include "runtime/runtime_internal.h"
+
+/* ==========================================================================
+ * Selectors and budgets
+ * ========================================================================== */
+
+static const char *const selector_names[KVQ_SELECT_COUNT] = {
+    "full", "oracle", "codebook", "fier", "quest", "mass",
+};
+
+const char *kvq_selector_name(kvq_selector s)
+{
+    return (unsigned)s < KVQ_SELECT_COUNT ? selector_names[s] : "unknown";
+}
+
+kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq_err *err)
+{
+    if (method)
+        *method = -1;
+    if (!s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "selector: NULL");
+    for (int i = 0; i < KVQ_SELECT_COUNT; i++)
+        if (!strcmp(s, selector_names[i])) {
+            *sel = (kvq_selector)i;
+            return KVQ_OK;
+        }
+    if (!strcmp(s, "artifact")) {
+        *sel = KVQ_SELECT_CODEBOOK;
+        return KVQ_OK;
+    }
+    kvq_codebook_method m;
+    if (kvq_codebook_method_parse(s, &m, NULL) == KVQ_OK) {
+        *sel = KVQ_SELECT_CODEBOOK;
+        if (method)
+            *method = (int)m;
+        return KVQ_OK;
+    }
+    return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                       "unknown selector '%s' (full, oracle, codebook or the artifact's method "
+                       "name, fier, quest, mass)",
+                       s);
+}
+
+int kvq_selector_needs_artifact(kvq_selector s)
+{
+    return s == KVQ_SELECT_CODEBOOK || s == KVQ_SELECT_MASS;
+}
+
+kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
+{
+    kvq_err e = {0};
+    if (!s || !*s)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget: empty");
+    if (!strcmp(s, "all")) {
+        *b = (kvq_budget){.count = 0, .fraction = 1.0};
+        return KVQ_OK;
+    }
+    const size_t n = strlen(s);
+    if (s[n - 1] == '%') {
+        char buf[64];
+        double pct;
+        if (n - 1 >= sizeof buf)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': too long", s);
+        memcpy(buf, s, n - 1);
+        buf[n - 1] = 0;
+        if (kvq_parse_f64(buf, 0, 100, &pct, &e) || !(pct > 0))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "budget '%s': a percentage must be in (0, 100]", s);
+        *b = (kvq_budget){.count = 0, .fraction = pct / 100.0};
+        return KVQ_OK;
+    }
+    if (!strchr(s, '.') && !strchr(s, 'e') && !strchr(s, 'E')) {
+        int64_t c;
+        if (kvq_parse_i64(s, 1, (int64_t)1 << 40, &c, &e))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a count must be in [1, 2^40]",
+                               s);
+        *b = (kvq_budget){.count = c, .fraction = 0};
+        return KVQ_OK;
+    }
+    double f;
+    if (kvq_parse_f64(s, 0, 1, &f, &e) || !(f > 0))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': a fraction must be in (0, 1]", s);
+    *b = (kvq_budget){.count = 0, .fraction = f};
+    return KVQ_OK;
+}
+
+int64_t kvq_budget_tokens(const kvq_budget *b, int64_t n)
+{
+    if (n <= 0)
+        return 0;
+    if (b->count > 0)
+        return b->count;
+    if (b->fraction >= 1.0)
+        return n;
+    int64_t k = (int64_t)ceil(b->fraction * (double)n);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
+{
+    if (b->count > 0)
+        snprintf(buf, cap, "%lld", (long long)b->count);
+    else if (b->fraction >= 1.0)
+        snprintf(buf, cap, "all");
+    else
+        snprintf(buf, cap, "%.6g%%", b->fraction * 100.0);
+}
