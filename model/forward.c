@@ -503,30 +503,6 @@ static void gemm_wt(int64_t n, int64_t rows, int64_t cols, const float *A, const
                     A, (int)cols, W, (int)cols, beta, C, (int)ldc);
 }
 
-/* Threads for the OpenMP loops over packed weights: the context's, else OpenMP's. */
-static int omp_threads(const kvq_forward *f)
-{
-    return f->p.threads > 0 ? f->p.threads : omp_get_max_threads();
-}
-
-/* Rows [r0, r0 + nr) of w dequantized into out [nr, cols], rows split across threads. */
-static kvq_status dequantize_tile(const kvq_forward *f, const kvq_wt *w, int64_t r0, int64_t nr,
-                                  float *out, kvq_err *err)
-{
-    const int nt = omp_threads(f);
-    const int64_t per = (nr + nt - 1) / nt;
-    int bad = 0;
-    if (nt <= 1 || nr * w->cols < (1 << 16))
-        return kvq_wt_rows_f32(w, r0, nr, out, err);
-#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
-    for (int t = 0; t < nt; t++) {
-        const int64_t a = (int64_t)t * per, b = a + per < nr ? a + per : nr;
-        if (a < b && kvq_wt_rows_f32(w, r0 + a, b - a, out + (size_t)a * (size_t)w->cols, NULL))
-            bad = 1;
-    }
-    return bad ? kvq_wt_rows_f32(w, r0, nr, out, err) /* reports the error */ : KVQ_OK;
-}
-
 /* y [n, w.rows] = x [n, w.cols] W^T (+ beta y). A weight that is not f32 in place
  * stays packed: one token goes through kvq_quant_matvec, several through row tiles
  * dequantized into the scratch. beta is 0 or 1. */
@@ -552,7 +528,9 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
     int64_t block = (int64_t)(f->wbuf_floats / (size_t)w->cols);
     for (int64_t r0 = 0; r0 < w->rows; r0 += block) {
         int64_t nr = w->rows - r0 < block ? w->rows - r0 : block;
-        if ((st = dequantize_tile(f, w, r0, nr, f->wbuf, err)))
+        /* One thread: OpenMP workers here would compete with OpenBLAS's spinning
+         * threads (measured: 2-thread prefill 137 tok/s parallel, 526 serial). */
+        if ((st = kvq_wt_rows_f32(w, r0, nr, f->wbuf, err)))
             return st;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)w->cols,
                     1.0f, x, (int)w->cols, f->wbuf, (int)w->cols, beta, y + r0, (int)w->rows);
