@@ -9,7 +9,7 @@
 #   make bench        build the benchmarks (see docs/BENCHMARKS.md)
 #   make deps         install missing Debian/PyPI dependencies (scripts/install-deps.sh)
 #
-# Knobs (all ?=): CUDA DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL
+# Knobs (all ?=): CUDA DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
 
 CUDA      ?= 0
 DEBUG     ?= 0
@@ -23,6 +23,10 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
 KVQ_TEST_MODEL ?= ../shared/models/stories260K.gguf
 export KVQ_TEST_MODEL
+# SmolLM2-135M-Instruct Q4_1 for the golden tests (tests/test_smollm2.c); empty: `make
+# test` runs scripts/fetch-model.sh (fetching it into .cache/models/ when missing).
+KVQ_SMOLLM2 ?=
+export KVQ_SMOLLM2
 
 ifeq ($(SAN),1)
   BUILD ?= build-asan
@@ -171,7 +175,8 @@ fuzz-replay: $(FUZZ_REPLAY)
 test:
 	@if [ -n "$(strip $(MISSING))" ] || ! $(PYTHON) -c 'import numpy, zstandard, regex, gguf' 2>/dev/null; then \
 	  bash scripts/install-deps.sh; fi
-	@$(MAKE) --no-print-directory WERROR=1 test-run
+	@m="$${KVQ_SMOLLM2:-$$(env -u KVQ_MODEL bash scripts/fetch-model.sh || true)}"; \
+	  $(MAKE) --no-print-directory WERROR=1 KVQ_SMOLLM2="$$m" test-run
 
 test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXAMPLE_BIN)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run-tests.sh

@@ -189,6 +189,20 @@ kvq_dequant_fn kvq_quant_fast_kernel(uint32_t type)
     return k.ref;
 }
 
+kvq_qdot_fn kvq_quant_qdot_kernel(uint32_t type, int level)
+{
+#if KVQ_HAVE_X86_SIMD
+    if (level == KVQ_SIMD_AVX512)
+        switch (type) {
+        case KVQ_GGML_Q4_1: return kvq_qdot_q4_1_avx512;
+        case KVQ_GGML_Q8_0: return kvq_qdot_q8_0_avx512;
+        default: break;
+        }
+#endif
+    (void)type, (void)level;
+    return NULL;
+}
+
 static float dot_scalar(const float *a, const float *b, size_t n)
 {
     float s = 0.0f;
@@ -300,6 +314,15 @@ static float row_fast(kvq_dequant_fn deq, kvq_dot_fn dot, const uint8_t *row,
     return s;
 }
 
+static float row_fused(kvq_qdot_fn qdot, const uint8_t *row, size_t tile_bytes, size_t cols,
+                       const float *x)
+{
+    float s = 0.0f;
+    for (size_t i = 0; i < cols; i += TILE, row += tile_bytes)
+        s += qdot(row, x + i, cols - i < TILE ? cols - i : TILE);
+    return s;
+}
+
 static kvq_status matvec(uint32_t type, const void *w, int64_t rows, int64_t cols,
                          const float *x, float *y, int fast, kvq_err *err)
 {
@@ -318,14 +341,18 @@ static kvq_status matvec(uint32_t type, const void *w, int64_t rows, int64_t col
     const size_t tile_bytes = TILE / qi->block_elems * qi->block_bytes;
     const kvq_dequant_fn deq = fast ? kvq_quant_fast_kernel(type) : kvq_quant_kernel(type, 0);
     const kvq_dot_fn dot = fast_dot();
+    /* the fused tile, where the type has one at the dot kernel's level (same bits) */
+    const kvq_qdot_fn qdot = fast && kvq_quant_dot_kernel(kvq_half_simd_level()) == dot
+                                 ? kvq_quant_qdot_kernel(type, kvq_half_simd_level()) : NULL;
     const uint8_t *base = w;
     const int par = fast && (double)rows * (double)cols >= MATVEC_PARALLEL_MIN;
     (void)par; /* unused where OpenMP pragmas are ignored */
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = base + (size_t)r * row_bytes;
-        y[r] = fast ? row_fast(deq, dot, row, tile_bytes, (size_t)cols, x)
-                    : row_ref(deq, row, tile_bytes, (size_t)cols, x);
+        y[r] = qdot   ? row_fused(qdot, row, tile_bytes, (size_t)cols, x)
+               : fast ? row_fast(deq, dot, row, tile_bytes, (size_t)cols, x)
+                      : row_ref(deq, row, tile_bytes, (size_t)cols, x);
     }
     return KVQ_OK;
 }

@@ -29,6 +29,12 @@ kvq_dequant_fn kvq_quant_kernel(uint32_t type, int level);
 kvq_dequant_fn kvq_quant_fast_kernel(uint32_t type);
 /* The dot kernel at a level (SCALAR: sequential f32), NULL if the level has none. */
 kvq_dot_fn kvq_quant_dot_kernel(int level);
+/* A fused tile product: dot(dequantize(blocks), x) over n values (whole blocks), equal
+ * bit for bit to the level's fast dequantizer followed by its dot kernel. */
+typedef float (*kvq_qdot_fn)(const void *blocks, const float *x, size_t n);
+/* The fused kernel of a type at a level, NULL where there is none (then matvec
+ * dequantizes a tile into a buffer and calls the dot kernel). */
+kvq_qdot_fn kvq_quant_qdot_kernel(uint32_t type, int level);
 
 /* scalar references: quant_legacy.c */
 void kvq_dequant_q4_0_ref(const void *blocks, float *out, size_t n);
@@ -79,6 +85,8 @@ void kvq_dequant_q5_k_avx2(const void *blocks, float *out, size_t n);
 void kvq_dequant_q6_k_avx2(const void *blocks, float *out, size_t n);
 float kvq_dot_f32_avx2(const float *a, const float *b, size_t n);
 float kvq_dot_f32_avx512(const float *a, const float *b, size_t n);
+float kvq_qdot_q4_1_avx512(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q8_0_avx512(const void *blocks, const float *x, size_t n);
 /* kvq_dequant_q8_0_avx2 / _avx512 are declared in formats/half_simd.h */
 #endif
 

@@ -1,16 +1,22 @@
 /* forward.c — the llama-family forward pass, the exact full-attention backend and
  * token sampling (see kvq/model.h for the contracts).
  *
- * Every projection is one cblas_sgemm over a chunk of tokens, x [n, in] times W^T
- * with W [out, in] as stored. Weights that are f32 in the mapping are used in place;
- * the others are either converted once into a weight cache (when it fits the budget)
- * or converted block by block into a bounded scratch at each use. */
+ * Every projection is x [n, in] times W^T with W [out, in] as stored. Weights that are
+ * f32 in the mapping are used in place (cblas_sgemm, cblas_sgemv for one token). The
+ * others (F16, BF16, the ggml block quantizations) stay packed in the mapping and are
+ * never expanded as a whole: a chunk of several tokens (prefill) dequantizes tiles of
+ * rows into a bounded scratch and runs cblas_sgemm on each tile; a chunk of one token
+ * (decode) runs kvq_quant_matvec on the packed rows. The embedding lookup dequantizes
+ * only the rows of the tokens it embeds. */
 #include "model_internal.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kvq/quant.h"
 
 /* Matrices per layer, in the order of the weight table below. */
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_PER_LAYER };
@@ -275,11 +281,12 @@ struct kvq_forward {
     float *gate, *up;              /* [chunk, hidden_dim] */
     int64_t *pos;                  /* [chunk] */
 
-    /* weights as f32: in place, cached, or NULL (convert through wbuf at each use) */
+    /* weights as f32 in place, or NULL (packed: tiles through wbuf, or matvec) */
     const float **wf;              /* [n_layers * W_PER_LAYER + 2]: layers, embd, output */
-    float **owned;                 /* [same] copies this context allocated */
-    float *wbuf;                   /* [wbuf_floats] conversion scratch */
+    float *wbuf;                   /* [wbuf_floats] dequantized row tiles (prefill) */
     size_t wbuf_floats;
+    float *ybuf;                   /* [ybuf_floats] one-token product before accumulating */
+    size_t ybuf_floats;
 };
 
 kvq_forward_params kvq_forward_params_default(void)
@@ -289,7 +296,6 @@ kvq_forward_params kvq_forward_params_default(void)
         .chunk = 256,
         .max_tokens = 0,
         .n_layers = 0,
-        .weight_cache_bytes = (uint64_t)1 << 30,
         .scratch_bytes = (uint64_t)64 << 20,
     };
     return p;
@@ -298,9 +304,8 @@ kvq_forward_params kvq_forward_params_default(void)
 /* Sizes a context needs, shared by create and the memory estimate. */
 typedef struct fwd_plan {
     uint64_t act_floats;           /* activations */
-    uint64_t convert_bytes;        /* f32 size of the weights that are not f32 in place */
-    int cache_weights;             /* convert them once (fits the cache budget) */
-    uint64_t wbuf_floats;          /* conversion scratch when not cached */
+    uint64_t wbuf_floats;          /* dequantized row tiles (0: every weight f32 in place) */
+    uint64_t ybuf_floats;          /* one-token product of a packed weight */
 } fwd_plan;
 
 static const kvq_wt *table_wt(const kvq_model *m, size_t i)
@@ -323,22 +328,22 @@ static void plan(const kvq_model *m, const kvq_forward_params *p, fwd_plan *pl)
     const uint64_t chunk = (uint64_t)(p->chunk > 0 ? p->chunk : 1);
     memset(pl, 0, sizeof *pl);
     pl->act_floats = chunk * (2 * (uint64_t)c->dim + 2 * qd + 2 * kvd + 2 * (uint64_t)c->hidden_dim);
-    uint64_t largest = 0, widest = 0;
+    uint64_t largest = 0, widest = 0, tallest = 0;
     for (size_t i = 0; i < table_size(m); i++) {
         const kvq_wt *w = table_wt(m, i);
-        if (kvq_wt_direct(w) || (c->tied_embeddings && i == table_size(m) - 1))
-            continue; /* in place, or the tied output (same matrix as the embedding) */
+        if (kvq_wt_direct(w))
+            continue; /* f32 in place */
         uint64_t f = (uint64_t)w->rows * (uint64_t)w->cols;
-        pl->convert_bytes += f * sizeof(float);
         largest = f > largest ? f : largest;
         widest = (uint64_t)w->cols > widest ? (uint64_t)w->cols : widest;
+        tallest = (uint64_t)w->rows > tallest ? (uint64_t)w->rows : tallest;
     }
-    pl->cache_weights = pl->convert_bytes > 0 && pl->convert_bytes <= p->weight_cache_bytes;
-    if (!pl->cache_weights && largest) {
+    if (largest) {
         uint64_t budget = p->scratch_bytes / sizeof(float);
         pl->wbuf_floats = largest < budget ? largest : budget;
         if (pl->wbuf_floats < widest)
             pl->wbuf_floats = widest; /* at least one row */
+        pl->ybuf_floats = tallest;
     }
 }
 
@@ -357,8 +362,8 @@ void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, 
     const uint64_t kvd = (uint64_t)c->n_kv_heads * c->head_dim;
     memset(out, 0, sizeof *out);
     out->mapped_bytes = m->mapped_bytes;
-    out->converted_bytes = pl.cache_weights ? pl.convert_bytes : 0;
-    out->scratch_bytes = (pl.act_floats + pl.wbuf_floats + chunk * (uint64_t)n_ctx +
+    out->converted_bytes = 0; /* weights are never copied whole */
+    out->scratch_bytes = (pl.act_floats + pl.wbuf_floats + pl.ybuf_floats + chunk * (uint64_t)n_ctx +
                           chunk * (uint64_t)c->n_heads * c->head_dim) * sizeof(float);
     out->kv_cache_bytes = 2 * (uint64_t)c->n_layers * (uint64_t)n_ctx * kvd * sizeof(float);
     out->total_bytes = out->mapped_bytes + out->converted_bytes + out->scratch_bytes +
@@ -411,45 +416,25 @@ kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
     f->up = alloc_floats((uint64_t)ch * c->hidden_dim);
     f->pos = malloc(sizeof *f->pos * (size_t)ch);
     f->wf = calloc(table_size(m), sizeof *f->wf);
-    f->owned = calloc(table_size(m), sizeof *f->owned);
     if (!f->x || !f->xn || !f->q || !f->att || !f->k || !f->v || !f->gate || !f->up || !f->pos ||
-        !f->wf || !f->owned) {
+        !f->wf) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for chunks of %d tokens", m->path,
                          p->chunk);
         goto done;
     }
 
-    /* Weights: in place when f32; otherwise cached or converted per use. */
+    /* Weights: in place when f32; otherwise packed, read through the scratches. */
     fwd_plan pl;
     plan(m, p, &pl);
-    const size_t nt = table_size(m);
-    for (size_t i = 0; i < nt; i++) {
-        const kvq_wt *w = table_wt(m, i);
-        f->wf[i] = kvq_wt_direct(w);
-        if (f->wf[i] || !pl.cache_weights || (c->tied_embeddings && i == nt - 1))
-            continue;
-        float *copy = alloc_floats((uint64_t)w->rows * (uint64_t)w->cols);
-        if (!copy) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: %s: out of memory for the f32 copy",
-                             m->path, w->name);
-            goto done;
-        }
-        f->owned[i] = copy;
-        f->wf[i] = copy;
-        if ((st = kvq_wt_rows_f32(w, 0, w->rows, copy, err)))
-            goto done;
-    }
-    if (c->tied_embeddings)
-        f->wf[nt - 1] = f->wf[nt - 2];
-    if (pl.wbuf_floats && !(f->wbuf = alloc_floats(pl.wbuf_floats))) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the conversion scratch",
-                         m->path);
+    for (size_t i = 0; i < table_size(m); i++)
+        f->wf[i] = kvq_wt_direct(table_wt(m, i));
+    if ((pl.wbuf_floats && !(f->wbuf = alloc_floats(pl.wbuf_floats))) ||
+        (pl.ybuf_floats && !(f->ybuf = alloc_floats(pl.ybuf_floats)))) {
+        st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the weight scratch", m->path);
         goto done;
     }
     f->wbuf_floats = (size_t)pl.wbuf_floats;
-    if (pl.cache_weights)
-        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: %llu MiB of weights converted to f32", m->path,
-                (unsigned long long)(pl.convert_bytes >> 20));
+    f->ybuf_floats = (size_t)pl.ybuf_floats;
 done:
     if (st != KVQ_OK) {
         kvq_forward_free(f);
@@ -463,12 +448,9 @@ void kvq_forward_free(kvq_forward *f)
 {
     if (!f)
         return;
-    if (f->owned)
-        for (size_t i = 0; i < table_size(f->m); i++)
-            free(f->owned[i]);
-    free(f->owned);
     free(f->wf);
     free(f->wbuf);
+    free(f->ybuf);
     free(f->x);
     free(f->xn);
     free(f->q);
@@ -521,28 +503,37 @@ static void gemm_wt(int64_t n, int64_t rows, int64_t cols, const float *A, const
                     A, (int)cols, W, (int)cols, beta, C, (int)ldc);
 }
 
-/* y [n, w.rows] = x [n, w.cols] W^T (+ beta y), converting W through the scratch in row
- * blocks when it is not available as f32. */
+/* y [n, w.rows] = x [n, w.cols] W^T (+ beta y). A weight that is not f32 in place
+ * stays packed: one token goes through kvq_quant_matvec, several through row tiles
+ * dequantized into the scratch. beta is 0 or 1. */
 static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, float *y,
                          float beta, kvq_err *err)
 {
     const kvq_wt *w = table_wt(f->m, wid);
+    kvq_status st;
     if (f->wf[wid]) {
         gemm_wt(n, w->rows, w->cols, x, f->wf[wid], beta, y, w->rows);
+        return KVQ_OK;
+    }
+    if (n == 1) {
+        float *dst = beta != 0.0f ? f->ybuf : y;
+        kvq_err e = {0};
+        if ((st = kvq_quant_matvec((uint32_t)w->type, w->data, w->rows, w->cols, x, dst, &e)))
+            return kvq_err_set(err, st, "%s: %s", w->name, e.msg);
+        if (beta != 0.0f)
+            for (int64_t i = 0; i < w->rows; i++)
+                y[i] += dst[i];
         return KVQ_OK;
     }
     int64_t block = (int64_t)(f->wbuf_floats / (size_t)w->cols);
     for (int64_t r0 = 0; r0 < w->rows; r0 += block) {
         int64_t nr = w->rows - r0 < block ? w->rows - r0 : block;
-        kvq_status st = kvq_wt_rows_f32(w, r0, nr, f->wbuf, err);
-        if (st != KVQ_OK)
+        /* One thread: OpenMP workers here would compete with OpenBLAS's spinning
+         * threads (measured: 2-thread prefill 137 tok/s parallel, 526 serial). */
+        if ((st = kvq_wt_rows_f32(w, r0, nr, f->wbuf, err)))
             return st;
-        if (n == 1)
-            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nr, (int)w->cols, 1.0f, f->wbuf,
-                        (int)w->cols, x, 1, beta, y + r0, 1);
-        else
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)w->cols,
-                        1.0f, x, (int)w->cols, f->wbuf, (int)w->cols, beta, y + r0, (int)w->rows);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)w->cols,
+                    1.0f, x, (int)w->cols, f->wbuf, (int)w->cols, beta, y + r0, (int)w->rows);
     }
     return KVQ_OK;
 }
@@ -647,6 +638,8 @@ kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
                                (long long)i, tokens[i], c->vocab_size);
     if (f->p.threads > 0 && openblas_get_num_threads() != f->p.threads)
         openblas_set_num_threads(f->p.threads); /* process-wide in OpenBLAS */
+    if (f->p.threads > 0 && omp_get_max_threads() != f->p.threads)
+        omp_set_num_threads(f->p.threads); /* kvq_quant_matvec's OpenMP loop, this thread */
 
     for (int64_t s = 0; s < n; s += f->p.chunk) {
         const int64_t cn = n - s < f->p.chunk ? n - s : f->p.chunk;

@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "kvq/half.h"
+#include "kvq/quant.h"
 #include "kvq/tokenizer.h"
 
 /* ==========================================================================
@@ -49,50 +49,17 @@ const float *kvq_wt_direct(const kvq_wt *w)
     return w->data;
 }
 
-/* Converts n 16-bit values that may sit at an odd address: the array converters take
- * uint16_t pointers, so misaligned input goes through an aligned bounce buffer. */
-static void half_rows_to_f32(const uint8_t *src, size_t n, int bf16, float *out)
-{
-    if ((uintptr_t)src % sizeof(uint16_t) == 0) {
-        if (bf16)
-            kvq_bf16_to_f32((const uint16_t *)(const void *)src, out, n);
-        else
-            kvq_f16_to_f32((const uint16_t *)(const void *)src, out, n);
-        return;
-    }
-    uint16_t tmp[1024];
-    for (size_t i = 0; i < n; i += 1024) {
-        size_t k = n - i < 1024 ? n - i : 1024;
-        memcpy(tmp, src + 2 * i, 2 * k);
-        if (bf16)
-            kvq_bf16_to_f32(tmp, out + i, k);
-        else
-            kvq_f16_to_f32(tmp, out + i, k);
-    }
-}
-
 kvq_status kvq_wt_rows_f32(const kvq_wt *w, int64_t r0, int64_t n, float *out, kvq_err *err)
 {
     if (r0 < 0 || n < 0 || r0 > w->rows - n)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: rows [%lld, %lld) outside [0, %lld)",
                            w->name, (long long)r0, (long long)(r0 + n), (long long)w->rows);
-    if (w->gguf)
-        return kvq_gguf_rows_to_f32(w->gguf, r0, n, out, err);
-    const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
-    size_t count = (size_t)n * (size_t)w->cols;
-    switch (w->type) {
-    case WT_F32:
-        memcpy(out, src, count * sizeof(float));
-        return KVQ_OK;
-    case WT_F16:
-    case WT_BF16:
-        half_rows_to_f32(src, count, w->type == WT_BF16, out);
-        return KVQ_OK;
-    case WT_Q8_0:
-        break;
-    }
-    /* Q8_0 only comes from GGUF, whose tensors convert above. */
-    return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: no converter for this weight type", w->name);
+    kvq_err e = {0};
+    kvq_status st = kvq_dequantize_rows((uint32_t)w->type, w->data, w->rows, w->cols, r0, r0 + n,
+                                        out, &e);
+    if (st != KVQ_OK)
+        return kvq_err_set(err, st, "%s: %s", w->name, e.msg);
+    return KVQ_OK;
 }
 
 kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *path,

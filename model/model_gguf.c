@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/quant.h"
 #include "kvq/tokenizer.h"
 
 /* ==========================================================================
@@ -69,22 +70,18 @@ static kvq_status bind(kvq_model *m, const char *name, int64_t rows, int64_t col
     if (!t)
         return required ? kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing tensor %s", m->path, name)
                         : KVQ_OK;
-    wt_type type;
-    switch (t->type) {
-    case KVQ_GGML_F32: type = WT_F32; break;
-    case KVQ_GGML_F16: type = WT_F16; break;
-    case KVQ_GGML_BF16: type = WT_BF16; break;
-    case KVQ_GGML_Q8_0: type = WT_Q8_0; break;
-    default: {
+    if (!kvq_quant_supported(t->type)) {
         char tn[32];
         if (kvq_ggml_type_name(t->type))
             snprintf(tn, sizeof tn, "%s", kvq_ggml_type_name(t->type));
         else
             snprintf(tn, sizeof tn, "ggml type %u", t->type);
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: unsupported weight type %s",
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: %s: unsupported weight type %s (kvq computes with F32, F16, "
+                           "BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
                            m->path, name, tn);
     }
-    }
+    const wt_type type = (wt_type)t->type;
     int64_t want_rows = rows ? rows : 1;
     int ok = t->ne[0] == cols && t->ne[1] == want_rows && t->ne[2] == 1 && t->ne[3] == 1 &&
              (rows || t->ndim == 1);
@@ -106,7 +103,11 @@ static kvq_status bind(kvq_model *m, const char *name, int64_t rows, int64_t col
     w->cols = cols;
     w->type = type;
     w->data = t->data;
-    w->row_bytes = t->nbytes / (size_t)want_rows;
+    kvq_err qe = {0};
+    if (kvq_quant_check(t->type, cols, &w->row_bytes, &qe) != KVQ_OK ||
+        w->row_bytes * (size_t)want_rows != t->nbytes)
+        return kvq_err_set(err, KVQ_E_SHAPE_MISMATCH, "%s: %s: %s", m->path, name,
+                           qe.msg[0] ? qe.msg : "size does not match its shape");
     w->gguf = t;
     m->mapped_bytes += t->nbytes;
     return KVQ_OK;

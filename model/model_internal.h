@@ -9,8 +9,17 @@
 #include "kvq/model.h"
 #include "kvq/safetensors.h"
 
-/* Storage type of a weight matrix as it sits in the mapping. */
-typedef enum wt_type { WT_F32 = 0, WT_F16, WT_BF16, WT_Q8_0 } wt_type;
+/* Storage type of a weight matrix as it sits in the mapping: the ggml type id, one of
+ * those kvq/quant.h computes with (F32, F16, BF16 and the ggml block quantizations).
+ * Quantized weights stay packed in the mapping; the forward pass dequantizes row tiles
+ * for prefill and multiplies the packed blocks directly for single-token decode. */
+typedef enum wt_type {
+    WT_F32 = KVQ_GGML_F32, WT_F16 = KVQ_GGML_F16, WT_BF16 = KVQ_GGML_BF16,
+    WT_Q4_0 = KVQ_GGML_Q4_0, WT_Q4_1 = KVQ_GGML_Q4_1, WT_Q5_0 = KVQ_GGML_Q5_0,
+    WT_Q5_1 = KVQ_GGML_Q5_1, WT_Q8_0 = KVQ_GGML_Q8_0, WT_Q2_K = KVQ_GGML_Q2_K,
+    WT_Q3_K = KVQ_GGML_Q3_K, WT_Q4_K = KVQ_GGML_Q4_K, WT_Q5_K = KVQ_GGML_Q5_K,
+    WT_Q6_K = KVQ_GGML_Q6_K
+} wt_type;
 
 /* A weight matrix [rows, cols] (row-major, cols contiguous) left in the mapping.
  * A 1-D tensor is one row. */
@@ -18,9 +27,9 @@ typedef struct kvq_wt {
     const char *name;              /* tensor name in the file (owned by the reader) */
     int64_t rows, cols;
     wt_type type;
-    const void *data;              /* first byte of row 0, in the mapping */
-    size_t row_bytes;
-    const kvq_gguf_tensor *gguf;   /* GGUF source (converted with kvq_gguf_rows_to_f32) */
+    const void *data;              /* first byte of row 0, in the mapping (any alignment) */
+    size_t row_bytes;              /* packed bytes of one row (kvq_quant_check) */
+    const kvq_gguf_tensor *gguf;   /* GGUF source, or NULL (HF) */
 } kvq_wt;
 
 typedef struct kvq_layer_weights {
@@ -51,7 +60,8 @@ kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *e
 /* Checks cfg for internal consistency (KVQ_E_CORRUPT / UNSUPPORTED naming the field). */
 kvq_status kvq_model_check_config(const kvq_model_config *c, const char *path, kvq_err *err);
 
-/* Rows [r0, r0+n) of w as f32 into out [n, cols]. */
+/* Rows [r0, r0+n) of w as f32 into out [n, cols] (kvq_dequantize_rows: only those
+ * rows are read). */
 kvq_status kvq_wt_rows_f32(const kvq_wt *w, int64_t r0, int64_t n, float *out, kvq_err *err);
 /* The weight as f32 in place (f32, 4-byte aligned) or NULL when it needs converting. */
 const float *kvq_wt_direct(const kvq_wt *w);

@@ -10,6 +10,8 @@ BUILD=${BUILD:-build}
 PYTHON=${PYTHON:-python3}
 export KVQ="$PWD/$BUILD/kvq" KVQ_BUILD="$PWD/$BUILD" PYTHON
 export KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+# SmolLM2 Q4_1 for tests/test_smollm2.c (`make test` fetches it first, see Makefile)
+export KVQ_SMOLLM2=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 pass=0; fail=0; skip=0; failed_names=()
 
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT

@@ -344,6 +344,53 @@ static void test_matvec(void **state)
 
 /* Every dot kernel the CPU runs (the matvec uses the best one only) within the bound,
  * at every length 0..300 including ragged tails. */
+/* Each fused dequantize-and-dot tile equals the level's dequantizer followed by its
+ * dot kernel, bit for bit, and kvq_quant_matvec equals that row by row. */
+static void test_fused_tiles(void **state)
+{
+    kvq_rng rng;
+    kvq_rng_seed(&rng, 23);
+    enum { C = 576 + 256 }; /* tiles of 256, 256, 256 and a short one of 64 */
+    float x[C], buf[256];
+    for (int k = 0; k < C; k++)
+        x[k] = (float)kvq_rng_normal(&rng);
+    int found = 0;
+    for (uint32_t type = 0; type < 64; type++) {
+        if (!kvq_quant_supported(type))
+            continue;
+        const kvq_quant_info *qi = kvq_quant_info_of(type);
+        for (int level = KVQ_SIMD_SCALAR; level <= kvq_half_simd_level(); level++) {
+            const kvq_qdot_fn qdot = kvq_quant_qdot_kernel(type, level);
+            if (!qdot || C % qi->block_elems)
+                continue;
+            found++;
+            const kvq_dequant_fn deq = kvq_quant_fast_kernel(type);
+            const kvq_dot_fn dot = kvq_quant_dot_kernel(level);
+            const int R = 7;
+            const size_t row_bytes = C / qi->block_elems * qi->block_bytes;
+            uint8_t *w = random_blocks(type, (size_t)R * C / qi->block_elems, &rng);
+            float y[7];
+            kvq_err err = {0};
+            assert_int_equal(kvq_quant_matvec(type, w, R, C, x, y, &err), KVQ_OK);
+            for (int r = 0; r < R; r++) {
+                float want = 0.0f;
+                for (int i = 0; i < C; i += 256) {
+                    const int k = C - i < 256 ? C - i : 256;
+                    const uint8_t *t = w + r * row_bytes + (size_t)i / qi->block_elems * qi->block_bytes;
+                    deq(t, buf, (size_t)k);
+                    const float d = dot(buf, x + i, (size_t)k), f = qdot(t, x + i, (size_t)k);
+                    assert_memory_equal(&d, &f, sizeof f);
+                    want += d;
+                }
+                if (level == kvq_half_simd_level())
+                    assert_memory_equal(&want, &y[r], sizeof want);
+            }
+            free(w);
+        }
+    }
+    printf("fused dequantize-and-dot tiles checked: %d (type, level) pairs\n", found);
+}
+
 static void test_dot_kernels(void **state)
 {
     kvq_rng rng;
@@ -439,7 +486,7 @@ int main(void)
         cmocka_unit_test(test_table),       cmocka_unit_test(test_golden_dequant),
         cmocka_unit_test(test_random_bytes), cmocka_unit_test(test_rows),
         cmocka_unit_test(test_matvec),
-        cmocka_unit_test(test_dot_kernels), cmocka_unit_test(test_float_types),
+        cmocka_unit_test(test_dot_kernels), cmocka_unit_test(test_fused_tiles), cmocka_unit_test(test_float_types),
         cmocka_unit_test(test_unsupported),
     };
     return cmocka_run_group_tests(tests, load_golden, free_golden);

@@ -11,7 +11,8 @@
  * Inputs
  *   GGUF file    architectures "llama" (RoPE pairs interleaved: the converter permuted
  *                the Q and K weight rows) and "qwen2" (pairs half); weights F32, F16,
- *                BF16 or Q8_0 (converted with kvq_gguf_rows_to_f32). Llama-3 scaling
+ *                BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K
+ *                (kvq/quant.h), kept packed in the mapping. Llama-3 scaling
  *                is read back from the converter's rope_freqs.weight tensor.
  *   HF directory config.json plus model.safetensors, or shards listed in
  *                model.safetensors.index.json; model_type / architectures llama,
@@ -202,17 +203,19 @@ typedef struct kvq_forward kvq_forward;
 
 typedef struct kvq_forward_params {
     int32_t threads;          /* BLAS threads, set with openblas_set_num_threads (which is
-                                 process-wide) when a pass starts; 0 = leave as is. Results
+                                 process-wide) when a pass starts, and OpenMP threads
+                                 (omp_set_num_threads, for the calling thread) for the
+                                 loops over packed weights; 0 = leave as is. Results
                                  may differ in the last bits between thread counts. */
     int32_t chunk;            /* tokens per prefill chunk, >= 1 (default 256) */
     int64_t max_tokens;       /* longest sequence of the built-in full attention
                                  (default 0 = the model's context_length) */
     int32_t n_layers;         /* run only layers [0, n_layers) (0 = all); a partial run
                                  cannot produce logits (for capture of early layers) */
-    uint64_t weight_cache_bytes; /* keep f32 copies of non-f32 weights when they all fit
-                                    in this many bytes (default 1 GiB; 0 = never: convert
-                                    per use through a bounded scratch) */
-    uint64_t scratch_bytes;   /* bound of the per-use conversion scratch (default 64 MiB) */
+    uint64_t scratch_bytes;   /* bound of the scratch into which prefill dequantizes row
+                                 tiles of weights that are not f32 in the file (default
+                                 64 MiB; at least one row). Such weights stay packed in
+                                 the mapping: never copied whole. */
     kvq_callbacks cb;
 } kvq_forward_params;
 
@@ -257,8 +260,9 @@ kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
 
 typedef struct kvq_model_memory {
     uint64_t mapped_bytes;    /* weights in the files (mapped; paged in as used) */
-    uint64_t converted_bytes; /* f32 copies kept by the weight cache */
-    uint64_t scratch_bytes;   /* activations, conversion scratch, attention scores */
+    uint64_t converted_bytes; /* f32 copies of weights: always 0 (weights stay packed in
+                                 the mapping; kept for callers that print it) */
+    uint64_t scratch_bytes;   /* activations, dequantization tiles, attention scores */
     uint64_t kv_cache_bytes;  /* full-attention cache for n_ctx tokens */
     uint64_t total_bytes;     /* sum of the above */
 } kvq_model_memory;

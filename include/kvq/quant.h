@@ -78,7 +78,8 @@ kvq_status kvq_dequantize_rows(uint32_t type, const void *w, int64_t rows, int64
  *     "dequantize, then dot in double" bit for bit.
  *   kvq_quant_matvec: the fast path. Same dequantized values (bit for bit); the dot
  *     product is f32 FMA in 8 (AVX2) or 16 (AVX-512) lanes per 256-value tile, lanes
- *     reduced pairwise, tiles summed in f32. Guaranteed accuracy, for every row:
+ *     reduced pairwise, tiles summed in f32 (Q4_1 and Q8_0 on AVX-512: dequantized and
+ *     multiplied in registers, no buffer, the same bits). Guaranteed accuracy, per row:
  *         |y_fast - y_ref| <= (cols + 2) * 2^-24 * sum_i |w_i * x_i|
  *     (the worst-case bound of f32 summation; measured errors are about two orders
  *     of magnitude below it, see tests/test_quant.c). Rows are split across OpenMP

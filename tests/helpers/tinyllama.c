@@ -436,9 +436,9 @@ static int add_gguf_tensor(kvq_gguf_writer *w, const tinyllama *t, const tl_tens
     int rc = -1;
     void *buf = NULL;
     if (is(s->edit_bad_type, tt->gguf)) {
-        size_t nb = cnt / 256 * 144; /* Q4_K: 256 values in 144 bytes */
+        size_t nb = cnt / 256 * 66; /* IQ2_XXS (ggml type 16): 256 values in 66 bytes */
         buf = calloc(nb ? nb : 1, 1);
-        rc = buf && !kvq_gguf_writer_add_tensor(w, tt->gguf, KVQ_GGML_Q4_K, ndim, ne, buf, nb, e)
+        rc = buf && !kvq_gguf_writer_add_tensor(w, tt->gguf, 16, ndim, ne, buf, nb, e)
                  ? 0 : -1;
     } else if (!tt->is_weight || s->wtype == TINYLLAMA_F32) {
         rc = kvq_gguf_writer_add_tensor(w, tt->gguf, KVQ_GGML_F32, ndim, ne, x, cnt * 4, e) ? -1 : 0;

@@ -42,7 +42,7 @@ typedef struct tinyllama_spec {
      * being written (HF "model.layers.0.mlp.down_proj.weight", GGUF "blk.0.ffn_down.weight"). */
     const char *edit_arch;        /* architecture string written instead of `arch` */
     const char *edit_drop;        /* tensor left out */
-    const char *edit_bad_type;    /* written as GGUF Q4_K (cols % 256 == 0) / HF I8 */
+    const char *edit_bad_type;    /* written as GGUF IQ2_XXS (cols % 256 == 0) / HF I8 */
     const char *edit_short;       /* written with one row fewer */
     const char *edit_rope_type;   /* GGUF rope.scaling.type / HF rope_scaling.rope_type */
 } tinyllama_spec;
