@@ -19,8 +19,8 @@
  * metadata groups
  * ========================================================================== */
 
-static int is_model_key(const char *k) { return !strncmp(k, "model.", 6); }
-static int is_provenance_key(const char *k) { return !strncmp(k, "provenance.", 11); }
+static int is_model_key(const char *k) { return kvq_has_prefix(k, KVQ_META_MODEL_PREFIX); }
+static int is_provenance_key(const char *k) { return kvq_has_prefix(k, KVQ_META_PREFIX_PROVENANCE); }
 
 static int is_method_key(const char *k)
 {
@@ -30,7 +30,8 @@ static int is_method_key(const char *k)
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strcmp(k, keys[i]))
             return 1;
-    return !strncmp(k, "kmeans.", 7) || !strncmp(k, "leankv.", 7) || !strncmp(k, "pats.", 5);
+    return kvq_has_prefix(k, KVQ_META_PREFIX_KMEANS) || kvq_has_prefix(k, KVQ_META_PREFIX_LEANKV) ||
+           kvq_has_prefix(k, KVQ_META_PREFIX_PATS);
 }
 
 static int is_other_key(const char *k)
@@ -59,13 +60,13 @@ static void fit_figures_json(cJSON *o, const kvq_artifact_fit *f, int64_t i)
 static cJSON *fit_json(const kvq_st *st, const kvq_artifact_fit *f)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "method", f->method);
+    cJSON_AddStringToObject(o, KVQ_META_METHOD, f->method);
     cJSON_AddItemToObject(o, "artifact_method", json_str_or_null(kvq_st_meta_get(st,
                                                                                 KVQ_META_METHOD)));
     cJSON_AddStringToObject(o, "reference", f->reference);
-    cJSON_AddItemToObject(o, "codebook_size", json_num_or_null(kvq_st_meta_num(st,
+    cJSON_AddItemToObject(o, KVQ_META_CODEBOOK_SIZE, json_num_or_null(kvq_st_meta_num(st,
                                                                          KVQ_META_CODEBOOK_SIZE)));
-    cJSON_AddItemToObject(o, "groups", json_num_or_null(kvq_st_meta_num(st, KVQ_META_GROUPS)));
+    cJSON_AddItemToObject(o, KVQ_META_GROUPS, json_num_or_null(kvq_st_meta_num(st, KVQ_META_GROUPS)));
     cJSON_AddItemToObject(o, "bits_per_token", f->bits_per_token
                                                    ? cJSON_CreateNumber(f->bits_per_token)
                                                    : cJSON_CreateNull());
@@ -73,24 +74,24 @@ static cJSON *fit_json(const kvq_st *st, const kvq_artifact_fit *f)
     const char *seed = kvq_st_meta_get(st, KVQ_META_SEED);
     int64_t s64;
     kvq_err e = {0};
-    cJSON_AddItemToObject(o, "seed", !seed ? cJSON_CreateNull()
+    cJSON_AddItemToObject(o, KVQ_META_SEED, !seed ? cJSON_CreateNull()
                                      : kvq_parse_i64(seed, 0, (int64_t)1 << 53, &s64, &e) == KVQ_OK
                                          ? json_i64(s64) : cJSON_CreateString(seed));
-    cJSON *kl = cJSON_AddArrayToObject(o, "layers");
+    cJSON *kl = cJSON_AddArrayToObject(o, KVQ_META_LAYERS);
     for (size_t i = 0; i < f->n_fit; i++)
         cJSON_AddItemToArray(kl, cJSON_CreateNumber(f->layers[i]));
     cJSON_AddItemToObject(o, "n_kv_heads", f->n_kv ? json_i64(f->n_kv) : cJSON_CreateNull());
     cJSON *km = cJSON_AddObjectToObject(o, "kmeans");
-    cJSON_AddItemToObject(km, "init", json_str_or_null(kvq_st_meta_get(st, "kmeans.init")));
-    cJSON_AddItemToObject(km, "iters", json_num_or_null(kvq_st_meta_num(st, "kmeans.iters")));
-    cJSON_AddItemToObject(km, "sample", json_num_or_null(kvq_st_meta_num(st, "kmeans.sample")));
-    cJSON_AddItemToObject(km, "tol", json_num_or_null(kvq_st_meta_num(st, "fit.tol")));
-    cJSON_AddItemToObject(o, "holdout", json_num_or_null(kvq_st_meta_num(st, "fit.holdout")));
+    cJSON_AddItemToObject(km, "init", json_str_or_null(kvq_st_meta_get(st, KVQ_META_KMEANS_INIT)));
+    cJSON_AddItemToObject(km, "iters", json_num_or_null(kvq_st_meta_num(st, KVQ_META_KMEANS_ITERS)));
+    cJSON_AddItemToObject(km, "sample", json_num_or_null(kvq_st_meta_num(st, KVQ_META_KMEANS_SAMPLE)));
+    cJSON_AddItemToObject(km, "tol", json_num_or_null(kvq_st_meta_num(st, KVQ_META_FIT_TOL)));
+    cJSON_AddItemToObject(o, "holdout", json_num_or_null(kvq_st_meta_num(st, KVQ_META_FIT_HOLDOUT)));
     cJSON_AddItemToObject(o, "positions", json_str_or_null(kvq_st_meta_get(st,
-                                                                           "fit.positions")));
-    cJSON_AddItemToObject(o, "n_train", json_num_or_null(kvq_st_meta_num(st, "fit.n_train")));
+                                                                           KVQ_META_FIT_POSITIONS)));
+    cJSON_AddItemToObject(o, "n_train", json_num_or_null(kvq_st_meta_num(st, KVQ_META_FIT_N_TRAIN)));
     cJSON_AddItemToObject(o, "n_heldout_keys",
-                          json_num_or_null(kvq_st_meta_num(st, "fit.n_heldout_keys")));
+                          json_num_or_null(kvq_st_meta_num(st, KVQ_META_FIT_N_HELDOUT_KEYS)));
     /* over every (layer, head); NaN (null) without a table */
     fit_figures_json(o, f, -1);
     cJSON *pl = cJSON_AddArrayToObject(o, "per_layer");
@@ -172,9 +173,9 @@ static cJSON *kvq_describe(const char *path, uint64_t file_size, const kvq_artif
     cJSON_AddBoolToObject(doc, "valid", problem == NULL);
     if (problem)
         cJSON_AddStringToObject(doc, "problem", problem->msg);
-    cJSON_AddItemToObject(doc, "model", st_meta_json(st, "model.", is_model_key));
-    cJSON_AddItemToObject(doc, "method", st_meta_json(st, NULL, is_method_key));
-    cJSON_AddItemToObject(doc, "provenance", st_meta_json(st, "provenance.", is_provenance_key));
+    cJSON_AddItemToObject(doc, "model", st_meta_json(st, KVQ_META_MODEL_PREFIX, is_model_key));
+    cJSON_AddItemToObject(doc, KVQ_META_METHOD, st_meta_json(st, NULL, is_method_key));
+    cJSON_AddItemToObject(doc, "provenance", st_meta_json(st, KVQ_META_PREFIX_PROVENANCE, is_provenance_key));
     if (sum->fit.method)
         cJSON_AddItemToObject(doc, "fit", fit_json(st, &sum->fit));
     if (sum->profile.present)
@@ -203,9 +204,9 @@ static void fit_text(const cJSON *fo, const cJSON *md)
     const char *na = "-";
     const int bits = (int)jnum_or(fo, "bits_per_token", 0);
     const cJSON *pl = cJSON_GetObjectItemCaseSensitive(fo, "per_layer");
-    const int n_fit = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fo, "layers"));
+    const int n_fit = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(fo, KVQ_META_LAYERS));
     const double n_kv = jnum_or(fo, "n_kv_heads", 0);
-    const char *method = jstr(fo, "method", na), *reference = jstr(fo, "reference", na);
+    const char *method = jstr(fo, KVQ_META_METHOD, na), *reference = jstr(fo, "reference", na);
     printf("\nfit:\n");
     printf("  method      %s (artifact method %s), reference %s\n", method,
            jstr(md, KVQ_META_METHOD, na), reference);
@@ -219,12 +220,12 @@ static void fit_text(const cJSON *fo, const cJSON *md)
         printf(" (%d of %lld), %lld KV heads each", n_fit,
                (long long)jmeta_num(md, KVQ_META_N_LAYERS), (long long)n_kv);
     printf("\n  k-means     %s, at most %s iterations, tol %g, sample %s x K\n",
-           jstr(md, "kmeans.init", na), jstr(md, "kmeans.iters", na), jmeta_num(md, "fit.tol"),
-           jstr(md, "kmeans.sample", na));
+           jstr(md, KVQ_META_KMEANS_INIT, na), jstr(md, KVQ_META_KMEANS_ITERS, na), jmeta_num(md, KVQ_META_FIT_TOL),
+           jstr(md, KVQ_META_KMEANS_SAMPLE, na));
     printf("  keys        %s training, %s held out per head (holdout %g of the sequences)\n",
-           jstr(md, "fit.n_train", na), jstr(md, "fit.n_heldout_keys", na),
-           jmeta_num(md, "fit.holdout"));
-    printf("  positions   %s (w %s, b %s)\n", jstr(md, "fit.positions", na),
+           jstr(md, KVQ_META_FIT_N_TRAIN, na), jstr(md, KVQ_META_FIT_N_HELDOUT_KEYS, na),
+           jmeta_num(md, KVQ_META_FIT_HOLDOUT));
+    printf("  positions   %s (w %s, b %s)\n", jstr(md, KVQ_META_FIT_POSITIONS, na),
            jstr(md, KVQ_META_WROPE_W, na), jstr(md, KVQ_META_WROPE_B, na));
     if (cJSON_GetArraySize(pl) == 0)
         return;
@@ -270,21 +271,21 @@ static void knob_setting_text(const cJSON *md, int k)
     const char *na = "-";
     switch (k) {
     case KVQ_SUMMARY_LEANKV:
-        printf("alpha_h %g, alpha_l %g (window %s, %s)", jmeta_num(md, "leankv.alpha_h"),
-               jmeta_num(md, "leankv.alpha_l"), jstr(md, "leankv.window", na),
-               jstr(md, "leankv.bits", na));
+        printf("alpha_h %g, alpha_l %g (window %s, %s)", jmeta_num(md, KVQ_META_LEANKV_ALPHA_H),
+               jmeta_num(md, KVQ_META_LEANKV_ALPHA_L), jstr(md, KVQ_META_LEANKV_WINDOW, na),
+               jstr(md, KVQ_META_LEANKV_BITS, na));
         break;
     case KVQ_SUMMARY_PATS:
-        printf("schedule %s, b_min %s, b_max %s (%s cache)", jstr(md, "pats.schedule", na),
-               jstr(md, "pats.b_min", na), jstr(md, "pats.b_max", na), jstr(md, "pats.dtype", na));
+        printf("schedule %s, b_min %s, b_max %s (%s cache)", jstr(md, KVQ_META_PATS_SCHEDULE, na),
+               jstr(md, KVQ_META_PATS_B_MIN, na), jstr(md, KVQ_META_PATS_B_MAX, na), jstr(md, KVQ_META_PATS_DTYPE, na));
         break;
     case KVQ_SUMMARY_BUDGET:
         printf("fraction %g (%s selector, sink %s, positions %s)",
-               jmeta_num(md, "budget.fraction"), jstr(md, "budget.selector", na),
-               jstr(md, "budget.sink", na), jstr(md, "budget.positions", na));
+               jmeta_num(md, KVQ_META_BUDGET_FRACTION), jstr(md, KVQ_META_BUDGET_SELECTOR, na),
+               jstr(md, KVQ_META_BUDGET_SINK, na), jstr(md, KVQ_META_BUDGET_POSITIONS, na));
         break;
     default:
-        printf("tau %g", jmeta_num(md, "mass.tau"));
+        printf("tau %g", jmeta_num(md, KVQ_META_MASS_TAU));
         break;
     }
 }
@@ -319,9 +320,9 @@ static void knob_table_text(int k, const cJSON *ko)
 static void profile_text(const cJSON *po, const cJSON *md)
 {
     printf("\nthresholds (metric %s, tolerance %g, prompt fraction %g):\n",
-           jstr(md, "thresholds.metric", "-"), jmeta_num(md, "thresholds.tolerance"),
-           jmeta_num(md, "thresholds.prompt_fraction"));
-    const double ppl = jmeta_num(md, "diag.profile.ppl_full");
+           jstr(md, KVQ_META_THR_METRIC, "-"), jmeta_num(md, KVQ_META_THR_TOLERANCE),
+           jmeta_num(md, KVQ_META_THR_PROMPT_FRACTION));
+    const double ppl = jmeta_num(md, KVQ_META_DIAG_PPL_FULL);
     if (isfinite(ppl))
         printf("  %-7s %.4f (perplexity with full attention)\n", "ppl", ppl);
     for (int k = 0; k < KVQ_SUMMARY_N_KNOBS; k++) {
@@ -370,7 +371,7 @@ static void kvq_text(const cJSON *doc, uint64_t data_size)
     if (po)
         profile_text(po, md);
     meta_text(md, "model", is_model_key);
-    meta_text(md, "method", is_method_key);
+    meta_text(md, KVQ_META_METHOD, is_method_key);
     meta_text(md, "provenance", is_provenance_key);
     meta_text(md, "other metadata", is_other_key);
     tensors_text(ts, data_size);

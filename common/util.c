@@ -276,6 +276,8 @@ void kvq_sb_json_str(kvq_strbuf *b, const char *s)
  * path joins
  * ========================================================================== */
 
+int kvq_has_prefix(const char *s, const char *prefix) { return !strncmp(s, prefix, strlen(prefix)); }
+
 char *kvq_path_join(const char *dir, const char *name)
 {
     size_t n = strlen(dir) + strlen(name) + 2;

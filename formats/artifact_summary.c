@@ -51,10 +51,9 @@ static int64_t meta_i64(const kvq_st *st, const char *key, int64_t dflt)
 
 /* The [n_fit_layers, n_kv_heads] grids, and the per-head scalars used without them. */
 static const char *const fit_grid[KVQ_FIT_N_FIGURES] = {
-    "diag.fit.score_mse", "diag.fit.score_mse_ref", "diag.fit.score_power"};
-static const char *const fit_scalar[KVQ_FIT_N_FIGURES] = {
-    "diag.layer.%d.head.%d.score_mse", "diag.layer.%d.head.%d.ref.score_mse",
-    "diag.layer.%d.head.%d.score_power"};
+    KVQ_DIAG_FIT_SCORE_MSE, KVQ_DIAG_FIT_SCORE_MSE_REF, KVQ_DIAG_FIT_SCORE_POWER};
+static const char *const fit_scalar[KVQ_FIT_N_FIGURES] = {"score_mse", "ref.score_mse",
+                                                             "score_power"};
 
 /* Code bits per token per KV head: groups x ceil(log2 codebook_size); 0 if unknown. */
 static int fit_code_bits(const kvq_st *st)
@@ -85,7 +84,7 @@ static void fit_heads(const kvq_st *st, kvq_artifact_fit *f, size_t n_fit)
                     x = kvq_tensor_f64_at(g, i * n_kv + h);
                 } else {
                     char name[128];
-                    snprintf(name, sizeof name, fit_scalar[k], f->layers[i], (int)h);
+                    snprintf(name, sizeof name, KVQ_TENSOR_DIAG_HEAD, f->layers[i], (int)h, fit_scalar[k]);
                     const kvq_tensor_view *t = kvq_st_find(st, name);
                     if (t && t->ndim == 0)
                         x = kvq_tensor_f64_at(t, 0);
@@ -106,10 +105,10 @@ static kvq_status fit_read(const kvq_st *st, kvq_artifact_fit *f, kvq_err *err)
     }
     f->codebook_size = meta_i64(st, KVQ_META_CODEBOOK_SIZE, -1);
     f->groups = meta_i64(st, KVQ_META_GROUPS, -1);
-    f->method = kvq_st_meta_get(st, "fit.method");
+    f->method = kvq_st_meta_get(st, KVQ_META_FIT_METHOD);
     if (!f->method)
         return KVQ_OK;
-    f->reference = meta_str(st, "fit.reference", "none");
+    f->reference = meta_str(st, KVQ_META_FIT_REFERENCE, "none");
     f->bits_per_token = fit_code_bits(st);
     if (kvq_parse_i64(meta_str(st, KVQ_META_N_LAYERS, ""), 1, 1 << 20, &f->n_layers, &e) ||
         kvq_parse_i64(meta_str(st, KVQ_META_N_KV_HEADS, ""), 1, 1 << 20, &f->n_kv, &e)) {
@@ -166,10 +165,10 @@ double kvq_artifact_fit_mean(const kvq_artifact_fit *f, kvq_fit_figure q, int64_
 static const char *const knob_name[KVQ_SUMMARY_N_KNOBS] = {"leankv", "pats", "budget", "mass"};
 /* The chosen setting of each knob, as the method keys profile writes. */
 static const char *const knob_setting[KVQ_SUMMARY_N_KNOBS][KVQ_KNOB_MAX_SETTINGS + 1] = {
-    {"leankv.alpha_h", "leankv.alpha_l", "leankv.window", "leankv.bits", NULL},
-    {"pats.schedule", "pats.b_min", "pats.b_max", "pats.dtype", NULL},
-    {"budget.fraction", "budget.selector", "budget.sink", "budget.positions", NULL},
-    {"mass.tau", NULL},
+    {KVQ_META_LEANKV_ALPHA_H, KVQ_META_LEANKV_ALPHA_L, KVQ_META_LEANKV_WINDOW, KVQ_META_LEANKV_BITS, NULL},
+    {KVQ_META_PATS_SCHEDULE, KVQ_META_PATS_B_MIN, KVQ_META_PATS_B_MAX, KVQ_META_PATS_DTYPE, NULL},
+    {KVQ_META_BUDGET_FRACTION, KVQ_META_BUDGET_SELECTOR, KVQ_META_BUDGET_SINK, KVQ_META_BUDGET_POSITIONS, NULL},
+    {KVQ_META_MASS_TAU, NULL},
 };
 
 static void knob_read(const kvq_st *st, int k, kvq_artifact_knob *t)
@@ -183,12 +182,12 @@ static void knob_read(const kvq_st *st, int k, kvq_artifact_knob *t)
         t->setting_num[s] = kvq_st_meta_num(st, knob_setting[k][s]);
         t->n_settings = s + 1;
     }
-    snprintf(key, sizeof key, "profile.%s.skipped", t->name);
+    snprintf(key, sizeof key, KVQ_META_PROFILE_SKIPPED, t->name);
     t->skipped = kvq_st_meta_get(st, key);
-    snprintf(key, sizeof key, "thresholds.%s.met", t->name);
+    snprintf(key, sizeof key, KVQ_META_THR_MET, t->name);
     const double met = kvq_st_meta_num(st, key);
     t->met = met == 1 ? 1 : met == 0 ? 0 : -1;
-    snprintf(key, sizeof key, "profile.%s.columns", t->name);
+    snprintf(key, sizeof key, KVQ_META_PROFILE_COLUMNS, t->name);
     snprintf(t->col_buf, sizeof t->col_buf, "%s", meta_str(st, key, ""));
     char *save = NULL;
     for (char *c = strtok_r(t->col_buf, ",", &save); c && t->n_cols < KVQ_KNOB_MAX_COLS;
@@ -197,10 +196,10 @@ static void knob_read(const kvq_st *st, int k, kvq_artifact_knob *t)
     /* profile writes the chosen row's finite values as diag.profile.NAME.COLUMN (%.17g,
      * exact) */
     for (int c = 0; c < t->n_cols; c++) {
-        snprintf(key, sizeof key, "diag.profile.%s.%s", t->name, t->cols[c]);
+        snprintf(key, sizeof key, KVQ_META_DIAG_PROFILE, t->name, t->cols[c]);
         t->chosen_value[c] = kvq_st_meta_num(st, key);
     }
-    snprintf(key, sizeof key, "profile.%s", t->name);
+    snprintf(key, sizeof key, KVQ_TENSOR_PROFILE, t->name);
     const kvq_tensor_view *v = kvq_st_find(st, key);
     if (!v || v->dtype != KVQ_DT_F64 || v->ndim != 2 || t->n_cols == 0 ||
         v->shape[1] != t->n_cols)
@@ -222,11 +221,11 @@ static void knob_read(const kvq_st *st, int k, kvq_artifact_knob *t)
 
 static void profile_read(const kvq_st *st, kvq_artifact_profile *p)
 {
-    p->metric = kvq_st_meta_get(st, "thresholds.metric");
+    p->metric = kvq_st_meta_get(st, KVQ_META_THR_METRIC);
     p->present = p->metric != NULL;
-    p->tolerance = kvq_st_meta_num(st, "thresholds.tolerance");
-    p->prompt_fraction = kvq_st_meta_num(st, "thresholds.prompt_fraction");
-    p->ppl_full = kvq_st_meta_num(st, "diag.profile.ppl_full");
+    p->tolerance = kvq_st_meta_num(st, KVQ_META_THR_TOLERANCE);
+    p->prompt_fraction = kvq_st_meta_num(st, KVQ_META_THR_PROMPT_FRACTION);
+    p->ppl_full = kvq_st_meta_num(st, KVQ_META_DIAG_PPL_FULL);
     for (int k = 0; k < KVQ_SUMMARY_N_KNOBS; k++)
         knob_read(st, k, &p->knob[k]);
 }

@@ -105,9 +105,9 @@ kvq_status fit_write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary 
         (s = set_meta(w, KVQ_META_WROPE_B, err, "%lld", (long long)c->wrope_b)) ||
         (s = set_meta(w, KVQ_META_SEED, err, "%" PRIu64, p->seed)) ||
         (s = set_meta(w, KVQ_META_LAYERS, err, "%s", buf)) ||
-        (s = set_meta(w, "kmeans.init", err, "%s", kvq_kmeans_init_name(p->init))) ||
-        (s = set_meta(w, "kmeans.iters", err, "%d", (int)p->iters)) ||
-        (s = set_meta(w, "kmeans.sample", err, "%lld",
+        (s = set_meta(w, KVQ_META_KMEANS_INIT, err, "%s", kvq_kmeans_init_name(p->init))) ||
+        (s = set_meta(w, KVQ_META_KMEANS_ITERS, err, "%d", (int)p->iters)) ||
+        (s = set_meta(w, KVQ_META_KMEANS_SAMPLE, err, "%lld",
                       (long long)kvq_kmeans_params_default().max_points_per_centroid)) ||
         (s = set_meta(w, KVQ_META_FIT_METHOD, err, "%s", kvq_codebook_method_name(p->method))) ||
         (s = set_meta(w, KVQ_META_FIT_TOL, err, "%.17g", p->tol)) ||

@@ -11,22 +11,20 @@
 #include "thresholds/thresholds_internal.h"
 
 
-static int has_prefix(const char *s, const char *prefix)
-{
-    return !strncmp(s, prefix, strlen(prefix));
-}
-
 static int owned_tensor(const char *name)
 {
-    return has_prefix(name, "thresholds.") || has_prefix(name, "profile.");
+    return kvq_has_prefix(name, KVQ_META_PREFIX_THRESHOLDS) ||
+           kvq_has_prefix(name, KVQ_META_PREFIX_PROFILE);
 }
 
 static int owned_key(const char *key)
 {
-    static const char *const pre[] = {"thresholds.", "profile.", "leankv.", "pats.", "budget.",
-                                      "mass.", "diag.profile."};
+    static const char *const pre[] = {KVQ_META_PREFIX_THRESHOLDS, KVQ_META_PREFIX_PROFILE,
+                                      KVQ_META_PREFIX_LEANKV,     KVQ_META_PREFIX_PATS,
+                                      KVQ_META_PREFIX_BUDGET,     KVQ_META_PREFIX_MASS,
+                                      KVQ_META_PREFIX_DIAG_PROFILE};
     for (size_t i = 0; i < N_OF(pre); i++)
-        if (has_prefix(key, pre[i]))
+        if (kvq_has_prefix(key, pre[i]))
             return 1;
     return 0;
 }

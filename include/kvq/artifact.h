@@ -67,6 +67,18 @@ extern "C" {
 #define KVQ_DIAG_FIT_SCORE_MSE        "diag.fit.score_mse"              /* metadata (mean) and tensor [n_layers, n_kv_heads] */
 #define KVQ_DIAG_FIT_SCORE_POWER      "diag.fit.score_power"            /* metadata (mean) and tensor */
 #define KVQ_DIAG_FIT_SCORE_MSE_REF    "diag.fit.score_mse_ref"          /* metadata (mean) and tensor */
+#define KVQ_META_KMEANS_INIT          "kmeans.init"                     /* kvq fit: seeding (kvq_kmeans_init_name) */
+#define KVQ_META_KMEANS_ITERS         "kmeans.iters"
+#define KVQ_META_KMEANS_SAMPLE        "kmeans.sample"                   /* training keys per head; 0 = all */
+#define KVQ_META_PREFIX_PROVENANCE    "provenance."
+#define KVQ_META_PREFIX_KMEANS        "kmeans."
+#define KVQ_META_PREFIX_LEANKV        "leankv."
+#define KVQ_META_PREFIX_PATS          "pats."
+#define KVQ_META_PREFIX_THRESHOLDS    "thresholds."                     /* the profile's keys and tensors */
+#define KVQ_META_PREFIX_PROFILE       "profile."
+#define KVQ_META_PREFIX_BUDGET        "budget."
+#define KVQ_META_PREFIX_MASS          "mass."
+#define KVQ_META_PREFIX_DIAG_PROFILE  "diag.profile."
 #define KVQ_META_THR_METRIC           "thresholds.metric"               /* kvq profile: perplexity | attn_rel_err */
 #define KVQ_META_THR_TOLERANCE        "thresholds.tolerance"
 #define KVQ_META_THR_PROMPT_FRACTION  "thresholds.prompt_fraction"

@@ -68,6 +68,8 @@ int kvq_cmp_i32(const void *a, const void *b);
 int kvq_cmp_i64(const void *a, const void *b);
 /* "dir/name", malloc'd (free()); NULL when out of memory. */
 char *kvq_path_join(const char *dir, const char *name);
+/* 1 when s begins with prefix. */
+int kvq_has_prefix(const char *s, const char *prefix);
 
 /* ---- UTF-8 ---------------------------------------------------------------- */
 /* 1 if s[0..n) is well-formed UTF-8 (no overlongs, no surrogates, <= U+10FFFF). */
