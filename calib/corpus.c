@@ -876,3 +876,19 @@ done:
     kvq_corpus_iter_free(it);
     return st;
 }
+
+/* ==========================================================================
+ * A corpus held in memory
+ * ========================================================================== */
+
+kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err)
+{
+    return kvq_seq_set_push(user, seq->ids, (int64_t)seq->n, err);
+}
+
+kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
+                               const kvq_seq_params *p, const kvq_callbacks *cb,
+                               kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err)
+{
+    return kvq_corpus_tokenize(c, t, p, cb, kvq_seq_set_add, out, stats, err);
+}

@@ -48,22 +48,6 @@ kvq_status kvq_moments_params_check(const kvq_moments_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
-const char *kvq_positions_name(kvq_positions p)
-{
-    return p == KVQ_POSITIONS_ROPE ? "rope" : "wrope";
-}
-
-int kvq_positions_parse(const char *s, kvq_positions *p)
-{
-    if (!strcmp(s, "wrope"))
-        *p = KVQ_POSITIONS_WROPE;
-    else if (!strcmp(s, "rope"))
-        *p = KVQ_POSITIONS_ROPE;
-    else
-        return -1;
-    return 0;
-}
-
 /* ======================================================================================
  * Grouping, rotation, symmetrization
  * ====================================================================================== */

@@ -27,6 +27,7 @@
 #include "kvq/kmeans.h"
 #include "kvq/tokenizer.h"
 #include "kvq/corpus.h"
+#include "kvq/model_id.h"
 #include "kvq/model.h"
 #include "kvq/perplexity.h"
 #include "kvq/capture_dir.h"

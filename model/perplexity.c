@@ -20,9 +20,8 @@ double kvq_token_nll(const float *logits, int32_t vocab, int32_t target)
  * Sequence set
  * ========================================================================== */
 
-kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err)
+kvq_status kvq_seq_set_push(kvq_seq_set *l, const int32_t *ids, int64_t n, kvq_err *err)
 {
-    kvq_seq_set *l = user;
     if (l->n + 2 > l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 64;
         int64_t *o = realloc(l->off, sizeof *o * cap);
@@ -32,9 +31,9 @@ kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err)
         l->off = o;
         l->cap = cap;
     }
-    if (l->n_ids + seq->n > l->ids_cap) {
+    if (l->n_ids + n > l->ids_cap) {
         int64_t cap = l->ids_cap ? 2 * l->ids_cap : 4096;
-        while (cap < l->n_ids + seq->n)
+        while (cap < l->n_ids + n)
             cap *= 2;
         int32_t *p = realloc(l->ids, sizeof *p * (size_t)cap);
         if (!p)
@@ -45,17 +44,10 @@ kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err)
     }
     if (l->n == 0)
         l->off[0] = 0;
-    memcpy(l->ids + l->n_ids, seq->ids, sizeof(int32_t) * seq->n);
-    l->n_ids += seq->n;
+    memcpy(l->ids + l->n_ids, ids, sizeof(int32_t) * (size_t)n);
+    l->n_ids += n;
     l->off[++l->n] = l->n_ids;
     return KVQ_OK;
-}
-
-kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
-                               const kvq_seq_params *p, const kvq_callbacks *cb,
-                               kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err)
-{
-    return kvq_corpus_tokenize(c, t, p, cb, kvq_seq_set_add, out, stats, err);
 }
 
 void kvq_seq_set_free(kvq_seq_set *s)

@@ -167,3 +167,19 @@ void kvq_rope_half_to_interleaved(const float *in, float *out, int d)
         out[2 * m + 1] = in[m + d / 2];
     }
 }
+
+const char *kvq_positions_name(kvq_positions p)
+{
+    return p == KVQ_POSITIONS_ROPE ? "rope" : "wrope";
+}
+
+int kvq_positions_parse(const char *s, kvq_positions *p)
+{
+    if (!strcmp(s, "wrope"))
+        *p = KVQ_POSITIONS_WROPE;
+    else if (!strcmp(s, "rope"))
+        *p = KVQ_POSITIONS_ROPE;
+    else
+        return -1;
+    return 0;
+}

@@ -4,7 +4,7 @@
  * encode, decode, lookup-table scoring (codebook/codebook.c). Fitting one with k-means
  * and the `kvq fit` stage are in kvq/fit.h.
  *
- * Math (DESIGN.md, row vectors; d = head dim, K = codebook size, G = groups, d/G dims
+ * Math (docs/design.md, row vectors; d = head dim, K = codebook size, G = groups, d/G dims
  * per group, group g covering dims g*d/G .. (g+1)*d/G - 1):
  *
  *   method        fit space x_j (k-means runs here)   scoring query      exact score

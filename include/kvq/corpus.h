@@ -39,6 +39,7 @@
 #define KVQ_CORPUS_H
 
 #include "kvq/common.h"
+#include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
 
 #ifdef __cplusplus
@@ -196,6 +197,18 @@ typedef struct kvq_corpus_stats {
 kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
                                const kvq_seq_params *p, const kvq_callbacks *cb, kvq_seq_fn fn,
                                void *user, kvq_corpus_stats *stats, kvq_err *err);
+
+/* ---- a corpus held in memory ------------------------------------------------------ */
+
+/* A kvq_seq_fn: appends seq to the kvq_seq_set (kvq/perplexity.h) `user`. Errors: NOMEM. */
+kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err);
+
+/* Cuts corpus c into sequences with tokenizer t and params p (kvq_corpus_tokenize,
+ * progress through cb, stats may be NULL) and appends them to *out. Errors: those of
+ * kvq_corpus_tokenize, NOMEM. */
+kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
+                               const kvq_seq_params *p, const kvq_callbacks *cb,
+                               kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err);
 
 #ifdef __cplusplus
 }

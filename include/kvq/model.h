@@ -40,7 +40,7 @@
 #ifndef KVQ_MODEL_H
 #define KVQ_MODEL_H
 
-#include "kvq/capture_dir.h"
+#include "kvq/model_id.h"
 #include "kvq/common.h"
 #include "kvq/rope.h"
 #include "kvq/util.h"
@@ -98,7 +98,7 @@ static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t 
                : 0;
 }
 
-/* The one conversion between a configuration and an identity (kvq/capture_dir.h):
+/* The one conversion between a configuration and an identity (kvq/model_id.h):
  * from_config copies every identity field (path as given, source and architecture by
  * name); to_config gives the configuration an identity describes: the attention shape,
  * widths, vocabulary and RoPE, architecture and source parsed from their names (llama
@@ -139,7 +139,7 @@ const char *kvq_model_path(const kvq_model *m);
 /* The model's tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in the HF
  * directory), or NULL when it has none or params.load_tokenizer was 0. Owned by m. */
 const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m);
-/* The model identity recorded in captures and artifacts (kvq/capture_dir.h):
+/* The model identity recorded in captures and artifacts (kvq/model_id.h):
  * kvq_model_id_from_config of the model's configuration and path. */
 void kvq_model_identity(const kvq_model *m, kvq_model_id *id);
 

@@ -2,7 +2,7 @@
  * kvq/moments.h — query second moments H per (layer, KV head), their Cholesky factors,
  * and the moments file that `kvq fit` reads.
  *
- * Math (DESIGN.md, row vectors). For layer l and KV head h with GQA group
+ * Math (docs/design.md, row vectors). For layer l and KV head h with GQA group
  * G(h) = query heads h*r .. h*r + r - 1, r = n_heads / n_kv_heads (query head g uses
  * KV head g / r, the llama/HF convention):
  *   H_pre = (sum over g in G(h) of S_g) / (sum over g in G(h) of count_g)
@@ -49,6 +49,7 @@
 
 #include "kvq/capture_dir.h"
 #include "kvq/common.h"
+#include "kvq/rope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -57,12 +58,6 @@ extern "C" {
 #define KVQ_MOMENTS_FORMAT "kvq-moments"
 #define KVQ_MOMENTS_VERSION 1
 
-typedef enum kvq_positions {
-    KVQ_POSITIONS_WROPE = 0,  /* H = R_b^T H_pre R_b (default) */
-    KVQ_POSITIONS_ROPE = 1    /* H from post-RoPE stored queries (ablation) */
-} kvq_positions;
-const char *kvq_positions_name(kvq_positions p);         /* "wrope" | "rope" */
-int kvq_positions_parse(const char *s, kvq_positions *p); /* 0 ok, -1 unknown */
 
 typedef enum kvq_moments_device {
     KVQ_MOMENTS_CPU = 0,

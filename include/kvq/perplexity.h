@@ -1,7 +1,8 @@
 /*
  * kvq/perplexity.h — perplexity of a model on token sequences: the per-token loss, the
  * loop that runs sequences through a forward pass and sums it, and the set of
- * sequences a corpus is cut into (model/perplexity.c).
+ * sequences it runs over (model/perplexity.c; kvq_seq_set_collect in kvq/corpus.h
+ * cuts a corpus into one).
  *
  * Every perplexity kvq reports (`kvq eval` with full attention and per retrieval row,
  * `kvq profile` per knob setting) is exp(nll / n_pred) of the sums below, taken with
@@ -14,7 +15,6 @@
 #include <stdint.h>
 
 #include "kvq/common.h"
-#include "kvq/corpus.h"
 #include "kvq/model.h"
 
 #ifdef __cplusplus
@@ -40,15 +40,9 @@ typedef struct kvq_seq_set {
     int64_t ids_cap;     /* private: capacity of ids */
 } kvq_seq_set;
 
-/* A kvq_seq_fn: appends seq to the kvq_seq_set user. Errors: NOMEM. */
-kvq_status kvq_seq_set_add(void *user, const kvq_corpus_seq *seq, kvq_err *err);
-
-/* Cuts corpus c into sequences with tokenizer t and params p (kvq_corpus_tokenize,
- * progress through cb, stats may be NULL) and appends them to *out. Errors: those of
- * kvq_corpus_tokenize, NOMEM. */
-kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
-                               const kvq_seq_params *p, const kvq_callbacks *cb,
-                               kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err);
+/* Appends the sequence ids[0..n) to s. Errors: NOMEM. (A corpus is cut into a set by
+ * kvq_seq_set_collect, kvq/corpus.h.) */
+kvq_status kvq_seq_set_push(kvq_seq_set *s, const int32_t *ids, int64_t n, kvq_err *err);
 
 void kvq_seq_set_free(kvq_seq_set *s); /* frees the arrays and zeroes *s; NULL is fine */
 

@@ -1,7 +1,7 @@
 /*
  * kvq/rope.h — rotary position embedding with the model's base, scaling and pair layout.
  *
- * Row-vector convention (DESIGN.md): rope(x, p) = x R_p. Pair m rotates by the angle
+ * Row-vector convention (docs/design.md): rope(x, p) = x R_p. Pair m rotates by the angle
  * p * theta_m with theta_m = base^(-2m/d), after scaling:
  *   linear:  theta_m / factor
  *   llama3:  wavelength 2*pi/theta_m below orig/high_freq_factor: unchanged; above
@@ -70,6 +70,17 @@ static inline int kvq_rope_pair_of(kvq_rope_layout l, int d, int dim)
  * (the permutation GGUF converters apply to the Q and K weight rows).   // [d] */
 void kvq_rope_interleaved_to_half(const float *in, float *out, int d);
 void kvq_rope_half_to_interleaved(const float *in, float *out, int d);
+
+/* How positions enter a score: WROPE rotates queries by R_b for every token beyond the
+ * window (the moments H = R_b^T H_pre R_b and the runtime's default exact step); ROPE
+ * rotates each attended token by its true distance (H from post-RoPE stored queries in
+ * the moments ablation; exact RoPE in the runtime). */
+typedef enum kvq_positions {
+    KVQ_POSITIONS_WROPE = 0,
+    KVQ_POSITIONS_ROPE = 1
+} kvq_positions;
+const char *kvq_positions_name(kvq_positions p);         /* "wrope" | "rope" */
+int kvq_positions_parse(const char *s, kvq_positions *p); /* 0 ok, -1 unknown */
 
 #ifdef __cplusplus
 }

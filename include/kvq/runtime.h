@@ -15,7 +15,7 @@
  *                 attention step. It plugs into the forward pass as a kvq_attn_backend
  *                 (kvq/model.h), so kvq run / kvq eval decode with it unchanged.
  *
- * Retrieval attention (DESIGN.md "Retrieval decoding"). For a query row at position i
+ * Retrieval attention (docs/design.md "Decode step"). For a query row at position i
  * that sees n cached tokens (itself included), per KV head h:
  *   - the first S sink tokens and the last w window tokens are always attended;
  *   - the C = n - S - w tokens between them are the candidates; the selector scores
@@ -86,11 +86,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
 #include "kvq/common.h"
 #include "kvq/model.h"
-#include "kvq/moments.h"
+#include "kvq/rope.h"
 #include "kvq/safetensors.h"
 
 #ifdef __cplusplus

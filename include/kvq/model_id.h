@@ -1,0 +1,73 @@
+/*
+ * kvq/model_id.h — a model's identity: the shape and RoPE of a llama-family model as
+ * every stage records it (capture.json's "model" object, the artifact's "model.*"
+ * metadata) and compares it, plus the two conversions to and from kvq_model_config
+ * (kvq/model.h). Implemented in model/model_id.c.
+ *
+ * In __metadata__ the identity is flat keys ("model.n_heads", "model.rope.base", ...:
+ * the capture.json "model" object, keys joined with dots, numbers in decimal with
+ * round-trip precision).
+ */
+#ifndef KVQ_MODEL_ID_H
+#define KVQ_MODEL_ID_H
+
+#include <stdint.h>
+
+#include "kvq/common.h"
+#include "kvq/rope.h"
+#include "kvq/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Model identity: the capture.json "model" object. Two files come from the same
+ * model when every field except `path` and `source` agrees (kvq_model_id_compare). */
+typedef struct kvq_model_id {
+    char path[1024];          /* model file or directory as given to capture (provenance) */
+    char source[16];          /* "gguf" | "hf" */
+    char architecture[32];    /* "llama" | "mistral" | "qwen2" */
+    int32_t n_layers;         /* 1 .. KVQ_CAPTURE_MAX_LAYERS in a capture.json */
+    int32_t dim;
+    int32_t hidden_dim;
+    int32_t n_heads;          /* query heads */
+    int32_t n_kv_heads;       /* divides n_heads (GQA group size n_heads / n_kv_heads) */
+    int32_t head_dim;         /* even */
+    int32_t vocab_size;
+    int32_t context_length;
+    double norm_eps;
+    kvq_rope rope;            /* rope.head_dim == head_dim */
+} kvq_model_id;
+
+/* ---- model identity ------------------------------------------------------------ */
+
+/* KVQ_OK when a and b describe the same model; otherwise KVQ_E_MISMATCH with the
+ * message "LABEL_A vs LABEL_B: model.FIELD differs (A vs B)" for the first field that
+ * differs (architecture, layer and head counts, dims, vocabulary, context length,
+ * norm_eps, rope base, layout, scaling and scaling parameters; not path or source). */
+kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
+                                const kvq_model_id *b, const char *label_b, kvq_err *err);
+
+/* The attention shape only (what the runtime's codebooks and caches depend on): layer,
+ * head and KV-head counts, head dim, RoPE base, layout, scaling and, for a scaling other
+ * than none, its parameters (linear: factor; llama3: all four), in that order. KVQ_OK
+ * when they agree; else KVQ_E_MISMATCH with the message of kvq_model_id_compare,
+ * "LABEL_A vs LABEL_B: model.FIELD differs (A vs B)", naming both shapes' values. */
+kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
+                                          const kvq_model_id *b, const char *label_b,
+                                          kvq_err *err);
+
+/* Sets the identity as __metadata__ keys PREFIX + "n_heads", PREFIX + "rope.base",
+ * ... (prefix usually "model."). Errors: those of kvq_st_writer_set_meta. */
+kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
+                                 kvq_err *err);
+/* Reads what kvq_model_id_set_meta wrote. `label` names the file in messages.
+ * Errors: KVQ_E_NOT_FOUND (a key is missing, named), KVQ_E_CORRUPT (a value does not
+ * parse or is out of range), KVQ_E_UNSUPPORTED (unknown layout or scaling). */
+kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const char *label,
+                                  kvq_model_id *m, kvq_err *err); /* *m untouched on failure */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
