@@ -502,12 +502,13 @@ kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const 
     t->unk = v->unk;
     t->add_bos = v->add_bos != 0;
     t->add_eos = v->add_eos != 0;
-    t->normalizer = t->byte_level ? v->normalizer : KVQ_NORM_NONE;
     if (v->approx)
         snprintf(t->approx, sizeof t->approx, "%s", v->approx);
     t->add_space_prefix = v->add_space_prefix != 0;
     t->byte_level = kind == KVQ_TOKENIZER_BPE && v->byte_level;
     t->ignore_merges = t->byte_level && v->ignore_merges;
+    t->drop_unknown = t->byte_level && v->drop_unknown;
+    t->normalizer = t->byte_level ? v->normalizer : KVQ_NORM_NONE;
     t->pretok = t->byte_level ? v->pretok : KVQ_PRETOK_NONE;
     t->max_digits = v->max_digits;
     for (int b = 0; b < 256; b++)

@@ -241,6 +241,7 @@ static kvq_status gguf_bpe(const kvq_gguf *g, kvq_vocab *v, const char ***merges
         (*merges)[i] = mv->v.arr.items[i].v.str.s;
     v->merges = *merges;
     v->byte_level = 1;
+    v->drop_unknown = 1; /* llama.cpp's BPE session drops what has no token */
     v->add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix", 0);
     const char *pre = kvq_gguf_get_str(g, "tokenizer.ggml.pre");
     int dflt_bos = 0;

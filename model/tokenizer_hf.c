@@ -378,6 +378,9 @@ static kvq_status hf_flavour(const cJSON *root, const cJSON *model, kvq_vocab *v
             kvq_log(cb, KVQ_LOG_WARN, "%s: %s", label, approx);
         }
         v->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+        /* HF's BPE without unk_token (and without byte_fallback) drops unknown symbols */
+        v->drop_unknown = !json_str(model, "unk_token") &&
+                          !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
     } else if (meta || metaspace_norm) {
         v->byte_level = 0;
         v->add_space_prefix = json_find_type(norm, "Prepend") != NULL;

@@ -42,7 +42,7 @@ struct kvq_tokenizer {
     int32_t bos, eos, unk;
     int add_bos, add_eos;
     int add_space_prefix;           /* SPM / metaspace dummy prefix */
-    int byte_level, ignore_merges;
+    int byte_level, ignore_merges, drop_unknown;
     kvq_pretok pretok;
     uint32_t max_digits;
     kvq_normalizer normalizer;      /* HF NFC / NFKC, applied before the split */

@@ -670,7 +670,7 @@ static int regex_class_eq(const char *re, const char *head, const cp_range *r, s
     if (*re++ != '[')
         return 0;
     for (size_t k = 0; k < nr; k++) {
-        char b[8];
+        char b[16];
         size_t l = put_utf8(b, r[k].lo);
         if (r[k].hi != r[k].lo) {
             b[l++] = '-';

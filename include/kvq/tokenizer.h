@@ -162,6 +162,10 @@ typedef struct kvq_vocab {
     const char *approx;         /* NULL, or what the loader approximated (copied; see
                                    kvq_tokenizer_approx) */
     int add_eos;                /* the model expects EOS at the end of a sequence */
+    int drop_unknown;           /* BPE byte-level: a symbol without a token (and no byte token)
+                                   is dropped, as llama.cpp does for every byte-level
+                                   vocabulary and HF for BPE without unk_token; 0: the
+                                   unknown token, else KVQ_E_INVALID_ARG */
 } kvq_vocab;
 
 /* Sets every field to its default: all NULL/0, bos = eos = unk = -1,
