@@ -172,7 +172,12 @@ int cmd_run(int argc, char **argv)
         rc = cli_failf(1, "%s: the model has no tokenizer", model_path);
         goto done;
     }
-    if (kvq_tokenizer_encode(tok, prompt, strlen(prompt), KVQ_ENCODE_BOS, &prompt_ids, &n_prompt,
+    /* BOS only when the model adds one (SmolLM2 does not); an empty prompt still needs
+     * one token to start from */
+    unsigned eflags = KVQ_ENCODE_MODEL_BOS;
+    if (!prompt[0] && kvq_tokenizer_bos(tok) >= 0)
+        eflags = KVQ_ENCODE_BOS;
+    if (kvq_tokenizer_encode(tok, prompt, strlen(prompt), eflags, &prompt_ids, &n_prompt,
                              &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;

@@ -570,6 +570,7 @@ int32_t kvq_tokenizer_unk(const kvq_tokenizer *t) { return t->unk; }
 int kvq_tokenizer_add_bos(const kvq_tokenizer *t) { return t->add_bos; }
 int kvq_tokenizer_add_eos(const kvq_tokenizer *t) { return t->add_eos; }
 kvq_normalizer kvq_tokenizer_normalizer(const kvq_tokenizer *t) { return t->normalizer; }
+int kvq_tokenizer_drops_unknown(const kvq_tokenizer *t) { return t->drop_unknown; }
 const char *kvq_tokenizer_approx(const kvq_tokenizer *t) { return t->approx[0] ? t->approx : NULL; }
 
 kvq_pretok kvq_tokenizer_pretok(const kvq_tokenizer *t, uint32_t *max_digits)

@@ -291,6 +291,8 @@ int kvq_tokenizer_add_bos(const kvq_tokenizer *t);
 int kvq_tokenizer_add_eos(const kvq_tokenizer *t);      /* the model ends them with EOS */
 kvq_pretok kvq_tokenizer_pretok(const kvq_tokenizer *t, uint32_t *max_digits);
 kvq_normalizer kvq_tokenizer_normalizer(const kvq_tokenizer *t);
+/* 1 when byte-level symbols without a token are dropped (kvq_vocab.drop_unknown). */
+int kvq_tokenizer_drops_unknown(const kvq_tokenizer *t);
 /* NULL when the tokenizer is exactly the model's; else a description of what was
  * approximated ("pre-tokenizer 'foo' approximated by the GPT-2 split"), owned by t. */
 const char *kvq_tokenizer_approx(const kvq_tokenizer *t);
@@ -325,9 +327,10 @@ enum {
  * (free()), *n its length; empty text gives only the requested BOS/EOS (possibly
  * nothing, *ids then NULL). Cost: O(len log len) time; SPM and metaspace merge over the
  * whole text at once and need up to about 100 bytes of scratch per byte of text, byte-level
- * BPE only per pre-token.
+ * BPE only per pre-token. A byte-level symbol without a token is dropped when the
+ * tokenizer drops unknowns (kvq_tokenizer_drops_unknown), as llama.cpp and HF do.
  * Errors: KVQ_E_UNSUPPORTED (IDS kind), KVQ_E_INVALID_ARG (a byte that has neither a
- * token nor a fallback and no unknown token; BOS/EOS asked for but absent),
+ * token nor a fallback and no unknown token, unless dropped; BOS/EOS asked for but absent),
  * KVQ_E_TOO_LARGE (len >= 2^31), KVQ_E_NOMEM. */
 kvq_status kvq_tokenizer_encode(const kvq_tokenizer *t, const char *text, size_t len,
                                 unsigned flags, int32_t **ids, size_t *n, kvq_err *err);
