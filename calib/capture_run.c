@@ -351,7 +351,7 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
     kvq_seq_params_default(&sp);
     sp.seq_len = (uint32_t)p.seq_len;
     sp.max_tokens = (uint64_t)p.max_tokens;
-    sp.add_bos = kvq_tokenizer_bos(tok) >= 0;
+    sp.add_bos = kvq_tokenizer_add_bos(tok) && kvq_tokenizer_bos(tok) >= 0; /* the model says */
     sp.sep = sp.add_bos ? KVQ_DOC_SEP_BOS
                         : kvq_tokenizer_eos(tok) >= 0 ? KVQ_DOC_SEP_EOS : KVQ_DOC_SEP_NONE;
     kvq_corpus_stats stats;

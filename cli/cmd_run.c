@@ -188,8 +188,13 @@ static int run_open(run_opts *o, run_state *r)
     r->tok = kvq_model_tokenizer(r->m);
     if (!r->tok)
         return cli_failf(1, "%s: the model has no tokenizer", model_path);
-    if (kvq_tokenizer_encode(r->tok, o->prompt, strlen(o->prompt), KVQ_ENCODE_BOS,
-                             &r->prompt_ids, &r->n_prompt, &e) != KVQ_OK)
+    /* BOS only when the model adds one (SmolLM2 does not); an empty prompt still needs
+     * one token to start from */
+    unsigned eflags = KVQ_ENCODE_MODEL_BOS;
+    if (!o->prompt[0] && kvq_tokenizer_bos(r->tok) >= 0)
+        eflags = KVQ_ENCODE_BOS;
+    if (kvq_tokenizer_encode(r->tok, o->prompt, strlen(o->prompt), eflags, &r->prompt_ids,
+                             &r->n_prompt, &e) != KVQ_OK)
         return cli_fail(&e);
     return 0;
 }

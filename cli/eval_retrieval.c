@@ -59,8 +59,8 @@ static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok,
         task t = {.kind = doc->task};
         int32_t *ans = NULL;
         size_t n_ans = 0;
-        if ((s = kvq_tokenizer_encode(tok, doc->text, doc->len, KVQ_ENCODE_BOS, &t.ids, &t.n,
-                                      err)) ||
+        if ((s = kvq_tokenizer_encode(tok, doc->text, doc->len, KVQ_ENCODE_MODEL_BOS, &t.ids,
+                                      &t.n, err)) ||
             (s = kvq_tokenizer_encode(tok, doc->answer, strlen(doc->answer), 0, &ans, &n_ans,
                                       err))) {
             free(t.ids);

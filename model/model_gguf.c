@@ -400,7 +400,10 @@ static kvq_status load_tokenizer(kvq_model *m, const kvq_model_params *p, kvq_er
     kvq_status st;
     kvq_model_config *c = &m->cfg;
     const char *path = m->path;
-    if ((st = kvq_tokenizer_from_gguf(m->gguf, path, &p->cb, &m->tok, err)))
+    kvq_tokenizer_params tp = kvq_tokenizer_params_default();
+    tp.cb = p->cb;
+    tp.accept_approx = p->accept_approx_tokenizer;
+    if ((st = kvq_tokenizer_from_gguf_p(m->gguf, path, &tp, &m->tok, err)))
         return st;
     if (c->bos_id < 0)
         c->bos_id = kvq_tokenizer_bos(m->tok);

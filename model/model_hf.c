@@ -499,7 +499,10 @@ kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *e
         goto done;
 
     if (p->load_tokenizer && access(tok_path, F_OK) == 0) {
-        if ((st = kvq_tokenizer_from_hf_json(tok_path, &p->cb, &m->tok, err)))
+        kvq_tokenizer_params tp = kvq_tokenizer_params_default();
+        tp.cb = p->cb;
+        tp.accept_approx = p->accept_approx_tokenizer;
+        if ((st = kvq_tokenizer_from_hf_json_p(tok_path, &tp, &m->tok, err)))
             goto done;
         if (c->bos_id < 0)
             c->bos_id = kvq_tokenizer_bos(m->tok);

@@ -501,9 +501,14 @@ kvq_status kvq_tokenizer_new(kvq_tokenizer_kind kind, const kvq_vocab *v, const 
     t->eos = v->eos;
     t->unk = v->unk;
     t->add_bos = v->add_bos != 0;
+    t->add_eos = v->add_eos != 0;
+    if (v->approx)
+        snprintf(t->approx, sizeof t->approx, "%s", v->approx);
     t->add_space_prefix = v->add_space_prefix != 0;
     t->byte_level = kind == KVQ_TOKENIZER_BPE && v->byte_level;
     t->ignore_merges = t->byte_level && v->ignore_merges;
+    t->drop_unknown = t->byte_level && v->drop_unknown;
+    t->normalizer = t->byte_level ? v->normalizer : KVQ_NORM_NONE;
     t->pretok = t->byte_level ? v->pretok : KVQ_PRETOK_NONE;
     t->max_digits = v->max_digits;
     for (int b = 0; b < 256; b++)
@@ -563,6 +568,10 @@ int32_t kvq_tokenizer_bos(const kvq_tokenizer *t) { return t->bos; }
 int32_t kvq_tokenizer_eos(const kvq_tokenizer *t) { return t->eos; }
 int32_t kvq_tokenizer_unk(const kvq_tokenizer *t) { return t->unk; }
 int kvq_tokenizer_add_bos(const kvq_tokenizer *t) { return t->add_bos; }
+int kvq_tokenizer_add_eos(const kvq_tokenizer *t) { return t->add_eos; }
+kvq_normalizer kvq_tokenizer_normalizer(const kvq_tokenizer *t) { return t->normalizer; }
+int kvq_tokenizer_drops_unknown(const kvq_tokenizer *t) { return t->drop_unknown; }
+const char *kvq_tokenizer_approx(const kvq_tokenizer *t) { return t->approx[0] ? t->approx : NULL; }
 
 kvq_pretok kvq_tokenizer_pretok(const kvq_tokenizer *t, uint32_t *max_digits)
 {
@@ -644,6 +653,8 @@ kvq_status kvq_tokenizer_encode(const kvq_tokenizer *t, const char *text, size_t
     if (len >= (1u << 31))
         return kvq_err_set(err, KVQ_E_TOO_LARGE, "tokenizer '%s': %zu bytes of text in one "
                            "call (limit 2^31)", t->model, len);
+    if ((flags & KVQ_ENCODE_MODEL_BOS) && t->add_bos && t->bos >= 0)
+        flags |= KVQ_ENCODE_BOS;
     if (((flags & KVQ_ENCODE_BOS) && t->bos < 0) || ((flags & KVQ_ENCODE_EOS) && t->eos < 0))
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "tokenizer '%s' has no %s token", t->model,
                            (flags & KVQ_ENCODE_BOS) && t->bos < 0 ? "BOS" : "EOS");
@@ -776,8 +787,24 @@ done:
  * auto-detection
  * ========================================================================== */
 
+kvq_tokenizer_params kvq_tokenizer_params_default(void)
+{
+    kvq_tokenizer_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
 kvq_status kvq_tokenizer_load(const char *path, const kvq_callbacks *cb, kvq_tokenizer **out,
                               kvq_err *err)
+{
+    kvq_tokenizer_params p = kvq_tokenizer_params_default();
+    if (cb)
+        p.cb = *cb;
+    return kvq_tokenizer_load_p(path, &p, out, err);
+}
+
+kvq_status kvq_tokenizer_load_p(const char *path, const kvq_tokenizer_params *prm,
+                                kvq_tokenizer **out, kvq_err *err)
 {
     struct stat sb;
     *out = NULL;
@@ -790,13 +817,13 @@ kvq_status kvq_tokenizer_load(const char *path, const kvq_callbacks *cb, kvq_tok
             return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
         memcpy(p, path, n);
         memcpy(p + n, "/tokenizer.json", sizeof "/tokenizer.json");
-        kvq_status st = kvq_tokenizer_from_hf_json(p, cb, out, err);
+        kvq_status st = kvq_tokenizer_from_hf_json_p(p, prm, out, err);
         free(p);
         return st;
     }
     size_t n = strlen(path);
     if (n >= 5 && strcmp(path + n - 5, ".json") == 0)
-        return kvq_tokenizer_from_hf_json(path, cb, out, err);
+        return kvq_tokenizer_from_hf_json_p(path, prm, out, err);
     kvq_map m;
     kvq_status st = kvq_map_file(path, &m, err);
     if (st)
@@ -810,7 +837,7 @@ kvq_status kvq_tokenizer_load(const char *path, const kvq_callbacks *cb, kvq_tok
     kvq_gguf *g = NULL;
     st = kvq_gguf_open_memory(m.data, m.size, path, &g, err);
     if (st == KVQ_OK)
-        st = kvq_tokenizer_from_gguf(g, path, cb, out, err);
+        st = kvq_tokenizer_from_gguf_p(g, path, prm, out, err);
     if (g)
         kvq_gguf_close(g);
     kvq_unmap(&m);

@@ -4,6 +4,7 @@
  */
 #include "model/tokenizer_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -164,11 +165,66 @@ static kvq_status gguf_special_ids(const kvq_gguf *g, kvq_tokenizer_kind kind, k
     return KVQ_OK;
 }
 
+static int name_in(const char *s, const char *const *names)
+{
+    for (; *names; names++)
+        if (strcmp(s, *names) == 0)
+            return 1;
+    return 0;
+}
+
+/* The split llama.cpp (src/llama-vocab.cpp) gives a tokenizer.ggml.pre name, with its
+ * ignore_merges and default add_bos: 1, or 0 for a name kvq does not implement. */
+static int gguf_pre_split(const char *pre, kvq_vocab *v, int *dflt_bos)
+{
+    static const char *const llama3[] = {"llama3", "llama-bpe", "llama-v3", "falcon3", "pixtral",
+                                         NULL};
+    static const char *const qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez", NULL};
+    static const char *const smollm[] = {"smollm", "starcoder", "refact", "command-r",
+                                         "codeshell", "exaone", "minerva-7b", NULL};
+    static const char *const gpt2[] = {"gpt-2", "gpt2", "phi-2", "jina-es", "jina-de",
+                                       "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code",
+                                       "roberta-bpe", "mpt", "olmo", "jais", NULL};
+    static const char *const gpt4o[] = {"gpt-4o", "llama4", NULL};
+    v->max_digits = 0;
+    v->ignore_merges = 0;
+    *dflt_bos = 0;
+    if (name_in(pre, llama3)) {
+        v->pretok = KVQ_PRETOK_LLAMA3;
+        v->max_digits = 3;
+        v->ignore_merges = 1;
+        *dflt_bos = 1;
+    } else if (name_in(pre, qwen2)) {
+        v->pretok = KVQ_PRETOK_LLAMA3;
+        v->max_digits = 1;
+    } else if (name_in(pre, smollm)) {
+        v->pretok = KVQ_PRETOK_SMOLLM;
+    } else if (name_in(pre, gpt2)) {
+        v->pretok = KVQ_PRETOK_GPT2;
+    } else if (name_in(pre, gpt4o)) {
+        v->pretok = KVQ_PRETOK_GPT4O;
+        v->max_digits = 3;
+    } else if (strcmp(pre, "tekken") == 0) {
+        v->pretok = KVQ_PRETOK_TEKKEN;
+        v->max_digits = 1;
+        v->ignore_merges = 1;
+        *dflt_bos = 1;
+    } else if (strcmp(pre, "deepseek-llm") == 0) {
+        v->pretok = KVQ_PRETOK_DEEPSEEK_LLM; /* llama.cpp ends with \p{N}+ */
+    } else if (strcmp(pre, "default") == 0) {
+        v->pretok = KVQ_PRETOK_DEFAULT;
+    } else {
+        v->pretok = KVQ_PRETOK_GPT2;
+        return 0;
+    }
+    return 1;
+}
+
 /* The byte-level BPE settings: v->merges (malloc'd *merges) from tokenizer.ggml.merges,
  * the pre-tokenizer from tokenizer.ggml.pre, the prefix and BOS flags. */
 static kvq_status gguf_bpe(const kvq_gguf *g, kvq_vocab *v, const char ***merges,
-                           const char *label, const char *model, const kvq_callbacks *cb,
-                           kvq_err *err)
+                           const char *label, const char *model, const kvq_tokenizer_params *p,
+                           char *approx, size_t approx_size, kvq_err *err)
 {
     const kvq_gguf_value *mv = gguf_array(g, "tokenizer.ggml.merges", KVQ_GGUF_STRING);
     if (!mv)
@@ -185,30 +241,41 @@ static kvq_status gguf_bpe(const kvq_gguf *g, kvq_vocab *v, const char ***merges
         (*merges)[i] = mv->v.arr.items[i].v.str.s;
     v->merges = *merges;
     v->byte_level = 1;
+    v->drop_unknown = 1; /* llama.cpp's BPE session drops what has no token */
     v->add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix", 0);
     const char *pre = kvq_gguf_get_str(g, "tokenizer.ggml.pre");
-    v->pretok = KVQ_PRETOK_GPT2;
-    if (pre && (!strcmp(pre, "llama3") || !strcmp(pre, "llama-bpe") ||
-                !strcmp(pre, "llama-v3"))) {
-        v->pretok = KVQ_PRETOK_LLAMA3;
-        v->max_digits = 3;
-        v->ignore_merges = 1;
-    } else if (pre && (!strcmp(pre, "qwen2") || !strcmp(pre, "deepseek-r1-qwen"))) {
-        v->pretok = KVQ_PRETOK_LLAMA3;
-        v->max_digits = 1;
-    } else if (pre && strcmp(pre, "gpt-2") && strcmp(pre, "gpt2") &&
-               strcmp(pre, "default")) {
-        kvq_log(cb, KVQ_LOG_WARN, "%s: pre-tokenizer '%s' is approximated by the GPT-2 split",
-                label, pre);
+    int dflt_bos = 0;
+    v->pretok = KVQ_PRETOK_GPT2; /* also when the key is absent (files from before it) */
+    if (pre && !gguf_pre_split(pre, v, &dflt_bos)) {
+        if (!p->accept_approx)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: pre-tokenizer '%s' "
+                               "(tokenizer.ggml.pre) is not implemented; kvq would approximate "
+                               "it by the GPT-2 split only if asked to accept the "
+                               "approximation", label, pre);
+        snprintf(approx, approx_size, "pre-tokenizer '%s' approximated by the GPT-2 split", pre);
+        v->approx = approx;
+        kvq_log(&p->cb, KVQ_LOG_WARN, "%s: %s", label, approx);
     }
-    v->add_bos = gguf_bool(g, "tokenizer.ggml.add_bos_token",
-                           v->pretok == KVQ_PRETOK_LLAMA3 && v->max_digits == 3);
+    v->add_bos = gguf_bool(g, "tokenizer.ggml.add_bos_token", dflt_bos);
+    v->add_eos = gguf_bool(g, "tokenizer.ggml.add_eos_token", 0);
     return KVQ_OK;
 }
 
 kvq_status kvq_tokenizer_from_gguf(const kvq_gguf *g, const char *label,
                                    const kvq_callbacks *cb, kvq_tokenizer **out, kvq_err *err)
 {
+    kvq_tokenizer_params p = kvq_tokenizer_params_default();
+    if (cb)
+        p.cb = *cb;
+    return kvq_tokenizer_from_gguf_p(g, label, &p, out, err);
+}
+
+kvq_status kvq_tokenizer_from_gguf_p(const kvq_gguf *g, const char *label,
+                                     const kvq_tokenizer_params *p, kvq_tokenizer **out,
+                                     kvq_err *err)
+{
+    const kvq_callbacks *cb = &p->cb;
+    char approx[192];
     const char **tokens = NULL, **merges = NULL;
     uint32_t *lens = NULL;
     float *scores = NULL;
@@ -244,8 +311,9 @@ kvq_status kvq_tokenizer_from_gguf(const kvq_gguf *g, const char *label,
     if (st == KVQ_OK && kind == KVQ_TOKENIZER_SPM) {
         v.add_space_prefix = gguf_bool(g, "tokenizer.ggml.add_space_prefix", 1);
         v.add_bos = gguf_bool(g, "tokenizer.ggml.add_bos_token", 1);
+        v.add_eos = gguf_bool(g, "tokenizer.ggml.add_eos_token", 0);
     } else if (st == KVQ_OK) {
-        st = gguf_bpe(g, &v, &merges, label, model, cb, err);
+        st = gguf_bpe(g, &v, &merges, label, model, p, approx, sizeof approx, err);
     }
     if (st == KVQ_OK)
         st = kvq_tokenizer_new(kind, &v, label, cb, out, err);

@@ -5,6 +5,7 @@
 #include "model/tokenizer_internal.h"
 
 #include <cJSON.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -63,29 +64,139 @@ static int is_int_id(const cJSON *it, uint32_t limit)
     return d >= 0 && d < (double)limit && d == (double)(int64_t)d;
 }
 
-/* Chooses the pre-token split from a Split pre-tokenizer's regex (or GPT-2 when the
- * ByteLevel pre-tokenizer does the splitting itself). */
-static void hf_pretok(const cJSON *pre, kvq_vocab *v, const char *label,
-                      const kvq_callbacks *cb)
+/* The components of a pre-tokenizer, Sequences flattened: up to max into items. */
+static int flatten(const cJSON *node, const cJSON **items, int max, int n)
 {
+    if (!node || cJSON_IsNull(node))
+        return n;
+    const char *t = json_str(node, "type");
+    if (t && strcmp(t, "Sequence") == 0) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, cJSON_GetObjectItemCaseSensitive(node, "pretokenizers"))
+            n = flatten(e, items, max, n);
+        return n;
+    }
+    if (n < max)
+        items[n] = node;
+    return n + 1;
+}
+
+static int is_type(const cJSON *node, const char *type)
+{
+    const char *t = json_str(node, "type");
+    return t && strcmp(t, type) == 0;
+}
+
+/* A Split that isolates the matches of a regex: the regex, else NULL. */
+static const char *isolated_split(const cJSON *node)
+{
+    if (!is_type(node, "Split"))
+        return NULL;
+    const char *beh = json_str(node, "behavior");
+    if (!beh || strcmp(beh, "Isolated") != 0 ||
+        cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(node, "invert")))
+        return NULL;
+    return json_str(cJSON_GetObjectItemCaseSensitive(node, "pattern"), "Regex");
+}
+
+static int is_individual_digits(const cJSON *node)
+{
+    return is_type(node, "Digits") &&
+           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(node, "individual_digits"));
+}
+
+/* Writes "type(regex), type, ..." of the components into d. */
+static void describe(const cJSON *const *items, int n, char *d, size_t size)
+{
+    size_t w = 0;
+    d[0] = '\0';
+    for (int k = 0; k < n && w + 1 < size; k++) {
+        const char *t = json_str(items[k], "type");
+        const char *re = json_str(cJSON_GetObjectItemCaseSensitive(items[k], "pattern"), "Regex");
+        int m = re ? snprintf(d + w, size - w, "%s%s /%.48s%s/", k ? ", " : "", t ? t : "?", re,
+                              strlen(re) > 48 ? "..." : "")
+                   : snprintf(d + w, size - w, "%s%s", k ? ", " : "", t ? t : "?");
+        if (m < 0)
+            break;
+        w += (size_t)m;
+    }
+}
+
+/* The byte-level split of a pre_tokenizer (see kvq/tokenizer.h): 1, or 0 with a
+ * description of what kvq does not know in desc. */
+static int hf_split(const cJSON *pre, kvq_vocab *v, char *desc, size_t size)
+{
+    const cJSON *items[16];
+    int n = flatten(pre, items, 16, 0);
     v->pretok = KVQ_PRETOK_GPT2;
     v->max_digits = 0;
-    const cJSON *split = json_find_type(pre, "Split");
-    const char *re = NULL;
-    if (split) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(split, "pattern");
-        re = json_str(pat, "Regex");
+    if (n == 0) /* no pre_tokenizer, a ByteLevel decoder: the GPT-2 split, as always */
+        return 1;
+    if (n > 16) {
+        snprintf(desc, size, "a sequence of %d pre-tokenizers", n);
+        return 0;
     }
-    if (!re)
-        return;
-    if (strstr(re, "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+")) {
-        v->pretok = KVQ_PRETOK_LLAMA3;
-        v->max_digits = strstr(re, "\\p{N}{1,3}") ? 3 : strstr(re, "\\p{N}+") ? 0 : 1;
-        return;
+    const cJSON *bl = items[n - 1];
+    if (is_type(bl, "ByteLevel")) {
+        const int use_regex = !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(bl, "use_regex"));
+        const char *re = n == 2 ? isolated_split(items[0]) : NULL;
+        if (use_regex && n == 1)
+            return 1;
+        if (use_regex && n == 2 && is_individual_digits(items[0])) {
+            v->pretok = KVQ_PRETOK_SMOLLM;
+            return 1;
+        }
+        if (!use_regex && n == 1) {
+            v->pretok = KVQ_PRETOK_NONE;
+            return 1;
+        }
+        if (!use_regex && re && tok_pretok_from_regex(re, &v->pretok, &v->max_digits))
+            return 1;
+        if (!use_regex && n == 7 && is_individual_digits(items[5])) {
+            int k = 0;
+            while (k < 5 && isolated_split(items[k]) &&
+                   tok_pretok_deepseek_stage(k, isolated_split(items[k])))
+                k++;
+            if (k == 5) {
+                v->pretok = KVQ_PRETOK_DEEPSEEK_LLM;
+                v->max_digits = 1;
+                return 1;
+            }
+        }
     }
-    if (!strstr(re, " ?\\p{L}+| ?\\p{N}+"))
-        kvq_log(cb, KVQ_LOG_WARN, "%s: pre-tokenizer regex '%.80s' is approximated by the "
-                "GPT-2 split", label, re);
+    v->pretok = KVQ_PRETOK_GPT2;
+    v->max_digits = 0;
+    int m = snprintf(desc, size, "pre-tokenizer ");
+    describe(items, n, desc + m, size - (size_t)m);
+    return 0;
+}
+
+/* The normalizer of a byte-level tokenizer: 1 and *norm, or 0 (desc says which). */
+static int hf_normalizer(const cJSON *norm, kvq_normalizer *out, char *desc, size_t size)
+{
+    *out = KVQ_NORM_NONE;
+    if (!norm || cJSON_IsNull(norm))
+        return 1;
+    const cJSON *one = norm;
+    if (is_type(norm, "Sequence")) {
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(norm, "normalizers");
+        int c = cJSON_GetArraySize(l);
+        if (c == 0)
+            return 1;
+        if (c == 1)
+            one = cJSON_GetArrayItem(l, 0);
+    }
+    if (is_type(one, "NFC")) {
+        *out = KVQ_NORM_NFC;
+        return 1;
+    }
+    if (is_type(one, "NFKC")) {
+        *out = KVQ_NORM_NFKC;
+        return 1;
+    }
+    const char *t = json_str(one, "type");
+    snprintf(desc, size, "normalizer %s", t ? t : "?");
+    return 0;
 }
 
 /* The "model" object of a BPE tokenizer.json (no subword prefix/suffix) and its vocab,
@@ -233,8 +344,10 @@ static kvq_status hf_merges(const cJSON *mlist, kvq_vocab *v, const char ***merg
  * metaspace vocabularies get their <0xHH> byte tokens typed. */
 static kvq_status hf_flavour(const cJSON *root, const cJSON *model, kvq_vocab *v,
                              const char **tokens, int32_t *types, uint32_t n,
-                             const char *label, const kvq_callbacks *cb, kvq_err *err)
+                             const char *label, const kvq_tokenizer_params *p, char *approx,
+                             size_t approx_size, kvq_err *err)
 {
+    const kvq_callbacks *cb = &p->cb;
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
@@ -247,12 +360,27 @@ static kvq_status hf_flavour(const cJSON *root, const cJSON *model, kvq_vocab *v
         v->byte_level = 1;
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(bl, "add_prefix_space");
         v->add_space_prefix = cJSON_IsTrue(aps) && json_find_type(pre, "ByteLevel") != NULL;
-        const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(bl, "use_regex");
-        if (json_find_type(pre, "Split") || !cJSON_IsFalse(use_regex))
-            hf_pretok(pre, v, label, cb);
-        else
-            v->pretok = KVQ_PRETOK_NONE;
+        char d1[128] = "", d2[64] = "";
+        int ok_split = hf_split(pre, v, d1, sizeof d1);
+        int ok_norm = hf_normalizer(norm, &v->normalizer, d2, sizeof d2);
+        if (!ok_split || !ok_norm) {
+            if (!p->accept_approx)
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s%s%s is not implemented; kvq "
+                                   "would approximate it by the GPT-2 split only if asked to "
+                                   "accept the approximation", label, d1,
+                                   (!ok_split && !ok_norm) ? " and " : "", d2);
+            snprintf(approx, approx_size, "%s%s%s approximated by the GPT-2 split%s", d1,
+                     (!ok_split && !ok_norm) ? " and " : "", d2,
+                     ok_norm ? "" : " without normalizer");
+            v->approx = approx;
+            if (!ok_split)
+                v->pretok = KVQ_PRETOK_GPT2;
+            kvq_log(cb, KVQ_LOG_WARN, "%s: %s", label, approx);
+        }
         v->ignore_merges = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
+        /* HF's BPE without unk_token (and without byte_fallback) drops unknown symbols */
+        v->drop_unknown = !json_str(model, "unk_token") &&
+                          !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback"));
     } else if (meta || metaspace_norm) {
         v->byte_level = 0;
         v->add_space_prefix = json_find_type(norm, "Prepend") != NULL;
@@ -272,8 +400,6 @@ static kvq_status hf_flavour(const cJSON *root, const cJSON *model, kvq_vocab *v
                 types[i] = KVQ_TOKEN_BYTE;
     if (!v->byte_level && json_find_type(norm, "NFC"))
         kvq_log(cb, KVQ_LOG_WARN, "%s: the NFC normalizer is not applied", label);
-    if (v->byte_level && (json_find_type(norm, "NFC") || json_find_type(norm, "NFKC")))
-        kvq_log(cb, KVQ_LOG_WARN, "%s: the Unicode normalizer is not applied", label);
     return KVQ_OK;
 }
 
@@ -305,17 +431,30 @@ static kvq_status hf_special(const cJSON *root, const cJSON *model, const char *
         if (cJSON_IsBool(ab))
             add_bos = cJSON_IsTrue(ab);
     }
-    if (!bos) { /* the template's first special token */
-        const cJSON *tp = json_find_type(cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
-                                         "TemplateProcessing");
-        const cJSON *single = tp ? cJSON_GetObjectItemCaseSensitive(tp, "single") : NULL;
-        const cJSON *first = cJSON_GetArrayItem(single, 0);
-        const cJSON *sp = first ? cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") : NULL;
-        if (sp) {
-            bos = json_str(sp, "id");
-            if (bos && add_bos < 0)
-                add_bos = 1;
-        }
+    int add_eos = -1;
+    if (cfg) {
+        const cJSON *ae = cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
+        if (cJSON_IsBool(ae))
+            add_eos = cJSON_IsTrue(ae);
+    }
+    /* the post-processor's template: a leading special token is BOS, a trailing one EOS */
+    const cJSON *tp = json_find_type(cJSON_GetObjectItemCaseSensitive(root, "post_processor"),
+                                     "TemplateProcessing");
+    const cJSON *single = tp ? cJSON_GetObjectItemCaseSensitive(tp, "single") : NULL;
+    const cJSON *first = cJSON_GetArrayItem(single, 0);
+    const cJSON *last = cJSON_GetArrayItem(single, cJSON_GetArraySize(single) - 1);
+    const cJSON *sp = first ? cJSON_GetObjectItemCaseSensitive(first, "SpecialToken") : NULL;
+    const cJSON *ep = last && last != first ? cJSON_GetObjectItemCaseSensitive(last, "SpecialToken")
+                                            : NULL;
+    const char *tbos = sp ? json_str(sp, "id") : NULL;
+    const char *teos = ep ? json_str(ep, "id") : NULL;
+    if (!bos && tbos)
+        bos = tbos;
+    if (cJSON_IsArray(single) && cJSON_GetArraySize(single) > 0) {
+        if (add_bos < 0)
+            add_bos = tbos != NULL;
+        if (add_eos < 0)
+            add_eos = teos != NULL;
     }
     static const char *const bos_names[] = {"<|begin_of_text|>", "<s>", "<|endoftext|>"};
     static const char *const eos_names[] = {"<|end_of_text|>", "</s>", "<|endoftext|>"};
@@ -334,6 +473,7 @@ static kvq_status hf_special(const cJSON *root, const cJSON *model, const char *
             v->eos = (int32_t)i;
     }
     v->add_bos = add_bos >= 0 ? add_bos : v->bos >= 0 && strcmp(tokens[v->bos], "<|endoftext|>");
+    v->add_eos = add_eos > 0;
     cJSON_Delete(cfg);
     return KVQ_OK;
 }
@@ -342,6 +482,19 @@ kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const
                                              const char *label, const kvq_callbacks *cb,
                                              kvq_tokenizer **out, kvq_err *err)
 {
+    kvq_tokenizer_params p = kvq_tokenizer_params_default();
+    if (cb)
+        p.cb = *cb;
+    return kvq_tokenizer_from_hf_json_memory_p(json, len, config, label, &p, out, err);
+}
+
+kvq_status kvq_tokenizer_from_hf_json_memory_p(const char *json, size_t len,
+                                               const char *config, const char *label,
+                                               const kvq_tokenizer_params *prm,
+                                               kvq_tokenizer **out, kvq_err *err)
+{
+    const kvq_callbacks *cb = &prm->cb;
+    char approx[192];
     kvq_status st = KVQ_OK;
     cJSON *root = NULL;
     const char **tokens = NULL, **merges = NULL;
@@ -373,7 +526,7 @@ kvq_status kvq_tokenizer_from_hf_json_memory(const char *json, size_t len, const
     v.types = types;
     st = hf_merges(mlist, &v, &merges, label, err);
     if (st == KVQ_OK)
-        st = hf_flavour(root, model, &v, tokens, types, n, label, cb, err);
+        st = hf_flavour(root, model, &v, tokens, types, n, label, prm, approx, sizeof approx, err);
     if (st == KVQ_OK)
         st = hf_special(root, model, config, tokens, n, &v, label, err);
     if (st == KVQ_OK)
@@ -388,6 +541,15 @@ done:
 
 kvq_status kvq_tokenizer_from_hf_json(const char *path, const kvq_callbacks *cb,
                                       kvq_tokenizer **out, kvq_err *err)
+{
+    kvq_tokenizer_params p = kvq_tokenizer_params_default();
+    if (cb)
+        p.cb = *cb;
+    return kvq_tokenizer_from_hf_json_p(path, &p, out, err);
+}
+
+kvq_status kvq_tokenizer_from_hf_json_p(const char *path, const kvq_tokenizer_params *prm,
+                                        kvq_tokenizer **out, kvq_err *err)
 {
     uint8_t *json = NULL, *config = NULL;
     size_t n = 0, cn = 0;
@@ -411,8 +573,8 @@ kvq_status kvq_tokenizer_from_hf_json(const char *path, const kvq_callbacks *cb,
         st = kvq_err_set(err, cst, "%s", cerr.msg);
         goto done;
     }
-    st = kvq_tokenizer_from_hf_json_memory((const char *)json, n, (const char *)config, path, cb,
-                                           out, err);
+    st = kvq_tokenizer_from_hf_json_memory_p((const char *)json, n, (const char *)config, path,
+                                             prm, out, err);
 done:
     free(json);
     free(config);

@@ -40,11 +40,13 @@ struct kvq_tokenizer {
     size_t pair_mask;
 
     int32_t bos, eos, unk;
-    int add_bos;
+    int add_bos, add_eos;
     int add_space_prefix;           /* SPM / metaspace dummy prefix */
-    int byte_level, ignore_merges;
+    int byte_level, ignore_merges, drop_unknown;
     kvq_pretok pretok;
     uint32_t max_digits;
+    kvq_normalizer normalizer;      /* HF NFC / NFKC, applied before the split */
+    char approx[192];               /* what was approximated ("" = exact) */
 };
 
 /* ---- shared helpers (tokenizer.c) ---------------------------------------------------- */
@@ -115,11 +117,20 @@ kvq_status tok_bpe_encode(const kvq_tokenizer *t, const char *text, size_t len, 
 uint32_t tok_byte_to_cp(uint8_t b);
 int tok_cp_to_byte(uint32_t cp);
 
-/* End of the pre-token starting at text[i] (i < len). */
-size_t tok_pretok_next(kvq_pretok style, uint32_t max_digits, const char *text, size_t len,
-                       size_t i);
+/* ---- pre-token splits (tokenizer_pretok.c) ------------------------------------------ */
+/* The split whose HF Split regex is re (tokenizer.json's spelling): 1 and *style,
+ * *digits set, or 0 when re is not one kvq knows. */
+int tok_pretok_from_regex(const char *re, kvq_pretok *style, uint32_t *digits);
+/* Is re stage k (0..4) of deepseek-llm's HF Split sequence? */
+int tok_pretok_deepseek_stage(int k, const char *re);
 
-/* Class of a code point in the byte-level pre-tokenizer (tokenizer_bpe.c): 0 other,
+/* ---- Unicode normalization (tokenizer_norm.c) ----------------------------------------- */
+/* *out (malloc'd, *out_len bytes, NUL-terminated) = NFC or NFKC of s[0..n). Bytes that
+ * are not well-formed UTF-8 pass through unchanged and block composition. */
+kvq_status tok_normalize(kvq_normalizer form, const char *s, size_t n, char **out,
+                         size_t *out_len, kvq_err *err);
+
+/* Class of a code point in the byte-level pre-tokenizer (tokenizer_pretok.c): 0 other,
  * 1 letter (\p{L}), 2 number (\p{N}), 3 space (\s); above U+10FFFF: other. */
 int tok_cp_class(uint32_t cp);
 

@@ -127,6 +127,8 @@ kvq_status tok_emit(const kvq_tokenizer *t, const tok_sym *syms, size_t n, const
             for (uint32_t k = 0; k < s->len; k++)
                 if (tok_ids_push(out, t->byte_tok[b[k]]))
                     return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");
+        } else if (t->drop_unknown) {
+            continue; /* llama.cpp / HF: a symbol that is no token gives nothing */
         } else if (t->unk >= 0) {
             if (tok_ids_push(out, t->unk))
                 return kvq_err_set(err, KVQ_E_NOMEM, "tokenizer: out of memory");

@@ -117,7 +117,7 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
     sp.seq_len = (uint32_t)p->capture.seq_len;
-    sp.add_bos = kvq_tokenizer_bos(tok) >= 0;
+    sp.add_bos = kvq_tokenizer_add_bos(tok) && kvq_tokenizer_bos(tok) >= 0; /* the model says */
     sp.sep = sp.add_bos ? KVQ_DOC_SEP_BOS
                         : kvq_tokenizer_eos(tok) >= 0 ? KVQ_DOC_SEP_EOS : KVQ_DOC_SEP_NONE;
     /* The calibration set, the rest of its last sequence, and the held-out set. */

@@ -1159,6 +1159,116 @@ static int teardown(void **state)
     return 0;
 }
 
+/* The other splits, against pieces computed with Python's `regex` module from the
+ * families' tokenizer.json expressions (tests/data/hf_pre/) and llama.cpp's lists. */
+static void test_pretokenize_families(void **state)
+{
+    (void)state;
+    const char *const sm[] = {"abc", " ", "1", "2", "3", " x", "1", "y"};
+    assert_split(KVQ_PRETOK_SMOLLM, 0, "abc 123 x1y", sm, 8);
+    const char *tk = "HelloWorld \xc3\x89" "COLE na\xc3\xafve caf\xc3\xa9's 12345 a/b//\n\n x";
+    const char *const tkw[] = {"Hello", "World", " \xc3\x89" "COLE", " na\xc3\xafve",
+                               " caf\xc3\xa9", "'s", " ", "1", "2", "3", "4", "5", " a", "/b",
+                               "//\n\n", " x"};
+    assert_split(KVQ_PRETOK_TEKKEN, 1, tk, tkw, 16);
+    const char *const o2[] = {"Hello", "World", " DON'T", " we'll", " ", "123", "45", " path",
+                              "/to", "/\r\n", " ", " end"};
+    assert_split(KVQ_PRETOK_GPT4O, 3, "HelloWorld DON'T we'll 12345 path/to/\r\n  end", o2, 12);
+    const char *const ds[] = {"Hello", ",", " world", "!", " ", "\xe4\xbd\xa0\xe5\xa5\xbd", " ",
+                              "1", "2", " ab", "  ", "\n", "x", "   "};
+    assert_split(KVQ_PRETOK_DEEPSEEK_LLM, 1,
+                 "Hello, world! \xe4\xbd\xa0\xe5\xa5\xbd 12 ab  \nx   ", ds, 14);
+    const char *const df[] = {"a", "+", "b", "=", "c", " ", "123", "456", "78", " hi", "!!"};
+    assert_split(KVQ_PRETOK_DEFAULT, 0, "a+b=c 12345678 hi!!", df, 11);
+    assert_string_equal(kvq_pretok_name(KVQ_PRETOK_SMOLLM), "smollm");
+}
+
+/* NFC in a byte-level tokenizer.json: a decomposed e + U+0301 encodes as the
+ * precomposed token; without the normalizer it does not. */
+static void test_bpe_hf_nfc(void **state)
+{
+    (void)state;
+    char *json = bytelevel_json(MERGES_STR, PRE_GPT2, 0);
+    char *at = strstr(json, "\"normalizer\":null");
+    assert_non_null(at);
+    static const char nfc[] = "\"normalizer\":{\"type\":\"NFC\"}";
+    char *j2 = malloc(strlen(json) + sizeof nfc);
+    assert_non_null(j2);
+    sprintf(j2, "%.*s%s%s", (int)(at - json), json, nfc, at + strlen("\"normalizer\":null"));
+    kvq_tokenizer *t = hf_tok(j2, NULL);
+    assert_int_equal(kvq_tokenizer_normalizer(t), KVQ_NORM_NFC);
+    assert_ids(t, "caf\x65\xcc\x81", (const int32_t[]){'c', 'a', 'f', ID_EACUTE}, 4);
+    kvq_tokenizer_free(t);
+    t = hf_tok(json, NULL);
+    assert_int_equal(kvq_tokenizer_normalizer(t), KVQ_NORM_NONE);
+    assert_ids(t, "\x65\xcc\x81", (const int32_t[]){'e', 0xCC, 0x81}, 3);
+    kvq_tokenizer_free(t);
+    free(j2);
+    free(json);
+}
+
+/* An unknown pre-tokenizer is refused with its name unless the approximation is
+ * accepted, which kvq_tokenizer_approx then reports; GGUF names map to their splits. */
+static void test_unknown_pretok(void **state)
+{
+    (void)state;
+    static const char pre[] = "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":"
+                              "\"Punctuation\"},{\"type\":\"ByteLevel\",\"use_regex\":true}]}";
+    char *json = bytelevel_json(MERGES_STR, pre, 0);
+    kvq_tokenizer *t = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_tokenizer_from_hf_json_memory(json, strlen(json), NULL, "tok.json", NULL,
+                                                       &t, &e), KVQ_E_UNSUPPORTED);
+    assert_null(t);
+    assert_non_null(strstr(e.msg, "Punctuation"));
+    kvq_tokenizer_params p = kvq_tokenizer_params_default();
+    p.accept_approx = 1;
+    assert_int_equal(kvq_tokenizer_from_hf_json_memory_p(json, strlen(json), NULL, "tok.json", &p,
+                                                         &t, &e), KVQ_OK);
+    assert_non_null(kvq_tokenizer_approx(t));
+    assert_non_null(strstr(kvq_tokenizer_approx(t), "Punctuation"));
+    assert_int_equal(kvq_tokenizer_pretok(t, NULL), KVQ_PRETOK_GPT2);
+    kvq_tokenizer_free(t);
+    free(json);
+
+    gguf_vocab gv;
+    char chars[256][4];
+    kvq_gguf_writer *w = gpt2_writer(&gv, chars);
+    static const struct {
+        const char *name;
+        kvq_pretok style;
+        uint32_t digits;
+    } names[] = {{"smollm", KVQ_PRETOK_SMOLLM, 0}, {"qwen2", KVQ_PRETOK_LLAMA3, 1},
+                 {"deepseek-r1-qwen", KVQ_PRETOK_LLAMA3, 1}, {"tekken", KVQ_PRETOK_TEKKEN, 1},
+                 {"gpt-4o", KVQ_PRETOK_GPT4O, 3}, {"deepseek-llm", KVQ_PRETOK_DEEPSEEK_LLM, 0},
+                 {"default", KVQ_PRETOK_DEFAULT, 0}, {"gpt-2", KVQ_PRETOK_GPT2, 0}};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        set_str(w, "tokenizer.ggml.pre", names[k].name);
+        assert_int_equal(gguf_tok(w, &t, &e), KVQ_OK);
+        uint32_t d = 99;
+        assert_int_equal(kvq_tokenizer_pretok(t, &d), names[k].style);
+        assert_int_equal(d, names[k].digits);
+        assert_null(kvq_tokenizer_approx(t));
+        /* llama.cpp's default without add_bos_token: BOS for tekken (and llama3) only */
+        assert_int_equal(kvq_tokenizer_add_bos(t), names[k].style == KVQ_PRETOK_TEKKEN);
+        kvq_tokenizer_free(t);
+    }
+    set_str(w, "tokenizer.ggml.pre", "no-such-pre");
+    assert_int_equal(gguf_tok(w, &t, &e), KVQ_E_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "'no-such-pre'"));
+    void *data;
+    size_t size;
+    kvq_gguf *g = NULL;
+    assert_int_equal(kvq_gguf_writer_to_buffer(w, &data, &size, &e), KVQ_OK);
+    assert_int_equal(kvq_gguf_open_memory(data, size, "t.gguf", &g, &e), KVQ_OK);
+    assert_int_equal(kvq_tokenizer_from_gguf_p(g, "t.gguf", &p, &t, &e), KVQ_OK);
+    assert_non_null(strstr(kvq_tokenizer_approx(t), "no-such-pre"));
+    kvq_tokenizer_free(t);
+    kvq_gguf_close(g);
+    free(data);
+    kvq_gguf_writer_free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1286,9 @@ int main(void)
         cmocka_unit_test(test_bpe_hf_metaspace),
         cmocka_unit_test(test_bpe_gguf),
         cmocka_unit_test(test_pretokenize),
+        cmocka_unit_test(test_pretokenize_families),
+        cmocka_unit_test(test_bpe_hf_nfc),
+        cmocka_unit_test(test_unknown_pretok),
         cmocka_unit_test(test_ids),
     };
     return cmocka_run_group_tests_name("tokenizer", tests, NULL, teardown);

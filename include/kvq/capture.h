@@ -167,7 +167,7 @@ kvq_status kvq_capture_tokens(const kvq_model *m, const int32_t *tokens, int64_t
 /* Opens the corpus `spec` (kvq/corpus.h syntax; cp NULL = defaults, cp->seed seeds the
  * synthetic generators), tokenizes it with the model's tokenizer (a model without one
  * reads ids: corpora only) into packed sequences of p->seq_len tokens, each starting
- * with BOS when the tokenizer has one (partial last sequence kept), up to
+ * with BOS when the model adds one (kvq_tokenizer_add_bos; partial last sequence kept), up to
  * p->max_tokens, then kvq_capture_tokens. The token ids are held in memory (4 bytes
  * each); the corpus hash covers the documents read.
  * Errors: those of kvq_corpus_open/tokenize (an empty corpus is KVQ_E_INVALID_ARG

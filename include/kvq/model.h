@@ -115,6 +115,9 @@ typedef struct kvq_model kvq_model;
 typedef struct kvq_model_params {
     int load_tokenizer;       /* 1 (default): load the tokenizer when the model has one */
     kvq_callbacks cb;         /* warnings (e.g. a tokenizer larger than the model); may be zero */
+    int accept_approx_tokenizer; /* 0 (default): a tokenizer whose pre-tokenizer or normalizer
+                                    kvq does not implement is refused; 1: approximated, and
+                                    kvq_tokenizer_approx(kvq_model_tokenizer(m)) says how */
 } kvq_model_params;
 
 kvq_model_params kvq_model_params_default(void);
