@@ -80,16 +80,12 @@ else
   fail calibrate_inspect "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
 fi
 
-if "$KVQ" eval --help | grep -q -- '--artifact'; then
-  _cli_run "$KVQ" eval --model "$M" --artifact "$T/a.kvq" --corpus kv-recall:1 --seq-len 128 \
-    --max-tokens 256 --selectors codebook --budgets 10% --threads 1 -q
-  if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -Eq '^qavq +10%' "$CLI_TMP/stdout"; then
-    ok calibrate_eval_loads_artifact
-  else
-    fail calibrate_eval_loads_artifact "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
-  fi
+_cli_run "$KVQ" eval --model "$M" --artifact "$T/a.kvq" --corpus kv-recall:1 --seq-len 128 \
+  --max-tokens 256 --selectors codebook --budgets 10% --threads 1 -q
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -Eq '^qavq +10%' "$CLI_TMP/stdout"; then
+  ok calibrate_eval_loads_artifact
 else
-  skip calibrate_eval_loads_artifact "kvq eval has no --artifact yet"
+  fail calibrate_eval_loads_artifact "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
 fi
 
 # The same command again: every stage skipped, the output left alone.
@@ -147,10 +143,14 @@ else
   fail calibrate_no_profile "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
 fi
 
-# --force: every stage again, the same bytes.
+# --force: every stage again, the same bytes as the previous run (saved before it: the
+# work directory's copies are rewritten by this run, so they prove nothing).
+cp "$T/b.kvq" "$T/b.before.kvq"
+cp "$W/moments.safetensors" "$T/mom.before.safetensors"
 _cli_run cal --iters 4 --force -o "$T/b.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(n_lines 'running: forced')" = 5 ] &&
-   cmp -s "$T/b.kvq" "$W/profile.kvq" && cmp -s "$T/fit.kvq" "$W/fit.kvq"; then
+   cmp -s "$T/b.kvq" "$T/b.before.kvq" && cmp -s "$T/fit.kvq" "$W/fit.kvq" &&
+   cmp -s "$W/moments.safetensors" "$T/mom.before.safetensors"; then
   ok calibrate_force_same_bytes
 else
   fail calibrate_force_same_bytes "exit $(cat "$CLI_TMP/rc")" "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"

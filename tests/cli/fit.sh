@@ -25,13 +25,10 @@ KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
 if [ ! -f "$KVQ_TEST_MODEL" ]; then
   skip fit_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
 fi
-if ! "$KVQ" help | grep -q '^  capture' || ! "$KVQ" help | grep -q '^  moments'; then
-  skip fit_stories260K "kvq capture or kvq moments is not built"; cli_done; exit
-fi
 if ! "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:8 --seq-len 64 --max-tokens 4096 \
      --threads 1 -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err"; then
-  skip fit_stories260K "capture or moments failed: $(head -1 "$T/err")"; cli_done; exit
+  fail fit_stories260K "capture or moments failed:" "$(head -3 "$T/err")"; cli_done; exit
 fi
 
 fit() { "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 32 --iters 5 -q "$@"; }

@@ -25,17 +25,12 @@ KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
 if [ ! -f "$KVQ_TEST_MODEL" ]; then
   skip profile_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
 fi
-for c in capture moments fit; do
-  if ! "$KVQ" help | grep -q "^  $c "; then
-    skip profile_stories260K "kvq $c is not built"; cli_done; exit
-  fi
-done
 if ! "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 \
      --threads 1 -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err" ||
    ! "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 16 --iters 3 --threads 1 -q \
      -o "$T/a.kvq" 2>>"$T/err"; then
-  skip profile_stories260K "capture, moments or fit failed: $(head -1 "$T/err")"; cli_done; exit
+  fail profile_stories260K "capture, moments or fit failed:" "$(head -3 "$T/err")"; cli_done; exit
 fi
 
 prof() {

@@ -46,14 +46,11 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$(cat "$CLI_TMP/stdout")" = "$golden" ];
   ok runtime_full_selector_golden; else fail runtime_full_selector_golden "$(cat "$CLI_TMP/stdout" "$CLI_TMP/stderr")"; fi
 
 # ---- an artifact of the real model ----------------------------------------------------
-if ! "$KVQ" help | grep -q '^  fit'; then
-  skip runtime_artifact "kvq fit is not built"; cli_done; exit
-fi
 if ! "$KVQ" capture --model "$MODEL" --corpus uuid:8 --seq-len 64 --max-tokens 4096 --threads 1 \
        -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err" ||
    ! "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 32 --iters 5 -q -o "$T/a.kvq" 2>>"$T/err"; then
-  skip runtime_artifact "capture, moments or fit failed: $(head -1 "$T/err")"; cli_done; exit
+  fail runtime_artifact "capture, moments or fit failed:" "$(head -3 "$T/err")"; cli_done; exit
 fi
 
 for cache in f32 f16; do
