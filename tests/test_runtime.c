@@ -443,11 +443,12 @@ static void test_shared_element_functions(void **state)
     assert_int_equal(kvq_rk_digit_mask(2), (1u << KVQ_RK_DIGIT_BITS2) - 1);
 }
 
-/* The selection rule of the CUDA top-k kernel (k_topk), run on the host with the same
- * KVQ_HD functions: three radix passes over the keys sharing the digits fixed so far
+/* A host copy, written in this test, of the selection rule of the CUDA top-k kernel
+ * (k_topk), with the same KVQ_HD functions; the kernel itself is not run here (that needs
+ * a GPU), so a bug in the kernel's own code goes unseen: three radix passes over the keys sharing the digits fixed so far
  * (a prefix mask), the threshold key T, then every key above T and the first `ties`
  * keys equal to T in index order. */
-static int64_t topk_device_rule(const float *s, int64_t n, int64_t k, int32_t *idx)
+static int64_t topk_kernel_rule_host_copy(const float *s, int64_t n, int64_t k, int32_t *idx)
 {
     uint32_t *ky = malloc(sizeof(uint32_t) * (size_t)n);
     static uint32_t hist[KVQ_RK_HIST];
@@ -643,8 +644,9 @@ static void test_topk_codes(void **state)
             }
 }
 
-/* logits + softmax + mix on f16 and f32 rows, with and without an index list. */
-static void test_topk_device_rule(void **state)
+/* The host copy of k_topk's rule (above) against the reference top-k and the scalar CPU
+ * selection: random scores, heavy ties, keys differing in the last digit, -0 and +0. */
+static void test_topk_kernel_rule_host_copy(void **state)
 {
     (void)state;
     const int64_t n = 5000;
@@ -665,7 +667,7 @@ static void test_topk_device_rule(void **state)
         for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
             const int64_t k = ks[ki];
             const int64_t nr = topk_ref(sc, n, k, ref);
-            assert_int_equal(topk_device_rule(sc, n, k, dev), nr);
+            assert_int_equal(topk_kernel_rule_host_copy(sc, n, k, dev), nr);
             assert_memory_equal(dev, ref, sizeof(int32_t) * (size_t)nr);
             assert_int_equal(kvq_rk_topk(KVQ_ISA_SCALAR, sc, n, k, cpu, work), nr);
             assert_memory_equal(cpu, dev, sizeof(int32_t) * (size_t)nr);
@@ -2182,7 +2184,7 @@ int main(void)
         cmocka_unit_test(test_topk_paths),
         cmocka_unit_test(test_topk_codes),
         cmocka_unit_test(test_shared_element_functions),
-        cmocka_unit_test(test_topk_device_rule),
+        cmocka_unit_test(test_topk_kernel_rule_host_copy),
         cmocka_unit_test(test_attention_paths),
         cmocka_unit_test(test_attend_paths),
         cmocka_unit_test(test_parse_budget_and_selector),
