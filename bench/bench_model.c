@@ -16,6 +16,8 @@
  *
  * usage: bench_model [--model PATH] [--threads N] [--prefill N] [--decode N]
  *                    [--rounds N] [--peer SCRIPT | --no-peer] [--no-f32]
+ *        bench_model [--model PATH] --write-f32 OUT   (only writes the F32 copy to OUT:
+ *                    bench/bench_load.sh runs `kvq run` on it)
  *   --model: default $KVQ_SMOLLM2, else .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
  *   (scripts/fetch-model.sh prints and fetches it). Defaults: 2 threads, prefill 128,
  *   decode 64, 3 rounds, peer bench/llamacpp_peer.py run with $PYTHON or python3. */
@@ -31,7 +33,7 @@
 #include "kvq/util.h"
 
 typedef struct opts {
-    const char *model, *peer;
+    const char *model, *peer, *write_f32;
     int threads, prefill, decode, rounds, f32;
 } opts;
 
@@ -173,6 +175,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--peer") && v) o.peer = v, i++;
         else if (!strcmp(a, "--no-peer")) o.peer = NULL;
         else if (!strcmp(a, "--no-f32")) o.f32 = 0;
+        else if (!strcmp(a, "--write-f32") && v) o.write_f32 = v, i++;
         else {
             fprintf(stderr, "usage: bench_model [--model PATH] [--threads N] [--prefill N] "
                             "[--decode N] [--rounds N] [--peer SCRIPT | --no-peer] [--no-f32]\n");
@@ -189,6 +192,10 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    if (o.write_f32) {
+        kvq_err we = {0};
+        return write_f32_copy(o.model, o.write_f32, &we) ? die("f32 copy", &we) : 0;
+    }
     /* token ids: fixed pseudo-random ids, shared with the peer through a file */
     char dir[] = "/tmp/kvq-bench-model-XXXXXX";
     if (!mkdtemp(dir)) {

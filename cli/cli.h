@@ -34,6 +34,11 @@ int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, d
  * output does not depend on the thread count. */
 int32_t cli_default_threads(void);
 
+/* Sets OMP_WAIT_POLICY=PASSIVE when the user set no policy and executes the program again
+ * with the same argv (returns only when it did not: policy set, or exec failed). Worker
+ * threads then sleep instead of spinning at every barrier (thread_policy.c). */
+void cli_thread_policy(char **argv);
+
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);
 

@@ -76,6 +76,7 @@ static int cmd_version(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    cli_thread_policy(argv);
     if (argc < 2) {
         usage(stderr);
         return 2;
