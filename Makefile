@@ -201,11 +201,19 @@ build-fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(wildcard tests/fuzz/*.h) build-fuzz/lib
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -fopenmp=libgomp -o $@ $< build-fuzz/libkvq-fuzz.a $(DEP_LIBS) -lm -lpthread -lgomp
 
-fuzz: check-deps $(FUZZ_BIN)
+# After the libFuzzer targets, the long forms of the batteries `make test` runs short:
+# the corruption battery (FUZZ_CORRUPT_CASES damaged copies per file and command) and
+# the kill -9 test (FUZZ_KILL_ROUNDS kills per command), with a seed of their own.
+FUZZ_CORRUPT_CASES ?= 400
+FUZZ_KILL_ROUNDS ?= 20
+fuzz: check-deps $(FUZZ_BIN) $(KVQ)
 	@for f in $(FUZZ_BIN); do n=$${f#build-fuzz/fuzz_}; mkdir -p build-fuzz/corpus-$$n; \
 	  echo "fuzz: $$n for $(FUZZ_TIME)s"; \
 	  $$f -max_total_time=$(FUZZ_TIME) -print_final_stats=1 -artifact_prefix=build-fuzz/crash-$$n- \
 	    build-fuzz/corpus-$$n tests/fuzz/corpus/$$n 2>&1 | grep -E 'stat::number_of_executed_units|ERROR|SUMMARY' ; done
+	@export KVQ=$(CURDIR)/$(KVQ) KVQ_BUILD=$(CURDIR)/$(BUILD) PYTHON=$(PYTHON); \
+	  KVQ_CORRUPT_CASES=$(FUZZ_CORRUPT_CASES) KVQ_CORRUPT_SEED=$$$$ bash tests/cli/corrupt.sh && \
+	  KVQ_KILL_ROUNDS=$(FUZZ_KILL_ROUNDS) KVQ_KILL_SEED=$$$$ bash tests/cli/kill9.sh
 
 # ---- demo ------------------------------------------------------------------------------
 demo:
