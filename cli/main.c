@@ -1,4 +1,5 @@
 /* main.c — the kvq binary: dispatches subcommands from a table. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,8 +75,33 @@ static int cmd_version(int argc, char **argv)
     return 0;
 }
 
+/* SIGINT, SIGTERM, SIGHUP: remove the temporaries of the outputs being written, then
+ * die of the signal as before. */
+static void on_signal(int sig)
+{
+    kvq_output_remove_temporaries();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signal_cleanup(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        /* A signal the caller ignores (nohup) stays ignored. */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(sigs[i], &sa, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
+    install_signal_cleanup();
     if (argc < 2) {
         usage(stderr);
         return 2;

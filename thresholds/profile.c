@@ -835,8 +835,9 @@ kvq_status kvq_profile_run(const char *capture_dir, const char *in_path, const c
     kvq_status s;
     if (out)
         *out = NULL;
-    if (!overwrite && access(out_path, F_OK) == 0)
-        return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
+    if ((s = kvq_output_check(out_path, overwrite, kvq_artifact_is_artifact, "a .kvq artifact",
+                              err)))
+        return s;
     if (!(s = kvq_profile_capture(capture_dir, in_path, p, &r, err)) &&
         !(s = kvq_artifact_open(in_path, &in, err)))
         s = kvq_profile_write(in, r, p, out_path, overwrite, err);

@@ -61,7 +61,7 @@ else
   fail profile_same_bytes_any_threads "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
 fi
 
-expect_error profile_exists 1 'p1.kvq: exists' -- prof -o "$T/p1.kvq"
+expect_error profile_exists 1 'p1.kvq: already exists' -- prof -o "$T/p1.kvq"
 
 _cli_run "$KVQ" inspect "$T/p1.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q 'conforms to format' "$CLI_TMP/stdout" &&
