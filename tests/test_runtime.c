@@ -1671,6 +1671,58 @@ static void test_selection_record_sliding_window(void **state)
     seq_free(&s);
 }
 
+/* Centroids beyond f16's range (z-space centroids of qapq can be): the fast LUT stays
+ * finite and equals the double reference within f16 rounding, for every ISA; centroids
+ * beyond any scale are refused, not turned into Inf. */
+static void test_lut_large_centroids(void **state)
+{
+    (void)state;
+    const int32_t d = 16, K = 8;
+    static const struct { kvq_codebook_method m; int32_t G; } cases[] = {
+        {KVQ_CODEBOOK_VQ, 1}, {KVQ_CODEBOOK_QAPQ, 4}};
+    for (size_t ci = 0; ci < 2; ci++)
+        for (int big = 0; big < 2; big++) {
+            kvq_codebook_desc desc = {.method = cases[ci].m, .dim = d, .k = K,
+                                      .groups = cases[ci].G, .rope = kvq_rope_default(d),
+                                      .wrope_b = 2048};
+            float *W = randn((size_t)K * d, 41 + ci, big ? 1e36f : 3e5f);
+            float *L = malloc(sizeof(float) * d * d), *Li = malloc(sizeof(float) * d * d);
+            make_L(d, 43, L, Li);
+            kvq_codebook *cb = NULL;
+            kvq_err e = {0};
+            assert_int_equal(kvq_codebook_create(&desc, W, L, Li, &cb, &e), KVQ_OK);
+            kvq_rk_table *tab = NULL;
+            kvq_status st = kvq_rk_table_create(cb, &tab, &e);
+            if (big) {
+                assert_int_equal(st, KVQ_E_NUMERIC);
+                assert_non_null(strstr(e.msg, "beyond the f16 table's range"));
+            } else {
+                assert_int_equal(st, KVQ_OK);
+                float *q = randn((size_t)d, 47, 1.0f), ref[4 * 8], lut[4 * 8];
+                kvq_codebook_lut_ref(cb, q, ref);
+                double amax = 0;
+                for (int32_t i = 0; i < cases[ci].G * K; i++)
+                    amax = fmax(amax, fabs(ref[i]));
+                assert_true(amax > 65504.0 * 4);
+                for (int isa = KVQ_ISA_SCALAR; isa <= KVQ_ISA_AVX512; isa++) {
+                    memset(lut, 0, sizeof lut);
+                    kvq_rk_lut((kvq_isa)isa, tab, q, lut);
+                    for (int32_t i = 0; i < cases[ci].G * K; i++)
+                        if (!isfinite(lut[i]) || fabs(lut[i] - ref[i]) > 2e-3 * amax)
+                            fail_msg("%s isa %d: lut[%d] = %g, reference %g",
+                                     kvq_codebook_method_name(cases[ci].m), isa, (int)i,
+                                     lut[i], ref[i]);
+                }
+                free(q);
+            }
+            kvq_rk_table_free(tab);
+            kvq_codebook_free(cb);
+            free(W);
+            free(L);
+            free(Li);
+        }
+}
+
 /* mass: the smallest top set reaching tau of the approximate softmax. */
 static void test_mass_selector(void **state)
 {
@@ -2247,6 +2299,7 @@ int main(void)
         cmocka_unit_test(test_budget_all_equals_full),
         cmocka_unit_test(test_sliding_window_attention),
         cmocka_unit_test(test_selection_record_sliding_window),
+        cmocka_unit_test(test_lut_large_centroids),
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
