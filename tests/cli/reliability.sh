@@ -12,7 +12,7 @@ mkdir -p "$T"
 if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
   for n in force_user_dir force_dot force_own_dir calibrate_work_user_capture \
            fit_other_capture fit_missing_layer fit_layers_restrict fit_out_checked_first \
-           profile_out_checked_first moments_force_user_file fit_force_user_file \
+           profile_out_checked_first moments_force_user_file fit_force_user_file pats_never_chooses_no_saving \
            sigterm_removes_temporaries rerun_removes_stale_temporaries; do
     skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
   done
@@ -87,6 +87,17 @@ expect_error fit_force_user_file 1 "paper\.txt: exists and is not a \.kvq artifa
   "$KVQ" fit --capture "$T/a" --moments "$T/c.st" --layers 0,1 --iters 2 --force -q \
   -o "$T/paper.txt"
 [ "$(cat "$T/paper.txt")" = draft ] || fail force_user_file_kept "$(cat "$T/paper.txt")"
+
+# ---- PATS: with head dim 8 a packed row (one 64-byte block) costs 4x the f16 row (16
+# bytes), so no setting saves memory and none may be chosen -------------------------------
+_cli_run "$KVQ" profile --capture "$T/a" --artifact "$T/x.kvq" -o "$T/p.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
+   grep -q "warning: profile: pats: no setting saves memory" "$CLI_TMP/stderr" &&
+   "$KVQ" inspect "$T/p.kvq" | grep -Eq '^  pats +no setting chosen'; then
+  ok pats_never_chooses_no_saving
+else
+  fail pats_never_chooses_no_saving "exit $(cat "$CLI_TMP/rc")" "$(grep -i pats "$CLI_TMP/stderr")"
+fi
 
 # ---- temporaries: removed on SIGTERM; a killed run's removed by the rerun --------------
 # A capture long enough to be caught writing (about 10 s on stories260K).
