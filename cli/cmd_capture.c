@@ -213,6 +213,8 @@ int cmd_capture(int argc, char **argv)
         rc = cli_failf(2, "capture: --model, --corpus and -o are required");
         goto done;
     }
+    if ((rc = cli_check_corpus(o.spec)))
+        goto done;
     rc = capture_model(&o, &cb);
 done:
     free(o.merge);

@@ -113,5 +113,6 @@ int main(int argc, char **argv)
     const cli_command *c = find(argv[1]);
     if (!c)
         return cli_failf(2, "unknown command '%s' (try 'kvq help')", argv[1]);
+    cli_set_command(c->name);
     return c->run(argc - 1, argv + 1);
 }

@@ -12,7 +12,8 @@ mkdir -p "$T"
 if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
   for n in force_user_dir force_dot force_own_dir calibrate_work_user_capture \
            fit_other_capture fit_missing_layer fit_layers_restrict fit_out_checked_first \
-           profile_out_checked_first moments_force_user_file fit_force_user_file pats_never_chooses_no_saving \
+           profile_out_checked_first moments_force_user_file fit_force_user_file \
+           pats_never_chooses_no_saving \
            sigterm_removes_temporaries rerun_removes_stale_temporaries; do
     skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
   done
