@@ -41,7 +41,7 @@ assert k["blk.4.ffn_down.weight"]["ne"] == [172, 64]
 assert ts[-1]["name"] == "blk.4.ffn_norm.weight" and ts[-1]["offset"] == 1170944
 ' -- "$KVQ" inspect --json "$KVQ_TEST_MODEL"
   head -c 100 "$KVQ_TEST_MODEL" >"$T/cut.gguf"
-  expect_error inspect_truncated_gguf 1 '^kvq: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
+  expect_error inspect_truncated_gguf 1 '^kvq inspect: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
     "$KVQ" inspect "$T/cut.gguf"
 else
   for n in inspect_stories260K inspect_stories260K_json inspect_truncated_gguf; do
@@ -88,19 +88,19 @@ assert d["metadata"]["method"] == "qavq" and len(d["tensors"]) == 18
   # Bad artifacts: wrong tag, future version, cut short, checksum flipped.
   size=$(wc -c <"$T/example.kvq")
   { head -c 8 "$T/example.kvq"; printf 'KVQB'; tail -c +13 "$T/example.kvq"; } >"$T/tag.kvq"
-  expect_error inspect_wrong_tag 1 '^kvq: [^ ]*/tag\.kvq: .*not a kvq header' -- \
+  expect_error inspect_wrong_tag 1 '^kvq inspect: [^ ]*/tag\.kvq: .*not a kvq header' -- \
     "$KVQ" inspect "$T/tag.kvq"
   { head -c 12 "$T/example.kvq"; printf '\002\000\000\000'; tail -c +17 "$T/example.kvq"; } \
     >"$T/v2.kvq"
   expect_error inspect_future_version 1 \
-    '^kvq: [^ ]*/v2\.kvq: artifact format version 2\.0 is not supported' -- \
+    '^kvq inspect: [^ ]*/v2\.kvq: artifact format version 2\.0 is not supported' -- \
     "$KVQ" inspect "$T/v2.kvq"
   head -c $((size - 10)) "$T/example.kvq" >"$T/cut.kvq"
-  expect_error inspect_truncated_kvq 1 '^kvq: [^ ]*/cut\.kvq: file ends inside the compressed' -- \
+  expect_error inspect_truncated_kvq 1 '^kvq inspect: [^ ]*/cut\.kvq: file ends inside the compressed' -- \
     "$KVQ" inspect "$T/cut.kvq"
   { head -c $((size - 1)) "$T/example.kvq"; tail -c 1 "$T/example.kvq" | tr '\000-\377' '\001-\377\000'; } \
     >"$T/sum.kvq"
-  expect_error inspect_checksum_kvq 1 '^kvq: [^ ]*/sum\.kvq: .*checksum' -- \
+  expect_error inspect_checksum_kvq 1 '^kvq inspect: [^ ]*/sum\.kvq: .*checksum' -- \
     "$KVQ" inspect "$T/sum.kvq"
 else
   for n in inspect_kvq inspect_kvq_json inspect_safetensors inspect_safetensors_json \
@@ -279,18 +279,18 @@ assert d["corpus"]["hash"] == "00000000deadbeef" and d["n_tokens"] == 4
 assert d["layers"][0]["layer"] == 3 and d["layers"][0]["tensors"][0]["shape"] == [4, 4, 8]
 ' -- "$KVQ" inspect --json "$T/cap"
 mkdir -p "$T/notcap"
-expect_error inspect_plain_directory 1 '^kvq: [^ ]*/notcap: .*not a capture directory' -- \
+expect_error inspect_plain_directory 1 '^kvq inspect: [^ ]*/notcap: .*not a capture directory' -- \
   "$KVQ" inspect "$T/notcap"
 
 # ---- files that are none of the above, and usage -------------------------------------
 printf 'just some text, not a model\n' >"$T/text.bin"
-expect_error inspect_wrong_magic 1 '^kvq: [^ ]*/text\.bin: not a kvq file' -- \
+expect_error inspect_wrong_magic 1 '^kvq inspect: [^ ]*/text\.bin: not a kvq file' -- \
   "$KVQ" inspect "$T/text.bin"
 : >"$T/empty.bin"
-expect_error inspect_empty 1 '^kvq: [^ ]*/empty\.bin: empty file$' -- "$KVQ" inspect "$T/empty.bin"
-expect_error inspect_missing 1 '^kvq: [^ ]*/missing\.gguf: No such file' -- \
+expect_error inspect_empty 1 '^kvq inspect: [^ ]*/empty\.bin: empty file$' -- "$KVQ" inspect "$T/empty.bin"
+expect_error inspect_missing 1 '^kvq inspect: [^ ]*/missing\.gguf: No such file' -- \
   "$KVQ" inspect "$T/missing.gguf"
-expect_error inspect_bad_option 2 "^kvq: inspect: unknown option '--frobnicate'" -- \
+expect_error inspect_bad_option 2 "^kvq inspect: unknown option '--frobnicate'" -- \
   bash -c '"$1" inspect --frobnicate x 2>&1 >/dev/null | tail -1 >&2; exit "${PIPESTATUS[0]}"' _ "$KVQ"
 if "$KVQ" inspect --help | grep -q '^usage: kvq inspect PATH \[--json\]'; then
   ok inspect_help

@@ -30,7 +30,7 @@ expect_error force_user_dir 1 "docs: exists and is not a kvq capture directory" 
 mkdir -p "$T/cwd" && echo x >"$T/cwd/keep"
 _cli_run bash -c "cd '$T/cwd' && exec \"\$0\" capture --model '$M' --corpus uuid:2 --seq-len 32 \
   --max-tokens 64 -q --force -o ." "$KVQ"
-if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "^kvq: \.: exists and is not a kvq capture" \
+if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "^kvq capture: \.: exists and is not a kvq capture" \
      "$CLI_TMP/stderr" && [ "$(ls -A "$T/cwd")" = keep ]; then
   ok force_dot
 else
@@ -76,10 +76,10 @@ else
 fi
 
 # ---- the output is checked before the work (one line: no progress, no log before it) -----
-expect_error fit_out_checked_first 1 "^kvq: $T/nodir/f\.kvq: cannot create: No such file" -- \
+expect_error fit_out_checked_first 1 "^kvq fit: $T/nodir/f\.kvq: cannot create: No such file" -- \
   "$KVQ" fit --capture "$T/a" --moments "$T/c.st" --layers 0,1 --iters 2 --no-checkpoint \
   -o "$T/nodir/f.kvq"
-expect_error profile_out_checked_first 1 "^kvq: $T/nodir/p\.kvq: cannot create: No such file" -- \
+expect_error profile_out_checked_first 1 "^kvq profile: $T/nodir/p\.kvq: cannot create: No such file" -- \
   "$KVQ" profile --capture "$T/a" --artifact "$T/x.kvq" -o "$T/nodir/p.kvq"
 echo "draft" >"$T/paper.txt"
 expect_error moments_force_user_file 1 "paper\.txt: exists and is not a kvq moments file" -- \
