@@ -71,10 +71,10 @@ typedef struct kvq_fit_params {
                                     diagnostic, [0, 1). Default 0.1 */
     int reference;               /* 1 (default): also fit plain VQ with the same K and G
                                     ("vq" or "pq") on the same keys, for the diagnostic */
-    const int32_t *layers;       /* [n_layers] model layers to fit; NULL = every layer in
-                                    both the capture and the moments file */
+    const int32_t *layers;       /* [n_layers] model layers to fit; NULL = every layer of
+                                    the capture (each must be in the moments file) */
     size_t n_layers;
-    int overwrite;               /* replace an existing output */
+    int overwrite;               /* replace an existing output (a .kvq artifact only) */
     int checkpoint;              /* 1 (default): keep finished jobs in OUT.ckpt/ */
     int zstd_level;              /* 0 = the artifact default */
     kvq_callbacks cb;            /* log; progress("fit", heads done, heads total) after
