@@ -456,7 +456,8 @@ static kvq_status check_params(const kvq_fit_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
-/* The layers to fit: the requested ones (each in both inputs), or all common ones. */
+/* The layers to fit: the requested ones (each in both inputs), or all of the capture's
+ * (each must be in the moments file). */
 static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *err)
 {
     const kvq_fit_params *p = c->p;
