@@ -428,7 +428,8 @@ static kvq_status writer_open_layers(kvq_capture_writer *w, const char *dir,
                                      const kvq_capture_info *info, size_t mom, kvq_err *err)
 {
     kvq_status st;
-    if ((st = kvq_tmpdir_create(dir, w->p.overwrite, &w->tmp, err)))
+    if ((st = kvq_tmpdir_create(dir, w->p.overwrite, kvq_capture_dir_is_capture,
+                                 "a kvq capture directory", &w->tmp, err)))
         return st;
 
     w->n_cap = info->n_files;
@@ -845,7 +846,9 @@ kvq_status kvq_capture_writer_finish(kvq_capture_writer *w, kvq_err *err)
     w->info.n_queries = w->qrows ? w->n_q : 0;
     st = kvq_capture_info_write(&w->info, w->qrows ? &w->p.seed : NULL, json, 0, err);
     w->info.n_queries = nq_saved;
-    if (st || (st = kvq_tmpdir_commit(w->tmp, w->info.dir, w->p.overwrite, err)))
+    if (st || (st = kvq_tmpdir_commit(w->tmp, w->info.dir, w->p.overwrite,
+                                              kvq_capture_dir_is_capture,
+                                              "a kvq capture directory", err)))
         goto done;
     w->finished = 1;
 done:

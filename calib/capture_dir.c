@@ -451,6 +451,17 @@ static char *json_path(const char *dir)
     return label;
 }
 
+int kvq_capture_dir_is_capture(const char *dir)
+{
+    struct stat st;
+    kvq_capture_info *ci = NULL;
+    if (!dir || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        kvq_capture_info_read(dir, &ci, NULL) != KVQ_OK)
+        return 0;
+    kvq_capture_info_free(ci);
+    return 1;
+}
+
 kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)
 {
     kvq_status st = KVQ_OK;

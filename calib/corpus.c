@@ -122,6 +122,12 @@ static kvq_status parse_item(char *item, kvq_corpus_source *s, kvq_err *err)
     if (!*arg)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus: '%s' has no path", item);
     struct stat sb;
+    if (stat(arg, &sb) != 0 && !kind && colon && errno == ENOENT &&
+        strspn(item, "abcdefghijklmnopqrstuvwxyz-") == (size_t)(colon - item))
+        /* "word:..." that is no file: a misspelt kind, not a missing file */
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus: '%s': unknown kind '%.*s' (kinds: "
+                           "file:, dir:, jsonl:, ids:, uuid:N, passkey:N, kv-recall:N, or a "
+                           "path) and no such file", item, (int)(colon - item), item);
     if (stat(arg, &sb) != 0)
         return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "corpus: %s: %s",
                            arg, strerror(errno));

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cholesky/cholesky_internal.h"
 #include "kvq/half.h"
@@ -406,6 +407,8 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
     layer_out o = {0};
 
     if ((s = kvq_moments_params_check(p, err)) ||
+        (s = kvq_output_check(out_path, overwrite, kvq_moments_is_moments, "a kvq moments file",
+                              err)) ||
         (s = kvq_capture_info_read(capture_dir, &ci, err)))
         goto done;
     const kvq_model_id *m = &ci->model;
@@ -694,5 +697,37 @@ kvq_status kvq_moments_check_capture(const kvq_moments *m, const kvq_capture_inf
 {
     char label[1100];
     snprintf(label, sizeof label, "%s/%s", ci->dir, KVQ_CAPTURE_JSON);
-    return kvq_model_id_compare(&m->model, m->path, &ci->model, label, err);
+    kvq_status s = kvq_model_id_compare(&m->model, m->path, &ci->model, label, err);
+    if (s)
+        return s;
+    const char *hash = kvq_st_meta_get(m->st, "corpus.hash");
+    const char *ntok = kvq_st_meta_get(m->st, "n_tokens");
+    char want[32];
+    snprintf(want, sizeof want, "%" PRId64, ci->n_tokens);
+    if (!hash || !ntok)
+        return kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: the moments file records no capture "
+                           "(corpus.hash, n_tokens); recompute it with kvq moments", m->path,
+                           label);
+    if (strcmp(hash, ci->corpus_hash))
+        return kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: computed from another capture "
+                           "(corpus.hash %s vs %s); recompute the moments from this capture",
+                           m->path, label, hash, ci->corpus_hash);
+    if (strcmp(ntok, want))
+        return kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: computed from another capture "
+                           "(n_tokens %s vs %s); recompute the moments from this capture",
+                           m->path, label, ntok, want);
+    return KVQ_OK;
+}
+
+int kvq_moments_is_moments(const char *path)
+{
+    struct stat sb;
+    kvq_st *st = NULL;
+    if (!path || stat(path, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        kvq_st_open(path, &st, NULL) != KVQ_OK)
+        return 0;
+    const char *fmt = kvq_st_meta_get(st, "format");
+    const int own = fmt && !strcmp(fmt, KVQ_MOMENTS_FORMAT);
+    kvq_st_close(st);
+    return own;
 }

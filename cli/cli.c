@@ -7,20 +7,52 @@
 
 #include "kvq/util.h"
 
+static const char *g_command; /* the running subcommand, for the error prefix */
+
+void cli_set_command(const char *name) { g_command = name; }
+
+/* "kvq CMD: MSG" (MSG without a leading "CMD: " of its own), or "kvq: MSG" outside a
+ * subcommand: one prefix style for every error. */
+static void print_error(const char *msg)
+{
+    const size_t n = g_command ? strlen(g_command) : 0;
+    if (!g_command) {
+        fprintf(stderr, "kvq: %s\n", msg);
+        return;
+    }
+    if (!strncmp(msg, g_command, n) && msg[n] == ':' && msg[n + 1] == ' ')
+        msg += n + 2;
+    fprintf(stderr, "kvq %s: %s\n", g_command, msg);
+}
+
 int cli_fail(const kvq_err *err)
 {
-    fprintf(stderr, "kvq: %s\n", err->msg[0] ? err->msg : kvq_status_str(err->status));
+    print_error(err->msg[0] ? err->msg : kvq_status_str(err->status));
     return 1;
+}
+
+int cli_check_corpus(const char *spec)
+{
+    kvq_corpus *c = NULL;
+    kvq_err e = {0};
+    if (!spec)
+        return 0;
+    if (kvq_corpus_open(spec, NULL, &c, &e) == KVQ_OK) {
+        kvq_corpus_free(c);
+        return 0;
+    }
+    cli_fail(&e);
+    return e.status == KVQ_E_INVALID_ARG ? 2 : 1;
 }
 
 int cli_failf(int code, const char *fmt, ...)
 {
+    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
-    fputs("kvq: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    print_error(buf);
     return code;
 }
 

@@ -15,9 +15,16 @@ typedef struct cli_command {
     int (*run)(int argc, char **argv);
 } cli_command;
 
-/* Prints "kvq: <msg>" (err->msg) to stderr and returns the exit code 1. */
+/* The subcommand running (main.c sets it): errors then read "kvq CMD: ...". */
+void cli_set_command(const char *name);
+/* Prints "kvq CMD: <msg>" (err->msg; a leading "CMD: " of the message is not repeated)
+ * to stderr and returns the exit code 1. */
 int cli_fail(const kvq_err *err);
-/* Prints "kvq: <printf message>" to stderr and returns the exit code given. */
+/* Checks a corpus spec before any model is read: 0, or prints the error and returns 2
+ * for a malformed spec (an argument error: unknown kind, bad count, empty item) and 1
+ * for a file that cannot be read. */
+int cli_check_corpus(const char *spec);
+/* The same with a printf message, returning the exit code given. */
 int cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Callbacks that print warnings/info to stderr ("kvq: warning: ...") and a

@@ -247,6 +247,8 @@ int cmd_calibrate(int argc, char **argv)
     if (!model || !out)
         return cli_failf(2, "calibrate: --model and -o are required (see kvq calibrate --help)");
 
+    if ((rc = cli_check_corpus(p.corpus)))
+        return rc;
     banner_state bs = {quiet};
     p.cb = cli_callbacks(verbose, quiet);
     p.on_stage = on_stage;

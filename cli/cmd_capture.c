@@ -160,7 +160,10 @@ static int capture_model(capture_opts *o, const kvq_callbacks *cb)
     int rc = 0;
     kvq_model_params mp = kvq_model_params_default();
     mp.cb = *cb;
-    if (kvq_model_open(o->model, &mp, &m, &e) != KVQ_OK)
+    /* The output first: refused before the model is read. */
+    if (kvq_output_check(o->out, p.overwrite, kvq_capture_dir_is_capture,
+                         "a kvq capture directory", &e) != KVQ_OK ||
+        kvq_model_open(o->model, &mp, &m, &e) != KVQ_OK)
         return cli_fail(&e);
     if (o->layers) {
         if (kvq_parse_index_list(o->layers, kvq_model_config_get(m)->n_layers, &list, &n_list,
@@ -210,6 +213,8 @@ int cmd_capture(int argc, char **argv)
         rc = cli_failf(2, "capture: --model, --corpus and -o are required");
         goto done;
     }
+    if ((rc = cli_check_corpus(o.spec)))
+        goto done;
     rc = capture_model(&o, &cb);
 done:
     free(o.merge);

@@ -220,6 +220,8 @@ int cmd_eval(int argc, char **argv)
     kvq_tokenizer *ids_tok = NULL;
     kvq_model_params mp = kvq_model_params_default();
     mp.cb = cb;
+    if ((rc = cli_check_corpus(o.spec)))
+        goto done;
     if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;

@@ -358,6 +358,8 @@ int cmd_profile(int argc, char **argv)
         goto done;
     rc = 0;
     o.p.cb = cli_callbacks(o.verbose, o.quiet);
+    if ((rc = cli_check_corpus(o.p.corpus)))
+        goto done;
     if (kvq_profile_run(o.capture, o.in, o.out, o.force, &o.p, &res, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;

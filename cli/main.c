@@ -1,4 +1,5 @@
 /* main.c — the kvq binary: dispatches subcommands from a table. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -74,9 +75,34 @@ static int cmd_version(int argc, char **argv)
     return 0;
 }
 
+/* SIGINT, SIGTERM, SIGHUP: remove the temporaries of the outputs being written, then
+ * die of the signal as before. */
+static void on_signal(int sig)
+{
+    kvq_output_remove_temporaries();
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void install_signal_cleanup(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        struct sigaction old;
+        /* A signal the caller ignores (nohup) stays ignored. */
+        if (sigaction(sigs[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
+            sigaction(sigs[i], &sa, NULL);
+    }
+}
+
 int main(int argc, char **argv)
 {
-    cli_thread_policy(argv);
+    cli_thread_policy(argv); /* may re-execute kvq once, before anything else */
+    install_signal_cleanup();
     if (argc < 2) {
         usage(stderr);
         return 2;
@@ -88,5 +114,6 @@ int main(int argc, char **argv)
     const cli_command *c = find(argv[1]);
     if (!c)
         return cli_failf(2, "unknown command '%s' (try 'kvq help')", argv[1]);
+    cli_set_command(c->name);
     return c->run(argc - 1, argv + 1);
 }

@@ -41,6 +41,19 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         o->selectors = val;
     } else if (!strcmp(a, bud_opt)) {
         o->budgets = val;
+        /* each comma-separated budget checked now, before any model is read */
+        for (const char *b = val; !rc && *b;) {
+            const size_t n = strcspn(b, ",");
+            char item[64];
+            kvq_budget bud;
+            kvq_err e = {0};
+            snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), b);
+            if (kvq_budget_parse(item, &bud, &e) != KVQ_OK) {
+                fprintf(stderr, "kvq %s: %s\n", cmd, e.msg);
+                rc = 2;
+            }
+            b += n + (b[n] == ',');
+        }
     } else if (!strcmp(a, "--positions")) {
         if (kvq_positions_parse(val, &o->p.positions)) {
             fprintf(stderr, "kvq %s: --positions: '%s' is not wrope or rope\n", cmd, val);

@@ -3,6 +3,9 @@
  *
  *   random_model OUT.gguf [SEED]
  *
+ * An existing OUT.gguf is replaced only when it is a GGUF file (any other file is
+ * refused).
+ *
  * The model has the shape of stories260K (dim 64, 5 layers, 8 query heads, 4 KV heads,
  * head dim 8, context 2048) and a character-level SentencePiece vocabulary: <unk>,
  * <s>, </s>, the 256 byte tokens <0x00>..<0xFF>, then "▁" (space) and the 94 printable
@@ -93,10 +96,32 @@ static kvq_status tensor(kvq_gguf_writer *w, kvq_rng *rng, const char *name, int
     return s;
 }
 
+/* 1 when path begins with the GGUF magic: the only files this program replaces. */
+static int is_gguf(const char *path)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    const size_t n = f ? fread(magic, 1, 4, f) : 0;
+    if (f)
+        fclose(f);
+    return n == 4 && !memcmp(magic, "GGUF", 4);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: random_model OUT.gguf [SEED]\n");
+    static const char usage[] =
+        "usage: random_model OUT.gguf [SEED]\n"
+        "Writes a small llama-family GGUF model (the shape of stories260K) with random\n"
+        "weights drawn from SEED (default 1). An existing OUT.gguf is replaced only when it\n"
+        "is a GGUF file.\n";
+    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+        fputs(usage, stdout);
+        return 0;
+    }
+    if (argc < 2 || argc > 3 || argv[1][0] == '-') {
+        if (argc >= 2 && argv[1][0] == '-')
+            fprintf(stderr, "random_model: unknown option '%s'\n", argv[1]);
+        fputs(usage, stderr);
         return 2;
     }
     kvq_err err = {0};
@@ -104,6 +129,10 @@ int main(int argc, char **argv)
     if (argc == 3 && kvq_parse_i64(argv[2], 0, INT64_MAX, &seed, &err) != KVQ_OK) {
         fprintf(stderr, "random_model: %s\n", err.msg);
         return 2;
+    }
+    if (kvq_output_check(argv[1], 1, is_gguf, "a GGUF file", &err) != KVQ_OK) {
+        fprintf(stderr, "random_model: %s\n", err.msg);
+        return 1;
     }
     kvq_gguf_writer *w = kvq_gguf_writer_new();
     if (!w) {

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -342,6 +343,19 @@ done:
     ZSTD_freeCCtx(cctx);
     free(buf);
     return s;
+}
+
+int kvq_artifact_is_artifact(const char *path)
+{
+    struct stat st;
+    uint8_t b[12] = {0};
+    if (!path || stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    FILE *f = fopen(path, "rb");
+    const size_t n = f ? fread(b, 1, sizeof b, f) : 0;
+    if (f)
+        fclose(f);
+    return n == sizeof b && rd_u32(b) == KVQ_ARTIFACT_SKIPPABLE_MAGIC && !memcmp(b + 8, "KVQA", 4);
 }
 
 kvq_status kvq_artifact_write(const char *path, int overwrite, const void *payload,

@@ -456,7 +456,8 @@ static kvq_status check_params(const kvq_fit_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
-/* The layers to fit: the requested ones (each in both inputs), or all common ones. */
+/* The layers to fit: the requested ones (each in both inputs), or all of the capture's
+ * (each must be in the moments file). */
 static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *err)
 {
     const kvq_fit_params *p = c->p;
@@ -473,7 +474,9 @@ static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *er
             return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: layer %d is not in %s", (int)l,
                                !in_cap ? capture_dir : c->moments_path);
         if (!in_mom)
-            continue;
+            return kvq_err_set(err, KVQ_E_MISMATCH, "fit: %s has no layer %d of %s (give "
+                               "--layers to fit only the layers it has)", c->moments_path,
+                               (int)l, capture_dir);
         int dup = 0;
         for (size_t t = 0; t < c->n_layers; t++)
             dup |= c->layers[t] == l;
@@ -669,10 +672,9 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     }
     if ((s = check_params(p, err)))
         goto done;
-    if (!p->overwrite && access(out_path, F_OK) == 0) {
-        s = kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
+    if ((s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
+                              "a .kvq artifact", err)))
         goto done;
-    }
     if ((s = fit_open(&c, capture_dir, moments_path, err)))
         goto done;
     if ((s = choose_layers(&c, capture_dir, err)) || (s = split_holdout(&c, err)) ||

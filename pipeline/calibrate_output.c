@@ -27,25 +27,10 @@
  * Output and summary
  * ========================================================================== */
 
-/* Refuses an out_path that exists and is not a .kvq artifact. */
+/* Refuses an out_path that exists and is not a .kvq artifact, or cannot be created. */
 kvq_status calib_check_out(const char *path, kvq_err *err)
 {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return KVQ_OK;
-    if (!S_ISREG(st.st_mode))
-        return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists and is not a file", path);
-    uint8_t b[4] = {0};
-    FILE *f = fopen(path, "rb");
-    size_t n = f ? fread(b, 1, 4, f) : 0;
-    if (f)
-        fclose(f);
-    const uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                           (uint32_t)b[3] << 24;
-    if (n != 4 || magic != KVQ_ARTIFACT_SKIPPABLE_MAGIC)
-        return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists and is not a .kvq artifact; "
-                           "calibrate does not replace it", path);
-    return KVQ_OK;
+    return kvq_output_check(path, 1, kvq_artifact_is_artifact, "a .kvq artifact", err);
 }
 
 /* Copies the final artifact to out_path unless it holds the same bytes already. */

@@ -214,7 +214,13 @@ static kvq_status run_heldout(calib_ctx *c, kvq_err *err)
     const char *note = "the corpus ended before any held-out token: the profile runs on the "
                        "calibration capture\n";
     kvq_log(&c->p->cb, KVQ_LOG_WARN, "calibrate: %.*s", (int)strlen(note) - 1, note);
-    kvq_rmtree(c->out_path[KVQ_CALIB_HELDOUT]);
+    const char *held = c->out_path[KVQ_CALIB_HELDOUT];
+    if (access(held, F_OK) == 0) {
+        if (!kvq_capture_dir_is_capture(held))
+            return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists and is not a kvq capture "
+                               "directory; calibrate removes only what it made", held);
+        kvq_rmtree(held);
+    }
     st = write_text(c->none_path, note, strlen(note), err);
     return st;
 }

@@ -114,7 +114,33 @@ struct kvq_rk_table {
     int32_t G, K, dg, d;
     const float *Linv; /* [d, d] for grouped query-aware codebooks (q' = qs L^-T), else NULL */
     uint16_t *CT;      /* [G, dg, K] f16: centroid c of group g, dim t at (g dg + t) K + c */
+    double scale;      /* CT holds W / scale (a power of two >= 1); queries are multiplied by it */
 };
+
+/* f16's largest finite value, and the largest power-of-two scale a table may take: a
+ * centroid above F16_MAX x TABLE_MAX_SCALE is refused rather than turned into Inf. */
+#define F16_MAX 65504.0
+#define TABLE_MAX_SCALE 0x1p40
+
+/* The power of two that brings every |W| of the codebook into f16's range. */
+static kvq_status table_scale(const kvq_codebook *cb, int32_t G, int32_t K, int32_t dg,
+                              double *scale, kvq_err *err)
+{
+    double m = 0;
+    for (int32_t g = 0; g < G; g++) {
+        const float *W = G == 1 ? kvq_codebook_key_codebook(cb) : kvq_codebook_centroids(cb, g);
+        for (size_t i = 0; i < (size_t)K * dg; i++)
+            m = fabs((double)W[i]) > m ? fabs((double)W[i]) : m;
+    }
+    *scale = 1.0;
+    while (m / *scale > F16_MAX && *scale <= TABLE_MAX_SCALE)
+        *scale *= 2.0;
+    if (!(m / *scale <= F16_MAX))
+        return kvq_err_set(err, KVQ_E_NUMERIC, "LUT table: a centroid of magnitude %g is beyond "
+                           "the f16 table's range (%g) even scaled by 2^40", m,
+                           F16_MAX * TABLE_MAX_SCALE);
+    return KVQ_OK;
+}
 
 kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err)
 {
@@ -135,12 +161,18 @@ kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_e
     /* G == 1: the key-space codebook (C = C^z L^-1 for qavq) scores q~ directly.
      * G > 1, query-aware: z-space groups, scored with q' = q~ L^-T. */
     t->Linv = t->G > 1 ? kvq_codebook_Linv(cb) : NULL;
+    kvq_status s = table_scale(cb, t->G, t->K, t->dg, &t->scale, err);
+    if (s) {
+        kvq_rk_table_free(t);
+        return s;
+    }
+    const float inv = (float)(1.0 / t->scale); /* a power of two: W * inv is exact */
     for (int32_t g = 0; g < t->G; g++) {
         const float *W = t->G == 1 ? kvq_codebook_key_codebook(cb) : kvq_codebook_centroids(cb, g);
         for (int32_t c = 0; c < t->K; c++)
             for (int32_t i = 0; i < t->dg; i++)
                 t->CT[((size_t)g * t->dg + i) * t->K + c] =
-                    kvq_f32_to_f16_ref(W[(size_t)c * t->dg + i]);
+                    kvq_f32_to_f16_ref(W[(size_t)c * t->dg + i] * inv);
     }
     *out = t;
     return KVQ_OK;
@@ -170,15 +202,17 @@ const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg,
 }
 
 /* q' = qs L^-T in double for grouped query-aware codebooks (kvq_codebook_lut_query), else
- * qs (qavq's table holds the key-space codebook C).   [d] */
+ * qs (qavq's table holds the key-space codebook C); times the table's scale, so that
+ * q' . (W / scale) is the score.   [d] */
 static void lut_query(const kvq_rk_table *t, const float *qs, double *qp)
 {
-    if (t->Linv) {
+    if (t->Linv)
         kvq_codebook_lut_query(t->cb, qs, qp);
-        return;
-    }
+    else
+        for (int32_t a = 0; a < t->d; a++)
+            qp[a] = qs[a];
     for (int32_t a = 0; a < t->d; a++)
-        qp[a] = qs[a];
+        qp[a] *= t->scale;
 }
 
 void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp)

@@ -57,6 +57,19 @@ int kvq_selector_needs_artifact(kvq_selector s)
     return s == KVQ_SELECT_CODEBOOK || s == KVQ_SELECT_MASS;
 }
 
+/* 1 when s[0..n) is made of a number's characters only (digits, sign, point, exponent)
+ * and holds a digit. */
+static int looks_numeric(const char *s, size_t n)
+{
+    size_t digits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!strchr("0123456789+-.eE", s[i]) || !s[i])
+            return 0;
+        digits += s[i] >= '0' && s[i] <= '9';
+    }
+    return digits > 0;
+}
+
 kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
 {
     kvq_err e = {0};
@@ -67,6 +80,9 @@ kvq_status kvq_budget_parse(const char *s, kvq_budget *b, kvq_err *err)
         return KVQ_OK;
     }
     const size_t n = strlen(s);
+    if (!looks_numeric(s, s[n - 1] == '%' ? n - 1 : n))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "budget '%s': not a token count (256), a "
+                           "percentage (6%%), a fraction (0.06) or all", s);
     if (s[n - 1] == '%') {
         char buf[64];
         double pct;

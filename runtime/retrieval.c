@@ -661,7 +661,7 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
         const int64_t no = kvq_rt_select(st, KVQ_SELECT_ORACLE, nsel, S->osel, &unused, &unused2);
         /* both lists ascending: count the common indices */
         int64_t a = 0, b = 0, common = 0;
-        const int32_t *sel = att + st->s_end;
+        const int32_t *sel = att + (st->s_end - st->lo); /* after the sinks */
         while (a < nsel && b < no) {
             if (sel[a] == S->osel[b]) {
                 common++;
@@ -727,7 +727,7 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
         }
         H->n_sel = nsel <= H->sel_cap ? nsel : 0;
         if (H->n_sel)
-            memcpy(H->sel, att + st.s_end, sizeof *H->sel * (size_t)H->n_sel);
+            memcpy(H->sel, att + (st.s_end - st.lo), sizeof *H->sel * (size_t)H->n_sel);
     }
     const int64_t m_far = m; /* sinks + selection: non-local under WROPE */
     for (int64_t j = st.w_beg; j < nvis; j++)

@@ -1050,7 +1050,8 @@ static void test_tiny_errors(void **state)
     assert_non_null(strstr(e.msg, "no text"));
     assert_int_equal(entries_named(out), 0);
 
-    /* An existing directory is kept without --force and replaced with it. */
+    /* An existing directory is kept without --force; with it, a directory that is not
+     * a capture is still kept (refused), and a capture is replaced. */
     out = test_path("t_exists");
     assert_int_equal(mkdir(out, 0755), 0);
     char marker[4200];
@@ -1060,8 +1061,13 @@ static void test_tiny_errors(void **state)
     assert_true(exists(marker));
     assert_int_equal(entries_named(out), 1);
     p.overwrite = 1;
+    assert_int_equal(kvq_capture_run(m, tiny_ids(), NULL, &p, out, &e), KVQ_E_EXISTS);
+    assert_non_null(strstr(e.msg, "is not a kvq capture directory"));
+    assert_true(exists(marker));
+    assert_int_equal(unlink(marker), 0);
+    assert_int_equal(rmdir(out), 0);
     assert_int_equal(kvq_capture_run(m, tiny_ids(), NULL, &p, out, &e), KVQ_OK);
-    assert_false(exists(marker));
+    assert_int_equal(kvq_capture_run(m, tiny_ids(), NULL, &p, out, &e), KVQ_OK);
     assert_true(exists(layer_path(out, 1)));
     assert_int_equal(entries_named(out), 1);
     p.overwrite = 0;

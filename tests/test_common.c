@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -105,6 +108,82 @@ static void test_atomic_file(void **state)
     assert_int_equal(kvq_read_file(test_path("missing"), &buf, &n, &e), KVQ_E_NOT_FOUND);
 }
 
+/* The output rules of common/output.c: --force replaces only what the owner predicate
+ * recognises, a failed rename puts the old directory back, stale temporaries of a dead
+ * process go and nothing else does, and the signal-time cleanup removes the live ones. */
+static int has_keep(const char *dir)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/keep", dir);
+    return access(p, F_OK) == 0;
+}
+
+static int count_prefix(const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)))
+        n += !strncmp(e->d_name, prefix, strlen(prefix));
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void test_output_rules(void **state)
+{
+    kvq_err e = {0};
+    char keep[4200], tmp[4200], stale[4200], live[4200], other[4200];
+    const char *dir = test_path("out_dir");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    snprintf(keep, sizeof keep, "%s/keep", dir);
+    assert_int_equal(test_write_file(keep, "x", 1), 0);
+    /* exists: refused without overwrite, and with it when the predicate says "not ours" */
+    assert_int_equal(kvq_output_check(dir, 0, has_keep, "ours", &e), KVQ_E_EXISTS);
+    assert_int_equal(kvq_output_check(dir, 1, NULL, "ours", &e), KVQ_E_EXISTS);
+    assert_non_null(strstr(e.msg, "exists and is not ours"));
+    assert_int_equal(kvq_output_check(dir, 1, has_keep, "ours", &e), KVQ_OK);
+    assert_int_equal(kvq_output_check(test_path("no/such/dir"), 0, NULL, "x", &e), KVQ_E_IO);
+    /* a commit whose rename fails keeps the old directory */
+    snprintf(tmp, sizeof tmp, "%s.tmp.missing", dir);
+    assert_int_not_equal(kvq_tmpdir_commit(tmp, dir, 1, has_keep, "ours", &e), KVQ_OK);
+    assert_true(access(keep, F_OK) == 0);
+    /* a successful one replaces it, and leaves nothing beside it */
+    char *t = NULL;
+    assert_int_equal(kvq_tmpdir_create(dir, 1, has_keep, "ours", &t, &e), KVQ_OK);
+    assert_int_equal(kvq_tmpdir_commit(t, dir, 1, has_keep, "ours", &e), KVQ_OK);
+    free(t);
+    assert_false(access(keep, F_OK) == 0);
+    assert_int_equal(count_prefix(test_tmpdir(), "out_dir."), 0);
+    /* stale temporaries: a dead pid's go; ours, and names not of kvq's form, stay */
+    pid_t child = fork();
+    if (child == 0)
+        _exit(0);
+    waitpid(child, NULL, 0);
+    snprintf(stale, sizeof stale, "%s.tmp.%d.0123abcd", test_path("o.kvq"), (int)child);
+    snprintf(live, sizeof live, "%s.tmp.%d.0123abcd", test_path("o.kvq"), (int)getpid());
+    snprintf(other, sizeof other, "%s.tmp.notes", test_path("o.kvq"));
+    assert_int_equal(test_write_file(stale, "s", 1), 0);
+    assert_int_equal(test_write_file(live, "l", 1), 0);
+    assert_int_equal(test_write_file(other, "o", 1), 0);
+    kvq_output_clean_stale(test_path("o.kvq"));
+    assert_false(access(stale, F_OK) == 0);
+    assert_true(access(live, F_OK) == 0 && access(other, F_OK) == 0);
+    /* the signal-time cleanup removes the open temporaries (a file and a directory) */
+    kvq_atomic_file af;
+    assert_int_equal(kvq_atomic_open(test_path("sig.kvq"), 0, &af, &e), KVQ_OK);
+    fputs("partial", af.fp);
+    fflush(af.fp);
+    assert_int_equal(kvq_tmpdir_create(test_path("sigdir"), 0, NULL, "x", &t, &e), KVQ_OK);
+    snprintf(tmp, sizeof tmp, "%s/layer", t);
+    assert_int_equal(test_write_file(tmp, "z", 1), 0);
+    kvq_output_remove_temporaries();
+    assert_int_equal(count_prefix(test_tmpdir(), "sig.kvq.tmp."), 0);
+    assert_int_equal(count_prefix(test_tmpdir(), "sigdir.tmp."), 0);
+    kvq_atomic_abort(&af);
+    free(t);
+}
+
 static void test_rng_reproducible(void **state)
 {
     kvq_rng a, b;
@@ -200,6 +279,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings),
+        cmocka_unit_test(test_output_rules),
         cmocka_unit_test(test_parse_numbers),
         cmocka_unit_test(test_parse_list),
         cmocka_unit_test(test_utf8),

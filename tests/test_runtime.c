@@ -1618,6 +1618,113 @@ static void test_selectors_find_needle(void **state)
     seq_free(&s);
 }
 
+/* A sliding-window layer (the window starts at 300 of 500 tokens): the selection record
+ * and the measured recall must describe the chosen candidates, inside [304, 436) (sinks
+ * 300..303 and the local window 436..499 excluded), with the needle at 350 among them;
+ * the oracle's recall against itself is exactly 1. */
+static void test_selection_record_sliding_window(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    kvq_model_config c = config_of(&id);
+    c.sliding_window = 200;
+    c.sliding_from = 0;
+    const int32_t d = 16;
+    const int64_t T = 500, needle = 350;
+    seq_data s = make_seq(&c, T, 321);
+    float *q_last = s.q + (size_t)(T - 1) * 4 * d;
+    for (int g = 1; g < 4; g++)
+        memcpy(q_last + g * d, q_last, sizeof(float) * d);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    float *kn = s.k + (size_t)needle * d;
+    for (int t = 0; t < d; t++)
+        kn[t] = 6.0f * q_last[t];
+    kvq_rope_apply(&c.rope, theta, kn, 1, (T - 1) - needle);
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.selector = KVQ_SELECT_ORACLE;
+    p.budget = (kvq_budget){.count = 24};
+    p.positions = KVQ_POSITIONS_ROPE;
+    p.measure = 1;
+    kvq_retrieval *r = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_retrieval_create(&c, NULL, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    free(run_backend(&c, &b, &s, 420));
+    int64_t n = 0;
+    const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
+    assert_int_equal(n, 24);
+    int found = 0;
+    for (int64_t a = 0; a < n; a++) {
+        found |= sel[a] == needle;
+        if (sel[a] < 304 || sel[a] >= T - 64)
+            fail_msg("selection[%d] = %d is outside the candidates [304, 436)", (int)a,
+                     (int)sel[a]);
+        if (a)
+            assert_true(sel[a] > sel[a - 1]);
+    }
+    assert_true(found);
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    assert_true(st.measured > 0);
+    if (st.recall_topk != (double)st.measured)
+        fail_msg("oracle recall %.4f against itself", st.recall_topk / st.measured);
+    kvq_retrieval_free(r);
+    seq_free(&s);
+}
+
+/* Centroids beyond f16's range (z-space centroids of qapq can be): the fast LUT stays
+ * finite and equals the double reference within f16 rounding, for every ISA; centroids
+ * beyond any scale are refused, not turned into Inf. */
+static void test_lut_large_centroids(void **state)
+{
+    (void)state;
+    const int32_t d = 16, K = 8;
+    static const struct { kvq_codebook_method m; int32_t G; } cases[] = {
+        {KVQ_CODEBOOK_VQ, 1}, {KVQ_CODEBOOK_QAPQ, 4}};
+    for (size_t ci = 0; ci < 2; ci++)
+        for (int big = 0; big < 2; big++) {
+            kvq_codebook_desc desc = {.method = cases[ci].m, .dim = d, .k = K,
+                                      .groups = cases[ci].G, .rope = kvq_rope_default(d),
+                                      .wrope_b = 2048};
+            float *W = randn((size_t)K * d, 41 + ci, big ? 1e36f : 3e5f);
+            float *L = malloc(sizeof(float) * d * d), *Li = malloc(sizeof(float) * d * d);
+            make_L(d, 43, L, Li);
+            kvq_codebook *cb = NULL;
+            kvq_err e = {0};
+            assert_int_equal(kvq_codebook_create(&desc, W, L, Li, &cb, &e), KVQ_OK);
+            kvq_rk_table *tab = NULL;
+            kvq_status st = kvq_rk_table_create(cb, &tab, &e);
+            if (big) {
+                assert_int_equal(st, KVQ_E_NUMERIC);
+                assert_non_null(strstr(e.msg, "beyond the f16 table's range"));
+            } else {
+                assert_int_equal(st, KVQ_OK);
+                float *q = randn((size_t)d, 47, 1.0f), ref[4 * 8], lut[4 * 8];
+                kvq_codebook_lut_ref(cb, q, ref);
+                double amax = 0;
+                for (int32_t i = 0; i < cases[ci].G * K; i++)
+                    amax = fmax(amax, fabs(ref[i]));
+                assert_true(amax > 65504.0 * 4);
+                for (int isa = KVQ_ISA_SCALAR; isa <= KVQ_ISA_AVX512; isa++) {
+                    memset(lut, 0, sizeof lut);
+                    kvq_rk_lut((kvq_isa)isa, tab, q, lut);
+                    for (int32_t i = 0; i < cases[ci].G * K; i++)
+                        if (!isfinite(lut[i]) || fabs(lut[i] - ref[i]) > 2e-3 * amax)
+                            fail_msg("%s isa %d: lut[%d] = %g, reference %g",
+                                     kvq_codebook_method_name(cases[ci].m), isa, (int)i,
+                                     lut[i], ref[i]);
+                }
+                free(q);
+            }
+            kvq_rk_table_free(tab);
+            kvq_codebook_free(cb);
+            free(W);
+            free(L);
+            free(Li);
+        }
+}
+
 /* mass: the smallest top set reaching tau of the approximate softmax. */
 static void test_mass_selector(void **state)
 {
@@ -2193,6 +2300,8 @@ int main(void)
         cmocka_unit_test(test_open_corrupt),
         cmocka_unit_test(test_budget_all_equals_full),
         cmocka_unit_test(test_sliding_window_attention),
+        cmocka_unit_test(test_selection_record_sliding_window),
+        cmocka_unit_test(test_lut_large_centroids),
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),

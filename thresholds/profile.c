@@ -482,14 +482,16 @@ static kvq_status ppl_of(thr_ppl *e, kvq_simcache_kind kind, const kvq_leankv_pa
 
 /* Picks the least cost (cost1, then cost2 when >= 0, then quality, then index) among
  * rows whose quality is within `limit`; if there is none, the best quality (then
- * cost1). Rows with NaN quality are ignored. */
-static void select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit)
+ * cost1). Rows with NaN quality, and rows whose cost1 is not below max_cost (a setting
+ * that saves nothing), are ignored. */
+static void select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit,
+                       double max_cost)
 {
     int64_t best = -1;
     int met = 0;
     for (int64_t i = 0; i < t->n_rows; i++) {
         const double *r = t->rows + (size_t)i * t->n_cols;
-        if (isnan(r[qcol]))
+        if (isnan(r[qcol]) || !(r[cost1] < max_cost))
             continue;
         const int in = r[qcol] <= limit;
         if (best < 0 || (in && !met)) {
@@ -544,9 +546,17 @@ static void select_all(kvq_profile_result *r, const kvq_profile_params *p)
         kvq_profile_table *t = &r->table[i];
         if (!t->rows || t->skipped[0])
             continue;
-        select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit);
-        if (t->chosen < 0)
+        /* A PATS row costs at least the f16 cache when d is small (whole 64-byte blocks
+         * per row, kvq/thresholds.h): such a row is never chosen. */
+        const double max_cost = i == KVQ_PROFILE_PATS ? 1.0 : INFINITY;
+        select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit, max_cost);
+        if (t->chosen < 0) {
+            if (i == KVQ_PROFILE_PATS)
+                kvq_log(&p->cb, KVQ_LOG_WARN, "profile: pats: no setting saves memory against "
+                        "the f16 cache (a small head dim: packed rows fill whole 64-byte "
+                        "blocks); none chosen");
             continue;
+        }
         char what[512];
         describe_row(t, t->chosen, what, sizeof what);
         if (t->met)
@@ -835,8 +845,9 @@ kvq_status kvq_profile_run(const char *capture_dir, const char *in_path, const c
     kvq_status s;
     if (out)
         *out = NULL;
-    if (!overwrite && access(out_path, F_OK) == 0)
-        return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists (use --force to overwrite)", out_path);
+    if ((s = kvq_output_check(out_path, overwrite, kvq_artifact_is_artifact, "a .kvq artifact",
+                              err)))
+        return s;
     if (!(s = kvq_profile_capture(capture_dir, in_path, p, &r, err)) &&
         !(s = kvq_artifact_open(in_path, &in, err)))
         s = kvq_profile_write(in, r, p, out_path, overwrite, err);

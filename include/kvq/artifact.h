@@ -191,6 +191,10 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err);
  * Cost: random-normal F32 data compresses 1.08x at every level, at about 1 MB/s at
  * level 19 and 125 MB/s at level 3 (one core); memory is the payload's compress
  * bound plus zstd's context (about 81 MiB at level 19, a few MiB at low levels). */
+/* 1 when path is a regular file that begins with an artifact's magic and "KVQA" tag:
+ * the files --force lets a stage replace (kvq_output_owned_fn). */
+int kvq_artifact_is_artifact(const char *path);
+
 kvq_status kvq_artifact_write(const char *path, int overwrite, const void *payload,
                               size_t payload_size, int zstd_level, kvq_err *err);
 /* The same into a malloc'd buffer (free()); *out is NULL on failure. */

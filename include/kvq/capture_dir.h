@@ -75,6 +75,9 @@ kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_er
 kvq_status kvq_capture_info_read_memory(const char *dir, const void *json, size_t size,
                                         kvq_capture_info **out, kvq_err *err);
 void kvq_capture_info_free(kvq_capture_info *ci); /* NULL is fine */
+/* 1 when dir is a directory whose capture.json kvq_capture_info_read accepts: the only
+ * directories --force lets capture replace (kvq_output_owned_fn). */
+int kvq_capture_dir_is_capture(const char *dir);
 
 /* Index i in [0, n_files) of model layer `layer` in the capture, or -1. */
 int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer);

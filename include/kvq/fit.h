@@ -71,10 +71,10 @@ typedef struct kvq_fit_params {
                                     diagnostic, [0, 1). Default 0.1 */
     int reference;               /* 1 (default): also fit plain VQ with the same K and G
                                     ("vq" or "pq") on the same keys, for the diagnostic */
-    const int32_t *layers;       /* [n_layers] model layers to fit; NULL = every layer in
-                                    both the capture and the moments file */
+    const int32_t *layers;       /* [n_layers] model layers to fit; NULL = every layer of
+                                    the capture (each must be in the moments file) */
     size_t n_layers;
-    int overwrite;               /* replace an existing output */
+    int overwrite;               /* replace an existing output (a .kvq artifact only) */
     int checkpoint;              /* 1 (default): keep finished jobs in OUT.ckpt/ */
     int zstd_level;              /* 0 = the artifact default */
     kvq_callbacks cb;            /* log; progress("fit", heads done, heads total) after
@@ -114,7 +114,9 @@ typedef struct kvq_fit_summary {
  * and whether or not the run was resumed (CPU backend).
  *
  * Errors: those of kvq_capture_info_read, kvq_moments_open and kvq_st_open;
- *   KVQ_E_MISMATCH  capture and moments of different models (the message names both
+ *   KVQ_E_MISMATCH  capture and moments of different models, or moments computed from
+ *                   another capture (corpus hash or token count differ), or a capture
+ *                   layer the moments lack when layers is NULL (the message names both
  *                   files and the field)
  *   KVQ_E_INVALID_ARG  bad parameters (named), groups not dividing d, a requested layer
  *                   missing from the capture or the moments file, a codebook larger than
@@ -122,7 +124,8 @@ typedef struct kvq_fit_summary {
  *   KVQ_E_SHAPE_MISMATCH  a layer tensor whose dtype or shape disagrees with capture.json
  *   KVQ_E_OUT_OF_BOUNDS   pos, seq or q_rows out of range
  *   KVQ_E_NUMERIC   a non-finite key ("layer L head H row R (sequence S position P)")
- *   KVQ_E_EXISTS    the output exists and overwrite is 0 (checked before any work)
+ *   KVQ_E_EXISTS    the output exists and overwrite is 0, or it is not a .kvq artifact
+ *                   (checked before any work, with KVQ_E_IO when it cannot be created)
  *   KVQ_E_CANCELLED the progress callback asked to stop (finished jobs stay checkpointed)
  *   and KVQ_E_IO, KVQ_E_NOMEM, KVQ_E_BACKEND.
  * Cost: per head, the k-means fits (method and reference) and one encode of the

@@ -144,6 +144,9 @@ typedef struct kvq_moments kvq_moments;
  * demand from the mapping. */
 kvq_status kvq_moments_open(const char *path, kvq_moments **out, kvq_err *err);
 void kvq_moments_close(kvq_moments *m); /* NULL is fine */
+/* 1 when path is a safetensors file with format "kvq-moments": the files --force lets
+ * `kvq moments` replace (kvq_output_owned_fn). */
+int kvq_moments_is_moments(const char *path);
 
 const kvq_model_id *kvq_moments_model(const kvq_moments *m);
 int32_t kvq_moments_n_layers(const kvq_moments *m);          /* layers in the file */
@@ -170,10 +173,12 @@ kvq_status kvq_moments_get_f32(const kvq_moments *m, int32_t layer, int32_t head
 kvq_status kvq_moments_get_stats(const kvq_moments *m, int32_t layer, int32_t head,
                                  kvq_moments_head_stats *out, kvq_err *err);
 
-/* KVQ_OK when the moments file and the capture describe the same model; otherwise
- * KVQ_E_MISMATCH, the message naming both files and the field ("M.safetensors vs
- * DIR/capture.json: model.n_heads differs (8 vs 4)"). Which layers a caller needs is
- * its own business: see kvq_moments_has_layer. */
+/* KVQ_OK when the moments file was computed from this capture: the same model and the
+ * same captured tokens (the capture's corpus hash and token count, which the moments
+ * file records as corpus.hash and n_tokens); otherwise KVQ_E_MISMATCH, the message
+ * naming both files and the field ("M.safetensors vs DIR/capture.json: model.n_heads
+ * differs (8 vs 4)"). A moments file that records no capture is KVQ_E_MISMATCH too.
+ * Which layers a caller needs is its own business: see kvq_moments_has_layer. */
 kvq_status kvq_moments_check_capture(const kvq_moments *m, const kvq_capture_info *ci,
                                      kvq_err *err);
 

@@ -125,8 +125,11 @@ const char *kvq_isa_name(kvq_isa isa); /* "scalar" | "avx2" | "avx512" */
 /* The LUT table of a codebook: its key-space (or, for grouped query-aware methods,
  * z-space) centroids stored transposed in f16, [G, d/G, K], the layout the fast LUT
  * build streams through. Half the bytes of the f32 centroids: a decode step reads the
- * whole table once per KV head, so its size is part of the cost per step. Keeps a
- * pointer to cb (which must outlive it). Errors: KVQ_E_NOMEM. Memory: 2 K d bytes. */
+ * whole table once per KV head, so its size is part of the cost per step. Centroids
+ * beyond f16's range (|w| > 65504, possible in qapq's z-space) are stored divided by a
+ * power of two, and the query multiplied by it, so no entry becomes Inf; a centroid
+ * beyond 65504 x 2^40 is refused (KVQ_E_NUMERIC). Keeps a pointer to cb (which must
+ * outlive it). Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. Memory: 2 K d bytes. */
 typedef struct kvq_rk_table kvq_rk_table;
 kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err);
 void kvq_rk_table_free(kvq_rk_table *t); /* NULL is fine */

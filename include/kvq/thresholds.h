@@ -57,9 +57,11 @@
  * with w = 16 - b(t) bits per element in 64-byte blocks of B = floor(512 / w) elements
  * (the paper writes ceil(512 / w), which does not fit a block when w does not divide
  * 512), each row starting a new block: 64 * ceil(d / B) bytes per row, so a token costs
- * 2 * 64 * ceil(d / B) bytes per KV head against 4d for the f16 cache. With d < 32 a row
- * fills less than one block and no schedule saves anything; kvq also reports the
- * unpacked bits, sum over tokens of 2 d (16 - b(t)).
+ * 2 * 64 * ceil(d / B) bytes per KV head against 4d for the f16 cache. With d <= 32 a
+ * row costs a whole block, at least f16's 2d bytes, and no schedule saves anything: a
+ * setting whose packed memory is not below the f16 cache's is never chosen, so there
+ * the PATS table chooses none. kvq also reports the unpacked bits, sum over tokens of
+ * 2 d (16 - b(t)).
  *
  * ---- Quality ---------------------------------------------------------------------------
  * Every capture sequence of N tokens is split into a prompt (the first

@@ -87,10 +87,13 @@ void kvq_unmap(kvq_map *m); /* safe on a zeroed map */
 /* Reads a whole file into a malloc'd buffer (NUL-terminated for convenience). */
 kvq_status kvq_read_file(const char *path, uint8_t **data, size_t *size, kvq_err *err);
 
-/* ---- atomic output -----------------------------------------------------------
- * Output goes to "<path>.tmp.<random>" in the same directory and is renamed over
+/* ---- output: atomic replacement, ownership, temporaries (common/output.c) ------
+ * Output goes to "<path>.tmp.<pid>.<random>" in the same directory and is renamed over
  * `path` only by kvq_atomic_commit, so readers never see a half-written file.
- * kvq_atomic_abort (or a failed commit) removes the temporary. */
+ * kvq_atomic_abort (or a failed commit) removes the temporary. Every temporary is listed
+ * in a process-wide registry while it exists, so kvq_output_remove_temporaries (safe to
+ * call from a signal handler) can remove them; creating one also removes the stale
+ * temporaries of the same output that a killed process left (their pid is gone). */
 typedef struct kvq_atomic_file {
     FILE *fp;          /* write here */
     char *path;        /* final name */
@@ -101,11 +104,37 @@ kvq_status kvq_atomic_open(const char *path, int overwrite, kvq_atomic_file *af,
 kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err); /* flush, fsync, rename */
 void kvq_atomic_abort(kvq_atomic_file *af);                      /* safe after commit */
 
-/* Same idea for directories: create "<path>.tmp.<random>/", fill it, then rename.
- * *tmp_dir is malloc'd. overwrite = 1 removes an existing `path` at commit time. */
-kvq_status kvq_tmpdir_create(const char *path, int overwrite, char **tmp_dir, kvq_err *err);
-kvq_status kvq_tmpdir_commit(const char *tmp_dir, const char *path, int overwrite, kvq_err *err);
-void kvq_rmtree(const char *path); /* best effort, for aborting a tmpdir */
+/* 1 when `path` holds a kvq output of one kind (a capture directory, an artifact, a
+ * moments file): the only things --force may replace. */
+typedef int (*kvq_output_owned_fn)(const char *path);
+
+/* Checks, before any expensive work, that `path` can become the output:
+ *   - it exists and overwrite = 0: KVQ_E_EXISTS "PATH: already exists (use --force ...)";
+ *   - it exists, overwrite = 1 and owned is NULL or owned(path) = 0: KVQ_E_EXISTS
+ *     "PATH: exists and is not WHAT; kvq replaces only its own outputs";
+ *   - a file cannot be created next to it (missing folder, no permission): KVQ_E_IO
+ *     "PATH: cannot create: REASON" (a probe file is created and removed).
+ * Removes the stale temporaries of `path` (kvq_output_clean_stale). */
+kvq_status kvq_output_check(const char *path, int overwrite, kvq_output_owned_fn owned,
+                            const char *what, kvq_err *err);
+
+/* Directories: create "<path>.tmp.<pid>.<random>/" (after kvq_output_check), fill it,
+ * then commit: an existing `path` (overwrite = 1 and owned(path)) is first renamed
+ * aside, the new directory renamed into place, and only then the old one removed; a
+ * failed rename puts the old one back, so no failure loses both. *tmp_dir is malloc'd. */
+kvq_status kvq_tmpdir_create(const char *path, int overwrite, kvq_output_owned_fn owned,
+                             const char *what, char **tmp_dir, kvq_err *err);
+kvq_status kvq_tmpdir_commit(const char *tmp_dir, const char *path, int overwrite,
+                             kvq_output_owned_fn owned, const char *what, kvq_err *err);
+/* Removes a file or directory tree (best effort; for kvq's own temporaries and outputs
+ * only) and drops it from the temporaries registry. */
+void kvq_rmtree(const char *path);
+
+/* Removes "<path>.tmp.<pid>.<random>" entries whose process no longer exists. */
+void kvq_output_clean_stale(const char *path);
+/* Removes every registered temporary of this process. Async-signal-safe: meant for a
+ * SIGINT/SIGTERM handler of the program (the library installs none). */
+void kvq_output_remove_temporaries(void);
 
 /* ---- hashing ------------------------------------------------------------------ */
 /* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */

@@ -51,7 +51,7 @@ else
   fail fit_same_bytes_any_threads "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
 fi
 
-expect_error fit_exists 1 "qavq.kvq: exists" -- fit -o "$T/qavq.kvq"
+expect_error fit_exists 1 "qavq.kvq: already exists" -- fit -o "$T/qavq.kvq"
 expect_error fit_groups 1 '3 groups do not divide head dim 8' -- fit --groups 3 -o "$T/g.kvq"
 expect_error fit_codebook_too_large 1 'codebook size 65536 is larger than the [0-9]+ training keys' -- \
   "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 65536 -q -o "$T/k.kvq"

@@ -20,23 +20,23 @@ check "eval --help" '[ $rc -eq 0 ] && grep -q "^usage: kvq eval --model M --corp
 "$KVQ" help run >"$tmp/out" 2>&1; rc=$?
 check "help run" '[ $rc -eq 0 ] && grep -q "^usage: kvq run" "$tmp/out"'
 "$KVQ" run >/dev/null 2>"$tmp/err"; rc=$?
-check "run without --model" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq: run: --model is required" ]'
+check "run without --model" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq run: --model is required" ]'
 "$KVQ" eval --model x >/dev/null 2>"$tmp/err"; rc=$?
-check "eval without --corpus" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq: eval: --model and --corpus are required" ]'
+check "eval without --corpus" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: --model and --corpus are required" ]'
 "$KVQ" run --model x -n 0 >/dev/null 2>"$tmp/err"; rc=$?
 check "run -n 0" '[ $rc -eq 2 ] && grep -q "^kvq run: -n: " "$tmp/err"'
 "$KVQ" run --model x --temp -1 >/dev/null 2>"$tmp/err"; rc=$?
 check "run --temp -1" '[ $rc -eq 2 ] && grep -q "^kvq run: --temp: " "$tmp/err"'
 "$KVQ" run --model x --bogus >/dev/null 2>"$tmp/err"; rc=$?
-check "run unknown option" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq: run: unknown option '"'"'--bogus'"'"'" ]'
+check "run unknown option" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq run: unknown option '"'"'--bogus'"'"'" ]'
 "$KVQ" run --model "$tmp/nonexistent.gguf" >"$tmp/out" 2>"$tmp/err"; rc=$?
-check "run missing model" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$(cat "$tmp/err")" = "kvq: $tmp/nonexistent.gguf: no such file or directory" ]'
+check "run missing model" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$(cat "$tmp/err")" = "kvq run: $tmp/nonexistent.gguf: no such file or directory" ]'
 printf 'GGUF\003\000\000\000' >"$tmp/short.gguf"
 "$KVQ" run --model "$tmp/short.gguf" >/dev/null 2>"$tmp/err"; rc=$?
-check "run truncated gguf" '[ $rc -eq 1 ] && grep -q "^kvq: $tmp/short.gguf: " "$tmp/err"'
+check "run truncated gguf" '[ $rc -eq 1 ] && grep -q "^kvq run: $tmp/short.gguf: " "$tmp/err"'
 mkdir "$tmp/hf"; echo '{"model_type": "gpt2"}' >"$tmp/hf/config.json"
 "$KVQ" eval --model "$tmp/hf" --corpus uuid:1 >/dev/null 2>"$tmp/err"; rc=$?
-check "eval unsupported architecture" '[ $rc -eq 1 ] && [ "$(cat "$tmp/err")" = "kvq: $tmp/hf/config.json: unsupported architecture '"'"'gpt2'"'"'" ]'
+check "eval unsupported architecture" '[ $rc -eq 1 ] && [ "$(cat "$tmp/err")" = "kvq eval: $tmp/hf/config.json: unsupported architecture '"'"'gpt2'"'"'" ]'
 
 # ---- the real tiny model ----------------------------------------------------------
 if [ ! -f "$MODEL" ]; then
@@ -94,4 +94,4 @@ EOF'
 "$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --max-tokens 20 -q >"$tmp/out"; rc=$?
 check "eval --max-tokens" '[ $rc -eq 0 ] && grep -q "^tokens      20 (19 predicted)$" "$tmp/out"'
 "$KVQ" eval --model "$MODEL" --corpus "file:$tmp/missing.txt" >/dev/null 2>"$tmp/err"; rc=$?
-check "eval missing corpus file" '[ $rc -eq 1 ] && grep -q "^kvq: .*missing.txt" "$tmp/err"'
+check "eval missing corpus file" '[ $rc -eq 1 ] && grep -q "^kvq eval: .*missing.txt" "$tmp/err"'

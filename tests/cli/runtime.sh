@@ -17,9 +17,9 @@ if grep -q -- "--artifact A" "$CLI_TMP/stdout" && grep -q -- "--selector S" "$CL
 _cli_run "$KVQ" eval --help
 if grep -q -- "--selectors LIST" "$CLI_TMP/stdout" && grep -q -- "--budgets LIST" "$CLI_TMP/stdout"; then
   ok runtime_eval_help; else fail runtime_eval_help "$(head -3 "$CLI_TMP/stdout")"; fi
-expect_error runtime_needs_artifact_or_selector 2 '^kvq: run: retrieval options need --artifact or --selector$' -- \
+expect_error runtime_needs_artifact_or_selector 2 '^kvq run: retrieval options need --artifact or --selector$' -- \
   "$KVQ" run --model x --budget 8
-expect_error runtime_one_selector 2 '^kvq: run: --selector takes one selector$' -- \
+expect_error runtime_one_selector 2 '^kvq run: --selector takes one selector$' -- \
   "$KVQ" run --model x --selector full,oracle
 expect_error runtime_bad_positions 2 "^kvq run: --positions: 'exact' is not wrope or rope$" -- \
   "$KVQ" run --model x --selector full --positions exact
@@ -33,11 +33,11 @@ expect_error runtime_bad_device 2 "^kvq run: --device: 'gpu' is not cpu, cuda or
 if [ ! -f "$MODEL" ]; then
   skip runtime_stories260K "test model $MODEL not found"; cli_done; exit
 fi
-expect_error runtime_bad_selector 2 "^kvq: run: unknown selector 'h2o'" -- \
+expect_error runtime_bad_selector 2 "^kvq run: unknown selector 'h2o'" -- \
   "$KVQ" run --model "$MODEL" --selector h2o
-expect_error runtime_codebook_needs_artifact 2 '^kvq: run: the codebook selector needs --artifact$' -- \
+expect_error runtime_codebook_needs_artifact 2 '^kvq run: the codebook selector needs --artifact$' -- \
   "$KVQ" run --model "$MODEL" --selector codebook
-expect_error runtime_bad_budget 2 "^kvq: eval: budget '0': a count must be in" -- \
+expect_error runtime_bad_budget 2 "^kvq eval: budget '0': a count must be in" -- \
   "$KVQ" eval --model "$MODEL" --corpus uuid:1 --selectors full --budgets 6%,0
 
 # no artifact: full attention through the runtime, exact positions, is the reference text
@@ -88,12 +88,12 @@ else
   fail runtime_device_cuda_fallback "warnings: $n_warn" "$(grep warning "$CLI_TMP/stderr")" \
     "$(head -c 200 "$CLI_TMP/stdout")"
 fi
-expect_error runtime_method_mismatch 1 "^kvq: run: selector pq: the artifact's method is qavq$" -- \
+expect_error runtime_method_mismatch 1 "^kvq run: selector pq: the artifact's method is qavq$" -- \
   "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --selector pq
 
 # refused: truncated, and made for a model with the other RoPE pair layout
 head -c 100 "$T/a.kvq" >"$T/short.kvq"
-expect_error runtime_truncated 1 "^kvq: $T/short.kvq: " -- \
+expect_error runtime_truncated 1 "^kvq run: $T/short.kvq: " -- \
   "$KVQ" run --model "$MODEL" --artifact "$T/short.kvq"
 if "$PYTHON" - "$T/a.kvq" "$T/half.kvq" <<'EOF' 2>"$T/pyerr"
 import json, struct, sys
@@ -114,7 +114,7 @@ open(sys.argv[2], "wb").write(bytes(hdr) + frame)
 EOF
 then
   expect_error runtime_layout_mismatch 1 \
-    "^kvq: $T/half.kvq vs $MODEL: model.rope.layout differs \(half vs interleaved\)$" -- \
+    "^kvq run: $T/half.kvq vs $MODEL: model.rope.layout differs \(half vs interleaved\)$" -- \
     "$KVQ" run --model "$MODEL" --artifact "$T/half.kvq"
 else
   skip runtime_layout_mismatch "python zstandard: $(tail -1 "$T/pyerr")"

@@ -77,7 +77,7 @@ def c_accepts(path):
     r = subprocess.run([KVQ, "inspect", path], stdout=subprocess.DEVNULL,
                        stderr=subprocess.PIPE, text=True)
     check(r.returncode in (0, 1), f"kvq inspect {path}: exit {r.returncode}: {r.stderr}")
-    check(r.returncode == 0 or r.stderr.startswith(f"kvq: {path}: "),
+    check(r.returncode == 0 or r.stderr.startswith(f"kvq inspect: {path}: "),
           f"kvq inspect error format: {r.stderr!r}")
     return r.returncode == 0
 
