@@ -34,6 +34,10 @@ int cli_opt_f64(const char *cmd, const char *opt, const char *val, double min, d
  * output does not depend on the thread count. */
 int32_t cli_default_threads(void);
 
+/* Today's UTC date, "YYYY-MM-DD" (static buffer), for provenance.date; the time of
+ * SOURCE_DATE_EPOCH (seconds) when that is set, as reproducible builds expect. */
+const char *cli_today(void);
+
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);
 

@@ -255,6 +255,27 @@ typedef struct kvq_codebook_set kvq_codebook_set;
  * released before returning. */
 kvq_status kvq_codebook_set_open(const char *path, const kvq_model_id *model, const char *label,
                                   kvq_codebook_set **out, kvq_err *err);
+/* kvq_codebook_set_open with flags, and the weight check (docs/runtime.md "Weights"):
+ * after step 3, when the artifact records a weight fingerprint (model.fingerprint),
+ * model->fingerprint must be the same. A different one, or none, is KVQ_E_MISMATCH
+ * with a message naming both fingerprints and the weights' names, unless flags has
+ * KVQ_OPEN_ACCEPT_MODEL_MISMATCH: then the set opens and kvq_codebook_set_weights says
+ * KVQ_WEIGHTS_MISMATCH_ACCEPTED (the caller warns with kvq_codebook_set_weights_note;
+ * the library prints nothing). An artifact without a fingerprint (written before
+ * fingerprints existed, or by hand) opens with KVQ_WEIGHTS_UNRECORDED.
+ * kvq_codebook_set_open is this with flags 0. */
+#define KVQ_OPEN_ACCEPT_MODEL_MISMATCH 1u
+kvq_status kvq_codebook_set_open_ex(const char *path, const kvq_model_id *model,
+                                     const char *label, unsigned flags, kvq_codebook_set **out,
+                                     kvq_err *err);
+typedef enum kvq_weights_check {
+    KVQ_WEIGHTS_MATCH = 0,             /* same fingerprint */
+    KVQ_WEIGHTS_UNRECORDED = 1,        /* the artifact records none: not checked */
+    KVQ_WEIGHTS_MISMATCH_ACCEPTED = 2  /* different or missing, accepted by the flag */
+} kvq_weights_check;
+kvq_weights_check kvq_codebook_set_weights(const kvq_codebook_set *rt);
+/* The message behind a check other than MATCH (both fingerprints); "" for MATCH. */
+const char *kvq_codebook_set_weights_note(const kvq_codebook_set *rt);
 void kvq_codebook_set_close(kvq_codebook_set *rt); /* NULL is fine */
 
 kvq_codebook_method kvq_codebook_set_method(const kvq_codebook_set *rt);
@@ -387,6 +408,12 @@ void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
  * [0, 2^31)), NOMEM, and those of kvq_codebook_encode. Its reset() forgets the
  * sequence (the statistics stay). */
 kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r);
+/* Appends n tokens (pre-RoPE k, v [n, n_kv_heads, head_dim], positions pos) to the
+ * cache of one layer without attending: what an engine that attends the prompt itself
+ * gives kvq (kvq/engine.h). The next attend() of that layer sees them as earlier
+ * tokens. Errors: those of attend(). */
+kvq_status kvq_retrieval_append(kvq_retrieval *r, int32_t layer, int32_t n, const int64_t *pos,
+                                const float *k, const float *v, kvq_err *err);
 void kvq_retrieval_reset(kvq_retrieval *r);
 int64_t kvq_retrieval_length(const kvq_retrieval *r); /* tokens cached in layer 0 */
 const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r);
