@@ -1,12 +1,14 @@
 /* cli.h — shared plumbing for the kvq subcommands (one file per subcommand).
  *
  * The CLI is the only place that prints, reads the environment or exits. It uses
- * the public headers only. */
+ * the installed headers (kvq.h) plus one internal header, kvq/util.h (checked parsing,
+ * buffers, files), which it takes from the source tree. */
 #ifndef KVQ_CLI_H
 #define KVQ_CLI_H
 
 #include <stdio.h>
 #include "kvq.h"
+#include "kvq/util.h" /* internal (not installed): the CLI is built in the source tree */
 
 /* One subcommand: name, one-line summary, entry point (argv[0] is the name). */
 typedef struct cli_command {

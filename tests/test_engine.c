@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "helpers/tinyllama.h"
 #include "kvq.h"
 #include "kvq/engine.h"

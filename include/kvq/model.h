@@ -43,7 +43,6 @@
 #include "kvq/model_id.h"
 #include "kvq/common.h"
 #include "kvq/rope.h"
-#include "kvq/util.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +50,8 @@ extern "C" {
 
 /* The tokenizer type of kvq/tokenizer.h (declared here so this header stands alone). */
 typedef struct kvq_tokenizer kvq_tokenizer;
+/* The seeded generator of kvq_sample_token (kvq/util.h, internal). */
+typedef struct kvq_rng kvq_rng;
 
 /* ==========================================================================
  * Configuration
