@@ -75,7 +75,7 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ ! -s "$CLI_TMP/stderr" ]; then
 mkdir -p "$T/corpus dir"
 for i in 1 2 3; do sed -n "$((i * 40)),$((i * 40 + 400))p" tests/helpers/clitest.sh >"$T/corpus dir/doc$i.txt"; done
 ABS=$(cd "$T" && pwd)
-if "$KVQ" profile --artifact "$ABS/a.kvq" --capture "$ABS/cap" --knobs budget -q -o "$ABS/p.kvq" 2>"$T/err"; then
+if "$KVQ" profile --artifact "$ABS/a.kvq" --capture "$ABS/cap" --knobs budget -q -o "$ABS/p.kvq" >/dev/null 2>"$T/err"; then
   arts="$ABS/a.kvq $ABS/p.kvq"
 else
   arts="$ABS/a.kvq"; fail ship_profile "$(head -3 "$T/err")"
@@ -89,4 +89,20 @@ fi
 "$KVQ" capture --model "$ABS/a.gguf" --corpus "$ABS/corpus dir" --seq-len 64 --max-tokens 512 -q -o "$ABS/cap2" 2>/dev/null
 if "$PYTHON" tests/helpers/no_local_paths.py $arts "$ABS/cap2/capture.json" >"$T/out" 2>&1; then
   ok ship_no_local_paths; else fail ship_no_local_paths "$(head -8 "$T/out")"; fi
+
+# ---- kvq card --------------------------------------------------------------------------
+_cli_run "$KVQ" card "$T/p.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q "^| weight fingerprint | \`$fa\` |$" "$CLI_TMP/stdout" &&
+   grep -q "^| file | \`a.gguf\` (gguf) |$" "$CLI_TMP/stdout" &&
+   grep -q "^| tokens | 1024 in 16 sequences of 64 |$" "$CLI_TMP/stdout" &&
+   grep -q "^| \*\*all\*\* | " "$CLI_TMP/stdout" && grep -q "^| budget | " "$CLI_TMP/stdout" &&
+   grep -q "^| made by | kvq .* 2023-11-14 |$" "$CLI_TMP/stdout" &&
+   grep -q "^kvq run  --model MODEL --artifact p.kvq" "$CLI_TMP/stdout"; then
+  ok ship_card; else fail ship_card "rc $(cat "$CLI_TMP/rc")" "$(head -40 "$CLI_TMP/stdout")" "$(cat "$CLI_TMP/stderr")"; fi
+"$KVQ" card "$T/p.kvq" -o "$T/card.md" && cmp -s "$T/card.md" "$CLI_TMP/stdout"; r1=$?
+echo keep >"$T/notes.md"
+"$KVQ" card "$T/p.kvq" -o "$T/notes.md" 2>/dev/null; r2=$?
+if [ $r1 = 0 ] && [ $r2 = 1 ] && [ "$(cat "$T/notes.md")" = keep ]; then
+  ok ship_card_output_file; else fail ship_card_output_file "r1 $r1 r2 $r2"; fi
+expect_error ship_card_not_artifact 1 "^kvq: $T/notes.md: " -- "$KVQ" card "$T/notes.md"
 cli_done
