@@ -8,6 +8,9 @@
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
 #   make bench        build the benchmarks (see docs/BENCHMARKS.md)
 #   make deps         install missing Debian/PyPI dependencies (scripts/install-deps.sh)
+#   make install      PREFIX (default /usr/local; DESTDIR too): lib/libkvq.so.X.Y.Z
+#                     (SONAME libkvq.so.X), libkvq.a, bin/kvq, the public headers and
+#                     lib/pkgconfig/kvq.pc; `make uninstall` removes them
 #
 # Knobs (all ?=): CUDA DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
 
@@ -103,14 +106,29 @@ STATIC := $(BUILD)/libkvq.a
 SHARED := $(BUILD)/libkvq.so
 KVQ    := $(BUILD)/kvq
 
-.PHONY: all lib test test-run demo deps check-deps asan fuzz fuzz-replay bench examples clean help
+# ---- version, SONAME, install --------------------------------------------------------
+# The version is the one in include/kvq/common.h. The shared library is
+# libkvq.so.MAJOR.MINOR.PATCH with SONAME libkvq.so.MAJOR (a new major version for an
+# incompatible ABI), plus the two links libkvq.so.MAJOR and libkvq.so.
+ver_field = $(shell sed -n 's/^\#define KVQ_VERSION_$(1) \([0-9]*\).*/\1/p' include/kvq/common.h)
+KVQ_MAJOR   := $(call ver_field,MAJOR)
+KVQ_VERSION := $(KVQ_MAJOR).$(call ver_field,MINOR).$(call ver_field,PATCH)
+SONAME      := libkvq.so.$(KVQ_MAJOR)
+PREFIX  ?= /usr/local
+DESTDIR ?=
+# Installed headers: everything in include/ except kvq/util.h, the library's internal
+# helpers (the CLI, tests and benchmarks take it from the source tree).
+PUBLIC_HEADERS := $(filter-out include/kvq/util.h,$(sort $(wildcard include/kvq/*.h)))
+
+.PHONY: all lib test test-run demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+        install uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 
 lib: $(STATIC) $(SHARED)
 
 help:
-	@sed -n '2,14p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
 
 # Prints what was found and stops early with a hint when something is missing.
 check-deps:
@@ -141,9 +159,41 @@ $(STATIC): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(SHARED): $(LIB_OBJ) $(CU_OBJ)
+$(SHARED).$(KVQ_VERSION): $(LIB_OBJ) $(CU_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) -shared $(SANFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+	$(CC) -shared -Wl,-soname,$(SONAME) $(SANFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(SHARED): $(SHARED).$(KVQ_VERSION)
+	ln -sf libkvq.so.$(KVQ_VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+# kvq.pc for pkg-config: `pkg-config --cflags --libs kvq` (shared), --static adds the
+# dependencies of libkvq.a.
+$(BUILD)/kvq.pc: Makefile include/kvq/common.h
+	@mkdir -p $(dir $@)
+	printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$${prefix}/lib' 'includedir=$${prefix}/include' '' \
+	  'Name: kvq' 'Description: KV-cache codebook toolchain and retrieval-attention runtime' \
+	  'Version: $(KVQ_VERSION)' 'Requires.private: $(DEP_PKGS)' \
+	  'Libs: -L$${libdir} -lkvq' 'Libs.private: -lm -lpthread -fopenmp' \
+	  'Cflags: -I$${includedir}' >$@
+
+install: $(STATIC) $(SHARED) $(KVQ) $(BUILD)/kvq.pc
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/kvq
+	install -m 755 $(KVQ) $(DESTDIR)$(PREFIX)/bin/kvq
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/libkvq.a
+	install -m 755 $(SHARED).$(KVQ_VERSION) $(DESTDIR)$(PREFIX)/lib/libkvq.so.$(KVQ_VERSION)
+	ln -sf libkvq.so.$(KVQ_VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libkvq.so
+	install -m 644 include/kvq.h $(DESTDIR)$(PREFIX)/include/kvq.h
+	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/kvq/
+	sed 's|^prefix=.*|prefix=$(PREFIX)|' $(BUILD)/kvq.pc >$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/kvq $(DESTDIR)$(PREFIX)/lib/libkvq.a \
+	  $(DESTDIR)$(PREFIX)/lib/libkvq.so $(DESTDIR)$(PREFIX)/lib/$(SONAME) \
+	  $(DESTDIR)$(PREFIX)/lib/libkvq.so.$(KVQ_VERSION) $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc \
+	  $(DESTDIR)$(PREFIX)/include/kvq.h $(PUBLIC_HEADERS:include/%=$(DESTDIR)$(PREFIX)/include/%)
+	-rmdir $(DESTDIR)$(PREFIX)/include/kvq
 
 $(KVQ): $(CLI_OBJ) $(STATIC)
 	$(CC) $(SANFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)

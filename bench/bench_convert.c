@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kvq.h"
+#include "kvq/util.h"
 #include "kvq/gguf.h"
 #include "kvq/half.h"
 #include "formats/half_simd.h"

@@ -58,8 +58,10 @@
 #endif
 
 #include "kvq.h"
+#include "kvq/util.h"
 #include "kvq/codebook.h"
 #include "kvq/runtime.h"
+#include "runtime/rk.h"
 
 #include "bench/bench_common.h"
 

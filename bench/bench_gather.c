@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kvq.h"
+#include "kvq/util.h"
 
 #include "bench/bench_common.h"
 

@@ -28,6 +28,7 @@
 #include <cblas.h>
 
 #include "kvq.h"
+#include "kvq/util.h"
 
 typedef struct bench_args {
     const char *which;

@@ -18,7 +18,9 @@
 #include <string.h>
 
 #include "kvq.h"
+#include "kvq/util.h"
 #include "kvq/runtime.h"
+#include "runtime/rk.h"
 
 static int usage(void)
 {

@@ -81,6 +81,14 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     kvq_json_write_str(f, m->path);
     fputs(",\n    \"source\": ", f);
     kvq_json_write_str(f, m->source);
+    if (m->name[0]) {
+        fputs(",\n    \"name\": ", f);
+        kvq_json_write_str(f, m->name);
+    }
+    if (m->fingerprint[0]) {
+        fputs(",\n    \"fingerprint\": ", f);
+        kvq_json_write_str(f, m->fingerprint);
+    }
     fputs(",\n    \"architecture\": ", f);
     kvq_json_write_str(f, m->architecture);
     fprintf(f, ",\n    \"n_layers\": %d, \"dim\": %d, \"hidden_dim\": %d,\n", m->n_layers, m->dim,

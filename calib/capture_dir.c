@@ -109,6 +109,8 @@ static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
         return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: model must be an object", j->label);
     if ((st = j_str(j, m, p, "path", 0, id->path, sizeof id->path)) ||
         (st = j_str(j, m, p, "source", 1, id->source, sizeof id->source)) ||
+        (st = j_str(j, m, p, "name", 0, id->name, sizeof id->name)) ||
+        (st = j_str(j, m, p, "fingerprint", 0, id->fingerprint, sizeof id->fingerprint)) ||
         (st = j_str(j, m, p, "architecture", 1, id->architecture, sizeof id->architecture)) ||
         (st = j_i32(j, m, p, "n_layers", 1, INT32_MAX, &id->n_layers)) ||
         (st = j_i32(j, m, p, "dim", 1, INT32_MAX, &id->dim)) ||

@@ -101,7 +101,8 @@ static kvq_status capture_describe(const kvq_model *m, const int32_t *tokens, in
     memset(ci, 0, sizeof *ci);
     kvq_model_identity(m, &ci->model);
     if (corpus) {
-        snprintf(ci->corpus_spec, sizeof ci->corpus_spec, "%s", corpus->spec ? corpus->spec : "");
+        /* provenance without local paths: file and directory names only */
+        kvq_spec_redact_paths(corpus->spec, ci->corpus_spec, sizeof ci->corpus_spec);
         ci->corpus_seed = corpus->seed;
         snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
         ci->n_documents = corpus->n_documents;

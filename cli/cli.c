@@ -2,7 +2,10 @@
 #include "cli/cli.h"
 
 #include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvq/util.h"
@@ -159,4 +162,18 @@ int32_t cli_default_threads(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 && n < 1024 ? (int32_t)n : 1;
+}
+
+const char *cli_today(void)
+{
+    static char buf[16];
+    time_t t = time(NULL);
+    const char *sde = getenv("SOURCE_DATE_EPOCH");
+    int64_t v;
+    if (sde && kvq_parse_i64(sde, 0, INT64_C(253402300799), &v, NULL) == KVQ_OK)
+        t = (time_t)v;
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || !strftime(buf, sizeof buf, "%Y-%m-%d", &tm))
+        return NULL;
+    return buf;
 }

@@ -1,12 +1,14 @@
 /* cli.h — shared plumbing for the kvq subcommands (one file per subcommand).
  *
  * The CLI is the only place that prints, reads the environment or exits. It uses
- * the public headers only. */
+ * the installed headers (kvq.h) plus one internal header, kvq/util.h (checked parsing,
+ * buffers, files), which it takes from the source tree. */
 #ifndef KVQ_CLI_H
 #define KVQ_CLI_H
 
 #include <stdio.h>
 #include "kvq.h"
+#include "kvq/util.h" /* internal (not installed): the CLI is built in the source tree */
 
 /* One subcommand: name, one-line summary, entry point (argv[0] is the name). */
 typedef struct cli_command {
@@ -45,6 +47,10 @@ int32_t cli_default_threads(void);
  * with the same argv (returns only when it did not: policy set, or exec failed). Worker
  * threads then sleep instead of spinning at every barrier (thread_policy.c). */
 void cli_thread_policy(char **argv);
+
+/* Today's UTC date, "YYYY-MM-DD" (static buffer), for provenance.date; the time of
+ * SOURCE_DATE_EPOCH (seconds) when that is set, as reproducible builds expect. */
+const char *cli_today(void);
 
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);

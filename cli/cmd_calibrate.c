@@ -170,6 +170,7 @@ int cmd_calibrate(int argc, char **argv)
 {
     const char *cmd = "calibrate", *model = NULL, *out = NULL;
     kvq_calibrate_params p = kvq_calibrate_params_default();
+    p.fit.date = cli_today();
     int quiet = 0, verbose = 0, rc = 0, r;
     int64_t v;
     kvq_err e = {0};

@@ -68,6 +68,7 @@ int cmd_fit(int argc, char **argv)
 {
     const char *cmd = "fit", *capture = NULL, *moments = NULL, *out = NULL, *layers = NULL;
     kvq_fit_params p = kvq_fit_params_default();
+    p.date = cli_today();
     int quiet = 0, verbose = 0, rc = 0, r;
     int64_t v;
     int32_t *layer_list = NULL;

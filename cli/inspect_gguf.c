@@ -281,6 +281,11 @@ static void gguf_text(const cJSON *doc, const kvq_gguf *g)
     printf("  %d metadata keys, %d tensors, alignment %llu, data at offset %llu\n", nkv,
            cJSON_GetArraySize(ts), (unsigned long long)ju64(doc, "alignment"),
            (unsigned long long)ju64(doc, "data_offset"));
+    const char *fp = jstr(doc, "fingerprint", NULL);
+    if (fp)
+        printf("  weights: %s, fingerprint %s\n", jstr(doc, "model_name", "?"), fp);
+    else
+        printf("  weights: no fingerprint (%s)\n", jstr(doc, "fingerprint_error", "?"));
 
     const char **keys = calloc((size_t)nkv + 4, sizeof *keys);
     if (!keys)
@@ -320,6 +325,25 @@ static void gguf_text(const cJSON *doc, const kvq_gguf *g)
     gguf_tensors_text(ts);
 }
 
+/* The weight fingerprint of the model in `path` (kvq_model_fingerprint) and its name,
+ * added to doc; when kvq cannot load it as a model, "fingerprint" is null and
+ * "fingerprint_error" says why. */
+static void add_fingerprint(cJSON *doc, const char *path)
+{
+    kvq_model_params mp = kvq_model_params_default();
+    mp.load_tokenizer = 0;
+    kvq_model *m = NULL;
+    kvq_err e = {0};
+    if (kvq_model_open(path, &mp, &m, &e) != KVQ_OK) {
+        cJSON_AddNullToObject(doc, "fingerprint");
+        cJSON_AddStringToObject(doc, "fingerprint_error", e.msg);
+        return;
+    }
+    cJSON_AddStringToObject(doc, "fingerprint", kvq_model_fingerprint(m));
+    cJSON_AddStringToObject(doc, "model_name", kvq_model_name(m));
+    kvq_model_close(m);
+}
+
 int inspect_gguf(const char *path, uint64_t file_size, int json)
 {
     kvq_err e = {0};
@@ -328,6 +352,8 @@ int inspect_gguf(const char *path, uint64_t file_size, int json)
         return cli_fail(&e);
     int rc = 0;
     cJSON *doc = gguf_json(path, g, file_size);
+    if (doc)
+        add_fingerprint(doc, path);
     if (json) {
         rc = json_emit(path, doc); /* frees doc */
     } else if (!doc) {

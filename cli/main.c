@@ -16,6 +16,7 @@ int cmd_profile(int argc, char **argv); /* cmd_profile.c */
 int cmd_calibrate(int argc, char **argv); /* cmd_calibrate.c */
 int cmd_run(int argc, char **argv);     /* cmd_run.c */
 int cmd_eval(int argc, char **argv);    /* cmd_eval.c */
+int cmd_card(int argc, char **argv);    /* cmd_card.c */
 
 /* Keep in pipeline order; `kvq help` prints them as listed. */
 static const cli_command commands[] = {
@@ -28,6 +29,7 @@ static const cli_command commands[] = {
     {"run", "generate text, with full or retrieval attention (--artifact)", cmd_run},
     {"eval", "perplexity and retrieval quality per selector and budget", cmd_eval},
     {"inspect", "describe a GGUF, safetensors, .kvq file or capture directory", cmd_inspect},
+    {"card", "write a markdown model card for a .kvq artifact", cmd_card},
     {"version", "print the version and build configuration", cmd_version},
     {"help", "list commands, or show one command's help", cmd_help},
 };

@@ -20,6 +20,10 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
         "--device",   "--rows"};
+    if (!strcmp(a, "--accept-model-mismatch")) {
+        o->accept_mismatch = 1;
+        return 0;
+    }
     int known = 0;
     for (size_t k = 0; k < sizeof value_opts / sizeof value_opts[0]; k++)
         known |= !strcmp(a, value_opts[k]);
@@ -114,7 +118,9 @@ void cli_retrieval_usage(FILE *f, int eval)
 {
     fprintf(f, "retrieval attention (any of these switches it on):\n"
                "  --artifact A       the model's .kvq artifact (codebooks); refused when it was\n"
-               "                     made for another model\n");
+               "                     made for another model or other weights (fingerprint)\n"
+               "  --accept-model-mismatch  use an artifact whose weight fingerprint differs\n"
+               "                     from the model's, with a warning (not its shape)\n");
     if (eval)
         fprintf(f,
                 "  --selectors LIST   comma-separated: full, oracle, codebook (or the artifact's\n"
@@ -154,8 +160,15 @@ int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_p
     kvq_model_id id;
     kvq_model_identity(m, &id);
     kvq_err e = {0};
-    if (kvq_codebook_set_open(o->artifact, &id, model_path, rt, &e) != KVQ_OK)
-        return cli_fail(&e);
+    const unsigned flags = o->accept_mismatch ? KVQ_OPEN_ACCEPT_MODEL_MISMATCH : 0;
+    if (kvq_codebook_set_open_ex(o->artifact, &id, model_path, flags, rt, &e) != KVQ_OK) {
+        cli_fail(&e);
+        if (e.status == KVQ_E_MISMATCH && strstr(e.msg, "fingerprint"))
+            fprintf(stderr, "kvq: (--accept-model-mismatch uses it anyway)\n");
+        return 1;
+    }
+    if (kvq_codebook_set_weights(*rt) != KVQ_WEIGHTS_MATCH)
+        fprintf(stderr, "kvq: warning: %s\n", kvq_codebook_set_weights_note(*rt));
     return 0;
 }
 

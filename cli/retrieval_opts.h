@@ -18,6 +18,7 @@ typedef struct cli_retrieval {
                                   --rows --attn-threads --device; selector and budget
                                   per row */
     int given;              /* some retrieval option was given */
+    int accept_mismatch;    /* --accept-model-mismatch: other weights only warn */
 } cli_retrieval;
 
 void cli_retrieval_init(cli_retrieval *o);

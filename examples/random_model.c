@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include <kvq.h>
+#include "kvq/util.h" /* kvq_rng: internal, so this example builds in-tree only */
 
 enum { DIM = 64, HIDDEN = 176, LAYERS = 5, HEADS = 8, KV_HEADS = 4, HEAD_DIM = 8, CTX = 2048 };
 enum { N_BYTES = 256, N_CHARS = 95, VOCAB = 3 + N_BYTES + N_CHARS };

@@ -11,12 +11,16 @@
  *   runtime     KV cache with codes, selectors, retrieval attention
  *   thresholds  LeanKV, PATS and budget profiling
  *   pipeline    kvq calibrate: every stage in order, resumable
+ *
+ * These are the toolchain's headers, installed by `make install`. kvq/util.h (checked
+ * parsing, buffers, files, hashing, RNG) is internal: not installed, not included
+ * here; the library, the kvq CLI, tests and benchmarks include it from the source
+ * tree. An inference engine that embeds the runtime uses kvq/engine.h alone.
  */
 #ifndef KVQ_H
 #define KVQ_H
 
 #include "kvq/common.h"
-#include "kvq/util.h"
 #include "kvq/half.h"
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"
@@ -38,5 +42,6 @@
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
 #include "kvq/calibrate.h"
+#include "kvq/engine.h"
 
 #endif

@@ -121,7 +121,12 @@ kvq_status fit_write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary 
         (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
         (s = set_meta(w, KVQ_META_CORPUS, err, "%s", ci->corpus_spec)) ||
         (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
-        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
+        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")) ||
+        (s = set_meta(w, KVQ_META_CORPUS_SEED, err, "%" PRIu64, ci->corpus_seed)) ||
+        (s = set_meta(w, KVQ_META_SEQ_LEN, err, "%lld", (long long)ci->seq_len)) ||
+        (s = set_meta(w, KVQ_META_N_SEQUENCES, err, "%lld", (long long)ci->n_sequences)))
+        goto done;
+    if (p->date && p->date[0] && (s = set_meta(w, KVQ_META_DATE, err, "%s", p->date)))
         goto done;
     sum->score_mse = mean_finite(mse, nj);
     sum->score_mse_ref = mean_finite(ref, nj);

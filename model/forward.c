@@ -9,6 +9,7 @@
  * (decode) runs kvq_quant_matvec on the packed rows. The embedding lookup dequantizes
  * only the rows of the tokens it embeds. */
 #include "model_internal.h"
+#include "kvq/util.h"
 
 #include <cblas.h>
 #include <omp.h>

@@ -3,6 +3,7 @@
 #include "model_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,6 +156,15 @@ kvq_status kvq_model_open(const char *path, const kvq_model_params *p, kvq_model
         m->cfg.source = KVQ_MODEL_GGUF;
         st = kvq_model_load_gguf(m, p, err);
     }
+    if (st == KVQ_OK)
+        st = kvq_model_compute_fingerprint(m, m->fingerprint, sizeof m->fingerprint, err);
+    if (st == KVQ_OK) {
+        const char *gname = m->gguf ? kvq_gguf_get_str(m->gguf, "general.name") : NULL;
+        if (gname && gname[0])
+            snprintf(m->name, sizeof m->name, "%s", gname);
+        else
+            kvq_path_basename(path, m->name, sizeof m->name);
+    }
 done:
     if (st != KVQ_OK) {
         kvq_model_close(m);
@@ -191,12 +201,14 @@ void kvq_model_close(kvq_model *m)
 
 const kvq_model_config *kvq_model_config_get(const kvq_model *m) { return &m->cfg; }
 const char *kvq_model_path(const kvq_model *m) { return m->path; }
+const char *kvq_model_fingerprint(const kvq_model *m) { return m->fingerprint; }
+const char *kvq_model_name(const kvq_model *m) { return m->name; }
 const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m) { return m->tok; }
 
 void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_model_id *id)
 {
     memset(id, 0, sizeof *id);
-    snprintf(id->path, sizeof id->path, "%s", path ? path : "");
+    kvq_path_basename(path ? path : "", id->path, sizeof id->path);
     snprintf(id->source, sizeof id->source, "%s", kvq_model_source_name(c->source));
     snprintf(id->architecture, sizeof id->architecture, "%s", kvq_arch_name(c->arch));
     id->n_layers = c->n_layers;
@@ -236,6 +248,8 @@ kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
 void kvq_model_identity(const kvq_model *m, kvq_model_id *id)
 {
     kvq_model_id_from_config(&m->cfg, m->path, id);
+    snprintf(id->name, sizeof id->name, "%s", m->name);
+    snprintf(id->fingerprint, sizeof id->fingerprint, "%s", m->fingerprint);
 }
 
 uint64_t kvq_model_n_params(const kvq_model *m)

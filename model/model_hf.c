@@ -4,6 +4,7 @@
  * HF checkpoints keep q_proj/k_proj rows in the order RoPE pairs dimension m with
  * m + d/2 ("half"). Tensors are [out, in] row-major. */
 #include "model_internal.h"
+#include "kvq/util.h"
 
 #include <cJSON.h>
 #include <math.h>

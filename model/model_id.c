@@ -22,14 +22,18 @@ typedef struct field {
     size_t off;
     size_t cap;      /* F_STR buffer size */
     int identity;    /* compared by kvq_model_id_compare */
+    int optional;    /* may be absent from metadata ("") */
 } field;
 
-#define FS(k, m, id) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), id}
-#define FI(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1}
-#define FD(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1}
+#define FS(k, m, id) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), id, 0}
+#define FO(k, m) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), 0, 1}
+#define FI(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1, 0}
+#define FD(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1, 0}
 static const field fields[] = {
     FS("path", path, 0),
     FS("source", source, 0),
+    FO("name", name),
+    FO("fingerprint", fingerprint),
     FS("architecture", architecture, 1),
     FI("n_layers", n_layers),
     FI("dim", dim),
@@ -41,14 +45,15 @@ static const field fields[] = {
     FI("context_length", context_length),
     FD("norm_eps", norm_eps),
     FD("rope.base", rope.base),
-    {"rope.layout", F_LAYOUT, offsetof(kvq_model_id, rope.layout), 0, 1},
-    {"rope.scaling", F_SCALING, offsetof(kvq_model_id, rope.scaling), 0, 1},
+    {"rope.layout", F_LAYOUT, offsetof(kvq_model_id, rope.layout), 0, 1, 0},
+    {"rope.scaling", F_SCALING, offsetof(kvq_model_id, rope.scaling), 0, 1, 0},
     FD("rope.factor", rope.factor),
     FD("rope.low_freq_factor", rope.low_freq_factor),
     FD("rope.high_freq_factor", rope.high_freq_factor),
     FD("rope.original_max_pos", rope.original_max_pos),
 };
 #undef FS
+#undef FO
 #undef FI
 #undef FD
 static const size_t n_fields = sizeof fields / sizeof fields[0];
@@ -131,6 +136,63 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
     return KVQ_OK;
 }
 
+kvq_status kvq_model_id_compare_weights(const kvq_model_id *a, const char *label_a,
+                                        const kvq_model_id *b, const char *label_b, kvq_err *err)
+{
+    if (!a->fingerprint[0] || !b->fingerprint[0] || !strcmp(a->fingerprint, b->fingerprint))
+        return KVQ_OK;
+    return kvq_err_set(err, KVQ_E_MISMATCH,
+                       "%s vs %s: the weights differ (fingerprint %s (%s) vs %s (%s)): the "
+                       "artifact was calibrated on another checkpoint",
+                       label_a, label_b, a->fingerprint, a->name[0] ? a->name : a->path,
+                       b->fingerprint, b->name[0] ? b->name : b->path);
+}
+
+void kvq_path_basename(const char *path, char *out, size_t cap)
+{
+    if (!cap)
+        return;
+    size_t n = path ? strlen(path) : 0;
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    if (n == 1 && path[0] == '/')
+        b = 0; /* "/" stays "/" */
+    const size_t len = n - b < cap - 1 ? n - b : cap - 1;
+    if (len)
+        memcpy(out, path + b, len);
+    out[len] = '\0';
+}
+
+void kvq_spec_redact_paths(const char *spec, char *out, size_t cap)
+{
+    kvq_strbuf b = {0};
+    const char *p = spec ? spec : "";
+    for (;;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        const char *slash = memchr(p, '/', n), *colon = memchr(p, ':', n);
+        if (!slash) {
+            kvq_sb_put(&b, p, n);
+        } else {
+            size_t keep = colon && colon < slash ? (size_t)(colon - p) + 1 : 0;
+            char item[4096], base[1024];
+            snprintf(item, sizeof item, "%.*s", (int)(n - keep), p + keep);
+            kvq_path_basename(item, base, sizeof base);
+            kvq_sb_put(&b, p, keep);
+            kvq_sb_puts(&b, base);
+        }
+        if (!end)
+            break;
+        kvq_sb_puts(&b, ",");
+        p = end + 1;
+    }
+    snprintf(out, cap, "%s", b.s && !b.oom ? b.s : "");
+    kvq_sb_free(&b);
+}
+
 kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
                                  kvq_err *err)
 {
@@ -138,6 +200,8 @@ kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_
         char key[128], val[1040];
         snprintf(key, sizeof key, "%s%s", prefix, fields[i].key);
         field_format(&fields[i], m, val, sizeof val);
+        if (fields[i].optional && !val[0])
+            continue;
         kvq_status st = kvq_st_writer_set_meta(w, key, val, err);
         if (st)
             return st;
@@ -156,6 +220,8 @@ kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const ch
         char key[128];
         snprintf(key, sizeof key, "%s%s", prefix, f->key);
         const char *v = kvq_st_meta_get(st, key);
+        if (!v && f->optional)
+            continue;
         if (!v)
             return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: metadata key %s is missing", label,
                                key);

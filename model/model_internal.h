@@ -51,6 +51,8 @@ struct kvq_model {
     size_t n_shards;
     kvq_tokenizer *tok;            /* NULL when absent */
     uint64_t mapped_bytes;         /* bytes of all weight tensors used */
+    char fingerprint[KVQ_FINGERPRINT_CAP]; /* kvq_model_compute_fingerprint, at open */
+    char name[128];                /* GGUF general.name, else the file or directory name */
 };
 
 /* Filled by the source loaders: config and tensor lookup. */
@@ -68,6 +70,9 @@ const float *kvq_wt_direct(const kvq_wt *w);
 /* A malloc'd f32 copy of a 1-D weight of `n` values into *out. */
 kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *path,
                          kvq_err *err);
+/* The weight fingerprint (model/fingerprint.c) as 32 hex digits into out[cap].
+ * Errors: NOMEM and the conversion errors of kvq_wt_rows_f32. */
+kvq_status kvq_model_compute_fingerprint(const kvq_model *m, char *out, size_t cap, kvq_err *err);
 /* Byte size of the weight in the file. */
 size_t kvq_wt_bytes(const kvq_wt *w);
 

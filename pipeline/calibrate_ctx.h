@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvq/calibrate.h"
+#include "kvq/util.h"
 #include "kvq/corpus.h"
 #include "kvq/model.h"
 

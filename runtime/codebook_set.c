@@ -23,6 +23,8 @@ struct kvq_codebook_set {
     int32_t K, G, wrope_w;
     int64_t wrope_b;
     int32_t n_layers, n_kv_heads;
+    kvq_weights_check weights; /* how the weight fingerprints compared */
+    char weights_note[512];    /* the message behind a check other than MATCH */
     kvq_codebook **cb;  /* [n_layers * n_kv_heads], NULL for layers without */
     kvq_rk_table **tab; /* same */
     uint64_t bytes;
@@ -104,6 +106,43 @@ static kvq_status check_identity(const kvq_st *st, const char *path, const kvq_m
         if ((s = kvq_model_id_compare(art, la, m, label, err)))
             return s;
     }
+    /* The weights' fingerprint and name, also when the rest of the identity is absent. */
+    const char *fp = kvq_st_meta_get(st, KVQ_META_MODEL_FINGERPRINT);
+    const char *nm = kvq_st_meta_get(st, KVQ_META_MODEL_NAME);
+    if (fp && !art->fingerprint[0])
+        snprintf(art->fingerprint, sizeof art->fingerprint, "%s", fp);
+    if (nm && !art->name[0])
+        snprintf(art->name, sizeof art->name, "%s", nm);
+    return KVQ_OK;
+}
+
+/* The weight fingerprints (docs/runtime.md "Weights"): an artifact that records one is
+ * opened only for a model with the same one, unless flags accept the mismatch. */
+static kvq_status check_weights(kvq_codebook_set *rt, const char *path, const kvq_model_id *m,
+                                const char *label, unsigned flags, kvq_err *err)
+{
+    const kvq_model_id *a = &rt->model;
+    const int accept = (flags & KVQ_OPEN_ACCEPT_MODEL_MISMATCH) != 0;
+    kvq_err e = {0};
+    rt->weights = KVQ_WEIGHTS_MATCH;
+    if (!a->fingerprint[0]) {
+        rt->weights = KVQ_WEIGHTS_UNRECORDED;
+        snprintf(rt->weights_note, sizeof rt->weights_note,
+                 "%s records no weight fingerprint: it cannot be checked against %s", path,
+                 label);
+        return KVQ_OK;
+    }
+    if (!m->fingerprint[0])
+        kvq_err_set(&e, KVQ_E_MISMATCH,
+                    "%s vs %s: the artifact was calibrated on the weights with fingerprint %s "
+                    "(%s) and %s gives none to check it against",
+                    path, label, a->fingerprint, a->name[0] ? a->name : a->path, label);
+    else if (kvq_model_id_compare_weights(a, path, m, label, &e) == KVQ_OK)
+        return KVQ_OK;
+    snprintf(rt->weights_note, sizeof rt->weights_note, "%s", e.msg);
+    if (!accept)
+        return kvq_err_set(err, KVQ_E_MISMATCH, "%s", e.msg);
+    rt->weights = KVQ_WEIGHTS_MISMATCH_ACCEPTED;
     return KVQ_OK;
 }
 
@@ -123,6 +162,13 @@ void kvq_codebook_set_close(kvq_codebook_set *rt)
 
 kvq_status kvq_codebook_set_open(const char *path, const kvq_model_id *model, const char *label,
                                   kvq_codebook_set **out, kvq_err *err)
+{
+    return kvq_codebook_set_open_ex(path, model, label, 0, out, err);
+}
+
+kvq_status kvq_codebook_set_open_ex(const char *path, const kvq_model_id *model,
+                                     const char *label, unsigned flags, kvq_codebook_set **out,
+                                     kvq_err *err)
 {
     kvq_artifact *a = NULL;
     kvq_codebook_set *rt = NULL;
@@ -147,7 +193,8 @@ kvq_status kvq_codebook_set_open(const char *path, const kvq_model_id *model, co
         s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", path);
         goto done;
     }
-    if ((s = check_identity(st, path, model, label, &rt->model, err)))
+    if ((s = check_identity(st, path, model, label, &rt->model, err)) ||
+        (s = check_weights(rt, path, model, label, flags, err)))
         goto done;
     int64_t K, G, w, b;
     if ((s = meta_int(st, path, KVQ_META_CODEBOOK_SIZE, 2, 65536, &K, err)) ||
@@ -211,6 +258,11 @@ int32_t kvq_codebook_set_wrope_w(const kvq_codebook_set *rt) { return rt->wrope_
 int64_t kvq_codebook_set_wrope_b(const kvq_codebook_set *rt) { return rt->wrope_b; }
 const kvq_model_id *kvq_codebook_set_model(const kvq_codebook_set *rt) { return &rt->model; }
 uint64_t kvq_codebook_set_bytes(const kvq_codebook_set *rt) { return rt->bytes; }
+kvq_weights_check kvq_codebook_set_weights(const kvq_codebook_set *rt) { return rt->weights; }
+const char *kvq_codebook_set_weights_note(const kvq_codebook_set *rt)
+{
+    return rt->weights == KVQ_WEIGHTS_MATCH ? "" : rt->weights_note;
+}
 
 const kvq_codebook *kvq_codebook_set_at(const kvq_codebook_set *rt, int32_t layer, int32_t head)
 {

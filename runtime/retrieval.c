@@ -947,3 +947,29 @@ const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32
             ;
     return H->codes + (size_t)row * kvq_codebook_get_desc(L->cb[head])->groups;
 }
+
+kvq_status kvq_retrieval_append(kvq_retrieval *r, int32_t layer, int32_t n, const int64_t *pos,
+                                const float *k, const float *v, kvq_err *err)
+{
+    if (!r || layer < 0 || layer >= r->n_layers || n < 1 || !pos || !k || !v)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad append call");
+    rt_layer *L = &r->layer[layer];
+    const int64_t T = L->len + n;
+    if (T > r->p.max_tokens)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval: sequence of %lld tokens exceeds max_tokens %lld",
+                           (long long)T, (long long)r->p.max_tokens);
+    int64_t max_pos = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= MAX_POSITION)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: position %lld out of range",
+                               (long long)pos[i]);
+        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
+    }
+    const kvq_attn_call c = {.layer = layer, .n = n, .pos = pos, .k = k, .v = v};
+    kvq_status s;
+    if ((s = layer_reserve(r, L, T, err)) || (s = rope_reserve(r, max_pos, err)) ||
+        (s = scratch_reserve(r, T, n, err)))
+        return s;
+    return append(r, &c, err);
+}

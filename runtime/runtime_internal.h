@@ -7,6 +7,7 @@
 #define KVQ_RUNTIME_INTERNAL_H
 
 #include "kvq/runtime.h"
+#include "runtime/rk.h"
 
 /* The LUT table of (layer, KV head), or NULL (codebook_set.c). */
 const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t layer, int32_t head);

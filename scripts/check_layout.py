@@ -37,7 +37,7 @@ HEADER_HOME = {
     "moments.h": "cholesky",
     "codebook.h": "codebook",
     "kmeans.h": "kmeans", "fit.h": "kmeans",
-    "runtime.h": "runtime", "retrieval.h": "runtime",
+    "runtime.h": "runtime", "retrieval.h": "runtime", "engine.h": "runtime",
     "thresholds.h": "thresholds", "summary.h": "thresholds",
     "calibrate.h": "pipeline",
 }

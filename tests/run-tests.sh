@@ -16,6 +16,8 @@ SKIP_OK="not found|absent|not installed|make deps installs|no AVX2 on this CPU|n
 SKIP_OK+="|CUDA device is present|no CUDA device"
 PYTHON=${PYTHON:-python3}
 export KVQ="$PWD/$BUILD/kvq" KVQ_BUILD="$PWD/$BUILD" PYTHON
+# artifacts record provenance.date: one fixed date keeps two runs byte-identical
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1700000000}
 export KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
 # SmolLM2 Q4_1 for tests/test_smollm2.c (`make test` fetches it first, see Makefile)
 export KVQ_SMOLLM2=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}

@@ -16,6 +16,7 @@
 #include <zstd.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 
 /* ==========================================================================

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "helpers/tinyllama.h"
 #include "kvq.h"
 #include "kvq/capture.h"

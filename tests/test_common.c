@@ -15,6 +15,7 @@
 #include <stdlib.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 
 static void test_status_strings(void **state)

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 
 /* ---- helpers ------------------------------------------------------------------ */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 #include "kvq/capture.h"
 #include "kvq/codebook.h"

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "helpers/tinyllama.h"
 #include "kvq/model.h"
 #include "kvq/perplexity.h"

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 #include "kvq/capture_dir.h"
 #include "kvq/half.h"

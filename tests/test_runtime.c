@@ -16,11 +16,13 @@
 #include <string.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
 #include "kvq/model.h"
 #include "kvq/runtime.h"
+#include "runtime/rk.h"
 #include "runtime/kernels.h"
 
 /* ==========================================================================

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 #include "kvq/capture.h"
 #include "kvq/model.h"

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "helpers/testutil.h"
+#include "kvq/util.h"
 #include "kvq.h"
 
 #define SP "\xe2\x96\x81" /* U+2581 '▁' */

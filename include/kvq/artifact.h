@@ -36,6 +36,9 @@ extern "C" {
 #define KVQ_META_N_KV_HEADS       "model.n_kv_heads"        /* required */
 #define KVQ_META_HEAD_DIM         "model.head_dim"          /* required */
 #define KVQ_META_ROPE_BASE        "model.rope.base"         /* required */
+#define KVQ_META_MODEL_PATH       "model.path"              /* the model's file name (no directories) */
+#define KVQ_META_MODEL_NAME       "model.name"              /* GGUF general.name or the file name */
+#define KVQ_META_MODEL_FINGERPRINT "model.fingerprint"      /* weight fingerprint, 32 hex digits */
 #define KVQ_META_ROPE_LAYOUT      "model.rope.layout"       /* required: interleaved|half */
 #define KVQ_META_ROPE_SCALING     "model.rope.scaling"      /* required: none|linear|llama3 */
 #define KVQ_META_ROPE_FACTOR      "model.rope.factor"       /* linear, llama3 */
@@ -53,6 +56,10 @@ extern "C" {
 #define KVQ_META_N_TOKENS         "provenance.n_tokens"
 #define KVQ_META_TOOL_VERSION     "provenance.tool_version" /* required */
 #define KVQ_META_BACKEND          "provenance.backend"
+#define KVQ_META_DATE             "provenance.date"         /* UTC calendar date, YYYY-MM-DD */
+#define KVQ_META_CORPUS_SEED      "provenance.corpus_seed"  /* seed of the corpus generators */
+#define KVQ_META_SEQ_LEN          "provenance.seq_len"      /* tokens per calibration sequence */
+#define KVQ_META_N_SEQUENCES      "provenance.n_sequences"  /* calibration sequences */
 
 /* Written by kvq fit and kvq profile (docs/format.md "Metadata", "Tensors"): every
  * writer and reader uses these names. */

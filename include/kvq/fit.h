@@ -77,6 +77,8 @@ typedef struct kvq_fit_params {
     int overwrite;               /* replace an existing output (a .kvq artifact only) */
     int checkpoint;              /* 1 (default): keep finished jobs in OUT.ckpt/ */
     int zstd_level;              /* 0 = the artifact default */
+    const char *date;            /* provenance.date (YYYY-MM-DD, the caller's clock: the
+                                    library reads none); NULL or "" = not recorded */
     kvq_callbacks cb;            /* log; progress("fit", heads done, heads total) after
                                     each head, non-zero -> KVQ_E_CANCELLED */
 } kvq_fit_params;

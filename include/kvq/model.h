@@ -43,7 +43,6 @@
 #include "kvq/model_id.h"
 #include "kvq/common.h"
 #include "kvq/rope.h"
-#include "kvq/util.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +50,8 @@ extern "C" {
 
 /* The tokenizer type of kvq/tokenizer.h (declared here so this header stands alone). */
 typedef struct kvq_tokenizer kvq_tokenizer;
+/* The seeded generator of kvq_sample_token (kvq/util.h, internal). */
+typedef struct kvq_rng kvq_rng;
 
 /* ==========================================================================
  * Configuration
@@ -99,7 +100,8 @@ static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t 
 }
 
 /* The one conversion between a configuration and an identity (kvq/model_id.h):
- * from_config copies every identity field (path as given, source and architecture by
+ * from_config copies every identity field (path's last component, name and fingerprint
+ * empty, source and architecture by
  * name); to_config gives the configuration an identity describes: the attention shape,
  * widths, vocabulary and RoPE, architecture and source parsed from their names (llama
  * and gguf when unknown), no sliding window, untied, no biases, bos/eos -1. */
@@ -139,11 +141,24 @@ void kvq_model_close(kvq_model *m); /* NULL is fine */
 
 const kvq_model_config *kvq_model_config_get(const kvq_model *m);
 const char *kvq_model_path(const kvq_model *m);
+/* The weight fingerprint (docs/format.md "Weight fingerprint"), computed at open: 32 hex
+ * digits of a hash over the f32 values of the token embedding and every layer's
+ * attention norm, Wq, bq, Wk and bk, in the HF row order. A GGUF file and an HF
+ * directory holding the same values (F32, F16, BF16 or a quantized type dequantizing to
+ * them) give the same fingerprint; files whose values differ (a Q4_1 and an F16 export
+ * of one checkpoint, a fine-tune) give different ones. Changes confined to Wv, Wo, the
+ * MLP or the output matrix are not covered. Cost at open: one dequantizing pass over
+ * those tensors (41 M values for SmolLM2-135M Q4_1: 0.41 s on one core of the 2-core
+ * CI machine under load; OpenMP threads split it, the result does not depend on how). */
+const char *kvq_model_fingerprint(const kvq_model *m);
+/* GGUF general.name, else the file or directory name. */
+const char *kvq_model_name(const kvq_model *m);
 /* The model's tokenizer (GGUF tokenizer.ggml.* metadata, or tokenizer.json in the HF
  * directory), or NULL when it has none or params.load_tokenizer was 0. Owned by m. */
 const kvq_tokenizer *kvq_model_tokenizer(const kvq_model *m);
 /* The model identity recorded in captures and artifacts (kvq/model_id.h):
- * kvq_model_id_from_config of the model's configuration and path. */
+ * kvq_model_id_from_config of the model's configuration and path (its file name only),
+ * plus its name and fingerprint. */
 void kvq_model_identity(const kvq_model *m, kvq_model_id *id);
 
 /* Number of parameters (tied output counted once). */

@@ -11,6 +11,7 @@
 #ifndef KVQ_MODEL_ID_H
 #define KVQ_MODEL_ID_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvq/common.h"
@@ -21,11 +22,21 @@
 extern "C" {
 #endif
 
+/* The weight fingerprint: 32 lowercase hex digits (128 bits) plus the NUL. */
+#define KVQ_FINGERPRINT_CAP 33
+
 /* Model identity: the capture.json "model" object. Two files come from the same
- * model when every field except `path` and `source` agrees (kvq_model_id_compare). */
+ * model when every field except `path`, `source`, `name` and `fingerprint` agrees
+ * (kvq_model_id_compare); the same checkpoint when, in addition, the fingerprints
+ * agree (kvq_model_id_compare_weights). */
 typedef struct kvq_model_id {
-    char path[1024];          /* model file or directory as given to capture (provenance) */
+    char path[1024];          /* the model's file or directory name, without directories
+                                 (provenance: a shipped file holds no local path) */
     char source[16];          /* "gguf" | "hf" */
+    char name[128];           /* GGUF general.name, else the file or directory name; ""
+                                 when not recorded */
+    char fingerprint[KVQ_FINGERPRINT_CAP]; /* weight fingerprint (kvq_model_fingerprint,
+                                 docs/format.md "Weight fingerprint"); "" when not recorded */
     char architecture[32];    /* "llama" | "mistral" | "qwen2" */
     int32_t n_layers;         /* 1 .. KVQ_CAPTURE_MAX_LAYERS in a capture.json */
     int32_t dim;
@@ -57,11 +68,27 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
                                           const kvq_model_id *b, const char *label_b,
                                           kvq_err *err);
 
+/* The weight check: KVQ_OK when either fingerprint is empty (not recorded: the caller
+ * decides what that means) or both are equal; else KVQ_E_MISMATCH with the message
+ * "LABEL_A vs LABEL_B: the weights differ (fingerprint A (NAME_A) vs B (NAME_B)): the
+ * artifact was calibrated on another checkpoint". */
+kvq_status kvq_model_id_compare_weights(const kvq_model_id *a, const char *label_a,
+                                        const kvq_model_id *b, const char *label_b, kvq_err *err);
+
+/* The last path component of `path` ("dir/model.gguf" -> "model.gguf", "dir/hf/" ->
+ * "hf") into out[cap]: what identities record instead of a local path. */
+void kvq_path_basename(const char *path, char *out, size_t cap);
+/* A comma-separated list of sources (a corpus spec, kvq/corpus.h) with every path cut
+ * to its last component: "dir:/home/u/text/,uuid:4" -> "dir:text,uuid:4" (an item's
+ * "KIND:" prefix, when the ':' comes before the first '/', is kept). Into out[cap]. */
+void kvq_spec_redact_paths(const char *spec, char *out, size_t cap);
+
 /* Sets the identity as __metadata__ keys PREFIX + "n_heads", PREFIX + "rope.base",
  * ... (prefix usually "model."). Errors: those of kvq_st_writer_set_meta. */
 kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_st_writer *w,
                                  kvq_err *err);
-/* Reads what kvq_model_id_set_meta wrote. `label` names the file in messages.
+/* Reads what kvq_model_id_set_meta wrote (name and fingerprint are optional: "" when
+ * absent, as in files written before they existed). `label` names the file in messages.
  * Errors: KVQ_E_NOT_FOUND (a key is missing, named), KVQ_E_CORRUPT (a value does not
  * parse or is out of range), KVQ_E_UNSUPPORTED (unknown layout or scaling). */
 kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const char *label,

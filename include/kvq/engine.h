@@ -1,0 +1,139 @@
+/*
+ * kvq/engine.h — retrieval attention for an inference engine that has its own forward
+ * pass: the embedding API. Separate from the toolchain headers (kvq.h): it needs only
+ * kvq/common.h (status codes, kvq_err) and this file, and it exposes no kvq model,
+ * codebook or kernel type. Link with `pkg-config --cflags --libs kvq`.
+ *
+ * What the engine does per sequence, for every layer of every token (docs/runtime.md
+ * "Embedding"):
+ *
+ *   kvq_engine_open(artifact, &model, 0, &eng, &err);    once per model
+ *   kvq_engine_seq_create(eng, &params, &seq, &err);      once per sequence
+ *   prompt rows:  kvq_engine_seq_append(seq, layer, n, pos, k, v, dtype, &err)
+ *                 (the engine attends the prompt itself, as it always did)
+ *   decode step:  kvq_engine_seq_decode(seq, layer, pos, q, k, v, dtype, out, &err)
+ *                 appends the token's K and V and writes the attention output of every
+ *                 query head of the layer, with kvq's selection (sinks, recent window,
+ *                 the artifact's codebook top-k) and exact attention over the union.
+ *
+ * Vectors are PRE-RoPE, as the engine's projections produce them (kvq applies RoPE
+ * itself, with the model's base and pair layout, at the positions given):
+ *   q    [n_heads, head_dim]      float
+ *   k, v [n, n_kv_heads, head_dim] rows of f32 or f16 (IEEE binary16), kvq_engine_dtype
+ *   out  [n_heads, head_dim]      float, the attention output before the output
+ *                                 projection (softmax(q k^T / sqrt(d)) v per head)
+ * Query head h uses KV head h / (n_heads / n_kv_heads) (GQA). Layers may be fed in any
+ * order, but every layer must see the same tokens in the same order.
+ *
+ * Memory and ownership. The engine owns its inputs; they are read during the call
+ * only. kvq_engine owns the artifact's codebooks (kvq_engine_bytes; shared, read-only,
+ * by every sequence of it: sequences of one engine may run on different threads). A
+ * sequence owns its own copy of the cached rows in the storage params.cache_f16 picks:
+ * per token, layer and KV head 2 * head_dim * (2 or 4) bytes of K and V plus 2 bytes
+ * of code (kvq_engine_seq_bytes tells the current total), and scratch of about
+ * n * (n_heads / n_kv_heads + 3) floats for n cached tokens. The engine may drop its
+ * own K/V for the layers it runs through kvq, or keep it (kvq never reads it). A
+ * sequence is used by one thread at a time. Nothing here prints, exits or reads the
+ * environment; errors come back as kvq_status with err->msg naming the problem.
+ */
+#ifndef KVQ_ENGINE_H
+#define KVQ_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The model as the engine knows it: its attention shape, RoPE and weight fingerprint. */
+typedef struct kvq_engine_model {
+    int32_t n_layers;
+    int32_t n_heads;          /* query heads */
+    int32_t n_kv_heads;       /* divides n_heads */
+    int32_t head_dim;         /* even */
+    double rope_base;         /* theta, e.g. 10000 */
+    int rope_interleaved;     /* 1: RoPE pairs (2i, 2i+1) (GGUF llama rows); 0: pairs
+                                 (i, i + d/2) (HF checkpoints, GGUF qwen2) */
+    const char *rope_scaling; /* NULL or "none", "linear", "llama3" */
+    double rope_factor;       /* linear, llama3 */
+    double rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos; /* llama3 */
+    const char *fingerprint;  /* the weights' fingerprint (32 hex digits, `kvq inspect
+                                 MODEL` prints it), or NULL when the engine cannot tell */
+} kvq_engine_model;
+
+/* Open flags. */
+#define KVQ_ENGINE_ACCEPT_MODEL_MISMATCH 1u /* open an artifact calibrated on other
+                                               weights (or with no fingerprint given);
+                                               kvq_engine_weights_note says so */
+
+typedef struct kvq_engine kvq_engine;
+
+/* Opens the artifact for the model. Errors: every error of reading and validating the
+ * artifact (NOT_FOUND, BAD_MAGIC, CHECKSUM, CORRUPT, VERSION, ...); INVALID_ARG (a field
+ * of model: named); UNSUPPORTED (an artifact without codebooks, an unknown scaling);
+ * MISMATCH when the artifact was made for another attention shape or RoPE ("ARTIFACT
+ * vs engine model: model.FIELD differs (A vs B)") or, unless flags accept it, for other
+ * weights: a different fingerprint, or none given while the artifact records one (the
+ * message names both). NOMEM. */
+kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *model,
+                           unsigned flags, kvq_engine **out, kvq_err *err);
+void kvq_engine_close(kvq_engine *e); /* NULL is fine; after every sequence is freed */
+
+/* "" when the weights were checked and match; otherwise why they were not (an artifact
+ * without a fingerprint, or a mismatch accepted by the flag): an engine shows it. */
+const char *kvq_engine_weights_note(const kvq_engine *e);
+/* The weights the artifact was calibrated on: fingerprint and name ("" when the
+ * artifact records none). */
+const char *kvq_engine_artifact_fingerprint(const kvq_engine *e);
+const char *kvq_engine_artifact_model_name(const kvq_engine *e);
+uint64_t kvq_engine_bytes(const kvq_engine *e); /* codebook memory */
+
+/* Per-sequence settings (docs/runtime.md "Decode step"). */
+typedef struct kvq_engine_seq_params {
+    int64_t budget_tokens;    /* K: candidates selected per step when > 0 */
+    double budget_fraction;   /* else K = ceil(fraction * visible tokens), (0, 1];
+                                 default 0.06 */
+    int32_t sink;             /* first tokens always attended (default 4) */
+    int32_t window;           /* recent tokens always attended; 0 = the artifact's */
+    int cache_f16;            /* 1 (default): cache rows in f16, 0: f32 */
+    int64_t max_tokens;       /* longest sequence (default 1 << 20) */
+    int32_t threads;          /* KV heads in parallel (default 1) */
+} kvq_engine_seq_params;
+
+kvq_engine_seq_params kvq_engine_seq_params_default(void);
+
+typedef enum kvq_engine_dtype { KVQ_ENGINE_F32 = 0, KVQ_ENGINE_F16 = 1 } kvq_engine_dtype;
+
+typedef struct kvq_engine_seq kvq_engine_seq;
+
+/* Errors: INVALID_ARG (a parameter, named), NOMEM. */
+kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
+                                 kvq_engine_seq **out, kvq_err *err);
+void kvq_engine_seq_free(kvq_engine_seq *s); /* NULL is fine */
+/* Forgets the tokens (the sequence can be reused for another one). */
+void kvq_engine_seq_reset(kvq_engine_seq *s);
+int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer); /* tokens cached */
+uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s); /* cached rows and codes */
+
+/* Appends n rows of layer `layer` at positions pos[0..n): k, v [n, n_kv_heads,
+ * head_dim] of dtype dt, pre-RoPE. Each key is encoded with the layer's codebook.
+ * Errors: INVALID_ARG (layer out of range, n < 1, a position outside [0, 2^31), more
+ * than max_tokens), NOMEM. */
+kvq_status kvq_engine_seq_append(kvq_engine_seq *s, int32_t layer, int32_t n, const int64_t *pos,
+                                 const void *k, const void *v, kvq_engine_dtype dt, kvq_err *err);
+
+/* One decode step of one layer: appends the token (k, v: one row each, [n_kv_heads,
+ * head_dim] of dtype dt) at position pos and writes out [n_heads, head_dim]: retrieval
+ * attention of q [n_heads, head_dim] (pre-RoPE, float) over every cached token of the
+ * layer, itself included. Errors: those of kvq_engine_seq_append. */
+kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, const float *q,
+                                 const void *k, const void *v, kvq_engine_dtype dt, float *out,
+                                 kvq_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_ENGINE_H */

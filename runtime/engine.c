@@ -1,0 +1,251 @@
+/*
+ * engine.c — the embedding API of kvq/engine.h: an artifact opened against an engine's
+ * model description (kvq_codebook_set with the weight check), and per-sequence decoding
+ * contexts (kvq_retrieval) fed rows by the engine instead of kvq's forward pass.
+ */
+#include "kvq/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/artifact.h"
+#include "kvq/half.h"
+#include "kvq/model_id.h"
+#include "kvq/runtime.h"
+
+struct kvq_engine {
+    kvq_codebook_set *set;
+    kvq_model_config cfg;
+    kvq_model_id art; /* the artifact's identity as recorded */
+};
+
+struct kvq_engine_seq {
+    const kvq_engine *e;
+    kvq_retrieval *r;
+    float *buf;      /* [2, rows, n_kv, d] f16 rows converted */
+    int64_t buf_rows;
+};
+
+/* The identity the artifact records (full when it has all of it), with the engine's
+ * attention shape, RoPE and fingerprint on top: what kvq_codebook_set_open_ex checks. */
+static kvq_status engine_identity(const char *path, const kvq_engine_model *m, kvq_model_id *id,
+                                  kvq_model_id *art, kvq_err *err)
+{
+    kvq_artifact *a = NULL;
+    kvq_status s = kvq_artifact_open(path, &a, err);
+    if (s)
+        return s;
+    const kvq_st *st = kvq_artifact_payload(a);
+    kvq_err e = {0};
+    memset(art, 0, sizeof *art);
+    if (kvq_model_id_from_meta(st, KVQ_META_MODEL_PREFIX, path, art, &e) != KVQ_OK) {
+        const char *v = kvq_st_meta_get(st, KVQ_META_ARCH);
+        snprintf(art->architecture, sizeof art->architecture, "%s", v ? v : "llama");
+        v = kvq_st_meta_get(st, KVQ_META_MODEL_FINGERPRINT);
+        snprintf(art->fingerprint, sizeof art->fingerprint, "%s", v ? v : "");
+        v = kvq_st_meta_get(st, KVQ_META_MODEL_NAME);
+        snprintf(art->name, sizeof art->name, "%s", v ? v : "");
+    }
+    kvq_artifact_close(a);
+    *id = *art;
+    id->n_layers = m->n_layers;
+    id->n_heads = m->n_heads;
+    id->n_kv_heads = m->n_kv_heads;
+    id->head_dim = m->head_dim;
+    id->rope = kvq_rope_default(m->head_dim);
+    id->rope.base = m->rope_base;
+    id->rope.layout = m->rope_interleaved ? KVQ_ROPE_INTERLEAVED : KVQ_ROPE_HALF;
+    if (m->rope_scaling && kvq_rope_scaling_parse(m->rope_scaling, &id->rope.scaling))
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "engine model: unknown rope_scaling \"%s\"",
+                           m->rope_scaling);
+    if (id->rope.scaling != KVQ_ROPE_SCALING_NONE) {
+        id->rope.factor = m->rope_factor;
+        id->rope.low_freq_factor = m->rope_low_freq_factor;
+        id->rope.high_freq_factor = m->rope_high_freq_factor;
+        id->rope.original_max_pos = m->rope_original_max_pos;
+    }
+    if ((s = kvq_rope_check(&id->rope, err)))
+        return s;
+    snprintf(id->fingerprint, sizeof id->fingerprint, "%s", m->fingerprint ? m->fingerprint : "");
+    if (!id->dim)
+        id->dim = m->n_heads * m->head_dim;
+    return KVQ_OK;
+}
+
+kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *model,
+                           unsigned flags, kvq_engine **out, kvq_err *err)
+{
+    if (!out || !artifact_path || !model)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: NULL argument");
+    *out = NULL;
+    const kvq_engine_model *m = model;
+    if (m->n_layers < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->n_heads % m->n_kv_heads ||
+        m->head_dim < 2 || m->head_dim % 2 || m->head_dim > KVQ_ROPE_MAX_DIM ||
+        !(m->rope_base > 0))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "engine model: n_layers %d, n_heads %d, n_kv_heads %d, head_dim %d, "
+                           "rope_base %g: need counts >= 1, n_kv_heads dividing n_heads, an "
+                           "even head_dim <= %d and a positive base",
+                           m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->rope_base,
+                           KVQ_ROPE_MAX_DIM);
+    kvq_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
+    kvq_model_id id;
+    kvq_status s = engine_identity(artifact_path, m, &id, &e->art, err);
+    const unsigned f = flags & KVQ_ENGINE_ACCEPT_MODEL_MISMATCH ? KVQ_OPEN_ACCEPT_MODEL_MISMATCH : 0;
+    if (!s)
+        s = kvq_codebook_set_open_ex(artifact_path, &id, "engine model", f, &e->set, err);
+    if (s) {
+        free(e);
+        return s;
+    }
+    e->cfg = kvq_model_config_from_id(&id);
+    *out = e;
+    return KVQ_OK;
+}
+
+void kvq_engine_close(kvq_engine *e)
+{
+    if (!e)
+        return;
+    kvq_codebook_set_close(e->set);
+    free(e);
+}
+
+const char *kvq_engine_weights_note(const kvq_engine *e)
+{
+    return kvq_codebook_set_weights_note(e->set);
+}
+const char *kvq_engine_artifact_fingerprint(const kvq_engine *e) { return e->art.fingerprint; }
+const char *kvq_engine_artifact_model_name(const kvq_engine *e) { return e->art.name; }
+uint64_t kvq_engine_bytes(const kvq_engine *e) { return kvq_codebook_set_bytes(e->set); }
+
+kvq_engine_seq_params kvq_engine_seq_params_default(void)
+{
+    const kvq_retrieval_params d = kvq_retrieval_params_default();
+    kvq_engine_seq_params p = {0};
+    p.budget_tokens = d.budget.count;
+    p.budget_fraction = d.budget.fraction;
+    p.sink = d.sink;
+    p.window = d.window;
+    p.cache_f16 = d.cache_dtype == KVQ_DT_F16;
+    p.max_tokens = d.max_tokens;
+    p.threads = d.threads;
+    return p;
+}
+
+kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
+                                 kvq_engine_seq **out, kvq_err *err)
+{
+    if (!e || !out)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: NULL argument");
+    *out = NULL;
+    kvq_engine_seq_params def = kvq_engine_seq_params_default();
+    if (!p)
+        p = &def;
+    kvq_retrieval_params rp = kvq_retrieval_params_default();
+    rp.selector = KVQ_SELECT_CODEBOOK;
+    rp.budget.count = p->budget_tokens > 0 ? p->budget_tokens : 0;
+    rp.budget.fraction = p->budget_tokens > 0 ? 0 : p->budget_fraction;
+    rp.sink = p->sink;
+    rp.window = p->window;
+    rp.cache_dtype = p->cache_f16 ? KVQ_DT_F16 : KVQ_DT_F32;
+    rp.max_tokens = p->max_tokens;
+    rp.threads = p->threads;
+    kvq_engine_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
+    s->e = e;
+    kvq_status st = kvq_retrieval_create(&e->cfg, e->set, &rp, &s->r, err);
+    if (st) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return KVQ_OK;
+}
+
+void kvq_engine_seq_free(kvq_engine_seq *s)
+{
+    if (!s)
+        return;
+    kvq_retrieval_free(s->r);
+    free(s->buf);
+    free(s);
+}
+
+void kvq_engine_seq_reset(kvq_engine_seq *s) { kvq_retrieval_reset(s->r); }
+
+int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer)
+{
+    (void)layer; /* every layer holds the same tokens once a step is complete */
+    return kvq_retrieval_length(s->r);
+}
+
+uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s)
+{
+    const kvq_model_config *c = &s->e->cfg;
+    const kvq_retrieval_params *p = kvq_retrieval_get_params(s->r);
+    const uint64_t es = p->cache_dtype == KVQ_DT_F16 ? 2 : 4;
+    const uint64_t per = (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads *
+                         (2 * (uint64_t)c->head_dim * es + 2 * (uint64_t)kvq_codebook_set_groups(
+                                                                      s->e->set));
+    return per * (uint64_t)kvq_retrieval_length(s->r);
+}
+
+/* k, v as f32: the inputs themselves, or f16 rows converted into s->buf. */
+static kvq_status rows_f32(kvq_engine_seq *s, int32_t n, const void *k, const void *v,
+                           kvq_engine_dtype dt, const float **kf, const float **vf, kvq_err *err)
+{
+    if (!k || !v)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: NULL k or v");
+    if (dt == KVQ_ENGINE_F32) {
+        *kf = k;
+        *vf = v;
+        return KVQ_OK;
+    }
+    if (dt != KVQ_ENGINE_F16)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: dtype %d is not f32 or f16", (int)dt);
+    const size_t row = (size_t)s->e->cfg.n_kv_heads * (size_t)s->e->cfg.head_dim;
+    if (n > s->buf_rows) {
+        float *b = realloc(s->buf, 2 * (size_t)n * row * sizeof *b);
+        if (!b)
+            return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
+        s->buf = b;
+        s->buf_rows = n;
+    }
+    kvq_f16_to_f32(k, s->buf, (size_t)n * row);
+    kvq_f16_to_f32(v, s->buf + (size_t)n * row, (size_t)n * row);
+    *kf = s->buf;
+    *vf = s->buf + (size_t)n * row;
+    return KVQ_OK;
+}
+
+kvq_status kvq_engine_seq_append(kvq_engine_seq *s, int32_t layer, int32_t n, const int64_t *pos,
+                                 const void *k, const void *v, kvq_engine_dtype dt, kvq_err *err)
+{
+    const float *kf, *vf;
+    kvq_status st = rows_f32(s, n < 1 ? 1 : n, k, v, dt, &kf, &vf, err);
+    return st ? st : kvq_retrieval_append(s->r, layer, n, pos, kf, vf, err);
+}
+
+kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, const float *q,
+                                 const void *k, const void *v, kvq_engine_dtype dt, float *out,
+                                 kvq_err *err)
+{
+    const float *kf, *vf;
+    if (!q || !out)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: NULL q or out");
+    if (layer < 0 || layer >= s->e->cfg.n_layers)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: layer %d is outside [0, %d)",
+                           (int)layer, (int)s->e->cfg.n_layers);
+    kvq_status st = rows_f32(s, 1, k, v, dt, &kf, &vf, err);
+    if (st)
+        return st;
+    const kvq_attn_call c = {.layer = layer, .n = 1, .pos = &pos, .q = q, .k = kf, .v = vf,
+                             .out = out};
+    kvq_attn_backend b = kvq_retrieval_backend(s->r);
+    return b.attend(b.user, &c, err);
+}

@@ -1,0 +1,148 @@
+/*
+ * runtime/rk.h — the retrieval kernels kvq_rk_*: LUT build, score gather, top-k
+ * selection and sparse attention over an f16 or f32 cache. Each has a scalar reference
+ * and AVX2 / AVX-512 paths chosen at run time (kvq_isa, kvq/runtime.h); tests check
+ * fast == scalar within the tolerances below.
+ *
+ * Not a public header: not installed, used by runtime/, the tests and the benchmarks
+ * only (an engine embeds kvq through kvq/engine.h, tools through kvq/runtime.h).
+ */
+#ifndef KVQ_RUNTIME_RK_H
+#define KVQ_RUNTIME_RK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/codebook.h"
+#include "kvq/runtime.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tolerances of the fast paths against the scalar references (tests use these):
+ *   dot products (LUT entries, logits): |fast - ref| <= KVQ_RK_TOL_DOT * sum_t |a_t b_t|
+ *   softmax probabilities:              |fast - ref| <= KVQ_RK_TOL_PROB * (p_ref + 1e-6)
+ *   attention outputs:                  |fast - ref| <= KVQ_RK_TOL_OUT * sum_j p_j |v_j|
+ * Score gather and top-k are exact: every path gives the same bits / the same set. */
+#define KVQ_RK_TOL_DOT 1e-5
+#define KVQ_RK_TOL_PROB 1e-5
+#define KVQ_RK_TOL_OUT 2e-5
+#define KVQ_RK_TOL_LUT16 1e-3 /* LUT from the f16 table vs kvq_codebook_lut_ref */
+
+/* The LUT table of a codebook: its key-space (or, for grouped query-aware methods,
+ * z-space) centroids stored transposed in f16, [G, d/G, K], the layout the fast LUT
+ * build streams through. Half the bytes of the f32 centroids: a decode step reads the
+ * whole table once per KV head, so its size is part of the cost per step. Centroids
+ * beyond f16's range (|w| > 65504, possible in qapq's z-space) are stored divided by a
+ * power of two, and the query multiplied by it, so no entry becomes Inf; a centroid
+ * beyond 65504 x 2^40 is refused (KVQ_E_NUMERIC). Keeps a pointer to cb (which must
+ * outlive it). Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. Memory: 2 K d bytes. */
+typedef struct kvq_rk_table kvq_rk_table;
+kvq_status kvq_rk_table_create(const kvq_codebook *cb, kvq_rk_table **out, kvq_err *err);
+void kvq_rk_table_free(kvq_rk_table *t); /* NULL is fine */
+uint64_t kvq_rk_table_bytes(const kvq_rk_table *t);
+const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t);
+
+/* LUT of a scoring query qs [d] (kvq_codebook_query_pe): lut [G, K] with
+ * lut[g*K + c] = q'_g . W_g[c] as kvq_codebook_lut_ref defines it, computed from the f16
+ * table: q' = qs L^-T in double for grouped query-aware codebooks, else qs (qavq uses
+ * the key-space codebook C = C^z L^-1). KVQ_ISA_SCALAR sums in double; the fast paths
+ * in float with FMA. Against kvq_codebook_lut_ref (the reference, f32 centroids) every path
+ * agrees within KVQ_RK_TOL_LUT16 * sum_t |q'_t w_t| (the f16 rounding of the table).
+ * Cost: K d multiply-adds (+ d^2 / 2), reading 2 K d bytes. */
+void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut);
+
+/* Score gather: scores[j] = sum over g = 0..G-1 (in order, float) of
+ * lut[g*K + codes[j*G + g]] for j < n. Codes must be < K. Every path gives the bits of
+ * kvq_codebook_score. Cost: n G lookups. */
+void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
+                  int64_t n, float *scores);
+
+/* Top-k selection in O(n), no sort: radix select (digits of 11/11/10 bits over
+ * order-preserving keys, later digits only over the keys sharing the earlier ones);
+ * from 16384 scores on, a strided sample of 1024 first brackets the threshold so that
+ * one vector pass keeps only the keys near it, and the radix select runs over their
+ * offsets from the bracket's low end (digits spread over its width; the full radix pass
+ * runs when the bracket misses). Writes the indices of the min(k, n) largest of scores[0..n) (finite values) to idx,
+ * in increasing index order; among equal scores the lower index wins. Returns the
+ * count. work: [2n] uint32 scratch. Every path selects the same set. */
+int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int32_t *idx,
+                    uint32_t *work);
+
+/* Top-k from codes, for single-group codebooks (G = 1), where candidate j's score is
+ * lut[codes[j]]: selects exactly what kvq_rk_topk selects from the scores kvq_rk_score
+ * gives (same indices, increasing, same tie rule) without writing the scores. The
+ * threshold comes from the K LUT entries weighted by counts (a radix select over K
+ * keys), then one pass over the codes looks up each token's key and emits the indices.
+ * counts[c] must be the number of codes[0..n) equal to c (kvq_rk_code_counts).
+ * work: [3K] uint32 scratch. Cost: O(K) plus n lookups, one pass over 2n bytes of
+ * codes, against kvq_rk_score + kvq_rk_topk's n lookups and two or three passes over
+ * the 4n bytes of scores. */
+int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32_t *counts,
+                          const uint16_t *codes, int64_t n, int64_t k, int32_t *idx,
+                          uint32_t *work);
+
+/* Whether selecting n candidates from codes (kvq_rk_topk_codes) is expected to beat
+ * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 17 us at
+ * K = 4096) pays off once the candidates outnumber the codes four to one (bench_topk,
+ * docs/BENCHMARKS.md "Decode"). Either way the selection is the same. */
+static inline int kvq_rk_codes_select_pays(int64_t n, int32_t K) { return n >= 4 * (int64_t)K; }
+
+/* Stable order of n rows by code (codes < K): order[i] = the row that comes i-th when
+ * rows are sorted by code, rows of one code in increasing index (a counting sort).
+ * count: [K] scratch. */
+void kvq_rk_code_order(const uint16_t *codes, int64_t n, int32_t K, uint32_t *count,
+                       int32_t *order);
+
+/* counts[c] = how many of codes[a..b) equal c (0 <= a <= b <= len), for codes < K. hist,
+ * when not NULL, holds the same counts over codes[0..len) (kept as tokens are
+ * appended): when the codes outside [a, b) are few, counts = hist minus those, else
+ * codes[a..b) are counted. counts: [K]. */
+void kvq_rk_code_counts(const uint32_t *hist, int32_t K, const uint16_t *codes, int64_t len,
+                        int64_t a, int64_t b, uint32_t *counts);
+
+/* Logits of nq queries against m rows of a key cache:
+ *   logits[h*ld_l + j] = scale * q[h*d ..] . K[row_j * ld_k ..]   (row_j = idx ? idx[j] : j)
+ * K: f16 (uint16_t) or f32 rows of d elements, ld_k elements apart. dt: KVQ_DT_F16 or
+ * KVQ_DT_F32. The scalar reference sums in double. Cost: nq m d; reads m rows once. */
+void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K, kvq_dtype dt,
+                   int64_t ld_k, const int32_t *idx, int64_t m, float scale, float *logits,
+                   int64_t ld_l);
+
+/* Softmax in place of `rows` rows of m values, ld apart: x = exp(x - max) / sum. The
+ * scalar reference uses expf and a double sum; the fast paths a polynomial exp
+ * (relative error below 2e-7) and float sums. m >= 1. */
+void kvq_rk_softmax(kvq_isa isa, float *x, int32_t rows, int64_t m, int64_t ld);
+
+/* Weighted sum of value rows: out[h*d + t] = sum_j p[h*ld_p + j] * V[row_j*ld_v + t],
+ * rows as in kvq_rk_logits. out: [nq, d] (overwritten). Cost: nq m d; reads m rows. */
+void kvq_rk_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ld_p, const void *V, kvq_dtype dt,
+                int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out);
+
+/* Fused sparse attention (one pass, online softmax): the kernel of a decode step.
+ * state: kvq_rk_attend_floats(nq, d) floats = per query head the running max, the
+ * running sum of exp(logit - max) and the running output [d].
+ *   init     empty state (max -inf, sums 0)
+ *   rows     adds m rows: logit_hj = scale * q_h . K[krow_j], value V[vrow_j], with
+ *            krow_j = kidx ? kidx[j] : j and vrow_j = vidx ? vidx[j] : j (K and V may
+ *            differ in dtype and layout, e.g. rotated window keys in f32 next to an f16
+ *            value cache). Calls chain: the result does not depend on how the rows
+ *            are split between calls, beyond rounding.
+ *   finish   out[h] = output / sum   (out: [nq, d]; a state with no rows gives 0)
+ * Equal to logits + softmax + mix over the same rows within KVQ_RK_TOL_OUT (tests).
+ * The fast paths work in blocks of rows and prefetch the next block's K and V rows,
+ * so scattered rows are fetched with both streams in flight.
+ * Cost: 2 nq m d multiply-adds, m exponentials per head; reads each row once. */
+size_t kvq_rk_attend_floats(int32_t nq, int32_t d);
+void kvq_rk_attend_init(float *state, int32_t nq, int32_t d);
+void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, int32_t d,
+                        const void *K, kvq_dtype kdt, int64_t ld_k, const int32_t *kidx,
+                        const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx, int64_t m,
+                        float scale);
+void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVQ_RUNTIME_RK_H */
