@@ -121,7 +121,9 @@ kvq_status fit_write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary 
         (s = set_meta(w, KVQ_META_CORPUS_HASH, err, "%s", ci->corpus_hash)) ||
         (s = set_meta(w, KVQ_META_CORPUS, err, "%s", ci->corpus_spec)) ||
         (s = set_meta(w, KVQ_META_N_TOKENS, err, "%lld", (long long)ci->n_tokens)) ||
-        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")))
+        (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")) ||
+        (ci->tokenizer_approx[0] &&
+         (s = set_meta(w, KVQ_META_TOKENIZER_APPROX, err, "%s", ci->tokenizer_approx))))
         goto done;
     sum->score_mse = mean_finite(mse, nj);
     sum->score_mse_ref = mean_finite(ref, nj);

@@ -53,6 +53,9 @@ extern "C" {
 #define KVQ_META_N_TOKENS         "provenance.n_tokens"
 #define KVQ_META_TOOL_VERSION     "provenance.tool_version" /* required */
 #define KVQ_META_BACKEND          "provenance.backend"
+/* Present only when the tokenizer was approximated (--accept-approx-tokenizer): what
+ * kvq_tokenizer_approx said, e.g. "pre-tokenizer 'foo' approximated by the GPT-2 split". */
+#define KVQ_META_TOKENIZER_APPROX "provenance.tokenizer_approx"
 
 /* Written by kvq fit and kvq profile (docs/format.md "Metadata", "Tensors"): every
  * writer and reader uses these names. */

@@ -64,7 +64,7 @@ check "run seeds differ" '! cmp -s "$tmp/s1" "$tmp/s3"'
 
 # eval: the golden text itself, one sequence and in two
 printf '%s\n' "$golden" >"$tmp/story.txt"
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 -q >"$tmp/out"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --score all -q >"$tmp/out"; rc=$?
 cat >"$tmp/want" <<EOF
 model       $MODEL
 corpus      file:$tmp/story.txt
@@ -78,7 +78,7 @@ ppl=$(sed -n 's/^perplexity *\([0-9.]*\)$/\1/p' "$tmp/out")
 # 0.677613: the value this implementation gives (float32 forward, double NLL sums)
 check "eval nll and perplexity" \
   '[ -n "$nll" ] && [ -n "$ppl" ] && awk -v a="$nll" -v p="$ppl" "BEGIN { e = exp(a) - p; d = a - 0.677613; exit !(e < 1e-3 && e > -1e-3 && d < 1e-4 && d > -1e-4) }"'
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 32 --json -q >"$tmp/json"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 32 --score all --json -q >"$tmp/json"; rc=$?
 check "eval --json" '[ $rc -eq 0 ] && "$PYTHON" - "$tmp/json" <<EOF
 import json, math, sys
 d = json.load(open(sys.argv[1]))
@@ -87,7 +87,7 @@ assert d["sequences"] == 2 and d["tokens"] == 51 and d["predicted"] == 49, d
 assert abs(math.exp(d["nll"]) - d["perplexity"]) < 1e-6 * d["perplexity"], d
 assert len(d["corpus_hash"]) == 16, d
 EOF'
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --max-tokens 20 -q >"$tmp/out"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --max-tokens 20 --score all -q >"$tmp/out"; rc=$?
 check "eval --max-tokens" '[ $rc -eq 0 ] && grep -q "^tokens      20 (19 predicted)$" "$tmp/out"'
 "$KVQ" eval --model "$MODEL" --corpus "file:$tmp/missing.txt" >/dev/null 2>"$tmp/err"; rc=$?
 check "eval missing corpus file" '[ $rc -eq 1 ] && grep -q "^kvq: .*missing.txt" "$tmp/err"'
