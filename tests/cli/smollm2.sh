@@ -25,7 +25,7 @@ TXT=tests/data/ppl_text.txt
 _cli_run "$KVQ" run --model "$M" --prompt "Here is a short explanation of Python lists:" \
   -n 12 --temp 0 -q --threads 2
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ ! -s "$CLI_TMP/stderr" ] &&
-   grep -q '^Here is a short explanation of Python lists:..*' "$CLI_TMP/stdout" &&
+   [ "$(head -1 "$CLI_TMP/stdout")" = "Here is a short explanation of Python lists:" ] &&
    [ "$(wc -c <"$CLI_TMP/stdout")" -gt 60 ]; then
   ok smollm2_run
 else
@@ -50,7 +50,7 @@ fi
 # ---- eval: perplexity as llama.cpp's perplexity tool counts it --------------------------
 # kvq computes the Q4_1 weights exactly in f32 (no quantized activations), so it is
 # compared with llama.cpp on an F32 copy of the same dequantized weights: float rounding
-# only, the mean NLL within 2e-4 nats (the F32 logits agree to ~1e-4; llama.cpp on the
+# only, the mean NLL within 1e-4 nats (measured: 1e-6; llama.cpp on the
 # Q4_1 file itself, with 8-bit activations, differs by about 1e-3: "q41_ppl").
 ppl_check() { # NAME VARIANT MODEL
   _cli_run "$KVQ" eval --model "$3" --corpus "file:$TXT" --seq-len 128 --threads 2 --json -q
@@ -65,7 +65,7 @@ g = json.load(open(sys.argv[2]))["variants"][sys.argv[3]]
 assert d["score"] == "second-half", d
 assert d["tokens"] == g["n_tokens"], (d["tokens"], g["n_tokens"])
 assert d["sequences"] == g["n_chunks"] and d["predicted"] == g["count"], (d, g)
-assert abs(d["nll"] - g["nll"]) < 2e-4, ("nll", d["nll"], g["nll"])
+assert abs(d["nll"] - g["nll"]) < 1e-4, ("nll", d["nll"], g["nll"])
 EOF
   ); then ok "$1"; else fail "$1" "$out"; fi
 }
@@ -85,7 +85,7 @@ assert d["predicted"] == 510, d
 _cli_run "$KVQ" calibrate --model "$M" --corpus "file:$TXT" --max-tokens 256 --seq-len 128 \
   --codebook 16 --iters 3 --no-profile --threads 2 -q -o "$T/cal.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/cal.kvq" ] &&
-   "$KVQ" inspect "$T/cal.kvq" | grep -q '^model.n_layers *30$'; then
+   "$KVQ" inspect "$T/cal.kvq" | grep -q '^ *model.n_layers *30$'; then
   ok smollm2_calibrate
 else
   fail smollm2_calibrate "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"
