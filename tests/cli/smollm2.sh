@@ -9,7 +9,7 @@
 . tests/helpers/clitest.sh
 
 M=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-NAMES="smollm2_run smollm2_capture smollm2_ppl_llamacpp smollm2_ppl_llamacpp_bos
+NAMES="smollm2_inspect_vs_gguf smollm2_run smollm2_capture smollm2_ppl_llamacpp smollm2_ppl_llamacpp_bos
 smollm2_eval_score_all smollm2_calibrate smollm2_approx_refused smollm2_approx_capture
 smollm2_approx_artifact"
 if [ ! -f "$M" ]; then
@@ -20,6 +20,34 @@ T=$CLI_TMP/smol
 mkdir -p "$T"
 G=tests/data/ppl_golden.json
 TXT=tests/data/ppl_text.txt
+
+# ---- inspect: the file as the gguf package (PyPI) reads it --------------------------------
+_cli_run "$KVQ" inspect --json "$M"
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && out=$("$PYTHON" - "$CLI_TMP/stdout" "$M" 2>&1 <<'EOF'
+import json, sys
+import gguf
+d = json.load(open(sys.argv[1]))
+r = gguf.GGUFReader(sys.argv[2])
+assert d["data_offset"] == r.data_offset and d["architecture"] == "llama", d["data_offset"]
+assert len(d["tensors"]) == len(r.tensors) == 272, len(d["tensors"])
+for a, t in zip(d["tensors"], r.tensors):
+    want = (t.name, t.tensor_type.name, t.shape.tolist(), int(t.n_bytes), int(t.data_offset))
+    got = (a["name"], a["type"], a["ne"], a["nbytes"], d["data_offset"] + a["offset"])
+    assert got == want, (got, want)
+hp = d["hyperparameters"]
+for k in ("llama.block_count", "llama.attention.head_count", "llama.attention.head_count_kv",
+          "llama.context_length", "llama.embedding_length"):
+    assert hp[k] == r.fields[k].contents(), (k, hp[k])
+assert d["rope_base"] == r.fields["llama.rope.freq_base"].contents() == 100000
+t = d["tokenizer"]
+assert (t["model"], t["vocab_size"], t["bos"], t["eos"]) == (
+    r.fields["tokenizer.ggml.model"].contents(), len(r.fields["tokenizer.ggml.tokens"].data),
+    r.fields["tokenizer.ggml.bos_token_id"].contents(),
+    r.fields["tokenizer.ggml.eos_token_id"].contents()), t
+EOF
+); then ok smollm2_inspect_vs_gguf
+else fail smollm2_inspect_vs_gguf "exit $(cat "$CLI_TMP/rc")" "${out:-}"
+fi
 
 # ---- run: greedy text from the Q4_1 file ---------------------------------------------
 _cli_run "$KVQ" run --model "$M" --prompt "Here is a short explanation of Python lists:" \
