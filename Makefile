@@ -2,7 +2,7 @@
 #
 #   make              library (static + shared) and the kvq binary in build/
 #   make test         install missing deps, build with -Werror, run every test
-#   make demo         install missing deps, build, run the pipeline on stories260K
+#   make demo         install missing deps, fetch SmolLM2-135M, run the pipeline on real text
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
 #   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
@@ -267,7 +267,8 @@ fuzz: check-deps $(FUZZ_BIN) $(KVQ)
 
 # ---- demo ------------------------------------------------------------------------------
 demo:
-	@if [ -n "$(strip $(MISSING))" ]; then bash scripts/install-deps.sh; fi
+	@if [ -n "$(strip $(MISSING))" ] || [ ! -d /usr/share/doc/python3.11/html/_sources ]; then \
+	  bash scripts/install-deps.sh; fi
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bash scripts/demo.sh
 

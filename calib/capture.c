@@ -142,6 +142,10 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
         fputs(",\n  \"seed\": ", f);
         json_u64(f, *sample_seed);
     }
+    if (ci->tokenizer_approx[0]) {
+        fputs(",\n  \"tokenizer_approx\": ", f);
+        kvq_json_write_str(f, ci->tokenizer_approx);
+    }
     fprintf(f, ",\n  \"has_values\": %s\n}\n", ci->has_values ? "true" : "false");
     return kvq_atomic_commit(&af, err); /* checks every write above (ferror, fsync) */
 }

@@ -393,6 +393,8 @@ static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_in
     if (!m || (st = parse_model(j, m, &ci->model)))
         return st;
     if ((st = parse_corpus(j, root, ci)) || (st = parse_rows(j, root, ci)) ||
+        (st = j_str(j, root, "", "tokenizer_approx", 0, ci->tokenizer_approx,
+                    sizeof ci->tokenizer_approx)) ||
         (st = parse_sequences(j, root, ci)))
         return st;
     return parse_layers(j, root, ci);

@@ -255,6 +255,9 @@ static kvq_status read_inputs(merge_in *in, const char *const *inputs, size_t n_
             return kvq_err_set(err, KVQ_E_TOO_LARGE, "%s: more than 2^31 - 1 rows in all",
                                dir);
         hash = kvq_fnv1a64(ci->corpus_hash, strlen(ci->corpus_hash) + 1, hash);
+        if (!out->tokenizer_approx[0])
+            snprintf(out->tokenizer_approx, sizeof out->tokenizer_approx, "%s",
+                     ci->tokenizer_approx);
     }
     out->n_documents = ndocs;
     snprintf(out->corpus_hash, sizeof out->corpus_hash, "%016" PRIx64, hash);

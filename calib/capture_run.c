@@ -100,6 +100,10 @@ static kvq_status capture_describe(const kvq_model *m, const int32_t *tokens, in
     const kvq_model_config *cfg = kvq_model_config_get(m);
     memset(ci, 0, sizeof *ci);
     kvq_model_identity(m, &ci->model);
+    const kvq_tokenizer *tok = kvq_model_tokenizer(m);
+    if (tok && kvq_tokenizer_approx(tok))
+        snprintf(ci->tokenizer_approx, sizeof ci->tokenizer_approx, "%s",
+                 kvq_tokenizer_approx(tok));
     if (corpus) {
         /* provenance without local paths: file and directory names only */
         kvq_spec_redact_paths(corpus->spec, ci->corpus_spec, sizeof ci->corpus_spec);

@@ -44,6 +44,13 @@ void kvq_seq_params_default(kvq_seq_params *p)
     p->keep_partial = 1;
 }
 
+void kvq_seq_params_model_bos(kvq_seq_params *p, const kvq_tokenizer *t)
+{
+    p->add_bos = kvq_tokenizer_add_bos(t) && kvq_tokenizer_bos(t) >= 0;
+    p->sep = p->add_bos ? KVQ_DOC_SEP_BOS
+                        : kvq_tokenizer_eos(t) >= 0 ? KVQ_DOC_SEP_EOS : KVQ_DOC_SEP_NONE;
+}
+
 static const struct {
     const char *name;
     kvq_corpus_kind kind;

@@ -51,12 +51,18 @@ static void calibrate_usage(FILE *f)
             "  --positions P          profile: exact step of the budget runs, wrope (default:\n"
             "                         R_b outside the window, as kvq run) or rope (exact RoPE)\n"
             "  --no-profile           stop after the fit (no held-out capture, no thresholds)\n"
+            "  --knobs LIST           what the profile profiles: any of leankv,pats,budget,\n"
+            "                         mass (default all; see kvq profile)\n"
             "  --seed S               seed of the synthetic corpus, query sample and k-means\n"
             "                         (default 1234)\n"
             "  --threads T            threads (default: all CPUs; outputs do not depend on it)\n"
             "  --device cpu|cuda      where moments and k-means run (default cpu; cuda falls\n"
             "                         back to the CPU with a warning when no GPU is usable)\n"
             "  --force                rerun every stage\n"
+            "  --accept-approx-tokenizer\n"
+            "                         use a tokenizer whose pre-tokenizer kvq does not\n"
+            "                         implement, approximated by the GPT-2 split and\n"
+            "                         recorded in the artifact (default: refused)\n"
             "  -q, --quiet            only warnings and errors on stderr\n"
             "  -v, --verbose          more detail\n"
             "  -h, --help             this help\n"
@@ -216,6 +222,10 @@ int cmd_calibrate(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--no-profile")) {
             p.profile = 0;
+        } else if (!strcmp(a, "--knobs")) {
+            if ((rc = cli_parse_knobs(cmd, val, &p.prof.knobs)))
+                return rc;
+            i++;
         } else if (!strcmp(a, "--seed")) {
             if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &v)))
                 return rc;
@@ -237,6 +247,8 @@ int cmd_calibrate(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--force")) {
             p.force = 1;
+        } else if (!strcmp(a, "--accept-approx-tokenizer")) {
+            p.accept_approx_tokenizer = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             quiet = 1;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {

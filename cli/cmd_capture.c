@@ -34,6 +34,10 @@ static void capture_usage(FILE *f)
             "  --threads T            threads (default: all)\n"
             "  --chunk N              tokens per forward chunk (default 256)\n"
             "  --force                replace DIR if it exists\n"
+            "  --accept-approx-tokenizer\n"
+            "                         use a tokenizer whose pre-tokenizer kvq does not\n"
+            "                         implement, approximated by the GPT-2 split and\n"
+            "                         recorded in capture.json (default: refused)\n"
             "  --merge A B [...]      merge the capture directories A, B, ... into DIR\n"
             "  -q, --quiet            no progress or summary\n"
             "  -v, --verbose          more detail\n"
@@ -56,7 +60,7 @@ typedef struct capture_opts {
     size_t n_merge;
     int merging;
     kvq_capture_params p;
-    int quiet, verbose;
+    int quiet, verbose, approx_tok;
     uint64_t seed;
 } capture_opts;
 
@@ -135,6 +139,8 @@ static int capture_parse(int argc, char **argv, capture_opts *o)
             i++;
         } else if (!strcmp(a, "--force")) {
             o->p.overwrite = 1;
+        } else if (!strcmp(a, "--accept-approx-tokenizer")) {
+            o->approx_tok = 1;
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             o->quiet = 1;
         } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
@@ -160,6 +166,7 @@ static int capture_model(capture_opts *o, const kvq_callbacks *cb)
     int rc = 0;
     kvq_model_params mp = kvq_model_params_default();
     mp.cb = *cb;
+    mp.accept_approx_tokenizer = o->approx_tok;
     /* The output first: refused before the model is read. */
     if (kvq_output_check(o->out, p.overwrite, kvq_capture_dir_is_capture,
                          "a kvq capture directory", &e) != KVQ_OK ||

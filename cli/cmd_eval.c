@@ -18,10 +18,18 @@ static void eval_usage(FILE *f)
     fprintf(f,
             "usage: kvq eval --model M --corpus SPEC [options]\n"
             "\n"
-            "Cuts the corpus into sequences of --seq-len tokens (each starting with BOS,\n"
-            "documents packed), runs each through the model with exact (full) attention\n"
-            "and reports the perplexity exp(mean negative log-likelihood) of every token\n"
-            "after the first of each sequence.\n"
+            "Reports the perplexity exp(mean negative log-likelihood) of the corpus with\n"
+            "exact (full) attention, counted as llama.cpp's perplexity tool counts it\n"
+            "(--score second-half, the default): the corpus is one token stream (documents\n"
+            "joined by the model's separator), starting with BOS when the model adds one\n"
+            "(tokenizer.ggml.add_bos_token, HF add_bos_token); it is cut into chunks of\n"
+            "--seq-len tokens (the tokens after the last whole chunk are not scored); each\n"
+            "chunk runs from an empty cache with its first token replaced by BOS when the\n"
+            "model adds one, and only its second half is scored: the tokens at positions\n"
+            "seq-len/2 + 1 .. seq-len - 1, seq-len/2 - 1 per chunk of even length.\n"
+            "--score all: every token after the first of sequences of --seq-len tokens\n"
+            "(a BOS put at the start of each when the model adds one; a shorter last\n"
+            "sequence kept).\n"
             "\n"
             "options:\n"
             "  --model M          GGUF file or HF directory (required)\n"
@@ -30,6 +38,11 @@ static void eval_usage(FILE *f)
             "                     comma-separated (see docs)\n"
             "  --seq-len N        tokens per sequence, 2 .. 1048576 (default 512)\n"
             "  --max-tokens N     stop after N tokens; 0 = the whole corpus (default 0)\n"
+            "  --score MODE       second-half (default; llama-perplexity) or all (above)\n"
+            "  --accept-approx-tokenizer\n"
+            "                     use a tokenizer whose pre-tokenizer kvq does not\n"
+            "                     implement, approximated by the GPT-2 split (default:\n"
+            "                     refused, naming it)\n"
             "  --seed S           seed of the synthetic corpus sources (default 0)\n"
             "  --threads T        BLAS threads (default: OpenBLAS's choice)\n"
             "  --json             print one JSON object instead of the text report\n"
@@ -58,11 +71,41 @@ typedef struct eval_state {
     int32_t chunk, vocab;
     kvq_nll_sum sum;      /* summed negative log-likelihood (nats), predicted tokens */
     uint64_t n_seq;
+    /* --score second-half: the token stream re-cut into chunks of n_ctx */
+    int half;
+    int32_t bos;          /* BOS when the model adds one, else -1 */
+    int32_t *buf;         /* [n_ctx] the chunk being filled */
+    int64_t n_ctx, n_buf;
+    uint64_t n_stream;    /* tokens of the stream (BOS included) */
 } eval_state;
+
+/* Appends tokens to the chunk buffer, scoring each chunk as it fills. */
+static kvq_status eval_stream(eval_state *s, const int32_t *ids, int64_t n, kvq_err *err)
+{
+    for (int64_t i = 0; i < n; i++) {
+        s->buf[s->n_buf++] = ids[i];
+        s->n_stream++;
+        if (s->n_buf < s->n_ctx)
+            continue;
+        s->n_buf = 0;
+        kvq_status st = kvq_perplexity_chunk_llama(s->f, s->buf, s->n_ctx, s->bos, s->chunk,
+                                                   s->vocab, s->logits, &s->sum, err);
+        if (st != KVQ_OK)
+            return st;
+        s->n_seq++;
+    }
+    return KVQ_OK;
+}
 
 static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 {
     eval_state *s = user;
+    if (s->half) {
+        kvq_status st = KVQ_OK;
+        if (s->n_stream == 0 && s->bos >= 0)
+            st = eval_stream(s, &s->bos, 1, err); /* the text starts with BOS */
+        return st ? st : eval_stream(s, seq->ids, seq->n, err);
+    }
     kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, 0, s->chunk, s->vocab, s->logits,
                                        &s->sum, err);
     if (st != KVQ_OK)
@@ -75,7 +118,7 @@ typedef struct eval_opts {
     cli_model_opts m;     /* --model --seed (of the corpus) --threads -q -v */
     const char *spec;     /* --corpus */
     int64_t seq_len, max_tokens;
-    int json;
+    int json, score_all;
     cli_retrieval ro;
 } eval_opts;
 
@@ -99,6 +142,11 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
             return 0;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
+        } else if (!strcmp(a, "--score")) {
+            if (!val || (strcmp(val, "all") && strcmp(val, "second-half")))
+                return cli_failf(2, "eval: --score must be second-half or all");
+            o->score_all = !strcmp(val, "all");
+            i++;
         } else if (!strcmp(a, "--corpus")) {
             if (!val)
                 return cli_failf(2, "eval: %s needs a value", a);
@@ -159,8 +207,21 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
 
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
+    kvq_seq_params_model_bos(&sp, tok);
     sp.seq_len = (uint32_t)seq_len;
     sp.max_tokens = (uint64_t)o->max_tokens;
+    s.half = !o->score_all;
+    s.bos = sp.add_bos ? kvq_tokenizer_bos(tok) : -1;
+    s.n_ctx = seq_len;
+    if (s.half) {
+        sp.add_bos = 0; /* the stream's BOS comes from eval_seq, each chunk's from the loop */
+        if (sp.max_tokens > 1 && s.bos >= 0)
+            sp.max_tokens--;
+        if (!(s.buf = malloc(sizeof *s.buf * (size_t)seq_len))) {
+            rc = cli_failf(1, "%s: out of memory", model_path);
+            goto done;
+        }
+    }
     kvq_corpus_stats stats;
     double t0 = kvq_now();
     if (kvq_corpus_tokenize(corpus, tok, &sp, cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
@@ -168,8 +229,13 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
         goto done;
     }
     double secs = kvq_now() - t0;
+    if (s.half)
+        stats.n_tokens = s.n_stream;
     if (s.sum.n_pred == 0) {
-        rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
+        rc = s.half ? cli_failf(1, "%s: %llu tokens, fewer than one chunk of --seq-len %lld "
+                                   "with a token to score", spec,
+                                (unsigned long long)s.n_stream, (long long)seq_len)
+                    : cli_failf(1, "%s: no token to predict (sequences too short)", spec);
         goto done;
     }
     const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
@@ -179,18 +245,23 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
         printf(", \"corpus\": ");
         kvq_json_write_str(stdout, spec);
         printf(", \"corpus_hash\": \"%016llx\", \"attention\": \"full\", \"seq_len\": %lld, "
-               "\"sequences\": %llu, \"tokens\": %llu, \"predicted\": %llu, \"nll\": %.6f, "
+               "\"score\": \"%s\", \"sequences\": %llu, \"tokens\": %llu, \"predicted\": %llu, "
+               "\"nll\": %.6f, "
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
                (unsigned long long)stats.hash, (long long)seq_len,
-               (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
+               s.half ? "second-half" : "all", (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
                (unsigned long long)s.sum.n_pred, nll, ppl, secs,
                secs > 0 ? (double)stats.n_tokens / secs : 0.0);
     } else {
         printf("model       %s\n", model_path);
         printf("corpus      %s\n", spec);
         printf("attention   full\n");
-        printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
-               (long long)seq_len);
+        if (s.half)
+            printf("chunks      %llu of %lld tokens, second half scored (as llama-perplexity)\n",
+                   (unsigned long long)s.n_seq, (long long)seq_len);
+        else
+            printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
+                   (long long)seq_len);
         printf("tokens      %llu (%llu predicted)\n", (unsigned long long)stats.n_tokens,
                (unsigned long long)s.sum.n_pred);
         printf("nll         %.6f nats/token\n", nll);
@@ -200,6 +271,7 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
             (unsigned long long)stats.n_tokens, secs,
             secs > 0 ? (double)stats.n_tokens / secs : 0.0);
 done:
+    free(s.buf);
     free(s.logits);
     kvq_forward_free(s.f);
     return rc;
@@ -222,6 +294,7 @@ int cmd_eval(int argc, char **argv)
     mp.cb = cb;
     if ((rc = cli_check_corpus(o.spec)))
         goto done;
+    mp.accept_approx_tokenizer = o.m.approx_tokenizer;
     if (kvq_model_open(model_path, &mp, &m, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;

@@ -31,6 +31,10 @@ static void run_usage(FILE *f)
             "  --top-p P          nucleus sampling mass, (0, 1] (default 0.95)\n"
             "  --seed S           sampling seed (default 0)\n"
             "  --threads T        BLAS threads (default: OpenBLAS's choice)\n"
+            "  --accept-approx-tokenizer\n"
+            "                     use a tokenizer whose pre-tokenizer kvq does not\n"
+            "                     implement, approximated by the GPT-2 split (default:\n"
+            "                     refused, naming it)\n"
             "  -q, --quiet        nothing on stderr but errors\n"
             "  -v, --verbose      more detail\n"
             "  -h, --help         this help\n"
@@ -172,6 +176,7 @@ static int run_open(run_opts *o, run_state *r)
     int rc;
     kvq_model_params mp = kvq_model_params_default();
     mp.cb = r->cb;
+    mp.accept_approx_tokenizer = o->m.approx_tokenizer;
     if (kvq_model_open(model_path, &mp, &r->m, &e) != KVQ_OK)
         return cli_fail(&e);
     r->c = kvq_model_config_get(r->m);

@@ -193,6 +193,7 @@ static int evr_prepare(evr *x, cli_retrieval *o, const kvq_model *m, const char 
         return rc;
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
+    kvq_seq_params_model_bos(&sp, tok);
     sp.seq_len = (uint32_t)seq_len;
     sp.max_tokens = (uint64_t)max_tokens;
     if (kvq_seq_set_collect(corpus, tok, &sp, cb, &x->sl, &x->stats, &e) ||

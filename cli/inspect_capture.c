@@ -38,6 +38,8 @@ static cJSON *capture_describe(const char *path, const kvq_capture_info *ci, int
     cJSON_AddItemToObject(doc, "n_sequences", json_i64(ci->n_sequences));
     cJSON_AddItemToObject(doc, "queries", json_i64(ci->n_queries));
     cJSON_AddBoolToObject(doc, "has_values", ci->has_values);
+    if (ci->tokenizer_approx[0])
+        cJSON_AddStringToObject(doc, "tokenizer_approx", ci->tokenizer_approx);
     cJSON *layers = cJSON_AddArrayToObject(doc, "layers");
     for (int32_t i = 0; i < ci->n_files && *rc == 0; i++) {
         char *file = NULL;
@@ -83,6 +85,8 @@ static void capture_text(const cJSON *doc)
            jstr(doc, "dtype", ""), jnum_or(doc, "queries", 0) ? "sampled" : "all",
            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "has_values")) ? ", with values"
                                                                               : "");
+    if (cJSON_GetObjectItemCaseSensitive(doc, "tokenizer_approx"))
+        printf("  tokenizer approximated: %s\n", jstr(doc, "tokenizer_approx", ""));
     printf("\nlayers (%d):\n", cJSON_GetArraySize(layers));
     for (const cJSON *o = layers->child; o; o = o->next) {
         printf("  %3d  %s:", (int)jnum_or(o, "layer", 0), jstr(o, "file", ""));

@@ -1,4 +1,5 @@
 /* opts.c — the option groups shared by several subcommands (cli/opts.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -14,6 +15,9 @@ int cli_model_opt(const char *cmd, cli_model_opts *o, int argc, char **argv, int
         return 0;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         o->verbose++;
+        return 0;
+    } else if (!strcmp(a, "--accept-approx-tokenizer")) {
+        o->approx_tokenizer = 1;
         return 0;
     } else if (!strcmp(a, "--model")) {
         if (!val)
@@ -58,5 +62,34 @@ int cli_fit_opt(const char *cmd, kvq_fit_params *p, int argc, char **argv, int *
     }
     if (!rc)
         (*i)++;
+    return rc;
+}
+
+int cli_parse_knobs(const char *cmd, const char *s, unsigned *knobs)
+{
+    static const struct {
+        const char *name;
+        unsigned bit;
+    } k[] = {{"leankv", KVQ_KNOB_LEANKV}, {"pats", KVQ_KNOB_PATS}, {"budget", KVQ_KNOB_BUDGET},
+             {"mass", KVQ_KNOB_MASS},     {"all", KVQ_KNOB_ALL}};
+    char *copy = s ? strdup(s) : NULL, *save = NULL;
+    int rc = 0;
+    *knobs = 0;
+    if (!s)
+        return cli_failf(2, "%s: --knobs needs a value", cmd);
+    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && !rc;
+         t = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        while (i < sizeof k / sizeof k[0] && strcmp(t, k[i].name))
+            i++;
+        if (i == sizeof k / sizeof k[0])
+            rc = cli_failf(2, "%s: --knobs: unknown knob '%s' (leankv, pats, budget, mass)", cmd,
+                           t);
+        else
+            *knobs |= k[i].bit;
+    }
+    free(copy);
+    if (!rc && !*knobs)
+        rc = cli_failf(2, "%s: --knobs: no knob in '%s'", cmd, s);
     return rc;
 }

@@ -11,9 +11,10 @@
 
 #include "kvq.h"
 
-/* --model M, --seed S, --threads T, -q/--quiet, -v/--verbose */
+/* --model M, --seed S, --threads T, -q/--quiet, -v/--verbose, --accept-approx-tokenizer */
 typedef struct cli_model_opts {
     const char *model;   /* NULL until given */
+    int approx_tokenizer; /* kvq_model_params.accept_approx_tokenizer */
     int64_t seed;        /* 0 .. INT64_MAX (default 0) */
     int64_t threads;     /* 1 .. 1024; 0 (default) = OpenBLAS's choice */
     int quiet, verbose;
@@ -24,5 +25,9 @@ int cli_model_opt(const char *cmd, cli_model_opts *o, int argc, char **argv, int
 /* --method M, --codebook K, --groups G, --iters N, --init NAME, into p. The caller
  * has checked that the option has a value (its "needs a value" message). */
 int cli_fit_opt(const char *cmd, kvq_fit_params *p, int argc, char **argv, int *i);
+
+/* A comma-separated list of profile knobs (leankv, pats, budget, mass, all) into the
+ * KVQ_KNOB_* bit set *knobs; 0, or the exit code 2 with "kvq: CMD: --knobs: ..." printed. */
+int cli_parse_knobs(const char *cmd, const char *s, unsigned *knobs);
 
 #endif

@@ -124,7 +124,9 @@ kvq_status fit_write_artifact(fit_ctx *c, const char *out_path, kvq_fit_summary 
         (s = set_meta(w, KVQ_META_BACKEND, err, "%s", cuda ? "cuda" : "cpu")) ||
         (s = set_meta(w, KVQ_META_CORPUS_SEED, err, "%" PRIu64, ci->corpus_seed)) ||
         (s = set_meta(w, KVQ_META_SEQ_LEN, err, "%lld", (long long)ci->seq_len)) ||
-        (s = set_meta(w, KVQ_META_N_SEQUENCES, err, "%lld", (long long)ci->n_sequences)))
+        (s = set_meta(w, KVQ_META_N_SEQUENCES, err, "%lld", (long long)ci->n_sequences)) ||
+        (ci->tokenizer_approx[0] &&
+         (s = set_meta(w, KVQ_META_TOKENIZER_APPROX, err, "%s", ci->tokenizer_approx))))
         goto done;
     if (p->date && p->date[0] && (s = set_meta(w, KVQ_META_DATE, err, "%s", p->date)))
         goto done;

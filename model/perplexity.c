@@ -91,6 +91,18 @@ kvq_status kvq_perplexity_seq(kvq_forward *f, const int32_t *ids, int64_t n, int
     return run_seq(f, ids, n, from, chunk, vocab, logits, acc, err);
 }
 
+kvq_status kvq_perplexity_chunk_llama(kvq_forward *f, int32_t *ids, int64_t n_ctx, int32_t bos,
+                                      int32_t chunk, int32_t vocab, float *logits,
+                                      kvq_nll_sum *acc, kvq_err *err)
+{
+    const int32_t first = ids[0];
+    if (bos >= 0)
+        ids[0] = bos; /* as llama-perplexity does for the first batch of every chunk */
+    kvq_status st = kvq_perplexity_seq(f, ids, n_ctx, n_ctx / 2, chunk, vocab, logits, acc, err);
+    ids[0] = first;
+    return st;
+}
+
 kvq_status kvq_perplexity_set(kvq_forward *f, const kvq_seq_set *s, int32_t chunk,
                               int32_t vocab, float *logits, kvq_ppl_begin_fn begin, void *user,
                               kvq_nll_sum *acc, kvq_err *err)

@@ -104,6 +104,7 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
     const kvq_calibrate_params *p = c->p;
     kvq_model_params mp = kvq_model_params_default();
     mp.cb = p->cb;
+    mp.accept_approx_tokenizer = p->accept_approx_tokenizer;
     if (!c->model && (st = kvq_model_open(c->model_path, &mp, &c->model, err)))
         goto done;
     const kvq_model_config *cfg = kvq_model_config_get(c->model);

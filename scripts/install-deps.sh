@@ -4,7 +4,9 @@
 set -euo pipefail
 
 APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
-libcjson-dev libcmocka-dev clang python3 python3-pip"
+libcjson-dev libcmocka-dev clang python3 python3-pip python3.11-doc"
+# python3.11-doc: the reStructuredText sources of the Python documentation, the natural
+# text `make demo` calibrates and evaluates on (/usr/share/doc/python3.11/html/_sources/).
 PY_PKGS="numpy zstandard regex gguf"
 
 missing=()

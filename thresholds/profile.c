@@ -184,6 +184,7 @@ static kvq_status ppl_open(const kvq_capture_info *ci, const kvq_profile_params 
         goto done;
     kvq_seq_params sp;
     kvq_seq_params_default(&sp);
+    kvq_seq_params_model_bos(&sp, tok);
     sp.seq_len = p->ppl_seq_len ? p->ppl_seq_len : (uint32_t)ci->seq_len;
     sp.max_tokens = p->ppl_max_tokens;
     if ((s = kvq_seq_set_collect(corpus, tok, &sp, &p->cb, &e->seqs, NULL, err)))

@@ -60,6 +60,9 @@ extern "C" {
 #define KVQ_META_CORPUS_SEED      "provenance.corpus_seed"  /* seed of the corpus generators */
 #define KVQ_META_SEQ_LEN          "provenance.seq_len"      /* tokens per calibration sequence */
 #define KVQ_META_N_SEQUENCES      "provenance.n_sequences"  /* calibration sequences */
+/* Present only when the tokenizer was approximated (--accept-approx-tokenizer): what
+ * kvq_tokenizer_approx said, e.g. "pre-tokenizer 'foo' approximated by the GPT-2 split". */
+#define KVQ_META_TOKENIZER_APPROX "provenance.tokenizer_approx"
 
 /* Written by kvq fit and kvq profile (docs/format.md "Metadata", "Tensors"): every
  * writer and reader uses these names. */

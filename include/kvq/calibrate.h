@@ -105,6 +105,9 @@ typedef struct kvq_calibrate_params {
                                    Default 1234 */
     int32_t threads;            /* >= 1 (default 1): capture, fit and profile threads */
     int force;                  /* 1: rerun every stage (and replace out_path) */
+    int accept_approx_tokenizer; /* kvq_model_params.accept_approx_tokenizer (default 0);
+                                   the approximation is recorded in the capture and the
+                                   artifact (KVQ_META_TOKENIZER_APPROX) */
 
     /* Stage parameters, as the stages define them, with calibrate's defaults: */
     kvq_capture_params capture; /* seq_len 512, max_tokens 16384 (>= 1: the calibration

@@ -49,6 +49,8 @@ typedef struct kvq_capture_info {
     char **files;             /* [n_files]: plain file names inside dir (no '/', not "..") */
     int64_t n_queries;        /* "queries": 0 for "all", else the sample size N */
     int has_values;
+    char tokenizer_approx[192]; /* "tokenizer_approx": what kvq_tokenizer_approx said
+                                   when the model's tokenizer was approximated, else "" */
 } kvq_capture_info;
 
 /* Reads and validates DIR/capture.json. Cost: reads the JSON only (no layer file is

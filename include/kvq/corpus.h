@@ -155,6 +155,10 @@ typedef struct kvq_seq_params {
 } kvq_seq_params;
 
 void kvq_seq_params_default(kvq_seq_params *p);
+/* BOS as the model says: add_bos when t adds BOS (kvq_tokenizer_add_bos) and has one,
+ * documents separated by BOS then, else by EOS when t has one, else by nothing. The
+ * other fields are left as they are. */
+void kvq_seq_params_model_bos(kvq_seq_params *p, const kvq_tokenizer *t);
 
 typedef struct kvq_corpus_seq {
     const int32_t *ids;    /* [n] */

@@ -65,6 +65,18 @@ kvq_status kvq_perplexity_seq(kvq_forward *f, const int32_t *ids, int64_t n, int
                               int32_t chunk, int32_t vocab, float *logits, kvq_nll_sum *acc,
                               kvq_err *err);
 
+/* One chunk of llama.cpp's perplexity tool (llama-perplexity, its default mode):
+ * ids[0..n_ctx) are the next n_ctx tokens of the text's token stream (which starts
+ * with BOS when the model adds one); when bos >= 0 the chunk's first token is replaced
+ * by BOS (ids[0] is restored before returning), the chunk runs through f from a reset,
+ * and only the second half is scored: the next tokens ids[t + 1] for t in
+ * [n_ctx / 2, n_ctx - 1), n_ctx - n_ctx / 2 - 1 of them, are added to *acc. The text's
+ * tokens after its last whole chunk are the caller's to drop. n_ctx >= 2. Errors:
+ * those of kvq_perplexity_seq. */
+kvq_status kvq_perplexity_chunk_llama(kvq_forward *f, int32_t *ids, int64_t n_ctx, int32_t bos,
+                                      int32_t chunk, int32_t vocab, float *logits,
+                                      kvq_nll_sum *acc, kvq_err *err);
+
 /* Called for each sequence of kvq_perplexity_set with its length n, after the forward
  * was reset and before its first token (so it may prepare the attention backend);
  * returns the position from which tokens are predicted (the prompt before it is only

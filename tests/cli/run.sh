@@ -64,7 +64,7 @@ check "run seeds differ" '! cmp -s "$tmp/s1" "$tmp/s3"'
 
 # eval: the golden text itself, one sequence and in two
 printf '%s\n' "$golden" >"$tmp/story.txt"
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 -q >"$tmp/out"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --score all -q >"$tmp/out"; rc=$?
 cat >"$tmp/want" <<EOF
 model       $MODEL
 corpus      file:$tmp/story.txt
@@ -81,7 +81,7 @@ golden_nll() { "$PYTHON" -c 'import json, sys; print(json.load(open("tests/data/
 ref64=$(golden_nll seq_len_64); ref32=$(golden_nll seq_len_32)
 check "eval nll and perplexity" \
   '[ -n "$nll" ] && [ -n "$ppl" ] && awk -v a="$nll" -v p="$ppl" -v r="$ref64" "BEGIN { e = exp(a) - p; d = a - r; exit !(e < 1e-3 && e > -1e-3 && d < 1e-4 && d > -1e-4) }"'
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 32 --json -q >"$tmp/json"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 32 --score all --json -q >"$tmp/json"; rc=$?
 check "eval --json" '[ $rc -eq 0 ] && "$PYTHON" - "$tmp/json" <<EOF
 import json, math, sys
 d = json.load(open(sys.argv[1]))
@@ -91,7 +91,7 @@ assert abs(math.exp(d["nll"]) - d["perplexity"]) < 1e-6 * d["perplexity"], d
 assert abs(d["nll"] - $ref32) < 1e-4, (d["nll"], "llama.cpp: $ref32")
 assert len(d["corpus_hash"]) == 16, d
 EOF'
-"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --max-tokens 20 -q >"$tmp/out"; rc=$?
+"$KVQ" eval --model "$MODEL" --corpus "file:$tmp/story.txt" --seq-len 64 --max-tokens 20 --score all -q >"$tmp/out"; rc=$?
 check "eval --max-tokens" '[ $rc -eq 0 ] && grep -q "^tokens      20 (19 predicted)$" "$tmp/out"'
 "$KVQ" eval --model "$MODEL" --corpus "file:$tmp/missing.txt" >/dev/null 2>"$tmp/err"; rc=$?
 check "eval missing corpus file" '[ $rc -eq 1 ] && grep -q "^kvq eval: .*missing.txt" "$tmp/err"'
