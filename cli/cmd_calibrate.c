@@ -251,6 +251,7 @@ int cmd_calibrate(int argc, char **argv)
     p.cb = cli_callbacks(verbose, quiet);
     p.on_stage = on_stage;
     p.stage_user = &bs;
+    p.dist = cli_dist();
     kvq_calibrate_summary sum;
     if (kvq_calibrate_run(model, out, &p, &sum, &e) != KVQ_OK)
         return cli_fail(&e);

@@ -17,6 +17,7 @@
 
 #include "kvq/common.h"
 #include "kvq/util.h"
+#include "kvq/dist.h"
 #include "kvq/half.h"
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"

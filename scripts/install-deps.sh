@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
-libcjson-dev libcmocka-dev clang python3 python3-pip"
+libcjson-dev libcmocka-dev clang libopenmpi-dev openmpi-bin python3 python3-pip"
 PY_PKGS="numpy zstandard regex gguf"
 
 missing=()
