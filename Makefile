@@ -4,6 +4,7 @@
 #   make test         install missing deps, build with -Werror, run every test
 #   make demo         install missing deps, fetch SmolLM2-135M, run the pipeline on real text
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
+#   make MPI=0        build kvq without MPI even when OpenMPI is installed (docs/mpi.md)
 #   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
 #   make bench        build the benchmarks (see docs/BENCHMARKS.md)
@@ -12,7 +13,7 @@
 #                     (SONAME libkvq.so.X), libkvq.a, bin/kvq, the public headers and
 #                     lib/pkgconfig/kvq.pc; `make uninstall` removes them
 #
-# Knobs (all ?=): CUDA DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
+# Knobs (all ?=): CUDA MPI DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
 
 CUDA      ?= 0
 DEBUG     ?= 0
@@ -48,6 +49,22 @@ MISSING := $(foreach p,$(DEP_PKGS) $(TEST_PKGS),$(if $(call have_pkg,$(p)),,$(p)
 DEP_CFLAGS := $(shell pkg-config --cflags $(DEP_PKGS) 2>/dev/null)
 DEP_LIBS   := $(shell pkg-config --libs $(DEP_PKGS) 2>/dev/null)
 TEST_LIBS  := $(shell pkg-config --libs $(TEST_PKGS) 2>/dev/null)
+
+# ---- MPI (the kvq binary only: cli/dist.c; the library never links it) -----------------
+# MPI=auto (default): on when pkg-config knows ompi-c or mpicc is on PATH; MPI=0: off.
+MPI ?= auto
+ifeq ($(MPI),0)
+  HAVE_MPI :=
+else
+  HAVE_MPI := $(shell pkg-config --exists ompi-c 2>/dev/null && echo 1 || \
+                (command -v mpicc >/dev/null 2>&1 && echo 1))
+endif
+ifeq ($(HAVE_MPI),1)
+  MPI_CFLAGS := -DKVQ_HAVE_MPI=1 $(shell pkg-config --cflags ompi-c 2>/dev/null || mpicc --showme:compile)
+  MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null || mpicc --showme:link)
+endif
+# cli/dist.c and the binary are rebuilt when the MPI setting changes.
+MPI_STAMP := $(BUILD)/mpi.$(if $(HAVE_MPI),on,off)
 
 # ---- flags -----------------------------------------------------------------------
 OPT := -O2
@@ -195,8 +212,13 @@ uninstall:
 	  $(DESTDIR)$(PREFIX)/include/kvq.h $(PUBLIC_HEADERS:include/%=$(DESTDIR)$(PREFIX)/include/%)
 	-rmdir $(DESTDIR)$(PREFIX)/include/kvq
 
-$(KVQ): $(CLI_OBJ) $(STATIC)
-	$(CC) $(SANFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+$(KVQ): $(CLI_OBJ) $(STATIC) $(MPI_STAMP)
+	$(CC) $(SANFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(LDLIBS) $(MPI_LIBS) $(if $(CU_OBJ),-lstdc++)
+
+$(BUILD)/obj/cli/dist.o: CPPFLAGS += $(MPI_CFLAGS)
+$(BUILD)/obj/cli/dist.o: $(MPI_STAMP)
+$(MPI_STAMP):
+	@mkdir -p $(dir $@) && rm -f $(BUILD)/mpi.on $(BUILD)/mpi.off && touch $@
 
 $(TEST_HELPER_OBJ): CPPFLAGS += -Itests
 

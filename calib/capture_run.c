@@ -214,6 +214,9 @@ kvq_status kvq_capture_tokens(const kvq_model *m, const int32_t *tokens, int64_t
     if (p.n_queries < 0 || p.chunk < 1 || p.seq_len < 0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: negative query count, seq_len or chunk",
                            dir);
+    if (kvq_dist_size(p.dist) > 1) /* every rank got here: the checks above are the same */
+        return capture_tokens_dist(m, tokens, n_tokens, sequences, n_sequences, corpus, &p, dir,
+                                   err);
 
     /* The capture description. */
     kvq_capture_info ci;

@@ -30,6 +30,8 @@ static void print_error(const char *msg)
 
 int cli_fail(const kvq_err *err)
 {
+    if (cli_dist_rank() != 0) /* errors are agreed: rank 0 prints it, naming the rank */
+        return 1;
     print_error(err->msg[0] ? err->msg : kvq_status_str(err->status));
     return 1;
 }
@@ -50,6 +52,8 @@ int cli_check_corpus(const char *spec)
 
 int cli_failf(int code, const char *fmt, ...)
 {
+    if (cli_dist_rank() != 0)
+        return code;
     char buf[2048];
     va_list ap;
     va_start(ap, fmt);
@@ -73,6 +77,8 @@ static void cli_log(void *user, kvq_log_level level, const char *msg)
     cli_state *s = user;
     if (level == KVQ_LOG_DEBUG && s->verbose < 2)
         return;
+    if (level < KVQ_LOG_ERROR && cli_dist_rank() != 0) /* rank 0 speaks for the group */
+        return;
     if (level == KVQ_LOG_INFO && s->quiet)
         return;
     static const char *const tag[] = {"debug: ", "", "warning: ", "error: "};
@@ -84,7 +90,8 @@ static void cli_log(void *user, kvq_log_level level, const char *msg)
 static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
 {
     cli_state *s = user;
-    if (s->quiet)
+    cli_dist_test_kill(what, done);
+    if (s->quiet || cli_dist_rank() != 0)
         return 0;
     double now = kvq_now();
     if (strncmp(s->last_what, what, sizeof s->last_what - 1) != 0) {
@@ -161,6 +168,11 @@ int cli_is_help(const char *arg) { return !strcmp(arg, "-h") || !strcmp(arg, "--
 int32_t cli_default_threads(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
+    /* Under mpirun, the ranks on this machine share its CPUs. */
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    long l = local ? atol(local) : 1;
+    if (l > 1 && n > 0)
+        n = n / l > 0 ? n / l : 1;
     return n > 0 && n < 1024 ? (int32_t)n : 1;
 }
 

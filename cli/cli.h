@@ -55,4 +55,16 @@ const char *cli_today(void);
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);
 
+/* ---- several processes (dist.c, docs/mpi.md) ------------------------------------- */
+/* Initializes MPI when kvq was launched by mpirun/srun (0, or an exit code). */
+int cli_dist_init(int *argc, char ***argv);
+void cli_dist_finish(void);
+/* The process group, NULL for one process; this process's rank (0 for one). */
+const kvq_dist *cli_dist(void);
+int cli_dist_rank(void);
+/* "on (Open MPI v4.1.4, MPI 3.1; ...)" or "off (built without MPI)". */
+void cli_dist_version(char *buf, size_t cap);
+/* Testing aid (KVQ_TEST_KILL="RANK:HEADS"), called with each progress report. */
+void cli_dist_test_kill(const char *what, uint64_t done);
+
 #endif

@@ -25,6 +25,8 @@ static void calibrate_usage(FILE *f)
             "so an interrupted run resumes, and a changed parameter reruns only that stage and\n"
             "the ones after it. Stage banners and progress go to stderr, the summary to stdout.\n"
             "With the defaults, stories260K takes about 45 s on 2 cores (most of it profiling).\n"
+            "Under mpirun or srun the captures and the fit are split among the ranks, with\n"
+            "the same output bytes (docs/mpi.md).\n"
             "\n"
             "options:\n"
             "  --model M              GGUF file or HF directory (required)\n"
@@ -266,6 +268,7 @@ int cmd_calibrate(int argc, char **argv)
     p.cb = cli_callbacks(verbose, quiet);
     p.on_stage = on_stage;
     p.stage_user = &bs;
+    p.dist = cli_dist();
     kvq_calibrate_summary sum;
     if (kvq_calibrate_run(model, out, &p, &sum, &e) != KVQ_OK)
         return cli_fail(&e);

@@ -184,6 +184,7 @@ static int capture_model(capture_opts *o, const kvq_callbacks *cb)
     }
     p.seed = o->seed;
     p.cb = *cb;
+    p.dist = cli_dist();
     kvq_corpus_params cp;
     kvq_corpus_params_default(&cp);
     cp.seed = o->seed;
@@ -212,7 +213,8 @@ int cmd_capture(int argc, char **argv)
             rc = cli_failf(2, "capture: --merge takes capture directories and -o only");
             goto done;
         }
-        rc = run_merge(o.merge, o.n_merge, o.out, o.p.overwrite, &cb);
+        if (cli_dist_rank() == 0) /* a merge is not split: rank 0 does it */
+            rc = run_merge(o.merge, o.n_merge, o.out, o.p.overwrite, &cb);
         goto done;
     }
     if (!o.model || !o.spec || !o.out) {

@@ -144,6 +144,7 @@ int cmd_fit(int argc, char **argv)
     }
 
     p.cb = cli_callbacks(verbose, quiet);
+    p.dist = cli_dist();
     kvq_fit_summary sum;
     if (kvq_fit_run(capture, moments, out, &p, &sum, &e) != KVQ_OK) {
         rc = cli_fail(&e);

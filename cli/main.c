@@ -74,6 +74,9 @@ static int cmd_version(int argc, char **argv)
     printf("cuda: %s\n", cuda ? "available" : why);
     printf("cpu: avx2=%s avx512=%s\n", kvq_cpu_has_avx2() ? "yes" : "no",
            kvq_cpu_has_avx512() ? "yes" : "no");
+    char mpi[256];
+    cli_dist_version(mpi, sizeof mpi);
+    printf("mpi: %s\n", mpi);
     return 0;
 }
 
@@ -101,21 +104,51 @@ static void install_signal_cleanup(void)
     }
 }
 
+/* Under mpirun with several ranks: the commands that split their work run on every
+ * rank; the others run on rank 0 (the rest wait for it at MPI_Finalize). */
+static int run_command(const cli_command *c, int argc, char **argv)
+{
+    const kvq_dist *d = cli_dist();
+    const int split = c->run == cmd_capture || c->run == cmd_fit || c->run == cmd_calibrate;
+    if (!d || split)
+        return c->run(argc, argv);
+    if (d->rank != 0)
+        return 0;
+    if (c->run != cmd_help && c->run != cmd_version)
+        fprintf(stderr, "kvq: %s does not split its work among ranks: rank 0 runs it alone\n",
+                c->name);
+    return c->run(argc, argv);
+}
+
 int main(int argc, char **argv)
 {
     cli_thread_policy(argv); /* may re-execute kvq once, before anything else */
     install_signal_cleanup();
+    int rc = cli_dist_init(&argc, &argv);
+    if (rc)
+        return rc;
     if (argc < 2) {
+        cli_dist_finish();
         usage(stderr);
         return 2;
     }
-    if (cli_is_help(argv[1]))
-        return cmd_help(0, NULL);
-    if (!strcmp(argv[1], "--version"))
-        return printf("kvq %s\n", kvq_version()), 0;
+    if (cli_is_help(argv[1])) {
+        rc = cli_dist_rank() == 0 ? cmd_help(0, NULL) : 0;
+        cli_dist_finish();
+        return rc;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("kvq %s\n", kvq_version());
+        cli_dist_finish();
+        return 0;
+    }
     const cli_command *c = find(argv[1]);
     if (!c)
-        return cli_failf(2, "unknown command '%s' (try 'kvq help')", argv[1]);
-    cli_set_command(c->name);
-    return c->run(argc - 1, argv + 1);
+        rc = cli_failf(2, "unknown command '%s' (try 'kvq help')", argv[1]);
+    else {
+        cli_set_command(c->name);
+        rc = run_command(c, argc - 1, argv + 1);
+    }
+    cli_dist_finish();
+    return rc;
 }

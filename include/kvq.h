@@ -21,6 +21,7 @@
 #define KVQ_H
 
 #include "kvq/common.h"
+#include "kvq/dist.h"
 #include "kvq/half.h"
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"

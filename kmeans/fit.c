@@ -139,7 +139,7 @@ static void km_log(void *user, kvq_log_level level, const char *msg)
 static int km_progress(void *user, const char *what, uint64_t done, uint64_t total)
 {
     const fit_ctx *c = user;
-    return kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total);
+    return kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_prog);
 }
 
 /* ==========================================================================
@@ -603,25 +603,31 @@ static kvq_status fit_open(fit_ctx *c, const char *capture_dir, const char *mome
     return KVQ_OK;
 }
 
-/* Every (layer, KV head) job in order: from its checkpoint or fitted, one layer file
- * open at a time. */
-static kvq_status run_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
+/* The (layer, KV head) jobs [first, end) in order (job i is layer c->layers[i / n_kv],
+ * head i % n_kv): from its checkpoint or fitted, one layer file open at a time. */
+kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary *sum,
+                        kvq_err *err)
 {
     layer_data L;
     kvq_status s = KVQ_OK;
+    int32_t open_layer = -1;
     memset(&L, 0, sizeof L);
-    for (size_t li = 0; li < c->n_layers; li++) {
-        const int32_t layer = c->layers[li];
-        for (int32_t head = 0; head < c->n_kv; head++) {
-            fit_job *j = &c->jobs[li * (size_t)c->n_kv + head];
+    c->jobs_prog = end - first;
+    for (int32_t i = first; i < end; i++) {
+        const int32_t layer = c->layers[i / c->n_kv], head = i % c->n_kv;
+        {
+            fit_job *j = &c->jobs[i];
             char key[1024];
             j->layer = layer;
             j->head = head;
             if ((s = fit_job_key(c, layer, head, key, sizeof key, err)))
                 goto done;
             if (!fit_ckpt_load(c, j, key)) {
+                if (L.f.st && open_layer != layer)
+                    layer_close(&L);
                 if (!L.f.st && (s = layer_open(c, layer, &L, err)))
                     goto done;
+                open_layer = layer;
                 if ((s = job_fit(c, &L, j, err)) ||
                     (c->ckpt_dir && (s = fit_ckpt_save(c, j, key, err))))
                     goto done;
@@ -638,18 +644,59 @@ static kvq_status run_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
                 kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
                         j->resumed ? " (checkpoint)" : "");
             c->jobs_done++;
-            if (kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_total)) {
+            if (kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_prog)) {
                 s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
                                 "(finished heads are kept in %s)", (int)c->jobs_done,
-                                (int)c->jobs_total, c->ckpt_dir ? c->ckpt_dir : "no checkpoint");
+                                (int)c->jobs_prog, c->ckpt_dir ? c->ckpt_dir : "no checkpoint");
                 goto done;
             }
         }
-        layer_close(&L);
     }
 done:
     layer_close(&L);
     return s;
+}
+
+/* Checks, opens the inputs, chooses layers, held-out rows and K, allocates the jobs. */
+static kvq_status fit_setup(fit_ctx *c, const char *capture_dir, const char *moments_path,
+                            const char *out_path, kvq_err *err)
+{
+    const kvq_fit_params *p = c->p;
+    kvq_status s;
+    if (!capture_dir || !moments_path || !out_path)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: capture, moments and output are required");
+    if ((s = check_params(p, err)))
+        return s;
+    /* rank 0 alone writes the output, so it alone checks it (and cleans its stale
+     * temporaries) */
+    if (kvq_dist_rank(p->dist) == 0 &&
+        (s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
+                              "a .kvq artifact", err)))
+        return s;
+    if ((s = fit_open(c, capture_dir, moments_path, err)))
+        return s;
+    if ((s = choose_layers(c, capture_dir, err)) || (s = split_holdout(c, err)) ||
+        (s = choose_k(c, err)))
+        return s;
+
+    c->jobs_total = (int32_t)(c->n_layers * (size_t)c->n_kv);
+    c->jobs = calloc((size_t)c->jobs_total, sizeof *c->jobs);
+    if (!c->jobs)
+        return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+    if (p->checkpoint) {
+        size_t n = strlen(out_path) + 6;
+        c->ckpt_dir = malloc(n);
+        if (!c->ckpt_dir)
+            return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
+        snprintf(c->ckpt_dir, n, "%s.ckpt", out_path);
+    }
+    kvq_log(&c->cb, KVQ_LOG_INFO, "fit: %s, K %d, G %d, %zu layers x %d KV heads, %lld training "
+            "keys and %lld held-out keys per head", kvq_codebook_method_name(p->method),
+            (int)c->K, (int)c->G, c->n_layers, (int)c->n_kv, (long long)c->n_train,
+            (long long)c->n_hold_rows);
+    if (kvq_progress(&c->cb, "fit", 0, (uint64_t)c->jobs_total))
+        return kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled");
+    return KVQ_OK;
 }
 
 kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const char *out_path,
@@ -666,54 +713,26 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     c.p = p;
     c.cb = p->cb;
     c.moments_path = moments_path;
-    if (!capture_dir || !moments_path || !out_path) {
-        s = kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: capture, moments and output are required");
+    /* With several ranks every step below ends in agreement on its status, so that an
+     * error on one rank stops all of them (kvq/dist.h); rank 0 alone writes. */
+    s = kvq_dist_agree(p->dist, fit_setup(&c, capture_dir, moments_path, out_path, err), err);
+    if (s)
         goto done;
+    if (kvq_dist_size(p->dist) > 1)
+        s = fit_dist_jobs(&c, &sum, err);
+    else
+        s = fit_run_jobs(&c, 0, c.jobs_total, &sum, err);
+    if (s)
+        goto done;
+    if (kvq_dist_rank(p->dist) == 0) {
+        if (sum.n_resumed)
+            kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
+                    (int)c.jobs_total, c.ckpt_dir);
+        if (!(s = fit_write_artifact(&c, out_path, &sum, err)) && c.ckpt_dir)
+            kvq_rmtree(c.ckpt_dir);
     }
-    if ((s = check_params(p, err)))
+    if ((s = kvq_dist_share(p->dist, s, err)))
         goto done;
-    if ((s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
-                              "a .kvq artifact", err)))
-        goto done;
-    if ((s = fit_open(&c, capture_dir, moments_path, err)))
-        goto done;
-    if ((s = choose_layers(&c, capture_dir, err)) || (s = split_holdout(&c, err)) ||
-        (s = choose_k(&c, err)))
-        goto done;
-
-    c.jobs_total = (int32_t)(c.n_layers * (size_t)c.n_kv);
-    c.jobs = calloc((size_t)c.jobs_total, sizeof *c.jobs);
-    if (!c.jobs) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
-        goto done;
-    }
-    if (p->checkpoint) {
-        size_t n = strlen(out_path) + 6;
-        c.ckpt_dir = malloc(n);
-        if (!c.ckpt_dir) {
-            s = kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
-            goto done;
-        }
-        snprintf(c.ckpt_dir, n, "%s.ckpt", out_path);
-    }
-    kvq_log(&c.cb, KVQ_LOG_INFO, "fit: %s, K %d, G %d, %zu layers x %d KV heads, %lld training "
-            "keys and %lld held-out keys per head", kvq_codebook_method_name(p->method),
-            (int)c.K, (int)c.G, c.n_layers, (int)c.n_kv, (long long)c.n_train,
-            (long long)c.n_hold_rows);
-    if (kvq_progress(&c.cb, "fit", 0, (uint64_t)c.jobs_total)) {
-        s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled");
-        goto done;
-    }
-
-    if ((s = run_jobs(&c, &sum, err)))
-        goto done;
-    if (sum.n_resumed)
-        kvq_log(&c.cb, KVQ_LOG_INFO, "resumed %d of %d heads from %s", (int)sum.n_resumed,
-                (int)c.jobs_total, c.ckpt_dir);
-    if ((s = fit_write_artifact(&c, out_path, &sum, err)))
-        goto done;
-    if (c.ckpt_dir)
-        kvq_rmtree(c.ckpt_dir);
     sum.codebook_size = c.K;
     sum.groups = c.G;
     sum.n_train = c.n_train;

@@ -60,6 +60,15 @@ static void ckpt_path(const fit_ctx *c, int32_t layer, int32_t head, char *buf, 
     snprintf(buf, cap, "%s/layer.%d.head.%d.safetensors", c->ckpt_dir, (int)layer, (int)head);
 }
 
+int fit_ckpt_exists(const fit_ctx *c, int32_t layer, int32_t head)
+{
+    char path[4096];
+    if (!c->ckpt_dir)
+        return 0;
+    ckpt_path(c, layer, head, path, sizeof path);
+    return access(path, F_OK) == 0;
+}
+
 /* Loads the checkpoint of a job if it exists and its key matches: 1 loaded, 0 not. */
 int fit_ckpt_load(const fit_ctx *c, fit_job *j, const char *key)
 {

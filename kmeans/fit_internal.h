@@ -68,6 +68,7 @@ typedef struct fit_ctx {
     size_t n_layers;
     fit_job *jobs;              /* [n_layers * n_kv] */
     int32_t jobs_done, jobs_total;
+    int32_t jobs_prog;          /* the jobs progress counts: this rank's */
 } fit_ctx;
 
 /* ==========================================================================
@@ -82,8 +83,23 @@ kvq_status fit_job_key(const fit_ctx *c, int32_t layer, int32_t head, char *buf,
 /* Loads the checkpoint of a job if it exists and its key matches: 1 loaded, 0 not
  * (an unreadable or stale file is logged and refitted). */
 int fit_ckpt_load(const fit_ctx *c, fit_job *j, const char *key);
+/* 1 when job (layer, head) has a checkpoint file (not checked against its key). */
+int fit_ckpt_exists(const fit_ctx *c, int32_t layer, int32_t head);
 /* Writes a job's tensors to its checkpoint file (atomically), creating c->ckpt_dir. */
 kvq_status fit_ckpt_save(const fit_ctx *c, const fit_job *j, const char *key, kvq_err *err);
+
+/* ==========================================================================
+ * Jobs (fit.c) and their split among ranks (fit_dist.c)
+ * ========================================================================== */
+
+/* Runs jobs [first, end) (job i: layer c->layers[i / n_kv], head i % n_kv) into c->jobs:
+ * each from its checkpoint or fitted (and checkpointed). */
+kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary *sum,
+                        kvq_err *err);
+/* With c->p->dist of several ranks: splits the jobs (balanced by their cost, a job with
+ * a checkpoint counting little), runs this rank's share, and gathers every job into
+ * rank 0's c->jobs (sum->n_resumed counted there). Collective; errors agreed. */
+kvq_status fit_dist_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err);
 
 /* ==========================================================================
  * The artifact (fit_artifact.c)

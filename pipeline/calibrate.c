@@ -178,9 +178,10 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
 
     const char *final = c.out_path[p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
     snprintf(c.sum->final_artifact, sizeof c.sum->final_artifact, "%s", final);
-    if ((st = calib_publish(final, out_path, &c.sum->out_replaced, err)))
-        goto done;
-    st = calib_read_summary(&c, final, err);
+    if (kvq_dist_rank(p.dist) == 0 && !(st = calib_publish(final, out_path, &c.sum->out_replaced,
+                                                          err)))
+        st = calib_read_summary(&c, final, err); /* rank 0 publishes; its summary is whole */
+    st = kvq_dist_share(p.dist, st, err);
 done:
     /* A run that created the work directory and finished nothing leaves nothing. */
     if (st && c.created_work && !c.stage_done)

@@ -183,6 +183,7 @@ static kvq_status capture_set(calib_ctx *c, int held, const char *dir, kvq_err *
     cp.threads = p->threads;
     cp.overwrite = 1;
     cp.cb = p->cb;
+    cp.dist = p->dist;
     const kvq_capture_corpus corpus = {c->spec, p->seed, c->stats.hash, (int64_t)c->stats.n_docs};
     kvq_status st = kvq_capture_tokens(c->model, c->ids + first, n_tok, seqs, (int64_t)(s1 - s0),
                                        &corpus, &cp, dir, err);
@@ -208,9 +209,12 @@ static kvq_status run_heldout(calib_ctx *c, kvq_err *err)
 {
     kvq_status st;
     if (c->n_seqs > c->n_cal_seqs) {
-        unlink(c->none_path);
+        if (kvq_dist_rank(c->p->dist) == 0)
+            unlink(c->none_path);
         return capture_set(c, 1, c->out_path[KVQ_CALIB_HELDOUT], err);
     }
+    if (kvq_dist_rank(c->p->dist) != 0) /* rank 0 writes the note */
+        return kvq_dist_share(c->p->dist, KVQ_OK, err);
     /* The corpus ended inside the calibration set: profile on the capture itself. */
     const char *note = "the corpus ended before any held-out token: the profile runs on the "
                        "calibration capture\n";
@@ -223,21 +227,28 @@ static kvq_status run_heldout(calib_ctx *c, kvq_err *err)
         kvq_rmtree(held);
     }
     st = write_text(c->none_path, note, strlen(note), err);
-    return st;
+    return kvq_dist_share(c->p->dist, st, err);
 }
 
 static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
 {
     const kvq_calibrate_params *p = c->p;
     kvq_status st = KVQ_OK;
+    const int rank0 = kvq_dist_rank(p->dist) == 0;
     switch (s) {
     case KVQ_CALIB_CAPTURE:
-        if (!(st = need_tokens(c, err)) && !(st = need_work(c, err)))
+        /* Every rank tokenizes (each captures its share); rank 0 makes the directory. */
+        if (!(st = need_tokens(c, err)) && rank0)
+            st = need_work(c, err);
+        if (!(st = kvq_dist_agree(p->dist, st, err)))
             st = capture_set(c, 0, c->out_path[s], err);
         break;
     case KVQ_CALIB_MOMENTS:
+        if (!rank0) /* rank 0 alone */
+            return kvq_dist_share(p->dist, KVQ_OK, err);
         st = kvq_moments_compute(c->out_path[KVQ_CALIB_CAPTURE], c->out_path[s], 1, &p->moments,
                                  &p->cb, err);
+        st = kvq_dist_share(p->dist, st, err);
         break;
     case KVQ_CALIB_FIT: {
         kvq_fit_params fp = p->fit;
@@ -245,15 +256,20 @@ static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
         fp.threads = p->threads;
         fp.overwrite = 1;
         fp.cb = p->cb;
+        fp.dist = p->dist;
         st = kvq_fit_run(c->out_path[KVQ_CALIB_CAPTURE], c->out_path[KVQ_CALIB_MOMENTS],
                          c->out_path[s], &fp, NULL, err);
         break;
     }
     case KVQ_CALIB_HELDOUT:
-        if (!(st = need_tokens(c, err)) && !(st = need_work(c, err)))
+        if (!(st = need_tokens(c, err)) && rank0)
+            st = need_work(c, err);
+        if (!(st = kvq_dist_agree(p->dist, st, err)))
             st = run_heldout(c, err);
         break;
     case KVQ_CALIB_PROFILE: {
+        if (!rank0) /* rank 0 alone (the profile is not split yet) */
+            return kvq_dist_share(p->dist, KVQ_OK, err);
         kvq_profile_params q = p->prof;
         q.threads = p->threads;
         q.cb = p->cb;
@@ -261,6 +277,7 @@ static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
         st = kvq_profile_run(calib_profile_capture(c), c->out_path[KVQ_CALIB_FIT], c->out_path[s], 1,
                              &q, &res, err);
         kvq_profile_result_free(res);
+        st = kvq_dist_share(p->dist, st, err);
         break;
     }
     }
@@ -321,6 +338,8 @@ static void report(const calib_ctx *c, kvq_calibrate_stage s, kvq_calibrate_even
     const kvq_calibrate_stage_info info = {s, ev, c->index[s], c->count, c->out_path[s], what,
                                            why, seconds};
     const kvq_calibrate_params *p = c->p;
+    if (kvq_dist_rank(p->dist) != 0) /* rank 0 speaks for the group */
+        return;
     if (p->on_stage) {
         p->on_stage(p->stage_user, &info);
         return;
@@ -366,8 +385,13 @@ kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
     size_t old_len = 0;
     const int have_out = output_exists(c, s);
     int have_rec = kvq_read_file(c->rec_path[s], &old, &old_len, NULL) == KVQ_OK;
-    if (!p->force && have_out && have_rec && old_len == c->rec[s].len &&
-        !memcmp(old, c->rec[s].s, old_len)) {
+    int skip = !p->force && have_out && have_rec && old_len == c->rec[s].len &&
+               !memcmp(old, c->rec[s].s, old_len);
+    /* With several ranks, rank 0's view of the work directory decides. */
+    if ((st = kvq_dist_bcast(p->dist, &skip, sizeof skip, err)))
+        goto done;
+    const int rank0 = kvq_dist_rank(p->dist) == 0;
+    if (skip) {
         c->sum->ran[s] = 0;
         report(c, s, KVQ_CALIB_EVENT_SKIP, "up to date", 0);
         goto done;
@@ -381,15 +405,18 @@ kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
     else
         calib_record_diff((const char *)old, c->rec[s].s, why, sizeof why);
     report(c, s, KVQ_CALIB_EVENT_RUN, why, 0);
-    if (have_rec && unlink(c->rec_path[s]) != 0) {
+    if (rank0 && have_rec && unlink(c->rec_path[s]) != 0)
         st = kvq_err_set(err, KVQ_E_IO, "%s: cannot remove: %s", c->rec_path[s], strerror(errno));
+    if ((st = kvq_dist_share(p->dist, st, err)))
         goto done;
-    }
-    remove_leftovers(c, s);
+    if (rank0)
+        remove_leftovers(c, s);
     const double t0 = kvq_now();
     if ((st = run_stage(c, s, err)))
         goto done;
-    if ((st = write_text(c->rec_path[s], c->rec[s].s, c->rec[s].len, err)))
+    if (rank0)
+        st = write_text(c->rec_path[s], c->rec[s].s, c->rec[s].len, err);
+    if ((st = kvq_dist_share(p->dist, st, err)))
         goto done;
     c->stage_done = 1;
     c->sum->ran[s] = 1;

@@ -28,7 +28,7 @@ LAYERS = ["common", "formats", "model", "calib", "cholesky", "codebook", "kmeans
 HEADER_HOME = {
     "kvq.h": "cli",              # the umbrella header: for users of the library only
     "model_id.h": "model",
-    "common.h": "common", "util.h": "common",
+    "common.h": "common", "util.h": "common", "dist.h": "common",
     "half.h": "formats", "safetensors.h": "formats", "gguf.h": "formats",
     "artifact.h": "formats", "artifact_summary.h": "formats", "quant.h": "formats",
     "rope.h": "model", "model.h": "model", "tokenizer.h": "model",

@@ -4,9 +4,10 @@
 set -euo pipefail
 
 APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
-libcjson-dev libcmocka-dev clang python3 python3-pip python3.11-doc"
+libcjson-dev libcmocka-dev clang libopenmpi-dev openmpi-bin python3 python3-pip python3.11-doc"
 # python3.11-doc: the reStructuredText sources of the Python documentation, the natural
 # text `make demo` calibrates and evaluates on (/usr/share/doc/python3.11/html/_sources/).
+# libopenmpi-dev, openmpi-bin: `mpirun kvq calibrate` (docs/mpi.md) and its tests.
 PY_PKGS="numpy zstandard regex gguf"
 
 missing=()

@@ -126,6 +126,11 @@ typedef struct kvq_calibrate_params {
     kvq_callbacks cb;           /* every stage's logs and progress */
     kvq_calibrate_stage_fn on_stage; /* stage events (may be NULL: INFO log lines) */
     void *stage_user;           /* passed to on_stage */
+    const kvq_dist *dist;       /* NULL (default): one process; else every rank runs
+                                   kvq_calibrate_run with the same arguments: capture,
+                                   held-out capture and fit are split among the ranks,
+                                   rank 0 runs moments and profile and writes every
+                                   output and record (kvq/dist.h) */
 } kvq_calibrate_params;
 
 kvq_calibrate_params kvq_calibrate_params_default(void);

@@ -34,6 +34,7 @@
 #include "kvq/capture_dir.h"
 #include "kvq/common.h"
 #include "kvq/corpus.h"
+#include "kvq/dist.h"
 #include "kvq/model.h"
 #include "kvq/safetensors.h"
 
@@ -138,6 +139,9 @@ typedef struct kvq_capture_params {
     int32_t chunk;            /* tokens per forward chunk (default 256) */
     int overwrite;            /* 1: replace an existing output directory */
     kvq_callbacks cb;         /* memory/disk needs, warnings, progress ("capture") */
+    const kvq_dist *dist;     /* NULL (default): one process; else kvq_capture_tokens
+                                 splits the sequences among its ranks and rank 0 merges
+                                 them (kvq/dist.h; same bytes for any rank count) */
 } kvq_capture_params;
 
 kvq_capture_params kvq_capture_params_default(void);

@@ -13,6 +13,7 @@
 
 #include "kvq/codebook.h"
 #include "kvq/common.h"
+#include "kvq/dist.h"
 #include "kvq/kmeans.h"
 
 #ifdef __cplusplus
@@ -81,6 +82,9 @@ typedef struct kvq_fit_params {
                                     library reads none); NULL or "" = not recorded */
     kvq_callbacks cb;            /* log; progress("fit", heads done, heads total) after
                                     each head, non-zero -> KVQ_E_CANCELLED */
+    const kvq_dist *dist;        /* NULL (default): one process; else the jobs are split
+                                    among its ranks (kvq/dist.h): rank 0 writes the
+                                    artifact, with the same bytes for any rank count */
 } kvq_fit_params;
 
 kvq_fit_params kvq_fit_params_default(void);
