@@ -122,7 +122,7 @@ void cli_retrieval_usage(FILE *f, int eval)
     fprintf(f, "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
                "  --score S          codebook scoring query: rb (q R_b), mean (the mean\n"
                "                     rotation over the candidates' distances) or bands (one\n"
-               "                     LUT per doubling band of distances) (default rb)\n"
+               "                     LUT per doubling band of distances) (default mean)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

@@ -45,6 +45,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.window = 0;
     p.wrope_b = -1;
     p.positions = KVQ_POSITIONS_WROPE;
+    p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
     p.tau = 0.9;
     p.fier_group = 32;

@@ -1741,6 +1741,7 @@ static void test_mass_selector(void **state)
         p.budget = (kvq_budget){.fraction = 1.0};
         p.tau = taus[ti];
         p.isa = KVQ_ISA_SCALAR;
+        p.score_pos = KVQ_SCORE_RB; /* the brute force below scores with q R_b */
         kvq_retrieval *r = NULL;
         assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
         const kvq_attn_backend b = kvq_retrieval_backend(r);

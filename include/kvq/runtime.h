@@ -365,7 +365,7 @@ typedef struct kvq_retrieval_params {
                                  (2048 without one). The codebook's scoring query always
                                  uses the artifact's b. */
     kvq_positions positions; /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
-    kvq_score_pos score_pos; /* codebook scoring query (kvq_score_pos; default RB) */
+    kvq_score_pos score_pos; /* codebook scoring query (kvq_score_pos; default MEAN) */
     kvq_group_score group;   /* default KVQ_GROUP_SUM */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
