@@ -102,6 +102,9 @@ typedef struct rt_scratch {
                             (both vbuf_bytes: n <= T) */
     size_t pre_bytes, vbuf_bytes;
     rt_sums sums;
+    int64_t mr_a, mr_b;  /* distances of the mean rotation held in mr_cs / mr_sn (score
+                            mean: computed once per step, not per layer and head) */
+    float mr_cs[KVQ_ROPE_MAX_DIM / 2], mr_sn[KVQ_ROPE_MAX_DIM / 2];
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */

@@ -57,9 +57,13 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
         kvq_codebook_query_pe(cb, q, st->pos, out);
         return;
     }
-    float cs[KVQ_ROPE_MAX_DIM / 2], sn[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rt_mean_rotation(r, a, b, cs, sn);
-    kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
+    rt_scratch *S = st->S;
+    if (S->mr_b <= 0 || S->mr_a != a || S->mr_b != b) { /* mr_b = 0: nothing held */
+        kvq_rt_mean_rotation(r, a, b, S->mr_cs, S->mr_sn);
+        S->mr_a = a;
+        S->mr_b = b;
+    }
+    kvq_rk_rotate(q, S->mr_cs, S->mr_sn, (int)r->rope.layout, r->d, out);
 }
 
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
