@@ -288,6 +288,12 @@ typedef struct evr_setting {
     int32_t window;
 } evr_setting;
 
+/* Selector metadata bits per cached key of row i (kvq_selector_bits_per_key). */
+static double row_bits(const evr *x, const cli_retrieval *o, size_t i)
+{
+    return kvq_selector_bits_per_key(x->rows[i].selector, &o->p, x->rt, x->c->head_dim);
+}
+
 static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setting *g,
                            const char *model_path, const char *spec, int64_t seq_len)
 {
@@ -308,6 +314,7 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         kvq_json_write_str(stdout, method);
     else
         printf("null");
+    printf(", \"score\": \"%s\"", kvq_score_pos_name(o->p.score_pos));
     printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"sequences\": %zu, "
            "\"tokens\": %llu, \"predicted\": %llu, \"reference\": {\"nll\": %.6f, "
@@ -321,10 +328,12 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
     for (size_t i = 0; i < x->n_rows; i++) {
         const kvq_retrieval_stats *st = &x->res[i].st;
         printf(
-            "%s{\"selector\": \"%s\", \"budget\": \"%s\", \"nll\": %.6f, \"perplexity\": %.6f, "
-            "\"perplexity_delta\": %.6f, \"steps\": %llu, ",
-            i ? ", " : "", x->rows[i].name, x->rows[i].budget_str, x->res[i].nll, x->res[i].ppl,
-            x->res[i].ppl - exp(x->ref_nll), (unsigned long long)st->steps);
+            "%s{\"selector\": \"%s\", \"budget\": \"%s\", \"bits_per_key\": %.4f, "
+            "\"nll\": %.6f, \"perplexity\": %.6f, \"perplexity_delta\": %.6f, "
+            "\"perplexity_rel\": %.6f, \"steps\": %llu, ",
+            i ? ", " : "", x->rows[i].name, x->rows[i].budget_str, row_bits(x, o, i),
+            x->res[i].nll, x->res[i].ppl, x->res[i].ppl - exp(x->ref_nll),
+            x->res[i].ppl / exp(x->ref_nll) - 1.0, (unsigned long long)st->steps);
         if (st->steps)
             printf("\"recall_topk\": %.6f, \"recall_mass\": %.6f, \"out_rel_err\": %.6f, "
                    "\"kv_read_fraction\": %.6f, \"attended_fraction\": %.6f, ",
@@ -352,8 +361,9 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
     if (x->rt)
         printf("artifact %s (%s, K %d, G %d), ", o->artifact, method,
                (int)kvq_codebook_set_size(x->rt), (int)kvq_codebook_set_groups(x->rt));
-    printf("positions %s, sink %d, window %d, cache %s, group %s\n", pos, (int)o->p.sink,
-           (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
+    printf("positions %s, score %s, sink %d, window %d, cache %s, group %s\n", pos,
+           kvq_score_pos_name(o->p.score_pos), (int)o->p.sink, (int)window, cache,
+           o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
     printf("sequences   %zu of up to %lld tokens\n", x->sl.n, (long long)seq_len);
     printf("tokens      %llu (%llu predicted)\n", (unsigned long long)x->stats.n_tokens,
            (unsigned long long)x->n_pred);
@@ -363,8 +373,9 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
         printf("tasks       passkey %d/%d, kv-recall %d/%d (full attention)\n",
                x->ref_correct[KVQ_TASK_PASSKEY], x->n_task[KVQ_TASK_PASSKEY],
                x->ref_correct[KVQ_TASK_KV_RECALL], x->n_task[KVQ_TASK_KV_RECALL]);
-    printf("\n%-12s %-7s %10s %9s %7s %7s %8s %8s %8s %9s\n", "selector", "budget", "ppl",
-           "d_ppl", "recall", "mass", "out_err", "kv_read", "passkey", "kv-recall");
+    printf("\n%-12s %-7s %6s %10s %9s %8s %7s %7s %8s %8s %8s %9s\n", "selector", "budget",
+           "bits", "ppl", "d_ppl", "d_ppl%", "recall", "mass", "out_err", "kv_read", "passkey",
+           "kv-recall");
     for (size_t i = 0; i < x->n_rows; i++) {
         const kvq_retrieval_stats *st = &x->res[i].st;
         char pk[32], kv[32];
@@ -372,8 +383,9 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
                  x->n_task[KVQ_TASK_PASSKEY]);
         snprintf(kv, sizeof kv, "%d/%d", x->res[i].correct[KVQ_TASK_KV_RECALL],
                  x->n_task[KVQ_TASK_KV_RECALL]);
-        printf("%-12s %-7s %10.4f %+9.4f", x->rows[i].name, x->rows[i].budget_str, x->res[i].ppl,
-               x->res[i].ppl - exp(x->ref_nll));
+        printf("%-12s %-7s %6.1f %10.4f %+9.4f %+7.2f%%", x->rows[i].name, x->rows[i].budget_str,
+               row_bits(x, o, i), x->res[i].ppl, x->res[i].ppl - exp(x->ref_nll),
+               100.0 * (x->res[i].ppl / exp(x->ref_nll) - 1.0));
         if (st->steps)
             printf(" %7.3f %7.3f %8.4f %7.2f%%", mean(st->recall_topk, st->measured),
                    mean(st->recall_mass, st->measured), mean(st->out_rel_err, st->measured),

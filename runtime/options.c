@@ -132,3 +132,22 @@ void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
     else
         snprintf(buf, cap, "%.6g%%", b->fraction * 100.0);
 }
+
+double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
+                                 const kvq_codebook_set *rt, int32_t d)
+{
+    switch (s) {
+    case KVQ_SELECT_CODEBOOK:
+    case KVQ_SELECT_MASS:
+        return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt))
+                  : 0.0;
+    case KVQ_SELECT_FIER:
+        return (double)d + 2.0 * d * 32.0 / (double)p->fier_group;
+    case KVQ_SELECT_QUEST:
+        return 2.0 * d * 32.0 / (double)p->quest_page;
+    case KVQ_SELECT_ORACLE:
+        return 16.0 * d;
+    default:
+        return 0.0;
+    }
+}

@@ -45,6 +45,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.window = 0;
     p.wrope_b = -1;
     p.positions = KVQ_POSITIONS_WROPE;
+    p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
     p.tau = 0.9;
     p.fier_group = 32;
@@ -76,6 +77,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "wrope_b";
     else if (p->positions != KVQ_POSITIONS_WROPE && p->positions != KVQ_POSITIONS_ROPE)
         bad = "positions";
+    else if ((unsigned)p->score_pos > KVQ_SCORE_BANDS)
+        bad = "score_pos";
     else if (p->group != KVQ_GROUP_SUM && p->group != KVQ_GROUP_MAX)
         bad = "group";
     else if (!(p->tau > 0 && p->tau <= 1))

@@ -103,6 +103,9 @@ typedef struct rt_scratch {
                             (both vbuf_bytes: n <= T) */
     size_t pre_bytes, vbuf_bytes;
     rt_sums sums;
+    int64_t mr_a, mr_b;  /* distances of the mean rotation held in mr_cs / mr_sn (score
+                            mean: computed once per step, not per layer and head) */
+    float mr_cs[KVQ_ROPE_MAX_DIM / 2], mr_sn[KVQ_ROPE_MAX_DIM / 2];
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */
@@ -174,5 +177,20 @@ kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
  * bytes read. `selector` is the context's, or KVQ_SELECT_ORACLE for the measurement. */
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes);
+
+/* Positions in the scoring query (score_pos.c, kvq_score_pos).
+ *   mean_rotation      per pair m, the mean of e^{i delta theta_m} over delta in [a, b]
+ *                      as cos / sin parts [d/2]
+ *   scoring_query      the scoring query of one pre-RoPE query q [d] for candidates at
+ *                      distances [a, b] under r->p.score_pos: q R_b (RB, and always for
+ *                      vq-postrope: q R_i) or q rotated by the mean rotation
+ *   candidate_distances  [a, b] of the step's candidates
+ *   banded_scores      BANDS: the candidates' scores [nc] from one LUT per distance band
+ *                      of the (summed) pre-RoPE query q [d] */
+void kvq_rt_mean_rotation(const kvq_retrieval *r, int64_t a, int64_t b, float *cs, float *sn);
+void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
+                          int64_t b, float *out);
+void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b);
+void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, double *cb_bytes);
 
 #endif /* KVQ_RUNTIME_INTERNAL_H */

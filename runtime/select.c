@@ -85,9 +85,24 @@ static void codebook_scores(const rt_step *st, float *scores, double *cb_bytes)
     const int32_t d = r->d, gs = r->gs, G = D->groups, K = D->k;
     const uint16_t *codes = st->H->codes + (size_t)st->s_end * G;
     float qs[KVQ_ROPE_MAX_DIM];
+    int64_t a, b;
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (r->p.score_pos == KVQ_SCORE_BANDS && D->method != KVQ_CODEBOOK_VQ_POSTROPE) {
+        /* sum (or max) over the group of the per-band scores */
+        for (int32_t g = 0; g < (r->p.group == KVQ_GROUP_SUM ? 1 : gs); g++) {
+            if (r->p.group == KVQ_GROUP_SUM)
+                group_sum(st->q, gs, d, qs);
+            else
+                memcpy(qs, st->q + (size_t)g * d, sizeof(float) * (size_t)d);
+            kvq_rt_banded_scores(st, qs, g ? S->tmp : scores, cb_bytes);
+            for (int64_t j = 0; g && j < st->nc; j++)
+                scores[j] = S->tmp[j] > scores[j] ? S->tmp[j] : scores[j];
+        }
+        return;
+    }
     if (r->p.group == KVQ_GROUP_SUM) {
         for (int32_t g = 0; g < gs; g++)
-            kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, S->qx + (size_t)g * d);
+            kvq_rt_scoring_query(st, cb, st->q + (size_t)g * d, a, b, S->qx + (size_t)g * d);
         group_sum(S->qx, gs, d, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         kvq_rk_score(r->p.isa, S->lut, G, K, codes, st->nc, scores);
@@ -95,7 +110,7 @@ static void codebook_scores(const rt_step *st, float *scores, double *cb_bytes)
         return;
     }
     for (int32_t g = 0; g < gs; g++) {
-        kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, qs);
+        kvq_rt_scoring_query(st, cb, st->q + (size_t)g * d, a, b, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         kvq_rk_score(r->p.isa, S->lut, G, K, codes, st->nc, g ? S->tmp : scores);
         for (int64_t j = 0; g && j < st->nc; j++)
@@ -254,13 +269,16 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
         return nc;
     }
     float *scores = S->scores;
-    if (selector == KVQ_SELECT_CODEBOOK && r->p.group == KVQ_GROUP_SUM) {
+    if (selector == KVQ_SELECT_CODEBOOK && r->p.group == KVQ_GROUP_SUM &&
+        r->p.score_pos != KVQ_SCORE_BANDS) {
         /* the backend's LUT, gather and top-k (device.c): CPU or CUDA kernels */
         const kvq_codebook *cb = st->L->cb[st->head];
         const int32_t d = r->d, gs = r->gs;
         float qs[KVQ_ROPE_MAX_DIM];
+        int64_t a, b;
+        kvq_rt_candidate_distances(st, &a, &b);
         for (int32_t g = 0; g < gs; g++)
-            kvq_codebook_query_pe(cb, st->q + (size_t)g * d, st->pos, S->qx + (size_t)g * d);
+            kvq_rt_scoring_query(st, cb, st->q + (size_t)g * d, a, b, S->qx + (size_t)g * d);
         group_sum(S->qx, gs, d, qs);
         *codebook_bytes += (double)kvq_rk_table_bytes(st->L->tab[st->head]);
         *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(cb)->groups;

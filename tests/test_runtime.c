@@ -1353,6 +1353,111 @@ static void test_oracle_exact_topk(void **state)
     seq_free(&s);
 }
 
+static int cmp_float_desc(const void *x, const void *y)
+{
+    const float a = *(const float *)x, b = *(const float *)y;
+    return a > b ? -1 : a < b ? 1 : 0;
+}
+
+/* Brute-force mean of sum_g q_g R_delta . k over delta in [a, b] (explicit rotations). */
+static double mean_score(const kvq_model_config *c, const double *theta, const float *q, int32_t gs,
+                         const float *k, int64_t a, int64_t b)
+{
+    const int32_t d = c->head_dim;
+    float qr[64];
+    double sum = 0;
+    for (int64_t delta = a; delta <= b; delta++)
+        for (int32_t g = 0; g < gs; g++) {
+            memcpy(qr, q + (size_t)g * d, sizeof(float) * d);
+            kvq_rope_apply(&c->rope, theta, qr, 1, delta);
+            for (int32_t t = 0; t < d; t++)
+                sum += (double)qr[t] * k[t];
+        }
+    return sum / (double)(b - a + 1);
+}
+
+/* --score mean and bands: with keys that are exactly the codewords, the codebook
+ * selector keeps the top K by the mean of the exact scores q R_delta . k_j over the
+ * candidates' distances (mean) or over the distance band of each candidate (bands:
+ * [a, 2a), [2a, 4a), ...), computed here by summing explicit rotations. */
+static void test_score_positions(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 2, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    const int32_t d = 16, K = 16, gs = 2;
+    const int64_t T = 400, sink = 4, window = 64, k = 20;
+    seq_data s = make_seq(&c, T, 777);
+    float *cent = randn((size_t)K * d, 778, 1.0f);
+    for (int64_t j = 0; j < T; j++)
+        memcpy(s.k + (size_t)j * d, cent + (size_t)((j * 7) % K) * d, sizeof(float) * d);
+    int32_t pos16[16];
+    for (int32_t j = 0; j < K; j++)
+        pos16[j] = j;
+    kvq_codebook_desc desc = {
+        .method = KVQ_CODEBOOK_VQ, .dim = d, .k = K, .groups = 1, .rope = c.rope, .wrope_b = 2048};
+    kvq_codebook_data data = {.keys = cent, .pos = pos16, .n = K};
+    kvq_kmeans_params km = kvq_kmeans_params_default();
+    kvq_codebook *cb = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_codebook_fit(&desc, &data, &km, &cb, NULL, &e), KVQ_OK);
+    const char *path = test_path("score_pos.kvq");
+    assert_int_equal(write_artifact(path, &id, &cb), 0);
+    kvq_codebook_set *rt = NULL;
+    assert_int_equal(kvq_codebook_set_open(path, &id, "model", &rt, &e), KVQ_OK);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    const int64_t i = T - 1, j0 = sink, j1 = T - window, nc = j1 - j0;
+    const int64_t a = i - (j1 - 1), b = i - j0;
+    const float *q = s.q + (size_t)i * 2 * d;
+    float *want = malloc(sizeof(float) * nc), *sorted = malloc(sizeof(float) * nc);
+    for (int mode = 0; mode < 2; mode++) {
+        for (int64_t j = j0; j < j1; j++) {
+            int64_t lo = a, hi = b;
+            if (mode == 1) { /* the band of this candidate's distance */
+                const int64_t delta = i - j;
+                while (delta >= 2 * lo)
+                    lo *= 2;
+                hi = 2 * lo - 1 < b ? 2 * lo - 1 : b;
+            }
+            want[j - j0] = (float)mean_score(&c, theta, q, gs, s.k + (size_t)j * d, lo, hi);
+            sorted[j - j0] = want[j - j0];
+        }
+        qsort(sorted, (size_t)nc, sizeof *sorted, cmp_float_desc);
+        const float kth = sorted[k - 1], tol = 1e-3f * (fabsf(sorted[0]) + 1.0f);
+        assert_true(kth > sorted[nc - 1] + 10 * tol); /* the budget separates something */
+        for (int order = 0; order < 2; order++) {
+            kvq_retrieval_params p = kvq_retrieval_params_default();
+            p.budget = (kvq_budget){.count = k};
+            p.positions = KVQ_POSITIONS_ROPE;
+            p.score_pos = mode ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
+            p.cache_dtype = KVQ_DT_F32;
+            p.window = (int32_t)window;
+            p.code_order = order;
+            kvq_retrieval *r = NULL;
+            assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+            const kvq_attn_backend be = kvq_retrieval_backend(r);
+            free(run_backend(&c, &be, &s, 300));
+            int64_t n = 0;
+            const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
+            assert_int_equal(n, k);
+            for (int64_t x = 0; x < n; x++) {
+                assert_true(sel[x] >= j0 && sel[x] < j1);
+                if (!(want[sel[x] - j0] >= kth - tol))
+                    fail_msg("mode %d order %d: token %d scores %g below the k-th %g", mode,
+                             order, sel[x], want[sel[x] - j0], kth);
+            }
+            kvq_retrieval_free(r);
+        }
+    }
+    free(want);
+    free(sorted);
+    free(cent);
+    kvq_codebook_set_close(rt);
+    kvq_codebook_free(cb);
+    seq_free(&s);
+}
+
 /* The codes the cache keeps are the fit's assignment of the same keys. */
 static void test_codes_match_fit(void **state)
 {
@@ -1747,6 +1852,7 @@ static void test_mass_selector(void **state)
         p.budget = (kvq_budget){.fraction = 1.0};
         p.tau = taus[ti];
         p.isa = KVQ_ISA_SCALAR;
+        p.score_pos = KVQ_SCORE_RB; /* the brute force below scores with q R_b */
         kvq_retrieval *r = NULL;
         assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
         const kvq_attn_backend b = kvq_retrieval_backend(r);
@@ -2305,6 +2411,7 @@ int main(void)
         cmocka_unit_test(test_selection_record_sliding_window),
         cmocka_unit_test(test_lut_large_centroids),
         cmocka_unit_test(test_oracle_exact_topk),
+        cmocka_unit_test(test_score_positions),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

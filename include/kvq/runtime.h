@@ -242,6 +242,26 @@ kvq_status kvq_retrieval_device_parse(const char *s, kvq_retrieval_device *dev, 
 kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
                                                   const kvq_callbacks *cb);
 
+/* How the codebook and mass selectors put positions into the scoring query of the
+ * candidates (distances delta = i - p_j in [a, b], the tokens between sinks and window);
+ * vq-postrope always scores with q R_i. Exact scores are q R_delta . k_j.
+ *   RB     q R_b, one fixed rotation (a2ats; b = the artifact's wrope.b)
+ *   MEAN   q M with M the mean of R_delta over the candidates' distances: per pair m,
+ *          rotation by the centre (a + b) / 2 times sin(N t/2) / (N sin(t/2)), N = b - a
+ *          + 1, t = theta_m (the linear estimate that is right on average over the
+ *          distances: fast pairs, whose rotation is unknown, are damped instead of
+ *          rotated arbitrarily). One LUT per step, like RB.
+ *   BANDS  MEAN over distance bands [a, 2a), [2a, 4a), ...: one LUT per band, each
+ *          candidate scored with its band's (log2(b / a) + 1 LUTs per step; score
+ *          gather, no code-order selection). */
+typedef enum kvq_score_pos {
+    KVQ_SCORE_RB = 0,
+    KVQ_SCORE_MEAN = 1,
+    KVQ_SCORE_BANDS = 2
+} kvq_score_pos;
+const char *kvq_score_pos_name(kvq_score_pos s);          /* "rb" | "mean" | "bands" */
+int kvq_score_pos_parse(const char *s, kvq_score_pos *out); /* 0 ok, -1 unknown */
+
 typedef struct kvq_retrieval_params {
     kvq_selector selector;   /* default KVQ_SELECT_CODEBOOK */
     kvq_budget budget;       /* default 6% */
@@ -251,6 +271,7 @@ typedef struct kvq_retrieval_params {
                                  (2048 without one). The codebook's scoring query always
                                  uses the artifact's b. */
     kvq_positions positions; /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
+    kvq_score_pos score_pos; /* codebook scoring query (kvq_score_pos; default MEAN) */
     kvq_group_score group;   /* default KVQ_GROUP_SUM */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
@@ -270,6 +291,14 @@ typedef struct kvq_retrieval_params {
 } kvq_retrieval_params;
 
 kvq_retrieval_params kvq_retrieval_params_default(void);
+
+/* Bits of selector metadata per cached token and KV head that a selector scores
+ * from, amortized over its groups: codebook / mass G log2 K (stored as G u16 codes),
+ * fier d + 2 d 32 / fier_group (1-bit keys and the group's f32 min / max), quest
+ * 2 d 32 / quest_page (the page's f32 min / max), oracle 16 d (the f16 key itself),
+ * full 0. rt is needed for codebook and mass (0 without it). */
+double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
+                                 const kvq_codebook_set *rt, int32_t head_dim);
 
 typedef struct kvq_retrieval kvq_retrieval;
 

@@ -132,6 +132,10 @@ assert abs(full["perplexity"] - d["reference"]["perplexity"]) < 1e-3 * d["refere
 assert full["recall_mass"] > 0.99999 and full["out_rel_err"] < 1e-3 and full["recall_topk"] == 1, full
 assert abs(full["kv_read_fraction"] - 1) < 1e-9 and full["steps"] > 0, full
 assert rows[("oracle", "4")]["recall_topk"] == 1, rows[("oracle", "4")]
+# bits per key: K 32 codes (log2 32), fier d + 2d (groups of 32), quest 4d (pages of 16), d = 8
+bits = {k[0]: r["bits_per_key"] for k, r in rows.items()}
+assert bits == {"full": 0, "oracle": 128, "qavq": 5, "mass": 5, "fier": 24, "quest": 32}, bits
+assert abs(full["perplexity_rel"] - (full["perplexity"] / d["reference"]["perplexity"] - 1)) < 1e-6, full
 for key, r in rows.items():
     assert r["steps"] == full["steps"], (key, r)
     assert 0 < r["recall_mass"] <= 1.000001 and 0 <= r["recall_topk"] <= 1, (key, r)
@@ -145,8 +149,8 @@ assert all(r["kv_recall"][1] == 1 for r in d["rows"]) and d["sequences"] == 1, d
 _cli_run "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \
   --seq-len 64 --selectors full,qavq --budgets 4,50% --window 8 -q
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
-   grep -q "^attention   retrieval: artifact $T/a.kvq (qavq, K 32, G 1), positions wrope, sink 4, window 8, cache f16, group sum$" "$CLI_TMP/stdout" &&
-   grep -q '^selector     budget         ppl     d_ppl  recall    mass  out_err  kv_read  passkey kv-recall$' "$CLI_TMP/stdout" &&
+   grep -q "^attention   retrieval: artifact $T/a.kvq (qavq, K 32, G 1), positions wrope, score mean, sink 4, window 8, cache f16, group sum$" "$CLI_TMP/stdout" &&
+   grep -q '^selector     budget    bits        ppl     d_ppl   d_ppl%  recall    mass  out_err  kv_read  passkey kv-recall$' "$CLI_TMP/stdout" &&
    [ "$(grep -c '^qavq  ' "$CLI_TMP/stdout")" = 2 ] && [ "$(grep -c '^full  ' "$CLI_TMP/stdout")" = 1 ]; then
   ok runtime_eval_text
 else

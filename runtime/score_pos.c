@@ -1,0 +1,124 @@
+/*
+ * score_pos.c — positions in the codebook selector's scoring query (kvq_score_pos of
+ * kvq/runtime.h): q R_b (a2ats), or the mean rotation over the candidates' distances,
+ * over all of them or per distance band.
+ *
+ * The exact score of candidate j for a query at position i is q R_delta . k_j with
+ * delta = i - p_j (row vectors, pre-RoPE k). Pair m of R_delta is the complex factor
+ * e^{i delta t_m}. Averaged over delta in [a, b] (N = b - a + 1 values) that factor is
+ *     e^{i c t} sin(N t / 2) / (N sin(t / 2)),   c = (a + b) / 2
+ * (a Dirichlet kernel): a rotation by the centre distance, damped where the pair turns
+ * fast enough that its angle over the range is unknown. q M . k is then the mean of the
+ * exact scores over the distances, which is the best linear stand-in for all of them
+ * when a key's content does not depend on where it sits.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kvq/runtime.h"
+#include "runtime/runtime_internal.h"
+#include "runtime/kernels.h"
+
+static const char *const score_names[] = {"rb", "mean", "bands"};
+
+const char *kvq_score_pos_name(kvq_score_pos s)
+{
+    return (unsigned)s <= KVQ_SCORE_BANDS ? score_names[s] : "unknown";
+}
+
+int kvq_score_pos_parse(const char *s, kvq_score_pos *out)
+{
+    for (int i = 0; i <= (int)KVQ_SCORE_BANDS; i++)
+        if (s && !strcmp(s, score_names[i])) {
+            *out = (kvq_score_pos)i;
+            return 0;
+        }
+    return -1;
+}
+
+void kvq_rt_mean_rotation(const kvq_retrieval *r, int64_t a, int64_t b, float *cs, float *sn)
+{
+    const int32_t half = r->d / 2;
+    const double n = (double)(b - a + 1), c = 0.5 * ((double)a + (double)b);
+    for (int32_t m = 0; m < half; m++) {
+        const double t = r->theta[m], s2 = sin(0.5 * t);
+        const double damp = fabs(s2) < 1e-12 ? 1.0 : sin(0.5 * n * t) / (n * s2);
+        cs[m] = (float)(damp * cos(c * t));
+        sn[m] = (float)(damp * sin(c * t));
+    }
+}
+
+void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
+                          int64_t b, float *out)
+{
+    const kvq_retrieval *r = st->r;
+    if (r->p.score_pos == KVQ_SCORE_RB ||
+        kvq_codebook_get_desc(cb)->method == KVQ_CODEBOOK_VQ_POSTROPE) {
+        kvq_codebook_query_pe(cb, q, st->pos, out);
+        return;
+    }
+    rt_scratch *S = st->S;
+    if (S->mr_b <= 0 || S->mr_a != a || S->mr_b != b) { /* mr_b = 0: nothing held */
+        kvq_rt_mean_rotation(r, a, b, S->mr_cs, S->mr_sn);
+        S->mr_a = a;
+        S->mr_b = b;
+    }
+    kvq_rk_rotate(q, S->mr_cs, S->mr_sn, (int)r->rope.layout, r->d, out);
+}
+
+void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
+{
+    /* candidates are the tokens [s_end, w_beg) (in code order the rows hold the same set) */
+    *a = st->pos - st->L->pos[st->w_beg - 1];
+    *b = st->pos - st->L->pos[st->s_end];
+    if (*a > *b) { /* positions out of order: span both */
+        const int64_t t = *a;
+        *a = *b;
+        *b = t;
+    }
+}
+
+/* Band of distance delta >= a: 0 for [a, 2a), 1 for [2a, 4a), ... */
+static int32_t band_of(int64_t delta, int64_t a)
+{
+    int32_t k = 0;
+    while (delta >= 2 * a && k < 62) {
+        a *= 2;
+        k++;
+    }
+    return k;
+}
+
+void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *scores,
+                          double *cb_bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_rk_table *tab = st->L->tab[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t G = D->groups, K = D->k;
+    int64_t a, b;
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (a < 1)
+        a = 1;
+    const int32_t nb = band_of(b, a) + 1;
+    float qs[KVQ_ROPE_MAX_DIM];
+    for (int32_t k = 0; k < nb; k++) {
+        const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
+        kvq_rt_scoring_query(st, cb, qsum_pre, lo, hi, qs);
+        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+        *cb_bytes += (double)kvq_rk_table_bytes(tab);
+        for (int64_t j = 0; j < st->nc; j++) {
+            const int64_t row = st->s_end + j;
+            const int64_t delta = st->pos - st->L->pos[kvq_rt_row_token(st->H, row)];
+            if (band_of(delta < a ? a : delta, a) != k)
+                continue;
+            const uint16_t *c = st->H->codes + (size_t)row * G;
+            float s = 0;
+            for (int32_t g = 0; g < G; g++)
+                s += S->lut[(size_t)g * K + c[g]];
+            scores[j] = s;
+        }
+    }
+}
