@@ -49,6 +49,12 @@ static void profile_usage(FILE *f)
             "  --seq-len N            perplexity sequence length (default: the capture's)\n"
             "  --ppl-tokens N         held-out tokens for the perplexity (default 4096)\n"
             "  --seed S               seed of synthetic corpus sources (default 0)\n"
+            "  --sample-rows N        measure the error on N evenly spaced continuation\n"
+            "                         rows per sequence (default 32; 0 = every row);\n"
+            "                         settings near the tolerance are measured again on\n"
+            "                         every row; +- in the tables is the 95%% interval\n"
+            "  --reference            LeanKV and PATS by the slow reference path (one\n"
+            "                         simulated cache per setting, every row), for checks\n"
             "  --threads T            threads (default 1; the results do not depend on it)\n"
             "  --json                 print one JSON object instead of the tables\n"
             "  --force                overwrite OUT.kvq if it exists\n"
@@ -63,7 +69,7 @@ static int takes_value(const char *a)
         "--capture", "--artifact", "-o", "--output", "--model", "--corpus", "--tolerance",
         "--knobs", "--prompt-fraction", "--window", "--alpha-h", "--alpha-l", "--pats-b-min",
         "--pats-dtype", "--budgets", "--taus", "--sink", "--positions", "--seq-len",
-        "--ppl-tokens", "--seed", "--threads", NULL};
+        "--ppl-tokens", "--seed", "--threads", "--sample-rows", NULL};
     for (int i = 0; opts[i]; i++)
         if (!strcmp(a, opts[i]))
             return 1;
@@ -158,6 +164,10 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
     if (r->metric_ppl)
         printf(" (full attention %.4f: limit %.4f)", r->ppl_full, r->ppl_full * (1 + r->tolerance));
     printf("\n");
+    if (r->n_measured < r->n_queries)
+        printf("leankv / pats error measured on %lld of them (%lld per sequence, evenly spaced; "
+               "settings near the tolerance on every row); +- is the 95%% interval\n",
+               (long long)r->n_measured, (long long)p->sample_rows);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("\n%s", t->name);
@@ -184,6 +194,12 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
                 print_cell(stdout, t, c, t->rows[(size_t)j * t->n_cols + c]);
             printf("\n");
         }
+        if (r->n_measured < r->n_queries && t->err_ci && i <= KVQ_PROFILE_PATS) {
+            printf("  err +-");
+            for (int64_t j = 0; j < t->n_rows; j++)
+                printf(" %.2g", t->err_ci[j]);
+            printf("\n");
+        }
         if (t->chosen >= 0)
             printf("  chosen: row %lld (*)%s\n", (long long)t->chosen + 1,
                    t->met ? ", within tolerance" : ", NOT within tolerance: the best found is kept");
@@ -206,8 +222,8 @@ static void print_json(const kvq_profile_result *r, const char *out)
     json_num(r->tolerance);
     printf(", \"ppl_full\": ");
     json_num(r->ppl_full);
-    printf(", \"sequences\": %lld, \"query_rows\": %lld, \"tables\": {", (long long)r->n_sequences,
-           (long long)r->n_queries);
+    printf(", \"sequences\": %lld, \"query_rows\": %lld, \"measured_rows\": %lld, \"tables\": {",
+           (long long)r->n_sequences, (long long)r->n_queries, (long long)r->n_measured);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("%s\"%s\": {", i ? ", " : "", t->name);
@@ -229,7 +245,16 @@ static void print_json(const kvq_profile_result *r, const char *out)
             }
             printf("]");
         }
-        printf("], \"chosen\": %lld, \"met\": %s}", (long long)t->chosen, t->met ? "true" : "false");
+        printf("]");
+        if (t->err_ci && i <= KVQ_PROFILE_PATS) {
+            printf(", \"err_ci95\": [");
+            for (int64_t j = 0; j < t->n_rows; j++) {
+                printf("%s", j ? ", " : "");
+                json_num(t->err_ci[j]);
+            }
+            printf("]");
+        }
+        printf(", \"chosen\": %lld, \"met\": %s}", (long long)t->chosen, t->met ? "true" : "false");
     }
     printf("}}\n");
 }
@@ -326,6 +351,12 @@ static int profile_parse(int argc, char **argv, profile_opts *o)
             if (!(rc = cli_opt_i64(cmd, a, val, 1, 1024, &v)))
                 o->p.threads = (int32_t)v;
             i++;
+        } else if (!strcmp(a, "--sample-rows")) {
+            if (!(rc = cli_opt_i64(cmd, a, val, 0, INT32_MAX, &v)))
+                o->p.sample_rows = v;
+            i++;
+        } else if (!strcmp(a, "--reference")) {
+            o->p.reference = 1;
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--force")) {

@@ -19,7 +19,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     static const char *const value_opts[] = {
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
-        "--device",   "--rows",     "--score"};
+        "--device",   "--rows",     "--score-pos"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -63,9 +63,9 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             fprintf(stderr, "kvq %s: --positions: '%s' is not wrope or rope\n", cmd, val);
             rc = 2;
         }
-    } else if (!strcmp(a, "--score")) {
+    } else if (!strcmp(a, "--score-pos")) {
         if (kvq_score_pos_parse(val, &o->p.score_pos)) {
-            fprintf(stderr, "kvq %s: --score: '%s' is not rb, mean or bands\n", cmd, val);
+            fprintf(stderr, "kvq %s: --score-pos: '%s' is not rb, mean or bands\n", cmd, val);
             rc = 2;
         }
     } else if (!strcmp(a, "--sink")) {
@@ -139,7 +139,7 @@ void cli_retrieval_usage(FILE *f, int eval)
                    "                     count, a fraction (0.06), a percentage (6%%) or all "
                    "(default 6%%)\n");
     fprintf(f, "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
-               "  --score S          codebook scoring query: rb (q R_b), mean (the mean\n"
+               "  --score-pos S      codebook scoring query: rb (q R_b), mean (the mean\n"
                "                     rotation over the candidates' distances) or bands (one\n"
                "                     LUT per doubling band of distances) (default mean)\n"
                "  --sink N           first tokens always attended (default 4)\n"

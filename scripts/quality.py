@@ -9,7 +9,7 @@ increase to the oracle's at the same budget.
 
   scripts/quality.py --model M.gguf --calib DIR_OR_SPEC --eval SPEC [--tasks SPEC]
                      [--seq-len 2048] [--eval-tokens 4096] [--budgets 3%,6%,12%]
-                     [--config LABEL='--positions rope --score mean' ...] [--work DIR]
+                     [--config LABEL='--positions rope --score-pos mean' ...] [--work DIR]
 
 Each --config adds one `kvq eval` run with those extra options (default: positions
 rope with the rb, mean and bands scoring queries); its rows are labelled
@@ -64,8 +64,8 @@ def main():
         if a.codebook:
             cmd += ["--codebook", str(a.codebook)]
         run(cmd)
-    configs = a.config or ["rb=--positions rope --score rb", "mean=--positions rope --score mean",
-                           "bands=--positions rope --score bands"]
+    configs = a.config or ["rb=--positions rope --score-pos rb", "mean=--positions rope --score-pos mean",
+                           "bands=--positions rope --score-pos bands"]
     budgets = a.budgets.split(",")
     mid = budgets[len(budgets) // 2]
     rows = {}  # label -> budget -> row

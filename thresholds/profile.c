@@ -45,6 +45,7 @@ kvq_profile_params kvq_profile_params_default(void)
     p.retrieval = kvq_retrieval_params_default();
     p.ppl_max_tokens = 4096;
     p.threads = 1;
+    p.sample_rows = 32;
     return p;
 }
 
@@ -59,11 +60,15 @@ kvq_status thr_table_init(kvq_profile_table *t, const char *name, int32_t n_cols
     t->chosen = -1;
     t->met = 0;
     free(t->rows);
+    free(t->err_ci);
     t->rows = malloc(sizeof(double) * (size_t)(n_rows > 0 ? n_rows : 1) * (size_t)n_cols);
-    if (!t->rows)
+    t->err_ci = malloc(sizeof(double) * (size_t)(n_rows > 0 ? n_rows : 1));
+    if (!t->rows || !t->err_ci)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (int64_t i = 0; i < n_rows * n_cols; i++)
         t->rows[i] = NAN;
+    for (int64_t i = 0; i < n_rows; i++)
+        t->err_ci[i] = NAN;
     return KVQ_OK;
 }
 
@@ -71,8 +76,10 @@ void kvq_profile_result_free(kvq_profile_result *r)
 {
     if (!r)
         return;
-    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++)
+    for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         free(r->table[i].rows);
+        free(r->table[i].err_ci);
+    }
     free(r);
 }
 
@@ -249,211 +256,8 @@ kvq_status thr_ppl_eval(thr_ppl *e, const kvq_attn_backend *backend,
 }
 
 /* ==========================================================================
- * LeanKV and PATS on the capture
+ * LeanKV and PATS on the capture: thr_grid_run (profile_grid.c)
  * ========================================================================== */
-
-/* One setting's sums over jobs. */
-typedef struct thr_acc {
-    double err_sum, err_n;
-    kvq_simcache_memory mem;
-} thr_acc;
-
-/* The grids, flattened: LeanKV settings first, then PATS. */
-typedef struct thr_grid {
-    int64_t n_lk, n_pt;
-    kvq_leankv_params *lk;  /* [n_lk] */
-    kvq_pats_params *pt;    /* [n_pt] */
-} thr_grid;
-
-/* Per-job scratch for one (sequence, KV head). */
-typedef struct thr_job {
-    int64_t n, P;
-    float *k, *v, *q;     /* [n, d], [n, d], [n, gs, d] post-RoPE (k, q) */
-    uint8_t *has_q;       /* [n] */
-    float *ex, *o;        /* [n, gs, d] exact and simulated outputs (rows >= P) */
-    double *p;            /* [gs, n] */
-} thr_job;
-
-static void job_free(thr_job *j)
-{
-    free(j->k);
-    free(j->v);
-    free(j->q);
-    free(j->has_q);
-    free(j->ex);
-    free(j->o);
-    free(j->p);
-}
-
-/* Adds the error of the simulated outputs of rows P.. against the exact ones. */
-static void add_error(const thr_job *j, int32_t gs, int32_t d, thr_acc *a)
-{
-    for (int64_t t = j->P; t < j->n; t++) {
-        if (!j->has_q[t])
-            continue;
-        for (int32_t g = 0; g < gs; g++) {
-            const float *x = j->o + ((size_t)t * gs + g) * d, *y = j->ex + ((size_t)t * gs + g) * d;
-            double e2 = 0, f2 = 0;
-            for (int32_t c = 0; c < d; c++) {
-                e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
-                f2 += (double)y[c] * y[c];
-            }
-            if (f2 > 0) {
-                a->err_sum += sqrt(e2 / f2);
-                a->err_n += 1;
-            }
-        }
-    }
-}
-
-/* Runs every setting of the grid on one (sequence, KV head): acc [n_lk + n_pt]. */
-static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
-                          const kvq_profile_params *p, const thr_grid *G, int64_t r0, int64_t n,
-                          int32_t h, thr_acc *acc, int64_t *n_rows, kvq_err *err)
-{
-    const int32_t d = ci->model.head_dim, gs = ci->model.n_heads / ci->model.n_kv_heads;
-    const size_t nd = (size_t)n * d, ngd = nd * gs;
-    thr_job j = {.n = n, .P = thr_prompt_len(p->prompt_fraction, n)};
-    thr_head base, work;
-    kvq_status s = KVQ_OK;
-    thr_head_init(&base, KVQ_SIMCACHE_LEANKV, &p->leankv, NULL, d, gs);
-    thr_head_init(&work, KVQ_SIMCACHE_LEANKV, &p->leankv, NULL, d, gs);
-    j.k = malloc(sizeof(float) * nd);
-    j.v = malloc(sizeof(float) * nd);
-    j.q = malloc(sizeof(float) * ngd);
-    j.has_q = malloc((size_t)n);
-    j.ex = calloc(ngd, sizeof(float));
-    j.o = calloc(ngd, sizeof(float));
-    j.p = malloc(sizeof(double) * (size_t)n * gs);
-    if (!j.k || !j.v || !j.q || !j.has_q || !j.ex || !j.o || !j.p) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    /* load the rows and apply RoPE at the captured positions */
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
-        kvq_capture_read_heads(L->k, row, h, 1, j.k + (size_t)t * d);
-        kvq_capture_read_heads(L->v, row, h, 1, j.v + (size_t)t * d);
-        kvq_rope_apply(&ci->model.rope, theta, j.k + (size_t)t * d, 1, pos);
-        j.has_q[t] = L->qidx[row] >= 0;
-        if (j.has_q[t]) {
-            float *qt = j.q + (size_t)t * gs * d;
-            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
-            kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
-        }
-    }
-    /* exact outputs of the evaluated rows */
-    for (int64_t t = j.P; t < n; t++)
-        if (j.has_q[t]) {
-            thr_attend(j.q + (size_t)t * gs * d, gs, d, j.k, j.v, t + 1, NULL, j.p,
-                       j.ex + (size_t)t * gs * d);
-            *n_rows += 1;
-        }
-
-    /* LeanKV: the prompt once, then each setting from a copy */
-    if (G->n_lk) {
-        thr_head_begin(&base, n, j.P);
-        for (int64_t t = 0; t < j.P && !s; t++)
-            s = thr_head_push(&base, j.k + (size_t)t * d, j.v + (size_t)t * d,
-                              j.has_q[t] ? j.q + (size_t)t * gs * d : NULL, NULL, err);
-    }
-    for (int64_t c = 0; c < G->n_lk && !s; c++) {
-        if ((s = thr_head_copy(&work, &base, err)))
-            break;
-        work.lk = G->lk[c];
-        for (int64_t t = j.P; t < n && !s; t++)
-            s = thr_head_push(&work, j.k + (size_t)t * d, j.v + (size_t)t * d,
-                              j.has_q[t] ? j.q + (size_t)t * gs * d : NULL,
-                              j.o + (size_t)t * gs * d, err);
-        if (!s && !(s = thr_head_memory(&work, &acc[c].mem, err)))
-            add_error(&j, gs, d, &acc[c]);
-    }
-    /* PATS: every setting from the start; queries only where they are evaluated */
-    for (int64_t c = 0; c < G->n_pt && !s; c++) {
-        thr_head ph;
-        thr_head_init(&ph, KVQ_SIMCACHE_PATS, NULL, &G->pt[c], d, gs);
-        thr_head_begin(&ph, n, j.P);
-        for (int64_t t = 0; t < n && !s; t++)
-            s = thr_head_push(&ph, j.k + (size_t)t * d, j.v + (size_t)t * d,
-                              t >= j.P && j.has_q[t] ? j.q + (size_t)t * gs * d : NULL,
-                              j.o + (size_t)t * gs * d, err);
-        if (!s && !(s = thr_head_memory(&ph, &acc[G->n_lk + c].mem, err)))
-            add_error(&j, gs, d, &acc[G->n_lk + c]);
-        thr_head_free(&ph);
-    }
-done:
-    thr_head_free(&base);
-    thr_head_free(&work);
-    job_free(&j);
-    return s;
-}
-
-static void acc_add(thr_acc *a, const thr_acc *b)
-{
-    a->err_sum += b->err_sum;
-    a->err_n += b->err_n;
-    a->mem.bytes += b->mem.bytes;
-    a->mem.bytes_f16 += b->mem.bytes_f16;
-    a->mem.bits += b->mem.bits;
-    a->mem.n_high += b->mem.n_high;
-    a->mem.n_low += b->mem.n_low;
-    a->mem.n_pruned += b->mem.n_pruned;
-}
-
-/* Every captured layer, every (sequence, KV head) job in parallel, summed in job order. */
-static kvq_status profile_capture_grid(const kvq_capture_info *ci, const kvq_profile_params *p,
-                                       const thr_grid *G, thr_acc *total, int64_t *n_rows,
-                                       kvq_err *err)
-{
-    const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
-    const int64_t n_jobs = ci->n_sequences * n_kv;
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_status s = KVQ_OK;
-    kvq_rope_freqs(&ci->model.rope, theta);
-    thr_acc *acc = calloc((size_t)(n_jobs * n_set > 0 ? n_jobs * n_set : 1), sizeof *acc);
-    kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
-    kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
-    int64_t *rows = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *rows);
-    if (!acc || !st || !errs || !rows) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
-    for (int32_t f = 0; f < ci->n_files && !s; f++) {
-        thr_layer L;
-        if ((s = thr_layer_open(ci, f, &L, err)))
-            break;
-        memset(acc, 0, sizeof *acc * (size_t)(n_jobs * n_set));
-        memset(rows, 0, sizeof *rows * (size_t)n_jobs);
-#pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
-        for (int64_t jb = 0; jb < n_jobs; jb++) {
-            const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
-            st[jb] = n < 2 ? KVQ_OK
-                           : run_job(ci, &L, theta, p, G, r0, n, (int32_t)(jb % n_kv),
-                                     acc + jb * n_set, &rows[jb], &errs[jb]);
-        }
-        thr_layer_close(&L);
-        for (int64_t jb = 0; jb < n_jobs && !s; jb++) {
-            if (st[jb]) {
-                s = st[jb];
-                if (err)
-                    *err = errs[jb];
-                break;
-            }
-            for (int64_t c = 0; c < n_set; c++)
-                acc_add(&total[c], &acc[jb * n_set + c]);
-            if (jb % n_kv == 0)
-                *n_rows += rows[jb];
-        }
-        if (!s && kvq_progress(&p->cb, "profile: capture", (uint64_t)f + 1, (uint64_t)ci->n_files))
-            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
-    }
-done:
-    free(acc);
-    free(st);
-    free(errs);
-    free(rows);
-    return s;
-}
 
 /* ==========================================================================
  * Perplexity of the LeanKV and PATS grids
@@ -695,10 +499,26 @@ static kvq_status init_tables(kvq_profile_result *r, const kvq_profile_params *p
     return KVQ_OK;
 }
 
-/* The LeanKV and PATS rows from the capture totals: total[n_lk + n_pt]. */
-static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_acc *total)
+/* The 95% half-width of a setting's error: 0 when every evaluated row was measured. */
+static double half_width(const thr_acc *a, int all_rows)
+{
+    double m, se;
+    thr_acc_interval(a, &m, &se);
+    return all_rows ? (isnan(m) ? NAN : 0.0) : 1.96 * se;
+}
+
+/* The LeanKV and PATS rows from the capture totals: total[n_lk + n_pt]; refined marks
+ * the settings measured on every row. */
+static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_acc *total,
+                           const uint8_t *refined)
 {
     const thr_grid G = *G_;
+    const int all = r->n_measured == r->n_queries;
+    for (int64_t c = 0; c < G.n_lk; c++)
+        r->table[KVQ_PROFILE_LEANKV].err_ci[c] = half_width(&total[c], all || refined[c]);
+    for (int64_t c = 0; c < G.n_pt; c++)
+        r->table[KVQ_PROFILE_PATS].err_ci[c] =
+            half_width(&total[G.n_lk + c], all || refined[G.n_lk + c]);
     for (int64_t c = 0; c < G.n_lk; c++) {
         double *row = r->table[KVQ_PROFILE_LEANKV].rows + (size_t)c * KVQ_PL_NCOLS;
         const thr_acc *a = &total[c];
@@ -760,6 +580,7 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     thr_ppl *ppl = NULL;
     thr_grid G = {0};
     thr_acc *total = NULL;
+    uint8_t *refined = NULL;
     kvq_status s;
     *out = NULL;
     if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
@@ -794,17 +615,19 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     /* ---- LeanKV and PATS on the capture */
     const int64_t n_set = G.n_lk + G.n_pt;
     total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
-    if (!total) {
+    refined = calloc((size_t)(n_set ? n_set : 1), 1);
+    if (!total || !refined) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
     if (n_set) {
         kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
                 (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
-        if ((s = profile_capture_grid(ci, p, &G, total, &r->n_queries, err)))
+        if ((s = thr_grid_profile(ci, p, &G, r->tolerance, !r->metric_ppl, total, refined,
+                                  &r->n_queries, &r->n_measured, err)))
             goto done;
     }
-    fill_grid_rows(r, &G, total);
+    fill_grid_rows(r, &G, total, refined);
     /* ---- perplexity of the same settings */
     if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
         goto done;
@@ -825,6 +648,7 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     select_all(r, p);
 done:
     free(total);
+    free(refined);
     free(G.lk);
     free(G.pt);
     ppl_free(ppl);

@@ -97,6 +97,64 @@ int64_t thr_layer_pos(const thr_layer *L, int64_t row);
 int64_t thr_prompt_len(double fraction, int64_t n);
 
 /* ==========================================================================
+ * The LeanKV / PATS grid on a capture (profile.c drives, profile_fast.c computes)
+ * ========================================================================== */
+
+/* One setting's sums over jobs: the error of the measured (row, query head) pairs (sum,
+ * sum of squares, count) and the cache memory at the end of each sequence. */
+typedef struct thr_acc {
+    double err_sum, err_sq, err_n;
+    kvq_simcache_memory mem;
+} thr_acc;
+
+/* The grids, flattened: LeanKV settings first, then PATS. */
+typedef struct thr_grid {
+    int64_t n_lk, n_pt;
+    kvq_leankv_params *lk;  /* [n_lk] */
+    kvq_pats_params *pt;    /* [n_pt] */
+} thr_grid;
+
+/* The rows of one (sequence, KV head) job: post-RoPE keys, values and queries. */
+typedef struct thr_rows {
+    int64_t n, P;          /* tokens, prompt length */
+    int32_t d, gs;
+    const float *k, *v;    /* [n, d] */
+    const float *q;        /* [n, gs, d] (rows without a query: unused) */
+    const uint8_t *has_q;  /* [n] */
+} thr_rows;
+
+/* The fast path of one job: every setting of G on the rows R, with the error measured
+ * on `sample` evenly spaced continuation query rows (0: all). acc [n_lk + n_pt] gets
+ * the job's sums; *n_err the (row) count measured. Exact attention once (SGEMM), the
+ * LeanKV settings from shared logits of the three versions a token can have in the
+ * cache, PATS on the measured rows only. Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. */
+kvq_status thr_fast_job(const thr_rows *R, const thr_grid *G, int64_t sample, thr_acc *acc,
+                        int64_t *n_err, kvq_err *err);
+
+/* Every layer of the capture through the grid G (p->reference: the reference path,
+ * else the fast one with p->sample_rows), the sums into total [n_lk + n_pt] (added to),
+ * the evaluated and the measured query rows into *n_rows and *n_err (added to, x
+ * layers). Progress under `what`. Errors: the layer reader's, the jobs', CANCELLED. */
+kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
+                        const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
+                        kvq_err *err);
+
+/* The grid as the profile runs it: every layer with the sampled rows, then (refine = 1,
+ * a sample smaller than every row) the settings whose sampled error leaves the choice
+ * against tolerance `tol` open measured again on every row; refined [n_lk + n_pt] marks
+ * them (their sums then cover every row). Arguments and errors as thr_grid_run. */
+kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
+                            const thr_grid *G, double tol, int refine, thr_acc *total,
+                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err);
+/* Mean and standard error of a setting's measured errors (NaN without any). */
+void thr_acc_interval(const thr_acc *a, double *mean, double *se);
+
+/* The measured rows of a sequence: the `sample` evenly spaced ones among the cand
+ * [n_cand] (ascending), all of them when sample is 0 or >= n_cand: out [min]. Returns
+ * the count. */
+int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out);
+
+/* ==========================================================================
  * Perplexity driver (profile.c)
  * ========================================================================== */
 

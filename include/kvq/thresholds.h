@@ -301,6 +301,12 @@ typedef struct kvq_profile_table {
     int64_t chosen;                          /* selected row, -1 when not profiled */
     int met;                                 /* 1: the chosen row is within tolerance */
     char skipped[256];                       /* why it was not profiled, or "" */
+    double *err_ci;                          /* [n_rows] half-width of the 95% interval
+                                                of the err column from the measured rows
+                                                (normal approximation over the (row,
+                                                query head) pairs); 0 where every
+                                                evaluated row was measured; NULL when the
+                                                table has no err column measured */
 } kvq_profile_table;
 
 /* Column layouts (indices into a row). memory: fraction of the f16 cache; attended:
@@ -343,6 +349,14 @@ typedef struct kvq_profile_params {
     uint64_t ppl_max_tokens;   /* held-out tokens (default 4096) */
     int32_t threads;           /* >= 1 (default 1); results do not depend on it */
     kvq_callbacks cb;          /* progress ("profile: leankv", ...) and warnings */
+    int64_t sample_rows;       /* the error (LeanKV, PATS, budgets) is measured on this
+                                  many evenly spaced continuation query rows of each
+                                  sequence (default 32; 0 = every row); settings whose
+                                  interval straddles the tolerance where it could change
+                                  the choice are measured again on every row */
+    int reference;             /* 1: LeanKV and PATS by the reference path (one
+                                  simulated cache per setting, every row; slow), which
+                                  the tests compare the default path with (default 0) */
 } kvq_profile_params;
 
 kvq_profile_params kvq_profile_params_default(void);
@@ -353,6 +367,8 @@ typedef struct kvq_profile_result {
     double ppl_full;           /* full-attention perplexity (NaN without a model) */
     int64_t n_sequences;       /* capture sequences evaluated */
     int64_t n_queries;         /* evaluated query rows (x layers) */
+    int64_t n_measured;        /* of those, the rows whose error was measured (LeanKV
+                                  and PATS; x layers) */
     kvq_profile_table table[KVQ_PROFILE_N_TABLES];
 } kvq_profile_result;
 

@@ -1,0 +1,259 @@
+/* test_profile_fast.c — the profile's fast path (thresholds/profile_fast.c: exact
+ * attention once per job, the LeanKV settings from shared logits, sampled rows) against
+ * the reference path (one simulated cache per setting fed row by row, every row:
+ * params.reference = 1), on captures of stories260K and of SmolLM2-135M (each skipped
+ * when its model file is absent) over natural text (docs/design.md).
+ *
+ * Expected values come from the reference, which is the contract of kvq/thresholds.h
+ * written out directly (and itself tested against hand counts and a double-precision
+ * attention in test_thresholds.c). The fast path computes logits with SGEMM rather than
+ * a sequential dot product, so the two agree to f32 rounding: token classes and memory
+ * exactly (a class flips only when a significance lands within rounding of a threshold,
+ * which these captures do not have), errors to 1e-4 relative, and the chosen settings
+ * exactly at every tolerance tried. Sampling: the choice with the default sample equals
+ * the choice with every row; the thread count does not change a byte. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "helpers/testutil.h"
+#include "kvq/capture.h"
+#include "kvq/model.h"
+#include "kvq/thresholds.h"
+
+#define SMOLLM2_DEFAULT ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define TEXT "docs/design.md"
+
+static const char *smollm2_path(void)
+{
+    const char *p = getenv("KVQ_SMOLLM2");
+    if (!p || !*p)
+        p = SMOLLM2_DEFAULT;
+    return access(p, R_OK) == 0 ? p : NULL;
+}
+
+/* Captures `model` over TEXT: sequences of seq_len, max_tokens, the given layers. */
+static const char *capture(const char *model, const char *name, int64_t seq_len,
+                           int64_t max_tokens, const int32_t *layers, size_t n_layers)
+{
+    static char dir[2][512];
+    static int slot;
+    char *d = dir[slot++ & 1];
+    snprintf(d, sizeof dir[0], "%s", test_path(name));
+    kvq_model *m = NULL;
+    kvq_err e = {0};
+    kvq_model_params mp = kvq_model_params_default();
+    assert_int_equal(kvq_model_open(model, &mp, &m, &e), KVQ_OK);
+    kvq_capture_params cp = kvq_capture_params_default();
+    cp.seq_len = seq_len;
+    cp.max_tokens = max_tokens;
+    cp.layers = layers;
+    cp.n_layers = n_layers;
+    cp.threads = 2;
+    char spec[600];
+    snprintf(spec, sizeof spec, "file:%s", TEXT);
+    kvq_status s = kvq_capture_run(m, spec, NULL, &cp, d, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    kvq_model_close(m);
+    return d;
+}
+
+static kvq_profile_result *profile(const char *cap, const kvq_profile_params *p)
+{
+    kvq_profile_result *r = NULL;
+    kvq_err e = {0};
+    kvq_status s = kvq_profile_capture(cap, NULL, p, &r, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    return r;
+}
+
+static kvq_profile_params base_params(void)
+{
+    kvq_profile_params p = kvq_profile_params_default();
+    p.knobs = KVQ_KNOB_LEANKV | KVQ_KNOB_PATS;
+    p.threads = 2;
+    return p;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The fast path with every row against the reference: same memory and classes, errors
+ * to 1e-4 relative; then the choice at several tolerances, including the sampled
+ * default. */
+static void compare_paths(const char *cap, int32_t window)
+{
+    kvq_profile_params p = base_params();
+    p.leankv.window = window;
+    p.reference = 1;
+    kvq_profile_result *ref = profile(cap, &p);
+    p.reference = 0;
+    p.sample_rows = 0;
+    kvq_profile_result *fast = profile(cap, &p);
+    assert_int_equal(ref->n_queries, fast->n_queries);
+    assert_int_equal(fast->n_measured, fast->n_queries);
+    const int errc[2] = {KVQ_PL_ERR, KVQ_PP_ERR};
+    double emin = INFINITY, emax = 0;
+    for (int t = 0; t < 2; t++) {
+        const kvq_profile_table *a = &ref->table[t], *b = &fast->table[t];
+        assert_int_equal(a->n_rows, b->n_rows);
+        assert_true(a->n_rows > 0);
+        for (int64_t i = 0; i < a->n_rows; i++)
+            for (int32_t c = 0; c < a->n_cols; c++) {
+                const double x = a->rows[i * a->n_cols + c], y = b->rows[i * b->n_cols + c];
+                if (isnan(x)) {
+                    assert_true(isnan(y));
+                } else if (c == errc[t]) {
+                    if (fabs(x - y) > 1e-4 * fabs(x))
+                        fail_msg("%s row %lld: err %.9g (reference) vs %.9g (fast)", a->name,
+                                 (long long)i, x, y);
+                    emin = x < emin ? x : emin;
+                    emax = x > emax ? x : emax;
+                } else if (x != y) {
+                    fail_msg("%s row %lld column %s: %.17g (reference) vs %.17g (fast)", a->name,
+                             (long long)i, a->cols[c], x, y);
+                }
+            }
+        assert_int_equal(a->chosen, b->chosen);
+        for (int64_t i = 0; i < b->n_rows; i++) /* every row measured: no interval */
+            assert_true(isnan(b->rows[i * b->n_cols + errc[t]]) ? isnan(b->err_ci[i])
+                                                                 : b->err_ci[i] == 0);
+    }
+    /* the choice at tolerances across the measured range: the reference's rows decide
+     * as select_row does (least memory, then bits, then error, among rows within the
+     * tolerance; else the least error); the sampled default must choose the same */
+    double errs[256];
+    int ne = 0;
+    for (int t = 0; t < 2; t++)
+        for (int64_t i = 0; i < ref->table[t].n_rows && ne < 256; i++)
+            errs[ne++] = ref->table[t].rows[i * ref->table[t].n_cols + errc[t]];
+    qsort(errs, (size_t)ne, sizeof *errs, cmp_double);
+    for (int k = 0; k <= 6; k++) {
+        /* midway between two neighbouring measured errors at least 1e-3 apart, so that
+         * rounding cannot put a row on the other side of the tolerance */
+        int at = (ne - 1) * k / 6;
+        while (at + 1 < ne && errs[at + 1] - errs[at] < 1e-3 * errs[at + 1])
+            at++;
+        const double tol = at + 1 < ne ? 0.5 * (errs[at] + errs[at + 1]) : errs[ne - 1] * 1.01;
+        kvq_profile_params q = base_params();
+        q.leankv.window = window;
+        q.tolerance = tol;
+        kvq_profile_result *b = profile(cap, &q); /* sampled (default sample_rows) */
+        for (int t = 0; t < 2; t++) {
+            const kvq_profile_table *a = &ref->table[t];
+            const int mc = t ? KVQ_PP_MEMORY : KVQ_PL_MEMORY, bc = t ? KVQ_PP_BITS : -1;
+            int64_t best = -1;
+            int met = 0;
+            for (int64_t row = 0; row < a->n_rows; row++) {
+                const double *r = a->rows + row * a->n_cols;
+                /* a PATS row that saves nothing against f16 is never chosen (the rule of
+                 * kvq/thresholds.h) */
+                if (t == 1 && !(r[mc] < 1.0))
+                    continue;
+                const int in = r[errc[t]] <= tol;
+                if (best < 0 || (in && !met)) {
+                    best = row, met = in;
+                    continue;
+                }
+                if (!in && met)
+                    continue;
+                const double *o = a->rows + best * a->n_cols;
+                int better;
+                if (met)
+                    better = r[mc] != o[mc]                     ? r[mc] < o[mc]
+                             : bc >= 0 && r[bc] != o[bc]        ? r[bc] < o[bc]
+                                                                : r[errc[t]] < o[errc[t]];
+                else
+                    better = r[errc[t]] != o[errc[t]] ? r[errc[t]] < o[errc[t]] : r[mc] < o[mc];
+                if (better)
+                    best = row;
+            }
+            if (best != b->table[t].chosen)
+                fail_msg("tolerance %g: %s chosen row %lld (reference, every row) vs %lld "
+                         "(sampled)", tol, a->name, (long long)best, (long long)b->table[t].chosen);
+            assert_int_equal(met, b->table[t].met);
+        }
+        kvq_profile_result_free(b);
+    }
+    print_message("%s: %lld evaluated rows; err %.4g .. %.4g\n", cap,
+                  (long long)fast->n_queries, emin, emax);
+    kvq_profile_result_free(ref);
+    kvq_profile_result_free(fast);
+}
+
+static void test_stories260k_fast_equals_reference(void **state)
+{
+    (void)state;
+    const char *model = test_model_path();
+    if (!model)
+        TEST_SKIP("test model not found (KVQ_TEST_MODEL)");
+    const char *cap = capture(model, "cap260k", 192, 768, NULL, 0);
+    compare_paths(cap, 16);
+}
+
+static void test_smollm2_fast_equals_reference(void **state)
+{
+    (void)state;
+    const char *model = smollm2_path();
+    if (!model)
+        TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
+    static const int32_t layers[] = {0, 14, 29};
+    const char *cap = capture(model, "capsmol", 256, 512, layers, 3);
+    compare_paths(cap, 32);
+}
+
+/* The sampled profile: a measured-row count, intervals, and the same bytes for any
+ * thread count. */
+static void test_sampled_threads_same_bytes(void **state)
+{
+    (void)state;
+    const char *model = test_model_path();
+    if (!model)
+        TEST_SKIP("test model not found (KVQ_TEST_MODEL)");
+    const char *cap = capture(model, "capthreads", 192, 768, NULL, 0);
+    kvq_profile_params p = base_params();
+    p.leankv.window = 16;
+    p.sample_rows = 8;
+    p.threads = 1;
+    kvq_profile_result *a = profile(cap, &p);
+    p.threads = 3;
+    kvq_profile_result *b = profile(cap, &p);
+    assert_true(a->n_measured < a->n_queries);
+    assert_int_equal(a->n_measured, b->n_measured);
+    for (int t = 0; t < 2; t++) {
+        const kvq_profile_table *x = &a->table[t], *y = &b->table[t];
+        assert_memory_equal(x->rows, y->rows, sizeof(double) * (size_t)(x->n_rows * x->n_cols));
+        assert_memory_equal(x->err_ci, y->err_ci, sizeof(double) * (size_t)x->n_rows);
+        assert_int_equal(x->chosen, y->chosen);
+        for (int64_t i = 0; i < x->n_rows; i++)
+            assert_true(x->err_ci[i] >= 0 && isfinite(x->err_ci[i]));
+    }
+    kvq_profile_result_free(a);
+    kvq_profile_result_free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stories260k_fast_equals_reference),
+        cmocka_unit_test(test_smollm2_fast_equals_reference),
+        cmocka_unit_test(test_sampled_threads_same_bytes),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    test_tmpdir_cleanup();
+    return rc;
+}

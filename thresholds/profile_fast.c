@@ -1,0 +1,574 @@
+/*
+ * profile_fast.c — the LeanKV and PATS grids on one (sequence, KV head) of a capture,
+ * computed from shared intermediates (the reference, one simulated cache per setting,
+ * is run_job in profile.c; the contract is kvq/thresholds.h "Quality").
+ *
+ *   exact pass   the prompt's query rows attend exactly, in blocks of rows with SGEMM
+ *                (QK^T, then the causal softmax); their column sums are the prompt
+ *                significance every LeanKV setting starts from. The measured
+ *                continuation rows get their exact outputs the same way (PV by SGEMM).
+ *   LeanKV       a token is, in any setting's cache at any step, one of four versions:
+ *                K8V4 of the exact row (HIGH), K4V2 of the exact row (LOW at the end of
+ *                the prompt), K4V2 of the K8V4 row (moved to LOW later), or pruned.
+ *                The logits of every continuation query against the three stored
+ *                versions, and their exponentials under one shared maximum, are
+ *                computed once per block of rows (SGEMM); each setting then runs
+ *                Algorithm 1 on its own classes and significance sums, and per query row
+ *                only gathers the exponential of each token's current version,
+ *                normalises, and adds the probabilities to its sums: no logit, no
+ *                exponential and (except on measured rows) no PV per setting.
+ *   PATS         truncation changes every row, and PATS has no state that depends on
+ *                the attention, so only the measured rows attend: per setting, K and V
+ *                gathered from the truncated copies at each bit level, SGEMM for QK^T
+ *                and PV.
+ * The probabilities are f32 exponentials summed in f64 as in the reference; logits
+ * come from SGEMM instead of a sequential dot product, so figures agree with the
+ * reference to rounding (tests/test_thresholds.c compares them).
+ */
+#include <cblas.h>
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thresholds/thresholds_internal.h"
+
+int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out)
+{
+    if (sample <= 0 || sample >= n_cand) {
+        memcpy(out, cand, sizeof(int64_t) * (size_t)(n_cand > 0 ? n_cand : 0));
+        return n_cand > 0 ? n_cand : 0;
+    }
+    for (int64_t i = 0; i < sample; i++) /* the middle of each of `sample` equal parts */
+        out[i] = cand[(2 * i + 1) * n_cand / (2 * sample)];
+    return sample;
+}
+
+/* ==========================================================================
+ * Exact attention of a list of rows (blocks, SGEMM)
+ * ========================================================================== */
+
+/* Rows per SGEMM block so that a block's scores over T tokens stay near 4 MiB. */
+static int64_t block_rows(int64_t T, int32_t gs)
+{
+    int64_t b = (int64_t)(1 << 20) / ((int64_t)gs * (T > 0 ? T : 1));
+    return b < 4 ? 4 : b > 128 ? 128 : b;
+}
+
+/* Packs the queries of rows [nr] into Qp [nr, gs, d]. */
+static void pack_queries(const thr_rows *R, const int64_t *rows, int64_t nr, float *Qp)
+{
+    const size_t gd = (size_t)R->gs * R->d;
+    for (int64_t i = 0; i < nr; i++)
+        memcpy(Qp + (size_t)i * gd, R->q + (size_t)rows[i] * gd, sizeof(float) * gd);
+}
+
+/* S [nr * gs, T] = Qp K[0:T]^T / sqrt(d). */
+static void scores(const thr_rows *R, const float *Qp, int64_t nr, const float *K, int64_t T,
+                   float *S)
+{
+    const float scale = (float)(1.0 / sqrt((double)R->d));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nr * R->gs), (int)T, R->d, scale,
+                Qp, R->d, K, R->d, 0.0f, S, (int)T);
+}
+
+/* Causal softmax of one score row over [0, len) in place (zeros after len); returns the
+ * f64 sum of the f32 exponentials and scales by its inverse. */
+static void softmax_row(float *s, int64_t len, int64_t T)
+{
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    double sum = 0;
+    for (int64_t j = 0; j < len; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < len; j++)
+        s[j] *= inv;
+    for (int64_t j = len; j < T; j++)
+        s[j] = 0.0f;
+}
+
+/* Exact attention of rows [nr] (ascending): adds each row's probabilities of the tokens
+ * before it into accP [gs, n] (when not NULL) and writes its outputs to out [nr, gs, d]
+ * (when not NULL). Scratch: Qp [blk, gs, d], S [blk * gs, n]. */
+static void exact_rows(const thr_rows *R, const int64_t *rows, int64_t nr, double *accP,
+                       float *out, float *Qp, float *S)
+{
+    const int32_t gs = R->gs, d = R->d;
+    for (int64_t b0 = 0; b0 < nr;) {
+        int64_t nb = block_rows(R->n, gs);
+        nb = nb > nr - b0 ? nr - b0 : nb;
+        const int64_t Tb = rows[b0 + nb - 1] + 1;
+        pack_queries(R, rows + b0, nb, Qp);
+        scores(R, Qp, nb, R->k, Tb, S);
+        for (int64_t i = 0; i < nb; i++)
+            for (int32_t g = 0; g < gs; g++) {
+                float *s = S + ((size_t)i * gs + g) * Tb;
+                const int64_t t = rows[b0 + i];
+                softmax_row(s, t + 1, Tb);
+                double *a = accP ? accP + (size_t)g * R->n : NULL;
+                for (int64_t j = 0; a && j < t; j++)
+                    a[j] += s[j];
+            }
+        if (out)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(nb * gs), d, (int)Tb,
+                        1.0f, S, (int)Tb, R->v, d, 0.0f, out + (size_t)b0 * gs * d, d);
+        b0 += nb;
+    }
+}
+
+/* Relative error of the outputs o against ex, [gs, d] each, into a. */
+static void add_rel_err(const float *o, const float *ex, int32_t gs, int32_t d, thr_acc *a)
+{
+    for (int32_t g = 0; g < gs; g++) {
+        const float *x = o + (size_t)g * d, *y = ex + (size_t)g * d;
+        double e2 = 0, f2 = 0;
+        for (int32_t c = 0; c < d; c++) {
+            e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
+            f2 += (double)y[c] * y[c];
+        }
+        if (f2 > 0) {
+            const double r = sqrt(e2 / f2);
+            a->err_sum += r;
+            a->err_sq += r * r;
+            a->err_n += 1;
+        }
+    }
+}
+
+/* ==========================================================================
+ * The job's shared data
+ * ========================================================================== */
+
+enum { V_PRUNED, V_HIGH, V_LOWA, V_LOWB, N_VER };
+
+typedef struct fjob {
+    const thr_rows *R;
+    int64_t *qcum;       /* [n] query rows at or before j */
+    int64_t *crow, nc;   /* continuation query rows */
+    int64_t *mrow, nm;   /* measured rows (a subset of crow) */
+    int64_t *mat;        /* [n] index of row t in mrow, or -1 */
+    double *accP;        /* [gs, n] prompt significance sums */
+    int64_t nqP;         /* prompt query rows */
+    float *ex;           /* [nm, gs, d] exact outputs of the measured rows */
+    float *Qp, *S;       /* scratch of exact_rows */
+} fjob;
+
+static void fjob_free(fjob *J)
+{
+    free(J->qcum);
+    free(J->crow);
+    free(J->mrow);
+    free(J->mat);
+    free(J->accP);
+    free(J->ex);
+    free(J->Qp);
+    free(J->S);
+}
+
+static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, kvq_err *err)
+{
+    const int64_t n = R->n, gs = R->gs, d = R->d, blk = block_rows(n, R->gs);
+    memset(J, 0, sizeof *J);
+    J->R = R;
+    J->qcum = malloc(sizeof(int64_t) * (size_t)n);
+    J->crow = malloc(sizeof(int64_t) * (size_t)n);
+    J->mrow = malloc(sizeof(int64_t) * (size_t)n);
+    J->mat = malloc(sizeof(int64_t) * (size_t)n);
+    J->accP = calloc((size_t)(gs * n), sizeof(double));
+    J->ex = malloc(sizeof(float) * (size_t)(n * gs * d));
+    J->Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
+    J->S = malloc(sizeof(float) * (size_t)(blk * gs * n));
+    if (!J->qcum || !J->crow || !J->mrow || !J->mat || !J->accP || !J->ex || !J->Qp || !J->S)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    int64_t nq = 0, *prow = J->mrow; /* the prompt rows borrow mrow first */
+    for (int64_t t = 0; t < n; t++) {
+        nq += R->has_q[t] != 0;
+        J->qcum[t] = nq;
+        J->mat[t] = -1;
+        if (R->has_q[t] && t < R->P)
+            prow[J->nqP++] = t;
+        else if (R->has_q[t])
+            J->crow[J->nc++] = t;
+    }
+    exact_rows(R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
+    J->nm = thr_sample_rows(J->crow, J->nc, sample, J->mrow);
+    for (int64_t i = 0; i < J->nm; i++)
+        J->mat[J->mrow[i]] = i;
+    exact_rows(R, J->mrow, J->nm, NULL, J->ex, J->Qp, J->S);
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * LeanKV
+ * ========================================================================== */
+
+/* The three stored versions of every row: K [N_VER][n, d] and V likewise (index 0,
+ * pruned, unused). */
+typedef struct lk_versions {
+    float *k[N_VER], *v[N_VER];
+} lk_versions;
+
+static void versions_free(lk_versions *X)
+{
+    for (int i = 1; i < N_VER; i++) {
+        free(X->k[i]);
+        free(X->v[i]);
+    }
+}
+
+static kvq_status versions_make(const thr_rows *R, const kvq_leankv_params *lk, lk_versions *X,
+                                kvq_err *err)
+{
+    const size_t nd = (size_t)R->n * R->d;
+    const int32_t d = R->d;
+    kvq_status s = KVQ_OK;
+    memset(X, 0, sizeof *X);
+    for (int i = 1; i < N_VER; i++)
+        if (!(X->k[i] = malloc(sizeof(float) * nd)) || !(X->v[i] = malloc(sizeof(float) * nd)))
+            return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (int64_t t = 0; t < R->n && !s; t++) {
+        const size_t o = (size_t)t * d;
+        if (!(s = kvq_asymq_roundtrip(R->k + o, d, lk->k_high, X->k[V_HIGH] + o, err)) &&
+            !(s = kvq_asymq_roundtrip(R->v + o, d, lk->v_high, X->v[V_HIGH] + o, err)) &&
+            !(s = kvq_asymq_roundtrip(R->k + o, d, lk->k_low, X->k[V_LOWA] + o, err)) &&
+            !(s = kvq_asymq_roundtrip(R->v + o, d, lk->v_low, X->v[V_LOWA] + o, err)) &&
+            !(s = kvq_asymq_roundtrip(X->k[V_HIGH] + o, d, lk->k_low, X->k[V_LOWB] + o, err)))
+            s = kvq_asymq_roundtrip(X->v[V_HIGH] + o, d, lk->v_low, X->v[V_LOWB] + o, err);
+    }
+    return s;
+}
+
+/* One setting's cache: classes, the version of each LOW row, significance sums. */
+typedef struct lk_state {
+    kvq_leankv_params lk;
+    uint8_t *cls;   /* [n] */
+    uint8_t *ver;   /* [n] V_* */
+    double *acc;    /* [gs, n] attention received from later queries */
+    double *sig;    /* [n] scratch */
+    double *w;      /* [n] scratch: this row's f32 exponentials as f64 */
+    int64_t nq;     /* queries counted */
+} lk_state;
+
+static void state_free(lk_state *st)
+{
+    free(st->cls);
+    free(st->ver);
+    free(st->acc);
+    free(st->sig);
+    free(st->w);
+}
+
+/* sig[j] for j < len from the sums, as the reference's current_significance. */
+static void significance(const lk_state *st, const fjob *J, int64_t len)
+{
+    const int64_t n = J->R->n;
+    const int32_t gs = J->R->gs;
+    for (int64_t j = 0; j < len; j++) {
+        const int64_t cnt = st->nq - J->qcum[j];
+        if (cnt <= 0) {
+            st->sig[j] = INFINITY;
+            continue;
+        }
+        double best = -INFINITY;
+        for (int32_t g = 0; g < gs; g++) {
+            const double a = st->acc[(size_t)g * n + j];
+            best = a > best ? a : best;
+        }
+        st->sig[j] = best / (double)cnt;
+    }
+}
+
+/* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
+static kvq_status state_start(lk_state *st, const fjob *J, const kvq_leankv_params *lk,
+                              kvq_err *err)
+{
+    const thr_rows *R = J->R;
+    const size_t n = (size_t)R->n;
+    memset(st, 0, sizeof *st);
+    st->lk = *lk;
+    st->cls = malloc(n);
+    st->ver = malloc(n);
+    st->acc = malloc(sizeof(double) * n * (size_t)R->gs);
+    st->sig = malloc(sizeof(double) * n);
+    st->w = malloc(sizeof(double) * n);
+    if (!st->cls || !st->ver || !st->acc || !st->sig || !st->w)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    memcpy(st->acc, J->accP, sizeof(double) * n * (size_t)R->gs);
+    st->nq = J->nqP;
+    significance(st, J, R->P);
+    kvq_leankv_classify_prompt(st->sig, R->P, &st->lk, st->cls);
+    for (int64_t j = 0; j < R->P; j++)
+        st->ver[j] = st->cls[j] == KVQ_LEANKV_HIGH  ? V_HIGH
+                     : st->cls[j] == KVQ_LEANKV_LOW ? V_LOWA
+                                                    : V_PRUNED;
+    return KVQ_OK;
+}
+
+/* Algorithm 1 for token t (the reference's thr_leankv_push before the attention). */
+static void state_step(lk_state *st, const fjob *J, int64_t t)
+{
+    st->cls[t] = KVQ_LEANKV_HIGH;
+    st->ver[t] = V_HIGH;
+    significance(st, J, t + 1);
+    const int64_t c = t - st->lk.window;
+    const uint8_t old_c = c >= 0 ? st->cls[c] : 0;
+    const int64_t v = kvq_leankv_generation_step(st->sig, t + 1, &st->lk, st->cls);
+    /* what moved down is re-quantized from the K8V4 row the cache held */
+    if (c >= 0 && st->cls[c] != old_c)
+        st->ver[c] = st->cls[c] == KVQ_LEANKV_LOW ? V_LOWB : V_PRUNED;
+    if (v >= 0 && v != c && st->cls[v] != st->cls[c])
+        st->ver[v] = st->cls[v] == KVQ_LEANKV_LOW ? V_LOWB : V_PRUNED;
+}
+
+/* One block of continuation query rows: scores S [N_VER-1][nb * gs, T] against the
+ * stored versions and E = exp(S - M), M the largest score of the row and head over
+ * every version. */
+typedef struct lk_block {
+    int64_t i0, nb, T;   /* rows J->crow[i0 .. i0 + nb), tokens [0, T) */
+    float *S, *E;        /* [3, blk * gs, n] */
+    float *Qp;           /* [blk, gs, d] */
+} lk_block;
+
+static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
+{
+    const thr_rows *R = J->R;
+    const size_t plane = (size_t)B->nb * R->gs * B->T;
+    pack_queries(R, J->crow + B->i0, B->nb, B->Qp);
+    for (int ver = V_HIGH; ver < N_VER; ver++)
+        scores(R, B->Qp, B->nb, X->k[ver], B->T, B->S + (size_t)(ver - 1) * plane);
+    for (int64_t i = 0; i < B->nb; i++) {
+        const int64_t len = J->crow[B->i0 + i] + 1;
+        for (int32_t g = 0; g < R->gs; g++) {
+            const size_t off = ((size_t)i * R->gs + g) * B->T;
+            float mx = -INFINITY;
+            for (int ver = 0; ver < N_VER - 1; ver++)
+                for (int64_t j = 0; j < len; j++)
+                    mx = B->S[ver * plane + off + j] > mx ? B->S[ver * plane + off + j] : mx;
+            for (int ver = 0; ver < N_VER - 1; ver++)
+                for (int64_t j = 0; j < len; j++)
+                    B->E[ver * plane + off + j] = expf(B->S[ver * plane + off + j] - mx);
+        }
+    }
+}
+
+/* o += a x over d entries (vectorized: no aliasing). */
+static void axpy(float *restrict o, float a, const float *restrict x, int32_t d)
+{
+    int32_t c = 0;
+    for (; c + 8 <= d; c += 8) { /* straight-line blocks of 8: SLP-vectorized at -O2 */
+        o[c + 0] += a * x[c + 0];
+        o[c + 1] += a * x[c + 1];
+        o[c + 2] += a * x[c + 2];
+        o[c + 3] += a * x[c + 3];
+        o[c + 4] += a * x[c + 4];
+        o[c + 5] += a * x[c + 5];
+        o[c + 6] += a * x[c + 6];
+        o[c + 7] += a * x[c + 7];
+    }
+    for (; c < d; c++)
+        o[c] += a * x[c];
+}
+
+/* w[j] = e[ver[j]][j] (0 when pruned) for j < len; returns their sum (four partial
+ * sums: no chain of dependent additions). */
+static double gather(const float *const e[N_VER], const uint8_t *ver, int64_t len,
+                     double *restrict w)
+{
+    double z[4] = {0, 0, 0, 0};
+    int64_t j = 0;
+    for (; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
+        z[j & 3] += w[j];
+    }
+    return (z[0] + z[1]) + (z[2] + z[3]);
+}
+
+/* acc[j] += a w[j] for j < len. */
+static void daxpy(double *restrict acc, double a, const double *restrict w, int64_t len)
+{
+    for (int64_t j = 0; j < len; j++)
+        acc[j] += w[j] * a;
+}
+
+/* The attention of row t (block row i) over the setting's cache: adds the probabilities
+ * to the sums and, on a measured row, the output's error to a. */
+static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, const lk_block *B,
+                         int64_t i, int64_t t, float *o, thr_acc *a)
+{
+    const thr_rows *R = J->R;
+    const int32_t gs = R->gs, d = R->d;
+    const size_t plane = (size_t)B->nb * gs * B->T;
+    const int64_t m = J->mat[t];
+    for (int32_t g = 0; g < gs; g++) {
+        const size_t off = ((size_t)i * gs + g) * B->T;
+        const float *e[N_VER] = {NULL, B->E + off, B->E + plane + off, B->E + 2 * plane + off};
+        double Z = gather(e, st->ver, t + 1, st->w);
+        if (!(Z > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
+            const float *s[N_VER] = {NULL, B->S + off, B->S + plane + off, B->S + 2 * plane + off};
+            float mx = -INFINITY;
+            for (int64_t j = 0; j <= t; j++)
+                if (st->ver[j])
+                    mx = s[st->ver[j]][j] > mx ? s[st->ver[j]][j] : mx;
+            Z = 0;
+            for (int64_t j = 0; j <= t; j++) {
+                st->w[j] = st->ver[j] ? (double)expf(s[st->ver[j]][j] - mx) : 0.0;
+                Z += st->w[j];
+            }
+        }
+        const double inv = Z > 0 ? 1.0 / Z : 0.0;
+        daxpy(st->acc + (size_t)g * R->n, inv, st->w, t);
+        if (m < 0)
+            continue;
+        float *og = o + (size_t)g * d;
+        memset(og, 0, sizeof(float) * (size_t)d);
+        for (int64_t j = 0; j <= t; j++)
+            if (st->ver[j])
+                axpy(og, (float)(st->w[j] * inv), X->v[st->ver[j]] + (size_t)j * d, d);
+    }
+    st->nq++;
+    if (m >= 0)
+        add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
+}
+
+/* The cache memory at the end of the sequence (the reference's thr_head_memory). */
+static void state_memory(const lk_state *st, const thr_rows *R, thr_acc *a)
+{
+    double bytes = 0;
+    a->mem.bytes_f16 += 4.0 * R->d * (double)R->n;
+    for (int64_t j = 0; j < R->n; j++) {
+        bytes += (double)kvq_leankv_token_bytes(R->d, (kvq_leankv_class)st->cls[j], &st->lk);
+        a->mem.n_high += st->cls[j] == KVQ_LEANKV_HIGH;
+        a->mem.n_low += st->cls[j] == KVQ_LEANKV_LOW;
+        a->mem.n_pruned += st->cls[j] == KVQ_LEANKV_PRUNED;
+    }
+    a->mem.bytes += bytes;
+    a->mem.bits += 8.0 * bytes;
+}
+
+/* Every LeanKV setting of G over the continuation, block by block of query rows. */
+static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc, kvq_err *err)
+{
+    const thr_rows *R = J->R;
+    const int32_t gs = R->gs, d = R->d;
+    const int64_t blk = block_rows(R->n, gs);
+    lk_versions X;
+    lk_block B = {0};
+    lk_state *st = calloc((size_t)G->n_lk, sizeof *st);
+    float *o = malloc(sizeof(float) * (size_t)gs * d);
+    kvq_status s = st && o ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if (!s)
+        s = versions_make(R, &G->lk[0], &X, err);
+    B.S = malloc(sizeof(float) * (size_t)(3 * blk * gs * R->n));
+    B.E = malloc(sizeof(float) * (size_t)(3 * blk * gs * R->n));
+    B.Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
+    if (!s && (!B.S || !B.E || !B.Qp))
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (int64_t c = 0; c < G->n_lk && !s; c++)
+        s = state_start(&st[c], J, &G->lk[c], err);
+    /* rows P .. n-1 in stretches that end at the last row of a block of query rows */
+    int64_t t = R->P;
+    for (int64_t i0 = 0; !s && (i0 < J->nc || t < R->n); i0 += B.nb) {
+        B.i0 = i0;
+        B.nb = J->nc - i0 < blk ? J->nc - i0 : blk;
+        const int64_t t_end = B.nb > 0 ? J->crow[i0 + B.nb - 1] + 1 : R->n;
+        B.T = t_end;
+        if (B.nb > 0)
+            block_scores(J, &X, &B);
+        for (int64_t c = 0; c < G->n_lk; c++)
+            for (int64_t u = t, i = 0; u < t_end; u++) {
+                state_step(&st[c], J, u);
+                if (R->has_q[u])
+                    state_attend(&st[c], J, &X, &B, i++, u, o, &acc[c]);
+            }
+        t = t_end;
+        if (B.nb == 0)
+            break;
+    }
+    for (int64_t c = 0; c < G->n_lk && !s; c++)
+        state_memory(&st[c], R, &acc[c]);
+    for (int64_t c = 0; st && c < G->n_lk; c++)
+        state_free(&st[c]);
+    free(st);
+    free(o);
+    free(B.S);
+    free(B.E);
+    free(B.Qp);
+    versions_free(&X);
+    return s;
+}
+
+/* ==========================================================================
+ * PATS
+ * ========================================================================== */
+
+static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, kvq_err *err)
+{
+    const thr_rows *R = J->R;
+    const int32_t gs = R->gs, d = R->d;
+    const int64_t n = R->n;
+    const size_t nd = (size_t)n * d;
+    const int32_t mant = kvq_pats_mantissa_bits(G->pt[0].dtype);
+    float *lk = malloc(sizeof(float) * nd * (size_t)(mant + 1)); /* K truncated by b bits */
+    float *lv = malloc(sizeof(float) * nd * (size_t)(mant + 1));
+    float *K = malloc(sizeof(float) * nd), *V = malloc(sizeof(float) * nd);
+    float *o = malloc(sizeof(float) * (size_t)(J->nm > 0 ? J->nm : 1) * gs * d);
+    uint8_t *made = calloc((size_t)mant + 1, 1);
+    kvq_status s = KVQ_OK;
+    if (!lk || !lv || !K || !V || !o || !made) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    for (int64_t c = 0; c < G->n_pt; c++) {
+        const kvq_pats_params *pt = &G->pt[c];
+        thr_acc *a = &acc[G->n_lk + c];
+        for (int64_t t = 0; t < n; t++) {
+            const int32_t b = kvq_pats_bits(pt, t + 1, n);
+            const size_t lo = (size_t)b * nd + (size_t)t * d;
+            if (!made[b]) { /* the level's truncated copy, once per job */
+                for (int64_t u = 0; u < n; u++) {
+                    const size_t off = (size_t)b * nd + (size_t)u * d;
+                    kvq_pats_truncate(R->k + (size_t)u * d, d, pt->dtype, b, lk + off);
+                    kvq_pats_truncate(R->v + (size_t)u * d, d, pt->dtype, b, lv + off);
+                }
+                made[b] = 1;
+            }
+            memcpy(K + (size_t)t * d, lk + lo, sizeof(float) * (size_t)d);
+            memcpy(V + (size_t)t * d, lv + lo, sizeof(float) * (size_t)d);
+            a->mem.bytes += 2.0 * (double)kvq_pats_row_bytes(d, b);
+            a->mem.bits += 2.0 * d * (16 - b);
+        }
+        a->mem.bytes_f16 += 4.0 * d * (double)n;
+        const thr_rows Rt = {.n = n, .P = R->P, .d = d, .gs = gs, .k = K, .v = V, .q = R->q,
+                             .has_q = R->has_q};
+        exact_rows(&Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
+        for (int64_t i = 0; i < J->nm; i++)
+            add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
+    }
+done:
+    free(lk);
+    free(lv);
+    free(K);
+    free(V);
+    free(o);
+    free(made);
+    return s;
+}
+
+kvq_status thr_fast_job(const thr_rows *R, const thr_grid *G, int64_t sample, thr_acc *acc,
+                        int64_t *n_err, kvq_err *err)
+{
+    fjob J;
+    kvq_status s = fjob_init(&J, R, sample, err);
+    if (!s && G->n_lk)
+        s = leankv_settings(&J, G, acc, err);
+    if (!s && G->n_pt)
+        s = pats_settings(&J, G, acc, err);
+    if (!s)
+        *n_err = J.nm;
+    fjob_free(&J);
+    return s;
+}

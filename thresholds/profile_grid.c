@@ -1,0 +1,347 @@
+/*
+ * profile_grid.c — the LeanKV and PATS grids over every layer of a capture: the rows of
+ * each (sequence, KV head) job loaded with RoPE, the jobs of a layer in parallel, their
+ * sums added in job order (the same bytes for any thread count). A job runs the fast
+ * path (profile_fast.c) or the reference: one simulated cache (thr_head) per setting,
+ * fed row by row, every continuation row measured, which is the contract of
+ * kvq/thresholds.h "Quality" written out directly and what the tests compare the fast
+ * path with.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thresholds/thresholds_internal.h"
+
+/* The rows of one job and the reference's scratch. */
+typedef struct job_bufs {
+    float *k, *v, *q;     /* [n, d], [n, d], [n, gs, d] post-RoPE (k, q) */
+    uint8_t *has_q;       /* [n] */
+    float *ex, *o;        /* [n, gs, d] exact and simulated outputs (reference) */
+    double *p;            /* [gs, n] (reference) */
+} job_bufs;
+
+static void bufs_free(job_bufs *b)
+{
+    free(b->k);
+    free(b->v);
+    free(b->q);
+    free(b->has_q);
+    free(b->ex);
+    free(b->o);
+    free(b->p);
+}
+
+/* Reads rows r0 .. r0+n-1 of KV head h, RoPE at the captured positions. */
+static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
+                            int64_t r0, int64_t n, int32_t h, int reference, job_bufs *b,
+                            kvq_err *err)
+{
+    const int32_t d = ci->model.head_dim, gs = ci->model.n_heads / ci->model.n_kv_heads;
+    const size_t nd = (size_t)n * d, ngd = nd * gs;
+    memset(b, 0, sizeof *b);
+    b->k = malloc(sizeof(float) * nd);
+    b->v = malloc(sizeof(float) * nd);
+    b->q = malloc(sizeof(float) * ngd);
+    b->has_q = malloc((size_t)n);
+    if (reference) {
+        b->ex = calloc(ngd, sizeof(float));
+        b->o = calloc(ngd, sizeof(float));
+        b->p = malloc(sizeof(double) * (size_t)n * gs);
+    }
+    if (!b->k || !b->v || !b->q || !b->has_q || (reference && (!b->ex || !b->o || !b->p)))
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
+        kvq_capture_read_heads(L->k, row, h, 1, b->k + (size_t)t * d);
+        kvq_capture_read_heads(L->v, row, h, 1, b->v + (size_t)t * d);
+        kvq_rope_apply(&ci->model.rope, theta, b->k + (size_t)t * d, 1, pos);
+        b->has_q[t] = L->qidx[row] >= 0;
+        if (b->has_q[t]) {
+            float *qt = b->q + (size_t)t * gs * d;
+            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
+            kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
+        }
+    }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * The reference
+ * ========================================================================== */
+
+/* Adds the error of the simulated outputs of rows P.. against the exact ones. */
+static void add_error(const thr_rows *R, const job_bufs *b, thr_acc *a)
+{
+    const int32_t gs = R->gs, d = R->d;
+    for (int64_t t = R->P; t < R->n; t++) {
+        if (!R->has_q[t])
+            continue;
+        for (int32_t g = 0; g < gs; g++) {
+            const float *x = b->o + ((size_t)t * gs + g) * d, *y = b->ex + ((size_t)t * gs + g) * d;
+            double e2 = 0, f2 = 0;
+            for (int32_t c = 0; c < d; c++) {
+                e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
+                f2 += (double)y[c] * y[c];
+            }
+            if (f2 > 0) {
+                const double r = sqrt(e2 / f2);
+                a->err_sum += r;
+                a->err_sq += r * r;
+                a->err_n += 1;
+            }
+        }
+    }
+}
+
+/* Every setting of the grid on one job with one simulated cache each: acc [n_lk + n_pt]. */
+static kvq_status run_reference(const thr_rows *R, const kvq_leankv_params *lk0, const thr_grid *G,
+                                const job_bufs *b, thr_acc *acc, kvq_err *err)
+{
+    const int32_t d = R->d, gs = R->gs;
+    const int64_t n = R->n, P = R->P;
+    const float *k = R->k, *v = R->v, *q = R->q;
+    thr_head base, work;
+    kvq_status s = KVQ_OK;
+    thr_head_init(&base, KVQ_SIMCACHE_LEANKV, lk0, NULL, d, gs);
+    thr_head_init(&work, KVQ_SIMCACHE_LEANKV, lk0, NULL, d, gs);
+    /* exact outputs of the evaluated rows */
+    for (int64_t t = P; t < n; t++)
+        if (R->has_q[t])
+            thr_attend(q + (size_t)t * gs * d, gs, d, k, v, t + 1, NULL, b->p,
+                       b->ex + (size_t)t * gs * d);
+    /* LeanKV: the prompt once, then each setting from a copy */
+    if (G->n_lk) {
+        thr_head_begin(&base, n, P);
+        for (int64_t t = 0; t < P && !s; t++)
+            s = thr_head_push(&base, k + (size_t)t * d, v + (size_t)t * d,
+                              R->has_q[t] ? q + (size_t)t * gs * d : NULL, NULL, err);
+    }
+    for (int64_t c = 0; c < G->n_lk && !s; c++) {
+        if ((s = thr_head_copy(&work, &base, err)))
+            break;
+        work.lk = G->lk[c];
+        for (int64_t t = P; t < n && !s; t++)
+            s = thr_head_push(&work, k + (size_t)t * d, v + (size_t)t * d,
+                              R->has_q[t] ? q + (size_t)t * gs * d : NULL,
+                              b->o + (size_t)t * gs * d, err);
+        if (!s && !(s = thr_head_memory(&work, &acc[c].mem, err)))
+            add_error(R, b, &acc[c]);
+    }
+    /* PATS: every setting from the start; queries only where they are evaluated */
+    for (int64_t c = 0; c < G->n_pt && !s; c++) {
+        thr_head ph;
+        thr_head_init(&ph, KVQ_SIMCACHE_PATS, NULL, &G->pt[c], d, gs);
+        thr_head_begin(&ph, n, P);
+        for (int64_t t = 0; t < n && !s; t++)
+            s = thr_head_push(&ph, k + (size_t)t * d, v + (size_t)t * d,
+                              t >= P && R->has_q[t] ? q + (size_t)t * gs * d : NULL,
+                              b->o + (size_t)t * gs * d, err);
+        if (!s && !(s = thr_head_memory(&ph, &acc[G->n_lk + c].mem, err)))
+            add_error(R, b, &acc[G->n_lk + c]);
+        thr_head_free(&ph);
+    }
+    thr_head_free(&base);
+    thr_head_free(&work);
+    return s;
+}
+
+/* ==========================================================================
+ * The driver
+ * ========================================================================== */
+
+/* One job: rows loaded, then the fast path or the reference. *n_rows: evaluated query
+ * rows; *n_err: those measured. */
+static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
+                          const kvq_profile_params *p, const thr_grid *G, int64_t r0, int64_t n,
+                          int32_t h, thr_acc *acc, int64_t *n_rows, int64_t *n_err, kvq_err *err)
+{
+    job_bufs b;
+    const int reference = p->reference != 0;
+    kvq_status s = load_rows(ci, L, theta, r0, n, h, reference, &b, err);
+    const thr_rows R = {.n = n, .P = thr_prompt_len(p->prompt_fraction, n),
+                        .d = ci->model.head_dim, .gs = ci->model.n_heads / ci->model.n_kv_heads,
+                        .k = b.k, .v = b.v, .q = b.q, .has_q = b.has_q};
+    if (!s) {
+        *n_rows = 0;
+        for (int64_t t = R.P; t < n; t++)
+            *n_rows += b.has_q[t] != 0;
+        *n_err = *n_rows;
+        s = reference ? run_reference(&R, &p->leankv, G, &b, acc, err)
+                      : thr_fast_job(&R, G, p->sample_rows, acc, n_err, err);
+    }
+    bufs_free(&b);
+    return s;
+}
+
+static void acc_add(thr_acc *a, const thr_acc *b)
+{
+    a->err_sum += b->err_sum;
+    a->err_sq += b->err_sq;
+    a->err_n += b->err_n;
+    a->mem.bytes += b->mem.bytes;
+    a->mem.bytes_f16 += b->mem.bytes_f16;
+    a->mem.bits += b->mem.bits;
+    a->mem.n_high += b->mem.n_high;
+    a->mem.n_low += b->mem.n_low;
+    a->mem.n_pruned += b->mem.n_pruned;
+}
+
+kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
+                        const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
+                        kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
+    const int64_t n_jobs = ci->n_sequences * n_kv;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_status s = KVQ_OK;
+    kvq_rope_freqs(&ci->model.rope, theta);
+    thr_acc *acc = calloc((size_t)(n_jobs * n_set > 0 ? n_jobs * n_set : 1), sizeof *acc);
+    kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
+    kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
+    int64_t *rows = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), 2 * sizeof *rows);
+    if (!acc || !st || !errs || !rows) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    /* one SGEMM thread per job: the jobs are the parallelism, and the sums do not depend
+     * on how many there are */
+    const int blas_prev = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    for (int32_t f = 0; f < ci->n_files && !s; f++) {
+        thr_layer L;
+        if ((s = thr_layer_open(ci, f, &L, err)))
+            break;
+        memset(acc, 0, sizeof *acc * (size_t)(n_jobs * n_set));
+        memset(rows, 0, sizeof *rows * (size_t)(2 * n_jobs));
+#pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
+        for (int64_t jb = 0; jb < n_jobs; jb++) {
+            const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
+            st[jb] = n < 2 ? KVQ_OK
+                           : run_job(ci, &L, theta, p, G, r0, n, (int32_t)(jb % n_kv),
+                                     acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1],
+                                     &errs[jb]);
+        }
+        thr_layer_close(&L);
+        for (int64_t jb = 0; jb < n_jobs && !s; jb++) {
+            if (st[jb]) {
+                s = st[jb];
+                if (err)
+                    *err = errs[jb];
+                break;
+            }
+            for (int64_t c = 0; c < n_set; c++)
+                acc_add(&total[c], &acc[jb * n_set + c]);
+            if (jb % n_kv == 0) {
+                *n_rows += rows[2 * jb];
+                *n_err += rows[2 * jb + 1];
+            }
+        }
+        if (!s && kvq_progress(&p->cb, what, (uint64_t)f + 1, (uint64_t)ci->n_files))
+            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+    }
+    openblas_set_num_threads(blas_prev);
+done:
+    free(acc);
+    free(st);
+    free(errs);
+    free(rows);
+    return s;
+}
+
+/* ==========================================================================
+ * Sampling and the settings measured again on every row
+ * ========================================================================== */
+
+#define REFINE_Z 4.0 /* a setting is ambiguous when the tolerance lies within 4 standard
+                        errors of its sampled error */
+
+void thr_acc_interval(const thr_acc *a, double *mean, double *se)
+{
+    *mean = a->err_n > 0 ? a->err_sum / a->err_n : NAN;
+    const double var = a->err_n > 1
+                           ? (a->err_sq - a->err_sum * a->err_sum / a->err_n) / (a->err_n - 1)
+                           : 0.0;
+    *se = a->err_n > 0 ? sqrt(var > 0 ? var : 0.0) / sqrt(a->err_n) : NAN;
+}
+
+/* The settings of one table [lo, hi) of total whose choice the sample cannot settle:
+ * ambiguous ones (the tolerance within REFINE_Z standard errors) that use no more memory
+ * than the least-memory setting surely within tolerance; when none can be within
+ * tolerance, those that may have the least error. mem(c) gives a setting's memory. */
+static void mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark)
+{
+    double best_mem = INFINITY, best_hi = INFINITY;
+    int any_in = 0;
+    for (int64_t c = lo; c < hi; c++) {
+        double m, se;
+        thr_acc_interval(&total[c], &m, &se);
+        const double mem = total[c].mem.bytes / total[c].mem.bytes_f16;
+        if (m + REFINE_Z * se <= tol && mem < best_mem)
+            best_mem = mem;
+        any_in |= m - REFINE_Z * se <= tol;
+        best_hi = m + REFINE_Z * se < best_hi ? m + REFINE_Z * se : best_hi;
+    }
+    for (int64_t c = lo; c < hi; c++) {
+        double m, se;
+        thr_acc_interval(&total[c], &m, &se);
+        const double mem = total[c].mem.bytes / total[c].mem.bytes_f16;
+        if (any_in)
+            mark[c] = m - REFINE_Z * se <= tol && m + REFINE_Z * se > tol && mem <= best_mem;
+        else
+            mark[c] = m - REFINE_Z * se <= best_hi;
+    }
+}
+
+kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
+                            const thr_grid *G, double tol, int refine, thr_acc *total,
+                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt;
+    kvq_status s = thr_grid_run(ci, p, G, "profile: leankv/pats", total, n_rows, n_err, err);
+    memset(refined, 0, (size_t)n_set);
+    if (s || !refine || p->reference || *n_err == *n_rows)
+        return s;
+    uint8_t *mark = calloc((size_t)n_set, 1);
+    thr_grid sub = {0};
+    thr_acc *part = calloc((size_t)n_set, sizeof *part);
+    sub.lk = malloc(sizeof *sub.lk * (size_t)(G->n_lk ? G->n_lk : 1));
+    sub.pt = malloc(sizeof *sub.pt * (size_t)(G->n_pt ? G->n_pt : 1));
+    if (!mark || !part || !sub.lk || !sub.pt) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    mark_refine(total, 0, G->n_lk, tol, mark);
+    mark_refine(total, G->n_lk, n_set, tol, mark);
+    for (int64_t c = 0; c < G->n_lk; c++)
+        if (mark[c])
+            sub.lk[sub.n_lk++] = G->lk[c];
+    for (int64_t c = 0; c < G->n_pt; c++)
+        if (mark[G->n_lk + c])
+            sub.pt[sub.n_pt++] = G->pt[c];
+    if (sub.n_lk + sub.n_pt == 0)
+        goto done;
+    kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings near the tolerance: "
+            "measured again on every row", (long long)sub.n_lk, (long long)sub.n_pt);
+    kvq_profile_params all = *p;
+    all.sample_rows = 0;
+    int64_t nr = 0, ne = 0;
+    if ((s = thr_grid_run(ci, &all, &sub, "profile: every row", part, &nr, &ne, err)))
+        goto done;
+    for (int64_t c = 0, i = 0, k = 0; c < n_set; c++) {
+        if (!mark[c])
+            continue;
+        const thr_acc *a = c < G->n_lk ? &part[i++] : &part[sub.n_lk + k++];
+        total[c].err_sum = a->err_sum;
+        total[c].err_sq = a->err_sq;
+        total[c].err_n = a->err_n;
+        refined[c] = 1;
+    }
+done:
+    free(mark);
+    free(part);
+    free(sub.lk);
+    free(sub.pt);
+    return s;
+}
