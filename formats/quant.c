@@ -7,6 +7,7 @@
  */
 #include "kvq/quant.h"
 
+#include <stdint.h>
 #include <string.h>
 
 #include "formats/quant_simd.h"
@@ -323,6 +324,17 @@ static float row_fused(kvq_qdot_fn qdot, const uint8_t *row, size_t tile_bytes, 
     return s;
 }
 
+/* An f32 row needs no tile buffer: the same tile-wise dot row_fast takes after its
+ * copy, so the bits match that path. */
+static float row_f32(kvq_dot_fn dot, const uint8_t *row, size_t cols, const float *x)
+{
+    const float *w = (const float *)(const void *)row;
+    float s = 0.0f;
+    for (size_t i = 0; i < cols; i += TILE)
+        s += dot(w + i, x + i, cols - i < TILE ? cols - i : TILE);
+    return s;
+}
+
 static kvq_status matvec(uint32_t type, const void *w, int64_t rows, int64_t cols,
                          const float *x, float *y, int fast, kvq_err *err)
 {
@@ -345,12 +357,14 @@ static kvq_status matvec(uint32_t type, const void *w, int64_t rows, int64_t col
     const kvq_qdot_fn qdot = fast && kvq_quant_dot_kernel(kvq_half_simd_level()) == dot
                                  ? kvq_quant_qdot_kernel(type, kvq_half_simd_level()) : NULL;
     const uint8_t *base = w;
+    const int f32 = fast && type == KVQ_GGML_F32 && (uintptr_t)w % sizeof(float) == 0;
     const int par = fast && (double)rows * (double)cols >= MATVEC_PARALLEL_MIN;
     (void)par; /* unused where OpenMP pragmas are ignored */
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *row = base + (size_t)r * row_bytes;
-        y[r] = qdot   ? row_fused(qdot, row, tile_bytes, (size_t)cols, x)
+        y[r] = f32    ? row_f32(dot, row, (size_t)cols, x)
+               : qdot ? row_fused(qdot, row, tile_bytes, (size_t)cols, x)
                : fast ? row_fast(deq, dot, row, tile_bytes, (size_t)cols, x)
                       : row_ref(deq, row, tile_bytes, (size_t)cols, x);
     }

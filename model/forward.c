@@ -2,11 +2,12 @@
  * token sampling (see kvq/model.h for the contracts).
  *
  * Every projection is x [n, in] times W^T with W [out, in] as stored. Weights that are
- * f32 in the mapping are used in place (cblas_sgemm, cblas_sgemv for one token). The
- * others (F16, BF16, the ggml block quantizations) stay packed in the mapping and are
- * never expanded as a whole: a chunk of several tokens (prefill) dequantizes tiles of
- * rows into a bounded scratch and runs cblas_sgemm on each tile; a chunk of one token
- * (decode) runs kvq_quant_matvec on the packed rows. The embedding lookup dequantizes
+ * f32 in the mapping are used in place (cblas_sgemm for several tokens). The others
+ * (F16, BF16, the ggml block quantizations) stay packed in the mapping and are never
+ * expanded as a whole: a chunk of several tokens (prefill) dequantizes tiles of rows
+ * into a bounded scratch and runs cblas_sgemm on each tile. A chunk of one token
+ * (decode) runs kvq_quant_matvec on the rows, f32 or packed: OpenMP threads that wait
+ * passively, not OpenBLAS's spinning pool. The embedding lookup dequantizes
  * only the rows of the tokens it embeds. */
 #include "model_internal.h"
 #include "kvq/util.h"
@@ -332,20 +333,20 @@ static void plan(const kvq_model *m, const kvq_forward_params *p, fwd_plan *pl)
     uint64_t largest = 0, widest = 0, tallest = 0;
     for (size_t i = 0; i < table_size(m); i++) {
         const kvq_wt *w = table_wt(m, i);
+        tallest = (uint64_t)w->rows > tallest ? (uint64_t)w->rows : tallest;
         if (kvq_wt_direct(w))
             continue; /* f32 in place */
         uint64_t f = (uint64_t)w->rows * (uint64_t)w->cols;
         largest = f > largest ? f : largest;
         widest = (uint64_t)w->cols > widest ? (uint64_t)w->cols : widest;
-        tallest = (uint64_t)w->rows > tallest ? (uint64_t)w->rows : tallest;
     }
     if (largest) {
         uint64_t budget = p->scratch_bytes / sizeof(float);
         pl->wbuf_floats = largest < budget ? largest : budget;
         if (pl->wbuf_floats < widest)
             pl->wbuf_floats = widest; /* at least one row */
-        pl->ybuf_floats = tallest;
     }
+    pl->ybuf_floats = tallest; /* one token's product (matvec), packed or f32 */
 }
 
 void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, int64_t n_ctx,
@@ -496,12 +497,8 @@ int64_t kvq_forward_length(const kvq_forward *f) { return f->n_past; }
 static void gemm_wt(int64_t n, int64_t rows, int64_t cols, const float *A, const float *W,
                     float beta, float *C, int64_t ldc)
 {
-    if (n == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)rows, (int)cols, 1.0f, W, (int)cols, A, 1,
-                    beta, C, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f,
-                    A, (int)cols, W, (int)cols, beta, C, (int)ldc);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f, A,
+                (int)cols, W, (int)cols, beta, C, (int)ldc);
 }
 
 /* y [n, w.rows] = x [n, w.cols] W^T (+ beta y). A weight that is not f32 in place
@@ -512,14 +509,18 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
 {
     const kvq_wt *w = table_wt(f->m, wid);
     kvq_status st;
-    if (f->wf[wid]) {
+    if (f->wf[wid] && n > 1) {
         gemm_wt(n, w->rows, w->cols, x, f->wf[wid], beta, y, w->rows);
         return KVQ_OK;
     }
+    /* One token, f32 in place or packed: kvq's own OpenMP matvec, not cblas_sgemv,
+     * whose pthreads spin at every call whatever OMP_WAIT_POLICY says (under load 2
+     * threads decoded 4x slower than 1: bench/bench_load.sh --f32). */
     if (n == 1) {
         float *dst = beta != 0.0f ? f->ybuf : y;
         kvq_err e = {0};
-        if ((st = kvq_quant_matvec((uint32_t)w->type, w->data, w->rows, w->cols, x, dst, &e)))
+        const void *data = f->wf[wid] ? (const void *)f->wf[wid] : w->data;
+        if ((st = kvq_quant_matvec((uint32_t)w->type, data, w->rows, w->cols, x, dst, &e)))
             return kvq_err_set(err, st, "%s: %s", w->name, e.msg);
         if (beta != 0.0f)
             for (int64_t i = 0; i < w->rows; i++)
