@@ -25,7 +25,7 @@ expect_error fit_no_capture 1 'nowhere/capture.json' -- \
 if ! real_model; then
   skip fit_stories260K "$no_model"; cli_done; exit
 fi
-export MI_KV_HEADS MI_HEAD_DIM MI_CTX
+export MI_KV_HEADS MI_HEAD_DIM
 if ! "$KVQ" capture --model "$M" --corpus uuid:8 --seq-len 64 --max-tokens 4096 \
      --layers 0-4 --threads 1 -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err"; then
@@ -72,7 +72,7 @@ out=$("$PYTHON" - "$T" <<'EOF' 2>&1
 import json, os, struct, sys
 import numpy as np
 sys.path.insert(0, "scripts")
-KV, HD, CTX = (int(os.environ[k]) for k in ("MI_KV_HEADS", "MI_HEAD_DIM", "MI_CTX"))
+KV, HD = (int(os.environ[k]) for k in ("MI_KV_HEADS", "MI_HEAD_DIM"))
 G = 4  # the default groups of pq and qapq
 from kvq_read import read_artifact
 
@@ -95,7 +95,7 @@ m, t = a.metadata, a.tensors
 assert m["method"] == "qavq" and m["groups"] == str(G) and m["codebook_size"] == "32", m
 assert m["fit.method"] == "qapq" and m["fit.reference"] == "pq" and m["layers"] == "0-4"
 assert m["model.n_kv_heads"] == str(KV) and m["model.rope.layout"] == "interleaved"
-assert m["provenance.backend"] == "cpu" and m["wrope.b"] == str(CTX)
+assert m["provenance.backend"] == "cpu" and m["wrope.b"] == "2048"
 for layer in range(5):
     for h in range(KV):
         p = "layer.%d.head.%d." % (layer, h)
