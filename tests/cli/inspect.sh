@@ -43,9 +43,24 @@ assert ts[-1]["name"] == "blk.4.ffn_norm.weight" and ts[-1]["offset"] == 1170944
   head -c 100 "$KVQ_TEST_MODEL" >"$T/cut.gguf"
   expect_error inspect_truncated_gguf 1 '^kvq inspect: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
     "$KVQ" inspect "$T/cut.gguf"
+elif real_model; then
+  # No stories260K: SmolLM2's text and JSON checked against the gguf package, field by
+  # field (tests/helpers/check_inspect_gguf.py), instead of pinned expected output.
+  "$KVQ" inspect "$M" >"$T/model.txt" 2>"$T/model.err" &&
+    "$KVQ" inspect --json "$M" >"$T/model.json" 2>>"$T/model.err"
+  if [ $? != 0 ] || [ -s "$T/model.err" ]; then
+    fail inspect_smollm2 "$(head -3 "$T/model.err")"
+  elif out=$("$PYTHON" tests/helpers/check_inspect_gguf.py "$M" "$T/model.txt" "$T/model.json" 2>&1); then
+    ok "inspect_smollm2_vs_gguf ($out)"
+  else
+    fail inspect_smollm2_vs_gguf "$(printf '%s' "$out" | tail -3)"
+  fi
+  head -c 100 "$M" >"$T/cut.gguf"
+  expect_error inspect_truncated_gguf 1 '^kvq inspect: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
+    "$KVQ" inspect "$T/cut.gguf"
 else
   for n in inspect_stories260K inspect_stories260K_json inspect_truncated_gguf; do
-    skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
+    skip "$n" "$no_model"
   done
 fi
 
