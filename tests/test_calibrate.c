@@ -165,9 +165,10 @@ static void test_checks_before_anything(void **state)
 static void test_stages_resume_and_summary(void **state)
 {
     (void)state;
-    const char *model = test_model_path();
+    int stories;
+    const char *model = test_real_model(&stories);
     if (!model)
-        TEST_SKIP("test model not found");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     char work[1024], out[1024], out2[1024];
     snprintf(work, sizeof work, "%s", test_path("run.work"));
     snprintf(out, sizeof out, "%s", test_path("run.kvq"));
@@ -200,7 +201,9 @@ static void test_stages_resume_and_summary(void **state)
     assert_string_equal(s.method, "qavq");
     assert_int_equal(s.codebook_size, 8);
     assert_int_equal(s.groups, 1);
-    assert_int_equal(s.n_heads, 20); /* stories260K: 5 layers x 4 KV heads */
+    /* stories260K: 5 layers x 4 KV heads; SmolLM2: 30 x 3 (testutil.h) */
+    const int n_heads = stories ? 20 : 90;
+    assert_int_equal(s.n_heads, n_heads);
     assert_true(s.score_mse > 0 && s.score_mse_ref > 0 && s.score_power > 0);
     assert_int_equal(s.profiled, 1);
     assert_string_equal(s.metric, "attn_rel_err");
@@ -220,7 +223,7 @@ static void test_stages_resume_and_summary(void **state)
         assert_int_equal(s.ran[order[i]], 0);
     }
     assert_int_equal(s.out_replaced, 0);
-    assert_int_equal(s.n_heads, 20);
+    assert_int_equal(s.n_heads, n_heads);
 
     /* A moments parameter: capture and heldout skipped; moments, fit, profile rerun. */
     memset(&ev, 0, sizeof ev);
@@ -291,9 +294,10 @@ static void count_warn(void *user, kvq_log_level level, const char *msg)
 static void test_short_corpus_profiles_on_capture(void **state)
 {
     (void)state;
-    const char *model = test_model_path();
+    int stories;
+    const char *model = test_real_model(&stories);
     if (!model)
-        TEST_SKIP("test model not found");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     char work[1024];
     snprintf(work, sizeof work, "%s", test_path("short.work"));
     events ev = {0};

@@ -599,8 +599,14 @@ static void test_writer_moment_kernel(void **state)
  * stories260K
  * ====================================================================================== */
 
+/* stories260K, else SmolLM2 (its layers 0-4): the same properties. RM holds the shape
+ * of the model in use, from its GGUF metadata (testutil.h), not from kvq. */
 static kvq_model *stories;
 static const char *S_F32 = "s_f32"; /* uuid:2, 3 sequences of 32 tokens at most, f32 */
+static struct {
+    int is_stories, heads, kv_heads, head_dim, dim, bos;
+} RM;
+static const int32_t SMOL_LAYERS[5] = {0, 1, 2, 3, 4};
 
 static kvq_capture_params small_params(void)
 {
@@ -609,15 +615,26 @@ static kvq_capture_params small_params(void)
     p.max_tokens = 80;
     p.threads = 1;
     p.chunk = 7; /* several chunks per sequence */
+    if (!RM.is_stories) {
+        p.layers = SMOL_LAYERS;
+        p.n_layers = 5;
+    }
     return p;
 }
 
-/* Opens stories260K once; skips the test when it is absent. */
+/* Opens the real model once; skips the test when neither is present. */
 static kvq_model *need_stories(void)
 {
-    const char *path = test_model_path();
+    int is_stories;
+    const char *path = test_real_model(&is_stories);
     if (!path)
-        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    RM.is_stories = is_stories;
+    if (is_stories) { /* 5 layers, 8 heads, 4 KV heads, head dim 8, BOS */
+        RM.heads = 8, RM.kv_heads = 4, RM.head_dim = 8, RM.dim = 64, RM.bos = 1;
+    } else { /* 30 layers, 9 heads, 3 KV heads, head dim 64, no BOS */
+        RM.heads = 9, RM.kv_heads = 3, RM.head_dim = 64, RM.dim = 576, RM.bos = 0;
+    }
     if (!stories) {
         kvq_err e = {0};
         kvq_model_params mp = kvq_model_params_default();
@@ -667,10 +684,11 @@ static void test_stories_layer0_independent(void **state)
     assert_int_equal(ci->model.rope.layout, KVQ_ROPE_INTERLEAVED);
     assert_string_equal(ci->corpus_spec, "uuid:2");
 
-    /* The tokens are the corpus's: BOS, then the first document's tokens. */
+    /* The tokens are the corpus's: BOS (when the model adds one), then the first
+     * document's tokens. */
     tensor tt = load(dir, 0, "tokens");
     const int32_t *tok = tt.data;
-    for (int s = 0; s < 3; s++)
+    for (int s = 0; s < 3 && RM.bos; s++)
         assert_int_equal(tok[32 * s], 1);
     kvq_corpus *c = NULL;
     kvq_corpus_iter *it = NULL;
@@ -682,15 +700,16 @@ static void test_stories_layer0_independent(void **state)
     size_t n_ids = 0;
     assert_int_equal(kvq_tokenizer_encode(kvq_model_tokenizer(m), doc->text, doc->len, 0, &ids,
                                           &n_ids, &e), KVQ_OK);
-    assert_true(n_ids > 31);
-    assert_memory_equal(tok + 1, ids, 31 * sizeof *ids);
+    assert_true(n_ids > 32);
+    assert_memory_equal(tok + RM.bos, ids, (size_t)(32 - RM.bos) * sizeof *ids);
     free(ids);
     kvq_corpus_iter_free(it);
     kvq_corpus_free(c);
 
     /* Weights straight from the GGUF file. */
     kvq_gguf *g = NULL;
-    assert_int_equal(kvq_gguf_open(test_model_path(), &g, &e), KVQ_OK);
+    int is_stories;
+    assert_int_equal(kvq_gguf_open(test_real_model(&is_stories), &g, &e), KVQ_OK);
     const kvq_gguf_tensor *emb = kvq_gguf_find_tensor(g, "token_embd.weight");
     const kvq_gguf_tensor *nrm = kvq_gguf_find_tensor(g, "blk.0.attn_norm.weight");
     const kvq_gguf_tensor *wk = kvq_gguf_find_tensor(g, "blk.0.attn_k.weight");
@@ -699,8 +718,13 @@ static void test_stories_layer0_independent(void **state)
     assert_true(emb && nrm && wk && wq && wv);
     double eps = 0;
     assert_int_equal(kvq_gguf_get_f64(g, "llama.attention.layer_norm_rms_epsilon", &eps), 0);
-    enum { DIM = 64, KVD = 32, QD = 64 };
-    float norm[DIM], WK[KVD * DIM], WQ[QD * DIM], WV[KVD * DIM], x[DIM];
+    const int DIM = RM.dim, KVD = RM.kv_heads * RM.head_dim, QD = RM.heads * RM.head_dim;
+    float *norm = malloc(sizeof(float) * (size_t)DIM), *x = malloc(sizeof(float) * (size_t)DIM);
+    float *WK = malloc(sizeof(float) * (size_t)(KVD * DIM));
+    float *WQ = malloc(sizeof(float) * (size_t)(QD * DIM));
+    float *WV = malloc(sizeof(float) * (size_t)(KVD * DIM));
+    double *h = malloc(sizeof(double) * (size_t)DIM);
+    assert_true(norm && x && WK && WQ && WV && h);
     assert_int_equal(kvq_gguf_rows_to_f32(nrm, 0, 1, norm, &e), KVQ_OK);
     assert_int_equal(kvq_gguf_rows_to_f32(wk, 0, KVD, WK, &e), KVQ_OK);
     assert_int_equal(kvq_gguf_rows_to_f32(wq, 0, QD, WQ, &e), KVQ_OK);
@@ -716,7 +740,6 @@ static void test_stories_layer0_independent(void **state)
         for (int i = 0; i < DIM; i++)
             ss += (double)x[i] * x[i];
         double scale = 1.0 / sqrt(ss / DIM + eps);
-        double h[DIM];
         for (int i = 0; i < DIM; i++)
             h[i] = x[i] * scale * norm[i];
         for (int o = 0; o < QD; o++) {
@@ -737,6 +760,7 @@ static void test_stories_layer0_independent(void **state)
         }
     }
     assert_true(worst < 1e-5); /* f32 GEMM against a double reference */
+    free(norm), free(x), free(WK), free(WQ), free(WV), free(h);
     kvq_gguf_close(g);
     tensor *all[] = {&tt, &tk, &tq, &tv};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -756,30 +780,33 @@ static void test_stories_moments(void **state)
     for (int l = 0; l < 5; l++) {
         tensor tq = load(dir, l, "q"), tm = load(dir, l, "q_moment_sum");
         tensor tc = load(dir, l, "q_moment_count");
-        assert_int_equal(tm.shape[0], 8);
-        assert_int_equal(tm.shape[1], 8);
+        const int H = RM.heads, D = RM.head_dim;
+        assert_int_equal(tm.shape[0], H);
+        assert_int_equal(tm.shape[1], D);
         /* the forward pass appends chunks of 7 rows from each sequence start */
         int64_t cuts[64];
         int n_cuts = 0;
         for (int64_t s = 0; s < ci->n_sequences; s++)
             for (int64_t r = 0; r < ci->sequences[2 * s + 1]; r += 7)
                 cuts[n_cuts++] = ci->sequences[2 * s] + r;
-        double *ref = ref_moment_file(tq.data, ci->sequences, ci->n_sequences, cuts, n_cuts, 8, 8);
+        double *ref = ref_moment_file(tq.data, ci->sequences, ci->n_sequences, cuts, n_cuts, H, D);
         assert_memory_equal(tm.data, ref, tm.nbytes);
         /* and a plain sum over all rows agrees to rounding */
-        double plain[8 * 8 * 8] = {0};
-        ref_moments(plain, tq.data, 0, 80, 8, 8);
+        double *plain = calloc((size_t)(H * D * D), sizeof(double));
+        assert_non_null(plain);
+        ref_moments(plain, tq.data, 0, 80, H, D);
         const double *got = tm.data;
-        for (int h = 0; h < 8; h++)
-            for (int a = 0; a < 8; a++)
-                for (int b = a; b < 8; b++) {
-                    double x = plain[(h * 8 + a) * 8 + b], y = got[(h * 8 + a) * 8 + b];
+        for (int h = 0; h < H; h++)
+            for (int a = 0; a < D; a++)
+                for (int b = a; b < D; b++) {
+                    double x = plain[(h * D + a) * D + b], y = got[(h * D + a) * D + b];
                     assert_true(fabs(x - y) <= 1e-12 * (1 + fabs(x)));
-                    assert_true(got[(h * 8 + b) * 8 + a] == y); /* symmetric */
+                    assert_true(got[(h * D + b) * D + a] == y); /* symmetric */
                 }
-        for (int h = 0; h < 8; h++)
+        for (int h = 0; h < H; h++)
             assert_true(((double *)tc.data)[h] == 80.0);
         free(ref);
+        free(plain);
         tensor_free(&tq);
         tensor_free(&tm);
         tensor_free(&tc);
@@ -846,8 +873,9 @@ static void test_stories_query_sample(void **state)
         assert_true(rows[i] >= 0 && rows[i] < 80);
         if (i)
             assert_true(rows[i] > rows[i - 1]);
-        assert_memory_equal((float *)q3.data + i * 64, (float *)qa.data + rows[i] * 64,
-                            64 * sizeof(float));
+        const int qd = RM.heads * RM.head_dim;
+        assert_memory_equal((float *)q3.data + i * qd, (float *)qa.data + rows[i] * qd,
+                            (size_t)qd * sizeof(float));
     }
     /* every layer samples the same rows */
     tensor r3l0 = load(test_path("s_q3"), 0, "q_rows");
@@ -906,12 +934,17 @@ static void test_stories_merge_property(void **state)
     snprintf(py, sizeof py, "%s", test_path("y.ids"));
     snprintf(pz, sizeof pz, "%s", test_path("z.ids"));
     snprintf(pw, sizeof pw, "%s", test_path("w.ids"));
-    write_ids(px, ids, 2 * (SEQ - 1));          /* two full sequences */
-    write_ids(py, ids + 40, SEQ - 1);           /* one full sequence */
-    write_ids(pz, ids + 60, 9);                 /* one partial sequence */
-    write_ids(pw, ids + 100, 2 * (SEQ - 1) + 4); /* three sequences */
+    const int nb = RM.bos;                        /* a model without BOS: SEQ ids fill one */
+    write_ids(px, ids, 2 * (SEQ - nb));            /* two full sequences */
+    write_ids(py, ids + 40, SEQ - nb);            /* one full sequence */
+    write_ids(pz, ids + 60, 9);                   /* one partial sequence */
+    write_ids(pw, ids + 100, 2 * (SEQ - nb) + 4); /* three sequences */
 
     kvq_capture_params p = kvq_capture_params_default();
+    if (!RM.is_stories) {
+        p.layers = SMOL_LAYERS;
+        p.n_layers = 5;
+    }
     p.seq_len = SEQ;
     p.dtype = KVQ_DT_F32;
     p.threads = 1;
@@ -940,7 +973,7 @@ static void test_stories_merge_property(void **state)
     kvq_capture_info *a = NULL, *b = NULL;
     assert_int_equal(kvq_capture_info_read(test_path("m_merged"), &a, &e), KVQ_OK);
     assert_int_equal(kvq_capture_info_read(test_path("m_xyz"), &b, &e), KVQ_OK);
-    assert_int_equal(a->n_tokens, 2 * SEQ + SEQ + 10);
+    assert_int_equal(a->n_tokens, 2 * SEQ + SEQ + 9 + nb);
     assert_int_equal(a->n_tokens, b->n_tokens);
     assert_int_equal(a->n_sequences, 4);
     assert_int_equal(a->n_sequences, b->n_sequences);

@@ -369,11 +369,63 @@ static void assert_u64_key(const kvq_gguf *g, const char *key, uint64_t want)
     assert_int_equal(v->v.u, want);
 }
 
+/* Without stories260K: SmolLM2's header against the values the `gguf` package reads
+ * from the same file (gguf 0.19.0: GGUFReader fields, .data_offset, .alignment,
+ * .tensors[i].name / tensor_type / shape / data_offset - data_offset / n_bytes). */
+static void smollm2_header(const char *path)
+{
+    kvq_gguf *g = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_gguf_open(path, &g, &e), KVQ_OK);
+    assert_int_equal(kvq_gguf_version(g), 3);
+    assert_int_equal(kvq_gguf_tensor_count(g), 272);
+    assert_int_equal(kvq_gguf_kv_count(g), 33);
+    assert_int_equal(kvq_gguf_data_offset(g), 1785664);
+    assert_int_equal(kvq_gguf_alignment(g), 32);
+    assert_string_equal(kvq_gguf_get_str(g, "general.architecture"), "llama");
+    assert_string_equal(kvq_gguf_get_str(g, "tokenizer.ggml.model"), "gpt2");
+    assert_string_equal(kvq_gguf_get_str(g, "tokenizer.ggml.pre"), "smollm");
+    assert_u64_key(g, "llama.context_length", 8192);
+    assert_u64_key(g, "llama.embedding_length", 576);
+    assert_u64_key(g, "llama.feed_forward_length", 1536);
+    assert_u64_key(g, "llama.block_count", 30);
+    assert_u64_key(g, "llama.attention.head_count", 9);
+    assert_u64_key(g, "llama.attention.head_count_kv", 3);
+    assert_u64_key(g, "llama.vocab_size", 49152);
+    assert_u64_key(g, "tokenizer.ggml.bos_token_id", 1);
+    assert_u64_key(g, "tokenizer.ggml.eos_token_id", 2);
+    assert_u64_key(g, "tokenizer.ggml.padding_token_id", 2);
+    const kvq_gguf_value *tok = kvq_gguf_get(g, "tokenizer.ggml.tokens");
+    assert_non_null(tok);
+    assert_int_equal(tok->v.arr.n, 49152);
+    const kvq_gguf_value *mg = kvq_gguf_get(g, "tokenizer.ggml.merges");
+    assert_non_null(mg);
+    assert_int_equal(mg->v.arr.n, 48900);
+    const kvq_gguf_tensor *t0 = kvq_gguf_tensor_at(g, 0), *t2 = kvq_gguf_tensor_at(g, 2);
+    assert_string_equal(t0->name, "token_embd.weight");
+    assert_int_equal(t0->type, KVQ_GGML_Q8_0);
+    assert_int_equal(t0->ne[0], 576);
+    assert_int_equal(t0->ne[1], 49152);
+    assert_int_equal(t0->offset, 0);
+    assert_int_equal(t0->nbytes, 30081024);
+    assert_string_equal(t2->name, "blk.0.ffn_down.weight");
+    assert_int_equal(t2->type, KVQ_GGML_Q4_1);
+    assert_int_equal(t2->ne[0], 1536);
+    assert_int_equal(t2->ne[1], 576);
+    assert_int_equal(t2->offset, 30083328);
+    kvq_gguf_close(g);
+}
+
 static void test_model_header(void **state)
 {
-    const char *path = test_model_path();
+    int is_stories;
+    const char *path = test_real_model(&is_stories);
     if (!path)
-        TEST_SKIP("stories260K.gguf not found (KVQ_TEST_MODEL)");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    if (!is_stories) {
+        smollm2_header(path);
+        return;
+    }
     kvq_gguf *g = NULL;
     kvq_err e = {0};
     assert_int_equal(kvq_gguf_open(path, &g, &e), KVQ_OK);

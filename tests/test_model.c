@@ -129,11 +129,58 @@ static const char golden_text[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in "
     "the park. One day, she saw a big, red ball. She wanted to";
 
+/* Without stories260K: SmolLM2's configuration against its GGUF metadata (as the gguf
+ * package reads it: tests/data/smollm2_q41_golden.json "model"), and greedy decoding one
+ * token at a time against one prefill and chunks of 7 of the same ids. Its logits and
+ * greedy ids against numpy and llama.cpp are in test_smollm2.c. */
+static void smollm2_consistency(const char *path)
+{
+    kvq_model *m = open_ok(path);
+    const kvq_model_config *c = kvq_model_config_get(m);
+    assert_int_equal(c->arch, KVQ_ARCH_LLAMA);
+    assert_int_equal(c->n_layers, 30);
+    assert_int_equal(c->dim, 576);
+    assert_int_equal(c->hidden_dim, 1536);
+    assert_int_equal(c->n_heads, 9);
+    assert_int_equal(c->n_kv_heads, 3);
+    assert_int_equal(c->head_dim, 64);
+    assert_int_equal(c->vocab_size, 49152);
+    assert_int_equal(c->rope.layout, KVQ_ROPE_INTERLEAVED);
+    assert_true(c->rope.base == 100000.0);
+    assert_int_equal(c->bos_id, 1);
+    assert_true(c->tied_embeddings == 1);
+    enum { N = 8, V = 49152 };
+    kvq_forward *f = forward_ok(m, 256);
+    float *logits = malloc(sizeof(float) * V), *step = malloc(sizeof(float) * N * V);
+    assert_true(logits && step);
+    int32_t seq[N + 1] = {6403}; /* "Once" */
+    tokens_ok(f, seq, 1, KVQ_LOGITS_LAST, logits);
+    for (int i = 0; i < N; i++) {
+        memcpy(step + (size_t)i * V, logits, sizeof(float) * V);
+        seq[i + 1] = argmax(logits, V);
+        if (i < N - 1)
+            tokens_ok(f, &seq[i + 1], 1, KVQ_LOGITS_LAST, logits);
+    }
+    kvq_forward_free(f);
+    float *all = run_all(m, seq, N, 256, NULL), *chunked = run_all(m, seq, N, 7, NULL);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(argmax(all + (size_t)i * V, V), seq[i + 1]);
+    assert_close(all, step, (size_t)N * V, 2e-3);
+    assert_close(all, chunked, (size_t)N * V, 1e-4);
+    free(all), free(chunked), free(logits), free(step);
+    kvq_model_close(m);
+}
+
 static void test_stories_golden(void **state)
 {
-    const char *path = test_model_path();
+    int is_stories;
+    const char *path = test_real_model(&is_stories);
     if (!path)
-        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    if (!is_stories) {
+        smollm2_consistency(path);
+        return;
+    }
     kvq_model *m = open_ok(path);
     const kvq_model_config *c = kvq_model_config_get(m);
     assert_int_equal(c->arch, KVQ_ARCH_LLAMA);
@@ -716,16 +763,19 @@ static void test_tokenizer_attached(void **state)
     assert_null(m);
     tinyllama_free(t);
 
-    const char *stories = test_model_path();
-    if (!stories)
-        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
-    s.vocab = 512;
-    s.tokenizer_from = stories;
+    /* the tokenizer of stories260K (SPM, 512), else SmolLM2's (BPE, 49152; both have
+     * bos_token_id 1 in their GGUF metadata) */
+    int is_stories;
+    const char *real = test_real_model(&is_stories);
+    if (!real)
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    s.vocab = is_stories ? 512 : 49152;
+    s.tokenizer_from = real;
     t = tinyllama_new(&s);
     assert_int_equal(tinyllama_write_gguf(t, test_path("tok.gguf")), 0);
     m = open_ok(test_path("tok.gguf"));
     assert_non_null(kvq_model_tokenizer(m));
-    assert_int_equal(kvq_tokenizer_n_vocab(kvq_model_tokenizer(m)), 512);
+    assert_int_equal(kvq_tokenizer_n_vocab(kvq_model_tokenizer(m)), s.vocab);
     assert_int_equal(kvq_model_config_get(m)->bos_id, 1);
     kvq_model_close(m);
     tinyllama_free(t);

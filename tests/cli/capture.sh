@@ -26,15 +26,14 @@ expect_error capture_bad_seq_len 2 "seq-len" -- \
 expect_error capture_missing_model 1 "nothing-here" -- \
   "$KVQ" capture --model "$T/nothing-here" --corpus uuid:1 -o "$T/x"
 
-if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
+if ! real_model; then
   for n in capture_stories capture_readback capture_log capture_exists capture_force \
            capture_unwritable capture_empty capture_context_warning capture_merge \
            capture_merge_mismatch capture_merge_exists; do
-    skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
+    skip "$n" "$no_model"
   done
   cli_done; exit
 fi
-M=$KVQ_TEST_MODEL
 run_cap() { "$KVQ" capture --model "$M" --threads 1 "$@"; }
 
 # ---- a capture, read back with numpy ----------------------------------------------------
@@ -50,14 +49,21 @@ fi
 
 if ! "$PYTHON" -c 'import numpy' 2>/dev/null; then
   skip capture_readback "numpy is not installed"
-elif out=$("$PYTHON" - "$T/a" <<'EOF' 2>&1
+elif out=$("$PYTHON" - "$T/a" "$M" <<'EOF' 2>&1
 import json, struct, sys
+import gguf
 import numpy as np
 d = sys.argv[1]
+# the expected shape and BOS rule, from the GGUF file read by the gguf package
+g = gguf.GGUFReader(sys.argv[2])
+f = lambda k, dflt=None: g.fields[k].contents() if k in g.fields else dflt
+H = f("llama.attention.head_count"); KV = f("llama.attention.head_count_kv")
+HD = f("llama.embedding_length") // H
+BOS = f("tokenizer.ggml.add_bos_token", f("tokenizer.ggml.model") == "llama")
 c = json.load(open(d + "/capture.json"))
 assert c["format"] == "kvq-capture" and c["version"] == 1, c["format"]
 assert c["model"]["architecture"] == "llama" and c["model"]["rope"]["layout"] == "interleaved"
-assert c["model"]["n_heads"] == 8 and c["model"]["head_dim"] == 8
+assert c["model"]["n_heads"] == H and c["model"]["head_dim"] == HD
 assert (c["dtype"], c["seq_len"], c["n_tokens"], c["n_sequences"]) == ("f32", 32, 64, 2), c
 assert c["sequences"] == [[0, 32], [32, 32]] and c["layers"] == [0, 2]
 assert c["queries"] == 16 and c["seed"] == 5 and c["has_values"] is True
@@ -71,14 +77,16 @@ for layer, name in zip(c["layers"], c["files"]):
     t = {k: np.frombuffer(b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
                           dtype=DT[v["dtype"]]).reshape(v["shape"])
          for k, v in h.items() if k != "__metadata__"}
-    assert t["k"].shape == (64, 4, 8) and t["v"].shape == (64, 4, 8) and t["q"].shape == (16, 8, 8)
+    assert t["k"].shape == (64, KV, HD) and t["v"].shape == (64, KV, HD)
+    assert t["q"].shape == (16, H, HD)
     rows = t["q_rows"]
     assert (np.diff(rows) > 0).all() and rows[0] >= 0 and rows[-1] < 64
     assert (t["pos"] == np.tile(np.arange(32), 2)).all() and (t["seq"] == np.repeat([0, 1], 32)).all()
-    assert t["tokens"][0] == 1 and t["tokens"][32] == 1
+    assert (t["tokens"][0] == f("tokenizer.ggml.bos_token_id")) == bool(BOS)
+    assert (t["tokens"][32] == f("tokenizer.ggml.bos_token_id")) == bool(BOS)
     assert (t["q_moment_count"] == 64).all()
     s = t["q_moment_sum"]
-    assert s.shape == (8, 8, 8) and (s == s.transpose(0, 2, 1)).all()
+    assert s.shape == (H, HD, HD) and (s == s.transpose(0, 2, 1)).all()
     assert (np.einsum("hii->hi", s) > 0).all()
 EOF
 ); then
@@ -113,9 +121,9 @@ expect_error capture_unwritable 1 "file/out: cannot create" -- \
 : >"$T/empty.ids"
 expect_error capture_empty 1 "no text" -- run_cap --corpus "ids:$T/empty.ids" -q -o "$T/e"
 [ "$(leftovers "$T/e")" = 0 ] || fail capture_empty_leftovers "$(ls "$T")"
-_cli_run run_cap --corpus uuid:1 --seq-len 3000 --max-tokens 24 -o "$T/w"
+_cli_run run_cap --corpus uuid:1 --seq-len $((MI_CTX + 952)) --max-tokens 24 -o "$T/w"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
-   grep -q "warning: capture: sequences of 3000 tokens exceed the model's context length 2048" \
+   grep -q "warning: capture: sequences of $((MI_CTX + 952)) tokens exceed the model's context length $MI_CTX" \
      "$CLI_TMP/stderr"; then
   ok capture_context_warning
 else
@@ -126,12 +134,14 @@ fi
 # X holds 2 * (seq_len - 1) ids, so it fills whole sequences and the concatenated corpus
 # splits exactly like the parts; Y is one (partial) sequence, so even the float64 moment
 # sums add up bit for bit and the layer files are byte-identical.
+# (A model without BOS, e.g. SmolLM2: X holds 2 * seq_len ids.)
 "$PYTHON" -c '
 import struct, sys
+nx = 2 * (16 - int(sys.argv[3]))
 ids = [3 + (i * 97) % 500 for i in range(60)]
-open(sys.argv[1], "wb").write(struct.pack("<30i", *ids[:30]))
-open(sys.argv[2], "wb").write(struct.pack("<9i", *ids[30:39]))
-' "$T/x.ids" "$T/y.ids"
+open(sys.argv[1], "wb").write(struct.pack("<%di" % nx, *ids[:nx]))
+open(sys.argv[2], "wb").write(struct.pack("<9i", *ids[nx:nx + 9]))
+' "$T/x.ids" "$T/y.ids" "$MI_ADD_BOS"
 run_cap --corpus "ids:$T/x.ids" --seq-len 16 -q -o "$T/mx" &&
 run_cap --corpus "ids:$T/y.ids" --seq-len 16 -q -o "$T/my" &&
 run_cap --corpus "ids:$T/x.ids,ids:$T/y.ids" --seq-len 16 -q -o "$T/mxy"
@@ -141,7 +151,7 @@ for f in "$T"/mxy/layer_*.safetensors; do
   cmp -s "$f" "$T/merged/$(basename "$f")" || same=0
 done
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ "$same" = 1 ] &&
-   grep -q '"sequences": \[\[0, 16\], \[16, 16\], \[32, 10\]\]' "$T/merged/capture.json"; then
+   grep -q "\"sequences\": \\[\\[0, 16\\], \\[16, 16\\], \\[32, $((9 + MI_ADD_BOS))\\]\\]" "$T/merged/capture.json"; then
   ok capture_merge
 else
   fail capture_merge "exit $(cat "$CLI_TMP/rc"), same files: $same" "$(head -3 "$CLI_TMP/stderr")"

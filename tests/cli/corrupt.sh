@@ -12,9 +12,9 @@ T=$CLI_TMP/corrupt
 mkdir -p "$T"
 N=${KVQ_CORRUPT_CASES:-16}
 S=${KVQ_CORRUPT_SEED:-1}
-M=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
-if [ ! -f "$M" ]; then
-  skip corrupt_battery "test model $M not found"; cli_done; exit
+# stories260K, else SmolLM2 (its capture of layers 0-1)
+if ! real_model; then
+  skip corrupt_battery "$no_model"; cli_done; exit
 fi
 echo "corrupt battery: $N cases per file and command, seed $S (KVQ_CORRUPT_SEED)"
 battery() { "$PYTHON" tests/helpers/corrupt.py "$@" || cli_failures=$((cli_failures + 1)); }
@@ -22,7 +22,7 @@ battery() { "$PYTHON" tests/helpers/corrupt.py "$@" || cli_failures=$((cli_failu
 # The inputs: a copy of the model, a small capture of it, its moments and an artifact.
 cp "$M" "$T/m.gguf"
 if ! "$KVQ" capture --model "$T/m.gguf" --corpus uuid:2 --seq-len 64 --max-tokens 256 \
-       --threads 1 -q -o "$T/cap" 2>"$T/err" ||
+       $([ "$IS_STORIES" = 1 ] || echo --layers 0-1) --threads 1 -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -q -o "$T/mom.safetensors" 2>>"$T/err" ||
    ! "$KVQ" fit --capture "$T/cap" --moments "$T/mom.safetensors" --codebook 8 --iters 2 \
        --threads 1 -q -o "$T/a.kvq" 2>>"$T/err"; then

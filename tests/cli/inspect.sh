@@ -43,9 +43,24 @@ assert ts[-1]["name"] == "blk.4.ffn_norm.weight" and ts[-1]["offset"] == 1170944
   head -c 100 "$KVQ_TEST_MODEL" >"$T/cut.gguf"
   expect_error inspect_truncated_gguf 1 '^kvq inspect: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
     "$KVQ" inspect "$T/cut.gguf"
+elif real_model; then
+  # No stories260K: SmolLM2's text and JSON checked against the gguf package, field by
+  # field (tests/helpers/check_inspect_gguf.py), instead of pinned expected output.
+  "$KVQ" inspect "$M" >"$T/model.txt" 2>"$T/model.err" &&
+    "$KVQ" inspect --json "$M" >"$T/model.json" 2>>"$T/model.err"
+  if [ $? != 0 ] || [ -s "$T/model.err" ]; then
+    fail inspect_smollm2 "$(head -3 "$T/model.err")"
+  elif out=$("$PYTHON" tests/helpers/check_inspect_gguf.py "$M" "$T/model.txt" "$T/model.json" 2>&1); then
+    ok "inspect_smollm2_vs_gguf ($out)"
+  else
+    fail inspect_smollm2_vs_gguf "$(printf '%s' "$out" | tail -3)"
+  fi
+  head -c 100 "$M" >"$T/cut.gguf"
+  expect_error inspect_truncated_gguf 1 '^kvq inspect: [^ ]*/cut\.gguf: .*(ends|truncated)' -- \
+    "$KVQ" inspect "$T/cut.gguf"
 else
   for n in inspect_stories260K inspect_stories260K_json inspect_truncated_gguf; do
-    skip "$n" "model ${KVQ_TEST_MODEL:-(unset)} not found"
+    skip "$n" "$no_model"
   done
 fi
 
@@ -116,17 +131,20 @@ fi
 fit_names="inspect_fit inspect_profile inspect_fit_json inspect_fit_text_numbers
   inspect_profile_json inspect_fit_python_reader"
 fit_reason= fit_failed=
-if [ ! -f "${KVQ_TEST_MODEL:-}" ]; then
-  fit_reason="model ${KVQ_TEST_MODEL:-(unset)} not found"
-fi
+# stories260K, else SmolLM2 (its layers 0-4 only, for time; MI_KV_HEADS from the file).
+real_model || fit_reason=$no_model
+# (SmolLM2's 16-centroid codebooks leave an error about 0.33 even when every token is
+# attended: there the tolerance is 0.5)
+export PROF_TOL=0.2; [ "${IS_STORIES:-1}" = 1 ] || PROF_TOL=0.5
+export MI_KV_HEADS MI_HEAD_DIM
 if [ -z "$fit_reason" ] &&
-   ! { "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:2 --seq-len 128 --max-tokens 512 \
-         --threads 1 -q -o "$T/fitcap" &&
+   ! { "$KVQ" capture --model "$M" --corpus uuid:2 --seq-len 128 --max-tokens 512 \
+         --layers 0-4 --threads 1 -q -o "$T/fitcap" &&
        "$KVQ" moments --capture "$T/fitcap" -o "$T/fitmom" -q &&
        "$KVQ" fit --capture "$T/fitcap" --moments "$T/fitmom" --codebook 16 --iters 3 \
          --threads 1 -q -o "$T/fit.kvq" &&
        "$KVQ" profile --capture "$T/fitcap" --artifact "$T/fit.kvq" --knobs leankv,pats,budget \
-         --window 32 --alpha-h 0,2 --alpha-l 0,0.05 --budgets 5%,25% --tolerance 0.2 \
+         --window 32 --alpha-h 0,2 --alpha-l 0,0.05 --budgets 5%,25% --tolerance "$PROF_TOL" \
          --threads 1 -q -o "$T/prof.kvq"; } >/dev/null 2>"$T/fit.err"; then
   fit_failed="capture, moments, fit or profile failed: $(grep -v warning "$T/fit.err" | head -1)"
 fi
@@ -139,19 +157,37 @@ else
   summary_sed='s/^([a-z]+\.kvq: .*), [0-9]+ bytes$/\1, N bytes/; s/compressed [0-9.]+x/compressed R x/
 /^held-out attention-score MSE/,/^$/ s/^( +([0-9]+|all)) .*/\1 #/
 /^[a-z]+ profile \(/,/^$/ s/ +-?[0-9]+\.[0-9]+(e[-+][0-9]+)?/ #/g'
+  if [ "$IS_STORIES" = 0 ]; then
+    # Another model: the same text but for what depends on the model's shape (sizes,
+    # counts, KV heads, layers of N) and the profile tables' numbers (PATS saves memory
+    # at head dim 64, so its row and the chosen setting differ): masked on both sides.
+    model_sed='s/payload [0-9]+ bytes/payload N bytes/; s/, [0-9]+ tensors, [0-9]+ metadata keys/, N tensors, N metadata keys/
+s/[0-9]+ KV heads/K KV heads/; s/ \(5 of [0-9]+\)/ (5 of N)/; s/^  pats  .*/  pats  #/
+s/^  (leankv|budget)  .*: within tolerance$/  \1  #: within tolerance/; s/, tolerance 0\.[25],/, tolerance T,/
+/^[a-z]+ profile \(/,/^$/ s/^[* ] +([a-z-]*)( .*)?$/  \1 #/'
+    summary_sed="$summary_sed
+$model_sed"
+    mkdir -p "$T/expected"
+    for f in inspect_fit_kvq.txt inspect_profile_kvq.txt; do
+      sed -E "$summary_sed" "$CLI_EXPECTED/$f" >"$T/expected/$f"
+    done
+    cli_expected=$CLI_EXPECTED CLI_EXPECTED=$T/expected
+  fi
   # shellcheck disable=SC2016
   summary='set -o pipefail; cd "$1" && "$2" inspect "$3" | sed "/^model (/,\$d"'
   expect_output_sed inspect_fit inspect_fit_kvq.txt "$summary_sed" -- \
     bash -c "$summary" _ "$T" "$KVQ" fit.kvq
   expect_output_sed inspect_profile inspect_profile_kvq.txt "$summary_sed" -- \
     bash -c "$summary" _ "$T" "$KVQ" prof.kvq
+  CLI_EXPECTED=${cli_expected:-$CLI_EXPECTED}
 
   expect_json inspect_fit_json '
 f, m = d["fit"], d["metadata"]
 assert "thresholds" not in d
 assert (f["method"], f["artifact_method"], f["reference"]) == ("qavq", "qavq", "vq")
 assert (f["codebook_size"], f["groups"], f["bits_per_token"], f["seed"]) == (16, 1, 4, 1234)
-assert f["layers"] == [0, 1, 2, 3, 4] and f["n_kv_heads"] == 4
+KV = int(__import__("os").environ["MI_KV_HEADS"])
+assert f["layers"] == [0, 1, 2, 3, 4] and f["n_kv_heads"] == KV
 assert f["kmeans"] == {"init": "greedy-k-means++", "iters": 3, "sample": 256, "tol": 0.0001}
 assert (f["holdout"], f["positions"], f["n_train"], f["n_heldout_keys"]) == (0.1, "wrope", 384, 128)
 def close(a, b): return abs(a - b) <= 1e-12 * max(abs(a), abs(b))
@@ -159,17 +195,17 @@ heads = {k: [] for k in ("score_mse", "score_mse_ref", "score_power")}
 assert [r["layer"] for r in f["per_layer"]] == [0, 1, 2, 3, 4]
 for r in f["per_layer"]:
     for k in heads:
-        assert len(r["heads"][k]) == 4 and all(x > 0 for x in r["heads"][k]), (r, k)
-        assert close(r[k], sum(r["heads"][k]) / 4), (r, k)
+        assert len(r["heads"][k]) == KV and all(x > 0 for x in r["heads"][k]), (r, k)
+        assert close(r[k], sum(r["heads"][k]) / KV), (r, k)
         heads[k] += r["heads"][k]
     assert close(r["ratio"], r["score_mse"] / r["score_mse_ref"])
 for k in heads:   # the overall means are those kvq fit wrote in the metadata
-    assert close(f[k], sum(heads[k]) / 20) and close(f[k], float(m["diag.fit." + k])), k
+    assert close(f[k], sum(heads[k]) / (5 * KV)) and close(f[k], float(m["diag.fit." + k])), k
 assert close(f["ratio"], f["score_mse"] / f["score_mse_ref"])
 assert f["ratio"] < 1, f["ratio"]   # query-aware beats plain VQ on held-out scores
 names = {x["name"] for x in d["tensors"]}   # the raw listing stays complete
 assert all("diag.layer.%d.head.%d.ref.score_mse" % (l, h) in names
-           for l in range(5) for h in range(4))
+           for l in range(5) for h in range(KV))
 assert {"diag.fit." + k for k in heads} <= names and "fit.method" in m
 ' -- "$KVQ" inspect --json "$T/fit.kvq"
 
@@ -177,9 +213,9 @@ assert {"diag.fit." + k for k in heads} <= names and "fit.method" in m
   "$KVQ" inspect "$T/fit.kvq" >"$T/fit.txt"
   "$KVQ" inspect --json "$T/fit.kvq" >"$T/fit.json"
   if out=$("$PYTHON" - "$T/fit.txt" "$T/fit.json" 2>&1 <<'EOF'
-import json, sys
+import json, os, sys
 text, f = open(sys.argv[1]).read().split("\n"), json.load(open(sys.argv[2]))["fit"]
-at = text.index("held-out attention-score MSE per layer (mean over 4 KV heads; "
+at = text.index("held-out attention-score MSE per layer (mean over %s KV heads; " % os.environ["MI_KV_HEADS"] +
                 "power = E[score^2]):")
 assert text[at + 1].split() == ["layer", "qavq", "vq", "qavq/vq", "power"], text[at + 1]
 rows = f["per_layer"] + [dict(f, layer="all")]
@@ -193,24 +229,36 @@ EOF
 
   expect_json inspect_profile_json '
 t, m = d["thresholds"], d["metadata"]
-assert (t["metric"], t["tolerance"], t["prompt_fraction"]) == ("attn_rel_err", 0.2, 0.5)
+import os
+TOL = float(os.environ["PROF_TOL"])
+assert (t["metric"], t["tolerance"], t["prompt_fraction"]) == ("attn_rel_err", TOL, 0.5)
 assert t["ppl_full"] is None and t["mass"] == {"skipped": "not asked for"}, t
-# pats: at d = 8 a packed row (one 64-byte block) costs 4x the f16 row: none is chosen
+# pats: at d = 8 a packed row (one 64-byte block) costs 4x the f16 row: none is chosen;
+# at a larger head dim (SmolLM2: 64) the chosen setting, if any, saves memory
+import os
+HD = int(os.environ["MI_HEAD_DIM"])
 pm = t["pats"]["columns"].index("memory")
-assert t["pats"]["chosen"] is None and all(r[pm] == 4.0 for r in t["pats"]["rows"]), t["pats"]
-assert len(t["pats"]["rows"]) == 12 and not any(k.startswith("pats.") for k in m)
+if HD == 8:
+    assert t["pats"]["chosen"] is None and all(r[pm] == 4.0 for r in t["pats"]["rows"]), t["pats"]
+    assert not any(k.startswith("pats.") for k in m)
+else:
+    c = t["pats"]["chosen"]
+    assert c is None or 0 < t["pats"]["rows"][c][pm] < 1, t["pats"]
+assert len(t["pats"]["rows"]) == 12
 for k, n_rows in (("leankv", 4), ("budget", 2)):
     x = t[k]
     assert x["columns"] == m["profile.%s.columns" % k].split(","), k
     assert len(x["rows"]) == n_rows and x["met"] is True and 0 <= x["chosen"] < n_rows, k
     row = dict(zip(x["columns"], x["rows"][x["chosen"]]))
-    assert row["err"] <= 0.2 and row["ppl"] is None, (k, row)
+    assert row["err"] <= TOL and row["ppl"] is None, (k, row)
     for c, v in row.items():   # the chosen row is the one profile recorded
         assert v is None or float(m["diag.profile.%s.%s" % (k, c)]) == v, (k, c)
 lk, bu = (dict(zip(t[k]["columns"], t[k]["rows"][t[k]["chosen"]])) for k in ("leankv", "budget"))
 assert (t["leankv"]["alpha_h"], t["leankv"]["alpha_l"]) == (lk["alpha_h"], lk["alpha_l"])
 assert (t["leankv"]["window"], t["leankv"]["bits"]) == (32, "K8V4,K4V2")
-assert t["leankv"]["rows"][0][:3] == [0, 0, 20 / 32]   # alpha_h 0: every token K8V4, d = 8
+# alpha_h 0: every token K8V4: 12 bits per element plus an f16 scale and zero per row
+# of K and of V, of the f16 K and V rows (20 / 32 at d = 8)
+assert t["leankv"]["rows"][0][:3] == [0, 0, (1.5 * HD + 8) / (4 * HD)], t["leankv"]["rows"][0]
 assert (t["budget"]["fraction"], t["budget"]["sink"]) == (bu["fraction"], 4)
 assert (t["budget"]["selector"], t["budget"]["positions"]) == ("codebook", "wrope")
 assert d["fit"]["method"] == "qavq"
@@ -222,7 +270,7 @@ assert d["fit"]["method"] == "qavq"
     # The independent reader: the JSON per-head values and profile rows are the tensors.
     "$KVQ" inspect --json "$T/prof.kvq" >"$T/prof.json"
     if out=$("$PYTHON" - "$T/prof.kvq" "$T/prof.json" 2>&1 <<'EOF'
-import json, sys
+import json, os, sys
 import numpy as np
 sys.path.insert(0, "scripts")
 from kvq_read import read_artifact
@@ -231,7 +279,7 @@ for i, r in enumerate(d["fit"]["per_layer"]):
     for k, name in (("score_mse", "score_mse"), ("score_mse_ref", "ref.score_mse"),
                     ("score_power", "score_power")):
         assert r["heads"][k] == a.tensors["diag.fit." + k][i].tolist(), (i, k)
-        for h in range(4):
+        for h in range(int(os.environ["MI_KV_HEADS"])):
             x = a.tensors["diag.layer.%d.head.%d.%s" % (i, h, name)]
             assert float(x) == r["heads"][k][h], (i, h, name)
 for k in ("leankv", "pats", "budget"):

@@ -39,8 +39,26 @@ mkdir "$tmp/hf"; echo '{"model_type": "gpt2"}' >"$tmp/hf/config.json"
 check "eval unsupported architecture" '[ $rc -eq 1 ] && [ "$(cat "$tmp/err")" = "kvq eval: $tmp/hf/config.json: unsupported architecture '"'"'gpt2'"'"'" ]'
 
 # ---- the real tiny model ----------------------------------------------------------
+SMOL=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ ! -f "$MODEL" ] && [ -f "$SMOL" ]; then
+  # No stories260K: SmolLM2's greedy text against llama.cpp's (tests/data/
+  # smollm2_q41_golden.json, scripts/gen_smollm2_golden.py), threads and seeds.
+  g() { "$PYTHON" -c 'import json, sys; p = json.load(open("tests/data/smollm2_q41_golden.json"))["prompts"][0]; print(p[sys.argv[1]] if sys.argv[1] == "text" else p["llamacpp_greedy"]["text"], end="")' "$1"; }
+  prompt=$(g text); want="$prompt$(g greedy)"
+  "$KVQ" run --model "$SMOL" -n 32 --temp 0 --prompt "$prompt" >"$tmp/out" 2>"$tmp/err"; rc=$?
+  check "run smollm2 greedy = llama.cpp" '[ $rc -eq 0 ] && [ "$(cat "$tmp/out")" = "$want" ]'
+  check "run smollm2 reports tokens/s" 'grep -q "generated 32 tokens in .* tokens/s)" "$tmp/err"'
+  "$KVQ" run --model "$SMOL" -n 32 --temp 0 --prompt "$prompt" -q --threads 1 >"$tmp/out1" 2>"$tmp/err"; rc=$?
+  check "run smollm2 -q --threads 1" '[ $rc -eq 0 ] && [ ! -s "$tmp/err" ] && cmp -s "$tmp/out" "$tmp/out1"'
+  "$KVQ" run --model "$SMOL" -n 16 --temp 1.0 --top-p 0.9 --seed 5 -q >"$tmp/s1"
+  "$KVQ" run --model "$SMOL" -n 16 --temp 1.0 --top-p 0.9 --seed 5 -q >"$tmp/s2"
+  "$KVQ" run --model "$SMOL" -n 16 --temp 1.0 --top-p 0.9 --seed 6 -q >"$tmp/s3"
+  check "run smollm2 sampling is seeded" 'cmp -s "$tmp/s1" "$tmp/s2" && [ -s "$tmp/s1" ]'
+  check "run smollm2 seeds differ" '! cmp -s "$tmp/s1" "$tmp/s3"'
+  exit 0
+fi
 if [ ! -f "$MODEL" ]; then
-  echo "skip run: $MODEL not found (set KVQ_TEST_MODEL)"; exit 0
+  echo "skip run: $MODEL and $SMOL not found (set KVQ_TEST_MODEL)"; exit 0
 fi
 golden="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to"
 

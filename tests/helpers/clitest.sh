@@ -106,4 +106,19 @@ $code
   fi
 }
 
+# real_model: the real model the checks run on — stories260K (KVQ_TEST_MODEL) when
+# present, else SmolLM2 (KVQ_SMOLLM2, fetched by `make test`), so a machine without
+# ../shared skips nothing. Sets M, IS_STORIES (1/0) and the MI_* shape read from the file
+# by the `gguf` package (tests/helpers/model_info.py). Returns 1 when neither exists.
+real_model() {
+  KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+  KVQ_SMOLLM2=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+  if [ -f "$KVQ_TEST_MODEL" ]; then M=$KVQ_TEST_MODEL; IS_STORIES=1
+  elif [ -f "$KVQ_SMOLLM2" ]; then M=$KVQ_SMOLLM2; IS_STORIES=0
+  else M=; return 1; fi
+  eval "$("$PYTHON" tests/helpers/model_info.py "$M")"
+}
+# The reason for a skip when real_model finds nothing.
+no_model="models ${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf} and ${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf} not found"
+
 cli_done() { [ "$cli_failures" -eq 0 ]; }

@@ -18,6 +18,21 @@ const char *test_model_path(void)
     return exists(p) ? p : NULL;
 }
 
+const char *test_smollm2_path(void)
+{
+    const char *p = getenv("KVQ_SMOLLM2");
+    if (!p || !*p)
+        p = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    return exists(p) ? p : NULL;
+}
+
+const char *test_real_model(int *is_stories)
+{
+    const char *p = test_model_path();
+    *is_stories = p != NULL;
+    return p ? p : test_smollm2_path();
+}
+
 static const char *sibling(const char *name)
 {
     static char buf[2][4096];

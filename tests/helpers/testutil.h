@@ -11,6 +11,17 @@ const char *test_model_path(void);
 const char *test_model_bin_path(void);
 const char *test_tokenizer_bin_path(void);
 
+/* SmolLM2-135M-Instruct Q4_1 (KVQ_SMOLLM2, default
+ * .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf, fetched by `make test`), or NULL. */
+const char *test_smollm2_path(void);
+/* The real model a model-neutral test runs on: stories260K when present, else SmolLM2
+ * (so a machine without ../shared skips nothing); NULL when neither is. *is_stories is
+ * set to 1 for stories260K, 0 for SmolLM2. Shapes of each, from the GGUF metadata (as
+ * the `gguf` package reads it, tests/helpers/model_info.py): stories260K 5 layers x 4
+ * KV heads (8 heads, head dim 8, vocab 512, BOS added); SmolLM2 30 layers x 3 KV heads
+ * (9 heads, head dim 64, vocab 49152, no BOS). */
+const char *test_real_model(int *is_stories);
+
 /* Creates a fresh temporary directory; returns a static path, removed by test_tmpdir_cleanup. */
 const char *test_tmpdir(void);
 void test_tmpdir_cleanup(void);
