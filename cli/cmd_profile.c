@@ -166,7 +166,8 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
     printf("\n");
     if (r->n_measured < r->n_queries)
         printf("leankv / pats error measured on %lld of them (%lld per sequence, evenly spaced; "
-               "settings near the tolerance on every row); +- is the 95%% interval\n",
+               "settings near the tolerance on every row; budgets and taus likewise); +- is "
+               "the 95%% interval\n",
                (long long)r->n_measured, (long long)p->sample_rows);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
@@ -194,7 +195,10 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
                 print_cell(stdout, t, c, t->rows[(size_t)j * t->n_cols + c]);
             printf("\n");
         }
-        if (r->n_measured < r->n_queries && t->err_ci && i <= KVQ_PROFILE_PATS) {
+        int sampled = r->n_measured < r->n_queries && i <= KVQ_PROFILE_PATS;
+        for (int64_t j = 0; t->err_ci && i > KVQ_PROFILE_PATS && j < t->n_rows; j++)
+            sampled |= t->err_ci[j] > 0; /* budgets: sampled rows (p->sample_rows) */
+        if (sampled && t->err_ci) {
             printf("  err +-");
             for (int64_t j = 0; j < t->n_rows; j++)
                 printf(" %.2g", t->err_ci[j]);

@@ -11,7 +11,12 @@
  * exactly (a class flips only when a significance lands within rounding of a threshold,
  * which these captures do not have), errors to 1e-4 relative, and the chosen settings
  * exactly at every tolerance tried. Sampling: the choice with the default sample equals
- * the choice with every row; the thread count does not change a byte. */
+ * the choice with every row; the thread count does not change a byte.
+ *
+ * The budget/tau profile (thresholds/budget.c) likewise: its sampled path with every row
+ * against its reference (every row by retrieval in one chunk, params.reference = 1),
+ * the sampled choice against the every-row choice at tolerances placed between the
+ * settings' errors, and the same bytes for any thread count. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +30,8 @@
 
 #include "helpers/testutil.h"
 #include "kvq/capture.h"
+#include "kvq/fit.h"
+#include "kvq/moments.h"
 #include "kvq/model.h"
 #include "kvq/thresholds.h"
 
@@ -252,12 +259,185 @@ static void test_sampled_threads_same_bytes(void **state)
     kvq_profile_result_free(b);
 }
 
+/* ---- the budget/tau profile ------------------------------------------------------- */
+
+/* A codebook artifact fitted on the capture (small K: the selection, not its quality,
+ * is under test). */
+static const char *fit_artifact(const char *cap)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s", test_path("budget_fit.kvq"));
+    const char *mom = test_path("budget_mom.safetensors");
+    kvq_err e = {0};
+    kvq_moments_params mp = kvq_moments_params_default();
+    kvq_status s = kvq_moments_compute(cap, mom, 1, &mp, NULL, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    kvq_fit_params fp = kvq_fit_params_default();
+    fp.codebook_size = 16;
+    fp.iters = 4;
+    fp.holdout = 0;
+    fp.reference = 0;
+    fp.checkpoint = 0;
+    fp.overwrite = 1;
+    fp.threads = 2;
+    s = kvq_fit_run(cap, mom, path, &fp, NULL, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    return path;
+}
+
+static kvq_profile_result *profile_budget(const char *cap, const char *art, int reference,
+                                          int64_t sample, double tol, int32_t threads)
+{
+    kvq_profile_params p = kvq_profile_params_default();
+    p.knobs = KVQ_KNOB_BUDGET | KVQ_KNOB_MASS;
+    p.reference = reference;
+    p.sample_rows = sample;
+    p.tolerance = tol;
+    p.threads = threads;
+    kvq_profile_result *r = NULL;
+    kvq_err e = {0};
+    kvq_status s = kvq_profile_capture(cap, art, &p, &r, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++)
+        assert_string_equal(r->table[t].skipped, "");
+    return r;
+}
+
+static void assert_close(double x, double y, double rel)
+{
+    if (!(fabs(x - y) <= rel * fabs(y)))
+        fail_msg("%.17g != %.17g", x, y);
+}
+
+/* The row the rule of kvq/thresholds.h "Selection" picks by the capture error: within
+ * tolerance (err <= tol) the least memory (budget: the fraction; tau: the attended
+ * share, then tau), ties the lower error, then the earlier row; none within: the lowest
+ * error, ties less memory. */
+static int64_t expected_choice(const kvq_profile_table *t, double tol, int mass)
+{
+    int64_t best = -1;
+    int best_in = 0;
+    for (int64_t i = 0; i < t->n_rows; i++) {
+        const double *r = t->rows + i * KVQ_PB_NCOLS;
+        const int in = r[KVQ_PB_ERR] <= tol;
+        if (best < 0 || in > best_in) {
+            best = i;
+            best_in = in;
+            continue;
+        }
+        if (in < best_in)
+            continue;
+        const double *b = t->rows + best * KVQ_PB_NCOLS;
+        const double m1 = mass ? r[KVQ_PB_ATTENDED] : r[KVQ_PB_VALUE];
+        const double b1 = mass ? b[KVQ_PB_ATTENDED] : b[KVQ_PB_VALUE];
+        const double m2 = r[KVQ_PB_VALUE], b2 = b[KVQ_PB_VALUE];
+        const double e = r[KVQ_PB_ERR], be = b[KVQ_PB_ERR];
+        const int better = in ? (m1 < b1 || (m1 == b1 && (mass && m2 != b2 ? m2 < b2 : e < be)))
+                              : (e < be || (e == be && m1 < b1));
+        if (better)
+            best = i;
+    }
+    return best;
+}
+
+static void test_budget_sampled_equals_every_row(void **state)
+{
+    (void)state;
+    const char *model = test_model_path();
+    if (!model)
+        TEST_SKIP("test model not found (KVQ_TEST_MODEL)");
+    const char *cap = capture(model, "capbudget", 192, 768, NULL, 0);
+    const char *art = fit_artifact(cap);
+
+    /* every row: the sampled path (prefill chunks, one call per measured row) equals
+     * the reference (every row by retrieval) */
+    kvq_profile_result *ref = profile_budget(cap, art, 1, 0, -1, 2);
+    kvq_profile_result *all = profile_budget(cap, art, 0, 0, -1, 2);
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+        const kvq_profile_table *x = &all->table[t], *y = &ref->table[t];
+        assert_int_equal(x->n_rows, y->n_rows);
+        assert_true(x->n_rows > 1);
+        for (int64_t i = 0; i < x->n_rows; i++) {
+            const double *a = x->rows + i * KVQ_PB_NCOLS, *b = y->rows + i * KVQ_PB_NCOLS;
+            assert_true(b[KVQ_PB_ERR] > 0 && isfinite(b[KVQ_PB_ERR]));
+            /* budgets: the same token counts; tau: the mass rule's count sits on float
+             * sums whose rounding depends on how the rows were chunked (one token in
+             * 10^5 seen) */
+            if (t == KVQ_PROFILE_BUDGET && a[KVQ_PB_ATTENDED] != b[KVQ_PB_ATTENDED])
+                fail_msg("row %lld attended %.17g != %.17g", (long long)i, a[KVQ_PB_ATTENDED],
+                         b[KVQ_PB_ATTENDED]);
+            assert_close(a[KVQ_PB_ATTENDED], b[KVQ_PB_ATTENDED], 1e-4);
+            assert_close(a[KVQ_PB_MASS], b[KVQ_PB_MASS], 1e-4);
+            assert_close(a[KVQ_PB_ERR], b[KVQ_PB_ERR], 1e-4);
+            assert_true(x->err_ci[i] == 0);
+        }
+        assert_int_equal(x->chosen, y->chosen);
+    }
+
+    /* sampled (8 of 96 continuation rows per sequence): the choice that the rule of
+     * kvq/thresholds.h "Selection" makes on the every-row figures, at tolerances between
+     * the settings' errors of either table, below all and above all */
+    double tols[40];
+    int nt = 0;
+    double lo = INFINITY, hi = 0;
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+        const kvq_profile_table *y = &all->table[t];
+        double e[32];
+        const int64_t n = y->n_rows;
+        for (int64_t i = 0; i < n; i++)
+            e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
+        qsort(e, (size_t)n, sizeof *e, cmp_double);
+        lo = e[0] < lo ? e[0] : lo;
+        hi = e[n - 1] > hi ? e[n - 1] : hi;
+        for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
+            if (e[i + 1] > e[i])
+                tols[nt++] = 0.5 * (e[i] + e[i + 1]);
+    }
+    tols[nt++] = 0.5 * lo;
+    tols[nt++] = 2 * hi;
+    int sampled_some = 0;
+    for (int k = 0; k < nt; k++) {
+        kvq_profile_result *b = profile_budget(cap, art, 0, 8, tols[k], 2);
+        for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+            const int64_t want = expected_choice(&all->table[t], tols[k], t == KVQ_PROFILE_MASS);
+            if (b->table[t].chosen != want)
+                fail_msg("table %d tol %g: sampled chose %lld, every row %lld", t, tols[k],
+                         (long long)b->table[t].chosen, (long long)want);
+            for (int64_t i = 0; i < b->table[t].n_rows; i++)
+                sampled_some |= b->table[t].err_ci[i] > 0;
+        }
+        kvq_profile_result_free(b);
+    }
+    assert_true(sampled_some);
+
+    /* the thread count does not change a byte */
+    kvq_profile_result *t1 = profile_budget(cap, art, 0, 8, -1, 1);
+    kvq_profile_result *t3 = profile_budget(cap, art, 0, 8, -1, 3);
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+        const kvq_profile_table *x = &t1->table[t], *y = &t3->table[t];
+        assert_memory_equal(x->rows, y->rows, sizeof(double) * (size_t)(x->n_rows * x->n_cols));
+        assert_memory_equal(x->err_ci, y->err_ci, sizeof(double) * (size_t)x->n_rows);
+        assert_int_equal(x->chosen, y->chosen);
+    }
+    kvq_profile_result_free(t1);
+    kvq_profile_result_free(t3);
+    kvq_profile_result_free(ref);
+    kvq_profile_result_free(all);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories260k_fast_equals_reference),
         cmocka_unit_test(test_smollm2_fast_equals_reference),
         cmocka_unit_test(test_sampled_threads_same_bytes),
+        cmocka_unit_test(test_budget_sampled_equals_every_row),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     test_tmpdir_cleanup();

@@ -1,10 +1,22 @@
 /*
  * budget.c — retrieval budget profiles: the artifact's codebook selector at budget
  * fractions, and hcattention's mass rule at values of tau, measured with the runtime
- * (kvq/runtime.h) on the capture's rows. Every row of a sequence is attended by
- * retrieval (prefill_full = 0) with the runtime's `measure` statistics; the figures of
- * the continuation rows (P .. N-1, as in kvq/thresholds.h "Quality") are kept.
+ * (kvq/runtime.h) on the capture's rows, with the runtime's `measure` statistics of
+ * continuation rows (P .. N-1, as in kvq/thresholds.h "Quality").
+ *
+ * A retrieval step reads the cache (the codes of the tokens before it), never the
+ * outputs of earlier steps, so a row's figures do not depend on how the rows before it
+ * were attended: the prompt and the rows between measured ones go in as prefill chunks
+ * (prefill_full: exact attention, nothing counted), and each measured row alone by
+ * retrieval. The measured rows are p->sample_rows evenly spaced continuation rows per
+ * sequence (thr_sample_rows, as the LeanKV/PATS grid); the settings whose choice the
+ * sample leaves open against the tolerance (thr_mark_refine, memory = the fraction for
+ * budgets, the attended share for tau, the keys profile.c selects on) are measured again
+ * on every row, so the choice equals the every-row choice (tests/test_profile_fast.c).
+ * The attended and mass columns stay sampled figures (the same rows for every setting).
+ * p->reference keeps the former path: every row by retrieval (prefill_full = 0).
  */
+#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,53 +27,118 @@
 static const double default_budgets[] = {0.01, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15, 0.20, 0.25};
 static const double default_taus[] = {0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99};
 
-/* One setting: its context and the sums of its continuation steps. */
+/* One setting: its context and the sums of its measured continuation steps (one per row
+ * and KV head): `measured` steps (mass over them), the error (sum and sum of squares
+ * over err_n rows of each row's mean over its steps; the reference path: sum over
+ * err_n steps, no squares), visible and attended tokens. */
 typedef struct bsetting {
     kvq_retrieval_params rp;
     kvq_retrieval *r;
-    double measured, err, visible, attended, mass;
+    double measured, err, err_sq, err_n, visible, attended, mass;
 } bsetting;
 
-static void stats_diff(bsetting *b, const kvq_retrieval_stats *a, const kvq_retrieval_stats *z)
+/* Adds the statistics z. per_row: z is one row's (its steps, one per KV head), and the
+ * error counts as the row's mean over its steps, one sample of the rows (the unit the
+ * rows are sampled in); else z covers many rows and adds its steps' sums. */
+static void stats_add(bsetting *b, const kvq_retrieval_stats *z, int per_row)
 {
-    b->measured += (double)(z->measured - a->measured);
-    b->err += z->out_rel_err - a->out_rel_err;
-    b->visible += z->visible - a->visible;
-    b->attended += z->attended - a->attended;
-    b->mass += z->recall_mass - a->recall_mass;
+    b->measured += (double)z->measured;
+    if (per_row && z->measured > 0) {
+        const double e = z->out_rel_err / (double)z->measured;
+        b->err += e;
+        b->err_sq += e * e;
+        b->err_n += 1;
+    } else if (!per_row) {
+        b->err += z->out_rel_err;
+        b->err_n += (double)z->measured;
+    }
+    b->visible += z->visible;
+    b->attended += z->attended;
+    b->mass += z->recall_mass;
+}
+
+/* One sequence (n tokens, prompt P) of one layer. */
+typedef struct bseq {
+    int32_t layer;
+    int64_t n, P;
+    const float *q, *k, *v;  /* [n, nh, d], [n, nkv, d] x 2 */
+    const int64_t *pos;      /* [n] */
+    const int64_t *mrow;     /* [nm] measured rows, ascending, in [P, n) */
+    int64_t nm;
+    double *rec;             /* NULL, or each setting's error of each measured row:
+                                rec[c * rec_ld + rec_at + i] (NaN: no step counted) */
+    int64_t rec_ld, rec_at;
+    int32_t nh, nkv, d;
+} bseq;
+
+static kvq_status attend_rows(kvq_attn_backend b, const bseq *S, int64_t r0, int64_t r1,
+                              float *o, kvq_err *err)
+{
+    const size_t qo = (size_t)r0 * S->nh * S->d, ko = (size_t)r0 * S->nkv * S->d;
+    const kvq_attn_call call = {.layer = S->layer, .n = (int32_t)(r1 - r0), .pos = S->pos + r0,
+                                .q = S->q + qo, .k = S->k + ko, .v = S->v + ko,
+                                .out = o + qo};
+    return b.attend(b.user, &call, err);
+}
+
+/* The sampled path of one setting: the prompt and the rows between measured ones in
+ * chunks (prefill_full: exact attention, no step counted), each measured row alone by
+ * retrieval with the statistics of that step only. Rows after the last measured one
+ * are not run (nothing later reads them). */
+static kvq_status run_sampled(bsetting *b, const bseq *S, double *rec, float *o, kvq_err *err)
+{
+    kvq_attn_backend be = kvq_retrieval_backend(b->r);
+    kvq_status s = KVQ_OK;
+    int64_t prev = 0;
+    for (int64_t i = 0; i < S->nm && !s; i++) {
+        const int64_t r = S->mrow[i];
+        if (r > prev && (s = attend_rows(be, S, prev, r, o, err)))
+            break;
+        kvq_retrieval_stats_reset(b->r);
+        if ((s = attend_rows(be, S, r, r + 1, o, err)))
+            break;
+        kvq_retrieval_stats z;
+        kvq_retrieval_stats_get(b->r, &z);
+        stats_add(b, &z, 1);
+        if (rec)
+            rec[i] = z.measured > 0 ? z.out_rel_err / (double)z.measured : NAN;
+        prev = r + 1;
+    }
+    return s;
+}
+
+/* The reference path of one setting: the prompt, then every continuation row, each
+ * chunk by retrieval row by row (prefill_full = 0). */
+static kvq_status run_reference(bsetting *b, const bseq *S, float *o, kvq_err *err)
+{
+    kvq_attn_backend be = kvq_retrieval_backend(b->r);
+    kvq_status s = S->P > 0 ? attend_rows(be, S, 0, S->P, o, err) : KVQ_OK;
+    if (s)
+        return s;
+    kvq_retrieval_stats_reset(b->r);
+    if ((s = attend_rows(be, S, S->P, S->n, o, err)))
+        return s;
+    kvq_retrieval_stats z;
+    kvq_retrieval_stats_get(b->r, &z);
+    stats_add(b, &z, 0);
+    b->err_sq = NAN; /* not per row */
+    return KVQ_OK;
 }
 
 /* Runs one sequence of one layer through every setting, the settings in parallel
  * (each context runs single-threaded, so its sums do not depend on the thread count). */
-static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, int32_t layer,
-                               int64_t n, int64_t P, const float *q, const float *k,
-                               const float *v, const int64_t *pos, int32_t nh, int32_t nkv,
-                               int32_t d, float *out, kvq_status *st, kvq_err *errs, kvq_err *err)
+static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, int reference,
+                               const bseq *S, float *out, kvq_status *st, kvq_err *errs,
+                               kvq_err *err)
 {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < n_set; c++) {
-        float *o = out + (size_t)c * n * nh * d;
+        float *o = out + (size_t)c * S->n * S->nh * S->d;
         kvq_retrieval_reset(set[c].r);
-        kvq_attn_backend b = kvq_retrieval_backend(set[c].r);
-        kvq_retrieval_stats before, after;
-        kvq_status s = KVQ_OK;
-        if (P > 0) {
-            const kvq_attn_call call = {.layer = layer, .n = (int32_t)P, .pos = pos, .q = q,
-                                        .k = k, .v = v, .out = o};
-            s = b.attend(b.user, &call, &errs[c]);
-        }
-        if (!s) {
-            kvq_retrieval_stats_get(set[c].r, &before);
-            const size_t qo = (size_t)P * nh * d, ko = (size_t)P * nkv * d;
-            const kvq_attn_call call = {.layer = layer, .n = (int32_t)(n - P), .pos = pos + P,
-                                        .q = q + qo, .k = k + ko, .v = v + ko, .out = o + qo};
-            s = b.attend(b.user, &call, &errs[c]);
-        }
-        if (!s) {
-            kvq_retrieval_stats_get(set[c].r, &after);
-            stats_diff(&set[c], &before, &after);
-        }
-        st[c] = s;
+        st[c] = reference ? run_reference(&set[c], S, o, &errs[c])
+                          : run_sampled(&set[c], S,
+                                        S->rec ? S->rec + c * S->rec_ld + S->rec_at : NULL, o,
+                                        &errs[c]);
     }
     for (int64_t c = 0; c < n_set; c++)
         if (st[c]) {
@@ -72,12 +149,17 @@ static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, in
     return KVQ_OK;
 }
 
-static void fill_row(double *row, double value, const bsetting *b)
+/* A table row; *ci the 95% half-width of the error (0 when every row was measured). */
+static void fill_row(double *row, double *ci, double value, const bsetting *b, int all_rows)
 {
     row[KVQ_PB_VALUE] = value;
     row[KVQ_PB_ATTENDED] = b->visible > 0 ? b->attended / b->visible : NAN;
     row[KVQ_PB_MASS] = b->measured > 0 ? b->mass / b->measured : NAN;
-    row[KVQ_PB_ERR] = b->measured > 0 ? b->err / b->measured : NAN;
+    row[KVQ_PB_ERR] = b->err_n > 0 ? b->err / b->err_n : NAN;
+    const thr_acc a = {.err_sum = b->err, .err_sq = b->err_sq, .err_n = b->err_n};
+    double m, se;
+    thr_acc_interval(&a, &m, &se);
+    *ci = isnan(m) ? NAN : all_rows ? 0.0 : 1.96 * se;
 }
 
 /* One retrieval context per setting: the codebook selector at each budget fraction
@@ -90,7 +172,7 @@ static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, con
     kvq_status s = KVQ_OK;
     for (int64_t c = 0; c < n_set && !s; c++) {
         kvq_retrieval_params rp = p->retrieval;
-        rp.prefill_full = 0;
+        rp.prefill_full = !p->reference;
         rp.measure = 1;
         rp.threads = 1;
         rp.cb = p->cb;
@@ -115,21 +197,23 @@ typedef struct seq_bufs {
     float *q, *k, *v;  /* [longest, nh, d], [longest, nkv, d] x 2 */
     float *out;        /* [n_set, longest, nh, d] */
     int64_t *pos;      /* [longest] */
+    int64_t *cand, *mrow; /* [longest] */
+    double *rec;       /* [n_set, rec_ld] the errors of the sampled pass's measured rows */
+    int64_t rec_ld;
     kvq_status *st;    /* [n_set] */
     kvq_err *errs;     /* [n_set] */
 } seq_bufs;
 
-/* Every sequence of every captured layer that has codebooks, through every setting;
- * *n_layers_done counts the layers run. */
+/* Every sequence of every captured layer that has codebooks, through every setting,
+ * the error measured on `sample` rows per sequence (0: every row); *n_layers_done
+ * counts the layers run. */
 static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set *rt, bsetting *set,
-                             int64_t n_set, const kvq_profile_params *p, const seq_bufs *b,
-                             int32_t *n_layers_done, kvq_err *err)
+                             int64_t n_set, const kvq_profile_params *p, int64_t sample,
+                             const char *what, const seq_bufs *b, int32_t *n_layers_done,
+                             kvq_err *err)
 {
+    int64_t rec_at = 0;
     const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
-    float *q = b->q, *k = b->k, *v = b->v, *out = b->out;
-    int64_t *pos = b->pos;
-    kvq_status *st = b->st;
-    kvq_err *errs = b->errs;
     kvq_status s = KVQ_OK;
     for (int32_t f = 0; f < ci->n_files && !s; f++) {
         const int32_t layer = ci->layers[f];
@@ -143,19 +227,131 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
             if (n < 2)
                 continue;
             for (int64_t t = 0; t < n; t++) {
-                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, q + (size_t)t * nh * d);
-                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, k + (size_t)t * nkv * d);
-                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, v + (size_t)t * nkv * d);
-                pos[t] = thr_layer_pos(&L, r0 + t);
+                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, b->q + (size_t)t * nh * d);
+                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, b->k + (size_t)t * nkv * d);
+                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, b->v + (size_t)t * nkv * d);
+                b->pos[t] = thr_layer_pos(&L, r0 + t);
             }
-            s = run_sequence(set, n_set, p->threads, layer, n, thr_prompt_len(p->prompt_fraction, n),
-                             q, k, v, pos, nh, nkv, d, out, st, errs, err);
+            const int64_t P = thr_prompt_len(p->prompt_fraction, n);
+            for (int64_t t = P; t < n; t++)
+                b->cand[t - P] = t;
+            const bseq S = {.layer = layer, .n = n, .P = P, .q = b->q, .k = b->k, .v = b->v,
+                            .pos = b->pos, .mrow = b->mrow,
+                            .nm = thr_sample_rows(b->cand, n - P, sample, b->mrow),
+                            .nh = nh, .nkv = nkv, .d = d, .rec = sample ? b->rec : NULL,
+                            .rec_ld = b->rec_ld, .rec_at = rec_at};
+            rec_at += S.nm;
+            s = run_sequence(set, n_set, p->threads, p->reference, &S, b->out, b->st, b->errs,
+                             err);
         }
         thr_layer_close(&L);
         (*n_layers_done)++;
-        if (!s && kvq_progress(&p->cb, "profile: budget", (uint64_t)f + 1, (uint64_t)ci->n_files))
+        if (!s && kvq_progress(&p->cb, what, (uint64_t)f + 1, (uint64_t)ci->n_files))
             s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
     }
+    return s;
+}
+
+/* The settings' errors as thr_acc, memory = the knob's selection order (budget: the
+ * fraction; mass: the attended share, as profile.c selects). */
+static void to_acc(const bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
+                   thr_acc *a)
+{
+    for (int64_t c = 0; c < n_set; c++) {
+        memset(&a[c], 0, sizeof a[c]);
+        a[c].err_sum = set[c].err;
+        a[c].err_sq = set[c].err_sq;
+        a[c].err_n = set[c].err_n;
+        a[c].mem.bytes = c < n_b ? fr[c] : set[c].attended;
+        a[c].mem.bytes_f16 = c < n_b ? 1.0 : set[c].visible;
+    }
+}
+
+#define REFINE_Z 4.0 /* as thr_mark_refine */
+
+/* The settings of one table [lo, hi) to measure on every row: thr_mark_refine's, except
+ * when no setting can be within tolerance. Then the best quality is kept, and the
+ * settings' errors on the same rows are compared in pairs (their differences vary far
+ * less than the errors): the best sampled setting and every one whose mean difference
+ * to it is within REFINE_Z standard errors of zero or below. */
+static void mark_table(const thr_acc *a, int64_t lo, int64_t hi, double tol, const seq_bufs *b,
+                       uint8_t *mark)
+{
+    thr_mark_refine(a, lo, hi, tol, mark);
+    int64_t best = -1;
+    double best_m = INFINITY, best_mem = INFINITY;
+    for (int64_t c = lo; c < hi; c++) {
+        double m, se;
+        thr_acc_interval(&a[c], &m, &se);
+        if (!isnan(m) && m - REFINE_Z * se <= tol)
+            return; /* some setting may be within tolerance */
+        const double mem = a[c].mem.bytes / a[c].mem.bytes_f16;
+        if (!isnan(m) && (m < best_m || (m == best_m && mem < best_mem))) {
+            best = c;
+            best_m = m;
+            best_mem = mem;
+        }
+    }
+    if (best < 0)
+        return;
+    for (int64_t c = lo; c < hi; c++) {
+        const double *x = b->rec + c * b->rec_ld, *y = b->rec + best * b->rec_ld;
+        double n = 0, sum = 0, sq = 0;
+        for (int64_t i = 0; i < b->rec_ld; i++)
+            if (!isnan(x[i]) && !isnan(y[i])) {
+                const double t = x[i] - y[i];
+                n++;
+                sum += t;
+                sq += t * t;
+            }
+        const double mean = n > 0 ? sum / n : 0.0;
+        const double var = n > 1 ? (sq - sum * sum / n) / (n - 1) : 0.0;
+        const double se = n > 0 ? sqrt(var > 0 ? var : 0.0) / sqrt(n) : 0.0;
+        mark[c] = c == best || mean - REFINE_Z * se <= 0.0;
+    }
+}
+
+/* The settings whose choice against tol the sample leaves open, measured again on every
+ * row: their error sums replaced, refined[c] = 1. */
+static kvq_status refine_settings(const kvq_capture_info *ci, const kvq_codebook_set *rt,
+                                  bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
+                                  double tol, const kvq_profile_params *p, const seq_bufs *b,
+                                  uint8_t *refined, kvq_err *err)
+{
+    thr_acc *a = calloc((size_t)n_set, sizeof *a);
+    bsetting *sub = calloc((size_t)n_set, sizeof *sub);
+    int64_t *idx = calloc((size_t)n_set, sizeof *idx);
+    kvq_status s = KVQ_OK;
+    if (!a || !sub || !idx) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    to_acc(set, n_set, n_b, fr, a);
+    mark_table(a, 0, n_b, tol, b, refined);
+    mark_table(a, n_b, n_set, tol, b, refined);
+    int64_t m = 0;
+    for (int64_t c = 0; c < n_set; c++)
+        if (refined[c]) {
+            sub[m].rp = set[c].rp;
+            sub[m].r = set[c].r;
+            idx[m++] = c;
+        }
+    if (m == 0)
+        goto done;
+    kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld budget/tau settings near the tolerance: "
+            "measured again on every row", (long long)m);
+    int32_t nl = 0;
+    if ((s = run_layers(ci, rt, sub, m, p, 0, "profile: budget, every row", b, &nl, err)))
+        goto done;
+    for (int64_t i = 0; i < m; i++) {
+        set[idx[i]].err = sub[i].err;
+        set[idx[i]].err_sq = sub[i].err_sq;
+        set[idx[i]].err_n = sub[i].err_n;
+    }
+done:
+    free(a);
+    free(sub);
+    free(idx);
     return s;
 }
 
@@ -169,6 +365,7 @@ static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
         kvq_retrieval *r = NULL;
         kvq_retrieval_params rp = set[c].rp;
         rp.measure = 0;
+        rp.prefill_full = 0; /* every row by retrieval, as in the runs measured */
         rp.threads = p->threads; /* outputs do not depend on it without measurement */
         double val;
         if (!(s = kvq_retrieval_create(thr_ppl_config(ppl), rt, &rp, &r, err))) {
@@ -186,7 +383,7 @@ static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
 }
 
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
-                              const kvq_profile_params *p, thr_ppl *ppl,
+                              const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
 {
     static const char *const bcols[KVQ_PB_NCOLS] = {"fraction", "attended", "mass", "err", "ppl"};
@@ -206,7 +403,10 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     kvq_codebook_set *rt = NULL;
     bsetting *set = NULL;
     float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
-    int64_t *pos = NULL;
+    int64_t *pos = NULL, *cand = NULL, *mrow = NULL;
+    uint8_t *refined = NULL;
+    double *rec = NULL;
+    int blas_prev = 0;
     kvq_status *st = NULL;
     kvq_err *errs = NULL;
     kvq_status s = KVQ_OK;
@@ -244,7 +444,10 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     k = malloc(sizeof(float) * (size_t)longest * nkv * d);
     v = malloc(sizeof(float) * (size_t)longest * nkv * d);
     pos = malloc(sizeof(int64_t) * (size_t)longest);
-    if (!set || !q || !out || !k || !v || !pos || !st || !errs) {
+    cand = malloc(sizeof(int64_t) * (size_t)longest);
+    mrow = malloc(sizeof(int64_t) * (size_t)longest);
+    refined = calloc((size_t)n_set, 1);
+    if (!set || !q || !out || !k || !v || !pos || !cand || !mrow || !refined || !st || !errs) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
@@ -253,12 +456,37 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
 
     /* ---- the capture, layer by layer (layers without codebooks attend fully: skipped) */
     int32_t n_layers_done = 0;
-    const seq_bufs bufs = {q, k, v, out, pos, st, errs};
-    if ((s = run_layers(ci, rt, set, n_set, p, &bufs, &n_layers_done, err)))
+    const int64_t sample = p->reference ? 0 : p->sample_rows;
+    const int64_t rec_ld = (int64_t)ci->n_files * ci->n_sequences * (sample > 0 ? sample : 0);
+    rec = malloc(sizeof(double) * (size_t)(rec_ld > 0 ? rec_ld * n_set : 1));
+    if (!rec) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
-    double measured = 0;
+    }
+    for (int64_t i = 0; i < rec_ld * n_set; i++)
+        rec[i] = NAN;
+    const seq_bufs bufs = {q, k, v, out, pos, cand, mrow, rec, rec_ld, st, errs};
+    /* the settings run in parallel: OpenBLAS threads (the prefill chunks' SGEMMs) would
+     * only compete with them (process-wide setting, restored below) */
+    blas_prev = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+    if ((s = run_layers(ci, rt, set, n_set, p, sample, "profile: budget", &bufs, &n_layers_done,
+                        err)))
+        goto done;
+    double measured = 0, steps_all = 0;
     for (int64_t c = 0; c < n_set; c++)
         measured += set[c].measured;
+    /* every row measured already when no sequence has more continuation rows than the
+     * sample */
+    int all_rows = sample <= 0;
+    for (int64_t i = 0; !all_rows && i < ci->n_sequences; i++) {
+        const int64_t n = ci->sequences[2 * i + 1];
+        steps_all += n - thr_prompt_len(p->prompt_fraction, n) > sample;
+    }
+    all_rows |= steps_all == 0;
+    if (!all_rows && tol >= 0 && measured > 0 &&
+        (s = refine_settings(ci, rt, set, n_set, n_b, fr, tol, p, &bufs, refined, err)))
+        goto done;
     if (n_layers_done == 0 || measured == 0) {
         snprintf(why, sizeof why, n_layers_done ? "no retrieval step had candidates (sequences "
                                                   "shorter than sink + window)"
@@ -266,9 +494,11 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         goto skip;
     }
     for (int64_t c = 0; c < n_b; c++)
-        fill_row(budget->rows + (size_t)c * KVQ_PB_NCOLS, fr[c], &set[c]);
+        fill_row(budget->rows + (size_t)c * KVQ_PB_NCOLS, &budget->err_ci[c], fr[c], &set[c],
+                 all_rows || refined[c]);
     for (int64_t c = 0; c < n_t; c++)
-        fill_row(mass->rows + (size_t)c * KVQ_PB_NCOLS, tau[c], &set[n_b + c]);
+        fill_row(mass->rows + (size_t)c * KVQ_PB_NCOLS, &mass->err_ci[c], tau[c], &set[n_b + c],
+                 all_rows || refined[n_b + c]);
 
     /* ---- perplexity with each setting (no measurement: plain retrieval decoding) */
     s = ppl_column(set, n_set, n_b, p, ppl, rt, budget, mass, err);
@@ -279,6 +509,8 @@ skip:
     snprintf(budget->skipped, sizeof budget->skipped, "%.250s", why);
     snprintf(mass->skipped, sizeof mass->skipped, "%.250s", why);
 done:
+    if (blas_prev > 0)
+        openblas_set_num_threads(blas_prev);
     for (int64_t c = 0; set && c < n_set; c++)
         kvq_retrieval_free(set[c].r);
     free(set);
@@ -287,6 +519,10 @@ done:
     free(v);
     free(out);
     free(pos);
+    free(cand);
+    free(mrow);
+    free(refined);
+    free(rec);
     free(st);
     free(errs);
     kvq_codebook_set_close(rt);

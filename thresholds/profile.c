@@ -636,7 +636,9 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
         if (!artifact_path) {
             snprintf(r->table[KVQ_PROFILE_BUDGET].skipped, 256, "no artifact");
             snprintf(r->table[KVQ_PROFILE_MASS].skipped, 256, "no artifact");
-        } else if ((s = thr_budget_profile(ci, artifact_path, p, ppl, &r->table[KVQ_PROFILE_BUDGET],
+        } else if ((s = thr_budget_profile(ci, artifact_path, p,
+                                           r->metric_ppl ? -1.0 : r->tolerance, ppl,
+                                           &r->table[KVQ_PROFILE_BUDGET],
                                            &r->table[KVQ_PROFILE_MASS], err))) {
             goto done;
         }

@@ -450,6 +450,27 @@ static void state_memory(const lk_state *st, const thr_rows *R, thr_acc *a)
 }
 
 /* Every LeanKV setting of G over the continuation, block by block of query rows. */
+/* The earlier LeanKV setting of G whose classes equal setting c's for every
+ * significance, or -1. kvq_leankv_rule: with alpha_l >= alpha_h no token is low (below
+ * alpha_h it is pruned), so the classes depend on (alpha_h, min(alpha_l, alpha_h))
+ * only; alpha_h = 0 makes every token high whatever alpha_l. The other parameters are
+ * the same for every setting of the grid, and the runs are exact, so a duplicate's
+ * figures are those of the earlier setting. */
+static int64_t lk_duplicate(const thr_grid *G, int64_t c)
+{
+    const kvq_leankv_params *a = &G->lk[c];
+    const double la = a->alpha_l < a->alpha_h ? a->alpha_l : a->alpha_h;
+    for (int64_t e = 0; e < c; e++) {
+        const kvq_leankv_params *b = &G->lk[e];
+        const double lb = b->alpha_l < b->alpha_h ? b->alpha_l : b->alpha_h;
+        if (b->alpha_h == a->alpha_h && lb == la && b->window == a->window &&
+            b->k_high == a->k_high && b->v_high == a->v_high && b->k_low == a->k_low &&
+            b->v_low == a->v_low)
+            return e;
+    }
+    return -1;
+}
+
 static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc, kvq_err *err)
 {
     const thr_rows *R = J->R;
@@ -467,8 +488,15 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     B.Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
     if (!s && (!B.S || !B.E || !B.Qp))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    /* settings with the same classes everywhere run once: dup[c] = the earlier one */
+    int64_t *dup = malloc(sizeof *dup * (size_t)G->n_lk);
+    if (!s && !dup)
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (int64_t c = 0; c < G->n_lk && !s; c++)
-        s = state_start(&st[c], J, &G->lk[c], err);
+        dup[c] = lk_duplicate(G, c);
+    for (int64_t c = 0; c < G->n_lk && !s; c++)
+        if (dup[c] < 0)
+            s = state_start(&st[c], J, &G->lk[c], err);
     /* rows P .. n-1 in stretches that end at the last row of a block of query rows */
     int64_t t = R->P;
     for (int64_t i0 = 0; !s && (i0 < J->nc || t < R->n); i0 += B.nb) {
@@ -479,7 +507,7 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
         if (B.nb > 0)
             block_scores(J, &X, &B);
         for (int64_t c = 0; c < G->n_lk; c++)
-            for (int64_t u = t, i = 0; u < t_end; u++) {
+            for (int64_t u = t, i = 0; dup[c] < 0 && u < t_end; u++) {
                 state_step(&st[c], J, u);
                 if (R->has_q[u])
                     state_attend(&st[c], J, &X, &B, i++, u, o, &acc[c]);
@@ -489,7 +517,12 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
             break;
     }
     for (int64_t c = 0; c < G->n_lk && !s; c++)
-        state_memory(&st[c], R, &acc[c]);
+        if (dup[c] < 0)
+            state_memory(&st[c], R, &acc[c]);
+    for (int64_t c = 0; c < G->n_lk && !s; c++)
+        if (dup[c] >= 0)
+            acc[c] = acc[dup[c]];
+    free(dup);
     for (int64_t c = 0; st && c < G->n_lk; c++)
         state_free(&st[c]);
     free(st);

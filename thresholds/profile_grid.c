@@ -270,7 +270,7 @@ void thr_acc_interval(const thr_acc *a, double *mean, double *se)
  * ambiguous ones (the tolerance within REFINE_Z standard errors) that use no more memory
  * than the least-memory setting surely within tolerance; when none can be within
  * tolerance, those that may have the least error. mem(c) gives a setting's memory. */
-static void mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark)
+void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark)
 {
     double best_mem = INFINITY, best_hi = INFINITY;
     int any_in = 0;
@@ -312,8 +312,8 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
-    mark_refine(total, 0, G->n_lk, tol, mark);
-    mark_refine(total, G->n_lk, n_set, tol, mark);
+    thr_mark_refine(total, 0, G->n_lk, tol, mark);
+    thr_mark_refine(total, G->n_lk, n_set, tol, mark);
     for (int64_t c = 0; c < G->n_lk; c++)
         if (mark[c])
             sub.lk[sub.n_lk++] = G->lk[c];

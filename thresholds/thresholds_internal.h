@@ -148,6 +148,12 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
                             uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err);
 /* Mean and standard error of a setting's measured errors (NaN without any). */
 void thr_acc_interval(const thr_acc *a, double *mean, double *se);
+/* Marks (mark[c] = 1, else 0) the settings of one table [lo, hi) of total whose choice
+ * against tolerance tol the sampled errors cannot settle: the ambiguous ones (tol within
+ * 4 standard errors of the sampled error) using no more memory (mem.bytes /
+ * mem.bytes_f16) than the least-memory setting surely within tolerance; when none can
+ * be within tolerance, those that may have the least error. */
+void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark);
 
 /* The measured rows of a sequence: the `sample` evenly spaced ones among the cand
  * [n_cand] (ascending), all of them when sample is 0 or >= n_cand: out [min]. Returns
@@ -173,9 +179,13 @@ const kvq_model_config *thr_ppl_config(const thr_ppl *e);
 
 /* Fills the budget and mass tables (those whose knob is set in p->knobs) from the
  * capture with the runtime opened on artifact_path; ppl (may be NULL) adds perplexity.
+ * The error is measured on p->sample_rows rows per sequence (thr_sample_rows); with
+ * tol >= 0 the settings whose choice the sample leaves open (thr_mark_refine) are
+ * measured again on every row. p->reference: every row of every sequence by
+ * retrieval in one chunk (prefill_full = 0), as before the sampled path.
  * A knob that cannot run gets its `skipped` reason and KVQ_OK. */
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
-                              const kvq_profile_params *p, thr_ppl *ppl,
+                              const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass,
                               kvq_err *err);
 

@@ -76,8 +76,10 @@
  *              adds its attention to the significance sums;
  *     PATS     every token's post-RoPE key and value are rounded to the dtype and
  *              truncated by b(t) with T = N;
- *     budget   the runtime (kvq/runtime.h) attends every row by retrieval with its
- *              `measure` statistics (prefill_full = 0); only continuation rows count.
+ *     budget   the runtime (kvq/runtime.h) attends each evaluated row by retrieval with
+ *              its `measure` statistics, over the cache of every token before it (the
+ *              rows before it go in as prefill chunks: a step reads the cache, never
+ *              earlier outputs); only continuation rows count.
  * The error of a setting is the mean over evaluated (row, query head) of
  * ||o~ - o|| / ||o|| (rows with o = 0 are skipped), the same figure as the runtime's
  * out_rel_err. Memory is the cache at the end of each sequence (LeanKV, PATS) as a
