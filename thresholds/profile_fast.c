@@ -120,8 +120,8 @@ static void exact_rows(const thr_rows *R, const int64_t *rows, int64_t nr, doubl
     }
 }
 
-/* Relative error of the outputs o against ex, [gs, d] each, into a. */
-static void add_rel_err(const float *o, const float *ex, int32_t gs, int32_t d, thr_acc *a)
+/* Relative error of the outputs o against ex, [gs, d] each, into a (thresholds/thresholds_internal.h). */
+void thr_add_rel_err(const float *o, const float *ex, int32_t gs, int32_t d, thr_acc *a)
 {
     for (int32_t g = 0; g < gs; g++) {
         const float *x = o + (size_t)g * d, *y = ex + (size_t)g * d;
@@ -431,7 +431,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
     }
     st->nq++;
     if (m >= 0)
-        add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
+        thr_add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
 }
 
 /* The cache memory at the end of the sequence (the reference's thr_head_memory). */
@@ -579,7 +579,7 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
                              .has_q = R->has_q};
         exact_rows(&Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
         for (int64_t i = 0; i < J->nm; i++)
-            add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
+            thr_add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
     }
 done:
     free(lk);

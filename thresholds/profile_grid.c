@@ -78,20 +78,7 @@ static void add_error(const thr_rows *R, const job_bufs *b, thr_acc *a)
     for (int64_t t = R->P; t < R->n; t++) {
         if (!R->has_q[t])
             continue;
-        for (int32_t g = 0; g < gs; g++) {
-            const float *x = b->o + ((size_t)t * gs + g) * d, *y = b->ex + ((size_t)t * gs + g) * d;
-            double e2 = 0, f2 = 0;
-            for (int32_t c = 0; c < d; c++) {
-                e2 += ((double)x[c] - y[c]) * ((double)x[c] - y[c]);
-                f2 += (double)y[c] * y[c];
-            }
-            if (f2 > 0) {
-                const double r = sqrt(e2 / f2);
-                a->err_sum += r;
-                a->err_sq += r * r;
-                a->err_n += 1;
-            }
-        }
+        thr_add_rel_err(b->o + (size_t)t * gs * d, b->ex + (size_t)t * gs * d, gs, d, a);
     }
 }
 

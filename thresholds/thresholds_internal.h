@@ -107,6 +107,11 @@ typedef struct thr_acc {
     kvq_simcache_memory mem;
 } thr_acc;
 
+/* Adds, for each of the gs query heads of one row, the relative error
+ * ||o - ex|| / ||ex|| (in double; rows with ex = 0 skipped) to a's sums.
+ * o, ex: [gs, d]. */
+void thr_add_rel_err(const float *o, const float *ex, int32_t gs, int32_t d, thr_acc *a);
+
 /* The grids, flattened: LeanKV settings first, then PATS. */
 typedef struct thr_grid {
     int64_t n_lk, n_pt;
