@@ -732,7 +732,14 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
         if (H->n_sel)
             memcpy(H->sel, att + (st.s_end - st.lo), sizeof *H->sel * (size_t)H->n_sel);
     }
-    const int64_t m_far = m; /* sinks + selection: non-local under WROPE */
+    /* Non-local under WROPE: the selection and the sinks that lie outside the last
+     * `window` tokens. Sinks inside them (early in a sequence, when the window reaches
+     * back to the sinks; then nothing is selected) are local: exact RoPE, as WRoPE
+     * defines for i - j < w. att stays [far sinks][selection][near sinks][window]. */
+    int64_t far_sinks = 0;
+    for (int64_t j = st.lo; j < st.s_end && j < nvis - r->window; j++)
+        far_sinks++;
+    const int64_t m_far = far_sinks + nsel;
     for (int64_t j = st.w_beg; j < nvis; j++)
         att[m++] = (int32_t)j;
 

@@ -146,6 +146,17 @@ assert all(r["kv_recall"][1] == 1 for r in d["rows"]) and d["sequences"] == 1, d
 ' -- "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt,kv-recall:1" \
     --seq-len 64 --max-tokens 64 --budgets 4 --window 8 --positions rope --json -q
 
+# WRoPE is exact for tokens inside the window (i - j < w), sinks included: with a window
+# that covers the whole sequence, `full` under wrope is full attention (an f32 cache, so
+# only the order of the sums differs). Before, the sinks always took q R_b.
+expect_json runtime_wrope_window_covers_all '
+full = [r for r in d["rows"] if r["selector"] == "full"][0]
+ref = d["reference"]["perplexity"]
+assert abs(full["perplexity"] - ref) < 1e-5 * ref, (full["perplexity"], ref)
+' -- "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \
+    --seq-len 64 --max-tokens 64 --selectors full --window 64 --positions wrope --cache f32 \
+    --json -q
+
 _cli_run "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \
   --seq-len 64 --selectors full,qavq --budgets 4,50% --window 8 -q
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
