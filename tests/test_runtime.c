@@ -2368,11 +2368,7 @@ static void test_stories_retrieval(void **state)
         kvq_forward_set_attention(f, NULL);
         kvq_retrieval_free(r);
     }
-    /* a real budget: runs, reads a fraction of the cache, and keeps the first words.
-     * stories260K only: on SmolLM2 the budget-8 text differs from token 1 on (reported in
-     * issue 11's closing note, left to the runtime's owner) */
-    if (!stories)
-        goto done;
+    /* a real budget: runs, reads a fraction of the cache, and keeps the first words */
     kvq_retrieval_params p = kvq_retrieval_params_default();
     p.budget = (kvq_budget){.count = 8};
     p.window = 16;
@@ -2383,14 +2379,19 @@ static void test_stories_retrieval(void **state)
     kvq_forward_set_attention(f, &b);
     int32_t got[200];
     greedy(f, c->vocab_size, NB, got);
-    assert_memory_equal(got, ref, sizeof(int32_t) * 20); /* everything fits the window */
+    /* the first p.window tokens see only the window (exact RoPE, sinks included): the
+     * text of full attention; stories260K keeps it a few tokens further (measured), while
+     * SmolLM2 departs at token 17, where R_b first applies (rope base 100000: issue 14) */
+    assert_memory_equal(got, ref, sizeof(int32_t) * (stories ? 20 : (size_t)p.window));
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(r, &st);
-    assert_true(st.steps > 0 && st.bytes_read < 0.5 * st.bytes_full);
-    assert_true(st.recall_mass / st.measured > 0.5);
+    assert_true(st.steps > 0);
+    if (stories) { /* long enough that the budget is a small share of the cache */
+        assert_true(st.bytes_read < 0.5 * st.bytes_full);
+        assert_true(st.recall_mass / st.measured > 0.5);
+    }
     kvq_forward_set_attention(f, NULL);
     kvq_retrieval_free(r);
-done:
     kvq_codebook_set_close(rt);
     codebooks_free(cbs, c->n_layers * c->n_kv_heads);
     free(hk);
