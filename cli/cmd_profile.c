@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "kvq/thresholds.h"
 
 static void profile_usage(FILE *f)
@@ -116,29 +117,6 @@ done:
         free(v);
     else
         *out = v;
-    return rc;
-}
-
-static int parse_knobs(const char *s, unsigned *knobs)
-{
-    static const struct { const char *name; unsigned bit; } k[] = {
-        {"leankv", KVQ_KNOB_LEANKV}, {"pats", KVQ_KNOB_PATS}, {"budget", KVQ_KNOB_BUDGET},
-        {"mass", KVQ_KNOB_MASS}, {"all", KVQ_KNOB_ALL}};
-    char *copy = strdup(s), *save = NULL;
-    int rc = 0;
-    *knobs = 0;
-    for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; t && !rc; t = strtok_r(NULL, ",", &save)) {
-        size_t i = 0;
-        while (i < sizeof k / sizeof k[0] && strcmp(t, k[i].name))
-            i++;
-        if (i == sizeof k / sizeof k[0])
-            rc = cli_failf(2, "profile: --knobs: unknown knob '%s' (leankv, pats, budget, mass)", t);
-        else
-            *knobs |= k[i].bit;
-    }
-    free(copy);
-    if (!rc && !*knobs)
-        rc = cli_failf(2, "profile: --knobs: no knob in '%s'", s);
     return rc;
 }
 
@@ -296,7 +274,7 @@ static int profile_parse(int argc, char **argv, profile_opts *o)
         } else if (!strcmp(a, "--tolerance")) {
             rc = cli_opt_f64(cmd, a, val, 0, 1e6, &o->p.tolerance), i++;
         } else if (!strcmp(a, "--knobs")) {
-            rc = parse_knobs(val, &o->p.knobs), i++;
+            rc = cli_parse_knobs("profile", val, &o->p.knobs), i++;
         } else if (!strcmp(a, "--prompt-fraction")) {
             rc = cli_opt_f64(cmd, a, val, 0, 0.999999, &o->p.prompt_fraction), i++;
         } else if (!strcmp(a, "--window")) {

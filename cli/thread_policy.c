@@ -3,9 +3,9 @@
  * Decode runs a few hundred short parallel regions per token (one per weight matrix).
  * With libgomp's default policy each idle worker spins before it sleeps, so on a busy
  * machine (another job, a compiler) a spinning thread holds a core while the thread it
- * waits for sits in the run queue: `kvq run --threads 2` on SmolLM2 fell to 0.8 tokens/s
- * against 11.5 with --threads 1 (bench/bench_load.sh, docs/BENCHMARKS.md). A passive
- * wait gives the core back at once.
+ * waits for sits in the run queue, and `kvq run --threads 2` on SmolLM2 ran many times
+ * slower than --threads 1 (figures and command: docs/BENCHMARKS.md "Under load",
+ * bench/bench_load.sh). A passive wait gives the core back at once.
  *
  * libgomp reads OMP_WAIT_POLICY once, when it is loaded (before main), and has no call
  * to change it later; so the CLI sets it and executes itself again, once. A policy the

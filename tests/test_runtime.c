@@ -104,21 +104,10 @@ static kvq_model_id small_id(int32_t n_layers, int32_t n_heads, int32_t n_kv, in
     return id;
 }
 
+/* The library's conversion, with the BOS/EOS ids a tokenizer would give. */
 static kvq_model_config config_of(const kvq_model_id *id)
 {
-    kvq_model_config c;
-    memset(&c, 0, sizeof c);
-    c.arch = KVQ_ARCH_LLAMA;
-    c.n_layers = id->n_layers;
-    c.dim = id->dim;
-    c.hidden_dim = id->hidden_dim;
-    c.n_heads = id->n_heads;
-    c.n_kv_heads = id->n_kv_heads;
-    c.head_dim = id->head_dim;
-    c.vocab_size = id->vocab_size;
-    c.context_length = id->context_length;
-    c.norm_eps = id->norm_eps;
-    c.rope = id->rope;
+    kvq_model_config c = kvq_model_config_from_id(id);
     c.bos_id = 1;
     c.eos_id = 2;
     return c;
