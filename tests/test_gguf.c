@@ -1,5 +1,6 @@
 /* test_gguf.c — the GGUF reader on the real stories260K model (values from
- * shared/models/SOURCES.md, weights against stories260K.bin), every kind of corrupt
+ * shared/models/SOURCES.md, weights against stories260K.bin) and on its committed
+ * stand-in tiny_spm (weights against its llama2.c checkpoint), every kind of corrupt
  * file with its exact status, Q8_0 fast path == reference, and writer round trips. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "helpers/testutil.h"
+#include "helpers/tiny_spm.h"
 #include "kvq/common.h"
 #include "kvq/gguf.h"
 #include "kvq/half.h"
@@ -500,14 +502,106 @@ enum {
     BIN_RMS_FINAL = 259968
 };
 
-static void test_model_weights(void **state)
+/* rows [row0, row0 + n) of the GGUF tensor `name` equal `want` bit for bit */
+static void expect_rows(const kvq_gguf *g, const char *name, int64_t row0, int64_t n,
+                        int64_t cols, const float *want)
 {
-    const char *path = test_model_path(), *bin = test_model_bin_path();
-    if (!path || !bin)
-        TEST_SKIP("stories260K.gguf or stories260K.bin not found");
+    kvq_err e = {0};
+    const kvq_gguf_tensor *t = kvq_gguf_find_tensor(g, name);
+    if (!t)
+        fail_msg("no tensor %s", name);
+    float *out = malloc((size_t)(n * cols) * sizeof *out);
+    assert_non_null(out);
+    assert_int_equal(kvq_gguf_rows_to_f32(t, row0, n, out, &e), KVQ_OK);
+    if (memcmp(out, want, (size_t)(n * cols) * sizeof *out) != 0)
+        fail_msg("%s rows %lld..%lld differ from the llama2.c checkpoint", name,
+                 (long long)row0, (long long)(row0 + n - 1));
+    free(out);
+}
+
+/* Every tensor of a llama GGUF equals its slice of the llama2.c "legacy" checkpoint of
+ * the same model (7 int32 then the arrays in llama2.c's order; vocab_size < 0: a
+ * classifier of its own after freq_cis; > 0: shared with the embedding). */
+static void expect_llama2c_slices(const char *gguf_path, const char *bin_path)
+{
     uint8_t *raw = NULL;
     size_t n = 0;
     kvq_err e = {0};
+    assert_int_equal(kvq_read_file(bin_path, &raw, &n, &e), KVQ_OK);
+    int32_t h[7];
+    memcpy(h, raw, sizeof h);
+    const int64_t D = h[0], F = h[1], L = h[2], KVD = h[4] * (h[0] / h[3]);
+    const int64_t V = h[5] < 0 ? -(int64_t)h[5] : h[5], S = h[6], HD = D / h[3];
+    const int64_t tok = 0, att = tok + V * D, wq = att + L * D, wk = wq + L * D * D;
+    const int64_t wv = wk + L * KVD * D, wo = wv + L * KVD * D, ffn = wo + L * D * D;
+    const int64_t w1 = ffn + L * D, w2 = w1 + L * F * D, w3 = w2 + L * D * F;
+    const int64_t fin = w3 + L * F * D, cls = fin + D + S * HD;
+    assert_int_equal(n, 28 + 4 * (size_t)(cls + (h[5] < 0 ? V * D : 0)));
+    float *w = malloc(n - 28);
+    assert_non_null(w);
+    memcpy(w, raw + 28, n - 28);
+    free(raw);
+    kvq_gguf *g = NULL;
+    assert_int_equal(kvq_gguf_open(gguf_path, &g, &e), KVQ_OK);
+    char name[64];
+    for (int64_t l = 0; l < L; l++) {
+#define ROWS(t, off, rows, cols)                                                           \
+    (snprintf(name, sizeof name, "blk.%lld." t ".weight", (long long)l),                \
+     expect_rows(g, name, 0, rows, cols, w + (off) + l * (rows) * (cols)))
+        ROWS("attn_norm", att, 1, D);
+        ROWS("attn_q", wq, D, D);
+        ROWS("attn_k", wk, KVD, D);
+        ROWS("attn_v", wv, KVD, D);
+        ROWS("attn_output", wo, D, D);
+        ROWS("ffn_norm", ffn, 1, D);
+        ROWS("ffn_gate", w1, F, D);
+        ROWS("ffn_down", w2, D, F);
+        ROWS("ffn_up", w3, F, D);
+#undef ROWS
+    }
+    expect_rows(g, "token_embd.weight", 0, V, D, w + tok);
+    expect_rows(g, "output_norm.weight", 0, 1, D, w + fin);
+    if (h[5] < 0 || kvq_gguf_find_tensor(g, "output.weight"))
+        expect_rows(g, "output.weight", 0, V, D, w + (h[5] < 0 ? cls : tok));
+    kvq_gguf_close(g);
+    free(w);
+}
+
+static void test_model_weights(void **state)
+{
+    /* the stand-in, always (scripts/gen_tiny_spm.py wrote both files from one set of
+     * weights): its shape, a row range, a range past the end, then every tensor */
+    uint8_t *raw = NULL;
+    size_t n = 0;
+    kvq_err e = {0};
+    assert_int_equal(kvq_read_file(TINY_SPM_BIN, &raw, &n, &e), KVQ_OK);
+    int32_t th[7];
+    memcpy(th, raw, sizeof th);
+    free(raw);
+    assert_int_equal(th[0], 32);  /* dim */
+    assert_int_equal(th[2], 4);   /* n_layers */
+    assert_int_equal(th[3], 4);   /* n_heads */
+    assert_int_equal(th[4], 2);   /* n_kv_heads */
+    assert_int_equal(th[5], -371);/* vocab, a classifier of its own */
+    kvq_gguf *tg = NULL;
+    assert_int_equal(kvq_gguf_open(TINY_SPM_GGUF, &tg, &e), KVQ_OK);
+    const kvq_gguf_tensor *tk = kvq_gguf_find_tensor(tg, "blk.2.attn_k.weight");
+    assert_non_null(tk);
+    assert_int_equal(tk->ne[0], 32);
+    assert_int_equal(tk->ne[1], 16);
+    float row[32];
+    assert_int_equal(kvq_gguf_rows_to_f32(tk, 15, 1, row, &e), KVQ_OK);
+    assert_int_equal(kvq_gguf_rows_to_f32(tk, 15, 2, row, &e), KVQ_E_INVALID_ARG);
+    kvq_gguf_close(tg);
+    expect_llama2c_slices(TINY_SPM_GGUF, TINY_SPM_BIN);
+
+    /* stories260K, when ../shared has it */
+    const char *path = test_model_path(), *bin = test_model_bin_path();
+    if (!path || !bin) {
+        printf("[          ] stories260K absent: checked on tiny_spm only\n");
+        return;
+    }
+    raw = NULL;
     assert_int_equal(kvq_read_file(bin, &raw, &n, &e), KVQ_OK);
     assert_int_equal(n, 1056540);
     int32_t hdr[7];
@@ -558,6 +652,7 @@ static void test_model_weights(void **state)
     assert_memory_equal(out, w + BIN_RMS_FINAL, 64 * sizeof(float));
     kvq_gguf_close(g);
     free(w);
+    expect_llama2c_slices(path, bin);
 }
 
 /* ==========================================================================

@@ -1,5 +1,5 @@
-/* test_tokenizer.c — SPM (stories260K golden ids, a llama2.c-style O(n^2) reference
- * encoder, tiny in-memory vocabularies), byte-level and metaspace BPE from tokenizer.json
+/* test_tokenizer.c — SPM (stories260K golden ids; its committed stand-in tiny_spm against
+ * llama.cpp's ids; a llama2.c-style O(n^2) reference encoder; tiny in-memory vocabularies), byte-level and metaspace BPE from tokenizer.json
  * and GGUF, the pre-tokenizer split, llama2.c tokenizer.bin, pre-tokenized ids, and the
  * exact error statuses of malformed vocabularies. */
 #include <setjmp.h>
@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "helpers/testutil.h"
+#include "helpers/tiny_spm.h"
 #include "kvq/util.h"
 #include "kvq.h"
 
@@ -68,11 +69,12 @@ static void assert_round_trip(const kvq_tokenizer *t, const char *s, size_t len)
     free(ids);
 }
 
-static const char *model_or_skip(void)
+/* stories260K when ../shared has it (NULL, with a note, when not: the stand-in ran) */
+static const char *stories_or_note(void)
 {
     const char *p = test_model_path();
     if (!p)
-        TEST_SKIP("stories260K.gguf not found (set KVQ_TEST_MODEL)");
+        printf("[          ] stories260K absent: checked on tiny_spm only\n");
     return p;
 }
 
@@ -161,9 +163,60 @@ static size_t ref_spm_encode(const kvq_tokenizer *t, const char *text, int32_t *
 
 /* ---- SPM on stories260K ---------------------------------------------------------- */
 
+/* The stand-in (tests/data/tiny_spm.gguf): its vocabulary's layout, llama.cpp's ids for
+ * every golden text, llama.cpp's greedy text from its ids, BOS/EOS flags. */
+static void spm_golden_tiny(void)
+{
+    tiny_spm_gold *gd = tiny_spm_gold_load();
+    kvq_tokenizer *t = load_gguf_tok(TINY_SPM_GGUF);
+    kvq_err e = {0};
+    assert_int_equal(kvq_tokenizer_kind_of(t), KVQ_TOKENIZER_SPM);
+    assert_string_equal(kvq_tokenizer_model(t), "llama");
+    assert_int_equal(kvq_tokenizer_n_vocab(t), gd->n_vocab);
+    assert_int_equal(kvq_tokenizer_bos(t), 1);
+    assert_int_equal(kvq_tokenizer_eos(t), 2);
+    assert_int_equal(kvq_tokenizer_unk(t), 0);
+    assert_int_equal(kvq_tokenizer_add_bos(t), 1);
+    for (size_t i = 0; i < gd->n_texts; i++)
+        assert_ids(t, gd->texts[i].text, gd->texts[i].ids, gd->texts[i].n);
+    char *text;
+    size_t len;
+    assert_int_equal(kvq_tokenizer_decode(t, gd->greedy.ids, gd->greedy.n, 0, &text, &len, &e),
+                     KVQ_OK);
+    assert_string_equal(text, gd->greedy.text);
+    free(text);
+    const tiny_spm_text *x = &gd->texts[0];
+    int32_t *ids;
+    size_t n;
+    encode_ok(t, x->text, strlen(x->text), KVQ_ENCODE_BOS | KVQ_ENCODE_EOS, &ids, &n);
+    assert_int_equal(n, x->n + 2);
+    assert_int_equal(ids[0], 1);
+    assert_memory_equal(ids + 1, x->ids, x->n * sizeof *ids);
+    assert_int_equal(ids[n - 1], 2);
+    free(ids);
+    assert_string_equal(kvq_tokenizer_token_str(t, 3 + 'A', NULL), "<0x41>");
+    assert_int_equal(kvq_tokenizer_token_type(t, 3 + 'A'), KVQ_TOKEN_BYTE);
+    assert_int_equal(kvq_tokenizer_token_type(t, 1), KVQ_TOKEN_CONTROL);
+    size_t pl;
+    const char *pc = kvq_tokenizer_piece(t, 3 + 0x0A, &pl);
+    assert_int_equal(pl, 1);
+    assert_int_equal(pc[0], '\n');
+    assert_int_equal(kvq_tokenizer_find(t, SP "the", strlen(SP "the")), x->ids[11]);
+    assert_null(kvq_tokenizer_token_str(t, gd->n_vocab, NULL));
+    encode_ok(t, "", 0, 0, &ids, &n);
+    assert_int_equal(n, 0);
+    free(ids);
+    kvq_tokenizer_free(t);
+    tiny_spm_gold_free(gd);
+}
+
 static void test_spm_stories_golden(void **state)
 {
-    kvq_tokenizer *t = load_gguf_tok(model_or_skip());
+    spm_golden_tiny();
+    const char *path = stories_or_note();
+    if (!path)
+        return;
+    kvq_tokenizer *t = load_gguf_tok(path);
     kvq_err e = {0};
     assert_int_equal(kvq_tokenizer_kind_of(t), KVQ_TOKENIZER_SPM);
     assert_string_equal(kvq_tokenizer_model(t), "llama");
@@ -227,9 +280,10 @@ static void test_spm_stories_golden(void **state)
     kvq_tokenizer_free(t);
 }
 
-static void test_spm_stories_reference(void **state)
+/* The tokenizer against ref_spm_encode on fixed and random texts, and round trips. */
+static void spm_reference(const char *path)
 {
-    kvq_tokenizer *t = load_gguf_tok(model_or_skip());
+    kvq_tokenizer *t = load_gguf_tok(path);
     static const char *const texts[] = {
         "Hello world", "The cat sat on the mat.", "  two leading spaces", "tabs\tand\nnewlines\n",
         "Lily and Ben went to the park!", "caf\xc3\xa9 na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac",
@@ -268,23 +322,30 @@ static void test_spm_stories_reference(void **state)
     kvq_tokenizer_free(t);
 }
 
-static void test_llama2c_matches_gguf(void **state)
+static void test_spm_stories_reference(void **state)
 {
-    const char *bin = test_tokenizer_bin_path();
-    kvq_tokenizer *g = load_gguf_tok(model_or_skip());
-    if (!bin) {
-        kvq_tokenizer_free(g);
-        TEST_SKIP("tok512.bin not found next to the test model");
-    }
+    spm_reference(TINY_SPM_GGUF);
+    const char *path = stories_or_note();
+    if (path)
+        spm_reference(path);
+}
+
+/* The llama2.c tokenizer.bin of a model equals its GGUF vocabulary (pieces, scores,
+ * types), so it encodes `text` to the same `ids`; the auto-detecting loader picks each
+ * format. */
+static void llama2c_vs_gguf(const char *bin, const char *gguf, int32_t n_vocab, const char *text,
+                            const int32_t *ids, size_t n_ids)
+{
+    kvq_tokenizer *g = load_gguf_tok(gguf);
     kvq_err e = {0};
     kvq_tokenizer *l = NULL;
     assert_int_equal(kvq_tokenizer_from_llama2c(bin, &l, &e), KVQ_OK);
     assert_string_equal(kvq_tokenizer_model(l), "llama2c");
-    assert_int_equal(kvq_tokenizer_n_vocab(l), 512);
+    assert_int_equal(kvq_tokenizer_n_vocab(l), n_vocab);
     assert_int_equal(kvq_tokenizer_bos(l), 1);
     assert_int_equal(kvq_tokenizer_eos(l), 2);
     assert_int_equal(kvq_tokenizer_unk(l), 0);
-    for (int32_t i = 0; i < 512; i++) {
+    for (int32_t i = 0; i < n_vocab; i++) {
         size_t a, b;
         const char *sa = kvq_tokenizer_token_str(g, i, &a);
         const char *sb = kvq_tokenizer_token_str(l, i, &b);
@@ -294,17 +355,30 @@ static void test_llama2c_matches_gguf(void **state)
         assert_int_equal(kvq_tokenizer_token_type(g, i), kvq_tokenizer_token_type(l, i));
     }
     /* so it encodes the same */
-    assert_ids(l, GOLD_TEXT, GOLD_IDS, 48);
-    /* and the auto-detecting loader picks each format */
+    assert_ids(l, text, ids, n_ids);
     kvq_tokenizer *x = NULL;
     assert_int_equal(kvq_tokenizer_load(bin, NULL, &x, &e), KVQ_OK);
     assert_string_equal(kvq_tokenizer_model(x), "llama2c");
     kvq_tokenizer_free(x);
-    assert_int_equal(kvq_tokenizer_load(test_model_path(), NULL, &x, &e), KVQ_OK);
+    assert_int_equal(kvq_tokenizer_load(gguf, NULL, &x, &e), KVQ_OK);
     assert_string_equal(kvq_tokenizer_model(x), "llama");
     kvq_tokenizer_free(x);
     kvq_tokenizer_free(l);
     kvq_tokenizer_free(g);
+}
+
+static void test_llama2c_matches_gguf(void **state)
+{
+    tiny_spm_gold *gd = tiny_spm_gold_load();
+    for (size_t i = 0; i < gd->n_texts; i++)
+        llama2c_vs_gguf(TINY_SPM_TOK, TINY_SPM_GGUF, gd->n_vocab, gd->texts[i].text,
+                        gd->texts[i].ids, gd->texts[i].n);
+    tiny_spm_gold_free(gd);
+    const char *path = stories_or_note(), *bin = test_tokenizer_bin_path();
+    if (path && bin)
+        llama2c_vs_gguf(bin, path, 512, GOLD_TEXT, GOLD_IDS, 48);
+    else if (path)
+        printf("[          ] tok512.bin not next to %s: checked on tiny_spm only\n", path);
 }
 
 /* ---- SPM on tiny in-memory vocabularies -------------------------------------------- */
