@@ -31,7 +31,7 @@ What it makes (tests/data/, about 0.4 MB in all)
                        "greedy": llama.cpp's greedy continuation of BOS alone (48 ids,
                        argmax of the last logits, fed back; no sampler) and its text
                        (llama.cpp's detokenize, without the leading space SPM decoding
-                       drops), checked against a numpy float64 forward over the
+                       drops) and "text_16", that of its first 16 ids, checked against a numpy float64 forward over the
                        gguf-read tensors (same argmax at every step; "min_margin" =
                        the smallest top1 - top2 logit gap, far from a tie);
                        "logits_bos": numpy's logits after BOS alone (first 16 ids),
@@ -284,6 +284,7 @@ def golden(gpath, n_gen=48):
         llm.eval([nxt])
     gen = ids[1:]
     text = llm.detokenize(gen).decode("utf-8")
+    head = llm.detokenize(gen[:16]).decode("utf-8")
     lg = numpy_logits(gpath, ids)
     agree = [int(np.argmax(lg[i])) == ids[i + 1] for i in range(n_gen)]
     top2 = np.sort(lg[:n_gen], axis=-1)[:, -2:]
@@ -296,7 +297,8 @@ def golden(gpath, n_gen=48):
     assert checks["numpy_argmax_agrees"], agree
     return {
         "texts": texts,
-        "greedy": {"ids": gen, "text": text[1:] if text.startswith(" ") else text},
+        "greedy": {"ids": gen, "text": text[1:] if text.startswith(" ") else text,
+                   "text_16": head[1:] if head.startswith(" ") else head},
         "logits_bos": [round(float(v), 6) for v in lg[0][:16]],
         "checks": checks,
     }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# calibrate.sh — `kvq calibrate` end to end on the real tiny model with small settings:
+# calibrate.sh — `kvq calibrate` end to end on the real tiny model (or its stand-in, see
+# spm_model in tests/helpers/clitest.sh) with small settings:
 # the artifact it writes (kvq inspect, kvq eval --artifact), resuming (every stage
 # skipped; an interrupted stage rerun alone), a changed fit parameter rerunning fit and
 # profile only, --force, --no-profile, the stages' outputs equal to running the stage
@@ -25,11 +26,8 @@ expect_error calibrate_missing_model 1 'nowhere\.gguf: No such file or directory
 left_nothing "$T/m.kvq" && ok calibrate_missing_model_leaves_nothing ||
   fail calibrate_missing_model_leaves_nothing "$(ls "$T")"
 
-KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
-if [ ! -f "$KVQ_TEST_MODEL" ]; then
-  skip calibrate_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
-fi
-M=$KVQ_TEST_MODEL
+# stories260K, or without ../shared its stand-in tests/data/tiny_spm.gguf (spm_model)
+spm_model
 
 : >"$T/empty.txt"
 expect_error calibrate_empty_corpus 1 "corpus '.*empty\.txt' contains no text" -- \
@@ -58,7 +56,7 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/a.kvq" ] &&
    [ "$(n_lines 'running: no previous output')" = 5 ] && [ "$(n_lines 'done in ')" = 5 ] &&
    grep -q "^calibrate: wrote $T/a.kvq" "$CLI_TMP/stdout" &&
    grep -q '^  tokens          2048 calibration in 16 sequences; 256 held-out in 2$' "$CLI_TMP/stdout" &&
-   grep -q '^  codebooks       qavq, K 16, G 1, 20 heads$' "$CLI_TMP/stdout" &&
+   grep -q "^  codebooks       qavq, K 16, G 1, $HEADS heads\$" "$CLI_TMP/stdout" &&
    grep -Eq '^  score MSE .*ratio 0\.[0-9]+$' "$CLI_TMP/stdout" &&
    grep -q '^  leankv          alpha_h' "$CLI_TMP/stdout" &&
    [ -s "$W/capture/capture.json" ] && [ -s "$W/heldout/capture.json" ] &&

@@ -28,11 +28,10 @@ if "$KVQ" version | grep -q '^mpi: off'; then
 fi
 "$KVQ" version | grep -q '^mpi: on' && ok mpi_version_on || fail mpi_version_on "$("$KVQ" version)"
 
-KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
-if [ ! -f "$KVQ_TEST_MODEL" ]; then
-  skip mpi_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
-fi
-M=$KVQ_TEST_MODEL
+# stories260K (5 layers x 4 KV heads), or without ../shared its stand-in
+# tests/data/tiny_spm.gguf (4 x 2): spm_model sets M and HEADS
+spm_model
+LAST_HEAD="layer.$((MI_LAYERS - 1)).head.$((MI_KV_HEADS - 1))"
 
 # A command that does not split its work runs on rank 0 alone: one output.
 _cli_run mpi 2 "$KVQ" inspect "$M"
@@ -73,13 +72,13 @@ fit() { $RUN "$KVQ" fit --capture "$W/capture" --moments "$W/moments.safetensors
           --codebook 16 --iters 3 --threads 1 --seed 1234 "$@"; }
 KVQ_TEST_KILL=1:3 RUN="mpi 2" fit -o "$T/k.kvq" >/dev/null 2>"$T/k.err"; rc=$?
 nck=$(ls "$T/k.kvq.ckpt" 2>/dev/null | grep -c '\.safetensors$')
-if [ $rc != 0 ] && [ ! -e "$T/k.kvq" ] && [ "$nck" -ge 3 ] && [ "$nck" -lt 20 ]; then
+if [ $rc != 0 ] && [ ! -e "$T/k.kvq" ] && [ "$nck" -ge 3 ] && [ "$nck" -lt "$HEADS" ]; then
   ok mpi_fit_rank_killed_no_output
 else
   fail mpi_fit_rank_killed_no_output "exit $rc, $nck checkpoints" "$(tail -3 "$T/k.err")"
 fi
 if RUN="mpi 3" fit -o "$T/k.kvq" >/dev/null 2>"$T/k2.err" && cmp "$W/fit.kvq" "$T/k.kvq" &&
-   grep -q "resumed $nck of 20 heads" "$T/k2.err" && [ ! -e "$T/k.kvq.ckpt" ]; then
+   grep -q "resumed $nck of $HEADS heads" "$T/k2.err" && [ ! -e "$T/k.kvq.ckpt" ]; then
   ok mpi_fit_rerun_after_kill_same_bytes
 else
   fail mpi_fit_rerun_after_kill_same_bytes "$(grep -v '^kvq: layer' "$T/k2.err" | tail -4)"
@@ -87,10 +86,10 @@ fi
 
 # An error on rank 1 only (its last head's checkpoint path is taken by a directory):
 # every rank stops, rank 0 names rank 1 and the problem, and there is no artifact.
-mkdir -p "$T/e.kvq.ckpt/layer.4.head.3.safetensors"
+mkdir -p "$T/e.kvq.ckpt/$LAST_HEAD.safetensors"
 RUN="mpi 2" _cli_run fit -q -o "$T/e.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 1 ] && [ ! -e "$T/e.kvq" ] &&
-   grep -q '^kvq fit: rank 1 of 2: .*layer\.4\.head\.3\.safetensors: rename failed: Is a directory$' \
+   grep -q "^kvq fit: rank 1 of 2: .*${LAST_HEAD//./\\.}\\.safetensors: rename failed: Is a directory\$" \
      "$CLI_TMP/stderr" && [ "$(grep -c '^kvq' "$CLI_TMP/stderr")" = 1 ]; then
   ok mpi_error_on_one_rank_stops_all
 else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# profile.sh — `kvq profile` on the real tiny model: capture -> moments -> fit -> profile
+# profile.sh — `kvq profile` on the real tiny model (or its stand-in, spm_model): capture -> moments -> fit -> profile
 # with small grids; the tables, the JSON, the artifact it writes (read back by kvq inspect
 # and the independent Python reader), an unmeetable tolerance (warning, exit 0, flagged),
 # identical bytes across thread counts, perplexity with --model, and option errors.
@@ -21,16 +21,18 @@ expect_error profile_model_needs_corpus 2 'go together' -- \
 expect_error profile_no_capture 1 'nowhere/capture.json' -- \
   "$KVQ" profile --capture "$T/nowhere" --artifact "$T/a.kvq" -o "$T/x.kvq"
 
-KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
-if [ ! -f "$KVQ_TEST_MODEL" ]; then
-  skip profile_stories260K "test model $KVQ_TEST_MODEL not found"; cli_done; exit
-fi
-if ! "$KVQ" capture --model "$KVQ_TEST_MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 \
+# stories260K, or without ../shared its stand-in tests/data/tiny_spm.gguf (spm_model):
+# both have head dim 8, which the PATS expectations below are about
+spm_model
+# A tolerance every knob meets: 0.2 on stories260K; 0.6 on the stand-in, whose random
+# values make attention outputs partly cancel (its best budget / mass errors: 0.45, 0.51)
+TOL=0.2; [ "$IS_STORIES" = 1 ] || TOL=0.6
+if ! "$KVQ" capture --model "$M" --corpus uuid:8 --seq-len 128 --max-tokens 512 \
      --threads 1 -q -o "$T/cap" 2>"$T/err" ||
    ! "$KVQ" moments --capture "$T/cap" -o "$T/mom" -q 2>>"$T/err" ||
    ! "$KVQ" fit --capture "$T/cap" --moments "$T/mom" --codebook 16 --iters 3 --threads 1 -q \
      -o "$T/a.kvq" 2>>"$T/err"; then
-  fail profile_stories260K "capture, moments or fit failed:" "$(head -3 "$T/err")"; cli_done; exit
+  fail profile_capture "capture, moments or fit failed:" "$(head -3 "$T/err")"; cli_done; exit
 fi
 
 prof() {
@@ -40,7 +42,7 @@ prof() {
 
 # A tolerance every knob meets here: no warning but PATS's (at d = 8 no PATS setting
 # saves memory: a packed row is one 64-byte block, 4x the f16 row, so none is chosen).
-_cli_run prof --tolerance 0.2 --threads 1 -o "$T/p1.kvq"
+_cli_run prof --tolerance $TOL --threads 1 -o "$T/p1.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/p1.kvq" ] &&
    [ "$(cat "$CLI_TMP/stderr")" = "kvq: warning: profile: pats: no setting saves memory against the f16 cache (a small head dim: packed rows fill whole 64-byte blocks); none chosen" ] &&
    grep -q '^leankv (window 32' "$CLI_TMP/stdout" && grep -q '^pats ' "$CLI_TMP/stdout" &&
@@ -51,7 +53,7 @@ else
   fail profile_tables "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")" "$(head -3 "$CLI_TMP/stdout")"
 fi
 
-_cli_run prof --tolerance 0.2 --threads 2 -o "$T/p2.kvq"
+_cli_run prof --tolerance $TOL --threads 2 -o "$T/p2.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && cmp -s "$T/p1.kvq" "$T/p2.kvq"; then
   ok profile_same_bytes_any_threads
 else
@@ -105,7 +107,7 @@ lk = d["tables"]["leankv"]; p = lk["columns"].index("ppl")
 assert all(math.isfinite(r[p]) for r in lk["rows"])
 assert abs(lk["rows"][0][p] / d["ppl_full"] - 1) < 0.05   # alpha_h 0 prunes nothing
 assert "skipped" in d["tables"]["pats"]
-' -- prof --knobs leankv --model "$KVQ_TEST_MODEL" --corpus uuid:2 --ppl-tokens 384 --json \
+' -- prof --knobs leankv --model "$M" --corpus uuid:2 --ppl-tokens 384 --json \
      -o "$T/p5.kvq"
 
 if ! "$PYTHON" -c 'import numpy, zstandard' 2>/dev/null; then

@@ -1,14 +1,12 @@
 #!/usr/bin/env bash
 # runtime.sh — `kvq run` / `kvq eval` with retrieval attention: option errors, the real
-# tiny model's greedy text with budget = everything (exact positions), a real budget,
+# tiny model's (or its stand-in's) greedy text with budget = everything (exact positions), a real budget,
 # artifacts refused for another model or when truncated, and the eval table (text and
 # JSON). The artifact comes from capture -> moments -> fit. Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
 
 T=$CLI_TMP/rt
 mkdir -p "$T"
-MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
-golden="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to"
 
 # ---- options (no model needed) ------------------------------------------------------
 _cli_run "$KVQ" run --help
@@ -30,9 +28,10 @@ expect_error runtime_bad_tau 2 '^kvq eval: --tau: ' -- "$KVQ" eval --model x --c
 expect_error runtime_bad_device 2 "^kvq run: --device: 'gpu' is not cpu, cuda or auto$" -- \
   "$KVQ" run --model x --selector full --device gpu
 
-if [ ! -f "$MODEL" ]; then
-  skip runtime_stories260K "test model $MODEL not found"; cli_done; exit
-fi
+# stories260K, or without ../shared its stand-in tests/data/tiny_spm.gguf (head dim 8
+# too), with its greedy text after BOS: SOURCES.md's, or llama.cpp's (spm_model)
+spm_model
+MODEL=$M golden=$GOLDEN
 expect_error runtime_bad_selector 2 "^kvq run: unknown selector 'h2o'" -- \
   "$KVQ" run --model "$MODEL" --selector h2o
 expect_error runtime_codebook_needs_artifact 2 '^kvq run: the codebook selector needs --artifact$' -- \
@@ -68,7 +67,7 @@ _cli_run "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --budget 8 --window 1
 read_pct=$(sed -n 's/.*reading \([0-9.]*\)% of the KV cache$/\1/p' "$CLI_TMP/stderr")
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -n "$read_pct" ] &&
    awk -v p="$read_pct" 'BEGIN { exit !(p > 0 && p < 80) }' &&
-   [ "$(head -c 40 "$CLI_TMP/stdout")" = "$(printf '%s' "$golden" | head -c 40)" ]; then
+   [ "$(head -c ${#GOLDEN_HEAD} "$CLI_TMP/stdout")" = "$GOLDEN_HEAD" ]; then
   ok runtime_budget_8
 else
   fail runtime_budget_8 "read $read_pct%" "$(head -2 "$CLI_TMP/stdout")" "$(tail -2 "$CLI_TMP/stderr")"

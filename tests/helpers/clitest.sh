@@ -118,6 +118,28 @@ real_model() {
   else M=; return 1; fi
   eval "$("$PYTHON" tests/helpers/model_info.py "$M")"
 }
+# spm_model: the llama + SentencePiece model that checks of the pipeline's mechanics run
+# on — stories260K (KVQ_TEST_MODEL) when present, else its committed stand-in
+# tests/data/tiny_spm.gguf (scripts/gen_tiny_spm.py: 4 layers x 2 KV heads, head dim 8 as
+# stories260K, random weights), so they never skip. Sets M, IS_STORIES (1/0), the MI_*
+# shape read by the `gguf` package, HEADS (layers x KV heads), GOLDEN: the greedy text
+# of 48 tokens after BOS (stories260K: SOURCES.md; the stand-in: llama.cpp's, from
+# tests/data/tiny_spm_golden.json), and GOLDEN_HEAD, its start that a retrieval run with
+# a window of 16 must keep: stories260K 40 bytes (9 tokens), the stand-in 16 tokens.
+spm_model() {
+  KVQ_TEST_MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+  if [ -f "$KVQ_TEST_MODEL" ]; then
+    M=$KVQ_TEST_MODEL; IS_STORIES=1
+    GOLDEN="Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big, red ball. She wanted to"
+    GOLDEN_HEAD=${GOLDEN:0:40}
+  else
+    M=tests/data/tiny_spm.gguf; IS_STORIES=0
+    local g='import json, sys; print(json.load(open("tests/data/tiny_spm_golden.json"))["greedy"][sys.argv[1]])'
+    GOLDEN=$("$PYTHON" -c "$g" text); GOLDEN_HEAD=$("$PYTHON" -c "$g" text_16)
+  fi
+  eval "$("$PYTHON" tests/helpers/model_info.py "$M")"
+  HEADS=$((MI_LAYERS * MI_KV_HEADS))
+}
 # The reason for a skip when real_model finds nothing.
 no_model="models ${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf} and ${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf} not found"
 
