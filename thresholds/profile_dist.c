@@ -29,8 +29,9 @@ kvq_status thr_split_begin(thr_split *sp, const kvq_profile_params *p, const cha
     kvq_dist_split(n_files, NULL, sp->d->rank, sp->d->size, &first, &end);
     sp->first = (int32_t)first;
     sp->end = (int32_t)end;
-    kvq_log(&p->cb, KVQ_LOG_INFO, "%s: %d ranks split %d layers; rank 0 runs layers %d..%d "
-            "and shows the pass's progress from its share", what, (int)sp->d->size,
+    kvq_log(&p->cb, KVQ_LOG_INFO, "%s: %d ranks split %d layers; rank 0 runs layers %d..%d; "
+            "the progress is the whole pass's, estimated from rank 0's share (the shares "
+            "are balanced)", what, (int)sp->d->size,
             (int)n_files, (int)sp->first, (int)sp->end - 1);
     const size_t n = (size_t)(sp->end - sp->first) * rec_bytes;
     sp->recs = malloc(n ? n : 1);
@@ -63,15 +64,17 @@ kvq_status thr_split_end(thr_split *sp, kvq_status st,
         return st;
     const kvq_dist *d = sp->d;
     uint8_t *all = NULL;
+    /* agree first: a rank that failed has no records to send */
+    if ((st = kvq_dist_agree(d, st, err))) {
+        free(sp->recs);
+        sp->recs = NULL;
+        return st;
+    }
     size_t *sizes = calloc((size_t)d->size, sizeof *sizes);
     if (!sizes) /* cannot take part in the gather: stop everyone rather than hang them */
         d->abort(d->impl, 1, "kvq: profile: out of memory");
-    /* Every rank takes part in the gather, after an error too (sending nothing), then
-     * they agree on the status. */
-    const size_t n = st ? 0 : (size_t)(sp->end - sp->first) * sp->rec_bytes;
-    kvq_status g = d->gather(d->impl, sp->recs, n, &all, sizes, st ? NULL : err);
-    if (!st)
-        st = g;
+    st = d->gather(d->impl, sp->recs, (size_t)(sp->end - sp->first) * sp->rec_bytes, &all,
+                   sizes, err);
     if (!st && d->rank == 0) {
         size_t total = 0;
         for (int32_t r = 0; r < d->size; r++)
