@@ -633,8 +633,6 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
             goto done;
     }
     fill_grid_rows(r, &G, total, refined);
-    if (!rank0) /* the perplexity and budget parts are rank 0's (docs/mpi.md) */
-        goto done;
     /* ---- perplexity of the same settings */
     if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
         goto done;
