@@ -422,10 +422,10 @@ static kvq_status refine_settings(const kvq_capture_info *ci, const kvq_codebook
     bsetting *sub = calloc((size_t)n_set, sizeof *sub);
     int64_t *idx = calloc((size_t)n_set, sizeof *idx);
     kvq_status s = KVQ_OK;
-    if (!a || !sub || !idx) {
+    if (!a || !sub || !idx)
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
-    }
     to_acc(set, n_set, n_b, fr, a);
     mark_table(a, 0, n_b, tol, b, refined);
     mark_table(a, n_b, n_set, tol, b, refined);

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# mpi.sh — `kvq calibrate`, `kvq capture` and `kvq fit` under mpirun (docs/mpi.md), on
-# one machine over loopback: the outputs of 2 and 3 ranks have the bytes of one process
-# (plain kvq, no mpirun); a rank killed mid-fit, then a rerun, gives the same bytes; an
-# error on one rank stops all of them with the rank and the message and no output; a
+# mpi.sh — `kvq calibrate`, `kvq capture`, `kvq fit` and `kvq profile` under mpirun
+# (docs/mpi.md), on one machine over loopback: the outputs of 2 and 3 ranks have the
+# bytes of one process (plain kvq, no mpirun); a rank killed mid-fit, mid-profile or
+# mid-capture, then a rerun, gives the same bytes and leaves no temporary; an error on
+# one rank stops all of them with the rank and the message and no output; a
 # command that does not split its work runs once. Skipped only when mpirun is absent
 # (scripts/install-deps.sh installs openmpi-bin). Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
@@ -58,16 +59,19 @@ for n in 2 3; do
   fi
 done
 
-# kvq profile on its own: the LeanKV/PATS grid split by layers (5 layers: rank 0 runs
-# 0..1 of 2 ranks, 0..1 of 3), each rank's share logged by rank 0; same bytes as one
-# process (and as calibrate's profile stage, which ran the same profile).
+# kvq profile on its own: the LeanKV/PATS grid and the budget/tau passes split by layers
+# (5 layers: rank 0 runs 0..1 of 2 ranks, 0..1 of 3; both re-measure settings near the
+# tolerance on every row here, so the second passes and their rank-0 decisions are
+# covered), the split logged by rank 0; same bytes as one process (and as calibrate's
+# profile stage, which ran the same profile).
 W=$T/one.kvq.work
 prof() { $RUN "$KVQ" profile --capture "$W/heldout" --artifact "$W/fit.kvq" --threads 1 "$@"; }
 RUN= prof -q -o "$T/p1.kvq" >/dev/null 2>"$T/p1.err" || fail mpi_profile_reference "$(cat "$T/p1.err")"
 for n in 2 3; do
   if RUN="mpi $n" prof -o "$T/p$n.kvq" >/dev/null 2>"$T/p$n.err" && cmp "$T/p1.kvq" "$T/p$n.kvq" &&
      cmp "$W/profile.kvq" "$T/p$n.kvq" &&
-     grep -q "^kvq: profile: leankv/pats: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err"; then
+     grep -q "^kvq: profile: leankv/pats: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err" &&
+     grep -q "^kvq: profile: budget: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err"; then
     ok "mpi_profile_np${n}_same_bytes"
   else
     fail "mpi_profile_np${n}_same_bytes" "$(grep -v '[0-9]/[0-9]' "$T/p$n.err" | tail -3)"
