@@ -115,7 +115,9 @@ static kvq_status merge_shares(const int32_t *tokens, int64_t n_tokens, int64_t 
     ci->corpus_seed = 0;
     ci->n_documents = 0;
     if (corpus) {
-        snprintf(ci->corpus_spec, sizeof ci->corpus_spec, "%s", corpus->spec ? corpus->spec : "");
+        /* as one capture records it (capture_run.c): paths redacted to their names */
+        kvq_spec_redact_paths(corpus->spec ? corpus->spec : "", ci->corpus_spec,
+                              sizeof ci->corpus_spec);
         ci->corpus_seed = corpus->seed;
         snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
         ci->n_documents = corpus->n_documents;

@@ -108,6 +108,17 @@ for q in all 700; do
     fail "mpi_capture_np3_queries_${q}_same_bytes"
 done
 
+# A corpus given by path: the capture records the file's name only, as one process does.
+TXT=/usr/share/doc/python3.11/html/_sources/tutorial/classes.rst.txt
+if [ -f "$TXT" ]; then
+  "$KVQ" capture --model "$M" --corpus "$TXT" --seq-len 64 --max-tokens 512 -q -o "$T/capf1" &&
+  mpi 2 "$KVQ" capture --model "$M" --corpus "$TXT" --seq-len 64 --max-tokens 512 -q -o "$T/capf2" &&
+  diff -r "$T/capf1" "$T/capf2" >/dev/null && ok mpi_capture_np2_corpus_path_same_bytes ||
+    fail mpi_capture_np2_corpus_path_same_bytes "$(diff "$T/capf1/capture.json" "$T/capf2/capture.json" | head -4)"
+else
+  skip mpi_capture_np2_corpus_path_same_bytes "$TXT not found (Debian python3.11-doc)"
+fi
+
 # A capture killed on rank 1 leaves rank 0's temporary directory with the ranks' pieces
 # in it. Their processes are gone, but their pids are replaced by a live one ($$), as
 # for ranks that ran on other machines (where a pid says nothing): the rerun, which owns
