@@ -485,6 +485,17 @@ static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
     return s;
 }
 
+/* The steps measured by every setting; split by layers, rank 0's sums decide for every
+ * rank. */
+static kvq_status sum_measured(const bsetting *set, int64_t n_set, const kvq_profile_params *p,
+                               double *measured, kvq_err *err)
+{
+    *measured = 0;
+    for (int64_t c = 0; c < n_set; c++)
+        *measured += set[c].measured;
+    return kvq_dist_bcast(p->dist, measured, sizeof *measured, err);
+}
+
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
@@ -580,10 +591,7 @@ setup: /* split by layers: every rank runs the passes, or none */
                         err)))
         goto done;
     double measured = 0, steps_all = 0;
-    for (int64_t c = 0; c < n_set; c++)
-        measured += set[c].measured;
-    /* split by layers: rank 0's sums decide for every rank */
-    if ((s = kvq_dist_bcast(p->dist, &measured, sizeof measured, err)))
+    if ((s = sum_measured(set, n_set, p, &measured, err)))
         goto done;
     /* every row measured already when no sequence has more continuation rows than the
      * sample */
