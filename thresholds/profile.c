@@ -633,8 +633,10 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
             goto done;
     }
     fill_grid_rows(r, &G, total, refined);
-    /* ---- perplexity of the same settings */
-    if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
+    /* ---- perplexity of the same settings (rank 0; the others wait for its status) */
+    if (ppl)
+        s = ppl_rows(ppl, p, &G, r, err);
+    if ((s = kvq_dist_agree(p->dist, s, err)))
         goto done;
     /* ---- retrieval budgets */
     if (p->knobs & (KVQ_KNOB_BUDGET | KVQ_KNOB_MASS)) {

@@ -324,10 +324,10 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     thr_acc *part = calloc((size_t)n_set, sizeof *part);
     sub.lk = malloc(sizeof *sub.lk * (size_t)(G->n_lk ? G->n_lk : 1));
     sub.pt = malloc(sizeof *sub.pt * (size_t)(G->n_pt ? G->n_pt : 1));
-    if (!mark || !part || !sub.lk || !sub.pt) {
+    if (!mark || !part || !sub.lk || !sub.pt)
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
-    }
     thr_mark_refine(total, 0, G->n_lk, tol, mark);
     thr_mark_refine(total, G->n_lk, n_set, tol, mark);
     for (int64_t c = 0; c < G->n_lk; c++)
