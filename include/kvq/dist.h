@@ -3,7 +3,7 @@
  *
  * A kvq_dist is a group of `size` processes (ranks 0 .. size-1) that run the same
  * stage with the same arguments and split its work: capture by sequences, fit by
- * (layer, KV head) jobs, the profile's LeanKV/PATS grid by layers. Rank 0 gathers the
+ * (layer, KV head) jobs, the profile (but its perplexity) by layers. Rank 0 gathers the
  * pieces and writes every output once, through the usual temporary-name-and-rename
  * path, so the outputs are byte-identical to one process whatever the number of ranks. The file system that holds the
  * outputs must be shared by the ranks (captures are assembled from per-rank pieces on

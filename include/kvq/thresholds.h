@@ -361,9 +361,10 @@ typedef struct kvq_profile_params {
                                   simulated cache per setting, every row; slow), which
                                   the tests compare the default path with (default 0) */
     const kvq_dist *dist;      /* NULL (default): one process; else the LeanKV/PATS grid
-                                  is split among its ranks by layers (kvq/dist.h, the
-                                  same bytes for any rank count); rank 0 runs the budget
-                                  and perplexity parts and writes (docs/mpi.md) */
+                                  and the budget/tau passes are split among its ranks by
+                                  layers (kvq/dist.h, the same bytes for any rank count);
+                                  rank 0 runs the perplexity (model) and writes
+                                  (docs/mpi.md) */
 } kvq_profile_params;
 
 kvq_profile_params kvq_profile_params_default(void);
