@@ -6,8 +6,8 @@
  * (layer, KV head) jobs, the profile (but its perplexity) by layers. Rank 0 gathers the
  * pieces and writes every output once, through the usual temporary-name-and-rename
  * path, so the outputs are byte-identical to one process whatever the number of ranks.
- * The file system that holds the outputs must be shared by the ranks (captures are assembled from per-rank pieces on
- * it, and fit checkpoints are found there on resume).
+ * The file system that holds the outputs must be shared by the ranks (captures are
+ * assembled from per-rank pieces on it, and fit checkpoints are found there on resume).
  *
  * The library holds no message-passing code and never initializes MPI: the caller
  * provides the four operations (the kvq binary's MPI implementation is cli/dist_mpi.c;
