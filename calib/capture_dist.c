@@ -26,7 +26,9 @@
 
 typedef struct share_cb {
     const kvq_callbacks *user;
+    const kvq_dist *d;
     uint64_t base, total;     /* tokens of this rank's share before this sequence, all */
+    uint64_t all;             /* tokens of the whole capture */
 } share_cb;
 
 /* A sequence's own capture logs one level lower (its INFO lines would repeat per
@@ -43,18 +45,23 @@ static int share_progress(void *u, const char *what, uint64_t done, uint64_t tot
     const share_cb *s = u;
     if (strcmp(what, "capture") != 0)
         return 0;
-    return kvq_progress(s->user, "capture", s->base + done, s->total);
+    /* the whole capture's progress, estimated from this rank's share (kvq_dist_progress) */
+    return kvq_progress(s->user, "capture", kvq_dist_progress(s->d, s->base + done, s->total, s->all),
+                        s->all);
 }
 
 /* Captures sequences [first, end) of the run, each into tmp/seq.NNNNNNNNNN. */
 static kvq_status capture_share(const kvq_model *m, const int32_t *tokens,
-                                const int64_t *sequences, int64_t first, int64_t end,
+                                const int64_t *sequences, int64_t n_sequences, int64_t first,
+                                int64_t end,
                                 const kvq_capture_corpus *corpus, const kvq_capture_params *p,
                                 const char *tmp, kvq_err *err)
 {
-    share_cb sc = {&p->cb, 0, 0};
+    share_cb sc = {&p->cb, p->dist, 0, 0, 0};
     for (int64_t s = first; s < end; s++)
         sc.total += (uint64_t)sequences[2 * s + 1];
+    for (int64_t s = 0; s < n_sequences; s++)
+        sc.all += (uint64_t)sequences[2 * s + 1];
     kvq_capture_params lp = *p;
     lp.dist = NULL;
     lp.overwrite = 0;
@@ -108,7 +115,9 @@ static kvq_status merge_shares(const int32_t *tokens, int64_t n_tokens, int64_t 
     ci->corpus_seed = 0;
     ci->n_documents = 0;
     if (corpus) {
-        snprintf(ci->corpus_spec, sizeof ci->corpus_spec, "%s", corpus->spec ? corpus->spec : "");
+        /* as one capture records it (capture_run.c): paths redacted to their names */
+        kvq_spec_redact_paths(corpus->spec ? corpus->spec : "", ci->corpus_spec,
+                              sizeof ci->corpus_spec);
         ci->corpus_seed = corpus->seed;
         snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
         ci->n_documents = corpus->n_documents;
@@ -142,6 +151,12 @@ kvq_status capture_tokens_dist(const kvq_model *m, const int32_t *tokens, int64_
     const kvq_dist *d = p->dist;
     kvq_capture_params one = *p;
     one.dist = NULL;
+    /* A killed run leaves its temporaries (rank 0's directory, the ranks' pieces in it);
+     * their pids say nothing across machines, so the job removes every one of them. */
+    const int n_old = d->rank == 0 ? kvq_output_clean_job(dir, NULL) : 0;
+    if (n_old)
+        kvq_log(&p->cb, KVQ_LOG_INFO, "capture: removed %d temporaries of an earlier run of %s",
+                n_old, dir);
     if (p->n_queries > 0 && p->n_queries < n_tokens) {
         /* A sample over the whole capture: rank 0 alone. */
         kvq_status st = KVQ_OK;
@@ -178,9 +193,10 @@ kvq_status capture_tokens_dist(const kvq_model *m, const int32_t *tokens, int64_
         free(cost);
         if (d->rank == 0)
             kvq_log(&p->cb, KVQ_LOG_INFO, "capture: %" PRId64 " sequences on %d ranks; rank 0 "
-                    "captures %" PRId64 " of them and shows its progress, which the balanced "
-                    "split makes the job's", n_sequences, (int)d->size, end - first);
-        st = capture_share(m, tokens, sequences, first, end, corpus, &one, tmp_path, err);
+                    "captures %" PRId64 " of them; the progress is the whole capture's, "
+                    "estimated from rank 0's share (the shares are balanced)", n_sequences, (int)d->size, end - first);
+        st = capture_share(m, tokens, sequences, n_sequences, first, end, corpus, p, tmp_path,
+                           err);
     }
     if ((st = kvq_dist_agree(d, st, err)))
         goto done;

@@ -371,6 +371,7 @@ int cmd_profile(int argc, char **argv)
         goto done;
     rc = 0;
     o.p.cb = cli_callbacks(o.verbose, o.quiet);
+    o.p.dist = cli_dist(); /* under mpirun: the grid split by layers (docs/mpi.md) */
     if ((rc = cli_check_corpus(o.p.corpus)))
         goto done;
     if (kvq_profile_run(o.capture, o.in, o.out, o.force, &o.p, &res, &e) != KVQ_OK) {

@@ -225,18 +225,21 @@ void cli_dist_version(char *buf, size_t cap)
 #endif
 }
 
-/* Testing aid: KVQ_TEST_KILL="RANK:HEADS" makes rank RANK kill itself (SIGKILL, as a
- * lost node would) once it has finished HEADS fit heads. */
+/* Testing aid: KVQ_TEST_KILL="RANK:N[:STAGE]" makes rank RANK kill itself (SIGKILL, as a
+ * lost node would) once the progress of STAGE (default "fit": heads; "capture": tokens
+ * of its share; "profile": layers) has reached N. */
 void cli_dist_test_kill(const char *what, uint64_t done)
 {
     static int parsed, rank = -1;
-    static long heads;
+    static long n;
+    static char stage[32] = "fit";
     if (!parsed) {
         const char *v = getenv("KVQ_TEST_KILL");
         parsed = 1;
-        if (v && sscanf(v, "%d:%ld", &rank, &heads) != 2)
+        if (v && sscanf(v, "%d:%ld:%31s", &rank, &n, stage) < 2)
             rank = -1;
     }
-    if (rank >= 0 && rank == cli_dist_rank() && !strcmp(what, "fit") && (long)done >= heads)
+    if (rank >= 0 && rank == cli_dist_rank() && !strncmp(what, stage, strlen(stage)) &&
+        (long)done >= n)
         raise(SIGKILL);
 }

@@ -109,7 +109,8 @@ static void install_signal_cleanup(void)
 static int run_command(const cli_command *c, int argc, char **argv)
 {
     const kvq_dist *d = cli_dist();
-    const int split = c->run == cmd_capture || c->run == cmd_fit || c->run == cmd_calibrate;
+    const int split = c->run == cmd_capture || c->run == cmd_fit || c->run == cmd_calibrate ||
+                      c->run == cmd_profile;
     if (!d || split)
         return c->run(argc, argv);
     if (d->rank != 0)

@@ -115,3 +115,12 @@ void kvq_dist_split(int64_t n, const double *cost, int32_t rank, int32_t size, i
     *first = f;
     *end = f == n ? n : e;
 }
+
+uint64_t kvq_dist_progress(const kvq_dist *d, uint64_t done, uint64_t n_share, uint64_t n_total)
+{
+    if (kvq_dist_size(d) <= 1 || n_share == n_total)
+        return done;
+    if (n_share == 0 || done >= n_share)
+        return n_total;
+    return (uint64_t)((double)done * (double)n_total / (double)n_share);
+}

@@ -135,28 +135,52 @@ static long tmp_suffix_pid(const char *s)
     return pid;
 }
 
-void kvq_output_clean_stale(const char *path)
+/* Removes the temporaries "<base>.tmp.<pid>.<8 hex>" in dir (base NULL: of any name)
+ * of other processes: only those whose process is gone unless any_pid. Returns how many. */
+static int clean_in(const char *dir, const char *base, int any_pid)
 {
-    const char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
-    DIR *d = dir ? opendir(dir) : NULL;
-    const size_t nb = strlen(base);
+    DIR *d = opendir(dir);
+    const size_t nb = base ? strlen(base) : 0;
     struct dirent *e;
+    int n = 0;
     while (d && (e = readdir(d))) {
-        if (strncmp(e->d_name, base, nb) || strncmp(e->d_name + nb, ".tmp.", 5))
+        const char *t = base ? e->d_name + nb : strstr(e->d_name, ".tmp.");
+        if (!t || (base && strncmp(e->d_name, base, nb)) || strncmp(t, ".tmp.", 5))
             continue;
-        const long pid = tmp_suffix_pid(e->d_name + nb + 5);
-        if (!pid || pid == (long)getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+        const long pid = tmp_suffix_pid(t + 5);
+        if (!pid || pid == (long)getpid())
+            continue;
+        if (!any_pid && (kill((pid_t)pid, 0) == 0 || errno != ESRCH))
             continue;
         char *p = kvq_path_join(dir, e->d_name);
         if (p)
             rm_at(AT_FDCWD, p, 0);
         free(p);
+        n++;
     }
     if (d)
         closedir(d);
+    return n;
+}
+
+static int clean_of(const char *path, int any_pid)
+{
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char *dir = slash ? strndup(path, (size_t)(slash - path) + (slash == path)) : strdup(".");
+    const int n = dir ? clean_in(dir, base, any_pid) : 0;
     free(dir);
+    return n;
+}
+
+void kvq_output_clean_stale(const char *path)
+{
+    clean_of(path, 0);
+}
+
+int kvq_output_clean_job(const char *path, const char *inner_dir)
+{
+    return clean_of(path, 1) + (inner_dir ? clean_in(inner_dir, NULL, 1) : 0);
 }
 
 /* ==========================================================================

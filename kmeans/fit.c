@@ -136,10 +136,20 @@ static void km_log(void *user, kvq_log_level level, const char *msg)
         c->cb.log(c->cb.user, level == KVQ_LOG_INFO ? KVQ_LOG_DEBUG : level, msg);
 }
 
+/* "fit" progress: the heads done of this rank's share, shown as the whole job's
+ * (kvq_dist_progress: rank 0 estimates it from its share, the shares being balanced). */
+static int fit_progress(const fit_ctx *c)
+{
+    return kvq_progress(&c->cb, "fit",
+                        kvq_dist_progress(c->p->dist, (uint64_t)c->jobs_done,
+                                          (uint64_t)c->jobs_prog, (uint64_t)c->jobs_total),
+                        (uint64_t)c->jobs_total);
+}
+
 static int km_progress(void *user, const char *what, uint64_t done, uint64_t total)
 {
     const fit_ctx *c = user;
-    return kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_prog);
+    return fit_progress(c);
 }
 
 /* ==========================================================================
@@ -644,7 +654,7 @@ kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary 
                 kvq_log(&c->cb, KVQ_LOG_INFO, "layer %d head %d: done%s", (int)layer, (int)head,
                         j->resumed ? " (checkpoint)" : "");
             c->jobs_done++;
-            if (kvq_progress(&c->cb, "fit", (uint64_t)c->jobs_done, (uint64_t)c->jobs_prog)) {
+            if (fit_progress(c)) {
                 s = kvq_err_set(err, KVQ_E_CANCELLED, "fit: cancelled after %d of %d heads "
                                 "(finished heads are kept in %s)", (int)c->jobs_done,
                                 (int)c->jobs_prog, c->ckpt_dir ? c->ckpt_dir : "no checkpoint");
@@ -655,6 +665,19 @@ kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary 
 done:
     layer_close(&L);
     return s;
+}
+
+static void fit_clean_job(const fit_ctx *c, const char *out_path)
+{
+    const size_t n = strlen(out_path) + 6;
+    char *ck = malloc(n);
+    if (ck)
+        snprintf(ck, n, "%s.ckpt", out_path);
+    const int k = kvq_output_clean_job(out_path, c->p->checkpoint ? ck : NULL);
+    if (k)
+        kvq_log(&c->cb, KVQ_LOG_INFO, "fit: removed %d temporaries of an earlier run of %s", k,
+                out_path);
+    free(ck);
 }
 
 /* Checks, opens the inputs, chooses layers, held-out rows and K, allocates the jobs. */
@@ -668,7 +691,10 @@ static kvq_status fit_setup(fit_ctx *c, const char *capture_dir, const char *mom
     if ((s = check_params(p, err)))
         return s;
     /* rank 0 alone writes the output, so it alone checks it (and cleans its stale
-     * temporaries) */
+     * temporaries); several ranks: every temporary of the output and of its checkpoints
+     * (a killed rank's pid says nothing on another machine) */
+    if (kvq_dist_rank(p->dist) == 0 && kvq_dist_size(p->dist) > 1)
+        fit_clean_job(c, out_path);
     if (kvq_dist_rank(p->dist) == 0 &&
         (s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
                               "a .kvq artifact", err)))

@@ -161,8 +161,8 @@ kvq_status fit_dist_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
     kvq_dist_split(n, cost, d->rank, d->size, &first, &end);
     if (d->rank == 0)
         kvq_log(&c->cb, KVQ_LOG_INFO, "fit: %d ranks split %d heads (%d with checkpoints); "
-                "rank 0 runs heads %lld..%lld and shows its progress, which the balanced "
-                "split makes the job's", (int)d->size, (int)n, (int)n_ck, (long long)first,
+                "rank 0 runs heads %lld..%lld; the progress is the whole job's, estimated "
+                "from rank 0's share (the shares are balanced)", (int)d->size, (int)n, (int)n_ck, (long long)first,
                 (long long)end - 1);
     s = kvq_dist_agree(d, fit_run_jobs(c, (int32_t)first, (int32_t)end, sum, err), err);
     if (!s)

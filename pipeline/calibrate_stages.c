@@ -268,16 +268,15 @@ static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
             st = run_heldout(c, err);
         break;
     case KVQ_CALIB_PROFILE: {
-        if (!rank0) /* rank 0 alone (the profile is not split yet) */
-            return kvq_dist_share(p->dist, KVQ_OK, err);
+        /* every rank: the LeanKV/PATS grid is split by layers, rank 0 writes */
         kvq_profile_params q = p->prof;
         q.threads = p->threads;
         q.cb = p->cb;
+        q.dist = p->dist;
         kvq_profile_result *res = NULL;
         st = kvq_profile_run(calib_profile_capture(c), c->out_path[KVQ_CALIB_FIT], c->out_path[s], 1,
                              &q, &res, err);
         kvq_profile_result_free(res);
-        st = kvq_dist_share(p->dist, st, err);
         break;
     }
     }

@@ -31,30 +31,46 @@ static const double default_taus[] = {0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99};
  * and KV head): `measured` steps (mass over them), the error (sum and sum of squares
  * over err_n rows of each row's mean over its steps; the reference path: sum over
  * err_n steps, no squares), visible and attended tokens. */
+/* The statistics of a measured run that the sums take (a step of a split pass's log). */
+typedef struct bstep {
+    double measured, out_rel_err, visible, attended, mass;
+} bstep;
+
 typedef struct bsetting {
     kvq_retrieval_params rp;
     kvq_retrieval *r;
     double measured, err, err_sq, err_n, visible, attended, mass;
+    bstep *log;      /* a pass split by layers: this layer's steps, in order, for rank 0 */
+    int64_t n_log;
 } bsetting;
 
-/* Adds the statistics z. per_row: z is one row's (its steps, one per KV head), and the
+/* Adds the statistics x. per_row: x is one row's (its steps, one per KV head), and the
  * error counts as the row's mean over its steps, one sample of the rows (the unit the
- * rows are sampled in); else z covers many rows and adds its steps' sums. */
-static void stats_add(bsetting *b, const kvq_retrieval_stats *z, int per_row)
+ * rows are sampled in); else x covers many rows and adds its steps' sums. */
+static void step_add(bsetting *b, const bstep *x, int per_row)
 {
-    b->measured += (double)z->measured;
-    if (per_row && z->measured > 0) {
-        const double e = z->out_rel_err / (double)z->measured;
+    b->measured += x->measured;
+    if (per_row && x->measured > 0) {
+        const double e = x->out_rel_err / x->measured;
         b->err += e;
         b->err_sq += e * e;
         b->err_n += 1;
     } else if (!per_row) {
-        b->err += z->out_rel_err;
-        b->err_n += (double)z->measured;
+        b->err += x->out_rel_err;
+        b->err_n += x->measured;
     }
-    b->visible += z->visible;
-    b->attended += z->attended;
-    b->mass += z->recall_mass;
+    b->visible += x->visible;
+    b->attended += x->attended;
+    b->mass += x->mass;
+}
+
+static void stats_add(bsetting *b, const kvq_retrieval_stats *z, int per_row)
+{
+    const bstep x = {(double)z->measured, z->out_rel_err, z->visible, z->attended,
+                     z->recall_mass};
+    if (b->log)
+        b->log[b->n_log++] = x;
+    step_add(b, &x, per_row);
 }
 
 /* One sequence (n tokens, prompt P) of one layer. */
@@ -204,21 +220,27 @@ typedef struct seq_bufs {
     kvq_err *errs;     /* [n_set] */
 } seq_bufs;
 
-/* Every sequence of every captured layer that has codebooks, through every setting,
- * the error measured on `sample` rows per sequence (0: every row); *n_layers_done
- * counts the layers run. */
-static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set *rt, bsetting *set,
-                             int64_t n_set, const kvq_profile_params *p, int64_t sample,
-                             const char *what, const seq_bufs *b, int32_t *n_layers_done,
-                             kvq_err *err)
+/* One pass over the layers (sp: this rank's share, each layer's steps logged into its
+ * record; NULL: every layer); see run_layers. */
+static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set *rt,
+                              bsetting *set, int64_t n_set, const kvq_profile_params *p,
+                              int64_t sample, const char *what, const seq_bufs *b, thr_split *sp,
+                              int64_t n_z, int32_t *n_layers_done, kvq_err *err)
 {
     int64_t rec_at = 0;
     const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
     kvq_status s = KVQ_OK;
-    for (int32_t f = 0; f < ci->n_files && !s; f++) {
+    for (int32_t f = sp ? sp->first : 0; f < (sp ? sp->end : ci->n_files) && !s; f++) {
         const int32_t layer = ci->layers[f];
+        int64_t *n_logged = sp ? (int64_t *)thr_split_rec(sp, f) : NULL;
+        if (n_logged) /* the layer's record: its step count (0: no codebooks), the steps */
+            *n_logged = 0;
         if (!kvq_codebook_set_at(rt, layer, 0))
             continue;
+        for (int64_t c = 0; sp && c < n_set; c++) {
+            set[c].log = (bstep *)(n_logged + 1) + c * n_z;
+            set[c].n_log = 0;
+        }
         thr_layer L;
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
@@ -238,7 +260,7 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
             const bseq S = {.layer = layer, .n = n, .P = P, .q = b->q, .k = b->k, .v = b->v,
                             .pos = b->pos, .mrow = b->mrow,
                             .nm = thr_sample_rows(b->cand, n - P, sample, b->mrow),
-                            .nh = nh, .nkv = nkv, .d = d, .rec = sample ? b->rec : NULL,
+                            .nh = nh, .nkv = nkv, .d = d, .rec = sample && !sp ? b->rec : NULL,
                             .rec_ld = b->rec_ld, .rec_at = rec_at};
             rec_at += S.nm;
             s = run_sequence(set, n_set, p->threads, p->reference, &S, b->out, b->st, b->errs,
@@ -246,9 +268,87 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
         }
         thr_layer_close(&L);
         (*n_layers_done)++;
-        if (!s && kvq_progress(&p->cb, what, (uint64_t)f + 1, (uint64_t)ci->n_files))
+        if (n_logged)
+            *n_logged = set[0].n_log;
+        if (!s && kvq_progress(&p->cb, what,
+                               sp ? thr_split_progress(sp, f + 1 - sp->first) : (uint64_t)f + 1,
+                               (uint64_t)ci->n_files))
             s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
     }
+    return s;
+}
+
+/* Rank 0 of a split pass: each layer's logged steps added to the settings' sums in
+ * layer order, as one process adds them, and the sampled rows' errors (rec). */
+typedef struct budget_replay {
+    bsetting *set;
+    int64_t n_set, n_z, at;
+    int per_row;
+    double *rec;      /* NULL: not kept */
+    int64_t rec_ld;
+} budget_replay;
+
+static void replay_layer(void *user, int32_t f, const uint8_t *rec)
+{
+    budget_replay *g = user;
+    const int64_t *n_logged = (const int64_t *)rec;
+    const bstep *steps = (const bstep *)(n_logged + 1);
+    (void)f;
+    for (int64_t c = 0; c < g->n_set; c++)
+        for (int64_t i = 0; i < *n_logged; i++) {
+            const bstep *x = &steps[c * g->n_z + i];
+            step_add(&g->set[c], x, g->per_row);
+            if (!g->per_row)
+                g->set[c].err_sq = NAN; /* as run_reference */
+            if (g->rec)
+                g->rec[c * g->rec_ld + g->at + i] =
+                    x->measured > 0 ? x->out_rel_err / x->measured : NAN;
+        }
+    g->at += *n_logged;
+}
+
+/* Every sequence of every captured layer that has codebooks, through every setting,
+ * the error measured on `sample` rows per sequence (0: every row); *n_layers_done
+ * counts the layers run. With several ranks (p->dist) the layers are split
+ * (thr_split): each rank logs its layers' steps, rank 0 adds them in layer order. */
+static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set *rt, bsetting *set,
+                             int64_t n_set, const kvq_profile_params *p, int64_t sample,
+                             const char *what, const seq_bufs *b, int32_t *n_layers_done,
+                             kvq_err *err)
+{
+    if (kvq_dist_size(p->dist) <= 1)
+        return layers_pass(ci, rt, set, n_set, p, sample, what, b, NULL, 0, n_layers_done, err);
+    int64_t n_z = 0; /* the steps of a layer: one per measured row, or per sequence */
+    for (int64_t i = 0; i < ci->n_sequences; i++) {
+        const int64_t n = ci->sequences[2 * i + 1], nc = n - thr_prompt_len(p->prompt_fraction, n);
+        n_z += n < 2 ? 0 : p->reference ? 1 : sample > 0 && sample < nc ? sample : nc;
+    }
+    thr_split sp;
+    kvq_status s = thr_split_begin(&sp, p, what, ci->n_files,
+                                   sizeof(int64_t) + sizeof(bstep) * (size_t)(n_set * n_z), err);
+    bsetting *before = malloc(sizeof *before * (size_t)n_set);
+    int32_t mine = 0;
+    if (!s && !before)
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if (!s) {
+        memcpy(before, set, sizeof *before * (size_t)n_set);
+        s = layers_pass(ci, rt, set, n_set, p, sample, what, b, &sp, n_z, &mine, err);
+        /* the sums as before the pass: rank 0 adds every layer's steps in layer order */
+        for (int64_t c = 0; c < n_set; c++) {
+            set[c].measured = before[c].measured, set[c].err = before[c].err;
+            set[c].err_sq = before[c].err_sq, set[c].err_n = before[c].err_n;
+            set[c].visible = before[c].visible, set[c].attended = before[c].attended;
+            set[c].mass = before[c].mass;
+        }
+    }
+    free(before);
+    for (int64_t c = 0; c < n_set; c++)
+        set[c].log = NULL;
+    budget_replay g = {set, n_set, n_z, 0, !p->reference, sample ? b->rec : NULL, b->rec_ld};
+    s = thr_split_end(&sp, s, replay_layer, &g, err);
+    *n_layers_done = 0;
+    for (int32_t f = 0; f < ci->n_files; f++)
+        *n_layers_done += kvq_codebook_set_at(rt, ci->layers[f], 0) != NULL;
     return s;
 }
 
@@ -322,13 +422,16 @@ static kvq_status refine_settings(const kvq_capture_info *ci, const kvq_codebook
     bsetting *sub = calloc((size_t)n_set, sizeof *sub);
     int64_t *idx = calloc((size_t)n_set, sizeof *idx);
     kvq_status s = KVQ_OK;
-    if (!a || !sub || !idx) {
+    if (!a || !sub || !idx)
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
-    }
     to_acc(set, n_set, n_b, fr, a);
     mark_table(a, 0, n_b, tol, b, refined);
     mark_table(a, n_b, n_set, tol, b, refined);
+    /* split by layers: rank 0 holds the sums; every rank runs the settings it marked */
+    if ((s = kvq_dist_bcast(p->dist, refined, (size_t)n_set, err)))
+        goto done;
     int64_t m = 0;
     for (int64_t c = 0; c < n_set; c++)
         if (refined[c]) {
@@ -382,6 +485,17 @@ static kvq_status ppl_column(const bsetting *set, int64_t n_set, int64_t n_b,
     return s;
 }
 
+/* The steps measured by every setting; split by layers, rank 0's sums decide for every
+ * rank. */
+static kvq_status sum_measured(const bsetting *set, int64_t n_set, const kvq_profile_params *p,
+                               double *measured, kvq_err *err)
+{
+    *measured = 0;
+    for (int64_t c = 0; c < n_set; c++)
+        *measured += set[c].measured;
+    return kvq_dist_bcast(p->dist, measured, sizeof *measured, err);
+}
+
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
@@ -412,6 +526,9 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     kvq_status s = KVQ_OK;
     char why[256] = "";
     kvq_err e2 = {0};
+    int32_t n_layers_done = 0;
+    const int64_t sample = p->reference ? 0 : p->sample_rows;
+    const int64_t rec_ld = (int64_t)ci->n_files * ci->n_sequences * (sample > 0 ? sample : 0);
 
     if ((s = thr_table_init(budget, "budget", KVQ_PB_NCOLS, bcols, n_b, err)) ||
         (s = thr_table_init(mass, "mass", KVQ_PB_NCOLS, mcols, n_t, err)))
@@ -431,7 +548,7 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     if (s) {
         if (err)
             *err = e2;
-        goto done;
+        goto setup;
     }
     set = calloc((size_t)n_set, sizeof *set);
     int64_t longest = 1;
@@ -449,22 +566,22 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     refined = calloc((size_t)n_set, 1);
     if (!set || !q || !out || !k || !v || !pos || !cand || !mrow || !refined || !st || !errs) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
+        goto setup;
     }
     if ((s = create_settings(set, n_set, n_b, fr, tau, p, &cfg, rt, err)))
-        goto done;
+        goto setup;
 
     /* ---- the capture, layer by layer (layers without codebooks attend fully: skipped) */
-    int32_t n_layers_done = 0;
-    const int64_t sample = p->reference ? 0 : p->sample_rows;
-    const int64_t rec_ld = (int64_t)ci->n_files * ci->n_sequences * (sample > 0 ? sample : 0);
     rec = malloc(sizeof(double) * (size_t)(rec_ld > 0 ? rec_ld * n_set : 1));
     if (!rec) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
+        goto setup;
     }
     for (int64_t i = 0; i < rec_ld * n_set; i++)
         rec[i] = NAN;
+setup: /* split by layers: every rank runs the passes, or none */
+    if ((s = kvq_dist_agree(p->dist, s, err)))
+        goto done;
     const seq_bufs bufs = {q, k, v, out, pos, cand, mrow, rec, rec_ld, st, errs};
     /* the settings run in parallel: OpenBLAS threads (the prefill chunks' SGEMMs) would
      * only compete with them (process-wide setting, restored below) */
@@ -474,8 +591,8 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
                         err)))
         goto done;
     double measured = 0, steps_all = 0;
-    for (int64_t c = 0; c < n_set; c++)
-        measured += set[c].measured;
+    if ((s = sum_measured(set, n_set, p, &measured, err)))
+        goto done;
     /* every row measured already when no sequence has more continuation rows than the
      * sample */
     int all_rows = sample <= 0;

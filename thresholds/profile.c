@@ -581,37 +581,42 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     thr_grid G = {0};
     thr_acc *total = NULL;
     uint8_t *refined = NULL;
+    int64_t n_eval = 0;
     kvq_status s;
+    const int rank0 = kvq_dist_rank(p->dist) == 0;
     *out = NULL;
     if ((s = check_params(p, err)) || (s = kvq_capture_info_read(capture_dir, &ci, err)))
-        goto done;
+        goto setup;
     if (artifact_path) {
         kvq_model_id aid;
         if ((s = kvq_artifact_open(artifact_path, &art, err)) ||
             (s = kvq_model_id_from_meta(kvq_artifact_payload(art), KVQ_META_MODEL_PREFIX, artifact_path, &aid,
                                         err)) ||
             (s = kvq_model_id_compare(&ci->model, capture_dir, &aid, artifact_path, err)))
-            goto done;
+            goto setup;
     }
-    int64_t n_eval = 0;
     if ((s = check_capture(ci, capture_dir, &n_eval, err)))
-        goto done;
+        goto setup;
     r = calloc(1, sizeof *r);
     if (!r) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
+        goto setup;
     }
     r->ppl_full = NAN;
     r->n_sequences = n_eval;
     if ((s = make_grid(p, &G, err)))
-        goto done;
+        goto setup;
     if ((s = init_tables(r, p, &G, err)))
-        goto done;
-    if (p->model && (s = ppl_open(ci, p, &ppl, err)))
-        goto done;
-    r->metric_ppl = ppl != NULL;
+        goto setup;
+    /* the perplexity runs on rank 0 alone (a forward pass through every layer) */
+    if (p->model && rank0 && (s = ppl_open(ci, p, &ppl, err)))
+        goto setup;
+    r->metric_ppl = p->model != NULL;
     r->tolerance = p->tolerance >= 0 ? p->tolerance : r->metric_ppl ? 0.01 : 0.05;
 
+setup: /* with several ranks, every rank reaches the split passes, or none */
+    if ((s = kvq_dist_agree(p->dist, s, err)))
+        goto done;
     /* ---- LeanKV and PATS on the capture */
     const int64_t n_set = G.n_lk + G.n_pt;
     total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
@@ -628,8 +633,10 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
             goto done;
     }
     fill_grid_rows(r, &G, total, refined);
-    /* ---- perplexity of the same settings */
-    if (ppl && (s = ppl_rows(ppl, p, &G, r, err)))
+    /* ---- perplexity of the same settings (rank 0; the others wait for its status) */
+    if (ppl)
+        s = ppl_rows(ppl, p, &G, r, err);
+    if ((s = kvq_dist_agree(p->dist, s, err)))
         goto done;
     /* ---- retrieval budgets */
     if (p->knobs & (KVQ_KNOB_BUDGET | KVQ_KNOB_MASS)) {
@@ -670,14 +677,19 @@ kvq_status kvq_profile_run(const char *capture_dir, const char *in_path, const c
     kvq_profile_result *r = NULL;
     kvq_artifact *in = NULL;
     kvq_status s;
+    /* several ranks: rank 0 alone checks and writes the output */
+    const int rank0 = kvq_dist_rank(p->dist) == 0;
     if (out)
         *out = NULL;
-    if ((s = kvq_output_check(out_path, overwrite, kvq_artifact_is_artifact, "a .kvq artifact",
-                              err)))
+    s = rank0 ? kvq_output_check(out_path, overwrite, kvq_artifact_is_artifact, "a .kvq artifact",
+                                 err)
+              : KVQ_OK;
+    if ((s = kvq_dist_agree(p->dist, s, err)))
         return s;
-    if (!(s = kvq_profile_capture(capture_dir, in_path, p, &r, err)) &&
+    if (!(s = kvq_profile_capture(capture_dir, in_path, p, &r, err)) && rank0 &&
         !(s = kvq_artifact_open(in_path, &in, err)))
         s = kvq_profile_write(in, r, p, out_path, overwrite, err);
+    s = kvq_dist_share(p->dist, s, err);
     kvq_artifact_close(in);
     if (!s && out)
         *out = r;

@@ -175,33 +175,61 @@ static void acc_add(thr_acc *a, const thr_acc *b)
     a->mem.n_pruned += b->mem.n_pruned;
 }
 
+/* What one layer adds to the pass's totals: its jobs' sums in job order (one record of
+ * a split pass, thr_split). */
+typedef struct grid_sums {
+    int64_t n_jobs, n_kv, n_set;
+    thr_acc *total;
+    int64_t *n_rows, *n_err;
+} grid_sums;
+
+static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
+{
+    const grid_sums *g = user;
+    const thr_acc *acc = (const thr_acc *)rec;
+    const int64_t *rows = (const int64_t *)(acc + g->n_jobs * g->n_set);
+    (void)f;
+    for (int64_t jb = 0; jb < g->n_jobs; jb++) {
+        for (int64_t c = 0; c < g->n_set; c++)
+            acc_add(&g->total[c], &acc[jb * g->n_set + c]);
+        if (jb % g->n_kv == 0) {
+            *g->n_rows += rows[2 * jb];
+            *g->n_err += rows[2 * jb + 1];
+        }
+    }
+}
+
 kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
                         const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
                         kvq_err *err)
 {
     const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
     const int64_t n_jobs = ci->n_sequences * n_kv;
+    const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err};
     double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_status s = KVQ_OK;
+    /* one layer's record: acc [n_jobs, n_set], then rows [n_jobs, 2] */
+    const size_t rec_bytes = sizeof(thr_acc) * (size_t)(n_jobs * n_set) +
+                             sizeof(int64_t) * (size_t)(2 * n_jobs);
+    thr_split sp;
+    kvq_status s = thr_split_begin(&sp, p, what, ci->n_files, rec_bytes, err);
     kvq_rope_freqs(&ci->model.rope, theta);
-    thr_acc *acc = calloc((size_t)(n_jobs * n_set > 0 ? n_jobs * n_set : 1), sizeof *acc);
+    uint8_t *own = malloc(rec_bytes ? rec_bytes : 1);
     kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
     kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
-    int64_t *rows = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), 2 * sizeof *rows);
-    if (!acc || !st || !errs || !rows) {
+    if (!s && (!own || !st || !errs))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto done;
-    }
     /* one SGEMM thread per job: the jobs are the parallelism, and the sums do not depend
      * on how many there are */
     const int blas_prev = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    for (int32_t f = 0; f < ci->n_files && !s; f++) {
+    for (int32_t f = sp.first, n_done = 0; f < sp.end && !s; f++) {
         thr_layer L;
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
-        memset(acc, 0, sizeof *acc * (size_t)(n_jobs * n_set));
-        memset(rows, 0, sizeof *rows * (size_t)(2 * n_jobs));
+        uint8_t *rec = sp.d ? thr_split_rec(&sp, f) : own;
+        thr_acc *acc = (thr_acc *)rec;
+        int64_t *rows = (int64_t *)(acc + n_jobs * n_set);
+        memset(rec, 0, rec_bytes);
 #pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
         for (int64_t jb = 0; jb < n_jobs; jb++) {
             const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
@@ -216,24 +244,19 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
                 s = st[jb];
                 if (err)
                     *err = errs[jb];
-                break;
-            }
-            for (int64_t c = 0; c < n_set; c++)
-                acc_add(&total[c], &acc[jb * n_set + c]);
-            if (jb % n_kv == 0) {
-                *n_rows += rows[2 * jb];
-                *n_err += rows[2 * jb + 1];
             }
         }
-        if (!s && kvq_progress(&p->cb, what, (uint64_t)f + 1, (uint64_t)ci->n_files))
+        if (!s && !sp.d) /* one process adds now; a split pass on rank 0 after the gather */
+            grid_add_layer((void *)&sums, f, rec);
+        if (!s && kvq_progress(&p->cb, what, thr_split_progress(&sp, ++n_done),
+                               (uint64_t)ci->n_files))
             s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
     }
     openblas_set_num_threads(blas_prev);
-done:
-    free(acc);
+    s = thr_split_end(&sp, s, grid_add_layer, (void *)&sums, err);
+    free(own);
     free(st);
     free(errs);
-    free(rows);
     return s;
 }
 
@@ -287,6 +310,12 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
 {
     const int64_t n_set = G->n_lk + G->n_pt;
     kvq_status s = thr_grid_run(ci, p, G, "profile: leankv/pats", total, n_rows, n_err, err);
+    /* split by layers: rank 0 holds the totals; every rank needs them to choose the same
+     * settings to measure again */
+    if (!s && kvq_dist_size(p->dist) > 1 &&
+        (!(s = kvq_dist_bcast(p->dist, total, sizeof *total * (size_t)n_set, err)) &&
+         !(s = kvq_dist_bcast(p->dist, n_rows, sizeof *n_rows, err))))
+        s = kvq_dist_bcast(p->dist, n_err, sizeof *n_err, err);
     memset(refined, 0, (size_t)n_set);
     if (s || !refine || p->reference || *n_err == *n_rows)
         return s;
@@ -295,10 +324,10 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     thr_acc *part = calloc((size_t)n_set, sizeof *part);
     sub.lk = malloc(sizeof *sub.lk * (size_t)(G->n_lk ? G->n_lk : 1));
     sub.pt = malloc(sizeof *sub.pt * (size_t)(G->n_pt ? G->n_pt : 1));
-    if (!mark || !part || !sub.lk || !sub.pt) {
+    if (!mark || !part || !sub.lk || !sub.pt)
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
-    }
     thr_mark_refine(total, 0, G->n_lk, tol, mark);
     thr_mark_refine(total, G->n_lk, n_set, tol, mark);
     for (int64_t c = 0; c < G->n_lk; c++)

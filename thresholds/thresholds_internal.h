@@ -166,6 +166,39 @@ void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, u
 int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out);
 
 /* ==========================================================================
+ * Several ranks: layers split, per-layer records gathered (profile_dist.c)
+ * ========================================================================== */
+
+/* A pass over the capture's layer files on p->dist's ranks: each rank runs a balanced
+ * contiguous share of the layers (every layer costs the same: the same sequences and
+ * heads), keeps one record of rec_bytes per layer it ran (what one process would have
+ * added to its totals after that layer), and rank 0 gathers them and replays them in
+ * layer order, so it performs the additions of one process in the same order. */
+typedef struct thr_split {
+    const kvq_dist *d;        /* NULL or size 1: one process, every layer, no records */
+    int32_t n_files, first, end; /* this rank's layer files [first, end) */
+    size_t rec_bytes;
+    uint8_t *recs;            /* [end - first, rec_bytes] */
+} thr_split;
+
+/* Starts a pass over n_files layers (logs the split under `what` on rank 0).
+ * KVQ_E_NOMEM. */
+kvq_status thr_split_begin(thr_split *sp, const kvq_profile_params *p, const char *what,
+                           int32_t n_files, size_t rec_bytes, kvq_err *err);
+/* 1 when this process runs layer file f. */
+int thr_split_mine(const thr_split *sp, int32_t f);
+/* The record slot of layer f (one of this rank's). */
+uint8_t *thr_split_rec(thr_split *sp, int32_t f);
+/* The progress after `done` of this rank's layers, as the whole pass's (kvq_dist_progress). */
+uint64_t thr_split_progress(const thr_split *sp, int32_t done);
+/* Collective, with this rank's status st: gathers every rank's records to rank 0, which
+ * calls replay(user, f, record) for f = 0 .. n_files-1 in order; every rank returns the
+ * agreed status (kvq_dist_agree: "rank R of N: ..."). Frees the records. */
+kvq_status thr_split_end(thr_split *sp, kvq_status st,
+                         void (*replay)(void *user, int32_t f, const uint8_t *rec), void *user,
+                         kvq_err *err);
+
+/* ==========================================================================
  * Perplexity driver (profile.c)
  * ========================================================================== */
 

@@ -3,11 +3,11 @@
  *
  * A kvq_dist is a group of `size` processes (ranks 0 .. size-1) that run the same
  * stage with the same arguments and split its work: capture by sequences, fit by
- * (layer, KV head) jobs. Rank 0 gathers the pieces and writes every output once,
- * through the usual temporary-name-and-rename path, so the outputs are byte-identical
- * to one process whatever the number of ranks. The file system that holds the
- * outputs must be shared by the ranks (captures are assembled from per-rank pieces on
- * it, and fit checkpoints are found there on resume).
+ * (layer, KV head) jobs, the profile (but its perplexity) by layers. Rank 0 gathers the
+ * pieces and writes every output once, through the usual temporary-name-and-rename
+ * path, so the outputs are byte-identical to one process whatever the number of ranks.
+ * The file system that holds the outputs must be shared by the ranks (captures are
+ * assembled from per-rank pieces on it, and fit checkpoints are found there on resume).
  *
  * The library holds no message-passing code and never initializes MPI: the caller
  * provides the four operations (the kvq binary's MPI implementation is cli/dist_mpi.c;
@@ -70,6 +70,12 @@ kvq_status kvq_dist_bcast(const kvq_dist *d, void *buf, size_t n, kvq_err *err);
  * crosses total * r / size, so each rank gets about total / size; deterministic. */
 void kvq_dist_split(int64_t n, const double *cost, int32_t rank, int32_t size,
                           int64_t *first, int64_t *end);
+
+/* The whole job's progress that rank 0 shows: `done` of its share of n_share items,
+ * scaled to the job's n_total items (the shares are balanced, so rank 0's fraction of
+ * its share estimates the job's; it reaches n_total when rank 0's share is done). One
+ * process (or n_share = n_total): done. */
+uint64_t kvq_dist_progress(const kvq_dist *d, uint64_t done, uint64_t n_share, uint64_t n_total);
 
 #ifdef __cplusplus
 }

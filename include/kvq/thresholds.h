@@ -107,6 +107,7 @@
 #include "kvq/artifact.h"
 #include "kvq/capture_dir.h"
 #include "kvq/common.h"
+#include "kvq/dist.h"
 #include "kvq/model.h"
 #include "kvq/runtime.h"
 #include "kvq/safetensors.h"
@@ -359,6 +360,11 @@ typedef struct kvq_profile_params {
     int reference;             /* 1: LeanKV and PATS by the reference path (one
                                   simulated cache per setting, every row; slow), which
                                   the tests compare the default path with (default 0) */
+    const kvq_dist *dist;      /* NULL (default): one process; else the LeanKV/PATS grid
+                                  and the budget/tau passes are split among its ranks by
+                                  layers (kvq/dist.h, the same bytes for any rank count);
+                                  rank 0 runs the perplexity (model) and writes
+                                  (docs/mpi.md) */
 } kvq_profile_params;
 
 kvq_profile_params kvq_profile_params_default(void);

@@ -132,6 +132,11 @@ void kvq_rmtree(const char *path);
 
 /* Removes "<path>.tmp.<pid>.<random>" entries whose process no longer exists. */
 void kvq_output_clean_stale(const char *path);
+/* Removes every temporary of `path` and every temporary "NAME.tmp.<pid>.<random>"
+ * inside the directory inner_dir (may be NULL), but this process's, whether or not the
+ * process that made it still runs: for a job of several processes (MPI ranks, maybe on
+ * other machines, where a pid says nothing) that owns `path`. Returns how many. */
+int kvq_output_clean_job(const char *path, const char *inner_dir);
 /* Removes every registered temporary of this process. Async-signal-safe: meant for a
  * SIGINT/SIGTERM handler of the program (the library installs none). */
 void kvq_output_remove_temporaries(void);

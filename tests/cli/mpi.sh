@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# mpi.sh — `kvq calibrate`, `kvq capture` and `kvq fit` under mpirun (docs/mpi.md), on
-# one machine over loopback: the outputs of 2 and 3 ranks have the bytes of one process
-# (plain kvq, no mpirun); a rank killed mid-fit, then a rerun, gives the same bytes; an
-# error on one rank stops all of them with the rank and the message and no output; a
+# mpi.sh — `kvq calibrate`, `kvq capture`, `kvq fit` and `kvq profile` under mpirun
+# (docs/mpi.md), on one machine over loopback: the outputs of 2 and 3 ranks have the
+# bytes of one process (plain kvq, no mpirun); a rank killed mid-fit, mid-profile or
+# mid-capture, then a rerun, gives the same bytes and leaves no temporary; an error on
+# one rank stops all of them with the rank and the message and no output; a
 # command that does not split its work runs once. Skipped only when mpirun is absent
 # (scripts/install-deps.sh installs openmpi-bin). Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
@@ -57,6 +58,47 @@ for n in 2 3; do
   fi
 done
 
+# kvq profile on its own: the LeanKV/PATS grid and the budget/tau passes split by layers
+# (5 layers: rank 0 runs 0..1 of 2 ranks, 0..1 of 3; both re-measure settings near the
+# tolerance on every row here, so the second passes and their rank-0 decisions are
+# covered), the split logged by rank 0; same bytes as one process (and as calibrate's
+# profile stage, which ran the same profile).
+W=$T/one.kvq.work
+prof() { $RUN "$KVQ" profile --capture "$W/heldout" --artifact "$W/fit.kvq" --threads 1 "$@"; }
+RUN= prof -q -o "$T/p1.kvq" >/dev/null 2>"$T/p1.err" || fail mpi_profile_reference "$(cat "$T/p1.err")"
+for n in 2 3; do
+  if RUN="mpi $n" prof -o "$T/p$n.kvq" >/dev/null 2>"$T/p$n.err" && cmp "$T/p1.kvq" "$T/p$n.kvq" &&
+     cmp "$W/profile.kvq" "$T/p$n.kvq" &&
+     grep -q "^kvq: profile: leankv/pats: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err" &&
+     grep -q "^kvq: profile: budget: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err"; then
+    ok "mpi_profile_np${n}_same_bytes"
+  else
+    fail "mpi_profile_np${n}_same_bytes" "$(grep -v '[0-9]/[0-9]' "$T/p$n.err" | tail -3)"
+  fi
+done
+# Rank 1 profiles layers too: killed (SIGKILL) after its first layer, the run fails
+# with no output; a rerun writes the same bytes.
+KVQ_TEST_KILL=1:1:profile RUN="mpi 2" prof -q -o "$T/pk.kvq" >/dev/null 2>"$T/pk.err"; rc=$?
+if [ $rc != 0 ] && [ ! -e "$T/pk.kvq" ] && ! ls "$T" | grep -q '^pk\.kvq\.tmp\.' &&
+   RUN="mpi 2" prof -q -o "$T/pk.kvq" >/dev/null 2>"$T/pk2.err" && cmp "$T/p1.kvq" "$T/pk.kvq"; then
+  ok mpi_profile_rank_killed_rerun_same_bytes
+else
+  fail mpi_profile_rank_killed_rerun_same_bytes "exit $rc" "$(tail -2 "$T/pk.err" "$T/pk2.err")"
+fi
+# An error on rank 1 only (the last layer file, which rank 1 profiles, is truncated):
+# every rank stops, rank 0 names rank 1 and the file, and there is no output.
+cp -r "$W/heldout" "$T/hbad"
+truncate -s 2000 "$T/hbad/layer_004.safetensors"
+_cli_run mpi 2 "$KVQ" profile --capture "$T/hbad" --artifact "$W/fit.kvq" --threads 1 -q \
+  -o "$T/pe.kvq"
+if [ "$(cat "$CLI_TMP/rc")" = 1 ] && [ ! -e "$T/pe.kvq" ] && ! ls "$T" | grep -q '^pe\.kvq\.' &&
+   grep -q '^kvq profile: rank 1 of 2: .*hbad/layer_004\.safetensors: tensors need [0-9]* data bytes but the file holds' \
+     "$CLI_TMP/stderr" && [ "$(grep -c '^kvq' "$CLI_TMP/stderr")" = 1 ]; then
+  ok mpi_profile_error_on_one_rank_stops_all
+else
+  fail mpi_profile_error_on_one_rank_stops_all "$(head -3 "$CLI_TMP/stderr")"
+fi
+
 # kvq capture on its own, with a query sample (rank 0 captures alone) and without.
 for q in all 700; do
   "$KVQ" capture --model "$M" --corpus uuid:3 --seq-len 64 --queries $q -q -o "$T/cap1.$q" &&
@@ -65,20 +107,54 @@ for q in all 700; do
     fail "mpi_capture_np3_queries_${q}_same_bytes"
 done
 
+# A corpus given by path: the capture records the file's name only, as one process does.
+TXT=/usr/share/doc/python3.11/html/_sources/tutorial/classes.rst.txt
+if [ -f "$TXT" ]; then
+  "$KVQ" capture --model "$M" --corpus "$TXT" --seq-len 64 --max-tokens 512 -q -o "$T/capf1" &&
+  mpi 2 "$KVQ" capture --model "$M" --corpus "$TXT" --seq-len 64 --max-tokens 512 -q -o "$T/capf2" &&
+  diff -r "$T/capf1" "$T/capf2" >/dev/null && ok mpi_capture_np2_corpus_path_same_bytes ||
+    fail mpi_capture_np2_corpus_path_same_bytes "$(diff "$T/capf1/capture.json" "$T/capf2/capture.json" | head -4)"
+else
+  skip mpi_capture_np2_corpus_path_same_bytes "$TXT not found (Debian python3.11-doc)"
+fi
+
+# A capture killed on rank 1 leaves rank 0's temporary directory with the ranks' pieces
+# in it. Their processes are gone, but their pids are replaced by a live one ($$), as
+# for ranks that ran on other machines (where a pid says nothing): the rerun, which owns
+# its output's temporaries, removes them, writes the same bytes and leaves none.
+capk() { mpi 3 "$KVQ" capture --model "$M" --corpus uuid:3 --seq-len 64 --queries all -q \
+           -o "$T/capk"; }
+KVQ_TEST_KILL=1:100:capture capk >/dev/null 2>"$T/capk.err"; rc=$?
+left=$(find "$T" -maxdepth 2 -name 'capk*.tmp.*' | wc -l)
+for t in "$T"/capk.tmp.*; do [ -e "$t" ] && mv "$t" "$T/capk.tmp.$$.${t##*.}"; done
+if [ $rc != 0 ] && [ "$left" -ge 1 ] && [ ! -e "$T/capk" ] && capk >/dev/null 2>"$T/capk2.err" &&
+   diff -r "$T/cap1.all" "$T/capk" >/dev/null && [ -z "$(find "$T" -name 'capk*.tmp.*')" ]; then
+  ok mpi_capture_killed_rerun_cleans_temporaries
+else
+  fail mpi_capture_killed_rerun_cleans_temporaries "exit $rc, $left temporaries" \
+    "$(find "$T" -name 'capk*.tmp.*' | head -3)" "$(tail -2 "$T/capk2.err")"
+fi
+
 # Rank 1 is killed (SIGKILL) after its third head: the run fails, leaves no artifact,
 # keeps the finished heads' checkpoints; a rerun resumes them and writes the same bytes.
-W=$T/one.kvq.work
 fit() { $RUN "$KVQ" fit --capture "$W/capture" --moments "$W/moments.safetensors" \
           --codebook 16 --iters 3 --threads 1 --seed 1234 "$@"; }
-KVQ_TEST_KILL=1:3 RUN="mpi 2" fit -o "$T/k.kvq" >/dev/null 2>"$T/k.err"; rc=$?
+# (KVQ_TEST_KILL counts the progress the rank reports, the whole job's estimate: rank
+# 1 of 2 reports 2 per head of its half.)
+KVQ_TEST_KILL=1:6 RUN="mpi 2" fit -o "$T/k.kvq" >/dev/null 2>"$T/k.err"; rc=$?
 nck=$(ls "$T/k.kvq.ckpt" 2>/dev/null | grep -c '\.safetensors$')
 if [ $rc != 0 ] && [ ! -e "$T/k.kvq" ] && [ "$nck" -ge 3 ] && [ "$nck" -lt "$HEADS" ]; then
   ok mpi_fit_rank_killed_no_output
 else
   fail mpi_fit_rank_killed_no_output "exit $rc, $nck checkpoints" "$(tail -3 "$T/k.err")"
 fi
+# Temporaries of the output and of a checkpoint, as ranks killed while writing them on
+# another machine leave (a pid alive here): the rerun removes them.
+touch "$T/k.kvq.tmp.$$.0123abcd" "$T/k.kvq.ckpt/layer.4.head.0.safetensors.tmp.$$.89abcdef"
 if RUN="mpi 3" fit -o "$T/k.kvq" >/dev/null 2>"$T/k2.err" && cmp "$W/fit.kvq" "$T/k.kvq" &&
-   grep -q "resumed $nck of $HEADS heads" "$T/k2.err" && [ ! -e "$T/k.kvq.ckpt" ]; then
+   grep -q "resumed $nck of $HEADS heads" "$T/k2.err" && [ ! -e "$T/k.kvq.ckpt" ] &&
+   grep -q "^kvq: fit: removed 2 temporaries of an earlier run of $T/k.kvq$" "$T/k2.err" &&
+   [ -z "$(find "$T" -name 'k.kvq*.tmp.*')" ]; then
   ok mpi_fit_rerun_after_kill_same_bytes
 else
   fail mpi_fit_rerun_after_kill_same_bytes "$(grep -v '^kvq: layer' "$T/k2.err" | tail -4)"
