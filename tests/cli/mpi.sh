@@ -59,7 +59,7 @@ for n in 2 3; do
 done
 
 # kvq profile on its own: the LeanKV/PATS grid and the budget/tau passes split by layers
-# (5 layers: rank 0 runs 0..1 of 2 ranks, 0..1 of 3; both re-measure settings near the
+# (stories260K's 5 layers: rank 0 runs 0..1 of 2 ranks, 0..1 of 3; both re-measure settings near the
 # tolerance on every row here, so the second passes and their rank-0 decisions are
 # covered), the split logged by rank 0; same bytes as one process (and as calibrate's
 # profile stage, which ran the same profile).
@@ -69,8 +69,8 @@ RUN= prof -q -o "$T/p1.kvq" >/dev/null 2>"$T/p1.err" || fail mpi_profile_referen
 for n in 2 3; do
   if RUN="mpi $n" prof -o "$T/p$n.kvq" >/dev/null 2>"$T/p$n.err" && cmp "$T/p1.kvq" "$T/p$n.kvq" &&
      cmp "$W/profile.kvq" "$T/p$n.kvq" &&
-     grep -q "^kvq: profile: leankv/pats: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err" &&
-     grep -q "^kvq: profile: budget: $n ranks split 5 layers; rank 0 runs layers 0\.\.1;" "$T/p$n.err"; then
+     grep -q "^kvq: profile: leankv/pats: $n ranks split $MI_LAYERS layers; rank 0 runs layers 0\.\.[0-9];" "$T/p$n.err" &&
+     grep -q "^kvq: profile: budget: $n ranks split $MI_LAYERS layers; rank 0 runs layers 0\.\.[0-9];" "$T/p$n.err"; then
     ok "mpi_profile_np${n}_same_bytes"
   else
     fail "mpi_profile_np${n}_same_bytes" "$(grep -v '[0-9]/[0-9]' "$T/p$n.err" | tail -3)"
@@ -88,11 +88,12 @@ fi
 # An error on rank 1 only (the last layer file, which rank 1 profiles, is truncated):
 # every rank stops, rank 0 names rank 1 and the file, and there is no output.
 cp -r "$W/heldout" "$T/hbad"
-truncate -s 2000 "$T/hbad/layer_004.safetensors"
+LAST_FILE=$(printf 'layer_%03d.safetensors' $((MI_LAYERS - 1)))
+truncate -s 2000 "$T/hbad/$LAST_FILE"
 _cli_run mpi 2 "$KVQ" profile --capture "$T/hbad" --artifact "$W/fit.kvq" --threads 1 -q \
   -o "$T/pe.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 1 ] && [ ! -e "$T/pe.kvq" ] && ! ls "$T" | grep -q '^pe\.kvq\.' &&
-   grep -q '^kvq profile: rank 1 of 2: .*hbad/layer_004\.safetensors: tensors need [0-9]* data bytes but the file holds' \
+   grep -q "^kvq profile: rank 1 of 2: .*hbad/${LAST_FILE%.safetensors}\\.safetensors: tensors need [0-9]* data bytes but the file holds" \
      "$CLI_TMP/stderr" && [ "$(grep -c '^kvq' "$CLI_TMP/stderr")" = 1 ]; then
   ok mpi_profile_error_on_one_rank_stops_all
 else
