@@ -14,6 +14,7 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <stdint.h>
 
 /* Tiles per weight matrix aimed at: enough to balance a few threads over the small
  * matrices (K and V of a GQA model), few enough that re-packing the activations for
@@ -22,7 +23,8 @@
 
 int64_t kvq_fwd_tile_rows(int64_t rows, int64_t cols, size_t tile_floats)
 {
-    int64_t cap = (int64_t)(tile_floats / (size_t)cols);
+    const size_t c = tile_floats / (size_t)cols; /* rows the scratch holds */
+    const int64_t cap = c < (size_t)rows ? (int64_t)c : rows;
     int64_t t = (rows + TILES_AIM - 1) / TILES_AIM;
     t = (t + 15) / 16 * 16; /* whole micro-kernel panels */
     if (cap >= 16 && t > cap)
@@ -56,7 +58,8 @@ kvq_status kvq_fwd_gemm_wt(const kvq_wt *w, const float *wf, const float *x, int
                            float *y, float beta, float *bufs, size_t tile_floats, kvq_err *err)
 {
     const int64_t rows = w->rows, cols = w->cols;
-    const int64_t tr = kvq_fwd_tile_rows(rows, cols, tile_floats);
+    /* f32 in place: no scratch, the tiles only follow the shape */
+    const int64_t tr = kvq_fwd_tile_rows(rows, cols, wf ? SIZE_MAX : tile_floats);
     const int64_t tiles = (rows + tr - 1) / tr;
     int64_t bad = tiles; /* first failed tile */
     kvq_err first = {0};

@@ -84,8 +84,9 @@ size_t kvq_wt_bytes(const kvq_wt *w);
 int kvq_fwd_blas_enter(int32_t threads);
 void kvq_fwd_blas_leave(int prev);
 
-/* Rows of W per tile: from the shapes and the per-thread scratch only, never from the
- * thread count (so the bytes of the product do not depend on it). */
+/* Rows of W per tile: from the shapes and the per-thread scratch of tile_floats only
+ * (SIZE_MAX: no scratch, f32 in place), never from the thread count (so the bytes of
+ * the product do not depend on it). */
 int64_t kvq_fwd_tile_rows(int64_t rows, int64_t cols, size_t tile_floats);
 
 /* y [n, w.rows] = x [n, w.cols] W^T (+ y when beta is 1), one single-threaded sgemm per
