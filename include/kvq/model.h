@@ -225,8 +225,10 @@ typedef struct kvq_forward_params {
                                  SGEMMs into fixed tiles (weight rows; attention head x
                                  64 queries) and decode's matvecs. OpenBLAS is set to
                                  one thread while a pass runs (process-wide) and put
-                                 back after it. Results have the same bytes for any
-                                 thread count. */
+                                 back after it (passes run at once from several
+                                 threads of a process should all keep OpenBLAS at
+                                 one: openblas_set_num_threads(1)). Results have the
+                                 same bytes for any thread count. */
     int32_t chunk;            /* tokens per prefill chunk, >= 1 (default 256) */
     int64_t max_tokens;       /* longest sequence of the built-in full attention
                                  (default 0 = the model's context_length) */
