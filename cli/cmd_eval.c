@@ -44,7 +44,7 @@ static void eval_usage(FILE *f)
             "                     implement, approximated by the GPT-2 split (default:\n"
             "                     refused, naming it)\n"
             "  --seed S           seed of the synthetic corpus sources (default 0)\n"
-            "  --threads T        BLAS threads (default: OpenBLAS's choice)\n"
+            "  --threads T        threads (default: all CPUs; same bytes for any T)\n"
             "  --json             print one JSON object instead of the text report\n"
             "  -q, --quiet        nothing on stderr but errors\n"
             "  -v, --verbose      more detail\n"

@@ -30,7 +30,7 @@ static void run_usage(FILE *f)
             "  --temp T           sampling temperature; 0 = greedy (default 0.8)\n"
             "  --top-p P          nucleus sampling mass, (0, 1] (default 0.95)\n"
             "  --seed S           sampling seed (default 0)\n"
-            "  --threads T        BLAS threads (default: OpenBLAS's choice)\n"
+            "  --threads T        threads (default: all CPUs; same bytes for any T)\n"
             "  --accept-approx-tokenizer\n"
             "                     use a tokenizer whose pre-tokenizer kvq does not\n"
             "                     implement, approximated by the GPT-2 split (default:\n"

@@ -1,6 +1,7 @@
 /* thread_policy.c — the CLI's choice of how idle worker threads wait.
  *
- * Decode runs a few hundred short parallel regions per token (one per weight matrix).
+ * Decode runs a few hundred short parallel regions per token (one per weight matrix),
+ * and prefill one per product (model/forward_gemm.c; OpenBLAS is at one thread there).
  * With libgomp's default policy each idle worker spins before it sleeps, so on a busy
  * machine (another job, a compiler) a spinning thread holds a core while the thread it
  * waits for sits in the run queue, and `kvq run --threads 2` on SmolLM2 ran many times

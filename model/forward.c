@@ -5,7 +5,9 @@
  * f32 in the mapping are used in place (cblas_sgemm for several tokens). The others
  * (F16, BF16, the ggml block quantizations) stay packed in the mapping and are never
  * expanded as a whole: a chunk of several tokens (prefill) dequantizes tiles of rows
- * into a bounded scratch and runs cblas_sgemm on each tile. A chunk of one token
+ * into a bounded per-thread scratch and runs cblas_sgemm on each tile. Prefill's
+ * products are split over kvq's OpenMP threads, OpenBLAS at one thread
+ * (forward_gemm.c; the bytes do not depend on the thread count). A chunk of one token
  * (decode) runs kvq_quant_matvec on the rows, f32 or packed: OpenMP threads that wait
  * passively, not OpenBLAS's spinning pool. The embedding lookup dequantizes
  * only the rows of the tokens it embeds. */
@@ -176,6 +178,47 @@ static kvq_status full_reserve(kvq_full_attn *fa, int64_t need, kvq_err *err)
     return KVQ_OK;
 }
 
+/* Queries per attention task (a fixed tiling: the bytes do not depend on threads). */
+#define QBLOCK 64
+
+/* Query head h, queries [i0, i0 + QBLOCK) of the chunk: S = Q K^T / sqrt(d) over the
+ * keys they may see, causal softmax (over the sliding window when the layer has one),
+ * out = S V. One single-threaded sgemm each; S: [QBLOCK, T] scratch of this thread. */
+static void attend_block(const kvq_full_attn *fa, const kvq_attn_call *c, const float *K,
+                         const float *V, int h, int64_t i0, float *S)
+{
+    const kvq_model_config *cfg = &fa->cfg;
+    const int d = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads, g = h / (nh / nkv);
+    const int64_t qd = (int64_t)nh * d, kvd = (int64_t)nkv * d, past = fa->len[c->layer];
+    const int64_t nb = c->n - i0 < QBLOCK ? c->n - i0 : QBLOCK;
+    const int64_t T = past + i0 + nb; /* keys [0, T) cover every query of the block */
+    const float scale = (float)(1.0 / sqrt((double)d));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)T, d, scale,
+                fa->qrot + i0 * qd + h * d, (int)qd, K + g * d, (int)kvd, 0.0f, S, (int)T);
+    for (int64_t i = 0; i < nb; i++) {
+        float *row = S + i * T;
+        const int64_t valid = past + i0 + i + 1; /* causal: keys [lo, past + i0 + i] */
+        const int64_t lo = kvq_model_window_start(cfg, c->layer, valid);
+        float mx = row[lo];
+        for (int64_t j = lo + 1; j < valid; j++)
+            mx = row[j] > mx ? row[j] : mx;
+        double sum = 0;
+        for (int64_t j = lo; j < valid; j++) {
+            row[j] = expf(row[j] - mx);
+            sum += row[j];
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int64_t j = lo; j < valid; j++)
+            row[j] *= inv;
+        for (int64_t j = 0; j < lo; j++)
+            row[j] = 0.0f;
+        for (int64_t j = valid; j < T; j++)
+            row[j] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, d, (int)T, 1.0f, S, (int)T,
+                V + g * d, (int)kvd, 0.0f, c->out + i0 * qd + h * d, (int)qd);
+}
+
 static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
 {
     kvq_full_attn *fa = user;
@@ -190,8 +233,10 @@ static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
                            (long long)T, (long long)fa->max_tokens);
     if ((st = full_reserve(fa, T, err)))
         return st;
+    /* Scores: one [QBLOCK, T] slot per OpenMP thread. */
+    const int nt = omp_get_max_threads();
     size_t need_scores;
-    if (!kvq_size_mul((size_t)n, (size_t)T, &need_scores))
+    if (!kvq_size_mul((size_t)nt * QBLOCK, (size_t)T, &need_scores))
         return kvq_err_set(err, KVQ_E_TOO_LARGE, "full attention: score matrix");
     if (need_scores > fa->scores_cap) {
         float *s = realloc(fa->scores, need_scores * sizeof(float));
@@ -218,38 +263,13 @@ static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
         kvq_rope_apply(&cfg->rope, fa->theta, fa->qrot + i * qd, nh, c->pos[i]);
     }
 
-    /* Per query head: S = Q K^T / sqrt(d) [n, T], causal softmax (over the sliding
-     * window when the layer has one), out = S V. */
-    const int group = nh / nkv;
-    const float scale = (float)(1.0 / sqrt((double)d));
-    float *S = fa->scores;
-    for (int h = 0; h < nh; h++) {
-        const int g = h / group;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale,
-                    fa->qrot + h * d, (int)qd, K + g * d, (int)kvd, 0.0f, S, (int)T);
-        for (int64_t i = 0; i < n; i++) {
-            float *row = S + i * T;
-            const int64_t valid = past + i + 1; /* causal: keys [lo, past + i] */
-            const int64_t lo = kvq_model_window_start(cfg, c->layer, valid);
-            float mx = row[lo];
-            for (int64_t j = lo + 1; j < valid; j++)
-                mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int64_t j = lo; j < valid; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
-            const float inv = (float)(1.0 / sum);
-            for (int64_t j = lo; j < valid; j++)
-                row[j] *= inv;
-            for (int64_t j = 0; j < lo; j++)
-                row[j] = 0.0f;
-            for (int64_t j = valid; j < T; j++)
-                row[j] = 0.0f;
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, d, (int)T, 1.0f, S,
-                    (int)T, V + g * d, (int)kvd, 0.0f, c->out + h * d, (int)qd);
-    }
+    /* Tasks: query head x block of QBLOCK queries, over this thread's OpenMP team. */
+    const int64_t blocks = (n + QBLOCK - 1) / QBLOCK;
+    const double work = (double)nh * (double)n * (double)T * d; /* multiply-adds of S */
+#pragma omp parallel for schedule(dynamic, 1) if (nh * blocks > 1 && work >= 1 << 18)
+    for (int64_t t = 0; t < nh * blocks; t++)
+        attend_block(fa, c, K, V, (int)(t / blocks), (t % blocks) * QBLOCK,
+                     fa->scores + (size_t)omp_get_thread_num() * QBLOCK * (size_t)T);
     fa->len[c->layer] = T;
     return KVQ_OK;
 }
@@ -285,8 +305,9 @@ struct kvq_forward {
 
     /* weights as f32 in place, or NULL (packed: tiles through wbuf, or matvec) */
     const float **wf;              /* [n_layers * W_PER_LAYER + 2]: layers, embd, output */
-    float *wbuf;                   /* [wbuf_floats] dequantized row tiles (prefill) */
-    size_t wbuf_floats;
+    float *tbuf;                   /* [tbuf_threads, tile_floats] dequantized row tiles */
+    size_t tile_floats;            /* per thread (0: every weight f32 in place) */
+    int tbuf_threads;
     float *ybuf;                   /* [ybuf_floats] one-token product before accumulating */
     size_t ybuf_floats;
 };
@@ -303,10 +324,13 @@ kvq_forward_params kvq_forward_params_default(void)
     return p;
 }
 
+/* A thread's tile scratch is at most this (1 MiB: tiles stay in L2). */
+#define TILE_FLOATS_MAX ((uint64_t)1 << 18)
+
 /* Sizes a context needs, shared by create and the memory estimate. */
 typedef struct fwd_plan {
     uint64_t act_floats;           /* activations */
-    uint64_t wbuf_floats;          /* dequantized row tiles (0: every weight f32 in place) */
+    uint64_t tile_floats;          /* a thread's row tiles (0: every weight f32 in place) */
     uint64_t ybuf_floats;          /* one-token product of a packed weight */
 } fwd_plan;
 
@@ -342,9 +366,10 @@ static void plan(const kvq_model *m, const kvq_forward_params *p, fwd_plan *pl)
     }
     if (largest) {
         uint64_t budget = p->scratch_bytes / sizeof(float);
-        pl->wbuf_floats = largest < budget ? largest : budget;
-        if (pl->wbuf_floats < widest)
-            pl->wbuf_floats = widest; /* at least one row */
+        budget = budget < TILE_FLOATS_MAX ? budget : TILE_FLOATS_MAX;
+        pl->tile_floats = largest < budget ? largest : budget;
+        if (pl->tile_floats < widest)
+            pl->tile_floats = widest; /* at least one row */
     }
     pl->ybuf_floats = tallest; /* one token's product (matvec), packed or f32 */
 }
@@ -365,7 +390,9 @@ void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, 
     memset(out, 0, sizeof *out);
     out->mapped_bytes = m->mapped_bytes;
     out->converted_bytes = 0; /* weights are never copied whole */
-    out->scratch_bytes = (pl.act_floats + pl.wbuf_floats + pl.ybuf_floats + chunk * (uint64_t)n_ctx +
+    const uint64_t threads = (uint64_t)(p->threads > 0 ? p->threads : omp_get_max_threads());
+    out->scratch_bytes = (pl.act_floats + threads * pl.tile_floats + pl.ybuf_floats +
+                          threads * (chunk < QBLOCK ? chunk : QBLOCK) * (uint64_t)n_ctx +
                           chunk * (uint64_t)c->n_heads * c->head_dim) * sizeof(float);
     out->kv_cache_bytes = 2 * (uint64_t)c->n_layers * (uint64_t)n_ctx * kvd * sizeof(float);
     out->total_bytes = out->mapped_bytes + out->converted_bytes + out->scratch_bytes +
@@ -430,12 +457,11 @@ kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
     plan(m, p, &pl);
     for (size_t i = 0; i < table_size(m); i++)
         f->wf[i] = kvq_wt_direct(table_wt(m, i));
-    if ((pl.wbuf_floats && !(f->wbuf = alloc_floats(pl.wbuf_floats))) ||
-        (pl.ybuf_floats && !(f->ybuf = alloc_floats(pl.ybuf_floats)))) {
+    if (pl.ybuf_floats && !(f->ybuf = alloc_floats(pl.ybuf_floats))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the weight scratch", m->path);
         goto done;
     }
-    f->wbuf_floats = (size_t)pl.wbuf_floats;
+    f->tile_floats = (size_t)pl.tile_floats; /* tbuf: at the first prefill */
     f->ybuf_floats = (size_t)pl.ybuf_floats;
 done:
     if (st != KVQ_OK) {
@@ -451,7 +477,7 @@ void kvq_forward_free(kvq_forward *f)
     if (!f)
         return;
     free(f->wf);
-    free(f->wbuf);
+    free(f->tbuf);
     free(f->ybuf);
     free(f->x);
     free(f->xn);
@@ -493,50 +519,28 @@ int64_t kvq_forward_length(const kvq_forward *f) { return f->n_past; }
  * Forward pass
  * ========================================================================== */
 
-/* C = A W^T (+ beta C): A [n, cols], W [rows, cols], C [n, rows] with row stride ldc. */
-static void gemm_wt(int64_t n, int64_t rows, int64_t cols, const float *A, const float *W,
-                    float beta, float *C, int64_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)rows, (int)cols, 1.0f, A,
-                (int)cols, W, (int)cols, beta, C, (int)ldc);
-}
-
-/* y [n, w.rows] = x [n, w.cols] W^T (+ beta y). A weight that is not f32 in place
- * stays packed: one token goes through kvq_quant_matvec, several through row tiles
- * dequantized into the scratch. beta is 0 or 1. */
+/* y [n, w.rows] = x [n, w.cols] W^T (+ beta y). One token goes through
+ * kvq_quant_matvec; several through kvq_fwd_gemm_wt, tiles of rows over the OpenMP
+ * threads (a weight that is not f32 in place dequantized tile by tile into the
+ * thread's scratch). beta is 0 or 1. */
 static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, float *y,
                          float beta, kvq_err *err)
 {
     const kvq_wt *w = table_wt(f->m, wid);
     kvq_status st;
-    if (f->wf[wid] && n > 1) {
-        gemm_wt(n, w->rows, w->cols, x, f->wf[wid], beta, y, w->rows);
-        return KVQ_OK;
-    }
+    if (n > 1)
+        return kvq_fwd_gemm_wt(w, f->wf[wid], x, n, y, beta, f->tbuf, f->tile_floats, err);
     /* One token, f32 in place or packed: kvq's own OpenMP matvec, not cblas_sgemv,
      * whose pthreads spin at every call whatever OMP_WAIT_POLICY says (under load 2
      * threads decoded 4x slower than 1: bench/bench_load.sh --f32). */
-    if (n == 1) {
-        float *dst = beta != 0.0f ? f->ybuf : y;
-        kvq_err e = {0};
-        const void *data = f->wf[wid] ? (const void *)f->wf[wid] : w->data;
-        if ((st = kvq_quant_matvec((uint32_t)w->type, data, w->rows, w->cols, x, dst, &e)))
-            return kvq_err_set(err, st, "%s: %s", w->name, e.msg);
-        if (beta != 0.0f)
-            for (int64_t i = 0; i < w->rows; i++)
-                y[i] += dst[i];
-        return KVQ_OK;
-    }
-    int64_t block = (int64_t)(f->wbuf_floats / (size_t)w->cols);
-    for (int64_t r0 = 0; r0 < w->rows; r0 += block) {
-        int64_t nr = w->rows - r0 < block ? w->rows - r0 : block;
-        /* One thread: OpenMP workers here would compete with OpenBLAS's spinning
-         * threads (measured: 2-thread prefill 137 tok/s parallel, 526 serial). */
-        if ((st = kvq_wt_rows_f32(w, r0, nr, f->wbuf, err)))
-            return st;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)nr, (int)w->cols,
-                    1.0f, x, (int)w->cols, f->wbuf, (int)w->cols, beta, y + r0, (int)w->rows);
-    }
+    float *dst = beta != 0.0f ? f->ybuf : y;
+    kvq_err e = {0};
+    const void *data = f->wf[wid] ? (const void *)f->wf[wid] : w->data;
+    if ((st = kvq_quant_matvec((uint32_t)w->type, data, w->rows, w->cols, x, dst, &e)))
+        return kvq_err_set(err, st, "%s: %s", w->name, e.msg);
+    if (beta != 0.0f)
+        for (int64_t i = 0; i < w->rows; i++)
+            y[i] += dst[i];
     return KVQ_OK;
 }
 
@@ -619,8 +623,36 @@ static kvq_status embed(kvq_forward *f, const int32_t *tokens, int64_t n, kvq_er
     return KVQ_OK;
 }
 
+static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t n,
+                                 kvq_logits_mode mode, float *logits, kvq_err *err);
+
 kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
                               kvq_logits_mode mode, float *logits, kvq_err *err)
+{
+    const int blas_prev = kvq_fwd_blas_enter(f->p.threads);
+    kvq_status st = forward_chunks(f, tokens, n, mode, logits, err);
+    kvq_fwd_blas_leave(blas_prev);
+    return st;
+}
+
+/* Gives each of this thread's OpenMP threads a tile scratch (prefill only). */
+static kvq_status tile_scratch(kvq_forward *f, kvq_err *err)
+{
+    const int nt = omp_get_max_threads();
+    if (!f->tile_floats || nt <= f->tbuf_threads)
+        return KVQ_OK;
+    float *b = alloc_floats((uint64_t)nt * f->tile_floats);
+    if (!b)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the weight scratch of %d "
+                           "threads", f->m->path, nt);
+    free(f->tbuf);
+    f->tbuf = b;
+    f->tbuf_threads = nt;
+    return KVQ_OK;
+}
+
+static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t n,
+                                 kvq_logits_mode mode, float *logits, kvq_err *err)
 {
     const kvq_model *m = f->m;
     const kvq_model_config *c = &m->cfg;
@@ -638,10 +670,8 @@ kvq_status kvq_forward_tokens(kvq_forward *f, const int32_t *tokens, int64_t n,
             return kvq_err_set(err, KVQ_E_INVALID_ARG,
                                "forward: token %lld is %d, outside the vocabulary [0, %d)",
                                (long long)i, tokens[i], c->vocab_size);
-    if (f->p.threads > 0 && openblas_get_num_threads() != f->p.threads)
-        openblas_set_num_threads(f->p.threads); /* process-wide in OpenBLAS */
-    if (f->p.threads > 0 && omp_get_max_threads() != f->p.threads)
-        omp_set_num_threads(f->p.threads); /* kvq_quant_matvec's OpenMP loop, this thread */
+    if (n > 1 && (st = tile_scratch(f, err)))
+        return st;
 
     for (int64_t s = 0; s < n; s += f->p.chunk) {
         const int64_t cn = n - s < f->p.chunk ? n - s : f->p.chunk;

@@ -76,4 +76,24 @@ kvq_status kvq_model_compute_fingerprint(const kvq_model *m, char *out, size_t c
 /* Byte size of the weight in the file. */
 size_t kvq_wt_bytes(const kvq_wt *w);
 
+/* Prefill products over kvq's OpenMP threads (forward_gemm.c). */
+
+/* Enters a forward pass: OpenBLAS at one thread (process-wide), OpenMP at `threads`
+ * for this thread's regions (0: as it is). Returns OpenBLAS's count before, for
+ * kvq_fwd_blas_leave, which puts it back (and keeps OpenMP's count as entered). */
+int kvq_fwd_blas_enter(int32_t threads);
+void kvq_fwd_blas_leave(int prev);
+
+/* Rows of W per tile: from the shapes and the per-thread scratch of tile_floats only
+ * (SIZE_MAX: no scratch, f32 in place), never from the thread count (so the bytes of
+ * the product do not depend on it). */
+int64_t kvq_fwd_tile_rows(int64_t rows, int64_t cols, size_t tile_floats);
+
+/* y [n, w.rows] = x [n, w.cols] W^T (+ y when beta is 1), one single-threaded sgemm per
+ * tile of W's rows, tiles shared by this thread's OpenMP team. W is wf when the weight
+ * is f32 in place, else each tile is dequantized into bufs + thread * tile_floats
+ * (bufs: omp_get_max_threads() slots). */
+kvq_status kvq_fwd_gemm_wt(const kvq_wt *w, const float *wf, const float *x, int64_t n,
+                           float *y, float beta, float *bufs, size_t tile_floats, kvq_err *err);
+
 #endif

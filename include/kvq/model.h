@@ -220,20 +220,25 @@ typedef kvq_status (*kvq_observe_fn)(void *user, const kvq_attn_call *call, kvq_
 typedef struct kvq_forward kvq_forward;
 
 typedef struct kvq_forward_params {
-    int32_t threads;          /* BLAS threads, set with openblas_set_num_threads (which is
-                                 process-wide) when a pass starts, and OpenMP threads
-                                 (omp_set_num_threads, for the calling thread) for the
-                                 loops over packed weights; 0 = leave as is. Results
-                                 may differ in the last bits between thread counts. */
+    int32_t threads;          /* OpenMP threads of a pass (omp_set_num_threads, for the
+                                 calling thread; 0 = leave as is): they split prefill's
+                                 SGEMMs into fixed tiles (weight rows; attention head x
+                                 64 queries) and decode's matvecs. OpenBLAS is set to
+                                 one thread while a pass runs (process-wide) and put
+                                 back after it (passes run at once from several
+                                 threads of a process should all keep OpenBLAS at
+                                 one: openblas_set_num_threads(1)). Results have the
+                                 same bytes for any thread count. */
     int32_t chunk;            /* tokens per prefill chunk, >= 1 (default 256) */
     int64_t max_tokens;       /* longest sequence of the built-in full attention
                                  (default 0 = the model's context_length) */
     int32_t n_layers;         /* run only layers [0, n_layers) (0 = all); a partial run
                                  cannot produce logits (for capture of early layers) */
-    uint64_t scratch_bytes;   /* bound of the scratch into which prefill dequantizes row
-                                 tiles of weights that are not f32 in the file (default
-                                 64 MiB; at least one row). Such weights stay packed in
-                                 the mapping: never copied whole. */
+    uint64_t scratch_bytes;   /* bound of each thread's scratch into which prefill
+                                 dequantizes row tiles of weights that are not f32 in
+                                 the file (default 64 MiB, used: at most 1 MiB; at least
+                                 one row). Such weights stay packed in the mapping:
+                                 never copied whole. */
     kvq_callbacks cb;
 } kvq_forward_params;
 
