@@ -75,21 +75,16 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
     return KVQ_OK;
 }
 
-/* Selectors whose cache data the context holds: full and oracle need nothing but keys;
- * codebook and mass share the codes; fier and quest only their own. */
+/* Settings the context's cache serves as a context of their own would hold it: the
+ * context's selector, or codebook and mass for each other (the same codes and row
+ * order). Full and oracle contexts keep rows in token order, which would change the
+ * float sums of a context in code order. */
 static int setting_fits(kvq_selector ctx, const kvq_retrieval_setting *s)
 {
     const int coded = ctx == KVQ_SELECT_CODEBOOK || ctx == KVQ_SELECT_MASS;
-    switch (s->selector) {
-    case KVQ_SELECT_FULL:
-    case KVQ_SELECT_ORACLE:
-        return 1;
-    case KVQ_SELECT_CODEBOOK:
-    case KVQ_SELECT_MASS:
+    if (s->selector == KVQ_SELECT_CODEBOOK || s->selector == KVQ_SELECT_MASS)
         return coded;
-    default:
-        return s->selector == ctx;
-    }
+    return s->selector == ctx;
 }
 
 static kvq_status check_probe(const kvq_retrieval *r, int32_t layer, const float *q,
@@ -108,8 +103,8 @@ static kvq_status check_probe(const kvq_retrieval *r, int32_t layer, const float
         const kvq_retrieval_setting *s = &set[c];
         if (!setting_fits(r->p.selector, s))
             return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                               "retrieval probe: setting %d: selector %s needs data a context "
-                               "of selector %s does not cache",
+                               "retrieval probe: setting %d: selector %s on a context of "
+                               "selector %s",
                                (int)c, kvq_selector_name(s->selector),
                                kvq_selector_name(r->p.selector));
         if (s->budget.count < 0 || (s->budget.count == 0 && !(s->budget.fraction > 0.0 &&

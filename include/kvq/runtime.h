@@ -372,7 +372,8 @@ typedef struct kvq_retrieval_setting {
  * recall_topk (0: no oracle selection). q: [n_heads, head_dim] the row's pre-RoPE
  * queries. The keys are encoded once (by the append) and the row's exact attention is
  * computed once for every setting. r must have been created with measure = 1; a
- * setting's selector is full, oracle, r's own, or codebook / mass when r's is either.
+ * setting's selector is r's own, or codebook / mass when r's is either (the same codes
+ * and row order).
  * The cache and r's statistics are unchanged. Runs on the calling thread.
  * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection). */
 kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
