@@ -6,9 +6,12 @@
  *
  * A retrieval step reads the cache (the codes of the tokens before it), never the
  * outputs of earlier steps, so a row's figures do not depend on how the rows before it
- * were attended: the prompt and the rows between measured ones go in as prefill chunks
- * (prefill_full: exact attention, nothing counted), and each measured row alone by
- * retrieval. The measured rows are p->sample_rows evenly spaced continuation rows per
+ * were attended: the prompt and the rows between measured ones are only appended to the
+ * cache (in the chunks a context attending them would get, so the rows are ordered
+ * alike), and each measured row is measured under every setting at once by
+ * kvq_retrieval_probe (one context per thread, sequences of a layer in parallel, sums in
+ * sequence order): its figures are those of a context per setting attending the row
+ * alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced continuation rows per
  * sequence (thr_sample_rows, as the LeanKV/PATS grid); the settings whose choice the
  * sample leaves open against the tolerance (thr_mark_refine, memory = the fraction for
  * budgets, the attended share for tau, the keys profile.c selects on) are measured again
@@ -69,9 +72,7 @@ typedef struct bseq {
     const int64_t *pos;      /* [n] */
     const int64_t *mrow;     /* [nm] measured rows, ascending, in [P, n) */
     int64_t nm;
-    double *rec;             /* NULL, or each setting's error of each measured row:
-                                rec[c * rec_ld + rec_at + i] (NaN: no step counted) */
-    int64_t rec_ld, rec_at;
+    int64_t rec_ld, rec_at;  /* where its measured rows' errors go in rec (probe_sequence) */
     int32_t nh, nkv, d;
 } bseq;
 
