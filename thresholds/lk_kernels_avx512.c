@@ -78,6 +78,6 @@ TARGET static void mix_avx512(float *o, const double *w, double inv, const uint8
         }
 }
 
-const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, thr_lk_gather_avx2, daxpy_avx512,
-                                      mix_avx512};
+const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, thr_lk_gather_avx2,
+                                      daxpy_avx512, mix_avx512};
 #endif
