@@ -13,9 +13,10 @@
  * sequence order): its figures are those of a context per setting attending the row
  * alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
  * continuation rows per sequence (thr_sample_rows, as the LeanKV/PATS grid); the
- * settings whose choice the sample leaves open against the tolerance (thr_mark_refine, memory = the fraction for
- * budgets, the attended share for tau, the keys profile.c selects on) are measured again
- * on every row, so the choice equals the every-row choice (tests/test_profile_fast.c).
+ * settings whose choice the sample leaves open against the tolerance (thr_mark_refine,
+ * memory = the fraction for budgets, the attended share for tau, the keys profile.c
+ * selects on) are measured again on every row, so the choice equals the every-row
+ * choice (tests/test_profile_fast.c).
  * The attended and mass columns stay sampled figures (the same rows for every setting).
  * p->reference keeps the former path: every row by retrieval (prefill_full = 0).
  */
