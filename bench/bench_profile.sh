@@ -3,6 +3,8 @@
 # one run, on the same thread count (issue 13's target: profile <= 0.5x the capture).
 #
 #   bench/bench_profile.sh [ARTIFACT] [THREADS]
+#   KVQ=/other/build/kvq KVQ_BENCH_DIR=/tmp/other bench/bench_profile.sh ...   (another
+#   binary, e.g. a before/after pair in one command; each in its own directory)
 #
 # ARTIFACT: a fit of SmolLM2 (default: the work directory of `kvq calibrate` with its
 # defaults, /tmp/kvq-bench-profile/smol.kvq.work/fit.kvq, made first when missing:
@@ -11,10 +13,10 @@
 # sequence) cost of the LeanKV/PATS grid, and that cost times a 7B shape.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-KVQ=./build/kvq
+KVQ=${KVQ:-./build/kvq}
 MODEL=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 TEXT=${KVQ_BENCH_TEXT:-/usr/share/doc/python3.11/html/_sources}
-W=/tmp/kvq-bench-profile
+W=${KVQ_BENCH_DIR:-/tmp/kvq-bench-profile}
 THREADS=${2:-2}
 mkdir -p "$W"
 ART=${1:-$W/smol.kvq.work/fit.kvq}

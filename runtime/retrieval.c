@@ -177,6 +177,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
     }
     for (int32_t t = 0; r->scr && t < r->n_scr; t++)
         scratch_free(&r->scr[t]);
+    kvq_rt_probe_free(r->probe);
     free(r->layer);
     free(r->scr);
     free(r->rcos);
@@ -260,6 +261,7 @@ int64_t kvq_retrieval_length(const kvq_retrieval *r) { return r->layer[0].len; }
 
 void kvq_retrieval_reset(kvq_retrieval *r)
 {
+    r->seq_gen++;
     for (int32_t l = 0; l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         L->len = 0;
@@ -459,10 +461,8 @@ void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y)
 static void cache_row(const kvq_retrieval *r, const void *base, int64_t j, float *out)
 {
     const size_t d = (size_t)r->d;
-    if (r->es == 2) {
-        const uint16_t *h = (const uint16_t *)base + (size_t)j * d;
-        for (size_t t = 0; t < d; t++)
-            out[t] = kvq_rk_h2f(h[t]);
+    if (r->es == 2) { /* exact conversion: any ISA gives the same bits */
+        kvq_f16_to_f32((const uint16_t *)base + (size_t)j * d, out, d);
     } else {
         memcpy(out, (const float *)base + (size_t)j * d, d * sizeof *out);
     }
@@ -684,11 +684,20 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
     S->sums.recall_topk += recall;
 }
 
+/* Rotated key of row j for a step: from S->ktok (by token) when the probe set it. */
+static void step_key(const kvq_retrieval *r, const rt_layer *L, const rt_head *H,
+                     const rt_scratch *S, int64_t j, float *y)
+{
+    if (S->ktok)
+        memcpy(y, S->ktok + (size_t)kvq_rt_row_token(H, j) * r->d, sizeof(float) * (size_t)r->d);
+    else
+        kvq_rt_key_rotated(r, L, H, j, y);
+}
+
 /* One retrieval step: query row `row` of the chunk (position pos, nvis tokens
  * visible) for KV head h; writes the group's outputs [gs, d] to out. */
-static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q,
-                           int64_t pos, int64_t nvis, int record, rt_scratch *S, float *out,
-                           int64_t ld_out)
+void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q, int64_t pos,
+                 int64_t nvis, int record, rt_scratch *S, float *out, int64_t ld_out)
 {
     const rt_layer *L = &r->layer[layer];
     rt_head *H = &L->head[h];
@@ -749,13 +758,13 @@ static void retrieval_step(const kvq_retrieval *r, int32_t layer, int32_t h, con
     float *lg = S->logits; /* [gs, m] */
     if (r->p.positions == KVQ_POSITIONS_ROPE) {
         for (int64_t a = 0; a < m; a++)
-            kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)a * d);
+            step_key(r, L, H, S, att[a], S->krot + (size_t)a * d);
         kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m, scale, lg, m);
     } else {
         /* sinks and selection: q R_b against the stored keys; the window: exact RoPE */
         kvq_rk_logits(r->p.isa, S->qb, gs, d, H->k, r->p.cache_dtype, d, att, m_far, scale, lg, m);
         for (int64_t a = m_far; a < m; a++)
-            kvq_rt_key_rotated(r, L, H, att[a], S->krot + (size_t)(a - m_far) * d);
+            step_key(r, L, H, S, att[a], S->krot + (size_t)(a - m_far) * d);
         kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m - m_far, scale,
                       lg + m_far, m);
     }
@@ -860,8 +869,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
             const int64_t i = it / r->n_kv;
             const int32_t h = (int32_t)(it % r->n_kv);
             const size_t off = ((size_t)i * nh + (size_t)h * gs) * d;
-            retrieval_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == n - 1,
-                           &r->scr[thread_id()], c->out + off, d);
+            kvq_rt_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == n - 1,
+                        &r->scr[thread_id()], c->out + off, d);
         }
     }
     for (int32_t t = 0; t < r->n_scr; t++) {

@@ -106,6 +106,8 @@ typedef struct rt_scratch {
     int64_t mr_a, mr_b;  /* distances of the mean rotation held in mr_cs / mr_sn (score
                             mean: computed once per step, not per layer and head) */
     float mr_cs[KVQ_ROPE_MAX_DIM / 2], mr_sn[KVQ_ROPE_MAX_DIM / 2];
+    const float *ktok;   /* NULL, or the step's head's keys rotated, by token [nvis, d]
+                            (set by kvq_retrieval_probe for its steps) */
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */
@@ -133,6 +135,8 @@ struct kvq_retrieval {
     int32_t *pbuf; /* [n] positions as int32 */
     int64_t buf_rows;
     rt_sums sums;
+    uint64_t seq_gen;     /* sequences begun (kvq_retrieval_reset) */
+    struct rt_probe *probe; /* kvq_retrieval_probe's keys by token (probe.c), or NULL */
     const rt_backend *be; /* selection kernels (device.c) */
     void *dev;            /* the backend's state (kvq_rt_cuda with CUDA), or NULL */
 };
@@ -177,6 +181,17 @@ kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
  * bytes read. `selector` is the context's, or KVQ_SELECT_ORACLE for the measurement. */
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes);
+
+/* One retrieval step (retrieval.c): query row q [gs, d] (pre-RoPE, the group of KV head
+ * h) at position pos over the nvis tokens [0, nvis) cached in layer, with r's selector,
+ * budget and tau; the group's outputs into out (row g at out + g ld_out), the step's
+ * statistics into S->sums (the measurement too when r->p.measure), the attended tokens
+ * in S->att. record: keep the selection for kvq_retrieval_last_selection. */
+void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q, int64_t pos,
+                 int64_t nvis, int record, rt_scratch *S, float *out, int64_t ld_out);
+
+/* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
+void kvq_rt_probe_free(struct rt_probe *p);
 
 /* Positions in the scoring query (score_pos.c, kvq_score_pos).
  *   mean_rotation      per pair m, the mean of e^{i delta theta_m} over delta in [a, b]

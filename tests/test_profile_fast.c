@@ -35,6 +35,7 @@
 #include "kvq/moments.h"
 #include "kvq/model.h"
 #include "kvq/thresholds.h"
+#include "thresholds/lk_kernels.h"
 
 #define SMOLLM2_DEFAULT ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define TEXT "docs/design.md"
@@ -434,6 +435,93 @@ static void test_budget_sampled_equals_every_row(void **state)
     kvq_profile_result_free(all);
 }
 
+/* ---- the LeanKV grid kernels ------------------------------------------------------- */
+
+static uint64_t lk_rng = 88172645463325252ull;
+static double lk_unif(void)
+{
+    lk_rng ^= lk_rng << 13;
+    lk_rng ^= lk_rng >> 7;
+    lk_rng ^= lk_rng << 17;
+    return (double)(lk_rng >> 11) / 9007199254740992.0;
+}
+
+/* A gather that adds in one running sum: what a kernel that ignored the four partial
+ * sums would compute (the comparison below must tell it apart). */
+static double gather_one_sum(const float *const e[4], const uint8_t *ver, int64_t len, double *w)
+{
+    double z = 0;
+    for (int64_t j = 0; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
+        z += w[j];
+    }
+    return z;
+}
+
+/* Every SIMD level's kernels equal the scalar ones bit for bit, lengths with and
+ * without tails, counts at or below zero, pruned tokens; a one-sum gather does not. */
+static void test_lk_kernels_equal_scalar(void **state)
+{
+    (void)state;
+    const thr_lk_kernels *ref = thr_lk_kernels_get(0);
+    assert_string_equal(ref->name, "scalar");
+    enum { N = 600, GS = 3, D = 80 };
+    double *acc = malloc(sizeof(double) * GS * N), *w0 = malloc(sizeof(double) * N),
+           *w1 = malloc(sizeof(double) * N), *a0 = malloc(sizeof(double) * N),
+           *a1 = malloc(sizeof(double) * N);
+    float *e = malloc(sizeof(float) * 4 * N), *v = malloc(sizeof(float) * 4 * N * D);
+    int64_t *qcum = malloc(sizeof(int64_t) * N);
+    uint8_t *ver = malloc(N);
+    for (int64_t i = 0; i < GS * N; i++)
+        acc[i] = lk_unif() * 3.0;
+    for (int64_t i = 0; i < 4 * N; i++) /* exponentials over a wide range: sums round */
+        e[i] = (float)exp(-60.0 * lk_unif());
+    for (int64_t i = 0; i < 4 * N * D; i++)
+        v[i] = (float)(lk_unif() - 0.5);
+    for (int64_t j = 0; j < N; j++) {
+        qcum[j] = j / 2;
+        ver[j] = (uint8_t)(lk_unif() * 4.0);
+    }
+    const float *ev[4] = {NULL, e + N, e + 2 * N, e + 3 * N};
+    const float *vv[4] = {NULL, v + N * D, v + 2 * N * D, v + 3 * N * D};
+    int one_sum_differs = 0;
+    for (int level = 1; level <= 2; level++) {
+        const thr_lk_kernels *k = thr_lk_kernels_get(level);
+        for (int64_t len = 0; len <= N; len += len < 40 ? 1 : 71) {
+            const int64_t nq = len / 3; /* qcum[j] >= nq from j = 2 nq on: +inf there */
+            k->significance(a1, acc, N, GS, qcum, nq, len);
+            ref->significance(a0, acc, N, GS, qcum, nq, len);
+            assert_memory_equal(a0, a1, sizeof(double) * (size_t)len);
+            const double z0 = ref->gather(ev, ver, len, w0), z1 = k->gather(ev, ver, len, w1);
+            assert_memory_equal(&z0, &z1, sizeof z0);
+            assert_memory_equal(w0, w1, sizeof(double) * (size_t)len);
+            const double zo = gather_one_sum(ev, ver, len, w1);
+            one_sum_differs |= memcmp(&zo, &z0, sizeof zo) != 0;
+            memcpy(a0, acc, sizeof(double) * (size_t)len);
+            memcpy(a1, acc, sizeof(double) * (size_t)len);
+            ref->daxpy(a0, 0.37, w0, len);
+            k->daxpy(a1, 0.37, w0, len);
+            assert_memory_equal(a0, a1, sizeof(double) * (size_t)len);
+            for (int32_t d = 1; d <= D; d += d < 8 ? 1 : 24) { /* 1..8, 32, 56, 80 */
+                float o0[D], o1[D];
+                ref->mix(o0, w0, 0.01, ver, vv, len, d);
+                k->mix(o1, w0, 0.01, ver, vv, len, d);
+                assert_memory_equal(o0, o1, sizeof(float) * (size_t)d);
+            }
+        }
+    }
+    assert_true(one_sum_differs);
+    free(acc);
+    free(w0);
+    free(w1);
+    free(a0);
+    free(a1);
+    free(e);
+    free(v);
+    free(qcum);
+    free(ver);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -441,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_smollm2_fast_equals_reference),
         cmocka_unit_test(test_sampled_threads_same_bytes),
         cmocka_unit_test(test_budget_sampled_equals_every_row),
+        cmocka_unit_test(test_lk_kernels_equal_scalar),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     test_tmpdir_cleanup();

@@ -2091,6 +2091,125 @@ static void test_stats_and_errors(void **state)
     seq_free(&s);
 }
 
+/* kvq_retrieval_probe: each setting's figures equal those of a context of its own that
+ * attends the row alone after the earlier rows as chunks (the budget profile's former
+ * path), field by field and bit for bit; a probe whose settings are shifted by one does
+ * not (the comparison can fail). Two layers, rows that get sorted into code order
+ * (K = 32: 128 far rows), a query-aware codebook, and adjacent measured rows. */
+static void test_retrieval_probe(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(2, 4, 2, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 32, 1, 21);
+    kvq_codebook_set *rt = write_and_open(test_path("probe.kvq"), &id, cbs);
+    seq_data s = make_seq(&c, 600, 9);
+    for (int64_t i = 0; i < 600 * 4 * 16; i++)
+        s.q[i] *= 2.0f;
+    enum { NS = 7, NR = 5 };
+    const kvq_retrieval_setting set[NS] = {
+        {KVQ_SELECT_CODEBOOK, {.fraction = 0.02}, 0.9},
+        {KVQ_SELECT_CODEBOOK, {.fraction = 0.1}, 0.9},
+        {KVQ_SELECT_CODEBOOK, {.count = 40}, 0.9},
+        {KVQ_SELECT_MASS, {.fraction = 1.0}, 0.5},
+        {KVQ_SELECT_MASS, {.fraction = 1.0}, 0.99},
+        {KVQ_SELECT_MASS, {.fraction = 0.05}, 0.9},
+        {KVQ_SELECT_CODEBOOK, {.fraction = 1.0}, 0.9},
+    };
+    const int64_t rows[NR] = {100, 150, 151, 420, 599};
+    const size_t kvd = 2 * 16, qd = 4 * 16;
+    float *out = malloc(sizeof(float) * 600 * qd);
+    kvq_err e = {0};
+    kvq_retrieval_stats want[NS][2][NR], got[2][NR][NS], shifted[NS];
+    for (int c2 = 0; c2 < NS; c2++) {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.selector = set[c2].selector;
+        p.budget = set[c2].budget;
+        p.tau = set[c2].tau;
+        p.measure = 1;
+        kvq_retrieval *r = NULL;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        for (int32_t l = 0; l < 2; l++) {
+            int64_t prev = 0;
+            for (int i = 0; i < NR; i++) {
+                const int64_t r0 = rows[i];
+                kvq_attn_call call = {.layer = l, .n = (int32_t)(r0 - prev), .pos = s.pos + prev,
+                                      .q = s.q + prev * qd, .k = s.k + prev * kvd,
+                                      .v = s.v + prev * kvd, .out = out};
+                if (r0 > prev)
+                    assert_int_equal(b.attend(b.user, &call, &e), KVQ_OK);
+                kvq_retrieval_stats_reset(r);
+                call = (kvq_attn_call){.layer = l, .n = 1, .pos = s.pos + r0, .q = s.q + r0 * qd,
+                                       .k = s.k + r0 * kvd, .v = s.v + r0 * kvd, .out = out};
+                assert_int_equal(b.attend(b.user, &call, &e), KVQ_OK);
+                kvq_retrieval_stats_get(r, &want[c2][l][i]);
+                prev = r0 + 1;
+            }
+        }
+        kvq_retrieval_free(r);
+    }
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    p.measure = 1;
+    kvq_retrieval *r = NULL;
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    for (int32_t l = 0; l < 2; l++) {
+        int64_t prev = 0;
+        for (int i = 0; i < NR; i++) {
+            const int64_t r0 = rows[i];
+            if (r0 > prev)
+                assert_int_equal(kvq_retrieval_append(r, l, (int32_t)(r0 - prev), s.pos + prev,
+                                                      s.k + prev * kvd, s.v + prev * kvd, &e),
+                                 KVQ_OK);
+            assert_int_equal(kvq_retrieval_append(r, l, 1, s.pos + r0, s.k + r0 * kvd,
+                                                  s.v + r0 * kvd, &e),
+                             KVQ_OK);
+            if (kvq_retrieval_probe(r, l, s.q + r0 * qd, NS, set, got[l][i], &e))
+                fail_msg("%s", e.msg);
+            if (l == 1 && i == NR - 1) /* the wrong variant: settings shifted by one */
+                assert_int_equal(kvq_retrieval_probe(r, l, s.q + r0 * qd, NS - 1, set + 1,
+                                                     shifted, &e),
+                                 KVQ_OK);
+            prev = r0 + 1;
+        }
+    }
+    assert_true(kvq_retrieval_sorted_rows(r, 0, 0) > 0); /* the far rows were sorted */
+    int shifted_differs = 0;
+    for (int32_t l = 0; l < 2; l++)
+        for (int i = 0; i < NR; i++)
+            for (int c2 = 0; c2 < NS; c2++) {
+                kvq_retrieval_stats w = want[c2][l][i];
+                const kvq_retrieval_stats *g = &got[l][i][c2];
+                assert_true(w.measured == 2 && w.steps == 2); /* two KV heads with candidates */
+                w.recall_topk = 0; /* not measured by the probe */
+                if (memcmp(&w, g, sizeof w))
+                    fail_msg("layer %d row %lld setting %d: attended %.17g / %.17g, err %.17g / "
+                             "%.17g, mass %.17g / %.17g",
+                             (int)l, (long long)rows[i], c2, w.attended, g->attended,
+                             w.out_rel_err, g->out_rel_err, w.recall_mass, g->recall_mass);
+                if (l == 1 && i == NR - 1 && c2 < NS - 1)
+                    shifted_differs |= memcmp(&w, &shifted[c2], sizeof w) != 0;
+            }
+    assert_true(shifted_differs);
+    /* errors: a selector whose context would cache other data or order, no measure */
+    const kvq_retrieval_setting other[2] = {{KVQ_SELECT_MASS, {.fraction = 1.0}, 0.9},
+                                            {KVQ_SELECT_FULL, {.fraction = 1.0}, 0.9}};
+    assert_int_equal(kvq_retrieval_probe(r, 0, s.q, 2, other, shifted, &e), KVQ_E_INVALID_ARG);
+    assert_string_equal(e.msg, "retrieval probe: setting 1: selector full on a context of "
+                               "selector codebook");
+    kvq_retrieval_free(r);
+    p.measure = 0;
+    assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    assert_int_equal(kvq_retrieval_append(r, 0, 1, s.pos, s.k, s.v, &e), KVQ_OK);
+    assert_int_equal(kvq_retrieval_probe(r, 0, s.q, 1, set, shifted, &e), KVQ_E_INVALID_ARG);
+    assert_string_equal(e.msg, "retrieval probe: the context was created without measure");
+    kvq_retrieval_free(r);
+    free(out);
+    seq_free(&s);
+    kvq_codebook_set_close(rt);
+    codebooks_free(cbs, 4);
+}
+
 /* ==========================================================================
  * The real tiny model
  * ========================================================================== */
@@ -2422,6 +2541,7 @@ int main(void)
         cmocka_unit_test(test_code_order_kernel),
         cmocka_unit_test(test_code_order_layout),
         cmocka_unit_test(test_stats_and_errors),
+        cmocka_unit_test(test_retrieval_probe),
         cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_stories_retrieval),
     };

@@ -6,13 +6,17 @@
  *
  * A retrieval step reads the cache (the codes of the tokens before it), never the
  * outputs of earlier steps, so a row's figures do not depend on how the rows before it
- * were attended: the prompt and the rows between measured ones go in as prefill chunks
- * (prefill_full: exact attention, nothing counted), and each measured row alone by
- * retrieval. The measured rows are p->sample_rows evenly spaced continuation rows per
- * sequence (thr_sample_rows, as the LeanKV/PATS grid); the settings whose choice the
- * sample leaves open against the tolerance (thr_mark_refine, memory = the fraction for
- * budgets, the attended share for tau, the keys profile.c selects on) are measured again
- * on every row, so the choice equals the every-row choice (tests/test_profile_fast.c).
+ * were attended: the prompt and the rows between measured ones are only appended to the
+ * cache (in the chunks a context attending them would get, so the rows are ordered
+ * alike), and each measured row is measured under every setting at once by
+ * kvq_retrieval_probe (one context per thread, sequences of a layer in parallel, sums in
+ * sequence order): its figures are those of a context per setting attending the row
+ * alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
+ * continuation rows per sequence (thr_sample_rows, as the LeanKV/PATS grid); the
+ * settings whose choice the sample leaves open against the tolerance (thr_mark_refine,
+ * memory = the fraction for budgets, the attended share for tau, the keys profile.c
+ * selects on) are measured again on every row, so the choice equals the every-row
+ * choice (tests/test_profile_fast.c).
  * The attended and mass columns stay sampled figures (the same rows for every setting).
  * p->reference keeps the former path: every row by retrieval (prefill_full = 0).
  */
@@ -21,6 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "thresholds/thresholds_internal.h"
 
@@ -81,9 +89,7 @@ typedef struct bseq {
     const int64_t *pos;      /* [n] */
     const int64_t *mrow;     /* [nm] measured rows, ascending, in [P, n) */
     int64_t nm;
-    double *rec;             /* NULL, or each setting's error of each measured row:
-                                rec[c * rec_ld + rec_at + i] (NaN: no step counted) */
-    int64_t rec_ld, rec_at;
+    int64_t rec_ld, rec_at;  /* where its measured rows' errors go in rec (probe_sequence) */
     int32_t nh, nkv, d;
 } bseq;
 
@@ -97,27 +103,43 @@ static kvq_status attend_rows(kvq_attn_backend b, const bseq *S, int64_t r0, int
     return b.attend(b.user, &call, err);
 }
 
-/* The sampled path of one setting: the prompt and the rows between measured ones in
- * chunks (prefill_full: exact attention, no step counted), each measured row alone by
- * retrieval with the statistics of that step only. Rows after the last measured one
- * are not run (nothing later reads them). */
-static kvq_status run_sampled(bsetting *b, const bseq *S, double *rec, float *o, kvq_err *err)
+/* Appends rows [r0, r1) of the sequence to ctx's cache (no attention). */
+static kvq_status append_rows(kvq_retrieval *ctx, const bseq *S, int64_t r0, int64_t r1,
+                              kvq_err *err)
 {
-    kvq_attn_backend be = kvq_retrieval_backend(b->r);
+    const size_t ko = (size_t)r0 * S->nkv * S->d;
+    return kvq_retrieval_append(ctx, S->layer, (int32_t)(r1 - r0), S->pos + r0, S->k + ko,
+                                S->v + ko, err);
+}
+
+/* The sampled path of one sequence, every setting at once: the prompt and the rows
+ * between measured ones appended to ctx (measure, one thread) as chunks, each measured
+ * row appended alone and measured under every setting by kvq_retrieval_probe (one
+ * encoding of each key, one exact attention per row: the figures of a context per
+ * setting attending the row alone, tests/test_runtime_probe.c). The figures go to
+ * sums [n_set] (added, row by row) and rec (each setting's error of each measured row:
+ * rec[c * S->rec_ld + S->rec_at + i], NaN when no step counted; rec may be NULL). Rows
+ * after the last measured one are not appended (nothing later reads them). */
+static kvq_status probe_sequence(kvq_retrieval *ctx, const kvq_retrieval_setting *rs,
+                                 int64_t n_set, const bseq *S, bsetting *sums,
+                                 kvq_retrieval_stats *z, double *rec, kvq_err *err)
+{
     kvq_status s = KVQ_OK;
     int64_t prev = 0;
+    kvq_retrieval_reset(ctx);
     for (int64_t i = 0; i < S->nm && !s; i++) {
         const int64_t r = S->mrow[i];
-        if (r > prev && (s = attend_rows(be, S, prev, r, o, err)))
+        if ((r > prev && (s = append_rows(ctx, S, prev, r, err))) ||
+            (s = append_rows(ctx, S, r, r + 1, err)) ||
+            (s = kvq_retrieval_probe(ctx, S->layer, S->q + (size_t)r * S->nh * S->d,
+                                     (int32_t)n_set, rs, z, err)))
             break;
-        kvq_retrieval_stats_reset(b->r);
-        if ((s = attend_rows(be, S, r, r + 1, o, err)))
-            break;
-        kvq_retrieval_stats z;
-        kvq_retrieval_stats_get(b->r, &z);
-        stats_add(b, &z, 1);
-        if (rec)
-            rec[i] = z.measured > 0 ? z.out_rel_err / (double)z.measured : NAN;
+        for (int64_t c = 0; c < n_set; c++) {
+            stats_add(&sums[c], &z[c], 1);
+            if (rec)
+                rec[c * S->rec_ld + S->rec_at + i] =
+                    z[c].measured > 0 ? z[c].out_rel_err / (double)z[c].measured : NAN;
+        }
         prev = r + 1;
     }
     return s;
@@ -141,20 +163,17 @@ static kvq_status run_reference(bsetting *b, const bseq *S, float *o, kvq_err *e
     return KVQ_OK;
 }
 
-/* Runs one sequence of one layer through every setting, the settings in parallel
- * (each context runs single-threaded, so its sums do not depend on the thread count). */
-static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, int reference,
-                               const bseq *S, float *out, kvq_status *st, kvq_err *errs,
-                               kvq_err *err)
+/* The reference path of one sequence of one layer through every setting, the settings
+ * in parallel (each context runs single-threaded, so its sums do not depend on the
+ * thread count). */
+static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, const bseq *S,
+                               float *out, kvq_status *st, kvq_err *errs, kvq_err *err)
 {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < n_set; c++) {
         float *o = out + (size_t)c * S->n * S->nh * S->d;
         kvq_retrieval_reset(set[c].r);
-        st[c] = reference ? run_reference(&set[c], S, o, &errs[c])
-                          : run_sampled(&set[c], S,
-                                        S->rec ? S->rec + c * S->rec_ld + S->rec_at : NULL, o,
-                                        &errs[c]);
+        st[c] = run_reference(&set[c], S, o, &errs[c]);
     }
     for (int64_t c = 0; c < n_set; c++)
         if (st[c]) {
@@ -178,12 +197,31 @@ static void fill_row(double *row, double *ci, double value, const bsetting *b, i
     *ci = isnan(m) ? NAN : all_rows ? 0.0 : 1.96 * se;
 }
 
-/* One retrieval context per setting: the codebook selector at each budget fraction
- * fr [n_b], then the mass rule at each tau [n_set - n_b]; measured, single-threaded. */
+/* Buffers: of one sequence (longest rows) per thread, of every setting's outputs on
+ * one sequence (reference path), and the probe contexts (sampled path). */
+typedef struct seq_bufs {
+    int32_t n_thr;
+    int64_t longest;
+    float *q, *k, *v;  /* [n_thr][longest, nh, d], [n_thr][longest, nkv, d] x 2 */
+    float *out;        /* [n_set, longest, nh, d] (reference) */
+    int64_t *pos;      /* [n_thr][longest] */
+    int64_t *cand, *mrow; /* [n_thr][longest] */
+    double *rec;       /* [n_set, rec_ld] the errors of the sampled pass's measured rows */
+    int64_t rec_ld;
+    kvq_status *st;    /* [n_set] */
+    kvq_err *errs;     /* [n_set] */
+    kvq_retrieval **ctx;       /* [n_thr] probe contexts (measure, one thread) */
+    kvq_retrieval_setting *rs; /* [n_set] */
+    kvq_retrieval_stats *z;    /* [n_thr][n_set] */
+} seq_bufs;
+
+/* The settings: the codebook selector at each budget fraction fr [n_b], then the mass
+ * rule at each tau [n_set - n_b]; measured, single-threaded. The reference path: one
+ * retrieval context per setting; the sampled path: one per thread (b->ctx). */
 static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
                                   const double *tau, const kvq_profile_params *p,
                                   const kvq_model_config *cfg, const kvq_codebook_set *rt,
-                                  kvq_err *err)
+                                  const seq_bufs *b, kvq_err *err)
 {
     kvq_status s = KVQ_OK;
     for (int64_t c = 0; c < n_set && !s; c++) {
@@ -203,22 +241,122 @@ static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, con
             rp.tau = tau[c - n_b];
         }
         set[c].rp = rp;
-        s = kvq_retrieval_create(cfg, rt, &rp, &set[c].r, err);
+        if (p->reference)
+            s = kvq_retrieval_create(cfg, rt, &rp, &set[c].r, err);
+    }
+    /* the sampled path: one probe context per thread, every setting measured on it */
+    for (int32_t t = 0; !p->reference && t < b->n_thr && !s; t++) {
+        kvq_retrieval_params rp = set[0].rp;
+        rp.prefill_full = 0;
+        s = kvq_retrieval_create(cfg, rt, &rp, &b->ctx[t], err);
     }
     return s;
 }
 
-/* Buffers of one sequence (longest rows) and of every setting's outputs on it. */
-typedef struct seq_bufs {
-    float *q, *k, *v;  /* [longest, nh, d], [longest, nkv, d] x 2 */
-    float *out;        /* [n_set, longest, nh, d] */
-    int64_t *pos;      /* [longest] */
-    int64_t *cand, *mrow; /* [longest] */
-    double *rec;       /* [n_set, rec_ld] the errors of the sampled pass's measured rows */
-    int64_t rec_ld;
-    kvq_status *st;    /* [n_set] */
-    kvq_err *errs;     /* [n_set] */
-} seq_bufs;
+/* Sequence i of layer file L into thread t's buffers; the bseq of it (measured rows:
+ * `sample` of the continuation rows, thr_sample_rows). */
+static bseq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
+                          int64_t i, int32_t t, int64_t sample, double prompt_fraction,
+                          const seq_bufs *b)
+{
+    const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
+    const int64_t r0 = ci->sequences[2 * i], n = ci->sequences[2 * i + 1], lg = b->longest;
+    float *q = b->q + (size_t)t * lg * nh * d, *k = b->k + (size_t)t * lg * nkv * d,
+          *v = b->v + (size_t)t * lg * nkv * d;
+    int64_t *pos = b->pos + (size_t)t * lg, *cand = b->cand + (size_t)t * lg,
+            *mrow = b->mrow + (size_t)t * lg;
+    for (int64_t j = 0; j < n; j++) {
+        kvq_capture_read_heads(L->q, L->qidx[r0 + j], 0, nh, q + (size_t)j * nh * d);
+        kvq_capture_read_heads(L->k, r0 + j, 0, nkv, k + (size_t)j * nkv * d);
+        kvq_capture_read_heads(L->v, r0 + j, 0, nkv, v + (size_t)j * nkv * d);
+        pos[j] = thr_layer_pos(L, r0 + j);
+    }
+    const int64_t P = thr_prompt_len(prompt_fraction, n);
+    for (int64_t j = P; j < n; j++)
+        cand[j - P] = j;
+    const bseq S = {.layer = layer, .n = n, .P = P, .q = q, .k = k, .v = v, .pos = pos,
+                    .mrow = mrow, .nm = thr_sample_rows(cand, n - P, sample, mrow),
+                    .nh = nh, .nkv = nkv, .d = d, .rec_ld = b->rec_ld};
+    return S;
+}
+
+static void sums_add(bsetting *a, const bsetting *b)
+{
+    a->measured += b->measured;
+    a->err += b->err;
+    a->err_sq += b->err_sq;
+    a->err_n += b->err_n;
+    a->visible += b->visible;
+    a->attended += b->attended;
+    a->mass += b->mass;
+}
+
+static int thread_num(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* The sampled path of one layer: its sequences in parallel (each through
+ * probe_sequence on its thread's context), their sums added to set in sequence order
+ * (the same bytes for any thread count). *rec_at: the rec column of the layer's first
+ * measured row (advanced). */
+static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
+                              bsetting *set, int64_t n_set, const kvq_profile_params *p,
+                              int64_t sample, const seq_bufs *b, int64_t *rec_at, kvq_err *err)
+{
+    const int64_t ns = ci->n_sequences;
+    bsetting *part = calloc((size_t)(ns * n_set), sizeof *part);
+    int64_t *at = malloc(sizeof *at * (size_t)ns);
+    kvq_status *st = calloc((size_t)ns, sizeof *st);
+    kvq_err *errs = calloc((size_t)ns, sizeof *errs);
+    kvq_status s = KVQ_OK;
+    if (!part || !at || !st || !errs) {
+        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+        goto done;
+    }
+    for (int64_t i = 0; i < ns; i++) { /* the measured rows' columns, in sequence order */
+        const int64_t n = ci->sequences[2 * i + 1];
+        const int64_t nc = n < 2 ? 0 : n - thr_prompt_len(p->prompt_fraction, n);
+        at[i] = *rec_at;
+        *rec_at += sample > 0 && sample < nc ? sample : nc;
+    }
+    /* a split pass: each row's steps logged at its place in the layer's log */
+    for (int64_t i = 0; i < ns; i++)
+        for (int64_t c = 0; c < n_set; c++)
+            part[i * n_set + c].log = set[c].log ? set[c].log + (at[i] - at[0]) : NULL;
+#pragma omp parallel for num_threads(b->n_thr) schedule(dynamic, 1)
+    for (int64_t i = 0; i < ns; i++) {
+        if (ci->sequences[2 * i + 1] < 2)
+            continue;
+        const int32_t t = thread_num();
+        bseq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, b);
+        S.rec_at = at[i];
+        st[i] = probe_sequence(b->ctx[t], b->rs, n_set, &S, part + i * n_set,
+                               b->z + (size_t)t * n_set, sample ? b->rec : NULL, &errs[i]);
+    }
+    for (int64_t i = 0; i < ns && !s; i++) {
+        if (st[i]) {
+            if (err)
+                *err = errs[i];
+            s = st[i];
+        }
+        for (int64_t c = 0; c < n_set && !s; c++)
+            sums_add(&set[c], &part[i * n_set + c]);
+    }
+    for (int64_t c = 0; c < n_set && ns > 0; c++)
+        if (set[c].log)
+            set[c].n_log = *rec_at - at[0];
+done:
+    free(part);
+    free(at);
+    free(st);
+    free(errs);
+    return s;
+}
 
 /* One pass over the layers (sp: this rank's share, each layer's steps logged into its
  * record; NULL: every layer); see run_layers. */
@@ -228,8 +366,11 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
                               int64_t n_z, int32_t *n_layers_done, kvq_err *err)
 {
     int64_t rec_at = 0;
-    const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
     kvq_status s = KVQ_OK;
+    for (int64_t c = 0; c < n_set; c++)
+        b->rs[c] = (kvq_retrieval_setting){.selector = set[c].rp.selector,
+                                           .budget = set[c].rp.budget,
+                                           .tau = set[c].rp.tau};
     for (int32_t f = sp ? sp->first : 0; f < (sp ? sp->end : ci->n_files) && !s; f++) {
         const int32_t layer = ci->layers[f];
         int64_t *n_logged = sp ? (int64_t *)thr_split_rec(sp, f) : NULL;
@@ -244,27 +385,13 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
         thr_layer L;
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
-        for (int64_t i = 0; i < ci->n_sequences && !s; i++) {
-            const int64_t r0 = ci->sequences[2 * i], n = ci->sequences[2 * i + 1];
-            if (n < 2)
+        if (!p->reference)
+            s = probe_layer(ci, &L, layer, set, n_set, p, sample, b, &rec_at, err);
+        for (int64_t i = 0; p->reference && i < ci->n_sequences && !s; i++) {
+            if (ci->sequences[2 * i + 1] < 2)
                 continue;
-            for (int64_t t = 0; t < n; t++) {
-                kvq_capture_read_heads(L.q, L.qidx[r0 + t], 0, nh, b->q + (size_t)t * nh * d);
-                kvq_capture_read_heads(L.k, r0 + t, 0, nkv, b->k + (size_t)t * nkv * d);
-                kvq_capture_read_heads(L.v, r0 + t, 0, nkv, b->v + (size_t)t * nkv * d);
-                b->pos[t] = thr_layer_pos(&L, r0 + t);
-            }
-            const int64_t P = thr_prompt_len(p->prompt_fraction, n);
-            for (int64_t t = P; t < n; t++)
-                b->cand[t - P] = t;
-            const bseq S = {.layer = layer, .n = n, .P = P, .q = b->q, .k = b->k, .v = b->v,
-                            .pos = b->pos, .mrow = b->mrow,
-                            .nm = thr_sample_rows(b->cand, n - P, sample, b->mrow),
-                            .nh = nh, .nkv = nkv, .d = d, .rec = sample && !sp ? b->rec : NULL,
-                            .rec_ld = b->rec_ld, .rec_at = rec_at};
-            rec_at += S.nm;
-            s = run_sequence(set, n_set, p->threads, p->reference, &S, b->out, b->st, b->errs,
-                             err);
+            const bseq S = load_sequence(ci, &L, layer, i, 0, 0, p->prompt_fraction, b);
+            s = run_sequence(set, n_set, p->threads, &S, b->out, b->st, b->errs, err);
         }
         thr_layer_close(&L);
         (*n_layers_done)++;
@@ -279,11 +406,16 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
 }
 
 /* Rank 0 of a split pass: each layer's logged steps added to the settings' sums in
- * layer order, as one process adds them, and the sampled rows' errors (rec). */
+ * layer order as one process adds them (sampled path: a sequence's rows into its own
+ * sums first, then those in sequence order, as probe_layer; reference path: one step
+ * per sequence, straight into the sums, as run_reference), and the sampled rows'
+ * errors (rec). */
 typedef struct budget_replay {
     bsetting *set;
     int64_t n_set, n_z, at;
     int per_row;
+    const int64_t *seq_rows; /* [ns] the rows logged per sequence (sampled path) */
+    int64_t ns;
     double *rec;      /* NULL: not kept */
     int64_t rec_ld;
 } budget_replay;
@@ -294,16 +426,25 @@ static void replay_layer(void *user, int32_t f, const uint8_t *rec)
     const int64_t *n_logged = (const int64_t *)rec;
     const bstep *steps = (const bstep *)(n_logged + 1);
     (void)f;
-    for (int64_t c = 0; c < g->n_set; c++)
-        for (int64_t i = 0; i < *n_logged; i++) {
-            const bstep *x = &steps[c * g->n_z + i];
-            step_add(&g->set[c], x, g->per_row);
-            if (!g->per_row)
+    for (int64_t c = 0; c < g->n_set; c++) {
+        int64_t i = 0;
+        for (int64_t q = 0; i < *n_logged && (!g->per_row || q < g->ns); q++) {
+            const int64_t m = g->per_row ? g->seq_rows[q] : 1;
+            bsetting part = {0};
+            bsetting *to = g->per_row ? &part : &g->set[c];
+            for (int64_t j = 0; j < m && i < *n_logged; j++, i++) {
+                const bstep *x = &steps[c * g->n_z + i];
+                step_add(to, x, g->per_row);
+                if (g->rec)
+                    g->rec[c * g->rec_ld + g->at + i] =
+                        x->measured > 0 ? x->out_rel_err / x->measured : NAN;
+            }
+            if (g->per_row)
+                sums_add(&g->set[c], &part);
+            else
                 g->set[c].err_sq = NAN; /* as run_reference */
-            if (g->rec)
-                g->rec[c * g->rec_ld + g->at + i] =
-                    x->measured > 0 ? x->out_rel_err / x->measured : NAN;
         }
+    }
     g->at += *n_logged;
 }
 
@@ -319,16 +460,18 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
     if (kvq_dist_size(p->dist) <= 1)
         return layers_pass(ci, rt, set, n_set, p, sample, what, b, NULL, 0, n_layers_done, err);
     int64_t n_z = 0; /* the steps of a layer: one per measured row, or per sequence */
-    for (int64_t i = 0; i < ci->n_sequences; i++) {
+    int64_t *seq_rows = calloc((size_t)ci->n_sequences + 1, sizeof *seq_rows);
+    for (int64_t i = 0; seq_rows && i < ci->n_sequences; i++) {
         const int64_t n = ci->sequences[2 * i + 1], nc = n - thr_prompt_len(p->prompt_fraction, n);
-        n_z += n < 2 ? 0 : p->reference ? 1 : sample > 0 && sample < nc ? sample : nc;
+        seq_rows[i] = n < 2 ? 0 : p->reference ? 1 : sample > 0 && sample < nc ? sample : nc;
+        n_z += seq_rows[i];
     }
     thr_split sp;
     kvq_status s = thr_split_begin(&sp, p, what, ci->n_files,
                                    sizeof(int64_t) + sizeof(bstep) * (size_t)(n_set * n_z), err);
     bsetting *before = malloc(sizeof *before * (size_t)n_set);
     int32_t mine = 0;
-    if (!s && !before)
+    if (!s && (!before || !seq_rows))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     if (!s) {
         memcpy(before, set, sizeof *before * (size_t)n_set);
@@ -344,8 +487,10 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
     free(before);
     for (int64_t c = 0; c < n_set; c++)
         set[c].log = NULL;
-    budget_replay g = {set, n_set, n_z, 0, !p->reference, sample ? b->rec : NULL, b->rec_ld};
+    budget_replay g = {set, n_set, n_z, 0, !p->reference, seq_rows, ci->n_sequences,
+                       sample ? b->rec : NULL, b->rec_ld};
     s = thr_split_end(&sp, s, replay_layer, &g, err);
+    free(seq_rows);
     *n_layers_done = 0;
     for (int32_t f = 0; f < ci->n_files; f++)
         *n_layers_done += kvq_codebook_set_at(rt, ci->layers[f], 0) != NULL;
@@ -496,6 +641,61 @@ static kvq_status sum_measured(const bsetting *set, int64_t n_set, const kvq_pro
     return kvq_dist_bcast(p->dist, measured, sizeof *measured, err);
 }
 
+/* The buffers of seq_bufs for n_set settings on n_thr threads (rec: rec_ld x n_set,
+ * NaN-filled; out only for the reference path). KVQ_E_NOMEM. */
+static kvq_status bufs_alloc(const kvq_capture_info *ci, int64_t n_set, int32_t n_thr,
+                             int reference, int64_t rec_ld, seq_bufs *b, kvq_err *err)
+{
+    const size_t nh = (size_t)ci->model.n_heads, nkv = (size_t)ci->model.n_kv_heads,
+                 d = (size_t)ci->model.head_dim;
+    int64_t longest = 1;
+    for (int64_t i = 0; i < ci->n_sequences; i++)
+        longest = ci->sequences[2 * i + 1] > longest ? ci->sequences[2 * i + 1] : longest;
+    const size_t lg = (size_t)longest, nt = (size_t)n_thr, ns = (size_t)n_set;
+    memset(b, 0, sizeof *b);
+    b->n_thr = n_thr;
+    b->longest = longest;
+    b->rec_ld = rec_ld;
+    b->q = malloc(sizeof(float) * nt * lg * nh * d);
+    b->k = malloc(sizeof(float) * nt * lg * nkv * d);
+    b->v = malloc(sizeof(float) * nt * lg * nkv * d);
+    b->out = reference ? malloc(sizeof(float) * ns * lg * nh * d) : NULL;
+    b->pos = malloc(sizeof(int64_t) * nt * lg);
+    b->cand = malloc(sizeof(int64_t) * nt * lg);
+    b->mrow = malloc(sizeof(int64_t) * nt * lg);
+    b->rec = malloc(sizeof(double) * (size_t)(rec_ld > 0 ? rec_ld * n_set : 1));
+    b->st = calloc(ns, sizeof *b->st);
+    b->errs = calloc(ns, sizeof *b->errs);
+    b->ctx = calloc(nt, sizeof *b->ctx);
+    b->rs = calloc(ns, sizeof *b->rs);
+    b->z = calloc(nt * ns, sizeof *b->z);
+    if (!b->q || !b->k || !b->v || (reference && !b->out) || !b->pos || !b->cand || !b->mrow ||
+        !b->rec || !b->st || !b->errs || !b->ctx || !b->rs || !b->z)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    for (int64_t i = 0; i < rec_ld * n_set; i++)
+        b->rec[i] = NAN;
+    return KVQ_OK;
+}
+
+static void bufs_free(seq_bufs *b)
+{
+    for (int32_t t = 0; b->ctx && t < b->n_thr; t++)
+        kvq_retrieval_free(b->ctx[t]);
+    free(b->q);
+    free(b->k);
+    free(b->v);
+    free(b->out);
+    free(b->pos);
+    free(b->cand);
+    free(b->mrow);
+    free(b->rec);
+    free(b->st);
+    free(b->errs);
+    free(b->ctx);
+    free(b->rs);
+    free(b->z);
+}
+
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
@@ -512,17 +712,12 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
                             ? (int64_t)(p->taus ? p->n_taus : sizeof default_taus / sizeof *tau)
                             : 0;
     const int64_t n_set = n_b + n_t;
-    const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
     const kvq_model_config cfg = kvq_model_config_from_id(&ci->model);
     kvq_codebook_set *rt = NULL;
     bsetting *set = NULL;
-    float *q = NULL, *k = NULL, *v = NULL, *out = NULL;
-    int64_t *pos = NULL, *cand = NULL, *mrow = NULL;
+    seq_bufs bufs = {0};
     uint8_t *refined = NULL;
-    double *rec = NULL;
     int blas_prev = 0;
-    kvq_status *st = NULL;
-    kvq_err *errs = NULL;
     kvq_status s = KVQ_OK;
     char why[256] = "";
     kvq_err e2 = {0};
@@ -551,40 +746,21 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
         goto setup;
     }
     set = calloc((size_t)n_set, sizeof *set);
-    int64_t longest = 1;
-    for (int64_t i = 0; i < ci->n_sequences; i++)
-        longest = ci->sequences[2 * i + 1] > longest ? ci->sequences[2 * i + 1] : longest;
-    q = malloc(sizeof(float) * (size_t)longest * nh * d);
-    out = malloc(sizeof(float) * (size_t)n_set * longest * nh * d); /* per setting */
-    st = calloc((size_t)n_set, sizeof *st);
-    errs = calloc((size_t)n_set, sizeof *errs);
-    k = malloc(sizeof(float) * (size_t)longest * nkv * d);
-    v = malloc(sizeof(float) * (size_t)longest * nkv * d);
-    pos = malloc(sizeof(int64_t) * (size_t)longest);
-    cand = malloc(sizeof(int64_t) * (size_t)longest);
-    mrow = malloc(sizeof(int64_t) * (size_t)longest);
     refined = calloc((size_t)n_set, 1);
-    if (!set || !q || !out || !k || !v || !pos || !cand || !mrow || !refined || !st || !errs) {
+    if (!set || !refined) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto setup;
     }
-    if ((s = create_settings(set, n_set, n_b, fr, tau, p, &cfg, rt, err)))
+    if ((s = bufs_alloc(ci, n_set, p->reference ? 1 : p->threads, p->reference, rec_ld, &bufs,
+                        err)) ||
+        (s = create_settings(set, n_set, n_b, fr, tau, p, &cfg, rt, &bufs, err)))
         goto setup;
 
-    /* ---- the capture, layer by layer (layers without codebooks attend fully: skipped) */
-    rec = malloc(sizeof(double) * (size_t)(rec_ld > 0 ? rec_ld * n_set : 1));
-    if (!rec) {
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-        goto setup;
-    }
-    for (int64_t i = 0; i < rec_ld * n_set; i++)
-        rec[i] = NAN;
 setup: /* split by layers: every rank runs the passes, or none */
     if ((s = kvq_dist_agree(p->dist, s, err)))
         goto done;
-    const seq_bufs bufs = {q, k, v, out, pos, cand, mrow, rec, rec_ld, st, errs};
-    /* the settings run in parallel: OpenBLAS threads (the prefill chunks' SGEMMs) would
-     * only compete with them (process-wide setting, restored below) */
+    /* the settings (reference) or sequences run in parallel: OpenBLAS threads would only
+     * compete with them (process-wide setting, restored below) */
     blas_prev = openblas_get_num_threads();
     openblas_set_num_threads(1);
     if ((s = run_layers(ci, rt, set, n_set, p, sample, "profile: budget", &bufs, &n_layers_done,
@@ -631,17 +807,8 @@ done:
     for (int64_t c = 0; set && c < n_set; c++)
         kvq_retrieval_free(set[c].r);
     free(set);
-    free(q);
-    free(k);
-    free(v);
-    free(out);
-    free(pos);
-    free(cand);
-    free(mrow);
+    bufs_free(&bufs);
     free(refined);
-    free(rec);
-    free(st);
-    free(errs);
     kvq_codebook_set_close(rt);
     return s;
 }

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/half.h"
+#include "thresholds/lk_kernels.h"
 #include "thresholds/thresholds_internal.h"
 
 int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out)
@@ -155,6 +157,7 @@ typedef struct fjob {
     int64_t nqP;         /* prompt query rows */
     float *ex;           /* [nm, gs, d] exact outputs of the measured rows */
     float *Qp, *S;       /* scratch of exact_rows */
+    const thr_lk_kernels *K; /* the LeanKV loops (lk_kernels.h) */
 } fjob;
 
 static void fjob_free(fjob *J)
@@ -174,6 +177,7 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, kvq_err 
     const int64_t n = R->n, gs = R->gs, d = R->d, blk = block_rows(n, R->gs);
     memset(J, 0, sizeof *J);
     J->R = R;
+    J->K = thr_lk_kernels_get(-1);
     J->qcum = malloc(sizeof(int64_t) * (size_t)n);
     J->crow = malloc(sizeof(int64_t) * (size_t)n);
     J->mrow = malloc(sizeof(int64_t) * (size_t)n);
@@ -265,21 +269,7 @@ static void state_free(lk_state *st)
 /* sig[j] for j < len from the sums, as the reference's current_significance. */
 static void significance(const lk_state *st, const fjob *J, int64_t len)
 {
-    const int64_t n = J->R->n;
-    const int32_t gs = J->R->gs;
-    for (int64_t j = 0; j < len; j++) {
-        const int64_t cnt = st->nq - J->qcum[j];
-        if (cnt <= 0) {
-            st->sig[j] = INFINITY;
-            continue;
-        }
-        double best = -INFINITY;
-        for (int32_t g = 0; g < gs; g++) {
-            const double a = st->acc[(size_t)g * n + j];
-            best = a > best ? a : best;
-        }
-        st->sig[j] = best / (double)cnt;
-    }
+    J->K->significance(st->sig, st->acc, J->R->n, J->R->gs, J->qcum, st->nq, len);
 }
 
 /* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
@@ -355,45 +345,6 @@ static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
     }
 }
 
-/* o += a x over d entries (vectorized: no aliasing). */
-static void axpy(float *restrict o, float a, const float *restrict x, int32_t d)
-{
-    int32_t c = 0;
-    for (; c + 8 <= d; c += 8) { /* straight-line blocks of 8: SLP-vectorized at -O2 */
-        o[c + 0] += a * x[c + 0];
-        o[c + 1] += a * x[c + 1];
-        o[c + 2] += a * x[c + 2];
-        o[c + 3] += a * x[c + 3];
-        o[c + 4] += a * x[c + 4];
-        o[c + 5] += a * x[c + 5];
-        o[c + 6] += a * x[c + 6];
-        o[c + 7] += a * x[c + 7];
-    }
-    for (; c < d; c++)
-        o[c] += a * x[c];
-}
-
-/* w[j] = e[ver[j]][j] (0 when pruned) for j < len; returns their sum (four partial
- * sums: no chain of dependent additions). */
-static double gather(const float *const e[N_VER], const uint8_t *ver, int64_t len,
-                     double *restrict w)
-{
-    double z[4] = {0, 0, 0, 0};
-    int64_t j = 0;
-    for (; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
-        z[j & 3] += w[j];
-    }
-    return (z[0] + z[1]) + (z[2] + z[3]);
-}
-
-/* acc[j] += a w[j] for j < len. */
-static void daxpy(double *restrict acc, double a, const double *restrict w, int64_t len)
-{
-    for (int64_t j = 0; j < len; j++)
-        acc[j] += w[j] * a;
-}
-
 /* The attention of row t (block row i) over the setting's cache: adds the probabilities
  * to the sums and, on a measured row, the output's error to a. */
 static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, const lk_block *B,
@@ -406,7 +357,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
     for (int32_t g = 0; g < gs; g++) {
         const size_t off = ((size_t)i * gs + g) * B->T;
         const float *e[N_VER] = {NULL, B->E + off, B->E + plane + off, B->E + 2 * plane + off};
-        double Z = gather(e, st->ver, t + 1, st->w);
+        double Z = J->K->gather(e, st->ver, t + 1, st->w);
         if (!(Z > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
             const float *s[N_VER] = {NULL, B->S + off, B->S + plane + off, B->S + 2 * plane + off};
             float mx = -INFINITY;
@@ -420,14 +371,11 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
             }
         }
         const double inv = Z > 0 ? 1.0 / Z : 0.0;
-        daxpy(st->acc + (size_t)g * R->n, inv, st->w, t);
+        J->K->daxpy(st->acc + (size_t)g * R->n, inv, st->w, t);
         if (m < 0)
             continue;
-        float *og = o + (size_t)g * d;
-        memset(og, 0, sizeof(float) * (size_t)d);
-        for (int64_t j = 0; j <= t; j++)
-            if (st->ver[j])
-                axpy(og, (float)(st->w[j] * inv), X->v[st->ver[j]] + (size_t)j * d, d);
+        const float *v[N_VER] = {NULL, X->v[1], X->v[2], X->v[3]};
+        J->K->mix(o + (size_t)g * d, st->w, inv, st->ver, v, t + 1, d);
     }
     st->nq++;
     if (m >= 0)
@@ -538,6 +486,21 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
  * PATS
  * ========================================================================== */
 
+/* kvq_pats_truncate of the n x d rows x at `bits`, from h [nd] (x as f16 or bf16,
+ * converted once per job): masked here, converted back by the array converter (exact:
+ * any ISA gives the same bits). tmp [nd] scratch. */
+static void truncate_rows(const uint16_t *h, size_t nd, int bf, int32_t bits, uint16_t *tmp,
+                          float *out)
+{
+    const uint16_t mask = (uint16_t)~((1u << bits) - 1u), expo = bf ? 0x7f80u : 0x7c00u;
+    for (size_t i = 0; i < nd; i++) /* Inf and NaN stay as they are */
+        tmp[i] = (h[i] & expo) != expo ? (uint16_t)(h[i] & mask) : h[i];
+    if (bf)
+        kvq_bf16_to_f32(tmp, out, nd);
+    else
+        kvq_f16_to_f32(tmp, out, nd);
+}
+
 static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, kvq_err *err)
 {
     const thr_rows *R = J->R;
@@ -550,10 +513,20 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
     float *K = malloc(sizeof(float) * nd), *V = malloc(sizeof(float) * nd);
     float *o = malloc(sizeof(float) * (size_t)(J->nm > 0 ? J->nm : 1) * gs * d);
     uint8_t *made = calloc((size_t)mant + 1, 1);
+    uint16_t *hk = malloc(sizeof(uint16_t) * nd), *hv = malloc(sizeof(uint16_t) * nd);
+    uint16_t *tmp = malloc(sizeof(uint16_t) * nd);
+    const int bf = G->pt[0].dtype == KVQ_DT_BF16;
     kvq_status s = KVQ_OK;
-    if (!lk || !lv || !K || !V || !o || !made) {
+    if (!lk || !lv || !K || !V || !o || !made || !hk || !hv || !tmp) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
+    }
+    if (bf) {
+        kvq_f32_to_bf16(R->k, hk, nd);
+        kvq_f32_to_bf16(R->v, hv, nd);
+    } else {
+        kvq_f32_to_f16(R->k, hk, nd);
+        kvq_f32_to_f16(R->v, hv, nd);
     }
     for (int64_t c = 0; c < G->n_pt; c++) {
         const kvq_pats_params *pt = &G->pt[c];
@@ -562,11 +535,8 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
             const int32_t b = kvq_pats_bits(pt, t + 1, n);
             const size_t lo = (size_t)b * nd + (size_t)t * d;
             if (!made[b]) { /* the level's truncated copy, once per job */
-                for (int64_t u = 0; u < n; u++) {
-                    const size_t off = (size_t)b * nd + (size_t)u * d;
-                    kvq_pats_truncate(R->k + (size_t)u * d, d, pt->dtype, b, lk + off);
-                    kvq_pats_truncate(R->v + (size_t)u * d, d, pt->dtype, b, lv + off);
-                }
+                truncate_rows(hk, nd, bf, b, tmp, lk + (size_t)b * nd);
+                truncate_rows(hv, nd, bf, b, tmp, lv + (size_t)b * nd);
                 made[b] = 1;
             }
             memcpy(K + (size_t)t * d, lk + lo, sizeof(float) * (size_t)d);
@@ -588,6 +558,9 @@ done:
     free(V);
     free(o);
     free(made);
+    free(hk);
+    free(hv);
+    free(tmp);
     return s;
 }
 

@@ -358,6 +358,28 @@ typedef struct kvq_retrieval_stats {
 void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out);
 void kvq_retrieval_stats_reset(kvq_retrieval *r);
 
+/* One selector setting of kvq_retrieval_probe: the selector, its budget and (mass) tau. */
+typedef struct kvq_retrieval_setting {
+    kvq_selector selector;
+    kvq_budget budget;
+    double tau;
+} kvq_retrieval_setting;
+
+/* Measures the last token cached in `layer` (appended by attend or kvq_retrieval_append)
+ * as a query row under n_set settings at once: stats[c] (overwritten) gets what a
+ * context with r's parameters but setting c's selector, budget and tau would add to its
+ * statistics attending that row alone by retrieval, summed over the KV heads, except
+ * recall_topk (0: no oracle selection). q: [n_heads, head_dim] the row's pre-RoPE
+ * queries. The keys are encoded once (by the append) and the row's exact attention is
+ * computed once for every setting. r must have been created with measure = 1; a
+ * setting's selector is r's own, or codebook / mass when r's is either (the same codes
+ * and row order).
+ * The cache and r's statistics are unchanged. Runs on the calling thread.
+ * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection). */
+kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
+                               const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
+                               kvq_err *err);
+
 /* The selection of the last retrieval step of (layer, KV head): the candidate token
  * indices chosen (ascending, sinks and window not included) and the count, valid until
  * the next attend call or the next call of this function. For tests. NULL / 0 when

@@ -1,0 +1,223 @@
+/*
+ * probe.c — kvq_retrieval_probe (kvq/runtime.h): one cached query row measured under
+ * several selector settings at once. The cache (keys, values, codes, row order) is the
+ * same for every budget and tau of the codebook and mass selectors, and so is the exact
+ * attention the measurement compares with: both are made once, and each setting runs
+ * only its own retrieval step (selection and the attention over what it selected), the
+ * step of retrieval.c under the setting's parameters. So the figures are those of a
+ * context created with each setting attending the row alone (tests/test_runtime_probe.c),
+ * at the cost of one exact attention plus one step per setting, where the separate
+ * contexts re-encode every key and attend exactly once per setting.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq/runtime.h"
+#include "kvq/util.h"
+#include "runtime/runtime_internal.h"
+#include "runtime/kernels.h"
+
+/* The keys of one layer rotated by their positions, by token, for every KV head:
+ * converted and rotated once per token of a sequence, not once per probed row. */
+struct rt_probe {
+    int32_t layer;
+    uint64_t gen;  /* r->seq_gen they belong to */
+    int64_t valid; /* tokens [0, valid) hold */
+    int64_t cap;
+    float **k;     /* [n_kv][cap, d] */
+    int32_t n_kv;
+};
+
+void kvq_rt_probe_free(struct rt_probe *p)
+{
+    if (!p)
+        return;
+    for (int32_t h = 0; p->k && h < p->n_kv; h++)
+        free(p->k[h]);
+    free(p->k);
+    free(p);
+}
+
+/* Brings r->probe up to the nvis tokens of `layer`. KVQ_E_NOMEM. */
+static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_err *err)
+{
+    struct rt_probe *P = r->probe;
+    if (!P) {
+        if (!(P = r->probe = calloc(1, sizeof *P)) ||
+            !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)))
+            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
+        P->n_kv = r->n_kv;
+    }
+    if (P->layer != layer || P->gen != r->seq_gen || P->valid > nvis)
+        P->valid = 0;
+    P->layer = layer;
+    P->gen = r->seq_gen;
+    const size_t d = (size_t)r->d;
+    if (nvis > P->cap) {
+        const int64_t cap = nvis > 2 * P->cap ? nvis : 2 * P->cap;
+        for (int32_t h = 0; h < r->n_kv; h++) {
+            float *k = realloc(P->k[h], sizeof(float) * (size_t)cap * d);
+            if (!k)
+                return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
+            P->k[h] = k;
+        }
+        P->cap = cap;
+    }
+    const rt_layer *L = &r->layer[layer];
+    for (int32_t h = 0; h < r->n_kv && P->valid < nvis; h++)
+        for (int64_t j = 0; j < nvis; j++) { /* rows in code order hold earlier tokens */
+            const int64_t t = kvq_rt_row_token(&L->head[h], j);
+            if (t >= P->valid)
+                kvq_rt_key_rotated(r, L, &L->head[h], j, P->k[h] + (size_t)t * d);
+        }
+    P->valid = nvis;
+    return KVQ_OK;
+}
+
+/* Settings the context's cache serves as a context of their own would hold it: the
+ * context's selector, or codebook and mass for each other (the same codes and row
+ * order). Full and oracle contexts keep rows in token order, which would change the
+ * float sums of a context in code order. */
+static int setting_fits(kvq_selector ctx, const kvq_retrieval_setting *s)
+{
+    const int coded = ctx == KVQ_SELECT_CODEBOOK || ctx == KVQ_SELECT_MASS;
+    if (s->selector == KVQ_SELECT_CODEBOOK || s->selector == KVQ_SELECT_MASS)
+        return coded;
+    return s->selector == ctx;
+}
+
+static kvq_status check_probe(const kvq_retrieval *r, int32_t layer, const float *q,
+                              int32_t n_set, const kvq_retrieval_setting *set,
+                              const kvq_retrieval_stats *stats, kvq_err *err)
+{
+    if (!r || !q || n_set < 0 || (n_set > 0 && (!set || !stats)))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval probe: bad call");
+    if (layer < 0 || layer >= r->n_layers || r->layer[layer].len < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval probe: layer %d holds no token to measure", (int)layer);
+    if (!r->p.measure)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval probe: the context was created without measure");
+    for (int32_t c = 0; c < n_set; c++) {
+        const kvq_retrieval_setting *s = &set[c];
+        if (!setting_fits(r->p.selector, s))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "retrieval probe: setting %d: selector %s on a context of "
+                               "selector %s",
+                               (int)c, kvq_selector_name(s->selector),
+                               kvq_selector_name(r->p.selector));
+        if (s->budget.count < 0 || (s->budget.count == 0 && !(s->budget.fraction > 0.0 &&
+                                                              s->budget.fraction <= 1.0)))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval probe: setting %d: bad budget",
+                               (int)c);
+        if (s->selector == KVQ_SELECT_MASS && !(s->tau > 0.0 && s->tau <= 1.0))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                               "retrieval probe: setting %d: tau %g not in (0, 1]", (int)c, s->tau);
+    }
+    return KVQ_OK;
+}
+
+/* Exact attention of the row's group over the visible rows [lo, nvis) of H (as the
+ * step's measurement computes it): probabilities into S->pfull [gs, nvis - lo], outputs
+ * into S->ofull [gs, d]. */
+static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *H,
+                      const float *ktok, const float *q, int64_t pos, int64_t lo, int64_t nvis,
+                      rt_scratch *S)
+{
+    const int32_t d = r->d, gs = r->gs;
+    const int64_t nv = nvis - lo;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (int32_t g = 0; g < gs; g++)
+        kvq_rt_rotate(r, q + (size_t)g * d, pos, S->qi + (size_t)g * d);
+    for (int64_t j = lo; j < nvis; j++)
+        memcpy(S->krot + (size_t)(j - lo) * d, ktok + (size_t)kvq_rt_row_token(H, j) * d,
+               sizeof(float) * (size_t)d);
+    kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, nv, scale, S->pfull, nv);
+    kvq_rk_softmax(r->p.isa, S->pfull, gs, nv, nv);
+    kvq_rk_mix(r->p.isa, S->pfull, gs, nv, (const char *)H->v + (size_t)lo * d * r->es,
+               r->p.cache_dtype, d, NULL, nv, d, S->ofull);
+}
+
+/* The measurement of one step against the exact row (as retrieval.c's measure_step,
+ * without the oracle's recall): the attended rows S->att [m], the output o [gs, d]. */
+static void measure_against(const kvq_retrieval *r, const rt_scratch *S, int64_t lo,
+                            int64_t nv, int64_t m, const float *o, kvq_retrieval_stats *z)
+{
+    const int32_t d = r->d, gs = r->gs;
+    double mass = 0, rel = 0;
+    for (int32_t g = 0; g < gs; g++) {
+        const float *pf = S->pfull + (size_t)g * nv;
+        double sm = 0, e2 = 0, f2 = 0;
+        for (int64_t a = 0; a < m; a++)
+            sm += pf[S->att[a] - lo];
+        for (int32_t t = 0; t < d; t++) {
+            const double x = o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
+            e2 += (x - y) * (x - y);
+            f2 += y * y;
+        }
+        mass += sm;
+        rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+    }
+    z->measured++;
+    z->recall_mass += mass / gs;
+    z->out_rel_err += rel / gs;
+}
+
+static void add_sums(kvq_retrieval_stats *z, const rt_sums *a)
+{
+    z->steps += a->steps;
+    z->visible += a->visible;
+    z->attended += a->attended;
+    z->bytes_read += a->bytes_read;
+    z->bytes_full += a->bytes_full;
+    z->bytes_codebook += a->bytes_codebook;
+}
+
+kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
+                               const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
+                               kvq_err *err)
+{
+    kvq_status s = check_probe(r, layer, q, n_set, set, stats, err);
+    if (s || (s = probe_keys(r, layer, r->layer[layer].len, err)))
+        return s;
+    const rt_layer *L = &r->layer[layer];
+    const int64_t nvis = L->len, pos = L->pos[nvis - 1];
+    const int32_t d = r->d, gs = r->gs;
+    const kvq_model_config mc = {.sliding_window = r->sliding_window,
+                                 .sliding_from = r->sliding_from};
+    const int64_t lo = kvq_model_window_start(&mc, layer, nvis);
+    rt_scratch *S = &r->scr[0];
+    float *o = malloc(sizeof(float) * (size_t)gs * d);
+    if (!o)
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
+    memset(stats, 0, sizeof *stats * (size_t)n_set);
+    const rt_sums saved = S->sums; /* the context's pending sums stay as they were */
+    kvq_retrieval rc = *r;         /* the context under each setting's parameters */
+    rc.p.measure = 0;              /* measured here, against one exact attention */
+    S->status = KVQ_OK;
+    for (int32_t h = 0; h < r->n_kv; h++) {
+        const float *qh = q + (size_t)h * gs * d;
+        const float *ktok = r->probe->k[h];
+        exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S);
+        S->ktok = ktok; /* the steps' keys from the same table */
+        for (int32_t c = 0; c < n_set; c++) {
+            rc.p.selector = set[c].selector;
+            rc.p.budget = set[c].budget;
+            rc.p.tau = set[c].tau;
+            memset(&S->sums, 0, sizeof S->sums);
+            kvq_rt_step(&rc, layer, h, qh, pos, nvis, 0, S, o, d);
+            if (S->sums.steps) /* a step with candidates: counted and measured */
+                measure_against(r, S, lo, nvis - lo, (int64_t)S->sums.attended, o, &stats[c]);
+            add_sums(&stats[c], &S->sums);
+        }
+    }
+    S->ktok = NULL;
+    S->sums = saved;
+    free(o);
+    if (S->status) {
+        s = kvq_err_set(err, S->status, "%s", S->err.msg);
+        S->status = KVQ_OK;
+    }
+    return s;
+}

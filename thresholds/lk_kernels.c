@@ -1,0 +1,71 @@
+/*
+ * lk_kernels.c — the scalar LeanKV grid kernels (thresholds/lk_kernels.h) and the
+ * choice among them and the SIMD versions.
+ */
+#include <math.h>
+
+#include "kvq/common.h"
+#include "thresholds/lk_kernels.h"
+
+static void significance_scalar(double *sig, const double *acc, int64_t n, int32_t gs,
+                                const int64_t *qcum, int64_t nq, int64_t len)
+{
+    for (int64_t j = 0; j < len; j++) {
+        const int64_t cnt = nq - qcum[j];
+        if (cnt <= 0) {
+            sig[j] = INFINITY;
+            continue;
+        }
+        double best = -INFINITY;
+        for (int32_t g = 0; g < gs; g++) {
+            const double a = acc[(size_t)g * n + j];
+            best = a > best ? a : best;
+        }
+        sig[j] = best / (double)cnt;
+    }
+}
+
+static double gather_scalar(const float *const e[4], const uint8_t *ver, int64_t len, double *w)
+{
+    double z[4] = {0, 0, 0, 0};
+    for (int64_t j = 0; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
+        z[j & 3] += w[j];
+    }
+    return (z[0] + z[1]) + (z[2] + z[3]);
+}
+
+static void daxpy_scalar(double *restrict acc, double a, const double *restrict w, int64_t len)
+{
+    for (int64_t j = 0; j < len; j++)
+        acc[j] += w[j] * a;
+}
+
+static void mix_scalar(float *restrict o, const double *w, double inv, const uint8_t *ver,
+                       const float *const v[4], int64_t len, int32_t d)
+{
+    for (int32_t c = 0; c < d; c++)
+        o[c] = 0.0f;
+    for (int64_t j = 0; j < len; j++)
+        if (ver[j]) {
+            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
+            for (int32_t c = 0; c < d; c++)
+                o[c] += a * x[c];
+        }
+}
+
+static const thr_lk_kernels scalar = {"scalar", significance_scalar, gather_scalar,
+                                      daxpy_scalar, mix_scalar};
+
+const thr_lk_kernels *thr_lk_kernels_get(int level)
+{
+#if THR_LK_X86
+    if ((level < 0 || level >= 2) && kvq_cpu_has_avx512())
+        return &thr_lk_avx512;
+    if ((level < 0 || level >= 1) && kvq_cpu_has_avx2())
+        return &thr_lk_avx2;
+#else
+    (void)level;
+#endif
+    return &scalar;
+}

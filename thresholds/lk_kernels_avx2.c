@@ -1,0 +1,120 @@
+/*
+ * lk_kernels_avx2.c — AVX2 versions of the LeanKV grid kernels (thresholds/lk_kernels.h),
+ * equal to the scalar ones bit for bit: separate multiplies and adds (no FMA), the
+ * gather's partial sum of j mod 4 in lane j mod 4, tails by the scalar rule.
+ */
+#include "thresholds/lk_kernels.h"
+
+#if THR_LK_X86
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx2")))
+
+/* Exact int64 -> double for 0 <= x < 2^52 (the counts of query rows). */
+TARGET static inline __m256d small_i64_to_pd(__m256i x)
+{
+    const __m256d magic = _mm256_set1_pd(4503599627370496.0); /* 2^52 */
+    return _mm256_sub_pd(_mm256_castsi256_pd(_mm256_or_si256(x, _mm256_castpd_si256(magic))),
+                         magic);
+}
+
+TARGET static void significance_avx2(double *sig, const double *acc, int64_t n, int32_t gs,
+                                     const int64_t *qcum, int64_t nq, int64_t len)
+{
+    const __m256i vnq = _mm256_set1_epi64x(nq), one = _mm256_set1_epi64x(1);
+    const __m256d inf = _mm256_set1_pd(INFINITY);
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+        const __m256i cnt = _mm256_sub_epi64(vnq, _mm256_loadu_si256((const __m256i *)(qcum + j)));
+        const __m256i pos = _mm256_cmpgt_epi64(cnt, _mm256_setzero_si256());
+        __m256d best = _mm256_set1_pd(-INFINITY);
+        for (int32_t g = 0; g < gs; g++) /* max_pd(a, b) = a > b ? a : b, the scalar rule */
+            best = _mm256_max_pd(_mm256_loadu_pd(acc + (size_t)g * n + j), best);
+        const __m256d c = small_i64_to_pd(_mm256_blendv_epi8(one, cnt, pos));
+        _mm256_storeu_pd(sig + j, _mm256_blendv_pd(inf, _mm256_div_pd(best, c),
+                                                   _mm256_castsi256_pd(pos)));
+    }
+    for (; j < len; j++) {
+        const int64_t cnt = nq - qcum[j];
+        double best = -INFINITY;
+        for (int32_t g = 0; g < gs && cnt > 0; g++) {
+            const double a = acc[(size_t)g * n + j];
+            best = a > best ? a : best;
+        }
+        sig[j] = cnt > 0 ? best / (double)cnt : INFINITY;
+    }
+}
+
+TARGET double thr_lk_gather_avx2(const float *const e[4], const uint8_t *ver, int64_t len,
+                                 double *w)
+{
+    __m256d z = _mm256_setzero_pd();
+    const __m128i v1 = _mm_set1_epi32(1), v2 = _mm_set1_epi32(2), v3 = _mm_set1_epi32(3);
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4) {
+        int32_t b;
+        memcpy(&b, ver + j, 4);
+        const __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b));
+        __m128 x = _mm_setzero_ps();
+        x = _mm_blendv_ps(x, _mm_loadu_ps(e[1] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v1)));
+        x = _mm_blendv_ps(x, _mm_loadu_ps(e[2] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v2)));
+        x = _mm_blendv_ps(x, _mm_loadu_ps(e[3] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v3)));
+        const __m256d wd = _mm256_cvtps_pd(x);
+        _mm256_storeu_pd(w + j, wd);
+        z = _mm256_add_pd(z, wd);
+    }
+    double zs[4];
+    _mm256_storeu_pd(zs, z);
+    for (; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
+        zs[j & 3] += w[j];
+    }
+    return (zs[0] + zs[1]) + (zs[2] + zs[3]);
+}
+
+TARGET static void daxpy_avx2(double *acc, double a, const double *w, int64_t len)
+{
+    const __m256d va = _mm256_set1_pd(a);
+    int64_t j = 0;
+    for (; j + 4 <= len; j += 4)
+        _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j),
+                                                _mm256_mul_pd(_mm256_loadu_pd(w + j), va)));
+    for (; j < len; j++)
+        acc[j] += w[j] * a;
+}
+
+TARGET static void mix_avx2(float *o, const double *w, double inv, const uint8_t *ver,
+                            const float *const v[4], int64_t len, int32_t d)
+{
+    int32_t c0 = 0;
+    for (; c0 + 32 <= d; c0 += 32) { /* 32 columns in registers over every row */
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
+        for (int64_t j = 0; j < len; j++)
+            if (ver[j]) {
+                const __m256 a = _mm256_set1_ps((float)(w[j] * inv));
+                const float *x = v[ver[j]] + (size_t)j * d + c0;
+                o0 = _mm256_add_ps(o0, _mm256_mul_ps(a, _mm256_loadu_ps(x)));
+                o1 = _mm256_add_ps(o1, _mm256_mul_ps(a, _mm256_loadu_ps(x + 8)));
+                o2 = _mm256_add_ps(o2, _mm256_mul_ps(a, _mm256_loadu_ps(x + 16)));
+                o3 = _mm256_add_ps(o3, _mm256_mul_ps(a, _mm256_loadu_ps(x + 24)));
+            }
+        _mm256_storeu_ps(o + c0, o0);
+        _mm256_storeu_ps(o + c0 + 8, o1);
+        _mm256_storeu_ps(o + c0 + 16, o2);
+        _mm256_storeu_ps(o + c0 + 24, o3);
+    }
+    for (int32_t c = c0; c < d; c++)
+        o[c] = 0.0f;
+    for (int64_t j = 0; c0 < d && j < len; j++)
+        if (ver[j]) {
+            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
+            for (int32_t c = c0; c < d; c++)
+                o[c] += a * x[c];
+        }
+}
+
+const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, thr_lk_gather_avx2, daxpy_avx2,
+                                    mix_avx2};
+#endif
