@@ -261,6 +261,10 @@ typedef enum kvq_score_pos {
 } kvq_score_pos;
 const char *kvq_score_pos_name(kvq_score_pos s);          /* "rb" | "mean" | "bands" */
 int kvq_score_pos_parse(const char *s, kvq_score_pos *out); /* 0 ok, -1 unknown */
+/* The position mode and scoring query kvq calibrate measured and recorded
+ * (KVQ_META_POS_MODE, KVQ_META_POS_SCORE): 1 and both set when recorded, 0 (untouched)
+ * for an artifact without them. kvq run / eval use them unless given explicitly. */
+int kvq_codebook_set_positions(const kvq_codebook_set *rt, kvq_positions *pos, kvq_score_pos *score);
 
 typedef struct kvq_retrieval_params {
     kvq_selector selector;   /* default KVQ_SELECT_CODEBOOK */
