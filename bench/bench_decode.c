@@ -5,7 +5,7 @@
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
- *                [--clock cpu|wall]
+ *                [--clock cpu|wall] [--score rb|bands]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -30,6 +30,11 @@
  * moved together), so a step's selected rows come in runs of one code; --order token
  * keeps them in token order (the scattered rows the selection gives without it).
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
+ * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
+ * LUT per doubling band of distances [w, 2w), [2w, 4w), ... and one score gather over
+ * the candidates, each band's rows (a range: rows in token order, which bands implies)
+ * with its LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
+ * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -87,6 +92,7 @@ typedef struct args {
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
                    chooses (-1: kvq_rk_codes_select_pays) */
     int token_order; /* candidates' rows in token order (1) or code order (0) */
+    int bands;       /* --score bands: one LUT per distance band, score gather, top-k */
 } args;
 
 static int usage(void)
@@ -94,7 +100,7 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall]\n");
+                    "[--clock cpu|wall] [--score rb|bands]\n");
     return 2;
 }
 
@@ -176,6 +182,13 @@ static int parse(int argc, char **argv, args *a)
                 a->token_order = 1;
             else
                 return usage();
+        } else if (!strcmp(o, "--score")) {
+            if (!strcmp(v, "bands"))
+                a->bands = 1;
+            else if (!strcmp(v, "rb"))
+                a->bands = 0;
+            else
+                return usage();
         } else if (!strcmp(o, "--isa")) {
             if (!strcmp(v, "scalar"))
                 a->isa = KVQ_ISA_SCALAR;
@@ -189,6 +202,10 @@ static int parse(int argc, char **argv, args *a)
         } else {
             return usage();
         }
+    }
+    if (a->bands) { /* bands score ranges of rows in token order */
+        a->token_order = 1;
+        a->scores = 1;
     }
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
@@ -367,7 +384,7 @@ static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S,
 
 /* Returns the attended token count. */
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
-                              int64_t k_sel, scratch *S, float *out)
+                              int bands, int64_t k_sel, scratch *S, float *out)
 {
     const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
@@ -380,16 +397,32 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
         for (int t = 0; t < D; t++)
             S->qs[t] += S->qb[g * D + t];
     }
+    const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
+    if (bands) { /* distance n - 1 - j of row j: bands [w, 2w), [2w, 4w), ... up to n - 1 - SINK */
+        const int64_t dmax = n - 1 - SINK;
+        for (int64_t lo = WINDOW; lo <= dmax; lo *= 2) {
+            const int64_t hi = 2 * lo - 1 < dmax ? 2 * lo - 1 : dmax;
+            const int64_t j0 = n - 1 - hi, j1 = n - lo; /* rows [j0, j1) */
+            t1 = clk();
+            kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+            t0 = clk();
+            S->phase[0] += t0 - t1;
+            kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + j0, j1 - j0, S->scores + (j0 - SINK));
+            S->phase[1] += clk() - t0;
+        }
+        t0 = clk();
+        goto select;
+    }
     kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
     t1 = clk();
     S->phase[0] += t1 - t0;
-    const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
     if (by_scores)
         kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + SINK, nc, S->scores);
     else
         kvq_rk_code_counts(L->hist[h], cd->k, L->codes[h], n, SINK, w_beg, S->cwork);
     t0 = clk();
     S->phase[1] += t0 - t1;
+select:;
     int64_t m = 0;
     for (int64_t j = 0; j < SINK; j++)
         S->att[m++] = (int32_t)j;
@@ -492,11 +525,11 @@ int main(int argc, char **argv)
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
-           "clock %s\n",
+           "score %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores < 0 ? "codes or scores (auto)" : a.scores ? "scores" : "codes",
-           a.token_order ? "token" : "code",
+           a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
            g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
@@ -599,7 +632,7 @@ int main(int argc, char **argv)
 #else
                 scratch *S = &scr[0];
 #endif
-                att += retrieval_step(&L, h, a.isa, a.fused, by_scores, k_sel, S,
+                att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, S,
                                       out_ret + (size_t)h * GS * D);
             }
             tr[rep] = clk() - t0;
@@ -617,7 +650,11 @@ int main(int argc, char **argv)
                      t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const double b_rows = (double)attended * D * 2 * 2;
-        const double b_ret = (double)N_KV * (double)kvq_rk_table_bytes(L.tab[0]) +
+        int64_t n_luts = 1; /* LUTs per step and head: one per distance band with bands */
+        if (a.bands)
+            for (int64_t lo = 2 * WINDOW; lo <= n - 1 - SINK; lo *= 2)
+                n_luts++;
+        const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows;
         /* floors: every byte at the streaming read rate; and the attended rows at the rate

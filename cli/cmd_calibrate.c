@@ -53,6 +53,15 @@ static void calibrate_usage(FILE *f)
             "  --positions P          profile: exact step of the budget runs, wrope (default:\n"
             "                         R_b outside the window, as kvq run) or rope (exact RoPE)\n"
             "  --no-profile           stop after the fit (no held-out capture, no thresholds)\n"
+            "  --positions-tokens N   held-out tokens the positions stage measures on: exact\n"
+            "                         attention, full under wrope, the codebook at the\n"
+            "                         default budget under wrope/rb and rope/rb|mean|bands;\n"
+            "                         it records the best whose position mode costs at most\n"
+            "                         --positions-tolerance, the default of kvq run / eval\n"
+            "                         (default 1024)\n"
+            "  --positions-tolerance T  relative perplexity (default 0.01)\n"
+            "  --no-positions         no positions stage (kvq run / eval then default to\n"
+            "                         wrope, mean)\n"
             "  --knobs LIST           what the profile profiles: any of leankv,pats,budget,\n"
             "                         mass (default all; see kvq profile)\n"
             "  --seed S               seed of the synthetic corpus, query sample and k-means\n"
@@ -69,7 +78,8 @@ static void calibrate_usage(FILE *f)
             "  -v, --verbose          more detail\n"
             "  -h, --help             this help\n"
             "\n"
-            "work directory: capture/, moments.safetensors, fit.kvq, heldout/, profile.kvq, and\n"
+            "work directory: capture/, moments.safetensors, fit.kvq, heldout/, profile.kvq,\n"
+            "positions.kvq, and\n"
             "STAGE.params.json next to each (the parameters it was made with).\n"
             "\n"
             "example: kvq calibrate --model stories260K.gguf -o stories260K.kvq\n",
@@ -82,6 +92,7 @@ static int takes_value(const char *a)
                                        "--method", "--seq-len", "--max-tokens",
                                        "--heldout-tokens", "--codebook", "--groups", "--iters",
                                        "--init", "--tolerance", "--positions", "--seed",
+                                       "--positions-tokens", "--positions-tolerance",
                                        "--threads", "--device", NULL};
     for (int i = 0; opts[i]; i++)
         if (!strcmp(a, opts[i]))
@@ -153,6 +164,12 @@ static void print_summary(const char *out, const kvq_calibrate_summary *s)
                s->score_mse_ref, s->groups > 1 ? "pq" : "vq", s->score_mse / s->score_mse_ref);
     else if (isfinite(s->score_mse))
         printf("  score MSE       %.4g held out\n", s->score_mse);
+    if (s->positions[0])
+        printf("  positions       %s, score %s: codebook %+.2f%% at the default budget; full "
+               "under wrope %+.2f%% (exact perplexity %.4f)\n", s->positions, s->score_pos,
+               100 * (s->positions_ppl / s->positions_ppl_exact - 1),
+               100 * (s->positions_ppl_full_wrope / s->positions_ppl_exact - 1),
+               s->positions_ppl_exact);
     if (!s->profiled)
         return;
     printf("  profile         metric %s, tolerance %g\n", s->metric, s->tolerance);
@@ -224,6 +241,16 @@ int cmd_calibrate(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--no-profile")) {
             p.profile = 0;
+        } else if (!strcmp(a, "--no-positions")) {
+            p.positions = 0;
+        } else if (!strcmp(a, "--positions-tokens")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.positions_tokens)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--positions-tolerance")) {
+            if ((rc = cli_opt_f64(cmd, a, val, 0, 1e6, &p.positions_tolerance)))
+                return rc;
+            i++;
         } else if (!strcmp(a, "--knobs")) {
             if ((rc = cli_parse_knobs(cmd, val, &p.prof.knobs)))
                 return rc;

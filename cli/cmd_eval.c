@@ -44,6 +44,9 @@ static void eval_usage(FILE *f)
             "                     implement, approximated by the GPT-2 split (default:\n"
             "                     refused, naming it)\n"
             "  --seed S           seed of the synthetic corpus sources (default 0)\n"
+            "  --passkey-filler N filler lines per passkey: document (default 40; about 25\n"
+            "                     tokens each with SmolLM2: 160 for a 4K prompt)\n"
+            "  --kv-pairs N       pairs per kv-recall: document (default 32)\n"
             "  --threads T        threads (default: all CPUs; same bytes for any T)\n"
             "  --json             print one JSON object instead of the text report\n"
             "  -q, --quiet        nothing on stderr but errors\n"
@@ -119,6 +122,7 @@ typedef struct eval_opts {
     const char *spec;     /* --corpus */
     int64_t seq_len, max_tokens;
     int json, score_all;
+    int64_t passkey_filler, kv_pairs; /* --passkey-filler, --kv-pairs (0: the defaults) */
     cli_retrieval ro;
 } eval_opts;
 
@@ -158,6 +162,14 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
             if ((rc = cli_opt_i64(cmd, a, val, 0, INT64_MAX, &o->max_tokens)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--passkey-filler")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 0, 1000000, &o->passkey_filler)))
+                return rc;
+            i++;
+        } else if (!strcmp(a, "--kv-pairs")) {
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 65536, &o->kv_pairs)))
                 return rc;
             i++;
         } else {
@@ -303,6 +315,10 @@ int cmd_eval(int argc, char **argv)
     kvq_corpus_params cp;
     kvq_corpus_params_default(&cp);
     cp.seed = (uint64_t)o.m.seed;
+    if (o.passkey_filler)
+        cp.passkey_filler = (uint32_t)o.passkey_filler;
+    if (o.kv_pairs)
+        cp.kv_pairs = (uint32_t)o.kv_pairs;
     if (kvq_corpus_open(o.spec, &cp, &corpus, &e) != KVQ_OK) {
         rc = cli_fail(&e);
         goto done;

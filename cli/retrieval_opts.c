@@ -59,11 +59,13 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             b += n + (b[n] == ',');
         }
     } else if (!strcmp(a, "--positions")) {
+        o->pos_given = 1;
         if (kvq_positions_parse(val, &o->p.positions)) {
             fprintf(stderr, "kvq %s: --positions: '%s' is not wrope or rope\n", cmd, val);
             rc = 2;
         }
     } else if (!strcmp(a, "--score-pos")) {
+        o->score_given = 1;
         if (kvq_score_pos_parse(val, &o->p.score_pos)) {
             fprintf(stderr, "kvq %s: --score-pos: '%s' is not rb, mean or bands\n", cmd, val);
             rc = 2;
@@ -138,10 +140,13 @@ void cli_retrieval_usage(FILE *f, int eval)
                    "  --budget B         retrieved tokens per step besides sinks and window: a\n"
                    "                     count, a fraction (0.06), a percentage (6%%) or all "
                    "(default 6%%)\n");
-    fprintf(f, "  --positions P      wrope (default: R_b outside the window) or rope (exact)\n"
+    fprintf(f, "  --positions P      wrope (R_b outside the window) or rope (exact) (default:\n"
+               "                     the artifact's positions.mode, chosen by kvq calibrate;\n"
+               "                     wrope without one)\n"
                "  --score-pos S      codebook scoring query: rb (q R_b), mean (the mean\n"
                "                     rotation over the candidates' distances) or bands (one\n"
-               "                     LUT per doubling band of distances) (default mean)\n"
+               "                     LUT per doubling band of distances) (default: the\n"
+               "                     artifact's positions.score, else mean)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"
@@ -177,6 +182,18 @@ int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_p
     }
     if (kvq_codebook_set_weights(*rt) != KVQ_WEIGHTS_MATCH)
         fprintf(stderr, "kvq: warning: %s\n", kvq_codebook_set_weights_note(*rt));
+    /* the position mode and scoring query kvq calibrate chose, unless given */
+    kvq_positions pm;
+    kvq_score_pos ps;
+    if (kvq_codebook_set_positions(*rt, &pm, &ps) && !(o->pos_given && o->score_given)) {
+        if (!o->pos_given)
+            o->p.positions = pm;
+        if (!o->score_given)
+            o->p.score_pos = ps;
+        kvq_log(cb, KVQ_LOG_INFO, "positions %s, score %s (kvq calibrate measured and chose %s, "
+                "%s)", kvq_positions_name(o->p.positions), kvq_score_pos_name(o->p.score_pos),
+                kvq_positions_name(pm), kvq_score_pos_name(ps));
+    }
     return 0;
 }
 

@@ -18,6 +18,8 @@ typedef struct cli_retrieval {
                                   --rows --attn-threads --device; selector and budget
                                   per row */
     int given;              /* some retrieval option was given */
+    int pos_given;          /* --positions given: the artifact's recorded mode is not used */
+    int score_given;        /* --score-pos given: the artifact's recorded query is not used */
     int accept_mismatch;    /* --accept-model-mismatch: other weights only warn */
 } cli_retrieval;
 

@@ -33,7 +33,8 @@
 #include "pipeline/calibrate_ctx.h"
 
 static const char *const stage_names[KVQ_CALIB_N_STAGES] = {"capture", "moments", "fit",
-                                                            "heldout", "profile"};
+                                                            "heldout", "profile",
+                                                            "positions"};
 
 const char *kvq_calibrate_stage_name(kvq_calibrate_stage s)
 {
@@ -55,6 +56,9 @@ kvq_calibrate_params kvq_calibrate_params_default(void)
     p.fit = kvq_fit_params_default();
     p.profile = 1;
     p.prof = kvq_profile_params_default();
+    p.positions = 1;
+    p.positions_tokens = 1024;
+    p.positions_tolerance = 0.01;
     return p;
 }
 
@@ -88,6 +92,10 @@ static kvq_status check_params(const kvq_calibrate_params *p, kvq_err *err)
         bad = "heldout_tokens must be in [0, 2^31)";
     else if (p->profile && !p->capture.values)
         bad = "the profile needs captured values (capture.values = 1)";
+    else if (p->positions && p->positions_tokens < 2)
+        bad = "positions_tokens must be >= 2";
+    else if (!(p->positions_tolerance >= 0))
+        bad = "positions_tolerance must be >= 0";
     if (bad)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "calibrate: %s", bad);
     return kvq_moments_params_check(&p->moments, err);
@@ -145,7 +153,8 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         sprintf(c.work, "%s.work", out_path);
     }
     static const char *const outs[KVQ_CALIB_N_STAGES] = {"capture", "moments.safetensors",
-                                                          "fit.kvq", "heldout", "profile.kvq"};
+                                                          "fit.kvq", "heldout", "profile.kvq",
+                                                          "positions.kvq"};
     int oom = !c.work;
     for (int s = 0; s < KVQ_CALIB_N_STAGES && !oom; s++) {
         char rec[64];
@@ -162,10 +171,12 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
 
     /* The stages of this run, in order. */
     static const kvq_calibrate_stage order[KVQ_CALIB_N_STAGES] = {
-        KVQ_CALIB_CAPTURE, KVQ_CALIB_MOMENTS, KVQ_CALIB_FIT, KVQ_CALIB_HELDOUT, KVQ_CALIB_PROFILE};
+        KVQ_CALIB_CAPTURE, KVQ_CALIB_MOMENTS, KVQ_CALIB_FIT, KVQ_CALIB_HELDOUT, KVQ_CALIB_PROFILE,
+        KVQ_CALIB_POSITIONS};
     c.active[KVQ_CALIB_CAPTURE] = c.active[KVQ_CALIB_MOMENTS] = c.active[KVQ_CALIB_FIT] = 1;
     c.active[KVQ_CALIB_HELDOUT] = p.profile && p.heldout_tokens > 0;
     c.active[KVQ_CALIB_PROFILE] = p.profile;
+    c.active[KVQ_CALIB_POSITIONS] = p.positions;
     for (int i = 0; i < KVQ_CALIB_N_STAGES; i++)
         if (c.active[order[i]])
             c.index[order[i]] = ++c.count;
@@ -176,7 +187,8 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         if (c.active[order[i]] && (st = calib_do_stage(&c, order[i], err)))
             goto done;
 
-    const char *final = c.out_path[p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
+    const char *final = c.out_path[p.positions ? KVQ_CALIB_POSITIONS
+                                   : p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
     snprintf(c.sum->final_artifact, sizeof c.sum->final_artifact, "%s", final);
     if (kvq_dist_rank(p.dist) == 0 && !(st = calib_publish(final, out_path, &c.sum->out_replaced,
                                                           err)))

@@ -64,6 +64,13 @@ kvq_status calib_build_records(calib_ctx *c, kvq_err *err);
 /* Runs stage s unless its output is up to date with its record (skip), reporting both. */
 kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err);
 
+/* ---- calibrate_positions.c */
+
+/* The positions stage: measures the candidates with in_path's codebooks on the
+ * held-out tokens (c must be tokenized) and writes in_path plus the choice to out_path. */
+kvq_status calib_run_positions(calib_ctx *c, const char *in_path, const char *out_path,
+                               kvq_err *err);
+
 /* ---- calibrate_output.c */
 
 /* Refuses an out_path that exists and is not a .kvq artifact. */

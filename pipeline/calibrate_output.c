@@ -74,6 +74,26 @@ void calib_summary_reset(kvq_calibrate_summary *s)
     s->budget_fraction = s->budget_attended = s->budget_err = NAN;
     s->mass_tau = s->mass_attended = s->mass_err = NAN;
     s->leankv_met = s->pats_met = s->budget_met = s->mass_met = -1;
+    s->positions_ppl_exact = s->positions_ppl_full_wrope = s->positions_ppl = NAN;
+}
+
+/* The positions stage's choice and figures (KVQ_META_POS_*), when recorded. */
+static void read_positions(const kvq_st *st, kvq_calibrate_summary *s)
+{
+    const char *m = kvq_st_meta_get(st, KVQ_META_POS_MODE), *sc = kvq_st_meta_get(st, KVQ_META_POS_SCORE);
+    if (!m || !sc)
+        return;
+    snprintf(s->positions, sizeof s->positions, "%s", m);
+    snprintf(s->score_pos, sizeof s->score_pos, "%s", sc);
+    char key[96];
+    const char *v = kvq_st_meta_get(st, KVQ_META_POS_PPL_EXACT);
+    s->positions_ppl_exact = v ? atof(v) : NAN;
+    snprintf(key, sizeof key, KVQ_META_POS_PPL, "full-wrope");
+    s->positions_ppl_full_wrope = (v = kvq_st_meta_get(st, key)) ? atof(v) : NAN;
+    char name[48]; /* the chosen candidate's name: "codebook-MODE-SCORE" */
+    snprintf(name, sizeof name, "codebook-%s-%s", m, sc);
+    snprintf(key, sizeof key, KVQ_META_POS_PPL, name);
+    s->positions_ppl = (v = kvq_st_meta_get(st, key)) ? atof(v) : NAN;
 }
 
 /* The chosen row's value in column col of knob k (diag.profile.KNOB.COL), else NaN. */
@@ -108,6 +128,7 @@ kvq_status calib_read_summary(calib_ctx *c, const char *final, kvq_err *err)
     if ((st = kvq_artifact_open(final, &a, err)) ||
         (st = kvq_artifact_summary_read(kvq_artifact_payload(a), &as, err)))
         goto done;
+    read_positions(kvq_artifact_payload(a), s);
     const kvq_artifact_fit *f = &as.fit;
     snprintf(s->method, sizeof s->method, "%s", f->method ? f->method : "");
     s->codebook_size = (int32_t)f->codebook_size;

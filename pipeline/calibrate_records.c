@@ -335,6 +335,21 @@ kvq_status calib_build_records(calib_ctx *c, kvq_err *err)
     rec_hex(b, "input.fit", h_fit);
     rec_profile_params(b, &p->prof);
     rec_end(b);
+    const uint64_t h_prof = rec_hash(b);
+
+    b = &c->rec[KVQ_CALIB_POSITIONS];
+    rec_begin(b, KVQ_CALIB_POSITIONS);
+    rec_capture_common(c, b); /* the tokens it measures on */
+    rec_i64(b, "heldout_tokens", p->heldout_tokens);
+    if (p->profile)
+        rec_hex(b, "input.profile", h_prof);
+    else
+        rec_hex(b, "input.fit", h_fit);
+    rec_i64(b, "positions_tokens", p->positions_tokens);
+    rec_f64(b, "positions_tolerance", p->positions_tolerance);
+    rec_i64(b, "candidates", KVQ_CALIB_POS_CANDIDATES);
+    rec_str(b, "rule", "least |ppl / ppl_exact - 1|");
+    rec_end(b);
 
     for (int s = 0; s < KVQ_CALIB_N_STAGES; s++)
         if (c->rec[s].oom)

@@ -73,7 +73,7 @@ static kvq_status on_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
 {
     calib_ctx *c = user;
     const int64_t cal_max = c->p->capture.max_tokens;
-    const int64_t held_max = c->p->profile ? c->p->heldout_tokens : 0;
+    const int64_t held_max = c->p->profile || c->p->positions ? c->p->heldout_tokens : 0;
     int64_t used = 0;
     kvq_status st = KVQ_OK;
     if (c->phase == 0) {
@@ -122,7 +122,7 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
     sp.sep = sp.add_bos ? KVQ_DOC_SEP_BOS
                         : kvq_tokenizer_eos(tok) >= 0 ? KVQ_DOC_SEP_EOS : KVQ_DOC_SEP_NONE;
     /* The calibration set, the rest of its last sequence, and the held-out set. */
-    const int64_t held = p->profile ? p->heldout_tokens : 0;
+    const int64_t held = p->profile || p->positions ? p->heldout_tokens : 0;
     sp.max_tokens = (uint64_t)p->capture.max_tokens + (held ? (uint64_t)(p->capture.seq_len + held) : 0);
     c->phase = 0;
     st = kvq_corpus_tokenize(c->corpus, tok, &sp, &p->cb, on_seq, c, &c->stats, err);
@@ -279,6 +279,14 @@ static kvq_status run_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
         kvq_profile_result_free(res);
         break;
     }
+    case KVQ_CALIB_POSITIONS:
+        if (!rank0) /* rank 0 alone */
+            return kvq_dist_share(p->dist, KVQ_OK, err);
+        if (!(st = need_tokens(c, err)))
+            st = calib_run_positions(c, c->out_path[p->profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT],
+                                     c->out_path[s], err);
+        st = kvq_dist_share(p->dist, st, err);
+        break;
     }
     return st;
 }
@@ -325,6 +333,10 @@ static void describe(const calib_ctx *c, kvq_calibrate_stage s, char *buf, size_
     case KVQ_CALIB_PROFILE:
         snprintf(buf, cap, "LeanKV, PATS, budget and mass profiles on the %s capture",
                  c->active[KVQ_CALIB_HELDOUT] ? "held-out" : "calibration");
+        break;
+    case KVQ_CALIB_POSITIONS:
+        snprintf(buf, cap, "position mode and scoring query measured on %" PRId64 " held-out "
+                 "tokens (tolerance %g%%)", p->positions_tokens, 100 * p->positions_tolerance);
         break;
     }
 }

@@ -22,6 +22,9 @@ struct kvq_codebook_set {
     kvq_codebook_method method;
     int32_t K, G, wrope_w;
     int64_t wrope_b;
+    int has_pos;             /* positions.mode / positions.score recorded */
+    kvq_positions pos;
+    kvq_score_pos score;
     int32_t n_layers, n_kv_heads;
     kvq_weights_check weights; /* how the weight fingerprints compared */
     char weights_note[512];    /* the message behind a check other than MATCH */
@@ -207,6 +210,18 @@ kvq_status kvq_codebook_set_open_ex(const char *path, const kvq_model_id *model,
     rt->G = (int32_t)G;
     rt->wrope_w = (int32_t)w;
     rt->wrope_b = b;
+    const char *pm = kvq_st_meta_get(st, KVQ_META_POS_MODE);
+    const char *ps = kvq_st_meta_get(st, KVQ_META_POS_SCORE);
+    if (pm || ps) {
+        if (!pm || !ps || kvq_positions_parse(pm, &rt->pos) || kvq_score_pos_parse(ps, &rt->score)) {
+            s = kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s / %s: '%s' / '%s' is not a "
+                            "position mode (wrope, rope) and a scoring query (rb, mean, bands)",
+                            path, KVQ_META_POS_MODE, KVQ_META_POS_SCORE, pm ? pm : "(missing)",
+                            ps ? ps : "(missing)");
+            goto done;
+        }
+        rt->has_pos = 1;
+    }
     rt->n_layers = model->n_layers;
     rt->n_kv_heads = model->n_kv_heads;
     const size_t n = (size_t)rt->n_layers * (size_t)rt->n_kv_heads;
@@ -256,6 +271,14 @@ int32_t kvq_codebook_set_size(const kvq_codebook_set *rt) { return rt->K; }
 int32_t kvq_codebook_set_groups(const kvq_codebook_set *rt) { return rt->G; }
 int32_t kvq_codebook_set_wrope_w(const kvq_codebook_set *rt) { return rt->wrope_w; }
 int64_t kvq_codebook_set_wrope_b(const kvq_codebook_set *rt) { return rt->wrope_b; }
+int kvq_codebook_set_positions(const kvq_codebook_set *rt, kvq_positions *pos, kvq_score_pos *score)
+{
+    if (rt->has_pos) {
+        *pos = rt->pos;
+        *score = rt->score;
+    }
+    return rt->has_pos;
+}
 const kvq_model_id *kvq_codebook_set_model(const kvq_codebook_set *rt) { return &rt->model; }
 uint64_t kvq_codebook_set_bytes(const kvq_codebook_set *rt) { return rt->bytes; }
 kvq_weights_check kvq_codebook_set_weights(const kvq_codebook_set *rt) { return rt->weights; }

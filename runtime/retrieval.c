@@ -265,6 +265,7 @@ void kvq_retrieval_reset(kvq_retrieval *r)
     for (int32_t l = 0; l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         L->len = 0;
+        L->pos_unordered = 0;
         for (int32_t h = 0; h < r->n_kv; h++) {
             L->head[h].n_sel = 0;
             free(L->head[h].tok);
@@ -539,8 +540,10 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
     rt_layer *L = &r->layer[c->layer];
     const int64_t n = c->n, past = L->len, d = r->d, kvd = (int64_t)r->n_kv * d;
     kvq_status s;
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n; i++) {
         L->pos[past + i] = c->pos[i];
+        L->pos_unordered |= past + i > 0 && c->pos[i] <= L->pos[past + i - 1];
+    }
     for (int32_t h = 0; h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
         for (int64_t i = 0; i < n; i++) {

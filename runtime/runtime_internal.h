@@ -68,6 +68,7 @@ typedef struct rt_head {
 struct rt_layer {
     int64_t len, cap;         /* tokens cached / rows allocated */
     int64_t *pos;             /* [cap] positions */
+    int pos_unordered;        /* some cached position is not above the one before */
     rt_head *head;            /* [n_kv_heads] */
     const kvq_codebook **cb;  /* [n_kv_heads] the artifact's, NULL without */
     const kvq_rk_table **tab; /* [n_kv_heads] */

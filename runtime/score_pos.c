@@ -89,6 +89,19 @@ static int32_t band_of(int64_t delta, int64_t a)
     return k;
 }
 
+/* First row in [lo, hi) whose position is >= p (positions increasing over the rows). */
+static int64_t first_at(const int64_t *pos, int64_t lo, int64_t hi, int64_t p)
+{
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (pos[mid] < p)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *scores,
                           double *cb_bytes)
 {
@@ -98,20 +111,36 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
     const kvq_rk_table *tab = st->L->tab[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t G = D->groups, K = D->k;
+    const int64_t *P = st->L->pos;
     int64_t a, b;
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
         a = 1;
     const int32_t nb = band_of(b, a) + 1;
+    /* rows in token order with increasing positions (the usual case): each band is a
+     * range of rows, scored by the SIMD gather with its own LUT */
+    const int fast = !st->H->tok && !st->L->pos_unordered;
     float qs[KVQ_ROPE_MAX_DIM];
     for (int32_t k = 0; k < nb; k++) {
         const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
+        int64_t r0 = 0, r1 = 0;
+        if (fast) { /* rows whose distance is in [lo, hi]: positions in [pos - hi, pos - lo] */
+            r0 = k + 1 == nb ? st->s_end : first_at(P, st->s_end, st->w_beg, st->pos - hi);
+            r1 = k == 0 ? st->w_beg : first_at(P, st->s_end, st->w_beg, st->pos - lo + 1);
+            if (r1 <= r0)
+                continue;
+        }
         kvq_rt_scoring_query(st, cb, qsum_pre, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
+        if (fast) {
+            kvq_rk_score(r->p.isa, S->lut, G, K, st->H->codes + (size_t)r0 * G, r1 - r0,
+                         scores + (r0 - st->s_end));
+            continue;
+        }
         for (int64_t j = 0; j < st->nc; j++) {
             const int64_t row = st->s_end + j;
-            const int64_t delta = st->pos - st->L->pos[kvq_rt_row_token(st->H, row)];
+            const int64_t delta = st->pos - P[kvq_rt_row_token(st->H, row)];
             if (band_of(delta < a ? a : delta, a) != k)
                 continue;
             const uint16_t *c = st->H->codes + (size_t)row * G;

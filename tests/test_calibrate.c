@@ -77,6 +77,7 @@ static kvq_calibrate_params small_params(const char *work, events *ev)
     p.prof.alpha_l = al;
     p.prof.n_alpha_l = 2;
     p.prof.leankv.window = 16;
+    p.positions = 0; /* the positions stage: tests/test_calibrate_positions.c */
     p.on_stage = record;
     p.stage_user = ev;
     return p;
@@ -103,6 +104,7 @@ static void test_defaults(void **state)
     assert_string_equal(kvq_calibrate_stage_name(KVQ_CALIB_CAPTURE), "capture");
     assert_string_equal(kvq_calibrate_stage_name(KVQ_CALIB_HELDOUT), "heldout");
     assert_string_equal(kvq_calibrate_stage_name(KVQ_CALIB_PROFILE), "profile");
+    assert_string_equal(kvq_calibrate_stage_name(KVQ_CALIB_POSITIONS), "positions");
     assert_string_equal(kvq_calibrate_stage_name((kvq_calibrate_stage)9), "unknown");
 }
 

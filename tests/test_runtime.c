@@ -1430,6 +1430,9 @@ static void test_score_positions(void **state)
             int64_t n = 0;
             const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
             assert_int_equal(n, k);
+            /* bands score each band's range of rows: the rows stay in token order */
+            if (mode == 1)
+                assert_int_equal(kvq_retrieval_sorted_rows(r, 0, 0), 0);
             for (int64_t x = 0; x < n; x++) {
                 assert_true(sel[x] >= j0 && sel[x] < j1);
                 if (!(want[sel[x] - j0] >= kth - tol))

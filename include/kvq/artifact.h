@@ -106,6 +106,15 @@ extern "C" {
 #define KVQ_META_BUDGET_POSITIONS     "budget.positions"
 #define KVQ_META_BUDGET_FRACTION      "budget.fraction"
 #define KVQ_META_MASS_TAU             "mass.tau"
+/* Written by kvq calibrate's positions stage (docs/format.md "Metadata"): the position
+ * mode and codebook scoring query it measured and chose, the defaults of kvq run / eval. */
+#define KVQ_META_POS_MODE             "positions.mode"                  /* wrope | rope */
+#define KVQ_META_POS_SCORE            "positions.score"                 /* rb | mean | bands */
+#define KVQ_META_POS_TOLERANCE        "positions.tolerance"             /* relative perplexity */
+#define KVQ_META_POS_BUDGET           "positions.budget"                /* the selector's budget */
+#define KVQ_META_POS_N_TOKENS         "positions.n_tokens"              /* held-out tokens measured */
+#define KVQ_META_POS_PPL_EXACT        "positions.ppl_exact"             /* full attention, exact RoPE */
+#define KVQ_META_POS_PPL              "positions.ppl.%s"                /* format taking the candidate */
 #define KVQ_META_PROFILE_SKIPPED      "profile.%s.skipped"              /* format taking the table name */
 #define KVQ_META_PROFILE_COLUMNS      "profile.%s.columns"              /* format taking the table name */
 #define KVQ_META_THR_MET              "thresholds.%s.met"               /* format taking the table name */

@@ -19,8 +19,11 @@
  *   heldout/              heldout.params.json    held-out capture (or heldout.none, a
  *                                                one-line note, when there is none)
  *   profile.kvq           profile.params.json    fit.kvq plus thresholds and budgets
- * out_path receives a copy of the last artifact (profile.kvq, or fit.kvq when the
- * profile is off); it is replaced only when its bytes differ.
+ *   positions.kvq         positions.params.json  the last of those plus the position
+ *                                                mode measured and chosen (below)
+ * out_path receives a copy of the last artifact (positions.kvq, or profile.kvq / fit.kvq
+ * when the positions stage / the profile is off); it is replaced only when its bytes
+ * differ.
  *
  * Resume rule. A stage's parameter record is canonical JSON text, one key per line,
  * of everything that changes its output: the stage parameters (thread counts
@@ -49,6 +52,7 @@
 #include "kvq/fit.h"
 #include "kvq/common.h"
 #include "kvq/moments.h"
+#include "kvq/runtime.h"
 #include "kvq/thresholds.h"
 
 #ifdef __cplusplus
@@ -67,11 +71,12 @@ typedef enum kvq_calibrate_stage {
     KVQ_CALIB_MOMENTS = 1,
     KVQ_CALIB_FIT = 2,
     KVQ_CALIB_HELDOUT = 3,
-    KVQ_CALIB_PROFILE = 4
+    KVQ_CALIB_PROFILE = 4,
+    KVQ_CALIB_POSITIONS = 5
 } kvq_calibrate_stage;
-#define KVQ_CALIB_N_STAGES 5
+#define KVQ_CALIB_N_STAGES 6
 
-/* "capture", "moments", "fit", "heldout", "profile"; "unknown" otherwise. */
+/* "capture", "moments", "fit", "heldout", "profile", "positions"; "unknown" otherwise. */
 const char *kvq_calibrate_stage_name(kvq_calibrate_stage s);
 
 typedef enum kvq_calibrate_event {
@@ -85,7 +90,7 @@ typedef struct kvq_calibrate_stage_info {
     kvq_calibrate_event event;
     int32_t index;            /* 1-based position among the stages of this run */
     int32_t count;            /* stages in this run (3 without profile, 4 without a
-                                 held-out capture, else 5) */
+                                 held-out capture, else 5; one more with positions) */
     const char *output;       /* the stage's output path */
     const char *what;         /* one line: what the stage does with which settings */
     const char *why;          /* SKIP: "up to date"; RUN: "no previous output",
@@ -122,6 +127,11 @@ typedef struct kvq_calibrate_params {
     int profile;                /* 1 (default): run the held-out capture and profile */
     kvq_profile_params prof;    /* kvq_profile_params_default(); threads and cb are set
                                    by the driver */
+    int positions;              /* 1 (default): run the positions stage (below) */
+    int64_t positions_tokens;   /* held-out tokens it measures on, >= 2 (default 1024) */
+    double positions_tolerance; /* |relative perplexity change| a position mode (its `full`
+                                   selector) may cost against exact attention, >= 0
+                                   (default 0.01, the profile's perplexity tolerance) */
 
     kvq_callbacks cb;           /* every stage's logs and progress */
     kvq_calibrate_stage_fn on_stage; /* stage events (may be NULL: INFO log lines) */
@@ -134,6 +144,33 @@ typedef struct kvq_calibrate_params {
 } kvq_calibrate_params;
 
 kvq_calibrate_params kvq_calibrate_params_default(void);
+
+/* The positions stage (the last; output positions.kvq, the final artifact). On the
+ * first positions_tokens held-out tokens (the last calibration sequence when there are
+ * none) it measures the perplexity of exact attention and of each candidate, every
+ * position predicted with retrieval (prefill_full = 0) at the default budget
+ * (kvq_retrieval_params_default), and records the choice (KVQ_META_POS_MODE,
+ * KVQ_META_POS_SCORE) and every figure (KVQ_META_POS_*) in the artifact; kvq run and
+ * kvq eval use the choice unless --positions / --score-pos are given. */
+#define KVQ_CALIB_POS_CANDIDATES 5
+typedef struct kvq_position_candidate {
+    const char *name;        /* "full-wrope", "codebook-wrope-rb", "codebook-rope-rb",
+                                "codebook-rope-mean", "codebook-rope-bands" */
+    kvq_selector selector;   /* FULL (the position mode alone) or CODEBOOK */
+    kvq_positions positions;
+    kvq_score_pos score;
+    double ppl;              /* measured perplexity; NaN: not measured (the codebook
+                                under WRoPE is not run when full-wrope costs more than
+                                the tolerance) */
+} kvq_position_candidate;
+void kvq_calibrate_position_candidates(kvq_position_candidate out[KVQ_CALIB_POS_CANDIDATES]);
+/* The rule, with cost(ppl) = |ppl / ppl_exact - 1| (a change of the model's predictions
+ * either way: a mode that lowers the perplexity of the held-out text is no more exact):
+ * among the codebook candidates with a measured perplexity whose position mode costs at
+ * most tol (ROPE always, being exact; WROPE when the FULL/WROPE candidate's cost <= tol),
+ * the least cost (the first on a tie). Returns its index, or -1 when none qualifies. */
+int kvq_calibrate_choose_positions(double ppl_exact, double tol, const kvq_position_candidate *c,
+                                   int n);
 
 /* What the outputs hold, read back from them (so the same whether a stage ran or was
  * skipped). Values that do not apply are NaN (doubles), -1 (integers) or "". */
@@ -172,6 +209,9 @@ typedef struct kvq_calibrate_summary {
     int budget_met;
     double mass_tau, mass_attended, mass_err;
     int mass_met;
+    char positions[8];          /* the positions stage's choice ("" without one) */
+    char score_pos[8];
+    double positions_ppl_exact, positions_ppl_full_wrope, positions_ppl; /* of the choice */
 } kvq_calibrate_summary;
 
 /*

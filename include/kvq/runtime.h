@@ -59,7 +59,8 @@
  * uses retrieval over the tokens before it and itself, which is what `kvq eval`
  * uses to measure perplexity under retrieval at every evaluated position.
  *
- * Row order. With a single-group codebook (vq, qavq, vq-postrope), the codebook or mass
+ * Row order. With a single-group codebook (vq, qavq, vq-postrope), a scoring query other
+ * than BANDS, the codebook or mass
  * selector, the CPU backend and code_order = 1 (the default), each KV head keeps the
  * cached rows that can no longer enter any window, [S, e) with e = the chunk's first
  * position + 1 - w, sorted by code (stably: within a code, token order), re-sorting
@@ -252,8 +253,11 @@ kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
  *          distances: fast pairs, whose rotation is unknown, are damped instead of
  *          rotated arbitrarily). One LUT per step, like RB.
  *   BANDS  MEAN over distance bands [a, 2a), [2a, 4a), ...: one LUT per band, each
- *          candidate scored with its band's (log2(b / a) + 1 LUTs per step; score
- *          gather, no code-order selection). */
+ *          candidate scored with its band's (log2(b / a) + 1 LUTs per step). The far rows
+ *          stay in token order (no "Row order" sort), so with increasing positions each
+ *          band is a range of rows: one SIMD score gather over the candidates, each range
+ *          with its band's LUT, then top-k (rows out of position order fall back to a
+ *          scalar per-row band lookup). */
 typedef enum kvq_score_pos {
     KVQ_SCORE_RB = 0,
     KVQ_SCORE_MEAN = 1,
@@ -261,6 +265,10 @@ typedef enum kvq_score_pos {
 } kvq_score_pos;
 const char *kvq_score_pos_name(kvq_score_pos s);          /* "rb" | "mean" | "bands" */
 int kvq_score_pos_parse(const char *s, kvq_score_pos *out); /* 0 ok, -1 unknown */
+/* The position mode and scoring query kvq calibrate measured and recorded
+ * (KVQ_META_POS_MODE, KVQ_META_POS_SCORE): 1 and both set when recorded, 0 (untouched)
+ * for an artifact without them. kvq run / eval use them unless given explicitly. */
+int kvq_codebook_set_positions(const kvq_codebook_set *rt, kvq_positions *pos, kvq_score_pos *score);
 
 typedef struct kvq_retrieval_params {
     kvq_selector selector;   /* default KVQ_SELECT_CODEBOOK */

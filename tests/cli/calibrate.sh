@@ -45,11 +45,38 @@ expect_error calibrate_refuses_other_file 1 'notes\.txt: exists and is not a \.k
 W=$T/a.kvq.work
 cal() {
   "$KVQ" calibrate --model "$M" --seq-len 128 --max-tokens 2048 --heldout-tokens 256 \
-    --codebook 16 --threads 2 --work "$W" "$@"
+    --codebook 16 --threads 2 --work "$W" --no-positions "$@"
 }
 # n_lines PATTERN: lines of the last stderr matching PATTERN.
 n_lines() { grep -c -- "$1" "$CLI_TMP/stderr"; }
 stage_was() { grep -A1 "] $1: " "$CLI_TMP/stderr" | grep -q -- "$2"; }
+
+# The positions stage (sequences of 512, longer than sinks + window): full under wrope
+# costs stories260K more than the 1% tolerance, so exact RoPE is recorded, kvq eval
+# uses it by default, and --positions overrides it.
+_cli_run "$KVQ" calibrate --model "$M" --seq-len 512 --max-tokens 2048 --heldout-tokens 1024 \
+  --codebook 16 --iters 2 --no-profile --threads 2 --work "$T/p.work" -o "$T/p.kvq"
+score=$(sed -n 's/^  positions       rope, score \([a-z]*\):.*full under wrope \([-+0-9.]*\)%.*/\1/p' "$CLI_TMP/stdout")
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q '\[4/4\] positions' "$CLI_TMP/stderr" && [ -n "$score" ] &&
+   grep -q 'positions: chose codebook-rope-' "$CLI_TMP/stderr"; then
+  ok calibrate_positions_stage
+else
+  fail calibrate_positions_stage "exit $(cat "$CLI_TMP/rc")" "$(grep positions "$CLI_TMP/stderr" "$CLI_TMP/stdout")"
+fi
+_cli_run "$KVQ" eval --model "$M" --artifact "$T/p.kvq" --corpus kv-recall:1 --seq-len 512 \
+  --max-tokens 512 --selectors codebook --budgets 6% --threads 1
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q "positions rope, score $score, " "$CLI_TMP/stdout"; then
+  ok calibrate_positions_eval_default
+else
+  fail calibrate_positions_eval_default "score '$score'" "$(grep positions "$CLI_TMP/stdout")"
+fi
+_cli_run "$KVQ" eval --model "$M" --artifact "$T/p.kvq" --corpus kv-recall:1 --seq-len 512 \
+  --max-tokens 512 --selectors codebook --budgets 6% --threads 1 --positions wrope -q
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q "positions wrope, score $score, " "$CLI_TMP/stdout"; then
+  ok calibrate_positions_flag_overrides
+else
+  fail calibrate_positions_flag_overrides "score '$score'" "$(grep positions "$CLI_TMP/stdout")"
+fi
 
 _cli_run cal --iters 3 -o "$T/a.kvq"
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -s "$T/a.kvq" ] &&
