@@ -22,7 +22,7 @@ enum {
     SKIP_PREFIX = 8,      /* skippable magic (u32) + frame size (u32) */
     KVQA_FIELDS = 24,     /* tag, major, minor, flags (4 x 4 bytes), payload size (u64) */
     HEADER_SIZE = SKIP_PREFIX + KVQA_FIELDS,
-    DEFAULT_LEVEL = 19,
+    DEFAULT_LEVEL = 3, /* kvq/artifact.h: float codebooks hardly compress at any level */
 };
 
 #define ZSTD_FRAME_MAGIC 0xFD2FB528u

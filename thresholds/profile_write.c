@@ -10,12 +10,6 @@
 #include "kvq/util.h"
 #include "thresholds/thresholds_internal.h"
 
-/* zstd level of the written artifact. The payload is mostly float codebooks that hardly
- * compress: on SmolLM2-135M's fit (15.0 MB) level 19, the artifact default, took 11.3 s
- * for 12.58 MB, level 3 0.16 s for 12.63 MB (`zstd -19` / `zstd -3` on the payload):
- * more than the whole profile for 0.4% of the bytes (docs/BENCHMARKS.md "Profile"). */
-#define PROFILE_ZSTD_LEVEL 3
-
 static int owned_tensor(const char *name)
 {
     return kvq_has_prefix(name, KVQ_META_PREFIX_THRESHOLDS) ||
@@ -243,7 +237,7 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
     if (!s) {
         size_t n;
         const void *buf = kvq_st_writer_buffer(w, &n);
-        s = kvq_artifact_write(out_path, overwrite, buf, n, PROFILE_ZSTD_LEVEL, err);
+        s = kvq_artifact_write(out_path, overwrite, buf, n, 0 /* the default */, err);
     }
     kvq_st_writer_free(w);
     return s;
