@@ -10,8 +10,10 @@
  *
  * libgomp reads OMP_WAIT_POLICY once, when it is loaded (before main), and has no call
  * to change it later; so the CLI sets it and executes itself again, once. A policy the
- * user set is kept as it is (and stops the second exec). The library itself never reads
- * the environment. */
+ * user set (OMP_WAIT_POLICY or GOMP_SPINCOUNT) is kept as it is (and stops the second
+ * exec). On a quiet machine the passive wait costs decode speed (docs/BENCHMARKS.md
+ * "Under load": the figures, and GOMP_SPINCOUNT=10000 for a dedicated machine). The
+ * library itself never reads the environment. */
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -19,7 +21,7 @@
 
 void cli_thread_policy(char **argv)
 {
-    if (getenv("OMP_WAIT_POLICY"))
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT"))
         return; /* the user's choice, or this is the second exec */
     if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0)
         return;
