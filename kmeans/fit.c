@@ -613,17 +613,21 @@ static kvq_status fit_open(fit_ctx *c, const char *capture_dir, const char *mome
     return KVQ_OK;
 }
 
-/* The (layer, KV head) jobs [first, end) in order (job i is layer c->layers[i / n_kv],
- * head i % n_kv): from its checkpoint or fitted, one layer file open at a time. */
-kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary *sum,
-                        kvq_err *err)
+/* The (layer, KV head) jobs i with mine[i] (NULL: every job) in order (job i is layer
+ * c->layers[i / n_kv], head i % n_kv): from its checkpoint or fitted, one layer file
+ * open at a time. */
+kvq_status fit_run_jobs(fit_ctx *c, const uint8_t *mine, kvq_fit_summary *sum, kvq_err *err)
 {
     layer_data L;
     kvq_status s = KVQ_OK;
     int32_t open_layer = -1;
     memset(&L, 0, sizeof L);
-    c->jobs_prog = end - first;
-    for (int32_t i = first; i < end; i++) {
+    c->jobs_prog = 0;
+    for (int32_t i = 0; i < c->jobs_total; i++)
+        c->jobs_prog += !mine || mine[i];
+    for (int32_t i = 0; i < c->jobs_total; i++) {
+        if (mine && !mine[i])
+            continue;
         const int32_t layer = c->layers[i / c->n_kv], head = i % c->n_kv;
         {
             fit_job *j = &c->jobs[i];
@@ -747,7 +751,7 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (kvq_dist_size(p->dist) > 1)
         s = fit_dist_jobs(&c, &sum, err);
     else
-        s = fit_run_jobs(&c, 0, c.jobs_total, &sum, err);
+        s = fit_run_jobs(&c, NULL, &sum, err);
     if (s)
         goto done;
     if (kvq_dist_rank(p->dist) == 0) {

@@ -66,7 +66,8 @@ int fit_ckpt_exists(const fit_ctx *c, int32_t layer, int32_t head)
     if (!c->ckpt_dir)
         return 0;
     ckpt_path(c, layer, head, path, sizeof path);
-    return access(path, F_OK) == 0;
+    struct stat sb; /* only a file can be loaded (fit_ckpt_load refits anything else) */
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
 /* Loads the checkpoint of a job if it exists and its key matches: 1 loaded, 0 not. */

@@ -1,18 +1,19 @@
 /*
  * fit_dist.c — `kvq fit` on several ranks (kvq/dist.h): the (layer, KV head) jobs are
- * cut into contiguous shares of about equal cost (a job whose checkpoint file exists
- * counts FIT_RESUMED_COST of a fit, so a resumed run is balanced on what is left), each
- * rank runs its share through fit_run_jobs (checkpointing as one process does), and
- * rank 0 gathers every job's tensors in job order. A job's tensors are the same bytes
- * whichever rank made them, so rank 0 writes the artifact one process would.
+ * dealt to the ranks in turn, the jobs to fit and those whose checkpoint file exists
+ * (loaded, almost free) each dealt on their own, so every rank gets an equal count of
+ * each within one, and a cost that drifts along the layers is shared too (contiguous
+ * shares left the later, slower layers to the last rank: 6.6 against 7.3 CPU s on
+ * SmolLM2, docs/BENCHMARKS.md "MPI"). Each rank runs its jobs through fit_run_jobs
+ * (checkpointing as one process does), and rank 0 gathers every job's tensors into job
+ * order. A job's tensors are the same bytes whichever rank made them, so rank 0 writes
+ * the artifact one process would.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvq/dist.h"
 #include "kmeans/fit_internal.h"
-
-#define FIT_RESUMED_COST 0.02
 
 /* ---- a share of jobs as one blob ----------------------------------------------------
  * per job:    i32 index, i32 cuda, i32 resumed, i32 n_tensors
@@ -110,17 +111,30 @@ bad:
 
 /* ---- the split ------------------------------------------------------------------------ */
 
+/* Deals the n jobs to `size` ranks in turn, those with ck[i] (resumed) and the others
+ * each in job order; mine[i] = 1 for rank's jobs. Returns their count. */
+static int32_t deal_jobs(const uint8_t *ck, int32_t n, int32_t rank, int32_t size,
+                         uint8_t *mine)
+{
+    int32_t dealt[2] = {0, 0}, m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        mine[i] = dealt[ck[i] != 0]++ % size == rank;
+        m += mine[i];
+    }
+    return m;
+}
+
 /* sizes: [d->size] scratch. */
-static kvq_status gather_jobs(fit_ctx *c, int32_t first, int32_t end, size_t *sizes,
-                              kvq_err *err)
+static kvq_status gather_jobs(fit_ctx *c, const uint8_t *mine, size_t *sizes, kvq_err *err)
 {
     const kvq_dist *d = c->p->dist;
     blob w = {0};
     uint8_t *all = NULL;
     kvq_status s = KVQ_OK;
     if (d->rank != 0)
-        for (int32_t i = first; i < end; i++)
-            put_job(&w, i, &c->jobs[i]);
+        for (int32_t i = 0; i < c->jobs_total; i++)
+            if (mine[i])
+                put_job(&w, i, &c->jobs[i]);
     if (w.oom)
         s = kvq_err_set(err, KVQ_E_NOMEM, "fit: out of memory for the jobs to send");
     /* Everyone takes part in the gather even after an error here, then agrees. */
@@ -141,32 +155,28 @@ kvq_status fit_dist_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
 {
     const kvq_dist *d = c->p->dist;
     const int32_t n = c->jobs_total;
-    uint8_t *ck = calloc((size_t)n, 1);
-    double *cost = malloc((size_t)n * sizeof *cost);
+    uint8_t *ck = calloc((size_t)n, 1), *mine = calloc((size_t)n, 1);
     size_t *sizes = calloc((size_t)d->size, sizeof *sizes);
     kvq_status s = KVQ_OK;
-    if (!ck || !cost || !sizes)
+    if (!ck || !mine || !sizes)
         s = kvq_err_set(err, KVQ_E_NOMEM, "fit: out of memory");
     /* Rank 0 looks for checkpoints, so every rank splits the same costs. */
     for (int32_t i = 0; !s && d->rank == 0 && i < n; i++)
         ck[i] = (uint8_t)fit_ckpt_exists(c, c->layers[i / c->n_kv], i % c->n_kv);
     if ((s = kvq_dist_agree(d, s, err)) || (s = kvq_dist_bcast(d, ck, (size_t)n, err)))
         goto done;
-    for (int32_t i = 0; i < n; i++)
-        cost[i] = ck[i] ? FIT_RESUMED_COST : 1.0;
-    int64_t first, end;
     int32_t n_ck = 0;
     for (int32_t i = 0; i < n; i++)
         n_ck += ck[i];
-    kvq_dist_split(n, cost, d->rank, d->size, &first, &end);
+    const int32_t m = deal_jobs(ck, n, d->rank, d->size, mine);
     if (d->rank == 0)
-        kvq_log(&c->cb, KVQ_LOG_INFO, "fit: %d ranks split %d heads (%d with checkpoints); "
-                "rank 0 runs heads %lld..%lld; the progress is the whole job's, estimated "
-                "from rank 0's share (the shares are balanced)", (int)d->size, (int)n, (int)n_ck, (long long)first,
-                (long long)end - 1);
-    s = kvq_dist_agree(d, fit_run_jobs(c, (int32_t)first, (int32_t)end, sum, err), err);
+        kvq_log(&c->cb, KVQ_LOG_INFO, "fit: %d ranks split %d heads (%d with checkpoints), "
+                "dealt in turn; rank 0 runs %d; the progress is the whole job's, estimated "
+                "from rank 0's share (the shares are balanced)", (int)d->size, (int)n,
+                (int)n_ck, (int)m);
+    s = kvq_dist_agree(d, fit_run_jobs(c, mine, sum, err), err);
     if (!s)
-        s = gather_jobs(c, (int32_t)first, (int32_t)end, sizes, err);
+        s = gather_jobs(c, mine, sizes, err);
     if (!s && d->rank == 0) {
         sum->n_resumed = 0;
         for (int32_t i = 0; i < n; i++)
@@ -174,7 +184,7 @@ kvq_status fit_dist_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err)
     }
 done:
     free(ck);
-    free(cost);
+    free(mine);
     free(sizes);
     return s;
 }

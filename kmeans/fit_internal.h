@@ -92,12 +92,12 @@ kvq_status fit_ckpt_save(const fit_ctx *c, const fit_job *j, const char *key, kv
  * Jobs (fit.c) and their split among ranks (fit_dist.c)
  * ========================================================================== */
 
-/* Runs jobs [first, end) (job i: layer c->layers[i / n_kv], head i % n_kv) into c->jobs:
- * each from its checkpoint or fitted (and checkpointed). */
-kvq_status fit_run_jobs(fit_ctx *c, int32_t first, int32_t end, kvq_fit_summary *sum,
+/* Runs the jobs i with mine[i] (NULL: all; job i: layer c->layers[i / n_kv], head
+ * i % n_kv) into c->jobs: each from its checkpoint or fitted (and checkpointed). */
+kvq_status fit_run_jobs(fit_ctx *c, const uint8_t *mine, kvq_fit_summary *sum,
                         kvq_err *err);
-/* With c->p->dist of several ranks: splits the jobs (balanced by their cost, a job with
- * a checkpoint counting little), runs this rank's share, and gathers every job into
+/* With c->p->dist of several ranks: deals the jobs in turn (those to fit and those with
+ * a checkpoint each on their own), runs this rank's share, and gathers every job into
  * rank 0's c->jobs (sum->n_resumed counted there). Collective; errors agreed. */
 kvq_status fit_dist_jobs(fit_ctx *c, kvq_fit_summary *sum, kvq_err *err);
 
