@@ -44,14 +44,13 @@ banners() { tee "$1" | grep -E '^kvq: (==|   |warning)' >&2 || true; }
 
 # ---- 1. calibrate ---------------------------------------------------------------------
 # Sized to take a few minutes on 2 cores: 4096 calibration tokens (8 sequences of 512,
-# K = 64 centroids per head from the data), 512 held-out tokens, and only the retrieval
-# budget profiled (the LeanKV and PATS profiles are kvq profile's; they take most of the
-# time on a 30-layer model today). --positions rope: the budget is profiled with exact
+# K = 64 centroids per head from the data), 512 held-out tokens, every profile (LeanKV,
+# PATS, budget, tau: 3 s here). --positions rope: the budget is profiled with exact
 # RoPE on the attended tokens, as the eval and the sample below use it.
 echo "== demo 1/3: kvq calibrate --model $MODEL --corpus $CAL_CORPUS -o $ART"
 t0=$(date +%s)
 "$KVQ" calibrate --model "$MODEL" -o "$ART" --corpus "$CAL_CORPUS" --max-tokens 4096 \
-  --seq-len 512 --heldout-tokens 512 --knobs budget --tolerance 0.1 --positions rope \
+  --seq-len 512 --heldout-tokens 512 --tolerance 0.1 --positions rope \
   --threads "$THREADS" ${KVQ_DEMO_FORCE:+--force} \
   >"$OUT/calibrate.txt" 2> >(banners "$OUT/calibrate.log")
 t_cal=$(( $(date +%s) - t0 ))
