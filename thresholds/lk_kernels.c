@@ -44,14 +44,7 @@ static void daxpy_scalar(double *restrict acc, double a, const double *restrict 
 static void mix_scalar(float *restrict o, const double *w, double inv, const uint8_t *ver,
                        const float *const v[4], int64_t len, int32_t d)
 {
-    for (int32_t c = 0; c < d; c++)
-        o[c] = 0.0f;
-    for (int64_t j = 0; j < len; j++)
-        if (ver[j]) {
-            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
-            for (int32_t c = 0; c < d; c++)
-                o[c] += a * x[c];
-        }
+    thr_lk_mix_cols(o, w, inv, ver, v, len, d, 0);
 }
 
 static const thr_lk_kernels scalar = {"scalar", significance_scalar, gather_scalar,

@@ -10,6 +10,7 @@
 #ifndef KVQ_THRESHOLDS_LK_KERNELS_H
 #define KVQ_THRESHOLDS_LK_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct thr_lk_kernels {
@@ -41,5 +42,22 @@ double thr_lk_gather_avx2(const float *const e[4], const uint8_t *ver, int64_t l
 #else
 #define THR_LK_X86 0
 #endif
+
+/* The mix of columns [c0, d), scalar: o[c] = the sum over rows j with ver[j] of
+ * (float)(w[j] inv) v[ver[j]][j * d + c], rows in order. mix_scalar is it with c0 = 0;
+ * the SIMD kernels finish their columns with it, so the bits are the scalar ones. */
+static inline void thr_lk_mix_cols(float *restrict o, const double *w, double inv,
+                                   const uint8_t *ver, const float *const v[4], int64_t len,
+                                   int32_t d, int32_t c0)
+{
+    for (int32_t c = c0; c < d; c++)
+        o[c] = 0.0f;
+    for (int64_t j = 0; c0 < d && j < len; j++)
+        if (ver[j]) {
+            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
+            for (int32_t c = c0; c < d; c++)
+                o[c] += a * x[c];
+        }
+}
 
 #endif

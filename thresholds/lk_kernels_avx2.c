@@ -105,14 +105,7 @@ TARGET static void mix_avx2(float *o, const double *w, double inv, const uint8_t
         _mm256_storeu_ps(o + c0 + 16, o2);
         _mm256_storeu_ps(o + c0 + 24, o3);
     }
-    for (int32_t c = c0; c < d; c++)
-        o[c] = 0.0f;
-    for (int64_t j = 0; c0 < d && j < len; j++)
-        if (ver[j]) {
-            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
-            for (int32_t c = c0; c < d; c++)
-                o[c] += a * x[c];
-        }
+    thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
 }
 
 const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, thr_lk_gather_avx2, daxpy_avx2,

@@ -68,14 +68,7 @@ TARGET static void mix_avx512(float *o, const double *w, double inv, const uint8
         _mm512_storeu_ps(o + c0 + 32, o2);
         _mm512_storeu_ps(o + c0 + 48, o3);
     }
-    for (int32_t c = c0; c < d; c++)
-        o[c] = 0.0f;
-    for (int64_t j = 0; c0 < d && j < len; j++)
-        if (ver[j]) {
-            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
-            for (int32_t c = c0; c < d; c++)
-                o[c] += a * x[c];
-        }
+    thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
 }
 
 const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, thr_lk_gather_avx2,
