@@ -1,5 +1,5 @@
 /* test_dist.c — kvq/dist.h without communication: one process (NULL group) and the
- * balanced contiguous split that capture and fit use to share work among ranks. */
+ * balanced contiguous split that capture and profile use to share work among ranks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
