@@ -31,10 +31,13 @@
  * keeps them in token order (the scattered rows the selection gives without it).
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
- * LUT per doubling band of distances [w, 2w), [2w, 4w), ... and one score gather over
- * the candidates, each band's rows (a range: rows in token order, which bands implies)
- * with its LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
- * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime).
+ * LUT per doubling band of distances [w, 2w), [2w, 4w), ..., each candidate scored with
+ * its band's LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
+ * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime). In
+ * code order each code's run of rows keeps token order and splits into one sub-run per
+ * band: all LUTs first, then one pass over the rows, the band moving nearer along each
+ * run (at most 65536 / K bands: 16 at K 4096, 11 are needed at 128K); with
+ * --order token each band is a range of rows (one score gather per band).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -203,10 +206,8 @@ static int parse(int argc, char **argv, args *a)
             return usage();
         }
     }
-    if (a->bands) { /* bands score ranges of rows in token order */
-        a->token_order = 1;
+    if (a->bands) /* bands select from scores (one LUT per band) */
         a->scores = 1;
-    }
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
     if (a->threads > 1 && g_cpu_clock)
@@ -311,6 +312,8 @@ typedef struct layer {
     int64_t n;
     uint16_t *k[N_KV], *v[N_KV]; /* [n, D] f16 */
     uint16_t *codes[N_KV];       /* [n] */
+    int32_t *tok[N_KV];          /* [n - SINK - WINDOW] token of each candidate row in code
+                                    order (row SINK + i), NULL in token order */
     uint32_t *hist[N_KV];        /* [K] per-code counts of codes[0..n), as the cache keeps */
     int32_t *att[N_KV];          /* [n] the last retrieval step's attended rows, per head */
     int64_t n_att[N_KV];
@@ -347,8 +350,15 @@ static int sort_candidates(layer *L, int h, int32_t K)
         free(*arr);
         *arr = (uint16_t *)dst;
     }
-    for (int64_t i = 0; i < nc; i++)
+    free(L->tok[h]);
+    if (!(L->tok[h] = malloc(sizeof(int32_t) * (size_t)nc))) {
+        fprintf(stderr, "bench_decode: out of memory sorting rows\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < nc; i++) {
         tmp[i] = L->codes[h][SINK + order[i]];
+        L->tok[h][i] = SINK + order[i];
+    }
     memcpy(L->codes[h] + SINK, tmp, sizeof *tmp * (size_t)nc);
     free(order);
     free(count);
@@ -382,6 +392,39 @@ static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S,
     kvq_rk_mix(isa, S->logits, GS, L->n, L->v[h], KVQ_DT_F16, D, NULL, L->n, D, out);
 }
 
+/* --score bands on rows in code order (as runtime/score_pos.c does): each code's run of
+ * rows keeps token order, so along a run the band only moves nearer. The nb LUTs first
+ * ([nb, K] in S->lut), then one pass over the rows: at a run's start the farthest band,
+ * nearer while the row's token reaches the next band's first token. */
+static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scratch *S)
+{
+    const int64_t n = L->n, nc = n - SINK - WINDOW, dmax = n - 1 - SINK;
+    const uint16_t *codes = L->codes[h] + SINK;
+    const int32_t *tok = L->tok[h];
+    int64_t first[64];
+    int32_t nb = 0;
+    double t0 = clk();
+    for (int64_t blo = WINDOW; blo <= dmax && (nb + 1) * (size_t)K <= 65536; blo *= 2, nb++) {
+        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
+        first[nb] = n - 1 - bhi;
+        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut + (size_t)nb * K);
+    }
+    const double t1 = clk();
+    S->phase[0] += t1 - t0;
+    int32_t prev = -1, b = nb - 1;
+    for (int64_t j = 0; j < nc; j++) {
+        const int32_t c = codes[j];
+        if (c != prev) {
+            prev = c;
+            b = nb - 1;
+        }
+        while (b > 0 && tok[j] >= first[b - 1])
+            b--;
+        S->scores[j] = S->lut[(size_t)b * K + c];
+    }
+    S->phase[1] += clk() - t1;
+}
+
 /* Returns the attended token count. */
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
                               int bands, int64_t k_sel, scratch *S, float *out)
@@ -398,6 +441,11 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
             S->qs[t] += S->qb[g * D + t];
     }
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
+    if (bands && L->tok[h]) {
+        bands_code_order(L, h, isa, cd->k, S);
+        t0 = clk();
+        goto select;
+    }
     if (bands) { /* distance n - 1 - j of row j: bands [w, 2w), [2w, 4w), ... up to n - 1 - SINK */
         const int64_t dmax = n - 1 - SINK;
         for (int64_t lo = WINDOW; lo <= dmax; lo *= 2) {
@@ -560,6 +608,7 @@ int main(int argc, char **argv)
                     tmp[i] = unit(&rng);
                 kvq_f32_to_f16(tmp, pass ? L.v[h] : L.k[h], (size_t)n * D);
             }
+            L.tok[h] = NULL;
             L.hist[h] = calloc((size_t)a.codebook, sizeof *L.hist[h]);
             L.att[h] = malloc(sizeof(int32_t) * (size_t)n);
             if (!L.hist[h] || !L.att[h])
@@ -685,6 +734,7 @@ int main(int argc, char **argv)
             free(L.codes[h]);
             free(L.hist[h]);
             free(L.att[h]);
+            free(L.tok[h]);
         }
         free(out_full);
         free(out_ret);

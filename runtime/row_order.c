@@ -84,7 +84,6 @@ kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
     if (!r->p.code_order || r->be->codes || !L->cb[0] ||
         (r->sliding_window > 0 && layer >= r->sliding_from) ||
         (sel != KVQ_SELECT_CODEBOOK && sel != KVQ_SELECT_MASS) ||
-        r->p.score_pos == KVQ_SCORE_BANDS || /* bands score ranges of rows by distance */
         kvq_codebook_get_desc(L->cb[0])->groups != 1)
         return KVQ_OK;
     const int64_t S = r->p.sink, e = past + 1 - r->window;

@@ -1430,9 +1430,9 @@ static void test_score_positions(void **state)
             int64_t n = 0;
             const int32_t *sel = kvq_retrieval_last_selection(r, 0, 0, &n);
             assert_int_equal(n, k);
-            /* bands score each band's range of rows: the rows stay in token order */
-            if (mode == 1)
-                assert_int_equal(kvq_retrieval_sorted_rows(r, 0, 0), 0);
+            /* bands too keep the far rows in code order (each code's run splits by band) */
+            if (order == 1)
+                assert_true(kvq_retrieval_sorted_rows(r, 0, 0) > 0);
             for (int64_t x = 0; x < n; x++) {
                 assert_true(sel[x] >= j0 && sel[x] < j1);
                 if (!(want[sel[x] - j0] >= kth - tol))
@@ -1974,8 +1974,9 @@ static void test_code_order_kernel(void **state)
 
 /* Rows in code order (params.code_order = 1, the default) against token order: chunks
  * of retrieval-only rows (prefill_full = 0) and single decode steps, both position
- * modes. The far rows must end up sorted, every token keep its codes, the selections
- * be the same token sets and the outputs agree to rounding (the sums run in row order). */
+ * modes, scores mean and bands. The far rows must end up sorted, every token keep its
+ * codes, the selections be the same token sets and the outputs agree to rounding (the
+ * sums run in row order: not bit-identical, within 1e-5 relative). */
 static void test_code_order_layout(void **state)
 {
     (void)state;
@@ -1988,7 +1989,7 @@ static void test_code_order_layout(void **state)
     seq_data s = make_seq(&c, T, 71);
     const size_t qd = 4 * 16;
     for (int pm = 0; pm < 2; pm++)
-        for (int pf = 0; pf < 2; pf++) {
+        for (int pf = 0; pf < 4; pf++) { /* pf / 2: score bands (code runs split by band) */
             float *out[2];
             kvq_retrieval *ctx[2];
             for (int v = 0; v < 2; v++) {
@@ -1996,8 +1997,9 @@ static void test_code_order_layout(void **state)
                 p.budget = (kvq_budget){.count = 25};
                 p.window = 16;
                 p.code_order = v;
+                p.score_pos = pf / 2 ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
                 p.threads = 1 + v; /* heads sort (and attend) on two threads */
-                p.prefill_full = pf;
+                p.prefill_full = pf % 2;
                 p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
                 assert_int_equal(kvq_retrieval_create(&c, rt, &p, &ctx[v], &e), KVQ_OK);
                 const kvq_attn_backend b = kvq_retrieval_backend(ctx[v]);
@@ -2019,9 +2021,9 @@ static void test_code_order_layout(void **state)
             }
             const double diff = max_rel_diff(out[1], out[0], (size_t)T * qd);
             if (diff > 1e-5)
-                fail_msg("positions %s, prefill_full %d: code order differs from token order "
-                         "by %g",
-                         pm ? "rope" : "wrope", pf, diff);
+                fail_msg("positions %s, prefill_full %d, score %s: code order differs from "
+                         "token order by %g",
+                         pm ? "rope" : "wrope", pf % 2, pf / 2 ? "bands" : "mean", diff);
             for (int v = 0; v < 2; v++) {
                 kvq_retrieval_free(ctx[v]);
                 free(out[v]);

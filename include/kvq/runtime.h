@@ -59,8 +59,7 @@
  * uses retrieval over the tokens before it and itself, which is what `kvq eval`
  * uses to measure perplexity under retrieval at every evaluated position.
  *
- * Row order. With a single-group codebook (vq, qavq, vq-postrope), a scoring query other
- * than BANDS, the codebook or mass
+ * Row order. With a single-group codebook (vq, qavq, vq-postrope), the codebook or mass
  * selector, the CPU backend and code_order = 1 (the default), each KV head keeps the
  * cached rows that can no longer enter any window, [S, e) with e = the chunk's first
  * position + 1 - w, sorted by code (stably: within a code, token order), re-sorting
@@ -253,11 +252,14 @@ kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
  *          distances: fast pairs, whose rotation is unknown, are damped instead of
  *          rotated arbitrarily). One LUT per step, like RB.
  *   BANDS  MEAN over distance bands [a, 2a), [2a, 4a), ...: one LUT per band, each
- *          candidate scored with its band's (log2(b / a) + 1 LUTs per step). The far rows
- *          stay in token order (no "Row order" sort), so with increasing positions each
- *          band is a range of rows: one SIMD score gather over the candidates, each range
- *          with its band's LUT, then top-k (rows out of position order fall back to a
- *          scalar per-row band lookup). */
+ *          candidate scored with its band's (log2(b / a) + 1 LUTs per step). With
+ *          increasing positions, in token order each band is a range of rows (one SIMD
+ *          score gather per range with its band's LUT); in code order ("Row order")
+ *          each code's run of sorted rows keeps token order, so it splits into one
+ *          sub-run per band (each run walked backwards from the near band, the sub-run filled
+ *          with its LUT entry) and the unsorted rows are ranges as in token order. Then
+ *          top-k over the candidates: the same set either way (rows out of position
+ *          order fall back to a scalar per-row band lookup). */
 typedef enum kvq_score_pos {
     KVQ_SCORE_RB = 0,
     KVQ_SCORE_MEAN = 1,
