@@ -35,8 +35,8 @@
  * its band's LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
  * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime). In
  * code order each code's run of rows keeps token order and splits into one sub-run per
- * band: all LUTs first, then one pass over the rows, the band moving nearer along each
- * run (at most 65536 / K bands: 16 at K 4096, 11 are needed at 128K); with
+ * band: per band (nearest first) its LUT, then each run walked backwards from where the
+ * nearer band stopped, its rows filled with the LUT entry of its code; with
  * --order token each band is a range of rows (one score gather per band).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
@@ -393,36 +393,43 @@ static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S,
 }
 
 /* --score bands on rows in code order (as runtime/score_pos.c does): each code's run of
- * rows keeps token order, so along a run the band only moves nearer. The nb LUTs first
- * ([nb, K] in S->lut), then one pass over the rows: at a run's start the farthest band,
- * nearer while the row's token reaches the next band's first token. */
+ * rows keeps token order, so it splits into one sub-run per band. The runs from the
+ * per-code counts; then per band (nearest first) its LUT, and each run walked backwards
+ * from where the nearer band stopped while its tokens are in the band, the rows' scores
+ * filled with the LUT's entry for the code (the farthest band takes the rest). */
 static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scratch *S)
 {
-    const int64_t n = L->n, nc = n - SINK - WINDOW, dmax = n - 1 - SINK;
-    const uint16_t *codes = L->codes[h] + SINK;
+    const int64_t n = L->n, dmax = n - 1 - SINK;
     const int32_t *tok = L->tok[h];
-    int64_t first[64];
-    int32_t nb = 0;
-    double t0 = clk();
-    for (int64_t blo = WINDOW; blo <= dmax && (nb + 1) * (size_t)K <= 65536; blo *= 2, nb++) {
-        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
-        first[nb] = n - 1 - bhi;
-        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut + (size_t)nb * K);
+    uint32_t *run = S->cwork, *cur = S->cwork + K, *cnt = S->cwork + 2 * K;
+    double t0 = clk(), t1;
+    kvq_rk_code_counts(L->hist[h], K, L->codes[h], n, SINK, n - WINDOW, cnt);
+    uint32_t acc = 0;
+    for (int32_t c = 0; c < K; c++) {
+        run[c] = acc;
+        cur[c] = acc += cnt[c];
     }
-    const double t1 = clk();
-    S->phase[0] += t1 - t0;
-    int32_t prev = -1, b = nb - 1;
-    for (int64_t j = 0; j < nc; j++) {
-        const int32_t c = codes[j];
-        if (c != prev) {
-            prev = c;
-            b = nb - 1;
+    S->phase[1] += clk() - t0;
+    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2) {
+        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax, first = n - 1 - bhi;
+        t1 = clk();
+        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+        t0 = clk();
+        S->phase[0] += t0 - t1;
+        for (int32_t c = 0; c < K; c++) {
+            const int64_t rs = run[c];
+            const float v = S->lut[c];
+            int64_t j = cur[c];
+            if (bhi == dmax) /* the farthest band: the rest of the run */
+                for (; j > rs; j--)
+                    S->scores[j - 1] = v;
+            else
+                for (; j > rs && tok[j - 1] >= first; j--)
+                    S->scores[j - 1] = v;
+            cur[c] = (uint32_t)j;
         }
-        while (b > 0 && tok[j] >= first[b - 1])
-            b--;
-        S->scores[j] = S->lut[(size_t)b * K + c];
+        S->phase[1] += clk() - t0;
     }
-    S->phase[1] += clk() - t1;
 }
 
 /* Returns the attended token count. */

@@ -427,7 +427,7 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  grow((void **)&S->att, c * sizeof(int32_t)) &&
                  grow((void **)&S->logits, gs * c * sizeof(float)) &&
                  (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
-                 grow((void **)&S->lut, lut * kvq_rt_lut_bands(r, cap) * sizeof(float)) &&
+                 grow((void **)&S->lut, lut * sizeof(float)) &&
                  grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&
                  grow((void **)&S->qb, gs * d * sizeof(float)) &&
                  grow((void **)&S->qi, gs * d * sizeof(float)) &&

@@ -95,7 +95,7 @@ typedef struct rt_scratch {
     float *logits;       /* [gs, T] */
     float *pfull;        /* [gs, T] exact probabilities (measure) */
     float *krot;         /* [krot_rows, d] rotated keys */
-    float *lut;          /* [kvq_rt_lut_bands, G K] */
+    float *lut;          /* [G K] */
     uint32_t *cwork;     /* [4 G K] code counts and kvq_rk_topk_codes scratch */
     float *qb, *qi, *qx; /* [gs, d] q R_b, q R_i, selector queries */
     float *o, *ofull;    /* [gs, d] */
@@ -202,15 +202,11 @@ void kvq_rt_probe_free(struct rt_probe *p);
  *                      vq-postrope: q R_i) or q rotated by the mean rotation
  *   candidate_distances  [a, b] of the step's candidates
  *   banded_scores      BANDS: the candidates' scores [nc] from one LUT per distance band
- *                      of the (summed) pre-RoPE query q [d]
- *   lut_bands          LUTs a scratch of cap tokens holds at once (S->lut is [that, G K]):
- *                      1, or under BANDS one per doubling band of distances [1, cap)
- *                      (rows in code order score every band in one pass) */
+ *                      of the (summed) pre-RoPE query q [d] */
 void kvq_rt_mean_rotation(const kvq_retrieval *r, int64_t a, int64_t b, float *cs, float *sn);
 void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
                           int64_t b, float *out);
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b);
 void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, double *cb_bytes);
-size_t kvq_rt_lut_bands(const kvq_retrieval *r, int64_t cap);
 
 #endif /* KVQ_RUNTIME_INTERNAL_H */

@@ -102,34 +102,13 @@ static int64_t first_at(const int64_t *pos, int64_t lo, int64_t hi, int64_t p)
     return lo;
 }
 
-/* Rows in code order (row_order.c): the sorted rows [s_end, se) hold runs of one code,
- * each run in token order, so along a run the band only moves nearer. One pass over the
- * rows: at a run's start the farthest band, then nearer while the row's position reaches
- * the next band's first position first[b - 1] (first[b] = pos - hi_b, the smallest
- * position of band b); the score is the entry of the row's code in its band's LUT
- * (luts [nb, K]). */
-static void sorted_pass(const rt_step *st, int32_t K, int64_t se, const int64_t *first,
-                        int32_t nb, const float *luts, float *scores)
-{
-    const uint16_t *codes = st->H->codes;
-    const int32_t *tok = st->H->tok;
-    const int64_t *P = st->L->pos;
-    int32_t prev = -1, b = nb - 1;
-    for (int64_t j = st->s_end; j < se; j++) {
-        const int32_t c = codes[j];
-        if (c != prev) {
-            prev = c;
-            b = nb - 1;
-        }
-        const int64_t p = P[tok[j]];
-        while (b > 0 && p >= first[b - 1])
-            b--;
-        scores[j - st->s_end] = luts[(size_t)b * K + c];
-    }
-}
-
-/* BANDS on rows in code order: the nb LUTs (S->lut holds [nb, K] under BANDS), the
- * sorted rows in one pass, the unsorted rows [se, w_beg) (token j in row j) as ranges. */
+/* BANDS on rows in code order (row_order.c): the sorted rows [s_end, se) hold runs of
+ * one code, each run in token order, so each run splits into one sub-run per band. The
+ * runs from the per-code counts of [s_end, se); then per band (nearest first) its LUT,
+ * each run walked backwards from where the nearer band stopped while its rows' positions
+ * are in the band (>= pos - hi), filled with the LUT's entry for the code (the farthest
+ * band takes the rest of each run), and the unsorted rows [se, w_beg) (token j in row
+ * j) scored as a range, as in token order. Every candidate row is read once. */
 static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t b, int32_t nb,
                           float *scores, double *cb_bytes)
 {
@@ -138,24 +117,40 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_rk_table *tab = st->L->tab[st->head];
     const int32_t K = kvq_codebook_get_desc(cb)->k;
-    const int64_t *P = st->L->pos;
+    const int64_t *P = st->L->pos, s0 = st->s_end;
+    const int32_t *tok = st->H->tok;
     const int64_t se = st->H->sorted_end < st->w_beg ? st->H->sorted_end : st->w_beg;
-    int64_t first[64];
+    uint32_t *run = S->cwork, *cur = S->cwork + K, *cnt = S->cwork + 2 * K; /* of 4 K */
+    kvq_rk_code_counts(st->H->hist, K, st->H->codes, st->L->len, s0, se, cnt);
+    uint32_t acc = 0;
+    for (int32_t c = 0; c < K; c++) {
+        run[c] = acc;
+        cur[c] = acc += cnt[c];
+    }
     float qs[KVQ_ROPE_MAX_DIM];
     for (int32_t k = 0; k < nb; k++) {
         const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
-        float *lut = S->lut + (size_t)k * K;
-        first[k] = st->pos - hi;
+        const int64_t first = st->pos - hi;
         kvq_rt_scoring_query(st, cb, q, lo, hi, qs);
-        kvq_rk_lut(r->p.isa, tab, qs, lut);
+        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
-        const int64_t r0 = k + 1 == nb ? se : first_at(P, se, st->w_beg, st->pos - hi);
+        for (int32_t c = 0; c < K; c++) {
+            const int64_t rs = run[c];
+            const float v = S->lut[c];
+            int64_t j = cur[c];
+            if (k + 1 == nb)
+                for (; j > rs; j--)
+                    scores[j - 1] = v;
+            else
+                for (; j > rs && P[tok[s0 + j - 1]] >= first; j--)
+                    scores[j - 1] = v;
+            cur[c] = (uint32_t)j;
+        }
+        const int64_t r0 = k + 1 == nb ? se : first_at(P, se, st->w_beg, first);
         const int64_t r1 = k == 0 ? st->w_beg : first_at(P, se, st->w_beg, st->pos - lo + 1);
         if (r1 > r0)
-            kvq_rk_score(r->p.isa, lut, 1, K, st->H->codes + r0, r1 - r0,
-                         scores + (r0 - st->s_end));
+            kvq_rk_score(r->p.isa, S->lut, 1, K, st->H->codes + r0, r1 - r0, scores + (r0 - s0));
     }
-    sorted_pass(st, K, se, first, nb, S->lut, scores);
 }
 
 void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *scores,
@@ -211,13 +206,4 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             scores[j] = s;
         }
     }
-}
-
-size_t kvq_rt_lut_bands(const kvq_retrieval *r, int64_t cap)
-{
-    size_t n = 1; /* BANDS: floor(log2 cap) + 1 bands cover distances [1, cap) */
-    if (r->p.score_pos == KVQ_SCORE_BANDS)
-        for (int64_t x = cap; x > 1; x /= 2)
-            n++;
-    return n;
 }
