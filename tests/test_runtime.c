@@ -1650,6 +1650,23 @@ static void test_codes_ties_match_fit(void **state)
     }
 }
 
+/* Plants a needle in s (one KV head of head dim d = c->head_dim, 4 query heads): the
+ * last row's query heads all equal the first, and the key at `needle` is 6 q R_{i - j},
+ * so that after RoPE k R_j = 6 q R_i scores far above every random key. */
+static void plant_needle(const kvq_model_config *c, seq_data *s, int64_t T, int64_t needle)
+{
+    const int32_t d = c->head_dim;
+    float *q_last = s->q + (size_t)(T - 1) * 4 * d;
+    for (int g = 1; g < 4; g++)
+        memcpy(q_last + g * d, q_last, sizeof(float) * d);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c->rope, theta);
+    float *kn = s->k + (size_t)needle * d;
+    for (int t = 0; t < d; t++)
+        kn[t] = 6.0f * q_last[t];
+    kvq_rope_apply(&c->rope, theta, kn, 1, (T - 1) - needle);
+}
+
 /* A needle: token 150's key, rotated by its position, points along the last query
  * rotated by its own; every selector that sees post-RoPE keys must retrieve it. */
 static void test_selectors_find_needle(void **state)
@@ -1660,16 +1677,7 @@ static void test_selectors_find_needle(void **state)
     const int32_t d = 16;
     const int64_t T = 500, needle = 150;
     seq_data s = make_seq(&c, T, 123);
-    float *q_last = s.q + (size_t)(T - 1) * 4 * d;
-    for (int g = 1; g < 4; g++)
-        memcpy(q_last + g * d, q_last, sizeof(float) * d);
-    /* k = 6 q R_{i - j}: then k R_j = 6 q R_i */
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
-    float *kn = s.k + (size_t)needle * d;
-    for (int t = 0; t < d; t++)
-        kn[t] = 6.0f * q_last[t];
-    kvq_rope_apply(&c.rope, theta, kn, 1, (T - 1) - needle);
+    plant_needle(&c, &s, T, needle);
     static const kvq_selector sels[] = {KVQ_SELECT_ORACLE, KVQ_SELECT_FIER, KVQ_SELECT_QUEST};
     for (size_t si = 0; si < 3; si++)
         for (int gm = 0; gm < 2; gm++) {
@@ -1731,15 +1739,7 @@ static void test_selection_record_sliding_window(void **state)
     const int32_t d = 16;
     const int64_t T = 500, needle = 350;
     seq_data s = make_seq(&c, T, 321);
-    float *q_last = s.q + (size_t)(T - 1) * 4 * d;
-    for (int g = 1; g < 4; g++)
-        memcpy(q_last + g * d, q_last, sizeof(float) * d);
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
-    float *kn = s.k + (size_t)needle * d;
-    for (int t = 0; t < d; t++)
-        kn[t] = 6.0f * q_last[t];
-    kvq_rope_apply(&c.rope, theta, kn, 1, (T - 1) - needle);
+    plant_needle(&c, &s, T, needle);
     kvq_retrieval_params p = kvq_retrieval_params_default();
     p.selector = KVQ_SELECT_ORACLE;
     p.budget = (kvq_budget){.count = 24};
