@@ -111,20 +111,7 @@ static kvq_status merge_shares(const int32_t *tokens, int64_t n_tokens, int64_t 
                                 err)) ||
         (st = kvq_capture_info_read(merged, &ci, err)))
         goto done;
-    memset(ci->corpus_spec, 0, sizeof ci->corpus_spec);
-    ci->corpus_seed = 0;
-    ci->n_documents = 0;
-    if (corpus) {
-        /* as one capture records it (capture_run.c): paths redacted to their names */
-        kvq_spec_redact_paths(corpus->spec ? corpus->spec : "", ci->corpus_spec,
-                              sizeof ci->corpus_spec);
-        ci->corpus_seed = corpus->seed;
-        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
-        ci->n_documents = corpus->n_documents;
-    } else {
-        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64,
-                 kvq_fnv1a64(tokens, (size_t)n_tokens * sizeof *tokens, KVQ_FNV1A64_INIT));
-    }
+    capture_set_corpus(ci, corpus, tokens, n_tokens); /* as one capture records it */
     if (!(json = kvq_path_join(merged, KVQ_CAPTURE_JSON))) {
         st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", dir);
         goto done;

@@ -14,6 +14,12 @@
  * capture cannot store. */
 const char *kvq_capture_dtype_word(kvq_dtype t);
 
+/* The corpus provenance of a capture into ci (spec with local paths redacted to their
+ * names, seed, hash, document count), or, without a corpus, the hash of the token ids:
+ * one rule for one process and for the merge of several ranks (same bytes). */
+void capture_set_corpus(kvq_capture_info *ci, const kvq_capture_corpus *corpus,
+                        const int32_t *tokens, int64_t n_tokens);
+
 /* kvq_capture_tokens when p->dist has several ranks (capture_dist.c). */
 kvq_status capture_tokens_dist(const kvq_model *m, const int32_t *tokens, int64_t n_tokens,
                                const int64_t *sequences, int64_t n_sequences,

@@ -89,6 +89,25 @@ static double free_bytes_for(const char *dir)
     return (double)sv.f_bavail * (double)sv.f_frsize;
 }
 
+void capture_set_corpus(kvq_capture_info *ci, const kvq_capture_corpus *corpus,
+                        const int32_t *tokens, int64_t n_tokens)
+{
+    memset(ci->corpus_spec, 0, sizeof ci->corpus_spec);
+    ci->corpus_seed = 0;
+    ci->n_documents = 0;
+    if (corpus) {
+        /* provenance without local paths: file and directory names only */
+        kvq_spec_redact_paths(corpus->spec ? corpus->spec : "", ci->corpus_spec,
+                              sizeof ci->corpus_spec);
+        ci->corpus_seed = corpus->seed;
+        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
+        ci->n_documents = corpus->n_documents;
+    } else {
+        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64,
+                 kvq_fnv1a64(tokens, (size_t)n_tokens * sizeof *tokens, KVQ_FNV1A64_INIT));
+    }
+}
+
 /* The capture description of a run: model, corpus, dtype, sequences and layers (every
  * layer of the model when p names none; *all_layers then owns that list). */
 static kvq_status capture_describe(const kvq_model *m, const int32_t *tokens, int64_t n_tokens,
@@ -104,16 +123,7 @@ static kvq_status capture_describe(const kvq_model *m, const int32_t *tokens, in
     if (tok && kvq_tokenizer_approx(tok))
         snprintf(ci->tokenizer_approx, sizeof ci->tokenizer_approx, "%s",
                  kvq_tokenizer_approx(tok));
-    if (corpus) {
-        /* provenance without local paths: file and directory names only */
-        kvq_spec_redact_paths(corpus->spec, ci->corpus_spec, sizeof ci->corpus_spec);
-        ci->corpus_seed = corpus->seed;
-        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64, corpus->hash);
-        ci->n_documents = corpus->n_documents;
-    } else {
-        snprintf(ci->corpus_hash, sizeof ci->corpus_hash, "%016" PRIx64,
-                 kvq_fnv1a64(tokens, (size_t)n_tokens * sizeof *tokens, KVQ_FNV1A64_INIT));
-    }
+    capture_set_corpus(ci, corpus, tokens, n_tokens);
     ci->dtype = p->dtype;
     ci->seq_len = p->seq_len;
     ci->n_tokens = n_tokens;
