@@ -447,6 +447,30 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
     return KVQ_OK;
 }
 
+/* Checks a call of n rows at positions pos onto layer L (the cache stays within
+ * max_tokens, every position in [0, MAX_POSITION)) and reserves what it needs: the
+ * layer's rows, the RoPE table up to the largest position, the scratch. */
+static kvq_status reserve_rows(kvq_retrieval *r, rt_layer *L, int64_t n, const int64_t *pos,
+                               kvq_err *err)
+{
+    const int64_t T = L->len + n;
+    if (T > r->p.max_tokens)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "retrieval: sequence of %lld tokens exceeds max_tokens %lld",
+                           (long long)T, (long long)r->p.max_tokens);
+    int64_t max_pos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= MAX_POSITION)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: position %lld out of range",
+                               (long long)pos[i]);
+        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
+    }
+    kvq_status s;
+    if ((s = layer_reserve(r, L, T, err)) || (s = rope_reserve(r, max_pos, err)))
+        return s;
+    return scratch_reserve(r, T, n, err);
+}
+
 /* ==========================================================================
  * Keys: storage and rotation
  * ========================================================================== */
@@ -841,21 +865,9 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
     if (c->layer < 0 || c->layer >= r->n_layers || c->n < 1)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad attention call");
     rt_layer *L = &r->layer[c->layer];
-    const int64_t past = L->len, n = c->n, T = past + n;
+    const int64_t past = L->len, n = c->n;
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
-    if (T > r->p.max_tokens)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                           "retrieval: sequence of %lld tokens exceeds max_tokens %lld",
-                           (long long)T, (long long)r->p.max_tokens);
-    int64_t max_pos = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (c->pos[i] < 0 || c->pos[i] >= MAX_POSITION)
-            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: position %lld out of range",
-                               (long long)c->pos[i]);
-        max_pos = c->pos[i] > max_pos ? c->pos[i] : max_pos;
-    }
-    if ((s = layer_reserve(r, L, T, err)) || (s = rope_reserve(r, max_pos, err)) ||
-        (s = scratch_reserve(r, T, n, err)) || (s = append(r, c, err)))
+    if ((s = reserve_rows(r, L, n, c->pos, err)) || (s = append(r, c, err)))
         return s;
 
     for (int32_t t = 0; t < r->n_scr; t++)
@@ -976,22 +988,7 @@ kvq_status kvq_retrieval_append(kvq_retrieval *r, int32_t layer, int32_t n, cons
     if (!r || layer < 0 || layer >= r->n_layers || n < 1 || !pos || !k || !v)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad append call");
     rt_layer *L = &r->layer[layer];
-    const int64_t T = L->len + n;
-    if (T > r->p.max_tokens)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                           "retrieval: sequence of %lld tokens exceeds max_tokens %lld",
-                           (long long)T, (long long)r->p.max_tokens);
-    int64_t max_pos = 0;
-    for (int32_t i = 0; i < n; i++) {
-        if (pos[i] < 0 || pos[i] >= MAX_POSITION)
-            return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: position %lld out of range",
-                               (long long)pos[i]);
-        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
-    }
     const kvq_attn_call c = {.layer = layer, .n = n, .pos = pos, .k = k, .v = v};
-    kvq_status s;
-    if ((s = layer_reserve(r, L, T, err)) || (s = rope_reserve(r, max_pos, err)) ||
-        (s = scratch_reserve(r, T, n, err)))
-        return s;
-    return append(r, &c, err);
+    kvq_status s = reserve_rows(r, L, n, pos, err);
+    return s ? s : append(r, &c, err);
 }
