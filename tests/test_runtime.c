@@ -1674,7 +1674,6 @@ static void test_selectors_find_needle(void **state)
     (void)state;
     const kvq_model_id id = small_id(1, 4, 1, 16);
     const kvq_model_config c = config_of(&id);
-    const int32_t d = 16;
     const int64_t T = 500, needle = 150;
     seq_data s = make_seq(&c, T, 123);
     plant_needle(&c, &s, T, needle);
@@ -1736,7 +1735,6 @@ static void test_selection_record_sliding_window(void **state)
     kvq_model_config c = config_of(&id);
     c.sliding_window = 200;
     c.sliding_from = 0;
-    const int32_t d = 16;
     const int64_t T = 500, needle = 350;
     seq_data s = make_seq(&c, T, 321);
     plant_needle(&c, &s, T, needle);
