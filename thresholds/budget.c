@@ -518,7 +518,8 @@ static void to_acc(const bsetting *set, int64_t n_set, int64_t n_b, const double
  * when no setting can be within tolerance. Then the best quality is kept, and the
  * settings' errors on the same rows are compared in pairs (their differences vary far
  * less than the errors): the best sampled setting and every one whose mean difference
- * to it is within REFINE_Z standard errors of zero or below. */
+ * to it is within REFINE_Z standard errors of zero or below; none when that is the best
+ * alone (thr_unmark_single: nothing measured again can change the choice). */
 static void mark_table(const thr_acc *a, int64_t lo, int64_t hi, double tol, const seq_bufs *b,
                        uint8_t *mark)
 {
@@ -554,6 +555,7 @@ static void mark_table(const thr_acc *a, int64_t lo, int64_t hi, double tol, con
         const double se = n > 0 ? sqrt(var > 0 ? var : 0.0) / sqrt(n) : 0.0;
         mark[c] = c == best || mean - REFINE_Z * se <= 0.0;
     }
+    thr_unmark_single(a, lo, hi, mark);
 }
 
 /* The settings whose choice against tol the sample leaves open, measured again on every

@@ -172,7 +172,8 @@ static void fjob_free(fjob *J)
     free(J->S);
 }
 
-static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, kvq_err *err)
+/* prompt: the prompt rows' significance sums (LeanKV only needs them) */
+static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prompt, kvq_err *err)
 {
     const int64_t n = R->n, gs = R->gs, d = R->d, blk = block_rows(n, R->gs);
     memset(J, 0, sizeof *J);
@@ -198,7 +199,8 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, kvq_err 
         else if (R->has_q[t])
             J->crow[J->nc++] = t;
     }
-    exact_rows(R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
+    if (prompt)
+        exact_rows(R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
     J->nm = thr_sample_rows(J->crow, J->nc, sample, J->mrow);
     for (int64_t i = 0; i < J->nm; i++)
         J->mat[J->mrow[i]] = i;
@@ -568,7 +570,7 @@ kvq_status thr_fast_job(const thr_rows *R, const thr_grid *G, int64_t sample, th
                         int64_t *n_err, kvq_err *err)
 {
     fjob J;
-    kvq_status s = fjob_init(&J, R, sample, err);
+    kvq_status s = fjob_init(&J, R, sample, G->n_lk > 0, err);
     if (!s && G->n_lk)
         s = leankv_settings(&J, G, acc, err);
     if (!s && G->n_pt)

@@ -302,6 +302,29 @@ void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, u
         else
             mark[c] = m - REFINE_Z * se <= best_hi;
     }
+    if (!any_in) /* the best is kept: one candidate (or duplicates of it) settles it */
+        thr_unmark_single(total, lo, hi, mark);
+}
+
+/* Equal figures: duplicate settings (the same classes everywhere, lk_duplicate). */
+static int same_figures(const thr_acc *a, const thr_acc *b)
+{
+    return a->err_sum == b->err_sum && a->err_sq == b->err_sq && a->err_n == b->err_n &&
+           a->mem.bytes == b->mem.bytes && a->mem.bytes_f16 == b->mem.bytes_f16;
+}
+
+void thr_unmark_single(const thr_acc *total, int64_t lo, int64_t hi, uint8_t *mark)
+{
+    int64_t first = -1;
+    for (int64_t c = lo; c < hi; c++)
+        if (mark[c]) {
+            if (first < 0)
+                first = c;
+            else if (!same_figures(&total[c], &total[first]))
+                return;
+        }
+    for (int64_t c = lo; c < hi; c++)
+        mark[c] = 0;
 }
 
 kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,

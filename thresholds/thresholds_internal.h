@@ -157,8 +157,14 @@ void thr_acc_interval(const thr_acc *a, double *mean, double *se);
  * against tolerance tol the sampled errors cannot settle: the ambiguous ones (tol within
  * 4 standard errors of the sampled error) using no more memory (mem.bytes /
  * mem.bytes_f16) than the least-memory setting surely within tolerance; when none can
- * be within tolerance, those that may have the least error. */
+ * be within tolerance, those that may have the least error, unless they are one
+ * setting (thr_unmark_single). */
 void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark);
+/* Clears the marks of [lo, hi) when the settings marked as possibly the best (none can
+ * be within tolerance, so the least error is kept) are one setting or duplicates of it
+ * (equal figures): measuring it again on every row cannot change the choice, and its
+ * error keeps its sampled interval. */
+void thr_unmark_single(const thr_acc *total, int64_t lo, int64_t hi, uint8_t *mark);
 
 /* The measured rows of a sequence: the `sample` evenly spaced ones among the cand
  * [n_cand] (ascending), all of them when sample is 0 or >= n_cand: out [min]. Returns
