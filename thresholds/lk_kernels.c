@@ -47,8 +47,23 @@ static void mix_scalar(float *restrict o, const double *w, double inv, const uin
     thr_lk_mix_cols(o, w, inv, ver, v, len, d, 0);
 }
 
+static double expsum_scalar(float *out, const float *s, float mx, int64_t len)
+{
+    double z[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    thr_lk_expsum_tail(out, s, mx, 0, len, z);
+    return thr_lk_sum8(z);
+}
+
+static float maxf_scalar(const float *s, int64_t len)
+{
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
 static const thr_lk_kernels scalar = {"scalar", significance_scalar, gather_scalar,
-                                      daxpy_scalar, mix_scalar};
+                                      daxpy_scalar, mix_scalar, expsum_scalar, maxf_scalar};
 
 const thr_lk_kernels *thr_lk_kernels_get(int level)
 {

@@ -29,6 +29,12 @@ typedef struct thr_lk_kernels {
      * row j of v[ver[j]] [., d], each term rounded as o[c] += a x[c] (v[0] unused) */
     void (*mix)(float *o, const double *w, double inv, const uint8_t *ver,
                 const float *const v[4], int64_t len, int32_t d);
+    /* out[j] = thr_lk_exp1(s[j] - mx) for j < len (out may be s); returns their sum as
+     * double in eight partial sums z[j mod 8], then ((z0 + z1) + (z2 + z3)) + ((z4 + z5)
+     * + (z6 + z7)) */
+    double (*expsum)(float *out, const float *s, float mx, int64_t len);
+    /* the largest of s[0 .. len) (NaN ignored; -inf when len is 0) */
+    float (*maxf)(const float *s, int64_t len);
 } thr_lk_kernels;
 
 /* The kernels of level 0 (scalar), 1 (AVX2) or 2 (AVX-512), lowered to what this CPU
@@ -58,6 +64,64 @@ static inline void thr_lk_mix_cols(float *restrict o, const double *w, double in
             for (int32_t c = c0; c < d; c++)
                 o[c] += a * x[c];
         }
+}
+
+/* The profile's exponential (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-5
+ * polynomial for e^r, times 2^n), written as separate float multiplies and adds so that
+ * every SIMD lane rounds as this scalar code: the same bits on any ISA and thread count.
+ * Within 2 ulp of a correctly rounded e^x for THR_EXP_LO <= x <= THR_EXP_HI
+ * (tests/test_profile_fast.c checks it against expf); 0 below THR_EXP_LO (where expf is
+ * subnormal), e^THR_EXP_HI above THR_EXP_HI, NaN for NaN. */
+#define THR_EXP_LO (-87.33654f)
+#define THR_EXP_HI 88.3762626647949f
+#define THR_EXP_LOG2E 1.44269504088896341f
+#define THR_EXP_MAGIC 12582912.0f /* 1.5 x 2^23: adding it rounds to an integer */
+#define THR_EXP_C1 0.693359375f
+#define THR_EXP_C2 (-2.12194440e-4f)
+#define THR_EXP_P0 1.9875691500E-4f
+#define THR_EXP_P1 1.3981999507E-3f
+#define THR_EXP_P2 8.3334519073E-3f
+#define THR_EXP_P3 4.1665795894E-2f
+#define THR_EXP_P4 1.6666665459E-1f
+#define THR_EXP_P5 5.0000001201E-1f
+
+static inline float thr_lk_exp1(float x)
+{
+    if (x != x)
+        return x;
+    if (!(x >= THR_EXP_LO))
+        return 0.0f;
+    x = x > THR_EXP_HI ? THR_EXP_HI : x;
+    const float n = (x * THR_EXP_LOG2E + THR_EXP_MAGIC) - THR_EXP_MAGIC;
+    float r = x - n * THR_EXP_C1;
+    r = r - n * THR_EXP_C2;
+    float p = THR_EXP_P0;
+    p = p * r + THR_EXP_P1;
+    p = p * r + THR_EXP_P2;
+    p = p * r + THR_EXP_P3;
+    p = p * r + THR_EXP_P4;
+    p = p * r + THR_EXP_P5;
+    float y = p * (r * r);
+    y = y + r;
+    y = y + 1.0f;
+    union { uint32_t u; float f; } sc;
+    sc.u = (uint32_t)((int32_t)n + 127) << 23;
+    return y * sc.f;
+}
+
+/* expsum's tail from j (j a multiple of 8): adds into z[8], scalar. */
+static inline void thr_lk_expsum_tail(float *out, const float *s, float mx, int64_t j,
+                                      int64_t len, double z[8])
+{
+    for (; j < len; j++) {
+        out[j] = thr_lk_exp1(s[j] - mx);
+        z[j & 7] += out[j];
+    }
+}
+
+static inline double thr_lk_sum8(const double z[8])
+{
+    return ((z[0] + z[1]) + (z[2] + z[3])) + ((z[4] + z[5]) + (z[6] + z[7]));
 }
 
 #endif

@@ -108,6 +108,65 @@ TARGET static void mix_avx2(float *o, const double *w, double inv, const uint8_t
     thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
 }
 
+/* thr_lk_exp1 on 8 lanes, the same operations in the same order. */
+TARGET static inline __m256 exp8(__m256 x)
+{
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256 in = _mm256_cmp_ps(x, _mm256_set1_ps(THR_EXP_LO), _CMP_GE_OQ);
+    const __m256 xn = x;
+    x = _mm256_min_ps(x, _mm256_set1_ps(THR_EXP_HI)); /* x < HI ? x : HI */
+    const __m256 magic = _mm256_set1_ps(THR_EXP_MAGIC);
+    const __m256 n = _mm256_sub_ps(
+        _mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(THR_EXP_LOG2E)), magic), magic);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(THR_EXP_C1)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(THR_EXP_C2)));
+    __m256 p = _mm256_set1_ps(THR_EXP_P0);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(THR_EXP_P1));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(THR_EXP_P2));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(THR_EXP_P3));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(THR_EXP_P4));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(THR_EXP_P5));
+    __m256 y = _mm256_mul_ps(p, _mm256_mul_ps(r, r));
+    y = _mm256_add_ps(_mm256_add_ps(y, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), in);
+    return _mm256_blendv_ps(y, xn, nan);
+}
+
+TARGET static double expsum_avx2(float *out, const float *s, float mx, int64_t len)
+{
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256d z0 = _mm256_setzero_pd(), z1 = z0;
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        const __m256 y = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+        _mm256_storeu_ps(out + j, y);
+        z0 = _mm256_add_pd(z0, _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
+        z1 = _mm256_add_pd(z1, _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+    }
+    double z[8];
+    _mm256_storeu_pd(z, z0);
+    _mm256_storeu_pd(z + 4, z1);
+    thr_lk_expsum_tail(out, s, mx, j, len, z);
+    return thr_lk_sum8(z);
+}
+
+TARGET static float maxf_avx2(const float *s, int64_t len)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) /* max_ps(a, b) = a > b ? a : b: a NaN a is ignored */
+        m = _mm256_max_ps(_mm256_loadu_ps(s + j), m);
+    float l[8], mx = -INFINITY;
+    _mm256_storeu_ps(l, m);
+    for (int i = 0; i < 8; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    for (; j < len; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
 const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, thr_lk_gather_avx2, daxpy_avx2,
-                                    mix_avx2};
+                                    mix_avx2, expsum_avx2, maxf_avx2};
 #endif

@@ -71,6 +71,65 @@ TARGET static void mix_avx512(float *o, const double *w, double inv, const uint8
     thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
 }
 
+/* thr_lk_exp1 on 16 lanes, the same operations in the same order. */
+TARGET static inline __m512 exp16(__m512 x)
+{
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __mmask16 in = _mm512_cmp_ps_mask(x, _mm512_set1_ps(THR_EXP_LO), _CMP_GE_OQ);
+    const __m512 xn = x;
+    x = _mm512_min_ps(x, _mm512_set1_ps(THR_EXP_HI)); /* x < HI ? x : HI */
+    const __m512 magic = _mm512_set1_ps(THR_EXP_MAGIC);
+    const __m512 n = _mm512_sub_ps(
+        _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(THR_EXP_LOG2E)), magic), magic);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(THR_EXP_C1)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(THR_EXP_C2)));
+    __m512 p = _mm512_set1_ps(THR_EXP_P0);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(THR_EXP_P1));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(THR_EXP_P2));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(THR_EXP_P3));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(THR_EXP_P4));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(THR_EXP_P5));
+    __m512 y = _mm512_mul_ps(p, _mm512_mul_ps(r, r));
+    y = _mm512_add_ps(_mm512_add_ps(y, r), _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(
+        _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    y = _mm512_maskz_mov_ps(in, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+    return _mm512_mask_mov_ps(y, nan, xn);
+}
+
+TARGET static double expsum_avx512(float *out, const float *s, float mx, int64_t len)
+{
+    const __m512 vm = _mm512_set1_ps(mx);
+    __m512d z = _mm512_setzero_pd(); /* lane i: z[j mod 8], the low half before the high */
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) {
+        const __m512 y = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), vm));
+        _mm512_storeu_ps(out + j, y);
+        z = _mm512_add_pd(z, _mm512_cvtps_pd(_mm512_castps512_ps256(y)));
+        z = _mm512_add_pd(z, _mm512_cvtps_pd(_mm256_castpd_ps(
+                                 _mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))));
+    }
+    double zs[8];
+    _mm512_storeu_pd(zs, z);
+    thr_lk_expsum_tail(out, s, mx, j, len, zs);
+    return thr_lk_sum8(zs);
+}
+
+TARGET static float maxf_avx512(const float *s, int64_t len)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 16 <= len; j += 16) /* max_ps(a, b) = a > b ? a : b: a NaN a is ignored */
+        m = _mm512_max_ps(_mm512_loadu_ps(s + j), m);
+    float l[16], mx = -INFINITY;
+    _mm512_storeu_ps(l, m);
+    for (int i = 0; i < 16; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    for (; j < len; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
 const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, thr_lk_gather_avx2,
-                                      daxpy_avx512, mix_avx512};
+                                      daxpy_avx512, mix_avx512, expsum_avx512, maxf_avx512};
 #endif

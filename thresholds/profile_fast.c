@@ -74,18 +74,11 @@ static void scores(const thr_rows *R, const float *Qp, int64_t nr, const float *
                 Qp, R->d, K, R->d, 0.0f, S, (int)T);
 }
 
-/* Causal softmax of one score row over [0, len) in place (zeros after len); returns the
- * f64 sum of the f32 exponentials and scales by its inverse. */
-static void softmax_row(float *s, int64_t len, int64_t T)
+/* Causal softmax of one score row over [0, len) in place (zeros after len): the f32
+ * exponentials (the kernels' thr_lk_exp1), their f64 sum, scaled by its inverse. */
+static void softmax_row(const thr_lk_kernels *K, float *s, int64_t len, int64_t T)
 {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < len; j++)
-        mx = s[j] > mx ? s[j] : mx;
-    double sum = 0;
-    for (int64_t j = 0; j < len; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-    }
+    const double sum = K->expsum(s, s, K->maxf(s, len), len);
     const float inv = (float)(1.0 / sum);
     for (int64_t j = 0; j < len; j++)
         s[j] *= inv;
@@ -100,6 +93,7 @@ static void exact_rows(const thr_rows *R, const int64_t *rows, int64_t nr, doubl
                        float *out, float *Qp, float *S)
 {
     const int32_t gs = R->gs, d = R->d;
+    const thr_lk_kernels *K = thr_lk_kernels_get(-1);
     for (int64_t b0 = 0; b0 < nr;) {
         int64_t nb = block_rows(R->n, gs);
         nb = nb > nr - b0 ? nr - b0 : nb;
@@ -110,7 +104,7 @@ static void exact_rows(const thr_rows *R, const int64_t *rows, int64_t nr, doubl
             for (int32_t g = 0; g < gs; g++) {
                 float *s = S + ((size_t)i * gs + g) * Tb;
                 const int64_t t = rows[b0 + i];
-                softmax_row(s, t + 1, Tb);
+                softmax_row(K, s, t + 1, Tb);
                 double *a = accP ? accP + (size_t)g * R->n : NULL;
                 for (int64_t j = 0; a && j < t; j++)
                     a[j] += s[j];
@@ -337,12 +331,12 @@ static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
         for (int32_t g = 0; g < R->gs; g++) {
             const size_t off = ((size_t)i * R->gs + g) * B->T;
             float mx = -INFINITY;
+            for (int ver = 0; ver < N_VER - 1; ver++) {
+                const float m = J->K->maxf(B->S + ver * plane + off, len);
+                mx = m > mx ? m : mx;
+            }
             for (int ver = 0; ver < N_VER - 1; ver++)
-                for (int64_t j = 0; j < len; j++)
-                    mx = B->S[ver * plane + off + j] > mx ? B->S[ver * plane + off + j] : mx;
-            for (int ver = 0; ver < N_VER - 1; ver++)
-                for (int64_t j = 0; j < len; j++)
-                    B->E[ver * plane + off + j] = expf(B->S[ver * plane + off + j] - mx);
+                (void)J->K->expsum(B->E + ver * plane + off, B->S + ver * plane + off, mx, len);
         }
     }
 }
@@ -368,7 +362,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
                     mx = s[st->ver[j]][j] > mx ? s[st->ver[j]][j] : mx;
             Z = 0;
             for (int64_t j = 0; j <= t; j++) {
-                st->w[j] = st->ver[j] ? (double)expf(s[st->ver[j]][j] - mx) : 0.0;
+                st->w[j] = st->ver[j] ? (double)thr_lk_exp1(s[st->ver[j]][j] - mx) : 0.0;
                 Z += st->w[j];
             }
         }
