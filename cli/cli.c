@@ -10,9 +10,21 @@
 
 #include "kvq/util.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 static const char *g_command; /* the running subcommand, for the error prefix */
 
 void cli_set_command(const char *name) { g_command = name; }
+
+void cli_keep_freed_memory(void)
+{
+#if defined(__GLIBC__)
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+#endif
+}
 
 /* "kvq CMD: MSG" (MSG without a leading "CMD: " of its own), or "kvq: MSG" outside a
  * subcommand: one prefix style for every error. */

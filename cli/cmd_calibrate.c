@@ -108,6 +108,8 @@ typedef struct banner_state {
 static void on_stage(void *user, const kvq_calibrate_stage_info *s)
 {
     const banner_state *b = user;
+    if (s->stage == KVQ_CALIB_PROFILE && s->event == KVQ_CALIB_EVENT_RUN)
+        cli_keep_freed_memory(); /* per-job buffers of the grid (cli.h) */
     if (b->quiet)
         return;
     const char *name = kvq_calibrate_stage_name(s->stage);

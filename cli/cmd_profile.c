@@ -370,6 +370,7 @@ int cmd_profile(int argc, char **argv)
     if (rc >= 0)
         goto done;
     rc = 0;
+    cli_keep_freed_memory(); /* per-job buffers of the grid (cli.h) */
     o.p.cb = cli_callbacks(o.verbose, o.quiet);
     o.p.dist = cli_dist(); /* under mpirun: the grid split by layers (docs/mpi.md) */
     if ((rc = cli_check_corpus(o.p.corpus)))
