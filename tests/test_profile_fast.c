@@ -36,6 +36,7 @@
 #include "kvq/model.h"
 #include "kvq/thresholds.h"
 #include "thresholds/lk_kernels.h"
+#include "thresholds/thresholds_internal.h"
 
 #define SMOLLM2_DEFAULT ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define TEXT "docs/design.md"
@@ -511,6 +512,33 @@ static void test_lk_kernels_equal_scalar(void **state)
         }
     }
     assert_true(one_sum_differs);
+    /* Algorithm 1's choice: ties (sig on a coarse grid), every class, a NaN */
+    double *sg = malloc(sizeof(double) * N);
+    uint8_t *cl = malloc(N);
+    int last_tie_differs = 0;
+    for (int round = 0; round < 3; round++) {
+        for (int64_t j = 0; j < N; j++) {
+            sg[j] = floor(lk_unif() * 20.0) / 7.0;
+            cl[j] = (uint8_t)(lk_unif() * 3.0);
+        }
+        if (round == 2)
+            sg[N / 2] = NAN;
+        for (int level = 1; level <= 2; level++)
+            for (int64_t len = 0; len <= N; len += len < 40 ? 1 : 71)
+                for (uint8_t sec = 0; sec < 4; sec++) {
+                    const int64_t a = thr_leankv_argmin_scalar(sg, cl, sec, len);
+                    assert_int_equal(ref->argmin(sg, cl, sec, len), a);
+                    assert_int_equal(thr_lk_kernels_get(level)->argmin(sg, cl, sec, len), a);
+                    int64_t b = -1; /* the last tie: a wrong rule */
+                    for (int64_t j = 0; j < len; j++)
+                        if (cl[j] == sec && (b < 0 || sg[j] <= sg[b]))
+                            b = j;
+                    last_tie_differs |= a != b;
+                }
+    }
+    assert_true(last_tie_differs);
+    free(sg);
+    free(cl);
     free(acc);
     free(w0);
     free(w1);
@@ -522,6 +550,46 @@ static void test_lk_kernels_equal_scalar(void **state)
     free(ver);
 }
 
+/* n errors of mean m and standard deviation sd, memory mem. */
+static thr_acc acc_of(double m, double sd, double mem)
+{
+    thr_acc a;
+    memset(&a, 0, sizeof a);
+    a.err_n = 100;
+    a.err_sum = 100 * m;
+    a.err_sq = 99 * sd * sd + 100 * m * m;
+    a.mem.bytes = mem;
+    a.mem.bytes_f16 = 1;
+    return a;
+}
+
+/* The settings measured again on every row when none can be within tolerance: the ones
+ * that may have the least error, unless that is one setting (or its duplicates, equal
+ * figures), which no measurement can unseat. */
+static void test_refine_marks(void **state)
+{
+    (void)state;
+    uint8_t mark[4];
+    /* one clear best: nothing measured again */
+    thr_acc a[4] = {acc_of(0.30, 0.01, 0.1), acc_of(0.20, 0.01, 0.5), acc_of(0.40, 0.01, 0.2),
+                    acc_of(0.35, 0.01, 0.3)};
+    thr_mark_refine(a, 0, 4, 0.05, mark);
+    for (int c = 0; c < 4; c++)
+        assert_int_equal(mark[c], 0);
+    /* the best and its duplicate: nothing */
+    a[3] = a[1];
+    thr_mark_refine(a, 0, 4, 0.05, mark);
+    for (int c = 0; c < 4; c++)
+        assert_int_equal(mark[c], 0);
+    /* two that may be the best: both */
+    a[3] = acc_of(0.2005, 0.01, 0.3);
+    thr_mark_refine(a, 0, 4, 0.05, mark);
+    assert_true(mark[1] && mark[3] && !mark[0] && !mark[2]);
+    /* the tolerance within reach: the ambiguous ones, as before */
+    thr_mark_refine(a, 0, 4, 0.2, mark);
+    assert_true(mark[1] && mark[3] && !mark[0] && !mark[2]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -530,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_sampled_threads_same_bytes),
         cmocka_unit_test(test_budget_sampled_equals_every_row),
         cmocka_unit_test(test_lk_kernels_equal_scalar),
+        cmocka_unit_test(test_refine_marks),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     test_tmpdir_cleanup();

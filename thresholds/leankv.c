@@ -79,8 +79,23 @@ void kvq_leankv_classify_prompt(const double *sig, int64_t n, const kvq_leankv_p
                                               : kvq_leankv_rule(sig[j], j + 1, p));
 }
 
+int64_t thr_leankv_argmin_scalar(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len)
+{
+    int64_t v = -1;
+    for (int64_t j = 0; j < len; j++)
+        if (cls[j] == sec && (v < 0 || sig[j] < sig[v]))
+            v = j;
+    return v;
+}
+
 int64_t kvq_leankv_generation_step(const double *sig, int64_t n, const kvq_leankv_params *p,
                                    uint8_t *cls)
+{
+    return thr_leankv_step(sig, n, p, cls, thr_leankv_argmin_scalar);
+}
+
+int64_t thr_leankv_step(const double *sig, int64_t n, const kvq_leankv_params *p, uint8_t *cls,
+                        thr_argmin_fn argmin)
 {
     if (n < 1)
         return -1;
@@ -93,10 +108,7 @@ int64_t kvq_leankv_generation_step(const double *sig, int64_t n, const kvq_leank
     if (sec == KVQ_LEANKV_PRUNED)
         return -1;
     /* the least significant token of that section outside the window (ties: earliest) */
-    int64_t v = -1;
-    for (int64_t j = 0; j <= c; j++)
-        if (cls[j] == sec && (v < 0 || sig[j] < sig[v]))
-            v = j;
+    const int64_t v = argmin(sig, cls, (uint8_t)sec, c + 1);
     const kvq_leankv_class now = kvq_leankv_rule(sig[v], n, p);
     if (now < sec)
         cls[v] = (uint8_t)now; /* HIGH -> LOW or PRUNED; LOW -> PRUNED */

@@ -6,6 +6,7 @@
 
 #include "kvq/common.h"
 #include "thresholds/lk_kernels.h"
+#include "thresholds/thresholds_internal.h"
 
 static void significance_scalar(double *sig, const double *acc, int64_t n, int32_t gs,
                                 const int64_t *qcum, int64_t nq, int64_t len)
@@ -63,7 +64,8 @@ static float maxf_scalar(const float *s, int64_t len)
 }
 
 static const thr_lk_kernels scalar = {"scalar", significance_scalar, gather_scalar,
-                                      daxpy_scalar, mix_scalar, expsum_scalar, maxf_scalar};
+                                      daxpy_scalar, mix_scalar, expsum_scalar, maxf_scalar,
+                                      thr_leankv_argmin_scalar};
 
 const thr_lk_kernels *thr_lk_kernels_get(int level)
 {

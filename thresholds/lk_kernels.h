@@ -35,6 +35,9 @@ typedef struct thr_lk_kernels {
     double (*expsum)(float *out, const float *s, float mx, int64_t len);
     /* the largest of s[0 .. len) (NaN ignored; -inf when len is 0) */
     float (*maxf)(const float *s, int64_t len);
+    /* the first j < len with cls[j] == sec and the least sig[j], -1 if none (the scalar
+     * rule: thr_leankv_argmin_scalar, thresholds_internal.h) */
+    int64_t (*argmin)(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len);
 } thr_lk_kernels;
 
 /* The kernels of level 0 (scalar), 1 (AVX2) or 2 (AVX-512), lowered to what this CPU

@@ -4,6 +4,7 @@
  * gather's partial sum of j mod 4 in lane j mod 4, tails by the scalar rule.
  */
 #include "thresholds/lk_kernels.h"
+#include "thresholds/thresholds_internal.h"
 
 #if THR_LK_X86
 #include <immintrin.h>
@@ -168,5 +169,6 @@ TARGET static float maxf_avx2(const float *s, int64_t len)
 }
 
 const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, thr_lk_gather_avx2, daxpy_avx2,
-                                    mix_avx2, expsum_avx2, maxf_avx2};
+                                    mix_avx2, expsum_avx2, maxf_avx2,
+                                    thr_leankv_argmin_scalar};
 #endif

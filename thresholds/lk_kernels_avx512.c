@@ -1,10 +1,11 @@
 /*
  * lk_kernels_avx512.c — AVX-512 versions of the LeanKV grid kernels
  * (thresholds/lk_kernels.h), equal to the scalar ones bit for bit: separate multiplies
- * and adds, tails by the scalar rule. The gather keeps AVX2's four lanes (its partial
- * sums are defined per j mod 4).
+ * and adds, tails by the scalar rule. The gather keeps four partial sums (defined per
+ * j mod 4), eight tokens at a time added in two halves.
  */
 #include "thresholds/lk_kernels.h"
+#include "thresholds/thresholds_internal.h"
 
 #if THR_LK_X86
 #include <immintrin.h>
@@ -35,6 +36,34 @@ TARGET static void significance_avx512(double *sig, const double *acc, int64_t n
         }
         sig[j] = cnt > 0 ? best / (double)cnt : INFINITY;
     }
+}
+
+/* The gather, 8 tokens at a time by masked loads; the partial sum of j mod 4 stays in
+ * lane j mod 4 (the low four tokens added before the high four: the scalar order). */
+TARGET static double gather_avx512(const float *const e[4], const uint8_t *ver, int64_t len,
+                                   double *w)
+{
+    __m256d z = _mm256_setzero_pd();
+    const __m256i v1 = _mm256_set1_epi32(1), v2 = _mm256_set1_epi32(2),
+                  v3 = _mm256_set1_epi32(3);
+    int64_t j = 0;
+    for (; j + 8 <= len; j += 8) {
+        const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ver + j)));
+        __m256 x = _mm256_maskz_loadu_ps(_mm256_cmpeq_epi32_mask(v, v1), e[1] + j);
+        x = _mm256_mask_loadu_ps(x, _mm256_cmpeq_epi32_mask(v, v2), e[2] + j);
+        x = _mm256_mask_loadu_ps(x, _mm256_cmpeq_epi32_mask(v, v3), e[3] + j);
+        const __m512d wd = _mm512_cvtps_pd(x);
+        _mm512_storeu_pd(w + j, wd);
+        z = _mm256_add_pd(z, _mm512_castpd512_pd256(wd));
+        z = _mm256_add_pd(z, _mm512_extractf64x4_pd(wd, 1));
+    }
+    double zs[4];
+    _mm256_storeu_pd(zs, z);
+    for (; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
+        zs[j & 3] += w[j];
+    }
+    return (zs[0] + zs[1]) + (zs[2] + zs[3]);
 }
 
 TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t len)
@@ -130,6 +159,53 @@ TARGET static float maxf_avx512(const float *s, int64_t len)
     return mx;
 }
 
-const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, thr_lk_gather_avx2,
-                                      daxpy_avx512, mix_avx512, expsum_avx512, maxf_avx512};
+/* Algorithm 1's choice, 8 tokens at a time: the least sig among the tokens of class sec,
+ * then the first token with it (the scalar rule's earliest tie); a NaN among them goes
+ * to the scalar rule. */
+TARGET static int64_t argmin_avx512(const double *sig, const uint8_t *cls, uint8_t sec,
+                                    int64_t len)
+{
+    const __m512i vs = _mm512_set1_epi64(sec);
+    __m512d mn = _mm512_set1_pd(INFINITY);
+    __mmask8 any = 0;
+    const int64_t l8 = len & ~(int64_t)7;
+    for (int64_t j = 0; j < l8; j += 8) {
+        const __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(cls + j)));
+        const __mmask8 m = _mm512_cmpeq_epi64_mask(c, vs);
+        const __m512d x = _mm512_loadu_pd(sig + j);
+        if (_mm512_mask_cmp_pd_mask(m, x, x, _CMP_UNORD_Q))
+            return thr_leankv_argmin_scalar(sig, cls, sec, len);
+        mn = _mm512_mask_min_pd(mn, m, x, mn);
+        any |= m;
+    }
+    double m8[8], best = INFINITY;
+    _mm512_storeu_pd(m8, mn);
+    for (int i = 0; i < 8; i++)
+        best = m8[i] < best ? m8[i] : best;
+    for (int64_t j = l8; j < len; j++)
+        if (cls[j] == sec) {
+            if (sig[j] != sig[j])
+                return thr_leankv_argmin_scalar(sig, cls, sec, len);
+            best = sig[j] < best ? sig[j] : best;
+            any = 1;
+        }
+    if (!any)
+        return -1;
+    const __m512d vb = _mm512_set1_pd(best);
+    for (int64_t j = 0; j < l8; j += 8) {
+        const __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(cls + j)));
+        const __mmask8 m = _mm512_mask_cmp_pd_mask(_mm512_cmpeq_epi64_mask(c, vs),
+                                                   _mm512_loadu_pd(sig + j), vb, _CMP_EQ_OQ);
+        if (m)
+            return j + __builtin_ctz(m);
+    }
+    for (int64_t j = l8; j < len; j++)
+        if (cls[j] == sec && sig[j] == best)
+            return j;
+    return -1; /* not reached */
+}
+
+const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, gather_avx512,
+                                      daxpy_avx512, mix_avx512, expsum_avx512, maxf_avx512,
+                                      argmin_avx512};
 #endif

@@ -65,13 +65,19 @@ static void pack_queries(const thr_rows *R, const int64_t *rows, int64_t nr, flo
         memcpy(Qp + (size_t)i * gd, R->q + (size_t)rows[i] * gd, sizeof(float) * gd);
 }
 
-/* S [nr * gs, T] = Qp K[0:T]^T / sqrt(d). */
-static void scores(const thr_rows *R, const float *Qp, int64_t nr, const float *K, int64_t T,
-                   float *S)
+/* S [nr * gs, ld] = Qp K[0:T]^T / sqrt(d) in the first T columns. */
+static void scores_ld(const thr_rows *R, const float *Qp, int64_t nr, const float *K, int64_t T,
+                      float *S, int64_t ld)
 {
     const float scale = (float)(1.0 / sqrt((double)R->d));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(nr * R->gs), (int)T, R->d, scale,
-                Qp, R->d, K, R->d, 0.0f, S, (int)T);
+                Qp, R->d, K, R->d, 0.0f, S, (int)ld);
+}
+
+static void scores(const thr_rows *R, const float *Qp, int64_t nr, const float *K, int64_t T,
+                   float *S)
+{
+    scores_ld(R, Qp, nr, K, T, S, T);
 }
 
 /* Causal softmax of one score row over [0, len) in place (zeros after len): the f32
@@ -88,12 +94,11 @@ static void softmax_row(const thr_lk_kernels *K, float *s, int64_t len, int64_t 
 
 /* Exact attention of rows [nr] (ascending): adds each row's probabilities of the tokens
  * before it into accP [gs, n] (when not NULL) and writes its outputs to out [nr, gs, d]
- * (when not NULL). Scratch: Qp [blk, gs, d], S [blk * gs, n]. */
-static void exact_rows(const thr_rows *R, const int64_t *rows, int64_t nr, double *accP,
-                       float *out, float *Qp, float *S)
+ * (when not NULL). Scratch: Qp [blk, gs, d], S [blk * gs, n]. K: the softmax kernels. */
+static void exact_rows(const thr_lk_kernels *K, const thr_rows *R, const int64_t *rows,
+                       int64_t nr, double *accP, float *out, float *Qp, float *S)
 {
     const int32_t gs = R->gs, d = R->d;
-    const thr_lk_kernels *K = thr_lk_kernels_get(-1);
     for (int64_t b0 = 0; b0 < nr;) {
         int64_t nb = block_rows(R->n, gs);
         nb = nb > nr - b0 ? nr - b0 : nb;
@@ -194,11 +199,11 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prom
             J->crow[J->nc++] = t;
     }
     if (prompt)
-        exact_rows(R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
+        exact_rows(J->K, R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
     J->nm = thr_sample_rows(J->crow, J->nc, sample, J->mrow);
     for (int64_t i = 0; i < J->nm; i++)
         J->mat[J->mrow[i]] = i;
-    exact_rows(R, J->mrow, J->nm, NULL, J->ex, J->Qp, J->S);
+    exact_rows(J->K, R, J->mrow, J->nm, NULL, J->ex, J->Qp, J->S);
     return KVQ_OK;
 }
 
@@ -302,7 +307,7 @@ static void state_step(lk_state *st, const fjob *J, int64_t t)
     significance(st, J, t + 1);
     const int64_t c = t - st->lk.window;
     const uint8_t old_c = c >= 0 ? st->cls[c] : 0;
-    const int64_t v = kvq_leankv_generation_step(st->sig, t + 1, &st->lk, st->cls);
+    const int64_t v = thr_leankv_step(st->sig, t + 1, &st->lk, st->cls, J->K->argmin);
     /* what moved down is re-quantized from the K8V4 row the cache held */
     if (c >= 0 && st->cls[c] != old_c)
         st->ver[c] = st->cls[c] == KVQ_LEANKV_LOW ? V_LOWB : V_PRUNED;
@@ -312,7 +317,9 @@ static void state_step(lk_state *st, const fjob *J, int64_t t)
 
 /* One block of continuation query rows: scores S [N_VER-1][nb * gs, T] against the
  * stored versions and E = exp(S - M), M the largest score of the row and head over
- * every version. */
+ * every version. K4V2 of the exact row is only ever a prompt token's version (the
+ * prompt rule gives it; later moves give K4V2 of the K8V4 row), so its columns stop at
+ * the prompt's end P. */
 typedef struct lk_block {
     int64_t i0, nb, T;   /* rows J->crow[i0 .. i0 + nb), tokens [0, T) */
     float *S, *E;        /* [3, blk * gs, n] */
@@ -323,20 +330,25 @@ static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
 {
     const thr_rows *R = J->R;
     const size_t plane = (size_t)B->nb * R->gs * B->T;
+    const int64_t TA = B->T < R->P ? B->T : R->P;
     pack_queries(R, J->crow + B->i0, B->nb, B->Qp);
     for (int ver = V_HIGH; ver < N_VER; ver++)
-        scores(R, B->Qp, B->nb, X->k[ver], B->T, B->S + (size_t)(ver - 1) * plane);
+        scores_ld(R, B->Qp, B->nb, X->k[ver], ver == V_LOWA ? TA : B->T,
+                  B->S + (size_t)(ver - 1) * plane, B->T);
     for (int64_t i = 0; i < B->nb; i++) {
         const int64_t len = J->crow[B->i0 + i] + 1;
         for (int32_t g = 0; g < R->gs; g++) {
             const size_t off = ((size_t)i * R->gs + g) * B->T;
             float mx = -INFINITY;
             for (int ver = 0; ver < N_VER - 1; ver++) {
-                const float m = J->K->maxf(B->S + ver * plane + off, len);
+                const int64_t l = ver == V_LOWA - 1 && len > R->P ? R->P : len;
+                const float m = J->K->maxf(B->S + ver * plane + off, l);
                 mx = m > mx ? m : mx;
             }
-            for (int ver = 0; ver < N_VER - 1; ver++)
-                (void)J->K->expsum(B->E + ver * plane + off, B->S + ver * plane + off, mx, len);
+            for (int ver = 0; ver < N_VER - 1; ver++) {
+                const int64_t l = ver == V_LOWA - 1 && len > R->P ? R->P : len;
+                (void)J->K->expsum(B->E + ver * plane + off, B->S + ver * plane + off, mx, l);
+            }
         }
     }
 }
@@ -543,7 +555,7 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
         a->mem.bytes_f16 += 4.0 * d * (double)n;
         const thr_rows Rt = {.n = n, .P = R->P, .d = d, .gs = gs, .k = K, .v = V, .q = R->q,
                              .has_q = R->has_q};
-        exact_rows(&Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
+        exact_rows(J->K, &Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
         for (int64_t i = 0; i < J->nm; i++)
             thr_add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
     }

@@ -70,6 +70,14 @@ kvq_status thr_head_memory(thr_head *h, kvq_simcache_memory *m, kvq_err *err);
 /* LeanKV internals used by thr_head (leankv.c). */
 kvq_status thr_leankv_finish_prompt(thr_head *h, kvq_err *err);
 kvq_status thr_leankv_push(thr_head *h, const float *q, float *out, kvq_err *err);
+/* The first j < len with cls[j] == sec whose sig[j] is least (ties: the earliest; -1 if
+ * none): Algorithm 1's choice. Scalar here; the profile's kernels (lk_kernels.h) equal it. */
+typedef int64_t (*thr_argmin_fn)(const double *sig, const uint8_t *cls, uint8_t sec,
+                                 int64_t len);
+int64_t thr_leankv_argmin_scalar(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len);
+/* kvq_leankv_generation_step with that choice made by argmin. */
+int64_t thr_leankv_step(const double *sig, int64_t n, const kvq_leankv_params *p, uint8_t *cls,
+                        thr_argmin_fn argmin);
 /* PATS internals (pats.c). */
 void thr_pats_push(thr_head *h, const float *q, float *out);
 
