@@ -25,8 +25,10 @@ typedef struct thr_lk_kernels {
     double (*gather)(const float *const e[4], const uint8_t *ver, int64_t len, double *w);
     /* acc[j] += w[j] a for j < len */
     void (*daxpy)(double *acc, double a, const double *w, int64_t len);
-    /* o [d] = sum over j < len with ver[j] != 0, in order, of (float)(w[j] inv) times
-     * row j of v[ver[j]] [., d], each term rounded as o[c] += a x[c] (v[0] unused) */
+    /* o [d] = the sum over j < len with ver[j] != 0 of (float)(w[j] inv) times row j of
+     * v[ver[j]] [., d], in two sums, even j and odd j, each in order with every term
+     * rounded as s[c] += a x[c], then o[c] = even[c] + odd[c] (two chains of adds:
+     * half the latency per row; v[0] unused) */
     void (*mix)(float *o, const double *w, double inv, const uint8_t *ver,
                 const float *const v[4], int64_t len, int32_t d);
     /* out[j] = thr_lk_exp1(s[j] - mx) for j < len (out may be s); returns their sum as
@@ -52,21 +54,21 @@ double thr_lk_gather_avx2(const float *const e[4], const uint8_t *ver, int64_t l
 #define THR_LK_X86 0
 #endif
 
-/* The mix of columns [c0, d), scalar: o[c] = the sum over rows j with ver[j] of
- * (float)(w[j] inv) v[ver[j]][j * d + c], rows in order. mix_scalar is it with c0 = 0;
- * the SIMD kernels finish their columns with it, so the bits are the scalar ones. */
+/* The mix of columns [c0, d), scalar: o[c] = the sum over even rows j with ver[j] of
+ * (float)(w[j] inv) v[ver[j]][j * d + c], rows in order, plus that over odd rows.
+ * mix_scalar is it with c0 = 0; the SIMD kernels finish their columns with it, so the
+ * bits are the scalar ones. */
 static inline void thr_lk_mix_cols(float *restrict o, const double *w, double inv,
                                    const uint8_t *ver, const float *const v[4], int64_t len,
                                    int32_t d, int32_t c0)
 {
-    for (int32_t c = c0; c < d; c++)
-        o[c] = 0.0f;
-    for (int64_t j = 0; c0 < d && j < len; j++)
-        if (ver[j]) {
-            const float a = (float)(w[j] * inv), *x = v[ver[j]] + (size_t)j * d;
-            for (int32_t c = c0; c < d; c++)
-                o[c] += a * x[c];
-        }
+    for (int32_t c = c0; c < d; c++) {
+        float s[2] = {0.0f, 0.0f};
+        for (int64_t j = 0; j < len; j++)
+            if (ver[j])
+                s[j & 1] += (float)(w[j] * inv) * v[ver[j]][(size_t)j * d + c];
+        o[c] = s[0] + s[1];
+    }
 }
 
 /* The profile's exponential (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-5

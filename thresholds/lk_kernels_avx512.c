@@ -77,27 +77,36 @@ TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t 
         acc[j] += w[j] * a;
 }
 
-TARGET static void mix_avx512(float *o, const double *w, double inv, const uint8_t *ver,
+TARGET static void mix_avx512(float *out, const double *w, double inv, const uint8_t *ver,
                               const float *const v[4], int64_t len, int32_t d)
 {
     int32_t c0 = 0;
-    for (; c0 + 64 <= d; c0 += 64) { /* 64 columns in registers over every row */
-        __m512 o0 = _mm512_setzero_ps(), o1 = o0, o2 = o0, o3 = o0;
-        for (int64_t j = 0; j < len; j++)
-            if (ver[j]) {
-                const __m512 a = _mm512_set1_ps((float)(w[j] * inv));
-                const float *x = v[ver[j]] + (size_t)j * d + c0;
-                o0 = _mm512_add_ps(o0, _mm512_mul_ps(a, _mm512_loadu_ps(x)));
-                o1 = _mm512_add_ps(o1, _mm512_mul_ps(a, _mm512_loadu_ps(x + 16)));
-                o2 = _mm512_add_ps(o2, _mm512_mul_ps(a, _mm512_loadu_ps(x + 32)));
-                o3 = _mm512_add_ps(o3, _mm512_mul_ps(a, _mm512_loadu_ps(x + 48)));
-            }
-        _mm512_storeu_ps(o + c0, o0);
-        _mm512_storeu_ps(o + c0 + 16, o1);
-        _mm512_storeu_ps(o + c0 + 32, o2);
-        _mm512_storeu_ps(o + c0 + 48, o3);
+#define MIX_ROW(J, T0, T1, T2, T3)                                                          \
+    if (ver[J]) {                                                                          \
+        const __m512 a = _mm512_set1_ps((float)(w[J] * inv));                               \
+        const float *x = v[ver[J]] + (size_t)(J) * d + c0;                                   \
+        T0 = _mm512_add_ps(T0, _mm512_mul_ps(a, _mm512_loadu_ps(x)));                        \
+        T1 = _mm512_add_ps(T1, _mm512_mul_ps(a, _mm512_loadu_ps(x + 16)));                   \
+        T2 = _mm512_add_ps(T2, _mm512_mul_ps(a, _mm512_loadu_ps(x + 32)));                   \
+        T3 = _mm512_add_ps(T3, _mm512_mul_ps(a, _mm512_loadu_ps(x + 48)));                   \
     }
-    thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
+    for (; c0 + 64 <= d; c0 += 64) { /* 64 columns in registers, even and odd rows apart */
+        __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
+        __m512 o0 = e0, o1 = e0, o2 = e0, o3 = e0;
+        int64_t j = 0;
+        for (; j + 2 <= len; j += 2) {
+            MIX_ROW(j, e0, e1, e2, e3)
+            MIX_ROW(j + 1, o0, o1, o2, o3)
+        }
+        if (j < len)
+            MIX_ROW(j, e0, e1, e2, e3)
+        _mm512_storeu_ps(out + c0, _mm512_add_ps(e0, o0));
+        _mm512_storeu_ps(out + c0 + 16, _mm512_add_ps(e1, o1));
+        _mm512_storeu_ps(out + c0 + 32, _mm512_add_ps(e2, o2));
+        _mm512_storeu_ps(out + c0 + 48, _mm512_add_ps(e3, o3));
+    }
+#undef MIX_ROW
+    thr_lk_mix_cols(out, w, inv, ver, v, len, d, c0);
 }
 
 /* thr_lk_exp1 on 16 lanes, the same operations in the same order. */

@@ -14,6 +14,8 @@
 
 #include "thresholds/thresholds_internal.h"
 
+#define ROPE_GS_MAX 15 /* query heads per KV head rotated with their key in one call */
+
 /* The rows of one job and the reference's scratch. */
 typedef struct job_bufs {
     float *k, *v, *q;     /* [n, d], [n, d], [n, gs, d] post-RoPE (k, q) */
@@ -52,17 +54,26 @@ static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, cons
     }
     if (!b->k || !b->v || !b->q || !b->has_q || (reference && (!b->ex || !b->o || !b->p)))
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    float kq[(1 + ROPE_GS_MAX) * KVQ_ROPE_MAX_DIM]; /* the row's key, then its queries */
+    const int one = gs > ROPE_GS_MAX; /* more query heads than kq holds: rotate apart */
     for (int64_t t = 0; t < n; t++) {
         const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
-        kvq_capture_read_heads(L->k, row, h, 1, b->k + (size_t)t * d);
+        kvq_capture_read_heads(L->k, row, h, 1, kq);
         kvq_capture_read_heads(L->v, row, h, 1, b->v + (size_t)t * d);
-        kvq_rope_apply(&ci->model.rope, theta, b->k + (size_t)t * d, 1, pos);
         b->has_q[t] = L->qidx[row] >= 0;
-        if (b->has_q[t]) {
-            float *qt = b->q + (size_t)t * gs * d;
-            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
-            kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
+        float *qt = b->q + (size_t)t * gs * d;
+        if (b->has_q[t] && !one) { /* one cos/sin per pair for the key and its queries */
+            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, kq + d);
+            kvq_rope_apply(&ci->model.rope, theta, kq, 1 + gs, pos);
+            memcpy(qt, kq + d, sizeof(float) * (size_t)gs * d);
+        } else {
+            kvq_rope_apply(&ci->model.rope, theta, kq, 1, pos);
+            if (b->has_q[t]) {
+                kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
+                kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
+            }
         }
+        memcpy(b->k + (size_t)t * d, kq, sizeof(float) * (size_t)d);
     }
     return KVQ_OK;
 }
