@@ -66,6 +66,10 @@ static kvq_status cuda_fail(cudaError_t e, const char *what, kvq_err *err)
         }                                                                                    \
     } while (0)
 
+/* After every kernel launch: a launch error (bad configuration, no kernel image for this
+ * device) is reported at once, naming the kernel. */
+#define CU_LAUNCHED(kernel) CU_TRY(cudaGetLastError(), "kernel " #kernel)
+
 /* ---- kernels ------------------------------------------------------------------------- */
 
 /* out[i] = ||x_i||^2 */
@@ -184,7 +188,7 @@ static kvq_status cuda_create(const float *x, const float *w, int64_t n, int32_t
         goto done;
     }
     k_norms<<<(unsigned)((n + 255) / 256), 256>>>(c->x, (long long)n, d, c->xnorm);
-    CU_TRY(cudaGetLastError(), "norms kernel");
+    CU_LAUNCHED(k_norms);
     *out = c;
     c = NULL;
 done:
@@ -243,7 +247,7 @@ static kvq_status cuda_assign(void *vctx, const float *cent, int32_t kc, int32_t
     CU_TRY(cudaMemcpy(c->cent, cent, (size_t)kc * d * sizeof(float), cudaMemcpyHostToDevice),
            "upload centroids");
     k_norms<<<(unsigned)((kc + 255) / 256), 256>>>(c->cent, kc, d, c->cnorm);
-    CU_TRY(cudaGetLastError(), "centroid norms kernel");
+    CU_LAUNCHED(k_norms);
     for (int64_t i0 = 0; i0 < c->n; i0 += rows) {
         const int64_t nr = c->n - i0 < rows ? c->n - i0 : rows;
         /* column-major: s^T [kc, nr] = C [kc, d] . X_b^T [d, nr]; row-major s [nr, kc] */
@@ -255,7 +259,7 @@ static kvq_status cuda_assign(void *vctx, const float *cent, int32_t kc, int32_t
         const long long threads = nr * 32;
         k_argmin<<<(unsigned)((threads + 255) / 256), 256>>>(
             c->s, nr, kc, c->xnorm + i0, c->cnorm, c->assign + i0, c->dist + i0);
-        CU_TRY(cudaGetLastError(), "argmin kernel");
+        CU_LAUNCHED(k_argmin);
     }
     if (assign)
         CU_TRY(cudaMemcpy(assign, c->assign, (size_t)c->n * sizeof(int32_t),
@@ -306,7 +310,7 @@ static kvq_status cuda_update(void *vctx, const int32_t *assign, int32_t k, floa
         const int threads = c->d < 256 ? ((c->d + 31) / 32) * 32 : 256;
         k_update<<<(unsigned)k, threads>>>(c->x, c->w, c->d, c->order, c->seg, c->cent,
                                           c->wsum);
-        CU_TRY(cudaGetLastError(), "update kernel");
+        CU_LAUNCHED(k_update);
     }
     seg_h = (int64_t *)malloc(((size_t)k + 1) * sizeof *seg_h);
     if (!seg_h) {
