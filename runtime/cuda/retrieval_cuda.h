@@ -20,7 +20,8 @@
  *                        calls with device CUDA (runtime/device.c).
  *
  * Status: compiled and linked in the CUDA build; no GPU was available to run either,
- * so neither has been executed (docs/runtime.md).
+ * so neither has been executed (docs/runtime.md, docs/cuda.md); make test-cuda checks
+ * them against the CPU wherever a GPU exists.
  */
 #ifndef KVQ_RUNTIME_RETRIEVAL_CUDA_H
 #define KVQ_RUNTIME_RETRIEVAL_CUDA_H
