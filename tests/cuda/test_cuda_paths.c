@@ -2,7 +2,7 @@
  * with CUDA=1: `make test-cuda`, scripts/test-cuda.sh; `make CUDA=1 test` runs it too).
  *
  *   k-means     distances + argmin (cuBLAS SGEMM + k_argmin), the centroid update
- *               (thrust sort + k_update), seeding through the CUDA backend (k-means||'s
+ *               (cub radix sort + k_update), seeding through the CUDA backend (k-means||'s
  *               distance passes), the whole fit with device cuda
  *   moments     the batched Cholesky (cusolverDnDpotrfBatched) against LAPACK's dpotrf
  *   retrieval   the LUT (k_lut), the score gather (k_score) and the top-k kernel itself
