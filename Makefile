@@ -29,8 +29,10 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 # Every real architecture from sm_70 up that this nvcc can build (`nvcc --list-gpu-code`;
 # CUDA 13 dropped sm_70/72), plus PTX for the newest so that a newer GPU JIT-compiles it.
 # A GPU that none of these runs on falls back to the CPU with one line (common/cuda/device.cu).
-CUDA_SMS  ?= $(shell $(NVCC) --list-gpu-code 2>/dev/null | sed -n 's/^sm_\([0-9]*\)$$/\1/p' | \
+# (An nvcc without --list-gpu-code, before CUDA 11: sm_80 and sm_90.)
+CUDA_SMS_FOUND = $(shell $(NVCC) --list-gpu-code 2>/dev/null | sed -n 's/^sm_\([0-9]*\)$$/\1/p' | \
                awk '$$1 >= 70' | sort -n -u | tr '\n' ' ')
+CUDA_SMS  ?= $(or $(strip $(CUDA_SMS_FOUND)),80 90)
 CUDA_ARCH ?= $(foreach a,$(CUDA_SMS),-gencode arch=compute_$(a),code=sm_$(a)) \
              -gencode arch=compute_$(lastword $(CUDA_SMS)),code=compute_$(lastword $(CUDA_SMS))
 KVQ_TEST_MODEL ?= ../shared/models/stories260K.gguf
