@@ -4,6 +4,8 @@
 #   make test         install missing deps, build with -Werror, run every test
 #   make demo         install missing deps, fetch SmolLM2-135M, run the pipeline on real text
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
+#   make test-cuda    build with CUDA=1 and check every CUDA path against the CPU
+#                     (scripts/test-cuda.sh; every case is skipped without a GPU)
 #   make MPI=0        build kvq without MPI even when OpenMPI is installed (docs/mpi.md)
 #   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
@@ -24,7 +26,15 @@ PYTHON    ?= python3
 FUZZ_TIME ?= 60
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(CUDA_HOME)/bin/nvcc
-CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+# Every real architecture from sm_70 up that this nvcc can build (`nvcc --list-gpu-code`;
+# CUDA 13 dropped sm_70/72), plus PTX for the newest so that a newer GPU JIT-compiles it.
+# A GPU that none of these runs on falls back to the CPU with one line (common/cuda/device.cu).
+# (An nvcc without --list-gpu-code, before CUDA 11: sm_80 and sm_90.)
+CUDA_SMS_FOUND = $(shell $(NVCC) --list-gpu-code 2>/dev/null | sed -n 's/^sm_\([0-9]*\)$$/\1/p' | \
+               awk '$$1 >= 70' | sort -n -u | tr '\n' ' ')
+CUDA_SMS  ?= $(or $(strip $(CUDA_SMS_FOUND)),80 90)
+CUDA_ARCH ?= $(foreach a,$(CUDA_SMS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_SMS)),code=compute_$(lastword $(CUDA_SMS))
 KVQ_TEST_MODEL ?= ../shared/models/stories260K.gguf
 export KVQ_TEST_MODEL
 # SmolLM2-135M-Instruct Q4_1 for the golden tests (tests/test_smollm2.c); empty: `make
@@ -106,6 +116,11 @@ CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# tests/cuda/: the CUDA paths against the CPU, built (and run by test-run) with CUDA=1 only
+CUDA_TEST_BIN := $(patsubst tests/cuda/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/cuda/test_*.c)))
+ifeq ($(CUDA),1)
+  TEST_BIN += $(CUDA_TEST_BIN)
+endif
 TEST_HELPER_SRC := $(sort $(wildcard tests/helpers/*.c))
 TEST_HELPER_OBJ := $(TEST_HELPER_SRC:%.c=$(BUILD)/obj/%.o)
 
@@ -137,7 +152,7 @@ DESTDIR ?=
 # helpers (the CLI, tests and benchmarks take it from the source tree).
 PUBLIC_HEADERS := $(filter-out include/kvq/util.h,$(sort $(wildcard include/kvq/*.h)))
 
-.PHONY: all lib test test-run demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+.PHONY: all lib test test-run test-cuda cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
         install uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
@@ -145,7 +160,7 @@ all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 lib: $(STATIC) $(SHARED)
 
 help:
-	@sed -n '2,17p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
 
 # Prints what was found and stops early with a hint when something is missing.
 check-deps:
@@ -226,6 +241,10 @@ $(BUILD)/tests/%: tests/%.c $(TEST_HELPER_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(LDLIBS) $(TEST_LIBS) $(if $(CU_OBJ),-lstdc++)
 
+$(BUILD)/tests/%: tests/cuda/%.c $(TEST_HELPER_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) -Itests $(CFLAGS) -o $@ $< $(TEST_HELPER_OBJ) $(STATIC) $(LDLIBS) $(TEST_LIBS) -lstdc++
+
 $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(wildcard tests/fuzz/*.h) $(STATIC)
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< tests/fuzz/replay_main.c $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
@@ -252,6 +271,13 @@ test:
 
 test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXAMPLE_BIN)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run-tests.sh
+
+# `make test-cuda`: the CUDA build and its check against the CPU (scripts/test-cuda.sh).
+test-cuda:
+	@bash scripts/test-cuda.sh
+
+# the CUDA build and tests/cuda/ (scripts/test-cuda.sh calls this with CUDA=1)
+cuda-tests: check-deps $(STATIC) $(SHARED) $(KVQ) $(CUDA_TEST_BIN)
 
 asan:
 	@$(MAKE) --no-print-directory SAN=1 WERROR=1 test-run

@@ -4,7 +4,7 @@
  *
  *   bench_kmeans [--case big|small|both] [--n N] [--d D] [--k K] [--iters I]
  *                [--threads T] [--init NAME] [--trials T] [--seed-ppc S] [--seed S]
- *                [--data mixture|hard] [--dump DIR]
+ *                [--data mixture|hard] [--dump DIR] [--device cpu|cuda]
  *
  * Cases: big = n 65536, d 128, k 4096 (--n/--d/--k override it, e.g. --n 16384 for
  * a shorter run); small = the stories260K shape, n 16384, d 8, k 256.
@@ -18,6 +18,9 @@
  * --dump DIR writes DIR/kmeans_<case>_x.npy [n, d] and DIR/kmeans_<case>_init.npy
  * [k, d] (the seeding's centroids), for bench/kmeans_peers.py to run faiss and
  * scikit-learn from the same start.
+ * --device cuda runs the fit on the CUDA backend (a `make bench CUDA=1` build on a GPU
+ * machine: bench/bench_kmeans_gpu.sh); the line "backend:" says which one ran. The plain
+ * SGEMM reference stays OpenBLAS on the CPU.
  */
 #include <math.h>
 #include <stdio.h>
@@ -37,6 +40,7 @@ typedef struct bench_args {
     const char *init;
     const char *data;
     const char *dump;
+    int cuda; /* --device cuda */
 } bench_args;
 
 /* Process CPU time in seconds (all threads). */
@@ -184,6 +188,7 @@ static int run_case(const char *name, int64_t n, int32_t d, int32_t k, const ben
     p.seed = (uint64_t)a->seed;
     p.tol = 0; /* run every iteration */
     p.max_points_per_centroid = 0;
+    p.device = a->cuda ? KVQ_KMEANS_DEVICE_CUDA : KVQ_KMEANS_DEVICE_CPU;
     if (a->init && kvq_kmeans_init_parse(a->init, &p.init, &e) != KVQ_OK) {
         fprintf(stderr, "bench_kmeans: %s\n", e.msg);
         goto done;
@@ -234,6 +239,7 @@ static int run_case(const char *name, int64_t n, int32_t d, int32_t k, const ben
         fprintf(stderr, "bench_kmeans: %s\n", e.msg);
         goto done;
     }
+    printf("  backend: %s\n", s.backend == KVQ_KMEANS_DEVICE_CUDA ? "cuda" : "cpu");
     double sum = 0, best = 1e30;
     for (int32_t t = 0; t < s.n_iters; t++) {
         printf("  iter %2d: %.4f s  inertia %.6e\n", t, s.iter_seconds[t], s.inertia[t]);
@@ -275,6 +281,8 @@ static int parse_args(int argc, char **argv, bench_args *a)
             a->init = v;
         else if (!strcmp(o, "--dump"))
             a->dump = v;
+        else if (!strcmp(o, "--device") && (!strcmp(v, "cpu") || !strcmp(v, "cuda")))
+            a->cuda = !strcmp(v, "cuda");
         else if (!strcmp(o, "--data") && (!strcmp(v, "mixture") || !strcmp(v, "hard")))
             a->data = v;
         else if (!strcmp(o, "--trials"))

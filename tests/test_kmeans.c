@@ -941,13 +941,43 @@ static void test_cancel(void **state)
     free(x);
 }
 
-/* device=cuda without a usable GPU: the CPU result, and one warning line. */
+/* device=cuda with a usable GPU (a CUDA build on a GPU machine): the fit runs on it
+ * (stats.backend), silently, and on separable blobs gives the CPU's assignment. */
+static void cuda_fit_matches_cpu(const float *x)
+{
+    kvq_kmeans_params p = kvq_kmeans_params_default();
+    p.k = 4;
+    log_capture lc;
+    memset(&lc, 0, sizeof lc);
+    float c_cpu[4 * 5], c_gpu[4 * 5];
+    int32_t a_cpu[400], a_gpu[400];
+    kvq_kmeans_stats s;
+    memset(&s, 0, sizeof s);
+    kvq_err e = {0};
+    assert_int_equal(kvq_kmeans_fit(x, 400, 5, NULL, &p, c_cpu, a_cpu, NULL, &e), KVQ_OK);
+    p.device = KVQ_KMEANS_DEVICE_CUDA;
+    p.cb.log = capture_log;
+    p.cb.user = &lc;
+    assert_int_equal(kvq_kmeans_fit(x, 400, 5, NULL, &p, c_gpu, a_gpu, &s, &e), KVQ_OK);
+    assert_int_equal(s.backend, KVQ_KMEANS_DEVICE_CUDA);
+    assert_int_equal(lc.n[KVQ_LOG_WARN], 0);
+    assert_memory_equal(a_cpu, a_gpu, sizeof a_cpu);
+    for (int i = 0; i < 4 * 5; i++) /* same clusters: centroids equal to float roundings */
+        assert_true(fabsf(c_cpu[i] - c_gpu[i]) <= 1e-5f * (fabsf(c_cpu[i]) + 1.0f));
+    kvq_kmeans_stats_free(&s);
+}
+
+/* device=cuda: without a usable GPU the CPU result and one warning line; with one, the
+ * GPU's fit against the CPU's (tests/cuda/test_cuda_paths.c checks each step). */
 static void test_cuda_fallback(void **state)
 {
     const char *why = NULL;
-    if (kvq_cuda_available(&why))
-        TEST_SKIP("a CUDA device is present; the fallback path is not taken");
     float *x = planted(4, 100, 5, 8.0f, 0.5f, 121, NULL);
+    if (kvq_cuda_available(&why)) {
+        cuda_fit_matches_cpu(x);
+        free(x);
+        return;
+    }
     log_capture lc;
     memset(&lc, 0, sizeof lc);
     kvq_kmeans_params p = kvq_kmeans_params_default();

@@ -3,7 +3,8 @@
  *
  * assign: cuBLAS SGEMM of a block of points against the centroids, then one warp
  *         per point takes the argmin of ||x||^2 + ||c||^2 - 2 x.c.
- * update: points are stably sorted by cluster (thrust radix sort), then one thread
+ * update: points are stably sorted by cluster (cub radix sort over the bits of k - 1, its
+ *         buffers allocated once per context), then one thread
  *         block per cluster sums its points in double, in point order, one thread
  *         per dimension. No floating-point atomics, so results repeat run to run.
  * The per-element logic is kmeans/kmeans_kernels.h, shared with the CPU backend.
@@ -11,13 +12,13 @@
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include <thrust/binary_search.h>
-#include <thrust/copy.h>
 #include <thrust/device_ptr.h>
 #include <thrust/execution_policy.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/sequence.h>
-#include <thrust/sort.h>
 
 #include <math.h>
 #include <stdint.h>
@@ -37,8 +38,11 @@ typedef struct cuda_ctx {
     float *xnorm;     /* [n] */
     int32_t *assign;  /* [n] last assignment */
     float *dist;      /* [n] last distances */
-    int32_t *keys;    /* [n] sort keys (update) */
+    int32_t *keys;    /* [n] the assignment sorted (update) */
+    int64_t *iota;    /* [n] 0, 1, ..., n - 1 (update) */
     int64_t *order;   /* [n] points sorted by cluster (update) */
+    void *sort_tmp;   /* cub's temporary storage (update) */
+    size_t sort_tmp_bytes;
     float *cent;      /* [cap_k, d] */
     float *cnorm;     /* [cap_k] */
     int64_t *seg;     /* [cap_k + 1] cluster offsets in order (update) */
@@ -65,6 +69,10 @@ static kvq_status cuda_fail(cudaError_t e, const char *what, kvq_err *err)
             goto done;                                                                       \
         }                                                                                    \
     } while (0)
+
+/* After every kernel launch: a launch error (bad configuration, no kernel image for this
+ * device) is reported at once, naming the kernel. */
+#define CU_LAUNCHED(kernel) CU_TRY(cudaGetLastError(), "kernel " #kernel)
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
@@ -144,7 +152,9 @@ static void cuda_destroy(void *vctx)
     cudaFree(c->assign);
     cudaFree(c->dist);
     cudaFree(c->keys);
+    cudaFree(c->iota);
     cudaFree(c->order);
+    cudaFree(c->sort_tmp);
     cudaFree(c->cent);
     cudaFree(c->cnorm);
     cudaFree(c->seg);
@@ -184,7 +194,7 @@ static kvq_status cuda_create(const float *x, const float *w, int64_t n, int32_t
         goto done;
     }
     k_norms<<<(unsigned)((n + 255) / 256), 256>>>(c->x, (long long)n, d, c->xnorm);
-    CU_TRY(cudaGetLastError(), "norms kernel");
+    CU_LAUNCHED(k_norms);
     *out = c;
     c = NULL;
 done:
@@ -243,7 +253,7 @@ static kvq_status cuda_assign(void *vctx, const float *cent, int32_t kc, int32_t
     CU_TRY(cudaMemcpy(c->cent, cent, (size_t)kc * d * sizeof(float), cudaMemcpyHostToDevice),
            "upload centroids");
     k_norms<<<(unsigned)((kc + 255) / 256), 256>>>(c->cent, kc, d, c->cnorm);
-    CU_TRY(cudaGetLastError(), "centroid norms kernel");
+    CU_LAUNCHED(k_norms);
     for (int64_t i0 = 0; i0 < c->n; i0 += rows) {
         const int64_t nr = c->n - i0 < rows ? c->n - i0 : rows;
         /* column-major: s^T [kc, nr] = C [kc, d] . X_b^T [d, nr]; row-major s [nr, kc] */
@@ -255,7 +265,7 @@ static kvq_status cuda_assign(void *vctx, const float *cent, int32_t kc, int32_t
         const long long threads = nr * 32;
         k_argmin<<<(unsigned)((threads + 255) / 256), 256>>>(
             c->s, nr, kc, c->xnorm + i0, c->cnorm, c->assign + i0, c->dist + i0);
-        CU_TRY(cudaGetLastError(), "argmin kernel");
+        CU_LAUNCHED(k_argmin);
     }
     if (assign)
         CU_TRY(cudaMemcpy(assign, c->assign, (size_t)c->n * sizeof(int32_t),
@@ -278,27 +288,59 @@ static kvq_status cuda_update(void *vctx, const int32_t *assign, int32_t k, floa
     (void)assign; /* the device keeps the assignment of the last assign() call */
     if ((st = ensure_k(c, k, err)) != KVQ_OK)
         goto done;
+    if (c->n > INT32_MAX) {
+        st = kvq_err_set(err, KVQ_E_TOO_LARGE, "kmeans cuda: %lld points (at most 2^31 - 1)",
+                         (long long)c->n);
+        goto done;
+    }
     if (!c->keys) {
         CU_TRY(cudaMalloc((void **)&c->keys, (size_t)c->n * sizeof(int32_t)), "sort keys");
+        CU_TRY(cudaMalloc((void **)&c->iota, (size_t)c->n * sizeof(int64_t)), "sort order");
         CU_TRY(cudaMalloc((void **)&c->order, (size_t)c->n * sizeof(int64_t)), "sort order");
+        try {
+            thrust::device_ptr<int64_t> iota(c->iota);
+            thrust::sequence(thrust::device, iota, iota + c->n);
+        } catch (...) {
+            st = kvq_err_set(err, KVQ_E_BACKEND, "kmeans cuda: point indices failed");
+            goto done;
+        }
     }
     /* rows of empty clusters must come back unchanged: start from the host values */
     CU_TRY(cudaMemcpy(c->cent, cent, (size_t)k * c->d * sizeof(float), cudaMemcpyHostToDevice),
            "upload centroids");
-    CU_TRY(cudaMemcpy(c->keys, c->assign, (size_t)c->n * sizeof(int32_t),
-                      cudaMemcpyDeviceToDevice), "copy keys");
+    {
+        /* stable radix sort of (assignment, point index) over the bits of k - 1: points of
+         * one cluster stay in point order */
+        int bits = 1;
+        while (bits < 31 && (1 << bits) < k)
+            bits++;
+        size_t need = 0;
+        CU_TRY(cub::DeviceRadixSort::SortPairs(nullptr, need, (const unsigned *)c->assign,
+                                               (unsigned *)c->keys, c->iota,
+                                               c->order, (int)c->n, 0, bits),
+               "sort size");
+        if (need > c->sort_tmp_bytes) {
+            cudaFree(c->sort_tmp);
+            c->sort_tmp = NULL;
+            c->sort_tmp_bytes = 0;
+            CU_TRY(cudaMalloc(&c->sort_tmp, need), "sort storage");
+            c->sort_tmp_bytes = need;
+        }
+        size_t have = c->sort_tmp_bytes;
+        CU_TRY(cub::DeviceRadixSort::SortPairs(c->sort_tmp, have, (const unsigned *)c->assign,
+                                               (unsigned *)c->keys, c->iota,
+                                               c->order, (int)c->n, 0, bits),
+               "sort points by cluster");
+    }
     /* thrust reports failures by exception; none may cross into C */
     try {
         thrust::device_ptr<int32_t> keys(c->keys);
-        thrust::device_ptr<int64_t> order(c->order);
         thrust::device_ptr<int64_t> seg(c->seg);
-        thrust::sequence(thrust::device, order, order + c->n);
-        thrust::stable_sort_by_key(thrust::device, keys, keys + c->n, order);
         thrust::lower_bound(thrust::device, keys, keys + c->n,
                             thrust::counting_iterator<int32_t>(0),
                             thrust::counting_iterator<int32_t>(k + 1), seg);
     } catch (...) {
-        st = kvq_err_set(err, KVQ_E_BACKEND, "kmeans cuda: sorting points by cluster failed");
+        st = kvq_err_set(err, KVQ_E_BACKEND, "kmeans cuda: cluster offsets failed");
     }
     if (st != KVQ_OK)
         goto done;
@@ -306,7 +348,7 @@ static kvq_status cuda_update(void *vctx, const int32_t *assign, int32_t k, floa
         const int threads = c->d < 256 ? ((c->d + 31) / 32) * 32 : 256;
         k_update<<<(unsigned)k, threads>>>(c->x, c->w, c->d, c->order, c->seg, c->cent,
                                           c->wsum);
-        CU_TRY(cudaGetLastError(), "update kernel");
+        CU_LAUNCHED(k_update);
     }
     seg_h = (int64_t *)malloc(((size_t)k + 1) * sizeof *seg_h);
     if (!seg_h) {

@@ -237,6 +237,15 @@ static unsigned blocks_for(long long n, int threads)
     return (unsigned)((n + threads - 1) / threads);
 }
 
+/* After every kernel launch: a launch error (bad configuration, no kernel image for this
+ * device) is returned at once, naming the kernel. */
+#define LAUNCHED(kernel)                                                                   \
+    do {                                                                                   \
+        kvq_status st_ = cu_check(cudaGetLastError(), "kernel " #kernel, err);             \
+        if (st_ != KVQ_OK)                                                                 \
+            return st_;                                                                    \
+    } while (0)
+
 extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err)
 {
     if (s->d > MAX_D || s->d % 2 || s->G < 1 || s->d % s->G || s->n < 1 || s->gs < 1 ||
@@ -250,11 +259,14 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
     if (nc > 0) {
         k_lut<<<blocks_for((long long)s->n_kv * s->G * s->K, 256), 256>>>(s->table, s->qs, s->n_kv,
                                                                           s->d, s->K, s->G, s->lut);
+        LAUNCHED(k_lut);
         k_score<<<blocks_for((long long)s->n_kv * nc, 256), 256>>>(
             s->lut, s->codes, s->n_kv, s->K, s->G, s->ld, s_end, nc, s->scores);
+        LAUNCHED(k_score);
         if (s->k_sel < nc) {
             k_topk<<<s->n_kv, TOPK_THREADS>>>(s->scores, s->ld, nc, s->k_sel, s_end, s->keys,
                                               s->idx);
+            LAUNCHED(k_topk);
             n_sel = s->k_sel;
         } else {
             /* every candidate: the index list is the candidate range */
@@ -272,8 +284,6 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
                     return st;
             }
         }
-        if ((st = cu_check(cudaGetLastError(), "selection kernels", err)))
-            return st;
     } else {
         n_sel = 0;
     }
@@ -281,11 +291,12 @@ extern "C" kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err
     if (window > 0)
         k_rotate<<<blocks_for((long long)s->n_kv * window, 128), 128>>>(
             s->k, s->ld, s->n_kv, s->d, w_beg, window, s->wcos, s->wsin, s->layout, s->krot);
+    if (window > 0)
+        LAUNCHED(k_rotate);
     kvq_rt_cuda_step copy = *s;
     copy.window = window;
     k_attend<<<s->n_kv, ATT_THREADS>>>(copy, n_sel, w_beg);
-    if ((st = cu_check(cudaGetLastError(), "attention kernels", err)))
-        return st;
+    LAUNCHED(k_attend);
     return cu_check(cudaDeviceSynchronize(), "synchronize", err);
 }
 
@@ -302,8 +313,11 @@ typedef struct cu_slot {
     float *qp, *lut, *scores; /* [d], [G K], [n] */
     uint32_t *keys;           /* [n] */
     int32_t *idx;             /* [n] */
-    int64_t n;                /* rows of scores / keys / idx */
+    int64_t n;                /* rows of scores / keys / idx (grows geometrically) */
     int64_t lut_n, d;         /* floats of lut, of qp */
+    int64_t last_nc;          /* candidates of the last selection (kvq_rt_cuda_peek) */
+    cudaStream_t stream;      /* this slot's stream (blocking: it waits for the legacy
+                                 default stream, where put_codes copies) */
 } cu_slot;
 
 struct kvq_rt_cuda {
@@ -336,6 +350,8 @@ extern "C" kvq_status kvq_rt_cuda_create(int32_t n_layers, int32_t n_kv, int32_t
 
 static void slot_release(cu_slot *s)
 {
+    if (s->stream)
+        cudaStreamDestroy(s->stream);
     cudaFree(s->qp);
     cudaFree(s->lut);
     cudaFree(s->scores);
@@ -419,43 +435,49 @@ extern "C" kvq_status kvq_rt_cuda_put_codes(kvq_rt_cuda *c, int32_t layer, int32
                     "codes upload", err);
 }
 
-/* Grows slot scratch to n candidates, a LUT of lut_n floats and a query of d floats. */
+/* Frees *p and allocates max(want, 2 * *have) elements of size es when want > *have
+ * (geometric growth: a decode step that adds one candidate reallocates only at the
+ * powers of two). */
+static kvq_status grow(void **p, int64_t *have, int64_t want, size_t es, kvq_err *err)
+{
+    if (want <= *have)
+        return KVQ_OK;
+    const int64_t n = want > 2 * *have ? want : 2 * *have;
+    cudaFree(*p);
+    *p = NULL;
+    *have = 0;
+    kvq_status st = cu_check(cudaMalloc(p, es * (size_t)n), "scratch allocation", err);
+    if (st == KVQ_OK)
+        *have = n;
+    return st;
+}
+
+/* Grows slot scratch to n candidates, a LUT of lut_n floats and a query of d floats;
+ * makes the slot's stream on first use. */
 static kvq_status slot_reserve(cu_slot *s, int64_t n, int64_t lut_n, int64_t d, kvq_err *err)
 {
     kvq_status st = KVQ_OK;
+    if (!s->stream && (st = cu_check(cudaStreamCreate(&s->stream), "stream creation", err)))
+        return st;
     if (n > s->n) {
-        cudaFree(s->scores);
-        cudaFree(s->keys);
-        cudaFree(s->idx);
-        s->scores = NULL;
-        s->keys = NULL;
-        s->idx = NULL;
-        s->n = 0;
-        const int64_t want = n > 2 * s->n ? n : 2 * s->n;
-        if ((st = cu_check(cudaMalloc((void **)&s->scores, sizeof(float) * want), "scratch",
-                           err)) ||
-            (st = cu_check(cudaMalloc((void **)&s->keys, sizeof(uint32_t) * want), "scratch",
-                           err)) ||
-            (st = cu_check(cudaMalloc((void **)&s->idx, sizeof(int32_t) * want), "scratch", err)))
+        int64_t h1 = s->n, h2 = s->n, h3 = s->n;
+        if ((st = grow((void **)&s->scores, &h1, n, sizeof(float), err)) ||
+            (st = grow((void **)&s->keys, &h2, n, sizeof(uint32_t), err)) ||
+            (st = grow((void **)&s->idx, &h3, n, sizeof(int32_t), err))) {
+            s->n = 0; /* the three arrays no longer share one size: re-grow all next time */
+            cudaFree(s->scores);
+            cudaFree(s->keys);
+            cudaFree(s->idx);
+            s->scores = NULL;
+            s->keys = NULL;
+            s->idx = NULL;
             return st;
-        s->n = want;
+        }
+        s->n = h1;
     }
-    if (lut_n > s->lut_n) {
-        cudaFree(s->lut);
-        s->lut = NULL;
-        s->lut_n = 0;
-        if ((st = cu_check(cudaMalloc((void **)&s->lut, sizeof(float) * lut_n), "scratch", err)))
-            return st;
-        s->lut_n = lut_n;
-    }
-    if (d > s->d) {
-        cudaFree(s->qp);
-        s->qp = NULL;
-        s->d = 0;
-        if ((st = cu_check(cudaMalloc((void **)&s->qp, sizeof(float) * d), "scratch", err)))
-            return st;
-        s->d = d;
-    }
+    if ((st = grow((void **)&s->lut, &s->lut_n, lut_n, sizeof(float), err)) ||
+        (st = grow((void **)&s->qp, &s->d, d, sizeof(float), err)))
+        return st;
     return st;
 }
 
@@ -473,17 +495,67 @@ extern "C" kvq_status kvq_rt_cuda_select(kvq_rt_cuda *c, int32_t slot, int32_t l
     const int32_t d = H->G * H->dg;
     kvq_status st;
     if ((st = slot_reserve(S, nc, (int64_t)H->G * H->K, d, err)) ||
-        (st = cu_check(cudaMemcpy(S->qp, qp, sizeof(float) * d, cudaMemcpyHostToDevice),
+        (st = cu_check(cudaMemcpyAsync(S->qp, qp, sizeof(float) * d, cudaMemcpyHostToDevice,
+                                       S->stream),
                        "query upload", err)))
         return st;
+    S->last_nc = 0;
     /* one KV head per launch: h = 0 everywhere, so the row stride ld is unused */
-    k_lut<<<blocks_for((long long)H->G * H->K, 256), 256>>>(H->table, S->qp, 1, d, H->K, H->G,
-                                                            S->lut);
-    k_score<<<blocks_for(nc, 256), 256>>>(S->lut, H->codes, 1, H->K, H->G, nc, first, nc,
-                                          S->scores);
-    k_topk<<<1, TOPK_THREADS>>>(S->scores, nc, nc, k, first, S->keys, S->idx);
-    if ((st = cu_check(cudaGetLastError(), "selection kernels", err)))
+    k_lut<<<blocks_for((long long)H->G * H->K, 256), 256, 0, S->stream>>>(H->table, S->qp, 1, d,
+                                                                           H->K, H->G, S->lut);
+    LAUNCHED(k_lut);
+    k_score<<<blocks_for(nc, 256), 256, 0, S->stream>>>(S->lut, H->codes, 1, H->K, H->G, nc,
+                                                        first, nc, S->scores);
+    LAUNCHED(k_score);
+    k_topk<<<1, TOPK_THREADS, 0, S->stream>>>(S->scores, nc, nc, k, first, S->keys, S->idx);
+    LAUNCHED(k_topk);
+    if ((st = cu_check(cudaMemcpyAsync(sel, S->idx, sizeof(int32_t) * k, cudaMemcpyDeviceToHost,
+                                       S->stream),
+                       "selection download", err)) ||
+        (st = cu_check(cudaStreamSynchronize(S->stream), "selection", err)))
         return st;
-    return cu_check(cudaMemcpy(sel, S->idx, sizeof(int32_t) * k, cudaMemcpyDeviceToHost),
-                    "selection download", err);
+    S->last_nc = nc;
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_rt_cuda_peek(kvq_rt_cuda *c, int32_t slot, float *lut, int64_t lut_n,
+                                       float *scores, int64_t nc, kvq_err *err)
+{
+    if (slot < 0 || slot >= c->n_slots || lut_n < 0 || lut_n > c->slot[slot].lut_n || nc < 0 ||
+        nc > c->slot[slot].last_nc)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad peek of slot %d",
+                           (int)slot);
+    cu_slot *S = &c->slot[slot];
+    kvq_status st;
+    if (lut_n && (st = cu_check(cudaMemcpy(lut, S->lut, sizeof(float) * lut_n,
+                                           cudaMemcpyDeviceToHost), "LUT download", err)))
+        return st;
+    if (nc && (st = cu_check(cudaMemcpy(scores, S->scores, sizeof(float) * nc,
+                                        cudaMemcpyDeviceToHost), "scores download", err)))
+        return st;
+    return KVQ_OK;
+}
+
+extern "C" kvq_status kvq_rt_cuda_topk(kvq_rt_cuda *c, int32_t slot, const float *scores,
+                                       int64_t nc, int64_t k, int64_t first, int32_t *sel,
+                                       kvq_err *err)
+{
+    if (slot < 0 || slot >= c->n_slots || first < 0 || nc < 2 || k < 1 || k >= nc ||
+        first + nc > INT32_MAX)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval cuda: bad top-k sizes");
+    cu_slot *S = &c->slot[slot];
+    kvq_status st;
+    if ((st = slot_reserve(S, nc, 1, 1, err)) ||
+        (st = cu_check(cudaMemcpyAsync(S->scores, scores, sizeof(float) * nc,
+                                       cudaMemcpyHostToDevice, S->stream),
+                       "scores upload", err)))
+        return st;
+    S->last_nc = 0;
+    k_topk<<<1, TOPK_THREADS, 0, S->stream>>>(S->scores, nc, nc, k, first, S->keys, S->idx);
+    LAUNCHED(k_topk);
+    if ((st = cu_check(cudaMemcpyAsync(sel, S->idx, sizeof(int32_t) * k, cudaMemcpyDeviceToHost,
+                                       S->stream),
+                       "selection download", err)))
+        return st;
+    return cu_check(cudaStreamSynchronize(S->stream), "top-k", err);
 }

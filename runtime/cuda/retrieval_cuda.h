@@ -20,7 +20,8 @@
  *                        calls with device CUDA (runtime/device.c).
  *
  * Status: compiled and linked in the CUDA build; no GPU was available to run either,
- * so neither has been executed (docs/runtime.md).
+ * so neither has been executed (docs/runtime.md, docs/cuda.md); make test-cuda checks
+ * them against the CPU wherever a GPU exists.
  */
 #ifndef KVQ_RUNTIME_RETRIEVAL_CUDA_H
 #define KVQ_RUNTIME_RETRIEVAL_CUDA_H
@@ -65,7 +66,10 @@ kvq_status kvq_rt_cuda_decode(const kvq_rt_cuda_step *s, kvq_err *err);
 /* Device state of one decoding context: the f16 LUT table and a mirror of the codes of
  * every (layer, KV head), and per-slot scratch (one slot per host thread that may call
  * kvq_rt_cuda_select concurrently). Host memory for the bookkeeping, device memory for
- * the rest; every call is synchronous on the default stream. */
+ * the rest. Each slot has its own stream and scratch that grows geometrically; a
+ * selection's copies and kernels are queued on it and the call waits for that stream
+ * only. Tables and codes are copied on the default stream, which the slot streams wait
+ * for. */
 typedef struct kvq_rt_cuda kvq_rt_cuda;
 
 /* Errors: KVQ_E_INVALID_ARG (sizes), KVQ_E_NOMEM (host). Allocates no device memory. */
@@ -97,6 +101,19 @@ kvq_status kvq_rt_cuda_put_codes(kvq_rt_cuda *c, int32_t layer, int32_t head,
 kvq_status kvq_rt_cuda_select(kvq_rt_cuda *c, int32_t slot, int32_t layer, int32_t head,
                               const float *qp, int64_t first, int64_t nc, int64_t k, int32_t *sel,
                               kvq_err *err);
+
+/* ---- for tests/cuda/test_cuda_paths.c: the kernels one at a time ------------------------ */
+
+/* Copies back the device LUT (lut_n floats) and scores (nc floats) of the last successful
+ * kvq_rt_cuda_select on this slot. Errors: KVQ_E_INVALID_ARG, KVQ_E_BACKEND. */
+kvq_status kvq_rt_cuda_peek(kvq_rt_cuda *c, int32_t slot, float *lut, int64_t lut_n,
+                            float *scores, int64_t nc, kvq_err *err);
+
+/* The top-k kernel alone: uploads scores [nc] (host), runs k_topk on them and writes the k
+ * selected indices (first + j, ascending; 1 <= k < nc) to the host array sel [k].
+ * Errors: KVQ_E_INVALID_ARG, KVQ_E_BACKEND. */
+kvq_status kvq_rt_cuda_topk(kvq_rt_cuda *c, int32_t slot, const float *scores, int64_t nc,
+                            int64_t k, int64_t first, int32_t *sel, kvq_err *err);
 
 #ifdef __cplusplus
 }
