@@ -558,6 +558,12 @@ static uint32_t kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t
     return T;
 }
 
+uint32_t kvq_rk_kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t k,
+                                 int64_t *ties)
+{
+    return kth_key_weighted(keys, w, m, k, ties);
+}
+
 /* Without a branch on the common case: a few percent of the tokens are taken, at
  * random, which a predicted branch would miss each time; keys equal to T (the boundary
  * code's tokens) are rare. idx has room for one entry past the count (room > m). */

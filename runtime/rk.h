@@ -83,6 +83,40 @@ int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32
                           const uint16_t *codes, int64_t n, int64_t k, int32_t *idx,
                           uint32_t *work);
 
+/* The key T (kvq_rk_key) of the k-th largest of the multiset in which keys[i] occurs
+ * w[i] times (1 <= k <= sum of w; w[i] may be 0); *ties: how many occurrences of T are
+ * in the top k. A radix select over the m entries, digit by digit as kvq_rk_topk's.
+ * keys and w are overwritten. */
+uint32_t kvq_rk_kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t k,
+                                 int64_t *ties);
+
+/* Top-k of candidates scored per (code, distance band), single-group codebooks
+ * (--score-pos bands on rows in code order, runtime/topk_bands.c). The candidates are
+ * rows [0, n + nu):
+ *   rows [0, n)       runs of one code in code order, code c's run cnt[c] rows long;
+ *                     tok[j] the token of row j, increasing within a run
+ *   rows [n, n + nu)  in token order: row n + i holds token utok0 + i, code ucodes[i]
+ * A row's band: the first b < nb - 1 with token >= tb[b] (tb non-increasing: band 0 is
+ * the nearest), else nb - 1. Its score: lut[b K + code]. Selects exactly what
+ * kvq_rk_topk selects from those scores (the min(k, n + nu) largest, increasing row
+ * indices into idx, among equal scores the lower row first) without writing a score per
+ * row: the threshold from the nb K groups weighted by their row counts, the groups'
+ * row ranges from a search of each run, then the rows emitted group by group.
+ * work: [3 nb K] uint32. Cost: O(nb K log(n / K)) + nu + k, against the rows' score
+ * fill and top-k's passes over 4 (n + nu) bytes. */
+typedef struct kvq_rk_bands {
+    int32_t K, nb;
+    const float *lut;     /* [nb, K] */
+    int64_t n;            /* rows in code order */
+    const uint32_t *cnt;  /* [K] run lengths (sum n) */
+    const int32_t *tok;   /* [n] */
+    const int64_t *tb;    /* [nb - 1] first token of each band but the farthest */
+    int64_t nu;           /* rows in token order after them */
+    int64_t utok0;        /* the token of row n */
+    const uint16_t *ucodes; /* [nu] */
+} kvq_rk_bands;
+int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work);
+
 /* Whether selecting n candidates from codes (kvq_rk_topk_codes) is expected to beat
  * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 17 us at
  * K = 4096) pays off once the candidates outnumber the codes four to one (bench_topk,

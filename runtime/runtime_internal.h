@@ -208,5 +208,10 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
                           int64_t b, float *out);
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b);
 void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, double *cb_bytes);
+/* BANDS under the group sum on rows in code order: the top k of the candidates as
+ * kvq_rt_banded_scores + kvq_rk_topk select them (candidate rows, ascending, into sel;
+ * returns the count), from the (code, band) groups without a score per row
+ * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
+int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
 
 #endif /* KVQ_RUNTIME_INTERNAL_H */

@@ -1,0 +1,129 @@
+/*
+ * topk_bands.c — top-k of candidates scored per (code, distance band), the selection of
+ * --score-pos bands on rows in code order (kvq_rk_topk_bands, runtime/rk.h).
+ *
+ * Every row of one (code, band) group has the same score, the band's LUT entry for the
+ * code. So the k-th largest score is a weighted k-th over the K x bands groups (each
+ * weighted by its row count, kvq_rk_kth_key_weighted) rather than a radix select over
+ * every row's score, and the selection is emitted group by group: a group above the
+ * threshold as a range of rows, a group at it in part (its lowest rows, while ties
+ * last), in row order. The groups' row ranges: each code's run of rows keeps token
+ * order, so a band is a sub-run, found by searching the run from its end (nearest band
+ * first: a galloping search, then halving).
+ */
+#include <assert.h>
+#include <string.h>
+
+#include "runtime/rk.h"
+#include "runtime/kernels.h"
+
+/* The first row of [lo, hi) whose token is >= t (tokens increasing over the rows),
+ * searched from hi - 1 backwards by doubling steps, then by halves. */
+static int64_t split_back(const int32_t *tok, int64_t lo, int64_t hi, int64_t t)
+{
+    if (hi <= lo || tok[hi - 1] < t)
+        return hi;
+    int64_t good = hi - 1, step = 1; /* tok[good] >= t */
+    while (good - step >= lo && tok[good - step] >= t) {
+        good -= step;
+        step *= 2;
+    }
+    int64_t bad = good - step < lo ? lo - 1 : good - step; /* tok[bad] < t, or bad = lo - 1 */
+    while (good - bad > 1) {
+        const int64_t mid = bad + (good - bad) / 2;
+        if (tok[mid] >= t)
+            good = mid;
+        else
+            bad = mid;
+    }
+    return good;
+}
+
+/* First tail row (relative) of band b: band b < nb - 1 holds the tokens >= tb[b]. */
+static int64_t tail_cut(const kvq_rk_bands *B, int32_t b)
+{
+    if (b + 1 >= B->nb)
+        return 0;
+    const int64_t c = B->tb[b] - B->utok0;
+    return c < 0 ? 0 : c > B->nu ? B->nu : c;
+}
+
+int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work)
+{
+    const int32_t K = B->K, nb = B->nb;
+    const size_t nk = (size_t)nb * (size_t)K;
+    const int64_t total = B->n + B->nu;
+    if (total <= 0 || k <= 0)
+        return 0;
+    if (k >= total) {
+        for (int64_t j = 0; j < total; j++)
+            idx[j] = (int32_t)j;
+        return total;
+    }
+    uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
+    /* the sub-runs: start[c nb + b] = the first row of code c's run in band b (band b
+     * ends where band b - 1 starts, band 0 at the run's end); w[b K + c] = its rows */
+    int64_t rs = 0;
+    for (int32_t c = 0; c < K; c++) {
+        const int64_t re = rs + B->cnt[c];
+        uint32_t *st = start + (size_t)c * nb;
+        int64_t j = re;
+        for (int32_t b = 0; b + 1 < nb; b++) {
+            const int64_t s = split_back(B->tok, rs, j, B->tb[b]);
+            st[b] = (uint32_t)s;
+            w[(size_t)b * K + c] = (uint32_t)(j - s);
+            j = s;
+        }
+        st[nb - 1] = (uint32_t)rs;
+        w[(size_t)(nb - 1) * K + c] = (uint32_t)(j - rs);
+        rs = re;
+    }
+    assert(rs == B->n);
+    /* the tail (rows in token order after the runs): its codes counted per band */
+    for (int32_t b = 0; b < nb; b++) {
+        const int64_t hi = b ? tail_cut(B, b - 1) : B->nu;
+        uint32_t *wb = w + (size_t)b * K;
+        for (int64_t i = tail_cut(B, b); i < hi; i++)
+            wb[B->ucodes[i]]++;
+    }
+    /* the threshold: the weighted k-th over the groups that hold rows */
+    int64_t m = 0;
+    for (size_t i = 0; i < nk; i++) { /* compacted in place (m <= i), without a branch */
+        const uint32_t wi = w[i];
+        keys[m] = kvq_rk_key(B->lut[i]);
+        w[m] = wi;
+        m += wi != 0;
+    }
+    int64_t ties;
+    const uint32_t T = kvq_rk_kth_key_weighted(keys, w, m, k, &ties);
+    /* the rows, in row order: runs by code, each from its farthest band to its nearest */
+    int64_t out = 0;
+    rs = 0;
+    for (int32_t c = 0; c < K; c++) {
+        const uint32_t *st = start + (size_t)c * nb;
+        const int64_t re = rs + B->cnt[c];
+        for (int32_t b = nb - 1; b >= 0; b--) {
+            const int64_t s = st[b], e = b ? st[b - 1] : re;
+            const uint32_t key = kvq_rk_key(B->lut[(size_t)b * K + c]);
+            int64_t take = key > T ? e - s : 0;
+            if (key == T && e > s) { /* rare: the group at the threshold */
+                take = ties < e - s ? ties : e - s;
+                ties -= take;
+            }
+            for (int64_t j = s; j < s + take; j++)
+                idx[out++] = (int32_t)j;
+        }
+        rs = re;
+    }
+    for (int32_t b = nb - 1; b >= 0; b--) {
+        const int64_t hi = b ? tail_cut(B, b - 1) : B->nu;
+        const float *lut = B->lut + (size_t)b * K;
+        for (int64_t i = tail_cut(B, b); i < hi; i++) {
+            const uint32_t key = kvq_rk_key(lut[B->ucodes[i]]);
+            if (key > T || (key == T && ties-- > 0))
+                idx[out++] = (int32_t)(B->n + i);
+        }
+    }
+    assert(out == k);
+    return out;
+}
