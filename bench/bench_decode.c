@@ -32,12 +32,18 @@
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
  * LUT per doubling band of distances [w, 2w), [2w, 4w), ..., each candidate scored with
- * its band's LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
- * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime). In
- * code order each code's run of rows keeps token order and splits into one sub-run per
- * band: per band (nearest first) its LUT, then each run walked backwards from where the
- * nearer band stopped, its rows filled with the LUT entry of its code; with
- * --order token each band is a range of rows (one score gather per band).
+ * its band's LUT (the band queries' rotations are not timed: d/2 sines and cosines per
+ * band, shared by a step's layers and heads in the runtime). In code order (the
+ * runtime's path, runtime/score_pos.c kvq_rt_banded_select) each code's run of rows
+ * keeps token order and splits into one sub-run per band, and every row of one
+ * (code, band) group has the same score: kvq_rk_topk_bands selects from the groups
+ * (a weighted threshold over K x bands, then the rows emitted group by group) without
+ * a score per row. --select scores gives the path before it (and what the runtime
+ * does when the groups outnumber the candidates): per band (nearest first) its LUT,
+ * each run walked backwards from where the nearer band stopped, its rows' scores
+ * filled with the LUT entry of its code, then kvq_rk_topk over the scores; the same
+ * tokens. With --order token each band is a range of rows (one score gather per band,
+ * then kvq_rk_topk).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -95,7 +101,7 @@ typedef struct args {
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
                    chooses (-1: kvq_rk_codes_select_pays) */
     int token_order; /* candidates' rows in token order (1) or code order (0) */
-    int bands;       /* --score bands: one LUT per distance band, score gather, top-k */
+    int bands;       /* --score bands: one LUT per distance band */
 } args;
 
 static int usage(void)
@@ -206,8 +212,6 @@ static int parse(int argc, char **argv, args *a)
             return usage();
         }
     }
-    if (a->bands) /* bands select from scores (one LUT per band) */
-        a->scores = 1;
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
     if (a->threads > 1 && g_cpu_clock)
@@ -303,6 +307,8 @@ typedef struct scratch {
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
+    kvq_rk_bands bands;      /* --score bands from the (code, band) groups */
+    int64_t tb[64];          /* its bands' first tokens */
     float lut[65536];
     float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
     float state[GS * (D + 2)];
@@ -432,6 +438,41 @@ static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scra
     }
 }
 
+/* --score bands selecting from the (code, band) groups (runtime/score_pos.c
+ * kvq_rt_banded_select): the bands' LUTs side by side in S->lut, each band's first
+ * token, the per-code counts; kvq_rk_topk_bands then selects. */
+static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch *S)
+{
+    const int64_t n = L->n, dmax = n - 1 - SINK;
+    double t0 = clk(), t1;
+    int32_t nb = 0;
+    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2, nb++) {
+        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
+        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut + (size_t)nb * K);
+        S->tb[nb] = n - 1 - bhi; /* tokens >= it are in this band or a nearer one */
+    }
+    t1 = clk();
+    S->phase[0] += t1 - t0;
+    kvq_rk_code_counts(L->hist[h], K, L->codes[h], n, SINK, n - WINDOW, S->cwork);
+    S->phase[1] += clk() - t1;
+    S->bands = (kvq_rk_bands){.K = K,
+                              .nb = nb,
+                              .lut = S->lut,
+                              .n = n - SINK - WINDOW,
+                              .cnt = S->cwork,
+                              .tok = L->tok[h],
+                              .tb = S->tb};
+}
+
+/* Bands of distances [w, 2w), [2w, 4w), ... up to n - 1 - SINK. */
+static int32_t band_count(int64_t n)
+{
+    int32_t nb = 0;
+    for (int64_t lo = WINDOW; lo <= n - 1 - SINK; lo *= 2)
+        nb++;
+    return nb;
+}
+
 /* Returns the attended token count. */
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
                               int bands, int64_t k_sel, scratch *S, float *out)
@@ -448,6 +489,11 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
             S->qs[t] += S->qb[g * D + t];
     }
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
+    if (bands && L->tok[h] && !by_scores) {
+        bands_groups(L, h, isa, cd->k, S);
+        t0 = clk();
+        goto select;
+    }
     if (bands && L->tok[h]) {
         bands_code_order(L, h, isa, cd->k, S);
         t0 = clk();
@@ -483,6 +529,7 @@ select:;
         S->att[m++] = (int32_t)j;
     const int64_t ns =
         by_scores ? kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work)
+        : bands   ? kvq_rk_topk_bands(&S->bands, k_sel, S->att + m, S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k_sel,
                                       S->att + m, S->cwork + cd->k);
     t1 = clk();
@@ -583,7 +630,10 @@ int main(int argc, char **argv)
            "score %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
-           a.scores < 0 ? "codes or scores (auto)" : a.scores ? "scores" : "codes",
+           a.scores == 1 ? "scores"
+           : a.bands     ? "(code, band) groups in code order, else scores"
+           : a.scores < 0 ? "codes or scores (auto)"
+                          : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
            g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
@@ -656,8 +706,13 @@ int main(int argc, char **argv)
             S->cwork = realloc(S->cwork, sizeof(uint32_t) * 4 * (size_t)a.codebook);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
-        const int by_scores =
+        int by_scores =
             a.scores >= 0 ? a.scores : !kvq_rk_codes_select_pays(n - SINK - WINDOW, (int32_t)a.codebook);
+        if (a.bands) { /* from the groups where the runtime does (kvq_rt_banded_select) */
+            const int64_t nk = (int64_t)band_count(n) * a.codebook;
+            by_scores = a.scores == 1 || a.token_order || nk > n - SINK - WINDOW ||
+                        3 * nk > 2 * n || nk > 65536;
+        }
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
         double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps),
@@ -706,10 +761,7 @@ int main(int argc, char **argv)
                      t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const double b_rows = (double)attended * D * 2 * 2;
-        int64_t n_luts = 1; /* LUTs per step and head: one per distance band with bands */
-        if (a.bands)
-            for (int64_t lo = 2 * WINDOW; lo <= n - 1 - SINK; lo *= 2)
-                n_luts++;
+        const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows;

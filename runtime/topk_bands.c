@@ -17,18 +17,29 @@
 #include "runtime/rk.h"
 #include "runtime/kernels.h"
 
-/* The first row of [lo, hi) whose token is >= t (tokens increasing over the rows),
- * searched from hi - 1 backwards by doubling steps, then by halves. */
-static int64_t split_back(const int32_t *tok, int64_t lo, int64_t hi, int64_t t)
+/* The first row of [lo, hi) whose token is >= t (tokens increasing over the rows; hi if
+ * none), searched from the row g in [lo, hi): by doubling steps away from g, then by
+ * halves. */
+static int64_t lower_from(const int32_t *tok, int64_t lo, int64_t hi, int64_t t, int64_t g)
 {
-    if (hi <= lo || tok[hi - 1] < t)
-        return hi;
-    int64_t good = hi - 1, step = 1; /* tok[good] >= t */
-    while (good - step >= lo && tok[good - step] >= t) {
-        good -= step;
-        step *= 2;
+    int64_t good, bad; /* tok[good] >= t or good = hi; tok[bad] < t or bad = lo - 1 */
+    if (tok[g] >= t) {
+        good = g;
+        int64_t step = 1;
+        while (good - step >= lo && tok[good - step] >= t) {
+            good -= step;
+            step *= 2;
+        }
+        bad = good - step < lo ? lo - 1 : good - step;
+    } else {
+        bad = g;
+        int64_t step = 1;
+        while (bad + step < hi && tok[bad + step] < t) {
+            bad += step;
+            step *= 2;
+        }
+        good = bad + step < hi ? bad + step : hi;
     }
-    int64_t bad = good - step < lo ? lo - 1 : good - step; /* tok[bad] < t, or bad = lo - 1 */
     while (good - bad > 1) {
         const int64_t mid = bad + (good - bad) / 2;
         if (tok[mid] >= t)
@@ -37,6 +48,25 @@ static int64_t split_back(const int32_t *tok, int64_t lo, int64_t hi, int64_t t)
             bad = mid;
     }
     return good;
+}
+
+/* The search's starting rows g[b] (b < nb - 1) in the run [lo, hi) of code c: where
+ * band b's first token would sit if the run's tokens were spread evenly from its first
+ * to its last (codes recur over time); each row's line is fetched (the runs are read
+ * in code order, one ahead of their search, so the fetches overlap). */
+static void guesses(const kvq_rk_bands *B, int64_t lo, int64_t hi, int64_t *g)
+{
+    if (hi <= lo)
+        return;
+    const int64_t t0 = B->tok[lo], t1 = B->tok[hi - 1];
+    const double per = (double)(hi - lo) / (double)(t1 - t0 + 1);
+    for (int32_t b = 0; b + 1 < B->nb; b++) {
+        const int64_t t = B->tb[b];
+        int64_t r = t <= t0 ? lo : t > t1 ? hi - 1 : lo + (int64_t)((double)(t - t0) * per);
+        r = r < lo ? lo : r >= hi ? hi - 1 : r;
+        g[b] = r;
+        __builtin_prefetch(B->tok + r);
+    }
 }
 
 /* First tail row (relative) of band b: band b < nb - 1 holds the tokens >= tb[b]. */
@@ -63,13 +93,20 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
     uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
     /* the sub-runs: start[c nb + b] = the first row of code c's run in band b (band b
      * ends where band b - 1 starts, band 0 at the run's end); w[b K + c] = its rows */
-    int64_t rs = 0;
+    int64_t rs = 0, gb[2][64];
+    guesses(B, 0, B->cnt[0], gb[0]);
     for (int32_t c = 0; c < K; c++) {
         const int64_t re = rs + B->cnt[c];
         uint32_t *st = start + (size_t)c * nb;
+        if (c + 1 < K) { /* the next run's guesses, the run after it's last row */
+            guesses(B, re, re + B->cnt[c + 1], gb[(c + 1) & 1]);
+            if (c + 2 < K && B->cnt[c + 2])
+                __builtin_prefetch(B->tok + re + B->cnt[c + 1] + B->cnt[c + 2] - 1);
+        }
+        const int64_t *g = gb[c & 1];
         int64_t j = re;
         for (int32_t b = 0; b + 1 < nb; b++) {
-            const int64_t s = split_back(B->tok, rs, j, B->tb[b]);
+            const int64_t s = re > rs ? lower_from(B->tok, rs, re, B->tb[b], g[b]) : rs;
             st[b] = (uint32_t)s;
             w[(size_t)b * K + c] = (uint32_t)(j - s);
             j = s;
