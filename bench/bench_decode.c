@@ -325,6 +325,9 @@ typedef struct layer {
     int64_t n_att[N_KV];
     kvq_rk_table *tab[N_KV];
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
+    float *bq; /* [N_KV, bands, D] --score bands: each band's scoring query, the group's
+                  summed query rotated by the band's mean rotation (made outside the step) */
+    int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
@@ -416,10 +419,10 @@ static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scra
         cur[c] = acc += cnt[c];
     }
     S->phase[1] += clk() - t0;
-    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2) {
+    for (int64_t blo = WINDOW, bi = 0; blo <= dmax; blo *= 2, bi++) {
         const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax, first = n - 1 - bhi;
         t1 = clk();
-        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+        kvq_rk_lut(isa, L->tab[h], L->bq + ((size_t)h * L->nb + bi) * D, S->lut);
         t0 = clk();
         S->phase[0] += t0 - t1;
         for (int32_t c = 0; c < K; c++) {
@@ -438,6 +441,50 @@ static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scra
     }
 }
 
+/* Bands of distances [w, 2w), [2w, 4w), ... up to n - 1 - SINK. */
+static int32_t band_count(int64_t n)
+{
+    int32_t nb = 0;
+    for (int64_t lo = WINDOW; lo <= n - 1 - SINK; lo *= 2)
+        nb++;
+    return nb;
+}
+
+/* L->bq: per KV head and band [lo, hi] of distances, the group's summed pre-RoPE query
+ * rotated by the mean rotation over the band (runtime/score_pos.c: per pair, the centre
+ * distance's rotation damped by sin(N t / 2) / (N sin(t / 2))), as the runtime's scoring
+ * queries are; the bands' LUTs then differ as they do there. */
+static int band_queries(layer *L, int64_t n, const double *theta)
+{
+    const int64_t dmax = n - 1 - SINK;
+    L->nb = band_count(n);
+    free(L->bq);
+    if (!(L->bq = malloc(sizeof(float) * (size_t)N_KV * L->nb * D))) {
+        fprintf(stderr, "bench_decode: out of memory\n");
+        return 1;
+    }
+    for (int h = 0; h < N_KV; h++) {
+        float qsum[D] = {0};
+        for (int g = 0; g < GS; g++)
+            for (int t = 0; t < D; t++)
+                qsum[t] += L->q[(size_t)(h * GS + g) * D + t];
+        int32_t b = 0;
+        for (int64_t lo = WINDOW; lo <= dmax; lo *= 2, b++) {
+            const int64_t hi = 2 * lo - 1 < dmax ? 2 * lo - 1 : dmax;
+            const double N = (double)(hi - lo + 1), c = 0.5 * (double)(lo + hi);
+            float cs[D / 2], sn[D / 2];
+            for (int m = 0; m < D / 2; m++) {
+                const double s2 = sin(0.5 * theta[m]);
+                const double damp = fabs(s2) < 1e-12 ? 1.0 : sin(0.5 * N * theta[m]) / (N * s2);
+                cs[m] = (float)(damp * cos(c * theta[m]));
+                sn[m] = (float)(damp * sin(c * theta[m]));
+            }
+            rotate(qsum, cs, sn, L->bq + ((size_t)h * L->nb + b) * D);
+        }
+    }
+    return 0;
+}
+
 /* --score bands selecting from the (code, band) groups (runtime/score_pos.c
  * kvq_rt_banded_select): the bands' LUTs side by side in S->lut, each band's first
  * token, the per-code counts; kvq_rk_topk_bands then selects. */
@@ -448,9 +495,11 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
     int32_t nb = 0;
     for (int64_t blo = WINDOW; blo <= dmax; blo *= 2, nb++) {
         const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
-        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut + (size_t)nb * K);
         S->tb[nb] = n - 1 - bhi; /* tokens >= it are in this band or a nearer one */
     }
+    for (int32_t k0 = 0; k0 < nb; k0 += 8) /* eight bands' LUTs per read of the table */
+        kvq_rk_lut_multi(isa, L->tab[h], L->bq + ((size_t)h * nb + k0) * D,
+                         nb - k0 < 8 ? nb - k0 : 8, S->lut + (size_t)k0 * K);
     t1 = clk();
     S->phase[0] += t1 - t0;
     kvq_rk_code_counts(L->hist[h], K, L->codes[h], n, SINK, n - WINDOW, S->cwork);
@@ -464,14 +513,6 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
                               .tb = S->tb};
 }
 
-/* Bands of distances [w, 2w), [2w, 4w), ... up to n - 1 - SINK. */
-static int32_t band_count(int64_t n)
-{
-    int32_t nb = 0;
-    for (int64_t lo = WINDOW; lo <= n - 1 - SINK; lo *= 2)
-        nb++;
-    return nb;
-}
 
 /* Returns the attended token count. */
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
@@ -501,11 +542,11 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
     }
     if (bands) { /* distance n - 1 - j of row j: bands [w, 2w), [2w, 4w), ... up to n - 1 - SINK */
         const int64_t dmax = n - 1 - SINK;
-        for (int64_t lo = WINDOW; lo <= dmax; lo *= 2) {
+        for (int64_t lo = WINDOW, bi = 0; lo <= dmax; lo *= 2, bi++) {
             const int64_t hi = 2 * lo - 1 < dmax ? 2 * lo - 1 : dmax;
             const int64_t j0 = n - 1 - hi, j1 = n - lo; /* rows [j0, j1) */
             t1 = clk();
-            kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+            kvq_rk_lut(isa, L->tab[h], L->bq + ((size_t)h * L->nb + bi) * D, S->lut);
             t0 = clk();
             S->phase[0] += t0 - t1;
             kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + j0, j1 - j0, S->scores + (j0 - SINK));
@@ -685,6 +726,8 @@ int main(int argc, char **argv)
         free(tmp);
         for (int i = 0; i < N_HEADS * D; i++)
             L.q[i] = (float)kvq_rng_normal(&rng);
+        if (a.bands && band_queries(&L, n, theta))
+            return 1;
         for (int m = 0; m < D / 2; m++) {
             L.bcos[m] = (float)cos(2048.0 * theta[m]);
             L.bsin[m] = (float)sin(2048.0 * theta[m]);
@@ -710,8 +753,10 @@ int main(int argc, char **argv)
             a.scores >= 0 ? a.scores : !kvq_rk_codes_select_pays(n - SINK - WINDOW, (int32_t)a.codebook);
         if (a.bands) { /* from the groups where the runtime does (kvq_rt_banded_select) */
             const int64_t nk = (int64_t)band_count(n) * a.codebook;
-            by_scores = a.scores == 1 || a.token_order || nk > n - SINK - WINDOW ||
-                        3 * nk > 2 * n || nk > 65536;
+            by_scores = a.scores == 1 || a.token_order || 3 * nk > 2 * n || nk > 65536 ||
+                        (a.scores < 0 && !kvq_rk_bands_select_pays(n - SINK - WINDOW,
+                                                                   band_count(n),
+                                                                   (int32_t)a.codebook));
         }
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
@@ -806,6 +851,7 @@ int main(int argc, char **argv)
         kvq_rk_table_free(L.tab[h]);
         kvq_codebook_free(cb[h]);
     }
+    free(L.bq);
     for (int t = 0; t < a.threads; t++) {
         free(scr[t].scores);
         free(scr[t].logits);

@@ -213,7 +213,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
  * first token from the positions (positions increasing over the tokens), then the
  * weighted threshold over the (code, band) groups and the rows emitted group by group.
  * The same selection as kvq_rt_banded_scores + kvq_rk_topk. Used when the groups are
- * fewer than the candidates (else the scores are as cheap) and fit the scratch. */
+ * few enough to pay (kvq_rk_bands_select_pays) and fit the scratch. */
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes)
 {
     const kvq_retrieval *r = st->r;
@@ -232,22 +232,25 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
         a = 1;
     const int32_t nb = band_of(b, a) + 1;
     const int64_t nk = (int64_t)nb * K;
-    if (nk > st->nc || nk > S->cap || 3 * nk > 2 * S->cap)
+    if (!kvq_rk_bands_select_pays(st->nc, nb, K) || nk > S->cap || 3 * nk > 2 * S->cap)
         return -1;
     const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
-    float q[KVQ_ROPE_MAX_DIM], qs[KVQ_ROPE_MAX_DIM];
+    float q[KVQ_ROPE_MAX_DIM], qs[8 * KVQ_ROPE_MAX_DIM];
     memcpy(q, st->q, sizeof(float) * (size_t)d); /* the group's sum */
     for (int32_t g = 1; g < r->gs; g++)
         for (int32_t t = 0; t < d; t++)
             q[t] += st->q[(size_t)g * d + t];
     int64_t tb[64];
-    for (int32_t k2 = 0; k2 < nb; k2++) {
-        const int64_t lo = a << k2, hi = (a << (k2 + 1)) - 1 < b ? (a << (k2 + 1)) - 1 : b;
-        kvq_rt_scoring_query(st, cb, q, lo, hi, qs);
-        kvq_rk_lut(r->p.isa, st->L->tab[st->head], qs, S->scores + (size_t)k2 * K);
-        *cb_bytes += (double)kvq_rk_table_bytes(st->L->tab[st->head]);
-        if (k2 + 1 < nb) /* the band's first token: position >= pos - hi */
-            tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - hi);
+    for (int32_t k0 = 0; k0 < nb; k0 += 8) { /* eight bands' LUTs per read of the table */
+        const int32_t m = nb - k0 < 8 ? nb - k0 : 8;
+        for (int32_t k2 = k0; k2 < k0 + m; k2++) {
+            const int64_t lo = a << k2, hi = (a << (k2 + 1)) - 1 < b ? (a << (k2 + 1)) - 1 : b;
+            kvq_rt_scoring_query(st, cb, q, lo, hi, qs + (size_t)(k2 - k0) * d);
+            if (k2 + 1 < nb) /* the band's first token: position >= pos - hi */
+                tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - hi);
+        }
+        kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, S->scores + (size_t)k0 * K);
+        *cb_bytes += (double)m * (double)kvq_rk_table_bytes(st->L->tab[st->head]);
     }
     kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
     const kvq_rk_bands B = {.K = K,

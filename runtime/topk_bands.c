@@ -12,6 +12,7 @@
  * first: a galloping search, then halving).
  */
 #include <assert.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "runtime/rk.h"
@@ -48,6 +49,36 @@ static int64_t lower_from(const int32_t *tok, int64_t lo, int64_t hi, int64_t t,
             bad = mid;
     }
     return good;
+}
+
+/* Rows of a guess's window: the rows whose tokens are compared with the band's first
+ * token all at once (no branch on the data) when the window brackets the answer. */
+#define WIN 32
+
+/* Of rows [lo, hi) (tokens increasing), the first whose token is >= t, from the guess
+ * g: counted in the window of WIN rows around g when it holds the answer (the usual
+ * case: the guesses' error is a few rows), else searched from g (lower_from). */
+static int64_t split_at(const int32_t *tok, int64_t lo, int64_t hi, int64_t t, int64_t g, int64_t n)
+{
+    const int32_t t32 = t > INT32_MAX ? INT32_MAX : (int32_t)t;
+    if (hi - lo <= WIN && lo + WIN <= n) { /* the whole run, in a window of rows [0, n) */
+        const int32_t len = (int32_t)(hi - lo);
+        int32_t below = 0;
+        for (int32_t i = 0; i < WIN; i++)
+            below += (tok[lo + i] < t32) & (i < len);
+        return lo + below;
+    }
+    if (hi - lo <= WIN)
+        return lower_from(tok, lo, hi, t, g);
+    int64_t a = g - WIN / 2;
+    a = a < lo ? lo : a > hi - WIN ? hi - WIN : a;
+    if ((a == lo || tok[a - 1] < t32) && (a + WIN == hi || tok[a + WIN] >= t32)) {
+        int32_t below = 0;
+        for (int32_t i = 0; i < WIN; i++)
+            below += tok[a + i] < t32;
+        return a + below;
+    }
+    return lower_from(tok, lo, hi, t, g);
 }
 
 /* The search's starting rows g[b] (b < nb - 1) in the run [lo, hi) of code c: where
@@ -91,47 +122,46 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
         return total;
     }
     uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
+    /* the tail (rows in token order after the runs): its codes counted per band */
+    memset(w, 0, sizeof *w * nk);
+    for (int32_t b = 0; b < nb; b++) {
+        const int64_t e = b ? tail_cut(B, b - 1) : B->nu;
+        uint32_t *wb = w + (size_t)b * K;
+        for (int64_t i = tail_cut(B, b); i < e; i++)
+            wb[B->ucodes[i]]++;
+    }
     /* the sub-runs: start[c nb + b] = the first row of code c's run in band b (band b
-     * ends where band b - 1 starts, band 0 at the run's end); w[b K + c] = its rows */
-    int64_t rs = 0, gb[2][64];
+     * ends where band b - 1 starts, band 0 at the run's end); w[b K + c] += its rows.
+     * Runs in code order, each one's guesses made (and fetched) while the one before
+     * it is searched. */
+    int64_t gb[2][64], rs = 0;
     guesses(B, 0, B->cnt[0], gb[0]);
     for (int32_t c = 0; c < K; c++) {
         const int64_t re = rs + B->cnt[c];
-        uint32_t *st = start + (size_t)c * nb;
-        if (c + 1 < K) { /* the next run's guesses, the run after it's last row */
+        if (c + 1 < K)
             guesses(B, re, re + B->cnt[c + 1], gb[(c + 1) & 1]);
-            if (c + 2 < K && B->cnt[c + 2])
-                __builtin_prefetch(B->tok + re + B->cnt[c + 1] + B->cnt[c + 2] - 1);
-        }
+        uint32_t *st = start + (size_t)c * nb;
         const int64_t *g = gb[c & 1];
         int64_t j = re;
         for (int32_t b = 0; b + 1 < nb; b++) {
-            const int64_t s = re > rs ? lower_from(B->tok, rs, re, B->tb[b], g[b]) : rs;
+            const int64_t s = re > rs ? split_at(B->tok, rs, re, B->tb[b], g[b], B->n) : rs;
             st[b] = (uint32_t)s;
-            w[(size_t)b * K + c] = (uint32_t)(j - s);
+            w[(size_t)b * K + c] += (uint32_t)(j - s);
             j = s;
         }
         st[nb - 1] = (uint32_t)rs;
-        w[(size_t)(nb - 1) * K + c] = (uint32_t)(j - rs);
+        w[(size_t)(nb - 1) * K + c] += (uint32_t)(j - rs);
         rs = re;
     }
     assert(rs == B->n);
-    /* the tail (rows in token order after the runs): its codes counted per band */
-    for (int32_t b = 0; b < nb; b++) {
-        const int64_t hi = b ? tail_cut(B, b - 1) : B->nu;
-        uint32_t *wb = w + (size_t)b * K;
-        for (int64_t i = tail_cut(B, b); i < hi; i++)
-            wb[B->ucodes[i]]++;
-    }
     /* the threshold: the weighted k-th over the groups that hold rows */
-    int64_t m = 0;
+    int64_t m = 0, ties;
     for (size_t i = 0; i < nk; i++) { /* compacted in place (m <= i), without a branch */
         const uint32_t wi = w[i];
         keys[m] = kvq_rk_key(B->lut[i]);
         w[m] = wi;
         m += wi != 0;
     }
-    int64_t ties;
     const uint32_t T = kvq_rk_kth_key_weighted(keys, w, m, k, &ties);
     /* the rows, in row order: runs by code, each from its farthest band to its nearest */
     int64_t out = 0;
@@ -153,9 +183,9 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
         rs = re;
     }
     for (int32_t b = nb - 1; b >= 0; b--) {
-        const int64_t hi = b ? tail_cut(B, b - 1) : B->nu;
+        const int64_t e = b ? tail_cut(B, b - 1) : B->nu;
         const float *lut = B->lut + (size_t)b * K;
-        for (int64_t i = tail_cut(B, b); i < hi; i++) {
+        for (int64_t i = tail_cut(B, b); i < e; i++) {
             const uint32_t key = kvq_rk_key(lut[B->ucodes[i]]);
             if (key > T || (key == T && ties-- > 0))
                 idx[out++] = (int32_t)(B->n + i);
