@@ -66,6 +66,32 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
     kvq_rk_rotate(q, S->mr_cs, S->mr_sn, (int)r->rope.layout, r->d, out);
 }
 
+/* The scoring query of band k, distances [lo, hi], of candidates at distances [a, b]:
+ * what kvq_rt_scoring_query gives, with the band's mean rotation kept in the scratch
+ * while the candidates' distances stay (a step's layers and heads share them). */
+static void band_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
+                       int64_t b, int32_t k, int64_t lo, int64_t hi, float *out)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    if (r->p.score_pos == KVQ_SCORE_RB || k >= KVQ_RT_BAND_ROTATIONS ||
+        kvq_codebook_get_desc(cb)->method == KVQ_CODEBOOK_VQ_POSTROPE) {
+        kvq_rt_scoring_query(st, cb, q, lo, hi, out);
+        return;
+    }
+    if (S->br_a != a || S->br_b != b) {
+        S->br_a = a;
+        S->br_b = b;
+        S->br_have = 0;
+    }
+    float *cs = S->br[k], *sn = S->br[k] + r->d / 2;
+    if (!(S->br_have >> k & 1u)) {
+        kvq_rt_mean_rotation(r, lo, hi, cs, sn);
+        S->br_have |= 1u << k;
+    }
+    kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
+}
+
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
 {
     /* candidates are the tokens [s_end, w_beg) (in code order the rows hold the same set) */
@@ -131,7 +157,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     for (int32_t k = 0; k < nb; k++) {
         const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
         const int64_t first = st->pos - hi;
-        kvq_rt_scoring_query(st, cb, q, lo, hi, qs);
+        band_query(st, cb, q, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         for (int32_t c = 0; c < K; c++) {
@@ -186,7 +212,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             if (r1 <= r0)
                 continue;
         }
-        kvq_rt_scoring_query(st, cb, qsum_pre, lo, hi, qs);
+        band_query(st, cb, qsum_pre, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         if (fast) {
@@ -245,7 +271,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
         const int32_t m = nb - k0 < 8 ? nb - k0 : 8;
         for (int32_t k2 = k0; k2 < k0 + m; k2++) {
             const int64_t lo = a << k2, hi = (a << (k2 + 1)) - 1 < b ? (a << (k2 + 1)) - 1 : b;
-            kvq_rt_scoring_query(st, cb, q, lo, hi, qs + (size_t)(k2 - k0) * d);
+            band_query(st, cb, q, a, b, k2, lo, hi, qs + (size_t)(k2 - k0) * d);
             if (k2 + 1 < nb) /* the band's first token: position >= pos - hi */
                 tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - hi);
         }
