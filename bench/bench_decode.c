@@ -32,14 +32,17 @@
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
  * LUT per doubling band of distances [w, 2w), [2w, 4w), ..., each candidate scored with
- * its band's LUT (the band queries' rotations are not timed: d/2 sines and cosines per
- * band, shared by a step's layers and heads in the runtime). In code order (the
- * runtime's path, runtime/score_pos.c kvq_rt_banded_select) each code's run of rows
+ * its band's LUT, built from the group's summed query rotated by the band's mean
+ * rotation (made before the timed step: the runtime makes them once per step for all
+ * layers and heads). In code order (the runtime's path, runtime/score_pos.c
+ * kvq_rt_banded_select: eight bands' LUTs per pass over the table, kvq_rk_lut_multi)
+ * each code's run of rows
  * keeps token order and splits into one sub-run per band, and every row of one
  * (code, band) group has the same score: kvq_rk_topk_bands selects from the groups
  * (a weighted threshold over K x bands, then the rows emitted group by group) without
- * a score per row. --select scores gives the path before it (and what the runtime
- * does when the groups outnumber the candidates): per band (nearest first) its LUT,
+ * a score per row, where it pays (kvq_rk_bands_select_pays; --select codes forces
+ * it). --select scores gives the path before it (and what the runtime does where the
+ * groups do not pay): per band (nearest first) its LUT,
  * each run walked backwards from where the nearer band stopped, its rows' scores
  * filled with the LUT entry of its code, then kvq_rk_topk over the scores; the same
  * tokens. With --order token each band is a range of rows (one score gather per band,
