@@ -32,12 +32,21 @@
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
  * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
  * LUT per doubling band of distances [w, 2w), [2w, 4w), ..., each candidate scored with
- * its band's LUT, then kvq_rk_topk over the scores (the band queries' rotations are not
- * timed: d/2 sines and cosines per band, shared by a step's layers in the runtime). In
- * code order each code's run of rows keeps token order and splits into one sub-run per
- * band: per band (nearest first) its LUT, then each run walked backwards from where the
- * nearer band stopped, its rows filled with the LUT entry of its code; with
- * --order token each band is a range of rows (one score gather per band).
+ * its band's LUT, built from the group's summed query rotated by the band's mean
+ * rotation (made before the timed step: the runtime makes them once per step for all
+ * layers and heads). In code order (the runtime's path, runtime/score_pos.c
+ * kvq_rt_banded_select: eight bands' LUTs per pass over the table, kvq_rk_lut_multi)
+ * each code's run of rows
+ * keeps token order and splits into one sub-run per band, and every row of one
+ * (code, band) group has the same score: kvq_rk_topk_bands selects from the groups
+ * (a weighted threshold over K x bands, then the rows emitted group by group) without
+ * a score per row, where it pays (kvq_rk_bands_select_pays; --select codes forces
+ * it). --select scores gives the path before it (and what the runtime does where the
+ * groups do not pay): per band (nearest first) its LUT,
+ * each run walked backwards from where the nearer band stopped, its rows' scores
+ * filled with the LUT entry of its code, then kvq_rk_topk over the scores; the same
+ * tokens. With --order token each band is a range of rows (one score gather per band,
+ * then kvq_rk_topk).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -95,7 +104,7 @@ typedef struct args {
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
                    chooses (-1: kvq_rk_codes_select_pays) */
     int token_order; /* candidates' rows in token order (1) or code order (0) */
-    int bands;       /* --score bands: one LUT per distance band, score gather, top-k */
+    int bands;       /* --score bands: one LUT per distance band */
 } args;
 
 static int usage(void)
@@ -206,8 +215,6 @@ static int parse(int argc, char **argv, args *a)
             return usage();
         }
     }
-    if (a->bands) /* bands select from scores (one LUT per band) */
-        a->scores = 1;
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
     if (a->threads > 1 && g_cpu_clock)
@@ -303,6 +310,8 @@ typedef struct scratch {
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
+    kvq_rk_bands bands;      /* --score bands from the (code, band) groups */
+    int64_t tb[64];          /* its bands' first tokens */
     float lut[65536];
     float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
     float state[GS * (D + 2)];
@@ -319,6 +328,9 @@ typedef struct layer {
     int64_t n_att[N_KV];
     kvq_rk_table *tab[N_KV];
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
+    float *bq; /* [N_KV, bands, D] --score bands: each band's scoring query, the group's
+                  summed query rotated by the band's mean rotation (made outside the step) */
+    int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
@@ -410,10 +422,10 @@ static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scra
         cur[c] = acc += cnt[c];
     }
     S->phase[1] += clk() - t0;
-    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2) {
+    for (int64_t blo = WINDOW, bi = 0; blo <= dmax; blo *= 2, bi++) {
         const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax, first = n - 1 - bhi;
         t1 = clk();
-        kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+        kvq_rk_lut(isa, L->tab[h], L->bq + ((size_t)h * L->nb + bi) * D, S->lut);
         t0 = clk();
         S->phase[0] += t0 - t1;
         for (int32_t c = 0; c < K; c++) {
@@ -432,6 +444,79 @@ static void bands_code_order(const layer *L, int h, kvq_isa isa, int32_t K, scra
     }
 }
 
+/* Bands of distances [w, 2w), [2w, 4w), ... up to n - 1 - SINK. */
+static int32_t band_count(int64_t n)
+{
+    int32_t nb = 0;
+    for (int64_t lo = WINDOW; lo <= n - 1 - SINK; lo *= 2)
+        nb++;
+    return nb;
+}
+
+/* L->bq: per KV head and band [lo, hi] of distances, the group's summed pre-RoPE query
+ * rotated by the mean rotation over the band (runtime/score_pos.c: per pair, the centre
+ * distance's rotation damped by sin(N t / 2) / (N sin(t / 2))), as the runtime's scoring
+ * queries are; the bands' LUTs then differ as they do there. */
+static int band_queries(layer *L, int64_t n, const double *theta)
+{
+    const int64_t dmax = n - 1 - SINK;
+    L->nb = band_count(n);
+    free(L->bq);
+    if (!(L->bq = malloc(sizeof(float) * (size_t)N_KV * L->nb * D))) {
+        fprintf(stderr, "bench_decode: out of memory\n");
+        return 1;
+    }
+    for (int h = 0; h < N_KV; h++) {
+        float qsum[D] = {0};
+        for (int g = 0; g < GS; g++)
+            for (int t = 0; t < D; t++)
+                qsum[t] += L->q[(size_t)(h * GS + g) * D + t];
+        int32_t b = 0;
+        for (int64_t lo = WINDOW; lo <= dmax; lo *= 2, b++) {
+            const int64_t hi = 2 * lo - 1 < dmax ? 2 * lo - 1 : dmax;
+            const double N = (double)(hi - lo + 1), c = 0.5 * (double)(lo + hi);
+            float cs[D / 2], sn[D / 2];
+            for (int m = 0; m < D / 2; m++) {
+                const double s2 = sin(0.5 * theta[m]);
+                const double damp = fabs(s2) < 1e-12 ? 1.0 : sin(0.5 * N * theta[m]) / (N * s2);
+                cs[m] = (float)(damp * cos(c * theta[m]));
+                sn[m] = (float)(damp * sin(c * theta[m]));
+            }
+            rotate(qsum, cs, sn, L->bq + ((size_t)h * L->nb + b) * D);
+        }
+    }
+    return 0;
+}
+
+/* --score bands selecting from the (code, band) groups (runtime/score_pos.c
+ * kvq_rt_banded_select): the bands' LUTs side by side in S->lut, each band's first
+ * token, the per-code counts; kvq_rk_topk_bands then selects. */
+static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch *S)
+{
+    const int64_t n = L->n, dmax = n - 1 - SINK;
+    double t0 = clk(), t1;
+    int32_t nb = 0;
+    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2, nb++) {
+        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
+        S->tb[nb] = n - 1 - bhi; /* tokens >= it are in this band or a nearer one */
+    }
+    for (int32_t k0 = 0; k0 < nb; k0 += 8) /* eight bands' LUTs per read of the table */
+        kvq_rk_lut_multi(isa, L->tab[h], L->bq + ((size_t)h * nb + k0) * D,
+                         nb - k0 < 8 ? nb - k0 : 8, S->lut + (size_t)k0 * K);
+    t1 = clk();
+    S->phase[0] += t1 - t0;
+    kvq_rk_code_counts(L->hist[h], K, L->codes[h], n, SINK, n - WINDOW, S->cwork);
+    S->phase[1] += clk() - t1;
+    S->bands = (kvq_rk_bands){.K = K,
+                              .nb = nb,
+                              .lut = S->lut,
+                              .n = n - SINK - WINDOW,
+                              .cnt = S->cwork,
+                              .tok = L->tok[h],
+                              .tb = S->tb};
+}
+
+
 /* Returns the attended token count. */
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
                               int bands, int64_t k_sel, scratch *S, float *out)
@@ -448,6 +533,11 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
             S->qs[t] += S->qb[g * D + t];
     }
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
+    if (bands && L->tok[h] && !by_scores) {
+        bands_groups(L, h, isa, cd->k, S);
+        t0 = clk();
+        goto select;
+    }
     if (bands && L->tok[h]) {
         bands_code_order(L, h, isa, cd->k, S);
         t0 = clk();
@@ -455,11 +545,11 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
     }
     if (bands) { /* distance n - 1 - j of row j: bands [w, 2w), [2w, 4w), ... up to n - 1 - SINK */
         const int64_t dmax = n - 1 - SINK;
-        for (int64_t lo = WINDOW; lo <= dmax; lo *= 2) {
+        for (int64_t lo = WINDOW, bi = 0; lo <= dmax; lo *= 2, bi++) {
             const int64_t hi = 2 * lo - 1 < dmax ? 2 * lo - 1 : dmax;
             const int64_t j0 = n - 1 - hi, j1 = n - lo; /* rows [j0, j1) */
             t1 = clk();
-            kvq_rk_lut(isa, L->tab[h], S->qs, S->lut);
+            kvq_rk_lut(isa, L->tab[h], L->bq + ((size_t)h * L->nb + bi) * D, S->lut);
             t0 = clk();
             S->phase[0] += t0 - t1;
             kvq_rk_score(isa, S->lut, 1, cd->k, L->codes[h] + j0, j1 - j0, S->scores + (j0 - SINK));
@@ -483,6 +573,7 @@ select:;
         S->att[m++] = (int32_t)j;
     const int64_t ns =
         by_scores ? kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work)
+        : bands   ? kvq_rk_topk_bands(&S->bands, k_sel, S->att + m, S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k_sel,
                                       S->att + m, S->cwork + cd->k);
     t1 = clk();
@@ -583,7 +674,10 @@ int main(int argc, char **argv)
            "score %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
-           a.scores < 0 ? "codes or scores (auto)" : a.scores ? "scores" : "codes",
+           a.scores == 1 ? "scores"
+           : a.bands     ? "(code, band) groups in code order, else scores"
+           : a.scores < 0 ? "codes or scores (auto)"
+                          : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
            g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
@@ -635,6 +729,8 @@ int main(int argc, char **argv)
         free(tmp);
         for (int i = 0; i < N_HEADS * D; i++)
             L.q[i] = (float)kvq_rng_normal(&rng);
+        if (a.bands && band_queries(&L, n, theta))
+            return 1;
         for (int m = 0; m < D / 2; m++) {
             L.bcos[m] = (float)cos(2048.0 * theta[m]);
             L.bsin[m] = (float)sin(2048.0 * theta[m]);
@@ -656,8 +752,15 @@ int main(int argc, char **argv)
             S->cwork = realloc(S->cwork, sizeof(uint32_t) * 4 * (size_t)a.codebook);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
-        const int by_scores =
+        int by_scores =
             a.scores >= 0 ? a.scores : !kvq_rk_codes_select_pays(n - SINK - WINDOW, (int32_t)a.codebook);
+        if (a.bands) { /* from the groups where the runtime does (kvq_rt_banded_select) */
+            const int64_t nk = (int64_t)band_count(n) * a.codebook;
+            by_scores = a.scores == 1 || a.token_order || 3 * nk > 2 * n || nk > 65536 ||
+                        (a.scores < 0 && !kvq_rk_bands_select_pays(n - SINK - WINDOW,
+                                                                   band_count(n),
+                                                                   (int32_t)a.codebook));
+        }
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
         double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps),
@@ -706,10 +809,7 @@ int main(int argc, char **argv)
                      t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const double b_rows = (double)attended * D * 2 * 2;
-        int64_t n_luts = 1; /* LUTs per step and head: one per distance band with bands */
-        if (a.bands)
-            for (int64_t lo = 2 * WINDOW; lo <= n - 1 - SINK; lo *= 2)
-                n_luts++;
+        const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows;
@@ -754,6 +854,7 @@ int main(int argc, char **argv)
         kvq_rk_table_free(L.tab[h]);
         kvq_codebook_free(cb[h]);
     }
+    free(L.bq);
     for (int t = 0; t < a.threads; t++) {
         free(scr[t].scores);
         free(scr[t].logits);

@@ -246,6 +246,34 @@ void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut)
     DISPATCH(isa, kvq_rk_lut, (qf, t->CT, t->G, t->dg, t->K, lut), lut_scalar(t, qp, lut));
 }
 
+void kvq_rk_lut_multi(kvq_isa isa, const kvq_rk_table *t, const float *qs, int32_t nq,
+                      float *lut)
+{
+    const size_t GK = (size_t)t->G * t->K;
+#if KVQ_RK_HAVE_X86
+    const kvq_isa use = kvq_isa_clamp(isa);
+    if (use == KVQ_ISA_AVX512 || (use == KVQ_ISA_AVX2 && t->K % 8 == 0)) {
+        float qf[8 * KVQ_ROPE_MAX_DIM]; /* eight queries at a time */
+        for (int32_t i0 = 0; i0 < nq; i0 += 8) {
+            const int32_t m = nq - i0 < 8 ? nq - i0 : 8;
+            for (int32_t i = 0; i < m; i++) {
+                double qp[KVQ_ROPE_MAX_DIM];
+                lut_query(t, qs + (size_t)(i0 + i) * t->d, qp);
+                for (int32_t a = 0; a < t->d; a++)
+                    qf[(size_t)i * t->d + a] = (float)qp[a];
+            }
+            if (use == KVQ_ISA_AVX512)
+                kvq_rk_lut_multi_avx512(qf, m, t->CT, t->G, t->dg, t->K, lut + (size_t)i0 * GK);
+            else
+                kvq_rk_lut_multi_avx2(qf, m, t->CT, t->G, t->dg, t->K, lut + (size_t)i0 * GK);
+        }
+        return;
+    }
+#endif
+    for (int32_t i = 0; i < nq; i++)
+        kvq_rk_lut(isa, t, qs + (size_t)i * t->d, lut + (size_t)i * GK);
+}
+
 /* ==========================================================================
  * Score gather
  * ========================================================================== */
@@ -556,6 +584,12 @@ static uint32_t kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t
     }
     *ties = remaining;
     return T;
+}
+
+uint32_t kvq_rk_kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t k,
+                                 int64_t *ties)
+{
+    return kth_key_weighted(keys, w, m, k, ties);
 }
 
 /* Without a branch on the common case: a few percent of the tokens are taken, at

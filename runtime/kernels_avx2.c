@@ -65,6 +65,41 @@ TARGET void kvq_rk_lut_avx2(const float *qp, const uint16_t *CT, int32_t G, int3
     }
 }
 
+/* kvq_rk_lut_avx2 for nq queries (K % 8 == 0: no scalar tail), eight at a time with
+ * their accumulators in registers: per 8 codes, every table row converted once and
+ * multiplied into the eight, in the order of the single-query loop. */
+TARGET void kvq_rk_lut_multi_avx2(const float *qp, int32_t nq, const uint16_t *CT, int32_t G,
+                                  int32_t dg, int32_t K, float *lut)
+{
+    const int32_t d = G * dg;
+    for (int32_t g = 0; g < G; g++) {
+        const uint16_t *T = CT + (size_t)g * dg * K;
+        for (int32_t i0 = 0; i0 < nq; i0 += 8) {
+            const int32_t m = nq - i0 < 8 ? nq - i0 : 8;
+            const float *q[8];
+            for (int32_t i = 0; i < 8; i++) /* past m: a repeat of the last, not stored */
+                q[i] = qp + (size_t)(i0 + (i < m ? i : m - 1)) * d + (size_t)g * dg;
+            for (int32_t c = 0; c + 8 <= K; c += 8) {
+                __m256 a[8];
+                for (int32_t i = 0; i < 8; i++)
+                    a[i] = _mm256_setzero_ps();
+                for (int32_t t = 0; t < dg; t += 2) {
+                    const int two = t + 1 < dg;
+                    const uint16_t *r0 = T + (size_t)t * K + c, *r1 = two ? r0 + K : r0;
+                    const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r0));
+                    const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)r1));
+                    for (int32_t i = 0; i < 8; i++) {
+                        a[i] = _mm256_fmadd_ps(_mm256_set1_ps(q[i][t]), w0, a[i]);
+                        a[i] = _mm256_fmadd_ps(_mm256_set1_ps(two ? q[i][t + 1] : 0.0f), w1, a[i]);
+                    }
+                }
+                for (int32_t i = 0; i < m; i++)
+                    _mm256_storeu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, a[i]);
+            }
+        }
+    }
+}
+
 /* ---- score gather ------------------------------------------------------------------------ */
 
 TARGET void kvq_rk_score_avx2(const float *lut, int32_t G, int32_t K, const uint16_t *codes,

@@ -72,6 +72,50 @@ TARGET void kvq_rk_lut_avx512(const float *qp, const uint16_t *CT, int32_t G, in
     }
 }
 
+/* kvq_rk_lut_avx512 for nq queries, eight at a time with their accumulators in
+ * registers: per 16 codes, every table row converted once and multiplied into the
+ * eight, in the order (and with the zero rows past dg) of the single-query loop. */
+TARGET void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t *CT, int32_t G,
+                                    int32_t dg, int32_t K, float *lut)
+{
+    const int32_t d = G * dg;
+    for (int32_t g = 0; g < G; g++) {
+        const uint16_t *T = CT + (size_t)g * dg * K;
+        for (int32_t i0 = 0; i0 < nq; i0 += 8) {
+            const int32_t m = nq - i0 < 8 ? nq - i0 : 8;
+            const float *q[8];
+            for (int32_t i = 0; i < 8; i++) /* past m: a repeat of the last, not stored */
+                q[i] = qp + (size_t)(i0 + (i < m ? i : m - 1)) * d + (size_t)g * dg;
+            for (int32_t c = 0; c < K; c += 16) {
+                const __mmask16 mk = tail16(K - c);
+                __m512 a[8];
+                for (int32_t i = 0; i < 8; i++)
+                    a[i] = _mm512_setzero_ps();
+                for (int32_t t = 0; t < dg; t += 4) {
+                    const int nr = dg - t < 4 ? dg - t : 4;
+                    const uint16_t *r0 = T + (size_t)t * K + c;
+                    const uint16_t *r1 = nr > 1 ? r0 + K : r0;
+                    const uint16_t *r2 = nr > 2 ? r0 + 2 * (size_t)K : r0;
+                    const uint16_t *r3 = nr > 3 ? r0 + 3 * (size_t)K : r0;
+                    const __m512 w0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r0));
+                    const __m512 w1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r1));
+                    const __m512 w2 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r2));
+                    const __m512 w3 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r3));
+                    for (int32_t i = 0; i < 8; i++) {
+                        a[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][t]), w0, a[i]);
+                        a[i] = _mm512_fmadd_ps(_mm512_set1_ps(nr > 1 ? q[i][t + 1] : 0.0f), w1, a[i]);
+                        a[i] = _mm512_fmadd_ps(_mm512_set1_ps(nr > 2 ? q[i][t + 2] : 0.0f), w2, a[i]);
+                        a[i] = _mm512_fmadd_ps(_mm512_set1_ps(nr > 3 ? q[i][t + 3] : 0.0f), w3, a[i]);
+                    }
+                }
+                for (int32_t i = 0; i < m; i++)
+                    _mm512_mask_storeu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, mk,
+                                          a[i]);
+            }
+        }
+    }
+}
+
 /* ---- score gather ------------------------------------------------------------------------ */
 
 TARGET void kvq_rk_score_avx512(const float *lut, int32_t G, int32_t K, const uint16_t *codes,

@@ -84,6 +84,14 @@ KVQ_RK_DECLARE(avx2)
 KVQ_RK_DECLARE(avx512)
 #undef KVQ_RK_DECLARE
 
+/* lut for nq queries at once (qp [nq, G dg] -> lut [nq, G K]): each entry computed as the
+ * single-query lut computes it (the same multiply-adds in the same order, so the same
+ * bits), the table converted once for all of them. The AVX2 path needs K % 8 == 0. */
+void kvq_rk_lut_multi_avx2(const float *qp, int32_t nq, const uint16_t *CT, int32_t G,
+                           int32_t dg, int32_t K, float *lut);
+void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t *CT, int32_t G,
+                             int32_t dg, int32_t K, float *lut);
+
 /* AVX-512 only (AVX2 runs the scalar loop, kernels.c): emit with the key of token j
  * looked up as ktab[codes[j]] (ktab: [K]); idx holds `room` entries (at least the count
  * emitted), which lets it store whole vectors while they fit. */

@@ -53,6 +53,12 @@ const kvq_codebook *kvq_rk_table_codebook(const kvq_rk_table *t);
  * Cost: K d multiply-adds (+ d^2 / 2), reading 2 K d bytes. */
 void kvq_rk_lut(kvq_isa isa, const kvq_rk_table *t, const float *qs, float *lut);
 
+/* kvq_rk_lut of nq scoring queries qs [nq, d] into lut [nq, G K]: the same bits as nq
+ * calls (every path), the table read once for all of them on the fast paths (one LUT
+ * per distance band: --score-pos bands). */
+void kvq_rk_lut_multi(kvq_isa isa, const kvq_rk_table *t, const float *qs, int32_t nq,
+                      float *lut);
+
 /* Score gather: scores[j] = sum over g = 0..G-1 (in order, float) of
  * lut[g*K + codes[j*G + g]] for j < n. Codes must be < K. Every path gives the bits of
  * kvq_codebook_score. Cost: n G lookups. */
@@ -82,6 +88,51 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
 int64_t kvq_rk_topk_codes(kvq_isa isa, const float *lut, int32_t K, const uint32_t *counts,
                           const uint16_t *codes, int64_t n, int64_t k, int32_t *idx,
                           uint32_t *work);
+
+/* The key T (kvq_rk_key) of the k-th largest of the multiset in which keys[i] occurs
+ * w[i] times (1 <= k <= sum of w; w[i] may be 0); *ties: how many occurrences of T are
+ * in the top k. A radix select over the m entries, digit by digit as kvq_rk_topk's.
+ * keys and w are overwritten. */
+uint32_t kvq_rk_kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t k,
+                                 int64_t *ties);
+
+/* Top-k of candidates scored per (code, distance band), single-group codebooks
+ * (--score-pos bands on rows in code order, runtime/topk_bands.c). The candidates are
+ * rows [0, n + nu):
+ *   rows [0, n)       runs of one code in code order, code c's run cnt[c] rows long;
+ *                     tok[j] the token of row j, increasing within a run
+ *   rows [n, n + nu)  in token order: row n + i holds token utok0 + i, code ucodes[i]
+ * A row's band: the first b < nb - 1 with token >= tb[b] (tb non-increasing: band 0 is
+ * the nearest), else nb - 1. Its score: lut[b K + code]. Selects exactly what
+ * kvq_rk_topk selects from those scores (the min(k, n + nu) largest, increasing row
+ * indices into idx, among equal scores the lower row first) without writing a score per
+ * row: the threshold from the nb K groups weighted by their row counts, the groups'
+ * row ranges from a search of each run, then the rows emitted group by group.
+ * work: [3 nb K] uint32. Cost: O(nb K log(n / K)) + nu + k, against the rows'
+ * score fill and top-k's passes over 4 (n + nu) bytes. */
+typedef struct kvq_rk_bands {
+    int32_t K, nb;
+    const float *lut;     /* [nb, K] */
+    int64_t n;            /* rows in code order */
+    const uint32_t *cnt;  /* [K] run lengths (sum n) */
+    const int32_t *tok;   /* [n] */
+    const int64_t *tb;    /* [nb - 1] first token of each band but the farthest */
+    int64_t nu;           /* rows in token order after them */
+    int64_t utok0;        /* the token of row n */
+    const uint16_t *ucodes; /* [nu] */
+} kvq_rk_bands;
+int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work);
+
+/* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
+ * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work
+ * (a search of each run per band, the threshold and the emission over nb K groups)
+ * pays off once the candidates outnumber the groups four to one (bench_decode
+ * --score bands at 128K: K 256 and 1024 faster from the groups, K 4096 from the scores;
+ * docs/BENCHMARKS.md). Either way the selection is the same. */
+static inline int kvq_rk_bands_select_pays(int64_t n, int32_t nb, int32_t K)
+{
+    return n >= 4 * (int64_t)nb * K;
+}
 
 /* Whether selecting n candidates from codes (kvq_rk_topk_codes) is expected to beat
  * score gather + kvq_rk_topk for a K-entry codebook: its O(K) part (about 17 us at

@@ -81,6 +81,10 @@ typedef struct rt_sums {
     double recall_topk, recall_mass, out_rel_err;
 } rt_sums;
 
+/* Bands whose mean rotations a scratch keeps (score bands; farther bands are computed
+ * each time). */
+#define KVQ_RT_BAND_ROTATIONS 32
+
 /* Per-thread scratch, sized for T visible tokens. */
 typedef struct rt_scratch {
     int64_t cap;         /* T it holds */
@@ -107,6 +111,10 @@ typedef struct rt_scratch {
     int64_t mr_a, mr_b;  /* distances of the mean rotation held in mr_cs / mr_sn (score
                             mean: computed once per step, not per layer and head) */
     float mr_cs[KVQ_ROPE_MAX_DIM / 2], mr_sn[KVQ_ROPE_MAX_DIM / 2];
+    int64_t br_a, br_b;  /* candidate distances of the band rotations held in br (score
+                            bands: per band, computed once per step, not per layer and head) */
+    uint32_t br_have;    /* bit k: band k's rotation is held */
+    float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
     const float *ktok;   /* NULL, or the step's head's keys rotated, by token [nvis, d]
                             (set by kvq_retrieval_probe for its steps) */
     int32_t slot;        /* index of this scratch (the device backend's slot) */
@@ -208,5 +216,10 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
                           int64_t b, float *out);
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b);
 void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, double *cb_bytes);
+/* BANDS under the group sum on rows in code order: the top k of the candidates as
+ * kvq_rt_banded_scores + kvq_rk_topk select them (candidate rows, ascending, into sel;
+ * returns the count), from the (code, band) groups without a score per row
+ * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
+int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
 
 #endif /* KVQ_RUNTIME_INTERNAL_H */

@@ -66,6 +66,32 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
     kvq_rk_rotate(q, S->mr_cs, S->mr_sn, (int)r->rope.layout, r->d, out);
 }
 
+/* The scoring query of band k, distances [lo, hi], of candidates at distances [a, b]:
+ * what kvq_rt_scoring_query gives, with the band's mean rotation kept in the scratch
+ * while the candidates' distances stay (a step's layers and heads share them). */
+static void band_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
+                       int64_t b, int32_t k, int64_t lo, int64_t hi, float *out)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    if (r->p.score_pos == KVQ_SCORE_RB || k >= KVQ_RT_BAND_ROTATIONS ||
+        kvq_codebook_get_desc(cb)->method == KVQ_CODEBOOK_VQ_POSTROPE) {
+        kvq_rt_scoring_query(st, cb, q, lo, hi, out);
+        return;
+    }
+    if (S->br_a != a || S->br_b != b) {
+        S->br_a = a;
+        S->br_b = b;
+        S->br_have = 0;
+    }
+    float *cs = S->br[k], *sn = S->br[k] + r->d / 2;
+    if (!(S->br_have >> k & 1u)) {
+        kvq_rt_mean_rotation(r, lo, hi, cs, sn);
+        S->br_have |= 1u << k;
+    }
+    kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
+}
+
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
 {
     /* candidates are the tokens [s_end, w_beg) (in code order the rows hold the same set) */
@@ -131,7 +157,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     for (int32_t k = 0; k < nb; k++) {
         const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
         const int64_t first = st->pos - hi;
-        kvq_rt_scoring_query(st, cb, q, lo, hi, qs);
+        band_query(st, cb, q, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         for (int32_t c = 0; c < K; c++) {
@@ -186,7 +212,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             if (r1 <= r0)
                 continue;
         }
-        kvq_rt_scoring_query(st, cb, qsum_pre, lo, hi, qs);
+        band_query(st, cb, qsum_pre, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         if (fast) {
@@ -206,4 +232,65 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             scores[j] = s;
         }
     }
+}
+
+/* BANDS selection on rows in code order without a score per row (kvq_rk_topk_bands):
+ * the same LUTs as banded_sorted, kept side by side [nb, K] in S->scores, each band's
+ * first token from the positions (positions increasing over the tokens), then the
+ * weighted threshold over the (code, band) groups and the rows emitted group by group.
+ * The same selection as kvq_rt_banded_scores + kvq_rk_topk. Used when the groups are
+ * few enough to pay (kvq_rk_bands_select_pays) and fit the scratch. */
+int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const rt_head *H = st->H;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t K = D->k, d = r->d;
+    if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
+        D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
+        st->s_end != r->p.sink || H->sorted_end <= st->s_end)
+        return -1;
+    int64_t a, b;
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (a < 1)
+        a = 1;
+    const int32_t nb = band_of(b, a) + 1;
+    const int64_t nk = (int64_t)nb * K;
+    if (!kvq_rk_bands_select_pays(st->nc, nb, K) || nk > S->cap || 3 * nk > 2 * S->cap)
+        return -1;
+    const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
+    float q[KVQ_ROPE_MAX_DIM], qs[8 * KVQ_ROPE_MAX_DIM];
+    memcpy(q, st->q, sizeof(float) * (size_t)d); /* the group's sum */
+    for (int32_t g = 1; g < r->gs; g++)
+        for (int32_t t = 0; t < d; t++)
+            q[t] += st->q[(size_t)g * d + t];
+    int64_t tb[64];
+    for (int32_t k0 = 0; k0 < nb; k0 += 8) { /* eight bands' LUTs per read of the table */
+        const int32_t m = nb - k0 < 8 ? nb - k0 : 8;
+        for (int32_t k2 = k0; k2 < k0 + m; k2++) {
+            const int64_t lo = a << k2, hi = (a << (k2 + 1)) - 1 < b ? (a << (k2 + 1)) - 1 : b;
+            band_query(st, cb, q, a, b, k2, lo, hi, qs + (size_t)(k2 - k0) * d);
+            if (k2 + 1 < nb) /* the band's first token: position >= pos - hi */
+                tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - hi);
+        }
+        kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, S->scores + (size_t)k0 * K);
+        *cb_bytes += (double)m * (double)kvq_rk_table_bytes(st->L->tab[st->head]);
+    }
+    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
+    const kvq_rk_bands B = {.K = K,
+                            .nb = nb,
+                            .lut = S->scores,
+                            .n = se - s0,
+                            .cnt = S->cwork,
+                            .tok = H->tok + s0,
+                            .tb = tb,
+                            .nu = st->w_beg - se,
+                            .utok0 = se,
+                            .ucodes = H->codes + se};
+    const int64_t n = kvq_rk_topk_bands(&B, k, sel, S->work);
+    for (int64_t j = 0; j < n; j++)
+        sel[j] += (int32_t)s0;
+    return n;
 }

@@ -293,6 +293,13 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
         }
         return k;
     }
+    if (selector == KVQ_SELECT_CODEBOOK) { /* bands in code order: no score per row */
+        const int64_t n = kvq_rt_banded_select(st, k, sel, codebook_bytes);
+        if (n >= 0) {
+            *sel_bytes += (double)nc * 2.0;
+            return n;
+        }
+    }
     switch (selector) {
     case KVQ_SELECT_ORACLE:
         oracle_scores(st, scores);

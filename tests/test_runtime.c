@@ -330,6 +330,22 @@ static void test_lut_paths(void **state)
                              i, fast[i], sc[i]);
             }
         }
+        /* several queries at once (kvq_rk_lut_multi): the bits of one call per query */
+        for (size_t ii = 0; ii < 3; ii++) {
+            const int32_t nq = 11;
+            float *qm = randn((size_t)nq * d, 300 + ci, 1.0f);
+            float *one = malloc(sizeof(float) * G * K), *all = malloc(sizeof(float) * nq * G * K);
+            kvq_rk_lut_multi(isas[ii], tab, qm, nq, all);
+            for (int32_t i = 0; i < nq; i++) {
+                kvq_rk_lut(isas[ii], tab, qm + (size_t)i * d, one);
+                if (memcmp(one, all + (size_t)i * G * K, sizeof(float) * G * K))
+                    fail_msg("case %zu %s: LUT of query %d of %d differs from its own call", ci,
+                             kvq_isa_name(isas[ii]), i, nq);
+            }
+            free(qm);
+            free(one);
+            free(all);
+        }
         free(q);
         free(ref);
         free(sc);

@@ -256,10 +256,12 @@ kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
  *          increasing positions, in token order each band is a range of rows (one SIMD
  *          score gather per range with its band's LUT); in code order ("Row order")
  *          each code's run of sorted rows keeps token order, so it splits into one
- *          sub-run per band (per band each run walked backwards from the nearer one, filled
- *          with its LUT entry) and the unsorted rows are ranges as in token order. Then
- *          top-k over the candidates: the same set either way (rows out of position
- *          order fall back to a scalar per-row band lookup). */
+ *          sub-run per band whose rows share a score, and the unsorted rows are ranges
+ *          as in token order: under the group sum the top-k comes from those (code,
+ *          band) groups without a score per row when the candidates outnumber them
+ *          four to one, else each run is walked per band filling scores, then top-k.
+ *          The same set every way (rows out of position order fall back to a scalar
+ *          per-row band lookup). */
 typedef enum kvq_score_pos {
     KVQ_SCORE_RB = 0,
     KVQ_SCORE_MEAN = 1,
