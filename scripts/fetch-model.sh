@@ -30,7 +30,7 @@ SIZE=98362432
 SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 DEST="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
-if [ -f "$DEST" ] && [ "$(stat -c %s "$DEST")" = "$SIZE" ]; then
+if [ -f "$DEST" ] && [ "$(stat -L -c %s "$DEST")" = "$SIZE" ]; then
   echo "$DEST"
   exit 0
 fi
