@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# eval_last.sh — `kvq eval --score last:N`, the long-context scoring (exact prefill, the
-# last N tokens of each sequence scored, with retrieval each a one-token decode step):
-# the scored positions and counts, llama.cpp's loss of the same positions, and the
-# `full` selector equal to full attention over them. Run by tests/run-tests.sh.
+# eval_long.sh — the long-context evaluation of `kvq eval`: --score last:N (exact
+# prefill, the last N tokens of each sequence scored, with retrieval each a one-token
+# decode step): the scored positions and counts, llama.cpp's loss of the same
+# positions, and the `full` selector equal to full attention over them; and task
+# prompts from a jsonl corpus ("answer", "task"). Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
 
 MODEL=../shared/models/stories260K.gguf
@@ -13,7 +14,9 @@ expect_error eval_last_bad 2 '^kvq eval: --score: ' -- \
 expect_error eval_score_bad 2 '^kvq eval: --score must be second-half, all or last:N$' -- \
   "$KVQ" eval --model x --corpus uuid:1 --score first:8
 if [ ! -f "$MODEL" ]; then
-  for n in eval_last_llama eval_last_longer eval_last_retrieval; do skip $n "no $MODEL"; done
+  for n in eval_last_llama eval_last_longer eval_last_retrieval eval_jsonl_tasks; do
+    skip $n "no $MODEL"
+  done
   cli_done; exit
 fi
 
@@ -58,5 +61,18 @@ assert rows['oracle']['kv_read_fraction'] < 0.95 and rows['oracle']['perplexity'
 " -- "$KVQ" eval --model "$MODEL" --corpus "file:$T/story.txt" --seq-len 32 --score last:8 \
     --selectors full,oracle --budgets 4 --sink 4 --window 4 --positions rope --cache f32 \
     --threads 1 --json -q
+
+# jsonl task prompts: the golden text is stories260K's greedy continuation after BOS, so
+# after its first words the model answers "Lily" (right) and not "Tom" (counted wrong)
+cat >"$T/tasks.jsonl" <<'EOF'
+{"text": "Once upon a time, there was a little girl named", "answer": "Lily"}
+{"text": "Once upon a time, there was a little girl named", "answer": "Tom", "task": "kv-recall"}
+{"text": "Once upon a time"}
+EOF
+expect_json eval_jsonl_tasks "
+assert d['reference']['passkey'] == [1, 1] and d['reference']['kv_recall'] == [0, 1], d['reference']
+assert d['rows'][0]['passkey'] == [1, 1] and d['rows'][0]['kv_recall'] == [0, 1], d['rows']
+" -- "$KVQ" eval --model "$MODEL" --corpus "jsonl:$T/tasks.jsonl" --selectors full --max-tokens 2 \
+    --positions rope --threads 1 --json -q
 
 cli_done
