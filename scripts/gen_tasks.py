@@ -67,21 +67,37 @@ def build(tok, paras, n_tokens, intro, needles, question, rng):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True)
-    ap.add_argument("--filler", required=True, help="directory of *.txt files")
+    ap.add_argument("--filler", help="directory of *.txt files (required unless --input)")
+    ap.add_argument("--input", help="check this jsonl (written before) instead of writing one")
     ap.add_argument("--kind", choices=["passkey", "kv-recall"], default="passkey")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--keys", type=int, default=4, help="needles per kv-recall prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="filler paragraphs skipped first")
-    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("-o", "--out")
     ap.add_argument("--check", action="store_true", help="answer with llama.cpp too")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     from llama_cpp import Llama
     m = Llama(a.model, n_ctx=a.tokens + 512, n_batch=512, verbose=False, n_threads=a.threads,
-              vocab_only=not a.check)
+              n_threads_batch=a.threads, vocab_only=not (a.check or a.input))
     tok = lambda s: m.tokenize(s.encode("utf-8"), add_bos=False, special=False)
+    if a.input:
+        docs = [json.loads(ln) for ln in open(a.input) if ln.strip()]
+        a.check = True
+    elif not a.filler or not a.out:
+        ap.error("--filler and -o are required unless --input")
+    else:
+        docs = generate(a, tok)
+        with open(a.out, "w") as f:
+            for d in docs:
+                f.write(json.dumps(d) + "\n")
+    if a.check:
+        check(m, tok, docs)
+
+
+def generate(a, tok):
     rng = random.Random(a.seed)
     paras = paragraphs(a.filler)
     for _ in range(a.skip):
@@ -101,11 +117,10 @@ def main():
             q = f"What is the special magic number for {w}? The special magic number for {w} is"
         text = build(tok, paras, a.tokens, INTRO[a.kind], needles, q, rng)
         docs.append({"text": text, "answer": ans, "task": a.kind})
-    with open(a.out, "w") as f:
-        for d in docs:
-            f.write(json.dumps(d) + "\n")
-    if not a.check:
-        return
+    return docs
+
+
+def check(m, tok, docs):
     ok = 0
     for i, d in enumerate(docs):
         ids = m.tokenize(d["text"].encode("utf-8"), add_bos=True, special=False)
