@@ -395,6 +395,29 @@ static kvq_status next_ids_part(kvq_corpus_iter *it, int *got, kvq_err *err)
     return KVQ_OK;
 }
 
+/* A jsonl line's optional task fields: "answer" (1 .. 31 bytes) makes it a task
+ * document of kind "task" ("passkey", the default, or "kv-recall"). NULL, or what is
+ * wrong with them. */
+static const char *jsonl_task(kvq_corpus_iter *it, const cJSON *j)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "answer");
+    const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "task");
+    it->doc.task = KVQ_TASK_NONE; /* a skipped line's ("text": "") must not stay */
+    it->doc.answer = NULL;
+    if (!a)
+        return k ? "\"task\" without an \"answer\"" : NULL;
+    if (!cJSON_IsString(a) || !a->valuestring[0] || strlen(a->valuestring) >= sizeof it->answer)
+        return "\"answer\" is not a string of 1 to 31 bytes";
+    if (k && (!cJSON_IsString(k) || (strcmp(k->valuestring, "passkey") &&
+                                     strcmp(k->valuestring, "kv-recall"))))
+        return "\"task\" is not \"passkey\" or \"kv-recall\"";
+    snprintf(it->answer, sizeof it->answer, "%s", a->valuestring);
+    it->doc.task = k && !strcmp(k->valuestring, "kv-recall") ? KVQ_TASK_KV_RECALL
+                                                              : KVQ_TASK_PASSKEY;
+    it->doc.answer = it->answer;
+    return NULL;
+}
+
 static kvq_status next_jsonl(kvq_corpus_iter *it, int *got, kvq_err *err)
 {
     *got = 0;
@@ -430,6 +453,13 @@ static kvq_status next_jsonl(kvq_corpus_iter *it, int *got, kvq_err *err)
                                         !j ? "not valid JSON"
                                         : !cJSON_IsObject(j) ? "not a JSON object"
                                         : "no \"text\" string field");
+            cJSON_Delete(j);
+            return st;
+        }
+        const char *bad = jsonl_task(it, j);
+        if (bad) {
+            kvq_status st = kvq_err_set(err, KVQ_E_BAD_JSON, "%s:%llu: %s", it->fpath,
+                                        (unsigned long long)it->line_no, bad);
             cJSON_Delete(j);
             return st;
         }

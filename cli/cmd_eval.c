@@ -30,6 +30,12 @@ static void eval_usage(FILE *f)
             "--score all: every token after the first of sequences of --seq-len tokens\n"
             "(a BOS put at the start of each when the model adds one; a shorter last\n"
             "sequence kept).\n"
+            "--score last:N: the long-context way (a server's prefill, then decoding):\n"
+            "sequences of --seq-len tokens as with all; per sequence only the predictions\n"
+            "of its last N tokens are scored (all when it is shorter than N + 1). With\n"
+            "retrieval options the prompt before them is attended exactly, as a prefill,\n"
+            "and each of the N is a one-token decode step with retrieval over the whole\n"
+            "cache; with full attention the figure is the same positions' loss.\n"
             "\n"
             "options:\n"
             "  --model M          GGUF file or HF directory (required)\n"
@@ -38,7 +44,8 @@ static void eval_usage(FILE *f)
             "                     comma-separated (see docs)\n"
             "  --seq-len N        tokens per sequence, 2 .. 1048576 (default 512)\n"
             "  --max-tokens N     stop after N tokens; 0 = the whole corpus (default 0)\n"
-            "  --score MODE       second-half (default; llama-perplexity) or all (above)\n"
+            "  --score MODE       second-half (default; llama-perplexity), all, or last:N\n"
+            "                     (above)\n"
             "  --accept-approx-tokenizer\n"
             "                     use a tokenizer whose pre-tokenizer kvq does not\n"
             "                     implement, approximated by the GPT-2 split (default:\n"
@@ -76,6 +83,7 @@ typedef struct eval_state {
     uint64_t n_seq;
     /* --score second-half: the token stream re-cut into chunks of n_ctx */
     int half;
+    int64_t last;         /* --score last:N: N, else 0 */
     int32_t bos;          /* BOS when the model adds one, else -1 */
     int32_t *buf;         /* [n_ctx] the chunk being filled */
     int64_t n_ctx, n_buf;
@@ -109,8 +117,9 @@ static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
             st = eval_stream(s, &s->bos, 1, err); /* the text starts with BOS */
         return st ? st : eval_stream(s, seq->ids, seq->n, err);
     }
-    kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, 0, s->chunk, s->vocab, s->logits,
-                                       &s->sum, err);
+    const int64_t from = s->last && seq->n > s->last + 1 ? seq->n - s->last - 1 : 0;
+    kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, from, s->chunk, s->vocab,
+                                       s->logits, &s->sum, err);
     if (st != KVQ_OK)
         return st;
     s->n_seq++;
@@ -122,6 +131,7 @@ typedef struct eval_opts {
     const char *spec;     /* --corpus */
     int64_t seq_len, max_tokens;
     int json, score_all;
+    int64_t score_last;   /* --score last:N: N, else 0 */
     int64_t passkey_filler, kv_pairs; /* --passkey-filler, --kv-pairs (0: the defaults) */
     cli_retrieval ro;
 } eval_opts;
@@ -147,9 +157,13 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
         } else if (!strcmp(a, "--json")) {
             o->json = 1;
         } else if (!strcmp(a, "--score")) {
-            if (!val || (strcmp(val, "all") && strcmp(val, "second-half")))
-                return cli_failf(2, "eval: --score must be second-half or all");
-            o->score_all = !strcmp(val, "all");
+            if (val && !strncmp(val, "last:", 5)) {
+                if ((rc = cli_opt_i64(cmd, a, val + 5, 1, 1 << 20, &o->score_last)))
+                    return rc;
+            } else if (!val || (strcmp(val, "all") && strcmp(val, "second-half"))) {
+                return cli_failf(2, "eval: --score must be second-half, all or last:N");
+            }
+            o->score_all = val && strcmp(val, "second-half");
             i++;
         } else if (!strcmp(a, "--corpus")) {
             if (!val)
@@ -223,6 +237,7 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
     sp.seq_len = (uint32_t)seq_len;
     sp.max_tokens = (uint64_t)o->max_tokens;
     s.half = !o->score_all;
+    s.last = o->score_last;
     s.bos = sp.add_bos ? kvq_tokenizer_bos(tok) : -1;
     s.n_ctx = seq_len;
     if (s.half) {
@@ -251,6 +266,11 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
         goto done;
     }
     const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
+    char score[32];
+    if (s.last)
+        snprintf(score, sizeof score, "last:%lld", (long long)s.last);
+    else
+        snprintf(score, sizeof score, "%s", s.half ? "second-half" : "all");
     if (o->json) {
         printf("{\"model\": ");
         kvq_json_write_str(stdout, model_path);
@@ -261,7 +281,7 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
                "\"nll\": %.6f, "
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
                (unsigned long long)stats.hash, (long long)seq_len,
-               s.half ? "second-half" : "all", (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
+               score, (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
                (unsigned long long)s.sum.n_pred, nll, ppl, secs,
                secs > 0 ? (double)stats.n_tokens / secs : 0.0);
     } else {
@@ -271,6 +291,9 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
         if (s.half)
             printf("chunks      %llu of %lld tokens, second half scored (as llama-perplexity)\n",
                    (unsigned long long)s.n_seq, (long long)seq_len);
+        else if (s.last)
+            printf("sequences   %llu of up to %lld tokens, the last %lld scored\n",
+                   (unsigned long long)s.n_seq, (long long)seq_len, (long long)s.last);
         else
             printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
                    (long long)seq_len);
@@ -334,7 +357,7 @@ int cmd_eval(int argc, char **argv)
     }
     if (o.ro.given)
         rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
-                                o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
+                                o.max_tokens, o.score_last, (int32_t)o.m.threads, o.json, &cb);
     else
         rc = eval_full(&o, m, corpus, tok, &cb);
 done:

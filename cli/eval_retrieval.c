@@ -2,7 +2,9 @@
  *
  * Per row (selector, budget):
  *   perplexity   every token of every sequence is predicted with retrieval attention
- *                at its position (prefill_full = 0), compared with full attention
+ *                at its position (prefill_full = 0), compared with full attention;
+ *                with --score last:N only the last N of each sequence, each one
+ *                decode step after an exact prefill of the tokens before it
  *   recall       mean over retrieval steps of |selected ∩ oracle's top-K| / K
  *   mass         mean exact attention mass (exact RoPE) on the attended tokens
  *   out_err      mean ||o - o_exact|| / ||o_exact|| of the attention output
@@ -87,12 +89,28 @@ static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok,
 
 /* ---- measurements ---------------------------------------------------------------- */
 
-/* Summed NLL and predicted tokens over every sequence, with f's current attention. */
-static kvq_status perplexity(kvq_forward *f, const kvq_seq_set *l, int32_t chunk, int32_t vocab,
-                             float *logits, double *nll, uint64_t *n_pred, kvq_err *err)
+/* --score last:N: predictions from position n - N - 1 on (kvq_ppl_begin_fn). */
+static int64_t last_from(void *user, int64_t n)
+{
+    const int64_t last = *(const int64_t *)user;
+    return n > last + 1 ? n - last - 1 : 0;
+}
+
+/* Summed NLL and predicted tokens over every sequence, with f's current attention:
+ * every prediction (last 0), or the last `last` of each sequence, all logits of a
+ * chunk at once (decode 0) or one decode step each (decode 1). */
+static kvq_status perplexity(kvq_forward *f, const kvq_seq_set *l, int64_t last, int decode,
+                             int32_t chunk, int32_t vocab, float *logits, double *nll,
+                             uint64_t *n_pred, kvq_err *err)
 {
     kvq_nll_sum sum = {0};
-    kvq_status s = kvq_perplexity_set(f, l, chunk, vocab, logits, NULL, NULL, &sum, err);
+    kvq_status s = KVQ_OK;
+    if (!decode)
+        s = kvq_perplexity_set(f, l, chunk, vocab, logits, last ? last_from : NULL, &last, &sum,
+                               err);
+    for (size_t q = 0; decode && q < l->n && !s; q++)
+        s = kvq_perplexity_seq_last(f, l->ids + l->off[q], l->off[q + 1] - l->off[q], last,
+                                    chunk, vocab, logits, &sum, err);
     *nll = sum.nll;
     *n_pred = sum.n_pred;
     return s;
@@ -159,6 +177,7 @@ typedef struct evr {
     task_list tl;
     int n_task[3];           /* task documents per kind */
     int64_t longest;         /* longest sequence or task (prompt + generated) */
+    int64_t last;            /* --score last:N: N, else 0 (every prediction) */
     int32_t chunk;
     kvq_forward *f;
     float *logits;           /* [chunk, vocab] */
@@ -224,8 +243,8 @@ static int evr_reference(evr *x, const kvq_tokenizer *tok, const char *spec,
 {
     kvq_err e = {0};
     double t0 = kvq_now();
-    if (perplexity(x->f, &x->sl, x->chunk, x->c->vocab_size, x->logits, &x->ref_nll, &x->n_pred,
-                   &e) ||
+    if (perplexity(x->f, &x->sl, x->last, 0, x->chunk, x->c->vocab_size, x->logits, &x->ref_nll,
+                   &x->n_pred, &e) ||
         answer_tasks(x->f, tok, &x->tl, x->c->vocab_size, x->logits, x->ids, x->ref_correct, &e))
         return cli_fail(&e);
     if (x->n_pred == 0)
@@ -252,9 +271,10 @@ static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_tokenizer
     p.cb = *cb;
     double t0 = kvq_now();
     for (int pass = 0; pass < 2; pass++) {
-        /* pass 0: perplexity, retrieval at every position, with measurements;
+        /* pass 0: perplexity, retrieval at every position (--score last:N: exact
+         * prefill, retrieval at the last N), with measurements;
          * pass 1: the tasks, exact prompt then retrieval */
-        p.prefill_full = pass;
+        p.prefill_full = pass || x->last;
         p.measure = !pass;
         if (pass == 1 && x->tl.n == 0)
             break;
@@ -265,8 +285,8 @@ static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_tokenizer
         uint64_t np;
         kvq_status s = pass ? answer_tasks(x->f, tok, &x->tl, c->vocab_size, x->logits, x->ids,
                                            res->correct, &e)
-                            : perplexity(x->f, &x->sl, x->chunk, c->vocab_size, x->logits,
-                                         &res->nll, &np, &e);
+                            : perplexity(x->f, &x->sl, x->last, x->last > 0, x->chunk,
+                                         c->vocab_size, x->logits, &res->nll, &np, &e);
         if (!pass)
             kvq_retrieval_stats_get(r, &res->st);
         kvq_forward_set_attention(x->f, NULL);
@@ -285,6 +305,7 @@ static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_tokenizer
 /* The retrieval settings as reported. */
 typedef struct evr_setting {
     const char *method, *cache, *pos;
+    char scored[32];         /* "all" or "last:N" */
     int32_t window;
 } evr_setting;
 
@@ -316,11 +337,12 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         printf("null");
     printf(", \"score\": \"%s\"", kvq_score_pos_name(o->p.score_pos));
     printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "
-           "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"sequences\": %zu, "
+           "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
+           "\"sequences\": %zu, "
            "\"tokens\": %llu, \"predicted\": %llu, \"reference\": {\"nll\": %.6f, "
            "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}, \"rows\": [",
            pos, (int)o->p.sink, (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max",
-           o->p.tau, (long long)seq_len, x->sl.n, (unsigned long long)x->stats.n_tokens,
+           o->p.tau, (long long)seq_len, g->scored, x->sl.n, (unsigned long long)x->stats.n_tokens,
            (unsigned long long)x->n_pred, x->ref_nll, exp(x->ref_nll),
            x->ref_correct[KVQ_TASK_PASSKEY],
            x->n_task[KVQ_TASK_PASSKEY], x->ref_correct[KVQ_TASK_KV_RECALL],
@@ -364,7 +386,11 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
     printf("positions %s, score %s, sink %d, window %d, cache %s, group %s\n", pos,
            kvq_score_pos_name(o->p.score_pos), (int)o->p.sink, (int)window, cache,
            o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
-    printf("sequences   %zu of up to %lld tokens\n", x->sl.n, (long long)seq_len);
+    printf("sequences   %zu of up to %lld tokens", x->sl.n, (long long)seq_len);
+    if (x->last)
+        printf(", the last %lld of each scored (exact prefill, retrieval decode)",
+               (long long)x->last);
+    printf("\n");
     printf("tokens      %llu (%llu predicted)\n", (unsigned long long)x->stats.n_tokens,
            (unsigned long long)x->n_pred);
     printf("reference   full attention: nll %.6f nats/token, perplexity %.4f\n", x->ref_nll,
@@ -398,10 +424,10 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
 
 int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_path,
                        const char *spec, const kvq_corpus *corpus, const kvq_tokenizer *tok,
-                       int64_t seq_len, int64_t max_tokens, int32_t threads, int json,
-                       const kvq_callbacks *cb)
+                       int64_t seq_len, int64_t max_tokens, int64_t score_last,
+                       int32_t threads, int json, const kvq_callbacks *cb)
 {
-    evr x = {0};
+    evr x = {.last = score_last};
     int rc = evr_prepare(&x, o, m, model_path, corpus, tok, seq_len, max_tokens, threads, cb);
     if (!rc)
         rc = evr_reference(&x, tok, spec, cb);
@@ -414,6 +440,10 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
             .cache = o->p.cache_dtype == KVQ_DT_F16 ? "f16" : "f32",
             .pos = kvq_positions_name(o->p.positions),
         };
+        if (x.last)
+            snprintf(g.scored, sizeof g.scored, "last:%lld", (long long)x.last);
+        else
+            snprintf(g.scored, sizeof g.scored, "all");
         if (json)
             evr_print_json(&x, o, &g, model_path, spec, seq_len);
         else

@@ -60,10 +60,13 @@ int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_codebo
  * (the reference) and for every selector x budget row with retrieval at every
  * evaluated position, the rows' attention figures, and passkey / kv-recall accuracy
  * over the corpus's task documents (prompt attended exactly, answer decoded greedily
- * with retrieval). Prints the table (or JSON) and returns the exit code. */
+ * with retrieval). score_last > 0 (--score last:N): per sequence only the last N
+ * predictions, the prompt before them prefilled exactly and each of them a one-token
+ * decode step (kvq_perplexity_seq_last). Prints the table (or JSON) and returns the
+ * exit code. */
 int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_path,
                        const char *spec, const kvq_corpus *corpus, const kvq_tokenizer *tok,
-                       int64_t seq_len, int64_t max_tokens, int32_t threads, int json,
-                       const kvq_callbacks *cb);
+                       int64_t seq_len, int64_t max_tokens, int64_t score_last,
+                       int32_t threads, int json, const kvq_callbacks *cb);
 
 #endif

@@ -91,6 +91,29 @@ kvq_status kvq_perplexity_seq(kvq_forward *f, const int32_t *ids, int64_t n, int
     return run_seq(f, ids, n, from, chunk, vocab, logits, acc, err);
 }
 
+kvq_status kvq_perplexity_seq_last(kvq_forward *f, const int32_t *ids, int64_t n, int64_t n_last,
+                                   int32_t chunk, int32_t vocab, float *logits, kvq_nll_sum *acc,
+                                   kvq_err *err)
+{
+    if (n_last < 1 || chunk < 3) /* chunk 2 cannot cut an odd prompt into calls of two */
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "perplexity: n_last %lld, chunk %d",
+                           (long long)n_last, (int)chunk);
+    kvq_forward_reset(f);
+    const int64_t pre = n - n_last - 1 > 0 ? n - n_last - 1 : 0;
+    /* a prompt whose last chunk would be one token: two calls, the second of two */
+    const int64_t cut = pre > 2 && pre % chunk == 1 ? pre - 2 : pre;
+    kvq_status s = kvq_forward_tokens(f, ids, cut, KVQ_LOGITS_NONE, logits, err);
+    if (s == KVQ_OK)
+        s = kvq_forward_tokens(f, ids + cut, pre - cut, KVQ_LOGITS_NONE, logits, err);
+    for (int64_t t = pre; s == KVQ_OK && t + 1 < n; t++) {
+        if ((s = kvq_forward_tokens(f, ids + t, 1, KVQ_LOGITS_LAST, logits, err)) != KVQ_OK)
+            break;
+        acc->nll += kvq_token_nll(logits, vocab, ids[t + 1]);
+        acc->n_pred++;
+    }
+    return s;
+}
+
 kvq_status kvq_perplexity_chunk_llama(kvq_forward *f, int32_t *ids, int64_t n_ctx, int32_t bos,
                                       int32_t chunk, int32_t vocab, float *logits,
                                       kvq_nll_sum *acc, kvq_err *err)

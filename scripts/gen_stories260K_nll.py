@@ -6,8 +6,9 @@ a newline, as `kvq eval --corpus file:story.txt` reads it. llama.cpp (llama-cpp-
 tokenizes it with BOS, evaluates it with every position's logits, and the NLL is the
 mean over predicted tokens of -log softmax (float64 over llama.cpp's float32 logits).
 Two cuts: one sequence of at most 64 tokens, and sequences of at most 32 tokens where
-each later sequence starts again with BOS (what `kvq eval --seq-len 32` does). The
-values go to tests/data/stories260K_nll.json. Never regenerate it with kvq.
+each later sequence starts again with BOS (what `kvq eval --seq-len 32` does); and of
+those, only the last 8 predictions of each sequence (`kvq eval --seq-len 32 --score
+last:8`). The values go to tests/data/stories260K_nll.json. Never regenerate it with kvq.
 
   python3 scripts/gen_stories260K_nll.py [--model ../shared/models/stories260K.gguf]
 """
@@ -23,13 +24,15 @@ TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play
         "in the park. One day, she saw a big, red ball. She wanted to\n")
 
 
-def nll_sum(m, toks):
+def nll_sum(m, toks, last=0):
+    """Summed NLL of the next-token predictions (only the last `last` when > 0)."""
     m.reset()
     m.eval(toks)
     lg = np.array(m.scores[:len(toks)], dtype=np.float64)
     lg -= lg.max(axis=1, keepdims=True)
     ls = lg - np.log(np.exp(lg).sum(axis=1, keepdims=True))
-    return -sum(ls[i, toks[i + 1]] for i in range(len(toks) - 1)), len(toks) - 1
+    first = max(0, len(toks) - 1 - last) if last else 0
+    return -sum(ls[i, toks[i + 1]] for i in range(first, len(toks) - 1)), len(toks) - 1 - first
 
 
 def main():
@@ -49,6 +52,11 @@ def main():
         tot, n = sum(x[0] for x in s), sum(x[1] for x in s)
         out[f"seq_len_{seq_len}"] = {"sequences": len(seqs), "tokens": sum(map(len, seqs)),
                                      "predicted": n, "nll": round(tot / n, 6)}
+        if seq_len == 32:
+            s = [nll_sum(m, q, last=8) for q in seqs]
+            tot, n = sum(x[0] for x in s), sum(x[1] for x in s)
+            out["seq_len_32_last_8"] = {"sequences": len(seqs), "predicted": n,
+                                        "nll": round(tot / n, 6)}
     import llama_cpp
     out["source"] = f"llama-cpp-python {llama_cpp.__version__}, scripts/gen_stories260K_nll.py"
     with open(a.out, "w") as f:

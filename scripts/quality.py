@@ -10,6 +10,15 @@ increase to the oracle's at the same budget.
   scripts/quality.py --model M.gguf --calib DIR_OR_SPEC --eval SPEC [--tasks SPEC]
                      [--seq-len 2048] [--eval-tokens 4096] [--budgets 3%,6%,12%]
                      [--config LABEL='--positions rope --score-pos mean' ...] [--work DIR]
+                     [--score last:256]
+
+--score last:N scores only the last N tokens of each sequence, each a one-token decode
+step with retrieval after an exact prefill (the long-context protocol, e.g. 8K
+sequences: kvq eval --help). --tasks takes generator specs (passkey:N,kv-recall:N) or a
+jsonl file of prompts with answers (scripts/gen_tasks.py); its run scores no text
+(--max-tokens 2: its perplexity is not reported), only the answers.
+A --config may name its own --artifact (the last one given wins), for ablations of the
+codebook.
 
 Each --config adds one `kvq eval` run with those extra options (default: positions
 rope with the rb, mean and bands scoring queries); its rows are labelled
@@ -51,6 +60,7 @@ def main():
     ap.add_argument("--budgets", default="3%,6%,12%")
     ap.add_argument("--selectors", default="full,oracle,codebook,fier,quest")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--score", default="", help="kvq eval --score of the text run (last:N)")
     ap.add_argument("--config", action="append", default=[],
                     help="LABEL=OPTIONS: extra kvq eval options of one run")
     a = ap.parse_args()
@@ -72,9 +82,10 @@ def main():
     ref = None
     for cfg in configs:
         label, _, opts = cfg.partition("=")
-        corpora = [(a.eval, ["--max-tokens", str(a.eval_tokens)])]
+        corpora = [(a.eval, ["--max-tokens", str(a.eval_tokens)] +
+                    (["--score", a.score] if a.score else []))]
         if a.tasks:
-            corpora.append((a.tasks, []))
+            corpora.append((a.tasks, ["--max-tokens", "2"]))
         for ci, (spec, extra) in enumerate(corpora):
             out = run([a.kvq, "eval", "--model", a.model, "--artifact", art, "--corpus", spec,
                        "--seq-len", str(a.seq_len), "--selectors", a.selectors, "--budgets",
@@ -95,7 +106,8 @@ def main():
                     row["passkey"] = r["passkey"]
                     row["kv_recall"] = r["kv_recall"]
     print(f"full attention perplexity {ref['perplexity']:.4f} ({a.eval}, "
-          f"{a.eval_tokens} tokens in sequences of {a.seq_len})\n")
+          f"{a.eval_tokens} tokens in sequences of {a.seq_len}"
+          f"{', scored: ' + a.score if a.score else ''})\n")
     head = "| selector (bits per key) | " + " | ".join(budgets) + \
         f" | top-k recall at {mid} | KV read at {mid} | tasks at {mid} |"
     print(head)

@@ -260,6 +260,66 @@ static void test_jsonl(void **state)
     free(d);
 }
 
+/* jsonl task documents: "answer" (and "task") make a line a task; a line without them,
+ * also after a skipped empty one that had them, is plain text; bad fields are refused
+ * naming the line. */
+static void test_jsonl_tasks(void **state)
+{
+    (void)state;
+    const char *j = test_path("t.jsonl");
+    write_str(j, "{\"text\": \"a\", \"answer\": \"12345\"}\n"
+                 "{\"text\": \"\", \"answer\": \"9\", \"task\": \"kv-recall\"}\n"
+                 "{\"text\": \"b\"}\n"
+                 "{\"text\": \"c\", \"answer\": \"0f\", \"task\": \"kv-recall\"}\n");
+    kvq_corpus *c = open_ok(j, NULL);
+    kvq_corpus_iter *it;
+    const kvq_corpus_doc *doc;
+    kvq_err e = {0};
+    assert_int_equal(kvq_corpus_iter_new(c, &it, &e), KVQ_OK);
+    const struct {
+        const char *text, *answer;
+        kvq_corpus_task task;
+    } want[] = {{"a", "12345", KVQ_TASK_PASSKEY}, {"b", NULL, KVQ_TASK_NONE},
+                {"c", "0f", KVQ_TASK_KV_RECALL}};
+    for (size_t k = 0; k < 3; k++) {
+        assert_int_equal(kvq_corpus_iter_next(it, &doc, &e), KVQ_OK);
+        assert_non_null(doc);
+        assert_string_equal(doc->text, want[k].text);
+        assert_int_equal(doc->task, want[k].task);
+        if (want[k].answer)
+            assert_string_equal(doc->answer, want[k].answer);
+        else
+            assert_null(doc->answer);
+    }
+    assert_int_equal(kvq_corpus_iter_next(it, &doc, &e), KVQ_OK);
+    assert_null(doc);
+    kvq_corpus_iter_free(it);
+    kvq_corpus_free(c);
+
+    const struct {
+        const char *body, *what;
+    } bad[] = {
+        {"{\"text\": \"x\", \"answer\": 5}\n", "\"answer\" is not a string"},
+        {"{\"text\": \"x\", \"answer\": \"\"}\n", "\"answer\" is not a string"},
+        {"{\"text\": \"x\", \"answer\": \"0123456789012345678901234567890123\"}\n",
+         "\"answer\" is not a string of 1 to 31 bytes"},
+        {"{\"text\": \"x\", \"answer\": \"1\", \"task\": \"qa\"}\n", "\"task\" is not"},
+        {"{\"text\": \"x\", \"task\": \"passkey\"}\n", "without an \"answer\""},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        write_str(j, bad[k].body);
+        c = open_ok(j, NULL);
+        assert_int_equal(kvq_corpus_iter_new(c, &it, &e), KVQ_OK);
+        assert_int_equal(kvq_corpus_iter_next(it, &doc, &e), KVQ_E_BAD_JSON);
+        char where[4200];
+        snprintf(where, sizeof where, "%s:1: ", j);
+        if (!strstr(e.msg, where) || !strstr(e.msg, bad[k].what))
+            fail_msg("case %zu: '%s'", k, e.msg);
+        kvq_corpus_iter_free(it);
+        kvq_corpus_free(c);
+    }
+}
+
 static int is_hex(char ch) { return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'); }
 
 static void test_generators(void **state)
@@ -809,6 +869,7 @@ int main(void)
         cmocka_unit_test(test_file_and_parts),
         cmocka_unit_test(test_dir),
         cmocka_unit_test(test_jsonl),
+        cmocka_unit_test(test_jsonl_tasks),
         cmocka_unit_test(test_generators),
         cmocka_unit_test(test_mixing_and_spec_errors),
         cmocka_unit_test(test_sequences_ids),

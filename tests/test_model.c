@@ -818,6 +818,72 @@ static int teardown(void **state)
     return 0;
 }
 
+/* Layer 0's chunk sizes, in order (observer). */
+typedef struct chunk_log {
+    int n, size[32];
+} chunk_log;
+
+static kvq_status log_chunk(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    chunk_log *l = user;
+    if (c->layer == 0 && l->n < 32)
+        l->size[l->n++] = c->n;
+    return KVQ_OK;
+}
+
+/* kvq_perplexity_seq_last: the prompt in calls of more than one token (cut in two when
+ * the forward's chunk would leave one token), then one call per scored token; the loss
+ * that of kvq_perplexity_seq over the same predictions (full attention). */
+static void test_perplexity_last(void **state)
+{
+    tinyllama_spec s = tinyllama_default();
+    tinyllama *t = tinyllama_new(&s);
+    assert_int_equal(tinyllama_write_gguf(t, test_path("last.gguf")), 0);
+    kvq_model *m = open_ok(test_path("last.gguf"));
+    const int n = 12;
+    int32_t *toks = random_tokens(n, s.vocab, 9);
+    kvq_forward *f = forward_ok(m, 4);
+    float *logits = malloc(sizeof(float) * 4 * (size_t)s.vocab);
+    kvq_err e = {0};
+    const struct {
+        int last, n_sizes, sizes[16];
+    } cases[] = {
+        {2, 5, {4, 3, 2, 1, 1}},             /* prompt 9 = 4 + 4 + 1: cut into 7 and 2 */
+        {3, 5, {4, 4, 1, 1, 1}},             /* prompt 8 */
+        {20, 11, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}}, /* longer than the sequence: all */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        chunk_log l = {0};
+        kvq_forward_set_observer(f, log_chunk, &l);
+        kvq_nll_sum got = {0}, want = {0};
+        assert_int_equal(kvq_perplexity_seq_last(f, toks, n, cases[k].last, 4, s.vocab, logits,
+                                                 &got, &e),
+                         KVQ_OK);
+        kvq_forward_set_observer(f, NULL, NULL);
+        const int from = n - cases[k].last - 1 > 0 ? n - cases[k].last - 1 : 0;
+        assert_int_equal(kvq_perplexity_seq(f, toks, n, from, 4, s.vocab, logits, &want, &e),
+                         KVQ_OK);
+        assert_int_equal(got.n_pred, n - 1 - from);
+        assert_int_equal(got.n_pred, want.n_pred);
+        assert_true(fabs(got.nll - want.nll) < 1e-5 * (1 + fabs(want.nll)));
+        assert_int_equal(l.n, cases[k].n_sizes);
+        for (int i = 0; i < l.n; i++)
+            if (l.size[i] != cases[k].sizes[i])
+                fail_msg("case %zu: call %d of %d tokens, want %d", k, i, l.size[i],
+                         cases[k].sizes[i]);
+    }
+    kvq_nll_sum sum = {0};
+    assert_int_equal(kvq_perplexity_seq_last(f, toks, n, 2, 2, s.vocab, logits, &sum, &e),
+                     KVQ_E_INVALID_ARG);
+    assert_int_equal(kvq_perplexity_seq_last(f, toks, n, 0, 4, s.vocab, logits, &sum, &e),
+                     KVQ_E_INVALID_ARG);
+    free(logits);
+    free(toks);
+    kvq_forward_free(f);
+    kvq_model_close(m);
+    tinyllama_free(t);
+}
+
 /* kvq_token_nll: uniform logits give log(vocab); a shift of all logits changes nothing;
  * a large logit does not overflow. */
 static void test_token_nll(void **state)
@@ -836,6 +902,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_nll),
+        cmocka_unit_test(test_perplexity_last),
         cmocka_unit_test(test_stories_golden),
         cmocka_unit_test(test_forms_llama),
         cmocka_unit_test(test_forms_qwen2),

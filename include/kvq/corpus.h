@@ -12,7 +12,9 @@
  *                   skipped; symbolic links to files are followed, to directories not.
  *   jsonl:PATH      one JSON object per line with a string field "text"; blank lines
  *                   are skipped; any other line that is not such an object fails with
- *                   KVQ_E_BAD_JSON naming "PATH:LINE".
+ *                   KVQ_E_BAD_JSON naming "PATH:LINE". An optional "answer" string
+ *                   (1 .. 31 bytes) makes the line a task document (kvq eval answers
+ *                   it), of kind "task": "passkey" (the default) or "kv-recall".
  *   ids:PATH        pre-tokenized: little-endian int32 token ids (read in parts too).
  *   uuid:N          N documents of uuid_lines random UUID v4 strings, one per line
  *                   (the a2ats calibration set mixes text with such lines).

@@ -77,6 +77,20 @@ kvq_status kvq_perplexity_chunk_llama(kvq_forward *f, int32_t *ids, int64_t n_ct
                                       int32_t chunk, int32_t vocab, float *logits,
                                       kvq_nll_sum *acc, kvq_err *err);
 
+/* The long-context way to score a sequence (a server's prefill, then decoding): the
+ * last n_last next-token predictions of ids[0..n) only, each from its own one-token
+ * step. From a reset, the prompt ids[0..n - n_last - 1) goes through f with no logits
+ * in calls of more than one token (so that an attention backend attends it as a
+ * prefill: when the forward's chunk would leave a last chunk of one token, the prompt
+ * is cut in two calls; `chunk` is kvq_forward_params.chunk), then ids[n - n_last - 1
+ * .. n - 2] one token per call, and kvq_token_nll of each next token is added to *acc
+ * (min(n_last, n - 1) of them). With full attention the sum equals kvq_perplexity_seq's
+ * with from = n - n_last - 1 up to rounding. n_last >= 1, chunk >= 3. Errors: those of
+ * kvq_forward_tokens. */
+kvq_status kvq_perplexity_seq_last(kvq_forward *f, const int32_t *ids, int64_t n, int64_t n_last,
+                                   int32_t chunk, int32_t vocab, float *logits, kvq_nll_sum *acc,
+                                   kvq_err *err);
+
 /* Called for each sequence of kvq_perplexity_set with its length n, after the forward
  * was reset and before its first token (so it may prepare the attention backend);
  * returns the position from which tokens are predicted (the prompt before it is only
