@@ -156,7 +156,7 @@ void cli_retrieval_usage(FILE *f, int eval)
                "                     artifact's positions.score, else mean)\n"
                "  --rerank R         codebook selector in two stages: the codebook picks R x\n"
                "                     budget candidates, their exact keys keep the best budget\n"
-               "                     (reads R x budget key rows); 0 = off (default 0)\n"
+               "                     (reads R x budget key rows); 0 = off (default 2)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

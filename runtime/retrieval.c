@@ -47,6 +47,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.positions = KVQ_POSITIONS_WROPE;
     p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
+    p.rerank = 2;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;

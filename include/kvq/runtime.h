@@ -287,7 +287,7 @@ typedef struct kvq_retrieval_params {
                                 candidates (k the budget) by codebook score, reads their
                                 keys and keeps the k with the best exact scores (the
                                 oracle's: same position mode and GQA rule); 0 or 1 = one
-                                stage. 0 or 1 .. 64 (default 0). KV read per step: codes +
+                                stage. 0 or 1 .. 64 (default 2). KV read per step: codes +
                                 R k key rows + k value rows (+ sinks, window) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
