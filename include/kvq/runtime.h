@@ -359,7 +359,8 @@ typedef struct kvq_retrieval_stats {
                               sliding window) */
     double attended;       /* sum of attended tokens (sinks + window + selected) */
     double bytes_read;     /* selector metadata (codes, bits, page bounds) plus the
-                                K and V rows attended, in the cache's storage */
+                                K and V rows attended, plus the key rows of rerank
+                                candidates not kept, in the cache's storage */
     double bytes_full;     /* K and V bytes full attention reads in the same steps */
     double bytes_codebook; /* codebook bytes read to build LUTs (not KV cache) */
     /* measure = 1 only: */
