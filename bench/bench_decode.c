@@ -5,7 +5,7 @@
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
- *                [--clock cpu|wall] [--score rb|bands]
+ *                [--clock cpu|wall] [--score rb|bands] [--rerank R]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -47,6 +47,10 @@
  * filled with the LUT entry of its code, then kvq_rk_topk over the scores; the same
  * tokens. With --order token each band is a range of rows (one score gather per band,
  * then kvq_rk_topk).
+ * --rerank R selects as the runtime's two-stage codebook selector does (runtime/rerank.c):
+ * the top ceil(R K) by code, then the exact q R_b . k of those candidates' f16 key rows
+ * (kvq_rk_logits over their indices) and kvq_rk_topk keep K (timed with the top-k);
+ * their (R - 1) K extra key rows count in the retrieval bytes.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -92,6 +96,7 @@
 
 /* The clock used for every figure (--clock cpu | wall). */
 static int g_cpu_clock = 1;
+static double g_rerank = 0; /* --rerank R (0: one stage) */
 static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
 
 typedef struct args {
@@ -112,7 +117,7 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall] [--score rb|bands]\n");
+                    "[--clock cpu|wall] [--score rb|bands] [--rerank R]\n");
     return 2;
 }
 
@@ -193,6 +198,9 @@ static int parse(int argc, char **argv, args *a)
             else if (!strcmp(v, "token"))
                 a->token_order = 1;
             else
+                return usage();
+        } else if (!strcmp(o, "--rerank")) {
+            if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
                 return usage();
         } else if (!strcmp(o, "--score")) {
             if (!strcmp(v, "bands"))
@@ -518,6 +526,26 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 
 
 /* Returns the attended token count. */
+/* Candidates for a budget of k out of nc: ceil(R k) with --rerank R > 1, else k. */
+static int64_t rerank_count(int64_t k, int64_t nc)
+{
+    const double want = ceil(g_rerank * (double)k);
+    return g_rerank > 1 && k < nc ? (want >= (double)nc ? nc : (int64_t)want) : k;
+}
+
+/* --rerank: the exact q R_b . k of rows[0..n) (f16 keys) keep the best k, in place,
+ * ascending (as runtime/rerank.c under wrope). */
+static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32_t *rows,
+                           int64_t n, int64_t k)
+{
+    int32_t *idx = (int32_t *)S->logits; /* free until the attention */
+    kvq_rk_logits(isa, S->qs, 1, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->scores, n);
+    const int64_t m = kvq_rk_topk(isa, S->scores, n, k, idx, S->work);
+    for (int64_t i = 0; i < m; i++)
+        rows[i] = rows[idx[i]];
+    return m;
+}
+
 static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
                               int bands, int64_t k_sel, scratch *S, float *out)
 {
@@ -571,15 +599,18 @@ select:;
     int64_t m = 0;
     for (int64_t j = 0; j < SINK; j++)
         S->att[m++] = (int32_t)j;
-    const int64_t ns =
-        by_scores ? kvq_rk_topk(isa, S->scores, nc, k_sel, S->att + m, S->work)
-        : bands   ? kvq_rk_topk_bands(&S->bands, k_sel, S->att + m, S->work)
-                  : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k_sel,
+    const int64_t k2 = rerank_count(k_sel, nc);
+    int64_t ns =
+        by_scores ? kvq_rk_topk(isa, S->scores, nc, k2, S->att + m, S->work)
+        : bands   ? kvq_rk_topk_bands(&S->bands, k2, S->att + m, S->work)
+                  : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k2,
                                       S->att + m, S->cwork + cd->k);
-    t1 = clk();
-    S->phase[2] += t1 - t0;
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
+    if (k2 > k_sel)
+        ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
+    t1 = clk();
+    S->phase[2] += t1 - t0;
     m += ns;
     const int64_t m_far = m;
     for (int64_t j = w_beg; j < n; j++)
@@ -671,7 +702,7 @@ int main(int argc, char **argv)
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
-           "score %s, clock %s\n",
+           "score %s, rerank %g, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores == 1 ? "scores"
@@ -679,7 +710,7 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_cpu_clock ? "process CPU time" : "wall");
+           g_rerank, g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
@@ -812,7 +843,9 @@ int main(int argc, char **argv)
         const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
-                             (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows;
+                             (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows +
+                             (double)N_KV * (double)(rerank_count(k_sel, n - SINK - WINDOW) - k_sel) *
+                                 D * 2;
         /* floors: every byte at the streaming read rate; and the attended rows at the rate
          * plain loads of exactly those rows achieved (t_rows), the rest streaming */
         const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;

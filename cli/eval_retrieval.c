@@ -335,7 +335,8 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         kvq_json_write_str(stdout, method);
     else
         printf("null");
-    printf(", \"score\": \"%s\"", kvq_score_pos_name(o->p.score_pos));
+    printf(", \"score\": \"%s\", \"rerank\": %g", kvq_score_pos_name(o->p.score_pos),
+           o->p.rerank);
     printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
            "\"sequences\": %zu, "
@@ -383,8 +384,8 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
     if (x->rt)
         printf("artifact %s (%s, K %d, G %d), ", o->artifact, method,
                (int)kvq_codebook_set_size(x->rt), (int)kvq_codebook_set_groups(x->rt));
-    printf("positions %s, score %s, sink %d, window %d, cache %s, group %s\n", pos,
-           kvq_score_pos_name(o->p.score_pos), (int)o->p.sink, (int)window, cache,
+    printf("positions %s, score %s, rerank %g, sink %d, window %d, cache %s, group %s\n", pos,
+           kvq_score_pos_name(o->p.score_pos), o->p.rerank, (int)o->p.sink, (int)window, cache,
            o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
     printf("sequences   %zu of up to %lld tokens", x->sl.n, (long long)seq_len);
     if (x->last)

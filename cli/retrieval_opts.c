@@ -19,7 +19,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     static const char *const value_opts[] = {
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
-        "--device",   "--rows",     "--score-pos"};
+        "--device",   "--rows",     "--score-pos", "--rerank"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -94,6 +94,13 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             fprintf(stderr, "kvq %s: --group: '%s' is not sum or max\n", cmd, val);
             rc = 2;
         }
+    } else if (!strcmp(a, "--rerank")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 0, 64, &f)) && f > 0 && f < 1) {
+            fprintf(stderr, "kvq %s: --rerank: %s is not 0 (off) or in [1, 64]\n", cmd, val);
+            rc = 2;
+        }
+        if (!rc)
+            o->p.rerank = f;
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
@@ -147,6 +154,9 @@ void cli_retrieval_usage(FILE *f, int eval)
                "                     rotation over the candidates' distances) or bands (one\n"
                "                     LUT per doubling band of distances) (default: the\n"
                "                     artifact's positions.score, else mean)\n"
+               "  --rerank R         codebook selector in two stages: the codebook picks R x\n"
+               "                     budget candidates, their exact keys keep the best budget\n"
+               "                     (reads R x budget key rows); 0 = off (default 2)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

@@ -47,6 +47,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.positions = KVQ_POSITIONS_WROPE;
     p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
+    p.rerank = 2;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;
@@ -81,6 +82,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "score_pos";
     else if (p->group != KVQ_GROUP_SUM && p->group != KVQ_GROUP_MAX)
         bad = "group";
+    else if (!(p->rerank == 0 || (p->rerank >= 1 && p->rerank <= 64)))
+        bad = "rerank";
     else if (!(p->tau > 0 && p->tau <= 1))
         bad = "tau";
     else if (p->code_order != 0 && p->code_order != 1)

@@ -191,6 +191,16 @@ kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes);
 
+/* Two-stage codebook selection (rerank.c, kvq_retrieval_params.rerank).
+ *   rerank_count  candidates the codebook picks for a budget of k out of nc: ceil(R k)
+ *                 capped at nc, or k when reranking is off (R <= 1) or k >= nc
+ *   rerank        exact scores of rows[0..n) (the oracle's, same position mode and GQA
+ *                 rule) keep the best min(k, n), in place, ascending; returns the count.
+ *                 sel_bytes gets the key rows read that the attention does not read
+ *                 again ((n - kept) d es bytes). */
+int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc);
+int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes);
+
 /* One retrieval step (retrieval.c): query row q [gs, d] (pre-RoPE, the group of KV head
  * h) at position pos over the nvis tokens [0, nvis) cached in layer, with r's selector,
  * budget and tau; the group's outputs into out (row g at out + g ld_out), the step's

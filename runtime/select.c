@@ -252,8 +252,8 @@ static int64_t mass_count(const float *lg, int64_t n, double tau, uint32_t *keys
 
 /* ---- the selection ------------------------------------------------------------------------ */
 
-int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
-                      double *sel_bytes, double *codebook_bytes)
+static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
+                           double *sel_bytes, double *codebook_bytes)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
@@ -333,4 +333,15 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)st->s_end;
     return n;
+}
+
+int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
+                      double *sel_bytes, double *codebook_bytes)
+{
+    /* rerank (rerank.c): the codebook picks R k candidates, exact scores keep k */
+    const int64_t k2 = selector == KVQ_SELECT_CODEBOOK && st->L->cb[st->head]
+                           ? kvq_rt_rerank_count(st->r, k, st->nc)
+                           : k;
+    const int64_t n = select_once(st, selector, k2, sel, sel_bytes, codebook_bytes);
+    return k2 > k ? kvq_rt_rerank(st, sel, n, k, sel_bytes) : n;
 }

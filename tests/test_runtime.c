@@ -1436,6 +1436,7 @@ static void test_score_positions(void **state)
             p.budget = (kvq_budget){.count = k};
             p.positions = KVQ_POSITIONS_ROPE;
             p.score_pos = mode ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
+            p.rerank = 0; /* the codebook's own selection (test_rerank_exact: the second) */
             p.cache_dtype = KVQ_DT_F32;
             p.window = (int32_t)window;
             p.code_order = order;
@@ -1936,6 +1937,7 @@ static void test_codes_selection_equals_scores(void **state)
                     kvq_retrieval_params p = kvq_retrieval_params_default();
                     p.selector = v ? KVQ_SELECT_MASS : KVQ_SELECT_CODEBOOK;
                     p.tau = 1.0;
+                    p.rerank = 0; /* the mass selector has no second stage */
                     p.budget = (kvq_budget){.count = budgets[bi]};
                     p.prefill_full = pf;
                     p.window = 16;
@@ -2528,6 +2530,119 @@ static void test_stories_retrieval(void **state)
     kvq_model_close(m);
 }
 
+/* Exact scores (double) of the tokens cand[0..n) for the last row of s, KV head 0 of a
+ * 1-KV-head config, under the position mode, summed or maxed over the group (as
+ * brute_oracle), into sc. */
+static void brute_exact_scores(const kvq_model_config *c, const seq_data *s, kvq_positions pm,
+                               kvq_group_score grp, const int32_t *cand, int64_t n, float *sc)
+{
+    const int32_t d = c->head_dim, gs = c->n_heads / c->n_kv_heads;
+    const int64_t i = s->T - 1;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c->rope, theta);
+    float qr[4 * 16], kr[16];
+    assert_true(gs * d <= 4 * 16);
+    memcpy(qr, s->q + (size_t)i * c->n_heads * d, sizeof(float) * gs * d);
+    kvq_rope_apply(&c->rope, theta, qr, gs, pm == KVQ_POSITIONS_WROPE ? 2048 : i);
+    for (int64_t a = 0; a < n; a++) {
+        memcpy(kr, s->k + (size_t)cand[a] * c->n_kv_heads * d, sizeof(float) * d);
+        if (pm == KVQ_POSITIONS_ROPE)
+            kvq_rope_apply(&c->rope, theta, kr, 1, cand[a]);
+        double agg = 0;
+        for (int32_t g = 0; g < gs; g++) {
+            double dot = 0;
+            for (int32_t t = 0; t < d; t++)
+                dot += (double)qr[g * d + t] * kr[t];
+            agg = grp == KVQ_GROUP_SUM ? agg + dot : (g == 0 || dot > agg ? dot : agg);
+        }
+        sc[a] = (float)agg;
+    }
+}
+
+/* The last selection of a codebook context over s with budget k and rerank R; its
+ * statistics into st. */
+static int64_t rerank_run(const kvq_model_config *c, const kvq_codebook_set *rt,
+                          const seq_data *s, kvq_retrieval_params p, int64_t k, double R,
+                          int32_t *sel, kvq_retrieval_stats *st)
+{
+    p.budget = (kvq_budget){.count = k};
+    p.rerank = R;
+    kvq_retrieval *r = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_retrieval_create(c, rt, &p, &r, &e), KVQ_OK);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    free(run_backend(c, &b, s, 300));
+    int64_t n = 0;
+    const int32_t *x = kvq_retrieval_last_selection(r, 0, 0, &n);
+    memcpy(sel, x, sizeof(int32_t) * (size_t)n);
+    kvq_retrieval_stats_get(r, st);
+    kvq_retrieval_free(r);
+    return n;
+}
+
+/* rerank R: the codebook picks ceil(R k) candidates (the codebook selection of budget
+ * ceil(R k), rerank off), and the k kept are the best of those by exact score, computed
+ * here by brute force in double; the key rows of the candidates not kept are counted in
+ * bytes_read ((ceil(R k) - k) d es per step more than rerank off). Fails when the
+ * second stage is skipped (the codebook's own top k differs here), reads other rows
+ * (scores of other tokens), or uses the wrong position mode or group rule. */
+static void test_rerank_exact(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 16, 1, 501);
+    kvq_codebook_set *rt = write_and_open(test_path("rerank.kvq"), &id, cbs);
+    seq_data s = make_seq(&c, 400, 502);
+    const int64_t k = 20;
+    const double R = 2.5; /* 50 candidates */
+    const int64_t k2 = 50;
+    int32_t cand[50], got[50], plain[50], want[50], idx[50];
+    float sc[50];
+    for (int pm = 0; pm < 2; pm++)
+        for (int gm = 0; gm < 2; gm++)
+            for (int order = 0; order < 2; order++)
+                for (int isa = 0; isa < 3; isa++) {
+                    kvq_retrieval_params p = kvq_retrieval_params_default();
+                    p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
+                    p.score_pos = pm ? KVQ_SCORE_BANDS : KVQ_SCORE_RB;
+                    p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+                    p.code_order = order;
+                    p.cache_dtype = KVQ_DT_F32;
+                    p.isa = isas[isa];
+                    kvq_retrieval_stats s0, s1, s2;
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k2, 0, cand, &s0), k2);
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s1), k);
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k, R, got, &s2), k);
+                    brute_exact_scores(&c, &s, p.positions, p.group, cand, k2, sc);
+                    assert_int_equal(topk_ref(sc, k2, k, idx), k);
+                    /* no near-tie at the boundary */
+                    cmp_scores = sc;
+                    int32_t all[50];
+                    for (int a = 0; a < 50; a++)
+                        all[a] = a;
+                    qsort(all, 50, sizeof *all, cmp_desc);
+                    assert_true((double)sc[all[k - 1]] - sc[all[k]] > 1e-4);
+                    for (int64_t a = 0; a < k; a++)
+                        want[a] = cand[idx[a]];
+                    qsort(want, (size_t)k, sizeof *want, cmp_asc);
+                    if (memcmp(got, want, sizeof(int32_t) * (size_t)k))
+                        fail_msg("positions %d group %d order %d isa %d: the reranked selection "
+                                 "is not the exact top %d of the codebook's %d",
+                                 pm, gm, order, isa, (int)k, (int)k2);
+                    /* the data make the second stage matter */
+                    assert_true(memcmp(plain, want, sizeof(int32_t) * (size_t)k) != 0);
+                    /* bytes: the 30 extra key rows (f32, d 16) per step, nothing else */
+                    assert_true(s2.steps == s1.steps && s2.steps > 0);
+                    const double extra = (double)s2.steps * (double)(k2 - k) * 16 * 4;
+                    assert_true(fabs(s2.bytes_read - s1.bytes_read - extra) < 1e-6 * extra);
+                    assert_true(s2.attended == s1.attended);
+                }
+    seq_free(&s);
+    kvq_codebook_set_close(rt);
+    codebooks_free(cbs, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2552,6 +2667,7 @@ int main(void)
         cmocka_unit_test(test_lut_large_centroids),
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_score_positions),
+        cmocka_unit_test(test_rerank_exact),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

@@ -285,6 +285,12 @@ typedef struct kvq_retrieval_params {
     kvq_positions positions; /* exact step: KVQ_POSITIONS_WROPE (default) or ROPE */
     kvq_score_pos score_pos; /* codebook scoring query (kvq_score_pos; default MEAN) */
     kvq_group_score group;   /* default KVQ_GROUP_SUM */
+    double rerank;           /* codebook selector, two stages: R > 1 picks ceil(R k)
+                                candidates (k the budget) by codebook score, reads their
+                                keys and keeps the k with the best exact scores (the
+                                oracle's: same position mode and GQA rule); 0 or 1 = one
+                                stage. 0 or 1 .. 64 (default 2). KV read per step: codes +
+                                R k key rows + k value rows (+ sinks, window) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
@@ -355,7 +361,8 @@ typedef struct kvq_retrieval_stats {
                               sliding window) */
     double attended;       /* sum of attended tokens (sinks + window + selected) */
     double bytes_read;     /* selector metadata (codes, bits, page bounds) plus the
-                                K and V rows attended, in the cache's storage */
+                                K and V rows attended, plus the key rows of rerank
+                                candidates not kept, in the cache's storage */
     double bytes_full;     /* K and V bytes full attention reads in the same steps */
     double bytes_codebook; /* codebook bytes read to build LUTs (not KV cache) */
     /* measure = 1 only: */
