@@ -6,8 +6,14 @@
  *
  * With rows in code order (row_order.c) the candidates of one code sit in one run of
  * rows, so the key rows come in runs too.
+ *
+ * The rerank computes the exact logit of every candidate for each query head of the
+ * group ([gs, n], besides the group's score), so the kept rows' logits go to the
+ * attention (kvq_rt_attend_union) instead of being computed again: their key rows are
+ * read (and under ROPE rotated) once per step, not twice.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvq/runtime.h"
@@ -21,44 +27,54 @@ int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc)
     return want >= (double)nc ? nc : (int64_t)want;
 }
 
-/* Exact scores of rows[0..n) into scores: under ROPE q R_i . k_j R_{p_j}, under WROPE
- * q R_b . k_j (the far tokens' exact logits), with q the sum of the group's queries
- * (KVQ_GROUP_SUM) or the maximum over the group's heads (KVQ_GROUP_MAX). */
-static void exact_scores(const rt_step *st, const int32_t *rows, int64_t n, float *scores)
+/* The rotated key of row j (ROPE): from S->ktok (by token) when the probe set it. */
+static void step_key(const rt_step *st, int64_t j, float *y)
+{
+    const kvq_retrieval *r = st->r;
+    if (st->S->ktok)
+        memcpy(y, st->S->ktok + (size_t)kvq_rt_row_token(st->H, j) * r->d,
+               sizeof(float) * (size_t)r->d);
+    else
+        kvq_rt_key_rotated(r, st->L, st->H, j, y);
+}
+
+/* Exact logits (scale 1) of rows[0..n) into lg [nq, n]: under ROPE q R_i . k_j R_{p_j},
+ * under WROPE q R_b . k_j (the far tokens' exact logits), for each query head of the
+ * group (rows [0, gs)) and, under KVQ_GROUP_SUM, for the sum of the group's queries (row
+ * gs: the selector's score is (sum q) . k, as the oracle computes it, not the sum of the
+ * heads' logits). q: [nq, d] scratch. Returns nq. */
+static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, float *q,
+                            float *lg)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
-    const int max = r->p.group == KVQ_GROUP_MAX;
-    const int32_t nq = max ? gs : 1;
+    const int32_t nq = r->p.group == KVQ_GROUP_MAX ? gs : gs + 1;
     const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
-    const float *qg = rope ? S->qi : S->qb;
-    float *q = S->qx; /* [nq, d] */
-    memcpy(q, qg, sizeof(float) * (size_t)nq * d);
-    for (int32_t g = 1; !max && g < gs; g++)
-        for (int32_t t = 0; t < d; t++)
-            q[t] += qg[(size_t)g * d + t];
-    float *out = max ? S->logits : scores; /* [nq, n] */
-    if (rope) {
-        /* rotate each candidate by its token's position into krot (T rows under ROPE) */
-        for (int64_t a = 0; a < n; a++) {
-            float *y = S->krot + (size_t)a * d;
-            if (S->ktok)
-                memcpy(y, S->ktok + (size_t)kvq_rt_row_token(st->H, rows[a]) * d,
-                       sizeof(float) * (size_t)d);
-            else
-                kvq_rt_key_rotated(r, st->L, st->H, rows[a], y);
-        }
-        kvq_rk_logits(r->p.isa, q, nq, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, out, n);
-    } else {
-        kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, out, n);
-    }
-    for (int64_t j = 0; max && j < n; j++) {
-        float m = out[j];
+    memcpy(q, rope ? S->qi : S->qb, sizeof(float) * (size_t)gs * d);
+    if (nq > gs) {
+        float *qs = q + (size_t)gs * d;
+        memcpy(qs, q, sizeof(float) * (size_t)d);
         for (int32_t g = 1; g < gs; g++)
-            m = out[(size_t)g * n + j] > m ? out[(size_t)g * n + j] : m;
-        scores[j] = m;
+            for (int32_t t = 0; t < d; t++)
+                qs[t] += q[(size_t)g * d + t];
     }
+    /* the kernels take the query heads four at a time, each block a pass over the rows:
+     * with more than four, chunks of rows small enough to stay in cache between passes */
+    const int64_t chunk = nq > 4 ? 256 : n;
+    if (rope)
+        for (int64_t a = 0; a < n; a++)
+            step_key(st, rows[a], S->krot + (size_t)a * d);
+    for (int64_t a = 0; a < n; a += chunk) {
+        const int64_t c = n - a < chunk ? n - a : chunk;
+        if (rope)
+            kvq_rk_logits(r->p.isa, q, nq, d, S->krot + (size_t)a * d, KVQ_DT_F32, d, NULL, c,
+                          1.0f, lg + a, n);
+        else
+            kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows + a, c, 1.0f,
+                          lg + a, n);
+    }
+    return nq;
 }
 
 int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes)
@@ -73,10 +89,72 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     *sel_bytes += (double)(n - keep) * r->d * (double)r->es;
     if (keep == n)
         return n;
-    exact_scores(st, rows, n, S->scores);
-    const int64_t m = kvq_rk_topk(r->p.isa, S->scores, n, keep, S->sel, S->work);
+    const int32_t d = r->d, gs = r->gs;
+    float *q = S->rr, *lg = S->rr + (size_t)(gs + 1) * d; /* [nq, d], [nq, n] */
+    const int32_t nq = exact_logits(st, rows, n, q, lg);
+    float *scores = S->scores;
+    if (nq > gs) {
+        memcpy(scores, lg + (size_t)gs * n, sizeof(float) * (size_t)n);
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            float m = lg[j];
+            for (int32_t g = 1; g < gs; g++)
+                m = lg[(size_t)g * n + j] > m ? lg[(size_t)g * n + j] : m;
+            scores[j] = m;
+        }
+    }
+    const int64_t m = kvq_rk_topk(r->p.isa, scores, n, keep, S->sel, S->work);
     /* S->sel ascending, S->sel[i] >= i: compacts rows in place, still ascending */
     for (int64_t i = 0; i < m; i++)
         rows[i] = rows[S->sel[i]];
+    /* the kept rows' logits, scaled as the attention's, where it lays them out: att is
+     * [sinks][selection][window], m_att columns per query head */
+    const float scale = (float)(1.0 / sqrt((double)d));
+    const int64_t off = st->s_end - st->lo, m_att = off + m + (st->nvis - st->w_beg);
+    for (int32_t g = 0; g < gs; g++)
+        for (int64_t i = 0; i < m; i++)
+            S->logits[(size_t)g * m_att + off + i] = lg[(size_t)g * n + S->sel[i]] * scale;
+    S->rr_kept = m;
     return m;
+}
+
+/* Logits of att[a0..a1) into columns [a0, a1) of S->logits [gs, m]: rotated keys and
+ * q R_i (rot), or the stored keys and q R_b. */
+static void logits_span(const rt_step *st, const int32_t *att, int64_t a0, int64_t a1, int64_t m,
+                        int rot, float scale)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d;
+    if (a1 <= a0)
+        return;
+    if (rot) {
+        for (int64_t a = a0; a < a1; a++)
+            step_key(st, att[a], S->krot + (size_t)(a - a0) * d);
+        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, S->krot, KVQ_DT_F32, d, NULL, a1 - a0, scale,
+                      S->logits + a0, m);
+    } else {
+        kvq_rk_logits(r->p.isa, S->qb, r->gs, d, st->H->k, r->p.cache_dtype, d, att + a0, a1 - a0,
+                      scale, S->logits + a0, m);
+    }
+}
+
+void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64_t m_far)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const float scale = (float)(1.0 / sqrt((double)r->d));
+    const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
+    /* columns [c0, c1) hold the rerank's logits (within the far rows under WROPE) */
+    const int64_t c0 = S->rr_kept ? st->s_end - st->lo : 0, c1 = c0 + S->rr_kept;
+    const int64_t far_end = rope ? m : m_far;
+    logits_span(st, att, 0, S->rr_kept ? c0 : far_end, m, rope, scale);
+    if (S->rr_kept)
+        logits_span(st, att, c1, far_end, m, rope, scale);
+    if (!rope) /* WROPE: the window and near sinks with exact RoPE */
+        logits_span(st, att, m_far, m, m, 1, scale);
+    S->rr_kept = 0;
+    kvq_rk_softmax(r->p.isa, S->logits, r->gs, m, m);
+    kvq_rk_mix(r->p.isa, S->logits, r->gs, m, st->H->v, r->p.cache_dtype, r->d, att, m, r->d,
+               S->o);
 }

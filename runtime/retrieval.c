@@ -133,6 +133,7 @@ static void scratch_free(rt_scratch *S)
     free(S->osel);
     free(S->att);
     free(S->logits);
+    free(S->rr);
     free(S->pfull);
     free(S->krot);
     free(S->lut);
@@ -429,6 +430,7 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  grow((void **)&S->osel, c * sizeof(int32_t)) &&
                  grow((void **)&S->att, c * sizeof(int32_t)) &&
                  grow((void **)&S->logits, gs * c * sizeof(float)) &&
+                 grow((void **)&S->rr, (gs + 1) * (d + c) * sizeof(float)) &&
                  (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
                  grow((void **)&S->lut, lut * sizeof(float)) &&
                  grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&
@@ -714,16 +716,6 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
     S->sums.recall_topk += recall;
 }
 
-/* Rotated key of row j for a step: from S->ktok (by token) when the probe set it. */
-static void step_key(const kvq_retrieval *r, const rt_layer *L, const rt_head *H,
-                     const rt_scratch *S, int64_t j, float *y)
-{
-    if (S->ktok)
-        memcpy(y, S->ktok + (size_t)kvq_rt_row_token(H, j) * r->d, sizeof(float) * (size_t)r->d);
-    else
-        kvq_rt_key_rotated(r, L, H, j, y);
-}
-
 /* One retrieval step: query row `row` of the chunk (position pos, nvis tokens
  * visible) for KV head h; writes the group's outputs [gs, d] to out. */
 void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q, int64_t pos,
@@ -732,7 +724,6 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
     const rt_layer *L = &r->layer[layer];
     rt_head *H = &L->head[h];
     const int32_t d = r->d, gs = r->gs;
-    const float scale = (float)(1.0 / sqrt((double)d));
     rt_step st = {.r = r,
                   .L = L,
                   .H = H,
@@ -785,21 +776,7 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
     /* ---- exact attention over the union: logits, softmax, weighted sum of values
      * (two passes: on the development machine this beat kvq_rk_attend_rows, the fused
      * one-pass kernel, by a few percent; bench_decode --attn compares them) */
-    float *lg = S->logits; /* [gs, m] */
-    if (r->p.positions == KVQ_POSITIONS_ROPE) {
-        for (int64_t a = 0; a < m; a++)
-            step_key(r, L, H, S, att[a], S->krot + (size_t)a * d);
-        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m, scale, lg, m);
-    } else {
-        /* sinks and selection: q R_b against the stored keys; the window: exact RoPE */
-        kvq_rk_logits(r->p.isa, S->qb, gs, d, H->k, r->p.cache_dtype, d, att, m_far, scale, lg, m);
-        for (int64_t a = m_far; a < m; a++)
-            step_key(r, L, H, S, att[a], S->krot + (size_t)(a - m_far) * d);
-        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, m - m_far, scale,
-                      lg + m_far, m);
-    }
-    kvq_rk_softmax(r->p.isa, lg, gs, m, m);
-    kvq_rk_mix(r->p.isa, lg, gs, m, H->v, r->p.cache_dtype, d, att, m, d, S->o);
+    kvq_rt_attend_union(&st, att, m, m_far);
     for (int32_t g = 0; g < gs; g++)
         memcpy(out + (size_t)g * ld_out, S->o + (size_t)g * d, sizeof(float) * (size_t)d);
 

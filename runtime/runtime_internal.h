@@ -115,6 +115,11 @@ typedef struct rt_scratch {
                             bands: per band, computed once per step, not per layer and head) */
     uint32_t br_have;    /* bit k: band k's rotation is held */
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
+    float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
+                            candidates' exact logits [gs + 1, n] */
+    int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
+                            S->logits as the step's attention lays them out (columns
+                            [s_end - lo, + rr_kept) of [gs, m]); 0: it did not */
     const float *ktok;   /* NULL, or the step's head's keys rotated, by token [nvis, d]
                             (set by kvq_retrieval_probe for its steps) */
     int32_t slot;        /* index of this scratch (the device backend's slot) */
@@ -200,6 +205,11 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
  *                 again ((n - kept) d es bytes). */
 int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc);
 int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes);
+/* The step's attention over att[0..m) (rerank.c): logits of the group's queries (scaled
+ * by 1/sqrt(d); q R_i on rotated keys under ROPE, q R_b on the stored keys of the far
+ * rows att[0..m_far) under WROPE), softmax, values mixed into S->o. The columns the
+ * rerank filled (S->rr_kept) are not computed again; the same logits either way. */
+void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64_t m_far);
 
 /* One retrieval step (retrieval.c): query row q [gs, d] (pre-RoPE, the group of KV head
  * h) at position pos over the nvis tokens [0, nvis) cached in layer, with r's selector,

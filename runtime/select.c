@@ -338,6 +338,7 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes)
 {
+    st->S->rr_kept = 0; /* set by the rerank when it hands its logits to the attention */
     /* rerank (rerank.c): the codebook picks R k candidates, exact scores keep k */
     const int64_t k2 = selector == KVQ_SELECT_CODEBOOK && st->L->cb[st->head]
                            ? kvq_rt_rerank_count(st->r, k, st->nc)
