@@ -49,8 +49,11 @@
  * then kvq_rk_topk).
  * --rerank R selects as the runtime's two-stage codebook selector does (runtime/rerank.c):
  * the top ceil(R K) by code, then the exact q R_b . k of those candidates' f16 key rows
- * (kvq_rk_logits over their indices) and kvq_rk_topk keep K (timed with the top-k);
- * their (R - 1) K extra key rows count in the retrieval bytes.
+ * (kvq_rk_logits over their indices, per query head; the group's score their sum) and
+ * kvq_rk_topk keep K (timed with the top-k); the kept rows' per-head
+ * logits go to the attention (two-pass: it computes the sinks' and window's only; the
+ * fused kernel recomputes them); their (R - 1) K extra key rows count in the retrieval
+ * bytes.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -316,6 +319,9 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 typedef struct scratch {
     double phase[4]; /* seconds in LUT, score gather, top-k, attention */
     float *scores, *logits, *krot;
+    float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
+    int32_t *rsel;           /* --rerank: [n] the kept candidates */
+    int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
     uint32_t *work, *cwork;
     int32_t *att;
     kvq_rk_bands bands;      /* --score bands from the (code, band) groups */
@@ -534,15 +540,28 @@ static int64_t rerank_count(int64_t k, int64_t nc)
 }
 
 /* --rerank: the exact q R_b . k of rows[0..n) (f16 keys) keep the best k, in place,
- * ascending (as runtime/rerank.c under wrope). */
+ * ascending (as runtime/rerank.c under wrope): the logits of each query head in one
+ * read of the rows, the group's score their sum; the kept rows' logits, scaled, go
+ * where the attention lays them out (after the SINK sinks, GS rows of SINK + k + WINDOW)
+ * and are not computed again. */
 static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32_t *rows,
                            int64_t n, int64_t k)
 {
-    int32_t *idx = (int32_t *)S->logits; /* free until the attention */
-    kvq_rk_logits(isa, S->qs, 1, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->scores, n);
-    const int64_t m = kvq_rk_topk(isa, S->scores, n, k, idx, S->work);
+    kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
+    float *sc = S->scores;
+    memcpy(sc, S->rlg, sizeof(float) * (size_t)n);
+    for (int g = 1; g < GS; g++)
+        for (int64_t j = 0; j < n; j++)
+            sc[j] += S->rlg[(size_t)g * n + j];
+    const int64_t m = kvq_rk_topk(isa, sc, n, k, S->rsel, S->work);
     for (int64_t i = 0; i < m; i++)
-        rows[i] = rows[idx[i]];
+        rows[i] = rows[S->rsel[i]];
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t ma = SINK + m + WINDOW;
+    for (int g = 0; g < GS; g++)
+        for (int64_t i = 0; i < m; i++)
+            S->logits[(size_t)g * ma + SINK + i] = S->rlg[(size_t)g * n + S->rsel[i]] * scale;
+    S->rr_kept = m;
     return m;
 }
 
@@ -607,6 +626,7 @@ select:;
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
+    S->rr_kept = 0;
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
     t1 = clk();
@@ -629,9 +649,9 @@ select:;
         kvq_rk_attend_rows(isa, S->state, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, L->v[h],
                            KVQ_DT_F16, D, S->att + m_far, WINDOW, scale);
         kvq_rk_attend_finish(S->state, GS, D, out);
-    } else {
-        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att, m_far, scale, S->logits,
-                      m);
+    } else { /* the rerank's rows have their logits: the sinks' only */
+        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att,
+                      S->rr_kept ? m_far - S->rr_kept : m_far, scale, S->logits, m);
         kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
                       S->logits + m_far, m);
         kvq_rk_softmax(isa, S->logits, GS, m, m);
@@ -777,6 +797,8 @@ int main(int argc, char **argv)
             scratch *S = &scr[t];
             S->scores = realloc(S->scores, sizeof(float) * (size_t)n);
             S->logits = realloc(S->logits, sizeof(float) * (size_t)n * GS);
+            S->rlg = realloc(S->rlg, sizeof(float) * (size_t)n * GS);
+            S->rsel = realloc(S->rsel, sizeof(int32_t) * (size_t)n);
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
@@ -892,6 +914,8 @@ int main(int argc, char **argv)
         free(scr[t].scores);
         free(scr[t].logits);
         free(scr[t].krot);
+        free(scr[t].rlg);
+        free(scr[t].rsel);
         free(scr[t].work);
         free(scr[t].att);
         free(scr[t].cwork);

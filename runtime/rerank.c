@@ -38,43 +38,23 @@ static void step_key(const rt_step *st, int64_t j, float *y)
         kvq_rt_key_rotated(r, st->L, st->H, j, y);
 }
 
-/* Exact logits (scale 1) of rows[0..n) into lg [nq, n]: under ROPE q R_i . k_j R_{p_j},
- * under WROPE q R_b . k_j (the far tokens' exact logits), for each query head of the
- * group (rows [0, gs)) and, under KVQ_GROUP_SUM, for the sum of the group's queries (row
- * gs: the selector's score is (sum q) . k, as the oracle computes it, not the sum of the
- * heads' logits). q: [nq, d] scratch. Returns nq. */
-static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, float *q,
-                            float *lg)
+/* Exact logits (scale 1) of rows[0..n) for each query head of the group into lg
+ * [gs, n]: under ROPE q R_i . k_j R_{p_j}, under WROPE q R_b . k_j (the far tokens'
+ * exact logits). One pass over the rows: the kernels take four query heads per pass,
+ * and one head costs a pass as four do. */
+static void exact_logits(const rt_step *st, const int32_t *rows, int64_t n, float *lg)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
-    const int32_t nq = r->p.group == KVQ_GROUP_MAX ? gs : gs + 1;
-    const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
-    memcpy(q, rope ? S->qi : S->qb, sizeof(float) * (size_t)gs * d);
-    if (nq > gs) {
-        float *qs = q + (size_t)gs * d;
-        memcpy(qs, q, sizeof(float) * (size_t)d);
-        for (int32_t g = 1; g < gs; g++)
-            for (int32_t t = 0; t < d; t++)
-                qs[t] += q[(size_t)g * d + t];
-    }
-    /* the kernels take the query heads four at a time, each block a pass over the rows:
-     * with more than four, chunks of rows small enough to stay in cache between passes */
-    const int64_t chunk = nq > 4 ? 256 : n;
-    if (rope)
+    if (r->p.positions == KVQ_POSITIONS_ROPE) {
         for (int64_t a = 0; a < n; a++)
             step_key(st, rows[a], S->krot + (size_t)a * d);
-    for (int64_t a = 0; a < n; a += chunk) {
-        const int64_t c = n - a < chunk ? n - a : chunk;
-        if (rope)
-            kvq_rk_logits(r->p.isa, q, nq, d, S->krot + (size_t)a * d, KVQ_DT_F32, d, NULL, c,
-                          1.0f, lg + a, n);
-        else
-            kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows + a, c, 1.0f,
-                          lg + a, n);
+        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, lg, n);
+    } else {
+        kvq_rk_logits(r->p.isa, S->qb, gs, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg,
+                      n);
     }
-    return nq;
 }
 
 int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes)
@@ -90,18 +70,16 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     if (keep == n)
         return n;
     const int32_t d = r->d, gs = r->gs;
-    float *q = S->rr, *lg = S->rr + (size_t)(gs + 1) * d; /* [nq, d], [nq, n] */
-    const int32_t nq = exact_logits(st, rows, n, q, lg);
+    float *lg = S->rr; /* [gs, n] */
+    exact_logits(st, rows, n, lg);
+    /* the group's score: the sum (in head order) or the maximum of the heads' logits */
+    const int max = r->p.group == KVQ_GROUP_MAX;
     float *scores = S->scores;
-    if (nq > gs) {
-        memcpy(scores, lg + (size_t)gs * n, sizeof(float) * (size_t)n);
-    } else {
-        for (int64_t j = 0; j < n; j++) {
-            float m = lg[j];
-            for (int32_t g = 1; g < gs; g++)
-                m = lg[(size_t)g * n + j] > m ? lg[(size_t)g * n + j] : m;
-            scores[j] = m;
-        }
+    memcpy(scores, lg, sizeof(float) * (size_t)n);
+    for (int32_t g = 1; g < gs; g++) {
+        const float *l = lg + (size_t)g * n;
+        for (int64_t j = 0; j < n; j++)
+            scores[j] = max ? (l[j] > scores[j] ? l[j] : scores[j]) : scores[j] + l[j];
     }
     const int64_t m = kvq_rk_topk(r->p.isa, scores, n, keep, S->sel, S->work);
     /* S->sel ascending, S->sel[i] >= i: compacts rows in place, still ascending */
