@@ -8,9 +8,11 @@
  * rows, so the key rows come in runs too.
  *
  * The rerank computes the exact logit of every candidate for each query head of the
- * group ([gs, n], besides the group's score), so the kept rows' logits go to the
- * attention (kvq_rt_attend_union) instead of being computed again: their key rows are
- * read (and under ROPE rotated) once per step, not twice.
+ * group ([gs, n]; the group's score is their sum, the oracle's (sum q) . k up to float
+ * rounding, or their maximum), so the kept rows' logits go to the attention
+ * (kvq_rt_attend_union) instead of being computed again: their key rows are read (and
+ * under ROPE rotated) once per step, not twice. One pass of the logits kernel covers up
+ * to four query heads, so the heads cost what the summed query alone did.
  */
 #include <math.h>
 #include <stdlib.h>

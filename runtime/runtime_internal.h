@@ -199,7 +199,9 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
  *   rerank_count  candidates the codebook picks for a budget of k out of nc: ceil(R k)
  *                 capped at nc, or k when reranking is off (R <= 1) or k >= nc
  *   rerank        exact scores of rows[0..n) (the oracle's, same position mode and GQA
- *                 rule) keep the best min(k, n), in place, ascending; returns the count.
+ *                 rule, from the per-head logits) keep the best min(k, n), in place,
+ *                 ascending; returns the count. The kept rows' logits go to the step's
+ *                 attention (S->rr_kept).
  *                 sel_bytes gets the key rows read that the attention does not read
  *                 again ((n - kept) d es bytes). */
 int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc);
