@@ -319,9 +319,6 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 typedef struct scratch {
     double phase[4]; /* seconds in LUT, score gather, top-k, attention */
     float *scores, *logits, *krot;
-    float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
-    int32_t *rsel;           /* --rerank: [n] the kept candidates */
-    int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
     uint32_t *work, *cwork;
     int32_t *att;
     kvq_rk_bands bands;      /* --score bands from the (code, band) groups */
@@ -329,6 +326,10 @@ typedef struct scratch {
     float lut[65536];
     float qb[GS * D], qi[GS * D], qs[D], out[GS * D];
     float state[GS * (D + 2)];
+    /* (last: the fields above keep their offsets, and the query arrays their alignment) */
+    float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
+    int32_t *rsel;           /* --rerank: [n] the kept candidates */
+    int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
 } scratch;
 
 typedef struct layer {
