@@ -5,7 +5,7 @@
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
- *                [--clock cpu|wall] [--score rb|bands] [--rerank R]
+ *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -54,6 +54,12 @@
  * logits go to the attention (two-pass: it computes the sinks' and window's only; the
  * fused kernel recomputes them); their (R - 1) K extra key rows count in the retrieval
  * bytes.
+ * --positions rope attends as the runtime's `--positions rope` (what calibrate records for
+ * SmolLM2): every far row's key (sinks, selection, the rerank's candidates) converted to
+ * f32 and rotated by its token's position from a [n, D/2] cos / sin table, as the
+ * runtime's kvq_rt_key_rotated, then scored with q R_i (the default wrope: q R_b on the
+ * stored keys). The table rows read (512 bytes per rotated key) are not counted in the
+ * bytes.
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -100,6 +106,7 @@
 /* The clock used for every figure (--clock cpu | wall). */
 static int g_cpu_clock = 1;
 static double g_rerank = 0; /* --rerank R (0: one stage) */
+static int g_rope = 0;      /* --positions rope */
 static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
 
 typedef struct args {
@@ -120,7 +127,8 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall] [--score rb|bands] [--rerank R]\n");
+                    "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
+                    "[--positions wrope|rope]\n");
     return 2;
 }
 
@@ -202,6 +210,13 @@ static int parse(int argc, char **argv, args *a)
                 a->token_order = 1;
             else
                 return usage();
+        } else if (!strcmp(o, "--positions")) {
+            if (!strcmp(v, "rope"))
+                g_rope = 1;
+            else if (!strcmp(v, "wrope"))
+                g_rope = 0;
+            else
+                return usage();
         } else if (!strcmp(o, "--rerank")) {
             if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
                 return usage();
@@ -225,6 +240,10 @@ static int parse(int argc, char **argv, args *a)
         } else {
             return usage();
         }
+    }
+    if (g_rope && a->fused) {
+        fprintf(stderr, "bench_decode: --positions rope runs the two-pass attention only\n");
+        return 2;
     }
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
@@ -330,6 +349,7 @@ typedef struct scratch {
     float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
     int32_t *rsel;           /* --rerank: [n] the kept candidates */
     int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
+    float *rkrot;            /* --positions rope: [n, D] rotated keys of the far rows */
 } scratch;
 
 typedef struct layer {
@@ -347,6 +367,8 @@ typedef struct layer {
                   summed query rotated by the band's mean rotation (made outside the step) */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
+    float *rcos, *rsin; /* --positions rope: [n, D / 2] RoPE of every position, as the
+                           runtime's table (rcos / rsin) */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
 
@@ -533,6 +555,17 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 
 
 /* Returns the attended token count. */
+/* --positions rope: key row j (a sink or a candidate) converted to f32 and rotated by
+ * its token's position (the row's token under code order), as the runtime's
+ * kvq_rt_key_rotated does. */
+static void key_rotated(const layer *L, int h, int64_t j, float *y)
+{
+    const int64_t t = L->tok[h] && j >= SINK ? L->tok[h][j - SINK] : j;
+    float row[D];
+    kvq_f16_to_f32(L->k[h] + (size_t)j * D, row, D);
+    rotate(row, L->rcos + (size_t)t * (D / 2), L->rsin + (size_t)t * (D / 2), y);
+}
+
 /* Candidates for a budget of k out of nc: ceil(R k) with --rerank R > 1, else k. */
 static int64_t rerank_count(int64_t k, int64_t nc)
 {
@@ -548,7 +581,13 @@ static int64_t rerank_count(int64_t k, int64_t nc)
 static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32_t *rows,
                            int64_t n, int64_t k)
 {
-    kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
+    if (g_rope) { /* q R_i . k_j R_j: each candidate rotated, as runtime/rerank.c */
+        for (int64_t a = 0; a < n; a++)
+            key_rotated(L, h, rows[a], S->rkrot + (size_t)a * D);
+        kvq_rk_logits(isa, S->qi, GS, D, S->rkrot, KVQ_DT_F32, D, NULL, n, 1.0f, S->rlg, n);
+    } else {
+        kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
+    }
     float *sc = S->scores;
     memcpy(sc, S->rlg, sizeof(float) * (size_t)n);
     for (int g = 1; g < GS; g++)
@@ -650,9 +689,16 @@ select:;
         kvq_rk_attend_rows(isa, S->state, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, L->v[h],
                            KVQ_DT_F16, D, S->att + m_far, WINDOW, scale);
         kvq_rk_attend_finish(S->state, GS, D, out);
+    } else if (g_rope) { /* the far rows rotated (the rerank's rows have their logits) */
+        const int64_t mf = S->rr_kept ? m_far - S->rr_kept : m_far;
+        for (int64_t a = 0; a < mf; a++)
+            key_rotated(L, h, S->att[a], S->rkrot + (size_t)a * D);
+        kvq_rk_logits(isa, S->qi, GS, D, S->rkrot, KVQ_DT_F32, D, NULL, mf, scale, S->logits, m);
     } else { /* the rerank's rows have their logits: the sinks' only */
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att,
                       S->rr_kept ? m_far - S->rr_kept : m_far, scale, S->logits, m);
+    }
+    if (!fused) {
         kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
                       S->logits + m_far, m);
         kvq_rk_softmax(isa, S->logits, GS, m, m);
@@ -723,7 +769,7 @@ int main(int argc, char **argv)
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
-           "score %s, rerank %g, clock %s\n",
+           "score %s, rerank %g, positions %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores == 1 ? "scores"
@@ -731,7 +777,7 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_rerank, g_cpu_clock ? "process CPU time" : "wall");
+           g_rerank, g_rope ? "rope" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
@@ -783,6 +829,19 @@ int main(int argc, char **argv)
             L.q[i] = (float)kvq_rng_normal(&rng);
         if (a.bands && band_queries(&L, n, theta))
             return 1;
+        if (g_rope) {
+            free(L.rcos); /* as the runtime's table: 2 MiB aligned, huge pages */
+            free(L.rsin);
+            L.rcos = bench_cache_alloc(sizeof(float) * (size_t)n * (D / 2));
+            L.rsin = bench_cache_alloc(sizeof(float) * (size_t)n * (D / 2));
+            if (!L.rcos || !L.rsin)
+                return 1;
+            for (int64_t j = 0; j < n; j++)
+                for (int m = 0; m < D / 2; m++) {
+                    L.rcos[(size_t)j * (D / 2) + m] = (float)cos((double)j * theta[m]);
+                    L.rsin[(size_t)j * (D / 2) + m] = (float)sin((double)j * theta[m]);
+                }
+        }
         for (int m = 0; m < D / 2; m++) {
             L.bcos[m] = (float)cos(2048.0 * theta[m]);
             L.bsin[m] = (float)sin(2048.0 * theta[m]);
@@ -800,6 +859,8 @@ int main(int argc, char **argv)
             S->logits = realloc(S->logits, sizeof(float) * (size_t)n * GS);
             S->rlg = realloc(S->rlg, sizeof(float) * (size_t)n * GS);
             S->rsel = realloc(S->rsel, sizeof(int32_t) * (size_t)n);
+            if (g_rope && (S->rkrot = realloc(S->rkrot, sizeof(float) * (size_t)n * D)))
+                memset(S->rkrot, 0, sizeof(float) * (size_t)n * D); /* no page faults timed */
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
@@ -911,12 +972,15 @@ int main(int argc, char **argv)
         kvq_codebook_free(cb[h]);
     }
     free(L.bq);
+    free(L.rcos);
+    free(L.rsin);
     for (int t = 0; t < a.threads; t++) {
         free(scr[t].scores);
         free(scr[t].logits);
         free(scr[t].krot);
         free(scr[t].rlg);
         free(scr[t].rsel);
+        free(scr[t].rkrot);
         free(scr[t].work);
         free(scr[t].att);
         free(scr[t].cwork);

@@ -365,9 +365,10 @@ static kvq_status rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err)
     int64_t cap = r->rcap ? r->rcap : 256;
     while (cap <= max_pos)
         cap *= 2;
-    const size_t half = (size_t)r->d / 2;
-    if (!grow((void **)&r->rcos, (size_t)cap * half * sizeof(float)) ||
-        !grow((void **)&r->rsin, (size_t)cap * half * sizeof(float)))
+    const size_t half = (size_t)r->d / 2, old = (size_t)r->rcap * half * sizeof(float);
+    /* huge pages as the K/V arrays: under rope every rotated key reads its row at random */
+    if (!grow_cache((void **)&r->rcos, old, (size_t)cap * half * sizeof(float)) ||
+        !grow_cache((void **)&r->rsin, old, (size_t)cap * half * sizeof(float)))
         return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
     for (int64_t p = r->rcap; p < cap; p++)
         for (size_t m = 0; m < half; m++) {
