@@ -8,11 +8,12 @@
  * rows, so the key rows come in runs too.
  *
  * The rerank computes the exact logit of every candidate for each query head of the
- * group ([gs, n]; the group's score is their sum, the oracle's (sum q) . k up to float
- * rounding, or their maximum), so the kept rows' logits go to the attention
- * (kvq_rt_attend_union) instead of being computed again: their key rows are read (and
- * under ROPE rotated) once per step, not twice. One pass of the logits kernel covers up
- * to four query heads, so the heads cost what the summed query alone did.
+ * group ([gs, n]; the group's score is (sum q) . k, or the sum of the heads' logits, or
+ * their maximum), so the kept rows' logits go to the attention (kvq_rt_attend_union)
+ * instead of being computed again: their key rows are read (and under ROPE rotated)
+ * once per step, not twice. One pass of the logits kernel covers up
+ * to four query rows, so the heads cost what the summed query alone did (see
+ * exact_logits for when the summed query's own logit is the score).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -40,23 +41,38 @@ static void step_key(const rt_step *st, int64_t j, float *y)
         kvq_rt_key_rotated(r, st->L, st->H, j, y);
 }
 
-/* Exact logits (scale 1) of rows[0..n) for each query head of the group into lg
- * [gs, n]: under ROPE q R_i . k_j R_{p_j}, under WROPE q R_b . k_j (the far tokens'
- * exact logits). One pass over the rows: the kernels take four query heads per pass,
- * and one head costs a pass as four do. */
-static void exact_logits(const rt_step *st, const int32_t *rows, int64_t n, float *lg)
+/* Exact logits (scale 1) of rows[0..n) into lg [nq, n]: under ROPE q R_i . k_j R_{p_j},
+ * under WROPE q R_b . k_j (the far tokens' exact logits), for each query head of the
+ * group (rows [0, gs)) and, under KVQ_GROUP_SUM with gs < 4, for the group's summed
+ * query (row gs). One pass over the rows: the kernels take four query heads per pass,
+ * and one costs a pass as four do, so the summed query is free up to three heads (the
+ * score is then (sum q) . k exactly as the oracle computes it); with four or more it
+ * would cost a second pass, and the score is the sum of the heads' logits instead (the
+ * same up to float rounding). q: [gs + 1, d] scratch. Returns nq. */
+static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, float *q,
+                            float *lg)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
-    if (r->p.positions == KVQ_POSITIONS_ROPE) {
+    const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
+    const int32_t nq = r->p.group == KVQ_GROUP_SUM && gs < 4 ? gs + 1 : gs;
+    memcpy(q, rope ? S->qi : S->qb, sizeof(float) * (size_t)gs * d);
+    if (nq > gs) { /* in head order, as select.c's group_sum */
+        float *qs = q + (size_t)gs * d;
+        memcpy(qs, q, sizeof(float) * (size_t)d);
+        for (int32_t g = 1; g < gs; g++)
+            for (int32_t t = 0; t < d; t++)
+                qs[t] += q[(size_t)g * d + t];
+    }
+    if (rope) {
         for (int64_t a = 0; a < n; a++)
             step_key(st, rows[a], S->krot + (size_t)a * d);
-        kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, lg, n);
+        kvq_rk_logits(r->p.isa, q, nq, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, lg, n);
     } else {
-        kvq_rk_logits(r->p.isa, S->qb, gs, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg,
-                      n);
+        kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg, n);
     }
+    return nq;
 }
 
 int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes)
@@ -72,13 +88,14 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     if (keep == n)
         return n;
     const int32_t d = r->d, gs = r->gs;
-    float *lg = S->rr; /* [gs, n] */
-    exact_logits(st, rows, n, lg);
-    /* the group's score: the sum (in head order) or the maximum of the heads' logits */
+    float *q = S->rr, *lg = S->rr + (size_t)(gs + 1) * d; /* [gs + 1, d], [nq, n] */
+    const int32_t nq = exact_logits(st, rows, n, q, lg);
+    /* the group's score: the summed query's logit, or the sum (in head order) or the
+     * maximum of the heads' logits */
     const int max = r->p.group == KVQ_GROUP_MAX;
     float *scores = S->scores;
-    memcpy(scores, lg, sizeof(float) * (size_t)n);
-    for (int32_t g = 1; g < gs; g++) {
+    memcpy(scores, lg + (size_t)(nq > gs ? gs : 0) * n, sizeof(float) * (size_t)n);
+    for (int32_t g = 1; nq == gs && g < gs; g++) {
         const float *l = lg + (size_t)g * n;
         for (int64_t j = 0; j < n; j++)
             scores[j] = max ? (l[j] > scores[j] ? l[j] : scores[j]) : scores[j] + l[j];

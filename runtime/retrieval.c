@@ -431,7 +431,7 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  grow((void **)&S->osel, c * sizeof(int32_t)) &&
                  grow((void **)&S->att, c * sizeof(int32_t)) &&
                  grow((void **)&S->logits, gs * c * sizeof(float)) &&
-                 grow((void **)&S->rr, gs * c * sizeof(float)) &&
+                 grow((void **)&S->rr, (gs + 1) * (d + c) * sizeof(float)) &&
                  (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
                  grow((void **)&S->lut, lut * sizeof(float)) &&
                  grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&

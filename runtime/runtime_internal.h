@@ -115,7 +115,8 @@ typedef struct rt_scratch {
                             bands: per band, computed once per step, not per layer and head) */
     uint32_t br_have;    /* bit k: band k's rotation is held */
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
-    float *rr;           /* [gs, T] rerank.c: the candidates' exact logits per head */
+    float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
+                            candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
                             S->logits as the step's attention lays them out (columns
                             [s_end - lo, + rr_kept) of [gs, m]); 0: it did not */
