@@ -92,7 +92,7 @@ static void band_query(const rt_step *st, const kvq_codebook *cb, const float *q
     kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
 }
 
-/* Spread term (experiment knob): z times the spread of the exact score over the band's
+/* Spread term (experiment knob, off; z = 1 was worse at 8K, docs/QUALITY.md): z times the spread of the exact score over the band's
  * distances, added to the band's LUT. Per pair m the exact contribution turns with the
  * distance; its variance over the band is about (1 - damp_m^2) |q_m|^2 |c_m|^2 / 2 (damp_m
  * the mean rotation's length), so sigma^2(c) = sum_m (1 - damp_m^2) |q_m|^2 |c_m|^2 / 2. */
@@ -141,7 +141,9 @@ void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
     }
 }
 
-/* Steps per doubling of the bands' first distances (experiment knob). */
+/* Steps per doubling of the bands' first distances, and a cap on a band's width (0: none):
+ * experiment knobs (docs/QUALITY.md "8K context": 2 steps per doubling did not help at
+ * 8K). bench/bench_decode.c mirrors the default layout (doubling bands). */
 #ifndef KVQ_RT_BAND_STEPS
 #define KVQ_RT_BAND_STEPS 1
 #endif
@@ -244,6 +246,34 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     }
 }
 
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+/* Diagnostic build only (docs/QUALITY.md "8K context"): each candidate scored with its
+ * own exact rotation on its centroid, q R_delta . c(code) -- the bands' scoring without
+ * the averaging over distances (no fast path; cost ~ d per row). */
+static void cheat_scores(const rt_step *st, const float *q, float *scores)
+{
+    const kvq_retrieval *r = st->r;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const int32_t d = r->d, half = d / 2, G = kvq_codebook_get_desc(cb)->groups;
+    const float *W = kvq_codebook_key_codebook(cb);
+    float cs[KVQ_ROPE_MAX_DIM / 2], sn[KVQ_ROPE_MAX_DIM / 2], qs[KVQ_ROPE_MAX_DIM];
+    for (int64_t j = 0; j < st->nc; j++) {
+        const int64_t row = st->s_end + j;
+        const int64_t delta = st->pos - st->L->pos[kvq_rt_row_token(st->H, row)];
+        for (int32_t m = 0; m < half; m++) {
+            cs[m] = (float)cos((double)delta * r->theta[m]);
+            sn[m] = (float)sin((double)delta * r->theta[m]);
+        }
+        kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, d, qs);
+        const float *w = W + (size_t)st->H->codes[(size_t)row * G] * d;
+        float acc = 0;
+        for (int32_t t = 0; t < d; t++)
+            acc += qs[t] * w[t];
+        scores[j] = acc;
+    }
+}
+#endif
+
 void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *scores,
                           double *cb_bytes)
 {
@@ -254,6 +284,10 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t G = D->groups, K = D->k;
     const int64_t *P = st->L->pos;
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    cheat_scores(st, qsum_pre, scores);
+    return;
+#endif
     int64_t a, b;
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
@@ -315,6 +349,9 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t K = D->k, d = r->d;
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    return -1;
+#endif
     if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
         D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
         st->s_end != r->p.sink || H->sorted_end <= st->s_end)
