@@ -92,6 +92,43 @@ static void band_query(const rt_step *st, const kvq_codebook *cb, const float *q
     kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
 }
 
+/* Spread term (experiment knob, off; z = 1 was worse at 8K, docs/QUALITY.md): z times the spread of the exact score over the band's
+ * distances, added to the band's LUT. Per pair m the exact contribution turns with the
+ * distance; its variance over the band is about (1 - damp_m^2) |q_m|^2 |c_m|^2 / 2 (damp_m
+ * the mean rotation's length), so sigma^2(c) = sum_m (1 - damp_m^2) |q_m|^2 |c_m|^2 / 2. */
+#ifndef KVQ_RT_BAND_Z
+#define KVQ_RT_BAND_Z 0.0
+#endif
+static void band_spread(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t lo,
+                        int64_t hi, float *lut)
+{
+    const kvq_retrieval *r = st->r;
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    if (KVQ_RT_BAND_Z == 0.0 || D->groups != 1 || r->p.score_pos != KVQ_SCORE_BANDS ||
+        D->method == KVQ_CODEBOOK_VQ_POSTROPE)
+        return;
+    const int32_t d = r->d, half = d / 2, K = D->k;
+    float cs[KVQ_ROPE_MAX_DIM / 2], sn[KVQ_ROPE_MAX_DIM / 2];
+    double v[KVQ_ROPE_MAX_DIM / 2];
+    int32_t i0[KVQ_ROPE_MAX_DIM / 2], i1[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rt_mean_rotation(r, lo, hi, cs, sn);
+    for (int32_t m = 0; m < half; m++) {
+        i0[m] = r->rope.layout == KVQ_ROPE_HALF ? m : 2 * m;
+        i1[m] = r->rope.layout == KVQ_ROPE_HALF ? m + half : 2 * m + 1;
+        const double dm2 = (double)cs[m] * cs[m] + (double)sn[m] * sn[m];
+        const double q2 = (double)q[i0[m]] * q[i0[m]] + (double)q[i1[m]] * q[i1[m]];
+        v[m] = 0.5 * (1.0 - (dm2 > 1.0 ? 1.0 : dm2)) * q2;
+    }
+    const float *W = kvq_codebook_key_codebook(cb);
+    for (int32_t c = 0; c < K; c++) {
+        const float *w = W + (size_t)c * d;
+        double s2 = 0;
+        for (int32_t m = 0; m < half; m++)
+            s2 += v[m] * ((double)w[i0[m]] * w[i0[m]] + (double)w[i1[m]] * w[i1[m]]);
+        lut[c] += (float)(KVQ_RT_BAND_Z * sqrt(s2));
+    }
+}
+
 void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
 {
     /* candidates are the tokens [s_end, w_beg) (in code order the rows hold the same set) */
@@ -104,14 +141,43 @@ void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b)
     }
 }
 
-/* Band of distance delta >= a: 0 for [a, 2a), 1 for [2a, 4a), ... */
-static int32_t band_of(int64_t delta, int64_t a)
+/* Steps per doubling of the bands' first distances, and a cap on a band's width (0: none):
+ * experiment knobs (docs/QUALITY.md "8K context": 2 steps per doubling did not help at
+ * 8K). bench/bench_decode.c mirrors the default layout (doubling bands). */
+#ifndef KVQ_RT_BAND_STEPS
+#define KVQ_RT_BAND_STEPS 1
+#endif
+#ifndef KVQ_RT_BAND_CAP
+#define KVQ_RT_BAND_CAP 0
+#endif
+
+/* The bands of candidate distances [a, b]: band k is [lo[k], lo[k + 1] - 1], lo[0] = a,
+ * lo[k] = a 2^(k / S) rounded (S steps per doubling), at least one more than lo[k - 1];
+ * the last band ends at b (lo[nb] = b + 1). Returns nb (<= 63). */
+static int32_t band_edges(int64_t a, int64_t b, int64_t *lo)
 {
     int32_t k = 0;
-    while (delta >= 2 * a && k < 62) {
-        a *= 2;
-        k++;
+    lo[0] = a;
+    while (k < 62) {
+        int64_t nx = llround((double)a * pow(2.0, (double)(k + 1) / KVQ_RT_BAND_STEPS));
+        if (KVQ_RT_BAND_CAP > 0 && nx > lo[k] + KVQ_RT_BAND_CAP)
+            nx = lo[k] + KVQ_RT_BAND_CAP;
+        if (nx <= lo[k])
+            nx = lo[k] + 1;
+        if (nx > b)
+            break;
+        lo[++k] = nx;
     }
+    lo[k + 1] = b + 1;
+    return k + 1;
+}
+
+/* Band of distance delta (lo[0] <= delta < lo[nb]; nearer ones in band 0). */
+static int32_t band_of(int64_t delta, const int64_t *lo, int32_t nb)
+{
+    int32_t k = 0;
+    while (k + 1 < nb && delta >= lo[k + 1])
+        k++;
     return k;
 }
 
@@ -135,8 +201,8 @@ static int64_t first_at(const int64_t *pos, int64_t lo, int64_t hi, int64_t p)
  * are in the band (>= pos - hi), filled with the LUT's entry for the code (the farthest
  * band takes the rest of each run), and the unsorted rows [se, w_beg) (token j in row
  * j) scored as a range, as in token order. Every candidate row is read once. */
-static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t b, int32_t nb,
-                          float *scores, double *cb_bytes)
+static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t b,
+                          const int64_t *E, int32_t nb, float *scores, double *cb_bytes)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
@@ -155,10 +221,11 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     }
     float qs[KVQ_ROPE_MAX_DIM];
     for (int32_t k = 0; k < nb; k++) {
-        const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
+        const int64_t lo = E[k], hi = E[k + 1] - 1;
         const int64_t first = st->pos - hi;
         band_query(st, cb, q, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+        band_spread(st, cb, q, lo, hi, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         for (int32_t c = 0; c < K; c++) {
             const int64_t rs = run[c];
@@ -179,6 +246,34 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     }
 }
 
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+/* Diagnostic build only (docs/QUALITY.md "8K context"): each candidate scored with its
+ * own exact rotation on its centroid, q R_delta . c(code) -- the bands' scoring without
+ * the averaging over distances (no fast path; cost ~ d per row). */
+static void cheat_scores(const rt_step *st, const float *q, float *scores)
+{
+    const kvq_retrieval *r = st->r;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const int32_t d = r->d, half = d / 2, G = kvq_codebook_get_desc(cb)->groups;
+    const float *W = kvq_codebook_key_codebook(cb);
+    float cs[KVQ_ROPE_MAX_DIM / 2], sn[KVQ_ROPE_MAX_DIM / 2], qs[KVQ_ROPE_MAX_DIM];
+    for (int64_t j = 0; j < st->nc; j++) {
+        const int64_t row = st->s_end + j;
+        const int64_t delta = st->pos - st->L->pos[kvq_rt_row_token(st->H, row)];
+        for (int32_t m = 0; m < half; m++) {
+            cs[m] = (float)cos((double)delta * r->theta[m]);
+            sn[m] = (float)sin((double)delta * r->theta[m]);
+        }
+        kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, d, qs);
+        const float *w = W + (size_t)st->H->codes[(size_t)row * G] * d;
+        float acc = 0;
+        for (int32_t t = 0; t < d; t++)
+            acc += qs[t] * w[t];
+        scores[j] = acc;
+    }
+}
+#endif
+
 void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *scores,
                           double *cb_bytes)
 {
@@ -189,22 +284,27 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t G = D->groups, K = D->k;
     const int64_t *P = st->L->pos;
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    cheat_scores(st, qsum_pre, scores);
+    return;
+#endif
     int64_t a, b;
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
         a = 1;
-    const int32_t nb = band_of(b, a) + 1;
+    int64_t E[64];
+    const int32_t nb = band_edges(a, b, E);
     /* rows in token order with increasing positions (the usual case): each band is a
      * range of rows, scored by the SIMD gather with its own LUT */
     const int fast = !st->H->tok && !st->L->pos_unordered;
     /* rows in code order (single group, positions increasing) */
     if (st->H->tok && !st->L->pos_unordered && G == 1 && st->H->sorted_end > st->s_end) {
-        banded_sorted(st, qsum_pre, a, b, nb, scores, cb_bytes);
+        banded_sorted(st, qsum_pre, a, b, E, nb, scores, cb_bytes);
         return;
     }
     float qs[KVQ_ROPE_MAX_DIM];
     for (int32_t k = 0; k < nb; k++) {
-        const int64_t lo = a << k, hi = (a << (k + 1)) - 1 < b ? (a << (k + 1)) - 1 : b;
+        const int64_t lo = E[k], hi = E[k + 1] - 1;
         int64_t r0 = 0, r1 = 0;
         if (fast) { /* rows whose distance is in [lo, hi]: positions in [pos - hi, pos - lo] */
             r0 = k + 1 == nb ? st->s_end : first_at(P, st->s_end, st->w_beg, st->pos - hi);
@@ -214,6 +314,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
         }
         band_query(st, cb, qsum_pre, a, b, k, lo, hi, qs);
         kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+        band_spread(st, cb, qsum_pre, lo, hi, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         if (fast) {
             kvq_rk_score(r->p.isa, S->lut, G, K, st->H->codes + (size_t)r0 * G, r1 - r0,
@@ -223,7 +324,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
         for (int64_t j = 0; j < st->nc; j++) {
             const int64_t row = st->s_end + j;
             const int64_t delta = st->pos - P[kvq_rt_row_token(st->H, row)];
-            if (band_of(delta < a ? a : delta, a) != k)
+            if (band_of(delta < a ? a : delta, E, nb) != k)
                 continue;
             const uint16_t *c = st->H->codes + (size_t)row * G;
             float s = 0;
@@ -248,6 +349,9 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t K = D->k, d = r->d;
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    return -1;
+#endif
     if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
         D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
         st->s_end != r->p.sink || H->sorted_end <= st->s_end)
@@ -256,7 +360,8 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
         a = 1;
-    const int32_t nb = band_of(b, a) + 1;
+    int64_t E[64];
+    const int32_t nb = band_edges(a, b, E);
     const int64_t nk = (int64_t)nb * K;
     if (!kvq_rk_bands_select_pays(st->nc, nb, K) || nk > S->cap || 3 * nk > 2 * S->cap)
         return -1;
@@ -270,12 +375,14 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     for (int32_t k0 = 0; k0 < nb; k0 += 8) { /* eight bands' LUTs per read of the table */
         const int32_t m = nb - k0 < 8 ? nb - k0 : 8;
         for (int32_t k2 = k0; k2 < k0 + m; k2++) {
-            const int64_t lo = a << k2, hi = (a << (k2 + 1)) - 1 < b ? (a << (k2 + 1)) - 1 : b;
+            const int64_t lo = E[k2], hi = E[k2 + 1] - 1;
             band_query(st, cb, q, a, b, k2, lo, hi, qs + (size_t)(k2 - k0) * d);
             if (k2 + 1 < nb) /* the band's first token: position >= pos - hi */
                 tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - hi);
         }
         kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, S->scores + (size_t)k0 * K);
+        for (int32_t k2 = k0; k2 < k0 + m; k2++)
+            band_spread(st, cb, q, E[k2], E[k2 + 1] - 1, S->scores + (size_t)k2 * K);
         *cb_bytes += (double)m * (double)kvq_rk_table_bytes(st->L->tab[st->head]);
     }
     kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
