@@ -159,7 +159,10 @@ static int32_t band_edges(int64_t a, int64_t b, int64_t *lo)
     int32_t k = 0;
     lo[0] = a;
     while (k < 62) {
-        int64_t nx = llround((double)a * pow(2.0, (double)(k + 1) / KVQ_RT_BAND_STEPS));
+        /* doubling bands (the default) by a shift: no pow on the decode path */
+        int64_t nx = KVQ_RT_BAND_STEPS == 1 && k + 1 < 31 /* a < 2^31: no overflow */
+                         ? a << (k + 1)
+                         : llround((double)a * pow(2.0, (double)(k + 1) / KVQ_RT_BAND_STEPS));
         if (KVQ_RT_BAND_CAP > 0 && nx > lo[k] + KVQ_RT_BAND_CAP)
             nx = lo[k] + KVQ_RT_BAND_CAP;
         if (nx <= lo[k])
