@@ -447,7 +447,7 @@ static double lk_unif(void)
     return (double)(lk_rng >> 11) / 9007199254740992.0;
 }
 
-/* A gather that adds in one running sum: what a kernel that ignored the four partial
+/* A gather that adds in one running sum: what a kernel that ignored the eight partial
  * sums would compute (the comparison below must tell it apart). */
 static double gather_one_sum(const float *const e[4], const uint8_t *ver, int64_t len, double *w)
 {
@@ -459,23 +459,42 @@ static double gather_one_sum(const float *const e[4], const uint8_t *ver, int64_
     return z;
 }
 
-/* Every SIMD level's kernels equal the scalar ones bit for bit, lengths with and
- * without tails, counts at or below zero, pruned tokens; a one-sum gather does not. */
+/* A mix that rounds each product before adding it (no fused multiply-add): the
+ * comparison below must tell it apart. */
+static void mix_unfused(float *o, const double *w, double inv, const uint8_t *ver,
+                        const float *const v[4], int64_t len, int32_t d)
+{
+    for (int32_t c = 0; c < d; c++) {
+        volatile float s = 0.0f;
+        for (int64_t j = 0; j < len; j++)
+            if (ver[j]) {
+                volatile float p = (float)(w[j] * inv) * v[ver[j]][(size_t)j * d + c];
+                s = s + p;
+            }
+        o[c] = s;
+    }
+}
+
+/* Every SIMD level's kernels equal the scalar ones bit for bit: lengths with and without
+ * tails, head counts 1 to 5 (the kernels take heads in groups), head dims with partial
+ * vectors, counts at or below zero, pruned tokens; a one-sum gather and an unfused mix
+ * do not. */
 static void test_lk_kernels_equal_scalar(void **state)
 {
     (void)state;
     const thr_lk_kernels *ref = thr_lk_kernels_get(0);
     assert_string_equal(ref->name, "scalar");
-    enum { N = 600, GS = 3, D = 80 };
-    double *acc = malloc(sizeof(double) * GS * N), *w0 = malloc(sizeof(double) * N),
-           *w1 = malloc(sizeof(double) * N), *a0 = malloc(sizeof(double) * N),
+    enum { N = 600, GS = 5, D = 80 };
+    double *acc = malloc(sizeof(double) * GS * N), *w0 = malloc(sizeof(double) * GS * N),
+           *w1 = malloc(sizeof(double) * GS * N), *a0 = malloc(sizeof(double) * N),
            *a1 = malloc(sizeof(double) * N);
-    float *e = malloc(sizeof(float) * 4 * N), *v = malloc(sizeof(float) * 4 * N * D);
+    /* e: 4 versions x GS heads x N tokens (heads N apart); v: 4 versions of N x D */
+    float *e = malloc(sizeof(float) * 4 * GS * N), *v = malloc(sizeof(float) * 4 * N * D);
     int64_t *qcum = malloc(sizeof(int64_t) * N);
     uint8_t *ver = malloc(N);
     for (int64_t i = 0; i < GS * N; i++)
         acc[i] = lk_unif() * 3.0;
-    for (int64_t i = 0; i < 4 * N; i++) /* exponentials over a wide range: sums round */
+    for (int64_t i = 0; i < 4 * GS * N; i++) /* exponentials over a wide range: sums round */
         e[i] = (float)exp(-60.0 * lk_unif());
     for (int64_t i = 0; i < 4 * N * D; i++)
         v[i] = (float)(lk_unif() - 0.5);
@@ -483,35 +502,48 @@ static void test_lk_kernels_equal_scalar(void **state)
         qcum[j] = j / 2;
         ver[j] = (uint8_t)(lk_unif() * 4.0);
     }
-    const float *ev[4] = {NULL, e + N, e + 2 * N, e + 3 * N};
+    const float *ev[4] = {NULL, e + GS * N, e + 2 * GS * N, e + 3 * GS * N};
     const float *vv[4] = {NULL, v + N * D, v + 2 * N * D, v + 3 * N * D};
-    int one_sum_differs = 0;
+    const double inv[GS] = {0.01, 0.37, 1.0 / 3.0, 2.5, 0.07};
+    int one_sum_differs = 0, unfused_differs = 0;
     for (int level = 1; level <= 2; level++) {
         const thr_lk_kernels *k = thr_lk_kernels_get(level);
         for (int64_t len = 0; len <= N; len += len < 40 ? 1 : 71) {
             const int64_t nq = len / 3; /* qcum[j] >= nq from j = 2 nq on: +inf there */
-            k->significance(a1, acc, N, GS, qcum, nq, len);
-            ref->significance(a0, acc, N, GS, qcum, nq, len);
+            k->significance(a1, acc, N, 3, qcum, nq, len);
+            ref->significance(a0, acc, N, 3, qcum, nq, len);
             assert_memory_equal(a0, a1, sizeof(double) * (size_t)len);
-            const double z0 = ref->gather(ev, ver, len, w0), z1 = k->gather(ev, ver, len, w1);
-            assert_memory_equal(&z0, &z1, sizeof z0);
-            assert_memory_equal(w0, w1, sizeof(double) * (size_t)len);
+            for (int32_t gs = 1; gs <= GS; gs++) {
+                double z0[GS], z1[GS];
+                ref->gather(ev, N, ver, len, gs, w0, N, z0);
+                k->gather(ev, N, ver, len, gs, w1, N, z1);
+                assert_memory_equal(z0, z1, sizeof(double) * (size_t)gs);
+                for (int32_t g = 0; g < gs; g++)
+                    assert_memory_equal(w0 + (size_t)g * N, w1 + (size_t)g * N,
+                                        sizeof(double) * (size_t)len);
+            }
             const double zo = gather_one_sum(ev, ver, len, w1);
-            one_sum_differs |= memcmp(&zo, &z0, sizeof zo) != 0;
+            double zr[1];
+            ref->gather(ev, N, ver, len, 1, w1, N, zr);
+            one_sum_differs |= memcmp(&zo, &zr[0], sizeof zo) != 0;
             memcpy(a0, acc, sizeof(double) * (size_t)len);
             memcpy(a1, acc, sizeof(double) * (size_t)len);
             ref->daxpy(a0, 0.37, w0, len);
             k->daxpy(a1, 0.37, w0, len);
             assert_memory_equal(a0, a1, sizeof(double) * (size_t)len);
-            for (int32_t d = 1; d <= D; d += d < 8 ? 1 : 24) { /* 1..8, 32, 56, 80 */
-                float o0[D], o1[D];
-                ref->mix(o0, w0, 0.01, ver, vv, len, d);
-                k->mix(o1, w0, 0.01, ver, vv, len, d);
-                assert_memory_equal(o0, o1, sizeof(float) * (size_t)d);
-            }
+            for (int32_t d = 1; d <= D; d += d < 8 ? 1 : 24) /* 1..8, 32, 56, 80 */
+                for (int32_t gs = 1; gs <= GS; gs += d < 8 ? 4 : 1) {
+                    float o0[GS * D], o1[GS * D];
+                    ref->mix(o0, w0, N, inv, ver, vv, len, d, gs);
+                    k->mix(o1, w0, N, inv, ver, vv, len, d, gs);
+                    assert_memory_equal(o0, o1, sizeof(float) * (size_t)(gs * d));
+                    mix_unfused(o1, w0, inv[0], ver, vv, len, d);
+                    unfused_differs |= memcmp(o0, o1, sizeof(float) * (size_t)d) != 0;
+                }
         }
     }
     assert_true(one_sum_differs);
+    assert_true(unfused_differs);
     /* Algorithm 1's choice: ties (sig on a coarse grid), every class, a NaN */
     double *sg = malloc(sizeof(double) * N);
     uint8_t *cl = malloc(N);

@@ -26,14 +26,14 @@ static void significance_scalar(double *sig, const double *acc, int64_t n, int32
     }
 }
 
-static double gather_scalar(const float *const e[4], const uint8_t *ver, int64_t len, double *w)
+static void gather_scalar(const float *const e[4], size_t es, const uint8_t *ver, int64_t len,
+                          int32_t gs, double *w, size_t ws, double *z)
 {
-    double z[4] = {0, 0, 0, 0};
-    for (int64_t j = 0; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
-        z[j & 3] += w[j];
+    for (int32_t g = 0; g < gs; g++) {
+        double p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        thr_lk_gather_tail(e, (size_t)g * es, ver, 0, len, w + (size_t)g * ws, p);
+        z[g] = thr_lk_sum8(p);
     }
-    return (z[0] + z[1]) + (z[2] + z[3]);
 }
 
 static void daxpy_scalar(double *restrict acc, double a, const double *restrict w, int64_t len)
@@ -42,10 +42,12 @@ static void daxpy_scalar(double *restrict acc, double a, const double *restrict 
         acc[j] += w[j] * a;
 }
 
-static void mix_scalar(float *restrict o, const double *w, double inv, const uint8_t *ver,
-                       const float *const v[4], int64_t len, int32_t d)
+static void mix_scalar(float *restrict o, const double *w, size_t ws, const double *inv,
+                       const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
+                       int32_t gs)
 {
-    thr_lk_mix_cols(o, w, inv, ver, v, len, d, 0);
+    for (int32_t g = 0; g < gs; g++)
+        thr_lk_mix_cols(o + (size_t)g * d, w + (size_t)g * ws, inv[g], ver, v, len, d, 0);
 }
 
 static double expsum_scalar(float *out, const float *s, float mx, int64_t len)

@@ -1,15 +1,17 @@
 /*
  * thresholds/lk_kernels.h — the inner loops of the fast LeanKV grid (profile_fast.c),
- * one setting and one query row at a time: significance, the gather of each token's
- * exponential, the significance sums and the output. Scalar references in
- * lk_kernels.c, AVX2 and AVX-512 versions in lk_kernels_avx2.c / lk_kernels_avx512.c,
- * chosen at run time; every version equals the scalar one bit for bit (the same
- * roundings in the same order: no FMA, the gather's four partial sums kept per lane;
+ * one setting and one query row at a time (every query head of the row in one call):
+ * significance, the gather of each token's exponential, the significance sums and the
+ * output. Scalar references in lk_kernels.c, AVX2 and AVX-512 versions in
+ * lk_kernels_avx2.c / lk_kernels_avx512.c, chosen at run time; every version equals
+ * the scalar one bit for bit (the same roundings in the same order: the output's
+ * products fused as fmaf, the gather's eight partial sums kept per lane;
  * tests/test_profile_fast.c). Not a public header.
  */
 #ifndef KVQ_THRESHOLDS_LK_KERNELS_H
 #define KVQ_THRESHOLDS_LK_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -19,18 +21,18 @@ typedef struct thr_lk_kernels {
      * (the reference's current_significance) */
     void (*significance)(double *sig, const double *acc, int64_t n, int32_t gs,
                          const int64_t *qcum, int64_t nq, int64_t len);
-    /* w[j] = ver[j] ? e[ver[j]][j] : 0 (as double) for j < len (ver in 0..3, e[0]
-     * unused); returns their sum, added in four partial sums z[j mod 4], then
-     * (z0 + z1) + (z2 + z3) */
-    double (*gather)(const float *const e[4], const uint8_t *ver, int64_t len, double *w);
+    /* for each query head g < gs: w[g ws + j] = ver[j] ? e[ver[j]][g es + j] : 0 (as
+     * double) for j < len (ver in 0..3, e[0] unused), and z[g] = their sum, added in
+     * eight partial sums p[j mod 8], then thr_lk_sum8(p) */
+    void (*gather)(const float *const e[4], size_t es, const uint8_t *ver, int64_t len,
+                   int32_t gs, double *w, size_t ws, double *z);
     /* acc[j] += w[j] a for j < len */
     void (*daxpy)(double *acc, double a, const double *w, int64_t len);
-    /* o [d] = the sum over j < len with ver[j] != 0 of (float)(w[j] inv) times row j of
-     * v[ver[j]] [., d], in two sums, even j and odd j, each in order with every term
-     * rounded as s[c] += a x[c], then o[c] = even[c] + odd[c] (two chains of adds:
-     * half the latency per row; v[0] unused) */
-    void (*mix)(float *o, const double *w, double inv, const uint8_t *ver,
-                const float *const v[4], int64_t len, int32_t d);
+    /* for each query head g < gs: o[g d + c] = the sum over j < len with ver[j] != 0 of
+     * (float)(w[g ws + j] inv[g]) times row j of v[ver[j]] [., d], j in order, each term
+     * fused: s = fmaf(a, x, s) from s = 0 (v[0] unused) */
+    void (*mix)(float *o, const double *w, size_t ws, const double *inv, const uint8_t *ver,
+                const float *const v[4], int64_t len, int32_t d, int32_t gs);
     /* out[j] = thr_lk_exp1(s[j] - mx) for j < len (out may be s); returns their sum as
      * double in eight partial sums z[j mod 8], then ((z0 + z1) + (z2 + z3)) + ((z4 + z5)
      * + (z6 + z7)) */
@@ -49,25 +51,32 @@ const thr_lk_kernels *thr_lk_kernels_get(int level);
 #if defined(__x86_64__) && defined(__GNUC__)
 #define THR_LK_X86 1
 extern const thr_lk_kernels thr_lk_avx2, thr_lk_avx512;
-double thr_lk_gather_avx2(const float *const e[4], const uint8_t *ver, int64_t len, double *w);
 #else
 #define THR_LK_X86 0
 #endif
 
-/* The mix of columns [c0, d), scalar: o[c] = the sum over even rows j with ver[j] of
- * (float)(w[j] inv) v[ver[j]][j * d + c], rows in order, plus that over odd rows.
- * mix_scalar is it with c0 = 0; the SIMD kernels finish their columns with it, so the
- * bits are the scalar ones. */
+/* The mix of head g's columns [c0, d), scalar (lk_kernels.h mix): the SIMD kernels may
+ * finish with it, so the bits are the scalar ones. */
 static inline void thr_lk_mix_cols(float *restrict o, const double *w, double inv,
                                    const uint8_t *ver, const float *const v[4], int64_t len,
                                    int32_t d, int32_t c0)
 {
     for (int32_t c = c0; c < d; c++) {
-        float s[2] = {0.0f, 0.0f};
+        float s = 0.0f;
         for (int64_t j = 0; j < len; j++)
             if (ver[j])
-                s[j & 1] += (float)(w[j] * inv) * v[ver[j]][(size_t)j * d + c];
-        o[c] = s[0] + s[1];
+                s = fmaf((float)(w[j] * inv), v[ver[j]][(size_t)j * d + c], s);
+        o[c] = s;
+    }
+}
+
+/* The gather of one head from token j (a multiple of 8) on, scalar, into p[8]. */
+static inline void thr_lk_gather_tail(const float *const e[4], size_t off, const uint8_t *ver,
+                                      int64_t j, int64_t len, double *w, double p[8])
+{
+    for (; j < len; j++) {
+        w[j] = ver[j] ? (double)e[ver[j]][off + j] : 0.0;
+        p[j & 7] += w[j];
     }
 }
 

@@ -1,7 +1,8 @@
 /*
  * lk_kernels_avx2.c — AVX2 versions of the LeanKV grid kernels (thresholds/lk_kernels.h),
- * equal to the scalar ones bit for bit: separate multiplies and adds (no FMA), the
- * gather's partial sum of j mod 4 in lane j mod 4, tails by the scalar rule.
+ * equal to the scalar ones bit for bit: separate multiplies and adds (the output's fused
+ * as the scalar fmaf), the gather's partial sum of j mod 8 in lane j mod 4 of one of two
+ * registers, tails by the scalar rule or masked lanes.
  */
 #include "thresholds/lk_kernels.h"
 #include "thresholds/thresholds_internal.h"
@@ -11,7 +12,7 @@
 #include <math.h>
 #include <string.h>
 
-#define TARGET __attribute__((target("avx2")))
+#define TARGET __attribute__((target("avx2,fma")))
 
 /* Exact int64 -> double for 0 <= x < 2^52 (the counts of query rows). */
 TARGET static inline __m256d small_i64_to_pd(__m256i x)
@@ -48,31 +49,44 @@ TARGET static void significance_avx2(double *sig, const double *acc, int64_t n, 
     }
 }
 
-TARGET double thr_lk_gather_avx2(const float *const e[4], const uint8_t *ver, int64_t len,
-                                 double *w)
+/* Tokens j .. j + 3 of e (versions v: 4 bytes of ver) as doubles. */
+TARGET static inline __m256d gather4(const float *const e[4], size_t off, __m128i v)
 {
-    __m256d z = _mm256_setzero_pd();
     const __m128i v1 = _mm_set1_epi32(1), v2 = _mm_set1_epi32(2), v3 = _mm_set1_epi32(3);
-    int64_t j = 0;
-    for (; j + 4 <= len; j += 4) {
-        int32_t b;
-        memcpy(&b, ver + j, 4);
-        const __m128i v = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b));
-        __m128 x = _mm_setzero_ps();
-        x = _mm_blendv_ps(x, _mm_loadu_ps(e[1] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v1)));
-        x = _mm_blendv_ps(x, _mm_loadu_ps(e[2] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v2)));
-        x = _mm_blendv_ps(x, _mm_loadu_ps(e[3] + j), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v3)));
-        const __m256d wd = _mm256_cvtps_pd(x);
-        _mm256_storeu_pd(w + j, wd);
-        z = _mm256_add_pd(z, wd);
+    __m128 x = _mm_setzero_ps();
+    x = _mm_blendv_ps(x, _mm_loadu_ps(e[1] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v1)));
+    x = _mm_blendv_ps(x, _mm_loadu_ps(e[2] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v2)));
+    x = _mm_blendv_ps(x, _mm_loadu_ps(e[3] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v3)));
+    return _mm256_cvtps_pd(x);
+}
+
+/* One head, 8 tokens at a time: partial sums j mod 8 = 0..3 in lo, 4..7 in hi. */
+TARGET static void gather_avx2(const float *const e[4], size_t es, const uint8_t *ver,
+                               int64_t len, int32_t gs, double *w, size_t ws, double *z)
+{
+    for (int32_t g = 0; g < gs; g++) {
+        const size_t off = (size_t)g * es;
+        double *wg = w + (size_t)g * ws;
+        __m256d lo = _mm256_setzero_pd(), hi = lo;
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8) {
+            int32_t b0, b1;
+            memcpy(&b0, ver + j, 4);
+            memcpy(&b1, ver + j + 4, 4);
+            const __m256d w0 = gather4(e, off + (size_t)j, _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b0)));
+            const __m256d w1 =
+                gather4(e, off + (size_t)j + 4, _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b1)));
+            _mm256_storeu_pd(wg + j, w0);
+            _mm256_storeu_pd(wg + j + 4, w1);
+            lo = _mm256_add_pd(lo, w0);
+            hi = _mm256_add_pd(hi, w1);
+        }
+        double p[8];
+        _mm256_storeu_pd(p, lo);
+        _mm256_storeu_pd(p + 4, hi);
+        thr_lk_gather_tail(e, off, ver, j, len, wg, p);
+        z[g] = thr_lk_sum8(p);
     }
-    double zs[4];
-    _mm256_storeu_pd(zs, z);
-    for (; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
-        zs[j & 3] += w[j];
-    }
-    return (zs[0] + zs[1]) + (zs[2] + zs[3]);
 }
 
 TARGET static void daxpy_avx2(double *acc, double a, const double *w, int64_t len)
@@ -86,36 +100,49 @@ TARGET static void daxpy_avx2(double *acc, double a, const double *w, int64_t le
         acc[j] += w[j] * a;
 }
 
-TARGET static void mix_avx2(float *o, const double *w, double inv, const uint8_t *ver,
-                            const float *const v[4], int64_t len, int32_t d)
+/* The mix of heads [g0, g0 + ng), ng <= 2, columns [c0, c0 + 32) masked by k[4] (lanes
+ * past d off): one fused multiply-add per term, rows in order, as the scalar fmaf. */
+TARGET static void mix2_avx2(float *o, const double *w, size_t ws, const double *inv,
+                             const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
+                             int32_t g0, int32_t ng, int32_t c0, const __m256i k[4])
 {
-    int32_t c0 = 0;
-#define MIX_ROW(J, T0, T1, T2, T3)                                                          \
-    if (ver[J]) {                                                                          \
-        const __m256 a = _mm256_set1_ps((float)(w[J] * inv));                               \
-        const float *x = v[ver[J]] + (size_t)(J) * d + c0;                                   \
-        T0 = _mm256_add_ps(T0, _mm256_mul_ps(a, _mm256_loadu_ps(x)));                        \
-        T1 = _mm256_add_ps(T1, _mm256_mul_ps(a, _mm256_loadu_ps(x + 8)));                    \
-        T2 = _mm256_add_ps(T2, _mm256_mul_ps(a, _mm256_loadu_ps(x + 16)));                   \
-        T3 = _mm256_add_ps(T3, _mm256_mul_ps(a, _mm256_loadu_ps(x + 24)));                   \
-    }
-    for (; c0 + 32 <= d; c0 += 32) { /* 32 columns in registers, even and odd rows apart */
-        __m256 e0 = _mm256_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-        __m256 o0 = e0, o1 = e0, o2 = e0, o3 = e0;
-        int64_t j = 0;
-        for (; j + 2 <= len; j += 2) {
-            MIX_ROW(j, e0, e1, e2, e3)
-            MIX_ROW(j + 1, o0, o1, o2, o3)
+    __m256 a[2][4];
+    for (int h = 0; h < 2; h++)
+        for (int q = 0; q < 4; q++)
+            a[h][q] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < len; j++) {
+        if (!ver[j])
+            continue;
+        const float *x = v[ver[j]] + (size_t)j * d + c0;
+        const __m256 x0 = _mm256_maskload_ps(x, k[0]), x1 = _mm256_maskload_ps(x + 8, k[1]),
+                     x2 = _mm256_maskload_ps(x + 16, k[2]), x3 = _mm256_maskload_ps(x + 24, k[3]);
+        for (int32_t h = 0; h < 2; h++) {
+            if (h >= ng)
+                break;
+            const __m256 b = _mm256_set1_ps((float)(w[(size_t)(g0 + h) * ws + j] * inv[g0 + h]));
+            a[h][0] = _mm256_fmadd_ps(b, x0, a[h][0]);
+            a[h][1] = _mm256_fmadd_ps(b, x1, a[h][1]);
+            a[h][2] = _mm256_fmadd_ps(b, x2, a[h][2]);
+            a[h][3] = _mm256_fmadd_ps(b, x3, a[h][3]);
         }
-        if (j < len)
-            MIX_ROW(j, e0, e1, e2, e3)
-        _mm256_storeu_ps(o + c0, _mm256_add_ps(e0, o0));
-        _mm256_storeu_ps(o + c0 + 8, _mm256_add_ps(e1, o1));
-        _mm256_storeu_ps(o + c0 + 16, _mm256_add_ps(e2, o2));
-        _mm256_storeu_ps(o + c0 + 24, _mm256_add_ps(e3, o3));
     }
-#undef MIX_ROW
-    thr_lk_mix_cols(o, w, inv, ver, v, len, d, c0);
+    for (int32_t h = 0; h < ng; h++)
+        for (int q = 0; q < 4; q++)
+            _mm256_maskstore_ps(o + (size_t)(g0 + h) * d + c0 + 8 * q, k[q], a[h][q]);
+}
+
+TARGET static void mix_avx2(float *o, const double *w, size_t ws, const double *inv,
+                            const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
+                            int32_t gs)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int32_t c0 = 0; c0 < d; c0 += 32) {
+        __m256i k[4];
+        for (int q = 0; q < 4; q++) /* lane i on when c0 + 8 q + i < d */
+            k[q] = _mm256_cmpgt_epi32(_mm256_set1_epi32(d - c0 - 8 * q), lane);
+        for (int32_t g0 = 0; g0 < gs; g0 += 2)
+            mix2_avx2(o, w, ws, inv, ver, v, len, d, g0, gs - g0 < 2 ? gs - g0 : 2, c0, k);
+    }
 }
 
 /* thr_lk_exp1 on 8 lanes, the same operations in the same order. */
@@ -177,7 +204,7 @@ TARGET static float maxf_avx2(const float *s, int64_t len)
     return mx;
 }
 
-const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, thr_lk_gather_avx2, daxpy_avx2,
+const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, gather_avx2, daxpy_avx2,
                                     mix_avx2, expsum_avx2, maxf_avx2,
                                     thr_leankv_argmin_scalar};
 #endif

@@ -1,8 +1,9 @@
 /*
  * lk_kernels_avx512.c — AVX-512 versions of the LeanKV grid kernels
  * (thresholds/lk_kernels.h), equal to the scalar ones bit for bit: separate multiplies
- * and adds, tails by the scalar rule. The gather keeps four partial sums (defined per
- * j mod 4), eight tokens at a time added in two halves.
+ * and adds (the output's fused as the scalar fmaf), tails by the scalar rule or masked
+ * lanes. The gather keeps eight partial sums (defined per j mod 8) in the lanes of one
+ * register per head.
  */
 #include "thresholds/lk_kernels.h"
 #include "thresholds/thresholds_internal.h"
@@ -11,7 +12,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#define TARGET __attribute__((target("avx512f,avx512dq,avx512vl,avx2")))
+#define TARGET __attribute__((target("avx512f,avx512dq,avx512vl,avx2,fma")))
 
 TARGET static void significance_avx512(double *sig, const double *acc, int64_t n, int32_t gs,
                                        const int64_t *qcum, int64_t nq, int64_t len)
@@ -38,32 +39,59 @@ TARGET static void significance_avx512(double *sig, const double *acc, int64_t n
     }
 }
 
-/* The gather, 8 tokens at a time by masked loads; the partial sum of j mod 4 stays in
- * lane j mod 4 (the low four tokens added before the high four: the scalar order). */
-TARGET static double gather_avx512(const float *const e[4], const uint8_t *ver, int64_t len,
-                                   double *w)
+/* The gather of heads [g0, g0 + NG), NG <= 4 (a constant at each call), 8 tokens at a
+ * time by masked loads: the partial sum of j mod 8 in lane j mod 8 of the head's
+ * register. */
+#define GATHER_HEAD(H, P)                                                                   \
+    if ((H) < NG) {                                                                        \
+        const size_t off = (size_t)(g0 + (H)) * es + (size_t)j;                            \
+        __m256 x = _mm256_maskz_loadu_ps(m1, e1 + off);                                    \
+        x = _mm256_mask_loadu_ps(x, m2, e2 + off);                                         \
+        x = _mm256_mask_loadu_ps(x, m3, e3 + off);                                         \
+        const __m512d wd = _mm512_cvtps_pd(x);                                             \
+        _mm512_storeu_pd(w + (size_t)(g0 + (H)) * ws + j, wd);                             \
+        P = _mm512_add_pd(P, wd);                                                          \
+    }
+TARGET static inline __attribute__((always_inline)) void
+gather4_avx512(const float *const e[4], size_t es, const uint8_t *ver, int64_t len, int32_t g0,
+               const int NG, double *w, size_t ws, double *z)
 {
-    __m256d z = _mm256_setzero_pd();
+    __m512d p0 = _mm512_setzero_pd(), p1 = p0, p2 = p0, p3 = p0;
+    const float *e1 = e[1], *e2 = e[2], *e3 = e[3]; /* loaded once: w may alias them */
     const __m256i v1 = _mm256_set1_epi32(1), v2 = _mm256_set1_epi32(2),
                   v3 = _mm256_set1_epi32(3);
     int64_t j = 0;
     for (; j + 8 <= len; j += 8) {
         const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ver + j)));
-        __m256 x = _mm256_maskz_loadu_ps(_mm256_cmpeq_epi32_mask(v, v1), e[1] + j);
-        x = _mm256_mask_loadu_ps(x, _mm256_cmpeq_epi32_mask(v, v2), e[2] + j);
-        x = _mm256_mask_loadu_ps(x, _mm256_cmpeq_epi32_mask(v, v3), e[3] + j);
-        const __m512d wd = _mm512_cvtps_pd(x);
-        _mm512_storeu_pd(w + j, wd);
-        z = _mm256_add_pd(z, _mm512_castpd512_pd256(wd));
-        z = _mm256_add_pd(z, _mm512_extractf64x4_pd(wd, 1));
+        const __mmask8 m1 = _mm256_cmpeq_epi32_mask(v, v1), m2 = _mm256_cmpeq_epi32_mask(v, v2),
+                       m3 = _mm256_cmpeq_epi32_mask(v, v3);
+        GATHER_HEAD(0, p0)
+        GATHER_HEAD(1, p1)
+        GATHER_HEAD(2, p2)
+        GATHER_HEAD(3, p3)
     }
-    double zs[4];
-    _mm256_storeu_pd(zs, z);
-    for (; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
-        zs[j & 3] += w[j];
+    const __m512d p[4] = {p0, p1, p2, p3};
+    for (int h = 0; h < NG; h++) {
+        double ps[8];
+        _mm512_storeu_pd(ps, p[h]);
+        thr_lk_gather_tail(e, (size_t)(g0 + h) * es, ver, j, len, w + (size_t)(g0 + h) * ws, ps);
+        z[g0 + h] = thr_lk_sum8(ps);
     }
-    return (zs[0] + zs[1]) + (zs[2] + zs[3]);
+}
+#undef GATHER_HEAD
+
+TARGET static void gather_avx512(const float *const e[4], size_t es, const uint8_t *ver,
+                                 int64_t len, int32_t gs, double *w, size_t ws, double *z)
+{
+    int32_t g0 = 0;
+    for (; g0 + 4 <= gs; g0 += 4)
+        gather4_avx512(e, es, ver, len, g0, 4, w, ws, z);
+    switch (gs - g0) {
+    case 3: gather4_avx512(e, es, ver, len, g0, 3, w, ws, z); break;
+    case 2: gather4_avx512(e, es, ver, len, g0, 2, w, ws, z); break;
+    case 1: gather4_avx512(e, es, ver, len, g0, 1, w, ws, z); break;
+    default: break;
+    }
 }
 
 TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t len)
@@ -77,36 +105,68 @@ TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t 
         acc[j] += w[j] * a;
 }
 
-TARGET static void mix_avx512(float *out, const double *w, double inv, const uint8_t *ver,
-                              const float *const v[4], int64_t len, int32_t d)
+/* The mix of heads [g0, g0 + NG), NG <= 3 (a constant at each call), columns [c0, c0 +
+ * 64) masked by k0..k3 (lanes past d off): one fused multiply-add per term, rows in
+ * order, as the scalar fmaf. Accumulators by name: they stay in registers. */
+#define MIX_HEAD(H, A0, A1, A2, A3)                                                         \
+    if ((H) < NG) {                                                                        \
+        const __m512 b = _mm512_set1_ps((float)(w[(size_t)(g0 + (H)) * ws + j] * inv[g0 + (H)])); \
+        A0 = _mm512_fmadd_ps(b, x0, A0);                                                   \
+        A1 = _mm512_fmadd_ps(b, x1, A1);                                                   \
+        A2 = _mm512_fmadd_ps(b, x2, A2);                                                   \
+        A3 = _mm512_fmadd_ps(b, x3, A3);                                                   \
+    }
+#define MIX_STORE(H, A0, A1, A2, A3)                                                        \
+    if ((H) < NG) {                                                                        \
+        float *y = o + (size_t)(g0 + (H)) * d + c0;                                        \
+        _mm512_mask_storeu_ps(y, k0, A0);                                                  \
+        _mm512_mask_storeu_ps(y + 16, k1, A1);                                             \
+        _mm512_mask_storeu_ps(y + 32, k2, A2);                                             \
+        _mm512_mask_storeu_ps(y + 48, k3, A3);                                             \
+    }
+TARGET static inline __attribute__((always_inline)) void
+mix3_avx512(float *o, const double *w, size_t ws, const double *inv, const uint8_t *ver,
+            const float *const v[4], int64_t len, int32_t d, int32_t g0, const int NG, int32_t c0,
+            __mmask16 k0, __mmask16 k1, __mmask16 k2, __mmask16 k3)
 {
-    int32_t c0 = 0;
-#define MIX_ROW(J, T0, T1, T2, T3)                                                          \
-    if (ver[J]) {                                                                          \
-        const __m512 a = _mm512_set1_ps((float)(w[J] * inv));                               \
-        const float *x = v[ver[J]] + (size_t)(J) * d + c0;                                   \
-        T0 = _mm512_add_ps(T0, _mm512_mul_ps(a, _mm512_loadu_ps(x)));                        \
-        T1 = _mm512_add_ps(T1, _mm512_mul_ps(a, _mm512_loadu_ps(x + 16)));                   \
-        T2 = _mm512_add_ps(T2, _mm512_mul_ps(a, _mm512_loadu_ps(x + 32)));                   \
-        T3 = _mm512_add_ps(T3, _mm512_mul_ps(a, _mm512_loadu_ps(x + 48)));                   \
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+           b3 = a0, c0v = a0, c1 = a0, c2 = a0, c3 = a0;
+    for (int64_t j = 0; j < len; j++) {
+        if (!ver[j])
+            continue;
+        const float *x = v[ver[j]] + (size_t)j * d + c0;
+        const __m512 x0 = _mm512_maskz_loadu_ps(k0, x), x1 = _mm512_maskz_loadu_ps(k1, x + 16),
+                     x2 = _mm512_maskz_loadu_ps(k2, x + 32),
+                     x3 = _mm512_maskz_loadu_ps(k3, x + 48);
+        MIX_HEAD(0, a0, a1, a2, a3)
+        MIX_HEAD(1, b0, b1, b2, b3)
+        MIX_HEAD(2, c0v, c1, c2, c3)
     }
-    for (; c0 + 64 <= d; c0 += 64) { /* 64 columns in registers, even and odd rows apart */
-        __m512 e0 = _mm512_setzero_ps(), e1 = e0, e2 = e0, e3 = e0;
-        __m512 o0 = e0, o1 = e0, o2 = e0, o3 = e0;
-        int64_t j = 0;
-        for (; j + 2 <= len; j += 2) {
-            MIX_ROW(j, e0, e1, e2, e3)
-            MIX_ROW(j + 1, o0, o1, o2, o3)
+    MIX_STORE(0, a0, a1, a2, a3)
+    MIX_STORE(1, b0, b1, b2, b3)
+    MIX_STORE(2, c0v, c1, c2, c3)
+}
+#undef MIX_HEAD
+#undef MIX_STORE
+
+TARGET static void mix_avx512(float *o, const double *w, size_t ws, const double *inv,
+                              const uint8_t *ver, const float *const v[4], int64_t len,
+                              int32_t d, int32_t gs)
+{
+    for (int32_t c0 = 0; c0 < d; c0 += 64) {
+        __mmask16 k[4];
+        for (int q = 0; q < 4; q++) {
+            const int32_t left = d - c0 - 16 * q;
+            k[q] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
         }
-        if (j < len)
-            MIX_ROW(j, e0, e1, e2, e3)
-        _mm512_storeu_ps(out + c0, _mm512_add_ps(e0, o0));
-        _mm512_storeu_ps(out + c0 + 16, _mm512_add_ps(e1, o1));
-        _mm512_storeu_ps(out + c0 + 32, _mm512_add_ps(e2, o2));
-        _mm512_storeu_ps(out + c0 + 48, _mm512_add_ps(e3, o3));
+        int32_t g0 = 0;
+        for (; g0 + 3 <= gs; g0 += 3)
+            mix3_avx512(o, w, ws, inv, ver, v, len, d, g0, 3, c0, k[0], k[1], k[2], k[3]);
+        if (gs - g0 == 2)
+            mix3_avx512(o, w, ws, inv, ver, v, len, d, g0, 2, c0, k[0], k[1], k[2], k[3]);
+        else if (gs - g0 == 1)
+            mix3_avx512(o, w, ws, inv, ver, v, len, d, g0, 1, c0, k[0], k[1], k[2], k[3]);
     }
-#undef MIX_ROW
-    thr_lk_mix_cols(out, w, inv, ver, v, len, d, c0);
 }
 
 /* thr_lk_exp1 on 16 lanes, the same operations in the same order. */

@@ -50,10 +50,26 @@ int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int
  * Exact attention of a list of rows (blocks, SGEMM)
  * ========================================================================== */
 
-/* Rows per SGEMM block so that a block's scores over T tokens stay near 4 MiB. */
+/* Rows per SGEMM block so that a block's scores over T tokens stay near 4 MiB; at most
+ * 16 for exact_rows (a block's scores reach its last row: fewer rows, less of the
+ * causal triangle computed in vain). */
 static int64_t block_rows(int64_t T, int32_t gs)
 {
     int64_t b = (int64_t)(1 << 20) / ((int64_t)gs * (T > 0 ? T : 1));
+    return b < 4 ? 4 : b > 128 ? 128 : b;
+}
+
+static int64_t exact_block_rows(int64_t T, int32_t gs)
+{
+    const int64_t b = block_rows(T, gs);
+    return b < 16 ? b : 16;
+}
+
+/* Rows per LeanKV block: the exponentials of a block against the three versions, which
+ * every setting reads in turn, stay near 512 KiB (in a core's L2). */
+static int64_t lk_block_rows(int64_t T, int32_t gs)
+{
+    int64_t b = (int64_t)(1 << 19) / (12 * (int64_t)gs * (T > 0 ? T : 1));
     return b < 4 ? 4 : b > 128 ? 128 : b;
 }
 
@@ -100,7 +116,7 @@ static void exact_rows(const thr_lk_kernels *K, const thr_rows *R, const int64_t
 {
     const int32_t gs = R->gs, d = R->d;
     for (int64_t b0 = 0; b0 < nr;) {
-        int64_t nb = block_rows(R->n, gs);
+        int64_t nb = exact_block_rows(R->n, gs);
         nb = nb > nr - b0 ? nr - b0 : nb;
         const int64_t Tb = rows[b0 + nb - 1] + 1;
         pack_queries(R, rows + b0, nb, Qp);
@@ -174,7 +190,7 @@ static void fjob_free(fjob *J)
 /* prompt: the prompt rows' significance sums (LeanKV only needs them) */
 static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prompt, kvq_err *err)
 {
-    const int64_t n = R->n, gs = R->gs, d = R->d, blk = block_rows(n, R->gs);
+    const int64_t n = R->n, gs = R->gs, d = R->d, blk = exact_block_rows(n, R->gs);
     memset(J, 0, sizeof *J);
     J->R = R;
     J->K = thr_lk_kernels_get(-1);
@@ -253,8 +269,7 @@ typedef struct lk_state {
     uint8_t *cls;   /* [n] */
     uint8_t *ver;   /* [n] V_* */
     double *acc;    /* [gs, n] attention received from later queries */
-    double *sig;    /* [n] scratch */
-    double *w;      /* [n] scratch: this row's f32 exponentials as f64 */
+    double *sig;    /* [n] scratch shared by the settings (lk_block) */
     int64_t nq;     /* queries counted */
 } lk_state;
 
@@ -263,8 +278,6 @@ static void state_free(lk_state *st)
     free(st->cls);
     free(st->ver);
     free(st->acc);
-    free(st->sig);
-    free(st->w);
 }
 
 /* sig[j] for j < len from the sums, as the reference's current_significance. */
@@ -275,7 +288,7 @@ static void significance(const lk_state *st, const fjob *J, int64_t len)
 
 /* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
 static kvq_status state_start(lk_state *st, const fjob *J, const kvq_leankv_params *lk,
-                              kvq_err *err)
+                              double *sig, kvq_err *err)
 {
     const thr_rows *R = J->R;
     const size_t n = (size_t)R->n;
@@ -284,9 +297,8 @@ static kvq_status state_start(lk_state *st, const fjob *J, const kvq_leankv_para
     st->cls = malloc(n);
     st->ver = malloc(n);
     st->acc = malloc(sizeof(double) * n * (size_t)R->gs);
-    st->sig = malloc(sizeof(double) * n);
-    st->w = malloc(sizeof(double) * n);
-    if (!st->cls || !st->ver || !st->acc || !st->sig || !st->w)
+    st->sig = sig;
+    if (!st->cls || !st->ver || !st->acc)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     memcpy(st->acc, J->accP, sizeof(double) * n * (size_t)R->gs);
     st->nq = J->nqP;
@@ -324,6 +336,9 @@ typedef struct lk_block {
     int64_t i0, nb, T;   /* rows J->crow[i0 .. i0 + nb), tokens [0, T) */
     float *S, *E;        /* [3, blk * gs, n] */
     float *Qp;           /* [blk, gs, d] */
+    double *sig;         /* [n] scratch: significance */
+    double *w;           /* [gs, n] scratch: a row's f32 exponentials as f64, per head */
+    double *z;           /* [2 gs] scratch: their sums, then the inverses */
 } lk_block;
 
 static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
@@ -360,34 +375,35 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
 {
     const thr_rows *R = J->R;
     const int32_t gs = R->gs, d = R->d;
-    const size_t plane = (size_t)B->nb * gs * B->T;
+    const size_t plane = (size_t)B->nb * gs * B->T, off = (size_t)i * gs * B->T;
     const int64_t m = J->mat[t];
+    const float *e[N_VER] = {NULL, B->E + off, B->E + plane + off, B->E + 2 * plane + off};
+    double *Z = B->z, *inv = B->z + gs;
+    J->K->gather(e, (size_t)B->T, st->ver, t + 1, gs, B->w, (size_t)R->n, Z);
     for (int32_t g = 0; g < gs; g++) {
-        const size_t off = ((size_t)i * gs + g) * B->T;
-        const float *e[N_VER] = {NULL, B->E + off, B->E + plane + off, B->E + 2 * plane + off};
-        double Z = J->K->gather(e, st->ver, t + 1, st->w);
-        if (!(Z > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
-            const float *s[N_VER] = {NULL, B->S + off, B->S + plane + off, B->S + 2 * plane + off};
+        double *w = B->w + (size_t)g * R->n;
+        if (!(Z[g] > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
+            const size_t og = off + (size_t)g * B->T;
+            const float *s[N_VER] = {NULL, B->S + og, B->S + plane + og, B->S + 2 * plane + og};
             float mx = -INFINITY;
             for (int64_t j = 0; j <= t; j++)
                 if (st->ver[j])
                     mx = s[st->ver[j]][j] > mx ? s[st->ver[j]][j] : mx;
-            Z = 0;
+            Z[g] = 0;
             for (int64_t j = 0; j <= t; j++) {
-                st->w[j] = st->ver[j] ? (double)thr_lk_exp1(s[st->ver[j]][j] - mx) : 0.0;
-                Z += st->w[j];
+                w[j] = st->ver[j] ? (double)thr_lk_exp1(s[st->ver[j]][j] - mx) : 0.0;
+                Z[g] += w[j];
             }
         }
-        const double inv = Z > 0 ? 1.0 / Z : 0.0;
-        J->K->daxpy(st->acc + (size_t)g * R->n, inv, st->w, t);
-        if (m < 0)
-            continue;
-        const float *v[N_VER] = {NULL, X->v[1], X->v[2], X->v[3]};
-        J->K->mix(o + (size_t)g * d, st->w, inv, st->ver, v, t + 1, d);
+        inv[g] = Z[g] > 0 ? 1.0 / Z[g] : 0.0;
+        J->K->daxpy(st->acc + (size_t)g * R->n, inv[g], w, t);
     }
     st->nq++;
-    if (m >= 0)
-        thr_add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
+    if (m < 0)
+        return;
+    const float *v[N_VER] = {NULL, X->v[1], X->v[2], X->v[3]};
+    J->K->mix(o, B->w, (size_t)R->n, inv, st->ver, v, t + 1, d, gs);
+    thr_add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
 }
 
 /* The cache memory at the end of the sequence (the reference's thr_head_memory). */
@@ -431,7 +447,7 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
 {
     const thr_rows *R = J->R;
     const int32_t gs = R->gs, d = R->d;
-    const int64_t blk = block_rows(R->n, gs);
+    const int64_t blk = lk_block_rows(R->n, gs);
     lk_versions X;
     lk_block B = {0};
     lk_state *st = calloc((size_t)G->n_lk, sizeof *st);
@@ -442,7 +458,10 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     B.S = malloc(sizeof(float) * (size_t)(3 * blk * gs * R->n));
     B.E = malloc(sizeof(float) * (size_t)(3 * blk * gs * R->n));
     B.Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
-    if (!s && (!B.S || !B.E || !B.Qp))
+    B.sig = malloc(sizeof(double) * (size_t)R->n);
+    B.w = malloc(sizeof(double) * (size_t)(gs * R->n));
+    B.z = malloc(sizeof(double) * (size_t)(2 * gs));
+    if (!s && (!B.S || !B.E || !B.Qp || !B.sig || !B.w || !B.z))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     /* settings with the same classes everywhere run once: dup[c] = the earlier one */
     int64_t *dup = malloc(sizeof *dup * (size_t)G->n_lk);
@@ -452,7 +471,7 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
         dup[c] = lk_duplicate(G, c);
     for (int64_t c = 0; c < G->n_lk && !s; c++)
         if (dup[c] < 0)
-            s = state_start(&st[c], J, &G->lk[c], err);
+            s = state_start(&st[c], J, &G->lk[c], B.sig, err);
     /* rows P .. n-1 in stretches that end at the last row of a block of query rows */
     int64_t t = R->P;
     for (int64_t i0 = 0; !s && (i0 < J->nc || t < R->n); i0 += B.nb) {
@@ -486,6 +505,9 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     free(B.S);
     free(B.E);
     free(B.Qp);
+    free(B.sig);
+    free(B.w);
+    free(B.z);
     versions_free(&X);
     return s;
 }
