@@ -46,6 +46,21 @@ int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int
     return sample;
 }
 
+int64_t thr_sample_complement(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out)
+{
+    if (sample <= 0 || sample >= n_cand)
+        return 0;
+    int64_t m = 0;
+    for (int64_t k = 0, i = 0; k < n_cand; k++) { /* thr_sample_rows' picks, ascending */
+        if (i < sample && k == (2 * i + 1) * n_cand / (2 * sample)) {
+            i++;
+            continue;
+        }
+        out[m++] = cand[k];
+    }
+    return m;
+}
+
 /* ==========================================================================
  * Exact attention of a list of rows (blocks, SGEMM)
  * ========================================================================== */
@@ -216,7 +231,8 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prom
     }
     if (prompt)
         exact_rows(J->K, R, prow, J->nqP, J->accP, NULL, J->Qp, J->S);
-    J->nm = thr_sample_rows(J->crow, J->nc, sample, J->mrow);
+    J->nm = sample >= 0 ? thr_sample_rows(J->crow, J->nc, sample, J->mrow)
+                        : thr_sample_complement(J->crow, J->nc, -sample, J->mrow);
     for (int64_t i = 0; i < J->nm; i++)
         J->mat[J->mrow[i]] = i;
     exact_rows(J->K, R, J->mrow, J->nm, NULL, J->ex, J->Qp, J->S);
@@ -316,7 +332,9 @@ static void state_step(lk_state *st, const fjob *J, int64_t t)
 {
     st->cls[t] = KVQ_LEANKV_HIGH;
     st->ver[t] = V_HIGH;
-    significance(st, J, t + 1);
+    /* thr_leankv_step reads the significance of the tokens outside the window only */
+    if (t + 1 > st->lk.window)
+        significance(st, J, t + 1 - st->lk.window);
     const int64_t c = t - st->lk.window;
     const uint8_t old_c = c >= 0 ? st->cls[c] : 0;
     const int64_t v = thr_leankv_step(st->sig, t + 1, &st->lk, st->cls, J->K->argmin);
@@ -516,19 +534,22 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
  * PATS
  * ========================================================================== */
 
-/* kvq_pats_truncate of the n x d rows x at `bits`, from h [nd] (x as f16 or bf16,
- * converted once per job): masked here, converted back by the array converter (exact:
- * any ISA gives the same bits). tmp [nd] scratch. */
-static void truncate_rows(const uint16_t *h, size_t nd, int bf, int32_t bits, uint16_t *tmp,
-                          float *out)
+/* kvq_pats_truncate of row t of h [n, d] (x as f16 or bf16, converted once per job) at
+ * `bits` into the same row of out: masked here, converted back by the array converters
+ * (exact: any ISA gives the same bits) once a setting's rows are all masked. */
+static void truncate_row(const uint16_t *h, int32_t d, int bf, int32_t bits, uint16_t *out)
 {
     const uint16_t mask = (uint16_t)~((1u << bits) - 1u), expo = bf ? 0x7f80u : 0x7c00u;
-    for (size_t i = 0; i < nd; i++) /* Inf and NaN stay as they are */
-        tmp[i] = (h[i] & expo) != expo ? (uint16_t)(h[i] & mask) : h[i];
+    for (int32_t i = 0; i < d; i++) /* Inf and NaN stay as they are */
+        out[i] = (h[i] & expo) != expo ? (uint16_t)(h[i] & mask) : h[i];
+}
+
+static void half_to_f32(const uint16_t *h, float *out, size_t n, int bf)
+{
     if (bf)
-        kvq_bf16_to_f32(tmp, out, nd);
+        kvq_bf16_to_f32(h, out, n);
     else
-        kvq_f16_to_f32(tmp, out, nd);
+        kvq_f16_to_f32(h, out, n);
 }
 
 static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, kvq_err *err)
@@ -537,17 +558,13 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
     const int32_t gs = R->gs, d = R->d;
     const int64_t n = R->n;
     const size_t nd = (size_t)n * d;
-    const int32_t mant = kvq_pats_mantissa_bits(G->pt[0].dtype);
-    float *lk = malloc(sizeof(float) * nd * (size_t)(mant + 1)); /* K truncated by b bits */
-    float *lv = malloc(sizeof(float) * nd * (size_t)(mant + 1));
     float *K = malloc(sizeof(float) * nd), *V = malloc(sizeof(float) * nd);
     float *o = malloc(sizeof(float) * (size_t)(J->nm > 0 ? J->nm : 1) * gs * d);
-    uint8_t *made = calloc((size_t)mant + 1, 1);
     uint16_t *hk = malloc(sizeof(uint16_t) * nd), *hv = malloc(sizeof(uint16_t) * nd);
-    uint16_t *tmp = malloc(sizeof(uint16_t) * nd);
+    uint16_t *tk = malloc(sizeof(uint16_t) * nd), *tv = malloc(sizeof(uint16_t) * nd);
     const int bf = G->pt[0].dtype == KVQ_DT_BF16;
     kvq_status s = KVQ_OK;
-    if (!lk || !lv || !K || !V || !o || !made || !hk || !hv || !tmp) {
+    if (!K || !V || !o || !hk || !hv || !tk || !tv) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
@@ -561,20 +578,19 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
     for (int64_t c = 0; c < G->n_pt; c++) {
         const kvq_pats_params *pt = &G->pt[c];
         thr_acc *a = &acc[G->n_lk + c];
-        for (int64_t t = 0; t < n; t++) {
+        for (int64_t t = 0; t < n; t++) { /* each row at its own level */
             const int32_t b = kvq_pats_bits(pt, t + 1, n);
-            const size_t lo = (size_t)b * nd + (size_t)t * d;
-            if (!made[b]) { /* the level's truncated copy, once per job */
-                truncate_rows(hk, nd, bf, b, tmp, lk + (size_t)b * nd);
-                truncate_rows(hv, nd, bf, b, tmp, lv + (size_t)b * nd);
-                made[b] = 1;
-            }
-            memcpy(K + (size_t)t * d, lk + lo, sizeof(float) * (size_t)d);
-            memcpy(V + (size_t)t * d, lv + lo, sizeof(float) * (size_t)d);
+            const size_t lo = (size_t)t * d;
+            truncate_row(hk + lo, d, bf, b, tk + lo);
+            truncate_row(hv + lo, d, bf, b, tv + lo);
             a->mem.bytes += 2.0 * (double)kvq_pats_row_bytes(d, b);
             a->mem.bits += 2.0 * d * (16 - b);
         }
         a->mem.bytes_f16 += 4.0 * d * (double)n;
+        if (J->nm == 0)
+            continue;
+        half_to_f32(tk, K, nd, bf);
+        half_to_f32(tv, V, nd, bf);
         const thr_rows Rt = {.n = n, .P = R->P, .d = d, .gs = gs, .k = K, .v = V, .q = R->q,
                              .has_q = R->has_q};
         exact_rows(J->K, &Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
@@ -582,15 +598,13 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
             thr_add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
     }
 done:
-    free(lk);
-    free(lv);
     free(K);
     free(V);
     free(o);
-    free(made);
     free(hk);
     free(hv);
-    free(tmp);
+    free(tk);
+    free(tv);
     return s;
 }
 

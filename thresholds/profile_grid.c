@@ -373,9 +373,10 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     if (sub.n_lk + sub.n_pt == 0)
         goto done;
     kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings near the tolerance: "
-            "measured again on every row", (long long)sub.n_lk, (long long)sub.n_pt);
+            "measured on every row", (long long)sub.n_lk, (long long)sub.n_pt);
+    /* the rows the sample left out: with the sample's sums, every row */
     kvq_profile_params all = *p;
-    all.sample_rows = 0;
+    all.sample_rows = -p->sample_rows;
     int64_t nr = 0, ne = 0;
     if ((s = thr_grid_run(ci, &all, &sub, "profile: every row", part, &nr, &ne, err)))
         goto done;
@@ -383,9 +384,9 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
         if (!mark[c])
             continue;
         const thr_acc *a = c < G->n_lk ? &part[i++] : &part[sub.n_lk + k++];
-        total[c].err_sum = a->err_sum;
-        total[c].err_sq = a->err_sq;
-        total[c].err_n = a->err_n;
+        total[c].err_sum += a->err_sum;
+        total[c].err_sq += a->err_sq;
+        total[c].err_n += a->err_n;
         refined[c] = 1;
     }
 done:

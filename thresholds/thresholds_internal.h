@@ -137,7 +137,8 @@ typedef struct thr_rows {
 } thr_rows;
 
 /* The fast path of one job: every setting of G on the rows R, with the error measured
- * on `sample` evenly spaced continuation query rows (0: all). acc [n_lk + n_pt] gets
+ * on `sample` evenly spaced continuation query rows (0: all; < 0: every row but the
+ * -sample that a sample of -sample measures, thr_sample_complement). acc [n_lk + n_pt] gets
  * the job's sums; *n_err the (row) count measured. Exact attention once (SGEMM), the
  * LeanKV settings from shared logits of the three versions a token can have in the
  * cache, PATS on the measured rows only. Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. */
@@ -145,7 +146,7 @@ kvq_status thr_fast_job(const thr_rows *R, const thr_grid *G, int64_t sample, th
                         int64_t *n_err, kvq_err *err);
 
 /* Every layer of the capture through the grid G (p->reference: the reference path,
- * else the fast one with p->sample_rows), the sums into total [n_lk + n_pt] (added to),
+ * else the fast one with p->sample_rows, as thr_fast_job's sample), the sums into total [n_lk + n_pt] (added to),
  * the evaluated and the measured query rows into *n_rows and *n_err (added to, x
  * layers). Progress under `what`. Errors: the layer reader's, the jobs', CANCELLED. */
 kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
@@ -154,8 +155,8 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
 
 /* The grid as the profile runs it: every layer with the sampled rows, then (refine = 1,
  * a sample smaller than every row) the settings whose sampled error leaves the choice
- * against tolerance `tol` open measured again on every row; refined [n_lk + n_pt] marks
- * them (their sums then cover every row). Arguments and errors as thr_grid_run. */
+ * against tolerance `tol` open measured on the rows the sample left out; refined
+ * [n_lk + n_pt] marks them (their sums, the sample's plus those, then cover every row). Arguments and errors as thr_grid_run. */
 kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
                             const thr_grid *G, double tol, int refine, thr_acc *total,
                             uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err);
@@ -178,6 +179,9 @@ void thr_unmark_single(const thr_acc *total, int64_t lo, int64_t hi, uint8_t *ma
  * [n_cand] (ascending), all of them when sample is 0 or >= n_cand: out [min]. Returns
  * the count. */
 int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out);
+/* The rows of cand that thr_sample_rows(cand, n_cand, sample) leaves out, ascending
+ * (none when sample is 0 or >= n_cand): out [n_cand]. Returns the count. */
+int64_t thr_sample_complement(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out);
 
 /* ==========================================================================
  * Several ranks: layers split, per-layer records gathered (profile_dist.c)
