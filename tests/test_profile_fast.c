@@ -31,6 +31,7 @@
 #include "helpers/testutil.h"
 #include "helpers/tiny_spm.h"
 #include "kvq/capture.h"
+#include "kvq/capture_dir.h"
 #include "kvq/fit.h"
 #include "kvq/moments.h"
 #include "kvq/model.h"
@@ -582,6 +583,71 @@ static void test_lk_kernels_equal_scalar(void **state)
     free(ver);
 }
 
+/* The rows a sample leaves out (thr_sample_complement): with the sample, every row
+ * once. On a capture, the grid's sums over the sample plus those over the rest equal the
+ * sums over every row (what the profile adds for the settings it measures again); a
+ * complement that took every row would count the sample twice. */
+static void test_sample_complement(void **state)
+{
+    (void)state;
+    enum { NC = 37 };
+    int64_t cand[NC], a[NC], b[NC], seen[3 * NC + 3];
+    for (int64_t i = 0; i < NC; i++)
+        cand[i] = 3 * i + 1;
+    for (int64_t sample = 0; sample <= NC + 1; sample++) {
+        const int64_t na = thr_sample_rows(cand, NC, sample, a);
+        const int64_t nb = thr_sample_complement(cand, NC, sample, b);
+        assert_int_equal(na + nb, NC);
+        assert_int_equal(nb, sample == 0 || sample >= NC ? 0 : NC - sample);
+        memset(seen, 0, sizeof seen);
+        for (int64_t i = 0; i < na; i++)
+            seen[a[i]]++;
+        for (int64_t i = 0; i < nb; i++) {
+            seen[b[i]]++;
+            assert_true(i == 0 || b[i] > b[i - 1]);
+        }
+        for (int64_t i = 0; i < NC; i++)
+            assert_int_equal(seen[cand[i]], 1);
+    }
+    int stories;
+    const char *model = test_real_model(&stories);
+    if (!model)
+        TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
+    static const int32_t smol[] = {3}; /* SmolLM2: one layer, for time */
+    const char *cap = capture(model, "capcompl", 192, 384, stories ? NULL : smol,
+                              stories ? 0 : 1);
+    kvq_capture_info *ci = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_capture_info_read(cap, &ci, &e), KVQ_OK);
+    kvq_leankv_params lk[2] = {kvq_leankv_params_default(), kvq_leankv_params_default()};
+    lk[0].window = lk[1].window = 16;
+    lk[1].alpha_h = 2;
+    lk[1].alpha_l = 0.04;
+    kvq_pats_params pt[2] = {kvq_pats_params_default(), kvq_pats_params_default()};
+    pt[1].b_max = 10;
+    const thr_grid G = {2, 2, lk, pt};
+    kvq_profile_params p = base_params();
+    thr_acc sums[3][4];
+    int64_t rows[3] = {0, 0, 0}, meas[3] = {0, 0, 0};
+    const int64_t samples[3] = {8, -8, 0};
+    for (int r = 0; r < 3; r++) {
+        memset(sums[r], 0, sizeof sums[r]);
+        p.sample_rows = samples[r];
+        assert_int_equal(thr_grid_run(ci, &p, &G, "test", sums[r], &rows[r], &meas[r], &e), KVQ_OK);
+    }
+    assert_int_equal(rows[0], rows[2]);
+    assert_true(meas[0] > 0 && meas[1] > 0);
+    assert_int_equal(meas[0] + meas[1], meas[2]);
+    for (int c = 0; c < 4; c++) {
+        assert_true(sums[0][c].err_n > 0 && sums[1][c].err_n > 0);
+        assert_int_equal(sums[0][c].err_n + sums[1][c].err_n, sums[2][c].err_n);
+        assert_close(sums[0][c].err_sum + sums[1][c].err_sum, sums[2][c].err_sum, 1e-9);
+        assert_close(sums[0][c].err_sq + sums[1][c].err_sq, sums[2][c].err_sq, 1e-9);
+        assert_memory_equal(&sums[0][c].mem, &sums[2][c].mem, sizeof sums[0][c].mem);
+    }
+    kvq_capture_info_free(ci);
+}
+
 /* n errors of mean m and standard deviation sd, memory mem. */
 static thr_acc acc_of(double m, double sd, double mem)
 {
@@ -630,6 +696,7 @@ int main(void)
         cmocka_unit_test(test_sampled_threads_same_bytes),
         cmocka_unit_test(test_budget_sampled_equals_every_row),
         cmocka_unit_test(test_lk_kernels_equal_scalar),
+        cmocka_unit_test(test_sample_complement),
         cmocka_unit_test(test_refine_marks),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
