@@ -4,6 +4,7 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kvq/half.h"
 #include "kvq/thresholds.h"
@@ -17,6 +18,21 @@ static uint16_t f16_round_up(float x)
     if (kvq_f16_to_f32_ref(h) < x)
         h++; /* positive f16 bit patterns are ordered like their values */
     return h;
+}
+
+/* The codes of x [n] at zero point z and scale sc > 0: IEEE divisions, adds and floors
+ * only, so the AVX2 clone (floor as one instruction, vectors) gives the scalar bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void asymq_codes(const float *x, int32_t n, float z, float sc, float levels,
+                        uint8_t *codes)
+{
+    for (int32_t t = 0; t < n; t++) {
+        float q = floorf((x[t] + z) / sc + 0.5f);
+        q = q < 0 ? 0 : q > levels ? levels : q;
+        codes[t] = (uint8_t)q;
+    }
 }
 
 kvq_status kvq_asymq_quantize_ref(const float *x, int32_t n, int32_t bits, uint8_t *codes,
@@ -41,11 +57,10 @@ kvq_status kvq_asymq_quantize_ref(const float *x, int32_t n, int32_t bits, uint8
     const uint16_t z16 = kvq_f32_to_f16_ref(0.0f - lo); /* +0, not -0, for lo = 0 */
     const uint16_t s16 = s > 0 ? f16_round_up(s) : 0;
     const float z = kvq_f16_to_f32_ref(z16), sc = kvq_f16_to_f32_ref(s16);
-    for (int32_t t = 0; t < n; t++) {
-        float q = sc > 0 ? floorf((x[t] + z) / sc + 0.5f) : 0.0f;
-        q = q < 0 ? 0 : q > levels ? levels : q;
-        codes[t] = (uint8_t)q;
-    }
+    if (sc > 0)
+        asymq_codes(x, n, z, sc, levels, codes);
+    else
+        memset(codes, 0, (size_t)n);
     meta->scale = s16;
     meta->zero = z16;
     return KVQ_OK;
