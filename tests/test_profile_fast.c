@@ -450,26 +450,26 @@ static double lk_unif(void)
 
 /* A gather that adds in one running sum: what a kernel that ignored the eight partial
  * sums would compute (the comparison below must tell it apart). */
-static double gather_one_sum(const float *const e[4], const uint8_t *ver, int64_t len, double *w)
+static double gather_one_sum(const float *const e[4], const uint8_t *ver, int64_t len, float *w)
 {
     double z = 0;
     for (int64_t j = 0; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][j] : 0.0;
-        z += w[j];
+        w[j] = ver[j] ? e[ver[j]][j] : 0.0f;
+        z += (double)w[j];
     }
     return z;
 }
 
 /* A mix that rounds each product before adding it (no fused multiply-add): the
  * comparison below must tell it apart. */
-static void mix_unfused(float *o, const double *w, double inv, const uint8_t *ver,
+static void mix_unfused(float *o, const float *w, double inv, const uint8_t *ver,
                         const float *const v[4], int64_t len, int32_t d)
 {
     for (int32_t c = 0; c < d; c++) {
         volatile float s = 0.0f;
         for (int64_t j = 0; j < len; j++)
             if (ver[j]) {
-                volatile float p = (float)(w[j] * inv) * v[ver[j]][(size_t)j * d + c];
+                volatile float p = (float)((double)w[j] * inv) * v[ver[j]][(size_t)j * d + c];
                 s = s + p;
             }
         o[c] = s;
@@ -486,9 +486,9 @@ static void test_lk_kernels_equal_scalar(void **state)
     const thr_lk_kernels *ref = thr_lk_kernels_get(0);
     assert_string_equal(ref->name, "scalar");
     enum { N = 600, GS = 5, D = 80 };
-    double *acc = malloc(sizeof(double) * GS * N), *w0 = malloc(sizeof(double) * GS * N),
-           *w1 = malloc(sizeof(double) * GS * N), *a0 = malloc(sizeof(double) * N),
+    double *acc = malloc(sizeof(double) * GS * N), *a0 = malloc(sizeof(double) * N),
            *a1 = malloc(sizeof(double) * N);
+    float *w0 = malloc(sizeof(float) * GS * N), *w1 = malloc(sizeof(float) * GS * N);
     /* e: 4 versions x GS heads x N tokens (heads N apart); v: 4 versions of N x D */
     float *e = malloc(sizeof(float) * 4 * GS * N), *v = malloc(sizeof(float) * 4 * N * D);
     int64_t *qcum = malloc(sizeof(int64_t) * N);
@@ -521,7 +521,7 @@ static void test_lk_kernels_equal_scalar(void **state)
                 assert_memory_equal(z0, z1, sizeof(double) * (size_t)gs);
                 for (int32_t g = 0; g < gs; g++)
                     assert_memory_equal(w0 + (size_t)g * N, w1 + (size_t)g * N,
-                                        sizeof(double) * (size_t)len);
+                                        sizeof(float) * (size_t)len);
             }
             const double zo = gather_one_sum(ev, ver, len, w1);
             double zr[1];

@@ -27,7 +27,7 @@ static void significance_scalar(double *sig, const double *acc, int64_t n, int32
 }
 
 static void gather_scalar(const float *const e[4], size_t es, const uint8_t *ver, int64_t len,
-                          int32_t gs, double *w, size_t ws, double *z)
+                          int32_t gs, float *w, size_t ws, double *z)
 {
     for (int32_t g = 0; g < gs; g++) {
         double p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -36,13 +36,13 @@ static void gather_scalar(const float *const e[4], size_t es, const uint8_t *ver
     }
 }
 
-static void daxpy_scalar(double *restrict acc, double a, const double *restrict w, int64_t len)
+static void daxpy_scalar(double *restrict acc, double a, const float *restrict w, int64_t len)
 {
     for (int64_t j = 0; j < len; j++)
-        acc[j] += w[j] * a;
+        acc[j] += (double)w[j] * a;
 }
 
-static void mix_scalar(float *restrict o, const double *w, size_t ws, const double *inv,
+static void mix_scalar(float *restrict o, const float *w, size_t ws, const double *inv,
                        const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
                        int32_t gs)
 {

@@ -21,17 +21,17 @@ typedef struct thr_lk_kernels {
      * (the reference's current_significance) */
     void (*significance)(double *sig, const double *acc, int64_t n, int32_t gs,
                          const int64_t *qcum, int64_t nq, int64_t len);
-    /* for each query head g < gs: w[g ws + j] = ver[j] ? e[ver[j]][g es + j] : 0 (as
-     * double) for j < len (ver in 0..3, e[0] unused), and z[g] = their sum, added in
+    /* for each query head g < gs: w[g ws + j] = ver[j] ? e[ver[j]][g es + j] : 0 for
+     * j < len (ver in 0..3, e[0] unused), and z[g] = their sum as doubles, added in
      * eight partial sums p[j mod 8], then thr_lk_sum8(p) */
     void (*gather)(const float *const e[4], size_t es, const uint8_t *ver, int64_t len,
-                   int32_t gs, double *w, size_t ws, double *z);
-    /* acc[j] += w[j] a for j < len */
-    void (*daxpy)(double *acc, double a, const double *w, int64_t len);
+                   int32_t gs, float *w, size_t ws, double *z);
+    /* acc[j] += (double)w[j] a for j < len */
+    void (*daxpy)(double *acc, double a, const float *w, int64_t len);
     /* for each query head g < gs: o[g d + c] = the sum over j < len with ver[j] != 0 of
-     * (float)(w[g ws + j] inv[g]) times row j of v[ver[j]] [., d], j in order, each term
+     * (float)((double)w[g ws + j] inv[g]) times row j of v[ver[j]] [., d], j in order, each term
      * fused: s = fmaf(a, x, s) from s = 0 (v[0] unused) */
-    void (*mix)(float *o, const double *w, size_t ws, const double *inv, const uint8_t *ver,
+    void (*mix)(float *o, const float *w, size_t ws, const double *inv, const uint8_t *ver,
                 const float *const v[4], int64_t len, int32_t d, int32_t gs);
     /* out[j] = thr_lk_exp1(s[j] - mx) for j < len (out may be s); returns their sum as
      * double in eight partial sums z[j mod 8], then ((z0 + z1) + (z2 + z3)) + ((z4 + z5)
@@ -57,7 +57,7 @@ extern const thr_lk_kernels thr_lk_avx2, thr_lk_avx512;
 
 /* The mix of head g's columns [c0, d), scalar (lk_kernels.h mix): the SIMD kernels may
  * finish with it, so the bits are the scalar ones. */
-static inline void thr_lk_mix_cols(float *restrict o, const double *w, double inv,
+static inline void thr_lk_mix_cols(float *restrict o, const float *w, double inv,
                                    const uint8_t *ver, const float *const v[4], int64_t len,
                                    int32_t d, int32_t c0)
 {
@@ -65,18 +65,18 @@ static inline void thr_lk_mix_cols(float *restrict o, const double *w, double in
         float s = 0.0f;
         for (int64_t j = 0; j < len; j++)
             if (ver[j])
-                s = fmaf((float)(w[j] * inv), v[ver[j]][(size_t)j * d + c], s);
+                s = fmaf((float)((double)w[j] * inv), v[ver[j]][(size_t)j * d + c], s);
         o[c] = s;
     }
 }
 
 /* The gather of one head from token j (a multiple of 8) on, scalar, into p[8]. */
 static inline void thr_lk_gather_tail(const float *const e[4], size_t off, const uint8_t *ver,
-                                      int64_t j, int64_t len, double *w, double p[8])
+                                      int64_t j, int64_t len, float *w, double p[8])
 {
     for (; j < len; j++) {
-        w[j] = ver[j] ? (double)e[ver[j]][off + j] : 0.0;
-        p[j & 7] += w[j];
+        w[j] = ver[j] ? e[ver[j]][off + j] : 0.0f;
+        p[j & 7] += (double)w[j];
     }
 }
 

@@ -49,37 +49,37 @@ TARGET static void significance_avx2(double *sig, const double *acc, int64_t n, 
     }
 }
 
-/* Tokens j .. j + 3 of e (versions v: 4 bytes of ver) as doubles. */
-TARGET static inline __m256d gather4(const float *const e[4], size_t off, __m128i v)
+/* Tokens j .. j + 3 of e (versions v: 4 bytes of ver). */
+TARGET static inline __m128 gather4(const float *const e[4], size_t off, __m128i v)
 {
     const __m128i v1 = _mm_set1_epi32(1), v2 = _mm_set1_epi32(2), v3 = _mm_set1_epi32(3);
     __m128 x = _mm_setzero_ps();
     x = _mm_blendv_ps(x, _mm_loadu_ps(e[1] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v1)));
     x = _mm_blendv_ps(x, _mm_loadu_ps(e[2] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v2)));
     x = _mm_blendv_ps(x, _mm_loadu_ps(e[3] + off), _mm_castsi128_ps(_mm_cmpeq_epi32(v, v3)));
-    return _mm256_cvtps_pd(x);
+    return x;
 }
 
 /* One head, 8 tokens at a time: partial sums j mod 8 = 0..3 in lo, 4..7 in hi. */
 TARGET static void gather_avx2(const float *const e[4], size_t es, const uint8_t *ver,
-                               int64_t len, int32_t gs, double *w, size_t ws, double *z)
+                               int64_t len, int32_t gs, float *w, size_t ws, double *z)
 {
     for (int32_t g = 0; g < gs; g++) {
         const size_t off = (size_t)g * es;
-        double *wg = w + (size_t)g * ws;
+        float *wg = w + (size_t)g * ws;
         __m256d lo = _mm256_setzero_pd(), hi = lo;
         int64_t j = 0;
         for (; j + 8 <= len; j += 8) {
             int32_t b0, b1;
             memcpy(&b0, ver + j, 4);
             memcpy(&b1, ver + j + 4, 4);
-            const __m256d w0 = gather4(e, off + (size_t)j, _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b0)));
-            const __m256d w1 =
+            const __m128 w0 = gather4(e, off + (size_t)j, _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b0)));
+            const __m128 w1 =
                 gather4(e, off + (size_t)j + 4, _mm_cvtepu8_epi32(_mm_cvtsi32_si128(b1)));
-            _mm256_storeu_pd(wg + j, w0);
-            _mm256_storeu_pd(wg + j + 4, w1);
-            lo = _mm256_add_pd(lo, w0);
-            hi = _mm256_add_pd(hi, w1);
+            _mm_storeu_ps(wg + j, w0);
+            _mm_storeu_ps(wg + j + 4, w1);
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(w0));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(w1));
         }
         double p[8];
         _mm256_storeu_pd(p, lo);
@@ -89,20 +89,20 @@ TARGET static void gather_avx2(const float *const e[4], size_t es, const uint8_t
     }
 }
 
-TARGET static void daxpy_avx2(double *acc, double a, const double *w, int64_t len)
+TARGET static void daxpy_avx2(double *acc, double a, const float *w, int64_t len)
 {
     const __m256d va = _mm256_set1_pd(a);
     int64_t j = 0;
     for (; j + 4 <= len; j += 4)
         _mm256_storeu_pd(acc + j, _mm256_add_pd(_mm256_loadu_pd(acc + j),
-                                                _mm256_mul_pd(_mm256_loadu_pd(w + j), va)));
+                                                _mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(w + j)), va)));
     for (; j < len; j++)
-        acc[j] += w[j] * a;
+        acc[j] += (double)w[j] * a;
 }
 
 /* The mix of heads [g0, g0 + ng), ng <= 2, columns [c0, c0 + 32) masked by k[4] (lanes
  * past d off): one fused multiply-add per term, rows in order, as the scalar fmaf. */
-TARGET static void mix2_avx2(float *o, const double *w, size_t ws, const double *inv,
+TARGET static void mix2_avx2(float *o, const float *w, size_t ws, const double *inv,
                              const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
                              int32_t g0, int32_t ng, int32_t c0, const __m256i k[4])
 {
@@ -119,7 +119,8 @@ TARGET static void mix2_avx2(float *o, const double *w, size_t ws, const double 
         for (int32_t h = 0; h < 2; h++) {
             if (h >= ng)
                 break;
-            const __m256 b = _mm256_set1_ps((float)(w[(size_t)(g0 + h) * ws + j] * inv[g0 + h]));
+            const __m256 b =
+                _mm256_set1_ps((float)((double)w[(size_t)(g0 + h) * ws + j] * inv[g0 + h]));
             a[h][0] = _mm256_fmadd_ps(b, x0, a[h][0]);
             a[h][1] = _mm256_fmadd_ps(b, x1, a[h][1]);
             a[h][2] = _mm256_fmadd_ps(b, x2, a[h][2]);
@@ -131,7 +132,7 @@ TARGET static void mix2_avx2(float *o, const double *w, size_t ws, const double 
             _mm256_maskstore_ps(o + (size_t)(g0 + h) * d + c0 + 8 * q, k[q], a[h][q]);
 }
 
-TARGET static void mix_avx2(float *o, const double *w, size_t ws, const double *inv,
+TARGET static void mix_avx2(float *o, const float *w, size_t ws, const double *inv,
                             const uint8_t *ver, const float *const v[4], int64_t len, int32_t d,
                             int32_t gs)
 {

@@ -48,13 +48,12 @@ TARGET static void significance_avx512(double *sig, const double *acc, int64_t n
         __m256 x = _mm256_maskz_loadu_ps(m1, e1 + off);                                    \
         x = _mm256_mask_loadu_ps(x, m2, e2 + off);                                         \
         x = _mm256_mask_loadu_ps(x, m3, e3 + off);                                         \
-        const __m512d wd = _mm512_cvtps_pd(x);                                             \
-        _mm512_storeu_pd(w + (size_t)(g0 + (H)) * ws + j, wd);                             \
-        P = _mm512_add_pd(P, wd);                                                          \
+        _mm256_storeu_ps(w + (size_t)(g0 + (H)) * ws + j, x);                              \
+        P = _mm512_add_pd(P, _mm512_cvtps_pd(x));                                          \
     }
 TARGET static inline __attribute__((always_inline)) void
 gather4_avx512(const float *const e[4], size_t es, const uint8_t *ver, int64_t len, int32_t g0,
-               const int NG, double *w, size_t ws, double *z)
+               const int NG, float *w, size_t ws, double *z)
 {
     __m512d p0 = _mm512_setzero_pd(), p1 = p0, p2 = p0, p3 = p0;
     const float *e1 = e[1], *e2 = e[2], *e3 = e[3]; /* loaded once: w may alias them */
@@ -81,7 +80,7 @@ gather4_avx512(const float *const e[4], size_t es, const uint8_t *ver, int64_t l
 #undef GATHER_HEAD
 
 TARGET static void gather_avx512(const float *const e[4], size_t es, const uint8_t *ver,
-                                 int64_t len, int32_t gs, double *w, size_t ws, double *z)
+                                 int64_t len, int32_t gs, float *w, size_t ws, double *z)
 {
     int32_t g0 = 0;
     for (; g0 + 4 <= gs; g0 += 4)
@@ -94,15 +93,15 @@ TARGET static void gather_avx512(const float *const e[4], size_t es, const uint8
     }
 }
 
-TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t len)
+TARGET static void daxpy_avx512(double *acc, double a, const float *w, int64_t len)
 {
     const __m512d va = _mm512_set1_pd(a);
     int64_t j = 0;
     for (; j + 8 <= len; j += 8)
         _mm512_storeu_pd(acc + j, _mm512_add_pd(_mm512_loadu_pd(acc + j),
-                                                _mm512_mul_pd(_mm512_loadu_pd(w + j), va)));
+                                                _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(w + j)), va)));
     for (; j < len; j++)
-        acc[j] += w[j] * a;
+        acc[j] += (double)w[j] * a;
 }
 
 /* The mix of heads [g0, g0 + NG), NG <= 3 (a constant at each call), columns [c0, c0 +
@@ -110,7 +109,8 @@ TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t 
  * order, as the scalar fmaf. Accumulators by name: they stay in registers. */
 #define MIX_HEAD(H, A0, A1, A2, A3)                                                         \
     if ((H) < NG) {                                                                        \
-        const __m512 b = _mm512_set1_ps((float)(w[(size_t)(g0 + (H)) * ws + j] * inv[g0 + (H)])); \
+        const __m512 b =                                                                   \
+            _mm512_set1_ps((float)((double)w[(size_t)(g0 + (H)) * ws + j] * inv[g0 + (H)])); \
         A0 = _mm512_fmadd_ps(b, x0, A0);                                                   \
         A1 = _mm512_fmadd_ps(b, x1, A1);                                                   \
         A2 = _mm512_fmadd_ps(b, x2, A2);                                                   \
@@ -125,7 +125,7 @@ TARGET static void daxpy_avx512(double *acc, double a, const double *w, int64_t 
         _mm512_mask_storeu_ps(y + 48, k3, A3);                                             \
     }
 TARGET static inline __attribute__((always_inline)) void
-mix3_avx512(float *o, const double *w, size_t ws, const double *inv, const uint8_t *ver,
+mix3_avx512(float *o, const float *w, size_t ws, const double *inv, const uint8_t *ver,
             const float *const v[4], int64_t len, int32_t d, int32_t g0, const int NG, int32_t c0,
             __mmask16 k0, __mmask16 k1, __mmask16 k2, __mmask16 k3)
 {
@@ -149,7 +149,7 @@ mix3_avx512(float *o, const double *w, size_t ws, const double *inv, const uint8
 #undef MIX_HEAD
 #undef MIX_STORE
 
-TARGET static void mix_avx512(float *o, const double *w, size_t ws, const double *inv,
+TARGET static void mix_avx512(float *o, const float *w, size_t ws, const double *inv,
                               const uint8_t *ver, const float *const v[4], int64_t len,
                               int32_t d, int32_t gs)
 {

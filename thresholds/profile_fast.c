@@ -355,7 +355,7 @@ typedef struct lk_block {
     float *S, *E;        /* [3, blk * gs, n] */
     float *Qp;           /* [blk, gs, d] */
     double *sig;         /* [n] scratch: significance */
-    double *w;           /* [gs, n] scratch: a row's f32 exponentials as f64, per head */
+    float *w;            /* [gs, n] scratch: a row's f32 exponentials, per head */
     double *z;           /* [2 gs] scratch: their sums, then the inverses */
 } lk_block;
 
@@ -399,7 +399,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
     double *Z = B->z, *inv = B->z + gs;
     J->K->gather(e, (size_t)B->T, st->ver, t + 1, gs, B->w, (size_t)R->n, Z);
     for (int32_t g = 0; g < gs; g++) {
-        double *w = B->w + (size_t)g * R->n;
+        float *w = B->w + (size_t)g * R->n;
         if (!(Z[g] > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
             const size_t og = off + (size_t)g * B->T;
             const float *s[N_VER] = {NULL, B->S + og, B->S + plane + og, B->S + 2 * plane + og};
@@ -409,7 +409,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
                     mx = s[st->ver[j]][j] > mx ? s[st->ver[j]][j] : mx;
             Z[g] = 0;
             for (int64_t j = 0; j <= t; j++) {
-                w[j] = st->ver[j] ? (double)thr_lk_exp1(s[st->ver[j]][j] - mx) : 0.0;
+                w[j] = st->ver[j] ? thr_lk_exp1(s[st->ver[j]][j] - mx) : 0.0f;
                 Z[g] += w[j];
             }
         }
@@ -477,7 +477,7 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     B.E = malloc(sizeof(float) * (size_t)(3 * blk * gs * R->n));
     B.Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
     B.sig = malloc(sizeof(double) * (size_t)R->n);
-    B.w = malloc(sizeof(double) * (size_t)(gs * R->n));
+    B.w = malloc(sizeof(float) * (size_t)(gs * R->n));
     B.z = malloc(sizeof(double) * (size_t)(2 * gs));
     if (!s && (!B.S || !B.E || !B.Qp || !B.sig || !B.w || !B.z))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
