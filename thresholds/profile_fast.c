@@ -30,6 +30,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "kvq/half.h"
 #include "thresholds/lk_kernels.h"
@@ -117,10 +120,10 @@ static void softmax_row(const thr_lk_kernels *K, float *s, int64_t len, int64_t 
 {
     const double sum = K->expsum(s, s, K->maxf(s, len), len);
     const float inv = (float)(1.0 / sum);
-    for (int64_t j = 0; j < len; j++)
-        s[j] *= inv;
-    for (int64_t j = len; j < T; j++)
-        s[j] = 0.0f;
+    if (len > 0) /* s[j] *= inv, one IEEE multiply each, vectorized */
+        cblas_sscal((int)len, inv, s, 1);
+    if (T > len)
+        memset(s + len, 0, sizeof(float) * (size_t)(T - len));
 }
 
 /* Exact attention of rows [nr] (ascending): adds each row's probabilities of the tokens
@@ -540,7 +543,16 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
 static void truncate_row(const uint16_t *h, int32_t d, int bf, int32_t bits, uint16_t *out)
 {
     const uint16_t mask = (uint16_t)~((1u << bits) - 1u), expo = bf ? 0x7f80u : 0x7c00u;
-    for (int32_t i = 0; i < d; i++) /* Inf and NaN stay as they are */
+    int32_t i = 0;
+#if defined(__SSE2__)
+    const __m128i vm = _mm_set1_epi16((short)mask), ve = _mm_set1_epi16((short)expo);
+    for (; i + 8 <= d; i += 8) { /* Inf and NaN (all exponent bits set) keep every bit */
+        const __m128i x = _mm_loadu_si128((const __m128i *)(h + i));
+        const __m128i special = _mm_cmpeq_epi16(_mm_and_si128(x, ve), ve);
+        _mm_storeu_si128((__m128i *)(out + i), _mm_and_si128(x, _mm_or_si128(vm, special)));
+    }
+#endif
+    for (; i < d; i++) /* Inf and NaN stay as they are */
         out[i] = (h[i] & expo) != expo ? (uint16_t)(h[i] & mask) : h[i];
 }
 
