@@ -17,6 +17,7 @@
 #include "kvq/util.h"
 #include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
+#include "runtime/mass.h"
 
 /* The keys of one layer rotated by their positions, by token, for every KV head:
  * converted and rotated once per token of a sequence, not once per probed row. */
@@ -27,6 +28,7 @@ struct rt_probe {
     int64_t cap;
     float **k;     /* [n_kv][cap, d] */
     int32_t n_kv;
+    rt_mass_memo *memo; /* the mass steps of one (row, head): scores and exponentials */
 };
 
 void kvq_rt_probe_free(struct rt_probe *p)
@@ -36,6 +38,7 @@ void kvq_rt_probe_free(struct rt_probe *p)
     for (int32_t h = 0; p->k && h < p->n_kv; h++)
         free(p->k[h]);
     free(p->k);
+    kvq_rt_mass_memo_free(p->memo);
     free(p);
 }
 
@@ -45,7 +48,8 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
     struct rt_probe *P = r->probe;
     if (!P) {
         if (!(P = r->probe = calloc(1, sizeof *P)) ||
-            !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)))
+            !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)) ||
+            !(P->memo = kvq_rt_mass_memo_new()))
             return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
         P->n_kv = r->n_kv;
     }
@@ -201,6 +205,8 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         const float *ktok = r->probe->k[h];
         exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S);
         S->ktok = ktok; /* the steps' keys from the same table */
+        S->mass_memo = r->probe->memo; /* the mass steps' scores, exponentials */
+        kvq_rt_mass_memo_next(S->mass_memo);
         for (int32_t c = 0; c < n_set; c++) {
             rc.p.selector = set[c].selector;
             rc.p.budget = set[c].budget;
@@ -213,6 +219,7 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         }
     }
     S->ktok = NULL;
+    S->mass_memo = NULL;
     S->sums = saved;
     free(o);
     if (S->status) {

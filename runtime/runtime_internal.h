@@ -122,6 +122,8 @@ typedef struct rt_scratch {
                             [s_end - lo, + rr_kept) of [gs, m]); 0: it did not */
     const float *ktok;   /* NULL, or the step's head's keys rotated, by token [nvis, d]
                             (set by kvq_retrieval_probe for its steps) */
+    struct rt_mass_memo *mass_memo; /* NULL, or what the mass selector's steps of one
+                            (row, head) share (mass.h; set by kvq_retrieval_probe) */
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */
