@@ -9,7 +9,8 @@
  * share the candidates' scores, and so the exponentials, their sum and the first
  * digit's histogram (rt_mass_memo: made by the first such step, read by the others),
  * and only the walk from tau on is run per tau. Either way the same sums in the same
- * order, so the same k* (tests/test_runtime.c test_mass_count_memo).
+ * order, so the same k* (tests/test_mass.c). The same steps share one order of the
+ * candidates by score, from which each budget's top k is a prefix (nested selections).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -154,7 +155,9 @@ int64_t kvq_rt_mass_count(const float *lg, int64_t n, double tau, uint32_t *keys
 /* ---- the memo of kvq_retrieval_probe ------------------------------------------------ */
 
 struct rt_mass_memo {
-    int valid;      /* the fields below are the current (row, head)'s */
+    int valid;      /* scores (and n, cb_bytes) are the current (row, head)'s */
+    int prepared;   /* keys, e, Z, h0 too */
+    int ordered;    /* order too */
     int64_t n, cap; /* candidates; arrays hold cap */
     float *scores;  /* [cap] the candidates' scores (select.c's, before scaling) */
     double cb_bytes; /* codebook bytes their scoring counted */
@@ -162,6 +165,8 @@ struct rt_mass_memo {
     double *e, *w;        /* [cap] */
     double Z;
     digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
+    int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
+    uint8_t *flag;        /* [cap] kept clear */
 };
 
 rt_mass_memo *kvq_rt_mass_memo_new(void)
@@ -179,13 +184,16 @@ void kvq_rt_mass_memo_free(rt_mass_memo *m)
     free(m->sub);
     free(m->e);
     free(m->w);
+    free(m->order);
+    free(m->tmp);
+    free(m->flag);
     free(m);
 }
 
 void kvq_rt_mass_memo_next(rt_mass_memo *m)
 {
     if (m)
-        m->valid = 0;
+        m->valid = m->prepared = m->ordered = 0;
 }
 
 int kvq_rt_mass_memo_scores(rt_mass_memo *m, int64_t n, float *scores, double *cb_bytes)
@@ -216,24 +224,102 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
         m->e = e;
     if (w)
         m->w = w;
-    if (!s || !k || !u || !e || !w)
+    int32_t *o = realloc(m->order, c * sizeof *o), *t = o ? realloc(m->tmp, c * sizeof *t) : NULL;
+    if (o)
+        m->order = o;
+    if (t)
+        m->tmp = t;
+    uint8_t *f = realloc(m->flag, c);
+    if (f) {
+        memset(f, 0, c);
+        m->flag = f;
+    }
+    if (!s || !k || !u || !e || !w || !o || !t || !f)
         return 0;
     m->cap = n;
+    return 1;
+}
+
+/* The memo holds scores [n] (with their codebook bytes) from here on; 0 when it
+ * cannot (out of memory). */
+static int memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes)
+{
+    if (m->valid && m->n == n)
+        return 1;
+    if (!memo_reserve(m, n))
+        return 0;
+    memcpy(m->scores, scores, sizeof *scores * (size_t)n);
+    m->cb_bytes = cb_bytes;
+    m->n = n;
+    m->valid = 1;
+    m->prepared = m->ordered = 0;
     return 1;
 }
 
 int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
                                const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
 {
-    if (!m || (!(m->valid && m->n == n) && !memo_reserve(m, n)))
+    if (!m || !memo_put(m, scores, n, cb_bytes))
         return kvq_rt_mass_count(lg, n, tau, keys, w);
-    if (!(m->valid && m->n == n)) {
-        memcpy(m->scores, scores, sizeof *scores * (size_t)n);
-        m->cb_bytes = cb_bytes;
+    if (!m->prepared) {
         hist_clear(&m->h0);
         mass_prepare(lg, n, m->keys, m->e, &m->Z, &m->h0);
-        m->n = n;
-        m->valid = 1;
+        m->prepared = 1;
     }
     return mass_finish(m->keys, m->e, n, m->Z, &m->h0, tau, m->sub, m->w, &m->h2);
+}
+
+/* The candidates by score, descending, equal keys (kvq_rk_key) by index: a stable LSD
+ * radix sort of the inverted keys, four 8-bit digits. */
+static void make_order(rt_mass_memo *m)
+{
+    const int64_t n = m->n;
+    uint32_t *key = m->sub; /* the inverted keys, by candidate */
+    int32_t *a = m->order, *b = m->tmp;
+    for (int64_t j = 0; j < n; j++) {
+        key[j] = ~kvq_rk_key(m->scores[j]);
+        a[j] = (int32_t)j;
+    }
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t cnt[257] = {0};
+        for (int64_t j = 0; j < n; j++)
+            cnt[((key[a[j]] >> shift) & 255u) + 1]++;
+        for (int i = 0; i < 256; i++)
+            cnt[i + 1] += cnt[i];
+        for (int64_t j = 0; j < n; j++)
+            b[cnt[(key[a[j]] >> shift) & 255u]++] = a[j];
+        int32_t *t = a;
+        a = b;
+        b = t;
+    }
+    /* four passes: the result is back in m->order */
+    m->ordered = 1;
+}
+
+int kvq_rt_mass_memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes)
+{
+    return m && memo_put(m, scores, n, cb_bytes);
+}
+
+int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *sel)
+{
+    if (!m || !m->valid || m->n != n)
+        return -1;
+    if (!m->ordered)
+        make_order(m); /* (its scratch is mass_finish's: the prepared state stays) */
+    if (k > n)
+        k = n;
+    for (int64_t i = 0; i < k; i++)
+        m->flag[m->order[i]] = 1;
+    int64_t c = 0;
+    uint8_t *f = m->flag;
+    int64_t last = 0; /* the scan ends at the last flagged candidate */
+    for (int64_t i = 0; i < k; i++)
+        last = m->order[i] > last ? m->order[i] : last;
+    for (int64_t j = 0; j <= last && k > 0; j++) { /* branch-free: sel has room for k */
+        sel[c] = (int32_t)j;
+        c += f[j];
+        f[j] = 0;
+    }
+    return c;
 }

@@ -25,6 +25,15 @@ rt_mass_memo *kvq_rt_mass_memo_new(void);
 void kvq_rt_mass_memo_free(rt_mass_memo *m);
 void kvq_rt_mass_memo_next(rt_mass_memo *m);
 int kvq_rt_mass_memo_scores(rt_mass_memo *m, int64_t n, float *scores, double *cb_bytes);
+/*   put            the memo holds scores [n] with their cb_bytes from here on (kept
+ *                  when it holds n candidates' already); 0 when m is NULL or out of
+ *                  memory
+ *   topk           when the memo holds n candidates' scores: the top k of them as
+ *                  kvq_rk_topk selects them (the same set: ties to the lower index),
+ *                  ascending, into sel, from one order of the candidates made on the
+ *                  first call (nested selections share it); returns the count; else -1 */
+int kvq_rt_mass_memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes);
+int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *sel);
 int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
                                const float *lg, int64_t n, double tau, uint32_t *keys, double *w);
 

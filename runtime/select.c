@@ -217,6 +217,22 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
         group_sum(S->qx, gs, d, qs);
         *codebook_bytes += (double)kvq_rk_table_bytes(st->L->tab[st->head]);
         *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(cb)->groups;
+        /* the probe's steps of one (row, head): the CPU backend's scores once, the top k
+         * from one order of them (the same selection, mass.h) */
+        rt_mass_memo *mm = r->be->device == KVQ_RETRIEVAL_DEVICE_CPU ? S->mass_memo : NULL;
+        if (mm && kvq_rt_mass_memo_topk(mm, nc, k, sel) < 0) {
+            const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+            const kvq_rk_table *tab = st->L->tab[st->head];
+            kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+            kvq_rk_score(r->p.isa, S->lut, D->groups, D->k,
+                         st->H->codes + (size_t)st->s_end * D->groups, nc, scores);
+            kvq_rt_mass_memo_put(mm, scores, nc, (double)kvq_rk_table_bytes(tab));
+        }
+        const int64_t nm = mm ? kvq_rt_mass_memo_topk(mm, nc, k, sel) : -1;
+        for (int64_t j = 0; j < nm; j++)
+            sel[j] += (int32_t)st->s_end;
+        if (nm >= 0)
+            return nm;
         kvq_err e = {0};
         const kvq_status s = r->be->select(st, qs, k, sel, &e);
         if (s) { /* recorded for attend(); the step attends sinks and window only */
@@ -271,7 +287,9 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
                                                      S->tmp, nc, r->p.tau, S->work, S->mwork);
         k = kstar < k ? kstar : k;
     }
-    const int64_t n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);
+    int64_t n = selector == KVQ_SELECT_MASS ? kvq_rt_mass_memo_topk(S->mass_memo, nc, k, sel) : -1;
+    if (n < 0)
+        n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)st->s_end;
     return n;

@@ -14,6 +14,7 @@
 
 #include "kvq/util.h"
 #include "runtime/mass.h"
+#include "runtime/rk.h"
 
 static const float *cmp_lg;
 static int cmp_desc(const void *a, const void *b)
@@ -145,11 +146,49 @@ static void test_mass_count_memo(void **state)
     free(back);
 }
 
+/* The memo's top k (one order of the candidates, nested selections) equals kvq_rk_topk
+ * for every k, with ties and signed zeros; the order is made from the scores put for
+ * the current (row, head) only. */
+static void test_mass_memo_topk(void **state)
+{
+    (void)state;
+    rt_mass_memo *m = kvq_rt_mass_memo_new();
+    const int64_t cap = 1200;
+    int32_t *want = malloc(sizeof *want * cap), *got = malloc(sizeof *got * cap);
+    uint32_t *work = malloc(sizeof *work * 2 * cap);
+    for (int row = 0; row < 9; row++) {
+        const int64_t n = row == 4 || row == 5 ? 400 : 30 + 130 * row; /* rows 4, 5 alike */
+        float *sc = logits(n, 700 + (uint64_t)row, row % 3);
+        if (row == 8)
+            for (int64_t j = 0; j < n; j++)
+                sc[j] = j % 2 ? 0.0f : -0.0f;
+        kvq_rt_mass_memo_next(m);
+        assert_int_equal(kvq_rt_mass_memo_topk(m, n, 1, got), -1);
+        assert_int_equal(kvq_rt_mass_memo_put(m, sc, n, 0.0), 1);
+        for (int64_t k = 0; k <= n + 1; k += 1 + k / 3) {
+            const int64_t w = kvq_rk_topk(KVQ_ISA_SCALAR, sc, n, k, want, work);
+            const int64_t g = kvq_rt_mass_memo_topk(m, n, k, got);
+            assert_int_equal(g, w);
+            if (memcmp(got, want, sizeof *got * (size_t)w))
+                fail_msg("row %d: top %lld of %lld differs", row, (long long)k, (long long)n);
+        }
+        free(sc);
+    }
+    const float one = 1.0f;
+    assert_int_equal(kvq_rt_mass_memo_put(NULL, &one, 1, 0.0), 0);
+    assert_int_equal(kvq_rt_mass_memo_topk(NULL, 1, 1, got), -1);
+    kvq_rt_mass_memo_free(m);
+    free(want);
+    free(got);
+    free(work);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mass_count_reference),
         cmocka_unit_test(test_mass_count_memo),
+        cmocka_unit_test(test_mass_memo_topk),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
