@@ -63,8 +63,11 @@ static inline void transpose8(__m256 r[8])
 int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
                             int32_t dg)
 {
-    float best = INFINITY;
-    int32_t bi = INT32_MAX;
+    /* per lane l the first minimum over centroids c = l mod 8 (strict <: the earlier
+     * index stays on ties), then the lanes' by kvq_km_better (order-independent) */
+    __m256 bestv = _mm256_set1_ps(INFINITY);
+    __m256i besti = _mm256_set1_epi32(INT32_MAX);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     int32_t c0 = 0;
     for (; c0 + 8 <= K; c0 += 8) {
         /* per centroid the eight lane sums of kvq_km_dot (lane l: j = l mod 8) */
@@ -85,14 +88,25 @@ int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const floa
         __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn + c0)),
                                  _mm256_mul_ps(_mm256_set1_ps(2.0f), dot));
         v = _mm256_max_ps(v, _mm256_setzero_ps()); /* v > 0 ? v : 0 (NaN -> 0 too) */
-        float vs[8];
-        _mm256_storeu_ps(vs, v);
-        for (int c = 0; c < 8; c++)
-            if (kvq_km_better(vs[c], c0 + c, best, bi)) {
-                best = vs[c];
-                bi = c0 + c;
-            }
+        /* better as kvq_km_better: smaller, or the lane's first (any value beats none) */
+        const __m256 lt = _mm256_or_ps(
+            _mm256_cmp_ps(v, bestv, _CMP_LT_OQ),
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(besti, _mm256_set1_epi32(INT32_MAX))));
+        bestv = _mm256_blendv_ps(bestv, v, lt);
+        besti = _mm256_blendv_epi8(besti, _mm256_add_epi32(lane, _mm256_set1_epi32(c0)),
+                                   _mm256_castps_si256(lt));
     }
+    float bv[8];
+    int32_t bx[8];
+    _mm256_storeu_ps(bv, bestv);
+    _mm256_storeu_si256((__m256i *)bx, besti);
+    float best = INFINITY;
+    int32_t bi = INT32_MAX;
+    for (int l = 0; l < 8; l++)
+        if (bx[l] != INT32_MAX && kvq_km_better(bv[l], bx[l], best, bi)) {
+            best = bv[l];
+            bi = bx[l];
+        }
     for (; c0 < K; c0++) {
         const float v = kvq_km_dist_from_dot(xn, cn[c0], kvq_km_dot(x, W + (size_t)c0 * dg, dg));
         if (kvq_km_better(v, c0, best, bi)) {

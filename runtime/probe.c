@@ -177,10 +177,10 @@ static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *
     const float scale = (float)(1.0 / sqrt((double)d));
     for (int32_t g = 0; g < gs; g++)
         kvq_rt_rotate(r, q + (size_t)g * d, pos, S->qi + (size_t)g * d);
-    for (int64_t j = lo; j < nvis; j++)
-        memcpy(S->krot + (size_t)(j - lo) * d, ktok + (size_t)kvq_rt_row_token(H, j) * d,
-               sizeof(float) * (size_t)d);
-    kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, nv, scale, S->pfull, nv);
+    /* row j's key is token kvq_rt_row_token(H, j)'s of ktok: gathered by the kernel (the
+     * same values as from a copy in row order) */
+    kvq_rk_logits(r->p.isa, S->qi, gs, d, H->tok ? ktok : ktok + (size_t)lo * d, KVQ_DT_F32, d,
+                  H->tok ? H->tok + lo : NULL, nv, scale, S->pfull, nv);
     memcpy(lgi, S->pfull, sizeof(float) * (size_t)gs * (size_t)nv);
     kvq_rk_softmax(r->p.isa, S->pfull, gs, nv, nv);
     kvq_rk_mix(r->p.isa, S->pfull, gs, nv, (const char *)H->v + (size_t)lo * d * r->es,
