@@ -20,50 +20,44 @@
 #include "runtime/mass.h"
 
 /* A digit's histogram: hw[b] the weights of the keys whose digit is b, summed in index
- * order, hc[b] their count, and the nonempty bins in descending order. */
+ * order, hc[b] their count, and a bitmap of the nonempty bins (walked from the top). */
+#define HIST_WORDS (KVQ_RK_HIST / 64)
 typedef struct digit_hist {
     double hw[KVQ_RK_HIST];
     int64_t hc[KVQ_RK_HIST];
-    uint32_t nz[KVQ_RK_HIST];
-    int32_t n_nz;
+    uint64_t used[HIST_WORDS];
 } digit_hist;
 
 static void hist_clear(digit_hist *h)
 {
     memset(h->hw, 0, sizeof h->hw);
     memset(h->hc, 0, sizeof h->hc);
-    h->n_nz = 0;
+    memset(h->used, 0, sizeof h->used);
 }
 
-/* Counts keys [m] with weights w [m] into h (clear on entry), nonempty bins listed
- * descending. */
+/* Counts keys [m] with weights w [m] into h (clear on entry). */
 static void hist_count(digit_hist *h, const uint32_t *keys, const double *w, int64_t m, int pass)
 {
     const int shift = kvq_rk_digit_shift(pass);
     const uint32_t mask = kvq_rk_digit_mask(pass);
     for (int64_t i = 0; i < m; i++) {
         const uint32_t b = (keys[i] >> shift) & mask;
-        if (h->hc[b]++ == 0)
-            h->nz[h->n_nz++] = b;
+        h->hc[b]++;
         h->hw[b] += w[i];
-    }
-    for (int32_t i = 1; i < h->n_nz; i++) { /* insertion sort, descending: few bins */
-        const uint32_t v = h->nz[i];
-        int32_t j = i;
-        for (; j > 0 && h->nz[j - 1] < v; j--)
-            h->nz[j] = h->nz[j - 1];
-        h->nz[j] = v;
+        h->used[b >> 6] |= (uint64_t)1 << (b & 63);
     }
 }
 
 /* Back to clear: only the bins it used. */
 static void hist_reset(digit_hist *h)
 {
-    for (int32_t i = 0; i < h->n_nz; i++) {
-        h->hw[h->nz[i]] = 0;
-        h->hc[h->nz[i]] = 0;
-    }
-    h->n_nz = 0;
+    for (int i = 0; i < HIST_WORDS; i++)
+        for (uint64_t u = h->used[i]; u; u &= u - 1) {
+            const int b = i * 64 + __builtin_ctzll(u);
+            h->hw[b] = 0;
+            h->hc[b] = 0;
+        }
+    memset(h->used, 0, sizeof h->used);
 }
 
 /* The walk of one digit from the top: the bins above the one that completes `need`
@@ -72,13 +66,14 @@ static void hist_reset(digit_hist *h)
  * Returns the digit. */
 static uint32_t hist_walk(const digit_hist *h, double *need, int64_t *taken)
 {
-    for (int32_t i = 0; i < h->n_nz; i++) {
-        const uint32_t b = h->nz[i];
-        if (b == 0 || h->hw[b] >= *need)
-            return b;
-        *need -= h->hw[b];
-        *taken += h->hc[b];
-    }
+    for (int i = HIST_WORDS - 1; i >= 0; i--)
+        for (uint64_t u = h->used[i]; u; u &= ~((uint64_t)1 << (63 - __builtin_clzll(u)))) {
+            const uint32_t b = (uint32_t)(i * 64 + 63 - __builtin_clzll(u));
+            if (b == 0 || h->hw[b] >= *need)
+                return b;
+            *need -= h->hw[b];
+            *taken += h->hc[b];
+        }
     return 0;
 }
 
