@@ -194,18 +194,34 @@ static void measure_against(const kvq_retrieval *r, const rt_scratch *S, int64_t
 {
     const int32_t d = r->d, gs = r->gs;
     double mass = 0, rel = 0;
-    for (int32_t g = 0; g < gs; g++) {
-        const float *pf = S->pfull + (size_t)g * nv;
-        double sm = 0, e2 = 0, f2 = 0;
-        for (int64_t a = 0; a < m; a++)
-            sm += pf[S->att[a] - lo];
-        for (int32_t t = 0; t < d; t++) {
-            const double x = o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
-            e2 += (x - y) * (x - y);
-            f2 += y * y;
+    /* each head's mass summed in att order; up to four heads' sums side by side (their
+     * adds do not wait on each other) */
+    double smg[4];
+    for (int32_t g0 = 0; g0 < gs; g0 += 4) {
+        const int32_t ng = gs - g0 < 4 ? gs - g0 : 4;
+        const float *p0 = S->pfull + (size_t)g0 * nv;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t a = 0; a < m; a++) {
+            const int64_t j = S->att[a] - lo;
+            s0 += p0[j];
+            s1 += ng > 1 ? p0[nv + j] : 0.0f;
+            s2 += ng > 2 ? p0[2 * nv + j] : 0.0f;
+            s3 += ng > 3 ? p0[3 * nv + j] : 0.0f;
         }
-        mass += sm;
-        rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+        const double sv[4] = {s0, s1, s2, s3};
+        for (int32_t i = 0; i < ng; i++)
+            smg[(g0 + i) % 4] = sv[i];
+        for (int32_t g = g0; g < g0 + ng; g++) {
+            const double sm = smg[g % 4];
+            double e2 = 0, f2 = 0;
+            for (int32_t t = 0; t < d; t++) {
+                const double x = o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
+                e2 += (x - y) * (x - y);
+                f2 += y * y;
+            }
+            mass += sm;
+            rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+        }
     }
     z->measured++;
     z->recall_mass += mass / gs;
