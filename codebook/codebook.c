@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codebook/encode_simd.h"
 #include "codebook/nearest.h"
 #include "kvq/artifact.h"
 #include "kvq/codebook.h"
@@ -28,6 +29,7 @@ struct kvq_codebook {
     float *C;          /* [K, d] key-space codebook (G == 1): W itself, or C^z L^-1 */
     float *L, *Linv;   /* [d, d] query-aware methods, else NULL */
     float *cnorm;      /* [G, K] ||W_g[c]||^2 (kvq_km_norm2) for encode */
+    int simd;          /* encode by the AVX2 kernels (codebook/encode_simd.h) */
     double theta[KVQ_ROPE_MAX_DIM / 2]; /* RoPE frequencies   // [d/2] */
 };
 
@@ -184,6 +186,7 @@ kvq_status kvq_codebook_create(const kvq_codebook_desc *desc, const float *centr
         goto nomem;
     cb->desc = *desc;
     cb->dg = d / desc->groups;
+    cb->simd = kvq_cpu_has_avx2(); /* once: cpuid can trap under a hypervisor */
     cb->W = malloc(nw * sizeof *cb->W);
     if (!cb->W)
         goto nomem;
@@ -361,14 +364,23 @@ kvq_status kvq_codebook_encode(const kvq_codebook *cb, const float *keys, const 
     if (bad >= 0)
         return kvq_err_set(err, KVQ_E_NUMERIC, "encode: key row %lld is not finite",
                            (long long)bad);
+    /* AVX2 kernels where they apply: the same bits (codebook/encode_simd.h) */
+    const int simd = cb->simd && dg > KVQ_KM_DIRECT_MAX_D && dg % 8 == 0;
+    const int simd_L = simd && kvq_codebook_method_is_query_aware(D->method);
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t j = 0; j < n; j++) {
         float x[KVQ_ROPE_MAX_DIM];
-        fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x);
-        for (int32_t g = 0; g < G; g++)
+        if (simd_L)
+            kvq_cb_mul_lower_avx2(keys + (size_t)j * d, cb->L, d, x);
+        else
+            fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x);
+        for (int32_t g = 0; g < G; g++) {
+            const float *xg = x + (size_t)g * dg, *cn = cb->cnorm + (size_t)g * K;
             codes[(size_t)j * G + g] =
-                nearest(x + (size_t)g * dg, kvq_codebook_centroids(cb, g),
-                        cb->cnorm + (size_t)g * K, K, dg);
+                simd ? kvq_cb_nearest_avx2(xg, kvq_km_norm2(xg, dg), kvq_codebook_centroids(cb, g),
+                                           cn, K, dg)
+                     : nearest(xg, kvq_codebook_centroids(cb, g), cn, K, dg);
+        }
     }
     return KVQ_OK;
 }

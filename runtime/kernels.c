@@ -454,6 +454,44 @@ static int64_t emit_scores(kvq_isa isa, const float *scores, int64_t n, uint32_t
                  emit_scores_scalar(scores, n, T, ties, idx));
 }
 
+/* Up to this many scores, kvq_rk_topk finds the threshold with 8-bit digits: four
+ * passes over 256 bins, where the 11-bit digits clear and walk 2048 bins per pass (most
+ * of the cost for the few hundred candidates of a decode step or a rerank). The
+ * threshold and the tie rule are the same, so the selection is. */
+#define TOPK_SMALL_N 4096
+
+/* kth_key over 32-bit keys with 8-bit digits (same result). sub: [m]. */
+static uint32_t kth_key_small(const uint32_t *keys, int64_t m, int64_t k, uint32_t *sub,
+                              int64_t *ties)
+{
+    uint32_t hist[256];
+    const uint32_t *src = keys;
+    int64_t remaining = k;
+    uint32_t T = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        memset(hist, 0, sizeof hist);
+        for (int64_t i = 0; i < m; i++)
+            hist[(src[i] >> shift) & 255u]++;
+        uint32_t b = 255;
+        while (hist[b] < remaining) {
+            remaining -= hist[b];
+            assert(b > 0);
+            b--;
+        }
+        T |= b << shift;
+        if (shift > 0) { /* in place once src is sub: mm <= i */
+            int64_t mm = 0;
+            for (int64_t i = 0; i < m; i++)
+                if (((src[i] >> shift) & 255u) == b)
+                    sub[mm++] = src[i];
+            m = mm;
+            src = sub;
+        }
+    }
+    *ties = remaining;
+    return T;
+}
+
 /* Top-k. Large inputs first bracket the threshold with a sample: the keys of 1024
  * evenly spaced scores give a range [lo, hi] that holds the k-th largest key with high
  * probability; one vector pass counts the keys above hi and keeps those in the range,
@@ -475,6 +513,12 @@ int64_t kvq_rk_topk(kvq_isa isa, const float *scores, int64_t n, int64_t k, int3
     uint32_t *keys = work, *sub = work + n;
     int64_t ties;
     uint32_t T;
+    if (n <= TOPK_SMALL_N) {
+        for (int64_t j = 0; j < n; j++)
+            keys[j] = kvq_rk_key(scores[j]);
+        T = kth_key_small(keys, n, k, sub, &ties);
+        return emit(isa, keys, n, T, ties, idx);
+    }
     if (n >= TOPK_SAMPLE_MIN_N) {
         uint32_t sample[TOPK_SAMPLE], ssub[TOPK_SAMPLE];
         for (int64_t i = 0; i < TOPK_SAMPLE; i++)

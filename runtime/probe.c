@@ -17,6 +17,7 @@
 #include "kvq/util.h"
 #include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
+#include "runtime/mass.h"
 
 /* The keys of one layer rotated by their positions, by token, for every KV head:
  * converted and rotated once per token of a sequence, not once per probed row. */
@@ -27,6 +28,10 @@ struct rt_probe {
     int64_t cap;
     float **k;     /* [n_kv][cap, d] */
     int32_t n_kv;
+    rt_mass_memo *memo; /* the mass steps of one (row, head): scores and exponentials */
+    float *lgi, *lgb;   /* [gs, lcap], [gs + 1, lcap] the steps' logits (rt_logit_memo) */
+    float *qb;          /* [gs + 1, d] */
+    int64_t lcap;
 };
 
 void kvq_rt_probe_free(struct rt_probe *p)
@@ -36,6 +41,10 @@ void kvq_rt_probe_free(struct rt_probe *p)
     for (int32_t h = 0; p->k && h < p->n_kv; h++)
         free(p->k[h]);
     free(p->k);
+    kvq_rt_mass_memo_free(p->memo);
+    free(p->lgi);
+    free(p->lgb);
+    free(p->qb);
     free(p);
 }
 
@@ -45,7 +54,9 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
     struct rt_probe *P = r->probe;
     if (!P) {
         if (!(P = r->probe = calloc(1, sizeof *P)) ||
-            !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)))
+            !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)) ||
+            !(P->memo = kvq_rt_mass_memo_new()) ||
+            !(P->qb = malloc(sizeof(float) * (size_t)(r->gs + 1) * (size_t)r->d)))
             return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
         P->n_kv = r->n_kv;
     }
@@ -63,6 +74,17 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
             P->k[h] = k;
         }
         P->cap = cap;
+    }
+    if (nvis > P->lcap) {
+        const size_t gs = (size_t)r->gs;
+        float *a = realloc(P->lgi, sizeof(float) * gs * (size_t)P->cap);
+        if (a)
+            P->lgi = a;
+        float *b = a ? realloc(P->lgb, sizeof(float) * (gs + 1) * (size_t)P->cap) : NULL;
+        if (!b)
+            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
+        P->lgb = b;
+        P->lcap = P->cap;
     }
     const rt_layer *L = &r->layer[layer];
     for (int32_t h = 0; h < r->n_kv && P->valid < nvis; h++)
@@ -118,22 +140,48 @@ static kvq_status check_probe(const kvq_retrieval *r, int32_t layer, const float
     return KVQ_OK;
 }
 
+/* The far logits of the steps (rt_logit_memo.lgb): the group's queries rotated by R_b
+ * (as retrieval.c's rotate_queries), then under KVQ_GROUP_SUM with gs < 4 their sum in
+ * head order (as rerank.c's exact_logits), against the stored keys of rows [lo, nvis);
+ * M->nqb set. */
+static void far_logits(const kvq_retrieval *r, const rt_head *H, const float *q, int64_t lo,
+                       int64_t nvis, float *qb, float *lgb, rt_logit_memo *M)
+{
+    const int32_t d = r->d, gs = r->gs;
+    const int32_t nq = r->p.group == KVQ_GROUP_SUM && gs < 4 ? gs + 1 : gs;
+    for (int32_t g = 0; g < gs; g++)
+        kvq_rk_rotate(q + (size_t)g * d, r->bcos, r->bsin, (int)r->rope.layout, d,
+                      qb + (size_t)g * d);
+    if (nq > gs) {
+        float *qs = qb + (size_t)gs * d;
+        memcpy(qs, qb, sizeof(float) * (size_t)d);
+        for (int32_t g = 1; g < gs; g++)
+            for (int32_t t = 0; t < d; t++)
+                qs[t] += qb[(size_t)g * d + t];
+    }
+    const int64_t nv = nvis - lo;
+    kvq_rk_logits(r->p.isa, qb, nq, d, (const char *)H->k + (size_t)lo * d * r->es,
+                  r->p.cache_dtype, d, NULL, nv, 1.0f, lgb, nv);
+    M->nqb = nq;
+}
+
 /* Exact attention of the row's group over the visible rows [lo, nvis) of H (as the
  * step's measurement computes it): probabilities into S->pfull [gs, nvis - lo], outputs
- * into S->ofull [gs, d]. */
+ * into S->ofull [gs, d]; the logits before the softmax into lgi [gs, nvis - lo]. */
 static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *H,
                       const float *ktok, const float *q, int64_t pos, int64_t lo, int64_t nvis,
-                      rt_scratch *S)
+                      rt_scratch *S, float *lgi)
 {
     const int32_t d = r->d, gs = r->gs;
     const int64_t nv = nvis - lo;
     const float scale = (float)(1.0 / sqrt((double)d));
     for (int32_t g = 0; g < gs; g++)
         kvq_rt_rotate(r, q + (size_t)g * d, pos, S->qi + (size_t)g * d);
-    for (int64_t j = lo; j < nvis; j++)
-        memcpy(S->krot + (size_t)(j - lo) * d, ktok + (size_t)kvq_rt_row_token(H, j) * d,
-               sizeof(float) * (size_t)d);
-    kvq_rk_logits(r->p.isa, S->qi, gs, d, S->krot, KVQ_DT_F32, d, NULL, nv, scale, S->pfull, nv);
+    /* row j's key is token kvq_rt_row_token(H, j)'s of ktok: gathered by the kernel (the
+     * same values as from a copy in row order) */
+    kvq_rk_logits(r->p.isa, S->qi, gs, d, H->tok ? ktok : ktok + (size_t)lo * d, KVQ_DT_F32, d,
+                  H->tok ? H->tok + lo : NULL, nv, scale, S->pfull, nv);
+    memcpy(lgi, S->pfull, sizeof(float) * (size_t)gs * (size_t)nv);
     kvq_rk_softmax(r->p.isa, S->pfull, gs, nv, nv);
     kvq_rk_mix(r->p.isa, S->pfull, gs, nv, (const char *)H->v + (size_t)lo * d * r->es,
                r->p.cache_dtype, d, NULL, nv, d, S->ofull);
@@ -146,18 +194,34 @@ static void measure_against(const kvq_retrieval *r, const rt_scratch *S, int64_t
 {
     const int32_t d = r->d, gs = r->gs;
     double mass = 0, rel = 0;
-    for (int32_t g = 0; g < gs; g++) {
-        const float *pf = S->pfull + (size_t)g * nv;
-        double sm = 0, e2 = 0, f2 = 0;
-        for (int64_t a = 0; a < m; a++)
-            sm += pf[S->att[a] - lo];
-        for (int32_t t = 0; t < d; t++) {
-            const double x = o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
-            e2 += (x - y) * (x - y);
-            f2 += y * y;
+    /* each head's mass summed in att order; up to four heads' sums side by side (their
+     * adds do not wait on each other) */
+    double smg[4];
+    for (int32_t g0 = 0; g0 < gs; g0 += 4) {
+        const int32_t ng = gs - g0 < 4 ? gs - g0 : 4;
+        const float *p0 = S->pfull + (size_t)g0 * nv;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t a = 0; a < m; a++) {
+            const int64_t j = S->att[a] - lo;
+            s0 += p0[j];
+            s1 += ng > 1 ? p0[nv + j] : 0.0f;
+            s2 += ng > 2 ? p0[2 * nv + j] : 0.0f;
+            s3 += ng > 3 ? p0[3 * nv + j] : 0.0f;
         }
-        mass += sm;
-        rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+        const double sv[4] = {s0, s1, s2, s3};
+        for (int32_t i = 0; i < ng; i++)
+            smg[(g0 + i) % 4] = sv[i];
+        for (int32_t g = g0; g < g0 + ng; g++) {
+            const double sm = smg[g % 4];
+            double e2 = 0, f2 = 0;
+            for (int32_t t = 0; t < d; t++) {
+                const double x = o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
+                e2 += (x - y) * (x - y);
+                f2 += y * y;
+            }
+            mass += sm;
+            rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
+        }
     }
     z->measured++;
     z->recall_mass += mass / gs;
@@ -194,13 +258,19 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
     memset(stats, 0, sizeof *stats * (size_t)n_set);
     const rt_sums saved = S->sums; /* the context's pending sums stay as they were */
     kvq_retrieval rc = *r;         /* the context under each setting's parameters */
+    rt_logit_memo M;               /* the steps' logits of the current head */
     rc.p.measure = 0;              /* measured here, against one exact attention */
     S->status = KVQ_OK;
     for (int32_t h = 0; h < r->n_kv; h++) {
         const float *qh = q + (size_t)h * gs * d;
         const float *ktok = r->probe->k[h];
-        exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S);
+        exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S, r->probe->lgi);
+        M = (rt_logit_memo){.lo = lo, .nv = nvis - lo, .lgi = r->probe->lgi, .lgb = r->probe->lgb};
+        far_logits(r, &L->head[h], qh, lo, nvis, r->probe->qb, r->probe->lgb, &M);
+        S->lg_memo = &M; /* the steps' logits, gathered */
         S->ktok = ktok; /* the steps' keys from the same table */
+        S->mass_memo = r->probe->memo; /* the mass steps' scores, exponentials */
+        kvq_rt_mass_memo_next(S->mass_memo);
         for (int32_t c = 0; c < n_set; c++) {
             rc.p.selector = set[c].selector;
             rc.p.budget = set[c].budget;
@@ -213,6 +283,8 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         }
     }
     S->ktok = NULL;
+    S->lg_memo = NULL;
+    S->mass_memo = NULL;
     S->sums = saved;
     free(o);
     if (S->status) {

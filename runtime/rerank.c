@@ -65,7 +65,12 @@ static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, f
             for (int32_t t = 0; t < d; t++)
                 qs[t] += q[(size_t)g * d + t];
     }
-    if (rope) {
+    const rt_logit_memo *M = S->lg_memo;
+    if (!rope && M && M->nqb >= nq) { /* the probe's: the same values, gathered */
+        for (int32_t g = 0; g < nq; g++)
+            for (int64_t a = 0; a < n; a++)
+                lg[(size_t)g * n + a] = M->lgb[(size_t)g * M->nv + rows[a] - M->lo];
+    } else if (rope) {
         for (int64_t a = 0; a < n; a++)
             step_key(st, rows[a], S->krot + (size_t)a * d);
         kvq_rk_logits(r->p.isa, q, nq, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, lg, n);
@@ -125,6 +130,15 @@ static void logits_span(const rt_step *st, const int32_t *att, int64_t a0, int64
     const int32_t d = r->d;
     if (a1 <= a0)
         return;
+    const rt_logit_memo *M = S->lg_memo;
+    if (M) { /* the probe's: the kernels' values of these rows, gathered */
+        for (int32_t g = 0; g < r->gs; g++)
+            for (int64_t a = a0; a < a1; a++)
+                S->logits[(size_t)g * m + a] =
+                    rot ? M->lgi[(size_t)g * M->nv + att[a] - M->lo]
+                        : M->lgb[(size_t)g * M->nv + att[a] - M->lo] * scale;
+        return;
+    }
     if (rot) {
         for (int64_t a = a0; a < a1; a++)
             step_key(st, att[a], S->krot + (size_t)(a - a0) * d);

@@ -85,6 +85,18 @@ typedef struct rt_sums {
  * each time). */
 #define KVQ_RT_BAND_ROTATIONS 32
 
+/* The logits kvq_retrieval_probe's steps of one (row, head) share (probe.c, read by
+ * rerank.c): the kernels' values of every visible row [lo, lo + nv), by row, so a step
+ * gathers the same bits it would compute.
+ *   lgi  [gs, nv]   q R_i . (k_j rotated), scaled by 1/sqrt(d) (the exact row's logits)
+ *   lgb  [nqb, nv]  q R_b . k_j (stored keys), unscaled: the group's query heads, then
+ *                   (nqb = gs + 1) their sum in head order (rerank.c's summed query) */
+typedef struct rt_logit_memo {
+    int64_t lo, nv;
+    int32_t nqb;
+    const float *lgi, *lgb;
+} rt_logit_memo;
+
 /* Per-thread scratch, sized for T visible tokens. */
 typedef struct rt_scratch {
     int64_t cap;         /* T it holds */
@@ -122,6 +134,9 @@ typedef struct rt_scratch {
                             [s_end - lo, + rr_kept) of [gs, m]); 0: it did not */
     const float *ktok;   /* NULL, or the step's head's keys rotated, by token [nvis, d]
                             (set by kvq_retrieval_probe for its steps) */
+    const rt_logit_memo *lg_memo; /* NULL, or the probe's logits of the step's row */
+    struct rt_mass_memo *mass_memo; /* NULL, or what the mass selector's steps of one
+                            (row, head) share (mass.h; set by kvq_retrieval_probe) */
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */

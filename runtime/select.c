@@ -14,6 +14,7 @@
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
 #include "runtime/kernels.h"
+#include "runtime/mass.h"
 
 /* Sum of the group's query rows.   q: [gs, d] -> out: [d] */
 static void group_sum(const float *q, int32_t gs, int32_t d, float *out)
@@ -184,72 +185,6 @@ static void quest_scores(const rt_step *st, float *scores, double *bytes)
     *bytes += (double)pages * 2.0 * d * sizeof(float);
 }
 
-/* ---- mass: smallest set reaching tau of the approximate softmax --------------------------- */
-
-/* Number of candidates k* of the hcattention rule: the smallest k such that the k
- * largest logits (ties to the lower index, as kvq_rk_topk takes them) hold at least
- * tau of softmax(logits). O(n): a radix search like kvq_rk_topk with each bin weighted
- * by its softmax mass (in double). keys: [2n] scratch, w: [n] scratch. */
-static int64_t mass_count(const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
-{
-    uint32_t *sub = keys + n;
-    float mx = lg[0];
-    for (int64_t j = 1; j < n; j++)
-        mx = lg[j] > mx ? lg[j] : mx;
-    double Z = 0;
-    for (int64_t j = 0; j < n; j++)
-        Z += exp((double)lg[j] - mx);
-    double need = tau * Z; /* mass still to collect below the digits fixed so far */
-    int64_t taken = 0;     /* candidates above the digits fixed so far */
-    uint32_t T = 0;
-    int64_t m = n;
-    for (int pass = 0; pass < 3; pass++) {
-        const int shift = kvq_rk_digit_shift(pass);
-        const uint32_t mask = kvq_rk_digit_mask(pass);
-        static const int64_t nb = KVQ_RK_HIST;
-        double hw[KVQ_RK_HIST];
-        int64_t hc[KVQ_RK_HIST];
-        memset(hw, 0, sizeof(double) * nb);
-        memset(hc, 0, sizeof(int64_t) * nb);
-        for (int64_t i = 0; i < m; i++) {
-            uint32_t k;
-            double e;
-            if (pass == 0) {
-                k = keys[i] = kvq_rk_key(lg[i]);
-                e = exp((double)lg[i] - mx);
-            } else {
-                k = sub[i];
-                e = w[i];
-            }
-            hw[(k >> shift) & mask] += e;
-            hc[(k >> shift) & mask]++;
-        }
-        uint32_t b = mask;
-        while (b > 0 && (hc[b] == 0 || hw[b] < need)) {
-            need -= hw[b];
-            taken += hc[b];
-            b--;
-        }
-        T |= b << shift;
-        /* keep the keys of the chosen bin (with their weights) for the next digit */
-        int64_t mm = 0;
-        for (int64_t i = 0; i < m; i++) {
-            const uint32_t k = pass == 0 ? keys[i] : sub[i];
-            if (((k >> shift) & mask) == b) {
-                w[mm] = pass == 0 ? exp((double)lg[i] - mx) : w[i];
-                sub[mm++] = k;
-            }
-        }
-        m = mm;
-    }
-    /* m keys equal T remain, each of weight w[0]: take as many as the mass needs */
-    if (m == 0)
-        return taken > 0 ? taken : 1;
-    int64_t ties = need <= 0 ? 1 : (int64_t)ceil(need / w[0]);
-    ties = ties < 1 ? 1 : ties > m ? m : ties;
-    return taken + ties;
-}
-
 /* ---- the selection ------------------------------------------------------------------------ */
 
 static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
@@ -282,6 +217,22 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
         group_sum(S->qx, gs, d, qs);
         *codebook_bytes += (double)kvq_rk_table_bytes(st->L->tab[st->head]);
         *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(cb)->groups;
+        /* the probe's steps of one (row, head): the CPU backend's scores once, the top k
+         * from one order of them (the same selection, mass.h) */
+        rt_mass_memo *mm = r->be->device == KVQ_RETRIEVAL_DEVICE_CPU ? S->mass_memo : NULL;
+        if (mm && kvq_rt_mass_memo_topk(mm, nc, k, sel) < 0) {
+            const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+            const kvq_rk_table *tab = st->L->tab[st->head];
+            kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+            kvq_rk_score(r->p.isa, S->lut, D->groups, D->k,
+                         st->H->codes + (size_t)st->s_end * D->groups, nc, scores);
+            kvq_rt_mass_memo_put(mm, scores, nc, (double)kvq_rk_table_bytes(tab));
+        }
+        const int64_t nm = mm ? kvq_rt_mass_memo_topk(mm, nc, k, sel) : -1;
+        for (int64_t j = 0; j < nm; j++)
+            sel[j] += (int32_t)st->s_end;
+        if (nm >= 0)
+            return nm;
         kvq_err e = {0};
         const kvq_status s = r->be->select(st, qs, k, sel, &e);
         if (s) { /* recorded for attend(); the step attends sinks and window only */
@@ -305,8 +256,13 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
         oracle_scores(st, scores);
         *sel_bytes += (double)nc * r->d * r->es;
         break;
-    case KVQ_SELECT_CODEBOOK:
     case KVQ_SELECT_MASS:
+        /* the probe's steps of one (row, head) score the candidates once (mass.h) */
+        if (!kvq_rt_mass_memo_scores(S->mass_memo, nc, scores, codebook_bytes))
+            codebook_scores(st, scores, codebook_bytes);
+        *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(st->L->cb[st->head])->groups;
+        break;
+    case KVQ_SELECT_CODEBOOK:
         codebook_scores(st, scores, codebook_bytes);
         *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(st->L->cb[st->head])->groups;
         break;
@@ -326,10 +282,14 @@ static int64_t select_once(const rt_step *st, kvq_selector selector, int64_t k, 
         for (int64_t j = 0; j < nc; j++)
             S->tmp[j] = scores[j] * sc;
         const int64_t kstar =
-            r->p.tau >= 1.0 ? nc : mass_count(S->tmp, nc, r->p.tau, S->work, S->mwork);
+            r->p.tau >= 1.0 ? nc
+                            : kvq_rt_mass_count_memo(S->mass_memo, scores, *codebook_bytes,
+                                                     S->tmp, nc, r->p.tau, S->work, S->mwork);
         k = kstar < k ? kstar : k;
     }
-    const int64_t n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);
+    int64_t n = selector == KVQ_SELECT_MASS ? kvq_rt_mass_memo_topk(S->mass_memo, nc, k, sel) : -1;
+    if (n < 0)
+        n = kvq_rk_topk(r->p.isa, scores, nc, k, sel, S->work);
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)st->s_end;
     return n;

@@ -254,10 +254,12 @@ static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, con
 }
 
 /* Sequence i of layer file L into thread t's buffers; the bseq of it (measured rows:
- * `sample` of the continuation rows, thr_sample_rows). */
+ * `sample` of the continuation rows, thr_sample_rows). probe: only what the sampled path
+ * reads (probe_sequence): the queries of the measured rows, the keys and values up to
+ * the last of them; else every row (the reference path). */
 static bseq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
                           int64_t i, int32_t t, int64_t sample, double prompt_fraction,
-                          const seq_bufs *b)
+                          int probe, const seq_bufs *b)
 {
     const int32_t nh = ci->model.n_heads, nkv = ci->model.n_kv_heads, d = ci->model.head_dim;
     const int64_t r0 = ci->sequences[2 * i], n = ci->sequences[2 * i + 1], lg = b->longest;
@@ -265,18 +267,22 @@ static bseq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_
           *v = b->v + (size_t)t * lg * nkv * d;
     int64_t *pos = b->pos + (size_t)t * lg, *cand = b->cand + (size_t)t * lg,
             *mrow = b->mrow + (size_t)t * lg;
-    for (int64_t j = 0; j < n; j++) {
-        kvq_capture_read_heads(L->q, L->qidx[r0 + j], 0, nh, q + (size_t)j * nh * d);
-        kvq_capture_read_heads(L->k, r0 + j, 0, nkv, k + (size_t)j * nkv * d);
-        kvq_capture_read_heads(L->v, r0 + j, 0, nkv, v + (size_t)j * nkv * d);
-        pos[j] = thr_layer_pos(L, r0 + j);
-    }
     const int64_t P = thr_prompt_len(prompt_fraction, n);
     for (int64_t j = P; j < n; j++)
         cand[j - P] = j;
     const bseq S = {.layer = layer, .n = n, .P = P, .q = q, .k = k, .v = v, .pos = pos,
                     .mrow = mrow, .nm = thr_sample_rows(cand, n - P, sample, mrow),
                     .nh = nh, .nkv = nkv, .d = d, .rec_ld = b->rec_ld};
+    const int64_t end = probe ? (S.nm > 0 ? mrow[S.nm - 1] + 1 : 0) : n;
+    for (int64_t j = 0; j < end; j++) {
+        kvq_capture_read_heads(L->k, r0 + j, 0, nkv, k + (size_t)j * nkv * d);
+        kvq_capture_read_heads(L->v, r0 + j, 0, nkv, v + (size_t)j * nkv * d);
+        pos[j] = thr_layer_pos(L, r0 + j);
+    }
+    for (int64_t a = 0; a < (probe ? S.nm : n); a++) {
+        const int64_t j = probe ? mrow[a] : a;
+        kvq_capture_read_heads(L->q, L->qidx[r0 + j], 0, nh, q + (size_t)j * nh * d);
+    }
     return S;
 }
 
@@ -333,7 +339,7 @@ static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, in
         if (ci->sequences[2 * i + 1] < 2)
             continue;
         const int32_t t = thread_num();
-        bseq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, b);
+        bseq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, 1, b);
         S.rec_at = at[i];
         st[i] = probe_sequence(b->ctx[t], b->rs, n_set, &S, part + i * n_set,
                                b->z + (size_t)t * n_set, sample ? b->rec : NULL, &errs[i]);
@@ -390,7 +396,7 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
         for (int64_t i = 0; p->reference && i < ci->n_sequences && !s; i++) {
             if (ci->sequences[2 * i + 1] < 2)
                 continue;
-            const bseq S = load_sequence(ci, &L, layer, i, 0, 0, p->prompt_fraction, b);
+            const bseq S = load_sequence(ci, &L, layer, i, 0, 0, p->prompt_fraction, 0, b);
             s = run_sequence(set, n_set, p->threads, &S, b->out, b->st, b->errs, err);
         }
         thr_layer_close(&L);

@@ -1,0 +1,320 @@
+/*
+ * mass.c — the count k* of hcattention's cumulative-mass rule (the mass selector,
+ * select.c): the smallest k such that the k largest logits (ties to the lower index, as
+ * kvq_rk_topk takes them) hold at least tau of softmax(logits). O(n): a radix search
+ * like kvq_rk_topk with each bin weighted by its softmax mass (in double).
+ *
+ * Written once for two callers: a decode step (kvq_rt_mass_count, one tau), and the
+ * steps of kvq_retrieval_probe that measure one (row, head) under several taus: those
+ * share the candidates' scores, and so the exponentials, their sum and the first
+ * digit's histogram (rt_mass_memo: made by the first such step, read by the others),
+ * and only the walk from tau on is run per tau. Either way the same sums in the same
+ * order, so the same k* (tests/test_mass.c). The same steps share one order of the
+ * candidates by score, from which each budget's top k is a prefix (nested selections).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/kernels.h"
+#include "runtime/mass.h"
+
+/* A digit's histogram: hw[b] the weights of the keys whose digit is b, summed in index
+ * order, hc[b] their count, and a bitmap of the nonempty bins (walked from the top). */
+#define HIST_WORDS (KVQ_RK_HIST / 64)
+typedef struct digit_hist {
+    double hw[KVQ_RK_HIST];
+    int64_t hc[KVQ_RK_HIST];
+    uint64_t used[HIST_WORDS];
+} digit_hist;
+
+static void hist_clear(digit_hist *h)
+{
+    memset(h->hw, 0, sizeof h->hw);
+    memset(h->hc, 0, sizeof h->hc);
+    memset(h->used, 0, sizeof h->used);
+}
+
+/* Counts keys [m] with weights w [m] into h (clear on entry). */
+static void hist_count(digit_hist *h, const uint32_t *keys, const double *w, int64_t m, int pass)
+{
+    const int shift = kvq_rk_digit_shift(pass);
+    const uint32_t mask = kvq_rk_digit_mask(pass);
+    for (int64_t i = 0; i < m; i++) {
+        const uint32_t b = (keys[i] >> shift) & mask;
+        h->hc[b]++;
+        h->hw[b] += w[i];
+        h->used[b >> 6] |= (uint64_t)1 << (b & 63);
+    }
+}
+
+/* Back to clear: only the bins it used. */
+static void hist_reset(digit_hist *h)
+{
+    for (int i = 0; i < HIST_WORDS; i++)
+        for (uint64_t u = h->used[i]; u; u &= u - 1) {
+            const int b = i * 64 + __builtin_ctzll(u);
+            h->hw[b] = 0;
+            h->hc[b] = 0;
+        }
+    memset(h->used, 0, sizeof h->used);
+}
+
+/* The walk of one digit from the top: the bins above the one that completes `need`
+ * taken whole (need and taken updated). Empty bins change nothing (need - 0 = need),
+ * so only the nonempty ones are visited; the walk stops at bin 0 as the full one does.
+ * Returns the digit. */
+static uint32_t hist_walk(const digit_hist *h, double *need, int64_t *taken)
+{
+    for (int i = HIST_WORDS - 1; i >= 0; i--)
+        for (uint64_t u = h->used[i]; u; u &= ~((uint64_t)1 << (63 - __builtin_clzll(u)))) {
+            const uint32_t b = (uint32_t)(i * 64 + 63 - __builtin_clzll(u));
+            if (b == 0 || h->hw[b] >= *need)
+                return b;
+            *need -= h->hw[b];
+            *taken += h->hc[b];
+        }
+    return 0;
+}
+
+/* The keys of the chosen digit b (with their weights) kept for the next digit: sub, w
+ * [m] may be the inputs themselves (in place: out index <= in index). Returns the count. */
+static int64_t keep_digit(const uint32_t *keys, const double *e, int64_t m, int pass, uint32_t b,
+                          uint32_t *sub, double *w)
+{
+    const int shift = kvq_rk_digit_shift(pass);
+    const uint32_t mask = kvq_rk_digit_mask(pass);
+    int64_t mm = 0;
+    for (int64_t i = 0; i < m; i++)
+        if (((keys[i] >> shift) & mask) == b) {
+            w[mm] = e[i];
+            sub[mm++] = keys[i];
+        }
+    return mm;
+}
+
+/* The tau-independent part: keys, exponentials (exp(lg - max) in double), their sum in
+ * index order, the first digit's histogram (h cleared on entry). */
+static void mass_prepare(const float *lg, int64_t n, uint32_t *keys, double *e, double *Z,
+                         digit_hist *h)
+{
+    float mx = lg[0];
+    for (int64_t j = 1; j < n; j++)
+        mx = lg[j] > mx ? lg[j] : mx;
+    double z = 0;
+    for (int64_t j = 0; j < n; j++) {
+        keys[j] = kvq_rk_key(lg[j]);
+        e[j] = exp((double)lg[j] - mx);
+        z += e[j];
+    }
+    *Z = z;
+    hist_count(h, keys, e, n, 0);
+}
+
+/* k* for tau from the prepared state; sub [n], w [n] scratch (or keys and e themselves,
+ * then overwritten), h2 a clear histogram for the later digits, left clear (or h0
+ * itself, then cleared after its walk). */
+static int64_t mass_finish(const uint32_t *keys, const double *e, int64_t n, double Z,
+                           digit_hist *h0, double tau, uint32_t *sub, double *w, digit_hist *h2)
+{
+    double need = tau * Z; /* mass still to collect below the digits fixed so far */
+    int64_t taken = 0;     /* candidates above the digits fixed so far */
+    uint32_t b = hist_walk(h0, &need, &taken);
+    if (h2 == h0)
+        hist_reset(h0);
+    int64_t m = keep_digit(keys, e, n, 0, b, sub, w);
+    for (int pass = 1; pass < 3; pass++) {
+        hist_count(h2, sub, w, m, pass);
+        b = hist_walk(h2, &need, &taken);
+        hist_reset(h2);
+        m = keep_digit(sub, w, m, pass, b, sub, w);
+    }
+    /* m keys equal the threshold remain, each of weight w[0]: as many as the mass needs */
+    if (m == 0)
+        return taken > 0 ? taken : 1;
+    int64_t ties = need <= 0 ? 1 : (int64_t)ceil(need / w[0]);
+    ties = ties < 1 ? 1 : ties > m ? m : ties;
+    return taken + ties;
+}
+
+int64_t kvq_rt_mass_count(const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
+{
+    digit_hist h; /* one histogram for the three digits */
+    hist_clear(&h);
+    double Z;
+    /* e in w: the first keep_digit compacts keys and weights in place */
+    mass_prepare(lg, n, keys, w, &Z, &h);
+    return mass_finish(keys, w, n, Z, &h, tau, keys, w, &h);
+}
+
+/* ---- the memo of kvq_retrieval_probe ------------------------------------------------ */
+
+struct rt_mass_memo {
+    int valid;      /* scores (and n, cb_bytes) are the current (row, head)'s */
+    int prepared;   /* keys, e, Z, h0 too */
+    int ordered;    /* order too */
+    int64_t n, cap; /* candidates; arrays hold cap */
+    float *scores;  /* [cap] the candidates' scores (select.c's, before scaling) */
+    double cb_bytes; /* codebook bytes their scoring counted */
+    uint32_t *keys, *sub; /* [cap] */
+    double *e, *w;        /* [cap] */
+    double Z;
+    digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
+    int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
+    uint8_t *flag;        /* [cap] kept clear */
+};
+
+rt_mass_memo *kvq_rt_mass_memo_new(void)
+{
+    rt_mass_memo *m = calloc(1, sizeof *m); /* calloc: h2 starts clear */
+    return m;
+}
+
+void kvq_rt_mass_memo_free(rt_mass_memo *m)
+{
+    if (!m)
+        return;
+    free(m->scores);
+    free(m->keys);
+    free(m->sub);
+    free(m->e);
+    free(m->w);
+    free(m->order);
+    free(m->tmp);
+    free(m->flag);
+    free(m);
+}
+
+void kvq_rt_mass_memo_next(rt_mass_memo *m)
+{
+    if (m)
+        m->valid = m->prepared = m->ordered = 0;
+}
+
+int kvq_rt_mass_memo_scores(rt_mass_memo *m, int64_t n, float *scores, double *cb_bytes)
+{
+    if (!m || !m->valid || m->n != n)
+        return 0;
+    memcpy(scores, m->scores, sizeof *scores * (size_t)n);
+    *cb_bytes += m->cb_bytes;
+    return 1;
+}
+
+/* Grows the memo's arrays to n. 0 when out of memory (the memo then stays unused). */
+static int memo_reserve(rt_mass_memo *m, int64_t n)
+{
+    if (n <= m->cap)
+        return 1;
+    const size_t c = (size_t)n;
+    float *s = realloc(m->scores, c * sizeof *s);
+    if (s)
+        m->scores = s;
+    uint32_t *k = realloc(m->keys, c * sizeof *k), *u = k ? realloc(m->sub, c * sizeof *u) : NULL;
+    if (k)
+        m->keys = k;
+    if (u)
+        m->sub = u;
+    double *e = realloc(m->e, c * sizeof *e), *w = e ? realloc(m->w, c * sizeof *w) : NULL;
+    if (e)
+        m->e = e;
+    if (w)
+        m->w = w;
+    int32_t *o = realloc(m->order, c * sizeof *o), *t = o ? realloc(m->tmp, c * sizeof *t) : NULL;
+    if (o)
+        m->order = o;
+    if (t)
+        m->tmp = t;
+    uint8_t *f = realloc(m->flag, c);
+    if (f) {
+        memset(f, 0, c);
+        m->flag = f;
+    }
+    if (!s || !k || !u || !e || !w || !o || !t || !f)
+        return 0;
+    m->cap = n;
+    return 1;
+}
+
+/* The memo holds scores [n] (with their codebook bytes) from here on; 0 when it
+ * cannot (out of memory). */
+static int memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes)
+{
+    if (m->valid && m->n == n)
+        return 1;
+    if (!memo_reserve(m, n))
+        return 0;
+    memcpy(m->scores, scores, sizeof *scores * (size_t)n);
+    m->cb_bytes = cb_bytes;
+    m->n = n;
+    m->valid = 1;
+    m->prepared = m->ordered = 0;
+    return 1;
+}
+
+int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
+                               const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
+{
+    if (!m || !memo_put(m, scores, n, cb_bytes))
+        return kvq_rt_mass_count(lg, n, tau, keys, w);
+    if (!m->prepared) {
+        hist_clear(&m->h0);
+        mass_prepare(lg, n, m->keys, m->e, &m->Z, &m->h0);
+        m->prepared = 1;
+    }
+    return mass_finish(m->keys, m->e, n, m->Z, &m->h0, tau, m->sub, m->w, &m->h2);
+}
+
+/* The candidates by score, descending, equal keys (kvq_rk_key) by index: a stable LSD
+ * radix sort of the inverted keys, four 8-bit digits. */
+static void make_order(rt_mass_memo *m)
+{
+    const int64_t n = m->n;
+    uint32_t *key = m->sub; /* the inverted keys, by candidate */
+    int32_t *a = m->order, *b = m->tmp;
+    for (int64_t j = 0; j < n; j++) {
+        key[j] = ~kvq_rk_key(m->scores[j]);
+        a[j] = (int32_t)j;
+    }
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t cnt[257] = {0};
+        for (int64_t j = 0; j < n; j++)
+            cnt[((key[a[j]] >> shift) & 255u) + 1]++;
+        for (int i = 0; i < 256; i++)
+            cnt[i + 1] += cnt[i];
+        for (int64_t j = 0; j < n; j++)
+            b[cnt[(key[a[j]] >> shift) & 255u]++] = a[j];
+        int32_t *t = a;
+        a = b;
+        b = t;
+    }
+    /* four passes: the result is back in m->order */
+    m->ordered = 1;
+}
+
+int kvq_rt_mass_memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes)
+{
+    return m && memo_put(m, scores, n, cb_bytes);
+}
+
+int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *sel)
+{
+    if (!m || !m->valid || m->n != n)
+        return -1;
+    if (!m->ordered)
+        make_order(m); /* (its scratch is mass_finish's: the prepared state stays) */
+    if (k > n)
+        k = n;
+    for (int64_t i = 0; i < k; i++)
+        m->flag[m->order[i]] = 1;
+    int64_t c = 0;
+    uint8_t *f = m->flag;
+    int64_t last = 0; /* the scan ends at the last flagged candidate */
+    for (int64_t i = 0; i < k; i++)
+        last = m->order[i] > last ? m->order[i] : last;
+    for (int64_t j = 0; j <= last && k > 0; j++) { /* branch-free: sel has room for k */
+        sel[c] = (int32_t)j;
+        c += f[j];
+        f[j] = 0;
+    }
+    return c;
+}

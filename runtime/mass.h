@@ -1,0 +1,40 @@
+/*
+ * runtime/mass.h — the count k* of the mass selector (runtime/mass.c), for select.c and
+ * probe.c. Not a public header.
+ */
+#ifndef KVQ_RUNTIME_MASS_H
+#define KVQ_RUNTIME_MASS_H
+
+#include <stdint.h>
+
+/* k* of hcattention's rule: the smallest k such that the k largest of lg [n] (n >= 1;
+ * ties to the lower index) hold at least tau of softmax(lg). keys: [n], w: [n] scratch. */
+int64_t kvq_rt_mass_count(const float *lg, int64_t n, double tau, uint32_t *keys, double *w);
+
+/* What the mass-selector steps of one (row, head) share under several taus
+ * (kvq_retrieval_probe): the candidates' scores and the tau-independent part of k*.
+ *   new / free     (free takes NULL)
+ *   next           a new (row, head): what the memo holds is no longer valid
+ *   scores         when the memo holds n candidates' scores: copies them into scores,
+ *                  adds their codebook bytes to *cb_bytes, returns 1; else 0
+ *   count_memo     k* as kvq_rt_mass_count (the same value), keeping scores [n] (with
+ *                  their cb_bytes) and the prepared state on the first call of a (row,
+ *                  head) and reading it on the others; m NULL or out of memory: plain */
+typedef struct rt_mass_memo rt_mass_memo;
+rt_mass_memo *kvq_rt_mass_memo_new(void);
+void kvq_rt_mass_memo_free(rt_mass_memo *m);
+void kvq_rt_mass_memo_next(rt_mass_memo *m);
+int kvq_rt_mass_memo_scores(rt_mass_memo *m, int64_t n, float *scores, double *cb_bytes);
+/*   put            the memo holds scores [n] with their cb_bytes from here on (kept
+ *                  when it holds n candidates' already); 0 when m is NULL or out of
+ *                  memory
+ *   topk           when the memo holds n candidates' scores: the top k of them as
+ *                  kvq_rk_topk selects them (the same set: ties to the lower index),
+ *                  ascending, into sel, from one order of the candidates made on the
+ *                  first call (nested selections share it); returns the count; else -1 */
+int kvq_rt_mass_memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_bytes);
+int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *sel);
+int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
+                               const float *lg, int64_t n, double tau, uint32_t *keys, double *w);
+
+#endif /* KVQ_RUNTIME_MASS_H */
