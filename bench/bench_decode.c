@@ -348,7 +348,7 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[4]; /* seconds in LUT, score gather, top-k, attention */
+    double phase[5]; /* seconds in LUT, score gather, top-k, attention; the rerank (in top-k) */
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
@@ -684,9 +684,11 @@ select:;
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
     S->rr_kept = 0;
+    const double t_rr = clk();
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
     t1 = clk();
+    S->phase[4] += t1 - t_rr;
     S->phase[2] += t1 - t0;
     m += ns;
     const int64_t m_far = m;
@@ -948,14 +950,14 @@ int main(int argc, char **argv)
                100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
                (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
                b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
-        double ph[4] = {0};
+        double ph[5] = {0};
         for (int t = 0; t < a.threads; t++)
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 5; i++)
                 ph[i] += scr[t].phase[i] / (double)a.reps;
         printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
-               "top-k %.3f ms, attention %.3f ms\n",
+               "top-k %.3f ms (rerank %.3f), attention %.3f ms\n",
                "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[3]);
+               1e3 * ph[4], 1e3 * ph[3]);
         if (!a.token_order)
             printf("%8s   code order: sorting the candidates' rows took %.1f ms for the %d "
                    "heads (once per prompt, then at growing lengths; not in the step)\n",

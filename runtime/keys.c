@@ -11,13 +11,14 @@
  * a pre-RoPE cache holds), converted to f32 and rotated by its position from the table
  * — the arithmetic a read-time rotation of the stored row performed — and stored in
  * f32. A read is then the row itself: the logits kernels take the rows by index, no copy
- * and no table row (256 bytes per key at d 64) per read. Every result is bit for bit
- * what read-time rotation gave. The rows are f32 whatever the cache dtype, since
- * rounding the rotated key to f16 would change results: an f16 cache holds its keys
- * in twice the bytes (the rotation table, [positions, d/2] cos and sin, is that size
- * again); bytes_read and kv_read still count the cache dtype's bytes, the KV a
- * pre-RoPE cache of that dtype reads. Nothing reads the pre-RoPE key after the append:
- * the codebook encoder takes it from the append (kvq_rt_key_pre).
+ * and no rotation (an f16 conversion, d/2 pair rotations and two table rows at a
+ * scattered position: about 150 ns per key) per read. Every result is bit for bit what
+ * read-time rotation gave. The rows are f32 whatever the cache dtype, since rounding
+ * the rotated key to f16 would change results: with an f16 cache (the default) the keys
+ * take twice the memory and a key row read moves 4 d bytes instead of 2 d (the KV cache
+ * 1.5x); bytes_read and kv_read still count the cache dtype's bytes (the KV a pre-RoPE
+ * cache of that dtype holds), so statistics are unchanged. Nothing reads the pre-RoPE
+ * key after the append: the codebook encoder takes it from the append (kvq_rt_key_pre).
  */
 #include <string.h>
 
