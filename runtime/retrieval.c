@@ -780,8 +780,12 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
     const int64_t n = c->n, T = past + n;
     const float scale = (float)(1.0 / sqrt((double)d));
-    for (int64_t j = 0; j < T; j++)
-        kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
+    const float *K = S->krot; /* the rotated keys [T, d]: under ROPE the cache's rows */
+    if (r->keys_rotated)
+        K = H->k;
+    else
+        for (int64_t j = 0; j < T; j++)
+            kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
     const float *V = H->v;
     if (r->es == 2) {
         kvq_f16_to_f32((const uint16_t *)H->v, S->vbuf, (size_t)T * d);
@@ -793,7 +797,7 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
                           S->qpre + (size_t)i * d);
         float *P = S->pre; /* [n, T] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale, S->qpre, d,
-                    S->krot, d, 0.0f, P, (int)T);
+                    K, d, 0.0f, P, (int)T);
         for (int64_t i = 0; i < n; i++) { /* causal, over the sliding window if any */
             const int64_t nvis = past + i + 1, lo = window_start(r, c->layer, nvis);
             float *row = P + (size_t)i * T;
