@@ -11,9 +11,10 @@
  * group ([gs, n]; the group's score is (sum q) . k, or the sum of the heads' logits, or
  * their maximum), so the kept rows' logits go to the attention (kvq_rt_attend_union)
  * instead of being computed again: their key rows are read once per step, not twice
- * (under ROPE the cache holds them rotated, keys.c: the kernels read the rows by index). One pass of the logits kernel covers up
- * to four query rows, so the heads cost what the summed query alone did (see
- * exact_logits for when the summed query's own logit is the score).
+ * (under ROPE the cache holds them rotated, keys.c: the kernels read the rows by
+ * index). One pass of the logits kernel covers up to four query rows, so the heads
+ * cost what the summed query alone did (see exact_logits for when the summed query's
+ * own logit is the score).
  */
 #include <math.h>
 #include <stdlib.h>
