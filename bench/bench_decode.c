@@ -6,6 +6,7 @@
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
  *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
+ *                [--preset smollm2]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -55,11 +56,15 @@
  * fused kernel recomputes them); their (R - 1) K extra key rows count in the retrieval
  * bytes.
  * --positions rope attends as the runtime's `--positions rope` (what calibrate records for
- * SmolLM2): every far row's key (sinks, selection, the rerank's candidates) converted to
- * f32 and rotated by its token's position from a [n, D/2] cos / sin table, as the
- * runtime's kvq_rt_key_rotated, then scored with q R_i (the default wrope: q R_b on the
- * stored keys). The table rows read (512 bytes per rotated key) are not counted in the
- * bytes.
+ * SmolLM2): the keys are held rotated by their tokens' positions in f32 (runtime/keys.c:
+ * rotated once when cached, not on every read), and every attended or reranked row's
+ * logit is q R_i . k_j R_j read from them by index (the default wrope: q R_b on the f16
+ * pre-RoPE keys, the window rotated on read). Its K rows count 4 D bytes.
+ * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
+ * K 256 artifact of docs/QUALITY.md, positions rope and score bands as calibrate records
+ * them, rerank 2): --codebook 256 --score bands --rerank 2 --positions rope (options after
+ * it override). The shape stays the one above, not SmolLM2's (9 query heads, 3 KV heads,
+ * d 64).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
  * (4 K_cb bytes, --select codes) + the attended K and V rows (2 d 2 bytes each), per KV
@@ -128,7 +133,7 @@ static int usage(void)
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
                     "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
-                    "[--positions wrope|rope]\n");
+                    "[--positions wrope|rope] [--preset smollm2]\n");
     return 2;
 }
 
@@ -217,6 +222,13 @@ static int parse(int argc, char **argv, args *a)
                 g_rope = 0;
             else
                 return usage();
+        } else if (!strcmp(o, "--preset")) { /* what calibrate ships for SmolLM2 */
+            if (strcmp(v, "smollm2"))
+                return usage();
+            a->codebook = 256;
+            a->bands = 1;
+            g_rerank = 2;
+            g_rope = 1;
         } else if (!strcmp(o, "--rerank")) {
             if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
                 return usage();
@@ -336,7 +348,7 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[4]; /* seconds in LUT, score gather, top-k, attention */
+    double phase[5]; /* seconds in LUT, score gather, top-k, attention; the rerank (in top-k) */
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
@@ -349,7 +361,6 @@ typedef struct scratch {
     float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
     int32_t *rsel;           /* --rerank: [n] the kept candidates */
     int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
-    float *rkrot;            /* --positions rope: [n, D] rotated keys of the far rows */
 } scratch;
 
 typedef struct layer {
@@ -367,8 +378,8 @@ typedef struct layer {
                   summed query rotated by the band's mean rotation (made outside the step) */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
-    float *rcos, *rsin; /* --positions rope: [n, D / 2] RoPE of every position, as the
-                           runtime's table (rcos / rsin) */
+    float *kr[N_KV]; /* --positions rope: [n, D] f32 keys rotated by their tokens'
+                        positions, rows as k (the runtime's cache under rope, keys.c) */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
 
@@ -554,16 +565,24 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 }
 
 
-/* Returns the attended token count. */
-/* --positions rope: key row j (a sink or a candidate) converted to f32 and rotated by
- * its token's position (the row's token under code order), as the runtime's
- * kvq_rt_key_rotated does. */
-static void key_rotated(const layer *L, int h, int64_t j, float *y)
+/* --positions rope: the f32 keys rotated by their tokens' positions (row j holds the
+ * row's token under code order), made when the cache is built, as runtime/keys.c does
+ * at append. */
+static int rotated_keys(layer *L, int h, const double *theta)
 {
-    const int64_t t = L->tok[h] && j >= SINK ? L->tok[h][j - SINK] : j;
-    float row[D];
-    kvq_f16_to_f32(L->k[h] + (size_t)j * D, row, D);
-    rotate(row, L->rcos + (size_t)t * (D / 2), L->rsin + (size_t)t * (D / 2), y);
+    if (!(L->kr[h] = bench_cache_alloc(sizeof(float) * (size_t)L->n * D)))
+        return 1;
+    for (int64_t j = 0; j < L->n; j++) {
+        const int64_t t = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : j;
+        float row[D], c[D / 2], sn[D / 2];
+        kvq_f16_to_f32(L->k[h] + (size_t)j * D, row, D);
+        for (int m = 0; m < D / 2; m++) {
+            c[m] = (float)cos((double)t * theta[m]);
+            sn[m] = (float)sin((double)t * theta[m]);
+        }
+        rotate(row, c, sn, L->kr[h] + (size_t)j * D);
+    }
+    return 0;
 }
 
 /* Candidates for a budget of k out of nc: ceil(R k) with --rerank R > 1, else k. */
@@ -581,10 +600,8 @@ static int64_t rerank_count(int64_t k, int64_t nc)
 static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32_t *rows,
                            int64_t n, int64_t k)
 {
-    if (g_rope) { /* q R_i . k_j R_j: each candidate rotated, as runtime/rerank.c */
-        for (int64_t a = 0; a < n; a++)
-            key_rotated(L, h, rows[a], S->rkrot + (size_t)a * D);
-        kvq_rk_logits(isa, S->qi, GS, D, S->rkrot, KVQ_DT_F32, D, NULL, n, 1.0f, S->rlg, n);
+    if (g_rope) { /* q R_i . k_j R_j from the rotated rows, as runtime/rerank.c */
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F32, D, rows, n, 1.0f, S->rlg, n);
     } else {
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
     }
@@ -667,15 +684,17 @@ select:;
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
     S->rr_kept = 0;
+    const double t_rr = clk();
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
     t1 = clk();
+    S->phase[4] += t1 - t_rr;
     S->phase[2] += t1 - t0;
     m += ns;
     const int64_t m_far = m;
     for (int64_t j = w_beg; j < n; j++)
         S->att[m++] = (int32_t)j;
-    for (int64_t a = 0; a < WINDOW; a++) {
+    for (int64_t a = 0; a < WINDOW && !g_rope; a++) {
         float row[D];
         const uint16_t *kr = L->k[h] + (size_t)(w_beg + a) * D;
         for (int t = 0; t < D; t++)
@@ -689,18 +708,19 @@ select:;
         kvq_rk_attend_rows(isa, S->state, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, L->v[h],
                            KVQ_DT_F16, D, S->att + m_far, WINDOW, scale);
         kvq_rk_attend_finish(S->state, GS, D, out);
-    } else if (g_rope) { /* the far rows rotated (the rerank's rows have their logits) */
+    } else if (g_rope) { /* rotated rows (the rerank's rows have their logits), window too */
         const int64_t mf = S->rr_kept ? m_far - S->rr_kept : m_far;
-        for (int64_t a = 0; a < mf; a++)
-            key_rotated(L, h, S->att[a], S->rkrot + (size_t)a * D);
-        kvq_rk_logits(isa, S->qi, GS, D, S->rkrot, KVQ_DT_F32, D, NULL, mf, scale, S->logits, m);
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F32, D, S->att, mf, scale, S->logits, m);
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h] + (size_t)w_beg * D, KVQ_DT_F32, D, NULL, WINDOW,
+                      scale, S->logits + m_far, m);
     } else { /* the rerank's rows have their logits: the sinks' only */
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att,
                       S->rr_kept ? m_far - S->rr_kept : m_far, scale, S->logits, m);
     }
     if (!fused) {
-        kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
-                      S->logits + m_far, m);
+        if (!g_rope)
+            kvq_rk_logits(isa, S->qi, GS, D, S->krot, KVQ_DT_F32, D, NULL, WINDOW, scale,
+                          S->logits + m_far, m);
         kvq_rk_softmax(isa, S->logits, GS, m, m);
         kvq_rk_mix(isa, S->logits, GS, m, L->v[h], KVQ_DT_F16, D, S->att, m, D, out);
     }
@@ -717,10 +737,12 @@ static uint64_t gather_rows(const layer *L, int h)
 {
     uint64_t s = 0;
     for (int pass = 0; pass < 2; pass++) {
-        const uint16_t *base = pass ? L->v[h] : L->k[h];
+        const int kb = !pass && g_rope ? 4 : 2; /* bytes per element */
+        const char *base = pass ? (const char *)L->v[h] : g_rope ? (const char *)L->kr[h]
+                                                                 : (const char *)L->k[h];
         for (int64_t a = 0; a < L->n_att[h]; a++) {
-            const uint64_t *r = (const uint64_t *)(base + (size_t)L->att[h][a] * D);
-            for (int t = 0; t < D * 2 / 8; t++)
+            const uint64_t *r = (const uint64_t *)(base + (size_t)L->att[h][a] * D * kb);
+            for (int t = 0; t < D * kb / 8; t++)
                 s += r[t];
         }
     }
@@ -777,7 +799,7 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_rerank, g_rope ? "rope" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
+           g_rerank, g_rope ? "rope (keys held rotated, f32)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
@@ -829,19 +851,9 @@ int main(int argc, char **argv)
             L.q[i] = (float)kvq_rng_normal(&rng);
         if (a.bands && band_queries(&L, n, theta))
             return 1;
-        if (g_rope) {
-            free(L.rcos); /* as the runtime's table: 2 MiB aligned, huge pages */
-            free(L.rsin);
-            L.rcos = bench_cache_alloc(sizeof(float) * (size_t)n * (D / 2));
-            L.rsin = bench_cache_alloc(sizeof(float) * (size_t)n * (D / 2));
-            if (!L.rcos || !L.rsin)
+        for (int h = 0; h < N_KV && g_rope; h++)
+            if (rotated_keys(&L, h, theta))
                 return 1;
-            for (int64_t j = 0; j < n; j++)
-                for (int m = 0; m < D / 2; m++) {
-                    L.rcos[(size_t)j * (D / 2) + m] = (float)cos((double)j * theta[m]);
-                    L.rsin[(size_t)j * (D / 2) + m] = (float)sin((double)j * theta[m]);
-                }
-        }
         for (int m = 0; m < D / 2; m++) {
             L.bcos[m] = (float)cos(2048.0 * theta[m]);
             L.bsin[m] = (float)sin(2048.0 * theta[m]);
@@ -859,8 +871,6 @@ int main(int argc, char **argv)
             S->logits = realloc(S->logits, sizeof(float) * (size_t)n * GS);
             S->rlg = realloc(S->rlg, sizeof(float) * (size_t)n * GS);
             S->rsel = realloc(S->rsel, sizeof(int32_t) * (size_t)n);
-            if (g_rope && (S->rkrot = realloc(S->rkrot, sizeof(float) * (size_t)n * D)))
-                memset(S->rkrot, 0, sizeof(float) * (size_t)n * D); /* no page faults timed */
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
@@ -923,13 +933,14 @@ int main(int argc, char **argv)
         const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
                      t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
-        const double b_rows = (double)attended * D * 2 * 2;
+        const int kb = g_rope ? 4 : 2; /* bytes per key element: rope keys are f32 */
+        const double b_rows = (double)attended * D * (kb + 2);
         const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows +
                              (double)N_KV * (double)(rerank_count(k_sel, n - SINK - WINDOW) - k_sel) *
-                                 D * 2;
+                                 D * kb;
         /* floors: every byte at the streaming read rate; and the attended rows at the rate
          * plain loads of exactly those rows achieved (t_rows), the rest streaming */
         const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;
@@ -939,14 +950,14 @@ int main(int argc, char **argv)
                100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
                (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
                b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
-        double ph[4] = {0};
+        double ph[5] = {0};
         for (int t = 0; t < a.threads; t++)
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < 5; i++)
                 ph[i] += scr[t].phase[i] / (double)a.reps;
         printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
-               "top-k %.3f ms, attention %.3f ms\n",
+               "top-k %.3f ms (rerank %.3f), attention %.3f ms\n",
                "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[3]);
+               1e3 * ph[4], 1e3 * ph[3]);
         if (!a.token_order)
             printf("%8s   code order: sorting the candidates' rows took %.1f ms for the %d "
                    "heads (once per prompt, then at growing lengths; not in the step)\n",
@@ -959,6 +970,8 @@ int main(int argc, char **argv)
             free(L.hist[h]);
             free(L.att[h]);
             free(L.tok[h]);
+            free(L.kr[h]);
+            L.kr[h] = NULL;
         }
         free(out_full);
         free(out_ret);
@@ -972,15 +985,12 @@ int main(int argc, char **argv)
         kvq_codebook_free(cb[h]);
     }
     free(L.bq);
-    free(L.rcos);
-    free(L.rsin);
     for (int t = 0; t < a.threads; t++) {
         free(scr[t].scores);
         free(scr[t].logits);
         free(scr[t].krot);
         free(scr[t].rlg);
         free(scr[t].rsel);
-        free(scr[t].rkrot);
         free(scr[t].work);
         free(scr[t].att);
         free(scr[t].cwork);

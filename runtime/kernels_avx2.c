@@ -279,6 +279,15 @@ static inline TARGET __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
 }
 
 #define PREFETCH_ROWS 8
+/* and rows this far ahead into L2 only: scattered rows (the rerank's candidates, the
+ * kept value rows) keep more misses in flight (kernels_avx512.c, LOGITS_FAR) */
+#define FAR_ROWS 64
+
+static inline TARGET void prefetch_l2(const void *row, int64_t bytes)
+{
+    for (int64_t b = 0; b < bytes; b += 64)
+        _mm_prefetch((const char *)row + b, _MM_HINT_T1);
+}
 
 TARGET void kvq_rk_logits_avx2(const float *q, int32_t nq, int32_t d, const void *K, int f16,
                                int64_t ld_k, const int32_t *idx, int64_t m, float scale,
@@ -298,6 +307,8 @@ TARGET void kvq_rk_logits_avx2(const float *q, int32_t nq, int32_t d, const void
                 for (int64_t b = 0; b < row_bytes; b += 64)
                     _mm_prefetch(pf + b, _MM_HINT_T0);
             }
+            if (idx && hb == 0 && j + FAR_ROWS < m)
+                prefetch_l2(row_ptr(K, f16, ld_k, idx[j + FAR_ROWS]), row_bytes);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t t = 0; t < dv; t += 8) {
                 const __m256 k = load8(row, f16, t);
@@ -395,6 +406,7 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
                             int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
 {
     const int32_t dv = d & ~7;
+    const int64_t row_bytes = (int64_t)d * (f16 ? 2 : 4);
     memset(out, 0, sizeof(float) * (size_t)nq * d);
     for (int64_t j0 = 0; j0 < m; j0 += MIX_ROWS) {
         const int64_t jn = m - j0 < MIX_ROWS ? m - j0 : MIX_ROWS;
@@ -410,6 +422,8 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
                 for (int h = 0; h < 4; h++)
                     acc[h][0] = acc[h][1] = _mm256_setzero_ps();
                 for (int64_t j = j0; j < j0 + jn; j++) {
+                    if (idx && hb == 0 && t0 == 0 && j + FAR_ROWS < m)
+                        prefetch_l2(row_ptr(V, f16, ld_v, idx[j + FAR_ROWS]), row_bytes);
                     const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
                     const __m256 v0 = load8(row, f16, t0);
                     const __m256 v1 = two ? load8(row, f16, t0 + 8) : v0;

@@ -10,10 +10,11 @@
  * The rerank computes the exact logit of every candidate for each query head of the
  * group ([gs, n]; the group's score is (sum q) . k, or the sum of the heads' logits, or
  * their maximum), so the kept rows' logits go to the attention (kvq_rt_attend_union)
- * instead of being computed again: their key rows are read (and under ROPE rotated)
- * once per step, not twice. One pass of the logits kernel covers up
- * to four query rows, so the heads cost what the summed query alone did (see
- * exact_logits for when the summed query's own logit is the score).
+ * instead of being computed again: their key rows are read once per step, not twice
+ * (under ROPE the cache holds them rotated, keys.c: the kernels read the rows by
+ * index). One pass of the logits kernel covers up to four query rows, so the heads
+ * cost what the summed query alone did (see exact_logits for when the summed query's
+ * own logit is the score).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -70,6 +71,8 @@ static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, f
         for (int32_t g = 0; g < nq; g++)
             for (int64_t a = 0; a < n; a++)
                 lg[(size_t)g * n + a] = M->lgb[(size_t)g * M->nv + rows[a] - M->lo];
+    } else if (rope && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
+        kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, KVQ_DT_F32, d, rows, n, 1.0f, lg, n);
     } else if (rope) {
         for (int64_t a = 0; a < n; a++)
             step_key(st, rows[a], S->krot + (size_t)a * d);
@@ -139,7 +142,10 @@ static void logits_span(const rt_step *st, const int32_t *att, int64_t a0, int64
                         : M->lgb[(size_t)g * M->nv + att[a] - M->lo] * scale;
         return;
     }
-    if (rot) {
+    if (rot && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
+        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, st->H->k, KVQ_DT_F32, d, att + a0, a1 - a0,
+                      scale, S->logits + a0, m);
+    } else if (rot) {
         for (int64_t a = a0; a < a1; a++)
             step_key(st, att[a], S->krot + (size_t)(a - a0) * d);
         kvq_rk_logits(r->p.isa, S->qi, r->gs, d, S->krot, KVQ_DT_F32, d, NULL, a1 - a0, scale,

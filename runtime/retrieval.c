@@ -3,7 +3,8 @@
  * retrieval attention step and the kvq_attn_backend that plugs both into the forward
  * pass.
  *
- *   attend(call)  1. append the chunk: pre-RoPE K and V into the cache (f16 or f32),
+ *   attend(call)  1. append the chunk: K and V into the cache (f16 or f32; under ROPE
+ *                    the keys rotated, in f32: keys.c),
  *                    positions, the codes of every key (kvq_codebook_encode, one call
  *                    per head and chunk), fier bits / quest page bounds; the far rows
  *                    of single-group codebooks then go in code order (row_order.c);
@@ -223,6 +224,8 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_
     r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_codebook_set_wrope_b(rt) : 2048;
     r->db = (r->d + 7) / 8;
     r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
+    r->keys_rotated = P.positions == KVQ_POSITIONS_ROPE; /* keys.c */
+    r->kes = r->keys_rotated ? sizeof(float) : r->es;
     kvq_rope_freqs(&r->rope, r->theta);
     for (int32_t m = 0; m < r->d / 2; m++) {
         const double a = (double)r->wrope_b * r->theta[m];
@@ -336,8 +339,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
     int ok = grow((void **)&L->pos, c * sizeof *L->pos);
     for (int32_t h = 0; ok && h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
-        const size_t old = (size_t)L->cap * d * r->es;
-        ok = grow_cache(&H->k, old, c * d * r->es) && grow_cache(&H->v, old, c * d * r->es);
+        const size_t old = (size_t)L->cap * d * r->kes, oldv = (size_t)L->cap * d * r->es;
+        ok = grow_cache(&H->k, old, c * d * r->kes) && grow_cache(&H->v, oldv, c * d * r->es);
         if (ok && G && (sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS))
             ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
         if (ok && H->tok)
@@ -481,31 +484,6 @@ static kvq_status reserve_rows(kvq_retrieval *r, rt_layer *L, int64_t n, const i
  * Keys: storage and rotation
  * ========================================================================== */
 
-void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y)
-{
-    const size_t half = (size_t)r->d / 2;
-    kvq_rk_rotate(x, r->rcos + (size_t)p * half, r->rsin + (size_t)p * half, (int)r->rope.layout,
-                  r->d, y);
-}
-
-/* Cached key (or value) row j as f32.   out: [d] */
-static void cache_row(const kvq_retrieval *r, const void *base, int64_t j, float *out)
-{
-    const size_t d = (size_t)r->d;
-    if (r->es == 2) { /* exact conversion: any ISA gives the same bits */
-        kvq_f16_to_f32((const uint16_t *)base + (size_t)j * d, out, d);
-    } else {
-        memcpy(out, (const float *)base + (size_t)j * d, d * sizeof *out);
-    }
-}
-
-void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
-                        float *y)
-{
-    cache_row(r, H->k, j, y);
-    kvq_rt_rotate(r, y, L->pos[kvq_rt_row_token(H, j)], y);
-}
-
 /* Fier: after token j was stored, update its group's per-channel range of the
  * post-RoPE keys; when the range moves, re-quantize the group's earlier tokens. */
 static void fier_append(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t j)
@@ -577,14 +555,12 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
     for (int32_t h = 0; h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
         for (int64_t i = 0; i < n; i++) {
-            const float *k = c->k + i * kvd + h * d, *v = c->v + i * kvd + h * d;
-            if (r->es == 2) {
-                kvq_f32_to_f16(k, (uint16_t *)H->k + (size_t)(past + i) * d, (size_t)d);
+            const float *v = c->v + i * kvd + h * d;
+            kvq_rt_store_key(r, H, past + i, c->pos[i], c->k + i * kvd + h * d);
+            if (r->es == 2)
                 kvq_f32_to_f16(v, (uint16_t *)H->v + (size_t)(past + i) * d, (size_t)d);
-            } else {
-                memcpy((float *)H->k + (size_t)(past + i) * d, k, sizeof(float) * (size_t)d);
+            else
                 memcpy((float *)H->v + (size_t)(past + i) * d, v, sizeof(float) * (size_t)d);
-            }
         }
     }
     const kvq_selector sel = r->p.selector;
@@ -601,10 +577,10 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
             r->pbuf[i] = (int32_t)c->pos[i];
         for (int32_t h = 0; h < r->n_kv; h++) {
             rt_head *H = &L->head[h];
-            /* the key as cached (f16-rounded in an f16 cache): codes describe what is
-             * stored, and the fit assigned exactly these values when they are f32 */
+            /* the pre-RoPE key as cached (f16-rounded in an f16 cache): codes describe
+             * what is stored, and the fit assigned exactly these values when they are f32 */
             for (int64_t i = 0; i < n; i++)
-                cache_row(r, H->k, past + i, r->kbuf + i * d);
+                kvq_rt_key_pre(r, c->k + i * kvd + h * d, r->kbuf + i * d);
             kvq_err e = {0};
             if ((s = kvq_codebook_encode(L->cb[h], r->kbuf, r->pbuf, n, 1, r->cbuf, &e)))
                 return kvq_err_set(err, s, "retrieval: layer %d head %d: %s", (int)c->layer, (int)h,
@@ -804,8 +780,12 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
     const int64_t n = c->n, T = past + n;
     const float scale = (float)(1.0 / sqrt((double)d));
-    for (int64_t j = 0; j < T; j++)
-        kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
+    const float *K = S->krot; /* the rotated keys [T, d]: under ROPE the cache's rows */
+    if (r->keys_rotated)
+        K = H->k;
+    else
+        for (int64_t j = 0; j < T; j++)
+            kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);
     const float *V = H->v;
     if (r->es == 2) {
         kvq_f16_to_f32((const uint16_t *)H->v, S->vbuf, (size_t)T * d);
@@ -817,7 +797,7 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
                           S->qpre + (size_t)i * d);
         float *P = S->pre; /* [n, T] */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)T, d, scale, S->qpre, d,
-                    S->krot, d, 0.0f, P, (int)T);
+                    K, d, 0.0f, P, (int)T);
         for (int64_t i = 0; i < n; i++) { /* causal, over the sliding window if any */
             const int64_t nvis = past + i + 1, lo = window_start(r, c->layer, nvis);
             float *row = P + (size_t)i * T;

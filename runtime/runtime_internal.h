@@ -52,7 +52,8 @@ kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
  * [sink, sorted_end) are in code order when tok is set (kvq/runtime.h "Row order"):
  * row j then holds token tok[j]. Rows [sorted_end, len) are always tokens in order. */
 typedef struct rt_head {
-    void *k, *v;      /* [cap, d] pre-RoPE keys and values, cache dtype */
+    void *k, *v;      /* [cap, d] keys and values, cache dtype; under ROPE the keys
+                         rotated by their positions, f32 (keys.c) */
     uint16_t *codes;  /* [cap, G] codebook and mass selectors */
     uint32_t *hist;   /* [K] single-group codebooks: how many of rows [0, len) have each code */
     uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
@@ -152,6 +153,8 @@ struct kvq_retrieval {
     kvq_rope rope;
     int32_t db; /* fier bytes per token */
     size_t es;  /* cache element size */
+    int keys_rotated; /* ROPE: rt_head.k holds f32 keys rotated by position (keys.c) */
+    size_t kes;       /* element size of rt_head.k: 4 when keys_rotated, else es */
     double theta[KVQ_ROPE_MAX_DIM / 2];
     float bcos[KVQ_ROPE_MAX_DIM / 2], bsin[KVQ_ROPE_MAX_DIM / 2]; /* R_b */
     float *rcos, *rsin; /* [rcap, d/2] cos / sin of every position seen */
@@ -189,11 +192,19 @@ struct rt_step {
 /* The token row j of head H holds. */
 static inline int64_t kvq_rt_row_token(const rt_head *H, int64_t j) { return H->tok ? H->tok[j] : j; }
 
-/* Rotates cached key row j of the step's head by its token's position into y [d] (f32). */
+/* Keys (keys.c).
+ *   key_rotated  cached key row j of the head rotated by its token's position into y [d]
+ *                (f32): the stored row when r->keys_rotated, else rotated on read
+ *   rotate       x [d] rotated by position p into y (may alias)
+ *   key_pre      the pre-RoPE key k [d] as the cache dtype holds it (f16-rounded in an
+ *                f16 cache), in f32, into out
+ *   store_key    stores key k [d] (pre-RoPE, f32) of the token at position pos as row j
+ *                of H: rotated in f32 when r->keys_rotated, else as the cache dtype */
 void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
                         float *y);
-/* Rotates x [d] by position p into y (may alias). */
 void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y);
+void kvq_rt_key_pre(const kvq_retrieval *r, const float *k, float *out);
+void kvq_rt_store_key(const kvq_retrieval *r, rt_head *H, int64_t j, int64_t pos, const float *k);
 
 /* A K or V array of `bytes` (retrieval.c): 2 MiB aligned and advised for huge pages
  * from 4 MiB on; free() releases it. NULL when out of memory. */

@@ -54,7 +54,7 @@ static void oracle_scores(const rt_step *st, float *scores)
             }
         return;
     }
-    /* ROPE: q R_i . k_j R_j, rotating each candidate on the fly */
+    /* ROPE: q R_i . k_j R_j (the cache holds the keys rotated: keys.c) */
     if (max)
         memcpy(q, S->qi, sizeof(float) * (size_t)gs * d);
     else

@@ -11,7 +11,8 @@
  *                 kvq_codebook per (layer, KV head). Immutable once opened; several
  *                 decoding contexts may share it.
  *   kvq_retrieval a decoding context: the per-sequence KV cache (pre-RoPE K and V in
- *                 f16 or f32, the codes of every key, selector metadata) and the
+ *                 f16 or f32; under positions ROPE the keys rotated, in f32; the codes
+ *                 of every key, selector metadata) and the
  *                 attention step. It plugs into the forward pass as a kvq_attn_backend
  *                 (kvq/model.h), so kvq run / kvq eval decode with it unchanged.
  *
@@ -294,7 +295,8 @@ typedef struct kvq_retrieval_params {
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
-    kvq_dtype cache_dtype;   /* KVQ_DT_F16 (default) or KVQ_DT_F32 */
+    kvq_dtype cache_dtype;   /* KVQ_DT_F16 (default) or KVQ_DT_F32 (under ROPE the keys
+                                are held rotated in f32, from this dtype's value) */
     int prefill_full;        /* 1 (default): chunks of more than one token attend
                                  exactly; 0: every query row uses retrieval */
     int measure;             /* 1: also compute exact attention per step and collect
