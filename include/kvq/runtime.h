@@ -317,8 +317,9 @@ typedef struct kvq_retrieval_params {
 kvq_retrieval_params kvq_retrieval_params_default(void);
 
 /* Bits of selector metadata per cached token and KV head that a selector scores
- * from, amortized over its groups: codebook / mass G log2 K (stored as G u16 codes),
- * fier d + 2 d 32 / fier_group (1-bit keys and the group's f32 min / max), quest
+ * from, amortized over its groups: codebook / mass G log2 K (stored as G u16 codes;
+ * the codebook's plus d b + 32 with the residual stage of b bits), fier
+ * d + 2 d 32 / fier_group (1-bit keys and the group's f32 min / max), quest
  * 2 d 32 / quest_page (the page's f32 min / max), oracle 16 d (the f16 key itself),
  * full 0. rt is needed for codebook and mass (0 without it). */
 double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
