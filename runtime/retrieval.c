@@ -48,6 +48,8 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
     p.rerank = 2;
+    p.resid_bits = 1;
+    p.resid_wide = 4;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;

@@ -1437,6 +1437,7 @@ static void test_score_positions(void **state)
             p.positions = KVQ_POSITIONS_ROPE;
             p.score_pos = mode ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
             p.rerank = 0; /* the codebook's own selection (test_rerank_exact: the second) */
+            p.resid_bits = 0; /* (test_resid_stage: the residual stage) */
             p.cache_dtype = KVQ_DT_F32;
             p.window = (int32_t)window;
             p.code_order = order;
@@ -1938,6 +1939,7 @@ static void test_codes_selection_equals_scores(void **state)
                     p.selector = v ? KVQ_SELECT_MASS : KVQ_SELECT_CODEBOOK;
                     p.tau = 1.0;
                     p.rerank = 0; /* the mass selector has no second stage */
+                    p.resid_bits = 0;
                     p.budget = (kvq_budget){.count = budgets[bi]};
                     p.prefill_full = pf;
                     p.window = 16;
@@ -2610,6 +2612,7 @@ static void test_rerank_exact(void **state)
                     p.code_order = order;
                     p.cache_dtype = KVQ_DT_F32;
                     p.isa = isas[isa];
+                    p.resid_bits = 0; /* the exact stage alone (test_resid_stage: both) */
                     kvq_retrieval_stats s0, s1, s2;
                     assert_int_equal(rerank_run(&c, rt, &s, p, k2, 0, cand, &s0), k2);
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s1), k);
@@ -2703,6 +2706,7 @@ static void test_resid_stage(void **state)
                     p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
                     p.code_order = order;
                     p.cache_dtype = KVQ_DT_F32;
+                    p.resid_bits = 0;
                     int32_t cand[60], got[60], want[60], idx[60], cidx[60];
                     float sc[60], scc[60];
                     kvq_retrieval_stats s0, s1;

@@ -293,10 +293,10 @@ typedef struct kvq_retrieval_params {
                                 R k key rows + k value rows (+ sinks, window) */
     int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
                                 each key's residual from its centroid kept at 1, 2, 4 or
-                                8 bits per channel plus an f32 scale; 0 = off (default) */
+                                8 bits per channel plus an f32 scale; 0 = off (default 1) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k) candidates,
                                 their residual scores keep ceil(rerank k) (k without the
-                                rerank); W in [1, 64] (default 0 = off) */
+                                rerank); 0 (off) or W in [1, 64] (default 4) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
