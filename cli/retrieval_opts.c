@@ -172,7 +172,7 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --resid-bits B     residual stage before the rerank: each key's residual\n"
                "                     from its centroid at B = 1, 2, 4 or 8 bits per channel\n"
                "                     (d B / 8 + 4 bytes); 0 = off (default 1)\n"
-               "  --resid-wide W     with --resid-bits: the codebook picks W x budget\n"
+               "  --resid-wide W     with --resid-bits: the codebook picks W x R x budget\n"
                "                     candidates, residual scores keep R x budget (default 4)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"

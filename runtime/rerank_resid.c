@@ -3,10 +3,10 @@
  * (kvq_retrieval_params.resid_bits, resid_wide; kvq/runtime.h): each cached key keeps,
  * besides its code, its residual from the centroid quantized to b bits per channel
  * with one f32 scale (d b / 8 + 4 bytes). At a step the codebook picks
- * ceil(resid_wide k) candidates; the residual scores q . (c + r^) under the position
- * mode (ROPE: the reconstruction rotated by the token's position, as the oracle rotates
- * the key) keep ceil(rerank k) of them (k without the exact rerank), which the exact
- * rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
+ * ceil(resid_wide k2) candidates, k2 = ceil(rerank k) (k without the exact rerank); the
+ * residual scores q . (c + r^) under the position mode (ROPE: the reconstruction
+ * rotated by the token's position, as the oracle rotates the key) keep k2 of them,
+ * which the exact rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
  * copy token and its neighbours) for a few bytes each instead of a key row.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with

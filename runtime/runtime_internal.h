@@ -175,7 +175,7 @@ struct rt_step {
 
 /* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
  * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] stored
- * as tokens first..first + n - 1; the candidate count ceil(resid_wide k) (k when off);
+ * as tokens first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
  * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
  * ascending), adding the bytes it reads. */
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);

@@ -2672,8 +2672,8 @@ static void resid_ref(const float *x, int32_t d, int32_t bits, double *y)
     }
 }
 
-/* Residual stage: with resid_bits b and resid_wide W (rerank off) the codebook picks
- * ceil(W k) candidates (its own selection of that budget) and the k kept are the best of
+/* Residual stage: with resid_bits b and resid_wide W (rerank off: W times the budget k)
+ * the codebook picks ceil(W k) candidates (its own selection of that budget) and the k kept are the best of
  * them by q . (c + r^) (the key's centroid in key space plus its quantized residual,
  * rotated by the token's position under ROPE; summed or maxed over the group), computed
  * here by brute force in double; the stage's bytes (d b / 8 + 4 per candidate) are in

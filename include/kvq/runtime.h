@@ -294,9 +294,10 @@ typedef struct kvq_retrieval_params {
     int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
                                 each key's residual from its centroid kept at 1, 2, 4 or
                                 8 bits per channel plus an f32 scale; 0 = off (default 1) */
-    double resid_wide;       /* with resid_bits: the codebook picks ceil(W k) candidates,
-                                their residual scores keep ceil(rerank k) (k without the
-                                rerank); 0 (off) or W in [1, 64] (default 4) */
+    double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
+                                (k2 = ceil(rerank k), the rerank's count, or k without
+                                the rerank), their residual scores keep k2; 0 (off) or W
+                                in [1, 64] (default 4) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
@@ -334,9 +335,11 @@ typedef struct kvq_retrieval kvq_retrieval;
  * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM, BACKEND (device memory or
  * an upload failed with device CUDA).
  * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V, plus
- * 2 G bytes of codes (codebook, mass), d/8 + 8d/fier_group bytes (fier) or
- * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
- * (n (nq + 3 + d) with ROPE, measure or prefill). */
+ * 2 G bytes of codes (codebook, mass), d + 4 bytes with the codebook's residual
+ * stage (an index per channel in a byte, not packed to resid_bits), d/8 +
+ * 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus per-thread
+ * scratch of about n (nq + 3) floats (n (nq + 3 + d) with ROPE, measure or
+ * prefill). */
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                 const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err);
 void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
