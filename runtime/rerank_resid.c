@@ -23,6 +23,9 @@
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
 
+/* Largest share of the candidates the stage scores (kvq_rt_resid_count). */
+#define KVQ_RT_RESID_MAX_SHARE 0.5
+
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale)
 {
     if (bits == 1) {
@@ -102,7 +105,11 @@ int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc)
 {
     if (r->p.resid_bits <= 0 || !(r->p.resid_wide > 1.0) || k >= nc)
         return k;
-    const double want = ceil(r->p.resid_wide * (double)k);
+    /* at most half the candidates (KVQ_RT_RESID_MAX_SHARE), never fewer than k: the
+     * stage's bytes stay under (d B / 8 + 4) / 2 per key at large budgets */
+    double want = ceil(r->p.resid_wide * (double)k);
+    const double cap = ceil(KVQ_RT_RESID_MAX_SHARE * (double)nc);
+    want = want > cap ? (cap > (double)k ? cap : (double)k) : want;
     return want >= (double)nc ? nc : (int64_t)want;
 }
 

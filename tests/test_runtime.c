@@ -24,6 +24,7 @@
 #include "kvq/runtime.h"
 #include "runtime/rk.h"
 #include "runtime/kernels.h"
+#include "runtime/runtime_internal.h"
 
 /* ==========================================================================
  * Helpers
@@ -2787,6 +2788,25 @@ static void test_resid_stage(void **state)
                                      (4.0 + d * bitsv[bi] + 32.0)) < 1e-12);
                 }
     assert_true(centroid_differs > 8); /* the residual decides, not the centroid */
+    /* the candidate count: ceil(W k), at most half the candidates but never below k */
+    {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        assert_int_equal(p.resid_bits, 1);
+        assert_true(p.resid_wide == 4);
+        kvq_retrieval *r = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 40);
+        assert_int_equal(kvq_rt_resid_count(r, 101, 1000), 404);
+        assert_int_equal(kvq_rt_resid_count(r, 130, 1001), 501);
+        assert_int_equal(kvq_rt_resid_count(r, 600, 1000), 600);
+        assert_int_equal(kvq_rt_resid_count(r, 1000, 1000), 1000);
+        kvq_retrieval_free(r);
+        p.resid_bits = 0;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 10);
+        kvq_retrieval_free(r);
+    }
     seq_free(&s);
     kvq_codebook_set_close(rt);
     codebooks_free(cbs, 1);

@@ -296,8 +296,9 @@ typedef struct kvq_retrieval_params {
                                 8 bits per channel plus an f32 scale; 0 = off (default 1) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
                                 (k2 = ceil(rerank k), the rerank's count, or k without
-                                the rerank), their residual scores keep k2; 0 (off) or W
-                                in [1, 64] (default 4) */
+                                the rerank), at most half of them but k2 or more; their
+                                residual scores keep k2; 0 (off) or W in [1, 64]
+                                (default 4) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
