@@ -19,7 +19,8 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     static const char *const value_opts[] = {
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
-        "--device",   "--rows",     "--score-pos", "--rerank"};
+        "--device",   "--rows",     "--score-pos", "--rerank",
+        "--resid-bits", "--resid-wide"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -101,6 +102,17 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         }
         if (!rc)
             o->p.rerank = f;
+    } else if (!strcmp(a, "--resid-bits")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 0, 8, &f)) && f != 0 && f != 1 && f != 2 && f != 4 &&
+            f != 8) {
+            fprintf(stderr, "kvq %s: --resid-bits: %s is not 0 (off), 1, 2, 4 or 8\n", cmd, val);
+            rc = 2;
+        }
+        if (!rc)
+            o->p.resid_bits = (int32_t)f;
+    } else if (!strcmp(a, "--resid-wide")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 1, 64, &f)))
+            o->p.resid_wide = f;
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
@@ -157,6 +169,11 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --rerank R         codebook selector in two stages: the codebook picks R x\n"
                "                     budget candidates, their exact keys keep the best budget\n"
                "                     (reads R x budget key rows); 0 = off (default 2)\n"
+               "  --resid-bits B     residual stage before the rerank: each key's residual\n"
+               "                     from its centroid at B = 1, 2, 4 or 8 bits per channel\n"
+               "                     (d B / 8 + 4 bytes); 0 = off (default 1)\n"
+               "  --resid-wide W     with --resid-bits: the codebook picks W x R x budget\n"
+               "                     candidates, residual scores keep R x budget (default 4)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

@@ -139,7 +139,10 @@ double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
     switch (s) {
     case KVQ_SELECT_CODEBOOK:
     case KVQ_SELECT_MASS:
-        return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt))
+        return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt)) +
+                        (s == KVQ_SELECT_CODEBOOK && p->resid_bits > 0 && p->resid_wide > 1.0
+                             ? (double)d * p->resid_bits + 32.0 /* residual stage */
+                             : 0.0)
                   : 0.0;
     case KVQ_SELECT_FIER:
         return (double)d + 2.0 * d * 32.0 / (double)p->fier_group;

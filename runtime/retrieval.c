@@ -49,6 +49,8 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
     p.rerank = 2;
+    p.resid_bits = 1;
+    p.resid_wide = 4;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;
@@ -85,6 +87,11 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "group";
     else if (!(p->rerank == 0 || (p->rerank >= 1 && p->rerank <= 64)))
         bad = "rerank";
+    else if (!(p->resid_bits == 0 || p->resid_bits == 1 || p->resid_bits == 2 ||
+               p->resid_bits == 4 || p->resid_bits == 8))
+        bad = "resid_bits";
+    else if (!(p->resid_wide == 0 || (p->resid_wide >= 1 && p->resid_wide <= 64)))
+        bad = "resid_wide";
     else if (!(p->tau > 0 && p->tau <= 1))
         bad = "tau";
     else if (p->code_order != 0 && p->code_order != 1)
@@ -163,6 +170,8 @@ static void head_free(rt_head *H)
     free(H->sel);
     free(H->sel_tok);
     free(H->tok);
+    free(H->rq);
+    free(H->rqs);
 }
 
 void kvq_retrieval_free(kvq_retrieval *r)
@@ -345,6 +354,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
             ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
         if (ok && H->tok)
             ok = grow((void **)&H->tok, c * sizeof *H->tok);
+        if (ok && G && sel == KVQ_SELECT_CODEBOOK && r->p.resid_bits)
+            ok = grow((void **)&H->rq, c * d) && grow((void **)&H->rqs, c * sizeof(float));
         if (ok && sel == KVQ_SELECT_FIER)
             ok = grow((void **)&H->fbits, c * (size_t)r->db) &&
                  grow((void **)&H->flo, fgroups * d * sizeof(float)) &&
@@ -587,6 +598,8 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
                                    e.msg);
             for (int64_t i = 0; i < n * G; i++)
                 H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
+            if (H->rq)
+                kvq_rt_resid_append(r, L->cb[h], H, r->kbuf, r->cbuf, past, n);
             if (G == 1) { /* per-code counts for kvq_rk_topk_codes */
                 if (!H->hist &&
                     !(H->hist = calloc((size_t)kvq_codebook_get_desc(L->cb[h])->k,

@@ -63,6 +63,8 @@ typedef struct rt_head {
     int32_t *sel_tok; /* [sel_cap] the same as token indices, ascending (filled on request) */
     int64_t n_sel, sel_cap;
     int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
+    uint8_t *rq;        /* [cap, d] residual stage: quantized residuals, by token */
+    float *rqs;         /* [cap] their scales */
     int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
 
@@ -188,6 +190,19 @@ struct rt_step {
     int64_t nc;     /* candidates [s_end, w_beg) */
     rt_scratch *S;
 };
+
+/* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
+ * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] stored
+ * as tokens first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
+ * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
+ * ascending), adding the bytes it reads. */
+void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
+void kvq_rt_resid_dequantize(const uint8_t *idx, float scale, int32_t d, int32_t bits, float *y);
+void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
+                         const float *keys, const int32_t *codes, int64_t first, int64_t n);
+int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc);
+int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t keep,
+                           double *sel_bytes);
 
 /* The token row j of head H holds. */
 static inline int64_t kvq_rt_row_token(const rt_head *H, int64_t j) { return H->tok ? H->tok[j] : j; }

@@ -300,9 +300,12 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
 {
     st->S->rr_kept = 0; /* set by the rerank when it hands its logits to the attention */
     /* rerank (rerank.c): the codebook picks R k candidates, exact scores keep k */
-    const int64_t k2 = selector == KVQ_SELECT_CODEBOOK && st->L->cb[st->head]
-                           ? kvq_rt_rerank_count(st->r, k, st->nc)
-                           : k;
-    const int64_t n = select_once(st, selector, k2, sel, sel_bytes, codebook_bytes);
+    const int cbk = selector == KVQ_SELECT_CODEBOOK && st->L->cb[st->head];
+    const int64_t k2 = cbk ? kvq_rt_rerank_count(st->r, k, st->nc) : k;
+    /* residual stage (rerank_resid.c): the codebook picks W k2, residual scores keep k2 */
+    const int64_t k1 = cbk && st->H->rq ? kvq_rt_resid_count(st->r, k2, st->nc) : k2;
+    int64_t n = select_once(st, selector, k1, sel, sel_bytes, codebook_bytes);
+    if (k1 > k2)
+        n = kvq_rt_resid_stage(st, sel, n, k2, sel_bytes);
     return k2 > k ? kvq_rt_rerank(st, sel, n, k, sel_bytes) : n;
 }

@@ -24,6 +24,7 @@
 #include "kvq/runtime.h"
 #include "runtime/rk.h"
 #include "runtime/kernels.h"
+#include "runtime/runtime_internal.h"
 
 /* ==========================================================================
  * Helpers
@@ -1437,6 +1438,7 @@ static void test_score_positions(void **state)
             p.positions = KVQ_POSITIONS_ROPE;
             p.score_pos = mode ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
             p.rerank = 0; /* the codebook's own selection (test_rerank_exact: the second) */
+            p.resid_bits = 0; /* (test_resid_stage: the residual stage) */
             p.cache_dtype = KVQ_DT_F32;
             p.window = (int32_t)window;
             p.code_order = order;
@@ -1938,6 +1940,7 @@ static void test_codes_selection_equals_scores(void **state)
                     p.selector = v ? KVQ_SELECT_MASS : KVQ_SELECT_CODEBOOK;
                     p.tau = 1.0;
                     p.rerank = 0; /* the mass selector has no second stage */
+                    p.resid_bits = 0;
                     p.budget = (kvq_budget){.count = budgets[bi]};
                     p.prefill_full = pf;
                     p.window = 16;
@@ -2610,6 +2613,7 @@ static void test_rerank_exact(void **state)
                     p.code_order = order;
                     p.cache_dtype = KVQ_DT_F32;
                     p.isa = isas[isa];
+                    p.resid_bits = 0; /* the exact stage alone (test_resid_stage: both) */
                     kvq_retrieval_stats s0, s1, s2;
                     assert_int_equal(rerank_run(&c, rt, &s, p, k2, 0, cand, &s0), k2);
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s1), k);
@@ -2643,6 +2647,171 @@ static void test_rerank_exact(void **state)
     codebooks_free(cbs, 1);
 }
 
+/* Reference quantizer of the residual stage, written from kvq/runtime.h's description
+ * (rerank_resid.c): b = 1: +-mean|r| by sign; b >= 2: 2^b levels of step 2 max|r| / 2^b,
+ * mid-rise, clamped. In double. */
+static void resid_ref(const float *x, int32_t d, int32_t bits, double *y)
+{
+    if (bits == 1) {
+        double a = 0;
+        for (int32_t c = 0; c < d; c++)
+            a += fabs((double)x[c]);
+        a /= d;
+        for (int32_t c = 0; c < d; c++)
+            y[c] = x[c] >= 0 ? a : -a;
+        return;
+    }
+    const double L = (double)(1 << bits);
+    double m = 0;
+    for (int32_t c = 0; c < d; c++)
+        m = fmax(m, fabs((double)x[c]));
+    const double st = 2.0 * m / L;
+    for (int32_t c = 0; c < d; c++) {
+        double i = st > 0 ? floor(x[c] / st) + L / 2 : L / 2;
+        i = i < 0 ? 0 : i > L - 1 ? L - 1 : i;
+        y[c] = (i - L / 2 + 0.5) * st;
+    }
+}
+
+/* Residual stage: with resid_bits b and resid_wide W (rerank off: W times the budget k)
+ * the codebook picks ceil(W k) candidates (its own selection of that budget) and the k kept are the best of
+ * them by q . (c + r^) (the key's centroid in key space plus its quantized residual,
+ * rotated by the token's position under ROPE; summed or maxed over the group), computed
+ * here by brute force in double; the stage's bytes (d b / 8 + 4 per candidate) are in
+ * bytes_read and the bits per key count d b + 32 more. Fails when the stage is skipped,
+ * scores the centroid alone (b matters: the centroid-only top differs), rotates by the
+ * wrong position or quantizes otherwise. */
+static void test_resid_stage(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 16, 1, 511);
+    kvq_codebook_set *rt = write_and_open(test_path("resid.kvq"), &id, cbs);
+    seq_data s = make_seq(&c, 400, 512);
+    const int32_t d = 16, gs = 4;
+    const int64_t k = 20, k1 = 60; /* W = 3 */
+    const float *C = kvq_codebook_key_codebook(cbs[0]);
+    assert_non_null(C);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    static const int32_t bitsv[] = {1, 2, 4, 8};
+    int centroid_differs = 0;
+    for (int bi = 0; bi < 4; bi++)
+        for (int pm = 0; pm < 2; pm++)
+            for (int gm = 0; gm < 2; gm++)
+                for (int order = 0; order < 2; order++) {
+                    kvq_retrieval_params p = kvq_retrieval_params_default();
+                    p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
+                    p.score_pos = pm ? KVQ_SCORE_BANDS : KVQ_SCORE_RB;
+                    p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+                    p.code_order = order;
+                    p.cache_dtype = KVQ_DT_F32;
+                    p.resid_bits = 0;
+                    int32_t cand[60], got[60], want[60], idx[60], cidx[60];
+                    float sc[60], scc[60];
+                    kvq_retrieval_stats s0, s1;
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k1, 0, cand, &s0), k1);
+                    p.resid_bits = bitsv[bi];
+                    p.resid_wide = 3;
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, got, &s1), k);
+                    /* the reference scores of the candidates, last row of s */
+                    const int64_t i = s.T - 1;
+                    float qr[4 * 16];
+                    memcpy(qr, s.q + (size_t)i * c.n_heads * d, sizeof qr);
+                    kvq_rope_apply(&c.rope, theta, qr, gs, pm ? i : 2048);
+                    for (int64_t a = 0; a < k1; a++) {
+                        const float *key = s.k + (size_t)cand[a] * d;
+                        int32_t code;
+                        kvq_err e = {0};
+                        assert_int_equal(kvq_codebook_encode(cbs[0], key, NULL, 1, 1, &code, &e),
+                                         KVQ_OK);
+                        float x[16], kh[16], kc[16];
+                        double y[16];
+                        for (int32_t t = 0; t < d; t++)
+                            x[t] = key[t] - C[(size_t)code * d + t];
+                        resid_ref(x, d, bitsv[bi], y);
+                        for (int32_t t = 0; t < d; t++) {
+                            kh[t] = (float)(C[(size_t)code * d + t] + y[t]);
+                            kc[t] = C[(size_t)code * d + t];
+                        }
+                        if (pm) {
+                            kvq_rope_apply(&c.rope, theta, kh, 1, cand[a]);
+                            kvq_rope_apply(&c.rope, theta, kc, 1, cand[a]);
+                        }
+                        double agg = 0, aggc = 0;
+                        for (int32_t g = 0; g < gs; g++) {
+                            double dot = 0, dotc = 0;
+                            for (int32_t t = 0; t < d; t++) {
+                                dot += (double)qr[g * d + t] * kh[t];
+                                dotc += (double)qr[g * d + t] * kc[t];
+                            }
+                            agg = gm ? (g == 0 || dot > agg ? dot : agg) : agg + dot;
+                            aggc = gm ? (g == 0 || dotc > aggc ? dotc : aggc) : aggc + dotc;
+                        }
+                        sc[a] = (float)agg;
+                        scc[a] = (float)aggc;
+                    }
+                    assert_int_equal(topk_ref(sc, k1, k, idx), k);
+                    cmp_scores = sc;
+                    int32_t all[60];
+                    for (int a = 0; a < 60; a++)
+                        all[a] = a;
+                    qsort(all, 60, sizeof *all, cmp_desc);
+                    assert_true((double)sc[all[k - 1]] - sc[all[k]] > 1e-4); /* no near-tie */
+                    for (int64_t a = 0; a < k; a++)
+                        want[a] = cand[idx[a]];
+                    qsort(want, (size_t)k, sizeof *want, cmp_asc);
+                    if (memcmp(got, want, sizeof(int32_t) * (size_t)k))
+                        fail_msg("bits %d positions %d group %d order %d: the residual stage's "
+                                 "selection is not the reference top %d of the codebook's %d",
+                                 (int)bitsv[bi], pm, gm, order, (int)k, (int)k1);
+                    topk_ref(scc, k1, k, cidx);
+                    for (int64_t a = 0; a < k; a++)
+                        cidx[a] = cand[cidx[a]];
+                    qsort(cidx, (size_t)k, sizeof *cidx, cmp_asc);
+                    centroid_differs += memcmp(cidx, want, sizeof(int32_t) * (size_t)k) != 0;
+                    /* bytes: (d b / 8 + 4) per candidate and step on top of the plain
+                     * selection of k (same attended rows) */
+                    kvq_retrieval_stats s2;
+                    p.resid_bits = 0;
+                    p.resid_wide = 0;
+                    int32_t plain[60];
+                    assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s2), k);
+                    assert_true(memcmp(plain, want, sizeof(int32_t) * (size_t)k) != 0);
+                    assert_true(s1.steps == s2.steps && s1.steps > 0 && s1.attended == s2.attended);
+                    const double extra = (double)s1.steps * k1 * (d * bitsv[bi] / 8.0 + 4.0);
+                    assert_true(fabs(s1.bytes_read - s2.bytes_read - extra) < 1e-6 * extra);
+                    p.resid_bits = bitsv[bi];
+                    p.resid_wide = 3;
+                    assert_true(fabs(kvq_selector_bits_per_key(KVQ_SELECT_CODEBOOK, &p, rt, d) -
+                                     (4.0 + d * bitsv[bi] + 32.0)) < 1e-12);
+                }
+    assert_true(centroid_differs > 8); /* the residual decides, not the centroid */
+    /* the candidate count: ceil(W k), at most half the candidates but never below k */
+    {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        assert_int_equal(p.resid_bits, 1);
+        assert_true(p.resid_wide == 4);
+        kvq_retrieval *r = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 40);
+        assert_int_equal(kvq_rt_resid_count(r, 101, 1000), 404);
+        assert_int_equal(kvq_rt_resid_count(r, 130, 1001), 501);
+        assert_int_equal(kvq_rt_resid_count(r, 600, 1000), 600);
+        assert_int_equal(kvq_rt_resid_count(r, 1000, 1000), 1000);
+        kvq_retrieval_free(r);
+        p.resid_bits = 0;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 10);
+        kvq_retrieval_free(r);
+    }
+    seq_free(&s);
+    kvq_codebook_set_close(rt);
+    codebooks_free(cbs, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2668,6 +2837,7 @@ int main(void)
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_score_positions),
         cmocka_unit_test(test_rerank_exact),
+        cmocka_unit_test(test_resid_stage),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

@@ -292,6 +292,14 @@ typedef struct kvq_retrieval_params {
                                 oracle's: same position mode and GQA rule); 0 or 1 = one
                                 stage. 0 or 1 .. 64 (default 2). KV read per step: codes +
                                 R k key rows + k value rows (+ sinks, window) */
+    int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
+                                each key's residual from its centroid kept at 1, 2, 4 or
+                                8 bits per channel plus an f32 scale; 0 = off (default 1) */
+    double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
+                                (k2 = ceil(rerank k), the rerank's count, or k without
+                                the rerank), at most half of them but k2 or more; their
+                                residual scores keep k2; 0 (off) or W in [1, 64]
+                                (default 4) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
@@ -313,8 +321,9 @@ typedef struct kvq_retrieval_params {
 kvq_retrieval_params kvq_retrieval_params_default(void);
 
 /* Bits of selector metadata per cached token and KV head that a selector scores
- * from, amortized over its groups: codebook / mass G log2 K (stored as G u16 codes),
- * fier d + 2 d 32 / fier_group (1-bit keys and the group's f32 min / max), quest
+ * from, amortized over its groups: codebook / mass G log2 K (stored as G u16 codes;
+ * the codebook's plus d b + 32 with the residual stage of b bits), fier
+ * d + 2 d 32 / fier_group (1-bit keys and the group's f32 min / max), quest
  * 2 d 32 / quest_page (the page's f32 min / max), oracle 16 d (the f16 key itself),
  * full 0. rt is needed for codebook and mass (0 without it). */
 double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
@@ -329,9 +338,11 @@ typedef struct kvq_retrieval kvq_retrieval;
  * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM, BACKEND (device memory or
  * an upload failed with device CUDA).
  * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V, plus
- * 2 G bytes of codes (codebook, mass), d/8 + 8d/fier_group bytes (fier) or
- * 8d/quest_page bytes (quest); plus per-thread scratch of about n (nq + 3) floats
- * (n (nq + 3 + d) with ROPE, measure or prefill). */
+ * 2 G bytes of codes (codebook, mass), d + 4 bytes with the codebook's residual
+ * stage (an index per channel in a byte, not packed to resid_bits), d/8 +
+ * 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus per-thread
+ * scratch of about n (nq + 3) floats (n (nq + 3 + d) with ROPE, measure or
+ * prefill). */
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                 const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err);
 void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
