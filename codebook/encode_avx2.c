@@ -60,42 +60,49 @@ static inline void transpose8(__m256 r[8])
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
-                            int32_t dg)
+/* The eight centroids [c0, c0 + 8) against x: per lane l (centroid c0 + l) the
+ * distance of kvq_km_dot's lane sums (lane j mod 8, then lanes 0 .. 7 in order), and the
+ * lane's running first minimum updated (strict <: the earlier index stays on ties). */
+static inline __attribute__((always_inline)) void block8(const float *x, float xn, const float *W, const float *cn, int32_t c0,
+                          int32_t dg, __m256 *bestv, __m256i *besti)
 {
-    /* per lane l the first minimum over centroids c = l mod 8 (strict <: the earlier
-     * index stays on ties), then the lanes' by kvq_km_better (order-independent) */
-    __m256 bestv = _mm256_set1_ps(INFINITY);
-    __m256i besti = _mm256_set1_epi32(INT32_MAX);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    int32_t c0 = 0;
-    for (; c0 + 8 <= K; c0 += 8) {
-        /* per centroid the eight lane sums of kvq_km_dot (lane l: j = l mod 8) */
-        __m256 acc[8];
+    /* unrolled: the eight sums in registers (a loop over c kept them on the stack, each
+     * add waiting on a store and a reload; the same operations in the same order) */
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int32_t j = 0; j < dg; j += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + j);
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
-            acc[c] = _mm256_setzero_ps();
-        for (int32_t j = 0; j < dg; j += 8) {
-            const __m256 xv = _mm256_loadu_ps(x + j);
-            for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_add_ps(
-                    acc[c], _mm256_mul_ps(xv, _mm256_loadu_ps(W + (size_t)(c0 + c) * dg + j)));
-        }
-        /* then lane 0, 1, ... added in order, eight centroids side by side */
-        transpose8(acc);
-        __m256 dot = _mm256_setzero_ps();
-        for (int l = 0; l < 8; l++)
-            dot = _mm256_add_ps(dot, acc[l]);
-        __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn + c0)),
-                                 _mm256_mul_ps(_mm256_set1_ps(2.0f), dot));
-        v = _mm256_max_ps(v, _mm256_setzero_ps()); /* v > 0 ? v : 0 (NaN -> 0 too) */
-        /* better as kvq_km_better: smaller, or the lane's first (any value beats none) */
-        const __m256 lt = _mm256_or_ps(
-            _mm256_cmp_ps(v, bestv, _CMP_LT_OQ),
-            _mm256_castsi256_ps(_mm256_cmpeq_epi32(besti, _mm256_set1_epi32(INT32_MAX))));
-        bestv = _mm256_blendv_ps(bestv, v, lt);
-        besti = _mm256_blendv_epi8(besti, _mm256_add_epi32(lane, _mm256_set1_epi32(c0)),
-                                   _mm256_castps_si256(lt));
+            acc[c] = _mm256_add_ps(acc[c],
+                                   _mm256_mul_ps(xv, _mm256_loadu_ps(W + (size_t)(c0 + c) * dg + j)));
     }
+    /* then lane 0, 1, ... added in order, eight centroids side by side */
+    transpose8(acc);
+    __m256 dot = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++)
+        dot = _mm256_add_ps(dot, acc[l]);
+    __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn + c0)),
+                             _mm256_mul_ps(_mm256_set1_ps(2.0f), dot));
+    v = _mm256_max_ps(v, _mm256_setzero_ps()); /* v > 0 ? v : 0 (NaN -> 0 too) */
+    /* better as kvq_km_better: smaller, or the lane's first (any value beats none) */
+    const __m256 lt = _mm256_or_ps(
+        _mm256_cmp_ps(v, *bestv, _CMP_LT_OQ),
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(*besti, _mm256_set1_epi32(INT32_MAX))));
+    *bestv = _mm256_blendv_ps(*bestv, v, lt);
+    *besti = _mm256_blendv_epi8(*besti, _mm256_add_epi32(lane, _mm256_set1_epi32(c0)),
+                                _mm256_castps_si256(lt));
+}
+
+/* The lanes' minima by kvq_km_better (order-independent), then the centroids [c0, K) one
+ * by one in order. */
+static int32_t finish(const float *x, float xn, const float *W, const float *cn, int32_t c0,
+                      int32_t K, int32_t dg, __m256 bestv, __m256i besti)
+{
     float bv[8];
     int32_t bx[8];
     _mm256_storeu_ps(bv, bestv);
@@ -115,4 +122,36 @@ int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const floa
         }
     }
     return bi == INT32_MAX ? 0 : bi;
+}
+
+int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
+                            int32_t dg)
+{
+    __m256 bestv = _mm256_set1_ps(INFINITY);
+    __m256i besti = _mm256_set1_epi32(INT32_MAX);
+    int32_t c0 = 0;
+    for (; c0 + 8 <= K; c0 += 8)
+        block8(x, xn, W, cn, c0, dg, &bestv, &besti);
+    return finish(x, xn, W, cn, c0, K, dg, bestv, besti);
+}
+
+void kvq_cb_nearest_tile_avx2(const float *x, int64_t ldx, const float *xn, int32_t n,
+                              const float *W, const float *cn, int32_t K, int32_t dg,
+                              int32_t *out, int64_t ldo)
+{
+    __m256 bestv[KVQ_CB_TILE];
+    __m256i besti[KVQ_CB_TILE];
+    for (int32_t i = 0; i < n; i++) {
+        bestv[i] = _mm256_set1_ps(INFINITY);
+        besti[i] = _mm256_set1_epi32(INT32_MAX);
+    }
+    /* centroids outer, keys inner: a block of eight centroids (8 dg floats) is read
+     * from L1 by every key of the tile, where key by key all K dg floats (64 KiB at K 256,
+     * dg 64: more than L1) stream from L2 once per key */
+    int32_t c0 = 0;
+    for (; c0 + 8 <= K; c0 += 8)
+        for (int32_t i = 0; i < n; i++)
+            block8(x + (size_t)i * ldx, xn[i], W, cn, c0, dg, &bestv[i], &besti[i]);
+    for (int32_t i = 0; i < n; i++)
+        out[(size_t)i * ldo] = finish(x + (size_t)i * ldx, xn[i], W, cn, c0, K, dg, bestv[i], besti[i]);
 }

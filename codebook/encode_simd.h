@@ -20,4 +20,15 @@ void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z);
 int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
                             int32_t dg);
 
+/* Keys encoded a tile at a time (kvq_codebook_encode). */
+#define KVQ_CB_TILE 16
+
+/* kvq_cb_nearest_avx2 of n <= KVQ_CB_TILE vectors at once: x_i = x + i ldx, its norm
+ * xn[i], its nearest centroid into out[i ldo]; the same results as n calls (each key's
+ * sums and comparisons are the same operations in the same order), the centroids read
+ * from L1 by every key of the tile. */
+void kvq_cb_nearest_tile_avx2(const float *x, int64_t ldx, const float *xn, int32_t n,
+                              const float *W, const float *cn, int32_t K, int32_t dg,
+                              int32_t *out, int64_t ldo);
+
 #endif /* KVQ_CODEBOOK_ENCODE_SIMD_H */

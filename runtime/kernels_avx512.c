@@ -515,6 +515,61 @@ TARGET void kvq_rk_softmax_avx512(float *x, int32_t rows, int64_t m, int64_t ld)
  * accumulators live in registers while the block's rows stream through. */
 #define MIX_ROWS 16
 
+/* One block of rows [j0, j0 + jn) for the heads hb .. hb + NH - 1 (NH constant after
+ * inlining: a group of 3 heads runs 12 multiply-adds a row, not 16 with a copy of the
+ * first). Each head's accumulators take the same fused multiply-adds in the same order
+ * whatever NH, so the outputs are the same bits. */
+static inline TARGET __attribute__((always_inline)) void
+mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, const int32_t *idx,
+          int64_t m, int64_t j0, int64_t jn, int32_t d, int32_t hb, int nh, const int NH,
+          int64_t row_bytes, float *out)
+{
+    const float *ph[4];
+    for (int h = 0; h < 4; h++)
+        ph[h] = p0 + (size_t)(h < nh ? h : 0) * ld_p;
+    for (int32_t t0 = 0; t0 < d; t0 += 64) {
+        const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
+        const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
+        __m512 acc[4][4];
+#pragma GCC unroll 4
+        for (int h = 0; h < NH; h++)
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[h][c] = _mm512_setzero_ps();
+        for (int64_t j = j0; j < j0 + jn; j++) {
+            /* the row a block ahead, one per row consumed: prefetches spread
+             * over the loop keep the fill buffers busy without bursts */
+            if (idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
+                prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
+            if (idx && hb == 0 && t0 == 0 && j + MIX_FAR < m)
+                prefetch_row_l2(row_ptr(V, f16, ld_v, idx[j + MIX_FAR]), row_bytes);
+            const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
+            const __m512 v0 = load16(row, f16, t0, m0);
+            const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
+            const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
+            const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
+#pragma GCC unroll 4
+            for (int h = 0; h < NH; h++) {
+                const __m512 w = _mm512_set1_ps(ph[h][j]);
+                acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
+                acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
+                acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
+                acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+            }
+        }
+        for (int h = 0; h < nh && h < NH; h++) {
+            float *o = out + (size_t)(hb + h) * d + t0;
+            const __mmask16 mk[4] = {m0, m1, m2, m3};
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                if (t0 + 16 * c < d)
+                    _mm512_mask_storeu_ps(
+                        o + 16 * c, mk[c],
+                        _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c), acc[h][c]));
+        }
+    }
+}
+
 TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,
                               int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
 {
@@ -525,50 +580,10 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
         for (int32_t hb = 0; hb < nq; hb += 4) {
             const int nh = nq - hb < 4 ? nq - hb : 4;
             const float *p0 = p + (size_t)hb * ld_p;
-            const float *p1 = nh > 1 ? p0 + ld_p : p0, *p2 = nh > 2 ? p0 + 2 * ld_p : p0;
-            const float *p3 = nh > 3 ? p0 + 3 * ld_p : p0;
-            for (int32_t t0 = 0; t0 < d; t0 += 64) {
-                const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
-                const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
-                __m512 acc[4][4];
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++)
-#pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++)
-                        acc[h][c] = _mm512_setzero_ps();
-                for (int64_t j = j0; j < j0 + jn; j++) {
-                    /* the row a block ahead, one per row consumed: prefetches spread
-                     * over the loop keep the fill buffers busy without bursts */
-                    if (idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
-                        prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
-                    if (idx && hb == 0 && t0 == 0 && j + MIX_FAR < m)
-                        prefetch_row_l2(row_ptr(V, f16, ld_v, idx[j + MIX_FAR]), row_bytes);
-                    const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
-                    const __m512 v0 = load16(row, f16, t0, m0);
-                    const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
-                    const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
-                    const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
-                    const __m512 w[4] = {_mm512_set1_ps(p0[j]), _mm512_set1_ps(p1[j]),
-                                         _mm512_set1_ps(p2[j]), _mm512_set1_ps(p3[j])};
-#pragma GCC unroll 4
-                    for (int h = 0; h < 4; h++) {
-                        acc[h][0] = _mm512_fmadd_ps(w[h], v0, acc[h][0]);
-                        acc[h][1] = _mm512_fmadd_ps(w[h], v1, acc[h][1]);
-                        acc[h][2] = _mm512_fmadd_ps(w[h], v2, acc[h][2]);
-                        acc[h][3] = _mm512_fmadd_ps(w[h], v3, acc[h][3]);
-                    }
-                }
-                for (int h = 0; h < nh; h++) {
-                    float *o = out + (size_t)(hb + h) * d + t0;
-                    const __mmask16 mk[4] = {m0, m1, m2, m3};
-#pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++)
-                        if (t0 + 16 * c < d)
-                            _mm512_mask_storeu_ps(
-                                o + 16 * c, mk[c],
-                                _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c), acc[h][c]));
-                }
-            }
+            if (nh == 3) /* gs 3 (SmolLM2): no fourth head computed and dropped */
+                mix_block(p0, ld_p, V, f16, ld_v, idx, m, j0, jn, d, hb, nh, 3, row_bytes, out);
+            else
+                mix_block(p0, ld_p, V, f16, ld_v, idx, m, j0, jn, d, hb, nh, 4, row_bytes, out);
         }
     }
 }
