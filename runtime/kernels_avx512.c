@@ -530,12 +530,12 @@ mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, c
     for (int32_t t0 = 0; t0 < d; t0 += 64) {
         const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
         const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
-        __m512 acc[4][4];
-#pragma GCC unroll 4
-        for (int h = 0; h < NH; h++)
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
-                acc[h][c] = _mm512_setzero_ps();
+        /* the 16 sums as named variables: an array of them (acc[h][c]) was kept on the
+         * stack by the compiler, stored back every row */
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+        __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
         for (int64_t j = j0; j < j0 + jn; j++) {
             /* the row a block ahead, one per row consumed: prefetches spread
              * over the loop keep the fill buffers busy without bursts */
@@ -548,15 +548,31 @@ mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, c
             const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
             const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
             const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
-#pragma GCC unroll 4
-            for (int h = 0; h < NH; h++) {
-                const __m512 w = _mm512_set1_ps(ph[h][j]);
-                acc[h][0] = _mm512_fmadd_ps(w, v0, acc[h][0]);
-                acc[h][1] = _mm512_fmadd_ps(w, v1, acc[h][1]);
-                acc[h][2] = _mm512_fmadd_ps(w, v2, acc[h][2]);
-                acc[h][3] = _mm512_fmadd_ps(w, v3, acc[h][3]);
+            const __m512 w0 = _mm512_set1_ps(ph[0][j]);
+            a00 = _mm512_fmadd_ps(w0, v0, a00);
+            a01 = _mm512_fmadd_ps(w0, v1, a01);
+            a02 = _mm512_fmadd_ps(w0, v2, a02);
+            a03 = _mm512_fmadd_ps(w0, v3, a03);
+            const __m512 w1 = _mm512_set1_ps(ph[1][j]);
+            a10 = _mm512_fmadd_ps(w1, v0, a10);
+            a11 = _mm512_fmadd_ps(w1, v1, a11);
+            a12 = _mm512_fmadd_ps(w1, v2, a12);
+            a13 = _mm512_fmadd_ps(w1, v3, a13);
+            const __m512 w2 = _mm512_set1_ps(ph[2][j]);
+            a20 = _mm512_fmadd_ps(w2, v0, a20);
+            a21 = _mm512_fmadd_ps(w2, v1, a21);
+            a22 = _mm512_fmadd_ps(w2, v2, a22);
+            a23 = _mm512_fmadd_ps(w2, v3, a23);
+            if (NH > 3) {
+                const __m512 w3 = _mm512_set1_ps(ph[3][j]);
+                a30 = _mm512_fmadd_ps(w3, v0, a30);
+                a31 = _mm512_fmadd_ps(w3, v1, a31);
+                a32 = _mm512_fmadd_ps(w3, v2, a32);
+                a33 = _mm512_fmadd_ps(w3, v3, a33);
             }
         }
+        const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
+                                  {a20, a21, a22, a23}, {a30, a31, a32, a33}};
         for (int h = 0; h < nh && h < NH; h++) {
             float *o = out + (size_t)(hb + h) * d + t0;
             const __mmask16 mk[4] = {m0, m1, m2, m3};
