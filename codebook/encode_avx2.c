@@ -58,6 +58,40 @@ void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z)
     }
 }
 
+void kvq_cb_mul_lower_d_avx2(const float *k, const double *Ld, int32_t d, float *z)
+{
+    int32_t b0 = 0;
+    /* four blocks of four columns side by side, each from its own first row */
+    for (; b0 + 16 <= d; b0 += 16) {
+        __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                          _mm256_setzero_pd()};
+        for (int32_t a = b0; a < d; a++) {
+            const __m256d ka = _mm256_set1_pd((double)k[a]);
+            const double *row = Ld + (size_t)a * d + b0;
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+                if (a >= b0 + 4 * q)
+                    acc[q] = _mm256_add_pd(acc[q], _mm256_mul_pd(ka, _mm256_loadu_pd(row + 4 * q)));
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_ps(z + b0 + 4 * q, _mm256_cvtpd_ps(acc[q]));
+    }
+    for (; b0 + 4 <= d; b0 += 4) {
+        __m256d acc = _mm256_setzero_pd();
+        for (int32_t a = b0; a < d; a++)
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set1_pd((double)k[a]),
+                                                   _mm256_loadu_pd(Ld + (size_t)a * d + b0)));
+        _mm_storeu_ps(z + b0, _mm256_cvtpd_ps(acc));
+    }
+    for (; b0 < d; b0++) {
+        double s = 0;
+        for (int32_t a = b0; a < d; a++)
+            s += (double)k[a] * Ld[(size_t)a * d + b0];
+        z[b0] = (float)s;
+    }
+}
+
 /* 8x8 transpose: r[i] lane j <- r[j] lane i. */
 static inline void transpose8(__m256 r[8])
 {

@@ -13,6 +13,11 @@
  * into the sums). As codebook.c's mul_lower. k, z: [d] (not aliased). */
 void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z);
 
+/* The same z from Ld: L in double [d, d] with +0 above the diagonal (the exact
+ * conversions; the zeros leave a sum at +0 before its column's row, as the masks of
+ * kvq_cb_mul_lower_avx2): no conversion or mask per row read. */
+void kvq_cb_mul_lower_d_avx2(const float *k, const double *Ld, int32_t d, float *z);
+
 /* The nearest of the K centroids W [K, dg] to x [dg] by the expanded-form distance
  * kvq_km_dist_from_dot(xn, cn[c], kvq_km_dot(x, W[c], dg)) (xn = kvq_km_norm2(x, dg)),
  * first minimum (kvq_km_better), 0 when none compares: as codebook.c's nearest above

@@ -64,6 +64,7 @@ static void test_mul_lower(void **state)
         const int32_t d = ds[di];
         float *L = malloc(sizeof *L * d * d), *k = malloc(sizeof *k * d);
         float *z = malloc(sizeof *z * d), *w = malloc(sizeof *w * d);
+        double *Ld = malloc(sizeof *Ld * d * d);
         fill(L, (size_t)d * d, 11 + di, 1.0); /* above the diagonal: garbage */
         for (int rep = 0; rep < 50; rep++) {
             fill(k, (size_t)d, 100 * di + rep, rep % 2 ? 1e3 : 1.0);
@@ -78,7 +79,14 @@ static void test_mul_lower(void **state)
             ref_mul_lower(k, L, d, w);
             kvq_cb_mul_lower_avx2(k, L, d, z);
             assert_memory_equal(z, w, sizeof *z * d);
+            /* from L in double, +0 above the diagonal (codebook.c's cb->Ld) */
+            for (int32_t a = 0; a < d; a++)
+                for (int32_t b = 0; b < d; b++)
+                    Ld[(size_t)a * d + b] = b <= a ? (double)L[(size_t)a * d + b] : 0.0;
+            kvq_cb_mul_lower_d_avx2(k, Ld, d, z);
+            assert_memory_equal(z, w, sizeof *z * d);
         }
+        free(Ld);
         free(L);
         free(k);
         free(z);
