@@ -571,18 +571,18 @@ mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, c
                 a33 = _mm512_fmadd_ps(w3, v3, a33);
             }
         }
-        const __m512 acc[4][4] = {{a00, a01, a02, a03}, {a10, a11, a12, a13},
-                                  {a20, a21, a22, a23}, {a30, a31, a32, a33}};
-        for (int h = 0; h < nh && h < NH; h++) {
-            float *o = out + (size_t)(hb + h) * d + t0;
-            const __mmask16 mk[4] = {m0, m1, m2, m3};
-#pragma GCC unroll 4
-            for (int c = 0; c < 4; c++)
-                if (t0 + 16 * c < d)
-                    _mm512_mask_storeu_ps(
-                        o + 16 * c, mk[c],
-                        _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c), acc[h][c]));
-        }
+        const __mmask16 mk[4] = {m0, m1, m2, m3};
+        /* out[h] += the head's sums (named: no array of them on the stack) */
+#define MIX_OUT(h, c, acc)                                                                       \
+    if ((h) < nh && (h) < NH && t0 + 16 * (c) < d) {                                             \
+        float *o_ = out + (size_t)(hb + (h)) * d + t0 + 16 * (c);                                \
+        _mm512_mask_storeu_ps(o_, mk[c], _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o_), acc)); \
+    }
+        MIX_OUT(0, 0, a00) MIX_OUT(0, 1, a01) MIX_OUT(0, 2, a02) MIX_OUT(0, 3, a03)
+        MIX_OUT(1, 0, a10) MIX_OUT(1, 1, a11) MIX_OUT(1, 2, a12) MIX_OUT(1, 3, a13)
+        MIX_OUT(2, 0, a20) MIX_OUT(2, 1, a21) MIX_OUT(2, 2, a22) MIX_OUT(2, 3, a23)
+        MIX_OUT(3, 0, a30) MIX_OUT(3, 1, a31) MIX_OUT(3, 2, a32) MIX_OUT(3, 3, a33)
+#undef MIX_OUT
     }
 }
 
