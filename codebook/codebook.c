@@ -28,6 +28,7 @@ struct kvq_codebook {
     float *W;          /* [G, K, dg] fit-space centroids */
     float *C;          /* [K, d] key-space codebook (G == 1): W itself, or C^z L^-1 */
     float *L, *Linv;   /* [d, d] query-aware methods, else NULL */
+    double *Ld;        /* [d, d] L in double, +0 above the diagonal (the AVX2 encode) */
     float *cnorm;      /* [G, K] ||W_g[c]||^2 (kvq_km_norm2) for encode */
     int simd;          /* encode by the AVX2 kernels (codebook/encode_simd.h) */
     double theta[KVQ_ROPE_MAX_DIM / 2]; /* RoPE frequencies   // [d/2] */
@@ -203,6 +204,13 @@ kvq_status kvq_codebook_create(const kvq_codebook_desc *desc, const float *centr
             goto nomem;
         memcpy(cb->L, L, dd * sizeof *cb->L);
         memcpy(cb->Linv, Linv, dd * sizeof *cb->Linv);
+        if (cb->simd) {
+            if (!(cb->Ld = malloc(dd * sizeof *cb->Ld)))
+                goto nomem;
+            for (size_t a = 0; a < (size_t)d; a++)
+                for (size_t b = 0; b < (size_t)d; b++)
+                    cb->Ld[a * d + b] = b <= a ? (double)L[a * d + b] : 0.0;
+        }
     }
     if (desc->groups == 1) {
         if (qa) {
@@ -232,6 +240,7 @@ void kvq_codebook_free(kvq_codebook *cb)
     free(cb->cnorm);
     free(cb->L);
     free(cb->Linv);
+    free(cb->Ld);
     free(cb);
 }
 
@@ -366,21 +375,38 @@ kvq_status kvq_codebook_encode(const kvq_codebook *cb, const float *keys, const 
                            (long long)bad);
     /* AVX2 kernels where they apply: the same bits (codebook/encode_simd.h) */
     const int simd = cb->simd && dg > KVQ_KM_DIRECT_MAX_D && dg % 8 == 0;
-    const int simd_L = simd && kvq_codebook_method_is_query_aware(D->method);
+    const int simd_L = simd && cb->Ld;
+    if (simd) { /* tiles of keys: each block of centroids read from L1 by the tile */
+        const int64_t nt = (n + KVQ_CB_TILE - 1) / KVQ_CB_TILE;
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
+        for (int64_t t = 0; t < nt; t++) {
+            float x[KVQ_CB_TILE][KVQ_ROPE_MAX_DIM], xn[KVQ_CB_TILE];
+            const int64_t j0 = t * KVQ_CB_TILE;
+            const int32_t tn = (int32_t)(n - j0 < KVQ_CB_TILE ? n - j0 : KVQ_CB_TILE);
+            for (int32_t i = 0; i < tn; i++) {
+                const int64_t j = j0 + i;
+                if (simd_L)
+                    kvq_cb_mul_lower_d_avx2(keys + (size_t)j * d, cb->Ld, d, x[i]);
+                else
+                    fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x[i]);
+            }
+            for (int32_t g = 0; g < G; g++) {
+                for (int32_t i = 0; i < tn; i++)
+                    xn[i] = kvq_km_norm2(x[i] + (size_t)g * dg, dg);
+                kvq_cb_nearest_tile_avx2(x[0] + (size_t)g * dg, KVQ_ROPE_MAX_DIM, xn, tn,
+                                         kvq_codebook_centroids(cb, g), cb->cnorm + (size_t)g * K,
+                                         K, dg, codes + (size_t)j0 * G + g, G);
+            }
+        }
+        return KVQ_OK;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) if (n > 64)
     for (int64_t j = 0; j < n; j++) {
         float x[KVQ_ROPE_MAX_DIM];
-        if (simd_L)
-            kvq_cb_mul_lower_avx2(keys + (size_t)j * d, cb->L, d, x);
-        else
-            fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x);
-        for (int32_t g = 0; g < G; g++) {
-            const float *xg = x + (size_t)g * dg, *cn = cb->cnorm + (size_t)g * K;
-            codes[(size_t)j * G + g] =
-                simd ? kvq_cb_nearest_avx2(xg, kvq_km_norm2(xg, dg), kvq_codebook_centroids(cb, g),
-                                           cn, K, dg)
-                     : nearest(xg, kvq_codebook_centroids(cb, g), cn, K, dg);
-        }
+        fit_space_row(D, cb->theta, cb->L, keys + (size_t)j * d, pos ? pos[j] : 0, x);
+        for (int32_t g = 0; g < G; g++)
+            codes[(size_t)j * G + g] = nearest(x + (size_t)g * dg, kvq_codebook_centroids(cb, g),
+                                               cb->cnorm + (size_t)g * K, K, dg);
     }
     return KVQ_OK;
 }

@@ -10,31 +10,84 @@
 #include "codebook/encode_simd.h"
 #include "codebook/nearest.h"
 
+/* L's row a at columns [b, b + 4), the entries above the diagonal (a < column) as 0:
+ * a lane's sum stays +0 until its column's row (k a 0 = +-0, and +0 + -0 = +0). */
+static inline __m256d lower4(const float *L, int32_t d, int32_t a, int32_t b)
+{
+    __m128 l = _mm_loadu_ps(L + (size_t)a * d + b);
+    if (a < b + 3) {
+        const int live = a - b; /* lanes 0 .. live hold a >= column */
+        const __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
+        l = _mm_and_ps(l, _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(live + 1), lane)));
+    }
+    return _mm256_cvtps_pd(l);
+}
+
 void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z)
 {
     int32_t b0 = 0;
-    for (; b0 + 4 <= d; b0 += 4) {
-        /* lanes b0 .. b0+3; a lane's sum starts at a = b: before it, L's entries above
-         * the diagonal are replaced by 0, which leaves the sum at +0 (k a L = +-0) */
-        __m256d acc = _mm256_setzero_pd();
+    /* four blocks of four columns side by side (four independent add chains); a block's
+     * sum starts at its first row a = b, before it the block is left alone (its sum is +0
+     * there either way) */
+    for (; b0 + 16 <= d; b0 += 16) {
+        __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                          _mm256_setzero_pd()};
         for (int32_t a = b0; a < d; a++) {
-            __m128 l = _mm_loadu_ps(L + (size_t)a * d + b0);
-            if (a < b0 + 3) {
-                const int live = a - b0; /* lanes 0 .. live hold a >= b */
-                const __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
-                l = _mm_and_ps(l, _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(live + 1),
-                                                                   lane)));
-            }
             /* a float times a float is exact in double: only the add rounds */
-            acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set1_pd((double)k[a]),
-                                                   _mm256_cvtps_pd(l)));
+            const __m256d ka = _mm256_set1_pd((double)k[a]);
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+                if (a >= b0 + 4 * q)
+                    acc[q] = _mm256_add_pd(acc[q], _mm256_mul_pd(ka, lower4(L, d, a, b0 + 4 * q)));
         }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_ps(z + b0 + 4 * q, _mm256_cvtpd_ps(acc[q]));
+    }
+    for (; b0 + 4 <= d; b0 += 4) {
+        __m256d acc = _mm256_setzero_pd();
+        for (int32_t a = b0; a < d; a++)
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set1_pd((double)k[a]), lower4(L, d, a, b0)));
         _mm_storeu_ps(z + b0, _mm256_cvtpd_ps(acc));
     }
     for (; b0 < d; b0++) {
         double s = 0;
         for (int32_t a = b0; a < d; a++)
             s += (double)k[a] * L[(size_t)a * d + b0];
+        z[b0] = (float)s;
+    }
+}
+
+void kvq_cb_mul_lower_d_avx2(const float *k, const double *Ld, int32_t d, float *z)
+{
+    int32_t b0 = 0;
+    /* four blocks of four columns side by side, each from its own first row */
+    for (; b0 + 16 <= d; b0 += 16) {
+        __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
+                          _mm256_setzero_pd()};
+        for (int32_t a = b0; a < d; a++) {
+            const __m256d ka = _mm256_set1_pd((double)k[a]);
+            const double *row = Ld + (size_t)a * d + b0;
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++)
+                if (a >= b0 + 4 * q)
+                    acc[q] = _mm256_add_pd(acc[q], _mm256_mul_pd(ka, _mm256_loadu_pd(row + 4 * q)));
+        }
+#pragma GCC unroll 4
+        for (int q = 0; q < 4; q++)
+            _mm_storeu_ps(z + b0 + 4 * q, _mm256_cvtpd_ps(acc[q]));
+    }
+    for (; b0 + 4 <= d; b0 += 4) {
+        __m256d acc = _mm256_setzero_pd();
+        for (int32_t a = b0; a < d; a++)
+            acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set1_pd((double)k[a]),
+                                                   _mm256_loadu_pd(Ld + (size_t)a * d + b0)));
+        _mm_storeu_ps(z + b0, _mm256_cvtpd_ps(acc));
+    }
+    for (; b0 < d; b0++) {
+        double s = 0;
+        for (int32_t a = b0; a < d; a++)
+            s += (double)k[a] * Ld[(size_t)a * d + b0];
         z[b0] = (float)s;
     }
 }
@@ -60,42 +113,49 @@ static inline void transpose8(__m256 r[8])
     r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
 }
 
-int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
-                            int32_t dg)
+/* The eight centroids [c0, c0 + 8) against x: per lane l (centroid c0 + l) the
+ * distance of kvq_km_dot's lane sums (lane j mod 8, then lanes 0 .. 7 in order), and the
+ * lane's running first minimum updated (strict <: the earlier index stays on ties). */
+static inline __attribute__((always_inline)) void block8(const float *x, float xn, const float *W, const float *cn, int32_t c0,
+                          int32_t dg, __m256 *bestv, __m256i *besti)
 {
-    /* per lane l the first minimum over centroids c = l mod 8 (strict <: the earlier
-     * index stays on ties), then the lanes' by kvq_km_better (order-independent) */
-    __m256 bestv = _mm256_set1_ps(INFINITY);
-    __m256i besti = _mm256_set1_epi32(INT32_MAX);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    int32_t c0 = 0;
-    for (; c0 + 8 <= K; c0 += 8) {
-        /* per centroid the eight lane sums of kvq_km_dot (lane l: j = l mod 8) */
-        __m256 acc[8];
+    /* unrolled: the eight sums in registers (a loop over c kept them on the stack, each
+     * add waiting on a store and a reload; the same operations in the same order) */
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int32_t j = 0; j < dg; j += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + j);
+#pragma GCC unroll 8
         for (int c = 0; c < 8; c++)
-            acc[c] = _mm256_setzero_ps();
-        for (int32_t j = 0; j < dg; j += 8) {
-            const __m256 xv = _mm256_loadu_ps(x + j);
-            for (int c = 0; c < 8; c++)
-                acc[c] = _mm256_add_ps(
-                    acc[c], _mm256_mul_ps(xv, _mm256_loadu_ps(W + (size_t)(c0 + c) * dg + j)));
-        }
-        /* then lane 0, 1, ... added in order, eight centroids side by side */
-        transpose8(acc);
-        __m256 dot = _mm256_setzero_ps();
-        for (int l = 0; l < 8; l++)
-            dot = _mm256_add_ps(dot, acc[l]);
-        __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn + c0)),
-                                 _mm256_mul_ps(_mm256_set1_ps(2.0f), dot));
-        v = _mm256_max_ps(v, _mm256_setzero_ps()); /* v > 0 ? v : 0 (NaN -> 0 too) */
-        /* better as kvq_km_better: smaller, or the lane's first (any value beats none) */
-        const __m256 lt = _mm256_or_ps(
-            _mm256_cmp_ps(v, bestv, _CMP_LT_OQ),
-            _mm256_castsi256_ps(_mm256_cmpeq_epi32(besti, _mm256_set1_epi32(INT32_MAX))));
-        bestv = _mm256_blendv_ps(bestv, v, lt);
-        besti = _mm256_blendv_epi8(besti, _mm256_add_epi32(lane, _mm256_set1_epi32(c0)),
-                                   _mm256_castps_si256(lt));
+            acc[c] = _mm256_add_ps(acc[c],
+                                   _mm256_mul_ps(xv, _mm256_loadu_ps(W + (size_t)(c0 + c) * dg + j)));
     }
+    /* then lane 0, 1, ... added in order, eight centroids side by side */
+    transpose8(acc);
+    __m256 dot = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++)
+        dot = _mm256_add_ps(dot, acc[l]);
+    __m256 v = _mm256_sub_ps(_mm256_add_ps(_mm256_set1_ps(xn), _mm256_loadu_ps(cn + c0)),
+                             _mm256_mul_ps(_mm256_set1_ps(2.0f), dot));
+    v = _mm256_max_ps(v, _mm256_setzero_ps()); /* v > 0 ? v : 0 (NaN -> 0 too) */
+    /* better as kvq_km_better: smaller, or the lane's first (any value beats none) */
+    const __m256 lt = _mm256_or_ps(
+        _mm256_cmp_ps(v, *bestv, _CMP_LT_OQ),
+        _mm256_castsi256_ps(_mm256_cmpeq_epi32(*besti, _mm256_set1_epi32(INT32_MAX))));
+    *bestv = _mm256_blendv_ps(*bestv, v, lt);
+    *besti = _mm256_blendv_epi8(*besti, _mm256_add_epi32(lane, _mm256_set1_epi32(c0)),
+                                _mm256_castps_si256(lt));
+}
+
+/* The lanes' minima by kvq_km_better (order-independent), then the centroids [c0, K) one
+ * by one in order. */
+static int32_t finish(const float *x, float xn, const float *W, const float *cn, int32_t c0,
+                      int32_t K, int32_t dg, __m256 bestv, __m256i besti)
+{
     float bv[8];
     int32_t bx[8];
     _mm256_storeu_ps(bv, bestv);
@@ -115,4 +175,36 @@ int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const floa
         }
     }
     return bi == INT32_MAX ? 0 : bi;
+}
+
+int32_t kvq_cb_nearest_avx2(const float *x, float xn, const float *W, const float *cn, int32_t K,
+                            int32_t dg)
+{
+    __m256 bestv = _mm256_set1_ps(INFINITY);
+    __m256i besti = _mm256_set1_epi32(INT32_MAX);
+    int32_t c0 = 0;
+    for (; c0 + 8 <= K; c0 += 8)
+        block8(x, xn, W, cn, c0, dg, &bestv, &besti);
+    return finish(x, xn, W, cn, c0, K, dg, bestv, besti);
+}
+
+void kvq_cb_nearest_tile_avx2(const float *x, int64_t ldx, const float *xn, int32_t n,
+                              const float *W, const float *cn, int32_t K, int32_t dg,
+                              int32_t *out, int64_t ldo)
+{
+    __m256 bestv[KVQ_CB_TILE];
+    __m256i besti[KVQ_CB_TILE];
+    for (int32_t i = 0; i < n; i++) {
+        bestv[i] = _mm256_set1_ps(INFINITY);
+        besti[i] = _mm256_set1_epi32(INT32_MAX);
+    }
+    /* centroids outer, keys inner: a block of eight centroids (8 dg floats) is read
+     * from L1 by every key of the tile, where key by key all K dg floats (64 KiB at K 256,
+     * dg 64: more than L1) stream from L2 once per key */
+    int32_t c0 = 0;
+    for (; c0 + 8 <= K; c0 += 8)
+        for (int32_t i = 0; i < n; i++)
+            block8(x + (size_t)i * ldx, xn[i], W, cn, c0, dg, &bestv[i], &besti[i]);
+    for (int32_t i = 0; i < n; i++)
+        out[(size_t)i * ldo] = finish(x + (size_t)i * ldx, xn[i], W, cn, c0, K, dg, bestv[i], besti[i]);
 }

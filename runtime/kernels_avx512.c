@@ -515,6 +515,77 @@ TARGET void kvq_rk_softmax_avx512(float *x, int32_t rows, int64_t m, int64_t ld)
  * accumulators live in registers while the block's rows stream through. */
 #define MIX_ROWS 16
 
+/* One block of rows [j0, j0 + jn) for the heads hb .. hb + NH - 1 (NH constant after
+ * inlining: a group of 3 heads runs 12 multiply-adds a row, not 16 with a copy of the
+ * first). Each head's accumulators take the same fused multiply-adds in the same order
+ * whatever NH, so the outputs are the same bits. */
+static inline TARGET __attribute__((always_inline)) void
+mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, const int32_t *idx,
+          int64_t m, int64_t j0, int64_t jn, int32_t d, int32_t hb, int nh, const int NH,
+          int64_t row_bytes, float *out)
+{
+    const float *ph[4];
+    for (int h = 0; h < 4; h++)
+        ph[h] = p0 + (size_t)(h < nh ? h : 0) * ld_p;
+    for (int32_t t0 = 0; t0 < d; t0 += 64) {
+        const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
+        const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
+        /* the 16 sums as named variables: an array of them (acc[h][c]) was kept on the
+         * stack by the compiler, stored back every row */
+        __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+        __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+        __m512 a20 = a00, a21 = a00, a22 = a00, a23 = a00;
+        __m512 a30 = a00, a31 = a00, a32 = a00, a33 = a00;
+        for (int64_t j = j0; j < j0 + jn; j++) {
+            /* the row a block ahead, one per row consumed: prefetches spread
+             * over the loop keep the fill buffers busy without bursts */
+            if (idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
+                prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
+            if (idx && hb == 0 && t0 == 0 && j + MIX_FAR < m)
+                prefetch_row_l2(row_ptr(V, f16, ld_v, idx[j + MIX_FAR]), row_bytes);
+            const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
+            const __m512 v0 = load16(row, f16, t0, m0);
+            const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
+            const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
+            const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
+            const __m512 w0 = _mm512_set1_ps(ph[0][j]);
+            a00 = _mm512_fmadd_ps(w0, v0, a00);
+            a01 = _mm512_fmadd_ps(w0, v1, a01);
+            a02 = _mm512_fmadd_ps(w0, v2, a02);
+            a03 = _mm512_fmadd_ps(w0, v3, a03);
+            const __m512 w1 = _mm512_set1_ps(ph[1][j]);
+            a10 = _mm512_fmadd_ps(w1, v0, a10);
+            a11 = _mm512_fmadd_ps(w1, v1, a11);
+            a12 = _mm512_fmadd_ps(w1, v2, a12);
+            a13 = _mm512_fmadd_ps(w1, v3, a13);
+            const __m512 w2 = _mm512_set1_ps(ph[2][j]);
+            a20 = _mm512_fmadd_ps(w2, v0, a20);
+            a21 = _mm512_fmadd_ps(w2, v1, a21);
+            a22 = _mm512_fmadd_ps(w2, v2, a22);
+            a23 = _mm512_fmadd_ps(w2, v3, a23);
+            if (NH > 3) {
+                const __m512 w3 = _mm512_set1_ps(ph[3][j]);
+                a30 = _mm512_fmadd_ps(w3, v0, a30);
+                a31 = _mm512_fmadd_ps(w3, v1, a31);
+                a32 = _mm512_fmadd_ps(w3, v2, a32);
+                a33 = _mm512_fmadd_ps(w3, v3, a33);
+            }
+        }
+        const __mmask16 mk[4] = {m0, m1, m2, m3};
+        /* out[h] += the head's sums (named: no array of them on the stack) */
+#define MIX_OUT(h, c, acc)                                                                       \
+    if ((h) < nh && (h) < NH && t0 + 16 * (c) < d) {                                             \
+        float *o_ = out + (size_t)(hb + (h)) * d + t0 + 16 * (c);                                \
+        _mm512_mask_storeu_ps(o_, mk[c], _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o_), acc)); \
+    }
+        MIX_OUT(0, 0, a00) MIX_OUT(0, 1, a01) MIX_OUT(0, 2, a02) MIX_OUT(0, 3, a03)
+        MIX_OUT(1, 0, a10) MIX_OUT(1, 1, a11) MIX_OUT(1, 2, a12) MIX_OUT(1, 3, a13)
+        MIX_OUT(2, 0, a20) MIX_OUT(2, 1, a21) MIX_OUT(2, 2, a22) MIX_OUT(2, 3, a23)
+        MIX_OUT(3, 0, a30) MIX_OUT(3, 1, a31) MIX_OUT(3, 2, a32) MIX_OUT(3, 3, a33)
+#undef MIX_OUT
+    }
+}
+
 TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const void *V, int f16,
                               int64_t ld_v, const int32_t *idx, int64_t m, int32_t d, float *out)
 {
@@ -525,50 +596,10 @@ TARGET void kvq_rk_mix_avx512(const float *p, int32_t nq, int64_t ld_p, const vo
         for (int32_t hb = 0; hb < nq; hb += 4) {
             const int nh = nq - hb < 4 ? nq - hb : 4;
             const float *p0 = p + (size_t)hb * ld_p;
-            const float *p1 = nh > 1 ? p0 + ld_p : p0, *p2 = nh > 2 ? p0 + 2 * ld_p : p0;
-            const float *p3 = nh > 3 ? p0 + 3 * ld_p : p0;
-            for (int32_t t0 = 0; t0 < d; t0 += 64) {
-                const __mmask16 m0 = tail16(d - t0), m1 = tail16(d - t0 - 16);
-                const __mmask16 m2 = tail16(d - t0 - 32), m3 = tail16(d - t0 - 48);
-                __m512 acc[4][4];
-#pragma GCC unroll 4
-                for (int h = 0; h < 4; h++)
-#pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++)
-                        acc[h][c] = _mm512_setzero_ps();
-                for (int64_t j = j0; j < j0 + jn; j++) {
-                    /* the row a block ahead, one per row consumed: prefetches spread
-                     * over the loop keep the fill buffers busy without bursts */
-                    if (idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
-                        prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
-                    if (idx && hb == 0 && t0 == 0 && j + MIX_FAR < m)
-                        prefetch_row_l2(row_ptr(V, f16, ld_v, idx[j + MIX_FAR]), row_bytes);
-                    const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
-                    const __m512 v0 = load16(row, f16, t0, m0);
-                    const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
-                    const __m512 v2 = d - t0 > 32 ? load16(row, f16, t0 + 32, m2) : v0;
-                    const __m512 v3 = d - t0 > 48 ? load16(row, f16, t0 + 48, m3) : v0;
-                    const __m512 w[4] = {_mm512_set1_ps(p0[j]), _mm512_set1_ps(p1[j]),
-                                         _mm512_set1_ps(p2[j]), _mm512_set1_ps(p3[j])};
-#pragma GCC unroll 4
-                    for (int h = 0; h < 4; h++) {
-                        acc[h][0] = _mm512_fmadd_ps(w[h], v0, acc[h][0]);
-                        acc[h][1] = _mm512_fmadd_ps(w[h], v1, acc[h][1]);
-                        acc[h][2] = _mm512_fmadd_ps(w[h], v2, acc[h][2]);
-                        acc[h][3] = _mm512_fmadd_ps(w[h], v3, acc[h][3]);
-                    }
-                }
-                for (int h = 0; h < nh; h++) {
-                    float *o = out + (size_t)(hb + h) * d + t0;
-                    const __mmask16 mk[4] = {m0, m1, m2, m3};
-#pragma GCC unroll 4
-                    for (int c = 0; c < 4; c++)
-                        if (t0 + 16 * c < d)
-                            _mm512_mask_storeu_ps(
-                                o + 16 * c, mk[c],
-                                _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o + 16 * c), acc[h][c]));
-                }
-            }
+            if (nh == 3) /* gs 3 (SmolLM2): no fourth head computed and dropped */
+                mix_block(p0, ld_p, V, f16, ld_v, idx, m, j0, jn, d, hb, nh, 3, row_bytes, out);
+            else
+                mix_block(p0, ld_p, V, f16, ld_v, idx, m, j0, jn, d, hb, nh, 4, row_bytes, out);
         }
     }
 }

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/common.h"
 #include "runtime/kernels.h"
 #include "runtime/mass.h"
 
@@ -161,12 +162,16 @@ struct rt_mass_memo {
     double Z;
     digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
     int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
-    uint8_t *flag;        /* [cap] kept clear */
+    int32_t *rank;        /* [cap] candidate j's place in order */
+    int32_t *last;        /* [cap] last[i]: the largest candidate of order[0 .. i] */
+    int avx512;           /* kvq_rt_rank_select_avx512 */
 };
 
 rt_mass_memo *kvq_rt_mass_memo_new(void)
 {
     rt_mass_memo *m = calloc(1, sizeof *m); /* calloc: h2 starts clear */
+    if (m)
+        m->avx512 = kvq_cpu_has_avx512();
     return m;
 }
 
@@ -181,7 +186,8 @@ void kvq_rt_mass_memo_free(rt_mass_memo *m)
     free(m->w);
     free(m->order);
     free(m->tmp);
-    free(m->flag);
+    free(m->rank);
+    free(m->last);
     free(m);
 }
 
@@ -224,12 +230,12 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
         m->order = o;
     if (t)
         m->tmp = t;
-    uint8_t *f = realloc(m->flag, c);
-    if (f) {
-        memset(f, 0, c);
-        m->flag = f;
-    }
-    if (!s || !k || !u || !e || !w || !o || !t || !f)
+    int32_t *rk = realloc(m->rank, c * sizeof *rk), *l = rk ? realloc(m->last, c * sizeof *l) : NULL;
+    if (rk)
+        m->rank = rk;
+    if (l)
+        m->last = l;
+    if (!s || !k || !u || !e || !w || !o || !t || !rk || !l)
         return 0;
     m->cap = n;
     return 1;
@@ -288,6 +294,12 @@ static void make_order(rt_mass_memo *m)
         b = t;
     }
     /* four passes: the result is back in m->order */
+    int32_t mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        m->rank[a[i]] = (int32_t)i;
+        mx = a[i] > mx ? a[i] : mx;
+        m->last[i] = mx;
+    }
     m->ordered = 1;
 }
 
@@ -304,17 +316,22 @@ int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *se
         make_order(m); /* (its scratch is mass_finish's: the prepared state stays) */
     if (k > n)
         k = n;
-    for (int64_t i = 0; i < k; i++)
-        m->flag[m->order[i]] = 1;
+    if (k <= 0)
+        return 0;
+    /* the first k of the order, ascending: the candidates ranked below k, scanned up to
+     * the largest of them */
+    const int64_t end = (int64_t)m->last[k - 1] + 1;
+    if (m->avx512)
+        return kvq_rt_rank_select_avx512(m->rank, end, (int32_t)k, sel);
+    return kvq_rt_rank_select(m->rank, end, (int32_t)k, sel);
+}
+
+int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel)
+{
     int64_t c = 0;
-    uint8_t *f = m->flag;
-    int64_t last = 0; /* the scan ends at the last flagged candidate */
-    for (int64_t i = 0; i < k; i++)
-        last = m->order[i] > last ? m->order[i] : last;
-    for (int64_t j = 0; j <= last && k > 0; j++) { /* branch-free: sel has room for k */
+    for (int64_t j = 0; j < n; j++) { /* branch-free: c < k until the last one ranked below k */
         sel[c] = (int32_t)j;
-        c += f[j];
-        f[j] = 0;
+        c += rank[j] < k;
     }
     return c;
 }

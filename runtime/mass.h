@@ -37,4 +37,10 @@ int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *se
 int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
                                const float *lg, int64_t n, double tau, uint32_t *keys, double *w);
 
+/* The candidates j < n with rank[j] < k, ascending, into sel (sel needs room for those
+ * only; n ends at the last of them); returns their count. Scalar, and AVX-512 (compress
+ * stores, runtime/mass_avx512.c; the same list). */
+int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
+int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
+
 #endif /* KVQ_RUNTIME_MASS_H */

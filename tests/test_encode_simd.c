@@ -64,6 +64,7 @@ static void test_mul_lower(void **state)
         const int32_t d = ds[di];
         float *L = malloc(sizeof *L * d * d), *k = malloc(sizeof *k * d);
         float *z = malloc(sizeof *z * d), *w = malloc(sizeof *w * d);
+        double *Ld = malloc(sizeof *Ld * d * d);
         fill(L, (size_t)d * d, 11 + di, 1.0); /* above the diagonal: garbage */
         for (int rep = 0; rep < 50; rep++) {
             fill(k, (size_t)d, 100 * di + rep, rep % 2 ? 1e3 : 1.0);
@@ -78,7 +79,14 @@ static void test_mul_lower(void **state)
             ref_mul_lower(k, L, d, w);
             kvq_cb_mul_lower_avx2(k, L, d, z);
             assert_memory_equal(z, w, sizeof *z * d);
+            /* from L in double, +0 above the diagonal (codebook.c's cb->Ld) */
+            for (int32_t a = 0; a < d; a++)
+                for (int32_t b = 0; b < d; b++)
+                    Ld[(size_t)a * d + b] = b <= a ? (double)L[(size_t)a * d + b] : 0.0;
+            kvq_cb_mul_lower_d_avx2(k, Ld, d, z);
+            assert_memory_equal(z, w, sizeof *z * d);
         }
+        free(Ld);
         free(L);
         free(k);
         free(z);
@@ -98,7 +106,8 @@ static void test_nearest(void **state)
         for (size_t di = 0; di < sizeof dgs / sizeof *dgs; di++) {
             const int32_t K = Ks[ki], dg = dgs[di];
             float *W = malloc(sizeof *W * K * dg), *cn = malloc(sizeof *cn * K);
-            float *x = malloc(sizeof *x * dg);
+            float *xs = malloc(sizeof *xs * 40 * dg), *xn = malloc(sizeof *xn * 40);
+            int32_t want_all[40], got_all[40];
             fill(W, (size_t)K * dg, 7 + ki * 5 + di, 1.0);
             for (int32_t c = 1; c < K; c += 3) /* duplicates: ties to the lower index */
                 memcpy(W + (size_t)c * dg, W + (size_t)(c - 1) * dg, sizeof *W * dg);
@@ -110,6 +119,7 @@ static void test_nearest(void **state)
             for (int32_t c = 0; c < K; c++)
                 cn[c] = kvq_km_norm2(W + (size_t)c * dg, dg);
             for (int rep = 0; rep < 40; rep++) {
+                float *x = xs + (size_t)rep * dg;
                 if (rep % 4 == 0) /* a centroid itself, or near one */
                     memcpy(x, W + (size_t)(rep * 7 % K) * dg, sizeof *x * dg);
                 else if (rep % 4 == 2) { /* between a near-duplicate pair */
@@ -123,10 +133,28 @@ static void test_nearest(void **state)
                 if (got != want)
                     fail_msg("K %d dg %d rep %d: %d, reference %d", K, dg, rep, got, want);
                 nonzero += want != 0;
+                want_all[rep] = want;
+                xn[rep] = kvq_km_norm2(x, dg);
+            }
+            /* the tiled kernel: the 40 keys in tiles of every size up to KVQ_CB_TILE, each
+             * key's result that of the scalar rule */
+            for (int32_t tn = 1; tn <= KVQ_CB_TILE; tn++) {
+                for (int32_t i = 0; i < 40; i++)
+                    got_all[i] = -1;
+                for (int32_t i0 = 0; i0 < 40; i0 += tn) {
+                    const int32_t n = 40 - i0 < tn ? 40 - i0 : tn;
+                    kvq_cb_nearest_tile_avx2(xs + (size_t)i0 * dg, dg, xn + i0, n, W, cn, K, dg,
+                                             got_all + i0, 1);
+                }
+                for (int32_t i = 0; i < 40; i++)
+                    if (got_all[i] != want_all[i])
+                        fail_msg("tile %d: K %d dg %d key %d: %d, reference %d", tn, K, dg, i,
+                                 got_all[i], want_all[i]);
             }
             free(W);
             free(cn);
-            free(x);
+            free(xs);
+            free(xn);
         }
     assert_true(nonzero > 100); /* the cases pick many centroids, not only the first */
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/common.h"
 #include "kvq/util.h"
 #include "runtime/mass.h"
 #include "runtime/rk.h"
@@ -183,12 +184,52 @@ static void test_mass_memo_topk(void **state)
     free(work);
 }
 
+/* kvq_rt_rank_select, scalar and AVX-512: the indices ranked below k, ascending, and no
+ * write past them (sel holds exactly that many; a guard after it stays). Every tail
+ * length of the vector loop. */
+static void test_rank_select(void **state)
+{
+    (void)state;
+    kvq_rng r;
+    kvq_rng_seed(&r, 91);
+    for (int64_t n = 0; n <= 70; n++) {
+        int32_t rank[70], want[70], sel[71];
+        for (int64_t j = 0; j < n; j++) /* a permutation of 0 .. n-1 */
+            rank[j] = (int32_t)j;
+        for (int64_t j = n - 1; j > 0; j--) {
+            const int64_t i = (int64_t)kvq_rng_below(&r, (uint64_t)j + 1);
+            const int32_t t = rank[i];
+            rank[i] = rank[j];
+            rank[j] = t;
+        }
+        for (int32_t k = 0; k <= n; k += 1 + (int32_t)(n / 7)) {
+            int64_t w = 0;
+            for (int64_t j = 0; j < n; j++)
+                if (rank[j] < k)
+                    want[w++] = (int32_t)j;
+            for (int path = 0; path < 2; path++) {
+                if (path == 1 && !kvq_cpu_has_avx512())
+                    continue;
+                for (int i = 0; i < 71; i++)
+                    sel[i] = -7;
+                const int64_t g = path ? kvq_rt_rank_select_avx512(rank, n, k, sel)
+                                       : kvq_rt_rank_select(rank, n, k, sel);
+                assert_int_equal(g, w);
+                if (memcmp(sel, want, sizeof *sel * (size_t)w) || (w < 71 && sel[w] != -7 &&
+                                                                   path == 1))
+                    fail_msg("n %lld k %d path %d differs", (long long)n, k, path);
+            }
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mass_count_reference),
         cmocka_unit_test(test_mass_count_memo),
         cmocka_unit_test(test_mass_memo_topk),
+        cmocka_unit_test(test_rank_select),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
