@@ -14,18 +14,8 @@
 
 #include "thresholds/thresholds_internal.h"
 
-/* The cos and sin of RoPE at the positions of a layer's rows (kvq_rope_cossin), made
- * once for the layer's jobs (every KV head and sequence rotates its rows with them):
- * cs [slots, d], the d/2 cosines then the d/2 sines. A slot per position when every
- * position lies in [0, n_tokens) (sequences share them), else a slot per row. */
-typedef struct rope_tab {
-    float *cs;
-    int by_pos;
-    const int32_t *pos; /* the layer's positions (thr_layer pos) */
-} rope_tab;
-
-static kvq_status rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, int threads,
-                                rope_tab *T, kvq_err *err)
+kvq_status thr_rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, int threads,
+                             thr_rope_tab *T, kvq_err *err)
 {
     const int64_t nt = ci->n_tokens, d = ci->model.head_dim;
     double theta[KVQ_ROPE_MAX_DIM / 2];
@@ -50,9 +40,8 @@ static kvq_status rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, 
     return KVQ_OK;
 }
 
-/* Rotates n vectors of row `row` (rope_tab): kvq_rope_apply's bits. */
-static void rope_tab_rotate(const kvq_capture_info *ci, const rope_tab *T, int64_t row, float *x,
-                            int n)
+void thr_rope_tab_rotate(const kvq_capture_info *ci, const thr_rope_tab *T, int64_t row, float *x,
+                         int n)
 {
     const int64_t d = ci->model.head_dim;
     const float *c = T->cs + (size_t)(T->by_pos ? T->pos[row] : row) * d;
@@ -79,7 +68,7 @@ static void bufs_free(job_bufs *b)
 }
 
 /* Reads rows r0 .. r0+n-1 of KV head h, RoPE at the captured positions. */
-static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const rope_tab *T,
+static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const thr_rope_tab *T,
                             int64_t r0, int64_t n, int32_t h, int reference, job_bufs *b,
                             kvq_err *err)
 {
@@ -102,11 +91,11 @@ static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, cons
         float *kt = b->k + (size_t)t * d, *qt = b->q + (size_t)t * gs * d;
         kvq_capture_read_heads(L->k, row, h, 1, kt);
         kvq_capture_read_heads(L->v, row, h, 1, b->v + (size_t)t * d);
-        rope_tab_rotate(ci, T, row, kt, 1);
+        thr_rope_tab_rotate(ci, T, row, kt, 1);
         b->has_q[t] = L->qidx[row] >= 0;
         if (b->has_q[t]) {
             kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
-            rope_tab_rotate(ci, T, row, qt, gs);
+            thr_rope_tab_rotate(ci, T, row, qt, gs);
         }
     }
     return KVQ_OK;
@@ -185,7 +174,7 @@ static kvq_status run_reference(const thr_rows *R, const kvq_leankv_params *lk0,
 
 /* One job: rows loaded, then the fast path or the reference. *n_rows: evaluated query
  * rows; *n_err: those measured. */
-static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const rope_tab *T,
+static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const thr_rope_tab *T,
                           const kvq_profile_params *p, const thr_grid *G, int64_t r0, int64_t n,
                           int32_t h, thr_acc *acc, int64_t *n_rows, int64_t *n_err, kvq_err *err)
 {
@@ -267,10 +256,10 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
     openblas_set_num_threads(1);
     for (int32_t f = sp.first, n_done = 0; f < sp.end && !s; f++) {
         thr_layer L;
-        rope_tab T = {0};
+        thr_rope_tab T = {0};
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
-        if ((s = rope_tab_make(ci, &L, p->threads, &T, err))) {
+        if ((s = thr_rope_tab_make(ci, &L, p->threads, &T, err))) {
             thr_layer_close(&L);
             break;
         }
