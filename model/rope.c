@@ -111,17 +111,20 @@ void kvq_rope_freqs(const kvq_rope *r, double *theta)
     }
 }
 
-void kvq_rope_apply(const kvq_rope *r, const double *theta, float *x, int n_heads, int64_t pos)
+void kvq_rope_cossin(const kvq_rope *r, const double *theta, int64_t pos, float *c, float *s)
 {
-    const int d = r->head_dim, half = d / 2;
-    /* One cos/sin per pair, shared by all heads. Angles in double so long contexts
-     * keep their precision; the rotation itself is in float like the models do. */
-    float c[KVQ_ROPE_MAX_DIM / 2], s[KVQ_ROPE_MAX_DIM / 2];
-    for (int m = 0; m < half; m++) {
+    /* Angles in double so long contexts keep their precision. */
+    for (int m = 0; m < r->head_dim / 2; m++) {
         double a = (double)pos * theta[m];
         c[m] = (float)cos(a);
         s[m] = (float)sin(a);
     }
+}
+
+void kvq_rope_rotate(const kvq_rope *r, const float *c, const float *s, float *x, int n_heads)
+{
+    const int d = r->head_dim, half = d / 2;
+    /* the rotation itself is in float like the models do */
     for (int h = 0; h < n_heads; h++) {
         float *v = x + (size_t)h * d;
         for (int m = 0; m < half; m++) {
@@ -132,6 +135,14 @@ void kvq_rope_apply(const kvq_rope *r, const double *theta, float *x, int n_head
             v[i1] = a * s[m] + b * c[m];
         }
     }
+}
+
+void kvq_rope_apply(const kvq_rope *r, const double *theta, float *x, int n_heads, int64_t pos)
+{
+    /* One cos/sin per pair, shared by all heads. */
+    float c[KVQ_ROPE_MAX_DIM / 2], s[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_cossin(r, theta, pos, c, s);
+    kvq_rope_rotate(r, c, s, x, n_heads);
 }
 
 void kvq_rope_matrix(const kvq_rope *r, int64_t pos, double *R)

@@ -480,6 +480,52 @@ static void mix_unfused(float *o, const float *w, double inv, const uint8_t *ver
  * tails, head counts 1 to 5 (the kernels take heads in groups), head dims with partial
  * vectors, counts at or below zero, pruned tokens; a one-sum gather and an unfused mix
  * do not. */
+/* The grid's RoPE table (thr_rope_tab, profile_grid.c): every row of a layer rotated by
+ * it equals kvq_rope_apply at the row's position (test_rope checks that against numpy),
+ * bit for bit, with a slot per position (positions repeating over sequences) and with a
+ * slot per row (a position outside [0, n_tokens)), for both layouts and llama3 scaling.
+ * A table that misplaces one position fails it. */
+static void test_rope_table(void **state)
+{
+    (void)state;
+    enum { NT = 40, D = 16, NH = 3 };
+    int32_t pos[NT];
+    float x[NH * D], y[NH * D];
+    double theta[D / 2];
+    for (int kind = 0; kind < 4; kind++) {
+        kvq_capture_info ci;
+        memset(&ci, 0, sizeof ci);
+        ci.n_tokens = NT;
+        ci.model.head_dim = D;
+        ci.model.rope = kvq_rope_default(D);
+        ci.model.rope.layout = kind & 1 ? KVQ_ROPE_HALF : KVQ_ROPE_INTERLEAVED;
+        if (kind == 3) {
+            ci.model.rope.scaling = KVQ_ROPE_SCALING_LLAMA3;
+            ci.model.rope.factor = 8;
+            ci.model.rope.low_freq_factor = 1;
+            ci.model.rope.high_freq_factor = 4;
+            ci.model.rope.original_max_pos = 64;
+        }
+        for (int r = 0; r < NT; r++) /* sequences of 10 at 0..9; kind 2+: one far position */
+            pos[r] = kind >= 2 && r == 17 ? 100000 + r : r % 10;
+        thr_layer L;
+        memset(&L, 0, sizeof L);
+        L.pos = pos;
+        thr_rope_tab T = {0};
+        assert_int_equal(thr_rope_tab_make(&ci, &L, 2, &T, NULL), KVQ_OK);
+        assert_int_equal(T.by_pos, kind < 2);
+        kvq_rope_freqs(&ci.model.rope, theta);
+        for (int r = 0; r < NT; r++) {
+            for (int i = 0; i < NH * D; i++)
+                x[i] = y[i] = (float)sin(0.37 * (r * NH * D + i) + kind) * 3.0f;
+            thr_rope_tab_rotate(&ci, &T, r, x, NH);
+            kvq_rope_apply(&ci.model.rope, theta, y, NH, pos[r]);
+            assert_memory_equal(x, y, sizeof x);
+        }
+        free(T.cs);
+    }
+}
+
 static void test_lk_kernels_equal_scalar(void **state)
 {
     (void)state;
@@ -696,6 +742,7 @@ int main(void)
         cmocka_unit_test(test_sampled_threads_same_bytes),
         cmocka_unit_test(test_budget_sampled_equals_every_row),
         cmocka_unit_test(test_lk_kernels_equal_scalar),
+        cmocka_unit_test(test_rope_table),
         cmocka_unit_test(test_sample_complement),
         cmocka_unit_test(test_refine_marks),
     };

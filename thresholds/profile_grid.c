@@ -14,7 +14,39 @@
 
 #include "thresholds/thresholds_internal.h"
 
-#define ROPE_GS_MAX 15 /* query heads per KV head rotated with their key in one call */
+kvq_status thr_rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, int threads,
+                             thr_rope_tab *T, kvq_err *err)
+{
+    const int64_t nt = ci->n_tokens, d = ci->model.head_dim;
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    int64_t slots = 0;
+    kvq_rope_freqs(&ci->model.rope, theta);
+    T->by_pos = 1;
+    T->pos = L->pos;
+    for (int64_t r = 0; r < nt; r++) {
+        const int64_t pos = thr_layer_pos(L, r);
+        T->by_pos &= pos >= 0 && pos < nt;
+        slots = pos + 1 > slots ? pos + 1 : slots;
+    }
+    slots = T->by_pos ? slots : nt;
+    T->cs = malloc(sizeof(float) * (size_t)((slots > 0 ? slots : 1) * d));
+    if (!T->cs)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t i = 0; i < slots; i++) {
+        float *c = T->cs + (size_t)i * d;
+        kvq_rope_cossin(&ci->model.rope, theta, T->by_pos ? i : thr_layer_pos(L, i), c, c + d / 2);
+    }
+    return KVQ_OK;
+}
+
+void thr_rope_tab_rotate(const kvq_capture_info *ci, const thr_rope_tab *T, int64_t row, float *x,
+                         int n)
+{
+    const int64_t d = ci->model.head_dim;
+    const float *c = T->cs + (size_t)(T->by_pos ? T->pos[row] : row) * d;
+    kvq_rope_rotate(&ci->model.rope, c, c + d / 2, x, n);
+}
 
 /* The rows of one job and the reference's scratch. */
 typedef struct job_bufs {
@@ -36,7 +68,7 @@ static void bufs_free(job_bufs *b)
 }
 
 /* Reads rows r0 .. r0+n-1 of KV head h, RoPE at the captured positions. */
-static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
+static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const thr_rope_tab *T,
                             int64_t r0, int64_t n, int32_t h, int reference, job_bufs *b,
                             kvq_err *err)
 {
@@ -54,26 +86,17 @@ static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, cons
     }
     if (!b->k || !b->v || !b->q || !b->has_q || (reference && (!b->ex || !b->o || !b->p)))
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-    float kq[(1 + ROPE_GS_MAX) * KVQ_ROPE_MAX_DIM]; /* the row's key, then its queries */
-    const int one = gs > ROPE_GS_MAX; /* more query heads than kq holds: rotate apart */
     for (int64_t t = 0; t < n; t++) {
-        const int64_t row = r0 + t, pos = thr_layer_pos(L, row);
-        kvq_capture_read_heads(L->k, row, h, 1, kq);
+        const int64_t row = r0 + t;
+        float *kt = b->k + (size_t)t * d, *qt = b->q + (size_t)t * gs * d;
+        kvq_capture_read_heads(L->k, row, h, 1, kt);
         kvq_capture_read_heads(L->v, row, h, 1, b->v + (size_t)t * d);
+        thr_rope_tab_rotate(ci, T, row, kt, 1);
         b->has_q[t] = L->qidx[row] >= 0;
-        float *qt = b->q + (size_t)t * gs * d;
-        if (b->has_q[t] && !one) { /* one cos/sin per pair for the key and its queries */
-            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, kq + d);
-            kvq_rope_apply(&ci->model.rope, theta, kq, 1 + gs, pos);
-            memcpy(qt, kq + d, sizeof(float) * (size_t)gs * d);
-        } else {
-            kvq_rope_apply(&ci->model.rope, theta, kq, 1, pos);
-            if (b->has_q[t]) {
-                kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
-                kvq_rope_apply(&ci->model.rope, theta, qt, gs, pos);
-            }
+        if (b->has_q[t]) {
+            kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
+            thr_rope_tab_rotate(ci, T, row, qt, gs);
         }
-        memcpy(b->k + (size_t)t * d, kq, sizeof(float) * (size_t)d);
     }
     return KVQ_OK;
 }
@@ -151,13 +174,13 @@ static kvq_status run_reference(const thr_rows *R, const kvq_leankv_params *lk0,
 
 /* One job: rows loaded, then the fast path or the reference. *n_rows: evaluated query
  * rows; *n_err: those measured. */
-static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const double *theta,
+static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const thr_rope_tab *T,
                           const kvq_profile_params *p, const thr_grid *G, int64_t r0, int64_t n,
                           int32_t h, thr_acc *acc, int64_t *n_rows, int64_t *n_err, kvq_err *err)
 {
     job_bufs b;
     const int reference = p->reference != 0;
-    kvq_status s = load_rows(ci, L, theta, r0, n, h, reference, &b, err);
+    kvq_status s = load_rows(ci, L, T, r0, n, h, reference, &b, err);
     const thr_rows R = {.n = n, .P = thr_prompt_len(p->prompt_fraction, n),
                         .d = ci->model.head_dim, .gs = ci->model.n_heads / ci->model.n_kv_heads,
                         .k = b.k, .v = b.v, .q = b.q, .has_q = b.has_q};
@@ -217,13 +240,11 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
     const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
     const int64_t n_jobs = ci->n_sequences * n_kv;
     const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err};
-    double theta[KVQ_ROPE_MAX_DIM / 2];
     /* one layer's record: acc [n_jobs, n_set], then rows [n_jobs, 2] */
     const size_t rec_bytes = sizeof(thr_acc) * (size_t)(n_jobs * n_set) +
                              sizeof(int64_t) * (size_t)(2 * n_jobs);
     thr_split sp;
     kvq_status s = thr_split_begin(&sp, p, what, ci->n_files, rec_bytes, err);
-    kvq_rope_freqs(&ci->model.rope, theta);
     uint8_t *own = malloc(rec_bytes ? rec_bytes : 1);
     kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
     kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
@@ -235,8 +256,13 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
     openblas_set_num_threads(1);
     for (int32_t f = sp.first, n_done = 0; f < sp.end && !s; f++) {
         thr_layer L;
+        thr_rope_tab T = {0};
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
+        if ((s = thr_rope_tab_make(ci, &L, p->threads, &T, err))) {
+            thr_layer_close(&L);
+            break;
+        }
         uint8_t *rec = sp.d ? thr_split_rec(&sp, f) : own;
         thr_acc *acc = (thr_acc *)rec;
         int64_t *rows = (int64_t *)(acc + n_jobs * n_set);
@@ -245,11 +271,12 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
         for (int64_t jb = 0; jb < n_jobs; jb++) {
             const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
             st[jb] = n < 2 ? KVQ_OK
-                           : run_job(ci, &L, theta, p, G, r0, n, (int32_t)(jb % n_kv),
+                           : run_job(ci, &L, &T, p, G, r0, n, (int32_t)(jb % n_kv),
                                      acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1],
                                      &errs[jb]);
         }
         thr_layer_close(&L);
+        free(T.cs);
         for (int64_t jb = 0; jb < n_jobs && !s; jb++) {
             if (st[jb]) {
                 s = st[jb];

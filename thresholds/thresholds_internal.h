@@ -101,6 +101,22 @@ void thr_layer_close(thr_layer *L);
 /* pos[row]. */
 int64_t thr_layer_pos(const thr_layer *L, int64_t row);
 
+/* The cos and sin of RoPE at the positions of a layer's rows (kvq_rope_cossin), made
+ * once for the layer's jobs (profile_grid.c: every KV head and sequence rotates its rows
+ * with them): cs [slots, d], the d/2 cosines then the d/2 sines; a slot per position when
+ * every position lies in [0, n_tokens) (sequences share them), else a slot per row.
+ * Free cs. thr_rope_tab_rotate rotates n vectors of head_dim of row `row` in place:
+ * kvq_rope_apply at the row's position, the same bits. */
+typedef struct thr_rope_tab {
+    float *cs;
+    int by_pos;
+    const int32_t *pos; /* the layer's positions (thr_layer pos) */
+} thr_rope_tab;
+kvq_status thr_rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, int threads,
+                             thr_rope_tab *T, kvq_err *err);
+void thr_rope_tab_rotate(const kvq_capture_info *ci, const thr_rope_tab *T, int64_t row, float *x,
+                         int n);
+
 /* The prompt length of a sequence of n tokens: floor(fraction * n), at most n - 1. */
 int64_t thr_prompt_len(double fraction, int64_t n);
 

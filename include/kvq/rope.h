@@ -55,6 +55,11 @@ void kvq_rope_freqs(const kvq_rope *r, double *theta);
 
 /* Rotates n_heads vectors of head_dim in place by position pos.  // x: [n_heads, d] */
 void kvq_rope_apply(const kvq_rope *r, const double *theta, float *x, int n_heads, int64_t pos);
+/* kvq_rope_apply in two steps, for callers that rotate many rows at few positions:
+ * the cos and sin of every pair at pos (float, from double angles), then the rotation
+ * by them; the two give kvq_rope_apply's bits.            // c, s: [d/2] */
+void kvq_rope_cossin(const kvq_rope *r, const double *theta, int64_t pos, float *c, float *s);
+void kvq_rope_rotate(const kvq_rope *r, const float *c, const float *s, float *x, int n_heads);
 
 /* The d x d matrix R_p (row-major, double) with rope(x, p) = x R_p.  // R: [d, d] */
 void kvq_rope_matrix(const kvq_rope *r, int64_t pos, double *R);
