@@ -56,10 +56,11 @@
  * fused kernel recomputes them); their (R - 1) K extra key rows count in the retrieval
  * bytes.
  * --positions rope attends as the runtime's `--positions rope` (what calibrate records for
- * SmolLM2): the keys are held rotated by their tokens' positions in f32 (runtime/keys.c:
- * rotated once when cached, not on every read), and every attended or reranked row's
- * logit is q R_i . k_j R_j read from them by index (the default wrope: q R_b on the f16
- * pre-RoPE keys, the window rotated on read). Its K rows count 4 D bytes.
+ * SmolLM2): the keys are held rotated by their tokens' positions in f16 (runtime/keys.c:
+ * rotated once when cached, then rounded, not rotated on every read), and every attended
+ * or reranked row's logit is q R_i . k_j R_j read from them by index (the default wrope:
+ * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
+ * bytes, as under wrope.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
  * K 256 artifact of docs/QUALITY.md, positions rope and score bands as calibrate records
  * them, rerank 2): --codebook 256 --score bands --rerank 2 --positions rope (options after
@@ -378,8 +379,8 @@ typedef struct layer {
                   summed query rotated by the band's mean rotation (made outside the step) */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
-    float *kr[N_KV]; /* --positions rope: [n, D] f32 keys rotated by their tokens'
-                        positions, rows as k (the runtime's cache under rope, keys.c) */
+    uint16_t *kr[N_KV]; /* --positions rope: [n, D] f16 keys rotated by their tokens'
+                           positions, rows as k (the runtime's cache under rope, keys.c) */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
 } layer;
 
@@ -565,22 +566,23 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 }
 
 
-/* --positions rope: the f32 keys rotated by their tokens' positions (row j holds the
- * row's token under code order), made when the cache is built, as runtime/keys.c does
- * at append. */
+/* --positions rope: the keys rotated by their tokens' positions, then rounded to f16
+ * (row j holds the row's token under code order), made when the cache is built, as
+ * runtime/keys.c does at append. */
 static int rotated_keys(layer *L, int h, const double *theta)
 {
-    if (!(L->kr[h] = bench_cache_alloc(sizeof(float) * (size_t)L->n * D)))
+    if (!(L->kr[h] = bench_cache_alloc(sizeof(uint16_t) * (size_t)L->n * D)))
         return 1;
     for (int64_t j = 0; j < L->n; j++) {
         const int64_t t = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : j;
-        float row[D], c[D / 2], sn[D / 2];
+        float row[D], rot[D], c[D / 2], sn[D / 2];
         kvq_f16_to_f32(L->k[h] + (size_t)j * D, row, D);
         for (int m = 0; m < D / 2; m++) {
             c[m] = (float)cos((double)t * theta[m]);
             sn[m] = (float)sin((double)t * theta[m]);
         }
-        rotate(row, c, sn, L->kr[h] + (size_t)j * D);
+        rotate(row, c, sn, rot);
+        kvq_f32_to_f16(rot, L->kr[h] + (size_t)j * D, D);
     }
     return 0;
 }
@@ -601,7 +603,7 @@ static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32
                            int64_t n, int64_t k)
 {
     if (g_rope) { /* q R_i . k_j R_j from the rotated rows, as runtime/rerank.c */
-        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F32, D, rows, n, 1.0f, S->rlg, n);
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
     } else {
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
     }
@@ -710,8 +712,8 @@ select:;
         kvq_rk_attend_finish(S->state, GS, D, out);
     } else if (g_rope) { /* rotated rows (the rerank's rows have their logits), window too */
         const int64_t mf = S->rr_kept ? m_far - S->rr_kept : m_far;
-        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F32, D, S->att, mf, scale, S->logits, m);
-        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h] + (size_t)w_beg * D, KVQ_DT_F32, D, NULL, WINDOW,
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F16, D, S->att, mf, scale, S->logits, m);
+        kvq_rk_logits(isa, S->qi, GS, D, L->kr[h] + (size_t)w_beg * D, KVQ_DT_F16, D, NULL, WINDOW,
                       scale, S->logits + m_far, m);
     } else { /* the rerank's rows have their logits: the sinks' only */
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, S->att,
@@ -737,7 +739,7 @@ static uint64_t gather_rows(const layer *L, int h)
 {
     uint64_t s = 0;
     for (int pass = 0; pass < 2; pass++) {
-        const int kb = !pass && g_rope ? 4 : 2; /* bytes per element */
+        const int kb = 2; /* bytes per element (f16) */
         const char *base = pass ? (const char *)L->v[h] : g_rope ? (const char *)L->kr[h]
                                                                  : (const char *)L->k[h];
         for (int64_t a = 0; a < L->n_att[h]; a++) {
@@ -799,7 +801,7 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_rerank, g_rope ? "rope (keys held rotated, f32)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
+           g_rerank, g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
@@ -933,7 +935,7 @@ int main(int argc, char **argv)
         const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
                      t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
-        const int kb = g_rope ? 4 : 2; /* bytes per key element: rope keys are f32 */
+        const int kb = 2; /* bytes per key element (f16, the rotated keys of rope too) */
         const double b_rows = (double)attended * D * (kb + 2);
         const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +

@@ -7,18 +7,25 @@
  *
  * ROPE: every read wants k_j R_{p_j} (the rerank's candidates, the sinks, the
  * selection, the window, the oracle, fier and quest), so the keys are held rotated
- * (kvq_retrieval.keys_rotated): at append each key is rounded to the cache dtype (what
- * a pre-RoPE cache holds), converted to f32 and rotated by its position from the table
- * — the arithmetic a read-time rotation of the stored row performed — and stored in
- * f32. A read is then the row itself: the logits kernels take the rows by index, no copy
- * and no rotation (an f16 conversion, d/2 pair rotations and two table rows at a
- * scattered position: about 150 ns per key) per read. Every result is bit for bit what
- * read-time rotation gave. The rows are f32 whatever the cache dtype, since rounding
- * the rotated key to f16 would change results: with an f16 cache (the default) the keys
- * take twice the memory and a key row read moves 4 d bytes instead of 2 d (the KV cache
- * 1.5x); bytes_read and kv_read still count the cache dtype's bytes (the KV a pre-RoPE
- * cache of that dtype holds), so statistics are unchanged. Nothing reads the pre-RoPE
- * key after the append: the codebook encoder takes it from the append (kvq_rt_key_pre).
+ * (kvq_retrieval.keys_rotated) in the cache dtype: at append the f32 key of the forward
+ * pass is rotated in f32 by its position (from the table, kvq_rt_rotate) and then
+ * rounded to the cache dtype, once. That is llama.cpp's rule: its graph applies
+ * ggml_rope_ext to the f32 K of the projection and copies the rotated K into its cache
+ * of type_k (f16 by default: ggml_set_rows / ggml_cpy, round to nearest even); it never
+ * holds a pre-RoPE key, so nothing is rounded before the rotation. An f32 cache holds
+ * the f32 rotated key (no rounding at all). A read is then the row itself: the logits
+ * kernels take the rows by index in the cache dtype, no copy and no rotation (an f16
+ * conversion, d/2 pair rotations and two table rows at a scattered position: about
+ * 150 ns per key) per read, and a key row moves d es bytes, like a value row.
+ *
+ * Against rotating the stored pre-RoPE key on each read (what kvq did before, and still
+ * does under WROPE's window) results differ by where the f16 rounding falls: f16(k R)
+ * instead of f16(k) R, each within half an f16 ulp of k R per element. With an f32
+ * cache both are k R, bit for bit.
+ *
+ * The codebook encoder still takes the pre-RoPE key as a pre-RoPE cache of the dtype
+ * would hold it (kvq_rt_key_pre, f16-rounded in an f16 cache: the codes are the same
+ * under WROPE and ROPE); nothing reads the pre-RoPE key after the append.
  */
 #include <string.h>
 
@@ -48,11 +55,12 @@ void kvq_rt_key_pre(const kvq_retrieval *r, const float *k, float *out)
 void kvq_rt_store_key(const kvq_retrieval *r, rt_head *H, int64_t j, int64_t pos, const float *k)
 {
     const size_t d = (size_t)r->d;
-    if (r->keys_rotated) {
-        float x[KVQ_ROPE_MAX_DIM];
-        kvq_rt_key_pre(r, k, x);
-        kvq_rt_rotate(r, x, pos, (float *)H->k + (size_t)j * d);
-    } else if (r->es == 2) {
+    float x[KVQ_ROPE_MAX_DIM];
+    if (r->keys_rotated) { /* rotate the f32 key, then round once (llama.cpp's order) */
+        kvq_rt_rotate(r, k, pos, x);
+        k = x;
+    }
+    if (r->es == 2) {
         kvq_f32_to_f16(k, (uint16_t *)H->k + (size_t)j * d, d);
     } else {
         memcpy((float *)H->k + (size_t)j * d, k, sizeof(float) * d);
@@ -63,13 +71,10 @@ void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head
                         float *y)
 {
     const size_t d = (size_t)r->d;
-    if (r->keys_rotated) {
-        memcpy(y, (const float *)H->k + (size_t)j * d, sizeof(float) * d);
-        return;
-    }
-    if (r->es == 2)
+    if (r->es == 2) /* exact conversion: any ISA gives the same bits */
         kvq_f16_to_f32((const uint16_t *)H->k + (size_t)j * d, y, d);
     else
         memcpy(y, (const float *)H->k + (size_t)j * d, sizeof(float) * d);
-    kvq_rt_rotate(r, y, L->pos[kvq_rt_row_token(H, j)], y);
+    if (!r->keys_rotated)
+        kvq_rt_rotate(r, y, L->pos[kvq_rt_row_token(H, j)], y);
 }

@@ -72,7 +72,7 @@ static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, f
             for (int64_t a = 0; a < n; a++)
                 lg[(size_t)g * n + a] = M->lgb[(size_t)g * M->nv + rows[a] - M->lo];
     } else if (rope && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
-        kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, KVQ_DT_F32, d, rows, n, 1.0f, lg, n);
+        kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg, n);
     } else if (rope) {
         for (int64_t a = 0; a < n; a++)
             step_key(st, rows[a], S->krot + (size_t)a * d);
@@ -143,7 +143,7 @@ static void logits_span(const rt_step *st, const int32_t *att, int64_t a0, int64
         return;
     }
     if (rot && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
-        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, st->H->k, KVQ_DT_F32, d, att + a0, a1 - a0,
+        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, st->H->k, r->p.cache_dtype, d, att + a0, a1 - a0,
                       scale, S->logits + a0, m);
     } else if (rot) {
         for (int64_t a = a0; a < a1; a++)

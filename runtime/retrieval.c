@@ -4,7 +4,7 @@
  * pass.
  *
  *   attend(call)  1. append the chunk: K and V into the cache (f16 or f32; under ROPE
- *                    the keys rotated, in f32: keys.c),
+ *                    the keys rotated, then rounded: keys.c),
  *                    positions, the codes of every key (kvq_codebook_encode, one call
  *                    per head and chunk), fier bits / quest page bounds; the far rows
  *                    of single-group codebooks then go in code order (row_order.c);
@@ -234,7 +234,6 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_
     r->db = (r->d + 7) / 8;
     r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
     r->keys_rotated = P.positions == KVQ_POSITIONS_ROPE; /* keys.c */
-    r->kes = r->keys_rotated ? sizeof(float) : r->es;
     kvq_rope_freqs(&r->rope, r->theta);
     for (int32_t m = 0; m < r->d / 2; m++) {
         const double a = (double)r->wrope_b * r->theta[m];
@@ -348,8 +347,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
     int ok = grow((void **)&L->pos, c * sizeof *L->pos);
     for (int32_t h = 0; ok && h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
-        const size_t old = (size_t)L->cap * d * r->kes, oldv = (size_t)L->cap * d * r->es;
-        ok = grow_cache(&H->k, old, c * d * r->kes) && grow_cache(&H->v, oldv, c * d * r->es);
+        const size_t old = (size_t)L->cap * d * r->es;
+        ok = grow_cache(&H->k, old, c * d * r->es) && grow_cache(&H->v, old, c * d * r->es);
         if (ok && G && (sel == KVQ_SELECT_CODEBOOK || sel == KVQ_SELECT_MASS))
             ok = grow((void **)&H->codes, c * (size_t)G * sizeof *H->codes);
         if (ok && H->tok)
@@ -588,8 +587,10 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
             r->pbuf[i] = (int32_t)c->pos[i];
         for (int32_t h = 0; h < r->n_kv; h++) {
             rt_head *H = &L->head[h];
-            /* the pre-RoPE key as cached (f16-rounded in an f16 cache): codes describe
-             * what is stored, and the fit assigned exactly these values when they are f32 */
+            /* the pre-RoPE key as a pre-RoPE cache holds it (f16-rounded in an f16
+             * cache; under ROPE the stored row is the rotated key, keys.c): the same codes
+             * under both position modes, and the fit assigned exactly these values when
+             * they are f32 */
             for (int64_t i = 0; i < n; i++)
                 kvq_rt_key_pre(r, c->k + i * kvd + h * d, r->kbuf + i * d);
             kvq_err e = {0};
@@ -793,9 +794,11 @@ static void prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
     const int64_t n = c->n, T = past + n;
     const float scale = (float)(1.0 / sqrt((double)d));
-    const float *K = S->krot; /* the rotated keys [T, d]: under ROPE the cache's rows */
-    if (r->keys_rotated)
+    const float *K = S->krot; /* rotated keys [T, d]: under ROPE the cache's (f16 converted) */
+    if (r->keys_rotated && r->es == 4)
         K = H->k;
+    else if (r->keys_rotated)
+        kvq_f16_to_f32((const uint16_t *)H->k, S->krot, (size_t)T * d);
     else
         for (int64_t j = 0; j < T; j++)
             kvq_rt_key_rotated(r, L, H, j, S->krot + (size_t)j * d);

@@ -27,12 +27,11 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
                             int64_t e, kvq_err *err)
 {
     const int64_t S = r->p.sink, n = e - S, len = L->len;
-    const size_t rows[2] = {(size_t)r->d * r->kes, (size_t)r->d * r->es}; /* K, V */
-    const size_t cap = (size_t)L->cap;
+    const size_t row = (size_t)r->d * r->es, all = row * (size_t)L->cap;
     int32_t *order = malloc(sizeof *order * (size_t)n);
     uint32_t *count = malloc(sizeof *count * (size_t)K);
     int32_t *t32 = malloc(sizeof *t32 * (size_t)n);
-    void *dst[2] = {kvq_rt_cache_alloc(rows[0] * cap), kvq_rt_cache_alloc(rows[1] * cap)};
+    void *dst[2] = {kvq_rt_cache_alloc(all), kvq_rt_cache_alloc(all)};
     if (!H->tok && (H->tok = malloc(sizeof *H->tok * (size_t)L->cap)))
         for (int64_t j = 0; j < len; j++)
             H->tok[j] = (int32_t)j;
@@ -44,13 +43,12 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
         free(dst[1]);
         return kvq_err_set(err, KVQ_E_NOMEM,
                            "retrieval: out of memory sorting %lld rows by code (%.1f MiB)",
-                           (long long)n, (double)((rows[0] + rows[1]) * cap) / 1048576.0);
+                           (long long)n, 2.0 * (double)all / 1048576.0);
     }
     kvq_rk_code_order(H->codes + S, n, K, count, order);
     for (int pass = 0; pass < 2; pass++) {
         const char *src = pass ? H->v : H->k;
         char *out = dst[pass];
-        const size_t row = rows[pass];
         memcpy(out, src, row * (size_t)S);
         for (int64_t i = 0; i < n; i++)
             memcpy(out + (size_t)(S + i) * row, src + (size_t)(S + order[i]) * row, row);

@@ -53,7 +53,7 @@ kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
  * row j then holds token tok[j]. Rows [sorted_end, len) are always tokens in order. */
 typedef struct rt_head {
     void *k, *v;      /* [cap, d] keys and values, cache dtype; under ROPE the keys
-                         rotated by their positions, f32 (keys.c) */
+                         rotated by their positions (keys.c) */
     uint16_t *codes;  /* [cap, G] codebook and mass selectors */
     uint32_t *hist;   /* [K] single-group codebooks: how many of rows [0, len) have each code */
     uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
@@ -155,8 +155,8 @@ struct kvq_retrieval {
     kvq_rope rope;
     int32_t db; /* fier bytes per token */
     size_t es;  /* cache element size */
-    int keys_rotated; /* ROPE: rt_head.k holds f32 keys rotated by position (keys.c) */
-    size_t kes;       /* element size of rt_head.k: 4 when keys_rotated, else es */
+    int keys_rotated; /* ROPE: rt_head.k holds the keys rotated by position, in the
+                         cache dtype (keys.c) */
     double theta[KVQ_ROPE_MAX_DIM / 2];
     float bcos[KVQ_ROPE_MAX_DIM / 2], bsin[KVQ_ROPE_MAX_DIM / 2]; /* R_b */
     float *rcos, *rsin; /* [rcap, d/2] cos / sin of every position seen */
@@ -209,12 +209,14 @@ static inline int64_t kvq_rt_row_token(const rt_head *H, int64_t j) { return H->
 
 /* Keys (keys.c).
  *   key_rotated  cached key row j of the head rotated by its token's position into y [d]
- *                (f32): the stored row when r->keys_rotated, else rotated on read
+ *                (f32): the stored row converted when r->keys_rotated, else rotated
+ *                on read
  *   rotate       x [d] rotated by position p into y (may alias)
  *   key_pre      the pre-RoPE key k [d] as the cache dtype holds it (f16-rounded in an
  *                f16 cache), in f32, into out
  *   store_key    stores key k [d] (pre-RoPE, f32) of the token at position pos as row j
- *                of H: rotated in f32 when r->keys_rotated, else as the cache dtype */
+ *                of H in the cache dtype: when r->keys_rotated rotated in f32 first,
+ *                then rounded (llama.cpp's order) */
 void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
                         float *y);
 void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y);

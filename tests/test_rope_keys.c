@@ -1,15 +1,17 @@
 /*
  * test_rope_keys.c — under positions ROPE the cache holds its keys rotated by their
- * positions (runtime/keys.c): rotated once at append with the arithmetic of a
- * read-time rotation, so every output equals what rotating the stored pre-RoPE key on
- * each read gave.
+ * positions in the cache dtype (runtime/keys.c), as llama.cpp's KV cache does: the f32
+ * key rotated in f32, then rounded to the cache dtype once.
  *
- * The reference here is that read-time rotation, written out: the key rounded to the
- * cache dtype, rotated by (float) cos / sin of p theta_m (theta from kvq_rope_freqs) as
- * kvq_rope_apply does, the query by its own position, then the step's kernels
- * (kvq_rk_logits, kvq_rk_softmax, kvq_rk_mix) over every visible token. Positions are
- * not the token indices (7 + 3 j), so a key rotated by its row or token index, twice,
- * or not at all gives other outputs.
+ * The reference here is that rule, written out: the f32 key rotated by (float) cos /
+ * sin of p theta_m (theta from kvq_rope_freqs) as kvq_rope_apply does, then rounded to
+ * the cache dtype (f16 round to nearest even), the query rotated by its own position,
+ * then the step's kernels (kvq_rk_logits, kvq_rk_softmax, kvq_rk_mix) over every
+ * visible token. Positions are not the token indices (7 + 3 j), so a key rotated by its
+ * row or token index, twice, or not at all gives other outputs; and with an f16 cache
+ * the former rule (round the pre-RoPE key, then rotate, kept in f32) gives other
+ * outputs too (checked here to be so for this data, so the bit-for-bit comparison
+ * tells the two rules apart).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -127,18 +129,32 @@ static void run_seq(const kvq_attn_backend *b, const seq *s, float *out)
     }
 }
 
-/* The read-time-rotation reference of decode step i (tokens [0, i] visible), KV head h:
- * out [GS, D]. */
-static void step_ref(const kvq_model_config *c, const seq *s, kvq_dtype dt, kvq_isa isa, int64_t i,
-                     int h, float *out)
+/* Key j of KV head h as the cache holds it, in f32: rotated by its position, then
+ * rounded to the cache dtype (round_first = 0, the rule), or rounded first, then
+ * rotated (round_first = 1: the former rule, read-time rotation of a pre-RoPE cache). */
+static void cached_key(const kvq_model_config *c, const seq *s, kvq_dtype dt, int round_first,
+                       int64_t j, int h, float *kr)
+{
+    float x[D];
+    if (round_first) {
+        cache_round(dt, s->k + (j * NKV + h) * D, x);
+        rotate_ref(c, x, s->pos[j], kr);
+    } else {
+        rotate_ref(c, s->k + (j * NKV + h) * D, s->pos[j], x);
+        cache_round(dt, x, kr);
+    }
+}
+
+/* The reference of decode step i (tokens [0, i] visible), KV head h: out [GS, D]. */
+static void step_ref(const kvq_model_config *c, const seq *s, kvq_dtype dt, int round_first,
+                     kvq_isa isa, int64_t i, int h, float *out)
 {
     const int64_t m = i + 1;
     float *kr = malloc(sizeof(float) * (size_t)m * D), *lg = malloc(sizeof(float) * GS * m);
     void *vc = malloc((dt == KVQ_DT_F16 ? 2 : 4) * (size_t)m * D);
-    float qi[GS * D], x[D];
+    float qi[GS * D];
     for (int64_t j = 0; j < m; j++) {
-        cache_round(dt, s->k + (j * NKV + h) * D, x);
-        rotate_ref(c, x, s->pos[j], kr + j * D);
+        cached_key(c, s, dt, round_first, j, h, kr + j * D);
         if (dt == KVQ_DT_F16)
             kvq_f32_to_f16(s->v + (j * NKV + h) * D, (uint16_t *)vc + j * D, D);
         else
@@ -161,13 +177,12 @@ static double prefill_err(const kvq_model_config *c, const seq *s, kvq_dtype dt,
 {
     const int64_t m = i + 1;
     double *lg = malloc(sizeof(double) * (size_t)m), worst = 0;
-    float x[D], kr[D], qi[D], v[D];
+    float kr[D], qi[D], v[D];
     for (int g = 0; g < GS; g++) {
         rotate_ref(c, s->q + (i * NH + h * GS + g) * D, s->pos[i], qi);
         double mx = -INFINITY, sum = 0, o[D] = {0}, on = 0, en = 0;
         for (int64_t j = 0; j < m; j++) {
-            cache_round(dt, s->k + (j * NKV + h) * D, x);
-            rotate_ref(c, x, s->pos[j], kr);
+            cached_key(c, s, dt, 0, j, h, kr);
             double a = 0;
             for (int t = 0; t < D; t++)
                 a += (double)qi[t] * kr[t];
@@ -193,14 +208,16 @@ static double prefill_err(const kvq_model_config *c, const seq *s, kvq_dtype dt,
 }
 
 /* Every token attended (selector full) under ROPE: each decode step's outputs equal the
- * read-time-rotation reference bit for bit, for both RoPE layouts, both cache dtypes
+ * rotate-then-round reference bit for bit, for both RoPE layouts, both cache dtypes
  * and every ISA; the prompt's rows (attended as matrix products of the cached keys)
- * are within 1e-5 of the same attention in double. */
-static void test_rope_keys_equal_read_time_rotation(void **state)
+ * are within 1e-5 of the same attention in double. With an f16 cache the former
+ * round-then-rotate rule must differ from the reference on some step (else the
+ * comparison could not tell them apart); with f32 the two are the same. */
+static void test_rope_keys_rotate_then_round(void **state)
 {
     (void)state;
     seq *s = malloc(sizeof *s);
-    float *out = malloc(sizeof(float) * T * NH * D), ref[GS * D];
+    float *out = malloc(sizeof(float) * T * NH * D), ref[GS * D], old[GS * D];
     fill_seq(s, 41);
     for (int lay = 0; lay < 2; lay++)
         for (int dt = 0; dt < 2; dt++)
@@ -225,15 +242,22 @@ static void test_rope_keys_equal_read_time_rotation(void **state)
                             fail_msg("layout %d dtype %d: prompt row %lld head %d off the "
                                      "exact attention by %g", lay, dt, (long long)i, h, err);
                     }
+                int64_t old_differs = 0;
                 for (int64_t i = PREFILL; i < T; i++)
                     for (int h = 0; h < NKV; h++) {
-                        step_ref(&c, s, p.cache_dtype, kvq_isa_clamp(p.isa), i, h, ref);
+                        step_ref(&c, s, p.cache_dtype, 0, kvq_isa_clamp(p.isa), i, h, ref);
                         if (memcmp(out + (i * NH + h * GS) * D, ref, sizeof ref))
                             fail_msg("layout %d dtype %d isa %d: step %lld head %d differs "
-                                     "from the read-time rotation (%g vs %g)",
+                                     "from rotate-then-round (%g vs %g)",
                                      lay, dt, ia, (long long)i, h,
                                      out[(i * NH + h * GS) * D], ref[0]);
+                        step_ref(&c, s, p.cache_dtype, 1, kvq_isa_clamp(p.isa), i, h, old);
+                        old_differs += memcmp(old, ref, sizeof ref) != 0;
                     }
+                if (dt ? old_differs != 0 : old_differs == 0)
+                    fail_msg("layout %d dtype %d isa %d: round-then-rotate differs from "
+                             "rotate-then-round on %lld steps", lay, dt, ia,
+                             (long long)old_differs);
                 kvq_retrieval_free(r);
             }
     free(out);
@@ -243,7 +267,7 @@ static void test_rope_keys_equal_read_time_rotation(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rope_keys_equal_read_time_rotation),
+        cmocka_unit_test(test_rope_keys_rotate_then_round),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2535,9 +2535,12 @@ static void test_stories_retrieval(void **state)
 
 /* Exact scores (double) of the tokens cand[0..n) for the last row of s, KV head 0 of a
  * 1-KV-head config, under the position mode, summed or maxed over the group (as
- * brute_oracle), into sc. */
+ * brute_oracle), into sc; each key as a cache of dtype dt holds it (f16: the pre-RoPE
+ * key rounded under wrope, the key rotated and then rounded under rope, as llama.cpp's
+ * cache holds it). */
 static void brute_exact_scores(const kvq_model_config *c, const seq_data *s, kvq_positions pm,
-                               kvq_group_score grp, const int32_t *cand, int64_t n, float *sc)
+                               kvq_group_score grp, kvq_dtype dt, const int32_t *cand,
+                               int64_t n, float *sc)
 {
     const int32_t d = c->head_dim, gs = c->n_heads / c->n_kv_heads;
     const int64_t i = s->T - 1;
@@ -2551,6 +2554,11 @@ static void brute_exact_scores(const kvq_model_config *c, const seq_data *s, kvq
         memcpy(kr, s->k + (size_t)cand[a] * c->n_kv_heads * d, sizeof(float) * d);
         if (pm == KVQ_POSITIONS_ROPE)
             kvq_rope_apply(&c->rope, theta, kr, 1, cand[a]);
+        if (dt == KVQ_DT_F16) {
+            uint16_t h[16];
+            kvq_f32_to_f16(kr, h, (size_t)d);
+            kvq_f16_to_f32(h, kr, (size_t)d);
+        }
         double agg = 0;
         for (int32_t g = 0; g < gs; g++) {
             double dot = 0;
@@ -2588,7 +2596,8 @@ static int64_t rerank_run(const kvq_model_config *c, const kvq_codebook_set *rt,
  * here by brute force in double; the key rows of the candidates not kept are counted in
  * bytes_read ((ceil(R k) - k) d es per step more than rerank off). Fails when the
  * second stage is skipped (the codebook's own top k differs here), reads other rows
- * (scores of other tokens), or uses the wrong position mode or group rule. */
+ * (scores of other tokens) or rows of another dtype, or uses the wrong position mode or
+ * group rule. Both cache dtypes. */
 static void test_rerank_exact(void **state)
 {
     (void)state;
@@ -2604,21 +2613,22 @@ static void test_rerank_exact(void **state)
     float sc[50];
     for (int pm = 0; pm < 2; pm++)
         for (int gm = 0; gm < 2; gm++)
-            for (int order = 0; order < 2; order++)
+            for (int order = 0; order < 4; order++)
                 for (int isa = 0; isa < 3; isa++) {
+                    const kvq_dtype dt = order >> 1 ? KVQ_DT_F16 : KVQ_DT_F32;
                     kvq_retrieval_params p = kvq_retrieval_params_default();
                     p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
                     p.score_pos = pm ? KVQ_SCORE_BANDS : KVQ_SCORE_RB;
                     p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
-                    p.code_order = order;
-                    p.cache_dtype = KVQ_DT_F32;
+                    p.code_order = order & 1;
+                    p.cache_dtype = dt;
                     p.isa = isas[isa];
                     p.resid_bits = 0; /* the exact stage alone (test_resid_stage: both) */
                     kvq_retrieval_stats s0, s1, s2;
                     assert_int_equal(rerank_run(&c, rt, &s, p, k2, 0, cand, &s0), k2);
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s1), k);
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, R, got, &s2), k);
-                    brute_exact_scores(&c, &s, p.positions, p.group, cand, k2, sc);
+                    brute_exact_scores(&c, &s, p.positions, p.group, dt, cand, k2, sc);
                     assert_int_equal(topk_ref(sc, k2, k, idx), k);
                     /* no near-tie at the boundary */
                     cmp_scores = sc;
@@ -2631,14 +2641,16 @@ static void test_rerank_exact(void **state)
                         want[a] = cand[idx[a]];
                     qsort(want, (size_t)k, sizeof *want, cmp_asc);
                     if (memcmp(got, want, sizeof(int32_t) * (size_t)k))
-                        fail_msg("positions %d group %d order %d isa %d: the reranked selection "
-                                 "is not the exact top %d of the codebook's %d",
-                                 pm, gm, order, isa, (int)k, (int)k2);
+                        fail_msg("positions %d group %d order %d dtype %d isa %d: the reranked "
+                                 "selection is not the exact top %d of the codebook's %d",
+                                 pm, gm, order & 1, order >> 1, isa, (int)k, (int)k2);
                     /* the data make the second stage matter */
                     assert_true(memcmp(plain, want, sizeof(int32_t) * (size_t)k) != 0);
-                    /* bytes: the 30 extra key rows (f32, d 16) per step, nothing else */
+                    /* bytes: the 30 extra key rows (d 16, the cache dtype) per step, nothing
+                     * else */
                     assert_true(s2.steps == s1.steps && s2.steps > 0);
-                    const double extra = (double)s2.steps * (double)(k2 - k) * 16 * 4;
+                    const double extra =
+                        (double)s2.steps * (double)(k2 - k) * 16 * (dt == KVQ_DT_F16 ? 2 : 4);
                     assert_true(fabs(s2.bytes_read - s1.bytes_read - extra) < 1e-6 * extra);
                     assert_true(s2.attended == s1.attended);
                 }

@@ -10,9 +10,10 @@
  *   kvq_codebook_set   an opened .kvq artifact, validated against the model, with one
  *                 kvq_codebook per (layer, KV head). Immutable once opened; several
  *                 decoding contexts may share it.
- *   kvq_retrieval a decoding context: the per-sequence KV cache (pre-RoPE K and V in
- *                 f16 or f32; under positions ROPE the keys rotated, in f32; the codes
- *                 of every key, selector metadata) and the
+ *   kvq_retrieval a decoding context: the per-sequence KV cache (K and V in f16 or
+ *                 f32: the keys pre-RoPE, or under positions ROPE rotated by their
+ *                 positions before the rounding, as llama.cpp's cache holds them; the
+ *                 codes of every key, selector metadata) and the
  *                 attention step. It plugs into the forward pass as a kvq_attn_backend
  *                 (kvq/model.h), so kvq run / kvq eval decode with it unchanged.
  *
@@ -303,8 +304,8 @@ typedef struct kvq_retrieval_params {
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
-    kvq_dtype cache_dtype;   /* KVQ_DT_F16 (default) or KVQ_DT_F32 (under ROPE the keys
-                                are held rotated in f32, from this dtype's value) */
+    kvq_dtype cache_dtype;   /* KVQ_DT_F16 (default) or KVQ_DT_F32, for K and V (under
+                                ROPE the keys are rotated in f32, then rounded to it) */
     int prefill_full;        /* 1 (default): chunks of more than one token attend
                                  exactly; 0: every query row uses retrieval */
     int measure;             /* 1: also compute exact attention per step and collect
@@ -337,12 +338,13 @@ typedef struct kvq_retrieval kvq_retrieval;
  * and mass selectors need rt (KVQ_E_INVALID_ARG without one).
  * Errors: INVALID_ARG (a parameter, named), MISMATCH, NOMEM, BACKEND (device memory or
  * an upload failed with device CUDA).
- * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V, plus
+ * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V (the
+ * cache dtype's, for the rotated keys of ROPE as for pre-RoPE keys: 256 bytes at
+ * d 64 in f16), plus
  * 2 G bytes of codes (codebook, mass), d + 4 bytes with the codebook's residual
- * stage (an index per channel in a byte, not packed to resid_bits), d/8 +
- * 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus per-thread
- * scratch of about n (nq + 3) floats (n (nq + 3 + d) with ROPE, measure or
- * prefill). */
+ * stage, d/8 + 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus
+ * per-thread scratch of about n (nq + 3) floats (n (nq + 3 + d) with ROPE, measure
+ * or prefill). */
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
                                 const kvq_retrieval_params *p, kvq_retrieval **out, kvq_err *err);
 void kvq_retrieval_free(kvq_retrieval *r); /* NULL is fine */
