@@ -293,6 +293,49 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
 }
 
 /* ==========================================================================
+ * Residual stage: 1-bit sign dots through a byte table
+ * ========================================================================== */
+
+void kvq_rk_sign_table(const float *q, int32_t d, float *tab)
+{
+    float nib[KVQ_ROPE_MAX_DIM / 4][16];
+    for (int32_t p4 = 0; p4 < d / 4; p4++)
+        for (int v = 0; v < 16; v++) {
+            float s = 0.0f;
+            for (int c = 0; c < 4; c++)
+                s += (v >> c & 1) ? q[4 * p4 + c] : -q[4 * p4 + c];
+            nib[p4][v] = s;
+        }
+    for (int32_t p = 0; p < d / 8; p++)
+        for (int v = 0; v < 256; v++)
+            tab[(size_t)p * 256 + v] = nib[2 * p][v & 15] + nib[2 * p + 1][v >> 4];
+}
+
+static void resid_scores_scalar(const float *tab, int32_t nb8, const uint8_t *bits,
+                                const float *scale, const int32_t *tok, const float *first,
+                                int64_t n, float *out)
+{
+    for (int64_t a = 0; a < n; a++) {
+        const uint8_t *b = bits + (size_t)tok[a] * nb8;
+        float s = 0.0f;
+        for (int32_t p = 0; p < nb8; p++)
+            s += tab[(size_t)p * 256 + b[p]];
+        const float w = scale[tok[a]] * s;
+        out[a] = first[a] + w;
+    }
+}
+
+void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8_t *bits,
+                         const float *scale, const int32_t *tok, const float *first, int64_t n,
+                         float *out)
+{
+    if (nb8 % 4)
+        isa = KVQ_ISA_SCALAR;
+    DISPATCH(isa, kvq_rk_resid_scores, (tab, nb8, bits, scale, tok, first, n, out),
+             resid_scores_scalar(tab, nb8, bits, scale, tok, first, n, out));
+}
+
+/* ==========================================================================
  * Top-k selection
  * ========================================================================== */
 

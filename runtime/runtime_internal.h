@@ -63,7 +63,8 @@ typedef struct rt_head {
     int32_t *sel_tok; /* [sel_cap] the same as token indices, ascending (filled on request) */
     int64_t n_sel, sel_cap;
     int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
-    uint8_t *rq;        /* [cap, d] residual stage: quantized residuals, by token */
+    uint8_t *rq;        /* [cap, ceil(d b / 8)] residual stage: packed quantized residuals
+                           (rotated by position under ROPE), by token */
     float *rqs;         /* [cap] their scales */
     int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
@@ -130,6 +131,10 @@ typedef struct rt_scratch {
                             bands: per band, computed once per step, not per layer and head) */
     uint32_t br_have;    /* bit k: band k's rotation is held */
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
+    int32_t bsel_nb;     /* > 0: kvq_rt_banded_select chose this step's candidates from its
+                            nb LUTs [nb, K] left in scores, band k the distances
+                            [bsel_E[k], bsel_E[k + 1]) (rerank_resid.c reads them) */
+    int64_t bsel_E[65];
     float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
                             candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
@@ -198,8 +203,10 @@ struct rt_step {
  * ascending), adding the bytes it reads. */
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
 void kvq_rt_resid_dequantize(const uint8_t *idx, float scale, int32_t d, int32_t bits, float *y);
+size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits);
 void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
-                         const float *keys, const int32_t *codes, int64_t first, int64_t n);
+                         const float *keys, const int32_t *codes, const int64_t *pos,
+                         int64_t first, int64_t n);
 int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc);
 int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t keep,
                            double *sel_bytes);
