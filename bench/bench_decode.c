@@ -403,9 +403,11 @@ typedef struct layer {
                   summed query rotated by the band's mean rotation (made outside the step) */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
-    uint8_t *rq[N_KV];  /* --resid-wide: [n, D/8] residual signs packed, by token */
-    uint8_t *rqo[N_KV]; /* --resid-path exact: [n, D] one sign per byte, unrotated */
-    float *rqs[N_KV];   /* [n] residual scales */
+    uint8_t *rq[N_KV];  /* --resid-wide: [n, D/8] residual signs packed, by row */
+    float *rqs[N_KV];   /* [n] residual scales, by row */
+    uint8_t *rqo[N_KV]; /* --resid-path exact: [n, D] one sign per byte, unrotated, by token
+                           (as the runtime kept them before) */
+    float *rqso[N_KV];  /* [n] scales by token */
     float *pcos, *psin; /* --resid-path exact under rope: [n, D/2] every position's rotation */
     float *kr[N_KV]; /* --positions rope: [n, D] f32 keys rotated by their tokens'
                         positions, rows as k (the runtime's cache under rope, keys.c) */
@@ -625,7 +627,8 @@ static int resid_build(layer *L, int h, const double *theta)
     L->rq[h] = malloc((size_t)n * D / 8);
     L->rqo[h] = malloc((size_t)n * D);
     L->rqs[h] = malloc(sizeof(float) * (size_t)n);
-    if (!L->rq[h] || !L->rqo[h] || !L->rqs[h])
+    L->rqso[h] = malloc(sizeof(float) * (size_t)n);
+    if (!L->rq[h] || !L->rqo[h] || !L->rqs[h] || !L->rqso[h])
         return 1;
     for (int64_t j = 0; j < n; j++) {
         const int64_t t = L->tok[h] && j >= SINK && j < n - WINDOW ? L->tok[h][j - SINK] : j;
@@ -637,7 +640,7 @@ static int resid_build(layer *L, int h, const double *theta)
             a += fabs((double)x[i]) / D;
             L->rqo[h][(size_t)t * D + i] = x[i] >= 0;
         }
-        L->rqs[h][t] = (float)a;
+        L->rqs[h][j] = L->rqso[h][t] = (float)a;
         if (g_rope) {
             for (int m = 0; m < D / 2; m++) {
                 c[m] = (float)cos((double)t * theta[m]);
@@ -645,9 +648,9 @@ static int resid_build(layer *L, int h, const double *theta)
             }
             rotate(x, c, sn, x);
         }
-        memset(L->rq[h] + (size_t)t * D / 8, 0, D / 8);
+        memset(L->rq[h] + (size_t)j * D / 8, 0, D / 8);
         for (int i = 0; i < D; i++)
-            L->rq[h][(size_t)t * D / 8 + i / 8] |= (uint8_t)((x[i] >= 0) << (i % 8));
+            L->rq[h][(size_t)j * D / 8 + i / 8] |= (uint8_t)((x[i] >= 0) << (i % 8));
     }
     return 0;
 }
@@ -688,7 +691,7 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             const uint16_t code = L->codes[h][rows[a]];
             float y[D];
             for (int i = 0; i < D; i++)
-                y[i] = (L->rqo[h][(size_t)t * D + i] ? L->rqs[h][t] : -L->rqs[h][t]) +
+                y[i] = (L->rqo[h][(size_t)t * D + i] ? L->rqso[h][t] : -L->rqso[h][t]) +
                        W[(size_t)code * D + i];
             if (g_rope)
                 rotate(y, L->pcos + (size_t)t * (D / 2), L->psin + (size_t)t * (D / 2), y);
@@ -713,7 +716,7 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
         }
         float tab[D / 8 * 256];
         kvq_rk_sign_table(q, D, tab);
-        kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], tok, sc, n, sc);
+        kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, sc, n, sc);
     }
     const int64_t m = kvq_rk_topk(isa, sc, n, k2, S->rsel, S->work);
     for (int64_t i = 0; i < m; i++)
@@ -1144,8 +1147,9 @@ int main(int argc, char **argv)
             free(L.rq[h]);
             free(L.rqo[h]);
             free(L.rqs[h]);
+            free(L.rqso[h]);
             L.rq[h] = L.rqo[h] = NULL;
-            L.rqs[h] = NULL;
+            L.rqs[h] = L.rqso[h] = NULL;
         }
         free(L.pcos);
         free(L.psin);

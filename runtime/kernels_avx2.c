@@ -556,39 +556,4 @@ TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t
         }
     }
 }
-
-
-/* ---- residual stage: sign dots through the byte table (kvq_rk_resid_scores) -------------- */
-
-TARGET void kvq_rk_resid_scores_avx2(const float *tab, int32_t nb8, const uint8_t *bits,
-                                     const float *scale, const int32_t *tok, const float *first,
-                                     int64_t n, float *out)
-{
-    int64_t a = 0;
-    const __m256i ff = _mm256_set1_epi32(0xff), nbv = _mm256_set1_epi32(nb8);
-    for (; a + 8 <= n; a += 8) {
-        const __m256i t = _mm256_loadu_si256((const __m256i *)(tok + a));
-        const __m256i off = _mm256_mullo_epi32(t, nbv);
-        __m256 s = _mm256_setzero_ps();
-        for (int32_t p4 = 0; p4 < nb8; p4 += 4) {
-            const __m256i w = _mm256_i32gather_epi32((const int *)(bits + p4), off, 1);
-            for (int b = 0; b < 4; b++) {
-                const __m256i ix = _mm256_add_epi32(
-                    _mm256_and_si256(_mm256_srli_epi32(w, 8 * b), ff),
-                    _mm256_set1_epi32((p4 + b) * 256));
-                s = _mm256_add_ps(s, _mm256_i32gather_ps(tab, ix, 4));
-            }
-        }
-        const __m256 w = _mm256_mul_ps(_mm256_i32gather_ps(scale, t, 4), s);
-        _mm256_storeu_ps(out + a, _mm256_add_ps(_mm256_loadu_ps(first + a), w));
-    }
-    for (; a < n; a++) {
-        const uint8_t *b = bits + (size_t)tok[a] * nb8;
-        float s = 0.0f;
-        for (int32_t p = 0; p < nb8; p++)
-            s += tab[(size_t)p * 256 + b[p]];
-        const float w = scale[tok[a]] * s;
-        out[a] = first[a] + w;
-    }
-}
 #endif /* KVQ_RK_HAVE_X86 */

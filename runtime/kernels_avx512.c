@@ -664,39 +664,4 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
         }
     }
 }
-
-
-/* ---- residual stage: sign dots through the byte table (kvq_rk_resid_scores) -------------- */
-
-TARGET void kvq_rk_resid_scores_avx512(const float *tab, int32_t nb8, const uint8_t *bits,
-                                     const float *scale, const int32_t *tok, const float *first,
-                                     int64_t n, float *out)
-{
-    int64_t a = 0;
-    const __m512i ff = _mm512_set1_epi32(0xff), nbv = _mm512_set1_epi32(nb8);
-    for (; a + 16 <= n; a += 16) {
-        const __m512i t = _mm512_loadu_si512((const void *)(tok + a));
-        const __m512i off = _mm512_mullo_epi32(t, nbv);
-        __m512 s = _mm512_setzero_ps();
-        for (int32_t p4 = 0; p4 < nb8; p4 += 4) {
-            const __m512i w = _mm512_i32gather_epi32(off, (const void *)(bits + p4), 1);
-            for (int b = 0; b < 4; b++) {
-                const __m512i ix = _mm512_add_epi32(
-                    _mm512_and_si512(_mm512_srli_epi32(w, 8 * b), ff),
-                    _mm512_set1_epi32((p4 + b) * 256));
-                s = _mm512_add_ps(s, _mm512_i32gather_ps(ix, tab, 4));
-            }
-        }
-        const __m512 w = _mm512_mul_ps(_mm512_i32gather_ps(t, scale, 4), s);
-        _mm512_storeu_ps(out + a, _mm512_add_ps(_mm512_loadu_ps(first + a), w));
-    }
-    for (; a < n; a++) {
-        const uint8_t *b = bits + (size_t)tok[a] * nb8;
-        float s = 0.0f;
-        for (int32_t p = 0; p < nb8; p++)
-            s += tab[(size_t)p * 256 + b[p]];
-        const float w = scale[tok[a]] * s;
-        out[a] = first[a] + w;
-    }
-}
 #endif /* KVQ_RK_HAVE_X86 */

@@ -92,14 +92,6 @@ void kvq_rk_lut_multi_avx2(const float *qp, int32_t nq, const uint16_t *CT, int3
 void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t *CT, int32_t G,
                              int32_t dg, int32_t K, float *lut);
 
-/* kvq_rk_resid_scores for nb8 % 4 == 0 (kernels.c runs the scalar loop otherwise). */
-void kvq_rk_resid_scores_avx2(const float *tab, int32_t nb8, const uint8_t *bits,
-                              const float *scale, const int32_t *tok, const float *first,
-                              int64_t n, float *out);
-void kvq_rk_resid_scores_avx512(const float *tab, int32_t nb8, const uint8_t *bits,
-                                const float *scale, const int32_t *tok, const float *first,
-                                int64_t n, float *out);
-
 /* AVX-512 only (AVX2 runs the scalar loop, kernels.c): emit with the key of token j
  * looked up as ktab[codes[j]] (ktab: [K]); idx holds `room` entries (at least the count
  * emitted), which lets it store whole vectors while they fit. */

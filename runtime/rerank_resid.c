@@ -2,7 +2,8 @@
  * rerank_resid.c — the residual stage of the codebook selector
  * (kvq_retrieval_params.resid_bits, resid_wide; kvq/runtime.h): each cached key keeps,
  * besides its code, its residual from the centroid quantized to b bits per channel
- * with one f32 scale, packed (ceil(d b / 8) + 4 bytes). Under ROPE the residual is kept
+ * with one f32 scale, packed (ceil(d b / 8) + 4 bytes), by row (row_order.c moves them
+ * with the rows: a selection's candidates come in runs of rows). Under ROPE the residual is kept
  * rotated by the token's position, r'_j = R_{p_j} (k_j - c_j) (the rotation is
  * orthogonal per pair, so quantizing r' costs what quantizing r does), else as is. At
  * a step the codebook picks ceil(resid_wide k2) candidates, k2 = ceil(rerank k) (k
@@ -85,6 +86,28 @@ static const float *centroid(const kvq_codebook *cb, int32_t c)
 
 size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits) { return ((size_t)d * bits + 7) / 8; }
 
+int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, const int32_t *order,
+                         int64_t n)
+{
+    const size_t rb = kvq_rt_resid_row_bytes(r->d, r->p.resid_bits);
+    uint8_t *q8 = malloc(rb * (size_t)n);
+    float *qs = malloc(sizeof(float) * (size_t)n);
+    if (!q8 || !qs) {
+        free(q8);
+        free(qs);
+        return 1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(q8 + (size_t)i * rb, H->rq + (size_t)(first + order[i]) * rb, rb);
+        qs[i] = H->rqs[first + order[i]];
+    }
+    memcpy(H->rq + (size_t)first * rb, q8, rb * (size_t)n);
+    memcpy(H->rqs + first, qs, sizeof(float) * (size_t)n);
+    free(q8);
+    free(qs);
+    return 0;
+}
+
 /* idx [d] (each < 2^bits) packed into row [ceil(d bits / 8)] and back. */
 static void pack(const uint8_t *idx, int32_t d, int32_t bits, uint8_t *row)
 {
@@ -120,7 +143,7 @@ void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head
     }
 }
 
-/* The reconstruction of row j (its code by row, its residual by token) as the exact
+/* The reconstruction of row j (its code and residual by row) as the exact
  * step sees the key: R_p c + r'^ under ROPE, c + r^ otherwise.   y: [d] */
 static void reconstruct(const rt_step *st, int64_t j, float *y)
 {
@@ -131,8 +154,8 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
     const int64_t t = kvq_rt_row_token(H, j);
     uint8_t idx[KVQ_ROPE_MAX_DIM];
     float c2[KVQ_ROPE_MAX_DIM];
-    unpack(H->rq + (size_t)t * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
-    kvq_rt_resid_dequantize(idx, H->rqs[t], d, bits, y);
+    unpack(H->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
+    kvq_rt_resid_dequantize(idx, H->rqs[j], d, bits, y);
     const float *c = centroid(cb, H->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
     if (!c)
         return;
@@ -225,12 +248,9 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
     float *sc = S->tmp; /* [n] */
     if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
         float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
-        int32_t *tok = (int32_t *)S->work; /* [n]; the top-k below overwrites it */
-        for (int64_t a = 0; a < n; a++)
-            tok[a] = (int32_t)kvq_rt_row_token(st->H, rows[a]);
         first_scores(st, rows, n, sc);
         kvq_rk_sign_table(q, d, tab);
-        kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, tok, sc, n, sc);
+        kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
     } else {
         float y[KVQ_ROPE_MAX_DIM];
         for (int64_t a = 0; a < n; a++) {

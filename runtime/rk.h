@@ -71,12 +71,13 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
  * order c = 0..3 from 0.0f, then lower + upper) in float. Cost 3 d 16 adds. */
 void kvq_rk_sign_table(const float *q, int32_t d, float *tab);
 
-/* Residual stage scores: out[a] = first[a] + scale[t] * s with t = tok[a] and s the
- * float sum from 0.0f, in order p = 0 .. nb8 - 1, of tab[p*256 + bits[t*nb8 + p]] (the
- * sign dot q . (+-1)^d of token t's packed bits, channel c = byte c/8, bit c%8), the
+/* Residual stage scores: out[a] = first[a] + scale[t] * s with t = tok[a] (the record of
+ * candidate a: its row in the runtime) and s the float sum from 0.0f, in order
+ * p = 0 .. nb8 - 1, of tab[p*256 + bits[t*nb8 + p]] (the sign dot q . (+-1)^d of record
+ * t's packed bits, channel c = byte c/8, bit c%8), the
  * product and the sum rounded separately (no FMA). out may alias first. Every path gives
- * the same bits (the SIMD paths, for nb8 % 4 == 0, gather 32 bits of a row at a time and
- * the table entries per byte). Cost: n nb8 lookups. */
+ * the same bits (KVQ_ISA_SCALAR one candidate at a time; the others four interleaved,
+ * rows prefetched: kernels.c). Cost: n nb8 lookups. */
 void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8_t *bits,
                          const float *scale, const int32_t *tok, const float *first, int64_t n,
                          float *out);

@@ -64,8 +64,8 @@ typedef struct rt_head {
     int64_t n_sel, sel_cap;
     int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
     uint8_t *rq;        /* [cap, ceil(d b / 8)] residual stage: packed quantized residuals
-                           (rotated by position under ROPE), by token */
-    float *rqs;         /* [cap] their scales */
+                           (rotated by position under ROPE), by row */
+    float *rqs;         /* [cap] their scales, by row */
     int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
 
@@ -197,13 +197,16 @@ struct rt_step {
 };
 
 /* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
- * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] stored
- * as tokens first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
+ * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] and
+ * positions [n] stored as rows (= tokens) first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
  * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
  * ascending), adding the bytes it reads. */
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
 void kvq_rt_resid_dequantize(const uint8_t *idx, float scale, int32_t d, int32_t bits, float *y);
 size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits);
+/* rows first + i <- rows first + order[i] (i < n) of the residuals; 1 when out of memory */
+int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, const int32_t *order,
+                         int64_t n);
 void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
                          const float *keys, const int32_t *codes, const int64_t *pos,
                          int64_t first, int64_t n);
