@@ -297,7 +297,7 @@ typedef struct kvq_retrieval_params {
                                 8 bits per channel plus an f32 scale (rotated by the
                                 token's position under ROPE); 0 = off (default 1). At 1
                                 bit (group sum) a candidate scores its first-stage score
-                                + scale (q . signs), through a sign table (SIMD); 2-8 bits
+                                + scale (q . signs), through a sign table; 2-8 bits
                                 and group max the slower q . (R c + r^) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
                                 (k2 = ceil(rerank k), the rerank's count, or k without
