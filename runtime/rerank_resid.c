@@ -184,12 +184,13 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         memset(first, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (S->bsel_nb > 0) { /* band of a row from its distance, searched from the farthest */
-        const int64_t *E = S->bsel_E, *P = st->L->pos;
+    if (S->bsel_nb > 0) { /* band of a row from its token, searched from the farthest
+                           (positions increase over the tokens: no position read) */
+        const int64_t *tb = S->bsel_tb;
         for (int64_t a = 0; a < n; a++) {
-            const int64_t delta = st->pos - P[kvq_rt_row_token(st->H, rows[a])];
+            const int64_t t = kvq_rt_row_token(st->H, rows[a]);
             int32_t b = S->bsel_nb - 1;
-            while (b > 0 && delta < E[b])
+            while (b > 0 && t >= tb[b - 1])
                 b--;
             first[a] = S->scores[(size_t)b * K + codes[rows[a]]];
         }
