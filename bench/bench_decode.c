@@ -6,7 +6,7 @@
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
  *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
- *                [--preset smollm2]
+ *                [--resid-wide W] [--resid-path fast|exact] [--preset smollm2]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -61,6 +61,17 @@
  * or reranked row's logit is q R_i . k_j R_j read from them by index (the default wrope:
  * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
  * bytes, as under wrope.
+ * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
+ * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
+ * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the
+ * rerank's count), each keeps its residual from its centroid at 1 bit per channel + an
+ * f32 scale (made with the cache, not timed; rotated by its token's position under
+ * --positions rope), and the residual scores keep k2 (timed apart, "resid"; D/8 + 4
+ * bytes per candidate). --resid-path fast (default) scores as the runtime does now: the
+ * codebook's own first-stage score of the row + scale (q . signs) through the sign table
+ * (kvq_rk_resid_scores); --resid-path exact as it did before (per candidate: dequantize
+ * its d bytes of signs, add the centroid, rotate by the token's position from a position
+ * table under rope, a double dot), for a before / after in one build.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
  * K 256 artifact of docs/QUALITY.md, positions rope and score bands as calibrate records
  * them, rerank 2): --codebook 256 --score bands --rerank 2 --positions rope (options after
@@ -113,6 +124,8 @@
 static int g_cpu_clock = 1;
 static double g_rerank = 0; /* --rerank R (0: one stage) */
 static int g_rope = 0;      /* --positions rope */
+static double g_resid = 4;  /* --resid-wide W (0: off) */
+static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
 static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
 
 typedef struct args {
@@ -134,7 +147,8 @@ static int usage(void)
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
                     "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
-                    "[--positions wrope|rope] [--preset smollm2]\n");
+                    "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
+                    "[--preset smollm2]\n");
     return 2;
 }
 
@@ -230,6 +244,16 @@ static int parse(int argc, char **argv, args *a)
             a->bands = 1;
             g_rerank = 2;
             g_rope = 1;
+        } else if (!strcmp(o, "--resid-wide")) {
+            if (kvq_parse_f64(v, 0, 64, &g_resid, &e))
+                return usage();
+        } else if (!strcmp(o, "--resid-path")) {
+            if (!strcmp(v, "fast"))
+                g_resid_exact = 0;
+            else if (!strcmp(v, "exact"))
+                g_resid_exact = 1;
+            else
+                return usage();
         } else if (!strcmp(o, "--rerank")) {
             if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
                 return usage();
@@ -349,7 +373,8 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[5]; /* seconds in LUT, score gather, top-k, attention; the rerank (in top-k) */
+    double phase[6]; /* seconds in LUT, score gather, top-k, attention; the rerank and the
+                        residual stage (both in top-k) */
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
@@ -379,6 +404,12 @@ typedef struct layer {
                   summed query rotated by the band's mean rotation (made outside the step) */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
+    uint8_t *rq[N_KV];  /* --resid-wide: [n, D/8] residual signs packed, by row */
+    float *rqs[N_KV];   /* [n] residual scales, by row */
+    uint8_t *rqo[N_KV]; /* --resid-path exact: [n, D] one sign per byte, unrotated, by token
+                           (as the runtime kept them before) */
+    float *rqso[N_KV];  /* [n] scales by token */
+    float *pcos, *psin; /* --resid-path exact under rope: [n, D/2] every position's rotation */
     uint16_t *kr[N_KV]; /* --positions rope: [n, D] f16 keys rotated by their tokens'
                            positions, rows as k (the runtime's cache under rope, keys.c) */
     float bcos[D / 2], bsin[D / 2], icos[D / 2], isin[D / 2];
@@ -587,6 +618,114 @@ static int rotated_keys(layer *L, int h, const double *theta)
     return 0;
 }
 
+/* --resid-wide: each token's residual from its centroid at 1 bit per channel (signs, +
+ * for 0) and its scale mean |r|, made with the cache as runtime/rerank_resid.c does at
+ * append: packed and rotated by the token's position under rope (rq), and for
+ * --resid-path exact one sign per byte, unrotated (rqo). */
+static int resid_build(layer *L, int h, const double *theta)
+{
+    const int64_t n = L->n;
+    const float *W = kvq_codebook_key_codebook(kvq_rk_table_codebook(L->tab[h]));
+    L->rq[h] = malloc((size_t)n * D / 8);
+    L->rqo[h] = malloc((size_t)n * D);
+    L->rqs[h] = malloc(sizeof(float) * (size_t)n);
+    L->rqso[h] = malloc(sizeof(float) * (size_t)n);
+    if (!L->rq[h] || !L->rqo[h] || !L->rqs[h] || !L->rqso[h])
+        return 1;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t t = L->tok[h] && j >= SINK && j < n - WINDOW ? L->tok[h][j - SINK] : j;
+        float x[D], c[D / 2], sn[D / 2];
+        kvq_f16_to_f32(L->k[h] + (size_t)j * D, x, D);
+        double a = 0;
+        for (int i = 0; i < D; i++) {
+            x[i] -= W[(size_t)L->codes[h][j] * D + i];
+            a += fabs((double)x[i]) / D;
+            L->rqo[h][(size_t)t * D + i] = x[i] >= 0;
+        }
+        L->rqs[h][j] = L->rqso[h][t] = (float)a;
+        if (g_rope) {
+            for (int m = 0; m < D / 2; m++) {
+                c[m] = (float)cos((double)t * theta[m]);
+                sn[m] = (float)sin((double)t * theta[m]);
+            }
+            rotate(x, c, sn, x);
+        }
+        memset(L->rq[h] + (size_t)j * D / 8, 0, D / 8);
+        for (int i = 0; i < D; i++)
+            L->rq[h][(size_t)j * D / 8 + i / 8] |= (uint8_t)((x[i] >= 0) << (i % 8));
+    }
+    return 0;
+}
+
+/* The stage's candidates: min(ceil(W k2), half the candidates), at least k2
+ * (kvq_rt_resid_count). */
+static int64_t resid_count(int64_t k2, int64_t nc)
+{
+    if (!(g_resid > 1) || g_rerank <= 1 || k2 >= nc)
+        return k2;
+    double want = ceil(g_resid * (double)k2);
+    const double cap = ceil(0.5 * (double)nc);
+    want = want > cap ? (cap > (double)k2 ? cap : (double)k2) : want;
+    return want >= (double)nc ? nc : (int64_t)want;
+}
+
+/* The residual stage over rows[0..n) (ascending), keeping k2 in place: the first-stage
+ * score of each row (its code's LUT entry in its band, or its score), then
+ * kvq_rk_resid_scores; or (--resid-path exact) the reconstruction rule. */
+static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, int bands,
+                           scratch *S, int32_t *rows, int64_t n, int64_t k2)
+{
+    float q[D] = {0};
+    for (int g = 0; g < GS; g++)
+        for (int t = 0; t < D; t++)
+            q[t] += (g_rope ? S->qi : S->qb)[g * D + t];
+    float *sc = S->rlg;
+    int32_t *tok = S->rsel;
+    const int32_t K = S->bands.K;
+    const float *W = kvq_codebook_key_codebook(kvq_rk_table_codebook(L->tab[h]));
+    for (int64_t a = 0; a < n; a++) {
+        const int64_t j = rows[a];
+        tok[a] = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : (int32_t)j;
+    }
+    if (g_resid_exact) {
+        for (int64_t a = 0; a < n; a++) {
+            const int64_t t = tok[a];
+            const uint16_t code = L->codes[h][rows[a]];
+            float y[D];
+            for (int i = 0; i < D; i++)
+                y[i] = (L->rqo[h][(size_t)t * D + i] ? L->rqso[h][t] : -L->rqso[h][t]) +
+                       W[(size_t)code * D + i];
+            if (g_rope)
+                rotate(y, L->pcos + (size_t)t * (D / 2), L->psin + (size_t)t * (D / 2), y);
+            double dot = 0;
+            for (int i = 0; i < D; i++)
+                dot += (double)q[i] * y[i];
+            sc[a] = (float)dot;
+        }
+    } else {
+        for (int64_t a = 0; a < n; a++) {
+            const uint16_t code = L->codes[h][rows[a]];
+            if (by_scores) {
+                sc[a] = S->scores[rows[a] - SINK];
+            } else if (bands) {
+                int32_t b = S->bands.nb - 1;
+                while (b > 0 && tok[a] >= S->tb[b - 1])
+                    b--;
+                sc[a] = S->lut[(size_t)b * K + code];
+            } else {
+                sc[a] = S->lut[code];
+            }
+        }
+        float tab[D / 8 * 256];
+        kvq_rk_sign_table(q, D, tab);
+        kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, sc, n, sc);
+    }
+    const int64_t m = kvq_rk_topk(isa, sc, n, k2, S->rsel, S->work);
+    for (int64_t i = 0; i < m; i++)
+        rows[i] = rows[S->rsel[i]];
+    return m;
+}
+
 /* Candidates for a budget of k out of nc: ceil(R k) with --rerank R > 1, else k. */
 static int64_t rerank_count(int64_t k, int64_t nc)
 {
@@ -677,16 +816,22 @@ select:;
     int64_t m = 0;
     for (int64_t j = 0; j < SINK; j++)
         S->att[m++] = (int32_t)j;
-    const int64_t k2 = rerank_count(k_sel, nc);
+    const int64_t k2 = rerank_count(k_sel, nc), k1 = resid_count(k2, nc);
     int64_t ns =
-        by_scores ? kvq_rk_topk(isa, S->scores, nc, k2, S->att + m, S->work)
-        : bands   ? kvq_rk_topk_bands(&S->bands, k2, S->att + m, S->work)
-                  : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k2,
+        by_scores ? kvq_rk_topk(isa, S->scores, nc, k1, S->att + m, S->work)
+        : bands   ? kvq_rk_topk_bands(&S->bands, k1, S->att + m, S->work)
+                  : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k1,
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
     S->rr_kept = 0;
+    const double t_rs = clk();
+    if (k1 > k2) {
+        S->bands.K = cd->k;
+        ns = resid_stage(L, h, isa, by_scores, bands, S, S->att + m, ns, k2);
+    }
     const double t_rr = clk();
+    S->phase[5] += t_rr - t_rs;
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
     t1 = clk();
@@ -793,7 +938,7 @@ int main(int argc, char **argv)
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
-           "score %s, rerank %g, positions %s, clock %s\n",
+           "score %s, rerank %g, residual stage %s, positions %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores == 1 ? "scores"
@@ -801,7 +946,11 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_rerank, g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
+           g_rerank,
+           g_resid > 1 && g_rerank > 1 ? (g_resid_exact ? "on, exact (per-candidate rotation)"
+                                                        : "on, sign table")
+                                       : "off",
+           g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
            bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
@@ -856,6 +1005,22 @@ int main(int argc, char **argv)
         for (int h = 0; h < N_KV && g_rope; h++)
             if (rotated_keys(&L, h, theta))
                 return 1;
+        for (int h = 0; h < N_KV && g_resid > 1 && g_rerank > 1; h++)
+            if (resid_build(&L, h, theta)) {
+                fprintf(stderr, "bench_decode: out of memory at context %lld\n", (long long)n);
+                return 1;
+            }
+        if (g_resid > 1 && g_rerank > 1 && g_resid_exact && g_rope) {
+            L.pcos = malloc(sizeof(float) * (size_t)n * (D / 2));
+            L.psin = malloc(sizeof(float) * (size_t)n * (D / 2));
+            if (!L.pcos || !L.psin)
+                return 1;
+            for (int64_t t = 0; t < n; t++)
+                for (int m = 0; m < D / 2; m++) {
+                    L.pcos[(size_t)t * (D / 2) + m] = (float)cos((double)t * theta[m]);
+                    L.psin[(size_t)t * (D / 2) + m] = (float)sin((double)t * theta[m]);
+                }
+        }
         for (int m = 0; m < D / 2; m++) {
             L.bcos[m] = (float)cos(2048.0 * theta[m]);
             L.bsin[m] = (float)sin(2048.0 * theta[m]);
@@ -942,7 +1107,14 @@ int main(int argc, char **argv)
                              (double)N_KV * (n - SINK - WINDOW) * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows +
                              (double)N_KV * (double)(rerank_count(k_sel, n - SINK - WINDOW) - k_sel) *
-                                 D * kb;
+                                 D * kb +
+                             (double)N_KV * (D / 8 + 4) *
+                                 (double)(resid_count(rerank_count(k_sel, n - SINK - WINDOW),
+                                                      n - SINK - WINDOW) >
+                                                  rerank_count(k_sel, n - SINK - WINDOW)
+                                              ? resid_count(rerank_count(k_sel, n - SINK - WINDOW),
+                                                            n - SINK - WINDOW)
+                                              : 0);
         /* floors: every byte at the streaming read rate; and the attended rows at the rate
          * plain loads of exactly those rows achieved (t_rows), the rest streaming */
         const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;
@@ -952,14 +1124,14 @@ int main(int argc, char **argv)
                100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
                (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
                b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
-        double ph[5] = {0};
+        double ph[6] = {0};
         for (int t = 0; t < a.threads; t++)
-            for (int i = 0; i < 5; i++)
+            for (int i = 0; i < 6; i++)
                 ph[i] += scr[t].phase[i] / (double)a.reps;
         printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
-               "top-k %.3f ms (rerank %.3f), attention %.3f ms\n",
+               "top-k %.3f ms (rerank %.3f, residual stage %.3f), attention %.3f ms\n",
                "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[4], 1e3 * ph[3]);
+               1e3 * ph[4], 1e3 * ph[5], 1e3 * ph[3]);
         if (!a.token_order)
             printf("%8s   code order: sorting the candidates' rows took %.1f ms for the %d "
                    "heads (once per prompt, then at growing lengths; not in the step)\n",
@@ -974,7 +1146,16 @@ int main(int argc, char **argv)
             free(L.tok[h]);
             free(L.kr[h]);
             L.kr[h] = NULL;
+            free(L.rq[h]);
+            free(L.rqo[h]);
+            free(L.rqs[h]);
+            free(L.rqso[h]);
+            L.rq[h] = L.rqo[h] = NULL;
+            L.rqs[h] = L.rqso[h] = NULL;
         }
+        free(L.pcos);
+        free(L.psin);
+        L.pcos = L.psin = NULL;
         free(out_full);
         free(out_ret);
         free(tf);

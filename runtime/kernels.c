@@ -293,6 +293,84 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
 }
 
 /* ==========================================================================
+ * Residual stage: 1-bit sign dots through a byte table
+ * ========================================================================== */
+
+void kvq_rk_sign_table(const float *q, int32_t d, float *tab)
+{
+    float nib[KVQ_ROPE_MAX_DIM / 4][16];
+    for (int32_t p4 = 0; p4 < d / 4; p4++)
+        for (int v = 0; v < 16; v++) {
+            float s = 0.0f;
+            for (int c = 0; c < 4; c++)
+                s += (v >> c & 1) ? q[4 * p4 + c] : -q[4 * p4 + c];
+            nib[p4][v] = s;
+        }
+    for (int32_t p = 0; p < d / 8; p++)
+        for (int v = 0; v < 256; v++)
+            tab[(size_t)p * 256 + v] = nib[2 * p][v & 15] + nib[2 * p + 1][v >> 4];
+}
+
+static void resid_scores_scalar(const float *tab, int32_t nb8, const uint8_t *bits,
+                                const float *scale, const int32_t *tok, const float *first,
+                                int64_t n, float *out)
+{
+    for (int64_t a = 0; a < n; a++) {
+        const uint8_t *b = bits + (size_t)tok[a] * nb8;
+        float s = 0.0f;
+        for (int32_t p = 0; p < nb8; p++)
+            s += tab[(size_t)p * 256 + b[p]];
+        const float w = scale[tok[a]] * s;
+        out[a] = first[a] + w;
+    }
+}
+
+/* The fast path: four candidates' lookups interleaved (four independent sums in flight;
+ * each candidate's sum in the reference's order, so the same bits), their rows
+ * prefetched 32 candidates ahead. Measured faster than AVX2 / AVX-512 gathers of the
+ * table entries on the AMD EPYC of docs/BENCHMARKS.md (4.7 against 9.5-10 ns per
+ * candidate at d 128, rows in L2), which is why no ISA has its own path. */
+static void resid_scores_x4(const float *tab, int32_t nb8, const uint8_t *bits,
+                            const float *scale, const int32_t *tok, const float *first,
+                            int64_t n, float *out)
+{
+    int64_t a = 0;
+    for (; a + 4 <= n; a += 4) {
+        for (int64_t l = a + 32; l < a + 36 && l < n; l++) {
+            __builtin_prefetch(bits + (size_t)tok[l] * nb8);
+            __builtin_prefetch(scale + tok[l]);
+        }
+        const uint8_t *b0 = bits + (size_t)tok[a] * nb8, *b1 = bits + (size_t)tok[a + 1] * nb8,
+                      *b2 = bits + (size_t)tok[a + 2] * nb8, *b3 = bits + (size_t)tok[a + 3] * nb8;
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+        for (int32_t p = 0; p < nb8; p++) {
+            const float *t = tab + (size_t)p * 256;
+            s0 += t[b0[p]];
+            s1 += t[b1[p]];
+            s2 += t[b2[p]];
+            s3 += t[b3[p]];
+        }
+        const float w0 = scale[tok[a]] * s0, w1 = scale[tok[a + 1]] * s1,
+                    w2 = scale[tok[a + 2]] * s2, w3 = scale[tok[a + 3]] * s3;
+        out[a] = first[a] + w0;
+        out[a + 1] = first[a + 1] + w1;
+        out[a + 2] = first[a + 2] + w2;
+        out[a + 3] = first[a + 3] + w3;
+    }
+    resid_scores_scalar(tab, nb8, bits, scale, tok + a, first + a, n - a, out + a);
+}
+
+void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8_t *bits,
+                         const float *scale, const int32_t *tok, const float *first, int64_t n,
+                         float *out)
+{
+    if (kvq_isa_clamp(isa) == KVQ_ISA_SCALAR)
+        resid_scores_scalar(tab, nb8, bits, scale, tok, first, n, out);
+    else
+        resid_scores_x4(tab, nb8, bits, scale, tok, first, n, out);
+}
+
+/* ==========================================================================
  * Top-k selection
  * ========================================================================== */
 

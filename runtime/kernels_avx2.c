@@ -556,5 +556,4 @@ TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t
         }
     }
 }
-
 #endif /* KVQ_RK_HAVE_X86 */

@@ -695,5 +695,4 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
         }
     }
 }
-
 #endif /* KVQ_RK_HAVE_X86 */

@@ -2,25 +2,39 @@
  * rerank_resid.c — the residual stage of the codebook selector
  * (kvq_retrieval_params.resid_bits, resid_wide; kvq/runtime.h): each cached key keeps,
  * besides its code, its residual from the centroid quantized to b bits per channel
- * with one f32 scale (d b / 8 + 4 bytes). At a step the codebook picks
- * ceil(resid_wide k2) candidates, k2 = ceil(rerank k) (k without the exact rerank); the
- * residual scores q . (c + r^) under the position mode (ROPE: the reconstruction
- * rotated by the token's position, as the oracle rotates the key) keep k2 of them,
- * which the exact rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
+ * with one f32 scale, packed (ceil(d b / 8) + 4 bytes), by row (row_order.c moves them
+ * with the rows: a selection's candidates come in runs of rows). Under ROPE the residual is kept
+ * rotated by the token's position, r'_j = R_{p_j} (k_j - c_j) (the rotation is
+ * orthogonal per pair, so quantizing r' costs what quantizing r does), else as is. At
+ * a step the codebook picks ceil(resid_wide k2) candidates, k2 = ceil(rerank k) (k
+ * without the exact rerank); the residual scores keep k2 of them, which the exact
+ * rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
  * copy token and its neighbours) for a few bytes each instead of a key row.
+ *
+ * Score of candidate j (the fast rule, b = 1, group SUM, d % 8 == 0):
+ *   first_j + a_j (q . s_j)
+ * first_j the codebook's own first-stage score of row j (the LUT entry of its code, in
+ * its distance band under --score-pos bands; 0 without a key-space centroid), a_j and
+ * s_j in {-1, +1}^d the residual's scale and signs, q the group's summed query as the
+ * exact step scores keys (q R_i under ROPE, q R_b otherwise): the centroid part as the
+ * codebook scored it, the residual's part exactly. The sign dot is a byte-table lookup
+ * per 8 channels (kvq_rk_sign_table, kvq_rk_resid_scores: one reference and an
+ * interleaved path, the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
+ * q . (R_{p_j} c_j + r'^_j) in double, per head for the maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
  * a = mean |r_c| (sign of r_c, + for 0); b >= 2: L = 2^b levels of step
  * s = 2 max |r_c| / L, index i_c = clamp(floor(r_c / s) + L/2, 0, L - 1),
- * r^_c = (i_c - L/2 + 1/2) s. The centroid is the key-space codebook's (G = 1); with
- * none (grouped query-aware codebooks, vq-postrope) the key itself is quantized.
- * Indices are stored one per byte (the bytes read are counted at b bits).
+ * r^_c = (i_c - L/2 + 1/2) s. Index c is stored in bits [c b, c b + b) of the row
+ * (byte c b / 8, from its lowest bit). The centroid is the key-space codebook's (G = 1);
+ * with none (grouped query-aware codebooks, vq-postrope) the key itself is quantized.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvq/runtime.h"
+#include "runtime/kernels.h"
 #include "runtime/runtime_internal.h"
 
 /* Largest share of the candidates the stage scores (kvq_rt_resid_count). */
@@ -70,35 +84,133 @@ static const float *centroid(const kvq_codebook *cb, int32_t c)
     return C ? C + (size_t)c * D->dim : NULL;
 }
 
+size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits) { return ((size_t)d * bits + 7) / 8; }
+
+int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, const int32_t *order,
+                         int64_t n)
+{
+    const size_t rb = kvq_rt_resid_row_bytes(r->d, r->p.resid_bits);
+    uint8_t *q8 = malloc(rb * (size_t)n);
+    float *qs = malloc(sizeof(float) * (size_t)n);
+    if (!q8 || !qs) {
+        free(q8);
+        free(qs);
+        return 1;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(q8 + (size_t)i * rb, H->rq + (size_t)(first + order[i]) * rb, rb);
+        qs[i] = H->rqs[first + order[i]];
+    }
+    memcpy(H->rq + (size_t)first * rb, q8, rb * (size_t)n);
+    memcpy(H->rqs + first, qs, sizeof(float) * (size_t)n);
+    free(q8);
+    free(qs);
+    return 0;
+}
+
+/* idx [d] (each < 2^bits) packed into row [ceil(d bits / 8)] and back. */
+static void pack(const uint8_t *idx, int32_t d, int32_t bits, uint8_t *row)
+{
+    memset(row, 0, kvq_rt_resid_row_bytes(d, bits));
+    for (int32_t c = 0; c < d; c++)
+        row[(size_t)c * bits / 8] |= (uint8_t)(idx[c] << ((size_t)c * bits % 8));
+}
+
+static void unpack(const uint8_t *row, int32_t d, int32_t bits, uint8_t *idx)
+{
+    const uint8_t m = (uint8_t)((1u << bits) - 1u);
+    for (int32_t c = 0; c < d; c++)
+        idx[c] = (uint8_t)(row[(size_t)c * bits / 8] >> ((size_t)c * bits % 8) & m);
+}
+
 void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
-                         const float *keys, const int32_t *codes, int64_t first, int64_t n)
+                         const float *keys, const int32_t *codes, const int64_t *pos,
+                         int64_t first, int64_t n)
 {
     const int32_t d = r->d, bits = r->p.resid_bits;
+    const size_t rb = kvq_rt_resid_row_bytes(d, bits);
     float x[KVQ_ROPE_MAX_DIM];
+    uint8_t idx[KVQ_ROPE_MAX_DIM];
     for (int64_t i = 0; i < n; i++) {
         const float *k = keys + (size_t)i * d;
         const float *c = centroid(cb, codes[i * kvq_codebook_get_desc(cb)->groups]);
         for (int32_t t = 0; t < d; t++)
             x[t] = c ? k[t] - c[t] : k[t];
-        kvq_rt_resid_quantize(x, d, bits, H->rq + (size_t)(first + i) * d, H->rqs + first + i);
+        if (r->p.positions == KVQ_POSITIONS_ROPE) /* r' = R_p (k - c) */
+            kvq_rt_rotate(r, x, pos[i], x);
+        kvq_rt_resid_quantize(x, d, bits, idx, H->rqs + first + i);
+        pack(idx, d, bits, H->rq + (size_t)(first + i) * rb);
     }
 }
 
-/* The reconstruction c + r^ of row j (its code by row, its residual by token), rotated
- * by the token's position under ROPE.   y: [d] */
+/* The reconstruction of row j (its code and residual by row) as the exact
+ * step sees the key: R_p c + r'^ under ROPE, c + r^ otherwise.   y: [d] */
 static void reconstruct(const rt_step *st, int64_t j, float *y)
 {
     const kvq_retrieval *r = st->r;
     const rt_head *H = st->H;
     const kvq_codebook *cb = st->L->cb[st->head];
-    const int32_t d = r->d;
+    const int32_t d = r->d, bits = r->p.resid_bits;
     const int64_t t = kvq_rt_row_token(H, j);
-    kvq_rt_resid_dequantize(H->rq + (size_t)t * d, H->rqs[t], d, r->p.resid_bits, y);
+    uint8_t idx[KVQ_ROPE_MAX_DIM];
+    float c2[KVQ_ROPE_MAX_DIM];
+    unpack(H->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
+    kvq_rt_resid_dequantize(idx, H->rqs[j], d, bits, y);
     const float *c = centroid(cb, H->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
-    for (int32_t a = 0; c && a < d; a++)
+    if (!c)
+        return;
+    if (r->p.positions == KVQ_POSITIONS_ROPE) {
+        kvq_rt_rotate(r, c, st->L->pos[t], c2);
+        c = c2;
+    }
+    for (int32_t a = 0; a < d; a++)
         y[a] += c[a];
-    if (r->p.positions == KVQ_POSITIONS_ROPE)
-        kvq_rt_rotate(r, y, st->L->pos[t], y);
+}
+
+/* The codebook's first-stage score of each of rows[0..n) (what it was selected with),
+ * into first [n] (0 without a key-space centroid): the per-(code, band) LUTs that
+ * kvq_rt_banded_select left in S->scores, else the per-row scores of the score fill
+ * (--score-pos bands), else the one LUT of the step (recomputed where the backend may
+ * not have left it in S->lut: a device, or the probe's memo). */
+static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *first)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t G = D->groups, K = D->k, d = r->d;
+    const uint16_t *codes = st->H->codes;
+    if (!centroid(cb, 0)) {
+        memset(first, 0, sizeof(float) * (size_t)n);
+        return;
+    }
+    if (S->bsel_nb > 0) { /* band of a row from its token, searched from the farthest
+                           (positions increase over the tokens: no position read) */
+        const int64_t *tb = S->bsel_tb;
+        for (int64_t a = 0; a < n; a++) {
+            const int64_t t = kvq_rt_row_token(st->H, rows[a]);
+            int32_t b = S->bsel_nb - 1;
+            while (b > 0 && t >= tb[b - 1])
+                b--;
+            first[a] = S->scores[(size_t)b * K + codes[rows[a]]];
+        }
+        return;
+    }
+    if (r->p.score_pos == KVQ_SCORE_BANDS) {
+        for (int64_t a = 0; a < n; a++)
+            first[a] = S->scores[rows[a] - st->s_end];
+        return;
+    }
+    if (S->mass_memo || r->be->device != KVQ_RETRIEVAL_DEVICE_CPU) {
+        float qs[KVQ_ROPE_MAX_DIM]; /* the group's scoring queries (select.c, S->qx) summed */
+        memcpy(qs, S->qx, sizeof(float) * (size_t)d);
+        for (int32_t g = 1; g < r->gs; g++)
+            for (int32_t t = 0; t < d; t++)
+                qs[t] += S->qx[(size_t)g * d + t];
+        kvq_rk_lut(r->p.isa, st->L->tab[st->head], qs, S->lut);
+    }
+    for (int64_t a = 0; a < n; a++)
+        first[a] = kvq_rk_score_one(S->lut, G, K, codes + (size_t)rows[a] * G);
 }
 
 int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc)
@@ -118,14 +230,14 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
-    const int32_t d = r->d, gs = r->gs;
+    const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits;
     if (n <= 0)
         return 0;
-    *sel_bytes += (double)n * ((double)d * r->p.resid_bits / 8.0 + 4.0);
+    *sel_bytes += (double)n * ((double)d * bits / 8.0 + 4.0);
     if (keep >= n)
         return n;
-    /* the group's queries as the oracle scores: q R_i (ROPE) or q R_b, summed in head
-     * order, or each head's for the maximum */
+    /* the group's queries as the exact step scores keys: q R_i (ROPE) or q R_b, summed
+     * in head order, or each head's for the maximum */
     const int max = r->p.group == KVQ_GROUP_MAX;
     const int32_t nq = max ? gs : 1;
     const float *qsrc = r->p.positions == KVQ_POSITIONS_ROPE ? S->qi : S->qb;
@@ -134,20 +246,28 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
     for (int32_t g = 1; !max && g < gs; g++)
         for (int32_t t = 0; t < d; t++)
             q[t] += qsrc[(size_t)g * d + t];
-    float y[KVQ_ROPE_MAX_DIM];
-    for (int64_t a = 0; a < n; a++) {
-        reconstruct(st, rows[a], y);
-        float best = 0;
-        for (int32_t g = 0; g < nq; g++) {
-            double s = 0;
-            for (int32_t t = 0; t < d; t++)
-                s += (double)q[(size_t)g * d + t] * y[t];
-            if (g == 0 || (float)s > best)
-                best = (float)s;
+    float *sc = S->tmp; /* [n] */
+    if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
+        float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
+        first_scores(st, rows, n, sc);
+        kvq_rk_sign_table(q, d, tab);
+        kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
+    } else {
+        float y[KVQ_ROPE_MAX_DIM];
+        for (int64_t a = 0; a < n; a++) {
+            reconstruct(st, rows[a], y);
+            float best = 0;
+            for (int32_t g = 0; g < nq; g++) {
+                double s = 0;
+                for (int32_t t = 0; t < d; t++)
+                    s += (double)q[(size_t)g * d + t] * y[t];
+                if (g == 0 || (float)s > best)
+                    best = (float)s;
+            }
+            sc[a] = best;
         }
-        S->scores[a] = best;
     }
-    const int64_t m = kvq_rk_topk(r->p.isa, S->scores, n, keep, S->sel, S->work);
+    const int64_t m = kvq_rk_topk(r->p.isa, sc, n, keep, S->sel, S->work);
     for (int64_t i = 0; i < m; i++) /* S->sel ascending: compacts in place */
         rows[i] = rows[S->sel[i]];
     return m;

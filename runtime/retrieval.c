@@ -354,7 +354,8 @@ static kvq_status layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
         if (ok && H->tok)
             ok = grow((void **)&H->tok, c * sizeof *H->tok);
         if (ok && G && sel == KVQ_SELECT_CODEBOOK && r->p.resid_bits)
-            ok = grow((void **)&H->rq, c * d) && grow((void **)&H->rqs, c * sizeof(float));
+            ok = grow((void **)&H->rq, c * kvq_rt_resid_row_bytes(d, r->p.resid_bits)) &&
+                 grow((void **)&H->rqs, c * sizeof(float));
         if (ok && sel == KVQ_SELECT_FIER)
             ok = grow((void **)&H->fbits, c * (size_t)r->db) &&
                  grow((void **)&H->flo, fgroups * d * sizeof(float)) &&
@@ -600,7 +601,7 @@ static kvq_status append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
             for (int64_t i = 0; i < n * G; i++)
                 H->codes[(size_t)past * G + i] = (uint16_t)r->cbuf[i];
             if (H->rq)
-                kvq_rt_resid_append(r, L->cb[h], H, r->kbuf, r->cbuf, past, n);
+                kvq_rt_resid_append(r, L->cb[h], H, r->kbuf, r->cbuf, c->pos, past, n);
             if (G == 1) { /* per-code counts for kvq_rk_topk_codes */
                 if (!H->hist &&
                     !(H->hist = calloc((size_t)kvq_codebook_get_desc(L->cb[h])->k,

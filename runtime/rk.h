@@ -65,6 +65,23 @@ void kvq_rk_lut_multi(kvq_isa isa, const kvq_rk_table *t, const float *qs, int32
 void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
                   int64_t n, float *scores);
 
+/* Residual stage, 1 bit per channel (runtime/rerank_resid.c): the signed-sum table of a
+ * query q [d] (d % 8 == 0), tab [d/8, 256]: tab[p*256 + v] = sum over c = 0..7 of
+ * (bit c of v ? +q[8p + c] : -q[8p + c]), summed as two nibbles (each four terms in
+ * order c = 0..3 from 0.0f, then lower + upper) in float. Cost 3 d 16 adds. */
+void kvq_rk_sign_table(const float *q, int32_t d, float *tab);
+
+/* Residual stage scores: out[a] = first[a] + scale[t] * s with t = tok[a] (the record of
+ * candidate a: its row in the runtime) and s the float sum from 0.0f, in order
+ * p = 0 .. nb8 - 1, of tab[p*256 + bits[t*nb8 + p]] (the sign dot q . (+-1)^d of record
+ * t's packed bits, channel c = byte c/8, bit c%8), the
+ * product and the sum rounded separately (no FMA). out may alias first. Every path gives
+ * the same bits (KVQ_ISA_SCALAR one candidate at a time; the others four interleaved,
+ * rows prefetched: kernels.c). Cost: n nb8 lookups. */
+void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8_t *bits,
+                         const float *scale, const int32_t *tok, const float *first, int64_t n,
+                         float *out);
+
 /* Top-k selection in O(n), no sort: radix select (digits of 11/11/10 bits over
  * order-preserving keys, later digits only over the keys sharing the earlier ones);
  * from 16384 scores on, a strided sample of 1024 first brackets the threshold so that

@@ -46,6 +46,15 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
                            (long long)n, 2.0 * (double)all / 1048576.0);
     }
     kvq_rk_code_order(H->codes + S, n, K, count, order);
+    if (H->rq && kvq_rt_resid_permute(r, H, S, order, n)) { /* residuals by row too */
+        free(order);
+        free(count);
+        free(t32);
+        free(dst[0]);
+        free(dst[1]);
+        return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory sorting %lld residuals",
+                           (long long)n);
+    }
     for (int pass = 0; pass < 2; pass++) {
         const char *src = pass ? H->v : H->k;
         char *out = dst[pass];

@@ -63,8 +63,9 @@ typedef struct rt_head {
     int32_t *sel_tok; /* [sel_cap] the same as token indices, ascending (filled on request) */
     int64_t n_sel, sel_cap;
     int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
-    uint8_t *rq;        /* [cap, d] residual stage: quantized residuals, by token */
-    float *rqs;         /* [cap] their scales */
+    uint8_t *rq;        /* [cap, ceil(d b / 8)] residual stage: packed quantized residuals
+                           (rotated by position under ROPE), by row */
+    float *rqs;         /* [cap] their scales, by row */
     int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
 
@@ -130,6 +131,11 @@ typedef struct rt_scratch {
                             bands: per band, computed once per step, not per layer and head) */
     uint32_t br_have;    /* bit k: band k's rotation is held */
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
+    int32_t bsel_nb;     /* > 0: kvq_rt_banded_select chose this step's candidates from its
+                            nb LUTs [nb, K] left in scores; a row's band the first
+                            b < nb - 1 with token >= bsel_tb[b], else nb - 1
+                            (kvq_rk_bands; rerank_resid.c reads them) */
+    int64_t bsel_tb[64];
     float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
                             candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
@@ -192,14 +198,19 @@ struct rt_step {
 };
 
 /* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
- * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] stored
- * as tokens first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
+ * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] and
+ * positions [n] stored as rows (= tokens) first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
  * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
  * ascending), adding the bytes it reads. */
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
 void kvq_rt_resid_dequantize(const uint8_t *idx, float scale, int32_t d, int32_t bits, float *y);
+size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits);
+/* rows first + i <- rows first + order[i] (i < n) of the residuals; 1 when out of memory */
+int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, const int32_t *order,
+                         int64_t n);
 void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
-                         const float *keys, const int32_t *codes, int64_t first, int64_t n);
+                         const float *keys, const int32_t *codes, const int64_t *pos,
+                         int64_t first, int64_t n);
 int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc);
 int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t keep,
                            double *sel_bytes);

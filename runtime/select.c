@@ -299,6 +299,7 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
                       double *sel_bytes, double *codebook_bytes)
 {
     st->S->rr_kept = 0; /* set by the rerank when it hands its logits to the attention */
+    st->S->bsel_nb = 0; /* set by kvq_rt_banded_select (the residual stage reads it) */
     /* rerank (rerank.c): the codebook picks R k candidates, exact scores keep k */
     const int cbk = selector == KVQ_SELECT_CODEBOOK && st->L->cb[st->head];
     const int64_t k2 = cbk ? kvq_rt_rerank_count(st->r, k, st->nc) : k;

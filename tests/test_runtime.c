@@ -2685,14 +2685,161 @@ static void resid_ref(const float *x, int32_t d, int32_t bits, double *y)
     }
 }
 
+/* Residual stage kernel (kvq_rk_sign_table + kvq_rk_resid_scores): every ISA gives the
+ * scalar path's bits, and the scores equal first + scale (q . signs) summed over the
+ * channels in double (signs from the packed bits: channel c = byte c / 8, bit c % 8)
+ * within float rounding; tokens gathered out of order, repeated, and a tail shorter than
+ * a vector. Fails with a flipped bit order, a lost byte, the scale of another token, or
+ * a fast path that sums in another order. */
+static void test_resid_kernel(void **state)
+{
+    (void)state;
+    kvq_rng rng;
+    kvq_rng_seed(&rng, 77);
+    static const int32_t dims[] = {8, 24, 64, 128};
+    for (int di = 0; di < 4; di++) {
+        const int32_t d = dims[di], nb8 = d / 8, ntok = 300, n = 237;
+        float q[128], *tab = malloc(sizeof(float) * (size_t)nb8 * 256);
+        uint8_t *bits = malloc((size_t)ntok * nb8);
+        float scale[300], first[237], out[3][237];
+        int32_t tok[237];
+        for (int32_t t = 0; t < d; t++)
+            q[t] = (float)kvq_rng_normal(&rng);
+        for (int64_t i = 0; i < (int64_t)ntok * nb8; i++)
+            bits[i] = (uint8_t)kvq_rng_below(&rng, 256);
+        for (int t = 0; t < ntok; t++)
+            scale[t] = (float)(0.1 + kvq_rng_uniform(&rng));
+        for (int a = 0; a < n; a++) {
+            tok[a] = (int32_t)kvq_rng_below(&rng, ntok);
+            first[a] = (float)kvq_rng_normal(&rng);
+        }
+        kvq_rk_sign_table(q, d, tab);
+        for (int ii = 0; ii < 3; ii++)
+            kvq_rk_resid_scores(isas[ii], tab, nb8, bits, scale, tok, first, n, out[ii]);
+        assert_memory_equal(out[0], out[1], sizeof(float) * n);
+        assert_memory_equal(out[0], out[2], sizeof(float) * n);
+        for (int a = 0; a < n; a++) {
+            double dot = 0, mag = 0;
+            for (int32_t c = 0; c < d; c++) {
+                const int set = bits[(size_t)tok[a] * nb8 + c / 8] >> (c % 8) & 1;
+                dot += set ? q[c] : -(double)q[c];
+                mag += fabs((double)q[c]);
+            }
+            const double want = first[a] + (double)scale[tok[a]] * dot;
+            assert_true(fabs(out[0][a] - want) <= 1e-6 * (fabs(first[a]) + scale[tok[a]] * mag));
+        }
+        /* in place: out may alias first */
+        kvq_rk_resid_scores(isas[2], tab, nb8, bits, scale, tok, first, n, first);
+        assert_memory_equal(first, out[0], sizeof(float) * n);
+        free(tab);
+        free(bits);
+    }
+}
+
+/* Residual stage, reference of one candidate (kvq/runtime.h, rerank_resid.c), in double
+ * from the key itself: x the residual key - c (its centroid in key space), rotated by the
+ * token's position under ROPE (rope = 1); q the group's queries as the exact step scores
+ * keys (qr [gs, d], rotated by the query's position or by b). b = 1, group sum: the
+ * codebook's first-stage score of c plus mean|x| (qsum . sign(x)); the first-stage score
+ * is qs . c for rb (qs = the summed q R_b) and, for bands, the mean over the distances of
+ * the row's band of (qsum_pre R_delta) . c (explicit rotations). Otherwise
+ * (b >= 2, group max): the reconstruction R c + x^ dotted with each head (sum or max).
+ * *tol: the f16 LUT's rounding of the first-stage part plus float rounding. */
+static double resid_cand_ref(const kvq_model_config *c, const double *theta, const float *key,
+                             const float *cen, int64_t tok, int rope, int bands,
+                             const int64_t *E, int32_t nb, int64_t qpos, const float *qpre,
+                             const float *qr, const float *qsb, int32_t gs, int32_t d,
+                             int32_t bits, int gmax, double *tol)
+{
+    float x[16], cr[16];
+    double y[16];
+    for (int32_t t = 0; t < d; t++) {
+        x[t] = key[t] - cen[t];
+        cr[t] = cen[t];
+    }
+    if (rope) {
+        kvq_rope_apply(&c->rope, theta, x, 1, tok);
+        kvq_rope_apply(&c->rope, theta, cr, 1, tok);
+    }
+    if (bits == 1 && !gmax) {
+        double first = 0, mag = 0, a = 0, sd = 0, qa = 0;
+        if (bands) {
+            const int64_t delta = qpos - tok;
+            int32_t b = nb - 1;
+            while (b > 0 && delta < E[b])
+                b--;
+            for (int64_t dl = E[b]; dl < E[b + 1]; dl++) {
+                float qd[16];
+                for (int32_t t = 0; t < d; t++) {
+                    qd[t] = 0;
+                    for (int32_t g = 0; g < gs; g++)
+                        qd[t] += qpre[g * d + t];
+                }
+                kvq_rope_apply(&c->rope, theta, qd, 1, dl);
+                for (int32_t t = 0; t < d; t++) {
+                    first += (double)qd[t] * cen[t];
+                    mag += fabs((double)qd[t] * cen[t]);
+                }
+            }
+            first /= (double)(E[b + 1] - E[b]);
+            mag /= (double)(E[b + 1] - E[b]);
+        } else {
+            for (int32_t t = 0; t < d; t++) {
+                first += (double)qsb[t] * cen[t];
+                mag += fabs((double)qsb[t] * cen[t]);
+            }
+        }
+        for (int32_t t = 0; t < d; t++)
+            a += fabs((double)x[t]) / d;
+        for (int32_t t = 0; t < d; t++) {
+            double qs = 0;
+            for (int32_t g = 0; g < gs; g++)
+                qs += qr[g * d + t];
+            sd += x[t] >= 0 ? qs : -qs;
+            qa += fabs(qs);
+        }
+        *tol = 2e-3 * mag + 1e-5 * a * qa;
+        return first + a * sd;
+    }
+    resid_ref(x, d, bits, y);
+    double agg = 0, mag = 0;
+    for (int32_t g = 0; g < gs; g++) {
+        double dot = 0;
+        for (int32_t t = 0; t < d; t++) {
+            dot += (double)qr[g * d + t] * ((double)cr[t] + y[t]);
+            mag += fabs((double)qr[g * d + t] * ((double)cr[t] + y[t]));
+        }
+        agg = gmax ? (g == 0 || dot > agg ? dot : agg) : agg + dot;
+    }
+    *tol = 1e-5 * mag;
+    return agg;
+}
+
+/* Whether sel [k] (rows of cand [n]) is a top k of ref within the tolerances: no row left
+ * out beats a kept one by more than their summed tolerances. */
+static int resid_topk_ok(const double *ref, const double *tol, const int32_t *cand, int64_t n,
+                         const int32_t *sel, int64_t k)
+{
+    char in[64] = {0};
+    for (int64_t i = 0; i < k; i++)
+        for (int64_t a = 0; a < n; a++)
+            in[a] |= cand[a] == sel[i];
+    for (int64_t a = 0; a < n; a++)
+        for (int64_t b = 0; b < n && in[a]; b++)
+            if (!in[b] && ref[b] - tol[b] > ref[a] + tol[a])
+                return 0;
+    return 1;
+}
+
 /* Residual stage: with resid_bits b and resid_wide W (rerank off: W times the budget k)
- * the codebook picks ceil(W k) candidates (its own selection of that budget) and the k kept are the best of
- * them by q . (c + r^) (the key's centroid in key space plus its quantized residual,
- * rotated by the token's position under ROPE; summed or maxed over the group), computed
- * here by brute force in double; the stage's bytes (d b / 8 + 4 per candidate) are in
- * bytes_read and the bits per key count d b + 32 more. Fails when the stage is skipped,
- * scores the centroid alone (b matters: the centroid-only top differs), rotates by the
- * wrong position or quantizes otherwise. */
+ * the codebook picks ceil(W k) candidates (its own selection of that budget) and the k
+ * kept are the best of them by the stage's score (resid_cand_ref), computed here by
+ * brute force in double; wrope/rb and rope/bands (in code order: from the (code, band)
+ * groups), sum and max over the group; the stage's bytes (d b / 8 + 4 per candidate)
+ * are in bytes_read and the bits per key count d b + 32 more. Fails when the stage is
+ * skipped, scores the centroid alone (b matters: the centroid-only top differs), keeps
+ * the residual unrotated or rotated by the wrong position, flips its signs, or takes
+ * another band's first-stage score. */
 static void test_resid_stage(void **state)
 {
     (void)state;
@@ -2707,6 +2854,10 @@ static void test_resid_stage(void **state)
     assert_non_null(C);
     double theta[KVQ_ROPE_MAX_DIM / 2];
     kvq_rope_freqs(&c.rope, theta);
+    /* bands of the last step: window 32, sink 4, query at 399: distances [32, 395],
+     * doubling from 32 (score_pos.c) */
+    const int64_t E[] = {32, 64, 128, 256, 396};
+    const int32_t nb = 4;
     static const int32_t bitsv[] = {1, 2, 4, 8};
     int centroid_differs = 0;
     for (int bi = 0; bi < 4; bi++)
@@ -2719,9 +2870,12 @@ static void test_resid_stage(void **state)
                     p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
                     p.code_order = order;
                     p.cache_dtype = KVQ_DT_F32;
+                    p.window = 32;
+                    p.sink = 4;
                     p.resid_bits = 0;
                     int32_t cand[60], got[60], want[60], idx[60], cidx[60];
-                    float sc[60], scc[60];
+                    float scc[60];
+                    double ref[60], tol[60];
                     kvq_retrieval_stats s0, s1;
                     assert_int_equal(rerank_run(&c, rt, &s, p, k1, 0, cand, &s0), k1);
                     p.resid_bits = bitsv[bi];
@@ -2729,55 +2883,48 @@ static void test_resid_stage(void **state)
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, got, &s1), k);
                     /* the reference scores of the candidates, last row of s */
                     const int64_t i = s.T - 1;
-                    float qr[4 * 16];
-                    memcpy(qr, s.q + (size_t)i * c.n_heads * d, sizeof qr);
+                    float qr[4 * 16], qb[4 * 16], qsb[16] = {0};
+                    const float *qpre = s.q + (size_t)i * c.n_heads * d;
+                    memcpy(qr, qpre, sizeof qr);
+                    memcpy(qb, qpre, sizeof qb);
                     kvq_rope_apply(&c.rope, theta, qr, gs, pm ? i : 2048);
+                    kvq_rope_apply(&c.rope, theta, qb, gs, 2048);
+                    for (int32_t g = 0; g < gs; g++)
+                        for (int32_t t = 0; t < d; t++)
+                            qsb[t] += qb[g * d + t];
                     for (int64_t a = 0; a < k1; a++) {
                         const float *key = s.k + (size_t)cand[a] * d;
                         int32_t code;
                         kvq_err e = {0};
                         assert_int_equal(kvq_codebook_encode(cbs[0], key, NULL, 1, 1, &code, &e),
                                          KVQ_OK);
-                        float x[16], kh[16], kc[16];
-                        double y[16];
-                        for (int32_t t = 0; t < d; t++)
-                            x[t] = key[t] - C[(size_t)code * d + t];
-                        resid_ref(x, d, bitsv[bi], y);
-                        for (int32_t t = 0; t < d; t++) {
-                            kh[t] = (float)(C[(size_t)code * d + t] + y[t]);
-                            kc[t] = C[(size_t)code * d + t];
-                        }
-                        if (pm) {
-                            kvq_rope_apply(&c.rope, theta, kh, 1, cand[a]);
+                        const float *cen = C + (size_t)code * d;
+                        ref[a] = resid_cand_ref(&c, theta, key, cen, cand[a], pm, pm, E, nb, i,
+                                                qpre, qr, qsb, gs, d, bitsv[bi], gm, &tol[a]);
+                        double aggc = 0; /* the centroid alone, exactly rotated */
+                        float kc[16];
+                        memcpy(kc, cen, sizeof kc);
+                        if (pm)
                             kvq_rope_apply(&c.rope, theta, kc, 1, cand[a]);
-                        }
-                        double agg = 0, aggc = 0;
                         for (int32_t g = 0; g < gs; g++) {
-                            double dot = 0, dotc = 0;
-                            for (int32_t t = 0; t < d; t++) {
-                                dot += (double)qr[g * d + t] * kh[t];
+                            double dotc = 0;
+                            for (int32_t t = 0; t < d; t++)
                                 dotc += (double)qr[g * d + t] * kc[t];
-                            }
-                            agg = gm ? (g == 0 || dot > agg ? dot : agg) : agg + dot;
                             aggc = gm ? (g == 0 || dotc > aggc ? dotc : aggc) : aggc + dotc;
                         }
-                        sc[a] = (float)agg;
                         scc[a] = (float)aggc;
                     }
-                    assert_int_equal(topk_ref(sc, k1, k, idx), k);
-                    cmp_scores = sc;
-                    int32_t all[60];
-                    for (int a = 0; a < 60; a++)
-                        all[a] = a;
-                    qsort(all, 60, sizeof *all, cmp_desc);
-                    assert_true((double)sc[all[k - 1]] - sc[all[k]] > 1e-4); /* no near-tie */
-                    for (int64_t a = 0; a < k; a++)
-                        want[a] = cand[idx[a]];
-                    qsort(want, (size_t)k, sizeof *want, cmp_asc);
-                    if (memcmp(got, want, sizeof(int32_t) * (size_t)k))
+                    if (!resid_topk_ok(ref, tol, cand, k1, got, k))
                         fail_msg("bits %d positions %d group %d order %d: the residual stage's "
                                  "selection is not the reference top %d of the codebook's %d",
                                  (int)bitsv[bi], pm, gm, order, (int)k, (int)k1);
+                    float rf[60];
+                    for (int64_t a = 0; a < k1; a++)
+                        rf[a] = (float)ref[a];
+                    assert_int_equal(topk_ref(rf, k1, k, idx), k);
+                    for (int64_t a = 0; a < k; a++)
+                        want[a] = cand[idx[a]];
+                    qsort(want, (size_t)k, sizeof *want, cmp_asc);
                     topk_ref(scc, k1, k, cidx);
                     for (int64_t a = 0; a < k; a++)
                         cidx[a] = cand[cidx[a]];
@@ -2790,7 +2937,7 @@ static void test_resid_stage(void **state)
                     p.resid_wide = 0;
                     int32_t plain[60];
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, plain, &s2), k);
-                    assert_true(memcmp(plain, want, sizeof(int32_t) * (size_t)k) != 0);
+                    assert_true(memcmp(plain, got, sizeof(int32_t) * (size_t)k) != 0);
                     assert_true(s1.steps == s2.steps && s1.steps > 0 && s1.attended == s2.attended);
                     const double extra = (double)s1.steps * k1 * (d * bitsv[bi] / 8.0 + 4.0);
                     assert_true(fabs(s1.bytes_read - s2.bytes_read - extra) < 1e-6 * extra);
@@ -2850,6 +2997,7 @@ int main(void)
         cmocka_unit_test(test_score_positions),
         cmocka_unit_test(test_rerank_exact),
         cmocka_unit_test(test_resid_stage),
+        cmocka_unit_test(test_resid_kernel),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

@@ -295,7 +295,11 @@ typedef struct kvq_retrieval_params {
                                 R k key rows + k value rows (+ sinks, window) */
     int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
                                 each key's residual from its centroid kept at 1, 2, 4 or
-                                8 bits per channel plus an f32 scale; 0 = off (default 1) */
+                                8 bits per channel plus an f32 scale (rotated by the
+                                token's position under ROPE); 0 = off (default 1). At 1
+                                bit (group sum) a candidate scores its first-stage score
+                                + scale (q . signs), through a sign table; 2-8 bits
+                                and group max the slower q . (R c + r^) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
                                 (k2 = ceil(rerank k), the rerank's count, or k without
                                 the rerank), at most half of them but k2 or more; their
@@ -341,8 +345,8 @@ typedef struct kvq_retrieval kvq_retrieval;
  * Memory per cached token and (layer, KV head): 2 d x 2 or 4 bytes of K and V (the
  * cache dtype's, for the rotated keys of ROPE as for pre-RoPE keys: 256 bytes at
  * d 64 in f16), plus
- * 2 G bytes of codes (codebook, mass), d + 4 bytes with the codebook's residual
- * stage, d/8 + 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus
+ * 2 G bytes of codes (codebook, mass), ceil(d b / 8) + 4 bytes with the codebook's
+ * residual stage of b bits (packed), d/8 + 8d/fier_group bytes (fier) or 8d/quest_page bytes (quest); plus
  * per-thread scratch of about n (nq + 3) floats (n (nq + 3 + d) with ROPE, measure
  * or prefill). */
 kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_set *rt,
