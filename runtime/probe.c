@@ -294,8 +294,8 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         const float *ktok = r->probe->k[h];
         exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S, r->probe->lgi);
         M = (rt_logit_memo){.lo = lo, .nv = nvis - lo, .lgi = r->probe->lgi, .lgb = r->probe->lgb};
-        if (!r->keys_rotated) /* under ROPE the steps read lgi only (and the stored rows
-                               * are rotated f32 keys, not the cache dtype) */
+        if (!r->keys_rotated) /* under ROPE the steps read lgi only (the stored rows are
+                               * rotated keys, which q R_b must not meet) */
             far_logits(r, &L->head[h], qh, lo, nvis, r->probe->qb, r->probe->lgb, &M);
         S->lg_memo = &M; /* the steps' logits, gathered */
         S->ktok = ktok; /* the steps' keys from the same table */
