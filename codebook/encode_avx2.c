@@ -10,54 +10,6 @@
 #include "codebook/encode_simd.h"
 #include "codebook/nearest.h"
 
-/* L's row a at columns [b, b + 4), the entries above the diagonal (a < column) as 0:
- * a lane's sum stays +0 until its column's row (k a 0 = +-0, and +0 + -0 = +0). */
-static inline __m256d lower4(const float *L, int32_t d, int32_t a, int32_t b)
-{
-    __m128 l = _mm_loadu_ps(L + (size_t)a * d + b);
-    if (a < b + 3) {
-        const int live = a - b; /* lanes 0 .. live hold a >= column */
-        const __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
-        l = _mm_and_ps(l, _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(live + 1), lane)));
-    }
-    return _mm256_cvtps_pd(l);
-}
-
-void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z)
-{
-    int32_t b0 = 0;
-    /* four blocks of four columns side by side (four independent add chains); a block's
-     * sum starts at its first row a = b, before it the block is left alone (its sum is +0
-     * there either way) */
-    for (; b0 + 16 <= d; b0 += 16) {
-        __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                          _mm256_setzero_pd()};
-        for (int32_t a = b0; a < d; a++) {
-            /* a float times a float is exact in double: only the add rounds */
-            const __m256d ka = _mm256_set1_pd((double)k[a]);
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++)
-                if (a >= b0 + 4 * q)
-                    acc[q] = _mm256_add_pd(acc[q], _mm256_mul_pd(ka, lower4(L, d, a, b0 + 4 * q)));
-        }
-#pragma GCC unroll 4
-        for (int q = 0; q < 4; q++)
-            _mm_storeu_ps(z + b0 + 4 * q, _mm256_cvtpd_ps(acc[q]));
-    }
-    for (; b0 + 4 <= d; b0 += 4) {
-        __m256d acc = _mm256_setzero_pd();
-        for (int32_t a = b0; a < d; a++)
-            acc = _mm256_add_pd(acc, _mm256_mul_pd(_mm256_set1_pd((double)k[a]), lower4(L, d, a, b0)));
-        _mm_storeu_ps(z + b0, _mm256_cvtpd_ps(acc));
-    }
-    for (; b0 < d; b0++) {
-        double s = 0;
-        for (int32_t a = b0; a < d; a++)
-            s += (double)k[a] * L[(size_t)a * d + b0];
-        z[b0] = (float)s;
-    }
-}
-
 void kvq_cb_mul_lower_d_avx2(const float *k, const double *Ld, int32_t d, float *z)
 {
     int32_t b0 = 0;

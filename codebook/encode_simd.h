@@ -9,13 +9,9 @@
 #include <stdint.h>
 
 /* z = k L in double, rounded to float: z[b] = sum over a = b .. d-1, ascending, of
- * k[a] L[a][b] (L lower triangular, [d, d]; what lies above the diagonal is not read
- * into the sums). As codebook.c's mul_lower. k, z: [d] (not aliased). */
-void kvq_cb_mul_lower_avx2(const float *k, const float *L, int32_t d, float *z);
-
-/* The same z from Ld: L in double [d, d] with +0 above the diagonal (the exact
- * conversions; the zeros leave a sum at +0 before its column's row, as the masks of
- * kvq_cb_mul_lower_avx2): no conversion or mask per row read. */
+ * k[a] L[a][b], from Ld: L in double [d, d] with +0 above the diagonal (the exact
+ * conversions; the zeros leave a sum at +0 before its column's row), as codebook.c's
+ * mul_lower. k, z: [d] (not aliased). */
 void kvq_cb_mul_lower_d_avx2(const float *k, const double *Ld, int32_t d, float *z);
 
 /* The nearest of the K centroids W [K, dg] to x [dg] by the expanded-form distance
