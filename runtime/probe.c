@@ -32,6 +32,7 @@ struct rt_probe {
     float *lgi, *lgb;   /* [gs, lcap], [gs + 1, lcap] the steps' logits (rt_logit_memo) */
     float *qb;          /* [gs + 1, d] */
     int64_t lcap;
+    rt_sign_memo *sign; /* the residual stage's sign table of one (row, head) */
 };
 
 void kvq_rt_probe_free(struct rt_probe *p)
@@ -45,6 +46,7 @@ void kvq_rt_probe_free(struct rt_probe *p)
     free(p->lgi);
     free(p->lgb);
     free(p->qb);
+    free(p->sign);
     free(p);
 }
 
@@ -56,6 +58,7 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
         if (!(P = r->probe = calloc(1, sizeof *P)) ||
             !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)) ||
             !(P->memo = kvq_rt_mass_memo_new()) ||
+            !(P->sign = calloc(1, sizeof *P->sign)) ||
             !(P->qb = malloc(sizeof(float) * (size_t)(r->gs + 1) * (size_t)r->d)))
             return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
         P->n_kv = r->n_kv;
@@ -293,7 +296,9 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         const float *qh = q + (size_t)h * gs * d;
         const float *ktok = r->probe->k[h];
         exact_row(r, L, &L->head[h], ktok, qh, pos, lo, nvis, S, r->probe->lgi);
-        M = (rt_logit_memo){.lo = lo, .nv = nvis - lo, .lgi = r->probe->lgi, .lgb = r->probe->lgb};
+        M = (rt_logit_memo){.lo = lo, .nv = nvis - lo, .lgi = r->probe->lgi, .lgb = r->probe->lgb,
+                            .sign = r->probe->sign};
+        r->probe->sign->have = 0; /* a new row or head: built again on its first step */
         if (!r->keys_rotated) /* under ROPE the steps read lgi only (the stored rows are
                                * rotated keys, which q R_b must not meet) */
             far_logits(r, &L->head[h], qh, lo, nvis, r->probe->qb, r->probe->lgb, &M);

@@ -248,9 +248,18 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
             q[t] += qsrc[(size_t)g * d + t];
     float *sc = S->tmp; /* [n] */
     if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
-        float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
+        float own[KVQ_ROPE_MAX_DIM / 8 * 256], *tab = own;
+        rt_sign_memo *sm = S->lg_memo ? S->lg_memo->sign : NULL;
         first_scores(st, rows, n, sc);
-        kvq_rk_sign_table(q, d, tab);
+        if (sm && sm->have && !memcmp(sm->q, q, sizeof(float) * (size_t)d))
+            tab = sm->tab; /* the same bits of q: the same table */
+        else if (sm) {
+            kvq_rk_sign_table(q, d, sm->tab);
+            memcpy(sm->q, q, sizeof(float) * (size_t)d);
+            sm->have = 1;
+            tab = sm->tab;
+        } else
+            kvq_rk_sign_table(q, d, tab);
         kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
     } else {
         float y[KVQ_ROPE_MAX_DIM];

@@ -99,7 +99,17 @@ typedef struct rt_logit_memo {
     int64_t lo, nv;
     int32_t nqb;
     const float *lgi, *lgb;
+    struct rt_sign_memo *sign; /* NULL, or the residual stage's sign table of the last
+                                  query it was built for (rerank_resid.c) */
 } rt_logit_memo;
+
+/* kvq_rk_sign_table of q [d], kept while the steps' summed query stays the same (the
+ * probe's steps of one (row, head) share it): `have` and the bits of q are its key. */
+typedef struct rt_sign_memo {
+    int have;
+    float q[KVQ_ROPE_MAX_DIM];
+    float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
+} rt_sign_memo;
 
 /* Per-thread scratch, sized for T visible tokens. */
 typedef struct rt_scratch {
