@@ -67,10 +67,12 @@ static void bufs_free(job_bufs *b)
     free(b->p);
 }
 
-/* Reads rows r0 .. r0+n-1 of KV head h, RoPE at the captured positions. */
+/* Reads rows r0 .. r0+n-1 of KV head h, RoPE at the captured positions; the queries of
+ * rows before q_from are left out (the fast path without LeanKV settings reads only the
+ * continuation's). */
 static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, const thr_rope_tab *T,
-                            int64_t r0, int64_t n, int32_t h, int reference, job_bufs *b,
-                            kvq_err *err)
+                            int64_t r0, int64_t n, int32_t h, int reference, int64_t q_from,
+                            job_bufs *b, kvq_err *err)
 {
     const int32_t d = ci->model.head_dim, gs = ci->model.n_heads / ci->model.n_kv_heads;
     const size_t nd = (size_t)n * d, ngd = nd * gs;
@@ -93,7 +95,7 @@ static kvq_status load_rows(const kvq_capture_info *ci, const thr_layer *L, cons
         kvq_capture_read_heads(L->v, row, h, 1, b->v + (size_t)t * d);
         thr_rope_tab_rotate(ci, T, row, kt, 1);
         b->has_q[t] = L->qidx[row] >= 0;
-        if (b->has_q[t]) {
+        if (b->has_q[t] && t >= q_from) {
             kvq_capture_read_heads(L->q, L->qidx[row], h * gs, gs, qt);
             thr_rope_tab_rotate(ci, T, row, qt, gs);
         }
@@ -180,8 +182,9 @@ static kvq_status run_job(const kvq_capture_info *ci, const thr_layer *L, const 
 {
     job_bufs b;
     const int reference = p->reference != 0;
-    kvq_status s = load_rows(ci, L, T, r0, n, h, reference, &b, err);
-    const thr_rows R = {.n = n, .P = thr_prompt_len(p->prompt_fraction, n),
+    const int64_t P = thr_prompt_len(p->prompt_fraction, n);
+    kvq_status s = load_rows(ci, L, T, r0, n, h, reference, reference || G->n_lk ? 0 : P, &b, err);
+    const thr_rows R = {.n = n, .P = P,
                         .d = ci->model.head_dim, .gs = ci->model.n_heads / ci->model.n_kv_heads,
                         .k = b.k, .v = b.v, .q = b.q, .has_q = b.has_q};
     if (!s) {
