@@ -732,6 +732,19 @@ static void test_refine_marks(void **state)
     /* the tolerance within reach: the ambiguous ones, as before */
     thr_mark_refine(a, 0, 4, 0.2, mark);
     assert_true(mark[1] && mark[3] && !mark[0] && !mark[2]);
+    /* PATS: a setting that saves no memory is never chosen, so never measured again,
+     * even on the tolerance (and it keeps no cheaper one from being marked) */
+    thr_acc p[4] = {acc_of(0.0501, 0.01, 1.0), acc_of(0.0499, 0.01, 0.96),
+                    acc_of(0.01, 0.001, 1.0), acc_of(0.30, 0.01, 0.84)};
+    thr_mark_refine_below(p, 0, 4, 0.05, THR_PATS_MAX_MEMORY, mark);
+    assert_true(!mark[0] && mark[1] && !mark[2] && !mark[3]);
+    thr_mark_refine(p, 0, 4, 0.05, mark); /* without the limit: both on the tolerance */
+    assert_true(mark[0] && mark[1] && !mark[2] && !mark[3]);
+    /* none choosable within reach: the least error among the choosable, alone: none */
+    p[1] = acc_of(0.20, 0.01, 0.96);
+    thr_mark_refine_below(p, 0, 4, 0.05, THR_PATS_MAX_MEMORY, mark);
+    for (int c = 0; c < 4; c++)
+        assert_int_equal(mark[c], 0);
 }
 
 int main(void)

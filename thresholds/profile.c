@@ -353,7 +353,7 @@ static void select_all(kvq_profile_result *r, const kvq_profile_params *p)
             continue;
         /* A PATS row costs at least the f16 cache when d is small (whole 64-byte blocks
          * per row, kvq/thresholds.h): such a row is never chosen. */
-        const double max_cost = i == KVQ_PROFILE_PATS ? 1.0 : INFINITY;
+        const double max_cost = i == KVQ_PROFILE_PATS ? THR_PATS_MAX_MEMORY : INFINITY;
         select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit, max_cost);
         if (t->chosen < 0) {
             if (i == KVQ_PROFILE_PATS)

@@ -323,12 +323,22 @@ void thr_acc_interval(const thr_acc *a, double *mean, double *se)
  * tolerance, those that may have the least error. mem(c) gives a setting's memory. */
 void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark)
 {
+    thr_mark_refine_below(total, lo, hi, tol, INFINITY, mark);
+}
+
+/* Settings whose memory is not below max_mem are never chosen (select_row's max_cost):
+ * never marked, and no part of the rule. */
+void thr_mark_refine_below(const thr_acc *total, int64_t lo, int64_t hi, double tol,
+                           double max_mem, uint8_t *mark)
+{
     double best_mem = INFINITY, best_hi = INFINITY;
     int any_in = 0;
     for (int64_t c = lo; c < hi; c++) {
         double m, se;
         thr_acc_interval(&total[c], &m, &se);
         const double mem = total[c].mem.bytes / total[c].mem.bytes_f16;
+        if (!(mem < max_mem))
+            continue;
         if (m + REFINE_Z * se <= tol && mem < best_mem)
             best_mem = mem;
         any_in |= m - REFINE_Z * se <= tol;
@@ -338,7 +348,9 @@ void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, u
         double m, se;
         thr_acc_interval(&total[c], &m, &se);
         const double mem = total[c].mem.bytes / total[c].mem.bytes_f16;
-        if (any_in)
+        if (!(mem < max_mem))
+            mark[c] = 0;
+        else if (any_in)
             mark[c] = m - REFINE_Z * se <= tol && m + REFINE_Z * se > tol && mem <= best_mem;
         else
             mark[c] = m - REFINE_Z * se <= best_hi;
@@ -393,7 +405,7 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
     thr_mark_refine(total, 0, G->n_lk, tol, mark);
-    thr_mark_refine(total, G->n_lk, n_set, tol, mark);
+    thr_mark_refine_below(total, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
     for (int64_t c = 0; c < G->n_lk; c++)
         if (mark[c])
             sub.lk[sub.n_lk++] = G->lk[c];

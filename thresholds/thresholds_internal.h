@@ -185,6 +185,12 @@ void thr_acc_interval(const thr_acc *a, double *mean, double *se);
  * be within tolerance, those that may have the least error, unless they are one
  * setting (thr_unmark_single). */
 void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, uint8_t *mark);
+/* thr_mark_refine among the settings whose memory is below max_mem only (the others are
+ * never chosen, so never measured again): PATS rows that save nothing against the f16
+ * cache (THR_PATS_MAX_MEMORY, the selection's limit). */
+#define THR_PATS_MAX_MEMORY 1.0
+void thr_mark_refine_below(const thr_acc *total, int64_t lo, int64_t hi, double tol,
+                           double max_mem, uint8_t *mark);
 /* Clears the marks of [lo, hi) when the settings marked as possibly the best (none can
  * be within tolerance, so the least error is kept) are one setting or duplicates of it
  * (equal figures): measuring it again on every row cannot change the choice, and its
