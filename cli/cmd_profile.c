@@ -53,7 +53,9 @@ static void profile_usage(FILE *f)
             "  --sample-rows N        measure the error on N evenly spaced continuation\n"
             "                         rows per sequence (default 32; 0 = every row);\n"
             "                         settings near the tolerance are measured again on\n"
-            "                         every row; +- in the tables is the 95%% interval\n"
+            "                         every row, PATS settings that save no memory (never\n"
+            "                         chosen) on a quarter of them; +- in the tables is\n"
+            "                         the 95%% interval\n"
             "  --reference            LeanKV and PATS by the slow reference path (one\n"
             "                         simulated cache per setting, every row), for checks\n"
             "  --threads T            threads (default 1; the results do not depend on it)\n"
@@ -147,6 +149,9 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
                "settings near the tolerance on every row; budgets and taus likewise); +- is "
                "the 95%% interval\n",
                (long long)r->n_measured, (long long)p->sample_rows);
+    if (r->n_nosave > 0 && r->n_measured_nosave < r->n_measured)
+        printf("pats settings that save no memory against f16 (never chosen): error measured on "
+               "%lld rows (a quarter of the sample)\n", (long long)r->n_measured_nosave);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("\n%s", t->name);
@@ -204,8 +209,10 @@ static void print_json(const kvq_profile_result *r, const char *out)
     json_num(r->tolerance);
     printf(", \"ppl_full\": ");
     json_num(r->ppl_full);
-    printf(", \"sequences\": %lld, \"query_rows\": %lld, \"measured_rows\": %lld, \"tables\": {",
-           (long long)r->n_sequences, (long long)r->n_queries, (long long)r->n_measured);
+    printf(", \"sequences\": %lld, \"query_rows\": %lld, \"measured_rows\": %lld, "
+           "\"pats_nosave_measured_rows\": %lld, \"tables\": {",
+           (long long)r->n_sequences, (long long)r->n_queries, (long long)r->n_measured,
+           (long long)r->n_measured_nosave);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("%s\"%s\": {", i ? ", " : "", t->name);

@@ -198,10 +198,27 @@ static void compare_paths(const char *cap, int32_t window)
                          "(sampled)", tol, a->name, (long long)best, (long long)b->table[t].chosen);
             assert_int_equal(met, b->table[t].met);
         }
+        /* PATS rows that save no memory (never chosen): measured on a quarter of the
+         * sample (32 per sequence here: 8), their errors within 4 standard errors of
+         * every row's, the others on the whole sample */
+        const kvq_profile_table *pa = &ref->table[1], *pb = &b->table[1];
+        int64_t nosave = 0;
+        for (int64_t row = 0; row < pa->n_rows; row++) {
+            const double *x = pa->rows + row * pa->n_cols, *y = pb->rows + row * pb->n_cols;
+            nosave += !(x[KVQ_PP_MEMORY] < 1.0);
+            if (!(x[KVQ_PP_MEMORY] < 1.0) &&
+                !(fabs(x[KVQ_PP_ERR] - y[KVQ_PP_ERR]) <= 4.0 / 1.96 * pb->err_ci[row]))
+                fail_msg("pats row %lld (no memory saved): err %.6g (every row) vs %.6g +- %.2g",
+                         (long long)row, x[KVQ_PP_ERR], y[KVQ_PP_ERR], pb->err_ci[row]);
+        }
+        assert_int_equal(b->n_nosave, nosave);
+        if (nosave)
+            assert_int_equal(b->n_measured_nosave * 4, b->n_measured);
+        assert_int_equal(fast->n_measured_nosave, fast->n_measured); /* every row: all */
         kvq_profile_result_free(b);
     }
-    print_message("%s: %lld evaluated rows; err %.4g .. %.4g\n", cap,
-                  (long long)fast->n_queries, emin, emax);
+    print_message("%s: %lld evaluated rows; err %.4g .. %.4g; %lld PATS rows save no memory\n",
+                  cap, (long long)fast->n_queries, emin, emax, (long long)fast->n_nosave);
     kvq_profile_result_free(ref);
     kvq_profile_result_free(fast);
 }
@@ -671,7 +688,7 @@ static void test_sample_complement(void **state)
     lk[1].alpha_l = 0.04;
     kvq_pats_params pt[2] = {kvq_pats_params_default(), kvq_pats_params_default()};
     pt[1].b_max = 10;
-    const thr_grid G = {2, 2, lk, pt};
+    const thr_grid G = {2, 2, lk, pt, NULL};
     kvq_profile_params p = base_params();
     thr_acc sums[3][4];
     int64_t rows[3] = {0, 0, 0}, meas[3] = {0, 0, 0};
@@ -691,6 +708,29 @@ static void test_sample_complement(void **state)
         assert_close(sums[0][c].err_sq + sums[1][c].err_sq, sums[2][c].err_sq, 1e-9);
         assert_memory_equal(&sums[0][c].mem, &sums[2][c].mem, sizeof sums[0][c].mem);
     }
+    /* a thin PATS setting (G.pt_thin: saves no memory) is measured on a quarter of the
+     * sample (8: 2 per sequence), the same rows' errors as measured with the whole
+     * sample added up in another order; every row: all of them */
+    const uint8_t thin[2] = {1, 0};
+    const thr_grid Gt = {2, 2, lk, pt, thin};
+    thr_acc st[2][4];
+    int64_t rt[2] = {0, 0}, mt[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        memset(st[r], 0, sizeof st[r]);
+        p.sample_rows = r ? 0 : 8;
+        assert_int_equal(thr_grid_run(ci, &p, &Gt, "test", st[r], &rt[r], &mt[r], &e), KVQ_OK);
+    }
+    assert_int_equal(st[0][2].err_n * 4, sums[0][2].err_n);
+    assert_true(st[0][2].err_sum < sums[0][2].err_sum);
+    assert_int_equal(st[0][3].err_n, sums[0][3].err_n); /* the other one: the whole sample */
+    assert_true(st[0][3].err_sum == sums[0][3].err_sum);
+    assert_memory_equal(&st[0][2].mem, &sums[0][2].mem, sizeof st[0][2].mem);
+    for (int c = 0; c < 4; c++)
+        assert_true(memcmp(&st[1][c], &sums[2][c], sizeof st[1][c]) == 0);
+    assert_int_equal(thr_thin_count(8, 96), 2);
+    assert_int_equal(thr_thin_count(3, 96), 1);
+    assert_int_equal(thr_thin_count(8, 8), 8);
+    assert_int_equal(thr_thin_count(0, 96), 0);
     kvq_capture_info_free(ci);
 }
 

@@ -499,6 +499,26 @@ static kvq_status init_tables(kvq_profile_result *r, const kvq_profile_params *p
     return KVQ_OK;
 }
 
+/* G->pt_thin: the PATS settings whose packed rows take no less than the f16 cache over
+ * the capture's sequences (the memory column, computed as the jobs add it up), which
+ * select_all never chooses. NULL with no PATS setting or out of memory (then none thin). */
+static uint8_t *pats_thin(const kvq_capture_info *ci, const thr_grid *G)
+{
+    uint8_t *thin = G->n_pt ? calloc((size_t)G->n_pt, 1) : NULL;
+    const int32_t d = ci->model.head_dim;
+    for (int64_t c = 0; thin && c < G->n_pt; c++) {
+        double bytes = 0, f16 = 0;
+        for (int64_t q = 0; q < ci->n_sequences; q++) {
+            const int64_t n = ci->sequences[2 * q + 1];
+            for (int64_t t = 0; n >= 2 && t < n; t++)
+                bytes += 2.0 * (double)kvq_pats_row_bytes(d, kvq_pats_bits(&G->pt[c], t + 1, n));
+            f16 += n >= 2 ? 4.0 * d * (double)n : 0.0;
+        }
+        thin[c] = f16 > 0 && !(bytes / f16 < THR_PATS_MAX_MEMORY);
+    }
+    return thin;
+}
+
 /* The 95% half-width of a setting's error: 0 when every evaluated row was measured. */
 static double half_width(const thr_acc *a, int all_rows)
 {
@@ -625,13 +645,21 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
+    uint8_t *thin = pats_thin(ci, &G);
+    G.pt_thin = thin;
     if (n_set) {
         kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
                 (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
         if ((s = thr_grid_profile(ci, p, &G, r->tolerance, !r->metric_ppl, total, refined,
-                                  &r->n_queries, &r->n_measured, err)))
+                                  &r->n_queries, &r->n_measured, &r->n_measured_nosave, err))) {
+            free(thin);
             goto done;
+        }
     }
+    for (int64_t c = 0; c < G.n_pt && thin; c++)
+        r->n_nosave += thin[c];
+    free(thin);
+    G.pt_thin = NULL;
     fill_grid_rows(r, &G, total, refined);
     /* ---- perplexity of the same settings (rank 0; the others wait for its status) */
     if (ppl)

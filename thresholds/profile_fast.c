@@ -49,6 +49,12 @@ int64_t thr_sample_rows(const int64_t *cand, int64_t n_cand, int64_t sample, int
     return sample;
 }
 
+int64_t thr_thin_count(int64_t nm, int64_t nc)
+{
+    const int64_t q = nm / 4 > 1 ? nm / 4 : 1;
+    return nm >= nc || q >= nm ? nm : q;
+}
+
 int64_t thr_sample_complement(const int64_t *cand, int64_t n_cand, int64_t sample, int64_t *out)
 {
     if (sample <= 0 || sample >= n_cand)
@@ -186,6 +192,7 @@ typedef struct fjob {
     int64_t *crow, nc;   /* continuation query rows */
     int64_t *mrow, nm;   /* measured rows (a subset of crow) */
     int64_t *mat;        /* [n] index of row t in mrow, or -1 */
+    int64_t *trow, nt;   /* the thin PATS settings' rows (thr_thin_count of mrow) */
     double *accP;        /* [gs, n] prompt significance sums */
     int64_t nqP;         /* prompt query rows */
     float *ex;           /* [nm, gs, d] exact outputs of the measured rows */
@@ -199,6 +206,7 @@ static void fjob_free(fjob *J)
     free(J->crow);
     free(J->mrow);
     free(J->mat);
+    free(J->trow);
     free(J->accP);
     free(J->ex);
     free(J->Qp);
@@ -216,11 +224,13 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prom
     J->crow = malloc(sizeof(int64_t) * (size_t)n);
     J->mrow = malloc(sizeof(int64_t) * (size_t)n);
     J->mat = malloc(sizeof(int64_t) * (size_t)n);
+    J->trow = malloc(sizeof(int64_t) * (size_t)n);
     J->accP = calloc((size_t)(gs * n), sizeof(double));
     J->ex = malloc(sizeof(float) * (size_t)(n * gs * d));
     J->Qp = malloc(sizeof(float) * (size_t)(blk * gs * d));
     J->S = malloc(sizeof(float) * (size_t)(blk * gs * n));
-    if (!J->qcum || !J->crow || !J->mrow || !J->mat || !J->accP || !J->ex || !J->Qp || !J->S)
+    if (!J->qcum || !J->crow || !J->mrow || !J->mat || !J->trow || !J->accP || !J->ex || !J->Qp ||
+        !J->S)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     int64_t nq = 0, *prow = J->mrow; /* the prompt rows borrow mrow first */
     for (int64_t t = 0; t < n; t++) {
@@ -238,6 +248,8 @@ static kvq_status fjob_init(fjob *J, const thr_rows *R, int64_t sample, int prom
                         : thr_sample_complement(J->crow, J->nc, -sample, J->mrow);
     for (int64_t i = 0; i < J->nm; i++)
         J->mat[J->mrow[i]] = i;
+    J->nt = sample > 0 ? thr_sample_rows(J->mrow, J->nm, thr_thin_count(J->nm, J->nc), J->trow)
+                       : thr_sample_rows(J->mrow, J->nm, 0, J->trow);
     exact_rows(J->K, R, J->mrow, J->nm, NULL, J->ex, J->Qp, J->S);
     return KVQ_OK;
 }
@@ -605,9 +617,13 @@ static kvq_status pats_settings(const fjob *J, const thr_grid *G, thr_acc *acc, 
         half_to_f32(tv, V, nd, bf);
         const thr_rows Rt = {.n = n, .P = R->P, .d = d, .gs = gs, .k = K, .v = V, .q = R->q,
                              .has_q = R->has_q};
-        exact_rows(J->K, &Rt, J->mrow, J->nm, NULL, o, J->Qp, J->S);
-        for (int64_t i = 0; i < J->nm; i++)
-            thr_add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)i * gs * d, gs, d, a);
+        /* a setting that saves no memory (never chosen): the thin rows of the sample */
+        const int thin = G->pt_thin && G->pt_thin[c];
+        const int64_t *rows = thin ? J->trow : J->mrow, nr = thin ? J->nt : J->nm;
+        exact_rows(J->K, &Rt, rows, nr, NULL, o, J->Qp, J->S);
+        for (int64_t i = 0; i < nr; i++)
+            thr_add_rel_err(o + (size_t)i * gs * d, J->ex + (size_t)J->mat[rows[i]] * gs * d, gs,
+                            d, a);
     }
 done:
     free(K);

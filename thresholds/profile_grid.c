@@ -217,7 +217,7 @@ static void acc_add(thr_acc *a, const thr_acc *b)
 typedef struct grid_sums {
     int64_t n_jobs, n_kv, n_set;
     thr_acc *total;
-    int64_t *n_rows, *n_err;
+    int64_t *n_rows, *n_err, *n_thin; /* n_thin: may be NULL */
 } grid_sums;
 
 static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
@@ -232,17 +232,30 @@ static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
         if (jb % g->n_kv == 0) {
             *g->n_rows += rows[2 * jb];
             *g->n_err += rows[2 * jb + 1];
+            if (g->n_thin)
+                *g->n_thin += thr_thin_count(rows[2 * jb + 1], rows[2 * jb]);
         }
     }
 }
+
+static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
+                           const thr_grid *G, const char *what, thr_acc *total, int64_t *n_rows,
+                           int64_t *n_err, int64_t *n_thin, kvq_err *err);
 
 kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
                         const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
                         kvq_err *err)
 {
+    return grid_run(ci, p, G, what, total, n_rows, n_err, NULL, err);
+}
+
+static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
+                           const thr_grid *G, const char *what, thr_acc *total, int64_t *n_rows,
+                           int64_t *n_err, int64_t *n_thin, kvq_err *err)
+{
     const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
     const int64_t n_jobs = ci->n_sequences * n_kv;
-    const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err};
+    const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err, n_thin};
     /* one layer's record: acc [n_jobs, n_set], then rows [n_jobs, 2] */
     const size_t rec_bytes = sizeof(thr_acc) * (size_t)(n_jobs * n_set) +
                              sizeof(int64_t) * (size_t)(2 * n_jobs);
@@ -382,15 +395,17 @@ void thr_unmark_single(const thr_acc *total, int64_t lo, int64_t hi, uint8_t *ma
 
 kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
                             const thr_grid *G, double tol, int refine, thr_acc *total,
-                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err)
+                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
+                            kvq_err *err)
 {
     const int64_t n_set = G->n_lk + G->n_pt;
-    kvq_status s = thr_grid_run(ci, p, G, "profile: leankv/pats", total, n_rows, n_err, err);
+    kvq_status s = grid_run(ci, p, G, "profile: leankv/pats", total, n_rows, n_err, n_thin, err);
     /* split by layers: rank 0 holds the totals; every rank needs them to choose the same
      * settings to measure again */
     if (!s && kvq_dist_size(p->dist) > 1 &&
         (!(s = kvq_dist_bcast(p->dist, total, sizeof *total * (size_t)n_set, err)) &&
-         !(s = kvq_dist_bcast(p->dist, n_rows, sizeof *n_rows, err))))
+         !(s = kvq_dist_bcast(p->dist, n_rows, sizeof *n_rows, err)) &&
+         !(s = kvq_dist_bcast(p->dist, n_thin, sizeof *n_thin, err))))
         s = kvq_dist_bcast(p->dist, n_err, sizeof *n_err, err);
     memset(refined, 0, (size_t)n_set);
     if (s || !refine || p->reference || *n_err == *n_rows)

@@ -141,7 +141,15 @@ typedef struct thr_grid {
     int64_t n_lk, n_pt;
     kvq_leankv_params *lk;  /* [n_lk] */
     kvq_pats_params *pt;    /* [n_pt] */
+    const uint8_t *pt_thin; /* [n_pt] or NULL: 1 for a PATS setting that saves no memory
+                               (never chosen): a sampled pass measures it on the
+                               thr_thin_count rows of its sample only */
 } thr_grid;
+
+/* Rows a sampled job measures a thin PATS setting on: a quarter of its nm sampled rows
+ * (at least one; thr_sample_rows of them), or all nm when they are all nc continuation
+ * rows. */
+int64_t thr_thin_count(int64_t nm, int64_t nc);
 
 /* The rows of one (sequence, KV head) job: post-RoPE keys, values and queries. */
 typedef struct thr_rows {
@@ -172,10 +180,13 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
 /* The grid as the profile runs it: every layer with the sampled rows, then (refine = 1,
  * a sample smaller than every row) the settings whose sampled error leaves the choice
  * against tolerance `tol` open measured on the rows the sample left out; refined
- * [n_lk + n_pt] marks them (their sums, the sample's plus those, then cover every row). Arguments and errors as thr_grid_run. */
+ * [n_lk + n_pt] marks them (their sums, the sample's plus those, then cover every row).
+ * *n_thin: the rows the thin PATS settings were measured on (G->pt_thin). Arguments and
+ * errors as thr_grid_run. */
 kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
                             const thr_grid *G, double tol, int refine, thr_acc *total,
-                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, kvq_err *err);
+                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
+                            kvq_err *err);
 /* Mean and standard error of a setting's measured errors (NaN without any). */
 void thr_acc_interval(const thr_acc *a, double *mean, double *se);
 /* Marks (mark[c] = 1, else 0) the settings of one table [lo, hi) of total whose choice

@@ -356,7 +356,9 @@ typedef struct kvq_profile_params {
                                   many evenly spaced continuation query rows of each
                                   sequence (default 32; 0 = every row); settings whose
                                   interval straddles the tolerance where it could change
-                                  the choice are measured again on every row */
+                                  the choice are measured again on every row; PATS
+                                  settings that save no memory against the f16 cache
+                                  (never chosen) on a quarter of the sampled rows */
     int reference;             /* 1: LeanKV and PATS by the reference path (one
                                   simulated cache per setting, every row; slow), which
                                   the tests compare the default path with (default 0) */
@@ -377,6 +379,10 @@ typedef struct kvq_profile_result {
     int64_t n_queries;         /* evaluated query rows (x layers) */
     int64_t n_measured;        /* of those, the rows whose error was measured (LeanKV
                                   and PATS; x layers) */
+    int64_t n_nosave;          /* PATS settings that save no memory against the f16
+                                  cache (never chosen) */
+    int64_t n_measured_nosave; /* the rows their error was measured on: a quarter of
+                                  the sampled ones (all of them when every row is) */
     kvq_profile_table table[KVQ_PROFILE_N_TABLES];
 } kvq_profile_result;
 
