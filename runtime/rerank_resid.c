@@ -168,8 +168,8 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
 }
 
 /* The codebook's first-stage score of each of rows[0..n) (what it was selected with),
- * into first [n] (0 without a key-space centroid): the per-(code, band) LUTs that
- * kvq_rt_banded_select left in S->scores, else the per-row scores of the score fill
+ * into first [n] (0 without a key-space centroid): the per-(code, band) group scores
+ * that kvq_rt_banded_select left in S->tmp, else the per-row scores of the score fill
  * (--score-pos bands), else the one LUT of the step (recomputed where the backend may
  * not have left it in S->lut: a device, or the probe's memo). */
 static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *first)
@@ -184,16 +184,10 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         memset(first, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (S->bsel_nb > 0) { /* band of a row from its token, searched from the farthest
-                           (positions increase over the tokens: no position read) */
-        const int64_t *tb = S->bsel_tb;
-        for (int64_t a = 0; a < n; a++) {
-            const int64_t t = kvq_rt_row_token(st->H, rows[a]);
-            int32_t b = S->bsel_nb - 1;
-            while (b > 0 && t >= tb[b - 1])
-                b--;
-            first[a] = S->scores[(size_t)b * K + codes[rows[a]]];
-        }
+    if (S->bsel_nb > 0) { /* kvq_rt_banded_select left them in S->tmp, in selection order
+                           (rows are its selection, kvq_rt_select) */
+        if (first != S->tmp)
+            memcpy(first, S->tmp, sizeof(float) * (size_t)n);
         return;
     }
     if (r->p.score_pos == KVQ_SCORE_BANDS) {
@@ -248,7 +242,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
             q[t] += qsrc[(size_t)g * d + t];
     float *sc = S->tmp; /* [n] */
     if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
-        float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
+        float tab[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)];
         first_scores(st, rows, n, sc);
         kvq_rk_sign_table(q, d, tab);
         kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
