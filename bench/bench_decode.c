@@ -69,7 +69,9 @@
  * --positions rope), and the residual scores keep k2 (timed apart, "resid"; D/8 + 4
  * bytes per candidate). --resid-path fast (default) scores as the runtime does now: the
  * codebook's own first-stage score of the row + scale (q . signs) through the sign table
- * (kvq_rk_resid_scores); --resid-path exact as it did before (per candidate: dequantize
+ * (kvq_rk_resid_scores; AVX-512: the nibble tables, 16 candidates a vector), the
+ * first-stage scores of the (code, band) groups' rows written by the selection itself
+ * (kvq_rk_topk_bands_scored, as runtime/score_pos.c does); --resid-path exact as it did before (per candidate: dequantize
  * its d bytes of signs, add the centroid, rotate by the token's position from a position
  * table under rope, a double dot), for a before / after in one build.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq

@@ -17,9 +17,11 @@
  * its distance band under --score-pos bands; 0 without a key-space centroid), a_j and
  * s_j in {-1, +1}^d the residual's scale and signs, q the group's summed query as the
  * exact step scores keys (q R_i under ROPE, q R_b otherwise): the centroid part as the
- * codebook scored it, the residual's part exactly. The sign dot is a byte-table lookup
- * per 8 channels (kvq_rk_sign_table, kvq_rk_resid_scores: one reference and an
- * interleaved path, the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
+ * codebook scored it (selected from the (code, band) groups, the selection writes each
+ * row's group score, kvq_rk_topk_bands_scored: no band search here), the residual's
+ * part exactly. The sign dot is a byte-table lookup per 8 channels (kvq_rk_sign_table,
+ * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
+ * forms each byte's entry from two nibble tables in registers; the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
  * q . (R_{p_j} c_j + r'^_j) in double, per head for the maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
