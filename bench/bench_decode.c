@@ -69,7 +69,9 @@
  * --positions rope), and the residual scores keep k2 (timed apart, "resid"; D/8 + 4
  * bytes per candidate). --resid-path fast (default) scores as the runtime does now: the
  * codebook's own first-stage score of the row + scale (q . signs) through the sign table
- * (kvq_rk_resid_scores); --resid-path exact as it did before (per candidate: dequantize
+ * (kvq_rk_resid_scores; AVX-512: the nibble tables, 16 candidates a vector), the
+ * first-stage scores of the (code, band) groups' rows written by the selection itself
+ * (kvq_rk_topk_bands_scored, as runtime/score_pos.c does); --resid-path exact as it did before (per candidate: dequantize
  * its d bytes of signs, add the centroid, rotate by the token's position from a position
  * table under rope, a double dot), for a before / after in one build.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
@@ -681,9 +683,8 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             q[t] += (g_rope ? S->qi : S->qb)[g * D + t];
     float *sc = S->rlg;
     int32_t *tok = S->rsel;
-    const int32_t K = S->bands.K;
     const float *W = kvq_codebook_key_codebook(kvq_rk_table_codebook(L->tab[h]));
-    for (int64_t a = 0; a < n; a++) {
+    for (int64_t a = 0; a < n && g_resid_exact; a++) {
         const int64_t j = rows[a];
         tok[a] = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : (int32_t)j;
     }
@@ -703,20 +704,11 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             sc[a] = (float)dot;
         }
     } else {
-        for (int64_t a = 0; a < n; a++) {
-            const uint16_t code = L->codes[h][rows[a]];
-            if (by_scores) {
-                sc[a] = S->scores[rows[a] - SINK];
-            } else if (bands) {
-                int32_t b = S->bands.nb - 1;
-                while (b > 0 && tok[a] >= S->tb[b - 1])
-                    b--;
-                sc[a] = S->lut[(size_t)b * K + code];
-            } else {
-                sc[a] = S->lut[code];
-            }
-        }
-        float tab[D / 8 * 256];
+        /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
+         * in sc, as runtime/score_pos.c does for the runtime's stage) */
+        for (int64_t a = 0; a < n && (by_scores || !bands); a++)
+            sc[a] = by_scores ? S->scores[rows[a] - SINK] : S->lut[L->codes[h][rows[a]]];
+        float tab[KVQ_RK_SIGN_TABLE_LEN(D)];
         kvq_rk_sign_table(q, D, tab);
         kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, sc, n, sc);
     }
@@ -819,7 +811,8 @@ select:;
     const int64_t k2 = rerank_count(k_sel, nc), k1 = resid_count(k2, nc);
     int64_t ns =
         by_scores ? kvq_rk_topk(isa, S->scores, nc, k1, S->att + m, S->work)
-        : bands   ? kvq_rk_topk_bands(&S->bands, k1, S->att + m, S->work)
+        : bands   ? kvq_rk_topk_bands_scored(&S->bands, k1, S->att + m,
+                                             k1 > k2 && !g_resid_exact ? S->rlg : NULL, S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k1,
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)

@@ -309,6 +309,7 @@ void kvq_rk_sign_table(const float *q, int32_t d, float *tab)
     for (int32_t p = 0; p < d / 8; p++)
         for (int v = 0; v < 256; v++)
             tab[(size_t)p * 256 + v] = nib[2 * p][v & 15] + nib[2 * p + 1][v >> 4];
+    memcpy(tab + (size_t)d / 8 * 256, nib, sizeof(float) * 16 * (size_t)(d / 4));
 }
 
 static void resid_scores_scalar(const float *tab, int32_t nb8, const uint8_t *bits,
@@ -364,10 +365,15 @@ void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8
                          const float *scale, const int32_t *tok, const float *first, int64_t n,
                          float *out)
 {
+    int64_t a = 0;
+#if KVQ_RK_HAVE_X86
+    if (kvq_isa_clamp(isa) == KVQ_ISA_AVX512)
+        a = kvq_rk_resid_scores_avx512(tab, nb8, bits, scale, tok, first, n, out);
+#endif
     if (kvq_isa_clamp(isa) == KVQ_ISA_SCALAR)
-        resid_scores_scalar(tab, nb8, bits, scale, tok, first, n, out);
+        resid_scores_scalar(tab, nb8, bits, scale, tok + a, first + a, n - a, out + a);
     else
-        resid_scores_x4(tab, nb8, bits, scale, tok, first, n, out);
+        resid_scores_x4(tab, nb8, bits, scale, tok + a, first + a, n - a, out + a);
 }
 
 /* ==========================================================================

@@ -695,4 +695,54 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
         }
     }
 }
+
+/* Residual stage scores, 16 candidates per vector: per byte p of the packed signs, the
+ * byte table's entry tab[p][v] = nib[2p][v & 15] + nib[2p + 1][v >> 4] is formed from the
+ * two 16-entry nibble tables (one register each, _mm512_permutexvar_ps on the nibble: a
+ * lane's index is its low four bits) with the same float add that built the byte table,
+ * then summed over p from 0.0f in order, times the scale, plus first: the scalar path's
+ * operations, so its bits. Four bytes of each of 16 rows per gather (nb8 % 4 == 0);
+ * rows whose byte offset would pass INT32_MAX stop the vector loop. */
+TARGET int64_t kvq_rk_resid_scores_avx512(const float *tab, int32_t nb8, const uint8_t *bits,
+                                          const float *scale, const int32_t *tok,
+                                          const float *first, int64_t n, float *out)
+{
+    if (nb8 % 4 != 0 || nb8 <= 0)
+        return 0;
+    const float *nib = tab + (size_t)nb8 * 256;
+    const __m512i stride = _mm512_set1_epi32(nb8), lim = _mm512_set1_epi32(INT32_MAX / nb8 - 1);
+    int64_t a = 0;
+    for (; a + 16 <= n; a += 16) {
+        const __m512i t = _mm512_loadu_si512((const void *)(tok + a));
+        if (_mm512_cmpgt_epi32_mask(t, lim))
+            break;
+        for (int64_t l = a + 64; l < a + 80 && l < n; l++) { /* the rows 4 vectors ahead */
+            __builtin_prefetch(bits + (size_t)tok[l] * nb8);
+            __builtin_prefetch(scale + tok[l]);
+        }
+        const __m512i off = _mm512_mullo_epi32(t, stride);
+        __m512 s = _mm512_setzero_ps();
+        for (int32_t p4 = 0; p4 < nb8 / 4; p4++) {
+            const __m512i x = _mm512_i32gather_epi32(off, (const void *)(bits + 4 * p4), 1);
+            const float *nb = nib + (size_t)p4 * 128; /* bytes 4 p4 .. 4 p4 + 3: 8 nibbles */
+#define KVQ_RESID_BYTE(i)                                                                       \
+    do {                                                                                        \
+        const __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 8 * (i)),                  \
+                                                _mm512_loadu_ps(nb + 32 * (i)));                \
+        const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(x, 8 * (i) + 4),             \
+                                                _mm512_loadu_ps(nb + 32 * (i) + 16));           \
+        s = _mm512_add_ps(s, _mm512_add_ps(lo, hi));                                            \
+    } while (0)
+            KVQ_RESID_BYTE(0);
+            KVQ_RESID_BYTE(1);
+            KVQ_RESID_BYTE(2);
+            KVQ_RESID_BYTE(3);
+#undef KVQ_RESID_BYTE
+        }
+        const __m512 w = _mm512_mul_ps(_mm512_i32gather_ps(t, scale, 4), s);
+        _mm512_storeu_ps(out + a, _mm512_add_ps(_mm512_loadu_ps(first + a), w));
+    }
+    return a;
+}
+
 #endif /* KVQ_RK_HAVE_X86 */

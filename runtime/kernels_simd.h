@@ -98,6 +98,13 @@ void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t *CT, in
 int64_t kvq_rk_emit_codes_avx512(const uint32_t *ktab, int32_t K, const uint16_t *codes,
                                  int64_t n, uint32_t T, int64_t ties, int64_t room, int32_t *idx);
 
+/* AVX-512 only: kvq_rk_resid_scores through the nibble tables that kvq_rk_sign_table
+ * writes after the byte tables (the same bits as the scalar path; kernels.c). Returns
+ * the candidates done (a multiple of 16 from the start; the caller does the rest). */
+int64_t kvq_rk_resid_scores_avx512(const float *tab, int32_t nb8, const uint8_t *bits,
+                                   const float *scale, const int32_t *tok, const float *first,
+                                   int64_t n, float *out);
+
 #else
 #define KVQ_RK_HAVE_X86 0
 #endif

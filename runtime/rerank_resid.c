@@ -17,9 +17,11 @@
  * its distance band under --score-pos bands; 0 without a key-space centroid), a_j and
  * s_j in {-1, +1}^d the residual's scale and signs, q the group's summed query as the
  * exact step scores keys (q R_i under ROPE, q R_b otherwise): the centroid part as the
- * codebook scored it, the residual's part exactly. The sign dot is a byte-table lookup
- * per 8 channels (kvq_rk_sign_table, kvq_rk_resid_scores: one reference and an
- * interleaved path, the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
+ * codebook scored it (selected from the (code, band) groups, the selection writes each
+ * row's group score, kvq_rk_topk_bands_scored: no band search here), the residual's
+ * part exactly. The sign dot is a byte-table lookup per 8 channels (kvq_rk_sign_table,
+ * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
+ * forms each byte's entry from two nibble tables in registers; the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
  * q . (R_{p_j} c_j + r'^_j) in double, per head for the maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
@@ -168,8 +170,8 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
 }
 
 /* The codebook's first-stage score of each of rows[0..n) (what it was selected with),
- * into first [n] (0 without a key-space centroid): the per-(code, band) LUTs that
- * kvq_rt_banded_select left in S->scores, else the per-row scores of the score fill
+ * into first [n] (0 without a key-space centroid): the per-(code, band) group scores
+ * that kvq_rt_banded_select left in S->tmp, else the per-row scores of the score fill
  * (--score-pos bands), else the one LUT of the step (recomputed where the backend may
  * not have left it in S->lut: a device, or the probe's memo). */
 static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *first)
@@ -184,16 +186,10 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         memset(first, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (S->bsel_nb > 0) { /* band of a row from its token, searched from the farthest
-                           (positions increase over the tokens: no position read) */
-        const int64_t *tb = S->bsel_tb;
-        for (int64_t a = 0; a < n; a++) {
-            const int64_t t = kvq_rt_row_token(st->H, rows[a]);
-            int32_t b = S->bsel_nb - 1;
-            while (b > 0 && t >= tb[b - 1])
-                b--;
-            first[a] = S->scores[(size_t)b * K + codes[rows[a]]];
-        }
+    if (S->bsel_nb > 0) { /* kvq_rt_banded_select left them in S->tmp, in selection order
+                           (rows are its selection, kvq_rt_select) */
+        if (first != S->tmp)
+            memcpy(first, S->tmp, sizeof(float) * (size_t)n);
         return;
     }
     if (r->p.score_pos == KVQ_SCORE_BANDS) {
@@ -248,7 +244,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
             q[t] += qsrc[(size_t)g * d + t];
     float *sc = S->tmp; /* [n] */
     if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
-        float own[KVQ_ROPE_MAX_DIM / 8 * 256], *tab = own;
+        float own[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)], *tab = own;
         rt_sign_memo *sm = S->lg_memo ? S->lg_memo->sign : NULL;
         first_scores(st, rows, n, sc);
         if (sm && sm->have && !memcmp(sm->q, q, sizeof(float) * (size_t)d))

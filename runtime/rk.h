@@ -66,9 +66,12 @@ void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uin
                   int64_t n, float *scores);
 
 /* Residual stage, 1 bit per channel (runtime/rerank_resid.c): the signed-sum table of a
- * query q [d] (d % 8 == 0), tab [d/8, 256]: tab[p*256 + v] = sum over c = 0..7 of
- * (bit c of v ? +q[8p + c] : -q[8p + c]), summed as two nibbles (each four terms in
- * order c = 0..3 from 0.0f, then lower + upper) in float. Cost 3 d 16 adds. */
+ * query q [d] (d % 8 == 0), tab [KVQ_RK_SIGN_TABLE_LEN(d)]: first [d/8, 256],
+ * tab[p*256 + v] = sum over c = 0..7 of (bit c of v ? +q[8p + c] : -q[8p + c]), summed as
+ * two nibbles (each four terms in order c = 0..3 from 0.0f, then lower + upper) in float;
+ * then the nibbles' sums themselves [d/4, 16] (nibble m of value v at d/8 256 + 16 m + v;
+ * the AVX-512 path of kvq_rk_resid_scores looks them up). Cost 3 d 16 adds. */
+#define KVQ_RK_SIGN_TABLE_LEN(d) ((size_t)(d) / 8 * 256 + (size_t)(d) / 4 * 16)
 void kvq_rk_sign_table(const float *q, int32_t d, float *tab);
 
 /* Residual stage scores: out[a] = first[a] + scale[t] * s with t = tok[a] (the record of
@@ -76,8 +79,9 @@ void kvq_rk_sign_table(const float *q, int32_t d, float *tab);
  * p = 0 .. nb8 - 1, of tab[p*256 + bits[t*nb8 + p]] (the sign dot q . (+-1)^d of record
  * t's packed bits, channel c = byte c/8, bit c%8), the
  * product and the sum rounded separately (no FMA). out may alias first. Every path gives
- * the same bits (KVQ_ISA_SCALAR one candidate at a time; the others four interleaved,
- * rows prefetched: kernels.c). Cost: n nb8 lookups. */
+ * the same bits (KVQ_ISA_SCALAR one candidate at a time; AVX2 four interleaved, rows
+ * prefetched; AVX-512 sixteen per vector from the nibble tables when nb8 % 4 == 0:
+ * kernels.c, kernels_avx512.c). tab as kvq_rk_sign_table writes it. Cost: n nb8 lookups. */
 void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8_t *bits,
                          const float *scale, const int32_t *tok, const float *first, int64_t n,
                          float *out);
@@ -139,6 +143,11 @@ typedef struct kvq_rk_bands {
     const uint16_t *ucodes; /* [nu] */
 } kvq_rk_bands;
 int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work);
+/* The same selection, and val [min(k, n + nu)] (when not NULL): val[i] = the score of row
+ * idx[i], its group's LUT entry lut[b K + code] (the first-stage score the residual
+ * stage adds its part to, runtime/rerank_resid.c: no band search per row). */
+int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
+                                 uint32_t *work);
 
 /* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
  * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work

@@ -108,7 +108,7 @@ typedef struct rt_logit_memo {
 typedef struct rt_sign_memo {
     int have;
     float q[KVQ_ROPE_MAX_DIM];
-    float tab[KVQ_ROPE_MAX_DIM / 8 * 256];
+    float tab[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)];
 } rt_sign_memo;
 
 /* Per-thread scratch, sized for T visible tokens. */
@@ -142,10 +142,10 @@ typedef struct rt_scratch {
     uint32_t br_have;    /* bit k: band k's rotation is held */
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
     int32_t bsel_nb;     /* > 0: kvq_rt_banded_select chose this step's candidates from its
-                            nb LUTs [nb, K] left in scores; a row's band the first
-                            b < nb - 1 with token >= bsel_tb[b], else nb - 1
-                            (kvq_rk_bands; rerank_resid.c reads them) */
-    int64_t bsel_tb[64];
+                            nb LUTs [nb, K] left in scores, and (residual stage on) left
+                            each selected row's group score, its first-stage score, in
+                            tmp [n] in selection order (kvq_rk_topk_bands_scored;
+                            rerank_resid.c reads them) */
     float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
                             candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into

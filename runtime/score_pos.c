@@ -399,9 +399,10 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
                             .nu = st->w_beg - se,
                             .utok0 = se,
                             .ucodes = H->codes + se};
-    const int64_t n = kvq_rk_topk_bands(&B, k, sel, S->work);
-    S->bsel_nb = nb; /* the LUTs stay in S->scores: rerank_resid.c reads a row's entry */
-    memcpy(S->bsel_tb, tb, sizeof(int64_t) * (size_t)(nb - 1));
+    /* with the residual stage on, each candidate's group score goes to S->tmp: the stage
+     * adds its part to it (rerank_resid.c) without finding the row's band again */
+    const int64_t n = kvq_rk_topk_bands_scored(&B, k, sel, H->rq ? S->tmp : NULL, S->work);
+    S->bsel_nb = nb; /* the LUTs stay in S->scores */
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)s0;
     return n;

@@ -111,6 +111,12 @@ static int64_t tail_cut(const kvq_rk_bands *B, int32_t b)
 
 int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work)
 {
+    return kvq_rk_topk_bands_scored(B, k, idx, NULL, work);
+}
+
+int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
+                                 uint32_t *work)
+{
     const int32_t K = B->K, nb = B->nb;
     const size_t nk = (size_t)nb * (size_t)K;
     const int64_t total = B->n + B->nu;
@@ -119,7 +125,10 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
     if (k >= total) {
         for (int64_t j = 0; j < total; j++)
             idx[j] = (int32_t)j;
-        return total;
+        if (val) /* every row: its group's score (the emission below, all taken) */
+            k = total;
+        else
+            return total;
     }
     uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
     /* the tail (rows in token order after the runs): its codes counted per band */
@@ -177,8 +186,12 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
                 take = ties < e - s ? ties : e - s;
                 ties -= take;
             }
-            for (int64_t j = s; j < s + take; j++)
+            const float v = B->lut[(size_t)b * K + c];
+            for (int64_t j = s; j < s + take; j++) {
+                if (val)
+                    val[out] = v;
                 idx[out++] = (int32_t)j;
+            }
         }
         rs = re;
     }
@@ -187,8 +200,11 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
         const float *lut = B->lut + (size_t)b * K;
         for (int64_t i = tail_cut(B, b); i < e; i++) {
             const uint32_t key = kvq_rk_key(lut[B->ucodes[i]]);
-            if (key > T || (key == T && ties-- > 0))
+            if (key > T || (key == T && ties-- > 0)) {
+                if (val)
+                    val[out] = lut[B->ucodes[i]];
                 idx[out++] = (int32_t)(B->n + i);
+            }
         }
     }
     assert(out == k);

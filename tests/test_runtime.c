@@ -2699,7 +2699,7 @@ static void test_resid_kernel(void **state)
     static const int32_t dims[] = {8, 24, 64, 128};
     for (int di = 0; di < 4; di++) {
         const int32_t d = dims[di], nb8 = d / 8, ntok = 300, n = 237;
-        float q[128], *tab = malloc(sizeof(float) * (size_t)nb8 * 256);
+        float q[128], *tab = malloc(sizeof(float) * KVQ_RK_SIGN_TABLE_LEN(d));
         uint8_t *bits = malloc((size_t)ntok * nb8);
         float scale[300], first[237], out[3][237];
         int32_t tok[237];
@@ -2971,6 +2971,110 @@ static void test_resid_stage(void **state)
     codebooks_free(cbs, 1);
 }
 
+/* Residual stage at the distance bands' edges (rope/bands, group sum, both row orders):
+ * a row's first-stage score must be its own band's, also for the tokens at a band's
+ * edge. Every key is a centroid (the residuals are 0, so the stage's score is the
+ * first-stage score), all of code c0 but one token of code c1 at a band edge: the
+ * farthest token of band b (distance E[b+1] - 1, which an edge moved by one puts in
+ * band b + 1) or the nearest of band b + 1 (distance E[b+1]). c0 and c1 are chosen from
+ * the reference scores (resid_cand_ref: the mean over the band's distances of the
+ * exactly rotated query, in double) so that c1 in its own band beats c0 in every band
+ * and c1 in the neighbouring band loses to c0's best, both by a margin: budget 1,
+ * resid_wide 3, rerank off, so the codebook picks 3 candidates and the stage must keep
+ * the edge token. Fails when the stage reads another band's LUT for it, or when the
+ * band edges are off by one (the band's first token found with <= instead of <). */
+static void test_resid_band_edges(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    const int32_t d = 16, gs = 4, K = 16, nb = 4;
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, K, 1, 511);
+    kvq_codebook_set *rt = write_and_open(test_path("resid_edges.kvq"), &id, cbs);
+    seq_data s = make_seq(&c, 400, 512);
+    const float *C = kvq_codebook_key_codebook(cbs[0]);
+    assert_non_null(C);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    const int64_t E[] = {32, 64, 128, 256, 396}; /* window 32, sink 4, query at 399 */
+    const int64_t i = s.T - 1;
+    float qr[4 * 16], qsb[16] = {0};
+    const float *qpre = s.q + (size_t)i * c.n_heads * d;
+    memcpy(qr, qpre, sizeof qr);
+    kvq_rope_apply(&c.rope, theta, qr, gs, i);
+    /* the reference first-stage score of code x in band b, and its tolerance */
+    double lut[4][16], tol = 0;
+    for (int32_t b = 0; b < nb; b++)
+        for (int32_t x = 0; x < K; x++) {
+            double t;
+            const float *cen = C + (size_t)x * d;
+            lut[b][x] = resid_cand_ref(&c, theta, cen, cen, i - E[b], 1, 1, E, nb, i, qpre, qr,
+                                       qsb, gs, d, 1, 0, &t);
+            tol = t > tol ? t : tol;
+        }
+    const double margin = 4 * tol + 1e-3;
+    int tested = 0;
+    for (int32_t b = 0; b + 1 < nb; b++)
+        for (int side = 0; side < 2; side++) {
+            /* the edge token, its band, the band an off-by-one edge gives it */
+            const int32_t own = side ? b + 1 : b, other = side ? b : b + 1;
+            const int64_t tok = side ? i - E[b + 1] : i - E[b + 1] + 1;
+            int32_t c0 = -1, c1 = -1;
+            double best = 0;
+            for (int32_t x0 = 0; x0 < K; x0++) {
+                double m0 = lut[0][x0];
+                for (int32_t bb = 1; bb < nb; bb++)
+                    m0 = lut[bb][x0] > m0 ? lut[bb][x0] : m0;
+                for (int32_t x1 = 0; x1 < K; x1++) {
+                    const double gap = fmin(lut[own][x1] - m0, m0 - lut[other][x1]);
+                    if (x1 != x0 && gap > margin && gap > best) {
+                        best = gap;
+                        c0 = x0;
+                        c1 = x1;
+                    }
+                }
+            }
+            if (c0 < 0)
+                continue;
+            for (int64_t t = 0; t < s.T; t++)
+                memcpy(s.k + (size_t)t * d, C + (size_t)(t == tok ? c1 : c0) * d,
+                       sizeof(float) * (size_t)d);
+            int32_t code;
+            kvq_err e = {0};
+            assert_int_equal(kvq_codebook_encode(cbs[0], s.k + (size_t)tok * d, NULL, 1, 1, &code, &e),
+                             KVQ_OK);
+            assert_int_equal(code, c1);
+            assert_int_equal(kvq_codebook_encode(cbs[0], s.k, NULL, 1, 1, &code, &e), KVQ_OK);
+            assert_int_equal(code, c0);
+            for (int order = 0; order < 2; order++) {
+                kvq_retrieval_params p = kvq_retrieval_params_default();
+                p.positions = KVQ_POSITIONS_ROPE;
+                p.score_pos = KVQ_SCORE_BANDS;
+                p.group = KVQ_GROUP_SUM;
+                p.code_order = order;
+                p.cache_dtype = KVQ_DT_F32;
+                p.window = 32;
+                p.sink = 4;
+                p.resid_bits = 1;
+                p.resid_wide = 3;
+                int32_t got[4];
+                kvq_retrieval_stats st;
+                assert_int_equal(rerank_run(&c, rt, &s, p, 1, 0, got, &st), 1);
+                if (got[0] != tok)
+                    fail_msg("band %d edge (%s, order %d): kept token %d, want %lld (code %d "
+                             "scores %.4f in its band, %.4f in the next; the others' best %.4f)",
+                             (int)b, side ? "nearest of the farther band" : "farthest of the band",
+                             order, (int)got[0], (long long)tok, (int)c1, lut[own][c1],
+                             lut[other][c1], lut[own][c1] - best);
+            }
+            tested++;
+        }
+    assert_true(tested >= 3); /* (this seed: the edges tested on both sides) */
+    seq_free(&s);
+    kvq_codebook_set_close(rt);
+    codebooks_free(cbs, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2998,6 +3102,7 @@ int main(void)
         cmocka_unit_test(test_rerank_exact),
         cmocka_unit_test(test_resid_stage),
         cmocka_unit_test(test_resid_kernel),
+        cmocka_unit_test(test_resid_band_edges),
         cmocka_unit_test(test_codes_match_fit),
         cmocka_unit_test(test_codes_ties_match_fit),
         cmocka_unit_test(test_selectors_find_needle),

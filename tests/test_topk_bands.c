@@ -5,7 +5,10 @@
  * thresholds, row by row), then kvq_rk_topk over the scores. Randomized runs, tails,
  * band thresholds and LUTs (distinct values, a few values shared across codes and
  * bands so that the group at the threshold is taken in part, signed zeros, codes that
- * never occur); the selection must be the same indices.
+ * never occur); the selection must be the same indices, and the scored variant
+ * (kvq_rk_topk_bands_scored, the residual stage's first-stage scores) must give each
+ * selected row the score of its band from that scan, bit for bit: every row's when
+ * k >= the rows, those at a band's first token included.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -39,6 +42,8 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
     int64_t *tb = malloc(sizeof *tb * (size_t)nb);
     int32_t *want = malloc(sizeof *want * (size_t)(total + 1));
     int32_t *got = malloc(sizeof *got * (size_t)(total + 1));
+    int32_t *got2 = malloc(sizeof *got2 * (size_t)(total + 1));
+    float *val = malloc(sizeof *val * (size_t)(total + 1));
     uint32_t *work = malloc(sizeof *work * (size_t)(2 * total + 2));
     uint32_t *bwork = malloc(sizeof *bwork * ((size_t)3 * nb * K));
     int bad = 0;
@@ -107,6 +112,21 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
         const int64_t m = kvq_rk_topk(KVQ_ISA_SCALAR, sc, total, k, want, work);
         memset(got, 0xff, sizeof *got * (size_t)(total + 1));
         const int64_t g = kvq_rk_topk_bands(&B, k, got, bwork);
+        /* the scored variant: the same rows, and each one's score is its band's LUT entry
+         * for its code (the band from the linear scan above): rows at a band's first
+         * token included (k >= total emits every row) */
+        memset(got2, 0xff, sizeof *got2 * (size_t)(total + 1));
+        const int64_t g2 = kvq_rk_topk_bands_scored(&B, k, got2, val, bwork);
+        int vbad = g2 != g || memcmp(got2, got, sizeof *got * (size_t)(g > 0 ? g : 0));
+        for (int64_t i = 0; i < g2 && !vbad; i++)
+            vbad = memcmp(&val[i], &sc[got2[i]], sizeof(float)) != 0;
+        if (vbad) {
+            print_error("seed %llu n %lld nu %lld K %d nb %d lut mode %d k %lld: "
+                        "kvq_rk_topk_bands_scored's rows or scores differ\n",
+                        (unsigned long long)seed, (long long)n, (long long)nu, (int)K, (int)nb,
+                        lutmode, (long long)k);
+            bad = 1;
+        }
         if (g != m || memcmp(got, want, sizeof *got * (size_t)m)) {
             int64_t at = 0;
             while (at < m && at < g && got[at] == want[at])
@@ -129,6 +149,8 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
     free(tb);
     free(want);
     free(got);
+    free(got2);
+    free(val);
     free(work);
     free(bwork);
     return bad;
