@@ -305,6 +305,14 @@ static void significance(const lk_state *st, const fjob *J, int64_t len)
     J->K->significance(st->sig, st->acc, J->R->n, J->R->gs, J->qcum, st->nq, len);
 }
 
+/* sig[j] alone (significance's rule, the same bits). */
+static double sig_at(const lk_state *st, const fjob *J, int64_t j)
+{
+    double x;
+    J->K->significance(&x, st->acc + j, J->R->n, J->R->gs, J->qcum + j, st->nq, 1);
+    return x;
+}
+
 /* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
 static kvq_status state_start(lk_state *st, const fjob *J, const kvq_leankv_params *lk,
                               double *sig, kvq_err *err)
@@ -335,12 +343,22 @@ static void state_step(lk_state *st, const fjob *J, int64_t t)
 {
     st->cls[t] = KVQ_LEANKV_HIGH;
     st->ver[t] = V_HIGH;
-    /* thr_leankv_step reads the significance of the tokens outside the window only */
-    if (t + 1 > st->lk.window)
-        significance(st, J, t + 1 - st->lk.window);
+    /* thr_leankv_step: the significance of c, of the least of its class (sigmin: no
+     * significance of every token) and of that token */
     const int64_t c = t - st->lk.window;
     const uint8_t old_c = c >= 0 ? st->cls[c] : 0;
-    const int64_t v = thr_leankv_step(st->sig, t + 1, &st->lk, st->cls, J->K->argmin);
+    int64_t v = -1;
+    if (c >= 0) {
+        const kvq_leankv_class sec = kvq_leankv_rule(sig_at(st, J, c), t + 1, &st->lk);
+        st->cls[c] = (uint8_t)sec;
+        if (sec != KVQ_LEANKV_PRUNED) {
+            v = J->K->sigmin(st->acc, J->R->n, J->R->gs, J->qcum, st->nq, st->cls, (uint8_t)sec,
+                             c + 1, st->sig);
+            const kvq_leankv_class now = kvq_leankv_rule(sig_at(st, J, v), t + 1, &st->lk);
+            if (now < sec)
+                st->cls[v] = (uint8_t)now; /* HIGH -> LOW or PRUNED; LOW -> PRUNED */
+        }
+    }
     /* what moved down is re-quantized from the K8V4 row the cache held */
     if (c >= 0 && st->cls[c] != old_c)
         st->ver[c] = st->cls[c] == KVQ_LEANKV_LOW ? V_LOWB : V_PRUNED;
