@@ -16,7 +16,9 @@
  *                Algorithm 1 on its own classes and significance sums, and per query row
  *                only gathers the exponential of each token's current version,
  *                normalises, and adds the probabilities to its sums: no logit, no
- *                exponential and (except on measured rows) no PV per setting.
+ *                exponential and (except on measured rows) no PV per setting; a measured
+ *                row's output sum is kept from the previous setting and updated by the
+ *                tokens whose version changed (lk_mix).
  *   PATS         truncation changes every row, and PATS has no state that depends on
  *                the attention, so only the measured rows attend: per setting, K and V
  *                gathered from the truncated copies at each bit level, SGEMM for QK^T
