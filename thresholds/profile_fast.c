@@ -307,12 +307,19 @@ static void significance(const lk_state *st, const fjob *J, int64_t len)
     J->K->significance(st->sig, st->acc, J->R->n, J->R->gs, J->qcum, st->nq, len);
 }
 
-/* sig[j] alone (significance's rule, the same bits). */
+/* sig[j] alone: the significance kernels' rule (lk_kernels.c significance_scalar, which
+ * the SIMD ones equal), the same bits. */
 static double sig_at(const lk_state *st, const fjob *J, int64_t j)
 {
-    double x;
-    J->K->significance(&x, st->acc + j, J->R->n, J->R->gs, J->qcum + j, st->nq, 1);
-    return x;
+    const int64_t cnt = st->nq - J->qcum[j];
+    if (cnt <= 0)
+        return INFINITY;
+    double best = -INFINITY;
+    for (int32_t g = 0; g < J->R->gs; g++) {
+        const double a = st->acc[(size_t)g * J->R->n + j];
+        best = a > best ? a : best;
+    }
+    return best / (double)cnt;
 }
 
 /* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
@@ -465,15 +472,27 @@ static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
     }
 }
 
+/* y += x and y = x a, elementwise (four lanes at a time where SSE2 is there: the same
+ * bits). */
 static void add_to(float *restrict y, const float *restrict x, size_t m)
 {
-    for (size_t c = 0; c < m; c++)
+    size_t c = 0;
+#if defined(__SSE2__)
+    for (; c + 4 <= m; c += 4)
+        _mm_storeu_ps(y + c, _mm_add_ps(_mm_loadu_ps(y + c), _mm_loadu_ps(x + c)));
+#endif
+    for (; c < m; c++)
         y[c] += x[c];
 }
 
 static void scale_to(float *restrict y, const float *restrict x, float a, size_t m)
 {
-    for (size_t c = 0; c < m; c++)
+    size_t c = 0;
+#if defined(__SSE2__)
+    for (; c + 4 <= m; c += 4)
+        _mm_storeu_ps(y + c, _mm_mul_ps(_mm_loadu_ps(x + c), _mm_set1_ps(a)));
+#endif
+    for (; c < m; c++)
         y[c] = x[c] * a;
 }
 
@@ -510,7 +529,8 @@ static void lk_mix(const lk_state *st, const fjob *J, const lk_versions *X, cons
             uint64_t a, b;
             memcpy(&a, pv + j, 8);
             memcpy(&b, cv + j, 8);
-            nk += __builtin_popcountll((b | b >> 1) & 0x0101010101010101ull);
+            /* one bit per nonzero byte, summed into the top byte by a multiply */
+            nk += (int64_t)((((b | b >> 1) & 0x0101010101010101ull) * 0x0101010101010101ull) >> 56);
             for (int k = 0; a != b && k < 8; k++)
                 if (pv[j + k] != cv[j + k])
                     C->at[nd++] = j + k;
