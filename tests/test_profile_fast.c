@@ -646,6 +646,64 @@ static void test_lk_kernels_equal_scalar(void **state)
     free(ver);
 }
 
+/* Algorithm 1's choice without the significance of every token (sigmin: keys by an
+ * approximate reciprocal, exact division near the least) against its definition
+ * (significance, then the scalar argmin) on significances a few ulp apart, exact ties,
+ * +inf counts, a class of +inf only, NaN, and every class. The least key alone (no
+ * exact step) picks another token on these inputs. */
+static void test_lk_sigmin(void **state)
+{
+    (void)state;
+    enum { N = 300, GS = 3 };
+    double *acc = malloc(sizeof(double) * GS * N), *key = malloc(sizeof(double) * N),
+           *sg = malloc(sizeof(double) * N);
+    int64_t *qcum = malloc(sizeof(int64_t) * N);
+    uint8_t *cl = malloc(N);
+    int least_key_differs = 0;
+    for (int round = 0; round < 6; round++) {
+        const int64_t nq = round == 4 ? 0 : 400; /* round 4: no positive count */
+        for (int64_t j = 0; j < N; j++) {
+            qcum[j] = j + (int64_t)(lk_unif() * 3.0); /* counts 398 .. 100, unequal */
+            if (round == 3 && j >= N - 50)
+                qcum[j] = nq; /* +inf from here */
+            const double cnt = (double)(nq - qcum[j]);
+            /* significances 0.25 (1 + k 2^-50), k in 0..3: ties and ulp neighbours, one
+             * head the largest (as the maximum takes it) */
+            const double a = 0.25 * cnt * (1.0 + floor(lk_unif() * 4.0) * 0x1p-50);
+            for (int g = 0; g < GS; g++)
+                acc[(size_t)g * N + j] = g == j % GS ? a : a * lk_unif();
+            cl[j] = (uint8_t)(round == 5 ? KVQ_LEANKV_HIGH : lk_unif() * 3.0);
+        }
+        for (int g = 0; round == 2 && g < GS; g++) /* every head NaN: -inf (max skips NaN) */
+            acc[(size_t)g * N + N / 3] = NAN;
+        for (int level = 0; level <= 2; level++) {
+            const thr_lk_kernels *k = thr_lk_kernels_get(level);
+            for (int64_t len = 0; len <= N; len += len < 20 ? 1 : 37)
+                for (uint8_t sec = 0; sec < 3; sec++) {
+                    k->significance(sg, acc, N, GS, qcum, nq, len);
+                    const int64_t want = thr_leankv_argmin_scalar(sg, cl, sec, len);
+                    assert_int_equal(k->sigmin(acc, N, GS, qcum, nq, cl, sec, len, key), want);
+                    int64_t b = -1; /* the least key by a float reciprocal */
+                    for (int64_t j = 0; j < len; j++) {
+                        const int64_t cnt = nq - qcum[j];
+                        const double x = cnt > 0 ? (sg[j] * (double)cnt) *
+                                                       (double)(1.0f / (float)cnt)
+                                                 : INFINITY;
+                        if (cl[j] == sec && (b < 0 || x < key[0]))
+                            key[0] = x, b = j;
+                    }
+                    least_key_differs |= b != want;
+                }
+        }
+    }
+    assert_true(least_key_differs);
+    free(acc);
+    free(key);
+    free(sg);
+    free(qcum);
+    free(cl);
+}
+
 /* The rows a sample leaves out (thr_sample_complement): with the sample, every row
  * once. On a capture, the grid's sums over the sample plus those over the rest equal the
  * sums over every row (what the profile adds for the settings it measures again); a
@@ -795,6 +853,7 @@ int main(void)
         cmocka_unit_test(test_sampled_threads_same_bytes),
         cmocka_unit_test(test_budget_sampled_equals_every_row),
         cmocka_unit_test(test_lk_kernels_equal_scalar),
+        cmocka_unit_test(test_lk_sigmin),
         cmocka_unit_test(test_rope_table),
         cmocka_unit_test(test_sample_complement),
         cmocka_unit_test(test_refine_marks),

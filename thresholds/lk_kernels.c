@@ -65,9 +65,17 @@ static float maxf_scalar(const float *s, int64_t len)
     return mx;
 }
 
+static int64_t sigmin_scalar(const double *acc, int64_t n, int32_t gs, const int64_t *qcum,
+                             int64_t nq, const uint8_t *cls, uint8_t sec, int64_t len,
+                             double *key)
+{
+    significance_scalar(key, acc, n, gs, qcum, nq, len);
+    return thr_leankv_argmin_scalar(key, cls, sec, len);
+}
+
 static const thr_lk_kernels scalar = {"scalar", significance_scalar, gather_scalar,
                                       daxpy_scalar, mix_scalar, expsum_scalar, maxf_scalar,
-                                      thr_leankv_argmin_scalar};
+                                      thr_leankv_argmin_scalar, sigmin_scalar};
 
 const thr_lk_kernels *thr_lk_kernels_get(int level)
 {

@@ -42,7 +42,24 @@ typedef struct thr_lk_kernels {
     /* the first j < len with cls[j] == sec and the least sig[j], -1 if none (the scalar
      * rule: thr_leankv_argmin_scalar, thresholds_internal.h) */
     int64_t (*argmin)(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len);
+    /* argmin(sig, cls, sec, len) of sig = significance(acc, n, gs, qcum, nq, len),
+     * the same index, without sig: key [len] is scratch. The AVX-512 version divides
+     * only near the least (thr_lk_sigmin_slack); the others are the definition. */
+    int64_t (*sigmin)(const double *acc, int64_t n, int32_t gs, const int64_t *qcum,
+                      int64_t nq, const uint8_t *cls, uint8_t sec, int64_t len, double *key);
 } thr_lk_kernels;
+
+/* sigmin's filter: a key x approximates the significance s = RN(a / m) of a token as
+ * RN(a r) with r within a relative 2^-14 of 1 / m (vrcp14pd), so x / s lies within
+ * 1 +- 2^-13; the least significance's key is then at most the least key times
+ * (1 + 2^-13) / (1 - 2^-13) < 1 + 2^-11.9, and any token whose significance equals the
+ * least likewise. So every token that can be the choice (or tie with it) has a key at
+ * most THR_LK_SIGMIN_SLACK times the least key (the product rounded up by one more
+ * factor); only those are divided exactly. Keys below THR_LK_SIGMIN_TINY (where
+ * subnormal rounding breaks the relative bound; the significances are probabilities
+ * over at most 2^31 rows, far above it) and NaN go to the definition. */
+#define THR_LK_SIGMIN_SLACK (1.0 + 0x1p-11)
+#define THR_LK_SIGMIN_TINY 0x1p-900
 
 /* The kernels of level 0 (scalar), 1 (AVX2) or 2 (AVX-512), lowered to what this CPU
  * and build run; level < 0: the best. */

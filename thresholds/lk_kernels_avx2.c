@@ -205,7 +205,14 @@ TARGET static float maxf_avx2(const float *s, int64_t len)
     return mx;
 }
 
+static int64_t sigmin_avx2(const double *acc, int64_t n, int32_t gs, const int64_t *qcum,
+                           int64_t nq, const uint8_t *cls, uint8_t sec, int64_t len, double *key)
+{
+    significance_avx2(key, acc, n, gs, qcum, nq, len);
+    return thr_leankv_argmin_scalar(key, cls, sec, len);
+}
+
 const thr_lk_kernels thr_lk_avx2 = {"avx2", significance_avx2, gather_avx2, daxpy_avx2,
                                     mix_avx2, expsum_avx2, maxf_avx2,
-                                    thr_leankv_argmin_scalar};
+                                    thr_leankv_argmin_scalar, sigmin_avx2};
 #endif

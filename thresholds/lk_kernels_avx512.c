@@ -274,7 +274,103 @@ TARGET static int64_t argmin_avx512(const double *sig, const uint8_t *cls, uint8
     return -1; /* not reached */
 }
 
+/* The exact significance of token j (significance's scalar rule). */
+static inline double sig_at(const double *acc, int64_t n, int32_t gs, const int64_t *qcum,
+                            int64_t nq, int64_t j)
+{
+    const int64_t cnt = nq - qcum[j];
+    double best = -INFINITY;
+    for (int32_t g = 0; g < gs && cnt > 0; g++) {
+        const double a = acc[(size_t)g * n + j];
+        best = a > best ? a : best;
+    }
+    return cnt > 0 ? best / (double)cnt : INFINITY;
+}
+
+/* Algorithm 1's choice without dividing every token (lk_kernels.h, THR_LK_SIGMIN_SLACK):
+ * keys max_g acc x vrcp14(count) (+inf where the count is not positive; the tail's
+ * exact), their least over the class, then the exact significance of the tokens whose
+ * key is within the slack of it, the least of those and the first of equals. */
+TARGET static inline __attribute__((always_inline)) int64_t
+sigmin_gs(const double *acc, int64_t n, const int32_t gs, const int64_t *qcum, int64_t nq,
+          const uint8_t *cls, uint8_t sec, int64_t len, double *key)
+{
+    const __m512i vnq = _mm512_set1_epi64(nq), vs = _mm512_set1_epi64(sec);
+    const __m512d inf = _mm512_set1_pd(INFINITY);
+    __m512d mn = inf;
+    __mmask8 any = 0, nan = 0;
+    const int64_t l8 = len & ~(int64_t)7;
+    for (int64_t j = 0; j < l8; j += 8) {
+        const __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(cls + j)));
+        const __mmask8 m = _mm512_cmpeq_epi64_mask(c, vs);
+        const __m512i cnt = _mm512_sub_epi64(vnq, _mm512_loadu_si512(qcum + j));
+        const __mmask8 pos = _mm512_cmpgt_epi64_mask(cnt, _mm512_setzero_si512());
+        __m512d best = _mm512_set1_pd(-INFINITY);
+        for (int32_t g = 0; g < gs; g++)
+            best = _mm512_max_pd(_mm512_loadu_pd(acc + (size_t)g * n + j), best);
+        const __m512d x =
+            _mm512_mask_mul_pd(inf, pos, best, _mm512_rcp14_pd(_mm512_cvtepi64_pd(cnt)));
+        _mm512_storeu_pd(key + j, x);
+        nan = _kor_mask8(nan, _mm512_mask_cmp_pd_mask(m, x, x, _CMP_UNORD_Q));
+        mn = _mm512_mask_min_pd(mn, m, x, mn);
+        any = _kor_mask8(any, m);
+    }
+    double m8[8], least = INFINITY;
+    _mm512_storeu_pd(m8, mn);
+    for (int i = 0; i < 8; i++)
+        least = m8[i] < least ? m8[i] : least;
+    for (int64_t j = l8; j < len; j++)
+        if (cls[j] == sec) {
+            key[j] = sig_at(acc, n, gs, qcum, nq, j);
+            nan |= key[j] != key[j];
+            least = key[j] < least ? key[j] : least;
+            any = 1;
+        }
+    if (!any)
+        return -1;
+    if (nan || least < THR_LK_SIGMIN_TINY) { /* the definition (0 and below too) */
+        significance_avx512(key, acc, n, gs, qcum, nq, len);
+        return argmin_avx512(key, cls, sec, len);
+    }
+    const double lim = least * THR_LK_SIGMIN_SLACK;
+    const __m512d vl = _mm512_set1_pd(lim);
+    int64_t v = -1;
+    double sv = 0;
+    for (int64_t j = 0; j < l8; j += 8) {
+        const __m512i c = _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)(cls + j)));
+        __mmask8 k = _mm512_mask_cmp_pd_mask(_mm512_cmpeq_epi64_mask(c, vs),
+                                             _mm512_loadu_pd(key + j), vl, _CMP_LE_OQ);
+        for (; k; k &= (__mmask8)(k - 1)) { /* ascending j: the first of equals stays */
+            const int64_t i = j + __builtin_ctz(k);
+            const double s = sig_at(acc, n, gs, qcum, nq, i);
+            if (v < 0 || s < sv) {
+                v = i;
+                sv = s;
+            }
+        }
+    }
+    for (int64_t j = l8; j < len; j++)
+        if (cls[j] == sec && key[j] <= lim && (v < 0 || key[j] < sv)) {
+            v = j;
+            sv = key[j];
+        }
+    return v;
+}
+
+TARGET static int64_t sigmin_avx512(const double *acc, int64_t n, int32_t gs,
+                                    const int64_t *qcum, int64_t nq, const uint8_t *cls,
+                                    uint8_t sec, int64_t len, double *key)
+{
+    switch (gs) { /* the heads' loop unrolled for the common group sizes */
+    case 1: return sigmin_gs(acc, n, 1, qcum, nq, cls, sec, len, key);
+    case 2: return sigmin_gs(acc, n, 2, qcum, nq, cls, sec, len, key);
+    case 3: return sigmin_gs(acc, n, 3, qcum, nq, cls, sec, len, key);
+    case 4: return sigmin_gs(acc, n, 4, qcum, nq, cls, sec, len, key);
+    default: return sigmin_gs(acc, n, gs, qcum, nq, cls, sec, len, key);
+    }
+}
+
 const thr_lk_kernels thr_lk_avx512 = {"avx512", significance_avx512, gather_avx512,
                                       daxpy_avx512, mix_avx512, expsum_avx512, maxf_avx512,
-                                      argmin_avx512};
+                                      argmin_avx512, sigmin_avx512};
 #endif

@@ -16,7 +16,9 @@
  *                Algorithm 1 on its own classes and significance sums, and per query row
  *                only gathers the exponential of each token's current version,
  *                normalises, and adds the probabilities to its sums: no logit, no
- *                exponential and (except on measured rows) no PV per setting.
+ *                exponential and (except on measured rows) no PV per setting; a measured
+ *                row's output sum is kept from the previous setting and updated by the
+ *                tokens whose version changed (lk_mix).
  *   PATS         truncation changes every row, and PATS has no state that depends on
  *                the attention, so only the measured rows attend: per setting, K and V
  *                gathered from the truncated copies at each bit level, SGEMM for QK^T
@@ -317,6 +319,21 @@ static void significance(const lk_state *st, const fjob *J, int64_t len)
     J->K->significance(st->sig, st->acc, J->R->n, J->R->gs, J->qcum, st->nq, len);
 }
 
+/* sig[j] alone: the significance kernels' rule (lk_kernels.c significance_scalar, which
+ * the SIMD ones equal), the same bits. */
+static double sig_at(const lk_state *st, const fjob *J, int64_t j)
+{
+    const int64_t cnt = st->nq - J->qcum[j];
+    if (cnt <= 0)
+        return INFINITY;
+    double best = -INFINITY;
+    for (int32_t g = 0; g < J->R->gs; g++) {
+        const double a = st->acc[(size_t)g * J->R->n + j];
+        best = a > best ? a : best;
+    }
+    return best / (double)cnt;
+}
+
 /* The prompt rule at the end of the prompt (the reference's thr_leankv_finish_prompt). */
 static kvq_status state_start(lk_state *st, const fjob *J, const kvq_leankv_params *lk,
                               double *sig, kvq_err *err)
@@ -347,12 +364,22 @@ static void state_step(lk_state *st, const fjob *J, int64_t t)
 {
     st->cls[t] = KVQ_LEANKV_HIGH;
     st->ver[t] = V_HIGH;
-    /* thr_leankv_step reads the significance of the tokens outside the window only */
-    if (t + 1 > st->lk.window)
-        significance(st, J, t + 1 - st->lk.window);
+    /* thr_leankv_step: the significance of c, of the least of its class (sigmin: no
+     * significance of every token) and of that token */
     const int64_t c = t - st->lk.window;
     const uint8_t old_c = c >= 0 ? st->cls[c] : 0;
-    const int64_t v = thr_leankv_step(st->sig, t + 1, &st->lk, st->cls, J->K->argmin);
+    int64_t v = -1;
+    if (c >= 0) {
+        const kvq_leankv_class sec = kvq_leankv_rule(sig_at(st, J, c), t + 1, &st->lk);
+        st->cls[c] = (uint8_t)sec;
+        if (sec != KVQ_LEANKV_PRUNED) {
+            v = J->K->sigmin(st->acc, J->R->n, J->R->gs, J->qcum, st->nq, st->cls, (uint8_t)sec,
+                             c + 1, st->sig);
+            const kvq_leankv_class now = kvq_leankv_rule(sig_at(st, J, v), t + 1, &st->lk);
+            if (now < sec)
+                st->cls[v] = (uint8_t)now; /* HIGH -> LOW or PRUNED; LOW -> PRUNED */
+        }
+    }
     /* what moved down is re-quantized from the K8V4 row the cache held */
     if (c >= 0 && st->cls[c] != old_c)
         st->ver[c] = st->cls[c] == KVQ_LEANKV_LOW ? V_LOWB : V_PRUNED;
@@ -372,7 +399,63 @@ typedef struct lk_block {
     double *sig;         /* [n] scratch: significance */
     float *w;            /* [gs, n] scratch: a row's f32 exponentials, per head */
     double *z;           /* [2 gs] scratch: their sums, then the inverses */
+    struct lk_chain *ch; /* the measured rows' output sums (lk_mix) */
 } lk_block;
+
+/* The output of a measured row by differences between settings (lk_mix): for each row
+ * of the block, the versions and the unnormalized output sum of the last setting that
+ * measured it. */
+typedef struct lk_chain {
+    uint8_t *ver;  /* [blk, n] */
+    float *u;      /* [blk, gs, d] */
+    uint8_t *ok;   /* [blk] holds a setting's sums */
+    int64_t *at;   /* [n] scratch: the changed tokens */
+    float *vc;     /* [2 n, d] scratch: their new value rows, then their old ones */
+    float *wo;     /* [gs, 2 n] scratch: their new exponentials, then minus the old */
+    uint8_t *ones; /* [2 n] versions of the compact rows: 1 */
+    float *du;     /* [gs, d] scratch */
+    double *one;   /* [gs] ones */
+} lk_chain;
+
+static void chain_free(lk_chain *C)
+{
+    if (!C)
+        return;
+    free(C->ver);
+    free(C->u);
+    free(C->ok);
+    free(C->at);
+    free(C->vc);
+    free(C->ones);
+    free(C->wo);
+    free(C->du);
+    free(C->one);
+    free(C);
+}
+
+static lk_chain *chain_make(int64_t blk, int64_t n, int32_t gs, int32_t d)
+{
+    lk_chain *C = calloc(1, sizeof *C);
+    if (!C)
+        return NULL;
+    C->ver = malloc((size_t)(blk * n));
+    C->u = malloc(sizeof(float) * (size_t)(blk * gs * d));
+    C->ok = calloc((size_t)blk, 1);
+    C->at = malloc(sizeof(int64_t) * (size_t)n);
+    C->vc = malloc(sizeof(float) * (size_t)(2 * n * d));
+    C->ones = malloc((size_t)(2 * n));
+    C->wo = malloc(sizeof(float) * (size_t)(2 * gs * n));
+    C->du = malloc(sizeof(float) * (size_t)(gs * d));
+    C->one = malloc(sizeof(double) * (size_t)gs);
+    if (!C->ver || !C->u || !C->ok || !C->at || !C->vc || !C->ones || !C->wo || !C->du || !C->one) {
+        chain_free(C);
+        return NULL;
+    }
+    for (int32_t g = 0; g < gs; g++)
+        C->one[g] = 1.0;
+    memset(C->ones, 1, (size_t)(2 * n));
+    return C;
+}
 
 static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
 {
@@ -401,6 +484,104 @@ static void block_scores(const fjob *J, const lk_versions *X, lk_block *B)
     }
 }
 
+/* y += x and y = x a, elementwise (four lanes at a time where SSE2 is there: the same
+ * bits). */
+static void add_to(float *restrict y, const float *restrict x, size_t m)
+{
+    size_t c = 0;
+#if defined(__SSE2__)
+    for (; c + 4 <= m; c += 4)
+        _mm_storeu_ps(y + c, _mm_add_ps(_mm_loadu_ps(y + c), _mm_loadu_ps(x + c)));
+#endif
+    for (; c < m; c++)
+        y[c] += x[c];
+}
+
+static void scale_to(float *restrict y, const float *restrict x, float a, size_t m)
+{
+    size_t c = 0;
+#if defined(__SSE2__)
+    for (; c + 4 <= m; c += 4)
+        _mm_storeu_ps(y + c, _mm_mul_ps(_mm_loadu_ps(x + c), _mm_set1_ps(a)));
+#endif
+    for (; c < m; c++)
+        y[c] = x[c] * a;
+}
+
+/* The output of measured row t (block row i) into o [gs, d]: U = the sum over the kept
+ * tokens of exponential x value row (the mix kernel with unit weights, tokens in order),
+ * o = U x (float)inv per head. U is kept per block row: the next setting that measures
+ * the row, when fewer than half its kept tokens changed version, adds the changed
+ * tokens' new terms and the old ones' negatives (the same kernel over only those
+ * tokens) instead of summing every token again (neighbouring settings differ in about 3%
+ * of the tokens here). own: a head's exponentials were taken under its own maximum
+ * (state_attend), not the block's: that row is summed directly and not kept. The same
+ * bits for any thread count and ISA (the mix kernels equal the scalar one). */
+static void lk_mix(const lk_state *st, const fjob *J, const lk_versions *X, const lk_block *B,
+                   int64_t i, int64_t t, int own, const double *inv, float *o)
+{
+    const thr_rows *R = J->R;
+    const int32_t gs = R->gs, d = R->d;
+    const size_t n = (size_t)R->n, gd = (size_t)gs * d;
+    const int64_t len = t + 1;
+    const float *v[N_VER] = {NULL, X->v[1], X->v[2], X->v[3]};
+    lk_chain *C = B->ch;
+    uint8_t *pv = C->ver + (size_t)i * n;
+    float *U = C->u + (size_t)i * gd;
+    if (own) {
+        J->K->mix(o, B->w, n, inv, st->ver, v, len, d, gs);
+        C->ok[i] = 0;
+        return;
+    }
+    const uint8_t *cv = st->ver;
+    int64_t nd = 0, nk = 0;
+    if (C->ok[i]) { /* the changed tokens into C->at, 8 versions (bytes 0..3) a word */
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8) {
+            uint64_t a, b;
+            memcpy(&a, pv + j, 8);
+            memcpy(&b, cv + j, 8);
+            /* one bit per nonzero byte, summed into the top byte by a multiply */
+            nk += (int64_t)((((b | b >> 1) & 0x0101010101010101ull) * 0x0101010101010101ull) >> 56);
+            for (int k = 0; a != b && k < 8; k++)
+                if (pv[j + k] != cv[j + k])
+                    C->at[nd++] = j + k;
+        }
+        for (; j < len; j++) {
+            nk += cv[j] != 0;
+            if (pv[j] != cv[j])
+                C->at[nd++] = j;
+        }
+    }
+    if (C->ok[i] && 2 * nd < nk) {
+        /* the changed tokens' terms as rows of one compact list: the new version's
+         * exponential and value row, then minus the old one's (pruned: weight 0) */
+        const size_t plane = (size_t)B->nb * gs * B->T, off = (size_t)i * gs * B->T;
+        const size_t m2 = (size_t)(2 * nd);
+        for (int64_t k = 0; k < nd; k++) {
+            const int64_t j = C->at[k];
+            const uint8_t vn = cv[j], vo = pv[j];
+            memcpy(C->vc + (size_t)k * d, v[vn ? vn : 1] + (size_t)j * d, sizeof(float) * d);
+            memcpy(C->vc + (size_t)(nd + k) * d, v[vo ? vo : 1] + (size_t)j * d,
+                   sizeof(float) * d);
+            for (int32_t g = 0; g < gs; g++) {
+                const size_t eg = off + (size_t)g * B->T + (size_t)j;
+                C->wo[(size_t)g * m2 + k] = vn ? B->w[(size_t)g * n + j] : 0.0f;
+                C->wo[(size_t)g * m2 + nd + k] = vo ? -B->E[(size_t)(vo - 1) * plane + eg] : 0.0f;
+            }
+        }
+        const float *vc[N_VER] = {NULL, C->vc, C->vc, C->vc};
+        J->K->mix(C->du, C->wo, m2, C->one, C->ones, vc, (int64_t)m2, d, gs);
+        add_to(U, C->du, gd);
+    } else {
+        J->K->mix(U, B->w, n, C->one, st->ver, v, len, d, gs);
+    }
+    memcpy(pv, st->ver, (size_t)len);
+    C->ok[i] = 1;
+    for (int32_t g = 0; g < gs; g++)
+        scale_to(o + (size_t)g * d, U + (size_t)g * d, (float)inv[g], (size_t)d);
+}
+
 /* The attention of row t (block row i) over the setting's cache: adds the probabilities
  * to the sums and, on a measured row, the output's error to a. */
 static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, const lk_block *B,
@@ -412,10 +593,12 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
     const int64_t m = J->mat[t];
     const float *e[N_VER] = {NULL, B->E + off, B->E + plane + off, B->E + 2 * plane + off};
     double *Z = B->z, *inv = B->z + gs;
+    int own = 0;
     J->K->gather(e, (size_t)B->T, st->ver, t + 1, gs, B->w, (size_t)R->n, Z);
     for (int32_t g = 0; g < gs; g++) {
         float *w = B->w + (size_t)g * R->n;
         if (!(Z[g] > 1e-30)) { /* every kept token far below the shared maximum: own maximum */
+            own = 1;
             const size_t og = off + (size_t)g * B->T;
             const float *s[N_VER] = {NULL, B->S + og, B->S + plane + og, B->S + 2 * plane + og};
             float mx = -INFINITY;
@@ -434,8 +617,7 @@ static void state_attend(lk_state *st, const fjob *J, const lk_versions *X, cons
     st->nq++;
     if (m < 0)
         return;
-    const float *v[N_VER] = {NULL, X->v[1], X->v[2], X->v[3]};
-    J->K->mix(o, B->w, (size_t)R->n, inv, st->ver, v, t + 1, d, gs);
+    lk_mix(st, J, X, B, i, t, own, inv, o);
     thr_add_rel_err(o, J->ex + (size_t)m * gs * d, gs, d, a);
 }
 
@@ -494,7 +676,8 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     B.sig = malloc(sizeof(double) * (size_t)R->n);
     B.w = malloc(sizeof(float) * (size_t)(gs * R->n));
     B.z = malloc(sizeof(double) * (size_t)(2 * gs));
-    if (!s && (!B.S || !B.E || !B.Qp || !B.sig || !B.w || !B.z))
+    B.ch = chain_make(blk, R->n, gs, d);
+    if (!s && (!B.S || !B.E || !B.Qp || !B.sig || !B.w || !B.z || !B.ch))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     /* settings with the same classes everywhere run once: dup[c] = the earlier one */
     int64_t *dup = malloc(sizeof *dup * (size_t)G->n_lk);
@@ -512,6 +695,8 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
         B.nb = J->nc - i0 < blk ? J->nc - i0 : blk;
         const int64_t t_end = B.nb > 0 ? J->crow[i0 + B.nb - 1] + 1 : R->n;
         B.T = t_end;
+        if (B.ch) /* the block's rows: no setting has measured them */
+            memset(B.ch->ok, 0, (size_t)blk);
         if (B.nb > 0)
             block_scores(J, &X, &B);
         for (int64_t c = 0; c < G->n_lk; c++)
@@ -541,6 +726,7 @@ static kvq_status leankv_settings(const fjob *J, const thr_grid *G, thr_acc *acc
     free(B.sig);
     free(B.w);
     free(B.z);
+    chain_free(B.ch);
     versions_free(&X);
     return s;
 }
