@@ -161,6 +161,8 @@ struct rt_mass_memo {
     double *e, *w;        /* [cap] */
     double Z;
     digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
+    digit_hist h1;     /* the second digit's of first-digit bin h1_bin (or clear) */
+    int64_t h1_bin;    /* -1: none */
     int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
     int32_t *rank;        /* [cap] candidate j's place in order */
     int32_t *last;        /* [cap] last[i]: the largest candidate of order[0 .. i] */
@@ -173,8 +175,10 @@ struct rt_mass_memo {
 rt_mass_memo *kvq_rt_mass_memo_new(void)
 {
     rt_mass_memo *m = calloc(1, sizeof *m); /* calloc: h2 starts clear */
-    if (m)
+    if (m) {
         m->avx512 = kvq_cpu_has_avx512();
+        m->h1_bin = -1;
+    }
     return m;
 }
 
@@ -304,14 +308,19 @@ static int64_t mass_finish_bins(rt_mass_memo *M, double tau)
     int64_t m = M->h0.hc[b];
     const uint32_t *ks = m ? M->bk + M->boff[b] : M->sub;
     const double *es = m ? M->be + M->boff[b] : M->w;
-    for (int pass = 1; pass < 3; pass++) {
-        hist_count(&M->h2, ks, es, m, pass);
-        b = hist_walk(&M->h2, &need, &taken);
-        hist_reset(&M->h2);
-        m = keep_digit(ks, es, m, pass, b, M->sub, M->w);
-        ks = M->sub;
-        es = M->w;
+    /* the second digit's histogram of bin b: the same for the taus whose first digit is
+     * b (the same keys in the same order), so counted once per (row, head) and bin */
+    if (M->h1_bin != (int64_t)b) {
+        hist_reset(&M->h1);
+        hist_count(&M->h1, ks, es, m, 1);
+        M->h1_bin = b;
     }
+    b = hist_walk(&M->h1, &need, &taken);
+    m = keep_digit(ks, es, m, 1, b, M->sub, M->w);
+    hist_count(&M->h2, M->sub, M->w, m, 2);
+    b = hist_walk(&M->h2, &need, &taken);
+    hist_reset(&M->h2);
+    m = keep_digit(M->sub, M->w, m, 2, b, M->sub, M->w);
     if (m == 0)
         return taken > 0 ? taken : 1;
     int64_t ties = need <= 0 ? 1 : (int64_t)ceil(need / M->w[0]);
@@ -328,6 +337,7 @@ int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_b
         hist_clear(&m->h0);
         mass_prepare(lg, n, m->keys, m->e, &m->Z, &m->h0);
         group_bins(m);
+        m->h1_bin = -1; /* a new (row, head): h1 is another's */
         m->prepared = 1;
     }
     return mass_finish_bins(m, tau);
