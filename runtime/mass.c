@@ -163,9 +163,10 @@ struct rt_mass_memo {
     digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
     digit_hist h1;     /* the second digit's of first-digit bin h1_bin (or clear) */
     int64_t h1_bin;    /* -1: none */
-    int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
+    int32_t *order;       /* [cap] candidates by score, descending, ties by index */
     int32_t *rank;        /* [cap] candidate j's place in order */
     int32_t *last;        /* [cap] last[i]: the largest candidate of order[0 .. i] */
+    uint64_t *ov;         /* [2 cap] make_order's scratch */
     uint32_t *bk;         /* [cap] keys grouped by first digit, index order in a bin */
     double *be;           /* [cap] their exponentials */
     int64_t boff[KVQ_RK_HIST]; /* where a nonempty bin starts in bk, be */
@@ -192,11 +193,11 @@ void kvq_rt_mass_memo_free(rt_mass_memo *m)
     free(m->e);
     free(m->w);
     free(m->order);
-    free(m->tmp);
     free(m->rank);
     free(m->last);
     free(m->bk);
     free(m->be);
+    free(m->ov);
     free(m);
 }
 
@@ -234,11 +235,9 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
         m->e = e;
     if (w)
         m->w = w;
-    int32_t *o = realloc(m->order, c * sizeof *o), *t = o ? realloc(m->tmp, c * sizeof *t) : NULL;
+    int32_t *o = realloc(m->order, c * sizeof *o);
     if (o)
         m->order = o;
-    if (t)
-        m->tmp = t;
     int32_t *rk = realloc(m->rank, c * sizeof *rk), *l = rk ? realloc(m->last, c * sizeof *l) : NULL;
     if (rk)
         m->rank = rk;
@@ -250,7 +249,10 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
     double *be = bk ? realloc(m->be, c * sizeof *be) : NULL;
     if (be)
         m->be = be;
-    if (!s || !k || !u || !e || !w || !o || !t || !rk || !l || !bk || !be)
+    uint64_t *ov = realloc(m->ov, 2 * c * sizeof *ov);
+    if (ov)
+        m->ov = ov;
+    if (!s || !k || !u || !e || !w || !o || !rk || !l || !bk || !be || !ov)
         return 0;
     m->cap = n;
     return 1;
@@ -349,7 +351,7 @@ static void make_order(rt_mass_memo *m)
 {
     const int64_t n = m->n;
     int32_t *a = m->order;
-    kvq_rt_score_order(m->scores, n, m->sub, a, m->tmp);
+    kvq_rt_score_order(m->scores, n, m->ov, a);
     int32_t mx = 0;
     for (int64_t i = 0; i < n; i++) {
         m->rank[a[i]] = (int32_t)i;

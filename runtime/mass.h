@@ -45,7 +45,7 @@ int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int
 
 /* The rerank's top k for the probe's steps of one (row, head) (runtime/rank_memo.c):
  *   score_order  a [n] = 0 .. n-1 ordered by scores: kvq_rk_key descending, then index
- *                (a stable LSD radix sort; key, b [n] scratch)
+ *                (a stable LSD radix sort; v [2 n] scratch)
  *   build        ranks the rows [0, nv) by rerank.c's score of lgb [nq, nv] (the summed
  *                query's row gs when nq > gs, else the gs heads' sum in head order or,
  *                max, their maximum); 0 when out of memory (the memo then holds none)
@@ -53,7 +53,7 @@ int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int
  *                rank, ascending indices into sel [n]: kvq_rk_topk's set on their
  *                scores; returns the count */
 typedef struct rt_rank_memo rt_rank_memo;
-void kvq_rt_score_order(const float *scores, int64_t n, uint32_t *key, int32_t *a, int32_t *b);
+void kvq_rt_score_order(const float *scores, int64_t n, uint64_t *v, int32_t *a);
 rt_rank_memo *kvq_rt_rank_memo_new(void);
 void kvq_rt_rank_memo_free(rt_rank_memo *R);
 int kvq_rt_rank_memo_build(rt_rank_memo *R, const float *lgb, int64_t nv, int32_t nq, int32_t gs,

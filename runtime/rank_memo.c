@@ -19,42 +19,42 @@ struct rt_rank_memo {
     int64_t n, cap;
     int32_t *rank;   /* [cap] row j's place in the order */
     float *sc;       /* [cap] scores */
-    uint32_t *key;   /* [cap] */
-    int32_t *a, *b;  /* [cap] */
+    uint64_t *v;     /* [2 cap] */
+    int32_t *a;      /* [cap] */
     uint64_t *bits;  /* [cap / 64 + 1] */
 };
 
-void kvq_rt_score_order(const float *scores, int64_t n, uint32_t *key, int32_t *a, int32_t *b)
+void kvq_rt_score_order(const float *scores, int64_t n, uint64_t *v, int32_t *a)
 {
-    /* the four digits' counts in one pass (they do not depend on the order) */
     if (n <= 0)
         return;
+    /* each inverted key with its index in the low half (the passes move both, no
+     * lookup); the four digits' counts in one pass (they do not depend on the order) */
     int64_t cnt[4][257] = {{0}};
+    uint64_t *in = v, *out = v + n;
     for (int64_t j = 0; j < n; j++) {
         const uint32_t u = ~kvq_rk_key(scores[j]);
-        key[j] = u;
-        a[j] = (int32_t)j;
+        in[j] = (uint64_t)u << 32 | (uint64_t)j;
         cnt[0][(u & 255u) + 1]++;
         cnt[1][((u >> 8) & 255u) + 1]++;
         cnt[2][((u >> 16) & 255u) + 1]++;
         cnt[3][(u >> 24) + 1]++;
     }
-    int32_t *in = a, *out = b;
     for (int p = 0; p < 4; p++) {
-        const int shift = 8 * p;
+        const int shift = 32 + 8 * p;
         int64_t *c = cnt[p];
-        if (c[((key[0] >> shift) & 255u) + 1] == n)
+        if (c[((in[0] >> shift) & 255u) + 1] == n)
             continue; /* one digit value: the stable pass would keep the order */
         for (int i = 0; i < 256; i++)
             c[i + 1] += c[i];
         for (int64_t j = 0; j < n; j++)
-            out[c[(key[in[j]] >> shift) & 255u]++] = in[j];
-        int32_t *t = in;
+            out[c[(in[j] >> shift) & 255u]++] = in[j];
+        uint64_t *t = in;
         in = out;
         out = t;
     }
-    if (in != a) /* an odd count of passes ran: the order back into a */
-        memcpy(a, in, sizeof *a * (size_t)n);
+    for (int64_t i = 0; i < n; i++)
+        a[i] = (int32_t)(uint32_t)in[i];
 }
 
 rt_rank_memo *kvq_rt_rank_memo_new(void) { return calloc(1, sizeof(rt_rank_memo)); }
@@ -65,9 +65,8 @@ void kvq_rt_rank_memo_free(rt_rank_memo *R)
         return;
     free(R->rank);
     free(R->sc);
-    free(R->key);
+    free(R->v);
     free(R->a);
-    free(R->b);
     free(R->bits);
     free(R);
 }
@@ -83,18 +82,16 @@ static int reserve(rt_rank_memo *R, int64_t n)
     float *sc = realloc(R->sc, c * sizeof *sc);
     if (sc)
         R->sc = sc;
-    uint32_t *key = realloc(R->key, c * sizeof *key);
-    if (key)
-        R->key = key;
-    int32_t *a = realloc(R->a, c * sizeof *a), *b = a ? realloc(R->b, c * sizeof *b) : NULL;
+    uint64_t *v = realloc(R->v, 2 * c * sizeof *v);
+    if (v)
+        R->v = v;
+    int32_t *a = realloc(R->a, c * sizeof *a);
     if (a)
         R->a = a;
-    if (b)
-        R->b = b;
     uint64_t *bits = realloc(R->bits, (c / 64 + 1) * sizeof *bits);
     if (bits)
         R->bits = bits;
-    if (!rk || !sc || !key || !a || !b || !bits)
+    if (!rk || !sc || !v || !a || !bits)
         return 0;
     R->cap = n;
     return 1;
@@ -115,7 +112,7 @@ int kvq_rt_rank_memo_build(rt_rank_memo *R, const float *lgb, int64_t nv, int32_
         for (int64_t j = 0; j < nv; j++)
             sc[j] = max ? (l[j] > sc[j] ? l[j] : sc[j]) : sc[j] + l[j];
     }
-    kvq_rt_score_order(sc, nv, R->key, R->a, R->b);
+    kvq_rt_score_order(sc, nv, R->v, R->a);
     for (int64_t i = 0; i < nv; i++)
         R->rank[R->a[i]] = (int32_t)i;
     R->n = nv;

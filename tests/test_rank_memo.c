@@ -52,22 +52,20 @@ static void test_score_order(void **state)
     for (int mode = 0; mode < 4; mode++)
         for (int64_t n = 1; n <= 700; n += 1 + n / 2) {
             float *sc = malloc(sizeof *sc * (size_t)n);
-            int32_t *a = malloc(sizeof *a * (size_t)n), *b = malloc(sizeof *b * (size_t)n),
-                    *want = malloc(sizeof *want * (size_t)n);
-            uint32_t *key = malloc(sizeof *key * (size_t)n);
+            int32_t *a = malloc(sizeof *a * (size_t)n), *want = malloc(sizeof *want * (size_t)n);
+            uint64_t *v = malloc(sizeof *v * 2 * (size_t)n);
             fill(sc, n, &r, mode);
             for (int64_t j = 0; j < n; j++)
                 want[j] = (int32_t)j;
             cmp_sc = sc;
             qsort(want, (size_t)n, sizeof *want, cmp_desc);
-            kvq_rt_score_order(sc, n, key, a, b);
+            kvq_rt_score_order(sc, n, v, a);
             if (memcmp(a, want, sizeof *a * (size_t)n))
                 fail_msg("mode %d n %lld: order differs", mode, (long long)n);
             free(sc);
             free(a);
-            free(b);
             free(want);
-            free(key);
+            free(v);
         }
 }
 
