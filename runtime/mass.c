@@ -161,17 +161,25 @@ struct rt_mass_memo {
     double *e, *w;        /* [cap] */
     double Z;
     digit_hist h0, h2; /* first digit; the later digits' (kept clear) */
-    int32_t *order, *tmp; /* [cap] candidates by score, descending, ties by index */
+    digit_hist h1;     /* the second digit's of first-digit bin h1_bin (or clear) */
+    int64_t h1_bin;    /* -1: none */
+    int32_t *order;       /* [cap] candidates by score, descending, ties by index */
     int32_t *rank;        /* [cap] candidate j's place in order */
     int32_t *last;        /* [cap] last[i]: the largest candidate of order[0 .. i] */
+    uint64_t *ov;         /* [2 cap] make_order's scratch */
+    uint32_t *bk;         /* [cap] keys grouped by first digit, index order in a bin */
+    double *be;           /* [cap] their exponentials */
+    int64_t boff[KVQ_RK_HIST]; /* where a nonempty bin starts in bk, be */
     int avx512;           /* kvq_rt_rank_select_avx512 */
 };
 
 rt_mass_memo *kvq_rt_mass_memo_new(void)
 {
     rt_mass_memo *m = calloc(1, sizeof *m); /* calloc: h2 starts clear */
-    if (m)
+    if (m) {
         m->avx512 = kvq_cpu_has_avx512();
+        m->h1_bin = -1;
+    }
     return m;
 }
 
@@ -185,9 +193,11 @@ void kvq_rt_mass_memo_free(rt_mass_memo *m)
     free(m->e);
     free(m->w);
     free(m->order);
-    free(m->tmp);
     free(m->rank);
     free(m->last);
+    free(m->bk);
+    free(m->be);
+    free(m->ov);
     free(m);
 }
 
@@ -225,17 +235,24 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
         m->e = e;
     if (w)
         m->w = w;
-    int32_t *o = realloc(m->order, c * sizeof *o), *t = o ? realloc(m->tmp, c * sizeof *t) : NULL;
+    int32_t *o = realloc(m->order, c * sizeof *o);
     if (o)
         m->order = o;
-    if (t)
-        m->tmp = t;
     int32_t *rk = realloc(m->rank, c * sizeof *rk), *l = rk ? realloc(m->last, c * sizeof *l) : NULL;
     if (rk)
         m->rank = rk;
     if (l)
         m->last = l;
-    if (!s || !k || !u || !e || !w || !o || !t || !rk || !l)
+    uint32_t *bk = realloc(m->bk, c * sizeof *bk);
+    if (bk)
+        m->bk = bk;
+    double *be = bk ? realloc(m->be, c * sizeof *be) : NULL;
+    if (be)
+        m->be = be;
+    uint64_t *ov = realloc(m->ov, 2 * c * sizeof *ov);
+    if (ov)
+        m->ov = ov;
+    if (!s || !k || !u || !e || !w || !o || !rk || !l || !bk || !be || !ov)
         return 0;
     m->cap = n;
     return 1;
@@ -257,6 +274,62 @@ static int memo_put(rt_mass_memo *m, const float *scores, int64_t n, double cb_b
     return 1;
 }
 
+/* The keys and exponentials grouped by their first digit (a stable counting sort: in
+ * index order within a bin), so a tau's first keep_digit is its bin's slice. */
+static void group_bins(rt_mass_memo *m)
+{
+    const digit_hist *h = &m->h0;
+    int64_t off = 0;
+    for (int i = 0; i < HIST_WORDS; i++)
+        for (uint64_t u = h->used[i]; u; u &= u - 1) {
+            const int b = i * 64 + __builtin_ctzll(u);
+            m->boff[b] = off;
+            off += h->hc[b];
+        }
+    const int shift = kvq_rk_digit_shift(0);
+    const uint32_t mask = kvq_rk_digit_mask(0);
+    for (int64_t i = 0; i < m->n; i++) {
+        const uint32_t b = (m->keys[i] >> shift) & mask;
+        m->bk[m->boff[b]] = m->keys[i];
+        m->be[m->boff[b]++] = m->e[i];
+    }
+    for (int i = 0; i < HIST_WORDS; i++) /* back to the starts */
+        for (uint64_t u = h->used[i]; u; u &= u - 1) {
+            const int b = i * 64 + __builtin_ctzll(u);
+            m->boff[b] -= h->hc[b];
+        }
+}
+
+/* mass_finish from the memo's bins: the same sums in the same order (the first digit's
+ * kept keys are its bin's slice, in index order, as keep_digit leaves them). */
+static int64_t mass_finish_bins(rt_mass_memo *M, double tau)
+{
+    double need = tau * M->Z;
+    int64_t taken = 0;
+    uint32_t b = hist_walk(&M->h0, &need, &taken);
+    int64_t m = M->h0.hc[b];
+    const uint32_t *ks = m ? M->bk + M->boff[b] : M->sub;
+    const double *es = m ? M->be + M->boff[b] : M->w;
+    /* the second digit's histogram of bin b: the same for the taus whose first digit is
+     * b (the same keys in the same order), so counted once per (row, head) and bin */
+    if (M->h1_bin != (int64_t)b) {
+        hist_reset(&M->h1);
+        hist_count(&M->h1, ks, es, m, 1);
+        M->h1_bin = b;
+    }
+    b = hist_walk(&M->h1, &need, &taken);
+    m = keep_digit(ks, es, m, 1, b, M->sub, M->w);
+    hist_count(&M->h2, M->sub, M->w, m, 2);
+    b = hist_walk(&M->h2, &need, &taken);
+    hist_reset(&M->h2);
+    m = keep_digit(M->sub, M->w, m, 2, b, M->sub, M->w);
+    if (m == 0)
+        return taken > 0 ? taken : 1;
+    int64_t ties = need <= 0 ? 1 : (int64_t)ceil(need / M->w[0]);
+    ties = ties < 1 ? 1 : ties > m ? m : ties;
+    return taken + ties;
+}
+
 int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
                                const float *lg, int64_t n, double tau, uint32_t *keys, double *w)
 {
@@ -265,9 +338,11 @@ int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_b
     if (!m->prepared) {
         hist_clear(&m->h0);
         mass_prepare(lg, n, m->keys, m->e, &m->Z, &m->h0);
+        group_bins(m);
+        m->h1_bin = -1; /* a new (row, head): h1 is another's */
         m->prepared = 1;
     }
-    return mass_finish(m->keys, m->e, n, m->Z, &m->h0, tau, m->sub, m->w, &m->h2);
+    return mass_finish_bins(m, tau);
 }
 
 /* The candidates by score, descending, equal keys (kvq_rk_key) by index: a stable LSD
@@ -275,25 +350,8 @@ int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_b
 static void make_order(rt_mass_memo *m)
 {
     const int64_t n = m->n;
-    uint32_t *key = m->sub; /* the inverted keys, by candidate */
-    int32_t *a = m->order, *b = m->tmp;
-    for (int64_t j = 0; j < n; j++) {
-        key[j] = ~kvq_rk_key(m->scores[j]);
-        a[j] = (int32_t)j;
-    }
-    for (int shift = 0; shift < 32; shift += 8) {
-        int64_t cnt[257] = {0};
-        for (int64_t j = 0; j < n; j++)
-            cnt[((key[a[j]] >> shift) & 255u) + 1]++;
-        for (int i = 0; i < 256; i++)
-            cnt[i + 1] += cnt[i];
-        for (int64_t j = 0; j < n; j++)
-            b[cnt[(key[a[j]] >> shift) & 255u]++] = a[j];
-        int32_t *t = a;
-        a = b;
-        b = t;
-    }
-    /* four passes: the result is back in m->order */
+    int32_t *a = m->order;
+    kvq_rt_score_order(m->scores, n, m->ov, a);
     int32_t mx = 0;
     for (int64_t i = 0; i < n; i++) {
         m->rank[a[i]] = (int32_t)i;

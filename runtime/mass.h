@@ -43,4 +43,22 @@ int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_b
 int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
 int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
 
+/* The rerank's top k for the probe's steps of one (row, head) (runtime/rank_memo.c):
+ *   score_order  a [n] = 0 .. n-1 ordered by scores: kvq_rk_key descending, then index
+ *                (a stable LSD radix sort; v [2 n] scratch)
+ *   build        ranks the rows [0, nv) by rerank.c's score of lgb [nq, nv] (the summed
+ *                query's row gs when nq > gs, else the gs heads' sum in head order or,
+ *                max, their maximum); 0 when out of memory (the memo then holds none)
+ *   topk         of candidates rows [n] (ascending, in [lo, lo + nv)), the k of least
+ *                rank, ascending indices into sel [n]: kvq_rk_topk's set on their
+ *                scores; returns the count */
+typedef struct rt_rank_memo rt_rank_memo;
+void kvq_rt_score_order(const float *scores, int64_t n, uint64_t *v, int32_t *a);
+rt_rank_memo *kvq_rt_rank_memo_new(void);
+void kvq_rt_rank_memo_free(rt_rank_memo *R);
+int kvq_rt_rank_memo_build(rt_rank_memo *R, const float *lgb, int64_t nv, int32_t nq, int32_t gs,
+                           int max);
+int64_t kvq_rt_rank_memo_topk(rt_rank_memo *R, int64_t lo, const int32_t *rows, int64_t n,
+                              int64_t k, int32_t *sel);
+
 #endif /* KVQ_RUNTIME_MASS_H */

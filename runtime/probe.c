@@ -33,6 +33,7 @@ struct rt_probe {
     float *qb;          /* [gs + 1, d] */
     int64_t lcap;
     rt_sign_memo *sign; /* the residual stage's sign table of one (row, head) */
+    rt_rank_memo *rank; /* the rows by the rerank's score (one (row, head)) */
 };
 
 void kvq_rt_probe_free(struct rt_probe *p)
@@ -47,6 +48,7 @@ void kvq_rt_probe_free(struct rt_probe *p)
     free(p->lgb);
     free(p->qb);
     free(p->sign);
+    kvq_rt_rank_memo_free(p->rank);
     free(p);
 }
 
@@ -58,7 +60,7 @@ static kvq_status probe_keys(kvq_retrieval *r, int32_t layer, int64_t nvis, kvq_
         if (!(P = r->probe = calloc(1, sizeof *P)) ||
             !(P->k = calloc((size_t)r->n_kv, sizeof *P->k)) ||
             !(P->memo = kvq_rt_mass_memo_new()) ||
-            !(P->sign = calloc(1, sizeof *P->sign)) ||
+            !(P->sign = calloc(1, sizeof *P->sign)) || !(P->rank = kvq_rt_rank_memo_new()) ||
             !(P->qb = malloc(sizeof(float) * (size_t)(r->gs + 1) * (size_t)r->d)))
             return kvq_err_set(err, KVQ_E_NOMEM, "retrieval probe: out of memory");
         P->n_kv = r->n_kv;
@@ -292,6 +294,10 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
     rt_logit_memo M;               /* the steps' logits of the current head */
     rc.p.measure = 0;              /* measured here, against one exact attention */
     S->status = KVQ_OK;
+    int rerank = 0; /* a codebook setting reranks (rerank.c): its top k from one order */
+    for (int32_t c = 0; c < n_set; c++)
+        rerank |= set[c].selector == KVQ_SELECT_CODEBOOK && r->p.rerank > 1.0 &&
+                  r->p.positions != KVQ_POSITIONS_ROPE;
     for (int32_t h = 0; h < r->n_kv; h++) {
         const float *qh = q + (size_t)h * gs * d;
         const float *ktok = r->probe->k[h];
@@ -299,9 +305,13 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         M = (rt_logit_memo){.lo = lo, .nv = nvis - lo, .lgi = r->probe->lgi, .lgb = r->probe->lgb,
                             .sign = r->probe->sign};
         r->probe->sign->have = 0; /* a new row or head: built again on its first step */
-        if (!r->keys_rotated) /* under ROPE the steps read lgi only (the stored rows are
-                               * rotated keys, which q R_b must not meet) */
+        if (!r->keys_rotated) { /* under ROPE the steps read lgi only (the stored rows are
+                                 * rotated keys, which q R_b must not meet) */
             far_logits(r, &L->head[h], qh, lo, nvis, r->probe->qb, r->probe->lgb, &M);
+            if (rerank && kvq_rt_rank_memo_build(r->probe->rank, M.lgb, nvis - lo, M.nqb, gs,
+                                                 r->p.group == KVQ_GROUP_MAX))
+                M.rank = r->probe->rank; /* out of memory: kvq_rk_topk per step */
+        }
         S->lg_memo = &M; /* the steps' logits, gathered */
         S->ktok = ktok; /* the steps' keys from the same table */
         S->mass_memo = r->probe->memo; /* the mass steps' scores, exponentials */

@@ -22,6 +22,7 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/mass.h"
 
 int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc)
 {
@@ -97,18 +98,27 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
         return n;
     const int32_t d = r->d, gs = r->gs;
     float *q = S->rr, *lg = S->rr + (size_t)(gs + 1) * d; /* [gs + 1, d], [nq, n] */
-    const int32_t nq = exact_logits(st, rows, n, q, lg);
-    /* the group's score: the summed query's logit, or the sum (in head order) or the
-     * maximum of the heads' logits */
-    const int max = r->p.group == KVQ_GROUP_MAX;
-    float *scores = S->scores;
-    memcpy(scores, lg + (size_t)(nq > gs ? gs : 0) * n, sizeof(float) * (size_t)n);
-    for (int32_t g = 1; nq == gs && g < gs; g++) {
-        const float *l = lg + (size_t)g * n;
-        for (int64_t j = 0; j < n; j++)
-            scores[j] = max ? (l[j] > scores[j] ? l[j] : scores[j]) : scores[j] + l[j];
+    /* the probe's steps: the candidates of least rank by the same scores, their logits
+     * gathered from the probe's (the values exact_logits would gather; mass.h) */
+    const rt_logit_memo *M = S->lg_memo;
+    const int memo = M && M->rank && r->p.positions != KVQ_POSITIONS_ROPE;
+    int64_t m;
+    if (memo) {
+        m = kvq_rt_rank_memo_topk(M->rank, M->lo, rows, n, keep, S->sel);
+    } else {
+        const int32_t nq = exact_logits(st, rows, n, q, lg);
+        /* the group's score: the summed query's logit, or the sum (in head order) or the
+         * maximum of the heads' logits */
+        const int max = r->p.group == KVQ_GROUP_MAX;
+        float *scores = S->scores;
+        memcpy(scores, lg + (size_t)(nq > gs ? gs : 0) * n, sizeof(float) * (size_t)n);
+        for (int32_t g = 1; nq == gs && g < gs; g++) {
+            const float *l = lg + (size_t)g * n;
+            for (int64_t j = 0; j < n; j++)
+                scores[j] = max ? (l[j] > scores[j] ? l[j] : scores[j]) : scores[j] + l[j];
+        }
+        m = kvq_rk_topk(r->p.isa, scores, n, keep, S->sel, S->work);
     }
-    const int64_t m = kvq_rk_topk(r->p.isa, scores, n, keep, S->sel, S->work);
     /* S->sel ascending, S->sel[i] >= i: compacts rows in place, still ascending */
     for (int64_t i = 0; i < m; i++)
         rows[i] = rows[S->sel[i]];
@@ -118,7 +128,9 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     const int64_t off = st->s_end - st->lo, m_att = off + m + (st->nvis - st->w_beg);
     for (int32_t g = 0; g < gs; g++)
         for (int64_t i = 0; i < m; i++)
-            S->logits[(size_t)g * m_att + off + i] = lg[(size_t)g * n + S->sel[i]] * scale;
+            S->logits[(size_t)g * m_att + off + i] =
+                (memo ? M->lgb[(size_t)g * M->nv + rows[i] - M->lo] : lg[(size_t)g * n + S->sel[i]]) *
+                scale;
     S->rr_kept = m;
     return m;
 }

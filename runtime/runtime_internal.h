@@ -101,6 +101,8 @@ typedef struct rt_logit_memo {
     const float *lgi, *lgb;
     struct rt_sign_memo *sign; /* NULL, or the residual stage's sign table of the last
                                   query it was built for (rerank_resid.c) */
+    struct rt_rank_memo *rank; /* NULL, or the rows ranked by the rerank's score of lgb
+                                  (mass.h; its top k for the steps, rerank.c) */
 } rt_logit_memo;
 
 /* kvq_rk_sign_table of q [d], kept while the steps' summed query stays the same (the

@@ -147,6 +147,41 @@ static void test_mass_count_memo(void **state)
     free(back);
 }
 
+/* Rows whose logits all share the first digit (values in [1, 1.25)): every tau of every
+ * row walks the same first-digit bin, whose second-digit histogram the memo keeps across
+ * the taus of a row; the count still equals the plain one on every (row, tau), so the
+ * histogram is never one of another row's. */
+static void test_mass_memo_one_bin(void **state)
+{
+    (void)state;
+    rt_mass_memo *m = kvq_rt_mass_memo_new();
+    const int64_t n = 200;
+    uint32_t *keys = malloc(sizeof *keys * n), *keys2 = malloc(sizeof *keys2 * n);
+    double *w = malloc(sizeof *w * n), *w2 = malloc(sizeof *w2 * n);
+    float *sc = malloc(sizeof *sc * n);
+    kvq_rng r;
+    kvq_rng_seed(&r, 4242);
+    for (int row = 0; row < 8; row++) {
+        for (int64_t j = 0; j < n; j++)
+            sc[j] = 1.0f + 0.2499f * (float)kvq_rng_uniform(&r);
+        kvq_rt_mass_memo_next(m);
+        for (int t = 1; t < 20; t++) {
+            const double tau = 0.05 * t;
+            const int64_t want = kvq_rt_mass_count(sc, n, tau, keys2, w2);
+            const int64_t got = kvq_rt_mass_count_memo(m, sc, 0.0, sc, n, tau, keys, w);
+            if (got != want)
+                fail_msg("row %d tau %g: memo %lld, plain %lld", row, tau, (long long)got,
+                         (long long)want);
+        }
+    }
+    kvq_rt_mass_memo_free(m);
+    free(keys);
+    free(keys2);
+    free(w);
+    free(w2);
+    free(sc);
+}
+
 /* The memo's top k (one order of the candidates, nested selections) equals kvq_rk_topk
  * for every k, with ties and signed zeros; the order is made from the scores put for
  * the current (row, head) only. */
@@ -228,6 +263,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mass_count_reference),
         cmocka_unit_test(test_mass_count_memo),
+        cmocka_unit_test(test_mass_memo_one_bin),
         cmocka_unit_test(test_mass_memo_topk),
         cmocka_unit_test(test_rank_select),
     };
