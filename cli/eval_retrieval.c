@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/eval_replay.h"
 #include "cli/eval_tasks.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/perplexity.h"
@@ -189,6 +190,109 @@ static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_callbacks
     return 0;
 }
 
+static void stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b)
+{
+    a->steps += b->steps;
+    a->visible += b->visible;
+    a->attended += b->attended;
+    a->bytes_read += b->bytes_read;
+    a->bytes_full += b->bytes_full;
+    a->bytes_codebook += b->bytes_codebook;
+    a->measured += b->measured;
+    a->recall_topk += b->recall_topk;
+    a->recall_mass += b->recall_mass;
+    a->out_rel_err += b->out_rel_err;
+}
+
+/* Sequence q's last predictions under row i: a fresh context with the recorded
+ * prefill of the first m tokens appended (rp), tokens [m, pre) run (pre < 2 only), then
+ * one-token steps from pre on, as kvq_perplexity_seq_last does. */
+static kvq_status row_last(evr *x, size_t i, kvq_retrieval_params p, const eval_replay *rp,
+                           const int32_t *ids, int64_t n, int64_t pre, kvq_nll_sum *acc,
+                           kvq_err *e)
+{
+    p.selector = x->rows[i].selector;
+    p.budget = x->rows[i].budget;
+    kvq_retrieval *r = NULL;
+    kvq_status s = kvq_retrieval_create(x->c, x->rt, &p, &r, e);
+    if (s)
+        return s;
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    kvq_forward_set_attention(x->f, &b);
+    s = eval_replay_apply(rp, x->f, r, e);
+    if (!s && rp->m < pre)
+        s = kvq_forward_tokens(x->f, ids + rp->m, pre - rp->m, KVQ_LOGITS_NONE, x->logits, e);
+    for (int64_t t = pre; !s && t + 1 < n; t++) {
+        if ((s = kvq_forward_tokens(x->f, ids + t, 1, KVQ_LOGITS_LAST, x->logits, e)))
+            break;
+        acc->nll += kvq_token_nll(x->logits, x->c->vocab_size, ids[t + 1]);
+        acc->n_pred++;
+    }
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    stats_add(&x->res[i].st, &st);
+    kvq_forward_set_attention(x->f, NULL);
+    kvq_retrieval_free(r);
+    return s;
+}
+
+/* --score last:N, every row: per sequence one exact prefill of the tokens before the
+ * last N predictions, recorded and replayed into each row's fresh context
+ * (eval_replay.h), then the row's N one-token steps: the figures of a prefill per row
+ * (kvq_perplexity_seq_last) at one prefill per sequence. */
+static int evr_rows_last(evr *x, const cli_retrieval *o, const kvq_callbacks *cb)
+{
+    kvq_err e = {0};
+    kvq_nll_sum *acc = calloc(x->n_rows, sizeof *acc);
+    double *secs = calloc(x->n_rows, sizeof *secs);
+    eval_replay rp = {0};
+    int64_t cap = 1;
+    for (size_t q = 0; q < x->sl.n; q++)
+        if (x->sl.off[q + 1] - x->sl.off[q] > cap)
+            cap = x->sl.off[q + 1] - x->sl.off[q];
+    kvq_status s = acc && secs ? eval_replay_init(&rp, x->c, cap, &e)
+                               : kvq_err_set(&e, KVQ_E_NOMEM, "eval: out of memory");
+    kvq_retrieval_params p = o->p;
+    p.max_tokens = x->longest;
+    p.cb = *cb;
+    p.prefill_full = 1;
+    for (size_t q = 0; q < x->sl.n && !s; q++) {
+        const int32_t *ids = x->sl.ids + x->sl.off[q];
+        const int64_t n = x->sl.off[q + 1] - x->sl.off[q];
+        const int64_t pre = n - x->last - 1 > 0 ? n - x->last - 1 : 0;
+        /* kvq_perplexity_seq_last's calls: none of one token (exact) from 2 tokens on */
+        const int64_t cut = pre > 2 && pre % x->chunk == 1 ? pre - 2 : pre;
+        const double q0 = kvq_now();
+        p.selector = x->rows[0].selector;
+        p.budget = x->rows[0].budget;
+        p.measure = 0;
+        if (pre >= 2)
+            s = eval_replay_record(&rp, x->f, x->c, x->rt, &p, ids, pre, cut, NULL, &e);
+        else
+            rp.m = 0, rp.n_chunks = 0;
+        p.measure = 1;
+        const double prefill_s = kvq_now() - q0;
+        for (size_t i = 0; i < x->n_rows && !s; i++) {
+            const double r0 = kvq_now();
+            s = row_last(x, i, p, &rp, ids, n, pre, &acc[i], &e);
+            secs[i] += kvq_now() - r0;
+        }
+        if (!s)
+            kvq_log(cb, KVQ_LOG_INFO, "sequence %zu/%zu: one exact prefill (%.2f s), %zu rows "
+                    "(%.2f s)", q + 1, x->sl.n, prefill_s, x->n_rows, kvq_now() - q0);
+    }
+    for (size_t i = 0; i < x->n_rows && !s; i++) {
+        x->res[i].nll = acc[i].nll / (double)x->n_pred;
+        x->res[i].ppl = exp(x->res[i].nll);
+        kvq_log(cb, KVQ_LOG_INFO, "%s, budget %s: perplexity %.4f (%.2f s, and the prefills)",
+                x->rows[i].name, x->rows[i].budget_str, x->res[i].ppl, secs[i]);
+    }
+    eval_replay_free(&rp);
+    free(acc);
+    free(secs);
+    return s ? cli_fail(&e) : 0;
+}
+
 /* Every row's task answers: exact prompt (prefilled once for all rows), retrieval
  * while decoding (tasks_answer_rows). */
 static int evr_tasks(evr *x, const cli_retrieval *o, const kvq_tokenizer *tok,
@@ -344,7 +448,9 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     int rc = evr_prepare(&x, o, m, model_path, corpus, tok, seq_len, max_tokens, threads, cb);
     if (!rc)
         rc = evr_reference(&x, tok, spec, cb);
-    for (size_t i = 0; i < x.n_rows && !rc; i++)
+    if (!rc && x.last)
+        rc = evr_rows_last(&x, o, cb);
+    for (size_t i = 0; i < x.n_rows && !rc && !x.last; i++)
         rc = evr_row(&x, i, o, cb);
     if (!rc && x.tl.n)
         rc = evr_tasks(&x, o, tok, cb);

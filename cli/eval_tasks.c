@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/eval_replay.h"
 #include "cli/eval_tasks.h"
 
 void tasks_free(task_list *tl)
@@ -105,60 +106,6 @@ kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_lis
 
 /* ---- one exact prefill for every row ---------------------------------------------- */
 
-/* Every layer's pre-RoPE keys and values of the first m tokens, as the forward pass
- * hands them to its attention (an observer). */
-typedef struct kv_rec {
-    int32_t n_layers;
-    size_t kvd;    /* n_kv_heads x head_dim */
-    int64_t m;     /* tokens to keep per layer */
-    int64_t *n;    /* [n_layers] recorded */
-    float **k, **v;
-    int64_t *pos;  /* [m]: 0 .. m-1 */
-} kv_rec;
-
-static kvq_status kv_record(void *user, const kvq_attn_call *c, kvq_err *err)
-{
-    kv_rec *kr = user;
-    const int32_t l = c->layer;
-    if (l < 0 || l >= kr->n_layers || kr->n[l] + c->n > kr->m || c->pos[0] != kr->n[l])
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "eval: unexpected prefill chunk");
-    memcpy(kr->k[l] + (size_t)kr->n[l] * kr->kvd, c->k, sizeof(float) * (size_t)c->n * kr->kvd);
-    memcpy(kr->v[l] + (size_t)kr->n[l] * kr->kvd, c->v, sizeof(float) * (size_t)c->n * kr->kvd);
-    kr->n[l] += c->n;
-    return KVQ_OK;
-}
-
-static void kv_rec_free(kv_rec *kr)
-{
-    for (int32_t l = 0; kr->k && l < kr->n_layers; l++) {
-        free(kr->k[l]);
-        free(kr->v[l]);
-    }
-    free(kr->k);
-    free(kr->v);
-    free(kr->n);
-    free(kr->pos);
-}
-
-static kvq_status kv_rec_init(kv_rec *kr, const kvq_model_config *c, int64_t cap, kvq_err *err)
-{
-    kr->n_layers = c->n_layers;
-    kr->kvd = (size_t)c->n_kv_heads * c->head_dim;
-    kr->n = calloc((size_t)c->n_layers, sizeof *kr->n);
-    kr->k = calloc((size_t)c->n_layers, sizeof *kr->k);
-    kr->v = calloc((size_t)c->n_layers, sizeof *kr->v);
-    kr->pos = malloc(sizeof *kr->pos * (size_t)(cap ? cap : 1));
-    int ok = kr->n && kr->k && kr->v && kr->pos;
-    for (int32_t l = 0; ok && l < c->n_layers; l++) {
-        kr->k[l] = malloc(sizeof(float) * (size_t)(cap ? cap : 1) * kr->kvd);
-        kr->v[l] = malloc(sizeof(float) * (size_t)(cap ? cap : 1) * kr->kvd);
-        ok = kr->k[l] && kr->v[l];
-    }
-    for (int64_t j = 0; ok && j < cap; j++)
-        kr->pos[j] = j;
-    return ok ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory for task prompts");
-}
-
 /* Tokens of t's prompt prefilled exactly by a prefill of the whole prompt in chunks of
  * `chunk`: all of them unless the last chunk holds one token (a decode step). */
 static int64_t exact_prefix(const task *t, int32_t chunk)
@@ -169,39 +116,12 @@ static int64_t exact_prefix(const task *t, int32_t chunk)
     return (n - 1) % chunk == 0 ? n - 1 : n;
 }
 
-/* The exact prefill of t's first m tokens, recorded in kr; logits of token m-1. */
-static kvq_status prefill_record(kvq_forward *f, const kvq_model_config *c,
-                                 const kvq_codebook_set *rt, const kvq_retrieval_params *p,
-                                 const task *t, int64_t m, kv_rec *kr, float *logits,
-                                 kvq_err *err)
-{
-    kvq_retrieval *r = NULL;
-    kvq_status s = kvq_retrieval_create(c, rt, p, &r, err);
-    if (s)
-        return s;
-    const kvq_attn_backend b = kvq_retrieval_backend(r);
-    kvq_forward_set_attention(f, &b);
-    memset(kr->n, 0, sizeof *kr->n * (size_t)kr->n_layers);
-    kr->m = m;
-    kvq_forward_set_observer(f, kv_record, kr);
-    s = kvq_forward_tokens(f, t->ids, m, KVQ_LOGITS_LAST, logits, err);
-    kvq_forward_set_observer(f, NULL, NULL);
-    kvq_forward_set_attention(f, NULL);
-    kvq_retrieval_free(r);
-    for (int32_t l = 0; !s && l < kr->n_layers; l++)
-        if (kr->n[l] != m)
-            s = kvq_err_set(err, KVQ_E_INVALID_ARG, "eval: layer %d recorded %lld of %lld tokens",
-                            (int)l, (long long)kr->n[l], (long long)m);
-    return s;
-}
-
-/* One row's answer to t: the recorded prefix appended in the forward's chunks, the
- * rest of the prompt and the answer through the forward. */
+/* One row's answer to t: the recorded prefix appended, the rest of the prompt and the
+ * answer through the forward. */
 static kvq_status row_answer(kvq_forward *f, const kvq_tokenizer *tok, const kvq_model_config *c,
                              const kvq_codebook_set *rt, const kvq_retrieval_params *p,
-                             const task *t, const kv_rec *kr, int32_t chunk,
-                             const float *prefix_logits, float *logits, int32_t *ids, int *ok,
-                             kvq_err *err)
+                             const task *t, const eval_replay *kr, const float *prefix_logits,
+                             float *logits, int32_t *ids, int *ok, kvq_err *err)
 {
     kvq_retrieval *r = NULL;
     kvq_status s = kvq_retrieval_create(c, rt, p, &r, err);
@@ -210,14 +130,7 @@ static kvq_status row_answer(kvq_forward *f, const kvq_tokenizer *tok, const kvq
     const kvq_attn_backend b = kvq_retrieval_backend(r);
     kvq_forward_set_attention(f, &b);
     const int64_t m = kr->m, n = (int64_t)t->n;
-    for (int32_t l = 0; !s && l < kr->n_layers; l++)
-        for (int64_t j = 0; !s && j < m; j += chunk) {
-            const int32_t cn = (int32_t)(m - j < chunk ? m - j : chunk);
-            s = kvq_retrieval_append(r, l, cn, kr->pos + j, kr->k[l] + (size_t)j * kr->kvd,
-                                     kr->v[l] + (size_t)j * kr->kvd, err);
-        }
-    if (!s)
-        s = kvq_forward_resume(f, m, err);
+    s = eval_replay_apply(kr, f, r, err);
     memcpy(ids, t->ids, sizeof(int32_t) * t->n);
     if (!s && m < n)
         s = kvq_forward_tokens(f, ids + m, n - m, KVQ_LOGITS_LAST, logits, err);
@@ -244,9 +157,9 @@ kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const tas
     for (size_t i = 0; i < tl->n; i++)
         if ((int64_t)tl->t[i].n > cap)
             cap = (int64_t)tl->t[i].n;
-    kv_rec kr = {0};
+    eval_replay kr = {0};
     float *prefix_logits = malloc(sizeof(float) * (size_t)c->vocab_size);
-    kvq_status s = prefix_logits ? kv_rec_init(&kr, c, cap, err)
+    kvq_status s = prefix_logits ? eval_replay_init(&kr, c, cap, err)
                                  : kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
     kvq_retrieval_params q = *p;
     q.prefill_full = 1;
@@ -258,22 +171,21 @@ kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const tas
         q.selector = rows[0].selector;
         q.budget = rows[0].budget;
         if (m > 0)
-            s = prefill_record(f, c, rt, &q, t, m, &kr, prefix_logits, err);
+            s = eval_replay_record(&kr, f, c, rt, &q, t->ids, m, m, prefix_logits, err);
         else
-            kr.m = 0;
+            kr.m = kr.n_chunks = 0;
         for (size_t j = 0; j < n_rows && !s; j++) {
             int ok = 0;
             q.selector = rows[j].selector;
             q.budget = rows[j].budget;
-            s = row_answer(f, tok, c, rt, &q, t, &kr, chunk, prefix_logits, logits, ids, &ok,
-                           err);
+            s = row_answer(f, tok, c, rt, &q, t, &kr, prefix_logits, logits, ids, &ok, err);
             correct[j][t->kind] += ok;
         }
         if (!s)
             kvq_log(cb, KVQ_LOG_INFO, "task %zu/%zu: %zu tokens, one exact prefill, %zu rows "
                     "(%.2f s)", i + 1, tl->n, t->n, n_rows, kvq_now() - t0);
     }
-    kv_rec_free(&kr);
+    eval_replay_free(&kr);
     free(prefix_logits);
     return s;
 }
