@@ -85,6 +85,8 @@ typedef struct evr {
     double ref_nll;          /* full attention: mean NLL over n_pred tokens */
     uint64_t n_pred;
     int ref_correct[3];
+    char *answers;           /* [1 + n_rows][n tasks + 1]: the reference's, then each row's
+                                task answers ('1' correct, '0' not), NUL-terminated */
 } evr;
 
 static void evr_free(evr *x)
@@ -97,6 +99,7 @@ static void evr_free(evr *x)
     free(x->res);
     free(x->logits);
     free(x->ids);
+    free(x->answers);
 }
 
 /* The artifact and rows, the sequences and task documents, the forward pass. */
@@ -130,7 +133,8 @@ static int evr_prepare(evr *x, cli_retrieval *o, const kvq_model *m, const char 
     x->res = calloc(x->n_rows, sizeof *x->res);
     x->logits = malloc(sizeof(float) * (size_t)fp.chunk * x->c->vocab_size);
     x->ids = malloc(sizeof(int32_t) * (size_t)x->longest);
-    if (!x->res || !x->logits || !x->ids)
+    x->answers = calloc((x->n_rows + 1) * (x->tl.n + 1), 1);
+    if (!x->res || !x->logits || !x->ids || !x->answers)
         return cli_failf(1, "%s: out of memory", model_path);
     if (kvq_forward_create(m, &fp, &x->f, &e) != KVQ_OK)
         return cli_fail(&e);
@@ -145,7 +149,8 @@ static int evr_reference(evr *x, const kvq_tokenizer *tok, const char *spec,
     double t0 = kvq_now();
     if (perplexity(x->f, &x->sl, x->last, 0, x->chunk, x->c->vocab_size, x->logits, &x->ref_nll,
                    &x->n_pred, &e) ||
-        tasks_answer(x->f, tok, &x->tl, x->c->vocab_size, x->logits, x->ids, x->ref_correct, &e))
+        tasks_answer(x->f, tok, &x->tl, x->c->vocab_size, x->logits, x->ids, x->ref_correct,
+                     x->answers, &e))
         return cli_fail(&e);
     if (x->n_pred == 0)
         return cli_failf(1, "%s: no token to predict (sequences too short)", spec);
@@ -307,7 +312,8 @@ static int evr_tasks(evr *x, const cli_retrieval *o, const kvq_tokenizer *tok,
     p.cb = *cb;
     const double t0 = kvq_now();
     kvq_status s = tasks_answer_rows(x->f, tok, &x->tl, x->c, x->rt, &p, x->rows, x->n_rows,
-                                     x->chunk, x->logits, x->ids, correct, cb, &e);
+                                     x->chunk, x->logits, x->ids, correct,
+                                     x->answers + x->tl.n + 1, cb, &e);
     for (size_t i = 0; i < x->n_rows && !s; i++)
         memcpy(x->res[i].correct, correct[i], sizeof correct[i]);
     free(correct);
@@ -357,13 +363,14 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
            "\"sequences\": %zu, "
            "\"tokens\": %llu, \"predicted\": %llu, \"reference\": {\"nll\": %.6f, "
-           "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}, \"rows\": [",
+           "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d], "
+           "\"answers\": \"%s\"}, \"rows\": [",
            pos, (int)o->p.sink, (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max",
            o->p.tau, (long long)seq_len, g->scored, x->sl.n, (unsigned long long)x->stats.n_tokens,
            (unsigned long long)x->n_pred, x->ref_nll, exp(x->ref_nll),
            x->ref_correct[KVQ_TASK_PASSKEY],
            x->n_task[KVQ_TASK_PASSKEY], x->ref_correct[KVQ_TASK_KV_RECALL],
-           x->n_task[KVQ_TASK_KV_RECALL]);
+           x->n_task[KVQ_TASK_KV_RECALL], x->answers);
     for (size_t i = 0; i < x->n_rows; i++) {
         const kvq_retrieval_stats *st = &x->res[i].st;
         printf(
@@ -382,9 +389,10 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         else
             printf("\"recall_topk\": null, \"recall_mass\": null, \"out_rel_err\": null, "
                    "\"kv_read_fraction\": null, \"attended_fraction\": null, ");
-        printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}",
+        printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d], \"answers\": \"%s\"}",
                x->res[i].correct[KVQ_TASK_PASSKEY], x->n_task[KVQ_TASK_PASSKEY],
-               x->res[i].correct[KVQ_TASK_KV_RECALL], x->n_task[KVQ_TASK_KV_RECALL]);
+               x->res[i].correct[KVQ_TASK_KV_RECALL], x->n_task[KVQ_TASK_KV_RECALL],
+               x->answers + (i + 1) * (x->tl.n + 1));
     }
     printf("]}\n");
 }

@@ -87,7 +87,8 @@ static kvq_status decode_answer(kvq_forward *f, const kvq_tokenizer *tok, const 
 }
 
 kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
-                        int32_t vocab, float *logits, int32_t *ids, int correct[3], kvq_err *err)
+                        int32_t vocab, float *logits, int32_t *ids, int correct[3], char *answers,
+                        kvq_err *err)
 {
     memset(correct, 0, sizeof(int) * 3);
     for (size_t i = 0; i < tl->n; i++) {
@@ -100,7 +101,9 @@ kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_lis
             (s = decode_answer(f, tok, t, vocab, logits, ids, &ok, err)))
             return s;
         correct[t->kind] += ok;
+        answers[i] = ok ? '1' : '0';
     }
+    answers[tl->n] = 0;
     return KVQ_OK;
 }
 
@@ -147,7 +150,7 @@ kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const tas
                              const kvq_model_config *c, const kvq_codebook_set *rt,
                              const kvq_retrieval_params *p, const cli_row *rows, size_t n_rows,
                              int32_t chunk, float *logits, int32_t *ids, int (*correct)[3],
-                             const kvq_callbacks *cb, kvq_err *err)
+                             char *answers, const kvq_callbacks *cb, kvq_err *err)
 {
     for (size_t i = 0; i < n_rows; i++)
         memset(correct[i], 0, sizeof(int) * 3);
@@ -180,6 +183,8 @@ kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const tas
             q.budget = rows[j].budget;
             s = row_answer(f, tok, c, rt, &q, t, &kr, prefix_logits, logits, ids, &ok, err);
             correct[j][t->kind] += ok;
+            answers[j * (tl->n + 1) + i] = ok ? '1' : '0';
+            answers[j * (tl->n + 1) + tl->n] = 0;
         }
         if (!s)
             kvq_log(cb, KVQ_LOG_INFO, "task %zu/%zu: %zu tokens, one exact prefill, %zu rows "

@@ -26,9 +26,10 @@ kvq_status tasks_read(const kvq_corpus *corpus, const kvq_tokenizer *tok, task_l
                       kvq_err *err);
 
 /* Correct answers per task kind [3] (indexed by kvq_corpus_task) with f's current
- * attention: each prompt run through f, the answer decoded greedily. ids: [longest]. */
+ * attention: each prompt run through f, the answer decoded greedily. ids: [longest];
+ * answers [tl->n + 1]: '1' (correct) or '0' per task in corpus order, then NUL. */
 kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
-                        int32_t vocab, float *logits, int32_t *ids, int correct[3],
+                        int32_t vocab, float *logits, int32_t *ids, int correct[3], char *answers,
                         kvq_err *err);
 
 /* Every row's correct answers (correct[row][kind]) with an exact prompt and retrieval
@@ -41,12 +42,12 @@ kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_lis
  * row decodes exactly what a prefill of its own would give; a last prompt chunk of one
  * token (decoded with retrieval by a prefill of its own) is run per row. p: the rows'
  * shared parameters (selector and budget set per row); chunk: f's prefill chunk;
- * cb: a log line per task. Memory: the recorded keys and values, 8 x layers x prompt
+ * answers [n_rows][tl->n + 1]: each row's string of tasks_answer; cb: a log line per task. Memory: the recorded keys and values, 8 x layers x prompt
  * x KV heads x head dim bytes (190 MB for SmolLM2 at 4K). */
 kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
                              const kvq_model_config *c, const kvq_codebook_set *rt,
                              const kvq_retrieval_params *p, const cli_row *rows, size_t n_rows,
                              int32_t chunk, float *logits, int32_t *ids, int (*correct)[3],
-                             const kvq_callbacks *cb, kvq_err *err);
+                             char *answers, const kvq_callbacks *cb, kvq_err *err);
 
 #endif
