@@ -69,7 +69,8 @@ static void eval_usage(FILE *f)
             "exact attention mass on the attended tokens, relative error of the attention\n"
             "output, the fraction of the KV cache read per step, and the passkey and\n"
             "kv-recall accuracy of the corpus's task documents (prompt attended exactly,\n"
-            "answer decoded greedily with retrieval).\n"
+            "answer decoded greedily with retrieval). An exact prefill (--score last:N,\n"
+            "the task prompts) runs once and is replayed into every row.\n"
             "\n"
             "examples: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n"
             "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n");

@@ -11,7 +11,8 @@
  *   kv_read      bytes read per step (selector metadata + attended K, V) over the bytes
  *                of full attention, in the cache's storage
  *   passkey / kv-recall   answers decoded greedily with retrieval after an exact
- *                prompt, correct when the continuation starts with the answer
+ *                prompt, correct when the continuation starts with the answer; the
+ *                prompt is prefilled once for every row (cli/eval_tasks.c)
  * A retrieval step is one (query position, layer, KV head) with at least one candidate
  * (more tokens than sinks + window). */
 #include <math.h>
@@ -20,72 +21,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/eval_replay.h"
+#include "cli/eval_tasks.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/perplexity.h"
-
-/* ---- the corpus's task documents ------------------------------------------------- */
-
-typedef struct task {
-    kvq_corpus_task kind;
-    int32_t *ids; /* prompt, BOS first */
-    size_t n;
-    char *answer;
-    int32_t n_gen; /* tokens to generate */
-} task;
-
-typedef struct task_list {
-    task *t;
-    size_t n;
-    int64_t longest; /* prompt + generated */
-} task_list;
-
-static void tasks_free(task_list *tl)
-{
-    for (size_t i = 0; i < tl->n; i++) {
-        free(tl->t[i].ids);
-        free(tl->t[i].answer);
-    }
-    free(tl->t);
-}
-
-/* The corpus's task documents (passkey, kv-recall) as prompts and answers. */
-static kvq_status read_tasks(const kvq_corpus *corpus, const kvq_tokenizer *tok, task_list *tl,
-                             kvq_err *err)
-{
-    kvq_corpus_iter *it = NULL;
-    const kvq_corpus_doc *doc;
-    kvq_status s = kvq_corpus_iter_new(corpus, &it, err);
-    while (!s && !(s = kvq_corpus_iter_next(it, &doc, err)) && doc) {
-        if (doc->task == KVQ_TASK_NONE || !doc->text)
-            continue;
-        task t = {.kind = doc->task};
-        int32_t *ans = NULL;
-        size_t n_ans = 0;
-        if ((s = kvq_tokenizer_encode(tok, doc->text, doc->len, KVQ_ENCODE_MODEL_BOS, &t.ids,
-                                      &t.n, err)) ||
-            (s = kvq_tokenizer_encode(tok, doc->answer, strlen(doc->answer), 0, &ans, &n_ans,
-                                      err))) {
-            free(t.ids);
-            break;
-        }
-        free(ans);
-        t.n_gen = (int32_t)n_ans + 2;
-        t.answer = strdup(doc->answer);
-        task *nt = realloc(tl->t, sizeof *nt * (tl->n + 1));
-        if (!t.answer || !nt) {
-            free(t.ids);
-            free(t.answer);
-            s = kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
-            break;
-        }
-        tl->t = nt;
-        tl->t[tl->n++] = t;
-        if ((int64_t)t.n + t.n_gen > tl->longest)
-            tl->longest = (int64_t)t.n + t.n_gen;
-    }
-    kvq_corpus_iter_free(it);
-    return s;
-}
 
 /* ---- measurements ---------------------------------------------------------------- */
 
@@ -114,45 +53,6 @@ static kvq_status perplexity(kvq_forward *f, const kvq_seq_set *l, int64_t last,
     *nll = sum.nll;
     *n_pred = sum.n_pred;
     return s;
-}
-
-/* Correct answers per task kind [3] (indexed by kvq_corpus_task). */
-static kvq_status answer_tasks(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
-                               int32_t vocab, float *logits, int32_t *ids, int correct[3],
-                               kvq_err *err)
-{
-    memset(correct, 0, sizeof(int) * 3);
-    for (size_t i = 0; i < tl->n; i++) {
-        const task *t = &tl->t[i];
-        kvq_status s;
-        kvq_forward_reset(f);
-        memcpy(ids, t->ids, sizeof(int32_t) * t->n);
-        if ((s = kvq_forward_tokens(f, ids, (int64_t)t->n, KVQ_LOGITS_LAST, logits, err)))
-            return s;
-        size_t n = t->n;
-        for (int32_t g = 0; g < t->n_gen; g++) {
-            int32_t next = kvq_sample_token(logits, vocab, 0, 1, NULL, NULL, NULL);
-            ids[n++] = next;
-            if (g + 1 < t->n_gen &&
-                (s = kvq_forward_tokens(f, &next, 1, KVQ_LOGITS_LAST, logits, err)))
-                return s;
-        }
-        /* the continuation is the text past the decoded prompt */
-        char *full = NULL, *prompt = NULL;
-        size_t lf = 0, lp = 0;
-        if ((s = kvq_tokenizer_decode(tok, ids, n, 0, &full, &lf, err)) ||
-            (s = kvq_tokenizer_decode(tok, ids, t->n, 0, &prompt, &lp, err))) {
-            free(full);
-            return s;
-        }
-        const char *cont = full + (lp <= lf ? lp : lf);
-        while (*cont == ' ' || *cont == '\n')
-            cont++;
-        correct[t->kind] += !strncmp(cont, t->answer, strlen(t->answer));
-        free(full);
-        free(prompt);
-    }
-    return KVQ_OK;
 }
 
 /* ---- the command ------------------------------------------------------------------ */
@@ -185,6 +85,8 @@ typedef struct evr {
     double ref_nll;          /* full attention: mean NLL over n_pred tokens */
     uint64_t n_pred;
     int ref_correct[3];
+    char *answers;           /* [1 + n_rows][n tasks + 1]: the reference's, then each row's
+                                task answers ('1' correct, '0' not), NUL-terminated */
 } evr;
 
 static void evr_free(evr *x)
@@ -197,6 +99,7 @@ static void evr_free(evr *x)
     free(x->res);
     free(x->logits);
     free(x->ids);
+    free(x->answers);
 }
 
 /* The artifact and rows, the sequences and task documents, the forward pass. */
@@ -216,7 +119,7 @@ static int evr_prepare(evr *x, cli_retrieval *o, const kvq_model *m, const char 
     sp.seq_len = (uint32_t)seq_len;
     sp.max_tokens = (uint64_t)max_tokens;
     if (kvq_seq_set_collect(corpus, tok, &sp, cb, &x->sl, &x->stats, &e) ||
-        read_tasks(corpus, tok, &x->tl, &e))
+        tasks_read(corpus, tok, &x->tl, &e))
         return cli_fail(&e);
     for (size_t i = 0; i < x->tl.n; i++)
         x->n_task[x->tl.t[i].kind]++;
@@ -230,7 +133,8 @@ static int evr_prepare(evr *x, cli_retrieval *o, const kvq_model *m, const char 
     x->res = calloc(x->n_rows, sizeof *x->res);
     x->logits = malloc(sizeof(float) * (size_t)fp.chunk * x->c->vocab_size);
     x->ids = malloc(sizeof(int32_t) * (size_t)x->longest);
-    if (!x->res || !x->logits || !x->ids)
+    x->answers = calloc((x->n_rows + 1) * (x->tl.n + 1), 1);
+    if (!x->res || !x->logits || !x->ids || !x->answers)
         return cli_failf(1, "%s: out of memory", model_path);
     if (kvq_forward_create(m, &fp, &x->f, &e) != KVQ_OK)
         return cli_fail(&e);
@@ -245,7 +149,8 @@ static int evr_reference(evr *x, const kvq_tokenizer *tok, const char *spec,
     double t0 = kvq_now();
     if (perplexity(x->f, &x->sl, x->last, 0, x->chunk, x->c->vocab_size, x->logits, &x->ref_nll,
                    &x->n_pred, &e) ||
-        answer_tasks(x->f, tok, &x->tl, x->c->vocab_size, x->logits, x->ids, x->ref_correct, &e))
+        tasks_answer(x->f, tok, &x->tl, x->c->vocab_size, x->logits, x->ids, x->ref_correct,
+                     x->answers, &e))
         return cli_fail(&e);
     if (x->n_pred == 0)
         return cli_failf(1, "%s: no token to predict (sequences too short)", spec);
@@ -255,10 +160,9 @@ static int evr_reference(evr *x, const kvq_tokenizer *tok, const char *spec,
     return 0;
 }
 
-/* Row i: perplexity with retrieval at every position (with the measurements), then
- * the tasks with an exact prompt and retrieval while decoding. */
-static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_tokenizer *tok,
-                   const kvq_callbacks *cb)
+/* Row i: perplexity with retrieval at every position (with the measurements); with
+ * --score last:N an exact prefill and retrieval at the last N. */
+static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_callbacks *cb)
 {
     const kvq_model_config *c = x->c;
     row_result *res = &x->res[i];
@@ -269,36 +173,154 @@ static int evr_row(evr *x, size_t i, const cli_retrieval *o, const kvq_tokenizer
     p.budget = x->rows[i].budget;
     p.max_tokens = x->longest;
     p.cb = *cb;
+    p.prefill_full = x->last > 0;
+    p.measure = 1;
     double t0 = kvq_now();
-    for (int pass = 0; pass < 2; pass++) {
-        /* pass 0: perplexity, retrieval at every position (--score last:N: exact
-         * prefill, retrieval at the last N), with measurements;
-         * pass 1: the tasks, exact prompt then retrieval */
-        p.prefill_full = pass || x->last;
-        p.measure = !pass;
-        if (pass == 1 && x->tl.n == 0)
-            break;
-        if (kvq_retrieval_create(c, x->rt, &p, &r, &e) != KVQ_OK)
-            return cli_fail(&e);
-        const kvq_attn_backend b = kvq_retrieval_backend(r);
-        kvq_forward_set_attention(x->f, &b);
-        uint64_t np;
-        kvq_status s = pass ? answer_tasks(x->f, tok, &x->tl, c->vocab_size, x->logits, x->ids,
-                                           res->correct, &e)
-                            : perplexity(x->f, &x->sl, x->last, x->last > 0, x->chunk,
-                                         c->vocab_size, x->logits, &res->nll, &np, &e);
-        if (!pass)
-            kvq_retrieval_stats_get(r, &res->st);
-        kvq_forward_set_attention(x->f, NULL);
-        kvq_retrieval_free(r);
-        r = NULL;
-        if (s)
-            return cli_fail(&e);
-    }
+    if (kvq_retrieval_create(c, x->rt, &p, &r, &e) != KVQ_OK)
+        return cli_fail(&e);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    kvq_forward_set_attention(x->f, &b);
+    uint64_t np;
+    kvq_status s = perplexity(x->f, &x->sl, x->last, x->last > 0, x->chunk, c->vocab_size,
+                              x->logits, &res->nll, &np, &e);
+    kvq_retrieval_stats_get(r, &res->st);
+    kvq_forward_set_attention(x->f, NULL);
+    kvq_retrieval_free(r);
+    if (s)
+        return cli_fail(&e);
     res->nll /= (double)x->n_pred;
     res->ppl = exp(res->nll);
     kvq_log(cb, KVQ_LOG_INFO, "%s, budget %s: perplexity %.4f (%.2f s)", x->rows[i].name,
             x->rows[i].budget_str, res->ppl, kvq_now() - t0);
+    return 0;
+}
+
+static void stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b)
+{
+    a->steps += b->steps;
+    a->visible += b->visible;
+    a->attended += b->attended;
+    a->bytes_read += b->bytes_read;
+    a->bytes_full += b->bytes_full;
+    a->bytes_codebook += b->bytes_codebook;
+    a->measured += b->measured;
+    a->recall_topk += b->recall_topk;
+    a->recall_mass += b->recall_mass;
+    a->out_rel_err += b->out_rel_err;
+}
+
+/* Sequence q's last predictions under row i: a fresh context with the recorded
+ * prefill of the first m tokens appended (rp), tokens [m, pre) run (pre < 2 only), then
+ * one-token steps from pre on, as kvq_perplexity_seq_last does. */
+static kvq_status row_last(evr *x, size_t i, kvq_retrieval_params p, const eval_replay *rp,
+                           const int32_t *ids, int64_t n, int64_t pre, kvq_nll_sum *acc,
+                           kvq_err *e)
+{
+    p.selector = x->rows[i].selector;
+    p.budget = x->rows[i].budget;
+    kvq_retrieval *r = NULL;
+    kvq_status s = kvq_retrieval_create(x->c, x->rt, &p, &r, e);
+    if (s)
+        return s;
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    kvq_forward_set_attention(x->f, &b);
+    s = eval_replay_apply(rp, x->f, r, e);
+    if (!s && rp->m < pre)
+        s = kvq_forward_tokens(x->f, ids + rp->m, pre - rp->m, KVQ_LOGITS_NONE, x->logits, e);
+    for (int64_t t = pre; !s && t + 1 < n; t++) {
+        if ((s = kvq_forward_tokens(x->f, ids + t, 1, KVQ_LOGITS_LAST, x->logits, e)))
+            break;
+        acc->nll += kvq_token_nll(x->logits, x->c->vocab_size, ids[t + 1]);
+        acc->n_pred++;
+    }
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    stats_add(&x->res[i].st, &st);
+    kvq_forward_set_attention(x->f, NULL);
+    kvq_retrieval_free(r);
+    return s;
+}
+
+/* --score last:N, every row: per sequence one exact prefill of the tokens before the
+ * last N predictions, recorded and replayed into each row's fresh context
+ * (eval_replay.h), then the row's N one-token steps: the figures of a prefill per row
+ * (kvq_perplexity_seq_last) at one prefill per sequence. */
+static int evr_rows_last(evr *x, const cli_retrieval *o, const kvq_callbacks *cb)
+{
+    kvq_err e = {0};
+    kvq_nll_sum *acc = calloc(x->n_rows, sizeof *acc);
+    double *secs = calloc(x->n_rows, sizeof *secs);
+    eval_replay rp = {0};
+    int64_t cap = 1;
+    for (size_t q = 0; q < x->sl.n; q++)
+        if (x->sl.off[q + 1] - x->sl.off[q] > cap)
+            cap = x->sl.off[q + 1] - x->sl.off[q];
+    kvq_status s = acc && secs ? eval_replay_init(&rp, x->c, cap, &e)
+                               : kvq_err_set(&e, KVQ_E_NOMEM, "eval: out of memory");
+    kvq_retrieval_params p = o->p;
+    p.max_tokens = x->longest;
+    p.cb = *cb;
+    p.prefill_full = 1;
+    for (size_t q = 0; q < x->sl.n && !s; q++) {
+        const int32_t *ids = x->sl.ids + x->sl.off[q];
+        const int64_t n = x->sl.off[q + 1] - x->sl.off[q];
+        const int64_t pre = n - x->last - 1 > 0 ? n - x->last - 1 : 0;
+        /* kvq_perplexity_seq_last's calls: none of one token (exact) from 2 tokens on */
+        const int64_t cut = pre > 2 && pre % x->chunk == 1 ? pre - 2 : pre;
+        const double q0 = kvq_now();
+        p.selector = x->rows[0].selector;
+        p.budget = x->rows[0].budget;
+        p.measure = 0;
+        if (pre >= 2)
+            s = eval_replay_record(&rp, x->f, x->c, x->rt, &p, ids, pre, cut, NULL, &e);
+        else
+            rp.m = 0, rp.n_chunks = 0;
+        p.measure = 1;
+        const double prefill_s = kvq_now() - q0;
+        for (size_t i = 0; i < x->n_rows && !s; i++) {
+            const double r0 = kvq_now();
+            s = row_last(x, i, p, &rp, ids, n, pre, &acc[i], &e);
+            secs[i] += kvq_now() - r0;
+        }
+        if (!s)
+            kvq_log(cb, KVQ_LOG_INFO, "sequence %zu/%zu: one exact prefill (%.2f s), %zu rows "
+                    "(%.2f s)", q + 1, x->sl.n, prefill_s, x->n_rows, kvq_now() - q0);
+    }
+    for (size_t i = 0; i < x->n_rows && !s; i++) {
+        x->res[i].nll = acc[i].nll / (double)x->n_pred;
+        x->res[i].ppl = exp(x->res[i].nll);
+        kvq_log(cb, KVQ_LOG_INFO, "%s, budget %s: perplexity %.4f (%.2f s, and the prefills)",
+                x->rows[i].name, x->rows[i].budget_str, x->res[i].ppl, secs[i]);
+    }
+    eval_replay_free(&rp);
+    free(acc);
+    free(secs);
+    return s ? cli_fail(&e) : 0;
+}
+
+/* Every row's task answers: exact prompt (prefilled once for all rows), retrieval
+ * while decoding (tasks_answer_rows). */
+static int evr_tasks(evr *x, const cli_retrieval *o, const kvq_tokenizer *tok,
+                     const kvq_callbacks *cb)
+{
+    kvq_err e = {0};
+    int(*correct)[3] = calloc(x->n_rows, sizeof *correct);
+    if (!correct)
+        return cli_failf(1, "eval: out of memory");
+    kvq_retrieval_params p = o->p;
+    p.max_tokens = x->longest;
+    p.cb = *cb;
+    const double t0 = kvq_now();
+    kvq_status s = tasks_answer_rows(x->f, tok, &x->tl, x->c, x->rt, &p, x->rows, x->n_rows,
+                                     x->chunk, x->logits, x->ids, correct,
+                                     x->answers + x->tl.n + 1, cb, &e);
+    for (size_t i = 0; i < x->n_rows && !s; i++)
+        memcpy(x->res[i].correct, correct[i], sizeof correct[i]);
+    free(correct);
+    if (s)
+        return cli_fail(&e);
+    kvq_log(cb, KVQ_LOG_INFO, "tasks: %zu prompts x %zu rows (%.2f s)", x->tl.n, x->n_rows,
+            kvq_now() - t0);
     return 0;
 }
 
@@ -341,13 +363,14 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
            "\"sequences\": %zu, "
            "\"tokens\": %llu, \"predicted\": %llu, \"reference\": {\"nll\": %.6f, "
-           "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}, \"rows\": [",
+           "\"perplexity\": %.6f, \"passkey\": [%d, %d], \"kv_recall\": [%d, %d], "
+           "\"answers\": \"%s\"}, \"rows\": [",
            pos, (int)o->p.sink, (int)window, cache, o->p.group == KVQ_GROUP_SUM ? "sum" : "max",
            o->p.tau, (long long)seq_len, g->scored, x->sl.n, (unsigned long long)x->stats.n_tokens,
            (unsigned long long)x->n_pred, x->ref_nll, exp(x->ref_nll),
            x->ref_correct[KVQ_TASK_PASSKEY],
            x->n_task[KVQ_TASK_PASSKEY], x->ref_correct[KVQ_TASK_KV_RECALL],
-           x->n_task[KVQ_TASK_KV_RECALL]);
+           x->n_task[KVQ_TASK_KV_RECALL], x->answers);
     for (size_t i = 0; i < x->n_rows; i++) {
         const kvq_retrieval_stats *st = &x->res[i].st;
         printf(
@@ -366,9 +389,10 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         else
             printf("\"recall_topk\": null, \"recall_mass\": null, \"out_rel_err\": null, "
                    "\"kv_read_fraction\": null, \"attended_fraction\": null, ");
-        printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d]}",
+        printf("\"passkey\": [%d, %d], \"kv_recall\": [%d, %d], \"answers\": \"%s\"}",
                x->res[i].correct[KVQ_TASK_PASSKEY], x->n_task[KVQ_TASK_PASSKEY],
-               x->res[i].correct[KVQ_TASK_KV_RECALL], x->n_task[KVQ_TASK_KV_RECALL]);
+               x->res[i].correct[KVQ_TASK_KV_RECALL], x->n_task[KVQ_TASK_KV_RECALL],
+               x->answers + (i + 1) * (x->tl.n + 1));
     }
     printf("]}\n");
 }
@@ -432,8 +456,12 @@ int cli_eval_retrieval(cli_retrieval *o, const kvq_model *m, const char *model_p
     int rc = evr_prepare(&x, o, m, model_path, corpus, tok, seq_len, max_tokens, threads, cb);
     if (!rc)
         rc = evr_reference(&x, tok, spec, cb);
-    for (size_t i = 0; i < x.n_rows && !rc; i++)
-        rc = evr_row(&x, i, o, tok, cb);
+    if (!rc && x.last)
+        rc = evr_rows_last(&x, o, cb);
+    for (size_t i = 0; i < x.n_rows && !rc && !x.last; i++)
+        rc = evr_row(&x, i, o, cb);
+    if (!rc && x.tl.n)
+        rc = evr_tasks(&x, o, tok, cb);
     if (!rc) {
         evr_setting g = {
             .method = x.rt ? kvq_codebook_method_name(kvq_codebook_set_method(x.rt)) : NULL,

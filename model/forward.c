@@ -515,6 +515,18 @@ void kvq_forward_reset(kvq_forward *f)
 
 int64_t kvq_forward_length(const kvq_forward *f) { return f->n_past; }
 
+kvq_status kvq_forward_resume(kvq_forward *f, int64_t n, kvq_err *err)
+{
+    if (!f || n < 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "forward: bad resume");
+    if (f->attn.user == f->full)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG,
+                           "forward: resume needs an attention backend other than the built-in "
+                           "full attention (which holds no appended tokens)");
+    f->n_past = n;
+    return KVQ_OK;
+}
+
 /* ==========================================================================
  * Forward pass
  * ========================================================================== */

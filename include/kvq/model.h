@@ -260,6 +260,13 @@ void kvq_forward_set_observer(kvq_forward *f, kvq_observe_fn fn, void *user);
 void kvq_forward_reset(kvq_forward *f);
 /* Tokens in the current sequence. */
 int64_t kvq_forward_length(const kvq_forward *f);
+/* Continues the current sequence at position n: the attention backend (set with
+ * kvq_forward_set_attention; not the built-in full attention) already holds tokens
+ * [0, n) of every layer, appended by the caller (kvq_retrieval_append of keys and
+ * values an observer recorded in an earlier pass over the same tokens). The next
+ * kvq_forward_tokens runs its first token at position n. Errors: INVALID_ARG (n < 0,
+ * the built-in full attention). */
+kvq_status kvq_forward_resume(kvq_forward *f, int64_t n, kvq_err *err);
 
 typedef enum kvq_logits_mode {
     KVQ_LOGITS_NONE = 0,      /* skip the output layer (capture) */

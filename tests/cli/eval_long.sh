@@ -79,6 +79,8 @@ right=1; [ "$IS_STORIES" = 1 ] || right="d['reference']['passkey'][0]"
 expect_json eval_jsonl_tasks "
 assert d['reference']['passkey'] == [$right, 1] and d['reference']['kv_recall'] == [0, 1], d['reference']
 assert d['rows'][0]['passkey'] == [$right, 1] and d['rows'][0]['kv_recall'] == [0, 1], d['rows']
+assert d['reference']['answers'] == str(d['reference']['passkey'][0]) + '0', d['reference']
+assert d['rows'][0]['answers'] == d['reference']['answers'], d['rows']
 " -- "$KVQ" eval --model "$MODEL" --corpus "jsonl:$T/tasks.jsonl" --selectors full --max-tokens 2 \
     --positions rope --threads 1 --json -q
 
