@@ -243,7 +243,12 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
         for (int32_t t = 0; t < d; t++)
             q[t] += qsrc[(size_t)g * d + t];
     float *sc = S->tmp; /* [n] */
+#ifdef KVQ_RT_RESID_SLOW /* diagnostic build: the reconstruction rule at every b (docs/QUALITY.md
+                           "Why the passkey prompt is missed") */
+    if (0) {
+#else
     if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
+#endif
         float own[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)], *tab = own;
         rt_sign_memo *sm = S->lg_memo ? S->lg_memo->sign : NULL;
         first_scores(st, rows, n, sc);
