@@ -2,7 +2,7 @@
  * diag_needle.c — a diagnostic build (not in the shipped library): where the tokens of
  * a range (a passkey's digits) rank at each stage of the codebook selector.
  *
- * Build: make clean && make EXTRA_CFLAGS='-DKVQ_RT_DIAG_NEEDLE -DKVQ_RT_DIAG_LO=2896
+ * Build: make clean && make OPT='-O2 -DKVQ_RT_DIAG_NEEDLE -DKVQ_RT_DIAG_LO=2896
  *        -DKVQ_RT_DIAG_HI=2916' build/kvq   (token range [LO, HI], inclusive)
  * Then `kvq eval ... --threads 1` prints, to stderr, for every codebook step whose
  * query position is past the range, a line per (layer, KV head):
@@ -53,7 +53,6 @@ static int64_t rank_of(const float *s, int64_t n, int64_t j)
     return r;
 }
 
-void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2);
 void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2)
 {
     const kvq_retrieval *r = st->r;
@@ -114,7 +113,6 @@ void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2
 }
 
 /* stage 0: the codebook's k1 rows; 1: after the residual stage; 2: the final set */
-void kvq_rt_diag_needle_stage(const rt_step *st, int stage, const int32_t *rows, int64_t n);
 void kvq_rt_diag_needle_stage(const rt_step *st, int stage, const int32_t *rows, int64_t n)
 {
     if (!D.on)
@@ -146,7 +144,6 @@ static int cmpf(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-void kvq_rt_diag_needle_post(const rt_step *st);
 void kvq_rt_diag_needle_post(const rt_step *st)
 {
     if (!D.on)

@@ -310,4 +310,11 @@ void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, doub
  * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
 
+#ifdef KVQ_RT_DIAG_NEEDLE /* diag_needle.c: a diagnostic build only (docs/QUALITY.md
+                            "Why the passkey prompt is missed") */
+void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2);
+void kvq_rt_diag_needle_stage(const rt_step *st, int stage, const int32_t *sel, int64_t n);
+void kvq_rt_diag_needle_post(const rt_step *st);
+#endif
+
 #endif /* KVQ_RUNTIME_INTERNAL_H */

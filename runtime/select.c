@@ -306,9 +306,6 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
     /* residual stage (rerank_resid.c): the codebook picks W k2, residual scores keep k2 */
     const int64_t k1 = cbk && st->H->rq ? kvq_rt_resid_count(st->r, k2, st->nc) : k2;
 #ifdef KVQ_RT_DIAG_NEEDLE /* diag_needle.c: a diagnostic build only */
-    void kvq_rt_diag_needle_pre(const rt_step *, int64_t, int64_t, int64_t);
-    void kvq_rt_diag_needle_stage(const rt_step *, int, const int32_t *, int64_t);
-    void kvq_rt_diag_needle_post(const rt_step *);
     if (cbk)
         kvq_rt_diag_needle_pre(st, k, k1, k2);
 #define DIAG(stage, n) (cbk ? kvq_rt_diag_needle_stage(st, stage, sel, n) : (void)0)
