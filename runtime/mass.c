@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "kvq/common.h"
+#include "kvq/util.h"
 #include "runtime/kernels.h"
 #include "runtime/mass.h"
 
@@ -221,38 +222,16 @@ static int memo_reserve(rt_mass_memo *m, int64_t n)
 {
     if (n <= m->cap)
         return 1;
-    const size_t c = (size_t)n;
-    float *s = realloc(m->scores, c * sizeof *s);
-    if (s)
-        m->scores = s;
-    uint32_t *k = realloc(m->keys, c * sizeof *k), *u = k ? realloc(m->sub, c * sizeof *u) : NULL;
-    if (k)
-        m->keys = k;
-    if (u)
-        m->sub = u;
-    double *e = realloc(m->e, c * sizeof *e), *w = e ? realloc(m->w, c * sizeof *w) : NULL;
-    if (e)
-        m->e = e;
-    if (w)
-        m->w = w;
-    int32_t *o = realloc(m->order, c * sizeof *o);
-    if (o)
-        m->order = o;
-    int32_t *rk = realloc(m->rank, c * sizeof *rk), *l = rk ? realloc(m->last, c * sizeof *l) : NULL;
-    if (rk)
-        m->rank = rk;
-    if (l)
-        m->last = l;
-    uint32_t *bk = realloc(m->bk, c * sizeof *bk);
-    if (bk)
-        m->bk = bk;
-    double *be = bk ? realloc(m->be, c * sizeof *be) : NULL;
-    if (be)
-        m->be = be;
-    uint64_t *ov = realloc(m->ov, 2 * c * sizeof *ov);
-    if (ov)
-        m->ov = ov;
-    if (!s || !k || !u || !e || !w || !o || !rk || !l || !bk || !be || !ov)
+    const size_t c = (size_t)n; /* each array keeps its old block when a later one fails */
+    if (kvq_resize((void **)&m->scores, c, sizeof *m->scores) ||
+        kvq_resize((void **)&m->keys, c, sizeof *m->keys) ||
+        kvq_resize((void **)&m->sub, c, sizeof *m->sub) ||
+        kvq_resize((void **)&m->e, c, sizeof *m->e) || kvq_resize((void **)&m->w, c, sizeof *m->w) ||
+        kvq_resize((void **)&m->order, c, sizeof *m->order) ||
+        kvq_resize((void **)&m->rank, c, sizeof *m->rank) ||
+        kvq_resize((void **)&m->last, c, sizeof *m->last) ||
+        kvq_resize((void **)&m->bk, c, sizeof *m->bk) || kvq_resize((void **)&m->be, c, sizeof *m->be) ||
+        kvq_resize((void **)&m->ov, 2 * c, sizeof *m->ov))
         return 0;
     m->cap = n;
     return 1;

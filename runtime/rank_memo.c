@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/util.h"
 #include "runtime/kernels.h"
 #include "runtime/mass.h"
 
@@ -75,23 +76,12 @@ static int reserve(rt_rank_memo *R, int64_t n)
 {
     if (n <= R->cap)
         return 1;
-    const size_t c = (size_t)n;
-    int32_t *rk = realloc(R->rank, c * sizeof *rk);
-    if (rk)
-        R->rank = rk;
-    float *sc = realloc(R->sc, c * sizeof *sc);
-    if (sc)
-        R->sc = sc;
-    uint64_t *v = realloc(R->v, 2 * c * sizeof *v);
-    if (v)
-        R->v = v;
-    int32_t *a = realloc(R->a, c * sizeof *a);
-    if (a)
-        R->a = a;
-    uint64_t *bits = realloc(R->bits, (c / 64 + 1) * sizeof *bits);
-    if (bits)
-        R->bits = bits;
-    if (!rk || !sc || !v || !a || !bits)
+    const size_t c = (size_t)n; /* each array keeps its old block when a later one fails */
+    if (kvq_resize((void **)&R->rank, c, sizeof *R->rank) ||
+        kvq_resize((void **)&R->sc, c, sizeof *R->sc) ||
+        kvq_resize((void **)&R->v, 2 * c, sizeof *R->v) ||
+        kvq_resize((void **)&R->a, c, sizeof *R->a) ||
+        kvq_resize((void **)&R->bits, c / 64 + 1, sizeof *R->bits))
         return 0;
     R->cap = n;
     return 1;

@@ -266,15 +266,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
         float y[KVQ_ROPE_MAX_DIM];
         for (int64_t a = 0; a < n; a++) {
             reconstruct(st, rows[a], y);
-            float best = 0;
-            for (int32_t g = 0; g < nq; g++) {
-                double s = 0;
-                for (int32_t t = 0; t < d; t++)
-                    s += (double)q[(size_t)g * d + t] * y[t];
-                if (g == 0 || (float)s > best)
-                    best = (float)s;
-            }
-            sc[a] = best;
+            sc[a] = kvq_rt_group_best_dot(q, nq, d, y);
         }
     }
     const int64_t m = kvq_rk_topk(r->p.isa, sc, n, keep, S->sel, S->work);

@@ -310,6 +310,21 @@ void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, doub
  * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
 
+/* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
+ * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */
+static inline float kvq_rt_group_best_dot(const float *q, int32_t nq, int32_t d, const float *y)
+{
+    float best = 0;
+    for (int32_t g = 0; g < nq; g++) {
+        double s = 0;
+        for (int32_t t = 0; t < d; t++)
+            s += (double)q[(size_t)g * d + t] * y[t];
+        if (g == 0 || (float)s > best)
+            best = (float)s;
+    }
+    return best;
+}
+
 #ifdef KVQ_RT_DIAG_NEEDLE /* diag_needle.c: a diagnostic build only (docs/QUALITY.md
                             "Why the passkey prompt is missed") */
 void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2);

@@ -62,15 +62,7 @@ static void oracle_scores(const rt_step *st, float *scores)
     float kr[KVQ_ROPE_MAX_DIM];
     for (int64_t j = 0; j < st->nc; j++) {
         kvq_rt_key_rotated(r, st->L, st->H, st->s_end + j, kr);
-        float best = 0;
-        for (int32_t g = 0; g < nq; g++) {
-            double s = 0;
-            for (int32_t t = 0; t < d; t++)
-                s += (double)q[(size_t)g * d + t] * kr[t];
-            if (g == 0 || (float)s > best)
-                best = (float)s;
-        }
-        scores[j] = best;
+        scores[j] = kvq_rt_group_best_dot(q, nq, d, kr);
     }
 }
 
