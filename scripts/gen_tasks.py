@@ -20,6 +20,8 @@ the reference for how many the model can solve at all.
 
   scripts/gen_tasks.py --model M.gguf --filler DIR --tokens 4096 --n 8 --kind passkey \
       -o tasks.jsonl [--check]
+  scripts/gen_tasks.py --model M.gguf --input tasks.jsonl   # check a file written before
+                                                            # (context sized to its prompts)
 """
 import argparse
 import json
@@ -71,16 +73,30 @@ def main():
     ap.add_argument("--input", help="check this jsonl (written before) instead of writing one")
     ap.add_argument("--kind", choices=["passkey", "kv-recall"], default="passkey")
     ap.add_argument("--tokens", type=int, default=4096)
-    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--n", type=int, help="prompts to write (default 8); with --keep, the most kept")
     ap.add_argument("--keys", type=int, default=4, help="needles per kv-recall prompt")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", type=int, default=0, help="filler paragraphs skipped first")
     ap.add_argument("-o", "--out")
     ap.add_argument("--check", action="store_true", help="answer with llama.cpp too")
+    ap.add_argument("--keep", metavar="FILE",
+                    help="with --check/--input: write the prompts full attention answers to FILE "
+                         "(at most --n, in order)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    if a.keep and not (a.check or a.input):
+        ap.error("--keep needs --check or --input")
+    if a.keep and os.path.abspath(a.keep) in {os.path.abspath(p) for p in (a.input, a.out) if p}:
+        ap.error(f"--keep {a.keep}: the same file as the prompts it filters")
     from llama_cpp import Llama
-    m = Llama(a.model, n_ctx=a.tokens + 512, n_batch=512, verbose=False, n_threads=a.threads,
+    n_ctx = a.tokens + 512
+    if a.input:  # the context must hold the longest prompt of the file, whatever --tokens says
+        v = Llama(a.model, vocab_only=True, verbose=False)
+        longest = max((len(v.tokenize(json.loads(ln)["text"].encode("utf-8"), add_bos=True, special=False))
+                       for ln in open(a.input) if ln.strip()), default=0)
+        n_ctx = max(n_ctx, longest + 64)
+        del v
+    m = Llama(a.model, n_ctx=n_ctx, n_batch=512, verbose=False, n_threads=a.threads,
               n_threads_batch=a.threads, vocab_only=not (a.check or a.input))
     tok = lambda s: m.tokenize(s.encode("utf-8"), add_bos=False, special=False)
     if a.input:
@@ -94,7 +110,14 @@ def main():
             for d in docs:
                 f.write(json.dumps(d) + "\n")
     if a.check:
-        check(m, tok, docs)
+        good = check(m, tok, docs)
+        if a.keep:
+            kept = [d for d, g in zip(docs, good) if g][:a.n]
+            with open(a.keep, "w") as f:
+                for d in kept:
+                    f.write(json.dumps(d) + "\n")
+            print(f"kept {len(kept)} answered prompts in {a.keep} "
+                  f"({len(docs) - sum(good)} of {len(docs)} not answered by full attention)")
 
 
 def generate(a, tok):
@@ -103,7 +126,7 @@ def generate(a, tok):
     for _ in range(a.skip):
         next(paras)
     docs = []
-    for i in range(a.n):
+    for i in range(a.n or 8):
         if a.kind == "passkey":
             ans = str(rng.randrange(10000, 100000))
             needles = [f"The pass key is {ans}. Remember it. {ans} is the pass key."]
@@ -121,7 +144,7 @@ def generate(a, tok):
 
 
 def check(m, tok, docs):
-    ok = 0
+    answered = []
     for i, d in enumerate(docs):
         ids = m.tokenize(d["text"].encode("utf-8"), add_bos=True, special=False)
         m.reset()
@@ -133,10 +156,11 @@ def check(m, tok, docs):
             m.eval([t])
         cont = m.detokenize(out).decode("utf-8", "replace").lstrip(" \n")
         good = cont.startswith(d["answer"])
-        ok += good
+        answered.append(good)
         print(f"{i}: {len(ids)} tokens, answer {d['answer']}, got {cont!r} {'ok' if good else 'WRONG'}",
               file=sys.stderr, flush=True)
-    print(f"llama.cpp full attention: {ok}/{len(docs)}")
+    print(f"llama.cpp full attention: {sum(answered)}/{len(docs)}")
+    return answered
 
 
 if __name__ == "__main__":
