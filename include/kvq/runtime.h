@@ -305,6 +305,11 @@ typedef struct kvq_retrieval_params {
                                 the rerank), at most half of them but k2 or more; their
                                 residual scores keep k2; 0 (off) or W in [1, 64]
                                 (default 4) */
+    kvq_group_score resid_group; /* with resid_bits: the stage's rule over the GQA group:
+                                KVQ_GROUP_SUM (the summed query, the default) or
+                                KVQ_GROUP_MAX (each head scores with its own first-stage
+                                LUT and query, the best head's score kept; always under
+                                group MAX) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
