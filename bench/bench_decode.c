@@ -62,6 +62,8 @@
  * or reranked row's logit is q R_i . k_j R_j read from them by index (the default wrope:
  * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
  * bytes, as under wrope.
+ * --resid-group max scores the residual stage per query head (each head's own band LUTs
+ * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max).
  * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
  * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
  * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the

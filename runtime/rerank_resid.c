@@ -11,8 +11,9 @@
  * rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
  * copy token and its neighbours) for a few bytes each instead of a key row.
  *
- * Score of candidate j (the fast rule, b = 1, group SUM, d % 8 == 0):
- *   first_j + a_j (q . s_j)
+ * Score of candidate j (the fast rule, b = 1 or 2, d % 8 == 0):
+ *   first_j + a_j (q . s_j)        (b = 1; b = 2: a_j (q . h_j) + a_j / 2 (q . l_j), two
+ *                                   sign planes, the same table of [q, q / 2])
  * first_j the codebook's own first-stage score of row j (the LUT entry of its code, in
  * its distance band under --score-pos bands; 0 without a key-space centroid), a_j and
  * s_j in {-1, +1}^d the residual's scale and signs, q the group's summed query as the
@@ -21,14 +22,19 @@
  * row's group score, kvq_rk_topk_bands_scored: no band search here), the residual's
  * part exactly. The sign dot is a byte-table lookup per 8 channels (kvq_rk_sign_table,
  * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
- * forms each byte's entry from two nibble tables in registers; the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
- * q . (R_{p_j} c_j + r'^_j) in double, per head for the maximum.
+ * forms each byte's entry from two nibble tables in registers; the same bits). For the
+ * maximum over the group (group MAX, or resid_group MAX under group SUM) the same per
+ * head: head h's own first-stage score (kvq_rt_head_first_scores: its LUT of the row's
+ * band) + its q_h . r^, the best head's kept. Otherwise (b >= 4, d % 8 != 0) the
+ * reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per head for the
+ * maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
  * a = mean |r_c| (sign of r_c, + for 0); b >= 2: L = 2^b levels of step
  * s = 2 max |r_c| / L, index i_c = clamp(floor(r_c / s) + L/2, 0, L - 1),
  * r^_c = (i_c - L/2 + 1/2) s. Index c is stored in bits [c b, c b + b) of the row
- * (byte c b / 8, from its lowest bit). The centroid is the key-space codebook's (G = 1);
+ * (byte c b / 8, from its lowest bit), except at b = 2 with d % 8 == 0: two sign planes
+ * (pack). The centroid is the key-space codebook's (G = 1);
  * with none (grouped query-aware codebooks, vq-postrope) the key itself is quantized.
  */
 #include <math.h>
