@@ -6,7 +6,8 @@
  *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
  *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
- *                [--resid-wide W] [--resid-path fast|exact] [--preset smollm2]
+ *                [--resid-wide W] [--resid-path fast|exact] [--resid-group sum|max]
+ *                [--preset smollm2]
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -61,6 +62,8 @@
  * or reranked row's logit is q R_i . k_j R_j read from them by index (the default wrope:
  * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
  * bytes, as under wrope.
+ * --resid-group max scores the residual stage per query head (each head's own band LUTs
+ * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max).
  * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
  * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
  * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the
@@ -128,6 +131,7 @@ static double g_rerank = 0; /* --rerank R (0: one stage) */
 static int g_rope = 0;      /* --positions rope */
 static double g_resid = 4;  /* --resid-wide W (0: off) */
 static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
+static int g_resid_max = 0;   /* --resid-group max: the stage scores by the best head */
 static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
 
 typedef struct args {
@@ -150,6 +154,7 @@ static int usage(void)
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
                     "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
                     "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
+                    "[--resid-group sum|max] "
                     "[--preset smollm2]\n");
     return 2;
 }
@@ -248,6 +253,13 @@ static int parse(int argc, char **argv, args *a)
             g_rope = 1;
         } else if (!strcmp(o, "--resid-wide")) {
             if (kvq_parse_f64(v, 0, 64, &g_resid, &e))
+                return usage();
+        } else if (!strcmp(o, "--resid-group")) {
+            if (!strcmp(v, "sum"))
+                g_resid_max = 0;
+            else if (!strcmp(v, "max"))
+                g_resid_max = 1;
+            else
                 return usage();
         } else if (!strcmp(o, "--resid-path")) {
             if (!strcmp(v, "fast"))
@@ -404,6 +416,7 @@ typedef struct layer {
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
     float *bq; /* [N_KV, bands, D] --score bands: each band's scoring query, the group's
                   summed query rotated by the band's mean rotation (made outside the step) */
+    float *bqh; /* [N_KV, GS, bands, D] --resid-group max: the same of each query head */
     int32_t nb; /* bands */
     float wcos[WINDOW * D / 2], wsin[WINDOW * D / 2]; /* RoPE of the window positions */
     uint8_t *rq[N_KV];  /* --resid-wide: [n, D/8] residual signs packed, by row */
@@ -544,7 +557,9 @@ static int band_queries(layer *L, int64_t n, const double *theta)
     const int64_t dmax = n - 1 - SINK;
     L->nb = band_count(n);
     free(L->bq);
-    if (!(L->bq = malloc(sizeof(float) * (size_t)N_KV * L->nb * D))) {
+    free(L->bqh);
+    L->bqh = malloc(sizeof(float) * (size_t)N_KV * GS * L->nb * D);
+    if (!(L->bq = malloc(sizeof(float) * (size_t)N_KV * L->nb * D)) || !L->bqh) {
         fprintf(stderr, "bench_decode: out of memory\n");
         return 1;
     }
@@ -565,6 +580,9 @@ static int band_queries(layer *L, int64_t n, const double *theta)
                 sn[m] = (float)(damp * sin(c * theta[m]));
             }
             rotate(qsum, cs, sn, L->bq + ((size_t)h * L->nb + b) * D);
+            for (int g = 0; g < GS; g++)
+                rotate(L->q + (size_t)(h * GS + g) * D, cs, sn,
+                       L->bqh + (((size_t)h * GS + g) * L->nb + b) * D);
         }
     }
     return 0;
@@ -671,6 +689,37 @@ static int64_t resid_count(int64_t k2, int64_t nc)
     return want >= (double)nc ? nc : (int64_t)want;
 }
 
+/* --resid-group max (runtime/rerank_resid.c fast_max_scores): per query head its bands'
+ * LUTs, each row's band from its token (linear, as score_pos.c's band_of), first_h its
+ * code's entry, plus scale (q_h . signs); sc the best head's. */
+static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
+                             const int32_t *rows, int64_t n, float *sc)
+{
+    const int32_t K = S->bands.K, nb = S->bands.nb;
+    float *lut = S->lut + 32768, *o = S->rlg + n; /* [nb, K] (nb K <= 32768), [n] */
+    int8_t *band = (int8_t *)S->rsel;              /* [n] */
+    for (int64_t a = 0; a < n; a++) {
+        const int64_t j = rows[a];
+        const int64_t t = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : j;
+        int8_t b = 0;
+        while (b + 1 < nb && t < S->tb[b])
+            b++;
+        band[a] = b;
+    }
+    for (int g = 0; g < GS; g++) {
+        for (int32_t k0 = 0; k0 < nb; k0 += 8)
+            kvq_rk_lut_multi(isa, L->tab[h], L->bqh + (((size_t)h * GS + g) * nb + k0) * D,
+                             nb - k0 < 8 ? nb - k0 : 8, lut + (size_t)k0 * K);
+        for (int64_t a = 0; a < n; a++)
+            o[a] = lut[(size_t)band[a] * K + L->codes[h][rows[a]]];
+        float tab[KVQ_RK_SIGN_TABLE_LEN(D)];
+        kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab);
+        kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, o, n, o);
+        for (int64_t a = 0; a < n; a++)
+            sc[a] = g == 0 || o[a] > sc[a] ? o[a] : sc[a];
+    }
+}
+
 /* The residual stage over rows[0..n) (ascending), keeping k2 in place: the first-stage
  * score of each row (its code's LUT entry in its band, or its score), then
  * kvq_rk_resid_scores; or (--resid-path exact) the reconstruction rule. */
@@ -703,6 +752,8 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
                 dot += (double)q[i] * y[i];
             sc[a] = (float)dot;
         }
+    } else if (g_resid_max && bands) {
+        resid_max_scores(L, h, isa, S, rows, n, sc);
     } else {
         /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
          * in sc, as runtime/score_pos.c does for the runtime's stage) */
@@ -1161,6 +1212,7 @@ int main(int argc, char **argv)
         kvq_codebook_free(cb[h]);
     }
     free(L.bq);
+    free(L.bqh);
     for (int t = 0; t < a.threads; t++) {
         free(scr[t].scores);
         free(scr[t].logits);

@@ -20,7 +20,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
         "--device",   "--rows",     "--score-pos", "--rerank",
-        "--resid-bits", "--resid-wide"};
+        "--resid-bits", "--resid-wide", "--resid-group"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -113,6 +113,15 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     } else if (!strcmp(a, "--resid-wide")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1, 64, &f)))
             o->p.resid_wide = f;
+    } else if (!strcmp(a, "--resid-group")) {
+        if (!strcmp(val, "sum"))
+            o->p.resid_group = KVQ_GROUP_SUM;
+        else if (!strcmp(val, "max"))
+            o->p.resid_group = KVQ_GROUP_MAX;
+        else {
+            fprintf(stderr, "kvq %s: --resid-group: '%s' is not sum or max\n", cmd, val);
+            rc = 2;
+        }
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
@@ -174,6 +183,9 @@ void cli_retrieval_usage(FILE *f, int eval)
                "                     (d B / 8 + 4 bytes); 0 = off (default 1)\n"
                "  --resid-wide W     with --resid-bits: the codebook picks W x R x budget\n"
                "                     candidates, residual scores keep R x budget (default 4)\n"
+               "  --resid-group G    the residual stage's rule over the GQA group: sum (the\n"
+               "                     summed query) or max (each head's own score, the best\n"
+               "                     kept) (default sum)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

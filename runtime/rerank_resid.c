@@ -11,8 +11,9 @@
  * rerank (rerank.c) then cuts to k. It tells apart the tokens that share a centroid (a
  * copy token and its neighbours) for a few bytes each instead of a key row.
  *
- * Score of candidate j (the fast rule, b = 1, group SUM, d % 8 == 0):
- *   first_j + a_j (q . s_j)
+ * Score of candidate j (the fast rule, b = 1 or 2, d % 8 == 0):
+ *   first_j + a_j (q . s_j)        (b = 1; b = 2: a_j (q . h_j) + a_j / 2 (q . l_j), two
+ *                                   sign planes, the same table of [q, q / 2])
  * first_j the codebook's own first-stage score of row j (the LUT entry of its code, in
  * its distance band under --score-pos bands; 0 without a key-space centroid), a_j and
  * s_j in {-1, +1}^d the residual's scale and signs, q the group's summed query as the
@@ -21,14 +22,19 @@
  * row's group score, kvq_rk_topk_bands_scored: no band search here), the residual's
  * part exactly. The sign dot is a byte-table lookup per 8 channels (kvq_rk_sign_table,
  * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
- * forms each byte's entry from two nibble tables in registers; the same bits). Otherwise (b >= 2, group MAX, d % 8 != 0) the reconstruction rule, slower:
- * q . (R_{p_j} c_j + r'^_j) in double, per head for the maximum.
+ * forms each byte's entry from two nibble tables in registers; the same bits). For the
+ * maximum over the group (group MAX, or resid_group MAX under group SUM) the same per
+ * head: head h's own first-stage score (kvq_rt_head_first_scores: its LUT of the row's
+ * band) + its q_h . r^, the best head's kept. Otherwise (b >= 4, d % 8 != 0) the
+ * reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per head for the
+ * maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
  * a = mean |r_c| (sign of r_c, + for 0); b >= 2: L = 2^b levels of step
  * s = 2 max |r_c| / L, index i_c = clamp(floor(r_c / s) + L/2, 0, L - 1),
  * r^_c = (i_c - L/2 + 1/2) s. Index c is stored in bits [c b, c b + b) of the row
- * (byte c b / 8, from its lowest bit). The centroid is the key-space codebook's (G = 1);
+ * (byte c b / 8, from its lowest bit), except at b = 2 with d % 8 == 0: two sign planes
+ * (pack). The centroid is the key-space codebook's (G = 1);
  * with none (grouped query-aware codebooks, vq-postrope) the key itself is quantized.
  */
 #include <math.h>
@@ -39,8 +45,13 @@
 #include "runtime/kernels.h"
 #include "runtime/runtime_internal.h"
 
-/* Largest share of the candidates the stage scores (kvq_rt_resid_count). */
+/* Largest share of the candidates the stage scores at 1 bit (kvq_rt_resid_count); at 2
+ * bits the share that reads as many bytes, 0.5 (d / 8 + 4) / (d 2 / 8 + 4) (0.3 at d 64,
+ * so that the stage never reads more than 1 bit's at 12%, where the default's bytes meet
+ * FIER's); b >= 4 (the slow rule, an experiment) keep 1 bit's share. */
+#ifndef KVQ_RT_RESID_MAX_SHARE
 #define KVQ_RT_RESID_MAX_SHARE 0.5
+#endif
 
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale)
 {
@@ -110,16 +121,34 @@ int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, cons
     return 0;
 }
 
-/* idx [d] (each < 2^bits) packed into row [ceil(d bits / 8)] and back. */
+/* Whether b = 2 is kept as two sign planes (kvq_rt_resid_planes) for d. */
+static int planes(int32_t d, int32_t bits) { return bits == 2 && d % 8 == 0; }
+
+/* idx [d] (each < 2^bits) packed into row [ceil(d bits / 8)] and back: b bits per channel
+ * in channel order, except b = 2 with d % 8 == 0, kept as two sign planes (the high bit
+ * of channel c at byte c / 8, bit c % 8, the low bit at byte d / 8 + c / 8): the fast rule
+ * scores them as 2 d signs (kvq_rt_resid_stage). */
 static void pack(const uint8_t *idx, int32_t d, int32_t bits, uint8_t *row)
 {
     memset(row, 0, kvq_rt_resid_row_bytes(d, bits));
+    if (planes(d, bits)) {
+        for (int32_t c = 0; c < d; c++) {
+            row[c / 8] |= (uint8_t)((idx[c] >> 1 & 1) << (c % 8));
+            row[d / 8 + c / 8] |= (uint8_t)((idx[c] & 1) << (c % 8));
+        }
+        return;
+    }
     for (int32_t c = 0; c < d; c++)
         row[(size_t)c * bits / 8] |= (uint8_t)(idx[c] << ((size_t)c * bits % 8));
 }
 
 static void unpack(const uint8_t *row, int32_t d, int32_t bits, uint8_t *idx)
 {
+    if (planes(d, bits)) {
+        for (int32_t c = 0; c < d; c++)
+            idx[c] = (uint8_t)((row[c / 8] >> (c % 8) & 1) << 1 | (row[d / 8 + c / 8] >> (c % 8) & 1));
+        return;
+    }
     const uint8_t m = (uint8_t)((1u << bits) - 1u);
     for (int32_t c = 0; c < d; c++)
         idx[c] = (uint8_t)(row[(size_t)c * bits / 8] >> ((size_t)c * bits % 8) & m);
@@ -209,6 +238,33 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         first[a] = kvq_rk_score_one(S->lut, G, K, codes + (size_t)rows[a] * G);
 }
 
+/* The fast rule per head, for the maximum over the group: sc[a] = the maximum over
+ * heads h (first score wins ties) of first_h + a (q_h . s), first_h the head's own
+ * first-stage score (kvq_rt_head_first_scores), q [gs, d] the heads' queries as the exact
+ * step scores keys. Returns 0 where it does not apply (the caller reconstructs). */
+static int fast_max_scores(const rt_step *st, const float *q, const int32_t *rows, int64_t n,
+                           float *sc)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits, dq = bits * d;
+    float *first = S->rr + (size_t)(gs + 1) * d; /* [gs, n] */
+    if (!centroid(st->L->cb[st->head], 0) || !kvq_rt_head_first_scores(st, rows, n, first))
+        return 0;
+    float qh[KVQ_ROPE_MAX_DIM], tab[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)];
+    for (int32_t h = 0; h < gs; h++) {
+        float *o = first + (size_t)h * n;
+        memcpy(qh, q + (size_t)h * d, sizeof(float) * (size_t)d);
+        for (int32_t t = d; t < dq; t++)
+            qh[t] = 0.5f * qh[t - d];
+        kvq_rk_sign_table(qh, dq, tab);
+        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, st->H->rq, st->H->rqs, rows, o, n, o);
+        for (int64_t a = 0; a < n; a++)
+            sc[a] = h == 0 || o[a] > sc[a] ? o[a] : sc[a];
+    }
+    return 1;
+}
+
 int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc)
 {
     if (r->p.resid_bits <= 0 || !(r->p.resid_wide > 1.0) || k >= nc)
@@ -216,7 +272,9 @@ int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc)
     /* at most half the candidates (KVQ_RT_RESID_MAX_SHARE), never fewer than k: the
      * stage's bytes stay under (d B / 8 + 4) / 2 per key at large budgets */
     double want = ceil(r->p.resid_wide * (double)k);
-    const double cap = ceil(KVQ_RT_RESID_MAX_SHARE * (double)nc);
+    const double row1 = (double)r->d / 8.0 + 4.0,
+                 rowb = r->p.resid_bits == 2 ? (double)r->d * 2 / 8.0 + 4.0 : row1;
+    const double cap = ceil(KVQ_RT_RESID_MAX_SHARE * row1 / rowb * (double)nc);
     want = want > cap ? (cap > (double)k ? cap : (double)k) : want;
     return want >= (double)nc ? nc : (int64_t)want;
 }
@@ -234,7 +292,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
         return n;
     /* the group's queries as the exact step scores keys: q R_i (ROPE) or q R_b, summed
      * in head order, or each head's for the maximum */
-    const int max = r->p.group == KVQ_GROUP_MAX;
+    const int max = r->p.group == KVQ_GROUP_MAX || r->p.resid_group == KVQ_GROUP_MAX;
     const int32_t nq = max ? gs : 1;
     const float *qsrc = r->p.positions == KVQ_POSITIONS_ROPE ? S->qi : S->qb;
     float *q = S->rr; /* [gs, d] */
@@ -243,26 +301,32 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
         for (int32_t t = 0; t < d; t++)
             q[t] += qsrc[(size_t)g * d + t];
     float *sc = S->tmp; /* [n] */
+    const int fast = (bits == 1 || (planes(d, bits) && 2 * d <= KVQ_ROPE_MAX_DIM)) && d % 8 == 0;
 #ifdef KVQ_RT_RESID_SLOW /* diagnostic build: the reconstruction rule at every b (docs/QUALITY.md
                            "Why the passkey prompt is missed") */
     if (0) {
 #else
-    if (bits == 1 && !max && d % 8 == 0) { /* the fast rule */
+    if (fast && !max) { /* the fast rule */
 #endif
+        /* b = 2: the level (i - 3/2) a of i = 2 h + l is a (2 h - 1) + a/2 (2 l - 1), two
+         * sign planes (pack), scored as 2 d signs against the query [q, q / 2] */
+        const int32_t dq = bits * d;
         float own[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)], *tab = own;
         rt_sign_memo *sm = S->lg_memo ? S->lg_memo->sign : NULL;
         first_scores(st, rows, n, sc);
+        for (int32_t t = d; t < dq; t++)
+            q[t] = 0.5f * q[t - d];
         if (sm && sm->have && !memcmp(sm->q, q, sizeof(float) * (size_t)d))
             tab = sm->tab; /* the same bits of q: the same table */
         else if (sm) {
-            kvq_rk_sign_table(q, d, sm->tab);
+            kvq_rk_sign_table(q, dq, sm->tab);
             memcpy(sm->q, q, sizeof(float) * (size_t)d);
             sm->have = 1;
             tab = sm->tab;
         } else
-            kvq_rk_sign_table(q, d, tab);
-        kvq_rk_resid_scores(r->p.isa, tab, d / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
-    } else {
+            kvq_rk_sign_table(q, dq, tab);
+        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
+    } else if (!(fast && max && fast_max_scores(st, q, rows, n, sc))) {
         float y[KVQ_ROPE_MAX_DIM];
         for (int64_t a = 0; a < n; a++) {
             reconstruct(st, rows[a], y);

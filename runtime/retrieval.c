@@ -51,6 +51,7 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.rerank = 2;
     p.resid_bits = 1;
     p.resid_wide = 4;
+    p.resid_group = KVQ_GROUP_SUM;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;
@@ -92,6 +93,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "resid_bits";
     else if (!(p->resid_wide == 0 || (p->resid_wide >= 1 && p->resid_wide <= 64)))
         bad = "resid_wide";
+    else if (p->resid_group != KVQ_GROUP_SUM && p->resid_group != KVQ_GROUP_MAX)
+        bad = "resid_group";
     else if (!(p->tau > 0 && p->tau <= 1))
         bad = "tau";
     else if (p->code_order != 0 && p->code_order != 1)

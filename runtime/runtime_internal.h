@@ -309,6 +309,9 @@ void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, doub
  * returns the count), from the (code, band) groups without a score per row
  * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
+/* Each head's own first-stage score of rows[0..n) (the residual stage under the maximum,
+ * rerank_resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
+int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
 
 /* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
  * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */

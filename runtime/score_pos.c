@@ -407,3 +407,54 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
         sel[j] += (int32_t)s0;
     return n;
 }
+
+/* Per head of the group, the first-stage score of each of rows[0..n) under that head's
+ * query alone, out [gs, n]: under BANDS its code's entry in the LUT of its distance band
+ * (the bands of kvq_rt_banded_scores, each head's pre-RoPE query rotated by the band's
+ * mean rotation), else in the one LUT of the head's scoring query. The LUTs go to
+ * S->scores ([nb, G K], free between the selection and the rerank); returns 0 when they
+ * do not fit (the caller scores otherwise), 1 when done. */
+int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_rk_table *tab = st->L->tab[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t d = r->d, G = D->groups, K = D->k;
+    const int64_t GK = (int64_t)G * K;
+    int64_t a, b;
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (a < 1)
+        a = 1;
+    int64_t E[64];
+    const int bands = r->p.score_pos == KVQ_SCORE_BANDS && D->method != KVQ_CODEBOOK_VQ_POSTROPE;
+    const int32_t nb = bands ? band_edges(a, b, E) : 1;
+    if ((int64_t)nb * GK > S->cap)
+        return 0;
+    float qs[KVQ_ROPE_MAX_DIM];
+    for (int32_t h = 0; h < r->gs; h++) {
+        const float *q = st->q + (size_t)h * d;
+        for (int32_t k = 0; k < nb; k++) {
+            if (bands) {
+                band_query(st, cb, q, a, b, k, E[k], E[k + 1] - 1, qs);
+                kvq_rk_lut(r->p.isa, tab, qs, S->scores + (size_t)k * GK);
+                band_spread(st, cb, q, E[k], E[k + 1] - 1, S->scores + (size_t)k * GK);
+            } else {
+                kvq_rt_scoring_query(st, cb, q, a, b, qs);
+                kvq_rk_lut(r->p.isa, tab, qs, S->scores);
+            }
+        }
+        float *o = out + (size_t)h * n;
+        for (int64_t i = 0; i < n; i++) {
+            int32_t k = 0;
+            if (bands) {
+                const int64_t delta = st->pos - st->L->pos[kvq_rt_row_token(st->H, rows[i])];
+                k = band_of(delta < a ? a : delta, E, nb);
+            }
+            o[i] = kvq_rk_score_one(S->scores + (size_t)k * GK, G, K,
+                                    st->H->codes + (size_t)rows[i] * G);
+        }
+    }
+    return 1;
+}

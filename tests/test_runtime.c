@@ -2739,16 +2739,18 @@ static void test_resid_kernel(void **state)
 /* Residual stage, reference of one candidate (kvq/runtime.h, rerank_resid.c), in double
  * from the key itself: x the residual key - c (its centroid in key space), rotated by the
  * token's position under ROPE (rope = 1); q the group's queries as the exact step scores
- * keys (qr [gs, d], rotated by the query's position or by b). b = 1, group sum: the
- * codebook's first-stage score of c plus mean|x| (qsum . sign(x)); the first-stage score
- * is qs . c for rb (qs = the summed q R_b) and, for bands, the mean over the distances of
- * the row's band of (qsum_pre R_delta) . c (explicit rotations). Otherwise
- * (b >= 2, group max): the reconstruction R c + x^ dotted with each head (sum or max).
+ * keys (qr [gs, d], rotated by the query's position or by b). b = 1 or 2 (the fast rule):
+ * the codebook's first-stage score of c plus qsum . x^ (x^ the quantized residual), for
+ * the group sum with the summed queries, for the group max the best over the heads of
+ * the same with each head's own query; the first-stage score is q . c for rb (q the
+ * head's or the summed q R_b, qb [gs, d]) and, for bands, the mean over the distances of
+ * the row's band of (q_pre R_delta) . c (explicit rotations). Otherwise (b >= 4): the
+ * reconstruction R c + x^ dotted with each head (sum or max).
  * *tol: the f16 LUT's rounding of the first-stage part plus float rounding. */
 static double resid_cand_ref(const kvq_model_config *c, const double *theta, const float *key,
                              const float *cen, int64_t tok, int rope, int bands,
                              const int64_t *E, int32_t nb, int64_t qpos, const float *qpre,
-                             const float *qr, const float *qsb, int32_t gs, int32_t d,
+                             const float *qr, const float *qb, int32_t gs, int32_t d,
                              int32_t bits, int gmax, double *tol)
 {
     float x[16], cr[16];
@@ -2761,45 +2763,54 @@ static double resid_cand_ref(const kvq_model_config *c, const double *theta, con
         kvq_rope_apply(&c->rope, theta, x, 1, tok);
         kvq_rope_apply(&c->rope, theta, cr, 1, tok);
     }
-    if (bits == 1 && !gmax) {
-        double first = 0, mag = 0, a = 0, sd = 0, qa = 0;
-        if (bands) {
-            const int64_t delta = qpos - tok;
-            int32_t b = nb - 1;
-            while (b > 0 && delta < E[b])
-                b--;
-            for (int64_t dl = E[b]; dl < E[b + 1]; dl++) {
-                float qd[16];
-                for (int32_t t = 0; t < d; t++) {
-                    qd[t] = 0;
-                    for (int32_t g = 0; g < gs; g++)
-                        qd[t] += qpre[g * d + t];
-                }
-                kvq_rope_apply(&c->rope, theta, qd, 1, dl);
-                for (int32_t t = 0; t < d; t++) {
-                    first += (double)qd[t] * cen[t];
-                    mag += fabs((double)qd[t] * cen[t]);
-                }
-            }
-            first /= (double)(E[b + 1] - E[b]);
-            mag /= (double)(E[b + 1] - E[b]);
-        } else {
+    if (bits == 1 || bits == 2) {
+        resid_ref(x, d, bits, y); /* the residual's part: q . x^ in double */
+        double best = 0, tl = 0;
+        for (int32_t h = 0; h < (gmax ? gs : 1); h++) {
+            /* the query of this score: head h's (max) or the group's sum */
+            float qp[16], qs[16], qbh[16];
             for (int32_t t = 0; t < d; t++) {
-                first += (double)qsb[t] * cen[t];
-                mag += fabs((double)qsb[t] * cen[t]);
+                qp[t] = qs[t] = qbh[t] = 0;
+                for (int32_t g = 0; g < gs; g++)
+                    if (!gmax || g == h) {
+                        qp[t] += qpre[g * d + t];
+                        qs[t] += qr[g * d + t];
+                        qbh[t] += qb[g * d + t];
+                    }
             }
+            double first = 0, mag = 0, sd = 0, qa = 0;
+            if (bands) {
+                const int64_t delta = qpos - tok;
+                int32_t b = nb - 1;
+                while (b > 0 && delta < E[b])
+                    b--;
+                for (int64_t dl = E[b]; dl < E[b + 1]; dl++) {
+                    float qd[16];
+                    memcpy(qd, qp, sizeof qd);
+                    kvq_rope_apply(&c->rope, theta, qd, 1, dl);
+                    for (int32_t t = 0; t < d; t++) {
+                        first += (double)qd[t] * cen[t];
+                        mag += fabs((double)qd[t] * cen[t]);
+                    }
+                }
+                first /= (double)(E[b + 1] - E[b]);
+                mag /= (double)(E[b + 1] - E[b]);
+            } else {
+                for (int32_t t = 0; t < d; t++) {
+                    first += (double)qbh[t] * cen[t];
+                    mag += fabs((double)qbh[t] * cen[t]);
+                }
+            }
+            for (int32_t t = 0; t < d; t++) {
+                sd += qs[t] * y[t];
+                qa += fabs(qs[t] * y[t]);
+            }
+            const double sc = first + sd, th = 2e-3 * mag + 1e-5 * qa;
+            best = h == 0 || sc > best ? sc : best;
+            tl = th > tl ? th : tl;
         }
-        for (int32_t t = 0; t < d; t++)
-            a += fabs((double)x[t]) / d;
-        for (int32_t t = 0; t < d; t++) {
-            double qs = 0;
-            for (int32_t g = 0; g < gs; g++)
-                qs += qr[g * d + t];
-            sd += x[t] >= 0 ? qs : -qs;
-            qa += fabs(qs);
-        }
-        *tol = 2e-3 * mag + 1e-5 * a * qa;
-        return first + a * sd;
+        *tol = tl;
+        return best;
     }
     resid_ref(x, d, bits, y);
     double agg = 0, mag = 0;
@@ -2862,12 +2873,14 @@ static void test_resid_stage(void **state)
     int centroid_differs = 0;
     for (int bi = 0; bi < 4; bi++)
         for (int pm = 0; pm < 2; pm++)
-            for (int gm = 0; gm < 2; gm++)
+            for (int gm = 0; gm < 3; gm++)
                 for (int order = 0; order < 2; order++) {
                     kvq_retrieval_params p = kvq_retrieval_params_default();
                     p.positions = pm ? KVQ_POSITIONS_ROPE : KVQ_POSITIONS_WROPE;
                     p.score_pos = pm ? KVQ_SCORE_BANDS : KVQ_SCORE_RB;
-                    p.group = gm ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+                    p.group = gm == 1 ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
+                    /* gm 2: the stage alone by the best head, the rest by the sum */
+                    p.resid_group = gm == 2 ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
                     p.code_order = order;
                     p.cache_dtype = KVQ_DT_F32;
                     p.window = 32;
@@ -2883,15 +2896,12 @@ static void test_resid_stage(void **state)
                     assert_int_equal(rerank_run(&c, rt, &s, p, k, 0, got, &s1), k);
                     /* the reference scores of the candidates, last row of s */
                     const int64_t i = s.T - 1;
-                    float qr[4 * 16], qb[4 * 16], qsb[16] = {0};
+                    float qr[4 * 16], qb[4 * 16];
                     const float *qpre = s.q + (size_t)i * c.n_heads * d;
                     memcpy(qr, qpre, sizeof qr);
                     memcpy(qb, qpre, sizeof qb);
                     kvq_rope_apply(&c.rope, theta, qr, gs, pm ? i : 2048);
                     kvq_rope_apply(&c.rope, theta, qb, gs, 2048);
-                    for (int32_t g = 0; g < gs; g++)
-                        for (int32_t t = 0; t < d; t++)
-                            qsb[t] += qb[g * d + t];
                     for (int64_t a = 0; a < k1; a++) {
                         const float *key = s.k + (size_t)cand[a] * d;
                         int32_t code;
@@ -2900,7 +2910,7 @@ static void test_resid_stage(void **state)
                                          KVQ_OK);
                         const float *cen = C + (size_t)code * d;
                         ref[a] = resid_cand_ref(&c, theta, key, cen, cand[a], pm, pm, E, nb, i,
-                                                qpre, qr, qsb, gs, d, bitsv[bi], gm, &tol[a]);
+                                                qpre, qr, qb, gs, d, bitsv[bi], gm != 0, &tol[a]);
                         double aggc = 0; /* the centroid alone, exactly rotated */
                         float kc[16];
                         memcpy(kc, cen, sizeof kc);
@@ -2961,6 +2971,14 @@ static void test_resid_stage(void **state)
         assert_int_equal(kvq_rt_resid_count(r, 600, 1000), 600);
         assert_int_equal(kvq_rt_resid_count(r, 1000, 1000), 1000);
         kvq_retrieval_free(r);
+        /* b = 2 at d 16: rows of 8 bytes against 1 bit's 6, so at most 0.5 6 / 8 = 0.375
+         * of the candidates (the stage's bytes stay those of 1 bit's cap) */
+        p.resid_bits = 2;
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 40);
+        assert_int_equal(kvq_rt_resid_count(r, 101, 1000), 375);
+        assert_int_equal(kvq_rt_resid_count(r, 400, 1000), 400);
+        kvq_retrieval_free(r);
         p.resid_bits = 0;
         assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
         assert_int_equal(kvq_rt_resid_count(r, 10, 1000), 10);
@@ -2998,7 +3016,7 @@ static void test_resid_band_edges(void **state)
     kvq_rope_freqs(&c.rope, theta);
     const int64_t E[] = {32, 64, 128, 256, 396}; /* window 32, sink 4, query at 399 */
     const int64_t i = s.T - 1;
-    float qr[4 * 16], qsb[16] = {0};
+    float qr[4 * 16], qb[4 * 16] = {0}; /* qb: unused under bands */
     const float *qpre = s.q + (size_t)i * c.n_heads * d;
     memcpy(qr, qpre, sizeof qr);
     kvq_rope_apply(&c.rope, theta, qr, gs, i);
@@ -3009,7 +3027,7 @@ static void test_resid_band_edges(void **state)
             double t;
             const float *cen = C + (size_t)x * d;
             lut[b][x] = resid_cand_ref(&c, theta, cen, cen, i - E[b], 1, 1, E, nb, i, qpre, qr,
-                                       qsb, gs, d, 1, 0, &t);
+                                       qb, gs, d, 1, 0, &t);
             tol = t > tol ? t : tol;
         }
     const double margin = 4 * tol + 1e-3;

@@ -297,14 +297,20 @@ typedef struct kvq_retrieval_params {
                                 each key's residual from its centroid kept at 1, 2, 4 or
                                 8 bits per channel plus an f32 scale (rotated by the
                                 token's position under ROPE); 0 = off (default 1). At 1
-                                bit (group sum) a candidate scores its first-stage score
-                                + scale (q . signs), through a sign table; 2-8 bits
-                                and group max the slower q . (R c + r^) */
+                                and 2 bits a candidate scores its first-stage score +
+                                q . r^ through a sign table (2 bits: two sign planes;
+                                under resid_group MAX per head, the best kept); 4 and 8
+                                bits the slower q . (R c + r^) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
                                 (k2 = ceil(rerank k), the rerank's count, or k without
                                 the rerank), at most half of them but k2 or more; their
                                 residual scores keep k2; 0 (off) or W in [1, 64]
                                 (default 4) */
+    kvq_group_score resid_group; /* with resid_bits: the stage's rule over the GQA group:
+                                KVQ_GROUP_SUM (the summed query, the default) or
+                                KVQ_GROUP_MAX (each head scores with its own first-stage
+                                LUT and query, the best head's score kept; always under
+                                group MAX) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
     int32_t quest_page;      /* tokens per quest page, >= 1 (default 16) */
