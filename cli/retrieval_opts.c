@@ -11,6 +11,17 @@ void cli_retrieval_init(cli_retrieval *o)
     o->p = kvq_retrieval_params_default();
 }
 
+/* A GQA group rule (--group, --resid-group): sum or max; 2 with a message otherwise. */
+static int group_opt(const char *cmd, const char *opt, const char *val, kvq_group_score *g)
+{
+    if (!strcmp(val, "sum") || !strcmp(val, "max")) {
+        *g = !strcmp(val, "sum") ? KVQ_GROUP_SUM : KVQ_GROUP_MAX;
+        return 0;
+    }
+    fprintf(stderr, "kvq %s: %s: '%s' is not sum or max\n", cmd, opt, val);
+    return 2;
+}
+
 int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, int *i, int eval)
 {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -87,14 +98,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             rc = 2;
         }
     } else if (!strcmp(a, "--group")) {
-        if (!strcmp(val, "sum"))
-            o->p.group = KVQ_GROUP_SUM;
-        else if (!strcmp(val, "max"))
-            o->p.group = KVQ_GROUP_MAX;
-        else {
-            fprintf(stderr, "kvq %s: --group: '%s' is not sum or max\n", cmd, val);
-            rc = 2;
-        }
+        rc = group_opt(cmd, a, val, &o->p.group);
     } else if (!strcmp(a, "--rerank")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 0, 64, &f)) && f > 0 && f < 1) {
             fprintf(stderr, "kvq %s: --rerank: %s is not 0 (off) or in [1, 64]\n", cmd, val);
@@ -114,14 +118,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         if (!(rc = cli_opt_f64(cmd, a, val, 1, 64, &f)))
             o->p.resid_wide = f;
     } else if (!strcmp(a, "--resid-group")) {
-        if (!strcmp(val, "sum"))
-            o->p.resid_group = KVQ_GROUP_SUM;
-        else if (!strcmp(val, "max"))
-            o->p.resid_group = KVQ_GROUP_MAX;
-        else {
-            fprintf(stderr, "kvq %s: --resid-group: '%s' is not sum or max\n", cmd, val);
-            rc = 2;
-        }
+        rc = group_opt(cmd, a, val, &o->p.resid_group);
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
