@@ -56,6 +56,13 @@ static void profile_usage(FILE *f)
             "                         every row, PATS settings that save no memory (never\n"
             "                         chosen) on a quarter of them; +- in the tables is\n"
             "                         the 95%% interval\n"
+            "  --sample-jobs F        measure every LeanKV/PATS setting first on a random\n"
+            "                         F of each layer's (sequence, KV head) jobs (default\n"
+            "                         1/3; 1 = every job); settings that may be within the\n"
+            "                         tolerance or the best then on the other jobs too,\n"
+            "                         the others keep the sample's figures (marked j, +-\n"
+            "                         over jobs). Every job when the sample would be\n"
+            "                         under 2 jobs a layer or 20 in all\n"
             "  --reference            LeanKV and PATS by the slow reference path (one\n"
             "                         simulated cache per setting, every row), for checks\n"
             "  --threads T            threads (default 1; the results do not depend on it)\n"
@@ -72,7 +79,7 @@ static int takes_value(const char *a)
         "--capture", "--artifact", "-o", "--output", "--model", "--corpus", "--tolerance",
         "--knobs", "--prompt-fraction", "--window", "--alpha-h", "--alpha-l", "--pats-b-min",
         "--pats-dtype", "--budgets", "--taus", "--sink", "--positions", "--seq-len",
-        "--ppl-tokens", "--seed", "--threads", "--sample-rows", NULL};
+        "--ppl-tokens", "--seed", "--threads", "--sample-rows", "--sample-jobs", NULL};
     for (int i = 0; opts[i]; i++)
         if (!strcmp(a, opts[i]))
             return 1;
@@ -149,6 +156,12 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
                "settings near the tolerance on every row; budgets and taus likewise); +- is "
                "the 95%% interval\n",
                (long long)r->n_measured, (long long)p->sample_rows);
+    if (r->n_jobs_sampled < r->n_jobs)
+        printf("leankv / pats settings first measured on %lld of the %lld (layer, sequence, KV "
+               "head) jobs (a random sample, as many in each layer); those that may be within "
+               "the tolerance or the best on every job, the others (j) keep the sample's "
+               "figures, +- over jobs\n",
+               (long long)r->n_jobs_sampled, (long long)r->n_jobs);
     if (r->n_nosave > 0 && r->n_measured_nosave < r->n_measured)
         printf("pats settings that save no memory against f16 (never chosen): error measured on "
                "%lld rows (a quarter of the sample)\n", (long long)r->n_measured_nosave);
@@ -173,7 +186,9 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
             printf(" %12s", t->cols[c]);
         printf("\n");
         for (int64_t j = 0; j < t->n_rows; j++) {
-            printf("%s ", j == t->chosen ? "*" : " ");
+            /* j: the row's figures come from the job sample alone */
+            printf("%s%s", j == t->chosen ? "*" : " ",
+                   t->job_sampled && t->job_sampled[j] ? "j" : " ");
             for (int32_t c = 0; c < t->n_cols; c++)
                 print_cell(stdout, t, c, t->rows[(size_t)j * t->n_cols + c]);
             printf("\n");
@@ -210,9 +225,10 @@ static void print_json(const kvq_profile_result *r, const char *out)
     printf(", \"ppl_full\": ");
     json_num(r->ppl_full);
     printf(", \"sequences\": %lld, \"query_rows\": %lld, \"measured_rows\": %lld, "
-           "\"pats_nosave_measured_rows\": %lld, \"tables\": {",
+           "\"pats_nosave_measured_rows\": %lld, \"jobs\": %lld, \"sampled_jobs\": %lld, "
+           "\"tables\": {",
            (long long)r->n_sequences, (long long)r->n_queries, (long long)r->n_measured,
-           (long long)r->n_measured_nosave);
+           (long long)r->n_measured_nosave, (long long)r->n_jobs, (long long)r->n_jobs_sampled);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("%s\"%s\": {", i ? ", " : "", t->name);
@@ -235,6 +251,12 @@ static void print_json(const kvq_profile_result *r, const char *out)
             printf("]");
         }
         printf("]");
+        if (t->job_sampled && i <= KVQ_PROFILE_PATS) {
+            printf(", \"job_sampled\": [");
+            for (int64_t j = 0; j < t->n_rows; j++)
+                printf("%s%s", j ? ", " : "", t->job_sampled[j] ? "true" : "false");
+            printf("]");
+        }
         if (t->err_ci && i <= KVQ_PROFILE_PATS) {
             printf(", \"err_ci95\": [");
             for (int64_t j = 0; j < t->n_rows; j++) {
@@ -344,6 +366,8 @@ static int profile_parse(int argc, char **argv, profile_opts *o)
             if (!(rc = cli_opt_i64(cmd, a, val, 0, INT32_MAX, &v)))
                 o->p.sample_rows = v;
             i++;
+        } else if (!strcmp(a, "--sample-jobs")) {
+            rc = cli_opt_f64(cmd, a, val, 1e-6, 1, &o->p.sample_jobs), i++;
         } else if (!strcmp(a, "--reference")) {
             o->p.reference = 1;
         } else if (!strcmp(a, "--json")) {

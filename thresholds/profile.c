@@ -46,6 +46,7 @@ kvq_profile_params kvq_profile_params_default(void)
     p.ppl_max_tokens = 4096;
     p.threads = 1;
     p.sample_rows = 32;
+    p.sample_jobs = 1.0 / 3.0;
     return p;
 }
 
@@ -61,9 +62,11 @@ kvq_status thr_table_init(kvq_profile_table *t, const char *name, int32_t n_cols
     t->met = 0;
     free(t->rows);
     free(t->err_ci);
+    free(t->job_sampled);
     t->rows = malloc(sizeof(double) * (size_t)(n_rows > 0 ? n_rows : 1) * (size_t)n_cols);
     t->err_ci = malloc(sizeof(double) * (size_t)(n_rows > 0 ? n_rows : 1));
-    if (!t->rows || !t->err_ci)
+    t->job_sampled = calloc((size_t)(n_rows > 0 ? n_rows : 1), 1);
+    if (!t->rows || !t->err_ci || !t->job_sampled)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (int64_t i = 0; i < n_rows * n_cols; i++)
         t->rows[i] = NAN;
@@ -79,6 +82,7 @@ void kvq_profile_result_free(kvq_profile_result *r)
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         free(r->table[i].rows);
         free(r->table[i].err_ci);
+        free(r->table[i].job_sampled);
     }
     free(r);
 }
@@ -385,6 +389,9 @@ static kvq_status check_params(const kvq_profile_params *p, kvq_err *err)
                            p->prompt_fraction);
     if (!(p->tolerance < 0 || isfinite(p->tolerance)))
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: tolerance %g", p->tolerance);
+    if (!(p->sample_jobs > 0 && p->sample_jobs <= 1))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: job sample fraction %g is not in "
+                           "(0, 1]", p->sample_jobs);
     if (p->threads < 1 || p->threads > 4096)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: threads %d", (int)p->threads);
     if ((s = kvq_leankv_check(&p->leankv, err)))
@@ -527,18 +534,19 @@ static double half_width(const thr_acc *a, int all_rows)
     return all_rows ? (isnan(m) ? NAN : 0.0) : 1.96 * se;
 }
 
-/* The LeanKV and PATS rows from the capture totals: total[n_lk + n_pt]; refined marks
- * the settings measured on every row. */
-static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_acc *total,
-                           const uint8_t *refined)
+/* The LeanKV and PATS rows from what the grid measured (thr_grid_out): the settings
+ * left on the job sample take its interval over jobs. */
+static void fill_grid_rows(kvq_profile_result *r, const thr_grid *G_, const thr_grid_out *o)
 {
     const thr_grid G = *G_;
+    const thr_acc *total = o->total;
     const int all = r->n_measured == r->n_queries;
-    for (int64_t c = 0; c < G.n_lk; c++)
-        r->table[KVQ_PROFILE_LEANKV].err_ci[c] = half_width(&total[c], all || refined[c]);
-    for (int64_t c = 0; c < G.n_pt; c++)
-        r->table[KVQ_PROFILE_PATS].err_ci[c] =
-            half_width(&total[G.n_lk + c], all || refined[G.n_lk + c]);
+    for (int64_t c = 0; c < G.n_lk + G.n_pt; c++) {
+        kvq_profile_table *t = &r->table[c < G.n_lk ? KVQ_PROFILE_LEANKV : KVQ_PROFILE_PATS];
+        const int64_t i = c < G.n_lk ? c : c - G.n_lk;
+        t->job_sampled[i] = !isnan(o->job_ci[c]);
+        t->err_ci[i] = t->job_sampled[i] ? o->job_ci[c] : half_width(&total[c], all || o->refined[c]);
+    }
     for (int64_t c = 0; c < G.n_lk; c++) {
         double *row = r->table[KVQ_PROFILE_LEANKV].rows + (size_t)c * KVQ_PL_NCOLS;
         const thr_acc *a = &total[c];
@@ -599,8 +607,7 @@ kvq_status kvq_profile_capture(const char *capture_dir, const char *artifact_pat
     kvq_profile_result *r = NULL;
     thr_ppl *ppl = NULL;
     thr_grid G = {0};
-    thr_acc *total = NULL;
-    uint8_t *refined = NULL;
+    thr_grid_out go = {0};
     int64_t n_eval = 0;
     kvq_status s;
     const int rank0 = kvq_dist_rank(p->dist) == 0;
@@ -639,9 +646,10 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
         goto done;
     /* ---- LeanKV and PATS on the capture */
     const int64_t n_set = G.n_lk + G.n_pt;
-    total = calloc((size_t)(n_set ? n_set : 1), sizeof *total);
-    refined = calloc((size_t)(n_set ? n_set : 1), 1);
-    if (!total || !refined) {
+    go.total = calloc((size_t)(n_set ? n_set : 1), sizeof *go.total);
+    go.refined = calloc((size_t)(n_set ? n_set : 1), 1);
+    go.job_ci = malloc(sizeof *go.job_ci * (size_t)(n_set ? n_set : 1));
+    if (!go.total || !go.refined || !go.job_ci) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto done;
     }
@@ -650,17 +658,21 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
     if (n_set) {
         kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings on %lld sequences x %d layers",
                 (long long)G.n_lk, (long long)G.n_pt, (long long)n_eval, (int)ci->n_files);
-        if ((s = thr_grid_profile(ci, p, &G, r->tolerance, !r->metric_ppl, total, refined,
-                                  &r->n_queries, &r->n_measured, &r->n_measured_nosave, err))) {
+        if ((s = thr_grid_profile(ci, p, &G, r->tolerance, !r->metric_ppl, &go, err))) {
             free(thin);
             goto done;
         }
+        r->n_queries = go.n_rows;
+        r->n_measured = go.n_err;
+        r->n_measured_nosave = go.n_thin;
+        r->n_jobs = go.n_jobs;
+        r->n_jobs_sampled = go.n_jobs_in;
     }
     for (int64_t c = 0; c < G.n_pt && thin; c++)
         r->n_nosave += thin[c];
     free(thin);
     G.pt_thin = NULL;
-    fill_grid_rows(r, &G, total, refined);
+    fill_grid_rows(r, &G, &go);
     /* ---- perplexity of the same settings (rank 0; the others wait for its status) */
     if (ppl)
         s = ppl_rows(ppl, p, &G, r, err);
@@ -684,8 +696,9 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
         snprintf(r->table[KVQ_PROFILE_MASS].skipped, 256, "not asked for");
     select_all(r, p);
 done:
-    free(total);
-    free(refined);
+    free(go.total);
+    free(go.refined);
+    free(go.job_ci);
     free(G.lk);
     free(G.pt);
     ppl_free(ppl);

@@ -218,6 +218,7 @@ typedef struct grid_sums {
     int64_t n_jobs, n_kv, n_set;
     thr_acc *total;
     int64_t *n_rows, *n_err, *n_thin; /* n_thin: may be NULL */
+    thr_jobs *rec;                    /* NULL, or the job sample whose sums to keep */
 } grid_sums;
 
 static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
@@ -225,10 +226,10 @@ static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
     const grid_sums *g = user;
     const thr_acc *acc = (const thr_acc *)rec;
     const int64_t *rows = (const int64_t *)(acc + g->n_jobs * g->n_set);
-    (void)f;
     for (int64_t jb = 0; jb < g->n_jobs; jb++) {
         for (int64_t c = 0; c < g->n_set; c++)
             acc_add(&g->total[c], &acc[jb * g->n_set + c]);
+        thr_jobs_record(g->rec, f, jb, &acc[jb * g->n_set]);
         if (jb % g->n_kv == 0) {
             *g->n_rows += rows[2 * jb];
             *g->n_err += rows[2 * jb + 1];
@@ -238,24 +239,48 @@ static void grid_add_layer(void *user, int32_t f, const uint8_t *rec)
     }
 }
 
+/* Which jobs a pass runs (thr_jobs_run's want, over J) and whether it keeps the
+ * sampled jobs' sums in J (record). */
+typedef struct grid_jobs {
+    thr_jobs *J;
+    int want, record;
+} grid_jobs;
+
 static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
-                           const thr_grid *G, const char *what, thr_acc *total, int64_t *n_rows,
-                           int64_t *n_err, int64_t *n_thin, kvq_err *err);
+                           const thr_grid *G, const char *what, const grid_jobs *gj,
+                           thr_acc *total, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
+                           kvq_err *err);
 
 kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p, const thr_grid *G,
                         const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
                         kvq_err *err)
 {
-    return grid_run(ci, p, G, what, total, n_rows, n_err, NULL, err);
+    const grid_jobs all = {NULL, -1, 0};
+    return grid_run(ci, p, G, what, &all, total, n_rows, n_err, NULL, err);
+}
+
+/* The evaluated and the measured query rows of a job that a pass leaves out, as run_job
+ * would count them (the row counts cover every job whatever the pass runs). */
+static void job_counts(const thr_layer *L, const kvq_profile_params *p, int64_t r0, int64_t n,
+                       int64_t *n_rows, int64_t *n_err)
+{
+    const int64_t P = thr_prompt_len(p->prompt_fraction, n), sample = p->sample_rows;
+    int64_t nr = 0;
+    for (int64_t t = P; t < n; t++)
+        nr += L->qidx[r0 + t] >= 0;
+    *n_rows = nr;
+    *n_err = p->reference || sample <= 0 || sample >= nr ? nr : sample;
 }
 
 static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
-                           const thr_grid *G, const char *what, thr_acc *total, int64_t *n_rows,
-                           int64_t *n_err, int64_t *n_thin, kvq_err *err)
+                           const thr_grid *G, const char *what, const grid_jobs *gj,
+                           thr_acc *total, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
+                           kvq_err *err)
 {
     const int64_t n_set = G->n_lk + G->n_pt, n_kv = ci->model.n_kv_heads;
     const int64_t n_jobs = ci->n_sequences * n_kv;
-    const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err, n_thin};
+    const grid_sums sums = {n_jobs, n_kv, n_set, total, n_rows, n_err, n_thin,
+                            gj->record ? gj->J : NULL};
     /* one layer's record: acc [n_jobs, n_set], then rows [n_jobs, 2] */
     const size_t rec_bytes = sizeof(thr_acc) * (size_t)(n_jobs * n_set) +
                              sizeof(int64_t) * (size_t)(2 * n_jobs);
@@ -286,10 +311,12 @@ static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params 
 #pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
         for (int64_t jb = 0; jb < n_jobs; jb++) {
             const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
-            st[jb] = n < 2 ? KVQ_OK
-                           : run_job(ci, &L, &T, p, G, r0, n, (int32_t)(jb % n_kv),
-                                     acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1],
-                                     &errs[jb]);
+            if (n >= 2 && !thr_jobs_run(gj->J, f, jb, gj->want))
+                job_counts(&L, p, r0, n, &rows[2 * jb], &rows[2 * jb + 1]);
+            st[jb] = n < 2 || !thr_jobs_run(gj->J, f, jb, gj->want)
+                         ? KVQ_OK
+                         : run_job(ci, &L, &T, p, G, r0, n, (int32_t)(jb % n_kv),
+                                   acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1], &errs[jb]);
         }
         thr_layer_close(&L);
         free(T.cs);
@@ -393,41 +420,109 @@ void thr_unmark_single(const thr_acc *total, int64_t lo, int64_t hi, uint8_t *ma
         mark[c] = 0;
 }
 
-kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
-                            const thr_grid *G, double tol, int refine, thr_acc *total,
-                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
-                            kvq_err *err)
+/* The settings of G that mark holds, as a grid of their own (no thin PATS settings:
+ * never marked). */
+static kvq_status sub_grid(const thr_grid *G, const uint8_t *mark, thr_grid *sub, kvq_err *err)
 {
-    const int64_t n_set = G->n_lk + G->n_pt;
-    kvq_status s = grid_run(ci, p, G, "profile: leankv/pats", total, n_rows, n_err, n_thin, err);
-    /* split by layers: rank 0 holds the totals; every rank needs them to choose the same
-     * settings to measure again */
-    if (!s && kvq_dist_size(p->dist) > 1 &&
-        (!(s = kvq_dist_bcast(p->dist, total, sizeof *total * (size_t)n_set, err)) &&
-         !(s = kvq_dist_bcast(p->dist, n_rows, sizeof *n_rows, err)) &&
-         !(s = kvq_dist_bcast(p->dist, n_thin, sizeof *n_thin, err))))
-        s = kvq_dist_bcast(p->dist, n_err, sizeof *n_err, err);
-    memset(refined, 0, (size_t)n_set);
-    if (s || !refine || p->reference || *n_err == *n_rows)
-        return s;
-    uint8_t *mark = calloc((size_t)n_set, 1);
-    thr_grid sub = {0};
-    thr_acc *part = calloc((size_t)n_set, sizeof *part);
-    sub.lk = malloc(sizeof *sub.lk * (size_t)(G->n_lk ? G->n_lk : 1));
-    sub.pt = malloc(sizeof *sub.pt * (size_t)(G->n_pt ? G->n_pt : 1));
-    if (!mark || !part || !sub.lk || !sub.pt)
-        s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
-        goto done;
-    thr_mark_refine(total, 0, G->n_lk, tol, mark);
-    thr_mark_refine_below(total, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
+    memset(sub, 0, sizeof *sub);
+    sub->lk = malloc(sizeof *sub->lk * (size_t)(G->n_lk ? G->n_lk : 1));
+    sub->pt = malloc(sizeof *sub->pt * (size_t)(G->n_pt ? G->n_pt : 1));
+    if (!sub->lk || !sub->pt)
+        return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (int64_t c = 0; c < G->n_lk; c++)
         if (mark[c])
-            sub.lk[sub.n_lk++] = G->lk[c];
+            sub->lk[sub->n_lk++] = G->lk[c];
     for (int64_t c = 0; c < G->n_pt; c++)
         if (mark[G->n_lk + c])
-            sub.pt[sub.n_pt++] = G->pt[c];
-    if (sub.n_lk + sub.n_pt == 0)
+            sub->pt[sub->n_pt++] = G->pt[c];
+    return KVQ_OK;
+}
+
+/* Adds the sums part [sub's settings] of the marked settings of G into total: the errors,
+ * and with mem the memory too. */
+static void add_marked(const thr_grid *G, const uint8_t *mark, const thr_grid *sub,
+                       const thr_acc *part, int mem, thr_acc *total)
+{
+    for (int64_t c = 0, i = 0, k = 0; c < G->n_lk + G->n_pt; c++) {
+        if (!mark[c])
+            continue;
+        const thr_acc *a = c < G->n_lk ? &part[i++] : &part[sub->n_lk + k++];
+        if (mem) {
+            acc_add(&total[c], a);
+            continue;
+        }
+        total[c].err_sum += a->err_sum;
+        total[c].err_sq += a->err_sq;
+        total[c].err_n += a->err_n;
+    }
+}
+
+/* After the job sample's pass: the settings that may be within tolerance or may have
+ * the least error (thr_jobs_mark) run on the other jobs, their sums into total; the
+ * others keep the sample's, and their interval over jobs (95% half-width) goes to
+ * job_ci [n_set] (NaN for the settings measured on every job). */
+static kvq_status other_jobs(const kvq_capture_info *ci, const kvq_profile_params *p,
+                             const thr_grid *G, double tol, thr_jobs *J, thr_acc *total,
+                             double *job_ci, kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt;
+    uint8_t *mark = calloc((size_t)n_set, 1);
+    thr_acc *part = calloc((size_t)n_set, sizeof *part);
+    thr_grid sub = {0};
+    kvq_status s = mark && part ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if (!s) {
+        thr_jobs_mark(J, total, 0, G->n_lk, tol, INFINITY, mark);
+        thr_jobs_mark(J, total, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
+        for (int64_t c = 0; c < n_set; c++) {
+            double m, se;
+            thr_jobs_interval(J, c, &m, &se);
+            job_ci[c] = mark[c] ? NAN : 1.96 * se;
+        }
+        s = sub_grid(G, mark, &sub, err);
+    }
+    s = kvq_dist_agree(p->dist, s, err); /* split by layers: all ranks go on, or none */
+    if (!s && sub.n_lk + sub.n_pt > 0) {
+        kvq_log(&p->cb, KVQ_LOG_INFO,
+                "profile: %lld LeanKV and %lld PATS settings may be within the tolerance or "
+                "the best: measured on the %lld other jobs of each layer",
+                (long long)sub.n_lk, (long long)sub.n_pt, (long long)(J->n_elig - J->n_in));
+        const grid_jobs rest = {J, 0, 0};
+        int64_t nr = 0, ne = 0;
+        if (!(s = grid_run(ci, p, &sub, "profile: leankv/pats, other jobs", &rest, part, &nr, &ne,
+                           NULL, err)))
+            add_marked(G, mark, &sub, part, 1, total);
+    }
+    free(mark);
+    free(part);
+    free(sub.lk);
+    free(sub.pt);
+    return s;
+}
+
+/* The settings (measured on every job) whose choice the sampled rows leave open,
+ * measured on the rows the sample left out (refined[c] = 1). */
+static kvq_status every_row(const kvq_capture_info *ci, const kvq_profile_params *p,
+                            const thr_grid *G, double tol, const double *job_ci, thr_acc *total,
+                            uint8_t *refined, kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt;
+    uint8_t *mark = calloc((size_t)n_set, 1);
+    thr_acc *part = calloc((size_t)n_set, sizeof *part);
+    thr_acc *cand = malloc(sizeof *cand * (size_t)n_set);
+    thr_grid sub = {0};
+    kvq_status s = mark && part && cand ? KVQ_OK
+                                        : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
+        goto done;
+    /* the settings left on the job sample take no part (no error: never marked) */
+    for (int64_t c = 0; c < n_set; c++) {
+        cand[c] = total[c];
+        if (!isnan(job_ci[c]))
+            cand[c].err_sum = cand[c].err_sq = cand[c].err_n = 0;
+    }
+    thr_mark_refine(cand, 0, G->n_lk, tol, mark);
+    thr_mark_refine_below(cand, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
+    if ((s = sub_grid(G, mark, &sub, err)) || sub.n_lk + sub.n_pt == 0)
         goto done;
     kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings near the tolerance: "
             "measured on every row", (long long)sub.n_lk, (long long)sub.n_pt);
@@ -437,19 +532,55 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     int64_t nr = 0, ne = 0;
     if ((s = thr_grid_run(ci, &all, &sub, "profile: every row", part, &nr, &ne, err)))
         goto done;
-    for (int64_t c = 0, i = 0, k = 0; c < n_set; c++) {
-        if (!mark[c])
-            continue;
-        const thr_acc *a = c < G->n_lk ? &part[i++] : &part[sub.n_lk + k++];
-        total[c].err_sum += a->err_sum;
-        total[c].err_sq += a->err_sq;
-        total[c].err_n += a->err_n;
-        refined[c] = 1;
-    }
+    add_marked(G, mark, &sub, part, 0, total);
+    for (int64_t c = 0; c < n_set; c++)
+        refined[c] = mark[c];
 done:
     free(mark);
     free(part);
+    free(cand);
     free(sub.lk);
     free(sub.pt);
+    return s;
+}
+
+kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
+                            const thr_grid *G, double tol, int refine, thr_grid_out *o,
+                            kvq_err *err)
+{
+    const int64_t n_set = G->n_lk + G->n_pt;
+    thr_jobs J = {0};
+    o->n_rows = o->n_err = o->n_thin = 0;
+    memset(o->refined, 0, (size_t)n_set);
+    for (int64_t c = 0; c < n_set; c++)
+        o->job_ci[c] = NAN;
+    /* the job sample: with the row sample only (the reference and every row run every
+     * job), and only where the choice is made against the tolerance here (refine) */
+    const double frac = refine && !p->reference && p->sample_rows > 0 ? p->sample_jobs : 1.0;
+    kvq_status s = thr_jobs_plan(ci, frac, n_set, &J, err);
+    o->n_jobs = J.n_elig * ci->n_files;
+    o->n_jobs_in = J.on ? J.n_in * ci->n_files : o->n_jobs;
+    const grid_jobs first = {&J, J.on ? 1 : -1, 1};
+    if (!s)
+        s = grid_run(ci, p, G, J.on ? "profile: leankv/pats, job sample" : "profile: leankv/pats",
+                     &first, o->total, &o->n_rows, &o->n_err, &o->n_thin, err);
+    /* split by layers: rank 0 holds the totals and the sampled jobs' sums; every rank
+     * needs them to choose the same settings to measure again */
+    const size_t cells = (size_t)J.n_files * (size_t)J.n_jobs * (size_t)n_set;
+    if (!s && kvq_dist_size(p->dist) > 1 &&
+        (!(s = kvq_dist_bcast(p->dist, o->total, sizeof *o->total * (size_t)n_set, err)) &&
+         !(s = kvq_dist_bcast(p->dist, &o->n_rows, sizeof o->n_rows, err)) &&
+         !(s = kvq_dist_bcast(p->dist, &o->n_thin, sizeof o->n_thin, err)) &&
+         !(s = kvq_dist_bcast(p->dist, &o->n_err, sizeof o->n_err, err))) && J.on &&
+        !(s = kvq_dist_bcast(p->dist, J.y, sizeof *J.y * cells, err)))
+        s = kvq_dist_bcast(p->dist, J.x, sizeof *J.x * cells, err);
+    if (s) /* the split pass and the broadcasts agree on their status */
+        goto done;
+    if (J.on && (s = other_jobs(ci, p, G, tol, &J, o->total, o->job_ci, err)))
+        goto done;
+    if (refine && !p->reference && o->n_err != o->n_rows)
+        s = every_row(ci, p, G, tol, o->job_ci, o->total, o->refined, err);
+done:
+    thr_jobs_free(&J);
     return s;
 }

@@ -177,16 +177,63 @@ kvq_status thr_grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
                         const char *what, thr_acc *total, int64_t *n_rows, int64_t *n_err,
                         kvq_err *err);
 
-/* The grid as the profile runs it: every layer with the sampled rows, then (refine = 1,
- * a sample smaller than every row) the settings whose sampled error leaves the choice
- * against tolerance `tol` open measured on the rows the sample left out; refined
- * [n_lk + n_pt] marks them (their sums, the sample's plus those, then cover every row).
- * *n_thin: the rows the thin PATS settings were measured on (G->pt_thin). Arguments and
- * errors as thr_grid_run. */
+/* What thr_grid_profile measured. The caller gives the arrays, [n_lk + n_pt] each. */
+typedef struct thr_grid_out {
+    thr_acc *total;    /* the settings' sums (added to) */
+    uint8_t *refined;  /* 1: measured on every row (the sample's sums plus the rest) */
+    double *job_ci;    /* 95% half-width over jobs of a setting left on the job sample
+                          (its figures are the sampled jobs'); NaN: every job */
+    int64_t n_rows, n_err; /* evaluated and measured query rows, x layers (every job) */
+    int64_t n_thin;    /* the rows the thin PATS settings were measured on (G->pt_thin) */
+    int64_t n_jobs, n_jobs_in; /* (layer, sequence, KV head) jobs; in the job sample (all
+                                  of them when there is none) */
+} thr_grid_out;
+
+/* The grid as the profile runs it: with refine (the choice is made here against `tol`),
+ * the row sample (p->sample_rows) and enough jobs, first every setting on a sample of
+ * each layer's jobs (p->sample_jobs; thr_jobs_plan), then the settings that may be
+ * within tolerance or the best (thr_jobs_mark) on the other jobs; without it every job.
+ * Then (refine, a row sample) the settings measured on every job whose sampled error
+ * leaves the choice open (thr_mark_refine) on the rows the sample left out. Arguments
+ * and errors as thr_grid_run. */
 kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params *p,
-                            const thr_grid *G, double tol, int refine, thr_acc *total,
-                            uint8_t *refined, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
+                            const thr_grid *G, double tol, int refine, thr_grid_out *o,
                             kvq_err *err);
+
+/* The job sample of the grid (profile_jobs.c): in each layer, n_in of its n_elig
+ * eligible (sequence, KV head) jobs, drawn by a fixed seed; on = 0: every job (the
+ * fraction is 1, or the sample would be too small: fewer than 2 jobs a layer, or fewer
+ * than 20 in all, or no job left out). y, x: the sampled jobs' error sums and counts per
+ * setting, as the first pass recorded them. */
+typedef struct thr_jobs {
+    int on;
+    int32_t n_files;
+    int64_t n_jobs, n_set; /* jobs per layer (sequences x KV heads), settings */
+    int64_t n_elig, n_in;  /* per layer: jobs with a sequence of 2 or more tokens; sampled */
+    uint8_t *in;           /* [n_files, n_jobs] 1: in the sample */
+    double *y, *x;         /* [n_files, n_jobs, n_set] */
+} thr_jobs;
+
+/* Draws the sample of `fraction` of each layer's jobs for a grid of n_set settings.
+ * KVQ_E_NOMEM. */
+kvq_status thr_jobs_plan(const kvq_capture_info *ci, double fraction, int64_t n_set,
+                         thr_jobs *J, kvq_err *err);
+void thr_jobs_free(thr_jobs *J);
+/* 1 when a pass runs job jb of layer f: want 1 the sampled jobs, 0 the others, -1 every
+ * job (J NULL or off: every job for want != 0, none for want 0). */
+int thr_jobs_run(const thr_jobs *J, int32_t f, int64_t jb, int want);
+/* Keeps a sampled job's sums acc [n_set] (nothing for other jobs, or J NULL or off). */
+void thr_jobs_record(thr_jobs *J, int32_t f, int64_t jb, const thr_acc *acc);
+/* Setting c's error over the sampled jobs and its stratified standard error over jobs
+ * (the formula is in profile_jobs.c); NaN without a measured row. */
+void thr_jobs_interval(const thr_jobs *J, int64_t c, double *mean, double *se);
+/* Marks the settings of [lo, hi) to measure on the other jobs: those (with memory below
+ * max_mem) that may be within tolerance tol or may have the least error, by 4 standard
+ * errors of thr_jobs_interval; when none may be within tolerance and the possible best
+ * are one setting, none (thr_unmark_single). */
+void thr_jobs_mark(const thr_jobs *J, const thr_acc *total, int64_t lo, int64_t hi, double tol,
+                   double max_mem, uint8_t *mark);
+
 /* Mean and standard error of a setting's measured errors (NaN without any). */
 void thr_acc_interval(const thr_acc *a, double *mean, double *se);
 /* Marks (mark[c] = 1, else 0) the settings of one table [lo, hi) of total whose choice

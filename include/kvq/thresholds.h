@@ -309,7 +309,11 @@ typedef struct kvq_profile_table {
                                                 (normal approximation over the (row,
                                                 query head) pairs); 0 where every
                                                 evaluated row was measured; NULL when the
-                                                table has no err column measured */
+                                                table has no err column measured; for a
+                                                row of job_sampled, over jobs */
+    uint8_t *job_sampled;                    /* [n_rows] 1: the row's figures (err and
+                                                the token shares) come from the job sample
+                                                alone (kvq_profile_params.sample_jobs) */
 } kvq_profile_table;
 
 /* Column layouts (indices into a row). memory: fraction of the f16 cache; attended:
@@ -359,6 +363,15 @@ typedef struct kvq_profile_params {
                                   the choice are measured again on every row; PATS
                                   settings that save no memory against the f16 cache
                                   (never chosen) on a quarter of the sampled rows */
+    double sample_jobs;        /* with sample_rows > 0: every LeanKV/PATS setting is
+                                  first measured on this fraction of each layer's
+                                  (sequence, KV head) jobs, a random sample by a fixed
+                                  seed (default 1/3; 1 = every job); the settings that
+                                  may be within the tolerance or the best are then
+                                  measured on the other jobs, the others keep the
+                                  sample's figures with an interval over jobs. Every
+                                  job when the sample would have fewer than 2 jobs a
+                                  layer or 20 in all */
     int reference;             /* 1: LeanKV and PATS by the reference path (one
                                   simulated cache per setting, every row; slow), which
                                   the tests compare the default path with (default 0) */
@@ -383,6 +396,8 @@ typedef struct kvq_profile_result {
                                   cache (never chosen) */
     int64_t n_measured_nosave; /* the rows their error was measured on: a quarter of
                                   the sampled ones (all of them when every row is) */
+    int64_t n_jobs;            /* (layer, sequence, KV head) jobs of the LeanKV/PATS grid */
+    int64_t n_jobs_sampled;    /* those of the job sample (n_jobs when there is none) */
     kvq_profile_table table[KVQ_PROFILE_N_TABLES];
 } kvq_profile_result;
 

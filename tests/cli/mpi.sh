@@ -76,6 +76,22 @@ for n in 2 3; do
     fail "mpi_profile_np${n}_same_bytes" "$(grep -v '[0-9]/[0-9]' "$T/p$n.err" | tail -3)"
   fi
 done
+# The job sample of the LeanKV/PATS grid (--sample-jobs 0.5: 4 of stories260K's 8 jobs
+# a layer, 20 in all; the stand-in model has too few jobs for one, so every job): the
+# same bytes for 1, 2 and 3 ranks (the sampled jobs' sums gathered to rank 0 and sent
+# back to every rank for the second pass's decision).
+RUN= prof -q --sample-jobs 0.5 --json -o "$T/j1.kvq" >"$T/j1.json" 2>"$T/j1.err" ||
+  fail mpi_profile_job_sample_reference "$(cat "$T/j1.err")"
+for n in 2 3; do
+  if RUN="mpi $n" prof -q --sample-jobs 0.5 -o "$T/j$n.kvq" >/dev/null 2>"$T/j$n.err" &&
+     cmp "$T/j1.kvq" "$T/j$n.kvq" &&
+     { [ "$MI_LAYERS" != 5 ] || grep -q '"jobs": 40, "sampled_jobs": 20' "$T/j1.json"; }; then
+    ok "mpi_profile_job_sample_np${n}_same_bytes"
+  else
+    fail "mpi_profile_job_sample_np${n}_same_bytes" "$(tail -3 "$T/j$n.err")"
+  fi
+done
+
 # Rank 1 profiles layers too: killed (SIGKILL) after its first layer, the run fails
 # with no output; a rerun writes the same bytes.
 KVQ_TEST_KILL=1:1:profile RUN="mpi 2" prof -q -o "$T/pk.kvq" >/dev/null 2>"$T/pk.err"; rc=$?
