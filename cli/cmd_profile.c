@@ -251,7 +251,7 @@ static void print_json(const kvq_profile_result *r, const char *out)
             printf("]");
         }
         printf("]");
-        if (t->job_sampled && i <= KVQ_PROFILE_PATS) {
+        if (t->job_sampled) {
             printf(", \"job_sampled\": [");
             for (int64_t j = 0; j < t->n_rows; j++)
                 printf("%s%s", j ? ", " : "", t->job_sampled[j] ? "true" : "false");

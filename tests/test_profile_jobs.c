@@ -4,7 +4,8 @@
  * hand computation, and on SmolLM2 (the demo model, every layer) that the profile with
  * the job sample chooses what the profile with every row of every job chooses, at
  * tolerances across the measured range, with the figures it keeps from the sample
- * within their interval of every job's.
+ * within their interval of every job's; the budget/tau pass likewise (its jobs: the
+ * sequences of a layer).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,7 +20,9 @@
 #include "helpers/testutil.h"
 #include "kvq/capture.h"
 #include "kvq/capture_dir.h"
+#include "kvq/fit.h"
 #include "kvq/model.h"
+#include "kvq/moments.h"
 #include "kvq/thresholds.h"
 #include "thresholds/thresholds_internal.h"
 
@@ -61,8 +64,8 @@ static void test_plan(void **state)
     kvq_capture_info ci = shape(30, 3, lens, 4, seqs);
     thr_jobs a, b;
     kvq_err e = {0};
-    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 5, &a, &e), KVQ_OK);
-    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 5, &b, &e), KVQ_OK);
+    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 3, 5, &a, &e), KVQ_OK);
+    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 3, 5, &b, &e), KVQ_OK);
     assert_true(a.on);
     assert_int_equal(a.n_jobs, 12);
     assert_int_equal(a.n_elig, 9); /* sequence 1 (one token) has no job */
@@ -87,14 +90,14 @@ static void test_plan(void **state)
     thr_jobs_free(&b);
     /* too small: 3 layers x 3 sampled jobs (9 < 20); one job a layer; fraction 1 */
     ci.n_files = 3;
-    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 5, &a, &e), KVQ_OK);
+    assert_int_equal(thr_jobs_plan(&ci, 1.0 / 3.0, 3, 5, &a, &e), KVQ_OK);
     assert_false(a.on);
     assert_int_equal(thr_jobs_run(&a, 0, 0, 1), 1);
     assert_int_equal(thr_jobs_run(&a, 0, 0, 0), 0);
     ci.n_files = 30;
-    assert_int_equal(thr_jobs_plan(&ci, 0.1, 5, &a, &e), KVQ_OK);
+    assert_int_equal(thr_jobs_plan(&ci, 0.1, 3, 5, &a, &e), KVQ_OK);
     assert_false(a.on);
-    assert_int_equal(thr_jobs_plan(&ci, 1.0, 5, &a, &e), KVQ_OK);
+    assert_int_equal(thr_jobs_plan(&ci, 1.0, 3, 5, &a, &e), KVQ_OK);
     assert_false(a.on);
     thr_jobs_free(&a);
 }
@@ -146,22 +149,25 @@ static void test_marks(void **state)
     for (int c = 0; c < 3; c++)
         tot[c].mem.bytes = 0.5, tot[c].mem.bytes_f16 = 1;
     uint8_t mark[3];
-    thr_jobs_mark(&J, tot, 0, 3, 0.05, INFINITY, mark);
+    thr_jobs_mark(&J, tot, 0, 3, 0.05, INFINITY, 0, mark);
     assert_true(mark[0] && !mark[1] && !mark[2]);
-    thr_jobs_mark(&J, tot, 0, 3, 0.059, INFINITY, mark); /* 0.06 within 4 se of it */
+    thr_jobs_mark(&J, tot, 0, 3, 0.059, INFINITY, 0, mark); /* 0.06 within 4 se of it */
     assert_true(mark[0] && mark[1] && !mark[2]);
     /* none may be within: the least error alone settles it */
-    thr_jobs_mark(&J, tot, 0, 3, 0.01, INFINITY, mark);
+    thr_jobs_mark(&J, tot, 0, 3, 0.01, INFINITY, 0, mark);
     assert_true(!mark[0] && !mark[1] && !mark[2]);
     /* never chosen: the first saves no memory, so the second is the best alone */
     tot[0].mem.bytes = 1;
-    thr_jobs_mark(&J, tot, 0, 3, 0.05, THR_PATS_MAX_MEMORY, mark);
+    thr_jobs_mark(&J, tot, 0, 3, 0.05, THR_PATS_MAX_MEMORY, 0, mark);
     assert_true(!mark[0] && !mark[1] && !mark[2]);
 }
 
+/* SmolLM2 over docs/design.md, every layer (made once). */
 static const char *capture_smollm2(const char *model)
 {
     static char dir[512];
+    if (dir[0])
+        return dir;
     snprintf(dir, sizeof dir, "%s", test_path("capjobs"));
     kvq_model *m = NULL;
     kvq_err e = {0};
@@ -294,6 +300,143 @@ static void test_smollm2_job_sample_choice(void **state)
     kvq_profile_result_free(all);
 }
 
+/* A codebook artifact fitted on the capture (small K: the selection, not its quality,
+ * is under test). */
+static const char *fit_artifact(const char *cap)
+{
+    static char path[512];
+    snprintf(path, sizeof path, "%s", test_path("jobs_fit.kvq"));
+    const char *mom = test_path("jobs_mom.safetensors");
+    kvq_err e = {0};
+    kvq_moments_params mp = kvq_moments_params_default();
+    kvq_status s = kvq_moments_compute(cap, mom, 1, &mp, NULL, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    kvq_fit_params fp = kvq_fit_params_default();
+    fp.codebook_size = 16;
+    fp.iters = 4;
+    fp.holdout = 0;
+    fp.checkpoint = 0;
+    fp.overwrite = 1;
+    fp.threads = 2;
+    s = kvq_fit_run(cap, mom, path, &fp, NULL, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    return path;
+}
+
+/* The rule of kvq/thresholds.h "Selection" on a budget or tau table's every-row
+ * figures: within tolerance the least memory (budget: the fraction; tau: the attended
+ * share, then tau), ties the lower error; none within: the lowest error, ties less
+ * memory. */
+static int64_t expected_budget_choice(const kvq_profile_table *t, double tol, int mass)
+{
+    int64_t best = -1;
+    int best_in = 0;
+    for (int64_t i = 0; i < t->n_rows; i++) {
+        const double *r = t->rows + i * KVQ_PB_NCOLS;
+        const int in = r[KVQ_PB_ERR] <= tol;
+        if (best < 0 || in > best_in) {
+            best = i, best_in = in;
+            continue;
+        }
+        if (in < best_in)
+            continue;
+        const double *b = t->rows + best * KVQ_PB_NCOLS;
+        const double m1 = mass ? r[KVQ_PB_ATTENDED] : r[KVQ_PB_VALUE];
+        const double b1 = mass ? b[KVQ_PB_ATTENDED] : b[KVQ_PB_VALUE];
+        const double m2 = r[KVQ_PB_VALUE], b2 = b[KVQ_PB_VALUE];
+        const double e = r[KVQ_PB_ERR], be = b[KVQ_PB_ERR];
+        const int better = in ? (m1 < b1 || (m1 == b1 && (mass && m2 != b2 ? m2 < b2 : e < be)))
+                              : (e < be || (e == be && m1 < b1));
+        if (better)
+            best = i;
+    }
+    return best;
+}
+
+static kvq_profile_result *profile_budget(const char *cap, const char *art, int64_t sample,
+                                          double tol)
+{
+    kvq_profile_params p = kvq_profile_params_default();
+    p.knobs = KVQ_KNOB_BUDGET | KVQ_KNOB_MASS;
+    p.sample_rows = sample;
+    p.tolerance = tol;
+    p.threads = 2;
+    kvq_profile_result *r = NULL;
+    kvq_err e = {0};
+    kvq_status s = kvq_profile_capture(cap, art, &p, &r, &e);
+    if (s)
+        print_error("%s\n", e.msg);
+    assert_int_equal(s, KVQ_OK);
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++)
+        assert_string_equal(r->table[t].skipped, "");
+    return r;
+}
+
+/* The budget/tau pass with the job sample (2 of each layer's 4 sequences): the choice
+ * every row of every sequence makes, at tolerances between the errors, below all and
+ * above all; rows kept from the sample within 4 standard errors over jobs. */
+static void test_smollm2_budget_job_sample(void **state)
+{
+    (void)state;
+    const char *model = smollm2_path();
+    if (!model)
+        TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
+    const char *cap = capture_smollm2(model);
+    const char *art = fit_artifact(cap);
+    kvq_profile_result *all = profile_budget(cap, art, 0, -1);
+    double tols[40];
+    int nt = 0;
+    double lo = INFINITY, hi = 0;
+    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+        const kvq_profile_table *y = &all->table[t];
+        double e[32];
+        const int64_t n = y->n_rows;
+        for (int64_t i = 0; i < n; i++)
+            e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
+        qsort(e, (size_t)n, sizeof *e, cmp_double);
+        lo = e[0] < lo ? e[0] : lo;
+        hi = e[n - 1] > hi ? e[n - 1] : hi;
+        for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
+            if (e[i + 1] > e[i])
+                tols[nt++] = 0.5 * (e[i] + e[i + 1]);
+    }
+    tols[nt++] = 0.5 * lo;
+    tols[nt++] = 2 * hi;
+    int64_t n_kept = 0, n_other = 0;
+    for (int k = 0; k < nt; k++) {
+        kvq_profile_result *b = profile_budget(cap, art, 32, tols[k]);
+        for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
+            const kvq_profile_table *x = &all->table[t], *y = &b->table[t];
+            const int64_t want = expected_budget_choice(x, tols[k], t == KVQ_PROFILE_MASS);
+            if (y->chosen != want)
+                fail_msg("%s tol %g: job sample chose %lld, every row %lld", y->name, tols[k],
+                         (long long)y->chosen, (long long)want);
+            for (int64_t i = 0; i < y->n_rows; i++) {
+                const double ex = x->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
+                const double ey = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
+                if (!y->job_sampled[i]) {
+                    n_other++;
+                    continue;
+                }
+                n_kept++;
+                if (!(fabs(ex - ey) <= 4.0 / 1.96 * y->err_ci[i]))
+                    fail_msg("%s tol %g row %lld kept from the job sample: err %.6g (every "
+                             "row) vs %.6g +- %.2g", y->name, tols[k], (long long)i, ex, ey,
+                             y->err_ci[i]);
+            }
+        }
+        kvq_profile_result_free(b);
+    }
+    assert_true(n_kept > 0 && n_other > 0);
+    print_message("budget/tau job sample: %lld rows kept from it, %lld measured on every job\n",
+                  (long long)n_kept, (long long)n_other);
+    kvq_profile_result_free(all);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -301,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_interval_by_hand),
         cmocka_unit_test(test_marks),
         cmocka_unit_test(test_smollm2_job_sample_choice),
+        cmocka_unit_test(test_smollm2_budget_job_sample),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     test_tmpdir_cleanup();

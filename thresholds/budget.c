@@ -184,8 +184,10 @@ static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, co
     return KVQ_OK;
 }
 
-/* A table row; *ci the 95% half-width of the error (0 when every row was measured). */
-static void fill_row(double *row, double *ci, double value, const bsetting *b, int all_rows)
+/* A table row; *ci the 95% half-width of the error (0 when every row was measured;
+ * job_ci when it is not NaN: a setting left on the job sample). */
+static void fill_row(double *row, double *ci, double value, const bsetting *b, int all_rows,
+                     double job_ci)
 {
     row[KVQ_PB_VALUE] = value;
     row[KVQ_PB_ATTENDED] = b->visible > 0 ? b->attended / b->visible : NAN;
@@ -194,7 +196,7 @@ static void fill_row(double *row, double *ci, double value, const bsetting *b, i
     const thr_acc a = {.err_sum = b->err, .err_sq = b->err_sq, .err_n = b->err_n};
     double m, se;
     thr_acc_interval(&a, &m, &se);
-    *ci = isnan(m) ? NAN : all_rows ? 0.0 : 1.96 * se;
+    *ci = isnan(m) ? NAN : !isnan(job_ci) ? job_ci : all_rows ? 0.0 : 1.96 * se;
 }
 
 /* Buffers: of one sequence (longest rows) per thread, of every setting's outputs on
@@ -213,6 +215,9 @@ typedef struct seq_bufs {
     kvq_retrieval **ctx;       /* [n_thr] probe contexts (measure, one thread) */
     kvq_retrieval_setting *rs; /* [n_set] */
     kvq_retrieval_stats *z;    /* [n_thr][n_set] */
+    thr_jobs *J;               /* the job sample (sequences of a layer) or NULL */
+    int want, record;          /* a pass's sequences (thr_jobs_run) and whether it keeps
+                                  the sampled ones' sums in J */
 } seq_bufs;
 
 /* The settings: the codebook selector at each budget fraction fr [n_b], then the mass
@@ -310,10 +315,11 @@ static int thread_num(void)
  * probe_sequence on its thread's context), their sums added to set in sequence order
  * (the same bytes for any thread count). *rec_at: the rec column of the layer's first
  * measured row (advanced). */
-static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
+static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, int32_t f,
                               bsetting *set, int64_t n_set, const kvq_profile_params *p,
                               int64_t sample, const seq_bufs *b, int64_t *rec_at, kvq_err *err)
 {
+    const int32_t layer = ci->layers[f];
     const int64_t ns = ci->n_sequences;
     bsetting *part = calloc((size_t)(ns * n_set), sizeof *part);
     int64_t *at = malloc(sizeof *at * (size_t)ns);
@@ -332,11 +338,16 @@ static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, in
     }
     /* a split pass: each row's steps logged at its place in the layer's log */
     for (int64_t i = 0; i < ns; i++)
-        for (int64_t c = 0; c < n_set; c++)
-            part[i * n_set + c].log = set[c].log ? set[c].log + (at[i] - at[0]) : NULL;
+        for (int64_t c = 0; c < n_set; c++) {
+            bstep *lg = set[c].log ? set[c].log + (at[i] - at[0]) : NULL;
+            part[i * n_set + c].log = lg;
+            /* a sequence the pass leaves out logs steps that count nothing */
+            if (lg && !thr_jobs_run(b->J, f, i, b->want))
+                memset(lg, 0, sizeof *lg * (size_t)((i + 1 < ns ? at[i + 1] : *rec_at) - at[i]));
+        }
 #pragma omp parallel for num_threads(b->n_thr) schedule(dynamic, 1)
     for (int64_t i = 0; i < ns; i++) {
-        if (ci->sequences[2 * i + 1] < 2)
+        if (ci->sequences[2 * i + 1] < 2 || !thr_jobs_run(b->J, f, i, b->want))
             continue;
         const int32_t t = thread_num();
         bseq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, 1, b);
@@ -350,8 +361,11 @@ static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, in
                 *err = errs[i];
             s = st[i];
         }
-        for (int64_t c = 0; c < n_set && !s; c++)
+        for (int64_t c = 0; c < n_set && !s; c++) {
             sums_add(&set[c], &part[i * n_set + c]);
+            if (b->record)
+                thr_jobs_put(b->J, f, i, c, part[i * n_set + c].err, part[i * n_set + c].err_n);
+        }
     }
     for (int64_t c = 0; c < n_set && ns > 0; c++)
         if (set[c].log)
@@ -392,7 +406,7 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
         if ((s = thr_layer_open(ci, f, &L, err)))
             break;
         if (!p->reference)
-            s = probe_layer(ci, &L, layer, set, n_set, p, sample, b, &rec_at, err);
+            s = probe_layer(ci, &L, f, set, n_set, p, sample, b, &rec_at, err);
         for (int64_t i = 0; p->reference && i < ci->n_sequences && !s; i++) {
             if (ci->sequences[2 * i + 1] < 2)
                 continue;
@@ -424,6 +438,8 @@ typedef struct budget_replay {
     int64_t ns;
     double *rec;      /* NULL: not kept */
     int64_t rec_ld;
+    thr_jobs *J;      /* the job sample or NULL; want and record as in seq_bufs */
+    int want, record;
 } budget_replay;
 
 static void replay_layer(void *user, int32_t f, const uint8_t *rec)
@@ -431,7 +447,6 @@ static void replay_layer(void *user, int32_t f, const uint8_t *rec)
     budget_replay *g = user;
     const int64_t *n_logged = (const int64_t *)rec;
     const bstep *steps = (const bstep *)(n_logged + 1);
-    (void)f;
     for (int64_t c = 0; c < g->n_set; c++) {
         int64_t i = 0;
         for (int64_t q = 0; i < *n_logged && (!g->per_row || q < g->ns); q++) {
@@ -441,13 +456,15 @@ static void replay_layer(void *user, int32_t f, const uint8_t *rec)
             for (int64_t j = 0; j < m && i < *n_logged; j++, i++) {
                 const bstep *x = &steps[c * g->n_z + i];
                 step_add(to, x, g->per_row);
-                if (g->rec)
+                if (g->rec && (!g->per_row || thr_jobs_run(g->J, f, q, g->want)))
                     g->rec[c * g->rec_ld + g->at + i] =
                         x->measured > 0 ? x->out_rel_err / x->measured : NAN;
             }
-            if (g->per_row)
+            if (g->per_row) {
                 sums_add(&g->set[c], &part);
-            else
+                if (g->record)
+                    thr_jobs_put(g->J, f, q, c, part.err, part.err_n);
+            } else
                 g->set[c].err_sq = NAN; /* as run_reference */
         }
     }
@@ -494,7 +511,7 @@ static kvq_status run_layers(const kvq_capture_info *ci, const kvq_codebook_set 
     for (int64_t c = 0; c < n_set; c++)
         set[c].log = NULL;
     budget_replay g = {set, n_set, n_z, 0, !p->reference, seq_rows, ci->n_sequences,
-                       sample ? b->rec : NULL, b->rec_ld};
+                       sample ? b->rec : NULL, b->rec_ld, b->J, b->want, b->record};
     s = thr_split_end(&sp, s, replay_layer, &g, err);
     free(seq_rows);
     *n_layers_done = 0;
@@ -564,12 +581,65 @@ static void mark_table(const thr_acc *a, int64_t lo, int64_t hi, double tol, con
     thr_unmark_single(a, lo, hi, mark);
 }
 
+/* After the job sample's pass (b->J on): the settings that may be within tolerance or
+ * the best (thr_jobs_mark, the best paired as mark_table) run on the other sequences,
+ * their sums added to set's; the others keep the sample's, and job_ci [n_set] gets their
+ * 95% half-width over jobs (NaN: every job). Split by layers: rank 0 holds the sums and
+ * decides for every rank. */
+static kvq_status other_jobs(const kvq_capture_info *ci, const kvq_codebook_set *rt,
+                             bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
+                             double tol, const kvq_profile_params *p, seq_bufs *b,
+                             double *job_ci, kvq_err *err)
+{
+    thr_acc *a = calloc((size_t)n_set, sizeof *a);
+    bsetting *sub = calloc((size_t)n_set, sizeof *sub);
+    int64_t *idx = calloc((size_t)n_set, sizeof *idx);
+    uint8_t *mark = calloc((size_t)n_set, 1);
+    kvq_status s = a && sub && idx && mark ? KVQ_OK
+                                           : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
+    if ((s = kvq_dist_agree(p->dist, s, err)))
+        goto done;
+    to_acc(set, n_set, n_b, fr, a);
+    thr_jobs_mark(b->J, a, 0, n_b, tol, INFINITY, 1, mark);
+    thr_jobs_mark(b->J, a, n_b, n_set, tol, INFINITY, 1, mark);
+    if ((s = kvq_dist_bcast(p->dist, mark, (size_t)n_set, err)))
+        goto done;
+    int64_t m = 0;
+    for (int64_t c = 0; c < n_set; c++) {
+        double mean, se;
+        thr_jobs_interval(b->J, c, &mean, &se);
+        job_ci[c] = mark[c] ? NAN : 1.96 * se;
+        if (mark[c]) {
+            sub[m].rp = set[c].rp;
+            sub[m].r = set[c].r;
+            idx[m++] = c;
+        }
+    }
+    if (m == 0)
+        goto done;
+    kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld budget/tau settings may be within the "
+            "tolerance or the best: measured on the other sequences", (long long)m);
+    int32_t nl = 0;
+    b->want = 0;
+    b->record = 0;
+    s = run_layers(ci, rt, sub, m, p, p->sample_rows, "profile: budget, other jobs", b, &nl, err);
+    b->want = -1;
+    for (int64_t i = 0; i < m && !s; i++)
+        sums_add(&set[idx[i]], &sub[i]);
+done:
+    free(a);
+    free(sub);
+    free(idx);
+    free(mark);
+    return s;
+}
+
 /* The settings whose choice against tol the sample leaves open, measured again on every
  * row: their error sums replaced, refined[c] = 1. */
 static kvq_status refine_settings(const kvq_capture_info *ci, const kvq_codebook_set *rt,
                                   bsetting *set, int64_t n_set, int64_t n_b, const double *fr,
                                   double tol, const kvq_profile_params *p, const seq_bufs *b,
-                                  uint8_t *refined, kvq_err *err)
+                                  const double *job_ci, uint8_t *refined, kvq_err *err)
 {
     thr_acc *a = calloc((size_t)n_set, sizeof *a);
     bsetting *sub = calloc((size_t)n_set, sizeof *sub);
@@ -580,6 +650,9 @@ static kvq_status refine_settings(const kvq_capture_info *ci, const kvq_codebook
     if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
         goto done;
     to_acc(set, n_set, n_b, fr, a);
+    for (int64_t c = 0; c < n_set; c++) /* left on the job sample: no part, never marked */
+        if (!isnan(job_ci[c]))
+            a[c].err_sum = a[c].err_sq = a[c].err_n = 0;
     mark_table(a, 0, n_b, tol, b, refined);
     mark_table(a, n_b, n_set, tol, b, refined);
     /* split by layers: rank 0 holds the sums; every rank runs the settings it marked */
@@ -682,6 +755,7 @@ static kvq_status bufs_alloc(const kvq_capture_info *ci, int64_t n_set, int32_t 
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (int64_t i = 0; i < rec_ld * n_set; i++)
         b->rec[i] = NAN;
+    b->want = -1; /* every sequence */
     return KVQ_OK;
 }
 
@@ -724,7 +798,9 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     kvq_codebook_set *rt = NULL;
     bsetting *set = NULL;
     seq_bufs bufs = {0};
+    thr_jobs J = {0};
     uint8_t *refined = NULL;
+    double *job_ci = NULL;
     int blas_prev = 0;
     kvq_status s = KVQ_OK;
     char why[256] = "";
@@ -755,7 +831,10 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     }
     set = calloc((size_t)n_set, sizeof *set);
     refined = calloc((size_t)n_set, 1);
-    if (!set || !refined) {
+    job_ci = malloc(sizeof *job_ci * (size_t)n_set);
+    for (int64_t c = 0; job_ci && c < n_set; c++)
+        job_ci[c] = NAN;
+    if (!set || !refined || !job_ci) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
         goto setup;
     }
@@ -763,6 +842,14 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
                         err)) ||
         (s = create_settings(set, n_set, n_b, fr, tau, p, &cfg, rt, &bufs, err)))
         goto setup;
+    /* the job sample (sequences of each layer): with the row sample and a choice made
+     * here against the tolerance, as the LeanKV/PATS grid */
+    if ((s = thr_jobs_plan(ci, sample > 0 && tol >= 0 ? p->sample_jobs : 1.0, 1, n_set, &J,
+                           err)))
+        goto setup;
+    bufs.J = &J;
+    bufs.want = J.on ? 1 : -1;
+    bufs.record = 1;
 
 setup: /* split by layers: every rank runs the passes, or none */
     if ((s = kvq_dist_agree(p->dist, s, err)))
@@ -771,9 +858,12 @@ setup: /* split by layers: every rank runs the passes, or none */
      * compete with them (process-wide setting, restored below) */
     blas_prev = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    if ((s = run_layers(ci, rt, set, n_set, p, sample, "profile: budget", &bufs, &n_layers_done,
-                        err)))
+    if ((s = run_layers(ci, rt, set, n_set, p, sample,
+                        J.on ? "profile: budget, job sample" : "profile: budget", &bufs,
+                        &n_layers_done, err)))
         goto done;
+    bufs.want = -1;
+    bufs.record = 0;
     double measured = 0, steps_all = 0;
     if ((s = sum_measured(set, n_set, p, &measured, err)))
         goto done;
@@ -785,8 +875,11 @@ setup: /* split by layers: every rank runs the passes, or none */
         steps_all += n - thr_prompt_len(p->prompt_fraction, n) > sample;
     }
     all_rows |= steps_all == 0;
+    if (J.on && measured > 0 &&
+        (s = other_jobs(ci, rt, set, n_set, n_b, fr, tol, p, &bufs, job_ci, err)))
+        goto done;
     if (!all_rows && tol >= 0 && measured > 0 &&
-        (s = refine_settings(ci, rt, set, n_set, n_b, fr, tol, p, &bufs, refined, err)))
+        (s = refine_settings(ci, rt, set, n_set, n_b, fr, tol, p, &bufs, job_ci, refined, err)))
         goto done;
     if (n_layers_done == 0 || measured == 0) {
         snprintf(why, sizeof why, n_layers_done ? "no retrieval step had candidates (sequences "
@@ -794,12 +887,16 @@ setup: /* split by layers: every rank runs the passes, or none */
                                                 : "no captured layer has codebooks");
         goto skip;
     }
-    for (int64_t c = 0; c < n_b; c++)
+    for (int64_t c = 0; c < n_b; c++) {
         fill_row(budget->rows + (size_t)c * KVQ_PB_NCOLS, &budget->err_ci[c], fr[c], &set[c],
-                 all_rows || refined[c]);
-    for (int64_t c = 0; c < n_t; c++)
+                 all_rows || refined[c], job_ci[c]);
+        budget->job_sampled[c] = !isnan(job_ci[c]);
+    }
+    for (int64_t c = 0; c < n_t; c++) {
         fill_row(mass->rows + (size_t)c * KVQ_PB_NCOLS, &mass->err_ci[c], tau[c], &set[n_b + c],
-                 all_rows || refined[n_b + c]);
+                 all_rows || refined[n_b + c], job_ci[n_b + c]);
+        mass->job_sampled[c] = !isnan(job_ci[n_b + c]);
+    }
 
     /* ---- perplexity with each setting (no measurement: plain retrieval decoding) */
     s = ppl_column(set, n_set, n_b, p, ppl, rt, budget, mass, err);
@@ -816,7 +913,9 @@ done:
         kvq_retrieval_free(set[c].r);
     free(set);
     bufs_free(&bufs);
+    thr_jobs_free(&J);
     free(refined);
+    free(job_ci);
     kvq_codebook_set_close(rt);
     return s;
 }

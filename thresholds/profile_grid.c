@@ -471,8 +471,8 @@ static kvq_status other_jobs(const kvq_capture_info *ci, const kvq_profile_param
     thr_grid sub = {0};
     kvq_status s = mark && part ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     if (!s) {
-        thr_jobs_mark(J, total, 0, G->n_lk, tol, INFINITY, mark);
-        thr_jobs_mark(J, total, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
+        thr_jobs_mark(J, total, 0, G->n_lk, tol, INFINITY, 0, mark);
+        thr_jobs_mark(J, total, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, 0, mark);
         for (int64_t c = 0; c < n_set; c++) {
             double m, se;
             thr_jobs_interval(J, c, &m, &se);
@@ -557,7 +557,7 @@ kvq_status thr_grid_profile(const kvq_capture_info *ci, const kvq_profile_params
     /* the job sample: with the row sample only (the reference and every row run every
      * job), and only where the choice is made against the tolerance here (refine) */
     const double frac = refine && !p->reference && p->sample_rows > 0 ? p->sample_jobs : 1.0;
-    kvq_status s = thr_jobs_plan(ci, frac, n_set, &J, err);
+    kvq_status s = thr_jobs_plan(ci, frac, ci->model.n_kv_heads, n_set, &J, err);
     o->n_jobs = J.n_elig * ci->n_files;
     o->n_jobs_in = J.on ? J.n_in * ci->n_files : o->n_jobs;
     const grid_jobs first = {&J, J.on ? 1 : -1, 1};

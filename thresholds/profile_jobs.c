@@ -40,10 +40,10 @@ void thr_jobs_free(thr_jobs *J)
     memset(J, 0, sizeof *J);
 }
 
-kvq_status thr_jobs_plan(const kvq_capture_info *ci, double fraction, int64_t n_set,
-                         thr_jobs *J, kvq_err *err)
+kvq_status thr_jobs_plan(const kvq_capture_info *ci, double fraction, int64_t n_kv,
+                         int64_t n_set, thr_jobs *J, kvq_err *err)
 {
-    const int64_t n_kv = ci->model.n_kv_heads, n_jobs = ci->n_sequences * n_kv;
+    const int64_t n_jobs = ci->n_sequences * n_kv;
     memset(J, 0, sizeof *J);
     J->n_files = ci->n_files;
     J->n_jobs = n_jobs;
@@ -107,44 +107,87 @@ void thr_jobs_record(thr_jobs *J, int32_t f, int64_t jb, const thr_acc *acc)
     }
 }
 
-void thr_jobs_interval(const thr_jobs *J, int64_t c, double *mean, double *se)
+/* Setting c's ratio over the sampled jobs: Y / X. */
+static void ratio_of(const thr_jobs *J, int64_t c, double *Y, double *X)
 {
-    double Y = 0, X = 0;
-    for (int32_t f = 0; f < J->n_files; f++)
-        for (int64_t jb = 0; jb < J->n_jobs; jb++) {
-            const size_t o = ((size_t)f * J->n_jobs + (size_t)jb) * (size_t)J->n_set + c;
-            Y += J->in[(size_t)f * J->n_jobs + jb] ? J->y[o] : 0.0;
-            X += J->in[(size_t)f * J->n_jobs + jb] ? J->x[o] : 0.0;
+    *Y = *X = 0;
+    for (size_t k = 0; k < (size_t)J->n_files * (size_t)J->n_jobs; k++)
+        if (J->in[k]) {
+            *Y += J->y[k * (size_t)J->n_set + (size_t)c];
+            *X += J->x[k * (size_t)J->n_set + (size_t)c];
         }
-    *mean = X > 0 ? Y / X : NAN;
-    *se = NAN;
-    if (!(X > 0))
-        return;
-    const double R = Y / X, w = (double)J->n_elig / (double)J->n_in; /* N_h / m_h */
+}
+
+/* The linearized term of sampled job k: (y - R x) / Xhat of setting c, minus that of
+ * setting b when b >= 0 (a paired difference). */
+static double term(const thr_jobs *J, size_t k, int64_t c, double Rc, double Xc, int64_t b,
+                   double Rb, double Xb)
+{
+    const double *y = J->y + k * (size_t)J->n_set, *x = J->x + k * (size_t)J->n_set;
+    const double u = (y[c] - Rc * x[c]) / Xc;
+    return b >= 0 ? u - (y[b] - Rb * x[b]) / Xb : u;
+}
+
+/* The stratified standard error of R_c (b < 0) or of R_c - R_b over jobs. */
+static double strat_se(const thr_jobs *J, int64_t c, int64_t b)
+{
+    double Yc, Xc, Yb = 0, Xb = 1;
+    ratio_of(J, c, &Yc, &Xc);
+    if (b >= 0)
+        ratio_of(J, b, &Yb, &Xb);
+    if (!(Xc > 0) || !(Xb > 0))
+        return NAN;
+    const double w = (double)J->n_elig / (double)J->n_in; /* N_h / m_h */
+    const double Rc = Yc / Xc, Rb = Yb / Xb, Xhc = w * Xc, Xhb = w * Xb;
     double v = 0;
     for (int32_t f = 0; f < J->n_files; f++) {
-        double s1 = 0, s2 = 0; /* the layer's z sums, two passes for the variance */
+        const size_t k0 = (size_t)f * J->n_jobs;
+        double s1 = 0, s2 = 0; /* the layer's terms, two passes for the variance */
+        for (int64_t jb = 0; jb < J->n_jobs; jb++)
+            s1 += J->in[k0 + jb] ? term(J, k0 + jb, c, Rc, Xhc, b, Rb, Xhb) : 0.0;
+        const double mean = s1 / (double)J->n_in;
         for (int64_t jb = 0; jb < J->n_jobs; jb++) {
-            const size_t o = ((size_t)f * J->n_jobs + (size_t)jb) * (size_t)J->n_set + c;
-            s1 += J->in[(size_t)f * J->n_jobs + jb] ? J->y[o] - R * J->x[o] : 0.0;
+            const double dz = J->in[k0 + jb] ? term(J, k0 + jb, c, Rc, Xhc, b, Rb, Xhb) - mean
+                                             : 0.0;
+            s2 += dz * dz;
         }
-        const double zbar = s1 / (double)J->n_in;
-        for (int64_t jb = 0; jb < J->n_jobs; jb++) {
-            const size_t o = ((size_t)f * J->n_jobs + (size_t)jb) * (size_t)J->n_set + c;
-            const double dz = J->y[o] - R * J->x[o] - zbar;
-            s2 += J->in[(size_t)f * J->n_jobs + jb] ? dz * dz : 0.0;
-        }
-        const double var_h = s2 / (double)(J->n_in - 1); /* s_h^2(z) */
-        v += (double)J->n_elig * (double)J->n_elig * var_h / (double)J->n_in;
+        v += (double)J->n_elig * (double)J->n_elig * (s2 / (double)(J->n_in - 1)) /
+             (double)J->n_in;
     }
-    const double Xhat = w * X;
-    *se = sqrt(v) / Xhat;
+    return sqrt(v);
+}
+
+void thr_jobs_put(thr_jobs *J, int32_t f, int64_t jb, int64_t c, double y, double x)
+{
+    if (!J || !J->on || !J->in[(size_t)f * J->n_jobs + (size_t)jb])
+        return;
+    const size_t k = (size_t)f * J->n_jobs + (size_t)jb;
+    J->y[k * (size_t)J->n_set + (size_t)c] = y;
+    J->x[k * (size_t)J->n_set + (size_t)c] = x;
+}
+
+void thr_jobs_interval(const thr_jobs *J, int64_t c, double *mean, double *se)
+{
+    double Y, X;
+    ratio_of(J, c, &Y, &X);
+    *mean = X > 0 ? Y / X : NAN;
+    *se = strat_se(J, c, -1);
+}
+
+void thr_jobs_diff(const thr_jobs *J, int64_t c, int64_t b, double *mean, double *se)
+{
+    double mc, mb, s;
+    thr_jobs_interval(J, c, &mc, &s);
+    thr_jobs_interval(J, b, &mb, &s);
+    *mean = mc - mb;
+    *se = strat_se(J, c, b);
 }
 
 void thr_jobs_mark(const thr_jobs *J, const thr_acc *total, int64_t lo, int64_t hi, double tol,
-                   double max_mem, uint8_t *mark)
+                   double max_mem, int paired, uint8_t *mark)
 {
-    double best_hi = INFINITY;
+    double best_hi = INFINITY, best_m = INFINITY, best_mem = INFINITY;
+    int64_t best = -1;
     int any_in = 0;
     for (int64_t c = lo; c < hi; c++) {
         double m, se;
@@ -154,16 +197,27 @@ void thr_jobs_mark(const thr_jobs *J, const thr_acc *total, int64_t lo, int64_t 
             continue;
         any_in |= m - JOBS_Z * se <= tol;
         best_hi = m + JOBS_Z * se < best_hi ? m + JOBS_Z * se : best_hi;
+        if (m < best_m || (m == best_m && mem < best_mem))
+            best = c, best_m = m, best_mem = mem;
     }
     for (int64_t c = lo; c < hi; c++) {
         double m, se;
         thr_jobs_interval(J, c, &m, &se);
         const double mem = total[c].mem.bytes / total[c].mem.bytes_f16;
-        if (!(mem < max_mem) || isnan(m))
+        if (!(mem < max_mem) || isnan(m)) {
             mark[c] = 0;
-        else /* may be within tolerance, or may have the least error (the choice when
-              * none is within it after all) */
-            mark[c] = m - JOBS_Z * se <= tol || m - JOBS_Z * se <= best_hi;
+            continue;
+        }
+        /* may be within tolerance, or may have the least error (the choice when none is
+         * within it after all): by its own interval, or paired, by its difference to
+         * the best sampled setting on the same jobs (which varies far less) */
+        int may_best = m - JOBS_Z * se <= best_hi;
+        if (paired) {
+            double dm, dse;
+            thr_jobs_diff(J, c, best, &dm, &dse);
+            may_best = c == best || dm - JOBS_Z * dse <= 0.0;
+        }
+        mark[c] = m - JOBS_Z * se <= tol || may_best;
     }
     if (!any_in) /* the best is kept: one candidate (or duplicates of it) settles it */
         thr_unmark_single(total, lo, hi, mark);

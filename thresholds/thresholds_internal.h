@@ -214,25 +214,31 @@ typedef struct thr_jobs {
     double *y, *x;         /* [n_files, n_jobs, n_set] */
 } thr_jobs;
 
-/* Draws the sample of `fraction` of each layer's jobs for a grid of n_set settings.
- * KVQ_E_NOMEM. */
-kvq_status thr_jobs_plan(const kvq_capture_info *ci, double fraction, int64_t n_set,
-                         thr_jobs *J, kvq_err *err);
+/* Draws the sample of `fraction` of each layer's jobs, per_seq jobs per sequence (the
+ * grid: its KV heads; the budget pass: 1), for n_set settings. KVQ_E_NOMEM. */
+kvq_status thr_jobs_plan(const kvq_capture_info *ci, double fraction, int64_t per_seq,
+                         int64_t n_set, thr_jobs *J, kvq_err *err);
 void thr_jobs_free(thr_jobs *J);
 /* 1 when a pass runs job jb of layer f: want 1 the sampled jobs, 0 the others, -1 every
  * job (J NULL or off: every job for want != 0, none for want 0). */
 int thr_jobs_run(const thr_jobs *J, int32_t f, int64_t jb, int want);
 /* Keeps a sampled job's sums acc [n_set] (nothing for other jobs, or J NULL or off). */
 void thr_jobs_record(thr_jobs *J, int32_t f, int64_t jb, const thr_acc *acc);
+/* Keeps one setting c's error sum y and count x of sampled job jb of layer f (J NULL or
+ * off, or another job: nothing). */
+void thr_jobs_put(thr_jobs *J, int32_t f, int64_t jb, int64_t c, double y, double x);
 /* Setting c's error over the sampled jobs and its stratified standard error over jobs
  * (the formula is in profile_jobs.c); NaN without a measured row. */
 void thr_jobs_interval(const thr_jobs *J, int64_t c, double *mean, double *se);
+/* R_c - R_b over the sampled jobs (paired: the same jobs) and its standard error. */
+void thr_jobs_diff(const thr_jobs *J, int64_t c, int64_t b, double *mean, double *se);
 /* Marks the settings of [lo, hi) to measure on the other jobs: those (with memory below
  * max_mem) that may be within tolerance tol or may have the least error, by 4 standard
- * errors of thr_jobs_interval; when none may be within tolerance and the possible best
- * are one setting, none (thr_unmark_single). */
+ * errors of thr_jobs_interval (paired: the least error by the paired difference to the
+ * best sampled setting, thr_jobs_diff); when none may be within tolerance and the
+ * possible best are one setting, none (thr_unmark_single). */
 void thr_jobs_mark(const thr_jobs *J, const thr_acc *total, int64_t lo, int64_t hi, double tol,
-                   double max_mem, uint8_t *mark);
+                   double max_mem, int paired, uint8_t *mark);
 
 /* Mean and standard error of a setting's measured errors (NaN without any). */
 void thr_acc_interval(const thr_acc *a, double *mean, double *se);

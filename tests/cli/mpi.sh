@@ -92,6 +92,22 @@ for n in 2 3; do
   fi
 done
 
+# The budget/tau pass's job sample (the sequences of a layer): 8 held-out sequences of
+# 128 tokens, 4 of them a layer with --sample-jobs 0.5 (stories260K: 20 in all; the
+# stand-in has too few layers for one): the same bytes for 1 and 2 ranks, the sampled
+# sequences' sums sent to rank 0, which decides which settings run on the others.
+"$KVQ" capture --model "$M" --corpus uuid:3 --seq-len 128 --max-tokens 1024 --threads 1 -q \
+  -o "$T/hj" 2>"$T/hj.err" || fail mpi_budget_job_sample_capture "$(cat "$T/hj.err")"
+bprof() { $RUN "$KVQ" profile --capture "$T/hj" --artifact "$W/fit.kvq" --threads 1 \
+  --knobs budget,mass --sample-jobs 0.5 "$@"; }
+RUN= bprof -o "$T/b1.kvq" >/dev/null 2>"$T/b1.err" || fail mpi_budget_job_sample_reference "$(cat "$T/b1.err")"
+if RUN="mpi 2" bprof -q -o "$T/b2.kvq" >/dev/null 2>"$T/b2.err" && cmp "$T/b1.kvq" "$T/b2.kvq" &&
+   { [ "$MI_LAYERS" != 5 ] || grep -q "^kvq: profile: budget, job sample" "$T/b1.err"; }; then
+  ok mpi_profile_budget_job_sample_np2_same_bytes
+else
+  fail mpi_profile_budget_job_sample_np2_same_bytes "$(tail -3 "$T/b2.err")"
+fi
+
 # Rank 1 profiles layers too: killed (SIGKILL) after its first layer, the run fails
 # with no output; a rerun writes the same bytes.
 KVQ_TEST_KILL=1:1:profile RUN="mpi 2" prof -q -o "$T/pk.kvq" >/dev/null 2>"$T/pk.err"; rc=$?
