@@ -44,6 +44,8 @@ print(f"capture of the held-out tokens   {cap:8.2f} s")
 print(f"profile leankv+pats              {grid:8.2f} s  ({grid / cap:.2f}x the capture)")
 print(f"profile, every knob              {full:8.2f} s  ({full / cap:.2f}x the capture)")
 per = grid / jobs
+# (the grid's wall time over every job: with the job sample, most settings run on a third
+# of them, so this is the cost per job of the whole design, not of one job run alone)
 print(f"leankv+pats per (layer, KV head, sequence of 512, gs 3, d 64): {per * 1e3:.1f} ms")
 # 7B shape of issue 13 (32 layers x 8 KV heads, gs 4, d 128) on one held-out sequence
 # of 8192 tokens: the LeanKV sums dominate and grow as n^2 x gs per job

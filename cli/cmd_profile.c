@@ -56,13 +56,13 @@ static void profile_usage(FILE *f)
             "                         every row, PATS settings that save no memory (never\n"
             "                         chosen) on a quarter of them; +- in the tables is\n"
             "                         the 95%% interval\n"
-            "  --sample-jobs F        measure every LeanKV/PATS setting first on a random\n"
-            "                         F of each layer's (sequence, KV head) jobs (default\n"
-            "                         1/3; 1 = every job); settings that may be within the\n"
-            "                         tolerance or the best then on the other jobs too,\n"
-            "                         the others keep the sample's figures (marked j, +-\n"
-            "                         over jobs). Every job when the sample would be\n"
-            "                         under 2 jobs a layer or 20 in all\n"
+            "  --sample-jobs F        measure every setting first on a random F of each\n"
+            "                         layer's jobs ((sequence, KV head); budgets and taus:\n"
+            "                         sequences) (default 1/3; 1 = every job); settings\n"
+            "                         that may be within the tolerance or the best then on\n"
+            "                         the other jobs too, the others keep the sample's\n"
+            "                         figures (marked j, +- over jobs). Every job when the\n"
+            "                         sample would be under 2 jobs a layer or 20 in all\n"
             "  --reference            LeanKV and PATS by the slow reference path (one\n"
             "                         simulated cache per setting, every row), for checks\n"
             "  --threads T            threads (default 1; the results do not depend on it)\n"
@@ -162,6 +162,9 @@ static void print_tables(const kvq_profile_result *r, const kvq_profile_params *
                "the tolerance or the best on every job, the others (j) keep the sample's "
                "figures, +- over jobs\n",
                (long long)r->n_jobs_sampled, (long long)r->n_jobs);
+    if (r->n_seq_jobs_sampled < r->n_seq_jobs)
+        printf("budgets and taus likewise on %lld of the %lld (layer, sequence) jobs\n",
+               (long long)r->n_seq_jobs_sampled, (long long)r->n_seq_jobs);
     if (r->n_nosave > 0 && r->n_measured_nosave < r->n_measured)
         printf("pats settings that save no memory against f16 (never chosen): error measured on "
                "%lld rows (a quarter of the sample)\n", (long long)r->n_measured_nosave);
@@ -226,9 +229,10 @@ static void print_json(const kvq_profile_result *r, const char *out)
     json_num(r->ppl_full);
     printf(", \"sequences\": %lld, \"query_rows\": %lld, \"measured_rows\": %lld, "
            "\"pats_nosave_measured_rows\": %lld, \"jobs\": %lld, \"sampled_jobs\": %lld, "
-           "\"tables\": {",
+           "\"budget_jobs\": %lld, \"budget_sampled_jobs\": %lld, \"tables\": {",
            (long long)r->n_sequences, (long long)r->n_queries, (long long)r->n_measured,
-           (long long)r->n_measured_nosave, (long long)r->n_jobs, (long long)r->n_jobs_sampled);
+           (long long)r->n_measured_nosave, (long long)r->n_jobs, (long long)r->n_jobs_sampled,
+           (long long)r->n_seq_jobs, (long long)r->n_seq_jobs_sampled);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES; i++) {
         const kvq_profile_table *t = &r->table[i];
         printf("%s\"%s\": {", i ? ", " : "", t->name);
@@ -257,7 +261,7 @@ static void print_json(const kvq_profile_result *r, const char *out)
                 printf("%s%s", j ? ", " : "", t->job_sampled[j] ? "true" : "false");
             printf("]");
         }
-        if (t->err_ci && i <= KVQ_PROFILE_PATS) {
+        if (t->err_ci) {
             printf(", \"err_ci95\": [");
             for (int64_t j = 0; j < t->n_rows; j++) {
                 printf("%s", j ? ", " : "");

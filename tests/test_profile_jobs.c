@@ -409,6 +409,8 @@ static void test_smollm2_budget_job_sample(void **state)
     int64_t n_kept = 0, n_other = 0;
     for (int k = 0; k < nt; k++) {
         kvq_profile_result *b = profile_budget(cap, art, 32, tols[k]);
+        assert_int_equal(b->n_seq_jobs, 120); /* 30 layers x 4 sequences, 2 a layer sampled */
+        assert_int_equal(b->n_seq_jobs_sampled, 60);
         for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
             const kvq_profile_table *x = &all->table[t], *y = &b->table[t];
             const int64_t want = expected_budget_choice(x, tols[k], t == KVQ_PROFILE_MASS);

@@ -780,7 +780,8 @@ static void bufs_free(seq_bufs *b)
 
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, double tol, thr_ppl *ppl,
-                              kvq_profile_table *budget, kvq_profile_table *mass, kvq_err *err)
+                              kvq_profile_table *budget, kvq_profile_table *mass,
+                              int64_t *n_jobs, int64_t *n_jobs_in, kvq_err *err)
 {
     static const char *const bcols[KVQ_PB_NCOLS] = {"fraction", "attended", "mass", "err", "ppl"};
     static const char *const mcols[KVQ_PB_NCOLS] = {"tau", "attended", "mass", "err", "ppl"};
@@ -847,6 +848,8 @@ kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_p
     if ((s = thr_jobs_plan(ci, sample > 0 && tol >= 0 ? p->sample_jobs : 1.0, 1, n_set, &J,
                            err)))
         goto setup;
+    *n_jobs = J.n_elig * ci->n_files;
+    *n_jobs_in = J.on ? J.n_in * ci->n_files : *n_jobs;
     bufs.J = &J;
     bufs.want = J.on ? 1 : -1;
     bufs.record = 1;

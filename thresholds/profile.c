@@ -686,7 +686,8 @@ setup: /* with several ranks, every rank reaches the split passes, or none */
         } else if ((s = thr_budget_profile(ci, artifact_path, p,
                                            r->metric_ppl ? -1.0 : r->tolerance, ppl,
                                            &r->table[KVQ_PROFILE_BUDGET],
-                                           &r->table[KVQ_PROFILE_MASS], err))) {
+                                           &r->table[KVQ_PROFILE_MASS], &r->n_seq_jobs,
+                                           &r->n_seq_jobs_sampled, err))) {
             goto done;
         }
     }

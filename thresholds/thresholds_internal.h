@@ -322,14 +322,17 @@ const kvq_model_config *thr_ppl_config(const thr_ppl *e);
 /* Fills the budget and mass tables (those whose knob is set in p->knobs) from the
  * capture with the runtime opened on artifact_path; ppl (may be NULL) adds perplexity.
  * The error is measured on p->sample_rows rows per sequence (thr_sample_rows); with
- * tol >= 0 the settings whose choice the sample leaves open (thr_mark_refine) are
- * measured again on every row. p->reference: every row of every sequence by
+ * tol >= 0, first on the job sample (p->sample_jobs of each layer's sequences,
+ * thr_jobs_plan), the settings that may be within it or the best then on the other
+ * sequences, and the settings whose choice the row sample leaves open (thr_mark_refine)
+ * again on every row. *n_jobs, *n_jobs_in: its (layer, sequence) jobs, and those of the
+ * job sample (all of them without one). p->reference: every row of every sequence by
  * retrieval in one chunk (prefill_full = 0), as before the sampled path.
  * A knob that cannot run gets its `skipped` reason and KVQ_OK. */
 kvq_status thr_budget_profile(const kvq_capture_info *ci, const char *artifact_path,
                               const kvq_profile_params *p, double tol, thr_ppl *ppl,
                               kvq_profile_table *budget, kvq_profile_table *mass,
-                              kvq_err *err);
+                              int64_t *n_jobs, int64_t *n_jobs_in, kvq_err *err);
 
 /* Allocates t->rows for n rows (NaN-filled) and sets the columns. KVQ_E_NOMEM. */
 kvq_status thr_table_init(kvq_profile_table *t, const char *name, int32_t n_cols,

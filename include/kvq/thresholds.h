@@ -85,6 +85,14 @@
  * out_rel_err. Memory is the cache at the end of each sequence (LeanKV, PATS) as a
  * fraction of the f16 cache of the same tokens; for budgets it is the fraction of the
  * visible tokens attended (kvq_retrieval_stats.attended / visible).
+ * Sampling (kvq_profile_params.sample_rows, sample_jobs): the figures above are
+ * estimated from sampled rows of each sequence and, for the LeanKV/PATS grid and the
+ * budget/tau pass, first from a random share of each layer's jobs ((sequence, KV head);
+ * the budget pass: sequences), each with its 95% interval (over jobs where the job
+ * sample left a setting). A setting that may be within tolerance or the best by the job
+ * sample is measured on every job, and one whose choice the row sample leaves open on
+ * every row, so the choice is the one every row of every job would make (tested on the
+ * demo model); only settings that can be neither keep the sample's figures.
  * Perplexity (with a model and a corpus): the corpus is cut into sequences; the prompt
  * part runs exactly, and the perplexity is over the predictions made at positions
  * P .. n-2 (those whose query sees the compressed cache), against the same positions
@@ -398,6 +406,8 @@ typedef struct kvq_profile_result {
                                   the sampled ones (all of them when every row is) */
     int64_t n_jobs;            /* (layer, sequence, KV head) jobs of the LeanKV/PATS grid */
     int64_t n_jobs_sampled;    /* those of the job sample (n_jobs when there is none) */
+    int64_t n_seq_jobs;        /* (layer, sequence) jobs of the budget/tau pass */
+    int64_t n_seq_jobs_sampled; /* those of its job sample (n_seq_jobs without one) */
     kvq_profile_table table[KVQ_PROFILE_N_TABLES];
 } kvq_profile_result;
 
