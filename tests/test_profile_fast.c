@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "helpers/profiletest.h"
 #include "helpers/testutil.h"
 #include "helpers/tiny_spm.h"
 #include "kvq/capture.h"
@@ -39,16 +40,7 @@
 #include "thresholds/lk_kernels.h"
 #include "thresholds/thresholds_internal.h"
 
-#define SMOLLM2_DEFAULT ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define TEXT "docs/design.md"
-
-static const char *smollm2_path(void)
-{
-    const char *p = getenv("KVQ_SMOLLM2");
-    if (!p || !*p)
-        p = SMOLLM2_DEFAULT;
-    return access(p, R_OK) == 0 ? p : NULL;
-}
 
 /* Captures `model` over TEXT: sequences of seq_len, max_tokens, the given layers. */
 static const char *capture(const char *model, const char *name, int64_t seq_len,
@@ -95,12 +87,6 @@ static kvq_profile_params base_params(void)
     p.knobs = KVQ_KNOB_LEANKV | KVQ_KNOB_PATS;
     p.threads = 2;
     return p;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* The fast path with every row against the reference: same memory and classes, errors
@@ -152,7 +138,7 @@ static void compare_paths(const char *cap, int32_t window)
     for (int t = 0; t < 2; t++)
         for (int64_t i = 0; i < ref->table[t].n_rows && ne < 256; i++)
             errs[ne++] = ref->table[t].rows[i * ref->table[t].n_cols + errc[t]];
-    qsort(errs, (size_t)ne, sizeof *errs, cmp_double);
+    qsort(errs, (size_t)ne, sizeof *errs, pt_cmp_double);
     for (int k = 0; k <= 6; k++) {
         /* midway between two neighbouring measured errors at least 1e-3 apart, so that
          * rounding cannot put a row on the other side of the tolerance */
@@ -239,7 +225,7 @@ static void test_stories260k_fast_equals_reference(void **state)
 static void test_smollm2_fast_equals_reference(void **state)
 {
     (void)state;
-    const char *model = smollm2_path();
+    const char *model = pt_smollm2_path();
     if (!model)
         TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
     static const int32_t layers[] = {0, 14, 29};
@@ -282,34 +268,6 @@ static void test_sampled_threads_same_bytes(void **state)
 
 /* ---- the budget/tau profile ------------------------------------------------------- */
 
-/* A codebook artifact fitted on the capture (small K: the selection, not its quality,
- * is under test). */
-static const char *fit_artifact(const char *cap)
-{
-    static char path[512];
-    snprintf(path, sizeof path, "%s", test_path("budget_fit.kvq"));
-    const char *mom = test_path("budget_mom.safetensors");
-    kvq_err e = {0};
-    kvq_moments_params mp = kvq_moments_params_default();
-    kvq_status s = kvq_moments_compute(cap, mom, 1, &mp, NULL, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    kvq_fit_params fp = kvq_fit_params_default();
-    fp.codebook_size = 16;
-    fp.iters = 4;
-    fp.holdout = 0;
-    fp.reference = 0;
-    fp.checkpoint = 0;
-    fp.overwrite = 1;
-    fp.threads = 2;
-    s = kvq_fit_run(cap, mom, path, &fp, NULL, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    return path;
-}
-
 static kvq_profile_result *profile_budget(const char *cap, const char *art, int reference,
                                           int64_t sample, double tol, int32_t threads)
 {
@@ -336,37 +294,6 @@ static void assert_close(double x, double y, double rel)
         fail_msg("%.17g != %.17g", x, y);
 }
 
-/* The row the rule of kvq/thresholds.h "Selection" picks by the capture error: within
- * tolerance (err <= tol) the least memory (budget: the fraction; tau: the attended
- * share, then tau), ties the lower error, then the earlier row; none within: the lowest
- * error, ties less memory. */
-static int64_t expected_choice(const kvq_profile_table *t, double tol, int mass)
-{
-    int64_t best = -1;
-    int best_in = 0;
-    for (int64_t i = 0; i < t->n_rows; i++) {
-        const double *r = t->rows + i * KVQ_PB_NCOLS;
-        const int in = r[KVQ_PB_ERR] <= tol;
-        if (best < 0 || in > best_in) {
-            best = i;
-            best_in = in;
-            continue;
-        }
-        if (in < best_in)
-            continue;
-        const double *b = t->rows + best * KVQ_PB_NCOLS;
-        const double m1 = mass ? r[KVQ_PB_ATTENDED] : r[KVQ_PB_VALUE];
-        const double b1 = mass ? b[KVQ_PB_ATTENDED] : b[KVQ_PB_VALUE];
-        const double m2 = r[KVQ_PB_VALUE], b2 = b[KVQ_PB_VALUE];
-        const double e = r[KVQ_PB_ERR], be = b[KVQ_PB_ERR];
-        const int better = in ? (m1 < b1 || (m1 == b1 && (mass && m2 != b2 ? m2 < b2 : e < be)))
-                              : (e < be || (e == be && m1 < b1));
-        if (better)
-            best = i;
-    }
-    return best;
-}
-
 static void test_budget_sampled_equals_every_row(void **state)
 {
     (void)state;
@@ -376,7 +303,7 @@ static void test_budget_sampled_equals_every_row(void **state)
     if (!model)
         model = TINY_SPM_GGUF;
     const char *cap = capture(model, "capbudget", 192, 768, NULL, 0);
-    const char *art = fit_artifact(cap);
+    const char *art = pt_fit_artifact(cap, "budget_fit");
 
     /* every row: the sampled path (prefill chunks, one call per measured row) equals
      * the reference (every row by retrieval) */
@@ -415,7 +342,7 @@ static void test_budget_sampled_equals_every_row(void **state)
         const int64_t n = y->n_rows;
         for (int64_t i = 0; i < n; i++)
             e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
-        qsort(e, (size_t)n, sizeof *e, cmp_double);
+        qsort(e, (size_t)n, sizeof *e, pt_cmp_double);
         lo = e[0] < lo ? e[0] : lo;
         hi = e[n - 1] > hi ? e[n - 1] : hi;
         for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
@@ -428,7 +355,8 @@ static void test_budget_sampled_equals_every_row(void **state)
     for (int k = 0; k < nt; k++) {
         kvq_profile_result *b = profile_budget(cap, art, 0, 8, tols[k], 2);
         for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
-            const int64_t want = expected_choice(&all->table[t], tols[k], t == KVQ_PROFILE_MASS);
+            const int64_t want =
+                pt_expected_budget_choice(&all->table[t], tols[k], t == KVQ_PROFILE_MASS);
             if (b->table[t].chosen != want)
                 fail_msg("table %d tol %g: sampled chose %lld, every row %lld", t, tols[k],
                          (long long)b->table[t].chosen, (long long)want);

@@ -17,24 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "helpers/profiletest.h"
 #include "helpers/testutil.h"
 #include "kvq/capture.h"
 #include "kvq/capture_dir.h"
-#include "kvq/fit.h"
 #include "kvq/model.h"
-#include "kvq/moments.h"
 #include "kvq/thresholds.h"
 #include "thresholds/thresholds_internal.h"
-
-#define SMOLLM2_DEFAULT ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-static const char *smollm2_path(void)
-{
-    const char *p = getenv("KVQ_SMOLLM2");
-    if (!p || !*p)
-        p = SMOLLM2_DEFAULT;
-    return access(p, R_OK) == 0 ? p : NULL;
-}
 
 /* A capture_info of n_files layers, n_kv KV heads and the given sequence lengths. */
 static kvq_capture_info shape(int32_t n_files, int32_t n_kv, const int64_t *lens, int64_t ns,
@@ -196,12 +185,6 @@ static kvq_profile_result *profile(const char *cap, const kvq_profile_params *p)
     return r;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* select_row's rule on every row's figures (kvq/thresholds.h): the least memory (then
  * bits, then error) within tolerance, else the least error; PATS rows saving nothing
  * are never chosen. */
@@ -239,7 +222,7 @@ static int64_t expected_choice(const kvq_profile_table *a, int pats, double tol,
 static void test_smollm2_job_sample_choice(void **state)
 {
     (void)state;
-    const char *model = smollm2_path();
+    const char *model = pt_smollm2_path();
     if (!model)
         TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
     const char *cap = capture_smollm2(model);
@@ -256,7 +239,7 @@ static void test_smollm2_job_sample_choice(void **state)
     for (int t = 0; t < 2; t++)
         for (int64_t i = 0; i < all->table[t].n_rows; i++)
             errs[ne++] = all->table[t].rows[i * all->table[t].n_cols + (t ? KVQ_PP_ERR : KVQ_PL_ERR)];
-    qsort(errs, (size_t)ne, sizeof *errs, cmp_double);
+    qsort(errs, (size_t)ne, sizeof *errs, pt_cmp_double);
     int64_t n_kept = 0, n_other = 0;
     for (int k = 0; k <= 6; k++) {
         int at = (ne - 1) * k / 6; /* midway between errors at least 1e-3 apart */
@@ -300,63 +283,6 @@ static void test_smollm2_job_sample_choice(void **state)
     kvq_profile_result_free(all);
 }
 
-/* A codebook artifact fitted on the capture (small K: the selection, not its quality,
- * is under test). */
-static const char *fit_artifact(const char *cap)
-{
-    static char path[512];
-    snprintf(path, sizeof path, "%s", test_path("jobs_fit.kvq"));
-    const char *mom = test_path("jobs_mom.safetensors");
-    kvq_err e = {0};
-    kvq_moments_params mp = kvq_moments_params_default();
-    kvq_status s = kvq_moments_compute(cap, mom, 1, &mp, NULL, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    kvq_fit_params fp = kvq_fit_params_default();
-    fp.codebook_size = 16;
-    fp.iters = 4;
-    fp.holdout = 0;
-    fp.checkpoint = 0;
-    fp.overwrite = 1;
-    fp.threads = 2;
-    s = kvq_fit_run(cap, mom, path, &fp, NULL, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    return path;
-}
-
-/* The rule of kvq/thresholds.h "Selection" on a budget or tau table's every-row
- * figures: within tolerance the least memory (budget: the fraction; tau: the attended
- * share, then tau), ties the lower error; none within: the lowest error, ties less
- * memory. */
-static int64_t expected_budget_choice(const kvq_profile_table *t, double tol, int mass)
-{
-    int64_t best = -1;
-    int best_in = 0;
-    for (int64_t i = 0; i < t->n_rows; i++) {
-        const double *r = t->rows + i * KVQ_PB_NCOLS;
-        const int in = r[KVQ_PB_ERR] <= tol;
-        if (best < 0 || in > best_in) {
-            best = i, best_in = in;
-            continue;
-        }
-        if (in < best_in)
-            continue;
-        const double *b = t->rows + best * KVQ_PB_NCOLS;
-        const double m1 = mass ? r[KVQ_PB_ATTENDED] : r[KVQ_PB_VALUE];
-        const double b1 = mass ? b[KVQ_PB_ATTENDED] : b[KVQ_PB_VALUE];
-        const double m2 = r[KVQ_PB_VALUE], b2 = b[KVQ_PB_VALUE];
-        const double e = r[KVQ_PB_ERR], be = b[KVQ_PB_ERR];
-        const int better = in ? (m1 < b1 || (m1 == b1 && (mass && m2 != b2 ? m2 < b2 : e < be)))
-                              : (e < be || (e == be && m1 < b1));
-        if (better)
-            best = i;
-    }
-    return best;
-}
-
 static kvq_profile_result *profile_budget(const char *cap, const char *art, int64_t sample,
                                           double tol)
 {
@@ -382,11 +308,11 @@ static kvq_profile_result *profile_budget(const char *cap, const char *art, int6
 static void test_smollm2_budget_job_sample(void **state)
 {
     (void)state;
-    const char *model = smollm2_path();
+    const char *model = pt_smollm2_path();
     if (!model)
         TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
     const char *cap = capture_smollm2(model);
-    const char *art = fit_artifact(cap);
+    const char *art = pt_fit_artifact(cap, "jobs_fit");
     kvq_profile_result *all = profile_budget(cap, art, 0, -1);
     double tols[40];
     int nt = 0;
@@ -397,7 +323,7 @@ static void test_smollm2_budget_job_sample(void **state)
         const int64_t n = y->n_rows;
         for (int64_t i = 0; i < n; i++)
             e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
-        qsort(e, (size_t)n, sizeof *e, cmp_double);
+        qsort(e, (size_t)n, sizeof *e, pt_cmp_double);
         lo = e[0] < lo ? e[0] : lo;
         hi = e[n - 1] > hi ? e[n - 1] : hi;
         for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
@@ -413,7 +339,7 @@ static void test_smollm2_budget_job_sample(void **state)
         assert_int_equal(b->n_seq_jobs_sampled, 60);
         for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
             const kvq_profile_table *x = &all->table[t], *y = &b->table[t];
-            const int64_t want = expected_budget_choice(x, tols[k], t == KVQ_PROFILE_MASS);
+            const int64_t want = pt_expected_budget_choice(x, tols[k], t == KVQ_PROFILE_MASS);
             if (y->chosen != want)
                 fail_msg("%s tol %g: job sample chose %lld, every row %lld", y->name, tols[k],
                          (long long)y->chosen, (long long)want);
