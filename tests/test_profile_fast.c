@@ -40,47 +40,6 @@
 #include "thresholds/lk_kernels.h"
 #include "thresholds/thresholds_internal.h"
 
-#define TEXT "docs/design.md"
-
-/* Captures `model` over TEXT: sequences of seq_len, max_tokens, the given layers. */
-static const char *capture(const char *model, const char *name, int64_t seq_len,
-                           int64_t max_tokens, const int32_t *layers, size_t n_layers)
-{
-    static char dir[2][512];
-    static int slot;
-    char *d = dir[slot++ & 1];
-    snprintf(d, sizeof dir[0], "%s", test_path(name));
-    kvq_model *m = NULL;
-    kvq_err e = {0};
-    kvq_model_params mp = kvq_model_params_default();
-    assert_int_equal(kvq_model_open(model, &mp, &m, &e), KVQ_OK);
-    kvq_capture_params cp = kvq_capture_params_default();
-    cp.seq_len = seq_len;
-    cp.max_tokens = max_tokens;
-    cp.layers = layers;
-    cp.n_layers = n_layers;
-    cp.threads = 2;
-    char spec[600];
-    snprintf(spec, sizeof spec, "file:%s", TEXT);
-    kvq_status s = kvq_capture_run(m, spec, NULL, &cp, d, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    kvq_model_close(m);
-    return d;
-}
-
-static kvq_profile_result *profile(const char *cap, const kvq_profile_params *p)
-{
-    kvq_profile_result *r = NULL;
-    kvq_err e = {0};
-    kvq_status s = kvq_profile_capture(cap, NULL, p, &r, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    return r;
-}
-
 static kvq_profile_params base_params(void)
 {
     kvq_profile_params p = kvq_profile_params_default();
@@ -97,10 +56,10 @@ static void compare_paths(const char *cap, int32_t window)
     kvq_profile_params p = base_params();
     p.leankv.window = window;
     p.reference = 1;
-    kvq_profile_result *ref = profile(cap, &p);
+    kvq_profile_result *ref = pt_profile(cap, &p);
     p.reference = 0;
     p.sample_rows = 0;
-    kvq_profile_result *fast = profile(cap, &p);
+    kvq_profile_result *fast = pt_profile(cap, &p);
     assert_int_equal(ref->n_queries, fast->n_queries);
     assert_int_equal(fast->n_measured, fast->n_queries);
     const int errc[2] = {KVQ_PL_ERR, KVQ_PP_ERR};
@@ -149,7 +108,7 @@ static void compare_paths(const char *cap, int32_t window)
         kvq_profile_params q = base_params();
         q.leankv.window = window;
         q.tolerance = tol;
-        kvq_profile_result *b = profile(cap, &q); /* sampled (default sample_rows) */
+        kvq_profile_result *b = pt_profile(cap, &q); /* sampled (default sample_rows) */
         for (int t = 0; t < 2; t++) {
             const kvq_profile_table *a = &ref->table[t];
             const int mc = t ? KVQ_PP_MEMORY : KVQ_PL_MEMORY, bc = t ? KVQ_PP_BITS : -1;
@@ -218,7 +177,7 @@ static void test_stories260k_fast_equals_reference(void **state)
         TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     /* without stories260K: SmolLM2 at two layers the test below does not profile */
     static const int32_t smol[] = {1, 7};
-    const char *cap = capture(model, "cap260k", 192, 768, stories ? NULL : smol, stories ? 0 : 2);
+    const char *cap = pt_capture(model, "cap260k", 192, 768, stories ? NULL : smol, stories ? 0 : 2);
     compare_paths(cap, 16);
 }
 
@@ -229,7 +188,7 @@ static void test_smollm2_fast_equals_reference(void **state)
     if (!model)
         TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
     static const int32_t layers[] = {0, 14, 29};
-    const char *cap = capture(model, "capsmol", 256, 512, layers, 3);
+    const char *cap = pt_capture(model, "capsmol", 256, 512, layers, 3);
     compare_paths(cap, 32);
 }
 
@@ -243,15 +202,15 @@ static void test_sampled_threads_same_bytes(void **state)
     if (!model)
         TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     static const int32_t smol[] = {0, 1}; /* SmolLM2: two layers, for time */
-    const char *cap = capture(model, "capthreads", 192, 768, stories ? NULL : smol,
+    const char *cap = pt_capture(model, "capthreads", 192, 768, stories ? NULL : smol,
                               stories ? 0 : 2);
     kvq_profile_params p = base_params();
     p.leankv.window = 16;
     p.sample_rows = 8;
     p.threads = 1;
-    kvq_profile_result *a = profile(cap, &p);
+    kvq_profile_result *a = pt_profile(cap, &p);
     p.threads = 3;
-    kvq_profile_result *b = profile(cap, &p);
+    kvq_profile_result *b = pt_profile(cap, &p);
     assert_true(a->n_measured < a->n_queries);
     assert_int_equal(a->n_measured, b->n_measured);
     for (int t = 0; t < 2; t++) {
@@ -268,25 +227,6 @@ static void test_sampled_threads_same_bytes(void **state)
 
 /* ---- the budget/tau profile ------------------------------------------------------- */
 
-static kvq_profile_result *profile_budget(const char *cap, const char *art, int reference,
-                                          int64_t sample, double tol, int32_t threads)
-{
-    kvq_profile_params p = kvq_profile_params_default();
-    p.knobs = KVQ_KNOB_BUDGET | KVQ_KNOB_MASS;
-    p.reference = reference;
-    p.sample_rows = sample;
-    p.tolerance = tol;
-    p.threads = threads;
-    kvq_profile_result *r = NULL;
-    kvq_err e = {0};
-    kvq_status s = kvq_profile_capture(cap, art, &p, &r, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++)
-        assert_string_equal(r->table[t].skipped, "");
-    return r;
-}
 
 static void assert_close(double x, double y, double rel)
 {
@@ -302,13 +242,13 @@ static void test_budget_sampled_equals_every_row(void **state)
     const char *model = test_model_path();
     if (!model)
         model = TINY_SPM_GGUF;
-    const char *cap = capture(model, "capbudget", 192, 768, NULL, 0);
+    const char *cap = pt_capture(model, "capbudget", 192, 768, NULL, 0);
     const char *art = pt_fit_artifact(cap, "budget_fit");
 
     /* every row: the sampled path (prefill chunks, one call per measured row) equals
      * the reference (every row by retrieval) */
-    kvq_profile_result *ref = profile_budget(cap, art, 1, 0, -1, 2);
-    kvq_profile_result *all = profile_budget(cap, art, 0, 0, -1, 2);
+    kvq_profile_result *ref = pt_profile_budget(cap, art, 1, 0, -1, 2);
+    kvq_profile_result *all = pt_profile_budget(cap, art, 0, 0, -1, 2);
     for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
         const kvq_profile_table *x = &all->table[t], *y = &ref->table[t];
         assert_int_equal(x->n_rows, y->n_rows);
@@ -334,26 +274,10 @@ static void test_budget_sampled_equals_every_row(void **state)
      * kvq/thresholds.h "Selection" makes on the every-row figures, at tolerances between
      * the settings' errors of either table, below all and above all */
     double tols[40];
-    int nt = 0;
-    double lo = INFINITY, hi = 0;
-    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
-        const kvq_profile_table *y = &all->table[t];
-        double e[32];
-        const int64_t n = y->n_rows;
-        for (int64_t i = 0; i < n; i++)
-            e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
-        qsort(e, (size_t)n, sizeof *e, pt_cmp_double);
-        lo = e[0] < lo ? e[0] : lo;
-        hi = e[n - 1] > hi ? e[n - 1] : hi;
-        for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
-            if (e[i + 1] > e[i])
-                tols[nt++] = 0.5 * (e[i] + e[i + 1]);
-    }
-    tols[nt++] = 0.5 * lo;
-    tols[nt++] = 2 * hi;
+    const int nt = pt_budget_tolerances(all, tols);
     int sampled_some = 0;
     for (int k = 0; k < nt; k++) {
-        kvq_profile_result *b = profile_budget(cap, art, 0, 8, tols[k], 2);
+        kvq_profile_result *b = pt_profile_budget(cap, art, 0, 8, tols[k], 2);
         for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
             const int64_t want =
                 pt_expected_budget_choice(&all->table[t], tols[k], t == KVQ_PROFILE_MASS);
@@ -368,8 +292,8 @@ static void test_budget_sampled_equals_every_row(void **state)
     assert_true(sampled_some);
 
     /* the thread count does not change a byte */
-    kvq_profile_result *t1 = profile_budget(cap, art, 0, 8, -1, 1);
-    kvq_profile_result *t3 = profile_budget(cap, art, 0, 8, -1, 3);
+    kvq_profile_result *t1 = pt_profile_budget(cap, art, 0, 8, -1, 1);
+    kvq_profile_result *t3 = pt_profile_budget(cap, art, 0, 8, -1, 3);
     for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
         const kvq_profile_table *x = &t1->table[t], *y = &t3->table[t];
         assert_memory_equal(x->rows, y->rows, sizeof(double) * (size_t)(x->n_rows * x->n_cols));
@@ -663,7 +587,7 @@ static void test_sample_complement(void **state)
     if (!model)
         TEST_SKIP("neither stories260K (KVQ_TEST_MODEL) nor SmolLM2 (KVQ_SMOLLM2) found");
     static const int32_t smol[] = {3}; /* SmolLM2: one layer, for time */
-    const char *cap = capture(model, "capcompl", 192, 384, stories ? NULL : smol,
+    const char *cap = pt_capture(model, "capcompl", 192, 384, stories ? NULL : smol,
                               stories ? 0 : 1);
     kvq_capture_info *ci = NULL;
     kvq_err e = {0};

@@ -151,38 +151,14 @@ static void test_marks(void **state)
     assert_true(!mark[0] && !mark[1] && !mark[2]);
 }
 
-/* SmolLM2 over docs/design.md, every layer (made once). */
+/* SmolLM2 over docs/design.md, every layer (made once): 4 sequences x 3 KV heads x 30
+ * layers, 360 jobs. */
 static const char *capture_smollm2(const char *model)
 {
-    static char dir[512];
-    if (dir[0])
-        return dir;
-    snprintf(dir, sizeof dir, "%s", test_path("capjobs"));
-    kvq_model *m = NULL;
-    kvq_err e = {0};
-    kvq_model_params mp = kvq_model_params_default();
-    assert_int_equal(kvq_model_open(model, &mp, &m, &e), KVQ_OK);
-    kvq_capture_params cp = kvq_capture_params_default();
-    cp.seq_len = 256;
-    cp.max_tokens = 1024; /* 4 sequences x 3 KV heads x 30 layers: 360 jobs */
-    cp.threads = 2;
-    kvq_status s = kvq_capture_run(m, "file:docs/design.md", NULL, &cp, dir, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    kvq_model_close(m);
+    static const char *dir;
+    if (!dir)
+        dir = pt_capture(model, "capjobs", 256, 1024, NULL, 0);
     return dir;
-}
-
-static kvq_profile_result *profile(const char *cap, const kvq_profile_params *p)
-{
-    kvq_profile_result *r = NULL;
-    kvq_err e = {0};
-    kvq_status s = kvq_profile_capture(cap, NULL, p, &r, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    return r;
 }
 
 /* select_row's rule on every row's figures (kvq/thresholds.h): the least memory (then
@@ -231,7 +207,7 @@ static void test_smollm2_job_sample_choice(void **state)
     p.threads = 2;
     p.leankv.window = 32;
     p.sample_rows = 0;
-    kvq_profile_result *all = profile(cap, &p);
+    kvq_profile_result *all = pt_profile(cap, &p);
     assert_int_equal(all->n_jobs, 360);
     assert_int_equal(all->n_jobs_sampled, 360);
     double errs[256];
@@ -249,7 +225,7 @@ static void test_smollm2_job_sample_choice(void **state)
         kvq_profile_params q = p;
         q.sample_rows = 32;
         q.tolerance = tol;
-        kvq_profile_result *b = profile(cap, &q); /* the default job sample, 1/3 */
+        kvq_profile_result *b = pt_profile(cap, &q); /* the default job sample, 1/3 */
         assert_int_equal(b->n_jobs, 360);
         assert_int_equal(b->n_jobs_sampled, 120);
         for (int t = 0; t < 2; t++) {
@@ -283,24 +259,6 @@ static void test_smollm2_job_sample_choice(void **state)
     kvq_profile_result_free(all);
 }
 
-static kvq_profile_result *profile_budget(const char *cap, const char *art, int64_t sample,
-                                          double tol)
-{
-    kvq_profile_params p = kvq_profile_params_default();
-    p.knobs = KVQ_KNOB_BUDGET | KVQ_KNOB_MASS;
-    p.sample_rows = sample;
-    p.tolerance = tol;
-    p.threads = 2;
-    kvq_profile_result *r = NULL;
-    kvq_err e = {0};
-    kvq_status s = kvq_profile_capture(cap, art, &p, &r, &e);
-    if (s)
-        print_error("%s\n", e.msg);
-    assert_int_equal(s, KVQ_OK);
-    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++)
-        assert_string_equal(r->table[t].skipped, "");
-    return r;
-}
 
 /* The budget/tau pass with the job sample (2 of each layer's 4 sequences): the choice
  * every row of every sequence makes, at tolerances between the errors, below all and
@@ -313,28 +271,12 @@ static void test_smollm2_budget_job_sample(void **state)
         TEST_SKIP("SmolLM2 not found (KVQ_SMOLLM2)");
     const char *cap = capture_smollm2(model);
     const char *art = pt_fit_artifact(cap, "jobs_fit");
-    kvq_profile_result *all = profile_budget(cap, art, 0, -1);
+    kvq_profile_result *all = pt_profile_budget(cap, art, 0, 0, -1, 2);
     double tols[40];
-    int nt = 0;
-    double lo = INFINITY, hi = 0;
-    for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
-        const kvq_profile_table *y = &all->table[t];
-        double e[32];
-        const int64_t n = y->n_rows;
-        for (int64_t i = 0; i < n; i++)
-            e[i] = y->rows[i * KVQ_PB_NCOLS + KVQ_PB_ERR];
-        qsort(e, (size_t)n, sizeof *e, pt_cmp_double);
-        lo = e[0] < lo ? e[0] : lo;
-        hi = e[n - 1] > hi ? e[n - 1] : hi;
-        for (int64_t i = n / 4; i + 1 < n; i += n / 3 > 0 ? n / 3 : 1)
-            if (e[i + 1] > e[i])
-                tols[nt++] = 0.5 * (e[i] + e[i + 1]);
-    }
-    tols[nt++] = 0.5 * lo;
-    tols[nt++] = 2 * hi;
+    const int nt = pt_budget_tolerances(all, tols);
     int64_t n_kept = 0, n_other = 0;
     for (int k = 0; k < nt; k++) {
-        kvq_profile_result *b = profile_budget(cap, art, 32, tols[k]);
+        kvq_profile_result *b = pt_profile_budget(cap, art, 0, 32, tols[k], 2);
         assert_int_equal(b->n_seq_jobs, 120); /* 30 layers x 4 sequences, 2 a layer sampled */
         assert_int_equal(b->n_seq_jobs_sampled, 60);
         for (int t = KVQ_PROFILE_BUDGET; t <= KVQ_PROFILE_MASS; t++) {
