@@ -257,6 +257,8 @@ static void rec_profile_params(kvq_strbuf *b, const kvq_profile_params *q)
     rec_str(b, "pats_dtype", kvq_dtype_name(q->pats_dtype));
     rec_f64_list(b, "budgets", q->budgets, q->n_budgets);
     rec_f64_list(b, "taus", q->taus, q->n_taus);
+    rec_i64(b, "sample_rows", q->sample_rows);
+    rec_f64(b, "sample_jobs", q->sample_jobs);
     const kvq_retrieval_params *r = &q->retrieval;
     rec_i64(b, "retrieval.sink", r->sink);
     rec_i64(b, "retrieval.window", r->window);
