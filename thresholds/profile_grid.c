@@ -512,17 +512,19 @@ static kvq_status every_row(const kvq_capture_info *ci, const kvq_profile_params
     thr_grid sub = {0};
     kvq_status s = mark && part && cand ? KVQ_OK
                                         : kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
-    if ((s = kvq_dist_agree(p->dist, s, err))) /* split by layers: all ranks go on, or none */
-        goto done;
-    /* the settings left on the job sample take no part (no error: never marked) */
-    for (int64_t c = 0; c < n_set; c++) {
-        cand[c] = total[c];
-        if (!isnan(job_ci[c]))
-            cand[c].err_sum = cand[c].err_sq = cand[c].err_n = 0;
+    if (!s) {
+        /* the settings left on the job sample take no part (no error: never marked) */
+        for (int64_t c = 0; c < n_set; c++) {
+            cand[c] = total[c];
+            if (!isnan(job_ci[c]))
+                cand[c].err_sum = cand[c].err_sq = cand[c].err_n = 0;
+        }
+        thr_mark_refine(cand, 0, G->n_lk, tol, mark);
+        thr_mark_refine_below(cand, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
+        s = sub_grid(G, mark, &sub, err);
     }
-    thr_mark_refine(cand, 0, G->n_lk, tol, mark);
-    thr_mark_refine_below(cand, G->n_lk, n_set, tol, THR_PATS_MAX_MEMORY, mark);
-    if ((s = sub_grid(G, mark, &sub, err)) || sub.n_lk + sub.n_pt == 0)
+    /* split by layers: all ranks go on, or none */
+    if ((s = kvq_dist_agree(p->dist, s, err)) || sub.n_lk + sub.n_pt == 0)
         goto done;
     kvq_log(&p->cb, KVQ_LOG_INFO, "profile: %lld LeanKV and %lld PATS settings near the tolerance: "
             "measured on every row", (long long)sub.n_lk, (long long)sub.n_pt);
