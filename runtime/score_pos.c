@@ -436,17 +436,21 @@ int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts)
     const int64_t nk = (int64_t)nb * K;
     if (nb != S->bsel_nb || (int64_t)r->gs * nk > S->cap)
         return 0;
+    /* the (head, band) pairs i = h nb + k in order, eight LUTs per read of the table */
+    const int32_t ni = r->gs * nb;
     float qs[8 * KVQ_ROPE_MAX_DIM];
-    for (int32_t h = 0; h < r->gs; h++) {
-        const float *q = st->q + (size_t)h * d;
-        float *lh = luts + (size_t)h * (size_t)nk;
-        for (int32_t k0 = 0; k0 < nb; k0 += 8) { /* eight bands' LUTs per read of the table */
-            const int32_t m = nb - k0 < 8 ? nb - k0 : 8;
-            for (int32_t k = k0; k < k0 + m; k++)
-                band_query(st, cb, q, a, b, k, E[k], E[k + 1] - 1, qs + (size_t)(k - k0) * d);
-            kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, lh + (size_t)k0 * K);
-            for (int32_t k = k0; k < k0 + m; k++)
-                band_spread(st, cb, q, E[k], E[k + 1] - 1, lh + (size_t)k * K);
+    for (int32_t i0 = 0; i0 < ni; i0 += 8) {
+        const int32_t m = ni - i0 < 8 ? ni - i0 : 8;
+        for (int32_t i = i0; i < i0 + m; i++) {
+            const int32_t k = i % nb;
+            band_query(st, cb, st->q + (size_t)(i / nb) * d, a, b, k, E[k], E[k + 1] - 1,
+                       qs + (size_t)(i - i0) * d);
+        }
+        kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, luts + (size_t)i0 * K);
+        for (int32_t i = i0; i < i0 + m; i++) {
+            const int32_t k = i % nb;
+            band_spread(st, cb, st->q + (size_t)(i / nb) * d, E[k], E[k + 1] - 1,
+                        luts + (size_t)i * K);
         }
     }
     return nk;
