@@ -8,11 +8,13 @@
  * its bytes up in each head's sign table, each head's sum in the order of
  * kvq_rk_resid_scores (so the same bits), and keeps the best head's score as
  * rerank_resid.c did (strictly greater replaces). The scalar loop is the reference;
- * the interleaved loop (every ISA but scalar) and the AVX-512 path
+ * the interleaved loop (every ISA but scalar: eight candidates, blocks of candidates
+ * scored head after head while their rows are in L1) and the AVX-512 path
  * (kernels_resid_avx512.c) give its bits (tests/test_resid_max.c).
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kvq/runtime.h"
 #include "runtime/kernels_simd.h"
@@ -46,51 +48,75 @@ static void max_scalar(const float *tab, int32_t gs, int32_t nb8, const uint8_t 
     }
 }
 
-/* Two candidates at a time, up to four heads per pass over their bytes (eight sums in
- * flight, each in the reference's order), rows prefetched 16 candidates ahead. */
-#define HB 4
-static void max_x2(const float *tab, int32_t gs, int32_t nb8, const uint8_t *bits,
+/* Candidates in blocks of BLK, each block scored head after head, eight candidates at
+ * a time (eight sums in flight, each in the reference's order; the rows prefetched 32
+ * candidates ahead on the first head's pass), the best so far kept in a block array.
+ * The block's rows (BLK nb8 bytes) and one head's byte table (nb8 KiB) stay in L1
+ * together, where the gs heads' tables (64 KiB at d 128, gs 4) would not. */
+#define BLK 256
+#define IL 8
+static void max_il(const float *tab, int32_t gs, int32_t nb8, const uint8_t *bits,
                    const float *scale, const int32_t *tok, const float *first, size_t fs,
                    const int32_t *grp, int64_t n, float *out)
 {
     const size_t tl = KVQ_RK_SIGN_TABLE_LEN(8 * (size_t)nb8);
-    int64_t a = 0;
-    for (; a + 2 <= n; a += 2) {
-        for (int64_t l = a + 16; l < a + 18 && l < n; l++) {
-            __builtin_prefetch(bits + (size_t)tok[l] * nb8);
-            __builtin_prefetch(scale + tok[l]);
-        }
-        const uint8_t *b0 = bits + (size_t)tok[a] * nb8, *b1 = bits + (size_t)tok[a + 1] * nb8;
-        const float a0 = scale[tok[a]], a1 = scale[tok[a + 1]];
-        float best0 = 0.0f, best1 = 0.0f;
-        for (int32_t h0 = 0; h0 < gs; h0 += HB) {
-            const int32_t hc = gs - h0 < HB ? gs - h0 : HB;
-            float s0[HB] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[HB] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int32_t p = 0; p < nb8; p++) {
-                const float *tp = tab + (size_t)h0 * tl + (size_t)p * 256;
-                const uint8_t v0 = b0[p], v1 = b1[p];
-                for (int32_t i = 0; i < hc; i++) {
-                    s0[i] += tp[(size_t)i * tl + v0];
-                    s1[i] += tp[(size_t)i * tl + v1];
+    float best[BLK];
+    for (int64_t a0 = 0; a0 < n; a0 += BLK) {
+        const int64_t m = n - a0 < BLK ? n - a0 : BLK;
+        for (int32_t h = 0; h < gs; h++) {
+            const float *th = tab + (size_t)h * tl;
+            int64_t i = 0;
+            for (; i + IL <= m; i += IL) {
+                const int64_t a = a0 + i;
+                for (int64_t l = a + 32; h == 0 && l < a + 32 + IL && l < n; l++) {
+                    __builtin_prefetch(bits + (size_t)tok[l] * nb8);
+                    __builtin_prefetch(scale + tok[l]);
+                }
+                /* named sums (not an array): kept in registers at -O2 */
+                const uint8_t *b0 = bits + (size_t)tok[a] * nb8,
+                              *b1 = bits + (size_t)tok[a + 1] * nb8,
+                              *b2 = bits + (size_t)tok[a + 2] * nb8,
+                              *b3 = bits + (size_t)tok[a + 3] * nb8,
+                              *b4 = bits + (size_t)tok[a + 4] * nb8,
+                              *b5 = bits + (size_t)tok[a + 5] * nb8,
+                              *b6 = bits + (size_t)tok[a + 6] * nb8,
+                              *b7 = bits + (size_t)tok[a + 7] * nb8;
+                float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f, s4 = 0.0f, s5 = 0.0f,
+                      s6 = 0.0f, s7 = 0.0f;
+                for (int32_t p = 0; p < nb8; p++) {
+                    const float *t = th + (size_t)p * 256;
+                    s0 += t[b0[p]];
+                    s1 += t[b1[p]];
+                    s2 += t[b2[p]];
+                    s3 += t[b3[p]];
+                    s4 += t[b4[p]];
+                    s5 += t[b5[p]];
+                    s6 += t[b6[p]];
+                    s7 += t[b7[p]];
+                }
+                const float sm[IL] = {s0, s1, s2, s3, s4, s5, s6, s7};
+                for (int c = 0; c < IL; c++) {
+                    const float w = scale[tok[a + c]] * sm[c];
+                    const float v = first_of(first, fs, grp, h, a + c) + w;
+                    best[i + c] = h == 0 || v > best[i + c] ? v : best[i + c];
                 }
             }
-            for (int32_t i = 0; i < hc; i++) {
-                const int32_t h = h0 + i;
-                const float w0 = a0 * s0[i], w1 = a1 * s1[i];
-                const float v0 = first_of(first, fs, grp, h, a) + w0,
-                            v1 = first_of(first, fs, grp, h, a + 1) + w1;
-                best0 = h == 0 || v0 > best0 ? v0 : best0;
-                best1 = h == 0 || v1 > best1 ? v1 : best1;
+            for (; i < m; i++) {
+                const int64_t a = a0 + i;
+                const uint8_t *bb = bits + (size_t)tok[a] * nb8;
+                float s1 = 0.0f;
+                for (int32_t p = 0; p < nb8; p++)
+                    s1 += th[(size_t)p * 256 + bb[p]];
+                const float w = scale[tok[a]] * s1;
+                const float v = first_of(first, fs, grp, h, a) + w;
+                best[i] = h == 0 || v > best[i] ? v : best[i];
             }
         }
-        out[a] = best0;
-        out[a + 1] = best1;
+        memcpy(out + a0, best, sizeof(float) * (size_t)m);
     }
-    if (a < n)
-        max_scalar(tab, gs, nb8, bits, scale, tok + a, first + (grp ? 0 : a), fs,
-                   grp ? grp + a : NULL, n - a, out + a);
 }
-#undef HB
+#undef IL
+#undef BLK
 
 void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t nb8,
                              const uint8_t *bits, const float *scale, const int32_t *tok,
@@ -111,5 +137,5 @@ void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t 
     if (kvq_isa_clamp(isa) == KVQ_ISA_SCALAR)
         max_scalar(tab, gs, nb8, bits, scale, tok + a, f, fs, g, n - a, out + a);
     else
-        max_x2(tab, gs, nb8, bits, scale, tok + a, f, fs, g, n - a, out + a);
+        max_il(tab, gs, nb8, bits, scale, tok + a, f, fs, g, n - a, out + a);
 }
