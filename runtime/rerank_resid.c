@@ -24,10 +24,12 @@
  * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
  * forms each byte's entry from two nibble tables in registers; the same bits). For the
  * maximum over the group (group MAX, or resid_group MAX under group SUM) the same per
- * head: head h's own first-stage score (kvq_rt_head_first_scores: its LUT of the row's
- * band) + its q_h . r^, the best head's kept. Otherwise (b >= 4, d % 8 != 0) the
- * reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per head for the
- * maximum.
+ * head: head h's own first-stage score (its LUT of the row's band: the row's (code,
+ * band) group handed over by the selection, kvq_rt_head_band_luts, else searched,
+ * kvq_rt_head_first_scores) + its q_h . r^, the best head's kept, each row's signs and
+ * scale read once for all the heads (kvq_rk_resid_scores_max). Otherwise (b >= 4,
+ * d % 8 != 0) the reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per
+ * head for the maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
  * a = mean |r_c| (sign of r_c, + for 0); b >= 2: L = 2^b levels of step
