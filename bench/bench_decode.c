@@ -63,7 +63,10 @@
  * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
  * bytes, as under wrope.
  * --resid-group max scores the residual stage per query head (each head's own band LUTs
- * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max).
+ * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max):
+ * each row's (code, band) group written by the selection (kvq_rk_topk_bands_grouped),
+ * its entry in every head's LUTs, and one pass over the rows for all the heads
+ * (kvq_rk_resid_scores_max), as the runtime does.
  * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
  * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
  * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the
@@ -690,34 +693,39 @@ static int64_t resid_count(int64_t k2, int64_t nc)
 }
 
 /* --resid-group max (runtime/rerank_resid.c fast_max_scores): per query head its bands'
- * LUTs, each row's band from its token (linear, as score_pos.c's band_of), first_h its
- * code's entry, plus scale (q_h . signs); sc the best head's. */
+ * LUTs side by side [GS, nb, K], each row's (code, band) group b K + code in S->rsel
+ * (written by the selection, kvq_rk_topk_bands_grouped, as runtime/score_pos.c does
+ * when the bands come from the groups; else found here from the row's token, linear as
+ * score_pos.c's band_of), and one pass of kvq_rk_resid_scores_max over the rows for all
+ * the heads (each row's signs and scale read once); sc the best head's. */
 static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
-                             const int32_t *rows, int64_t n, float *sc)
+                             const int32_t *rows, int64_t n, int have_grp, float *sc)
 {
     const int32_t K = S->bands.K, nb = S->bands.nb;
-    float *lut = S->lut + 32768, *o = S->rlg + n; /* [nb, K] (nb K <= 32768), [n] */
-    int8_t *band = (int8_t *)S->rsel;              /* [n] */
-    for (int64_t a = 0; a < n; a++) {
+    const size_t tl = KVQ_RK_SIGN_TABLE_LEN(D);
+    float *lut = S->lut + 32768; /* [GS, nb, K] (GS nb K <= 32768) */
+    int32_t *grp = S->rsel;      /* [n] */
+    if ((int64_t)GS * nb * K > 32768) {
+        fprintf(stderr, "bench_decode: %d bands of %d codes do not fit\n", (int)nb, (int)K);
+        exit(1);
+    }
+    for (int64_t a = 0; a < n && !have_grp; a++) {
         const int64_t j = rows[a];
         const int64_t t = L->tok[h] && j >= SINK && j < L->n - WINDOW ? L->tok[h][j - SINK] : j;
-        int8_t b = 0;
+        int32_t b = 0;
         while (b + 1 < nb && t < S->tb[b])
             b++;
-        band[a] = b;
+        grp[a] = b * K + L->codes[h][j];
     }
-    for (int g = 0; g < GS; g++) {
-        for (int32_t k0 = 0; k0 < nb; k0 += 8)
-            kvq_rk_lut_multi(isa, L->tab[h], L->bqh + (((size_t)h * GS + g) * nb + k0) * D,
-                             nb - k0 < 8 ? nb - k0 : 8, lut + (size_t)k0 * K);
-        for (int64_t a = 0; a < n; a++)
-            o[a] = lut[(size_t)band[a] * K + L->codes[h][rows[a]]];
-        float tab[KVQ_RK_SIGN_TABLE_LEN(D)];
-        kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab);
-        kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, o, n, o);
-        for (int64_t a = 0; a < n; a++)
-            sc[a] = g == 0 || o[a] > sc[a] ? o[a] : sc[a];
-    }
+    /* the heads' band queries [GS, nb, D] side by side, eight LUTs per read of the table */
+    for (int32_t i0 = 0; i0 < GS * nb; i0 += 8)
+        kvq_rk_lut_multi(isa, L->tab[h], L->bqh + ((size_t)h * GS * nb + i0) * D,
+                         GS * nb - i0 < 8 ? GS * nb - i0 : 8, lut + (size_t)i0 * K);
+    float tab[GS * KVQ_RK_SIGN_TABLE_LEN(D)];
+    for (int g = 0; g < GS; g++)
+        kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab + (size_t)g * tl);
+    kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows, lut, (size_t)nb * K,
+                            grp, n, sc);
 }
 
 /* The residual stage over rows[0..n) (ascending), keeping k2 in place: the first-stage
@@ -753,7 +761,7 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             sc[a] = (float)dot;
         }
     } else if (g_resid_max && bands) {
-        resid_max_scores(L, h, isa, S, rows, n, sc);
+        resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores, sc);
     } else {
         /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
          * in sc, as runtime/score_pos.c does for the runtime's stage) */
@@ -862,8 +870,10 @@ select:;
     const int64_t k2 = rerank_count(k_sel, nc), k1 = resid_count(k2, nc);
     int64_t ns =
         by_scores ? kvq_rk_topk(isa, S->scores, nc, k1, S->att + m, S->work)
-        : bands   ? kvq_rk_topk_bands_scored(&S->bands, k1, S->att + m,
-                                             k1 > k2 && !g_resid_exact ? S->rlg : NULL, S->work)
+        : bands   ? kvq_rk_topk_bands_grouped(
+                      &S->bands, k1, S->att + m,
+                      k1 > k2 && !g_resid_exact && !g_resid_max ? S->rlg : NULL,
+                      k1 > k2 && !g_resid_exact && g_resid_max ? S->rsel : NULL, S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k1,
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)

@@ -24,10 +24,12 @@
  * kvq_rk_resid_scores: one reference, an interleaved path, and an AVX-512 path that
  * forms each byte's entry from two nibble tables in registers; the same bits). For the
  * maximum over the group (group MAX, or resid_group MAX under group SUM) the same per
- * head: head h's own first-stage score (kvq_rt_head_first_scores: its LUT of the row's
- * band) + its q_h . r^, the best head's kept. Otherwise (b >= 4, d % 8 != 0) the
- * reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per head for the
- * maximum.
+ * head: head h's own first-stage score (its LUT of the row's band: the row's (code,
+ * band) group handed over by the selection, kvq_rt_head_band_luts, else searched,
+ * kvq_rt_head_first_scores) + its q_h . r^, the best head's kept, each row's signs and
+ * scale read once for all the heads (kvq_rk_resid_scores_max). Otherwise (b >= 4,
+ * d % 8 != 0) the reconstruction rule, slower: q . (R_{p_j} c_j + r'^_j) in double, per
+ * head for the maximum.
  *
  * Quantizer of a residual r [d] (kvq_rt_resid_quantize): b = 1: r^_c = +-a with
  * a = mean |r_c| (sign of r_c, + for 0); b >= 2: L = 2^b levels of step
@@ -240,28 +242,41 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
 
 /* The fast rule per head, for the maximum over the group: sc[a] = the maximum over
  * heads h (first score wins ties) of first_h + a (q_h . s), first_h the head's own
- * first-stage score (kvq_rt_head_first_scores), q [gs, d] the heads' queries as the exact
- * step scores keys. Returns 0 where it does not apply (the caller reconstructs). */
+ * first-stage score, q [gs, d] the heads' queries as the exact step scores keys; one
+ * kernel reads each candidate's residual once for all the heads (kvq_rk_resid_scores_max).
+ * first_h: the entry of the row's (code, band) group, which kvq_rt_banded_select left in
+ * S->sel, in the head's band LUTs (kvq_rt_head_band_luts), else the head's score of the
+ * row found from its band (kvq_rt_head_first_scores). Returns 0 where it does not apply
+ * (the caller reconstructs). */
 static int fast_max_scores(const rt_step *st, const float *q, const int32_t *rows, int64_t n,
                            float *sc)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits, dq = bits * d;
-    float *first = S->rr + (size_t)(gs + 1) * d; /* [gs, n] */
-    if (!centroid(st->L->cb[st->head], 0) || !kvq_rt_head_first_scores(st, rows, n, first))
+    if (!centroid(st->L->cb[st->head], 0))
         return 0;
-    float qh[KVQ_ROPE_MAX_DIM], tab[KVQ_RK_SIGN_TABLE_LEN(KVQ_ROPE_MAX_DIM)];
+    const float *first = S->scores; /* [gs, nb K] the heads' band LUTs */
+    const int32_t *grp = S->sel;     /* [n] the rows' groups */
+    size_t fs = (size_t)kvq_rt_head_band_luts(st, S->scores);
+    if (fs == 0) {
+        float *f = S->rr + (size_t)(gs + 1) * d; /* [gs, n] */
+        if (!kvq_rt_head_first_scores(st, rows, n, f))
+            return 0;
+        first = f;
+        fs = (size_t)n;
+        grp = NULL;
+    }
+    const size_t tl = KVQ_RK_SIGN_TABLE_LEN(dq);
+    float qh[KVQ_ROPE_MAX_DIM];
     for (int32_t h = 0; h < gs; h++) {
-        float *o = first + (size_t)h * n;
         memcpy(qh, q + (size_t)h * d, sizeof(float) * (size_t)d);
         for (int32_t t = d; t < dq; t++)
             qh[t] = 0.5f * qh[t - d];
-        kvq_rk_sign_table(qh, dq, tab);
-        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, st->H->rq, st->H->rqs, rows, o, n, o);
-        for (int64_t a = 0; a < n; a++)
-            sc[a] = h == 0 || o[a] > sc[a] ? o[a] : sc[a];
+        kvq_rk_sign_table(qh, dq, S->stab + (size_t)h * tl);
     }
+    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, st->H->rq, st->H->rqs, rows, first, fs,
+                            grp, n, sc);
     return 1;
 }
 

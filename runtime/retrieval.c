@@ -145,6 +145,7 @@ static void scratch_free(rt_scratch *S)
     free(S->att);
     free(S->logits);
     free(S->rr);
+    free(S->stab);
     free(S->pfull);
     free(S->krot);
     free(S->lut);
@@ -449,6 +450,7 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  grow((void **)&S->att, c * sizeof(int32_t)) &&
                  grow((void **)&S->logits, gs * c * sizeof(float)) &&
                  grow((void **)&S->rr, (gs + 1) * (d + c) * sizeof(float)) &&
+                 grow((void **)&S->stab, gs * KVQ_RK_SIGN_TABLE_LEN(2 * d) * sizeof(float)) &&
                  (!r->p.measure || grow((void **)&S->pfull, gs * c * sizeof(float))) &&
                  grow((void **)&S->lut, lut * sizeof(float)) &&
                  grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&

@@ -86,6 +86,26 @@ void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8
                          const float *scale, const int32_t *tok, const float *first, int64_t n,
                          float *out);
 
+/* Residual stage scores by the best head of a GQA group of gs query heads
+ * (rerank_resid.c, --resid-group max): out[a] = the maximum over h = 0 .. gs - 1, in
+ * order (a later head replaces the kept score only when strictly greater), of
+ *   first[h fs + f] + scale[t] * s_h,   f = grp ? grp[a] : a,  t = tok[a],
+ * s_h the float sum from 0.0f, in order p = 0 .. nb8 - 1, of tab[h tl + p*256 +
+ * bits[t*nb8 + p]] with tl = KVQ_RK_SIGN_TABLE_LEN(8 nb8) (head h's table as
+ * kvq_rk_sign_table writes it, the heads' tables back to back): gs calls of
+ * kvq_rk_resid_scores and their maximum, the same bits, but each record's bits and
+ * scale read once for all the heads. grp: each candidate's entry in every head's
+ * first-stage table (its (code, band) group, kvq_rk_topk_bands_grouped; first [gs, fs]
+ * the heads' LUTs), or NULL (first [gs, fs] one score per candidate, fs >= n). out must
+ * not alias first. Every path gives the same bits (KVQ_ISA_SCALAR one candidate at a
+ * time; AVX2 eight interleaved, in blocks scored head after head; AVX-512 sixteen per vector from the nibble tables when
+ * nb8 % 4 == 0: kernels_resid.c, kernels_resid_avx512.c). Cost: n nb8 bytes read, n gs
+ * nb8 lookups. */
+void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t nb8,
+                             const uint8_t *bits, const float *scale, const int32_t *tok,
+                             const float *first, size_t fs, const int32_t *grp, int64_t n,
+                             float *out);
+
 /* Top-k selection in O(n), no sort: radix select (digits of 11/11/10 bits over
  * order-preserving keys, later digits only over the keys sharing the earlier ones);
  * from 16384 scores on, a strided sample of 1024 first brackets the threshold so that
@@ -148,6 +168,12 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
  * stage adds its part to, runtime/rerank_resid.c: no band search per row). */
 int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                  uint32_t *work);
+/* The same selection, and (each when not NULL) val as kvq_rk_topk_bands_scored and grp
+ * [min(k, n + nu)]: grp[i] = b K + code, the (code, band) group of row idx[i], its entry
+ * in any [nb, K] table of the bands (the residual stage's per-head LUTs,
+ * kvq_rk_resid_scores_max: no band search per row). */
+int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
+                                  int32_t *grp, uint32_t *work);
 
 /* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
  * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work

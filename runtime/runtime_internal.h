@@ -147,7 +147,11 @@ typedef struct rt_scratch {
                             nb LUTs [nb, K] left in scores, and (residual stage on) left
                             each selected row's group score, its first-stage score, in
                             tmp [n] in selection order (kvq_rk_topk_bands_scored;
-                            rerank_resid.c reads them) */
+                            rerank_resid.c reads them); under resid_group MAX each
+                            selected row's (code, band) group b K + code in sel [n]
+                            instead (kvq_rk_topk_bands_grouped, kvq_rt_head_band_luts) */
+    float *stab;         /* [gs, KVQ_RK_SIGN_TABLE_LEN(2 d)] the heads' sign tables of the
+                            residual stage under resid_group MAX (rerank_resid.c) */
     float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
                             candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
@@ -312,6 +316,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
 /* Each head's own first-stage score of rows[0..n) (the residual stage under the maximum,
  * rerank_resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
 int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
+int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts);
 
 /* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
  * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */

@@ -400,12 +400,60 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
                             .utok0 = se,
                             .ucodes = H->codes + se};
     /* with the residual stage on, each candidate's group score goes to S->tmp: the stage
-     * adds its part to it (rerank_resid.c) without finding the row's band again */
-    const int64_t n = kvq_rk_topk_bands_scored(&B, k, sel, H->rq ? S->tmp : NULL, S->work);
+     * adds its part to it (rerank_resid.c) without finding the row's band again; under
+     * its per-head rule (resid_group MAX) each candidate's group b K + code goes to
+     * S->sel instead, its entry in every head's band LUTs (kvq_rt_head_band_luts) */
+    const int hmax = r->p.resid_group == KVQ_GROUP_MAX;
+    const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, H->rq && !hmax ? S->tmp : NULL,
+                                                H->rq && hmax ? S->sel : NULL, S->work);
     S->bsel_nb = nb; /* the LUTs stay in S->scores */
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)s0;
     return n;
+}
+
+/* Under kvq_rt_banded_select's bands (S->bsel_nb > 0), each query head's own LUT of each
+ * band, luts [gs, nb K]: head h's band k at h nb K + k K, the entry of group b K + code
+ * (kvq_rk_topk_bands_grouped) the head's first-stage score of its rows. The tables of
+ * kvq_rt_head_first_scores (band_query, kvq_rk_lut_multi: kvq_rk_lut's bits), built for
+ * every row at once rather than searched per row. Returns nb K, or 0 when they do not
+ * fit in S->cap floats or the bands are not the selection's (the caller scores
+ * otherwise). */
+int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts)
+{
+    const kvq_retrieval *r = st->r;
+    const rt_scratch *S = st->S;
+    const kvq_codebook *cb = st->L->cb[st->head];
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
+    const int32_t d = r->d, K = D->k;
+    if (S->bsel_nb <= 0 || D->groups != 1)
+        return 0;
+    int64_t a, b, E[64];
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (a < 1)
+        a = 1;
+    const int32_t nb = band_edges(a, b, E);
+    const int64_t nk = (int64_t)nb * K;
+    if (nb != S->bsel_nb || (int64_t)r->gs * nk > S->cap)
+        return 0;
+    /* the (head, band) pairs i = h nb + k in order, eight LUTs per read of the table */
+    const int32_t ni = r->gs * nb;
+    float qs[8 * KVQ_ROPE_MAX_DIM];
+    for (int32_t i0 = 0; i0 < ni; i0 += 8) {
+        const int32_t m = ni - i0 < 8 ? ni - i0 : 8;
+        for (int32_t i = i0; i < i0 + m; i++) {
+            const int32_t k = i % nb;
+            band_query(st, cb, st->q + (size_t)(i / nb) * d, a, b, k, E[k], E[k + 1] - 1,
+                       qs + (size_t)(i - i0) * d);
+        }
+        kvq_rk_lut_multi(r->p.isa, st->L->tab[st->head], qs, m, luts + (size_t)i0 * K);
+        for (int32_t i = i0; i < i0 + m; i++) {
+            const int32_t k = i % nb;
+            band_spread(st, cb, st->q + (size_t)(i / nb) * d, E[k], E[k + 1] - 1,
+                        luts + (size_t)i * K);
+        }
+    }
+    return nk;
 }
 
 /* Per head of the group, the first-stage score of each of rows[0..n) under that head's

@@ -117,6 +117,12 @@ int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32
 int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                  uint32_t *work)
 {
+    return kvq_rk_topk_bands_grouped(B, k, idx, val, NULL, work);
+}
+
+int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
+                                  int32_t *grp, uint32_t *work)
+{
     const int32_t K = B->K, nb = B->nb;
     const size_t nk = (size_t)nb * (size_t)K;
     const int64_t total = B->n + B->nu;
@@ -125,7 +131,7 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
     if (k >= total) {
         for (int64_t j = 0; j < total; j++)
             idx[j] = (int32_t)j;
-        if (val) /* every row: its group's score (the emission below, all taken) */
+        if (val || grp) /* every row: its group (the emission below, all taken) */
             k = total;
         else
             return total;
@@ -190,6 +196,8 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
             for (int64_t j = s; j < s + take; j++) {
                 if (val)
                     val[out] = v;
+                if (grp)
+                    grp[out] = b * K + c;
                 idx[out++] = (int32_t)j;
             }
         }
@@ -203,6 +211,8 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
             if (key > T || (key == T && ties-- > 0)) {
                 if (val)
                     val[out] = lut[B->ucodes[i]];
+                if (grp)
+                    grp[out] = b * K + B->ucodes[i];
                 idx[out++] = (int32_t)(B->n + i);
             }
         }

@@ -8,7 +8,9 @@
  * never occur); the selection must be the same indices, and the scored variant
  * (kvq_rk_topk_bands_scored, the residual stage's first-stage scores) must give each
  * selected row the score of its band from that scan, bit for bit: every row's when
- * k >= the rows, those at a band's first token included.
+ * k >= the rows, those at a band's first token included; and the grouped variant
+ * (kvq_rk_topk_bands_grouped, the per-head residual stage's index into its heads' band
+ * LUTs) each row's group b K + code, b from that scan.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -44,6 +46,8 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
     int32_t *got = malloc(sizeof *got * (size_t)(total + 1));
     int32_t *got2 = malloc(sizeof *got2 * (size_t)(total + 1));
     float *val = malloc(sizeof *val * (size_t)(total + 1));
+    int32_t *grp = malloc(sizeof *grp * (size_t)(total + 1));
+    int32_t *wgrp = malloc(sizeof *wgrp * (size_t)(total + 1));
     uint32_t *work = malloc(sizeof *work * (size_t)(2 * total + 2));
     uint32_t *bwork = malloc(sizeof *bwork * ((size_t)3 * nb * K));
     int bad = 0;
@@ -95,6 +99,7 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
         while (b + 1 < nb && rtok[j] < tb[b])
             b++;
         sc[j] = lut[(size_t)b * K + rcode[j]];
+        wgrp[j] = b * K + rcode[j];
     }
     const kvq_rk_bands B = {.K = K,
                             .nb = nb,
@@ -127,6 +132,24 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
                         lutmode, (long long)k);
             bad = 1;
         }
+        /* the grouped variant: the same rows, scores, and each one's group b K + code
+         * (b from the linear scan), with val or without */
+        for (int wv = 0; wv < 2 && !bad; wv++) {
+            memset(got2, 0xff, sizeof *got2 * (size_t)(total + 1));
+            memset(grp, 0xff, sizeof *grp * (size_t)(total + 1));
+            const int64_t g3 = kvq_rk_topk_bands_grouped(&B, k, got2, wv ? val : NULL, grp, bwork);
+            int gbad = g3 != g || memcmp(got2, got, sizeof *got * (size_t)(g > 0 ? g : 0));
+            for (int64_t i = 0; i < g3 && !gbad; i++)
+                gbad = grp[i] != wgrp[got2[i]] ||
+                       (wv && memcmp(&val[i], &sc[got2[i]], sizeof(float)) != 0);
+            if (gbad) {
+                print_error("seed %llu n %lld nu %lld K %d nb %d lut mode %d k %lld val %d: "
+                            "kvq_rk_topk_bands_grouped's rows or groups differ\n",
+                            (unsigned long long)seed, (long long)n, (long long)nu, (int)K,
+                            (int)nb, lutmode, (long long)k, wv);
+                bad = 1;
+            }
+        }
         if (g != m || memcmp(got, want, sizeof *got * (size_t)m)) {
             int64_t at = 0;
             while (at < m && at < g && got[at] == want[at])
@@ -151,6 +174,8 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
     free(got);
     free(got2);
     free(val);
+    free(grp);
+    free(wgrp);
     free(work);
     free(bwork);
     return bad;

@@ -1,0 +1,110 @@
+/*
+ * kernels_resid_avx512.c — AVX-512 path of kvq_rk_resid_scores_max (runtime/rk.h,
+ * kernels_resid.c): the residual stage by the best head, 16 candidates per vector.
+ *
+ * As kvq_rk_resid_scores_avx512 (kernels_avx512.c), per head: each byte's table entry
+ * formed from that head's two 16-entry nibble tables (_mm512_permutexvar_ps on the
+ * nibble) with the float add that built the byte table, summed over the bytes from 0.0f
+ * in order, times the scale, plus the head's first-stage score: the scalar path's
+ * operations, so its bits. What differs is that the 16 rows' bytes are gathered once
+ * (four bytes a gather, kept for every head) and the scale once, and the heads run in
+ * blocks of up to four (four sums in flight); the best head kept by a strict compare in
+ * head order, as the reference.
+ */
+#include "runtime/kernels_simd.h"
+
+#if KVQ_RK_HAVE_X86
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "runtime/rk.h"
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* Most gathers of one vector of candidates kept for the heads: nb8 / 4 <= 32 (d 512 at
+ * 2 bits); larger rows are left to the caller's loop. */
+#define MAX_X 32
+
+/* Heads h0 .. h0 + hc - 1 (hc <= 4, a constant after inlining) of the 16 candidates whose
+ * gathered bytes are x [nb8 / 4]: each head's score, the best kept in *best. */
+static inline TARGET __attribute__((always_inline)) void
+heads(const float *nib0, size_t tl, int32_t nb8, const __m512i *x, __m512 sc, const float *first,
+      size_t fs, const int32_t *grp, __m512i g, int64_t a, int32_t h0, const int hc, __m512 *best)
+{
+    __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+    for (int32_t p4 = 0; p4 < nb8 / 4; p4++) {
+        const __m512i xv = x[p4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m512i lo = _mm512_srli_epi32(xv, 8 * i), hi = _mm512_srli_epi32(xv, 8 * i + 4);
+#pragma GCC unroll 4
+            for (int j = 0; j < hc; j++) {
+                const float *nb = nib0 + (size_t)(h0 + j) * tl + (size_t)p4 * 128 + 32 * i;
+                const __m512 e = _mm512_add_ps(_mm512_permutexvar_ps(lo, _mm512_loadu_ps(nb)),
+                                               _mm512_permutexvar_ps(hi, _mm512_loadu_ps(nb + 16)));
+                s[j] = _mm512_add_ps(s[j], e);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < hc; j++) {
+        const float *fh = first + (size_t)(h0 + j) * fs;
+        const __m512 f = grp ? _mm512_i32gather_ps(g, fh, 4) : _mm512_loadu_ps(fh + a);
+        const __m512 v = _mm512_add_ps(f, _mm512_mul_ps(sc, s[j]));
+        *best = h0 + j == 0
+                    ? v
+                    : _mm512_mask_mov_ps(*best, _mm512_cmp_ps_mask(v, *best, _CMP_GT_OQ), v);
+    }
+}
+
+TARGET int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int32_t nb8,
+                                              const uint8_t *bits, const float *scale,
+                                              const int32_t *tok, const float *first, size_t fs,
+                                              const int32_t *grp, int64_t n, float *out)
+{
+    if (nb8 % 4 != 0 || nb8 <= 0 || nb8 / 4 > MAX_X || gs <= 0)
+        return 0;
+    const size_t tl = KVQ_RK_SIGN_TABLE_LEN(8 * (size_t)nb8);
+    const float *nib0 = tab + (size_t)nb8 * 256; /* head h's nibble tables at nib0 + h tl */
+    const __m512i stride = _mm512_set1_epi32(nb8), lim = _mm512_set1_epi32(INT32_MAX / nb8 - 1);
+    __m512i x[MAX_X];
+    int64_t a = 0;
+    for (; a + 16 <= n; a += 16) {
+        const __m512i t = _mm512_loadu_si512((const void *)(tok + a));
+        if (_mm512_cmpgt_epi32_mask(t, lim))
+            break;
+        for (int64_t l = a + 64; l < a + 80 && l < n; l++) { /* the rows 4 vectors ahead */
+            __builtin_prefetch(bits + (size_t)tok[l] * nb8);
+            __builtin_prefetch(scale + tok[l]);
+        }
+        const __m512i off = _mm512_mullo_epi32(t, stride);
+        for (int32_t p4 = 0; p4 < nb8 / 4; p4++)
+            x[p4] = _mm512_i32gather_epi32(off, (const void *)(bits + 4 * p4), 1);
+        const __m512 sc = _mm512_i32gather_ps(t, scale, 4);
+        const __m512i g =
+            grp ? _mm512_loadu_si512((const void *)(grp + a)) : _mm512_setzero_si512();
+        __m512 best = _mm512_setzero_ps();
+        int32_t h0 = 0;
+        for (; h0 + 4 <= gs; h0 += 4)
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 4, &best);
+        switch (gs - h0) {
+        case 3:
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 3, &best);
+            break;
+        case 2:
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 2, &best);
+            break;
+        case 1:
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 1, &best);
+            break;
+        default:
+            break;
+        }
+        _mm512_storeu_ps(out + a, best);
+    }
+    return a;
+}
+
+#endif /* KVQ_RK_HAVE_X86 */
