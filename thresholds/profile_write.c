@@ -28,7 +28,9 @@ static int owned_key(const char *key)
     return 0;
 }
 
-/* Collects the new scalars and tables before declaring them. */
+/* Collects the new scalars and tables before declaring them: 4 scalars and 3 tensors
+ * per table at most. */
+#define NT_MAX (4 + 3 * KVQ_PROFILE_N_TABLES)
 typedef struct new_tensor {
     char name[64];
     kvq_dtype dtype;
@@ -52,7 +54,8 @@ static const double *chosen_row(const kvq_profile_table *t)
 }
 
 /* The new tensors: the chosen LeanKV alphas, budget and mass tau as F32 scalars, then
- * each measured table as F64 [n_rows, n_cols]. nt [16]; returns how many. Scalars point
+ * each measured table as F64 [n_rows, n_cols] with its F64 [n_rows] intervals and U8
+ * [n_rows] job-sample marks. nt [NT_MAX]; returns how many. Scalars point
  * at their own .scalar field, so nt must stay where it is until written. */
 static int new_tensors(const kvq_profile_result *r, const double *lk, const double *bu,
                        const double *ma, new_tensor *nt)
@@ -78,6 +81,20 @@ static int new_tensors(const kvq_profile_result *r, const double *lk, const doub
                         .data = t->rows};
         snprintf(x.name, sizeof x.name, KVQ_TENSOR_PROFILE, t->name);
         nt[n_new++] = x;
+        /* how each row's err was measured: its 95% half-width, and the rows whose
+         * figures come from the job sample alone */
+        if (t->err_ci) {
+            new_tensor c = {.dtype = KVQ_DT_F64, .ndim = 1, .shape = {t->n_rows},
+                            .data = t->err_ci};
+            snprintf(c.name, sizeof c.name, KVQ_TENSOR_PROFILE_ERR_CI, t->name);
+            nt[n_new++] = c;
+        }
+        if (t->job_sampled) {
+            new_tensor j = {.dtype = KVQ_DT_U8, .ndim = 1, .shape = {t->n_rows},
+                            .data = t->job_sampled};
+            snprintf(j.name, sizeof j.name, KVQ_TENSOR_PROFILE_JOB_SAMPLED, t->name);
+            nt[n_new++] = j;
+        }
     }
     for (int i = 0; i < n_new; i++)
         if (!nt[i].data)
@@ -121,6 +138,18 @@ static kvq_status set_profile_meta(kvq_st_writer *w, const kvq_st *st,
         s = set_meta_f(w, KVQ_META_THR_PROMPT_FRACTION, p->prompt_fraction, err);
     if (!s && r->metric_ppl)
         s = set_meta_f(w, KVQ_META_DIAG_PPL_FULL, r->ppl_full, err);
+    if (!s)
+        s = set_meta_f(w, KVQ_META_PROFILE_SAMPLE_ROWS, (double)p->sample_rows, err);
+    if (!s)
+        s = set_meta_f(w, KVQ_META_PROFILE_SAMPLE_JOBS, p->sample_jobs, err);
+    char jobs[64];
+    snprintf(jobs, sizeof jobs, "%lld,%lld", (long long)r->n_jobs, (long long)r->n_jobs_sampled);
+    if (!s && r->n_jobs > 0)
+        s = kvq_st_writer_set_meta(w, KVQ_META_PROFILE_JOBS, jobs, err);
+    snprintf(jobs, sizeof jobs, "%lld,%lld", (long long)r->n_seq_jobs,
+             (long long)r->n_seq_jobs_sampled);
+    if (!s && r->n_seq_jobs > 0)
+        s = kvq_st_writer_set_meta(w, KVQ_META_PROFILE_BUDGET_JOBS, jobs, err);
     for (int i = 0; i < KVQ_PROFILE_N_TABLES && !s; i++) {
         const kvq_profile_table *t = &r->table[i];
         if (!t->rows)
@@ -219,7 +248,7 @@ kvq_status kvq_profile_write(const kvq_artifact *in, const kvq_profile_result *r
 {
     const kvq_st *st = kvq_artifact_payload(in);
     kvq_st_writer *w = kvq_st_writer_new();
-    new_tensor nt[16];
+    new_tensor nt[NT_MAX];
     int n_new = 0;
     kvq_status s = KVQ_OK;
     if (!w)

@@ -120,6 +120,12 @@ extern "C" {
 #define KVQ_META_THR_MET              "thresholds.%s.met"               /* format taking the table name */
 #define KVQ_META_DIAG_PROFILE         "diag.profile.%s.%s"              /* format taking table and column */
 #define KVQ_TENSOR_PROFILE            "profile.%s"                      /* format taking the table name */
+#define KVQ_TENSOR_PROFILE_ERR_CI     "profile.%s.err_ci95"             /* format taking the table name */
+#define KVQ_TENSOR_PROFILE_JOB_SAMPLED "profile.%s.job_sampled"         /* format taking the table name */
+#define KVQ_META_PROFILE_SAMPLE_ROWS  "profile.sample_rows"             /* rows per sequence; 0 = every row */
+#define KVQ_META_PROFILE_SAMPLE_JOBS  "profile.sample_jobs"             /* the job sample's share */
+#define KVQ_META_PROFILE_JOBS         "profile.jobs"                    /* grid jobs, then those sampled: "N,M" */
+#define KVQ_META_PROFILE_BUDGET_JOBS  "profile.budget_jobs"             /* budget/tau jobs, then those sampled */
 #define KVQ_TENSOR_THR_BUDGET         "thresholds.budget"
 #define KVQ_TENSOR_THR_MASS_TAU       "thresholds.mass.tau"
 #define KVQ_TENSOR_DIAG_HEAD          "diag.layer.%d.head.%d.%s"        /* format taking (layer, kv head, what) */

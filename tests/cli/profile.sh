@@ -133,6 +133,14 @@ ah = float(p.tensors["thresholds.leankv.alpha_h"])
 assert ah == float(p.metadata["leankv.alpha_h"])
 assert p.tensors["profile.pats"].shape == (12, 7) and p.tensors["profile.budget"].shape == (2, 5)
 assert float(p.tensors["thresholds.budget"]) in (np.float32(0.05), np.float32(0.25))
+# how each row was measured: intervals (finite, >= 0) and job-sample marks per table
+for t, n in (("leankv", 4), ("pats", 12), ("budget", 2), ("mass", 1)):
+    ci, js = p.tensors["profile.%s.err_ci95" % t], p.tensors["profile.%s.job_sampled" % t]
+    assert ci.shape == (n,) and ci.dtype == np.float64 and js.shape == (n,) and js.dtype == np.uint8, t
+    assert np.all(ci[np.isfinite(ci)] >= 0) and set(js.tolist()) <= {0, 1}, t
+assert p.metadata["profile.sample_rows"] == "32" and float(p.metadata["profile.sample_jobs"]) == 1 / 3
+njobs, nsampled = map(int, p.metadata["profile.jobs"].split(","))
+assert 0 < nsampled <= njobs
 print("python reader agrees: alpha_h %g, budget %s" % (ah, p.metadata["budget.fraction"]))
 EOF
 ); rc=$?
