@@ -211,18 +211,29 @@ static void test_sampled_threads_same_bytes(void **state)
     kvq_profile_result *a = pt_profile(cap, &p);
     p.threads = 3;
     kvq_profile_result *b = pt_profile(cap, &p);
+    /* more threads than a layer's sampled jobs: several layers run at once */
+    p.threads = 13;
+    kvq_profile_result *c = pt_profile(cap, &p);
     assert_true(a->n_measured < a->n_queries);
+    if (stories) /* 16 jobs a layer, 6 sampled: 3 layers at once on 13 threads */
+        assert_true(a->n_jobs_sampled * 2 < a->n_jobs);
     assert_int_equal(a->n_measured, b->n_measured);
+    assert_int_equal(a->n_measured, c->n_measured);
     for (int t = 0; t < 2; t++) {
-        const kvq_profile_table *x = &a->table[t], *y = &b->table[t];
+        const kvq_profile_table *x = &a->table[t], *y = &b->table[t], *z = &c->table[t];
         assert_memory_equal(x->rows, y->rows, sizeof(double) * (size_t)(x->n_rows * x->n_cols));
         assert_memory_equal(x->err_ci, y->err_ci, sizeof(double) * (size_t)x->n_rows);
+        assert_memory_equal(x->rows, z->rows, sizeof(double) * (size_t)(x->n_rows * x->n_cols));
+        assert_memory_equal(x->err_ci, z->err_ci, sizeof(double) * (size_t)x->n_rows);
+        assert_memory_equal(x->job_sampled, z->job_sampled, (size_t)x->n_rows);
         assert_int_equal(x->chosen, y->chosen);
+        assert_int_equal(x->chosen, z->chosen);
         for (int64_t i = 0; i < x->n_rows; i++)
             assert_true(x->err_ci[i] >= 0 && isfinite(x->err_ci[i]));
     }
     kvq_profile_result_free(a);
     kvq_profile_result_free(b);
+    kvq_profile_result_free(c);
 }
 
 /* ---- the budget/tau profile ------------------------------------------------------- */

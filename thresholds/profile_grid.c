@@ -272,6 +272,18 @@ static void job_counts(const thr_layer *L, const kvq_profile_params *p, int64_t 
     *n_err = p->reference || sample <= 0 || sample >= nr ? nr : sample;
 }
 
+#define GRID_MAX_BATCH 8 /* layers open at once, at most */
+
+/* The jobs a pass runs in each layer (the same in every layer). */
+static int64_t per_layer_jobs(const kvq_capture_info *ci, const grid_jobs *gj)
+{
+    const int64_t n_kv = ci->model.n_kv_heads;
+    int64_t n = 0;
+    for (int64_t jb = 0; jb < ci->n_sequences * n_kv && ci->n_files > 0; jb++)
+        n += ci->sequences[2 * (jb / n_kv) + 1] >= 2 && thr_jobs_run(gj->J, 0, jb, gj->want);
+    return n;
+}
+
 static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params *p,
                            const thr_grid *G, const char *what, const grid_jobs *gj,
                            thr_acc *total, int64_t *n_rows, int64_t *n_err, int64_t *n_thin,
@@ -286,58 +298,82 @@ static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params 
                              sizeof(int64_t) * (size_t)(2 * n_jobs);
     thr_split sp;
     kvq_status s = thr_split_begin(&sp, p, what, ci->n_files, rec_bytes, err);
-    uint8_t *own = malloc(rec_bytes ? rec_bytes : 1);
-    kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *st);
-    kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs : 1), sizeof *errs);
-    if (!s && (!own || !st || !errs))
+    /* layers run B at a time, their jobs in one parallel loop, when one layer has fewer
+     * jobs to run than threads (a job sample: a third of them); added in layer order */
+    const int64_t per = per_layer_jobs(ci, gj);
+    int64_t B = per > 0 ? (p->threads + per - 1) / per : 1;
+    B = B < 1 ? 1 : B > GRID_MAX_BATCH ? GRID_MAX_BATCH : B;
+    uint8_t *own = malloc(rec_bytes ? rec_bytes * (size_t)B : 1);
+    kvq_status *st = calloc((size_t)(n_jobs > 0 ? n_jobs * B : 1), sizeof *st);
+    kvq_err *errs = calloc((size_t)(n_jobs > 0 ? n_jobs * B : 1), sizeof *errs);
+    thr_layer *L = calloc((size_t)B, sizeof *L);
+    thr_rope_tab *T = calloc((size_t)B, sizeof *T);
+    uint8_t **rec = calloc((size_t)B, sizeof *rec);
+    if (!s && (!own || !st || !errs || !L || !T || !rec))
         s = kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     /* one SGEMM thread per job: the jobs are the parallelism, and the sums do not depend
      * on how many there are */
     const int blas_prev = openblas_get_num_threads();
     openblas_set_num_threads(1);
-    for (int32_t f = sp.first, n_done = 0; f < sp.end && !s; f++) {
-        thr_layer L;
-        thr_rope_tab T = {0};
-        if ((s = thr_layer_open(ci, f, &L, err)))
-            break;
-        if ((s = thr_rope_tab_make(ci, &L, p->threads, &T, err))) {
-            thr_layer_close(&L);
-            break;
+    for (int32_t f0 = sp.first, n_done = 0; f0 < sp.end && !s; f0 += (int32_t)B) {
+        const int64_t nb = sp.end - f0 < B ? sp.end - f0 : B;
+        int64_t opened = 0;
+        for (; opened < nb && !s; opened++) {
+            const int32_t f = f0 + (int32_t)opened;
+            if ((s = thr_layer_open(ci, f, &L[opened], err)))
+                break;
+            if ((s = thr_rope_tab_make(ci, &L[opened], p->threads, &T[opened], err))) {
+                thr_layer_close(&L[opened]);
+                break;
+            }
+            rec[opened] = sp.d ? thr_split_rec(&sp, f) : own + rec_bytes * (size_t)opened;
+            memset(rec[opened], 0, rec_bytes);
         }
-        uint8_t *rec = sp.d ? thr_split_rec(&sp, f) : own;
-        thr_acc *acc = (thr_acc *)rec;
-        int64_t *rows = (int64_t *)(acc + n_jobs * n_set);
-        memset(rec, 0, rec_bytes);
+        if (!s) {
 #pragma omp parallel for num_threads(p->threads) schedule(dynamic, 1)
-        for (int64_t jb = 0; jb < n_jobs; jb++) {
-            const int64_t q = jb / n_kv, r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
-            if (n >= 2 && !thr_jobs_run(gj->J, f, jb, gj->want))
-                job_counts(&L, p, r0, n, &rows[2 * jb], &rows[2 * jb + 1]);
-            st[jb] = n < 2 || !thr_jobs_run(gj->J, f, jb, gj->want)
-                         ? KVQ_OK
-                         : run_job(ci, &L, &T, p, G, r0, n, (int32_t)(jb % n_kv),
-                                   acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1], &errs[jb]);
-        }
-        thr_layer_close(&L);
-        free(T.cs);
-        for (int64_t jb = 0; jb < n_jobs && !s; jb++) {
-            if (st[jb]) {
-                s = st[jb];
-                if (err)
-                    *err = errs[jb];
+            for (int64_t i = 0; i < nb * n_jobs; i++) {
+                const int64_t b = i / n_jobs, jb = i % n_jobs, q = jb / n_kv;
+                const int64_t r0 = ci->sequences[2 * q], n = ci->sequences[2 * q + 1];
+                const int32_t f = f0 + (int32_t)b;
+                thr_acc *acc = (thr_acc *)rec[b];
+                int64_t *rows = (int64_t *)(acc + n_jobs * n_set);
+                const int runs = n >= 2 && thr_jobs_run(gj->J, f, jb, gj->want);
+                if (n >= 2 && !runs)
+                    job_counts(&L[b], p, r0, n, &rows[2 * jb], &rows[2 * jb + 1]);
+                st[i] = !runs ? KVQ_OK
+                              : run_job(ci, &L[b], &T[b], p, G, r0, n, (int32_t)(jb % n_kv),
+                                        acc + jb * n_set, &rows[2 * jb], &rows[2 * jb + 1],
+                                        &errs[i]);
             }
         }
-        if (!s && !sp.d) /* one process adds now; a split pass on rank 0 after the gather */
-            grid_add_layer((void *)&sums, f, rec);
-        if (!s && kvq_progress(&p->cb, what, thr_split_progress(&sp, ++n_done),
-                               (uint64_t)ci->n_files))
-            s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+        for (int64_t b = 0; b < opened; b++) {
+            thr_layer_close(&L[b]);
+            free(T[b].cs);
+            T[b].cs = NULL;
+        }
+        for (int64_t i = 0; i < nb * n_jobs && !s; i++) {
+            if (st[i]) {
+                s = st[i];
+                if (err)
+                    *err = errs[i];
+            }
+        }
+        for (int64_t b = 0; b < nb && !s; b++) {
+            if (!sp.d) /* one process adds now; a split pass on rank 0 after the gather */
+                grid_add_layer((void *)&sums, f0 + (int32_t)b, rec[b]);
+            if (kvq_progress(&p->cb, what, thr_split_progress(&sp, ++n_done),
+                             (uint64_t)ci->n_files))
+                s = kvq_err_set(err, KVQ_E_CANCELLED, "profile: cancelled");
+        }
     }
     openblas_set_num_threads(blas_prev);
     s = thr_split_end(&sp, s, grid_add_layer, (void *)&sums, err);
     free(own);
     free(st);
     free(errs);
+    free(L);
+    free(T);
+    free(rec);
     return s;
 }
 
