@@ -323,4 +323,4 @@ demo:
 clean:
 	rm -rf build build-cuda build-asan build-fuzz
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_HELPER_OBJ:.o=.d)

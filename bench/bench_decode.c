@@ -132,7 +132,10 @@
 static int g_cpu_clock = 1;
 static double g_rerank = 0; /* --rerank R (0: one stage) */
 static int g_rope = 0;      /* --positions rope */
+static double g_rerank_extra = 0; /* --rerank-extra E (kvq_retrieval_params.rerank_extra) */
 static double g_resid = 4;  /* --resid-wide W (0: off) */
+static double g_resid_share = 0.5; /* --resid-share S (kvq_retrieval_params.resid_share) */
+static int rerank_on(void) { return g_rerank > 1 || g_rerank_extra > 0; }
 static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
 static int g_resid_max = 0;   /* --resid-group max: the stage scores by the best head */
 static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
@@ -157,7 +160,7 @@ static int usage(void)
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
                     "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
                     "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
-                    "[--resid-group sum|max] "
+                    "[--resid-group sum|max] [--rerank-extra E] [--resid-share S] "
                     "[--preset smollm2]\n");
     return 2;
 }
@@ -273,6 +276,12 @@ static int parse(int argc, char **argv, args *a)
                 return usage();
         } else if (!strcmp(o, "--rerank")) {
             if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
+                return usage();
+        } else if (!strcmp(o, "--rerank-extra")) {
+            if (kvq_parse_f64(v, 0, 0.99, &g_rerank_extra, &e))
+                return usage();
+        } else if (!strcmp(o, "--resid-share")) {
+            if (kvq_parse_f64(v, 0.01, 1, &g_resid_share, &e))
                 return usage();
         } else if (!strcmp(o, "--score")) {
             if (!strcmp(v, "bands"))
@@ -684,10 +693,10 @@ static int resid_build(layer *L, int h, const double *theta)
  * (kvq_rt_resid_count). */
 static int64_t resid_count(int64_t k2, int64_t nc)
 {
-    if (!(g_resid > 1) || g_rerank <= 1 || k2 >= nc)
+    if (!(g_resid > 1) || !rerank_on() || k2 >= nc)
         return k2;
     double want = ceil(g_resid * (double)k2);
-    const double cap = ceil(0.5 * (double)nc);
+    const double cap = ceil(g_resid_share * (double)nc);
     want = want > cap ? (cap > (double)k2 ? cap : (double)k2) : want;
     return want >= (double)nc ? nc : (int64_t)want;
 }
@@ -780,8 +789,12 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
 /* Candidates for a budget of k out of nc: ceil(R k) with --rerank R > 1, else k. */
 static int64_t rerank_count(int64_t k, int64_t nc)
 {
-    const double want = ceil(g_rerank * (double)k);
-    return g_rerank > 1 && k < nc ? (want >= (double)nc ? nc : (int64_t)want) : k;
+    if (!rerank_on() || k >= nc)
+        return k;
+    double want = g_rerank > 1 ? ceil(g_rerank * (double)k) : (double)k;
+    if (g_rerank_extra > 0 && (double)k + ceil(g_rerank_extra * (double)nc) > want)
+        want = (double)k + ceil(g_rerank_extra * (double)nc);
+    return want >= (double)nc ? nc : (int64_t)want;
 }
 
 /* --rerank: the exact q R_b . k of rows[0..n) (f16 keys) keep the best k, in place,
@@ -992,7 +1005,8 @@ int main(int argc, char **argv)
                  rbw = read_bandwidth(a.reps, (int)a.threads, flush);
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
-           "score %s, rerank %g, residual stage %s, positions %s, clock %s\n",
+           "score %s, rerank %g (+%g of the cache), residual stage %s (share %g, %s), "
+           "positions %s, clock %s\n",
            N_HEADS, N_KV, D, (long long)a.codebook, a.budget, kvq_isa_name(a.isa),
            (long long)a.threads, a.fused ? "fused" : "twopass",
            a.scores == 1 ? "scores"
@@ -1000,10 +1014,11 @@ int main(int argc, char **argv)
            : a.scores < 0 ? "codes or scores (auto)"
                           : "codes",
            a.token_order ? "token" : "code", a.bands ? "bands (one LUT per distance band)" : "rb",
-           g_rerank,
-           g_resid > 1 && g_rerank > 1 ? (g_resid_exact ? "on, exact (per-candidate rotation)"
+           g_rerank, g_rerank_extra,
+           g_resid > 1 && rerank_on() ? (g_resid_exact ? "on, exact (per-candidate rotation)"
                                                         : "on, sign table")
                                        : "off",
+           g_resid_share, g_resid_max ? "max" : "sum",
            g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
     printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
            "GB/s (sum of 256 MiB, best of %lld)\n\n",
@@ -1059,12 +1074,12 @@ int main(int argc, char **argv)
         for (int h = 0; h < N_KV && g_rope; h++)
             if (rotated_keys(&L, h, theta))
                 return 1;
-        for (int h = 0; h < N_KV && g_resid > 1 && g_rerank > 1; h++)
+        for (int h = 0; h < N_KV && g_resid > 1 && rerank_on(); h++)
             if (resid_build(&L, h, theta)) {
                 fprintf(stderr, "bench_decode: out of memory at context %lld\n", (long long)n);
                 return 1;
             }
-        if (g_resid > 1 && g_rerank > 1 && g_resid_exact && g_rope) {
+        if (g_resid > 1 && rerank_on() && g_resid_exact && g_rope) {
             L.pcos = malloc(sizeof(float) * (size_t)n * (D / 2));
             L.psin = malloc(sizeof(float) * (size_t)n * (D / 2));
             if (!L.pcos || !L.psin)

@@ -357,8 +357,11 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
         kvq_json_write_str(stdout, method);
     else
         printf("null");
-    printf(", \"score\": \"%s\", \"rerank\": %g", kvq_score_pos_name(o->p.score_pos),
-           o->p.rerank);
+    printf(", \"score\": \"%s\", \"rerank\": %g, \"rerank_extra\": %g, \"resid_bits\": %d, "
+           "\"resid_wide\": %g, \"resid_group\": \"%s\", \"resid_share\": %g",
+           kvq_score_pos_name(o->p.score_pos), o->p.rerank, o->p.rerank_extra,
+           (int)o->p.resid_bits, o->p.resid_wide,
+           o->p.resid_group == KVQ_GROUP_SUM ? "sum" : "max", o->p.resid_share);
     printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
            "\"sequences\": %zu, "

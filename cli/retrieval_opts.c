@@ -31,7 +31,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
         "--device",   "--rows",     "--score-pos", "--rerank",
-        "--resid-bits", "--resid-wide", "--resid-group"};
+        "--rerank-extra", "--resid-bits", "--resid-wide", "--resid-group", "--resid-share"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -106,6 +106,9 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         }
         if (!rc)
             o->p.rerank = f;
+    } else if (!strcmp(a, "--rerank-extra")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 0, 0.99, &f)))
+            o->p.rerank_extra = f;
     } else if (!strcmp(a, "--resid-bits")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 0, 8, &f)) && f != 0 && f != 1 && f != 2 && f != 4 &&
             f != 8) {
@@ -119,6 +122,9 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
             o->p.resid_wide = f;
     } else if (!strcmp(a, "--resid-group")) {
         rc = group_opt(cmd, a, val, &o->p.resid_group);
+    } else if (!strcmp(a, "--resid-share")) {
+        if (!(rc = cli_opt_f64(cmd, a, val, 0.01, 1, &f)))
+            o->p.resid_share = f;
     } else if (!strcmp(a, "--tau")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 1e-12, 1, &f)))
             o->p.tau = f;
@@ -175,6 +181,9 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --rerank R         codebook selector in two stages: the codebook picks R x\n"
                "                     budget candidates, their exact keys keep the best budget\n"
                "                     (reads R x budget key rows); 0 = off (default 2)\n"
+               "  --rerank-extra E   the rerank takes the budget plus E x the cache's\n"
+               "                     candidates (the larger of that and R x budget; with\n"
+               "                     --rerank 0 the only rule), E in [0, 0.99] (default 0)\n"
                "  --resid-bits B     residual stage before the rerank: each key's residual\n"
                "                     from its centroid at B = 1, 2, 4 or 8 bits per channel\n"
                "                     (d B / 8 + 4 bytes); 0 = off (default 1)\n"
@@ -183,6 +192,8 @@ void cli_retrieval_usage(FILE *f, int eval)
                "  --resid-group G    the residual stage's rule over the GQA group: sum (the\n"
                "                     summed query) or max (each head's own score, the best\n"
                "                     kept) (default sum)\n"
+               "  --resid-share S    largest share of the candidates the residual stage\n"
+               "                     scores, (0, 1] (default 0.5)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

@@ -296,7 +296,7 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
     S->status = KVQ_OK;
     int rerank = 0; /* a codebook setting reranks (rerank.c): its top k from one order */
     for (int32_t c = 0; c < n_set; c++)
-        rerank |= set[c].selector == KVQ_SELECT_CODEBOOK && r->p.rerank > 1.0 &&
+        rerank |= set[c].selector == KVQ_SELECT_CODEBOOK && kvq_rt_rerank_on(&r->p) &&
                   r->p.positions != KVQ_POSITIONS_ROPE;
     for (int32_t h = 0; h < r->n_kv; h++) {
         const float *qh = q + (size_t)h * gs * d;

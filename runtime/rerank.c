@@ -24,11 +24,20 @@
 #include "runtime/runtime_internal.h"
 #include "runtime/mass.h"
 
+int kvq_rt_rerank_on(const kvq_retrieval_params *p)
+{
+    return p->rerank > 1.0 || p->rerank_extra > 0;
+}
+
 int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc)
 {
-    if (!(r->p.rerank > 1.0) || k >= nc)
+    if (!kvq_rt_rerank_on(&r->p) || k >= nc)
         return k;
-    const double want = ceil(r->p.rerank * (double)k);
+    double want = r->p.rerank > 1.0 ? ceil(r->p.rerank * (double)k) : (double)k;
+    if (r->p.rerank_extra > 0) {
+        const double extra = (double)k + ceil(r->p.rerank_extra * (double)nc);
+        want = extra > want ? extra : want;
+    }
     return want >= (double)nc ? nc : (int64_t)want;
 }
 

@@ -47,14 +47,6 @@
 #include "runtime/kernels.h"
 #include "runtime/runtime_internal.h"
 
-/* Largest share of the candidates the stage scores at 1 bit (kvq_rt_resid_count); at 2
- * bits the share that reads as many bytes, 0.5 (d / 8 + 4) / (d 2 / 8 + 4) (0.3 at d 64,
- * so that the stage never reads more than 1 bit's at 12%, where the default's bytes meet
- * FIER's); b >= 4 (the slow rule, an experiment) keep 1 bit's share. */
-#ifndef KVQ_RT_RESID_MAX_SHARE
-#define KVQ_RT_RESID_MAX_SHARE 0.5
-#endif
-
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale)
 {
     if (bits == 1) {
@@ -284,12 +276,15 @@ int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc)
 {
     if (r->p.resid_bits <= 0 || !(r->p.resid_wide > 1.0) || k >= nc)
         return k;
-    /* at most half the candidates (KVQ_RT_RESID_MAX_SHARE), never fewer than k: the
-     * stage's bytes stay under (d B / 8 + 4) / 2 per key at large budgets */
+    /* at most resid_share of the candidates at 1 bit, never fewer than k: the stage's
+     * bytes stay under resid_share (d / 8 + 4) per key at large budgets; at 2 bits the
+     * share that reads as many bytes, resid_share (d / 8 + 4) / (d 2 / 8 + 4) (0.3 of
+     * the candidates at d 64 and share 0.5); b >= 4 (the slow rule, an experiment) keep
+     * 1 bit's share */
     double want = ceil(r->p.resid_wide * (double)k);
     const double row1 = (double)r->d / 8.0 + 4.0,
                  rowb = r->p.resid_bits == 2 ? (double)r->d * 2 / 8.0 + 4.0 : row1;
-    const double cap = ceil(KVQ_RT_RESID_MAX_SHARE * row1 / rowb * (double)nc);
+    const double cap = ceil(r->p.resid_share * row1 / rowb * (double)nc);
     want = want > cap ? (cap > (double)k ? cap : (double)k) : want;
     return want >= (double)nc ? nc : (int64_t)want;
 }

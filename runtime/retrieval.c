@@ -52,6 +52,8 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.resid_bits = 1;
     p.resid_wide = 4;
     p.resid_group = KVQ_GROUP_SUM;
+    p.resid_share = 0.5;
+    p.rerank_extra = 0;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;
@@ -88,6 +90,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "group";
     else if (!(p->rerank == 0 || (p->rerank >= 1 && p->rerank <= 64)))
         bad = "rerank";
+    else if (!(p->rerank_extra >= 0 && p->rerank_extra < 1))
+        bad = "rerank_extra";
     else if (!(p->resid_bits == 0 || p->resid_bits == 1 || p->resid_bits == 2 ||
                p->resid_bits == 4 || p->resid_bits == 8))
         bad = "resid_bits";
@@ -95,6 +99,8 @@ static kvq_status check_params(const kvq_retrieval_params *p, const kvq_codebook
         bad = "resid_wide";
     else if (p->resid_group != KVQ_GROUP_SUM && p->resid_group != KVQ_GROUP_MAX)
         bad = "resid_group";
+    else if (!(p->resid_share > 0 && p->resid_share <= 1))
+        bad = "resid_share";
     else if (!(p->tau > 0 && p->tau <= 1))
         bad = "tau";
     else if (p->code_order != 0 && p->code_order != 1)

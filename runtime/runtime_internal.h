@@ -267,14 +267,17 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
                       double *sel_bytes, double *codebook_bytes);
 
 /* Two-stage codebook selection (rerank.c, kvq_retrieval_params.rerank).
- *   rerank_count  candidates the codebook picks for a budget of k out of nc: ceil(R k)
- *                 capped at nc, or k when reranking is off (R <= 1) or k >= nc
+ *   rerank_on     the codebook selector reranks: R > 1 or rerank_extra > 0
+ *   rerank_count  candidates the codebook picks for a budget of k out of nc: the larger
+ *                 of ceil(R k) (k when R <= 1) and k + ceil(E nc) (E = rerank_extra > 0),
+ *                 capped at nc, or k when reranking is off or k >= nc
  *   rerank        exact scores of rows[0..n) (the oracle's, same position mode and GQA
  *                 rule, from the per-head logits) keep the best min(k, n), in place,
  *                 ascending; returns the count. The kept rows' logits go to the step's
  *                 attention (S->rr_kept).
  *                 sel_bytes gets the key rows read that the attention does not read
  *                 again ((n - kept) d es bytes). */
+int kvq_rt_rerank_on(const kvq_retrieval_params *p);
 int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc);
 int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes);
 /* The step's attention over att[0..m) (rerank.c): logits of the group's queries (scaled

@@ -2659,6 +2659,67 @@ static void test_rerank_exact(void **state)
     codebooks_free(cbs, 1);
 }
 
+/* The stages' candidate counts (kvq/runtime.h: rerank, rerank_extra, resid_wide,
+ * resid_share), written out by hand: the rerank takes max(ceil(R k), k + ceil(E nc)),
+ * capped at nc, k when both are off; the residual stage ceil(W k2) but at most
+ * ceil(S nc) (at 2 bits S (d / 8 + 4) / (d / 4 + 4)) and never fewer than k2. Fails with
+ * the extra share ignored, added to R k, taken of k instead of nc, or a fixed half. */
+static void test_stage_counts(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 16, 1, 503);
+    kvq_codebook_set *rt = write_and_open(test_path("counts.kvq"), &id, cbs);
+    static const struct {
+        double R, E, W, S;
+        int32_t bits;
+        int64_t k, nc, k2, k1;
+    } t[] = {
+        {2, 0, 4, 0.5, 1, 60, 1000, 120, 480},      /* today's rule: R k, W k2 */
+        {2, 0, 4, 0.5, 1, 200, 1000, 400, 500},     /* the stage's half cap */
+        {0, 0.08, 64, 1, 1, 30, 1000, 110, 1000},   /* k + E nc; every candidate */
+        {0, 0.08, 64, 1, 1, 120, 1000, 200, 1000},  /* the same extra at a larger k */
+        {2, 0.08, 4, 0.5, 1, 30, 1000, 110, 440},   /* the larger of R k and k + E nc */
+        {2, 0.08, 4, 0.5, 1, 100, 1000, 200, 500},  /* R k the larger */
+        {0, 0.5, 64, 1, 1, 600, 1000, 1000, 1000},  /* capped at nc */
+        {1, 0, 64, 1, 1, 60, 1000, 60, 1000},       /* no rerank: the stage keeps k */
+        {2, 0, 64, 1, 0, 60, 1000, 120, 120},       /* no stage (resid_bits 0) */
+        {0, 0.08, 64, 0.25, 1, 30, 1000, 110, 250}, /* the share cap */
+        {0, 0.08, 64, 0.5, 2, 30, 1000, 110, 375},  /* 2 bits: 0.5 x 6 / 8 at d 16 */
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        kvq_retrieval_params p = kvq_retrieval_params_default();
+        p.rerank = t[i].R;
+        p.rerank_extra = t[i].E;
+        p.resid_wide = t[i].W;
+        p.resid_share = t[i].S;
+        p.resid_bits = t[i].bits;
+        kvq_retrieval *r = NULL;
+        kvq_err e = {0};
+        assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+        const int64_t k2 = kvq_rt_rerank_count(r, t[i].k, t[i].nc);
+        const int64_t k1 = kvq_rt_resid_count(r, k2, t[i].nc);
+        if (k2 != t[i].k2 || k1 != t[i].k1)
+            fail_msg("case %zu: rerank %lld (want %lld), stage %lld (want %lld)", i,
+                     (long long)k2, (long long)t[i].k2, (long long)k1, (long long)t[i].k1);
+        kvq_retrieval_free(r);
+    }
+    /* out of range: a clear error */
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    kvq_retrieval *r = NULL;
+    kvq_err e = {0};
+    p.rerank_extra = 1;
+    assert_int_not_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    assert_non_null(strstr(e.msg, "rerank_extra"));
+    p = kvq_retrieval_params_default();
+    p.resid_share = 0;
+    assert_int_not_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);
+    assert_non_null(strstr(e.msg, "resid_share"));
+    kvq_codebook_set_close(rt);
+    codebooks_free(cbs, 1);
+}
+
 /* Reference quantizer of the residual stage, written from kvq/runtime.h's description
  * (rerank_resid.c): b = 1: +-mean|r| by sign; b >= 2: 2^b levels of step 2 max|r| / 2^b,
  * mid-rise, clamped. In double. */
@@ -3118,6 +3179,7 @@ int main(void)
         cmocka_unit_test(test_oracle_exact_topk),
         cmocka_unit_test(test_score_positions),
         cmocka_unit_test(test_rerank_exact),
+        cmocka_unit_test(test_stage_counts),
         cmocka_unit_test(test_resid_stage),
         cmocka_unit_test(test_resid_kernel),
         cmocka_unit_test(test_resid_band_edges),

@@ -302,8 +302,8 @@ typedef struct kvq_retrieval_params {
                                 under resid_group MAX per head, the best kept); 4 and 8
                                 bits the slower q . (R c + r^) */
     double resid_wide;       /* with resid_bits: the codebook picks ceil(W k2) candidates
-                                (k2 = ceil(rerank k), the rerank's count, or k without
-                                the rerank), at most half of them but k2 or more; their
+                                (k2 = the rerank's count, or k without the rerank), at
+                                most resid_share of them but k2 or more; their
                                 residual scores keep k2; 0 (off) or W in [1, 64]
                                 (default 4) */
     kvq_group_score resid_group; /* with resid_bits: the stage's rule over the GQA group:
@@ -327,6 +327,15 @@ typedef struct kvq_retrieval_params {
     kvq_isa isa;             /* kernels (default kvq_isa_best(); lowered as needed) */
     kvq_retrieval_device device; /* selection kernels (default KVQ_RETRIEVAL_DEVICE_CPU) */
     kvq_callbacks cb;
+    double rerank_extra;     /* codebook selector, two stages: E > 0 also reranks when
+                                R <= 1; the candidates are then the larger of ceil(R k)
+                                and k + ceil(E nc) (nc the far candidates): the budget
+                                plus a fixed share of the cache, so the rerank's extra
+                                key rows cost the same bytes per token at every budget.
+                                [0, 1) (default 0) */
+    double resid_share;      /* with resid_bits: the largest share of the candidates the
+                                residual stage scores at 1 bit (at 2 bits the share that
+                                reads as many bytes); (0, 1] (default 0.5) */
 } kvq_retrieval_params;
 
 kvq_retrieval_params kvq_retrieval_params_default(void);
