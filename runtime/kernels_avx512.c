@@ -377,7 +377,14 @@ static inline TARGET __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
 
 #define PREFETCH_ROWS 16
 
-static inline TARGET void prefetch_row(const void *row, int64_t bytes)
+/* The prefetch helpers are always inlined: GCC 12 judged a helper whose only statement
+ * is __builtin_prefetch free of side effects, and where it was not inlined early (into
+ * the always_inline mix_block) it deleted the calls as dead code: the weighted sum had
+ * no prefetch at all (objdump), and read its scattered value rows at about half the
+ * rate (the 128K bench_decode step, docs/BENCHMARKS.md, session 8). */
+#define PF_INLINE __attribute__((always_inline))
+
+static inline TARGET PF_INLINE void prefetch_row(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T0);
@@ -391,7 +398,7 @@ static inline TARGET void prefetch_row(const void *row, int64_t bytes)
 #define LOGITS_FAR 64
 #define MIX_FAR 64
 
-static inline TARGET void prefetch_row_l2(const void *row, int64_t bytes)
+static inline TARGET PF_INLINE void prefetch_row_l2(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T1);
