@@ -283,7 +283,7 @@ static inline TARGET __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
  * kept value rows) keep more misses in flight (kernels_avx512.c, LOGITS_FAR) */
 #define FAR_ROWS 64
 
-static inline TARGET void prefetch_l2(const void *row, int64_t bytes)
+static inline TARGET __attribute__((always_inline)) void prefetch_l2(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T1);
@@ -456,7 +456,7 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
 /* Blocks of 8 rows, as kvq_rk_attend_avx512 with 16. */
 #define ATT_ROWS 8
 
-static inline TARGET void prefetch_row(const void *row, int64_t bytes)
+static inline TARGET __attribute__((always_inline)) void prefetch_row(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T0);

@@ -377,7 +377,14 @@ static inline TARGET __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
 
 #define PREFETCH_ROWS 16
 
-static inline TARGET void prefetch_row(const void *row, int64_t bytes)
+/* The prefetch helpers are always inlined: GCC 12 judged a helper whose only statement
+ * is __builtin_prefetch free of side effects, and where it was not inlined early (into
+ * the always_inline mix_block) it deleted the calls as dead code: the weighted sum had
+ * no prefetch at all (objdump), and read its scattered value rows at about half the
+ * rate (the 128K bench_decode step, docs/BENCHMARKS.md, session 8). */
+#define PF_INLINE __attribute__((always_inline))
+
+static inline TARGET PF_INLINE void prefetch_row(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T0);
@@ -391,7 +398,7 @@ static inline TARGET void prefetch_row(const void *row, int64_t bytes)
 #define LOGITS_FAR 64
 #define MIX_FAR 64
 
-static inline TARGET void prefetch_row_l2(const void *row, int64_t bytes)
+static inline TARGET PF_INLINE void prefetch_row_l2(const void *row, int64_t bytes)
 {
     for (int64_t b = 0; b < bytes; b += 64)
         _mm_prefetch((const char *)row + b, _MM_HINT_T1);
@@ -429,11 +436,68 @@ static inline TARGET void dot4x4(const float *const qh[4], const void *const row
         _mm_storeu_ps(s[r], hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
 }
 
+/* dot4x4's sums, reduced for four rows at once: each (row, head) sum is the tree of hsum4
+ * (the same adds of the same operands, so the same bits), the rows' four vectors
+ * combined across 128-bit lanes with two shuffles and an add per level instead of
+ * narrowing each row's vector (extract, add, extract, add), and returned head-major:
+ * lanes 4 h .. 4 h + 3 = rows 0..3 of head h, so the caller stores each head's four
+ * logits as one 128-bit vector (not sixteen scalar stores). At d 64 (SmolLM2) the
+ * reductions and stores were as much work as the multiply-adds: the rerank's logits
+ * went from 1.6 to 1.3 ms in a stand-alone run of the 128K step's rows (docs/BENCHMARKS.md,
+ * "The two-stage step against its floor"). */
+static inline TARGET __m512 dot4x4_heads(const float *const qh[4], const void *const row[4],
+                                         int f16, int32_t d)
+{
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++)
+            acc[r][h] = _mm512_setzero_ps();
+    for (int32_t t = 0; t < d; t += 16) {
+        const __mmask16 mk = tail16(d - t);
+        __m512 k[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            k[r] = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row[r] + t))
+                       : _mm512_maskz_loadu_ps(mk, (const float *)row[r] + t);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            const __m512 q = _mm512_maskz_loadu_ps(mk, qh[h] + t);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
+        }
+    }
+    /* per row, hsum4's first two levels: y[r] lane L (128 bits) = the four heads' sums
+     * of their lanes 4 L .. 4 L + 3 */
+    __m512 y[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(acc[r][0], acc[r][1]),
+                                        _mm512_unpackhi_ps(acc[r][0], acc[r][1]));
+        const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(acc[r][2], acc[r][3]),
+                                        _mm512_unpackhi_ps(acc[r][2], acc[r][3]));
+        y[r] = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x44), _mm512_shuffle_ps(ab, cd, 0xEE));
+    }
+    /* hsum4's z = lanes (0, 1) + lanes (2, 3), two rows a vector: [z0, z1] of rows 0, 1 */
+    const __m512 z01 = _mm512_add_ps(_mm512_shuffle_f32x4(y[0], y[1], 0x44),
+                                     _mm512_shuffle_f32x4(y[0], y[1], 0xEE));
+    const __m512 z23 = _mm512_add_ps(_mm512_shuffle_f32x4(y[2], y[3], 0x44),
+                                     _mm512_shuffle_f32x4(y[2], y[3], 0xEE));
+    /* and z's lane 0 + lane 1: lane r = row r's four heads */
+    const __m512 rows = _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0x88),
+                                      _mm512_shuffle_f32x4(z01, z23, 0xDD));
+    return _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), rows);
+}
+
 TARGET void kvq_rk_logits_avx512(const float *q, int32_t nq, int32_t d, const void *K, int f16,
                                  int64_t ld_k, const int32_t *idx, int64_t m, float scale,
                                  float *logits, int64_t ld_l)
 {
     const int64_t row_bytes = (int64_t)d * (f16 ? 2 : 4);
+    const __m512 vscale = _mm512_set1_ps(scale);
     for (int32_t hb = 0; hb < nq; hb += 4) {
         const int nh = nq - hb < 4 ? nq - hb : 4;
         /* Missing heads of a block repeat the first one; their sums are dropped. */
@@ -453,11 +517,18 @@ TARGET void kvq_rk_logits_avx512(const float *q, int32_t nq, int32_t d, const vo
             if (idx && hb == 0)
                 for (int64_t p = j + LOGITS_FAR; p < j + LOGITS_FAR + 4 && p < m; p++)
                     prefetch_row_l2(row_ptr(K, f16, ld_k, idx[p]), row_bytes);
-            float s[4][4];
-            dot4x4(qh, row, f16, d, s);
-            for (int r = 0; r < nr; r++)
-                for (int h = 0; h < nh; h++)
-                    logits[(size_t)(hb + h) * ld_l + j + r] = s[r][h] * scale;
+            /* each logit times the scale, as one float multiply */
+            const __m512 s = _mm512_mul_ps(dot4x4_heads(qh, row, f16, d), vscale);
+            const __mmask8 rows_mask = (__mmask8)((1u << nr) - 1u);
+            float *o = logits + (size_t)hb * ld_l + j;
+            const __m128 s4[4] = {_mm512_castps512_ps128(s), _mm512_extractf32x4_ps(s, 1),
+                                  _mm512_extractf32x4_ps(s, 2), _mm512_extractf32x4_ps(s, 3)};
+            for (int h = 0; h < nh; h++) {
+                if (nr == 4)
+                    _mm_storeu_ps(o + (size_t)h * ld_l, s4[h]);
+                else
+                    _mm_mask_storeu_ps(o + (size_t)h * ld_l, rows_mask, s4[h]);
+            }
         }
     }
 }

@@ -208,7 +208,10 @@ void kvq_rk_code_counts(const uint32_t *hist, int32_t K, const uint16_t *codes, 
 /* Logits of nq queries against m rows of a key cache:
  *   logits[h*ld_l + j] = scale * q[h*d ..] . K[row_j * ld_k ..]   (row_j = idx ? idx[j] : j)
  * K: f16 (uint16_t) or f32 rows of d elements, ld_k elements apart. dt: KVQ_DT_F16 or
- * KVQ_DT_F32. The scalar reference sums in double. Cost: nq m d; reads m rows once. */
+ * KVQ_DT_F32. The scalar reference sums in double. Cost: nq m d; reads m rows once.
+ * Only columns [0, m) of each row of logits are written. The AVX-512 path sums in one
+ * fixed order (tests/test_logits_order.c writes it out): the rerank's choices and the
+ * attention's outputs depend on its bits. */
 void kvq_rk_logits(kvq_isa isa, const float *q, int32_t nq, int32_t d, const void *K, kvq_dtype dt,
                    int64_t ld_k, const int32_t *idx, int64_t m, float scale, float *logits,
                    int64_t ld_l);

@@ -12,7 +12,7 @@
 set -u
 BUILD=${BUILD:-build}
 TESTS=${KVQ_TESTS_DIR:-tests}
-SKIP_OK="not found|absent|not installed|make deps installs|no AVX2 on this CPU|not an x86-64 build"
+SKIP_OK="not found|absent|not installed|make deps installs|no AVX2 on this CPU|no AVX-512 on this CPU|not an x86-64 build"
 # the CUDA cases (tests/cuda/, a CUDA build): "no CUDA device ..." is kvq_cuda_available's
 # reason (no driver, no device, or none this build has code for). With a GPU nothing skips.
 SKIP_OK+="|no CUDA device"
