@@ -132,7 +132,7 @@
 static int g_cpu_clock = 1;
 static double g_rerank = 0; /* --rerank R (0: one stage) */
 static int g_rope = 0;      /* --positions rope */
-static double g_rerank_extra = 0; /* --rerank-extra E (kvq_retrieval_params.rerank_extra) */
+static double g_rerank_extra = 0; /* --rerank +E (kvq_retrieval_params.rerank_extra) */
 static double g_resid = 4;  /* --resid-wide W (0: off) */
 static double g_resid_share = 0.5; /* --resid-share S (kvq_retrieval_params.resid_share) */
 static int rerank_on(void) { return g_rerank > 1 || g_rerank_extra > 0; }
@@ -158,9 +158,9 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall] [--score rb|bands] [--rerank R] "
+                    "[--clock cpu|wall] [--score rb|bands] [--rerank R|+E] "
                     "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
-                    "[--resid-group sum|max] [--rerank-extra E] [--resid-share S] "
+                    "[--resid-group sum|max] [--resid-share S] "
                     "[--preset smollm2]\n");
     return 2;
 }
@@ -274,11 +274,10 @@ static int parse(int argc, char **argv, args *a)
                 g_resid_exact = 1;
             else
                 return usage();
-        } else if (!strcmp(o, "--rerank")) {
-            if (kvq_parse_f64(v, 0, 64, &g_rerank, &e))
-                return usage();
-        } else if (!strcmp(o, "--rerank-extra")) {
-            if (kvq_parse_f64(v, 0, 0.99, &g_rerank_extra, &e))
+        } else if (!strcmp(o, "--rerank")) { /* R, or +E (a fraction of the cache) */
+            g_rerank = g_rerank_extra = 0;
+            if (v[0] == '+' ? kvq_parse_f64(v + 1, 1e-9, 0.99, &g_rerank_extra, &e)
+                            : kvq_parse_f64(v, 0, 64, &g_rerank, &e))
                 return usage();
         } else if (!strcmp(o, "--resid-share")) {
             if (kvq_parse_f64(v, 0.01, 1, &g_resid_share, &e))

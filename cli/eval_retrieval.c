@@ -411,8 +411,20 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
     if (x->rt)
         printf("artifact %s (%s, K %d, G %d), ", o->artifact, method,
                (int)kvq_codebook_set_size(x->rt), (int)kvq_codebook_set_groups(x->rt));
-    printf("positions %s, score %s, rerank %g, sink %d, window %d, cache %s, group %s\n", pos,
-           kvq_score_pos_name(o->p.score_pos), o->p.rerank, (int)o->p.sink, (int)window, cache,
+    char rr[32], rs[96];
+    if (o->p.rerank > 1 || !(o->p.rerank_extra > 0))
+        snprintf(rr, sizeof rr, "%g", o->p.rerank > 1 ? o->p.rerank : 0);
+    else
+        snprintf(rr, sizeof rr, "+%g", o->p.rerank_extra);
+    if (o->p.resid_bits > 0)
+        snprintf(rs, sizeof rs, "%d bit (%s, W %g, share %g)", (int)o->p.resid_bits,
+                 o->p.resid_group == KVQ_GROUP_SUM ? "sum" : "max", o->p.resid_wide,
+                 o->p.resid_share);
+    else
+        snprintf(rs, sizeof rs, "off");
+    printf("positions %s, score %s, rerank %s, residual %s, sink %d, window %d, cache %s, "
+           "group %s\n",
+           pos, kvq_score_pos_name(o->p.score_pos), rr, rs, (int)o->p.sink, (int)window, cache,
            o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
     printf("sequences   %zu of up to %lld tokens", x->sl.n, (long long)seq_len);
     if (x->last)

@@ -22,6 +22,38 @@ static int group_opt(const char *cmd, const char *opt, const char *val, kvq_grou
     return 2;
 }
 
+/* --rerank R (R x budget candidates; 0 = off) or +E (the budget plus E of the cache's
+ * candidates: a fraction, 0.08, or a percentage, 8%) */
+static int rerank_opt(const char *cmd, const char *val, kvq_retrieval_params *p)
+{
+    double f = 0;
+    if (val[0] == '+') {
+        char buf[64];
+        const size_t n = strlen(val + 1);
+        const int pct = n > 0 && val[n] == '%';
+        if (n == 0 || n >= sizeof buf || (pct && n == 1)) {
+            fprintf(stderr, "kvq %s: --rerank: '%s' is not +E (a share of the cache)\n", cmd, val);
+            return 2;
+        }
+        memcpy(buf, val + 1, n - (size_t)pct);
+        buf[n - (size_t)pct] = 0;
+        if (cli_opt_f64(cmd, "--rerank", buf, 1e-9, pct ? 99 : 0.99, &f))
+            return 2;
+        p->rerank = 0;
+        p->rerank_extra = pct ? f / 100 : f;
+        return 0;
+    }
+    if (cli_opt_f64(cmd, "--rerank", val, 0, 64, &f))
+        return 2;
+    if (f > 0 && f < 1) {
+        fprintf(stderr, "kvq %s: --rerank: %s is not 0 (off), in [1, 64] or +E\n", cmd, val);
+        return 2;
+    }
+    p->rerank = f;
+    p->rerank_extra = 0;
+    return 0;
+}
+
 int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, int *i, int eval)
 {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -31,7 +63,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
         "--artifact", "--selector", "--selectors", "--budget", "--budgets", "--positions",
         "--sink",     "--window",   "--cache",     "--group",  "--tau",     "--attn-threads",
         "--device",   "--rows",     "--score-pos", "--rerank",
-        "--rerank-extra", "--resid-bits", "--resid-wide", "--resid-group", "--resid-share"};
+        "--resid-bits", "--resid-wide", "--resid-group", "--resid-share"};
     if (!strcmp(a, "--accept-model-mismatch")) {
         o->accept_mismatch = 1;
         return 0;
@@ -100,15 +132,7 @@ int cli_retrieval_opt(const char *cmd, cli_retrieval *o, int argc, char **argv, 
     } else if (!strcmp(a, "--group")) {
         rc = group_opt(cmd, a, val, &o->p.group);
     } else if (!strcmp(a, "--rerank")) {
-        if (!(rc = cli_opt_f64(cmd, a, val, 0, 64, &f)) && f > 0 && f < 1) {
-            fprintf(stderr, "kvq %s: --rerank: %s is not 0 (off) or in [1, 64]\n", cmd, val);
-            rc = 2;
-        }
-        if (!rc)
-            o->p.rerank = f;
-    } else if (!strcmp(a, "--rerank-extra")) {
-        if (!(rc = cli_opt_f64(cmd, a, val, 0, 0.99, &f)))
-            o->p.rerank_extra = f;
+        rc = rerank_opt(cmd, val, &o->p);
     } else if (!strcmp(a, "--resid-bits")) {
         if (!(rc = cli_opt_f64(cmd, a, val, 0, 8, &f)) && f != 0 && f != 1 && f != 2 && f != 4 &&
             f != 8) {
@@ -178,22 +202,20 @@ void cli_retrieval_usage(FILE *f, int eval)
                "                     rotation over the candidates' distances) or bands (one\n"
                "                     LUT per doubling band of distances) (default: the\n"
                "                     artifact's positions.score, else mean)\n"
-               "  --rerank R         codebook selector in two stages: the codebook picks R x\n"
-               "                     budget candidates, their exact keys keep the best budget\n"
-               "                     (reads R x budget key rows); 0 = off (default 2)\n"
-               "  --rerank-extra E   the rerank takes the budget plus E x the cache's\n"
-               "                     candidates (the larger of that and R x budget; with\n"
-               "                     --rerank 0 the only rule), E in [0, 0.99] (default 0)\n"
+               "  --rerank R|+E      codebook selector in two stages: the codebook's\n"
+               "                     candidates, R x budget or the budget plus E of the\n"
+               "                     cache (+0.08 or +8%%), are read exactly and the best\n"
+               "                     budget kept; 0 = off (default +8%%)\n"
                "  --resid-bits B     residual stage before the rerank: each key's residual\n"
                "                     from its centroid at B = 1, 2, 4 or 8 bits per channel\n"
                "                     (d B / 8 + 4 bytes); 0 = off (default 1)\n"
-               "  --resid-wide W     with --resid-bits: the codebook picks W x R x budget\n"
-               "                     candidates, residual scores keep R x budget (default 4)\n"
+               "  --resid-wide W     with --resid-bits: the codebook picks W x the rerank's\n"
+               "                     candidates, residual scores keep the rerank's (default 64)\n"
                "  --resid-group G    the residual stage's rule over the GQA group: sum (the\n"
                "                     summed query) or max (each head's own score, the best\n"
-               "                     kept) (default sum)\n"
+               "                     kept) (default max)\n"
                "  --resid-share S    largest share of the candidates the residual stage\n"
-               "                     scores, (0, 1] (default 0.5)\n"
+               "                     scores, (0, 1] (default 1: every candidate)\n"
                "  --sink N           first tokens always attended (default 4)\n"
                "  --window N         last tokens always attended, exact RoPE (default: the\n"
                "                     artifact's wrope.w, else 64)\n"

@@ -48,12 +48,12 @@ kvq_retrieval_params kvq_retrieval_params_default(void)
     p.positions = KVQ_POSITIONS_WROPE;
     p.score_pos = KVQ_SCORE_MEAN;
     p.group = KVQ_GROUP_SUM;
-    p.rerank = 2;
+    p.rerank = 0; /* the rerank by rerank_extra: the budget plus 8% of the cache */
+    p.rerank_extra = 0.08;
     p.resid_bits = 1;
-    p.resid_wide = 4;
-    p.resid_group = KVQ_GROUP_SUM;
-    p.resid_share = 0.5;
-    p.rerank_extra = 0;
+    p.resid_wide = 64; /* with resid_share 1: every candidate through the stage */
+    p.resid_group = KVQ_GROUP_MAX;
+    p.resid_share = 1;
     p.tau = 0.9;
     p.fier_group = 32;
     p.quest_page = 16;

@@ -300,7 +300,12 @@ static void decode_matches_kvq(int cache_f16)
     printf("  engine vs kvq forward (cache %s): max |logit diff| %.3g of max |logit| %.3g, "
            "argmax agrees at %d of %d positions\n",
            cache_f16 ? "f16" : "f32", worst, scale, agree, DECODE + 1);
-    assert_true(worst <= 1e-3 * scale);
+    /* f32: the same keys, the same selections. f16: the two forwards' keys round to f16
+     * an ulp apart here and there (their q, k differ by ~1e-7), which is ~2e-4 of the
+     * logits, and can swap one near-tied token in the default selection (every candidate
+     * through the best head's residual score, then the exact rerank): ~1% of the logits
+     * where it does. A wrong conversion or layout moves them by far more. */
+    assert_true(worst <= (cache_f16 ? 2e-2 : 1e-3) * scale);
     assert_int_equal(agree, DECODE + 1);
     free(mine);
     free(ref);

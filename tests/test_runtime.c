@@ -1437,7 +1437,7 @@ static void test_score_positions(void **state)
             p.budget = (kvq_budget){.count = k};
             p.positions = KVQ_POSITIONS_ROPE;
             p.score_pos = mode ? KVQ_SCORE_BANDS : KVQ_SCORE_MEAN;
-            p.rerank = 0; /* the codebook's own selection (test_rerank_exact: the second) */
+            p.rerank = p.rerank_extra = 0; /* the codebook's own selection (test_rerank_exact: the second) */
             p.resid_bits = 0; /* (test_resid_stage: the residual stage) */
             p.cache_dtype = KVQ_DT_F32;
             p.window = (int32_t)window;
@@ -1939,7 +1939,7 @@ static void test_codes_selection_equals_scores(void **state)
                     kvq_retrieval_params p = kvq_retrieval_params_default();
                     p.selector = v ? KVQ_SELECT_MASS : KVQ_SELECT_CODEBOOK;
                     p.tau = 1.0;
-                    p.rerank = 0; /* the mass selector has no second stage */
+                    p.rerank = p.rerank_extra = 0; /* the mass selector has no second stage */
                     p.resid_bits = 0;
                     p.budget = (kvq_budget){.count = budgets[bi]};
                     p.prefill_full = pf;
@@ -2578,6 +2578,7 @@ static int64_t rerank_run(const kvq_model_config *c, const kvq_codebook_set *rt,
 {
     p.budget = (kvq_budget){.count = k};
     p.rerank = R;
+    p.rerank_extra = 0;
     kvq_retrieval *r = NULL;
     kvq_err e = {0};
     assert_int_equal(kvq_retrieval_create(c, rt, &p, &r, &e), KVQ_OK);
@@ -3018,11 +3019,17 @@ static void test_resid_stage(void **state)
                                      (4.0 + d * bitsv[bi] + 32.0)) < 1e-12);
                 }
     assert_true(centroid_differs > 8); /* the residual decides, not the centroid */
-    /* the candidate count: ceil(W k), at most half the candidates but never below k */
+    /* the candidate count: ceil(W k), at most half the candidates (resid_share 0.5) but
+     * never below k; the defaults: every candidate by the best head, 1 bit, the rerank by
+     * the budget plus 8% of the cache */
     {
         kvq_retrieval_params p = kvq_retrieval_params_default();
         assert_int_equal(p.resid_bits, 1);
-        assert_true(p.resid_wide == 4);
+        assert_true(p.resid_wide == 64 && p.resid_share == 1);
+        assert_true(p.resid_group == KVQ_GROUP_MAX);
+        assert_true(p.rerank == 0 && p.rerank_extra == 0.08);
+        p.resid_wide = 4;
+        p.resid_share = 0.5;
         kvq_retrieval *r = NULL;
         kvq_err e = {0};
         assert_int_equal(kvq_retrieval_create(&c, rt, &p, &r, &e), KVQ_OK);

@@ -290,9 +290,11 @@ typedef struct kvq_retrieval_params {
     double rerank;           /* codebook selector, two stages: R > 1 picks ceil(R k)
                                 candidates (k the budget) by codebook score, reads their
                                 keys and keeps the k with the best exact scores (the
-                                oracle's: same position mode and GQA rule); 0 or 1 = one
-                                stage. 0 or 1 .. 64 (default 2). KV read per step: codes +
-                                R k key rows + k value rows (+ sinks, window) */
+                                oracle's: same position mode and GQA rule); 0 or 1 = no
+                                such rule (one stage unless rerank_extra > 0). 0 or 1 ..
+                                64 (default 0: the default reranks by rerank_extra). KV
+                                read per step: codes + the candidates' key rows + k value
+                                rows (+ sinks, window) */
     int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
                                 each key's residual from its centroid kept at 1, 2, 4 or
                                 8 bits per channel plus an f32 scale (rotated by the
@@ -305,11 +307,11 @@ typedef struct kvq_retrieval_params {
                                 (k2 = the rerank's count, or k without the rerank), at
                                 most resid_share of them but k2 or more; their
                                 residual scores keep k2; 0 (off) or W in [1, 64]
-                                (default 4) */
+                                (default 64: with resid_share 1, every candidate) */
     kvq_group_score resid_group; /* with resid_bits: the stage's rule over the GQA group:
-                                KVQ_GROUP_SUM (the summed query, the default) or
-                                KVQ_GROUP_MAX (each head scores with its own first-stage
-                                LUT and query, the best head's score kept; always under
+                                KVQ_GROUP_SUM (the summed query) or KVQ_GROUP_MAX (the
+                                default: each head scores with its own first-stage LUT
+                                and query, the best head's score kept; always under
                                 group MAX) */
     double tau;              /* mass selector, (0, 1] (default 0.9) */
     int32_t fier_group;      /* tokens per fier quantization group, >= 1 (default 32) */
@@ -332,10 +334,10 @@ typedef struct kvq_retrieval_params {
                                 and k + ceil(E nc) (nc the far candidates): the budget
                                 plus a fixed share of the cache, so the rerank's extra
                                 key rows cost the same bytes per token at every budget.
-                                [0, 1) (default 0) */
+                                [0, 1) (default 0.08; 0 with rerank <= 1: one stage) */
     double resid_share;      /* with resid_bits: the largest share of the candidates the
                                 residual stage scores at 1 bit (at 2 bits the share that
-                                reads as many bytes); (0, 1] (default 0.5) */
+                                reads as many bytes); (0, 1] (default 1) */
 } kvq_retrieval_params;
 
 kvq_retrieval_params kvq_retrieval_params_default(void);

@@ -23,7 +23,7 @@ expect_error budget_not_a_number 2 \
   "$KVQ" run --model "$T/no-model.gguf" --selector oracle --budget 6%x --prompt hi
 expect_error prefix_option_error 2 "^kvq run: --sink: 'x' is not an integer$" -- \
   "$KVQ" run --model "$T/no-model.gguf" --sink x --prompt hi
-expect_error rerank_below_one 2 "^kvq run: --rerank: 0.5 is not 0 \(off\) or in \[1, 64\]$" -- \
+expect_error rerank_below_one 2 "^kvq run: --rerank: 0.5 is not 0 \(off\), in \[1, 64\] or \+E$" -- \
   "$KVQ" run --model "$T/no-model.gguf" --rerank 0.5 --prompt hi
 _cli_run "$KVQ" run --prompt hi    # the usage, then the error
 if [ "$(cat "$CLI_TMP/rc")" = 2 ] && [ "$(tail -1 "$CLI_TMP/stderr")" = "kvq run: --model is required" ]

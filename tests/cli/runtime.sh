@@ -163,7 +163,7 @@ assert abs(full["perplexity"] - ref) < 1e-5 * ref, (full["perplexity"], ref)
 _cli_run "$KVQ" eval --model "$MODEL" --artifact "$T/a.kvq" --corpus "file:$T/story.txt" \
   --seq-len 64 --selectors full,qavq --budgets 4,50% --window 8 -q
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
-   grep -q "^attention   retrieval: artifact $T/a.kvq (qavq, K 32, G 1), positions wrope, score mean, rerank 2, sink 4, window 8, cache f16, group sum$" "$CLI_TMP/stdout" &&
+   grep -q "^attention   retrieval: artifact $T/a.kvq (qavq, K 32, G 1), positions wrope, score mean, rerank +0.08, residual 1 bit (max, W 64, share 1), sink 4, window 8, cache f16, group sum$" "$CLI_TMP/stdout" &&
    grep -q '^selector     budget    bits        ppl     d_ppl   d_ppl%  recall    mass  out_err  kv_read  passkey kv-recall$' "$CLI_TMP/stdout" &&
    [ "$(grep -c '^qavq  ' "$CLI_TMP/stdout")" = 2 ] && [ "$(grep -c '^full  ' "$CLI_TMP/stdout")" = 1 ]; then
   ok runtime_eval_text
