@@ -49,12 +49,12 @@
  * filled with the LUT entry of its code, then kvq_rk_topk over the scores; the same
  * tokens. With --order token each band is a range of rows (one score gather per band,
  * then kvq_rk_topk).
- * --rerank R selects as the runtime's two-stage codebook selector does (runtime/rerank.c):
- * the top ceil(R K) by code, then the exact q R_b . k of those candidates' f16 key rows
+ * --rerank R (or +E) selects as the runtime's two-stage codebook selector does
+ * (runtime/rerank.c): the top ceil(R K) (or K + ceil(E n)) by code, then the exact q R_b . k of those candidates' f16 key rows
  * (kvq_rk_logits over their indices, per query head; the group's score their sum) and
  * kvq_rk_topk keep K (timed with the top-k); the kept rows' per-head
  * logits go to the attention (two-pass: it computes the sinks' and window's only; the
- * fused kernel recomputes them); their (R - 1) K extra key rows count in the retrieval
+ * fused kernel recomputes them); their extra key rows (ceil(R K) - K) count in the retrieval
  * bytes.
  * --positions rope attends as the runtime's `--positions rope` (what calibrate records for
  * SmolLM2): the keys are held rotated by their tokens' positions in f16 (runtime/keys.c:
@@ -67,9 +67,9 @@
  * each row's (code, band) group written by the selection (kvq_rk_topk_bands_grouped),
  * its entry in every head's LUTs, and one pass over the rows for all the heads
  * (kvq_rk_resid_scores_max), as the runtime does.
- * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
- * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
- * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the
+ * --resid-wide W (default 4; 0 turns it off) runs the codebook selector's residual stage
+ * (runtime/rerank_resid.c) in front of the rerank (only with the rerank on): the codebook
+ * picks min(ceil(W k2), --resid-share of the candidates, default half) (k2 = the
  * rerank's count), each keeps its residual from its centroid at 1 bit per channel + an
  * f32 scale (made with the cache, not timed; rotated by its token's position under
  * --positions rope), and the residual scores keep k2 (timed apart, "resid"; D/8 + 4
@@ -82,8 +82,12 @@
  * table under rope, a double dot), for a before / after in one build.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
  * K 256 artifact of docs/QUALITY.md, positions rope and score bands as calibrate records
- * them, rerank 2): --codebook 256 --score bands --rerank 2 --positions rope (options after
- * it override). The shape stays the one above, not SmolLM2's (9 query heads, 3 KV heads,
+ * them, and the runtime's defaults since session 8: every candidate through the best
+ * head's residual stage, the rerank of the budget plus 8% of the cache): --codebook 256
+ * --score bands --rerank +0.08 --positions rope --resid-wide 64 --resid-share 1
+ * --resid-group max (options after it override). Before session 8 it was the sum stage
+ * of at most half the candidates and rerank 2: add --rerank 2 --resid-wide 4
+ * --resid-share 0.5 --resid-group sum. The shape stays the one above, not SmolLM2's (9 query heads, 3 KV heads,
  * d 64).
  * Bytes moved per step, all KV heads: full = 2 n d 2 bytes x 8 heads; retrieval =
  * LUT tables (K_cb d 2 bytes) + codes (2 bytes per candidate) + the per-code counts
@@ -255,7 +259,11 @@ static int parse(int argc, char **argv, args *a)
                 return usage();
             a->codebook = 256;
             a->bands = 1;
-            g_rerank = 2;
+            g_rerank = 0;
+            g_rerank_extra = 0.08;
+            g_resid = 64;
+            g_resid_share = 1;
+            g_resid_max = 1;
             g_rope = 1;
         } else if (!strcmp(o, "--resid-wide")) {
             if (kvq_parse_f64(v, 0, 64, &g_resid, &e))
