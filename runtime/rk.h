@@ -174,6 +174,12 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
  * kvq_rk_resid_scores_max: no band search per row). */
 int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                   int32_t *grp, uint32_t *work);
+/* Every row's group when all n + nu are selected (k >= n + nu above selects rows 0, 1,
+ * ... in order, which this writes without the threshold): grp [n + nu], grp[j] = b K + code
+ * of row j. B->lut is not read (may be NULL). work: [2 nb K] uint32. For the residual
+ * stage over every candidate (rerank_resid.c, resid_share 1: the first cut selects
+ * nothing). Cost: the runs' band searches, O(nb K log(n / K)), and n + nu writes. */
+void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work);
 
 /* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
  * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work
