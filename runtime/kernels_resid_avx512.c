@@ -14,8 +14,10 @@
  * hands them over) their bytes come from one block of memory, transposed in registers
  * (contiguous: d 64 or 128 at 1 bit), instead of the gathers, and where they share one
  * group index (one (code, band) run) each head's first-stage entry is broadcast instead
- * of gathered: the same values, so the same bits (session 8: 8.2 -> 4.9 ns a candidate
- * at gs 4, d 128, docs/BENCHMARKS.md).
+ * of gathered: the same values, so the same bits; and each head's running sum takes e
+ * as the FMA e 1 + s (exact product, one rounding: the add's bits) so that the adds that
+ * form e and the sums' adds use different units (session 8: 8.2 -> 4.5 ns a candidate
+ * at gs 4, d 128 over runs of rows, docs/BENCHMARKS.md).
  */
 #include "runtime/kernels_simd.h"
 
@@ -41,6 +43,7 @@ heads(const float *nib0, size_t tl, int32_t nb8, const __m512i *x, __m512 sc, co
 {
     __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int32_t p4 = 0; p4 < nb8 / 4; p4++) {
         const __m512i xv = x[p4];
 #pragma GCC unroll 4
@@ -51,7 +54,9 @@ heads(const float *nib0, size_t tl, int32_t nb8, const __m512i *x, __m512 sc, co
                 const float *nb = nib0 + (size_t)(h0 + j) * tl + (size_t)p4 * 128 + 32 * i;
                 const __m512 e = _mm512_add_ps(_mm512_permutexvar_ps(lo, _mm512_loadu_ps(nb)),
                                                _mm512_permutexvar_ps(hi, _mm512_loadu_ps(nb + 16)));
-                s[j] = _mm512_add_ps(s[j], e);
+                /* s + e as e 1 + s: the product is exact, so one rounding of the same sum
+                 * (the same bits), on the FMA units while the adds' units form e */
+                s[j] = _mm512_fmadd_ps(e, one, s[j]);
             }
         }
     }
