@@ -66,7 +66,10 @@
  * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max):
  * each row's (code, band) group written by the selection (kvq_rk_topk_bands_grouped),
  * its entry in every head's LUTs, and one pass over the rows for all the heads
- * (kvq_rk_resid_scores_max), as the runtime does.
+ * (kvq_rk_resid_scores_max), as the runtime does. Where the stage takes every candidate
+ * (--resid-share 1 and W k2 >= the candidates: the first cut selects nothing) no LUT of
+ * the summed query is made and the groups come from the runs alone (every row, no
+ * threshold), as the runtime's kvq_rt_banded_groups does.
  * --resid-wide W (default 4, as the runtime ships; 0 turns it off) runs the codebook
  * selector's residual stage (runtime/rerank_resid.c) in front of the rerank (only with
  * --rerank R > 1): the codebook picks min(ceil(W k2), half the candidates) (k2 = the
