@@ -130,6 +130,8 @@ void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t 
     if (kvq_isa_clamp(isa) == KVQ_ISA_AVX512)
         a = kvq_rk_resid_scores_max_avx512(tab, gs, nb8, bits, scale, tok, first, fs, grp, n,
                                            out);
+    if (kvq_isa_clamp(isa) == KVQ_ISA_AVX2)
+        a = kvq_rk_resid_scores_max_avx2(tab, gs, nb8, bits, scale, tok, first, fs, grp, n, out);
 #endif
     /* the rest from candidate a: without grp, candidate a's scores are column a */
     const float *f = first + (grp ? 0 : a);
