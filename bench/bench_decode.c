@@ -66,7 +66,10 @@
  * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max):
  * each row's (code, band) group written by the selection (kvq_rk_topk_bands_grouped),
  * its entry in every head's LUTs, and one pass over the rows for all the heads
- * (kvq_rk_resid_scores_max), as the runtime does.
+ * (kvq_rk_resid_scores_max), as the runtime does. Where the stage takes every candidate
+ * (--resid-share 1 and W k2 >= the candidates: the first cut selects nothing) no LUT of
+ * the summed query is made and the groups come from the runs alone (every row, no
+ * threshold), as the runtime's kvq_rt_banded_groups does.
  * --resid-wide W (default 4; 0 turns it off) runs the codebook selector's residual stage
  * (runtime/rerank_resid.c) in front of the rerank (only with the rerank on): the codebook
  * picks min(ceil(W k2), --resid-share of the candidates, default half) (k2 = the
@@ -636,6 +639,40 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 }
 
 
+/* Whether the --resid-group max stage scores every candidate (--resid-share 1 with a wide
+ * enough W: the first cut selects nothing, runtime/rerank_resid.c kvq_rt_banded_groups). */
+static int64_t resid_count(int64_t k2, int64_t nc);
+static int64_t rerank_count(int64_t k, int64_t nc);
+static int resid_every(int64_t k_sel, int64_t nc)
+{
+    return g_resid_max && !g_resid_exact && rerank_on() && g_resid > 1 &&
+           resid_count(rerank_count(k_sel, nc), nc) >= nc;
+}
+
+/* bands_groups for the stage over every candidate, as the runtime does it there: no
+ * selection, so no LUT of the summed query; each band's first token and the per-code
+ * counts, for each row's (code, band) group (kvq_rk_topk_bands_grouped with every row:
+ * kvq_rk_bands_groups' work, the LUTs not read). */
+static void bands_groups_every(const layer *L, int h, int32_t K, scratch *S)
+{
+    const int64_t n = L->n, dmax = n - 1 - SINK;
+    const double t1 = clk();
+    int32_t nb = 0;
+    for (int64_t blo = WINDOW; blo <= dmax; blo *= 2, nb++) {
+        const int64_t bhi = 2 * blo - 1 < dmax ? 2 * blo - 1 : dmax;
+        S->tb[nb] = n - 1 - bhi;
+    }
+    kvq_rk_code_counts(L->hist[h], K, L->codes[h], n, SINK, n - WINDOW, S->cwork);
+    S->phase[1] += clk() - t1;
+    S->bands = (kvq_rk_bands){.K = K,
+                              .nb = nb,
+                              .lut = NULL,
+                              .n = n - SINK - WINDOW,
+                              .cnt = S->cwork,
+                              .tok = L->tok[h],
+                              .tb = S->tb};
+}
+
 /* --positions rope: the keys rotated by their tokens' positions, then rounded to f16
  * (row j holds the row's token under code order), made when the cache is built, as
  * runtime/keys.c does at append. */
@@ -850,7 +887,10 @@ static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int
     }
     const kvq_codebook_desc *cd = kvq_codebook_get_desc(kvq_rk_table_codebook(L->tab[h]));
     if (bands && L->tok[h] && !by_scores) {
-        bands_groups(L, h, isa, cd->k, S);
+        if (resid_every(k_sel, nc))
+            bands_groups_every(L, h, cd->k, S);
+        else
+            bands_groups(L, h, isa, cd->k, S);
         t0 = clk();
         goto select;
     }

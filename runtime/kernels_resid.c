@@ -8,9 +8,10 @@
  * its bytes up in each head's sign table, each head's sum in the order of
  * kvq_rk_resid_scores (so the same bits), and keeps the best head's score as
  * rerank_resid.c did (strictly greater replaces). The scalar loop is the reference;
- * the interleaved loop (every ISA but scalar: eight candidates, blocks of candidates
- * scored head after head while their rows are in L1) and the AVX-512 path
- * (kernels_resid_avx512.c) give its bits (tests/test_resid_max.c).
+ * the interleaved loop (every ISA but scalar where the vector paths do not apply: eight
+ * candidates, blocks of candidates scored head after head while their rows are in L1)
+ * and the AVX2 and AVX-512 paths (kernels_resid_avx2.c, kernels_resid_avx512.c: nibble
+ * tables in registers) give its bits (tests/test_resid_max.c).
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -130,6 +131,8 @@ void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t 
     if (kvq_isa_clamp(isa) == KVQ_ISA_AVX512)
         a = kvq_rk_resid_scores_max_avx512(tab, gs, nb8, bits, scale, tok, first, fs, grp, n,
                                            out);
+    if (kvq_isa_clamp(isa) == KVQ_ISA_AVX2)
+        a = kvq_rk_resid_scores_max_avx2(tab, gs, nb8, bits, scale, tok, first, fs, grp, n, out);
 #endif
     /* the rest from candidate a: without grp, candidate a's scores are column a */
     const float *f = first + (grp ? 0 : a);

@@ -9,7 +9,15 @@
  * operations, so its bits. What differs is that the 16 rows' bytes are gathered once
  * (four bytes a gather, kept for every head) and the scale once, and the heads run in
  * blocks of up to four (four sums in flight); the best head kept by a strict compare in
- * head order, as the reference.
+ * head order, as the reference. Where the 16 candidates are 16 consecutive records (a
+ * run of rows in code order, as a selection over runs or the stage over every candidate
+ * hands them over) their bytes come from one block of memory, transposed in registers
+ * (contiguous: d 64 or 128 at 1 bit), instead of the gathers, and where they share one
+ * group index (one (code, band) run) each head's first-stage entry is broadcast instead
+ * of gathered: the same values, so the same bits; and each head's running sum takes e
+ * as the FMA e 1 + s (exact product, one rounding: the add's bits) so that the adds that
+ * form e and the sums' adds use different units (session 8: 8.2 -> 4.5 ns a candidate
+ * at gs 4, d 128 over runs of rows, docs/BENCHMARKS.md).
  */
 #include "runtime/kernels_simd.h"
 
@@ -30,10 +38,12 @@
  * gathered bytes are x [nb8 / 4]: each head's score, the best kept in *best. */
 static inline TARGET __attribute__((always_inline)) void
 heads(const float *nib0, size_t tl, int32_t nb8, const __m512i *x, __m512 sc, const float *first,
-      size_t fs, const int32_t *grp, __m512i g, int64_t a, int32_t h0, const int hc, __m512 *best)
+      size_t fs, const int32_t *grp, __m512i g, int64_t g0, int64_t a, int32_t h0, const int hc,
+      __m512 *best)
 {
     __m512 s[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                    _mm512_setzero_ps()};
+    const __m512 one = _mm512_set1_ps(1.0f);
     for (int32_t p4 = 0; p4 < nb8 / 4; p4++) {
         const __m512i xv = x[p4];
 #pragma GCC unroll 4
@@ -44,19 +54,53 @@ heads(const float *nib0, size_t tl, int32_t nb8, const __m512i *x, __m512 sc, co
                 const float *nb = nib0 + (size_t)(h0 + j) * tl + (size_t)p4 * 128 + 32 * i;
                 const __m512 e = _mm512_add_ps(_mm512_permutexvar_ps(lo, _mm512_loadu_ps(nb)),
                                                _mm512_permutexvar_ps(hi, _mm512_loadu_ps(nb + 16)));
-                s[j] = _mm512_add_ps(s[j], e);
+                /* s + e as e 1 + s: the product is exact, so one rounding of the same sum
+                 * (the same bits), on the FMA units while the adds' units form e */
+                s[j] = _mm512_fmadd_ps(e, one, s[j]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int j = 0; j < hc; j++) {
         const float *fh = first + (size_t)(h0 + j) * fs;
-        const __m512 f = grp ? _mm512_i32gather_ps(g, fh, 4) : _mm512_loadu_ps(fh + a);
+        const __m512 f = g0 >= 0 ? _mm512_set1_ps(fh[g0])
+                         : grp  ? _mm512_i32gather_ps(g, fh, 4)
+                                : _mm512_loadu_ps(fh + a);
         const __m512 v = _mm512_add_ps(f, _mm512_mul_ps(sc, s[j]));
         *best = h0 + j == 0
                     ? v
                     : _mm512_mask_mov_ps(*best, _mm512_cmp_ps_mask(v, *best, _CMP_GT_OQ), v);
     }
+}
+
+/* The records of 16 consecutive rows p [16 nb8] (nb8 8 or 16: d 64 or 128 at 1 bit) as
+ * the gathers lay them out: x[p4] lane r = bytes 4 p4 .. 4 p4 + 3 of row r (a transpose
+ * of dwords in registers instead of nb8 / 4 gathers). */
+static inline TARGET __attribute__((always_inline)) void contiguous(const uint8_t *p, int32_t nb8,
+                                                                   __m512i *x)
+{
+    const __m512i r0 = _mm512_loadu_si512((const void *)p),
+                  r1 = _mm512_loadu_si512((const void *)(p + 64));
+    if (nb8 == 8) { /* row r's dwords at 2 r, 2 r + 1 of r0 | r1 */
+        const __m512i e = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        x[0] = _mm512_permutex2var_epi32(r0, e, r1);
+        x[1] = _mm512_permutex2var_epi32(r0, _mm512_add_epi32(e, _mm512_set1_epi32(1)), r1);
+        return;
+    }
+    /* nb8 16: row r's dwords at 4 r .. 4 r + 3 of r0 | r1 (rows 0-7), r2 | r3 (rows 8-15);
+     * pairs of dwords p gathered per half, then the halves' 256-bit lanes joined */
+    const __m512i r2 = _mm512_loadu_si512((const void *)(p + 128)),
+                  r3 = _mm512_loadu_si512((const void *)(p + 192));
+    const __m512i i01 = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 1, 5, 9, 13, 17, 21, 25, 29),
+                  i23 = _mm512_add_epi32(i01, _mm512_set1_epi32(2));
+    const __m512i a01 = _mm512_permutex2var_epi32(r0, i01, r1),
+                  c01 = _mm512_permutex2var_epi32(r2, i01, r3),
+                  a23 = _mm512_permutex2var_epi32(r0, i23, r1),
+                  c23 = _mm512_permutex2var_epi32(r2, i23, r3);
+    x[0] = _mm512_shuffle_i64x2(a01, c01, 0x44);
+    x[1] = _mm512_shuffle_i64x2(a01, c01, 0xee);
+    x[2] = _mm512_shuffle_i64x2(a23, c23, 0x44);
+    x[3] = _mm512_shuffle_i64x2(a23, c23, 0xee);
 }
 
 TARGET int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int32_t nb8,
@@ -69,35 +113,48 @@ TARGET int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int3
     const size_t tl = KVQ_RK_SIGN_TABLE_LEN(8 * (size_t)nb8);
     const float *nib0 = tab + (size_t)nb8 * 256; /* head h's nibble tables at nib0 + h tl */
     const __m512i stride = _mm512_set1_epi32(nb8), lim = _mm512_set1_epi32(INT32_MAX / nb8 - 1);
+    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     __m512i x[MAX_X];
     int64_t a = 0;
     for (; a + 16 <= n; a += 16) {
         const __m512i t = _mm512_loadu_si512((const void *)(tok + a));
         if (_mm512_cmpgt_epi32_mask(t, lim))
             break;
-        for (int64_t l = a + 64; l < a + 80 && l < n; l++) { /* the rows 4 vectors ahead */
-            __builtin_prefetch(bits + (size_t)tok[l] * nb8);
-            __builtin_prefetch(scale + tok[l]);
+        const int32_t t0 = tok[a];
+        __m512 sc;
+        if ((nb8 == 8 || nb8 == 16) &&
+            _mm512_cmpeq_epi32_mask(t, _mm512_add_epi32(_mm512_set1_epi32(t0), iota)) == 0xffff) {
+            /* 16 consecutive records (a run of rows): one block of memory */
+            contiguous(bits + (size_t)t0 * nb8, nb8, x);
+            sc = _mm512_loadu_ps(scale + t0);
+        } else {
+            for (int64_t l = a + 64; l < a + 80 && l < n; l++) { /* the rows 4 vectors ahead */
+                __builtin_prefetch(bits + (size_t)tok[l] * nb8);
+                __builtin_prefetch(scale + tok[l]);
+            }
+            const __m512i off = _mm512_mullo_epi32(t, stride);
+            for (int32_t p4 = 0; p4 < nb8 / 4; p4++)
+                x[p4] = _mm512_i32gather_epi32(off, (const void *)(bits + 4 * p4), 1);
+            sc = _mm512_i32gather_ps(t, scale, 4);
         }
-        const __m512i off = _mm512_mullo_epi32(t, stride);
-        for (int32_t p4 = 0; p4 < nb8 / 4; p4++)
-            x[p4] = _mm512_i32gather_epi32(off, (const void *)(bits + 4 * p4), 1);
-        const __m512 sc = _mm512_i32gather_ps(t, scale, 4);
         const __m512i g =
             grp ? _mm512_loadu_si512((const void *)(grp + a)) : _mm512_setzero_si512();
+        /* one group for the 16 (rows of one (code, band) run): its entries broadcast */
+        const int64_t g0 =
+            grp && _mm512_cmpeq_epi32_mask(g, _mm512_set1_epi32(grp[a])) == 0xffff ? grp[a] : -1;
         __m512 best = _mm512_setzero_ps();
         int32_t h0 = 0;
         for (; h0 + 4 <= gs; h0 += 4)
-            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 4, &best);
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, g0, a, h0, 4, &best);
         switch (gs - h0) {
         case 3:
-            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 3, &best);
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, g0, a, h0, 3, &best);
             break;
         case 2:
-            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 2, &best);
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, g0, a, h0, 2, &best);
             break;
         case 1:
-            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, a, h0, 1, &best);
+            heads(nib0, tl, nb8, x, sc, first, fs, grp, g, g0, a, h0, 1, &best);
             break;
         default:
             break;

@@ -110,6 +110,12 @@ int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int32_t nb8
                                        const uint8_t *bits, const float *scale,
                                        const int32_t *tok, const float *first, size_t fs,
                                        const int32_t *grp, int64_t n, float *out);
+/* AVX2 only: the same through the nibble tables, 8 candidates a vector, nb8 == 8 or
+ * nb8 % 16 == 0 (kernels_resid_avx2.c). Returns the candidates done, a multiple of 8. */
+int64_t kvq_rk_resid_scores_max_avx2(const float *tab, int32_t gs, int32_t nb8,
+                                     const uint8_t *bits, const float *scale, const int32_t *tok,
+                                     const float *first, size_t fs, const int32_t *grp, int64_t n,
+                                     float *out);
 
 #else
 #define KVQ_RK_HAVE_X86 0

@@ -248,11 +248,23 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
     const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits, dq = bits * d;
     if (!centroid(st->L->cb[st->head], 0))
         return 0;
-    const float *first = S->scores; /* [gs, nb K] the heads' band LUTs */
-    const int32_t *grp = S->sel;     /* [n] the rows' groups */
-    size_t fs = (size_t)kvq_rt_head_band_luts(st, S->scores);
+    /* the heads' band LUTs [gs, nb K] after q in S->rr ([gs + 1, d + cap]: (gs + 1) cap
+     * floats free, where S->scores' cap would not hold gs nb K at short contexts) */
+    float *luts = S->rr + (size_t)(gs + 1) * d;
+    const int64_t lcap = (int64_t)(gs + 1) * S->cap;
+    const float *first = luts;   /* [gs, nb K] */
+    const int32_t *grp = S->sel; /* [n] the rows' groups */
+    size_t fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
+    /* every candidate (resid_share 1: the first cut selected nothing, rows ascending): the
+     * groups from the runs, kvq_rt_banded_groups, rather than a band search per row */
+    if (fs == 0 && S->bsel_nb <= 0 && n == st->nc && rows[0] == st->s_end &&
+        rows[n - 1] == st->s_end + n - 1 && kvq_rt_banded_groups(st, S->sel) > 0) {
+        fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
+        if (fs == 0)
+            S->bsel_nb = 0; /* (the LUTs do not fit: scored as without the groups) */
+    }
     if (fs == 0) {
-        float *f = S->rr + (size_t)(gs + 1) * d; /* [gs, n] */
+        float *f = luts; /* [gs, n] */
         if (!kvq_rt_head_first_scores(st, rows, n, f))
             return 0;
         first = f;

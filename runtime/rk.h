@@ -98,9 +98,11 @@ void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8
  * first-stage table (its (code, band) group, kvq_rk_topk_bands_grouped; first [gs, fs]
  * the heads' LUTs), or NULL (first [gs, fs] one score per candidate, fs >= n). out must
  * not alias first. Every path gives the same bits (KVQ_ISA_SCALAR one candidate at a
- * time; AVX2 eight interleaved, in blocks scored head after head; AVX-512 sixteen per vector from the nibble tables when
- * nb8 % 4 == 0: kernels_resid.c, kernels_resid_avx512.c). Cost: n nb8 bytes read, n gs
- * nb8 lookups. */
+ * time; AVX2 eight per vector from the nibble tables when nb8 == 8 or nb8 % 16 == 0,
+ * else eight interleaved in blocks scored head after head; AVX-512 sixteen per vector
+ * from the nibble tables when nb8 % 4 == 0, 16 consecutive records loaded as one block:
+ * kernels_resid.c, kernels_resid_avx2.c, kernels_resid_avx512.c). Cost: n nb8 bytes
+ * read, n gs nb8 lookups. */
 void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t nb8,
                              const uint8_t *bits, const float *scale, const int32_t *tok,
                              const float *first, size_t fs, const int32_t *grp, int64_t n,
@@ -174,6 +176,12 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
  * kvq_rk_resid_scores_max: no band search per row). */
 int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                   int32_t *grp, uint32_t *work);
+/* Every row's group when all n + nu are selected (k >= n + nu above selects rows 0, 1,
+ * ... in order, which this writes without the threshold): grp [n + nu], grp[j] = b K + code
+ * of row j. B->lut is not read (may be NULL). work: [2 nb K] uint32. For the residual
+ * stage over every candidate (rerank_resid.c, resid_share 1: the first cut selects
+ * nothing). Cost: the runs' band searches, O(nb K log(n / K)), and n + nu writes. */
+void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work);
 
 /* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
  * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work

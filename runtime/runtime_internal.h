@@ -319,7 +319,8 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
 /* Each head's own first-stage score of rows[0..n) (the residual stage under the maximum,
  * rerank_resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
 int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
-int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts);
+int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap);
+int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp);
 
 /* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
  * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */

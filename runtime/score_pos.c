@@ -412,14 +412,62 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     return n;
 }
 
+/* The residual stage over every candidate (resid_share 1: the first cut took them all,
+ * kvq_rt_select without a selection): each candidate row s_end + j's (code, band) group
+ * b K + code into grp [nc], the bands kvq_rt_banded_select would use, from the runs'
+ * band searches (kvq_rk_bands_groups) instead of a band search per row and head; then
+ * S->bsel_nb = nb, so the heads' band LUTs apply (kvq_rt_head_band_luts). Returns nb, or
+ * 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
+int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
+{
+    const kvq_retrieval *r = st->r;
+    rt_scratch *S = st->S;
+    const rt_head *H = st->H;
+    const kvq_codebook_desc *D = kvq_codebook_get_desc(st->L->cb[st->head]);
+    const int32_t K = D->k;
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    return 0;
+#endif
+    if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
+        D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
+        st->s_end != r->p.sink || H->sorted_end <= st->s_end)
+        return 0;
+    int64_t a, b;
+    kvq_rt_candidate_distances(st, &a, &b);
+    if (a < 1)
+        a = 1;
+    int64_t E[64], tb[64];
+    const int32_t nb = band_edges(a, b, E);
+    const int64_t nk = (int64_t)nb * K;
+    if (nk > S->cap) /* kvq_rk_bands_groups' [2 nb K] in S->work [2 cap] */
+        return 0;
+    for (int32_t k2 = 0; k2 + 1 < nb; k2++) /* the band's first token: position >= pos - hi */
+        tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - (E[k2 + 1] - 1));
+    const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
+    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
+    const kvq_rk_bands B = {.K = K,
+                            .nb = nb,
+                            .lut = NULL,
+                            .n = se - s0,
+                            .cnt = S->cwork,
+                            .tok = H->tok + s0,
+                            .tb = tb,
+                            .nu = st->w_beg - se,
+                            .utok0 = se,
+                            .ucodes = H->codes + se};
+    kvq_rk_bands_groups(&B, grp, S->work);
+    S->bsel_nb = nb;
+    return nb;
+}
+
 /* Under kvq_rt_banded_select's bands (S->bsel_nb > 0), each query head's own LUT of each
  * band, luts [gs, nb K]: head h's band k at h nb K + k K, the entry of group b K + code
  * (kvq_rk_topk_bands_grouped) the head's first-stage score of its rows. The tables of
  * kvq_rt_head_first_scores (band_query, kvq_rk_lut_multi: kvq_rk_lut's bits), built for
  * every row at once rather than searched per row. Returns nb K, or 0 when they do not
- * fit in S->cap floats or the bands are not the selection's (the caller scores
+ * fit in cap floats or the bands are not the selection's (the caller scores
  * otherwise). */
-int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts)
+int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap)
 {
     const kvq_retrieval *r = st->r;
     const rt_scratch *S = st->S;
@@ -434,7 +482,7 @@ int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts)
         a = 1;
     const int32_t nb = band_edges(a, b, E);
     const int64_t nk = (int64_t)nb * K;
-    if (nb != S->bsel_nb || (int64_t)r->gs * nk > S->cap)
+    if (nb != S->bsel_nb || (int64_t)r->gs * nk > cap)
         return 0;
     /* the (head, band) pairs i = h nb + k in order, eight LUTs per read of the table */
     const int32_t ni = r->gs * nb;

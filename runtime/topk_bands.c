@@ -120,35 +120,20 @@ int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx,
     return kvq_rk_topk_bands_grouped(B, k, idx, val, NULL, work);
 }
 
-int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
-                                  int32_t *grp, uint32_t *work)
+/* The tail's rows counted per (code, band) group into w [nb K] (zeroed here), and the
+ * sub-runs: start[c nb + b] = the first row of code c's run in band b (band b ends where
+ * band b - 1 starts, band 0 at the run's end); w[b K + c] += its rows. Runs in code
+ * order, each one's guesses made (and fetched) while the one before it is searched. */
+static void split_runs(const kvq_rk_bands *B, uint32_t *start, uint32_t *w)
 {
     const int32_t K = B->K, nb = B->nb;
-    const size_t nk = (size_t)nb * (size_t)K;
-    const int64_t total = B->n + B->nu;
-    if (total <= 0 || k <= 0)
-        return 0;
-    if (k >= total) {
-        for (int64_t j = 0; j < total; j++)
-            idx[j] = (int32_t)j;
-        if (val || grp) /* every row: its group (the emission below, all taken) */
-            k = total;
-        else
-            return total;
-    }
-    uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
-    /* the tail (rows in token order after the runs): its codes counted per band */
-    memset(w, 0, sizeof *w * nk);
+    memset(w, 0, sizeof *w * (size_t)nb * (size_t)K);
     for (int32_t b = 0; b < nb; b++) {
         const int64_t e = b ? tail_cut(B, b - 1) : B->nu;
         uint32_t *wb = w + (size_t)b * K;
         for (int64_t i = tail_cut(B, b); i < e; i++)
             wb[B->ucodes[i]]++;
     }
-    /* the sub-runs: start[c nb + b] = the first row of code c's run in band b (band b
-     * ends where band b - 1 starts, band 0 at the run's end); w[b K + c] += its rows.
-     * Runs in code order, each one's guesses made (and fetched) while the one before
-     * it is searched. */
     int64_t gb[2][64], rs = 0;
     guesses(B, 0, B->cnt[0], gb[0]);
     for (int32_t c = 0; c < K; c++) {
@@ -169,6 +154,67 @@ int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx
         rs = re;
     }
     assert(rs == B->n);
+}
+
+/* Every row in row order, as the emission below takes them when all are selected
+ * (each run from its farthest band to its nearest, then the tail by band), each when
+ * not NULL: grp[j] = row j's group b K + code, val[j] its LUT entry; no threshold. */
+static void all_rows(const kvq_rk_bands *B, const uint32_t *start, float *val, int32_t *grp)
+{
+    const int32_t K = B->K, nb = B->nb;
+    int64_t rs = 0;
+    for (int32_t c = 0; c < K; c++) {
+        const uint32_t *st = start + (size_t)c * nb;
+        const int64_t re = rs + B->cnt[c];
+        for (int32_t b = nb - 1; b >= 0; b--) {
+            const int64_t s = st[b], e = b ? st[b - 1] : re;
+            const int32_t gi = b * K + c;
+            for (int64_t j = s; grp && j < e; j++)
+                grp[j] = gi;
+            for (int64_t j = s; val && j < e; j++)
+                val[j] = B->lut[gi];
+        }
+        rs = re;
+    }
+    for (int32_t b = nb - 1; b >= 0; b--) {
+        const int64_t e = b ? tail_cut(B, b - 1) : B->nu;
+        for (int64_t i = tail_cut(B, b); i < e; i++) {
+            if (grp)
+                grp[B->n + i] = b * K + B->ucodes[i];
+            if (val)
+                val[B->n + i] = B->lut[(size_t)b * K + B->ucodes[i]];
+        }
+    }
+}
+
+void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work)
+{
+    if (B->n + B->nu <= 0)
+        return;
+    split_runs(B, work, work + (size_t)B->nb * (size_t)B->K);
+    all_rows(B, work, NULL, grp);
+}
+
+int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
+                                  int32_t *grp, uint32_t *work)
+{
+    const int32_t K = B->K, nb = B->nb;
+    const size_t nk = (size_t)nb * (size_t)K;
+    const int64_t total = B->n + B->nu;
+    if (total <= 0 || k <= 0)
+        return 0;
+    if (k >= total) {
+        for (int64_t j = 0; j < total; j++)
+            idx[j] = (int32_t)j;
+        if (!val && !grp)
+            return total;
+    }
+    uint32_t *start = work, *w = work + nk, *keys = work + 2 * nk;
+    split_runs(B, start, w);
+    if (k >= total) { /* every row (the residual stage over every candidate): no threshold */
+        all_rows(B, start, val, grp);
+        return total;
+    }
     /* the threshold: the weighted k-th over the groups that hold rows */
     int64_t m = 0, ties;
     for (size_t i = 0; i < nk; i++) { /* compacted in place (m <= i), without a branch */
@@ -179,8 +225,7 @@ int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx
     }
     const uint32_t T = kvq_rk_kth_key_weighted(keys, w, m, k, &ties);
     /* the rows, in row order: runs by code, each from its farthest band to its nearest */
-    int64_t out = 0;
-    rs = 0;
+    int64_t out = 0, rs = 0;
     for (int32_t c = 0; c < K; c++) {
         const uint32_t *st = start + (size_t)c * nb;
         const int64_t re = rs + B->cnt[c];

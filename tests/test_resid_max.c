@@ -12,9 +12,12 @@
  * their remainders), records of 1 to 32 bytes (d 8 .. 128 at 1 bit, d 128 as two sign
  * planes), candidates gathered out of order and repeated, tails shorter than a vector,
  * first-stage scores per candidate or through each candidate's group index into the
- * heads' tables. Fails with a head's table or first score taken from another head, the
- * scale of another record, a lost byte, the sum instead of the maximum, or a fast path
- * that sums in another order.
+ * heads' tables; and candidates in runs of consecutive records with their groups in runs,
+ * as a selection over rows in code order hands them over (the AVX-512 path's block loads
+ * of 16 consecutive records and broadcast of one group's entries). Fails with a head's
+ * table or first score taken from another head, the scale of another record, a lost
+ * byte, the sum instead of the maximum, a fast path that sums in another order, or a
+ * block load that takes the wrong dwords or a run for consecutive rows that are not.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,9 +36,9 @@ static const kvq_isa isas[] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
 
 /* One case: gs heads, records of nb8 bytes, n candidates over ntok records; grp: the
  * first-stage scores through group indices into [gs, ng] tables, else [gs, n]. */
-static void run_case(kvq_rng *rng, int32_t gs, int32_t nb8, int64_t n, int use_grp)
+static void run_case(kvq_rng *rng, int32_t gs, int32_t nb8, int64_t n, int use_grp, int runs)
 {
-    const int32_t d = 8 * nb8, ntok = 301, ng = 97;
+    const int32_t d = 8 * nb8, ntok = 301 + (int32_t)n, ng = 97;
     const size_t tl = KVQ_RK_SIGN_TABLE_LEN(d);
     const size_t fs = use_grp ? (size_t)ng : (size_t)n;
     float *q = malloc(sizeof(float) * (size_t)gs * d), *tab = malloc(sizeof(float) * gs * tl);
@@ -61,6 +64,17 @@ static void run_case(kvq_rng *rng, int32_t gs, int32_t nb8, int64_t n, int use_g
         tok[a] = (int32_t)kvq_rng_below(rng, ntok);
         grp[a] = (int32_t)kvq_rng_below(rng, (uint64_t)ng);
     }
+    /* runs: the candidates as a selection of rows in code order gives them, consecutive
+     * rows (a jump now and then) whose groups hold for runs of 1 to 40 rows */
+    for (int64_t a = 0, t = (int64_t)kvq_rng_below(rng, 50), left = 0; runs && a < n; a++) {
+        t += kvq_rng_below(rng, 48) ? 1 : 1 + (int64_t)kvq_rng_below(rng, 5);
+        tok[a] = (int32_t)(t % ntok);
+        if (left-- <= 0) {
+            left = (int64_t)kvq_rng_below(rng, 40);
+            grp[a] = (int32_t)kvq_rng_below(rng, (uint64_t)ng);
+        } else
+            grp[a] = grp[a - 1];
+    }
     for (int32_t h = 0; h < gs; h++)
         kvq_rk_sign_table(q + (size_t)h * d, d, tab + (size_t)h * tl);
     /* (1) gs passes of kvq_rk_resid_scores (scalar) and the running maximum */
@@ -79,8 +93,8 @@ static void run_case(kvq_rng *rng, int32_t gs, int32_t nb8, int64_t n, int use_g
             int64_t at = 0;
             while (memcmp(&got[at], &want[at], sizeof(float)) == 0)
                 at++;
-            fail_msg("isa %d gs %d nb8 %d n %lld grp %d: candidate %lld %.9g, want %.9g",
-                     (int)isas[ii], (int)gs, (int)nb8, (long long)n, use_grp, (long long)at,
+            fail_msg("isa %d gs %d nb8 %d n %lld grp %d runs %d: candidate %lld %.9g, want %.9g",
+                     (int)isas[ii], (int)gs, (int)nb8, (long long)n, use_grp, runs, (long long)at,
                      (double)got[at], (double)want[at]);
         }
     }
@@ -123,12 +137,13 @@ static void test_resid_max_kernel(void **state)
     kvq_rng_seed(&rng, 2026);
     static const int32_t gss[] = {1, 2, 3, 4, 5, 8, 9};
     static const int32_t nb8s[] = {1, 3, 8, 16, 32}; /* d 8, 24, 64, 128; 2 x 128 planes */
-    static const int64_t ns[] = {1, 15, 16, 237};
+    static const int64_t ns[] = {1, 15, 16, 237, 1000};
     for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++)
         for (size_t bi = 0; bi < sizeof nb8s / sizeof nb8s[0]; bi++)
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int ug = 0; ug < 2; ug++)
-                    run_case(&rng, gss[gi], nb8s[bi], ns[ni], ug);
+                    for (int runs = 0; runs < 2; runs++)
+                        run_case(&rng, gss[gi], nb8s[bi], ns[ni], ug, runs);
 }
 
 int main(void)

@@ -3057,45 +3057,40 @@ static void test_resid_stage(void **state)
     codebooks_free(cbs, 1);
 }
 
-/* Residual stage at the distance bands' edges (rope/bands, group sum, both row orders):
- * a row's first-stage score must be its own band's, also for the tokens at a band's
- * edge. Every key is a centroid (the residuals are 0, so the stage's score is the
- * first-stage score), all of code c0 but one token of code c1 at a band edge: the
- * farthest token of band b (distance E[b+1] - 1, which an edge moved by one puts in
- * band b + 1) or the nearest of band b + 1 (distance E[b+1]). c0 and c1 are chosen from
- * the reference scores (resid_cand_ref: the mean over the band's distances of the
- * exactly rotated query, in double) so that c1 in its own band beats c0 in every band
- * and c1 in the neighbouring band loses to c0's best, both by a margin: budget 1,
- * resid_wide 3, rerank off, so the codebook picks 3 candidates and the stage must keep
- * the edge token. Fails when the stage reads another band's LUT for it, or when the
- * band edges are off by one (the band's first token found with <= instead of <). */
-static void test_resid_band_edges(void **state)
+/* Residual stage at the distance bands' edges (rope/bands, both row orders): a row's
+ * first-stage score must be its own band's, also for the tokens at a band's edge. Every
+ * key is a centroid (the residuals are 0, so the stage's score is the first-stage
+ * score), all of code c0 but one token of code c1 at a band edge: the farthest token of
+ * band b (distance E[b+1] - 1, which an edge moved by one puts in band b + 1) or the
+ * nearest of band b + 1 (distance E[b+1]). c0 and c1 are chosen from the reference
+ * scores (resid_cand_ref: the mean over the band's distances of the exactly rotated
+ * query, in double; under gmax the best head's) so that c1 in its own band beats c0 in
+ * every band and c1 in the neighbouring band loses to c0's best, both by a margin.
+ * Group sum: budget 1, resid_wide 3, rerank off, so the codebook picks 3 candidates and
+ * the stage must keep the edge token. gmax (resid_group max, the per-head stage): budget
+ * 6, resid_wide 64, resid_share 1, so the stage scores every candidate (in code order
+ * each row's group from the runs, kvq_rt_banded_groups) and must keep the edge token
+ * among the 6 (every band holds more than 6 tokens of c0). Fails when the stage reads
+ * another band's LUT for it, or when the band edges are off by one (the band's first
+ * token found with <= instead of <). Returns the edges tested. */
+static int band_edges_case(const kvq_model_config *c, const kvq_codebook_set *rt, seq_data *s,
+                           const float *C, const double *theta, int gmax)
 {
-    (void)state;
-    const kvq_model_id id = small_id(1, 4, 1, 16);
-    const kvq_model_config c = config_of(&id);
     const int32_t d = 16, gs = 4, K = 16, nb = 4;
-    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, K, 1, 511);
-    kvq_codebook_set *rt = write_and_open(test_path("resid_edges.kvq"), &id, cbs);
-    seq_data s = make_seq(&c, 400, 512);
-    const float *C = kvq_codebook_key_codebook(cbs[0]);
-    assert_non_null(C);
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
     const int64_t E[] = {32, 64, 128, 256, 396}; /* window 32, sink 4, query at 399 */
-    const int64_t i = s.T - 1;
+    const int64_t i = s->T - 1, k = gmax ? 6 : 1;
     float qr[4 * 16], qb[4 * 16] = {0}; /* qb: unused under bands */
-    const float *qpre = s.q + (size_t)i * c.n_heads * d;
+    const float *qpre = s->q + (size_t)i * c->n_heads * d;
     memcpy(qr, qpre, sizeof qr);
-    kvq_rope_apply(&c.rope, theta, qr, gs, i);
+    kvq_rope_apply(&c->rope, theta, qr, gs, i);
     /* the reference first-stage score of code x in band b, and its tolerance */
     double lut[4][16], tol = 0;
     for (int32_t b = 0; b < nb; b++)
         for (int32_t x = 0; x < K; x++) {
             double t;
             const float *cen = C + (size_t)x * d;
-            lut[b][x] = resid_cand_ref(&c, theta, cen, cen, i - E[b], 1, 1, E, nb, i, qpre, qr,
-                                       qb, gs, d, 1, 0, &t);
+            lut[b][x] = resid_cand_ref(c, theta, cen, cen, i - E[b], 1, 1, E, nb, i, qpre, qr,
+                                       qb, gs, d, 1, gmax, &t);
             tol = t > tol ? t : tol;
         }
     const double margin = 4 * tol + 1e-3;
@@ -3122,40 +3117,63 @@ static void test_resid_band_edges(void **state)
             }
             if (c0 < 0)
                 continue;
-            for (int64_t t = 0; t < s.T; t++)
-                memcpy(s.k + (size_t)t * d, C + (size_t)(t == tok ? c1 : c0) * d,
+            for (int64_t t = 0; t < s->T; t++)
+                memcpy(s->k + (size_t)t * d, C + (size_t)(t == tok ? c1 : c0) * d,
                        sizeof(float) * (size_t)d);
-            int32_t code;
-            kvq_err e = {0};
-            assert_int_equal(kvq_codebook_encode(cbs[0], s.k + (size_t)tok * d, NULL, 1, 1, &code, &e),
-                             KVQ_OK);
-            assert_int_equal(code, c1);
-            assert_int_equal(kvq_codebook_encode(cbs[0], s.k, NULL, 1, 1, &code, &e), KVQ_OK);
-            assert_int_equal(code, c0);
             for (int order = 0; order < 2; order++) {
                 kvq_retrieval_params p = kvq_retrieval_params_default();
                 p.positions = KVQ_POSITIONS_ROPE;
                 p.score_pos = KVQ_SCORE_BANDS;
                 p.group = KVQ_GROUP_SUM;
+                p.resid_group = gmax ? KVQ_GROUP_MAX : KVQ_GROUP_SUM;
                 p.code_order = order;
                 p.cache_dtype = KVQ_DT_F32;
                 p.window = 32;
                 p.sink = 4;
                 p.resid_bits = 1;
-                p.resid_wide = 3;
-                int32_t got[4];
+                p.resid_wide = gmax ? 64 : 3;
+                p.resid_share = gmax ? 1 : p.resid_share;
+                int32_t got[8];
                 kvq_retrieval_stats st;
-                assert_int_equal(rerank_run(&c, rt, &s, p, 1, 0, got, &st), 1);
-                if (got[0] != tok)
-                    fail_msg("band %d edge (%s, order %d): kept token %d, want %lld (code %d "
+                assert_int_equal(rerank_run(c, rt, s, p, k, 0, got, &st), k);
+                int kept = 0;
+                for (int64_t a = 0; a < k; a++)
+                    kept |= got[a] == tok;
+                if (!kept)
+                    fail_msg("band %d edge (%s, order %d, max %d): token %lld not kept (code %d "
                              "scores %.4f in its band, %.4f in the next; the others' best %.4f)",
                              (int)b, side ? "nearest of the farther band" : "farthest of the band",
-                             order, (int)got[0], (long long)tok, (int)c1, lut[own][c1],
-                             lut[other][c1], lut[own][c1] - best);
+                             order, gmax, (long long)tok, (int)c1, lut[own][c1], lut[other][c1],
+                             lut[own][c1] - best);
             }
             tested++;
         }
-    assert_true(tested >= 3); /* (this seed: the edges tested on both sides) */
+    return tested;
+}
+
+static void test_resid_band_edges(void **state)
+{
+    (void)state;
+    const kvq_model_id id = small_id(1, 4, 1, 16);
+    const kvq_model_config c = config_of(&id);
+    kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAVQ, 16, 1, 511);
+    kvq_codebook_set *rt = write_and_open(test_path("resid_edges.kvq"), &id, cbs);
+    seq_data s = make_seq(&c, 400, 512);
+    const float *C = kvq_codebook_key_codebook(cbs[0]);
+    assert_non_null(C);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    /* the codes of the centroids as keys (the case's premise) */
+    for (int32_t x = 0; x < 16; x++) {
+        int32_t code;
+        kvq_err e = {0};
+        assert_int_equal(kvq_codebook_encode(cbs[0], C + (size_t)x * 16, NULL, 1, 1, &code, &e),
+                         KVQ_OK);
+        assert_int_equal(code, x);
+    }
+    /* (this seed: the edges tested on both sides) */
+    assert_true(band_edges_case(&c, rt, &s, C, theta, 0) >= 3);
+    assert_true(band_edges_case(&c, rt, &s, C, theta, 1) >= 3);
     seq_free(&s);
     kvq_codebook_set_close(rt);
     codebooks_free(cbs, 1);

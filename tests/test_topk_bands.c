@@ -10,7 +10,9 @@
  * selected row the score of its band from that scan, bit for bit: every row's when
  * k >= the rows, those at a band's first token included; and the grouped variant
  * (kvq_rk_topk_bands_grouped, the per-head residual stage's index into its heads' band
- * LUTs) each row's group b K + code, b from that scan.
+ * LUTs) each row's group b K + code, b from that scan; and kvq_rk_bands_groups (every
+ * row's group without a selection, the per-head stage over every candidate) the same
+ * groups for every row, without reading the LUTs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -111,6 +113,22 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
                             .nu = nu,
                             .utok0 = utok0,
                             .ucodes = code + n};
+    /* every row's group without a selection (kvq_rk_bands_groups, the residual stage over
+     * every candidate), the LUTs not read: b from the linear scan */
+    {
+        kvq_rk_bands B0 = B;
+        B0.lut = NULL;
+        memset(grp, 0xff, sizeof *grp * (size_t)(total + 1));
+        kvq_rk_bands_groups(&B0, grp, bwork);
+        int gbad = grp[total] != -1;
+        for (int64_t j = 0; j < total && !gbad; j++)
+            gbad = grp[j] != wgrp[j];
+        if (gbad) {
+            print_error("seed %llu n %lld nu %lld K %d nb %d: kvq_rk_bands_groups differs\n",
+                        (unsigned long long)seed, (long long)n, (long long)nu, (int)K, (int)nb);
+            bad = 1;
+        }
+    }
     const int64_t ks[] = {0, 1, 2, total / 17, total / 2, total - 1, total, total + 3};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0] && !bad; ki++) {
         const int64_t k = ks[ki];
