@@ -404,13 +404,13 @@ static inline TARGET PF_INLINE void prefetch_row_l2(const void *row, int64_t byt
         _mm_prefetch((const char *)row + b, _MM_HINT_T1);
 }
 
-/* Four rows against four query heads: 16 accumulators, each K chunk loaded once and
- * each q chunk once per four rows. logits [4 heads][4 rows] into s. */
-static inline TARGET void dot4x4(const float *const qh[4], const void *const row[4], int f16,
-                                 int32_t d, float s[4][4])
+/* Four rows against four query heads: acc[r][h] = the 16-lane partial sums of row r's
+ * dot with head h's query, each K chunk loaded once and each q chunk once per four
+ * rows (always inlined, so the arrays stay in registers). */
+static inline TARGET __attribute__((always_inline)) void
+dot4x4_acc(const float *const qh[4], const void *const row[4], int f16, int32_t d,
+           __m512 acc[4][4])
 {
-    /* (the unroll pragmas let the compiler keep the arrays in registers) */
-    __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
 #pragma GCC unroll 4
@@ -431,6 +431,14 @@ static inline TARGET void dot4x4(const float *const qh[4], const void *const row
                 acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
         }
     }
+}
+
+/* Four rows against four query heads (dot4x4_acc): logits [4 heads][4 rows] into s. */
+static inline TARGET void dot4x4(const float *const qh[4], const void *const row[4], int f16,
+                                 int32_t d, float s[4][4])
+{
+    __m512 acc[4][4];
+    dot4x4_acc(qh, row, f16, d, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
         _mm_storeu_ps(s[r], hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
@@ -449,26 +457,7 @@ static inline TARGET __m512 dot4x4_heads(const float *const qh[4], const void *c
                                          int f16, int32_t d)
 {
     __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++)
-            acc[r][h] = _mm512_setzero_ps();
-    for (int32_t t = 0; t < d; t += 16) {
-        const __mmask16 mk = tail16(d - t);
-        __m512 k[4];
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-            k[r] = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row[r] + t))
-                       : _mm512_maskz_loadu_ps(mk, (const float *)row[r] + t);
-#pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) {
-            const __m512 q = _mm512_maskz_loadu_ps(mk, qh[h] + t);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++)
-                acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
-        }
-    }
+    dot4x4_acc(qh, row, f16, d, acc);
     /* per row, hsum4's first two levels: y[r] lane L (128 bits) = the four heads' sums
      * of their lanes 4 L .. 4 L + 3 */
     __m512 y[4];
