@@ -344,6 +344,43 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
  * weighted threshold over the (code, band) groups and the rows emitted group by group.
  * The same selection as kvq_rt_banded_scores + kvq_rk_topk. Used when the groups are
  * few enough to pay (kvq_rk_bands_select_pays) and fit the scratch. */
+/* Whether the (code, band) groups apply to this step (kvq_rt_banded_select,
+ * kvq_rt_banded_groups): bands scoring under the group sum, a single-group codebook in
+ * key space, the rows by token with some of them in code order past the sinks. */
+static int bands_apply(const rt_step *st, const kvq_codebook_desc *D)
+{
+#ifdef KVQ_RT_DIAG_EXACT_ROTATION
+    return 0;
+#endif
+    const kvq_retrieval *r = st->r;
+    const rt_head *H = st->H;
+    return !(r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM ||
+             D->groups != 1 || D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok ||
+             st->L->pos_unordered || st->s_end != r->p.sink || H->sorted_end <= st->s_end);
+}
+
+/* The groups' description of the step's candidates (kvq_rk_bands): the rows in code
+ * order [s_end, se) with their per-code counts (into S->cwork), the unsorted rest up to
+ * the window; lut the bands' LUTs [nb, K] or NULL, tb the bands' first tokens. */
+static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const float *lut,
+                             const int64_t *tb)
+{
+    const rt_head *H = st->H;
+    rt_scratch *S = st->S;
+    const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
+    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
+    return (kvq_rk_bands){.K = K,
+                          .nb = nb,
+                          .lut = lut,
+                          .n = se - s0,
+                          .cnt = S->cwork,
+                          .tok = H->tok + s0,
+                          .tb = tb,
+                          .nu = st->w_beg - se,
+                          .utok0 = se,
+                          .ucodes = H->codes + se};
+}
+
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes)
 {
     const kvq_retrieval *r = st->r;
@@ -352,12 +389,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t K = D->k, d = r->d;
-#ifdef KVQ_RT_DIAG_EXACT_ROTATION
-    return -1;
-#endif
-    if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
-        D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
-        st->s_end != r->p.sink || H->sorted_end <= st->s_end)
+    if (!bands_apply(st, D))
         return -1;
     int64_t a, b;
     kvq_rt_candidate_distances(st, &a, &b);
@@ -368,7 +400,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     const int64_t nk = (int64_t)nb * K;
     if (!kvq_rk_bands_select_pays(st->nc, nb, K) || nk > S->cap || 3 * nk > 2 * S->cap)
         return -1;
-    const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
+    const int64_t s0 = st->s_end;
     float q[KVQ_ROPE_MAX_DIM], qs[8 * KVQ_ROPE_MAX_DIM];
     memcpy(q, st->q, sizeof(float) * (size_t)d); /* the group's sum */
     for (int32_t g = 1; g < r->gs; g++)
@@ -388,17 +420,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
             band_spread(st, cb, q, E[k2], E[k2 + 1] - 1, S->scores + (size_t)k2 * K);
         *cb_bytes += (double)m * (double)kvq_rk_table_bytes(st->L->tab[st->head]);
     }
-    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
-    const kvq_rk_bands B = {.K = K,
-                            .nb = nb,
-                            .lut = S->scores,
-                            .n = se - s0,
-                            .cnt = S->cwork,
-                            .tok = H->tok + s0,
-                            .tb = tb,
-                            .nu = st->w_beg - se,
-                            .utok0 = se,
-                            .ucodes = H->codes + se};
+    const kvq_rk_bands B = bands_of(st, K, nb, S->scores, tb);
     /* with the residual stage on, each candidate's group score goes to S->tmp: the stage
      * adds its part to it (rerank_resid.c) without finding the row's band again; under
      * its per-head rule (resid_group MAX) each candidate's group b K + code goes to
@@ -420,17 +442,10 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
  * 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
 int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
 {
-    const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
-    const rt_head *H = st->H;
     const kvq_codebook_desc *D = kvq_codebook_get_desc(st->L->cb[st->head]);
     const int32_t K = D->k;
-#ifdef KVQ_RT_DIAG_EXACT_ROTATION
-    return 0;
-#endif
-    if (r->p.score_pos != KVQ_SCORE_BANDS || r->p.group != KVQ_GROUP_SUM || D->groups != 1 ||
-        D->method == KVQ_CODEBOOK_VQ_POSTROPE || !H->tok || st->L->pos_unordered ||
-        st->s_end != r->p.sink || H->sorted_end <= st->s_end)
+    if (!bands_apply(st, D))
         return 0;
     int64_t a, b;
     kvq_rt_candidate_distances(st, &a, &b);
@@ -443,18 +458,7 @@ int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
         return 0;
     for (int32_t k2 = 0; k2 + 1 < nb; k2++) /* the band's first token: position >= pos - hi */
         tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - (E[k2 + 1] - 1));
-    const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
-    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
-    const kvq_rk_bands B = {.K = K,
-                            .nb = nb,
-                            .lut = NULL,
-                            .n = se - s0,
-                            .cnt = S->cwork,
-                            .tok = H->tok + s0,
-                            .tb = tb,
-                            .nu = st->w_beg - se,
-                            .utok0 = se,
-                            .ucodes = H->codes + se};
+    const kvq_rk_bands B = bands_of(st, K, nb, NULL, tb);
     kvq_rk_bands_groups(&B, grp, S->work);
     S->bsel_nb = nb;
     return nb;
