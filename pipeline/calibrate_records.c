@@ -241,6 +241,21 @@ static void rec_capture_common(calib_ctx *c, kvq_strbuf *b)
     rec_i32_list(b, "layers", cp->layers, cp->n_layers);
 }
 
+/* The codebook selector's stages (kvq/runtime.h), which the budget profile and the
+ * positions stage measure with: a work directory made under other ones (another default)
+ * is measured again. */
+static void rec_selector_stages(kvq_strbuf *b, const kvq_retrieval_params *r)
+{
+    rec_str(b, "retrieval.score_pos", kvq_score_pos_name(r->score_pos));
+    rec_f64(b, "retrieval.rerank", r->rerank);
+    rec_f64(b, "retrieval.rerank_extra", r->rerank_extra);
+    rec_i64(b, "retrieval.resid_bits", r->resid_bits);
+    rec_f64(b, "retrieval.resid_wide", r->resid_wide);
+    rec_i64(b, "retrieval.resid_group", r->resid_group);
+    rec_f64(b, "retrieval.resid_share", r->resid_share);
+    rec_i64(b, "retrieval.code_order", r->code_order);
+}
+
 static void rec_profile_params(kvq_strbuf *b, const kvq_profile_params *q)
 {
     rec_u64(b, "knobs", q->knobs);
@@ -270,6 +285,7 @@ static void rec_profile_params(kvq_strbuf *b, const kvq_profile_params *q)
     rec_str(b, "retrieval.cache", kvq_dtype_name(r->cache_dtype));
     rec_i64(b, "retrieval.max_tokens", r->max_tokens);
     rec_str(b, "retrieval.isa", kvq_isa_name(r->isa));
+    rec_selector_stages(b, r);
     rec_str(b, "ppl.model", q->model);
     rec_str(b, "ppl.corpus", q->corpus);
     rec_u64(b, "ppl.corpus_seed", q->corpus_seed);
@@ -351,6 +367,8 @@ kvq_status calib_build_records(calib_ctx *c, kvq_err *err)
     rec_f64(b, "positions_tolerance", p->positions_tolerance);
     rec_i64(b, "candidates", KVQ_CALIB_POS_CANDIDATES);
     rec_str(b, "rule", "least |ppl / ppl_exact - 1|");
+    const kvq_retrieval_params def = kvq_retrieval_params_default(); /* what it measures with */
+    rec_selector_stages(b, &def);
     rec_end(b);
 
     for (int s = 0; s < KVQ_CALIB_N_STAGES; s++)

@@ -249,6 +249,16 @@ static void test_stages_resume_and_summary(void **state)
     for (int i = 0; i < 5; i++)
         assert_int_equal(s.ran[order[i]], 0);
 
+    /* The codebook selector's stages are: the budget profile measures with them (a work
+     * directory profiled under another default is profiled again), nothing before it. */
+    memset(&ev, 0, sizeof ev);
+    p.prof.retrieval.rerank_extra = 0.1;
+    assert_int_equal(kvq_calibrate_run(model, out2, &p, &s, &e), KVQ_OK);
+    assert_int_equal(event_of(&ev, KVQ_CALIB_FIT, NULL), KVQ_CALIB_EVENT_SKIP);
+    assert_int_equal(event_of(&ev, KVQ_CALIB_PROFILE, &why), KVQ_CALIB_EVENT_RUN);
+    assert_string_equal(why, "retrieval.rerank_extra changed: 0.080000000000000002 -> 0.10000000000000001");
+    p.prof.retrieval.rerank_extra = 0.08;
+
     /* A run killed inside the profile: no record, temporaries left behind. Only the
      * profile reruns, and its leftovers (only its own) are removed first. */
     char path[1100], tmp_rec[1100], other[1100];
