@@ -288,12 +288,19 @@ static int run_generate(const run_opts *o, run_state *r)
         kvq_retrieval_stats st;
         kvq_retrieval_stats_get(r->ret, &st);
         const double n = st.steps ? (double)st.steps : 1.0;
-        kvq_log(&r->cb, KVQ_LOG_INFO,
-                "retrieval: %s, budget %s: %llu steps (layer x KV head) attended %.1f of %.1f "
-                "cached tokens on average, reading %.2f%% of the KV cache",
-                r->rows[0].name, r->rows[0].budget_str, (unsigned long long)st.steps,
-                st.attended / n, st.visible / n,
-                st.bytes_full > 0 ? 100.0 * st.bytes_read / st.bytes_full : 100.0);
+        if (!st.steps) /* no decode step, or none whose cache outgrew the sinks + window */
+            kvq_log(&r->cb, KVQ_LOG_INFO,
+                    "retrieval: %s, budget %s: no step selected (the cache never held more "
+                    "than the sinks and the window, or no token was decoded): attention was "
+                    "exact",
+                    r->rows[0].name, r->rows[0].budget_str);
+        else
+            kvq_log(&r->cb, KVQ_LOG_INFO,
+                    "retrieval: %s, budget %s: %llu steps (layer x KV head) attended %.1f of "
+                    "%.1f cached tokens on average, reading %.2f%% of the KV cache",
+                    r->rows[0].name, r->rows[0].budget_str, (unsigned long long)st.steps,
+                    st.attended / n, st.visible / n,
+                    st.bytes_full > 0 ? 100.0 * st.bytes_read / st.bytes_full : 100.0);
     }
     return 0;
 }

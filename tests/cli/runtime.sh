@@ -63,6 +63,15 @@ for cache in f32 f16; do
   fi
 done
 
+# a cache that never outgrows the sinks and the window: said so, not "0 steps, 100%"
+_cli_run "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --budget 8 -n 3 --temp 0
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
+   grep -q '^kvq: retrieval: qavq, budget 8: no step selected (the cache never held more' \
+     "$CLI_TMP/stderr" && ! grep -q 'of the KV cache' "$CLI_TMP/stderr"; then
+  ok runtime_short_context_said
+else
+  fail runtime_short_context_said "$(tail -2 "$CLI_TMP/stderr")"
+fi
 _cli_run "$KVQ" run --model "$MODEL" --artifact "$T/a.kvq" --budget 8 --window 16 -n 100 --temp 0
 read_pct=$(sed -n 's/.*reading \([0-9.]*\)% of the KV cache$/\1/p' "$CLI_TMP/stderr")
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -n "$read_pct" ] &&
