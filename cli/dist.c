@@ -132,7 +132,8 @@ static kvq_status mpi_gather(void *impl, const void *buf, size_t n, uint8_t **al
     uint8_t *out = malloc(total ? total : 1);
     if (!out) /* cannot receive: stop everyone rather than hang them */
         g_dist.abort(impl, 1, "kvq: rank 0: out of memory gathering results");
-    memcpy(out, buf, n);
+    if (n) /* (buf may be NULL when this rank has nothing) */
+        memcpy(out, buf, n);
     size_t base = n;
     for (int r = 1; r < size; r++) {
         for (size_t at = 0; at < sizes[r]; at += MPI_CHUNK) {
