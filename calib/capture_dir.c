@@ -73,6 +73,10 @@ static kvq_status j_num(const jctx *j, const cJSON *obj, const char *path, const
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
         return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s%s must be a finite number", j->label,
                            path, key);
+    if (fabs(v->valuedouble) > KVQ_MODEL_ID_NUM_MAX) /* as the artifact's metadata reads it */
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %s%s %g is out of range [-%g, %g]",
+                           j->label, path, key, v->valuedouble, KVQ_MODEL_ID_NUM_MAX,
+                           KVQ_MODEL_ID_NUM_MAX);
     *out = v->valuedouble;
     return KVQ_OK;
 }

@@ -241,7 +241,7 @@ kvq_status kvq_model_id_from_meta(const kvq_st *st, const char *prefix, const ch
             break;
         }
         case F_F64:
-            if (kvq_parse_f64(v, -1e300, 1e300, (double *)p, &pe))
+            if (kvq_parse_f64(v, -KVQ_MODEL_ID_NUM_MAX, KVQ_MODEL_ID_NUM_MAX, (double *)p, &pe))
                 return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s: %s", label, key, pe.msg);
             break;
         case F_LAYOUT:

@@ -22,6 +22,10 @@
 extern "C" {
 #endif
 
+/* The largest magnitude of an identity's numbers (norm_eps, the rope's), in capture.json
+ * as in metadata, so that what one reader takes the other takes too. */
+#define KVQ_MODEL_ID_NUM_MAX 1e300
+
 /* The weight fingerprint: 32 lowercase hex digits (128 bits) plus the NUL. */
 #define KVQ_FINGERPRINT_CAP 33
 
