@@ -544,12 +544,16 @@ static kvq_status parse_tensor_infos(kvq_gguf *g, reader *r, uint64_t n_tensors)
         if (!ti)
             return kvq_err_set(r->err, KVQ_E_UNSUPPORTED, "%s: tensor '%s' has unknown ggml type %u",
                                r->label, t->name, t->type);
-        uint64_t count = 1;
+        /* span: the product of the nonzero dims, held to INT64_MAX like the element count
+         * (never more than it), so that no product of some of the dims overflows either: an
+         * empty tensor (a zero dim) with huge others still has a row count
+         * (kvq_gguf_tensor_rows) */
+        uint64_t count = 1, span = 1;
         for (int d = 0; d < 4; d++) {
-            if (ne[d] > (uint64_t)INT64_MAX ||
-                (ne[d] != 0 && count > (uint64_t)INT64_MAX / ne[d]))
+            if (ne[d] > (uint64_t)INT64_MAX || (ne[d] != 0 && span > (uint64_t)INT64_MAX / ne[d]))
                 return kvq_err_set(r->err, KVQ_E_TOO_LARGE, "%s: tensor '%s' shape is too large",
                                    r->label, t->name);
+            span *= ne[d] ? ne[d] : 1;
             count *= ne[d];
             t->ne[d] = (int64_t)ne[d];
         }
