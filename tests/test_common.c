@@ -29,6 +29,9 @@ static void test_status_strings(void **state)
     assert_int_equal(e.status, KVQ_E_IO);
     assert_string_equal(e.msg, "f: 3");
     assert_int_equal(kvq_err_set(NULL, KVQ_E_NOMEM, "x"), KVQ_E_NOMEM);
+    /* text quoted from a damaged file: control bytes do not break the line; UTF-8 stays */
+    kvq_err_set(&e, KVQ_E_CORRUPT, "m.gguf: token '%s'", "a\nb\x1d\tc\x7f\xc3\xa9");
+    assert_string_equal(e.msg, "m.gguf: token 'a?b??c?\xc3\xa9'");
 }
 
 static void test_parse_numbers(void **state)

@@ -71,10 +71,12 @@ const char *kvq_status_str(kvq_status s);
 /* Error detail. Zero-initialize or leave NULL where detail is not wanted. */
 typedef struct kvq_err {
     kvq_status status;
-    char msg[512]; /* "FILE: problem", NUL-terminated */
+    char msg[512]; /* "FILE: problem", NUL-terminated, one line */
 } kvq_err;
 
-/* Sets err (if non-NULL) and returns s. The message is printf-formatted. */
+/* Sets err (if non-NULL) and returns s. The message is printf-formatted; a control
+ * character in it (a byte below 0x20, or 0x7f: one quoted from a damaged file) becomes
+ * '?', so that the message stays one printable line. */
 kvq_status kvq_err_set(kvq_err *err, kvq_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
