@@ -222,7 +222,7 @@ int main(int argc, char **argv)
 {
     bench_opts o = {.seq_len = 512, .seqs = 2, .chunk = 256, .threads = 0};
     const char *model = NULL;
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* option, value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t x = 0;
         if (!v) {
@@ -247,7 +247,6 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_prefill: unknown option %s\n", a);
             return 2;
         }
-        i++;
     }
     if (o.threads > 0)
         openblas_set_num_threads(o.threads);
