@@ -24,12 +24,46 @@ static inline TARGET __mmask16 tail16(int64_t left)
                         : (__mmask16)((1u << left) - 1u);
 }
 
+/* Loads and stores of 16 lanes under a tail mask, plain where the mask is full. On AMD
+ * Zen 5 (the CI machine since session 10) a masked load of a streamed row is several
+ * times slower than a plain one, and the hardware prefetcher does not follow a stream of
+ * them: full attention's logits over a 128K-token f16 cache ran at 3 GB/s with every
+ * load masked, below the AVX2 path (bench_decode, docs/BENCHMARKS.md "Masked loads on
+ * Zen 5"). The lanes read are the same either way, so the results are the same bits. */
+static inline TARGET __m512 ldu_ps(__mmask16 m, const float *p)
+{
+    return m == (__mmask16)0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+static inline TARGET __m256i ldu_epi16(__mmask16 m, const uint16_t *p)
+{
+    return m == (__mmask16)0xffff ? _mm256_loadu_si256((const __m256i *)(const void *)p)
+                                  : _mm256_maskz_loadu_epi16(m, p);
+}
+static inline TARGET __m512i ldu_epi32(__mmask16 m, const void *p)
+{
+    return m == (__mmask16)0xffff ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(m, p);
+}
+static inline TARGET void stu_ps(float *p, __mmask16 m, __m512 v)
+{
+    if (m == (__mmask16)0xffff)
+        _mm512_storeu_ps(p, v);
+    else
+        _mm512_mask_storeu_ps(p, m, v);
+}
+static inline TARGET void stu_epi32(void *p, __mmask16 m, __m512i v)
+{
+    if (m == (__mmask16)0xffff)
+        _mm512_storeu_si512(p, v);
+    else
+        _mm512_mask_storeu_epi32(p, m, v);
+}
+
 /* 16 elements of a row (f16 or f32) starting at t, masked, as f32. */
 static inline TARGET __m512 load16(const void *row, int f16, int64_t t, __mmask16 m)
 {
     if (f16)
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + t));
-    return _mm512_maskz_loadu_ps(m, (const float *)row + t);
+        return _mm512_cvtph_ps(ldu_epi16(m, (const uint16_t *)row + t));
+    return ldu_ps(m, (const float *)row + t);
 }
 
 static inline TARGET const void *row_ptr(const void *base, int f16, int64_t ld, int64_t r)
@@ -61,12 +95,12 @@ TARGET void kvq_rk_lut_avx512(const float *qp, const uint16_t *CT, int32_t G, in
             const uint16_t *r3 = nr > 3 ? r0 + 3 * (size_t)K : r0;
             for (int32_t c = 0; c < K; c += 16) {
                 const __mmask16 m = tail16(K - c);
-                __m512 a = _mm512_maskz_loadu_ps(m, L + c);
-                a = _mm512_fmadd_ps(q0, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r0 + c)), a);
-                a = _mm512_fmadd_ps(q1, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r1 + c)), a);
-                a = _mm512_fmadd_ps(q2, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r2 + c)), a);
-                a = _mm512_fmadd_ps(q3, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, r3 + c)), a);
-                _mm512_mask_storeu_ps(L + c, m, a);
+                __m512 a = ldu_ps(m, L + c);
+                a = _mm512_fmadd_ps(q0, _mm512_cvtph_ps(ldu_epi16(m, r0 + c)), a);
+                a = _mm512_fmadd_ps(q1, _mm512_cvtph_ps(ldu_epi16(m, r1 + c)), a);
+                a = _mm512_fmadd_ps(q2, _mm512_cvtph_ps(ldu_epi16(m, r2 + c)), a);
+                a = _mm512_fmadd_ps(q3, _mm512_cvtph_ps(ldu_epi16(m, r3 + c)), a);
+                stu_ps(L + c, m, a);
             }
         }
     }
@@ -97,10 +131,10 @@ TARGET void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t 
                     const uint16_t *r1 = nr > 1 ? r0 + K : r0;
                     const uint16_t *r2 = nr > 2 ? r0 + 2 * (size_t)K : r0;
                     const uint16_t *r3 = nr > 3 ? r0 + 3 * (size_t)K : r0;
-                    const __m512 w0 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r0));
-                    const __m512 w1 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r1));
-                    const __m512 w2 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r2));
-                    const __m512 w3 = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, r3));
+                    const __m512 w0 = _mm512_cvtph_ps(ldu_epi16(mk, r0));
+                    const __m512 w1 = _mm512_cvtph_ps(ldu_epi16(mk, r1));
+                    const __m512 w2 = _mm512_cvtph_ps(ldu_epi16(mk, r2));
+                    const __m512 w3 = _mm512_cvtph_ps(ldu_epi16(mk, r3));
                     for (int32_t i = 0; i < 8; i++) {
                         a[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][t]), w0, a[i]);
                         a[i] = _mm512_fmadd_ps(_mm512_set1_ps(nr > 1 ? q[i][t + 1] : 0.0f), w1, a[i]);
@@ -109,7 +143,7 @@ TARGET void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t 
                     }
                 }
                 for (int32_t i = 0; i < m; i++)
-                    _mm512_mask_storeu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, mk,
+                    stu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, mk,
                                           a[i]);
             }
         }
@@ -154,7 +188,7 @@ TARGET void kvq_rk_score_avx512(const float *lut, int32_t G, int32_t K, const ui
 static inline TARGET int64_t compress_store(uint32_t *out, __mmask16 sel, __m512i x)
 {
     const int c = __builtin_popcount((unsigned)sel);
-    _mm512_mask_storeu_epi32(out, (__mmask16)((1u << c) - 1u), _mm512_maskz_compress_epi32(sel, x));
+    stu_epi32(out, (__mmask16)((1u << c) - 1u), _mm512_maskz_compress_epi32(sel, x));
     return c;
 }
 
@@ -171,7 +205,7 @@ TARGET void kvq_rk_keyhist_avx512(const float *scores, int64_t n, uint32_t *keys
     int64_t j = 0;
     for (; j < n; j += 16) {
         const __mmask16 m = tail16(n - j);
-        _mm512_mask_storeu_epi32(keys + j, m, keys16(_mm512_maskz_loadu_ps(m, scores + j)));
+        stu_epi32(keys + j, m, keys16(ldu_ps(m, scores + j)));
     }
     kvq_rk_hist_top(keys, n, hist);
 }
@@ -184,7 +218,7 @@ TARGET int64_t kvq_rk_compact_avx512(const uint32_t *keys, int64_t n, uint32_t d
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
+        const __m512i k = ldu_epi32(valid, keys + j);
         const __m512i dg = _mm512_and_si512(_mm512_srl_epi32(k, sh), msk);
         const __mmask16 hit = _mm512_mask_cmpeq_epi32_mask(valid, dg, want);
         m += compress_store(out + m, hit, k);
@@ -237,7 +271,7 @@ TARGET int64_t kvq_rk_emit_avx512(const uint32_t *keys, int64_t n, uint32_t T, i
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i k = _mm512_maskz_loadu_epi32(valid, keys + j);
+        const __m512i k = ldu_epi32(valid, keys + j);
         m = emit16(k, valid, tv, j, &ties, idx, m);
     }
     return m;
@@ -250,7 +284,7 @@ TARGET int64_t kvq_rk_bracket_avx512(const float *scores, int64_t n, uint32_t lo
     int64_t m = 0, a = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i k = keys16(_mm512_maskz_loadu_ps(valid, scores + j));
+        const __m512i k = keys16(ldu_ps(valid, scores + j));
         const __mmask16 gt = _mm512_mask_cmpgt_epu32_mask(valid, k, hiv);
         const __mmask16 in = _mm512_mask_cmpge_epu32_mask(valid, k, lov) & ~gt;
         a += __builtin_popcount((unsigned)gt);
@@ -267,7 +301,7 @@ TARGET int64_t kvq_rk_emit_scores_avx512(const float *scores, int64_t n, uint32_
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i k = keys16(_mm512_maskz_loadu_ps(valid, scores + j));
+        const __m512i k = keys16(ldu_ps(valid, scores + j));
         m = emit16(k, valid, tv, j, &ties, idx, m);
     }
     return m;
@@ -281,7 +315,7 @@ static TARGET int64_t emit_codes_gather(const uint32_t *ktab, const uint16_t *co
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i c = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, codes + j));
+        const __m512i c = _mm512_cvtepu16_epi32(ldu_epi16(valid, codes + j));
         const __m512i k =
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, c, (const int *)ktab, 4);
         m = emit16(k, valid, tv, j, &ties, idx, m);
@@ -312,7 +346,7 @@ static TARGET int64_t emit_codes_bitmap(const uint32_t *words, const uint16_t *c
     int64_t m = 0;
     for (int64_t j = 0; j < n; j += 16) {
         const __mmask16 valid = tail16(n - j);
-        const __m512i c = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(valid, codes + j));
+        const __m512i c = _mm512_cvtepu16_epi32(ldu_epi16(valid, codes + j));
         const __m512i w = _mm512_srli_epi32(c, 5);
         const __m512i p0 = _mm512_permutex2var_epi32(B[0], w, B[1]);
         const __m512i p1 = _mm512_permutex2var_epi32(B[2], w, B[3]);
@@ -347,7 +381,7 @@ TARGET int64_t kvq_rk_emit_codes_avx512(const uint32_t *ktab, int32_t K, const u
         int32_t bc = -1, n_eq = 0;
         for (int32_t c = 0; c < K; c += 16) {
             const __mmask16 v = tail16(K - c);
-            const __m512i k = _mm512_maskz_loadu_epi32(v, ktab + c);
+            const __m512i k = ldu_epi32(v, ktab + c);
             const uint32_t gt = _mm512_mask_cmpgt_epu32_mask(v, k, tv);
             const uint32_t eq = _mm512_mask_cmpeq_epu32_mask(v, k, tv);
             words[c >> 5] |= gt << (c & 16);
@@ -421,11 +455,11 @@ dot4x4_acc(const float *const qh[4], const void *const row[4], int f16, int32_t 
         __m512 k[4];
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
-            k[r] = f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)row[r] + t))
-                       : _mm512_maskz_loadu_ps(mk, (const float *)row[r] + t);
+            k[r] = f16 ? _mm512_cvtph_ps(ldu_epi16(mk, (const uint16_t *)row[r] + t))
+                       : ldu_ps(mk, (const float *)row[r] + t);
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
-            const __m512 q = _mm512_maskz_loadu_ps(mk, qh[h] + t);
+            const __m512 q = ldu_ps(mk, qh[h] + t);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++)
                 acc[r][h] = _mm512_fmadd_ps(q, k[r], acc[r][h]);
@@ -503,6 +537,9 @@ TARGET void kvq_rk_logits_avx512(const float *q, int32_t nq, int32_t d, const vo
             if (idx)
                 for (int64_t p = j + PREFETCH_ROWS; p < j + PREFETCH_ROWS + 4 && p < m; p++)
                     prefetch_row(row_ptr(K, f16, ld_k, idx[p]), row_bytes);
+            else if (j + PREFETCH_ROWS < m) /* consecutive rows: the four a block ahead */
+                prefetch_row(row_ptr(K, f16, ld_k, j + PREFETCH_ROWS),
+                             (m - j - PREFETCH_ROWS < 4 ? m - j - PREFETCH_ROWS : 4) * row_bytes);
             if (idx && hb == 0)
                 for (int64_t p = j + LOGITS_FAR; p < j + LOGITS_FAR + 4 && p < m; p++)
                     prefetch_row_l2(row_ptr(K, f16, ld_k, idx[p]), row_bytes);
@@ -551,20 +588,20 @@ TARGET void kvq_rk_softmax_avx512(float *x, int32_t rows, int64_t m, int64_t ld)
         __m512 mx = _mm512_set1_ps(v[0]);
         for (int64_t j = 0; j < m; j += 16) {
             const __mmask16 mk = tail16(m - j);
-            mx = _mm512_mask_max_ps(mx, mk, mx, _mm512_maskz_loadu_ps(mk, v + j));
+            mx = _mm512_mask_max_ps(mx, mk, mx, ldu_ps(mk, v + j));
         }
         const __m512 mxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t j = 0; j < m; j += 16) {
             const __mmask16 mk = tail16(m - j);
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, v + j), mxv));
-            _mm512_mask_storeu_ps(v + j, mk, e);
+            const __m512 e = exp16(_mm512_sub_ps(ldu_ps(mk, v + j), mxv));
+            stu_ps(v + j, mk, e);
             sum = _mm512_mask_add_ps(sum, mk, sum, e);
         }
         const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
         for (int64_t j = 0; j < m; j += 16) {
             const __mmask16 mk = tail16(m - j);
-            _mm512_mask_storeu_ps(v + j, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, v + j), inv));
+            stu_ps(v + j, mk, _mm512_mul_ps(ldu_ps(mk, v + j), inv));
         }
     }
 }
@@ -603,6 +640,8 @@ mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, c
                 prefetch_row(row_ptr(V, f16, ld_v, idx[j + MIX_ROWS]), row_bytes);
             if (idx && hb == 0 && t0 == 0 && j + MIX_FAR < m)
                 prefetch_row_l2(row_ptr(V, f16, ld_v, idx[j + MIX_FAR]), row_bytes);
+            if (!idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
+                prefetch_row(row_ptr(V, f16, ld_v, j + MIX_ROWS), row_bytes);
             const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
             const __m512 v0 = load16(row, f16, t0, m0);
             const __m512 v1 = d - t0 > 16 ? load16(row, f16, t0 + 16, m1) : v0;
@@ -636,7 +675,7 @@ mix_block(const float *p0, int64_t ld_p, const void *V, int f16, int64_t ld_v, c
 #define MIX_OUT(h, c, acc)                                                                       \
     if ((h) < nh && (h) < NH && t0 + 16 * (c) < d) {                                             \
         float *o_ = out + (size_t)(hb + (h)) * d + t0 + 16 * (c);                                \
-        _mm512_mask_storeu_ps(o_, mk[c], _mm512_add_ps(_mm512_maskz_loadu_ps(mk[c], o_), acc)); \
+        stu_ps(o_, mk[c], _mm512_add_ps(ldu_ps(mk[c], o_), acc)); \
     }
         MIX_OUT(0, 0, a00) MIX_OUT(0, 1, a01) MIX_OUT(0, 2, a02) MIX_OUT(0, 3, a03)
         MIX_OUT(1, 0, a10) MIX_OUT(1, 1, a11) MIX_OUT(1, 2, a12) MIX_OUT(1, 3, a13)
@@ -723,8 +762,8 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                     const __m512 fv = _mm512_set1_ps(f);
                     for (int32_t t = 0; t < d; t += 16) {
                         const __mmask16 mk = tail16(d - t);
-                        _mm512_mask_storeu_ps(o + t, mk,
-                                              _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, o + t), fv));
+                        stu_ps(o + t, mk,
+                                              _mm512_mul_ps(ldu_ps(mk, o + t), fv));
                     }
                     mx[hb + h] = M;
                 }
@@ -735,14 +774,14 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                 o[h] = acc + (size_t)(hb + (h < nh ? h : 0)) * d;
             for (int32_t t = 0; t < d; t += 16) {
                 const __mmask16 mk = tail16(d - t);
-                __m512 a0 = _mm512_maskz_loadu_ps(mk, o[0] + t),
-                       a1 = _mm512_maskz_loadu_ps(mk, o[1] + t);
-                __m512 a2 = _mm512_maskz_loadu_ps(mk, o[2] + t),
-                       a3 = _mm512_maskz_loadu_ps(mk, o[3] + t);
+                __m512 a0 = ldu_ps(mk, o[0] + t),
+                       a1 = ldu_ps(mk, o[1] + t);
+                __m512 a2 = ldu_ps(mk, o[2] + t),
+                       a3 = ldu_ps(mk, o[3] + t);
                 for (int r = 0; r < jn; r++) {
-                    const __m512 v = vf16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(
+                    const __m512 v = vf16 ? _mm512_cvtph_ps(ldu_epi16(
                                                 mk, (const uint16_t *)vr[r] + t))
-                                          : _mm512_maskz_loadu_ps(mk, (const float *)vr[r] + t);
+                                          : ldu_ps(mk, (const float *)vr[r] + t);
                     a0 = _mm512_fmadd_ps(_mm512_set1_ps(pw[0][r]), v, a0);
                     a1 = _mm512_fmadd_ps(_mm512_set1_ps(pw[1][r]), v, a1);
                     a2 = _mm512_fmadd_ps(_mm512_set1_ps(pw[2][r]), v, a2);
@@ -750,7 +789,7 @@ TARGET void kvq_rk_attend_avx512(float *state, const float *q, int32_t nq, int32
                 }
                 const __m512 a[4] = {a0, a1, a2, a3};
                 for (int h = 0; h < nh; h++)
-                    _mm512_mask_storeu_ps(o[h] + t, mk, a[h]);
+                    stu_ps(o[h] + t, mk, a[h]);
             }
         }
     }

@@ -625,8 +625,13 @@ static void test_sample_complement(void **state)
     for (int c = 0; c < 4; c++) {
         assert_true(sums[0][c].err_n > 0 && sums[1][c].err_n > 0);
         assert_int_equal(sums[0][c].err_n + sums[1][c].err_n, sums[2][c].err_n);
-        assert_close(sums[0][c].err_sum + sums[1][c].err_sum, sums[2][c].err_sum, 1e-9);
-        assert_close(sums[0][c].err_sq + sums[1][c].err_sq, sums[2][c].err_sq, 1e-9);
+        /* the same rows, so the same count exactly; their errors to the rounding of the
+         * exact outputs, which come from sgemm over blocks of other rows: with
+         * OPENBLAS_CORETYPE=Haswell (set on the CI machine) a row's output depends in its
+         * last bits on the block's size (1.3e-9 relative in the sum there), while one row
+         * missing or counted twice moves the sum by about 1 / err_n */
+        assert_close(sums[0][c].err_sum + sums[1][c].err_sum, sums[2][c].err_sum, 1e-6);
+        assert_close(sums[0][c].err_sq + sums[1][c].err_sq, sums[2][c].err_sq, 1e-6);
         assert_memory_equal(&sums[0][c].mem, &sums[2][c].mem, sizeof sums[0][c].mem);
     }
     /* a thin PATS setting (G.pt_thin: saves no memory) is measured on a quarter of the
