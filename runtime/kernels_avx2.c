@@ -289,6 +289,12 @@ static inline TARGET __attribute__((always_inline)) void prefetch_l2(const void 
         _mm_prefetch((const char *)row + b, _MM_HINT_T1);
 }
 
+static inline TARGET __attribute__((always_inline)) void prefetch_row(const void *row, int64_t bytes)
+{
+    for (int64_t b = 0; b < bytes; b += 64)
+        _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
 TARGET void kvq_rk_logits_avx2(const float *q, int32_t nq, int32_t d, const void *K, int f16,
                                int64_t ld_k, const int32_t *idx, int64_t m, float scale,
                                float *logits, int64_t ld_l)
@@ -309,6 +315,8 @@ TARGET void kvq_rk_logits_avx2(const float *q, int32_t nq, int32_t d, const void
             }
             if (idx && hb == 0 && j + FAR_ROWS < m)
                 prefetch_l2(row_ptr(K, f16, ld_k, idx[j + FAR_ROWS]), row_bytes);
+            if (!idx && j + PREFETCH_ROWS < m) /* consecutive rows: the row a block ahead */
+                prefetch_row(row_ptr(K, f16, ld_k, j + PREFETCH_ROWS), row_bytes);
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int32_t t = 0; t < dv; t += 8) {
                 const __m256 k = load8(row, f16, t);
@@ -424,6 +432,8 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
                 for (int64_t j = j0; j < j0 + jn; j++) {
                     if (idx && hb == 0 && t0 == 0 && j + FAR_ROWS < m)
                         prefetch_l2(row_ptr(V, f16, ld_v, idx[j + FAR_ROWS]), row_bytes);
+                    if (!idx && hb == 0 && t0 == 0 && j + MIX_ROWS < m)
+                        prefetch_row(row_ptr(V, f16, ld_v, j + MIX_ROWS), row_bytes);
                     const void *row = row_ptr(V, f16, ld_v, idx ? idx[j] : j);
                     const __m256 v0 = load8(row, f16, t0);
                     const __m256 v1 = two ? load8(row, f16, t0 + 8) : v0;
@@ -456,11 +466,6 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
 /* Blocks of 8 rows, as kvq_rk_attend_avx512 with 16. */
 #define ATT_ROWS 8
 
-static inline TARGET __attribute__((always_inline)) void prefetch_row(const void *row, int64_t bytes)
-{
-    for (int64_t b = 0; b < bytes; b += 64)
-        _mm_prefetch((const char *)row + b, _MM_HINT_T0);
-}
 
 TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t d, const void *K,
                                int kf16, int64_t ld_k, const int32_t *kidx, const void *V, int vf16,
