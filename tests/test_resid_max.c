@@ -66,8 +66,10 @@ static void run_case(kvq_rng *rng, int32_t gs, int32_t nb8, int64_t n, int use_g
     }
     /* runs: the candidates as a selection of rows in code order gives them, consecutive
      * rows (a jump now and then) whose groups hold for runs of 1 to 40 rows */
+    /* runs 2: every candidate, as the stage over every candidate hands them over (one
+     * stretch of consecutive rows: the kernel's blocks of 4 x 16 records) */
     for (int64_t a = 0, t = (int64_t)kvq_rng_below(rng, 50), left = 0; runs && a < n; a++) {
-        t += kvq_rng_below(rng, 48) ? 1 : 1 + (int64_t)kvq_rng_below(rng, 5);
+        t += runs == 2 || kvq_rng_below(rng, 48) ? 1 : 1 + (int64_t)kvq_rng_below(rng, 5);
         tok[a] = (int32_t)(t % ntok);
         if (left-- <= 0) {
             left = (int64_t)kvq_rng_below(rng, 40);
@@ -142,7 +144,7 @@ static void test_resid_max_kernel(void **state)
         for (size_t bi = 0; bi < sizeof nb8s / sizeof nb8s[0]; bi++)
             for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                 for (int ug = 0; ug < 2; ug++)
-                    for (int runs = 0; runs < 2; runs++)
+                    for (int runs = 0; runs < 3; runs++)
                         run_case(&rng, gss[gi], nb8s[bi], ns[ni], ug, runs);
 }
 
