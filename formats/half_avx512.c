@@ -68,10 +68,12 @@ static inline TARGET __m256i bf16_round16(__m512i b)
 
 TARGET void kvq_f32_to_bf16_avx512(const float *in, uint16_t *out, size_t n)
 {
-    for (size_t i = 0; i < n; i += 16) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) /* plain loads and stores: a masked one is slow on Zen 5 */
+        _mm256_storeu_si256((__m256i *)(out + i), bf16_round16(_mm512_loadu_si512(in + i)));
+    if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        const __m512i b = _mm512_maskz_loadu_epi32(m, in + i);
-        _mm256_mask_storeu_epi16(out + i, m, bf16_round16(b));
+        _mm256_mask_storeu_epi16(out + i, m, bf16_round16(_mm512_maskz_loadu_epi32(m, in + i)));
     }
 }
 
@@ -81,12 +83,16 @@ TARGET void kvq_bf16_to_f32_avx512(const uint16_t *in, float *out, size_t n)
     const __m512i inf = _mm512_set1_epi32(0x7f800000);
     const __m512i qbit = _mm512_set1_epi32(0x00400000);
     for (size_t i = 0; i < n; i += 16) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m256i h = _mm256_maskz_loadu_epi16(m, in + i);
+        const __mmask16 m = tail_mask(n - i); /* plain where full: masked is slow on Zen 5 */
+        const __m256i h = m == (__mmask16)0xffff ? _mm256_loadu_si256((const __m256i *)(in + i))
+                                                 : _mm256_maskz_loadu_epi16(m, in + i);
         const __m512i b = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
         const __mmask16 is_nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, mask), inf);
         const __m512i r = _mm512_mask_or_epi32(b, is_nan, b, qbit);
-        _mm512_mask_storeu_epi32(out + i, m, r);
+        if (m == (__mmask16)0xffff)
+            _mm512_storeu_si512(out + i, r);
+        else
+            _mm512_mask_storeu_epi32(out + i, m, r);
     }
 }
 
