@@ -466,7 +466,6 @@ TARGET void kvq_rk_mix_avx2(const float *p, int32_t nq, int64_t ld_p, const void
 /* Blocks of 8 rows, as kvq_rk_attend_avx512 with 16. */
 #define ATT_ROWS 8
 
-
 TARGET void kvq_rk_attend_avx2(float *state, const float *q, int32_t nq, int32_t d, const void *K,
                                int kf16, int64_t ld_k, const int32_t *kidx, const void *V, int vf16,
                                int64_t ld_v, const int32_t *vidx, int64_t m, float scale)

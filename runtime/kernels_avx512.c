@@ -28,8 +28,8 @@ static inline TARGET __mmask16 tail16(int64_t left)
  * Zen 5 (the CI machine since session 10) a masked load of a streamed row is several
  * times slower than a plain one, and the hardware prefetcher does not follow a stream of
  * them: full attention's logits over a 128K-token f16 cache ran at 3 GB/s with every
- * load masked, below the AVX2 path (bench_decode, docs/BENCHMARKS.md "Masked loads on
- * Zen 5"). The lanes read are the same either way, so the results are the same bits. */
+ * load masked, below the AVX2 path (bench_decode, docs/BENCHMARKS.md "A new machine:
+ * masked loads on AMD Zen 5"). The lanes read are the same either way, so the results are the same bits. */
 static inline TARGET __m512 ldu_ps(__mmask16 m, const float *p)
 {
     return m == (__mmask16)0xffff ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
@@ -143,8 +143,7 @@ TARGET void kvq_rk_lut_multi_avx512(const float *qp, int32_t nq, const uint16_t 
                     }
                 }
                 for (int32_t i = 0; i < m; i++)
-                    stu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, mk,
-                                          a[i]);
+                    stu_ps(lut + (size_t)(i0 + i) * G * K + (size_t)g * K + c, mk, a[i]);
             }
         }
     }

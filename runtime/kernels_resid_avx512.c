@@ -83,8 +83,8 @@ heads_nv(const float *nib0, size_t tl, int32_t nb8, __m512i x[][MAX_X], const __
                              : grp     ? _mm512_i32gather_ps(g[v], fh, 4)
                                        : _mm512_loadu_ps(fh + a + 16 * v);
             const __m512 w = _mm512_add_ps(f, _mm512_mul_ps(sc[v], s[v][j]));
-            best[v] = h0 + j == 0 ? w
-                                  : _mm512_mask_mov_ps(best[v], _mm512_cmp_ps_mask(w, best[v], _CMP_GT_OQ), w);
+            const __mmask16 gt = _mm512_cmp_ps_mask(w, best[v], _CMP_GT_OQ);
+            best[v] = h0 + j == 0 ? w : _mm512_mask_mov_ps(best[v], gt, w);
         }
 }
 
@@ -154,8 +154,8 @@ prep(int32_t nb8, const uint8_t *bits, const float *scale, const int32_t *tok, c
 }
 
 /* Vectors of candidates taken at once by heads_nv, where they are NV 16 consecutive
- * records (the stage over every candidate hands over runs of rows): 3.3 -> 2.2 ns a
- * candidate at gs 4, d 128 and 1.7 -> 1.2 at gs 3, d 64 (bench_resid, runs, Zen 5).
+ * records (the stage over every candidate hands over runs of rows): 3.3 -> 2.3 ns a
+ * candidate at gs 4, d 128 and 1.7 -> 1.3 at gs 3, d 64 (bench_resid, runs, Zen 5).
  * Gathered vectors stay one at a time (their gathers, not the table loads, dominate). */
 #define NV 4
 
@@ -217,17 +217,17 @@ TARGET int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int3
         if (a + 16 * NV <= n && consecutive(tok, nb8, a)) {
             /* the block after next: its records, scales, groups and tokens (a cold cache's
              * rows arrive while this block is scored; the long loop body leaves the
-             * hardware too little look-ahead of its own) */
-            const int64_t ahead = 2 * 16 * NV, t1 = (int64_t)tok[a] + ahead;
-            for (int64_t b = 0; b < 16 * NV * nb8; b += 64)
-                __builtin_prefetch(bits + (size_t)t1 * nb8 + b);
-            for (int64_t b = 0; b < 16 * NV * 4; b += 64) {
-                __builtin_prefetch((const char *)(scale + t1) + b);
-                if (a + ahead < n) {
-                    __builtin_prefetch((const char *)(tok + a + ahead) + b);
-                    if (grp)
-                        __builtin_prefetch((const char *)(grp + a + ahead) + b);
-                }
+             * hardware too little look-ahead of its own: without these the stage of the
+             * 128K bench_decode step was slower than with one vector at a time). Each
+             * address is a candidate's own record, scale or entry: none past an array. */
+            const int64_t c0 = a + 2 * 16 * NV, c1 = c0 + 16 * NV < n ? c0 + 16 * NV : n;
+            for (int64_t c = c0; c < c1; c += 64 / nb8)
+                __builtin_prefetch(bits + (size_t)tok[c] * nb8);
+            for (int64_t c = c0; c < c1; c += 16) {
+                __builtin_prefetch(scale + tok[c]);
+                __builtin_prefetch(tok + c);
+                if (grp)
+                    __builtin_prefetch(grp + c);
             }
             for (int v = 0; v < NV; v++)
                 prep(nb8, bits, scale, tok, grp, n, a + 16 * v, x[v], &sc[v], &g[v], &g0[v]);
