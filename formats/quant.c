@@ -199,6 +199,12 @@ kvq_qdot_fn kvq_quant_qdot_kernel(uint32_t type, int level)
         case KVQ_GGML_Q8_0: return kvq_qdot_q8_0_avx512;
         default: break;
         }
+    if (level == KVQ_SIMD_AVX2)
+        switch (type) {
+        case KVQ_GGML_Q4_1: return kvq_qdot_q4_1_avx2;
+        case KVQ_GGML_Q8_0: return kvq_qdot_q8_0_avx2;
+        default: break;
+        }
 #endif
     (void)type, (void)level;
     return NULL;

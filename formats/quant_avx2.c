@@ -1,6 +1,7 @@
 /*
- * quant_avx2.c — AVX2 dequantization of every supported ggml block type, and the
- * AVX2 f32 dot product of the fused matrix-vector product.
+ * quant_avx2.c — AVX2 dequantization of every supported ggml block type, the AVX2 f32
+ * dot product of the fused matrix-vector product, and fused dequantize-and-dot tiles
+ * for Q4_1 and Q8_0.
  *
  * Each dequantizer equals its scalar reference (quant_legacy.c, quant_k.c) bit for
  * bit: integer codes are assembled in bytes, converted exactly to f32, and combined
@@ -124,6 +125,69 @@ TARGET void kvq_dequant_q8_0_avx2(const void *blocks, float *out, size_t n)
     const uint8_t *p = blocks;
     for (size_t b = 0; b < n / 32; b++, p += 34, out += 32)
         store32(out, _mm256_loadu_si256((const __m256i *)(p + 2)), f16_at(p), 0.0f, OP_MUL);
+}
+
+/* ---- fused dequantize-and-dot tiles (decode) ------------------------------------------
+ * dot(dequantize(blocks), x) over n values (a multiple of 32) without the buffer, equal
+ * bit for bit to a dequantizer above followed by kvq_dot_f32_avx2: the same values (d q,
+ * d q + m: mul then add; F16C gives the reference's f32 of every f16), the same FMAs
+ * into the same two accumulators (values [0, 8) of each 16 into acc0, [8, 16) into acc1,
+ * in order), the same reduction. Machines without AVX-512 decode through these. */
+
+/* kvq_dot_f32_avx2's reduction of its two accumulators. */
+static inline TARGET float reduce2(__m256 acc0, __m256 acc1)
+{
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+
+/* d * q (+ m) of the low 8 bytes of q. */
+static inline TARGET __m256 vals8(__m128i q, __m256 d, __m256 m, int add)
+{
+    const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    return add ? _mm256_add_ps(v, m) : v;
+}
+
+TARGET float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n)
+{
+    const uint8_t *p = blocks;
+    const __m128i low4 = _mm_set1_epi8(0xF);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t b = 0; b < n / 32; b++, p += 20, x += 32) {
+        uint32_t dm;
+        memcpy(&dm, p, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, m, 0, 0 */
+        const __m256 d = _mm256_broadcastss_ps(f), m = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
+        const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
+        const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+        acc0 = _mm256_fmadd_ps(vals8(lo, d, m, 1), _mm256_loadu_ps(x), acc0);
+        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(lo, 8), d, m, 1), _mm256_loadu_ps(x + 8), acc1);
+        acc0 = _mm256_fmadd_ps(vals8(hi, d, m, 1), _mm256_loadu_ps(x + 16), acc0);
+        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(hi, 8), d, m, 1), _mm256_loadu_ps(x + 24), acc1);
+    }
+    return reduce2(acc0, acc1);
+}
+
+TARGET float kvq_qdot_q8_0_avx2(const void *blocks, const float *x, size_t n)
+{
+    const uint8_t *p = blocks;
+    const __m256 zero = _mm256_setzero_ps();
+    __m256 acc0 = zero, acc1 = zero;
+    for (size_t b = 0; b < n / 32; b++, p += 34, x += 32) {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(p + 2)),
+                      q1 = _mm_loadu_si128((const __m128i *)(p + 18));
+        acc0 = _mm256_fmadd_ps(vals8(q0, d, zero, 0), _mm256_loadu_ps(x), acc0);
+        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(q0, 8), d, zero, 0), _mm256_loadu_ps(x + 8), acc1);
+        acc0 = _mm256_fmadd_ps(vals8(q1, d, zero, 0), _mm256_loadu_ps(x + 16), acc0);
+        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(q1, 8), d, zero, 0), _mm256_loadu_ps(x + 24), acc1);
+    }
+    return reduce2(acc0, acc1);
 }
 
 /* ---- 256-value K blocks ---------------------------------------------------------- */

@@ -87,6 +87,8 @@ float kvq_dot_f32_avx2(const float *a, const float *b, size_t n);
 float kvq_dot_f32_avx512(const float *a, const float *b, size_t n);
 float kvq_qdot_q4_1_avx512(const void *blocks, const float *x, size_t n);
 float kvq_qdot_q8_0_avx512(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q8_0_avx2(const void *blocks, const float *x, size_t n);
 /* kvq_dequant_q8_0_avx2 / _avx512 are declared in formats/half_simd.h */
 #endif
 
