@@ -1,17 +1,18 @@
 /*
  * bench_qdot.c — the decode matrix-vector product of a quantized weight (Q4_1, Q8_0:
- * SmolLM2's types), per SIMD level this CPU runs: each 256-value tile dequantized into
+ * SmolLM2's types; Q4_K, Q6_K: a Q4_K_M llama's), per SIMD level this CPU runs: each 256-value tile dequantized into
  * a buffer and then dotted with x (the level's dequantizer and dot kernel: what a level
  * without a fused kernel does), against the fused dequantize-and-dot tile of that level
  * (formats/quant_avx2.c, quant_avx512.c), measured in the same run, with the ratio.
  * Both give the same bits (checked here: a mismatch exits with status 1; and by
  * tests/test_quant.c). One thread: the kernels' own speed.
  *
- *   bench_qdot [--rows R] [--cols C] [--seconds S]
+ *   bench_qdot [--rows R] [--cols C] [--kcols C] [--seconds S]
  *
- * Defaults: C = 576 (SmolLM2's hidden size), R = 1536 (its MLP rows: the weights in
- * L2) and R = 49152 (its vocabulary: the output matrix, from memory), each path timed
- * for about S = 0.2 s, best of 3, in ns a row and GB/s of blocks read.
+ * Defaults: C = 576 (SmolLM2's hidden size) for Q4_1 and Q8_0 and 4096 (a 7B llama's)
+ * for the K types (whole 256-value blocks), R = 1536 (the weights in L2) and R = 49152
+ * (from memory), each path timed for about S = 0.2 s, best of 3, in ns a row and GB/s
+ * of blocks read.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,7 +76,8 @@ static double time_job(const job *j, double seconds)
     return best;
 }
 
-/* Random blocks with finite f16 scales (d in [2^-7, 2^-6), m in (-2^-6, -2^-7]). */
+/* Random blocks with finite f16 scales (d in [2^-7, 2^-6), m in (-2^-6, -2^-7]; the K
+ * types' d and dmin, Q6_K's d at its end). */
 static uint8_t *random_blocks(uint32_t type, size_t blocks, kvq_rng *rng)
 {
     const kvq_quant_info *qi = kvq_quant_info_of(type);
@@ -88,16 +90,20 @@ static uint8_t *random_blocks(uint32_t type, size_t blocks, kvq_rng *rng)
             p[i] = (uint8_t)kvq_rng_u64(rng);
         const uint16_t d = (uint16_t)(0x2000 | (kvq_rng_u64(rng) & 0x3ff)),
                        m = (uint16_t)(0xa000 | (kvq_rng_u64(rng) & 0x3ff));
+        if (type == KVQ_GGML_Q6_K) {
+            memcpy(p + 208, &d, 2);
+            continue;
+        }
         memcpy(p, &d, 2);
-        if (type == KVQ_GGML_Q4_1)
-            memcpy(p + 2, &m, 2);
+        if (type == KVQ_GGML_Q4_1 || type == KVQ_GGML_Q4_K)
+            memcpy(p + 2, type == KVQ_GGML_Q4_K ? &d : &m, 2);
     }
     return w;
 }
 
 int main(int argc, char **argv)
 {
-    size_t shapes[2] = {1536, 49152}, cols = 576;
+    size_t shapes[2] = {1536, 49152}, cols32 = 576, cols256 = 4096;
     int n_shapes = 2;
     double seconds = 0.2;
     for (int a = 1; a < argc; a++) {
@@ -105,16 +111,19 @@ int main(int argc, char **argv)
             shapes[0] = (size_t)strtoull(argv[++a], NULL, 10);
             n_shapes = 1;
         } else if (!strcmp(argv[a], "--cols") && a + 1 < argc) {
-            cols = (size_t)strtoull(argv[++a], NULL, 10) / 32 * 32;
+            cols32 = (size_t)strtoull(argv[++a], NULL, 10) / 32 * 32;
+        } else if (!strcmp(argv[a], "--kcols") && a + 1 < argc) {
+            cols256 = (size_t)strtoull(argv[++a], NULL, 10) / 256 * 256;
         } else if (!strcmp(argv[a], "--seconds") && a + 1 < argc) {
             seconds = strtod(argv[++a], NULL);
         } else {
-            fprintf(stderr, "usage: bench_qdot [--rows R] [--cols C] [--seconds S]\n");
+            fprintf(stderr, "usage: bench_qdot [--rows R] [--cols C] [--kcols C] [--seconds S]\n");
             return 2;
         }
     }
-    if (cols == 0 || shapes[0] == 0 || !(seconds > 0)) {
-        fprintf(stderr, "bench_qdot: --rows and --cols (a multiple of 32) must be positive\n");
+    if (cols32 == 0 || cols256 == 0 || shapes[0] == 0 || !(seconds > 0)) {
+        fprintf(stderr, "bench_qdot: --rows, --cols (a multiple of 32) and --kcols (of 256) "
+                        "must be positive\n");
         return 2;
     }
     const int top = kvq_half_simd_level();
@@ -124,14 +133,16 @@ int main(int argc, char **argv)
            "deq+dot ns", "GB/s", "fused ns", "GB/s", "deq+dot / fused");
     kvq_rng rng;
     kvq_rng_seed(&rng, 7);
-    float *x = malloc(sizeof(float) * cols);
-    for (size_t i = 0; i < cols; i++)
+    const size_t xn = cols32 > cols256 ? cols32 : cols256;
+    float *x = malloc(sizeof(float) * xn);
+    for (size_t i = 0; i < xn; i++)
         x[i] = (float)kvq_rng_normal(&rng);
-    const uint32_t types[2] = {KVQ_GGML_Q4_1, KVQ_GGML_Q8_0};
+    const uint32_t types[4] = {KVQ_GGML_Q4_1, KVQ_GGML_Q8_0, KVQ_GGML_Q4_K, KVQ_GGML_Q6_K};
     int bad = 0;
     for (int s = 0; s < n_shapes; s++)
-        for (int t = 0; t < 2; t++) {
+        for (int t = 0; t < 4; t++) {
             const kvq_quant_info *qi = kvq_quant_info_of(types[t]);
+            const size_t cols = qi->block_elems == 256 ? cols256 : cols32;
             const size_t rows = shapes[s], row_bytes = cols / qi->block_elems * qi->block_bytes;
             uint8_t *w = random_blocks(types[t], rows * (cols / qi->block_elems), &rng);
             float *y0 = malloc(sizeof(float) * rows), *y1 = malloc(sizeof(float) * rows);

@@ -197,12 +197,16 @@ kvq_qdot_fn kvq_quant_qdot_kernel(uint32_t type, int level)
         switch (type) {
         case KVQ_GGML_Q4_1: return kvq_qdot_q4_1_avx512;
         case KVQ_GGML_Q8_0: return kvq_qdot_q8_0_avx512;
+        case KVQ_GGML_Q4_K: return kvq_qdot_q4_k_avx512;
+        case KVQ_GGML_Q6_K: return kvq_qdot_q6_k_avx512;
         default: break;
         }
     if (level == KVQ_SIMD_AVX2)
         switch (type) {
         case KVQ_GGML_Q4_1: return kvq_qdot_q4_1_avx2;
         case KVQ_GGML_Q8_0: return kvq_qdot_q8_0_avx2;
+        case KVQ_GGML_Q4_K: return kvq_qdot_q4_k_avx2;
+        case KVQ_GGML_Q6_K: return kvq_qdot_q6_k_avx2;
         default: break;
         }
 #endif

@@ -1,7 +1,7 @@
 /*
  * quant_avx2.c — AVX2 dequantization of every supported ggml block type, the AVX2 f32
  * dot product of the fused matrix-vector product, and fused dequantize-and-dot tiles
- * for Q4_1 and Q8_0.
+ * for Q4_1, Q8_0, Q4_K and Q6_K.
  *
  * Each dequantizer equals its scalar reference (quant_legacy.c, quant_k.c) bit for
  * bit: integer codes are assembled in bytes, converted exactly to f32, and combined
@@ -144,29 +144,36 @@ static inline TARGET float reduce2(__m256 acc0, __m256 acc1)
     return _mm_cvtss_f32(s);
 }
 
-/* d * q (+ m) of the low 8 bytes of q. */
-static inline TARGET __m256 vals8(__m128i q, __m256 d, __m256 m, int add)
+/* d * q (op MUL), d * q + m (MUL_ADD) or d * q - m (MUL_SUB) of the low 8 signed bytes
+ * of q, as store8 writes them. */
+static inline TARGET __m256 vals8(__m128i q, __m256 d, __m256 m, int op)
 {
     const __m256 v = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    return add ? _mm256_add_ps(v, m) : v;
+    return op == OP_MUL_ADD ? _mm256_add_ps(v, m) : op == OP_MUL_SUB ? _mm256_sub_ps(v, m) : v;
+}
+
+/* acc0, acc1 += 32 values (signed bytes q [32]: d q op m) times x [32], in the dot
+ * kernel's order: values [0, 8) and [16, 24) into acc0, [8, 16) and [24, 32) into acc1. */
+static inline TARGET void fma32(__m256i q, __m256 d, __m256 m, int op, const float *x,
+                                __m256 *acc0, __m256 *acc1)
+{
+    const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
+    *acc0 = _mm256_fmadd_ps(vals8(a, d, m, op), _mm256_loadu_ps(x), *acc0);
+    *acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d, m, op), _mm256_loadu_ps(x + 8), *acc1);
+    *acc0 = _mm256_fmadd_ps(vals8(b, d, m, op), _mm256_loadu_ps(x + 16), *acc0);
+    *acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(b, 8), d, m, op), _mm256_loadu_ps(x + 24), *acc1);
 }
 
 TARGET float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n)
 {
     const uint8_t *p = blocks;
-    const __m128i low4 = _mm_set1_epi8(0xF);
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (size_t b = 0; b < n / 32; b++, p += 20, x += 32) {
         uint32_t dm;
         memcpy(&dm, p, 4);
         const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, m, 0, 0 */
         const __m256 d = _mm256_broadcastss_ps(f), m = _mm256_broadcastss_ps(_mm_movehdup_ps(f));
-        const __m128i v = _mm_loadu_si128((const __m128i *)(p + 4));
-        const __m128i lo = _mm_and_si128(v, low4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-        acc0 = _mm256_fmadd_ps(vals8(lo, d, m, 1), _mm256_loadu_ps(x), acc0);
-        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(lo, 8), d, m, 1), _mm256_loadu_ps(x + 8), acc1);
-        acc0 = _mm256_fmadd_ps(vals8(hi, d, m, 1), _mm256_loadu_ps(x + 16), acc0);
-        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(hi, 8), d, m, 1), _mm256_loadu_ps(x + 24), acc1);
+        fma32(nibbles32(p + 4), d, m, OP_MUL_ADD, x, &acc0, &acc1);
     }
     return reduce2(acc0, acc1);
 }
@@ -174,18 +181,12 @@ TARGET float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n)
 TARGET float kvq_qdot_q8_0_avx2(const void *blocks, const float *x, size_t n)
 {
     const uint8_t *p = blocks;
-    const __m256 zero = _mm256_setzero_ps();
-    __m256 acc0 = zero, acc1 = zero;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (size_t b = 0; b < n / 32; b++, p += 34, x += 32) {
         uint16_t h;
         memcpy(&h, p, 2);
         const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-        const __m128i q0 = _mm_loadu_si128((const __m128i *)(p + 2)),
-                      q1 = _mm_loadu_si128((const __m128i *)(p + 18));
-        acc0 = _mm256_fmadd_ps(vals8(q0, d, zero, 0), _mm256_loadu_ps(x), acc0);
-        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(q0, 8), d, zero, 0), _mm256_loadu_ps(x + 8), acc1);
-        acc0 = _mm256_fmadd_ps(vals8(q1, d, zero, 0), _mm256_loadu_ps(x + 16), acc0);
-        acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(q1, 8), d, zero, 0), _mm256_loadu_ps(x + 24), acc1);
+        fma32(_mm256_loadu_si256((const __m256i *)(p + 2)), d, d, OP_MUL, x, &acc0, &acc1);
     }
     return reduce2(acc0, acc1);
 }
@@ -292,6 +293,61 @@ TARGET void kvq_dequant_q6_k_avx2(const void *blocks, float *out, size_t n)
             }
         }
     }
+}
+
+/* Fused K tiles (see "fused dequantize-and-dot tiles" above): the dequantizers' values
+ * in block order, 32 at a time through fma32. */
+TARGET float kvq_qdot_q4_k_avx2(const void *blocks, const float *x, size_t n)
+{
+    const uint8_t *p = blocks;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t b = 0; b < n / 256; b++, p += 144) {
+        uint32_t dm;
+        memcpy(&dm, p, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, dmin, 0, 0 */
+        const float d = _mm_cvtss_f32(f), dmin = _mm_cvtss_f32(_mm_movehdup_ps(f));
+        for (int c = 0; c < 4; c++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+            for (int k = 0; k < 2; k++, x += 32) {
+                uint8_t sc, mn;
+                kvq_q4k_scale_min(p + 4, 2 * c + k, &sc, &mn);
+                fma32(shr_and(v, 4 * k, 0xF), _mm256_set1_ps(d * (float)sc),
+                      _mm256_set1_ps(dmin * (float)mn), OP_MUL_SUB, x, &acc0, &acc1);
+            }
+        }
+    }
+    return reduce2(acc0, acc1);
+}
+
+TARGET float kvq_qdot_q6_k_avx2(const void *blocks, const float *x, size_t n)
+{
+    const uint8_t *p = blocks;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (size_t b = 0; b < n / 256; b++, p += 210) {
+        const int8_t *sc = (const int8_t *)(p + 192);
+        uint16_t h16;
+        memcpy(&h16, p + 208, 2);
+        const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h16)));
+        for (int h = 0; h < 2; h++) {
+            const __m256i ql[2] = {_mm256_loadu_si256((const __m256i *)(p + 64 * h)),
+                                   _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32))};
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+            for (int s = 0; s < 4; s++, x += 32) {
+                const __m256i low = shr_and(ql[s & 1], 4 * (s >> 1), 0xF);
+                const __m256i high = _mm256_slli_epi16(shr_and(qh, 2 * s, 3), 4);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                const int j = 8 * h + 2 * s;
+                /* the two halves have their own scales: 16 values each */
+                const __m256 d0 = _mm256_set1_ps(d * (float)sc[j]), d1 = _mm256_set1_ps(d * (float)sc[j + 1]);
+                const __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
+                acc0 = _mm256_fmadd_ps(vals8(a, d0, d0, OP_MUL), _mm256_loadu_ps(x), acc0);
+                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d0, d0, OP_MUL), _mm256_loadu_ps(x + 8), acc1);
+                acc0 = _mm256_fmadd_ps(vals8(c, d1, d1, OP_MUL), _mm256_loadu_ps(x + 16), acc0);
+                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(c, 8), d1, d1, OP_MUL), _mm256_loadu_ps(x + 24), acc1);
+            }
+        }
+    }
+    return reduce2(acc0, acc1);
 }
 
 /* ---- dot product -------------------------------------------------------------------- */

@@ -89,6 +89,10 @@ float kvq_qdot_q4_1_avx512(const void *blocks, const float *x, size_t n);
 float kvq_qdot_q8_0_avx512(const void *blocks, const float *x, size_t n);
 float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n);
 float kvq_qdot_q8_0_avx2(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q4_k_avx2(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q6_k_avx2(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q4_k_avx512(const void *blocks, const float *x, size_t n);
+float kvq_qdot_q6_k_avx512(const void *blocks, const float *x, size_t n);
 /* kvq_dequant_q8_0_avx2 / _avx512 are declared in formats/half_simd.h */
 #endif
 

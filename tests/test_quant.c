@@ -350,15 +350,18 @@ static void test_fused_tiles(void **state)
 {
     kvq_rng rng;
     kvq_rng_seed(&rng, 23);
-    enum { C = 576 + 256 }; /* tiles of 256, 256, 256 and a short one of 64 */
-    float x[C], buf[256];
-    for (int k = 0; k < C; k++)
+    /* tiles of 256, 256, 256 and a short one of 64 for 32-value blocks; five whole
+     * tiles (blocks) for the 256-value K blocks */
+    enum { C32 = 576 + 256, C256 = 1280 };
+    float x[C256], buf[256];
+    for (int k = 0; k < C256; k++)
         x[k] = (float)kvq_rng_normal(&rng);
     int found = 0;
     for (uint32_t type = 0; type < 64; type++) {
         if (!kvq_quant_supported(type))
             continue;
         const kvq_quant_info *qi = kvq_quant_info_of(type);
+        const int C = qi->block_elems == 256 ? C256 : C32;
         for (int level = KVQ_SIMD_SCALAR; level <= kvq_half_simd_level(); level++) {
             const kvq_qdot_fn qdot = kvq_quant_qdot_kernel(type, level);
             if (!qdot || C % qi->block_elems)
@@ -389,6 +392,8 @@ static void test_fused_tiles(void **state)
         }
     }
     printf("fused dequantize-and-dot tiles checked: %d (type, level) pairs\n", found);
+    /* Q4_1, Q8_0, Q4_K and Q6_K have one at each SIMD level: none skipped by its shape */
+    assert_true(found >= 4 * kvq_half_simd_level());
 }
 
 static void test_dot_kernels(void **state)
