@@ -1,9 +1,10 @@
 /*
  * bench_qdot.c — the decode matrix-vector product of a quantized weight (Q4_1, Q8_0:
- * SmolLM2's types; Q4_K, Q6_K: a Q4_K_M llama's), per SIMD level this CPU runs: each 256-value tile dequantized into
- * a buffer and then dotted with x (the level's dequantizer and dot kernel: what a level
- * without a fused kernel does), against the fused dequantize-and-dot tile of that level
- * (formats/quant_avx2.c, quant_avx512.c), measured in the same run, with the ratio.
+ * SmolLM2's types; Q4_K, Q6_K: a Q4_K_M llama's), per SIMD level this CPU runs: each
+ * 256-value tile dequantized into a buffer and then dotted with x (the level's
+ * dequantizer and dot kernel: what a level without a fused kernel does), against the
+ * fused dequantize-and-dot tile of that level (formats/quant_avx2.c, quant_avx512.c),
+ * measured in the same run, with the ratio.
  * Both give the same bits (checked here: a mismatch exits with status 1; and by
  * tests/test_quant.c). One thread: the kernels' own speed.
  *
@@ -155,9 +156,10 @@ int main(int argc, char **argv)
                 kvq_dequant_fn deq = kvq_quant_kernel(types[t], level);
                 if (!qdot)
                     continue;
-                job j = {types[t], w, rows, cols, row_bytes, TILE / qi->block_elems * qi->block_bytes,
-                         x, y0, deq ? deq : kvq_quant_fast_kernel(types[t]),
-                         kvq_quant_dot_kernel(level), NULL};
+                const size_t tile_bytes = TILE / qi->block_elems * qi->block_bytes;
+                job j = {types[t], w, rows, cols, row_bytes, tile_bytes, x, y0,
+                         deq ? deq : kvq_quant_fast_kernel(types[t]), kvq_quant_dot_kernel(level),
+                         NULL};
                 const double t_deq = time_job(&j, seconds);
                 j.qdot = qdot;
                 j.y = y1;

@@ -128,11 +128,12 @@ TARGET void kvq_dequant_q8_0_avx2(const void *blocks, float *out, size_t n)
 }
 
 /* ---- fused dequantize-and-dot tiles (decode) ------------------------------------------
- * dot(dequantize(blocks), x) over n values (a multiple of 32) without the buffer, equal
- * bit for bit to a dequantizer above followed by kvq_dot_f32_avx2: the same values (d q,
- * d q + m: mul then add; F16C gives the reference's f32 of every f16), the same FMAs
- * into the same two accumulators (values [0, 8) of each 16 into acc0, [8, 16) into acc1,
- * in order), the same reduction. Machines without AVX-512 decode through these. */
+ * dot(dequantize(blocks), x) over n values (whole blocks) without the buffer, equal bit
+ * for bit to the type's dequantizer followed by kvq_dot_f32_avx2: the same values (d q,
+ * d q + m, d q - m: mul, then add or sub; F16C gives the reference's f32 of every f16),
+ * the same FMAs into the same two accumulators (values [0, 8) of each 16 into acc0,
+ * [8, 16) into acc1, in order), the same reduction. Machines without AVX-512 decode
+ * through these (Q4_K and Q6_K below, with their dequantizers). */
 
 /* kvq_dot_f32_avx2's reduction of its two accumulators. */
 static inline TARGET float reduce2(__m256 acc0, __m256 acc1)
@@ -159,9 +160,11 @@ static inline TARGET void fma32(__m256i q, __m256 d, __m256 m, int op, const flo
 {
     const __m128i a = _mm256_castsi256_si128(q), b = _mm256_extracti128_si256(q, 1);
     *acc0 = _mm256_fmadd_ps(vals8(a, d, m, op), _mm256_loadu_ps(x), *acc0);
-    *acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d, m, op), _mm256_loadu_ps(x + 8), *acc1);
+    *acc1 =
+        _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d, m, op), _mm256_loadu_ps(x + 8), *acc1);
     *acc0 = _mm256_fmadd_ps(vals8(b, d, m, op), _mm256_loadu_ps(x + 16), *acc0);
-    *acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(b, 8), d, m, op), _mm256_loadu_ps(x + 24), *acc1);
+    *acc1 =
+        _mm256_fmadd_ps(vals8(_mm_srli_si128(b, 8), d, m, op), _mm256_loadu_ps(x + 24), *acc1);
 }
 
 TARGET float kvq_qdot_q4_1_avx2(const void *blocks, const float *x, size_t n)
@@ -335,15 +338,19 @@ TARGET float kvq_qdot_q6_k_avx2(const void *blocks, const float *x, size_t n)
             for (int s = 0; s < 4; s++, x += 32) {
                 const __m256i low = shr_and(ql[s & 1], 4 * (s >> 1), 0xF);
                 const __m256i high = _mm256_slli_epi16(shr_and(qh, 2 * s, 3), 4);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                const __m256i q =
+                    _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
                 const int j = 8 * h + 2 * s;
                 /* the two halves have their own scales: 16 values each */
-                const __m256 d0 = _mm256_set1_ps(d * (float)sc[j]), d1 = _mm256_set1_ps(d * (float)sc[j + 1]);
+                const __m256 d0 = _mm256_set1_ps(d * (float)sc[j]),
+                             d1 = _mm256_set1_ps(d * (float)sc[j + 1]);
                 const __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
                 acc0 = _mm256_fmadd_ps(vals8(a, d0, d0, OP_MUL), _mm256_loadu_ps(x), acc0);
-                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d0, d0, OP_MUL), _mm256_loadu_ps(x + 8), acc1);
+                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(a, 8), d0, d0, OP_MUL),
+                                       _mm256_loadu_ps(x + 8), acc1);
                 acc0 = _mm256_fmadd_ps(vals8(c, d1, d1, OP_MUL), _mm256_loadu_ps(x + 16), acc0);
-                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(c, 8), d1, d1, OP_MUL), _mm256_loadu_ps(x + 24), acc1);
+                acc1 = _mm256_fmadd_ps(vals8(_mm_srli_si128(c, 8), d1, d1, OP_MUL),
+                                       _mm256_loadu_ps(x + 24), acc1);
             }
         }
     }
@@ -362,11 +369,7 @@ TARGET float kvq_dot_f32_avx2(const float *a, const float *b, size_t n)
     }
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
-    const __m256 acc = _mm256_add_ps(acc0, acc1);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    float r = _mm_cvtss_f32(s);
+    float r = reduce2(acc0, acc1);
     for (; i < n; i++)
         r += a[i] * b[i];
     return r;

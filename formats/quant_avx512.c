@@ -56,8 +56,10 @@ TARGET float kvq_qdot_q4_1_avx512(const void *blocks, const float *x, size_t n)
         const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm)); /* d, m, 0, 0 */
         const __m512 d = _mm512_broadcastss_ps(f), m = _mm512_broadcastss_ps(_mm_movehdup_ps(f));
         const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 4)));
-        const __m512 wlo = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(v, low4))), m);
-        const __m512 whi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4))), m);
+        const __m512 wlo =
+            _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_and_si512(v, low4))), m);
+        const __m512 whi =
+            _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4))), m);
         acc0 = _mm512_fmadd_ps(wlo, _mm512_loadu_ps(x), acc0);
         acc1 = _mm512_fmadd_ps(whi, _mm512_loadu_ps(x + 16), acc1);
     }
@@ -117,7 +119,8 @@ TARGET float kvq_qdot_q4_k_avx512(const void *blocks, const float *x, size_t n)
             for (int k = 0; k < 2; k++) {
                 uint8_t sc, mn;
                 kvq_q4k_scale_min(p + 4, 2 * c + k, &sc, &mn);
-                const __m512 dv = _mm512_set1_ps(d * (float)sc), mv = _mm512_set1_ps(dmin * (float)mn);
+                const __m512 dv = _mm512_set1_ps(d * (float)sc),
+                             mv = _mm512_set1_ps(dmin * (float)mn);
                 const __m512i q0 = k ? _mm512_srli_epi32(v0, 4) : _mm512_and_si512(v0, low4),
                               q1 = k ? _mm512_srli_epi32(v1, 4) : _mm512_and_si512(v1, low4);
                 const __m512 w0 = _mm512_sub_ps(_mm512_mul_ps(dv, _mm512_cvtepi32_ps(q0)), mv),
@@ -136,7 +139,8 @@ TARGET float kvq_qdot_q4_k_avx512(const void *blocks, const float *x, size_t n)
  * then widened 16 at a time. */
 static inline TARGET __m256i shr_and8(__m256i v, int shift, int mask)
 {
-    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)),
+                            _mm256_set1_epi8((char)mask));
 }
 
 TARGET float kvq_qdot_q6_k_avx512(const void *blocks, const float *x, size_t n)
@@ -158,10 +162,11 @@ TARGET float kvq_qdot_q6_k_avx512(const void *blocks, const float *x, size_t n)
                                     _mm256_slli_epi16(shr_and8(qh, 2 * s, 3), 4)),
                     _mm256_set1_epi8(32));
                 const int j = 8 * h + 2 * s;
+                const __m128i q0 = _mm256_castsi256_si128(q), q1 = _mm256_extracti128_si256(q, 1);
                 const __m512 w0 = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[j]),
-                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))),
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0))),
                              w1 = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[j + 1]),
-                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
+                                                _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
                 acc0 = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x), acc0);
                 acc1 = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + 16), acc1);
             }
