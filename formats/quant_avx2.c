@@ -274,6 +274,15 @@ TARGET void kvq_dequant_q5_k_avx2(const void *blocks, float *out, size_t n)
         q45_k(p, p + 16, p + 48, out);
 }
 
+/* Q6_K: the codes q - 32 (signed bytes) of values 32 s .. 32 s + 31 of a half block
+ * whose low bits are ql [2] (its 64 bytes) and high bits qh (its 32 bytes). */
+static inline TARGET __m256i q6_k_codes32(const __m256i *ql, __m256i qh, int s)
+{
+    const __m256i low = shr_and(ql[s & 1], 4 * (s >> 1), 0xF);
+    const __m256i high = _mm256_slli_epi16(shr_and(qh, 2 * s, 3), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+}
+
 TARGET void kvq_dequant_q6_k_avx2(const void *blocks, float *out, size_t n)
 {
     const uint8_t *p = blocks;
@@ -285,9 +294,7 @@ TARGET void kvq_dequant_q6_k_avx2(const void *blocks, float *out, size_t n)
                                    _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32))};
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
             for (int s = 0; s < 4; s++) {
-                const __m256i low = shr_and(ql[s & 1], 4 * (s >> 1), 0xF);
-                const __m256i high = _mm256_slli_epi16(shr_and(qh, 2 * s, 3), 4);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                const __m256i q = q6_k_codes32(ql, qh, s);
                 const int j = 8 * h + 2 * s;
                 float *o = out + 128 * h + 32 * s;
                 store16(o, _mm256_castsi256_si128(q), d * (float)sc[j], 0.0f, OP_MUL);
@@ -336,10 +343,7 @@ TARGET float kvq_qdot_q6_k_avx2(const void *blocks, const float *x, size_t n)
                                    _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32))};
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
             for (int s = 0; s < 4; s++, x += 32) {
-                const __m256i low = shr_and(ql[s & 1], 4 * (s >> 1), 0xF);
-                const __m256i high = _mm256_slli_epi16(shr_and(qh, 2 * s, 3), 4);
-                const __m256i q =
-                    _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                const __m256i q = q6_k_codes32(ql, qh, s);
                 const int j = 8 * h + 2 * s;
                 /* the two halves have their own scales: 16 values each */
                 const __m256 d0 = _mm256_set1_ps(d * (float)sc[j]),

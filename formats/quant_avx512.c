@@ -44,7 +44,7 @@ static inline TARGET float f16_to_f32_at(const uint8_t *p)
  * nibbles widened to dwords once, the low nibble masked and the high one shifted out
  * there: 1.2x over converting d and m apart and widening the two nibble vectors
  * (bench_qdot --rows 1536: 30-31 -> 25-26 ns a 576-value row on Zen 5;
- * docs/BENCHMARKS.md "Fused tiles on AVX2"). */
+ * docs/BENCHMARKS.md "Fused tiles on AVX2 and for Q4_K / Q6_K"). */
 TARGET float kvq_qdot_q4_1_avx512(const void *blocks, const float *x, size_t n)
 {
     const uint8_t *p = blocks;
@@ -135,7 +135,8 @@ TARGET float kvq_qdot_q4_k_avx512(const void *blocks, const float *x, size_t n)
 
 /* Q6_K (210-byte blocks of 256): values 32 s .. 32 s + 31 of half h are
  * (d sc_j) ((low | high << 4) - 32), j = 8 h + 2 s for the first 16 (acc0) and j + 1 for
- * the rest (acc1), in order; the 32 codes assembled in bytes (as the AVX2 dequantizer),
+ * the rest (acc1), in order; the 32 codes assembled in bytes as quant_avx2.c's
+ * q6_k_codes32 does (its inline helpers are not shared across the two files' targets),
  * then widened 16 at a time. */
 static inline TARGET __m256i shr_and8(__m256i v, int shift, int mask)
 {
