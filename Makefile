@@ -98,7 +98,10 @@ AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
 LIB_DIRS := common formats model calib cholesky codebook kmeans runtime thresholds pipeline
-LIB_SRC  := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
+# runtime/'s sub-folders (CONTRIBUTING.md "The runtime"): the cache, the kernels per ISA,
+# the selectors (one file each; the codebook selector's stages in a folder of its own)
+RUNTIME_DIRS := runtime/cache runtime/kernels runtime/select runtime/select/codebook
+LIB_SRC  := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS) $(RUNTIME_DIRS))))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 
 ifeq ($(CUDA),1)

@@ -32,11 +32,11 @@
  * moved together), so a step's selected rows come in runs of one code; --order token
  * keeps them in token order (the scattered rows the selection gives without it).
  * --attn fused runs both with the one-pass kvq_rk_attend_rows kernel instead.
- * --score bands scores as the runtime's --score-pos bands does (runtime/score_pos.c): one
+ * --score bands scores as the runtime's --score-pos bands does (runtime/select/codebook/score_pos.c): one
  * LUT per doubling band of distances [w, 2w), [2w, 4w), ..., each candidate scored with
  * its band's LUT, built from the group's summed query rotated by the band's mean
  * rotation (made before the timed step: the runtime makes them once per step for all
- * layers and heads). In code order (the runtime's path, runtime/score_pos.c
+ * layers and heads). In code order (the runtime's path, runtime/select/codebook/score_pos.c
  * kvq_rt_banded_select: eight bands' LUTs per pass over the table, kvq_rk_lut_multi)
  * each code's run of rows
  * keeps token order and splits into one sub-run per band, and every row of one
@@ -50,20 +50,20 @@
  * tokens. With --order token each band is a range of rows (one score gather per band,
  * then kvq_rk_topk).
  * --rerank R (or +E) selects as the runtime's two-stage codebook selector does
- * (runtime/rerank.c): the top ceil(R K) (or K + ceil(E n)) by code, then the exact q R_b . k of those candidates' f16 key rows
+ * (runtime/select/codebook/rerank.c): the top ceil(R K) (or K + ceil(E n)) by code, then the exact q R_b . k of those candidates' f16 key rows
  * (kvq_rk_logits over their indices, per query head; the group's score their sum) and
  * kvq_rk_topk keep K (timed with the top-k); the kept rows' per-head
  * logits go to the attention (two-pass: it computes the sinks' and window's only; the
  * fused kernel recomputes them); their extra key rows (ceil(R K) - K) count in the retrieval
  * bytes.
  * --positions rope attends as the runtime's `--positions rope` (what calibrate records for
- * SmolLM2): the keys are held rotated by their tokens' positions in f16 (runtime/keys.c:
+ * SmolLM2): the keys are held rotated by their tokens' positions in f16 (runtime/cache/keys.c:
  * rotated once when cached, then rounded, not rotated on every read), and every attended
  * or reranked row's logit is q R_i . k_j R_j read from them by index (the default wrope:
  * q R_b on the f16 pre-RoPE keys, the window rotated on read). Its K rows count 2 D
  * bytes, as under wrope.
  * --resid-group max scores the residual stage per query head (each head's own band LUTs
- * and sign table, the best head kept; runtime/rerank_resid.c under --resid-group max):
+ * and sign table, the best head kept; runtime/select/codebook/resid.c under --resid-group max):
  * each row's (code, band) group written by the selection (kvq_rk_topk_bands_grouped),
  * its entry in every head's LUTs, and one pass over the rows for all the heads
  * (kvq_rk_resid_scores_max), as the runtime does. Where the stage takes every candidate
@@ -71,7 +71,7 @@
  * the summed query is made and the groups come from the runs alone (every row, no
  * threshold), as the runtime's kvq_rt_banded_groups does.
  * --resid-wide W (default 4; 0 turns it off) runs the codebook selector's residual stage
- * (runtime/rerank_resid.c) in front of the rerank (only with the rerank on): the codebook
+ * (runtime/select/codebook/resid.c) in front of the rerank (only with the rerank on): the codebook
  * picks min(ceil(W k2), --resid-share of the candidates, default half) (k2 = the
  * rerank's count), each keeps its residual from its centroid at 1 bit per channel + an
  * f32 scale (made with the cache, not timed; rotated by its token's position under
@@ -80,7 +80,7 @@
  * codebook's own first-stage score of the row + scale (q . signs) through the sign table
  * (kvq_rk_resid_scores; AVX-512: the nibble tables, 16 candidates a vector), the
  * first-stage scores of the (code, band) groups' rows written by the selection itself
- * (kvq_rk_topk_bands_scored, as runtime/score_pos.c does); --resid-path exact as it did before (per candidate: dequantize
+ * (kvq_rk_topk_bands_scored, as runtime/select/codebook/score_pos.c does); --resid-path exact as it did before (per candidate: dequantize
  * its d bytes of signs, add the centroid, rotate by the token's position from a position
  * table under rope, a double dot), for a before / after in one build.
  * --preset smollm2 selects as SmolLM2's artifact and the runtime's defaults do (the qavq
@@ -123,7 +123,7 @@
 #include "kvq/util.h"
 #include "kvq/codebook.h"
 #include "kvq/runtime.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 #include "bench/bench_common.h"
 
@@ -521,7 +521,7 @@ static void full_step(const layer *L, int h, kvq_isa isa, int fused, scratch *S,
     kvq_rk_mix(isa, S->logits, GS, L->n, L->v[h], KVQ_DT_F16, D, NULL, L->n, D, out);
 }
 
-/* --score bands on rows in code order (as runtime/score_pos.c does): each code's run of
+/* --score bands on rows in code order (as runtime/select/codebook/score_pos.c does): each code's run of
  * rows keeps token order, so it splits into one sub-run per band. The runs from the
  * per-code counts; then per band (nearest first) its LUT, and each run walked backwards
  * from where the nearer band stopped while its tokens are in the band, the rows' scores
@@ -571,7 +571,7 @@ static int32_t band_count(int64_t n)
 }
 
 /* L->bq: per KV head and band [lo, hi] of distances, the group's summed pre-RoPE query
- * rotated by the mean rotation over the band (runtime/score_pos.c: per pair, the centre
+ * rotated by the mean rotation over the band (runtime/select/codebook/score_pos.c: per pair, the centre
  * distance's rotation damped by sin(N t / 2) / (N sin(t / 2))), as the runtime's scoring
  * queries are; the bands' LUTs then differ as they do there. */
 static int band_queries(layer *L, int64_t n, const double *theta)
@@ -610,7 +610,7 @@ static int band_queries(layer *L, int64_t n, const double *theta)
     return 0;
 }
 
-/* --score bands selecting from the (code, band) groups (runtime/score_pos.c
+/* --score bands selecting from the (code, band) groups (runtime/select/codebook/score_pos.c
  * kvq_rt_banded_select): the bands' LUTs side by side in S->lut, each band's first
  * token, the per-code counts; kvq_rk_topk_bands then selects. */
 static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch *S)
@@ -640,7 +640,7 @@ static void bands_groups(const layer *L, int h, kvq_isa isa, int32_t K, scratch 
 
 
 /* Whether the --resid-group max stage scores every candidate (--resid-share 1 with a wide
- * enough W: the first cut selects nothing, runtime/rerank_resid.c kvq_rt_banded_groups). */
+ * enough W: the first cut selects nothing, runtime/select/codebook/resid.c kvq_rt_banded_groups). */
 static int64_t resid_count(int64_t k2, int64_t nc);
 static int64_t rerank_count(int64_t k, int64_t nc);
 static int resid_every(int64_t k_sel, int64_t nc)
@@ -675,7 +675,7 @@ static void bands_groups_every(const layer *L, int h, int32_t K, scratch *S)
 
 /* --positions rope: the keys rotated by their tokens' positions, then rounded to f16
  * (row j holds the row's token under code order), made when the cache is built, as
- * runtime/keys.c does at append. */
+ * runtime/cache/keys.c does at append. */
 static int rotated_keys(layer *L, int h, const double *theta)
 {
     if (!(L->kr[h] = bench_cache_alloc(sizeof(uint16_t) * (size_t)L->n * D)))
@@ -695,7 +695,7 @@ static int rotated_keys(layer *L, int h, const double *theta)
 }
 
 /* --resid-wide: each token's residual from its centroid at 1 bit per channel (signs, +
- * for 0) and its scale mean |r|, made with the cache as runtime/rerank_resid.c does at
+ * for 0) and its scale mean |r|, made with the cache as runtime/select/codebook/resid.c does at
  * append: packed and rotated by the token's position under rope (rq), and for
  * --resid-path exact one sign per byte, unrotated (rqo). */
 static int resid_build(layer *L, int h, const double *theta)
@@ -745,9 +745,9 @@ static int64_t resid_count(int64_t k2, int64_t nc)
     return want >= (double)nc ? nc : (int64_t)want;
 }
 
-/* --resid-group max (runtime/rerank_resid.c fast_max_scores): per query head its bands'
+/* --resid-group max (runtime/select/codebook/resid.c fast_max_scores): per query head its bands'
  * LUTs side by side [GS, nb, K], each row's (code, band) group b K + code in S->rsel
- * (written by the selection, kvq_rk_topk_bands_grouped, as runtime/score_pos.c does
+ * (written by the selection, kvq_rk_topk_bands_grouped, as runtime/select/codebook/score_pos.c does
  * when the bands come from the groups; else found here from the row's token, linear as
  * score_pos.c's band_of), and one pass of kvq_rk_resid_scores_max over the rows for all
  * the heads (each row's signs and scale read once); sc the best head's. */
@@ -817,7 +817,7 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
         resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores, sc);
     } else {
         /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
-         * in sc, as runtime/score_pos.c does for the runtime's stage) */
+         * in sc, as runtime/select/codebook/score_pos.c does for the runtime's stage) */
         for (int64_t a = 0; a < n && (by_scores || !bands); a++)
             sc[a] = by_scores ? S->scores[rows[a] - SINK] : S->lut[L->codes[h][rows[a]]];
         float tab[KVQ_RK_SIGN_TABLE_LEN(D)];
@@ -842,14 +842,14 @@ static int64_t rerank_count(int64_t k, int64_t nc)
 }
 
 /* --rerank: the exact q R_b . k of rows[0..n) (f16 keys) keep the best k, in place,
- * ascending (as runtime/rerank.c under wrope): the logits of each query head in one
+ * ascending (as runtime/select/codebook/rerank.c under wrope): the logits of each query head in one
  * read of the rows, the group's score their sum; the kept rows' logits, scaled, go
  * where the attention lays them out (after the SINK sinks, GS rows of SINK + k + WINDOW)
  * and are not computed again. */
 static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32_t *rows,
                            int64_t n, int64_t k)
 {
-    if (g_rope) { /* q R_i . k_j R_j from the rotated rows, as runtime/rerank.c */
+    if (g_rope) { /* q R_i . k_j R_j from the rotated rows, as runtime/select/codebook/rerank.c */
         kvq_rk_logits(isa, S->qi, GS, D, L->kr[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);
     } else {
         kvq_rk_logits(isa, S->qb, GS, D, L->k[h], KVQ_DT_F16, D, rows, n, 1.0f, S->rlg, n);

@@ -16,7 +16,7 @@
  * Prints GB/s per R and its ratio to the streaming rate; times are the best of reps
  * in process CPU time. --prefetch NEAR,FAR measures each R a second time with the
  * prefetches of the runtime's AVX-512 kernels (kvq_rk_logits / kvq_rk_mix,
- * runtime/kernels_avx512.c): every line of the row NEAR rows ahead into L1, of the row
+ * runtime/kernels/kernels_avx512.c): every line of the row NEAR rows ahead into L1, of the row
  * FAR rows ahead into L2 (0 leaves one out): what a kernel that reads these rows could
  * get from the memory system on one core (docs/BENCHMARKS.md, "The two-stage step
  * against its floor").

@@ -1,6 +1,6 @@
 /*
  * bench_resid.c — the per-head residual stage's kernel, kvq_rk_resid_scores_max
- * (runtime/kernels_resid*.c; runtime/rerank_resid.c under --resid-group max), per
+ * (runtime/kernels_resid*.c; runtime/select/codebook/resid.c under --resid-group max), per
  * instruction set, over every candidate of one KV head at a long context.
  *
  *   bench_resid [--gs 4] [--dim 128] [--rows 131004] [--reps 9]
@@ -23,7 +23,7 @@
 #include "bench/bench_common.h"
 #include "kvq.h"
 #include "kvq/util.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 static int usage(void)
 {

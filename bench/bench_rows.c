@@ -11,7 +11,7 @@
  * taken with probability `fraction` (seeded; 0.12 = the rerank's 2 x 6% at 128K), the
  * kept rows every other candidate. Per repetition, from a cold cache (256 MiB streamed
  * through first): the logits of `queries` query rows over every head's candidates
- * (kvq_rk_logits, rows by index: the rerank's call, runtime/rerank.c), then the
+ * (kvq_rk_logits, rows by index: the rerank's call, runtime/select/codebook/rerank.c), then the
  * weighted sum of the kept value rows (kvq_rk_mix: the attention's), then the same K
  * and V rows read with plain loads and nothing else. Prints the best of reps (process
  * CPU time) and the rows' GB/s. bench_decode measures the whole step at d 128 only;
@@ -27,7 +27,7 @@
 #include "kvq.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 #include "bench/bench_common.h"
 

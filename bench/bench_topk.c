@@ -20,7 +20,7 @@
 #include "kvq.h"
 #include "kvq/util.h"
 #include "kvq/runtime.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 static int usage(void)
 {

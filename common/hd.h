@@ -1,7 +1,7 @@
 /*
  * common/hd.h — KVQ_HD, the qualifier of the per-element functions in the headers
  * that the CPU code and the CUDA kernels share (codebook/nearest.h, kmeans/kmeans_kernels.h,
- * runtime/kernels.h): __host__ __device__ under nvcc, nothing in C. Not public.
+ * runtime/kernels/kernels.h): __host__ __device__ under nvcc, nothing in C. Not public.
  */
 #ifndef KVQ_COMMON_HD_H
 #define KVQ_COMMON_HD_H

@@ -29,6 +29,7 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/select/codebook/codebook.h"
 
 #ifndef KVQ_RT_DIAG_LO
 #define KVQ_RT_DIAG_LO 0
@@ -128,12 +129,12 @@ void kvq_rt_diag_needle_stage(const rt_step *st, int stage, const int32_t *rows,
     for (int64_t a = 0; a < n; a++) {
         const int64_t j = rows[a] - st->s_end;
         D.in[j] |= (uint8_t)(1u << stage);
-        if (stage == 0 && st->H->rq && r->p.resid_bits == 1) {
-            const uint8_t *b = st->H->rq + (size_t)rows[a] * rb;
+        if (stage == 0 && kvq_rt_cb(st->H)->rq && r->p.resid_bits == 1) {
+            const uint8_t *b = kvq_rt_cb(st->H)->rq + (size_t)rows[a] * rb;
             double s = 0;
             for (int32_t c = 0; c < d; c++)
                 s += (b[c / 8] >> (c % 8) & 1) ? q[c] : -q[c];
-            D.stg[j] = D.fs[j] + st->H->rqs[rows[a]] * (float)s;
+            D.stg[j] = D.fs[j] + kvq_rt_cb(st->H)->rqs[rows[a]] * (float)s;
         }
     }
 }
@@ -182,7 +183,7 @@ void kvq_rt_diag_needle_post(const rt_step *st)
             gap[0][2] ? gap[0][0] / gap[0][2] : 0, gap[0][2] ? gap[0][1] / gap[0][2] : 0, gap[1][2],
             gap[1][2] ? gap[1][0] / gap[1][2] : 0, gap[1][2] ? gap[1][1] / gap[1][2] : 0);
     for (int64_t j = 0; j < nc; j++)
-        sc[j] = st->H->rqs ? st->H->rqs[st->s_end + j] : 0;
+        sc[j] = kvq_rt_cb(st->H)->rqs ? kvq_rt_cb(st->H)->rqs[st->s_end + j] : 0;
     float *sorted = malloc(sizeof(float) * nc);
     memcpy(sorted, sc, sizeof(float) * nc);
     qsort(sorted, (size_t)nc, sizeof(float), cmpf);

@@ -1,5 +1,6 @@
 /*
- * options.c — the small parsers and names of kvq/runtime.h: selectors, budgets.
+ * options.c — the small parsers and names of kvq/runtime.h: selectors (their names and
+ * properties from their tables, runtime/select/), budgets.
  */
 #include <math.h>
 #include <stdio.h>
@@ -10,18 +11,17 @@
 #include "kvq/runtime.h"
 #include "kvq/util.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/select/selector.h"
 
 /* ==========================================================================
  * Selectors and budgets
  * ========================================================================== */
 
-static const char *const selector_names[KVQ_SELECT_COUNT] = {
-    "full", "oracle", "codebook", "fier", "quest", "mass",
-};
-
+/* The selectors' names are their tables' (runtime/select/select.c's registry). */
 const char *kvq_selector_name(kvq_selector s)
 {
-    return (unsigned)s < KVQ_SELECT_COUNT ? selector_names[s] : "unknown";
+    const rt_selector *t = kvq_rt_selector(s);
+    return t ? t->name : "unknown";
 }
 
 kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq_err *err)
@@ -31,7 +31,7 @@ kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq
     if (!s)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "selector: NULL");
     for (int i = 0; i < KVQ_SELECT_COUNT; i++)
-        if (!strcmp(s, selector_names[i])) {
+        if (!strcmp(s, kvq_rt_selector((kvq_selector)i)->name)) {
             *sel = (kvq_selector)i;
             return KVQ_OK;
         }
@@ -54,7 +54,8 @@ kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq
 
 int kvq_selector_needs_artifact(kvq_selector s)
 {
-    return s == KVQ_SELECT_CODEBOOK || s == KVQ_SELECT_MASS;
+    const rt_selector *t = kvq_rt_selector(s);
+    return t && t->needs_artifact;
 }
 
 /* 1 when s[0..n) is made of a number's characters only (digits, sign, point, exponent)
@@ -136,21 +137,6 @@ void kvq_budget_format(const kvq_budget *b, char *buf, size_t cap)
 double kvq_selector_bits_per_key(kvq_selector s, const kvq_retrieval_params *p,
                                  const kvq_codebook_set *rt, int32_t d)
 {
-    switch (s) {
-    case KVQ_SELECT_CODEBOOK:
-    case KVQ_SELECT_MASS:
-        return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt)) +
-                        (s == KVQ_SELECT_CODEBOOK && p->resid_bits > 0 && p->resid_wide > 1.0
-                             ? (double)d * p->resid_bits + 32.0 /* residual stage */
-                             : 0.0)
-                  : 0.0;
-    case KVQ_SELECT_FIER:
-        return (double)d + 2.0 * d * 32.0 / (double)p->fier_group;
-    case KVQ_SELECT_QUEST:
-        return 2.0 * d * 32.0 / (double)p->quest_page;
-    case KVQ_SELECT_ORACLE:
-        return 16.0 * d;
-    default:
-        return 0.0;
-    }
+    const rt_selector *t = kvq_rt_selector(s);
+    return t && t->bits_per_key ? t->bits_per_key(p, rt, d) : 0.0;
 }

@@ -16,8 +16,9 @@
 #include "kvq/runtime.h"
 #include "kvq/util.h"
 #include "runtime/runtime_internal.h"
-#include "runtime/kernels.h"
-#include "runtime/mass.h"
+#include "runtime/select/codebook/codebook.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/select/mass.h"
 
 /* The keys of one layer rotated by their positions, by token, for every KV head:
  * converted and rotated once per token of a sequence, not once per probed row. */

@@ -1,27 +1,21 @@
 /*
  * runtime/runtime_internal.h — internal structures of the decoding context, shared by
- * runtime/retrieval.c (cache, attention step, backend), runtime/row_order.c (code
- * order of the cached rows) and runtime/select.c (the selectors). Not a public header.
+ * runtime/retrieval.c (cache, attention step, backend), runtime/select/codebook/row_order.c (code
+ * order of the cached rows) and runtime/select/select.c (the selectors). Not a public header.
  */
 #ifndef KVQ_RUNTIME_INTERNAL_H
 #define KVQ_RUNTIME_INTERNAL_H
 
 #include "kvq/runtime.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 /* The LUT table of (layer, KV head), or NULL (codebook_set.c). */
 const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t layer, int32_t head);
 
-/* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c). */
-const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K);
-/* The query the table's LUT is built from: q' = qs L^-T (grouped query-aware
- * codebooks, in double, rounded to float) or qs.   qs, qp: [d] (kernels.c) */
-void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp);
-
 typedef struct rt_step rt_step;
 typedef struct rt_layer rt_layer;
 
-/* The decode step's selection kernels (runtime/device.c): the steps that run on the
+/* The decode step's selection kernels (runtime/select/codebook/device.c): the steps that run on the
  * chosen device, so that retrieval.c and select.c are written once.
  *   init     after the context is built: device copies of the LUT tables
  *   fini     releases what init made (the context is being freed)
@@ -50,22 +44,17 @@ kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
 
 /* One (layer, KV head) of the cache. Row j holds token j, except that rows
  * [sink, sorted_end) are in code order when tok is set (kvq/runtime.h "Row order"):
- * row j then holds token tok[j]. Rows [sorted_end, len) are always tokens in order. */
+ * row j then holds token tok[j]. Rows [sorted_end, len) are always tokens in order.
+ * What the context's selector keeps for the head (codes, fier bits, quest page bounds:
+ * runtime/select/) is its own, behind sdata. */
 typedef struct rt_head {
     void *k, *v;      /* [cap, d] keys and values, cache dtype; under ROPE the keys
                          rotated by their positions (keys.c) */
-    uint16_t *codes;  /* [cap, G] codebook and mass selectors */
-    uint32_t *hist;   /* [K] single-group codebooks: how many of rows [0, len) have each code */
-    uint8_t *fbits;   /* [cap, db] fier: 1-bit post-RoPE keys, db = ceil(d / 8) */
-    float *flo, *fhi; /* [cap / fier_group + 1, d] fier: per-channel min / max */
-    float *plo, *phi; /* [cap / quest_page + 1, d] quest: per-channel min / max */
+    void *sdata;      /* the selector's data of this head (rt_selector.reserve), or NULL */
     int32_t *sel;     /* [sel_cap] last selection (candidate rows) */
     int32_t *sel_tok; /* [sel_cap] the same as token indices, ascending (filled on request) */
     int64_t n_sel, sel_cap;
     int32_t *tok;       /* [cap] token of each row, or NULL (rows in token order) */
-    uint8_t *rq;        /* [cap, ceil(d b / 8)] residual stage: packed quantized residuals
-                           (rotated by position under ROPE), by row */
-    float *rqs;         /* [cap] their scales, by row */
     int64_t sorted_end; /* rows [sink, sorted_end) are in code order (with tok) */
 } rt_head;
 
@@ -175,7 +164,6 @@ struct kvq_retrieval {
     int32_t sliding_window, sliding_from;   /* the model's (kvq_model_window_start) */
     int64_t wrope_b;                        /* b used by the exact step */
     kvq_rope rope;
-    int32_t db; /* fier bytes per token */
     size_t es;  /* cache element size */
     int keys_rotated; /* ROPE: rt_head.k holds the keys rotated by position, in the
                          cache dtype (keys.c) */
@@ -186,7 +174,7 @@ struct kvq_retrieval {
     rt_layer *layer; /* [n_layers] */
     rt_scratch *scr; /* [threads] */
     int32_t n_scr;
-    float *kbuf;   /* [n, d] one head's keys of a chunk (encoding) */
+    float *kbuf;   /* [n, d] one head's keys of a chunk (the codebook's encoding) */
     int32_t *cbuf; /* [n, G] codes of a chunk */
     int32_t *pbuf; /* [n] positions as int32 */
     int64_t buf_rows;
@@ -213,24 +201,6 @@ struct rt_step {
     rt_scratch *S;
 };
 
-/* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
- * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] and
- * positions [n] stored as rows (= tokens) first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
- * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
- * ascending), adding the bytes it reads. */
-void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
-void kvq_rt_resid_dequantize(const uint8_t *idx, float scale, int32_t d, int32_t bits, float *y);
-size_t kvq_rt_resid_row_bytes(int32_t d, int32_t bits);
-/* rows first + i <- rows first + order[i] (i < n) of the residuals; 1 when out of memory */
-int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, const int32_t *order,
-                         int64_t n);
-void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head *H,
-                         const float *keys, const int32_t *codes, const int64_t *pos,
-                         int64_t first, int64_t n);
-int64_t kvq_rt_resid_count(const kvq_retrieval *r, int64_t k, int64_t nc);
-int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t keep,
-                           double *sel_bytes);
-
 /* The token row j of head H holds. */
 static inline int64_t kvq_rt_row_token(const rt_head *H, int64_t j) { return H->tok ? H->tok[j] : j; }
 
@@ -250,43 +220,51 @@ void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y);
 void kvq_rt_key_pre(const kvq_retrieval *r, const float *k, float *out);
 void kvq_rt_store_key(const kvq_retrieval *r, rt_head *H, int64_t j, int64_t pos, const float *k);
 
-/* A K or V array of `bytes` (retrieval.c): 2 MiB aligned and advised for huge pages
- * from 4 MiB on; free() releases it. NULL when out of memory. */
+/* The cache (runtime/cache/cache.c).
+ *   cache_alloc    a K or V array of `bytes`: 2 MiB aligned and advised for huge pages
+ *                  from 4 MiB on; free() releases it. NULL when out of memory.
+ *   grow           *p resized to bytes (contents kept); 0 when out of memory
+ *   grow_cache     a K or V array grown from old to bytes bytes (cache_alloc's rule)
+ *   layer_reserve  layer L grown to hold `need` rows (doubling, capped at max_tokens),
+ *                  the selector's data with it
+ *   rope_reserve   cos / sin of every position up to max_pos
+ *   append         the chunk c onto layer c->layer (rows reserved): K, V, positions, the
+ *                  selector's data and row order
+ *   head_free      what head H holds, the selector's data included */
 void *kvq_rt_cache_alloc(size_t bytes);
+int kvq_rt_grow(void **p, size_t bytes);
+int kvq_rt_grow_cache(void **p, size_t old, size_t bytes);
+kvq_status kvq_rt_layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq_err *err);
+kvq_status kvq_rt_rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err);
+kvq_status kvq_rt_append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err);
+void kvq_rt_head_free(const kvq_retrieval *r, rt_head *H);
 
-/* After a chunk starting at token `past` was appended to L: puts each head's far rows
- * in code order when the rule of kvq/runtime.h "Row order" says so (row_order.c).
- * Errors: KVQ_E_NOMEM naming the rows. */
-kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
-
-/* Selection for the step (select.c): writes the chosen candidates (ascending token
+/* Selection for the step (runtime/select/select.c: the selector's table): writes the chosen candidates (ascending token
  * indices) to S->sel and returns the count, at most k for the budgeted selectors.
  * sel_bytes receives the selector's metadata bytes read, codebook_bytes the LUT table
  * bytes read. `selector` is the context's, or KVQ_SELECT_ORACLE for the measurement. */
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes);
 
-/* Two-stage codebook selection (rerank.c, kvq_retrieval_params.rerank).
- *   rerank_on     the codebook selector reranks: R > 1 or rerank_extra > 0
- *   rerank_count  candidates the codebook picks for a budget of k out of nc: the larger
- *                 of ceil(R k) (k when R <= 1) and k + ceil(E nc) (E = rerank_extra > 0),
- *                 capped at nc, or k when reranking is off or k >= nc
- *   rerank        exact scores of rows[0..n) (the oracle's, same position mode and GQA
- *                 rule, from the per-head logits) keep the best min(k, n), in place,
- *                 ascending; returns the count. The kept rows' logits go to the step's
- *                 attention (S->rr_kept).
- *                 sel_bytes gets the key rows read that the attention does not read
- *                 again ((n - kept) d es bytes). */
-int kvq_rt_rerank_on(const kvq_retrieval_params *p);
-int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc);
-int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, double *sel_bytes);
-/* The step's attention over att[0..m) (rerank.c): logits of the group's queries (scaled
+/* The decode step (step.c).
+ *   window_start  the first token a query of `layer` with n tokens before it (itself
+ *                 included) sees
+ *   step_key      the rotated key of row j (ROPE): from S->ktok (by token) when the
+ *                 probe set it, else kvq_rt_key_rotated
+ *   prefill_head  exact attention of a prefill chunk for KV head h (matrix products)
+ *   attend_union  below */
+int64_t kvq_rt_window_start(const kvq_retrieval *r, int32_t layer, int64_t n);
+void kvq_rt_step_key(const rt_step *st, int64_t j, float *y);
+void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
+                         const kvq_attn_call *c, int64_t past, rt_scratch *S);
+
+/* The step's attention over att[0..m) (step.c): logits of the group's queries (scaled
  * by 1/sqrt(d); q R_i on rotated keys under ROPE, q R_b on the stored keys of the far
  * rows att[0..m_far) under WROPE), softmax, values mixed into S->o. The columns the
  * rerank filled (S->rr_kept) are not computed again; the same logits either way. */
 void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64_t m_far);
 
-/* One retrieval step (retrieval.c): query row q [gs, d] (pre-RoPE, the group of KV head
+/* One retrieval step (step.c): query row q [gs, d] (pre-RoPE, the group of KV head
  * h) at position pos over the nvis tokens [0, nvis) cached in layer, with r's selector,
  * budget and tau; the group's outputs into out (row g at out + g ld_out), the step's
  * statistics into S->sums (the measurement too when r->p.measure), the attended tokens
@@ -296,31 +274,6 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
 
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);
-
-/* Positions in the scoring query (score_pos.c, kvq_score_pos).
- *   mean_rotation      per pair m, the mean of e^{i delta theta_m} over delta in [a, b]
- *                      as cos / sin parts [d/2]
- *   scoring_query      the scoring query of one pre-RoPE query q [d] for candidates at
- *                      distances [a, b] under r->p.score_pos: q R_b (RB, and always for
- *                      vq-postrope: q R_i) or q rotated by the mean rotation
- *   candidate_distances  [a, b] of the step's candidates
- *   banded_scores      BANDS: the candidates' scores [nc] from one LUT per distance band
- *                      of the (summed) pre-RoPE query q [d] */
-void kvq_rt_mean_rotation(const kvq_retrieval *r, int64_t a, int64_t b, float *cs, float *sn);
-void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float *q, int64_t a,
-                          int64_t b, float *out);
-void kvq_rt_candidate_distances(const rt_step *st, int64_t *a, int64_t *b);
-void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, double *cb_bytes);
-/* BANDS under the group sum on rows in code order: the top k of the candidates as
- * kvq_rt_banded_scores + kvq_rk_topk select them (candidate rows, ascending, into sel;
- * returns the count), from the (code, band) groups without a score per row
- * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
-int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
-/* Each head's own first-stage score of rows[0..n) (the residual stage under the maximum,
- * rerank_resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
-int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
-int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap);
-int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp);
 
 /* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
  * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */

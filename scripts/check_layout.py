@@ -9,7 +9,11 @@
   3. folders: the graph of which folder includes which (quoted includes "dir/x.h" and
      public headers "kvq/x.h", mapped to the folder that implements them) only goes
      downwards in LAYERS (so it has no cycle), and LAYERS is the order CONTRIBUTING.md
-     draws (its first code block, top to bottom = last to first).
+     draws (its first code block, top to bottom = last to first);
+  4. runtime/'s parts: a file in one of RUNTIME_PARTS includes from runtime/ only what
+     its part may (the kernels nothing else of runtime/, the cache no selector, a
+     selector no other selector: CONTRIBUTING.md "The runtime"), except the pairs named
+     in RUNTIME_EXCEPT with the reason; every runtime/ file sits in a part.
 
 Prints one line per violation and exits 1 when there is any; prints a summary and
 exits 0 otherwise. Used by `make test` (tests/py/test_layout.py).
@@ -46,6 +50,29 @@ HEADER_HOME = {
 ONE_CONCEPT = {
     "formats/gguf.c": "the GGUF container: header, metadata values, tensor table, writer",
     "formats/safetensors.c": "the safetensors container: header, validation, writer",
+}
+
+# runtime/'s parts (CONTRIBUTING.md "The runtime") and what each may include from
+# runtime/: parts (a folder: its files, not its sub-folders' unless listed) or single
+# files. A part always includes its own files.
+RUNTIME_PARTS = {
+    "runtime/kernels": [],  # the kernels per ISA: nothing else of runtime/
+    "runtime/cuda": ["runtime/kernels"],
+    "runtime/cache": ["runtime/kernels", "runtime", "runtime/select/selector.h"],
+    "runtime/select": ["runtime/kernels", "runtime"],
+    "runtime/select/codebook": ["runtime/kernels", "runtime", "runtime/select",
+                                "runtime/cuda"],
+    "runtime": ["runtime/kernels", "runtime/select/selector.h"],
+}
+RUNTIME_EXCEPT = {
+    ("runtime/select/mass.c", "runtime/select/codebook/codebook.h"):
+        "the mass selector's scores are the codebook's first stage, over its codes",
+    ("runtime/probe.c", "runtime/select/codebook/codebook.h"):
+        "the probe measures the codebook selector's stages (its rerank memo)",
+    ("runtime/probe.c", "runtime/select/mass.h"):
+        "the probe shares the mass selector's score memo across taus",
+    ("runtime/diag_needle.c", "runtime/select/codebook/codebook.h"):
+        "a diagnostic build of the codebook selector's stages",
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
@@ -91,6 +118,36 @@ def public_closure(header, seen=None):
         if m and m.group(1).startswith("kvq/"):
             out |= public_closure(m.group(1)[4:], seen)
     return out
+
+
+def runtime_part(path):
+    """The part of RUNTIME_PARTS that runtime/ path belongs to (its folder), or None."""
+    folder = os.path.dirname(path)
+    return folder if folder in RUNTIME_PARTS else None
+
+
+def runtime_problems(src):
+    """Rule 4 on the runtime/ files of src."""
+    bad = []
+    for f in src:
+        if not f.startswith("runtime/"):
+            continue
+        me = runtime_part(f)
+        if me is None:
+            bad.append(f"{f}: in no part of check_layout.py's RUNTIME_PARTS")
+            continue
+        for line in open(f, encoding="utf-8", errors="replace"):
+            m = INCLUDE.match(line)
+            if not m or not m.group(1).startswith("runtime/"):
+                continue
+            inc = m.group(1)
+            part = os.path.dirname(inc)
+            if part == me or part in RUNTIME_PARTS[me] or inc in RUNTIME_PARTS[me]:
+                continue
+            if (f, inc) in RUNTIME_EXCEPT:
+                continue
+            bad.append(f"{f}: {me}/ includes {inc}, which its part may not (RUNTIME_PARTS)")
+    return bad
 
 
 def contributing_order():
@@ -148,6 +205,7 @@ def main():
     for (me, dep), f in sorted(edges.items()):
         if LAYERS.index(dep) > LAYERS.index(me):
             bad.append(f"{f}: {me}/ includes {dep}/, which sits above it")
+    bad += runtime_problems(src)
     drawn = contributing_order()
     if drawn != LAYERS:
         bad.append(f"CONTRIBUTING.md draws the folders bottom-up as {drawn}, "

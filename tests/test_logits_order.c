@@ -1,5 +1,5 @@
 /*
- * test_logits_order.c — the AVX-512 path of kvq_rk_logits (runtime/kernels_avx512.c)
+ * test_logits_order.c — the AVX-512 path of kvq_rk_logits (runtime/kernels/kernels_avx512.c)
  * sums in one fixed order, bit for bit: the order the rerank's and the attention's
  * logits have had since the kernel was written, which `kvq eval` outputs depend on. The
  * tolerance test of every ISA against the scalar reference (test_runtime.c,
@@ -30,7 +30,7 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 #include "helpers/testutil.h"
 
 /* The AVX-512 order for one (query row, key row): q [d], k [d] as floats. */

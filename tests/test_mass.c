@@ -1,4 +1,4 @@
-/* test_mass.c — the mass selector's count k* (runtime/mass.c): against a plain
+/* test_mass.c — the mass selector's count k* (runtime/select/mass_count.c): against a plain
  * reference (sort by logit, ties to the lower index, cumulative softmax mass), and the
  * memo that kvq_retrieval_probe's steps share across taus equal to the plain count on
  * every (row, tau), with its scores handed back only for the (row, head) that made them. */
@@ -14,8 +14,8 @@
 
 #include "kvq/common.h"
 #include "kvq/util.h"
-#include "runtime/mass.h"
-#include "runtime/rk.h"
+#include "runtime/select/mass.h"
+#include "runtime/kernels/rk.h"
 
 static const float *cmp_lg;
 static int cmp_desc(const void *a, const void *b)

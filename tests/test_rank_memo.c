@@ -17,9 +17,9 @@
 
 #include "kvq/common.h"
 #include "kvq/util.h"
-#include "runtime/kernels.h"
-#include "runtime/mass.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/select/mass.h"
+#include "runtime/kernels/rk.h"
 
 static const float *cmp_sc;
 static int cmp_desc(const void *a, const void *b) /* by value (-0 == +0), then index */

@@ -1,5 +1,5 @@
 /*
- * test_resid_max.c — kvq_rk_resid_scores_max (runtime/kernels_resid.c,
+ * test_resid_max.c — kvq_rk_resid_scores_max (runtime/kernels/resid.c,
  * kernels_resid_avx512.c), the residual stage by the best head of a GQA group
  * (--resid-group max): one pass over the candidates' records for all the heads.
  *
@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "kvq/util.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 static const kvq_isa isas[] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
 

@@ -1,6 +1,6 @@
 /*
  * test_rope_keys.c — under positions ROPE the cache holds its keys rotated by their
- * positions in the cache dtype (runtime/keys.c), as llama.cpp's KV cache does: the f32
+ * positions in the cache dtype (runtime/cache/keys.c), as llama.cpp's KV cache does: the f32
  * key rotated in f32, then rounded to the cache dtype once.
  *
  * The reference here is that rule, written out: the f32 key rotated by (float) cos /
@@ -30,8 +30,8 @@
 #include "kvq/model.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/kernels.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/rk.h"
 
 static const kvq_isa isas[] = {KVQ_ISA_SCALAR, KVQ_ISA_AVX2, KVQ_ISA_AVX512};
 

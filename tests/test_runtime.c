@@ -22,9 +22,10 @@
 #include "kvq/codebook.h"
 #include "kvq/model.h"
 #include "kvq/runtime.h"
-#include "runtime/rk.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/rk.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/select/codebook/codebook.h"
 
 /* ==========================================================================
  * Helpers

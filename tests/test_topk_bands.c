@@ -1,5 +1,5 @@
 /*
- * test_topk_bands.c — kvq_rk_topk_bands (runtime/topk_bands.c), the selection of
+ * test_topk_bands.c — kvq_rk_topk_bands (runtime/kernels/topk_bands.c), the selection of
  * --score-pos bands on rows in code order, against the scalar path it replaces: every
  * row's score written from its band's LUT (the band found by a linear scan of the
  * thresholds, row by row), then kvq_rk_topk over the scores. Randomized runs, tails,
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "kvq/util.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 /* One randomized case: n rows in code order (a stable sort of random codes over
  * tokens [0, n)), nu rows in token order after them (tokens n + gap ...), nb bands with

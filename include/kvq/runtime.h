@@ -3,7 +3,7 @@
  *
  * Three layers, bottom up:
  *
- *   kernels       kvq_rk_* (runtime/rk.h, internal): LUT build, score gather, top-k selection and sparse
+ *   kernels       kvq_rk_* (runtime/kernels/rk.h, internal): LUT build, score gather, top-k selection and sparse
  *                 attention over an f16 or f32 cache. Each has a scalar reference and
  *                 AVX2 / AVX-512 paths chosen at run time (kvq_isa); tests check fast ==
  *                 scalar within the named tolerances below.
@@ -116,7 +116,7 @@ const char *kvq_isa_name(kvq_isa isa); /* "scalar" | "avx2" | "avx512" */
 
 
 /* The kernels themselves (kvq_rk_*: LUT build, score gather, top-k, sparse attention)
- * are internal to the library, its tests and benchmarks: runtime/rk.h. */
+ * are internal to the library, its tests and benchmarks: runtime/kernels/rk.h. */
 
 /* ==========================================================================
  * The artifact at run time
@@ -295,7 +295,7 @@ typedef struct kvq_retrieval_params {
                                 64 (default 0: the default reranks by rerank_extra). KV
                                 read per step: codes + the candidates' key rows + k value
                                 rows (+ sinks, window) */
-    int32_t resid_bits;      /* codebook selector, residual stage (runtime/rerank_resid.c):
+    int32_t resid_bits;      /* codebook selector, residual stage (runtime/select/codebook/resid.c):
                                 each key's residual from its centroid kept at 1, 2, 4 or
                                 8 bits per channel plus an f32 scale (rotated by the
                                 token's position under ROPE); 0 = off (default 1). At 1

@@ -12,7 +12,7 @@
  *   k_rotate    one thread per (head, window row, pair): kvq_rk_rotate's arithmetic
  *   k_attend    one block per head: logits (a warp per attended row), softmax, and the
  *               weighted sum of values (a thread per (query head, dim))
- * The per-element logic is runtime/kernels.h, shared with the CPU kernels.
+ * The per-element logic is runtime/kernels/kernels.h, shared with the CPU kernels.
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -20,7 +20,7 @@
 #include <stdlib.h>
 
 #include "runtime/cuda/retrieval_cuda.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 
 #define TOPK_THREADS 256
 #define ATT_THREADS 256

@@ -7,7 +7,7 @@
  * scoring query from the f16 table, the score gather over the candidates' codes, the
  * radix top-k (the CPU's selection rule: ties to the lower index, ascending output),
  * the rotation of the window keys, and exact attention over sinks + selection + window.
- * Every per-element step is a KVQ_HD function of runtime/kernels.h, shared with the
+ * Every per-element step is a KVQ_HD function of runtime/kernels/kernels.h, shared with the
  * CPU kernels that the tests check. All pointers are device memory.
  *
  * Two entry points:
@@ -17,7 +17,7 @@
  *   kvq_rt_cuda_select   the selection of one (layer, KV head) step: LUT, score gather
  *                        and top-k on the device over a device mirror of the codes, the
  *                        selected token indices copied back. This is what kvq_retrieval
- *                        calls with device CUDA (runtime/device.c).
+ *                        calls with device CUDA (runtime/select/codebook/device.c).
  *
  * Status: compiled and linked in the CUDA build; no GPU was available to run either,
  * so neither has been executed (docs/runtime.md, docs/cuda.md); make test-cuda checks

@@ -5,12 +5,12 @@
 # only __builtin_prefetch was judged free of side effects and its calls dropped as
 # dead), and the weighted sum over the kept value rows of the 128K decode step took
 # twice as long (docs/BENCHMARKS.md, "The two-stage step against its floor"). Reads the
-# disassembly of build/obj/runtime/kernels{,_resid}_avx512.o and kernels_avx2.o (objdump,
+# disassembly of build/obj/runtime/kernels/{kernels,resid}_avx512.o and kernels_avx2.o (objdump,
 # binutils).
 # Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
 
-OBJ=$KVQ_BUILD/obj/runtime
+OBJ=$KVQ_BUILD/obj/runtime/kernels
 case $(uname -m) in
   x86_64) ;;
   *) skip prefetch_kernels "not an x86-64 build"; cli_done; exit $?;;
@@ -46,7 +46,7 @@ check kernels_avx512 kvq_rk_logits_avx512 1 1
 check kernels_avx512 kvq_rk_mix_avx512 1 1
 check kernels_avx512 kvq_rk_attend_avx512 1 0
 check kernels_avx512 kvq_rk_resid_scores_avx512 1 0
-check kernels_resid_avx512 kvq_rk_resid_scores_max_avx512 1 0
+check resid_avx512 kvq_rk_resid_scores_max_avx512 1 0
 check kernels_avx2 kvq_rk_logits_avx2 1 1
 check kernels_avx2 kvq_rk_mix_avx2 0 1
 check kernels_avx2 kvq_rk_attend_avx2 1 0

@@ -33,8 +33,8 @@
 #include "kvq/kmeans.h"
 #include "kvq/util.h"
 #include "runtime/cuda/retrieval_cuda.h"
-#include "runtime/kernels.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/rk.h"
 #include "helpers/testutil.h"
 
 /* Squared distances of the GPU's expanded form ||x||^2 + ||c||^2 - 2 x.c (float SGEMM,

@@ -1,5 +1,5 @@
 /*
- * kernels_resid_avx512.c — AVX-512 path of kvq_rk_resid_scores_max (runtime/rk.h,
+ * kernels_resid_avx512.c — AVX-512 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
  * kernels_resid.c): the residual stage by the best head, 16 candidates per vector.
  *
  * As kvq_rk_resid_scores_avx512 (kernels_avx512.c), per head: each byte's table entry
@@ -19,14 +19,14 @@
  * form e and the sums' adds use different units (session 8: 8.2 -> 4.5 ns a candidate
  * at gs 4, d 128 over runs of rows, docs/BENCHMARKS.md).
  */
-#include "runtime/kernels_simd.h"
+#include "runtime/kernels/kernels_simd.h"
 
 #if KVQ_RK_HAVE_X86
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 

@@ -1,11 +1,11 @@
 /*
- * mass_avx512.c — kvq_rt_rank_select with AVX-512 (runtime/mass.h): sixteen candidates
+ * rank_select_avx512.c — kvq_rt_rank_select with AVX-512 (runtime/kernels/rk.h): sixteen candidates
  * at a time, those ranked below k compressed into sel in order. The same list as the
  * scalar loop (tests/test_mass.c).
  */
 #include <immintrin.h>
 
-#include "runtime/mass.h"
+#include "runtime/kernels/rk.h"
 
 int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int32_t *sel)
 {

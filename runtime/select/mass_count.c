@@ -18,8 +18,9 @@
 
 #include "kvq/common.h"
 #include "kvq/util.h"
-#include "runtime/kernels.h"
-#include "runtime/mass.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/rk.h"
+#include "runtime/select/mass.h"
 
 /* A digit's histogram: hw[b] the weights of the keys whose digit is b, summed in index
  * order, hc[b] their count, and a bitmap of the nonempty bins (walked from the top). */
@@ -361,14 +362,4 @@ int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *se
     if (m->avx512)
         return kvq_rt_rank_select_avx512(m->rank, end, (int32_t)k, sel);
     return kvq_rt_rank_select(m->rank, end, (int32_t)k, sel);
-}
-
-int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel)
-{
-    int64_t c = 0;
-    for (int64_t j = 0; j < n; j++) { /* branch-free: c < k until the last one ranked below k */
-        sel[c] = (int32_t)j;
-        c += rank[j] < k;
-    }
-    return c;
 }

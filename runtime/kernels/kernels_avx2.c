@@ -6,14 +6,14 @@
  * mix agree within the tolerances of kvq/runtime.h. Vector loops cover whole groups of
  * 8 elements; the remainders run the scalar per-element code.
  */
-#include "runtime/kernels_simd.h"
+#include "runtime/kernels/kernels_simd.h"
 
 #if KVQ_RK_HAVE_X86
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 

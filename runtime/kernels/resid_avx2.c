@@ -1,5 +1,5 @@
 /*
- * kernels_resid_avx2.c — AVX2 path of kvq_rk_resid_scores_max (runtime/rk.h,
+ * kernels_resid_avx2.c — AVX2 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
  * kernels_resid.c): the residual stage by the best head, 8 candidates per vector.
  *
  * The operations of kernels_resid_avx512.c on 8 lanes: each byte's table entry formed
@@ -17,14 +17,14 @@
  * interleaved loop. The session-7 interleaved loop (scalar byte-table lookups) it
  * replaces on AVX2 cost ~26 ns a candidate at gs 4, d 128 (docs/BENCHMARKS.md).
  */
-#include "runtime/kernels_simd.h"
+#include "runtime/kernels/kernels_simd.h"
 
 #if KVQ_RK_HAVE_X86
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/rk.h"
+#include "runtime/kernels/rk.h"
 
 #define TARGET __attribute__((target("avx2,fma,f16c")))
 

@@ -6,14 +6,14 @@
  * mix agree within the tolerances of kvq/runtime.h (float sums in a different order,
  * a polynomial exp). Tails are handled with masked loads and stores.
  */
-#include "runtime/kernels_simd.h"
+#include "runtime/kernels/kernels_simd.h"
 
 #if KVQ_RK_HAVE_X86
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 

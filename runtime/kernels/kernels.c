@@ -4,7 +4,7 @@
  * kernels_avx512.c.
  *
  * The scalar versions are the specification: plain loops, dot products summed in
- * double, built from the per-element functions of runtime/kernels.h that the CUDA
+ * double, built from the per-element functions of runtime/kernels/kernels.h that the CUDA
  * kernels share. The fast paths are tested against them (tests/test_runtime.c) with
  * the tolerances named in the header; score gather and top-k must agree exactly.
  */
@@ -16,9 +16,9 @@
 #include "kvq/half.h"
 #include "kvq/runtime.h"
 #include "kvq/util.h"
-#include "runtime/runtime_internal.h"
-#include "runtime/kernels.h"
-#include "runtime/kernels_simd.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/kernels/rk.h"
+#include "runtime/kernels/kernels_simd.h"
 
 /* ==========================================================================
  * Instruction sets
@@ -944,4 +944,15 @@ void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, i
     DISPATCH(isa, kvq_rk_attend,
              (state, q, nq, d, K, kf16, ld_k, kidx, V, vf16, ld_v, vidx, m, scale),
              attend_scalar(state, q, nq, d, K, kf16, ld_k, kidx, V, vf16, ld_v, vidx, m, scale));
+}
+
+/* The candidates ranked below k, in order (rk.h; scalar: the AVX-512 path's reference). */
+int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel)
+{
+    int64_t c = 0;
+    for (int64_t j = 0; j < n; j++) { /* branch-free: c < k until the last one ranked below k */
+        sel[c] = (int32_t)j;
+        c += rank[j] < k;
+    }
+    return c;
 }

@@ -1,6 +1,6 @@
 /*
  * kernels_resid.c — the residual stage scored by the best head of the GQA group
- * (kvq_rk_resid_scores_max, runtime/rk.h; rerank_resid.c under --resid-group max).
+ * (kvq_rk_resid_scores_max, runtime/kernels/rk.h; rerank_resid.c under --resid-group max).
  *
  * Session 6 scored that rule as gs passes of kvq_rk_resid_scores, one per query head,
  * each reading every candidate's packed signs and scale again (gathered rows: the
@@ -18,8 +18,8 @@
 #include <string.h>
 
 #include "kvq/runtime.h"
-#include "runtime/kernels_simd.h"
-#include "runtime/rk.h"
+#include "runtime/kernels/kernels_simd.h"
+#include "runtime/kernels/rk.h"
 
 /* Head h's first-stage score of candidate a. */
 static inline float first_of(const float *first, size_t fs, const int32_t *grp, int32_t h,

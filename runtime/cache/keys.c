@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "kvq/half.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/runtime_internal.h"
 
 void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y)

@@ -1,8 +1,8 @@
 /*
- * runtime/kernels_simd.h — internal: the AVX2 and AVX-512 paths behind the kvq_rk_*
+ * runtime/kernels/kernels_simd.h — internal: the AVX2 and AVX-512 paths behind the kvq_rk_*
  * kernels of kvq/runtime.h. Not a public header.
  *
- * runtime/kernels.c dispatches to these with kvq_isa_clamp(); calling a path the CPU
+ * runtime/kernels/kernels.c dispatches to these with kvq_isa_clamp(); calling a path the CPU
  * cannot run is undefined. The intrinsics live only in kernels_avx2.c and
  * kernels_avx512.c, whose functions carry target attributes so that they also build
  * where the SIMD flags are not passed (the clang fuzz build compiles all sources in

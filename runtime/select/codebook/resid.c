@@ -44,8 +44,9 @@
 #include <string.h>
 
 #include "kvq/runtime.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/kernels.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/select/codebook/codebook.h"
 
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale)
 {
@@ -105,11 +106,11 @@ int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, cons
         return 1;
     }
     for (int64_t i = 0; i < n; i++) {
-        memcpy(q8 + (size_t)i * rb, H->rq + (size_t)(first + order[i]) * rb, rb);
-        qs[i] = H->rqs[first + order[i]];
+        memcpy(q8 + (size_t)i * rb, kvq_rt_cb(H)->rq + (size_t)(first + order[i]) * rb, rb);
+        qs[i] = kvq_rt_cb(H)->rqs[first + order[i]];
     }
-    memcpy(H->rq + (size_t)first * rb, q8, rb * (size_t)n);
-    memcpy(H->rqs + first, qs, sizeof(float) * (size_t)n);
+    memcpy(kvq_rt_cb(H)->rq + (size_t)first * rb, q8, rb * (size_t)n);
+    memcpy(kvq_rt_cb(H)->rqs + first, qs, sizeof(float) * (size_t)n);
     free(q8);
     free(qs);
     return 0;
@@ -163,8 +164,8 @@ void kvq_rt_resid_append(const kvq_retrieval *r, const kvq_codebook *cb, rt_head
             x[t] = c ? k[t] - c[t] : k[t];
         if (r->p.positions == KVQ_POSITIONS_ROPE) /* r' = R_p (k - c) */
             kvq_rt_rotate(r, x, pos[i], x);
-        kvq_rt_resid_quantize(x, d, bits, idx, H->rqs + first + i);
-        pack(idx, d, bits, H->rq + (size_t)(first + i) * rb);
+        kvq_rt_resid_quantize(x, d, bits, idx, kvq_rt_cb(H)->rqs + first + i);
+        pack(idx, d, bits, kvq_rt_cb(H)->rq + (size_t)(first + i) * rb);
     }
 }
 
@@ -179,9 +180,9 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
     const int64_t t = kvq_rt_row_token(H, j);
     uint8_t idx[KVQ_ROPE_MAX_DIM];
     float c2[KVQ_ROPE_MAX_DIM];
-    unpack(H->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
-    kvq_rt_resid_dequantize(idx, H->rqs[j], d, bits, y);
-    const float *c = centroid(cb, H->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
+    unpack(kvq_rt_cb(H)->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
+    kvq_rt_resid_dequantize(idx, kvq_rt_cb(H)->rqs[j], d, bits, y);
+    const float *c = centroid(cb, kvq_rt_cb(H)->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
     if (!c)
         return;
     if (r->p.positions == KVQ_POSITIONS_ROPE) {
@@ -204,7 +205,7 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t G = D->groups, K = D->k, d = r->d;
-    const uint16_t *codes = st->H->codes;
+    const uint16_t *codes = kvq_rt_cb(st->H)->codes;
     if (!centroid(cb, 0)) {
         memset(first, 0, sizeof(float) * (size_t)n);
         return;
@@ -279,7 +280,7 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
             qh[t] = 0.5f * qh[t - d];
         kvq_rk_sign_table(qh, dq, S->stab + (size_t)h * tl);
     }
-    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, st->H->rq, st->H->rqs, rows, first, fs,
+    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, kvq_rt_cb(st->H)->rq, kvq_rt_cb(st->H)->rqs, rows, first, fs,
                             grp, n, sc);
     return 1;
 }
@@ -347,7 +348,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
             tab = sm->tab;
         } else
             kvq_rk_sign_table(q, dq, tab);
-        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, st->H->rq, st->H->rqs, rows, sc, n, sc);
+        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, kvq_rt_cb(st->H)->rq, kvq_rt_cb(st->H)->rqs, rows, sc, n, sc);
     } else if (!(fast && max && fast_max_scores(st, q, rows, n, sc))) {
         float y[KVQ_ROPE_MAX_DIM];
         for (int64_t a = 0; a < n; a++) {

@@ -22,7 +22,8 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
-#include "runtime/mass.h"
+#include "runtime/select/codebook/codebook.h"
+#include "runtime/select/mass.h"
 
 int kvq_rt_rerank_on(const kvq_retrieval_params *p)
 {
@@ -39,17 +40,6 @@ int64_t kvq_rt_rerank_count(const kvq_retrieval *r, int64_t k, int64_t nc)
         want = extra > want ? extra : want;
     }
     return want >= (double)nc ? nc : (int64_t)want;
-}
-
-/* The rotated key of row j (ROPE): from S->ktok (by token) when the probe set it. */
-static void step_key(const rt_step *st, int64_t j, float *y)
-{
-    const kvq_retrieval *r = st->r;
-    if (st->S->ktok)
-        memcpy(y, st->S->ktok + (size_t)kvq_rt_row_token(st->H, j) * r->d,
-               sizeof(float) * (size_t)r->d);
-    else
-        kvq_rt_key_rotated(r, st->L, st->H, j, y);
 }
 
 /* Exact logits (scale 1) of rows[0..n) into lg [nq, n]: under ROPE q R_i . k_j R_{p_j},
@@ -85,7 +75,7 @@ static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, f
         kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg, n);
     } else if (rope) {
         for (int64_t a = 0; a < n; a++)
-            step_key(st, rows[a], S->krot + (size_t)a * d);
+            kvq_rt_step_key(st, rows[a], S->krot + (size_t)a * d);
         kvq_rk_logits(r->p.isa, q, nq, d, S->krot, KVQ_DT_F32, d, NULL, n, 1.0f, lg, n);
     } else {
         kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg, n);
@@ -144,55 +134,3 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     return m;
 }
 
-/* Logits of att[a0..a1) into columns [a0, a1) of S->logits [gs, m]: rotated keys and
- * q R_i (rot), or the stored keys and q R_b. */
-static void logits_span(const rt_step *st, const int32_t *att, int64_t a0, int64_t a1, int64_t m,
-                        int rot, float scale)
-{
-    const kvq_retrieval *r = st->r;
-    rt_scratch *S = st->S;
-    const int32_t d = r->d;
-    if (a1 <= a0)
-        return;
-    const rt_logit_memo *M = S->lg_memo;
-    if (M) { /* the probe's: the kernels' values of these rows, gathered */
-        for (int32_t g = 0; g < r->gs; g++)
-            for (int64_t a = a0; a < a1; a++)
-                S->logits[(size_t)g * m + a] =
-                    rot ? M->lgi[(size_t)g * M->nv + att[a] - M->lo]
-                        : M->lgb[(size_t)g * M->nv + att[a] - M->lo] * scale;
-        return;
-    }
-    if (rot && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
-        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, st->H->k, r->p.cache_dtype, d, att + a0, a1 - a0,
-                      scale, S->logits + a0, m);
-    } else if (rot) {
-        for (int64_t a = a0; a < a1; a++)
-            step_key(st, att[a], S->krot + (size_t)(a - a0) * d);
-        kvq_rk_logits(r->p.isa, S->qi, r->gs, d, S->krot, KVQ_DT_F32, d, NULL, a1 - a0, scale,
-                      S->logits + a0, m);
-    } else {
-        kvq_rk_logits(r->p.isa, S->qb, r->gs, d, st->H->k, r->p.cache_dtype, d, att + a0, a1 - a0,
-                      scale, S->logits + a0, m);
-    }
-}
-
-void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64_t m_far)
-{
-    const kvq_retrieval *r = st->r;
-    rt_scratch *S = st->S;
-    const float scale = (float)(1.0 / sqrt((double)r->d));
-    const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
-    /* columns [c0, c1) hold the rerank's logits (within the far rows under WROPE) */
-    const int64_t c0 = S->rr_kept ? st->s_end - st->lo : 0, c1 = c0 + S->rr_kept;
-    const int64_t far_end = rope ? m : m_far;
-    logits_span(st, att, 0, S->rr_kept ? c0 : far_end, m, rope, scale);
-    if (S->rr_kept)
-        logits_span(st, att, c1, far_end, m, rope, scale);
-    if (!rope) /* WROPE: the window and near sinks with exact RoPE */
-        logits_span(st, att, m_far, m, m, 1, scale);
-    S->rr_kept = 0;
-    kvq_rk_softmax(r->p.isa, S->logits, r->gs, m, m);
-    kvq_rk_mix(r->p.isa, S->logits, r->gs, m, st->H->v, r->p.cache_dtype, r->d, att, m, r->d,
-               S->o);
-}

@@ -17,7 +17,8 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
-#include "runtime/kernels.h"
+#include "runtime/select/codebook/codebook.h"
+#include "runtime/kernels/kernels.h"
 
 static const char *const score_names[] = {"rb", "mean", "bands"};
 
@@ -216,7 +217,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     const int32_t *tok = st->H->tok;
     const int64_t se = st->H->sorted_end < st->w_beg ? st->H->sorted_end : st->w_beg;
     uint32_t *run = S->cwork, *cur = S->cwork + K, *cnt = S->cwork + 2 * K; /* of 4 K */
-    kvq_rk_code_counts(st->H->hist, K, st->H->codes, st->L->len, s0, se, cnt);
+    kvq_rk_code_counts(kvq_rt_cb(st->H)->hist, K, kvq_rt_cb(st->H)->codes, st->L->len, s0, se, cnt);
     uint32_t acc = 0;
     for (int32_t c = 0; c < K; c++) {
         run[c] = acc;
@@ -245,7 +246,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
         const int64_t r0 = k + 1 == nb ? se : first_at(P, se, st->w_beg, first);
         const int64_t r1 = k == 0 ? st->w_beg : first_at(P, se, st->w_beg, st->pos - lo + 1);
         if (r1 > r0)
-            kvq_rk_score(r->p.isa, S->lut, 1, K, st->H->codes + r0, r1 - r0, scores + (r0 - s0));
+            kvq_rk_score(r->p.isa, S->lut, 1, K, kvq_rt_cb(st->H)->codes + r0, r1 - r0, scores + (r0 - s0));
     }
 }
 
@@ -268,7 +269,7 @@ static void cheat_scores(const rt_step *st, const float *q, float *scores)
             sn[m] = (float)sin((double)delta * r->theta[m]);
         }
         kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, d, qs);
-        const float *w = W + (size_t)st->H->codes[(size_t)row * G] * d;
+        const float *w = W + (size_t)kvq_rt_cb(st->H)->codes[(size_t)row * G] * d;
         float acc = 0;
         for (int32_t t = 0; t < d; t++)
             acc += qs[t] * w[t];
@@ -320,7 +321,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
         band_spread(st, cb, qsum_pre, lo, hi, S->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         if (fast) {
-            kvq_rk_score(r->p.isa, S->lut, G, K, st->H->codes + (size_t)r0 * G, r1 - r0,
+            kvq_rk_score(r->p.isa, S->lut, G, K, kvq_rt_cb(st->H)->codes + (size_t)r0 * G, r1 - r0,
                          scores + (r0 - st->s_end));
             continue;
         }
@@ -329,7 +330,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             const int64_t delta = st->pos - P[kvq_rt_row_token(st->H, row)];
             if (band_of(delta < a ? a : delta, E, nb) != k)
                 continue;
-            const uint16_t *c = st->H->codes + (size_t)row * G;
+            const uint16_t *c = kvq_rt_cb(st->H)->codes + (size_t)row * G;
             float s = 0;
             for (int32_t g = 0; g < G; g++)
                 s += S->lut[(size_t)g * K + c[g]];
@@ -368,7 +369,7 @@ static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const flo
     const rt_head *H = st->H;
     rt_scratch *S = st->S;
     const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
-    kvq_rk_code_counts(H->hist, K, H->codes, st->L->len, s0, se, S->cwork);
+    kvq_rk_code_counts(kvq_rt_cb(H)->hist, K, kvq_rt_cb(H)->codes, st->L->len, s0, se, S->cwork);
     return (kvq_rk_bands){.K = K,
                           .nb = nb,
                           .lut = lut,
@@ -378,7 +379,7 @@ static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const flo
                           .tb = tb,
                           .nu = st->w_beg - se,
                           .utok0 = se,
-                          .ucodes = H->codes + se};
+                          .ucodes = kvq_rt_cb(H)->codes + se};
 }
 
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes)
@@ -426,8 +427,8 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
      * its per-head rule (resid_group MAX) each candidate's group b K + code goes to
      * S->sel instead, its entry in every head's band LUTs (kvq_rt_head_band_luts) */
     const int hmax = r->p.resid_group == KVQ_GROUP_MAX;
-    const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, H->rq && !hmax ? S->tmp : NULL,
-                                                H->rq && hmax ? S->sel : NULL, S->work);
+    const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, kvq_rt_cb(H)->rq && !hmax ? S->tmp : NULL,
+                                                kvq_rt_cb(H)->rq && hmax ? S->sel : NULL, S->work);
     S->bsel_nb = nb; /* the LUTs stay in S->scores */
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)s0;
@@ -553,7 +554,7 @@ int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, 
                 k = band_of(delta < a ? a : delta, E, nb);
             }
             o[i] = kvq_rk_score_one(S->scores + (size_t)k * GK, G, K,
-                                    st->H->codes + (size_t)rows[i] * G);
+                                    kvq_rt_cb(st->H)->codes + (size_t)rows[i] * G);
         }
     }
     return 1;

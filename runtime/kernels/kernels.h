@@ -1,6 +1,6 @@
 /*
- * runtime/kernels.h — per-element logic of retrieval decoding, shared by the CPU
- * kernels (runtime/kernels*.c, runtime/select.c) and the CUDA kernels
+ * runtime/kernels/kernels.h — per-element logic of retrieval decoding, shared by the CPU
+ * kernels (runtime/kernels/kernels*.c, runtime/select/select.c) and the CUDA kernels
  * (runtime/cuda/retrieval_cuda.cu). KVQ_HD is __host__ __device__ under nvcc and
  * nothing in C. Not a public header.
  *

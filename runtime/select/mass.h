@@ -1,5 +1,5 @@
 /*
- * runtime/mass.h — the count k* of the mass selector (runtime/mass.c), for select.c and
+ * runtime/select/mass.h — the count k* of the mass selector (runtime/select/mass_count.c), for select.c and
  * probe.c. Not a public header.
  */
 #ifndef KVQ_RUNTIME_MASS_H
@@ -37,13 +37,9 @@ int64_t kvq_rt_mass_memo_topk(rt_mass_memo *m, int64_t n, int64_t k, int32_t *se
 int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_bytes,
                                const float *lg, int64_t n, double tau, uint32_t *keys, double *w);
 
-/* The candidates j < n with rank[j] < k, ascending, into sel (sel needs room for those
- * only; n ends at the last of them); returns their count. Scalar, and AVX-512 (compress
- * stores, runtime/mass_avx512.c; the same list). */
-int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
-int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
+/* kvq_rt_rank_select and its AVX-512 path: runtime/kernels/rk.h. */
 
-/* The rerank's top k for the probe's steps of one (row, head) (runtime/rank_memo.c):
+/* The rerank's top k for the probe's steps of one (row, head) (runtime/select/codebook/rank_memo.c):
  *   score_order  a [n] = 0 .. n-1 ordered by scores: kvq_rk_key descending, then index
  *                (a stable LSD radix sort; v [2 n] scratch)
  *   build        ranks the rows [0, nv) by rerank.c's score of lgb [nq, nv] (the summed

@@ -9,7 +9,8 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
-#include "runtime/kernels.h"
+#include "runtime/select/codebook/codebook.h"
+#include "runtime/kernels/kernels.h"
 
 /* ==========================================================================
  * Row order (kvq/runtime.h): the far rows of single-group codebooks in code order
@@ -45,8 +46,8 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
                            "retrieval: out of memory sorting %lld rows by code (%.1f MiB)",
                            (long long)n, 2.0 * (double)all / 1048576.0);
     }
-    kvq_rk_code_order(H->codes + S, n, K, count, order);
-    if (H->rq && kvq_rt_resid_permute(r, H, S, order, n)) { /* residuals by row too */
+    kvq_rk_code_order(kvq_rt_cb(H)->codes + S, n, K, count, order);
+    if (kvq_rt_cb(H)->rq && kvq_rt_resid_permute(r, H, S, order, n)) { /* residuals by row too */
         free(order);
         free(count);
         free(t32);
@@ -72,8 +73,8 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
     memcpy(H->tok + S, t32, sizeof *t32 * (size_t)n);
     uint16_t *c16 = (uint16_t *)t32; /* n codes fit in the n tokens' bytes */
     for (int64_t i = 0; i < n; i++)
-        c16[i] = H->codes[S + order[i]];
-    memcpy(H->codes + S, c16, sizeof *c16 * (size_t)n);
+        c16[i] = kvq_rt_cb(H)->codes[S + order[i]];
+    memcpy(kvq_rt_cb(H)->codes + S, c16, sizeof *c16 * (size_t)n);
     H->sorted_end = e;
     free(order);
     free(count);

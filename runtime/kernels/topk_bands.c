@@ -1,6 +1,6 @@
 /*
  * topk_bands.c — top-k of candidates scored per (code, distance band), the selection of
- * --score-pos bands on rows in code order (kvq_rk_topk_bands, runtime/rk.h).
+ * --score-pos bands on rows in code order (kvq_rk_topk_bands, runtime/kernels/rk.h).
  *
  * Every row of one (code, band) group has the same score, the band's LUT entry for the
  * code. So the k-th largest score is a weighted k-th over the K x bands groups (each
@@ -15,8 +15,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "runtime/rk.h"
-#include "runtime/kernels.h"
+#include "runtime/kernels/rk.h"
+#include "runtime/kernels/kernels.h"
 
 /* The first row of [lo, hi) whose token is >= t (tokens increasing over the rows; hi if
  * none), searched from the row g in [lo, hi): by doubling steps away from g, then by

@@ -1,5 +1,5 @@
 /*
- * runtime/rk.h — the retrieval kernels kvq_rk_*: LUT build, score gather, top-k
+ * runtime/kernels/rk.h — the retrieval kernels kvq_rk_*: LUT build, score gather, top-k
  * selection and sparse attention over an f16 or f32 cache. Each has a scalar reference
  * and AVX2 / AVX-512 paths chosen at run time (kvq_isa, kvq/runtime.h); tests check
  * fast == scalar within the tolerances below.
@@ -65,7 +65,7 @@ void kvq_rk_lut_multi(kvq_isa isa, const kvq_rk_table *t, const float *qs, int32
 void kvq_rk_score(kvq_isa isa, const float *lut, int32_t G, int32_t K, const uint16_t *codes,
                   int64_t n, float *scores);
 
-/* Residual stage, 1 bit per channel (runtime/rerank_resid.c): the signed-sum table of a
+/* Residual stage, 1 bit per channel (runtime/select/codebook/resid.c): the signed-sum table of a
  * query q [d] (d % 8 == 0), tab [KVQ_RK_SIGN_TABLE_LEN(d)]: first [d/8, 256],
  * tab[p*256 + v] = sum over c = 0..7 of (bit c of v ? +q[8p + c] : -q[8p + c]), summed as
  * two nibbles (each four terms in order c = 0..3 from 0.0f, then lower + upper) in float;
@@ -140,7 +140,7 @@ uint32_t kvq_rk_kth_key_weighted(uint32_t *keys, uint32_t *w, int64_t m, int64_t
                                  int64_t *ties);
 
 /* Top-k of candidates scored per (code, distance band), single-group codebooks
- * (--score-pos bands on rows in code order, runtime/topk_bands.c). The candidates are
+ * (--score-pos bands on rows in code order, runtime/kernels/topk_bands.c). The candidates are
  * rows [0, n + nu):
  *   rows [0, n)       runs of one code in code order, code c's run cnt[c] rows long;
  *                     tok[j] the token of row j, increasing within a run
@@ -167,7 +167,7 @@ typedef struct kvq_rk_bands {
 int64_t kvq_rk_topk_bands(const kvq_rk_bands *B, int64_t k, int32_t *idx, uint32_t *work);
 /* The same selection, and val [min(k, n + nu)] (when not NULL): val[i] = the score of row
  * idx[i], its group's LUT entry lut[b K + code] (the first-stage score the residual
- * stage adds its part to, runtime/rerank_resid.c: no band search per row). */
+ * stage adds its part to, runtime/select/codebook/resid.c: no band search per row). */
 int64_t kvq_rk_topk_bands_scored(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                  uint32_t *work);
 /* The same selection, and (each when not NULL) val as kvq_rk_topk_bands_scored and grp
@@ -255,6 +255,19 @@ void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, i
                         const void *V, kvq_dtype vdt, int64_t ld_v, const int32_t *vidx, int64_t m,
                         float scale);
 void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out);
+
+/* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c; the CUDA mirror and the codebook selector read them). */
+const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K);
+/* The query the table's LUT is built from: q' = qs L^-T (grouped query-aware
+ * codebooks, in double, rounded to float) or qs.   qs, qp: [d] (kernels.c) */
+void kvq_rk_table_query(const kvq_rk_table *t, const float *qs, float *qp);
+
+/* The candidates j < n with rank[j] < k, ascending, into sel (sel needs room for those
+ * only; n ends at the last of them); returns their count. Scalar, and AVX-512 (compress
+ * stores, runtime/kernels/rank_select_avx512.c; the same list; the mass selector's
+ * memo and the rerank's, runtime/select/). */
+int64_t kvq_rt_rank_select(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
+int64_t kvq_rt_rank_select_avx512(const int32_t *rank, int64_t n, int32_t k, int32_t *sel);
 
 #ifdef __cplusplus
 }

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "kvq/util.h"
-#include "runtime/kernels.h"
-#include "runtime/mass.h"
+#include "runtime/kernels/kernels.h"
+#include "runtime/select/mass.h"
 
 struct rt_rank_memo {
     int64_t n, cap;

@@ -1,0 +1,69 @@
+/*
+ * runtime/select/selector.h — the interface of a retrieval selector: which candidates of
+ * one decode step (query row, layer, KV head) are attended. Not a public header.
+ *
+ * A selector is one table of functions (rt_selector) in a file of its own under
+ * runtime/select/ (the codebook selector, with its stages, in runtime/select/codebook/),
+ * registered by one line in runtime/select/select.c. The context (runtime/retrieval.c)
+ * and the cache (runtime/cache/) call a selector only through this table: they hold no
+ * selector's data but the opaque rt_head.sdata each head keeps for its selector.
+ *
+ *   reserve      the head's rows grow to `cap` (from L->cap): grow what the selector keeps
+ *                per row / per group of rows, making rt_head.sdata on the first call
+ *                (NULL: the selector keeps nothing). 0 when out of memory.
+ *   free_head    frees rt_head.sdata (NULL: nothing to free)
+ *   reset_head   a new sequence begins (kvq_retrieval_reset; NULL: nothing to do)
+ *   append       the chunk c of n rows was stored at rows [past, past + n) of layer L (K,
+ *                V and positions; the rows' tokens and L->len not yet): the selector's
+ *                data of those rows (NULL: nothing)
+ *   appended     after L->len and the rows' tokens were updated (the codebook selector
+ *                puts the far rows in code order here; NULL: nothing)
+ *   select       the candidates of step st [s_end, w_beg) to attend for a budget of k
+ *                (the mass selector chooses fewer): their rows, ascending, into sel;
+ *                returns their count. Adds the bytes it reads to *sel_bytes (its per-key
+ *                data, key rows) and the codebook tables' bytes to *cb_bytes. Writes
+ *                st->S's scratch.
+ *   bits_per_key the bits it holds per cached key (KV head), for reports
+ *                (kvq_selector_bits_per_key); NULL: 0
+ */
+#ifndef KVQ_RUNTIME_SELECTOR_H
+#define KVQ_RUNTIME_SELECTOR_H
+
+#include "kvq/runtime.h"
+#include "runtime/runtime_internal.h"
+
+typedef struct rt_selector {
+    kvq_selector id;
+    const char *name;   /* kvq_selector_name, kvq_selector_parse */
+    int needs_artifact; /* refused without codebooks; a layer without them attends fully */
+    int (*reserve)(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t cap);
+    void (*free_head)(rt_head *H);
+    void (*reset_head)(const kvq_retrieval *r, const rt_layer *L, int32_t h, rt_head *H);
+    kvq_status (*append)(kvq_retrieval *r, rt_layer *L, const kvq_attn_call *c, int64_t past,
+                         kvq_err *err);
+    kvq_status (*appended)(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
+    int64_t (*select)(const rt_step *st, int64_t k, int32_t *sel, double *sel_bytes,
+                      double *cb_bytes);
+    double (*bits_per_key)(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d);
+} rt_selector;
+
+/* The selectors (one file each) and the registry of select.c: the table of id, or NULL
+ * for an id out of range. */
+extern const rt_selector kvq_rt_selector_full;     /* full.c */
+extern const rt_selector kvq_rt_selector_oracle;   /* oracle.c */
+extern const rt_selector kvq_rt_selector_codebook; /* codebook/codebook.c */
+extern const rt_selector kvq_rt_selector_fier;     /* fier.c */
+extern const rt_selector kvq_rt_selector_quest;    /* quest.c */
+extern const rt_selector kvq_rt_selector_mass;     /* mass.c */
+const rt_selector *kvq_rt_selector(kvq_selector id);
+
+/* What selectors share (select.c).
+ *   group_sum   out [d] = the sum of the group's query rows q [gs, d], in head order
+ *   select_all  every candidate of the step, ascending, into sel; returns nc
+ *   select_top  the top k of the step's candidate scores S->scores [nc] (kvq_rk_topk:
+ *               ties to the lower index), as rows, ascending, into sel; returns the count */
+void kvq_rt_group_sum(const float *q, int32_t gs, int32_t d, float *out);
+int64_t kvq_rt_select_all(const rt_step *st, int32_t *sel);
+int64_t kvq_rt_select_top(const rt_step *st, int64_t k, int32_t *sel);
+
+#endif /* KVQ_RUNTIME_SELECTOR_H */
