@@ -46,10 +46,14 @@ kvq_status kvq_selector_parse(const char *s, kvq_selector *sel, int *method, kvq
             *method = (int)m;
         return KVQ_OK;
     }
-    return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                       "unknown selector '%s' (full, oracle, codebook or the artifact's method "
-                       "name, fier, quest, mass)",
-                       s);
+    char names[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < KVQ_SELECT_COUNT && used < sizeof names; i++) {
+        const char *nm = kvq_rt_selector((kvq_selector)i)->name;
+        used += (size_t)snprintf(names + used, sizeof names - used, "%s%s%s", i ? ", " : "", nm,
+                                 i == KVQ_SELECT_CODEBOOK ? " or the artifact's method name" : "");
+    }
+    return kvq_err_set(err, KVQ_E_INVALID_ARG, "unknown selector '%s' (%s)", s, names);
 }
 
 int kvq_selector_needs_artifact(kvq_selector s)

@@ -15,15 +15,20 @@
 #include "runtime/kernels/rk.h"
 #include "runtime/select/selector.h"
 
-/* The registry: one line per selector, at its kvq_selector value. */
-static const rt_selector *const registry[KVQ_SELECT_COUNT] = {
-    [KVQ_SELECT_FULL] = &kvq_rt_selector_full,
-    [KVQ_SELECT_ORACLE] = &kvq_rt_selector_oracle,
-    [KVQ_SELECT_CODEBOOK] = &kvq_rt_selector_codebook,
-    [KVQ_SELECT_FIER] = &kvq_rt_selector_fier,
-    [KVQ_SELECT_QUEST] = &kvq_rt_selector_quest,
-    [KVQ_SELECT_MASS] = &kvq_rt_selector_mass,
-};
+/* The registry: one line per selector, its kvq_selector value and its table (defined
+ * in the selector's own file). */
+#define KVQ_RT_SELECTORS(X)                                                                   \
+    X(KVQ_SELECT_FULL, kvq_rt_selector_full)         /* full.c */                             \
+    X(KVQ_SELECT_ORACLE, kvq_rt_selector_oracle)     /* oracle.c */                           \
+    X(KVQ_SELECT_CODEBOOK, kvq_rt_selector_codebook) /* codebook/codebook.c */                \
+    X(KVQ_SELECT_FIER, kvq_rt_selector_fier)         /* fier.c */                             \
+    X(KVQ_SELECT_QUEST, kvq_rt_selector_quest)       /* quest.c */                            \
+    X(KVQ_SELECT_MASS, kvq_rt_selector_mass)         /* mass.c */
+
+#define DECLARE(id, table) extern const rt_selector table;
+#define ENTRY(id, table) [id] = &table,
+KVQ_RT_SELECTORS(DECLARE)
+static const rt_selector *const registry[KVQ_SELECT_COUNT] = {KVQ_RT_SELECTORS(ENTRY)};
 
 const rt_selector *kvq_rt_selector(kvq_selector id)
 {
@@ -62,6 +67,6 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
     const rt_selector *s = kvq_rt_selector(selector);
     /* Layers without codebooks attend fully (the format's rule for absent layers). */
     if (s->needs_artifact && !st->L->cb[st->head])
-        s = &kvq_rt_selector_full;
+        s = registry[KVQ_SELECT_FULL];
     return s->select(st, k, sel, sel_bytes, codebook_bytes);
 }

@@ -47,14 +47,8 @@ typedef struct rt_selector {
     double (*bits_per_key)(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d);
 } rt_selector;
 
-/* The selectors (one file each) and the registry of select.c: the table of id, or NULL
- * for an id out of range. */
-extern const rt_selector kvq_rt_selector_full;     /* full.c */
-extern const rt_selector kvq_rt_selector_oracle;   /* oracle.c */
-extern const rt_selector kvq_rt_selector_codebook; /* codebook/codebook.c */
-extern const rt_selector kvq_rt_selector_fier;     /* fier.c */
-extern const rt_selector kvq_rt_selector_quest;    /* quest.c */
-extern const rt_selector kvq_rt_selector_mass;     /* mass.c */
+/* The table of selector id (select.c's registry, one line per selector; each table is
+ * defined in its selector's file), or NULL for an id out of range. */
 const rt_selector *kvq_rt_selector(kvq_selector id);
 
 /* What selectors share (select.c).
