@@ -40,7 +40,7 @@ static inline void bench_flush_caches(uint64_t *buf)
     bench_sink += s;
 }
 
-/* An array as the runtime allocates its KV cache (runtime/retrieval.c): 2 MiB aligned
+/* An array as the runtime allocates its KV cache (runtime/cache/cache.c): 2 MiB aligned
  * and advised for transparent huge pages. Free with free(). */
 static inline void *bench_cache_alloc(size_t bytes)
 {

@@ -16,7 +16,7 @@
  * full       per KV head: logits of the group's 4 (post-RoPE) queries against every
  *            cached key, softmax, weighted sum of every value: K and V read once each
  *            (kvq_rk_logits / kvq_rk_softmax / kvq_rk_mix on all rows, f16).
- * retrieval  the runtime's decode step (runtime/retrieval.c) with the same kernels:
+ * retrieval  the runtime's decode step (runtime/step.c) with the same kernels:
  *            the group's scoring query (sum of q R_b), its LUT from the f16 table,
  *            the top-K (K = budget x n) of the candidates from their codes
  *            (kvq_rk_code_counts from the per-code counts the cache keeps, then
@@ -333,7 +333,7 @@ static float unit(kvq_rng *r)
                    1.7320508075688772);
 }
 
-/* The runtime's row order after a prompt of n tokens (runtime/retrieval.c sort_head):
+/* The runtime's row order after a prompt of n tokens (runtime/select/codebook/row_order.c sort_head):
  * rows [SINK, n - WINDOW) stably sorted by code, K, V and codes moved together. */
 struct layer;
 static int sort_candidates(struct layer *L, int h, int32_t K);

@@ -338,7 +338,8 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  kvq_rt_grow((void **)&S->att, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->logits, gs * c * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->rr, (gs + 1) * (d + c) * sizeof(float)) &&
-                 kvq_rt_grow((void **)&S->stab, gs * KVQ_RK_SIGN_TABLE_LEN(2 * d) * sizeof(float)) &&
+                 kvq_rt_grow((void **)&S->stab,
+                             gs * KVQ_RK_SIGN_TABLE_LEN(2 * d) * sizeof(float)) &&
                  (!r->p.measure || kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float))) &&
                  kvq_rt_grow((void **)&S->lut, lut * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&

@@ -16,7 +16,7 @@ typedef struct rt_step rt_step;
 typedef struct rt_layer rt_layer;
 
 /* The decode step's selection kernels (runtime/select/codebook/device.c): the steps that run on the
- * chosen device, so that retrieval.c and select.c are written once.
+ * chosen device, so that step.c and the codebook selector are written once.
  *   init     after the context is built: device copies of the LUT tables
  *   fini     releases what init made (the context is being freed)
  *   codes    rows [first, first + n) of (layer, head)'s codes were written (the cache
@@ -89,7 +89,7 @@ typedef struct rt_logit_memo {
     int32_t nqb;
     const float *lgi, *lgb;
     struct rt_sign_memo *sign; /* NULL, or the residual stage's sign table of the last
-                                  query it was built for (rerank_resid.c) */
+                                  query it was built for (select/codebook/resid.c) */
     struct rt_rank_memo *rank; /* NULL, or the rows ranked by the rerank's score of lgb
                                   (mass.h; its top k for the steps, rerank.c) */
 } rt_logit_memo;
@@ -136,11 +136,11 @@ typedef struct rt_scratch {
                             nb LUTs [nb, K] left in scores, and (residual stage on) left
                             each selected row's group score, its first-stage score, in
                             tmp [n] in selection order (kvq_rk_topk_bands_scored;
-                            rerank_resid.c reads them); under resid_group MAX each
+                            select/codebook/resid.c reads them); under resid_group MAX each
                             selected row's (code, band) group b K + code in sel [n]
                             instead (kvq_rk_topk_bands_grouped, kvq_rt_head_band_luts) */
     float *stab;         /* [gs, KVQ_RK_SIGN_TABLE_LEN(2 d)] the heads' sign tables of the
-                            residual stage under resid_group MAX (rerank_resid.c) */
+                            residual stage under resid_group MAX (select/codebook/resid.c) */
     float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
                             candidates' exact logits [gs + 1, n] */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
@@ -239,8 +239,9 @@ kvq_status kvq_rt_rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err);
 kvq_status kvq_rt_append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err);
 void kvq_rt_head_free(const kvq_retrieval *r, rt_head *H);
 
-/* Selection for the step (runtime/select/select.c: the selector's table): writes the chosen candidates (ascending token
- * indices) to S->sel and returns the count, at most k for the budgeted selectors.
+/* Selection for the step (runtime/select/select.c: the selector's table): writes the
+ * chosen candidates (ascending token indices) to sel and returns the count, at most k
+ * for the budgeted selectors.
  * sel_bytes receives the selector's metadata bytes read, codebook_bytes the LUT table
  * bytes read. `selector` is the context's, or KVQ_SELECT_ORACLE for the measurement. */
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
@@ -276,7 +277,8 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
 void kvq_rt_probe_free(struct rt_probe *p);
 
 /* The best of nq query rows q [nq, d] against one key y [d]: each dot in double, rounded
- * to float, the first row's on ties (the exact scorer's rule: select.c, rerank_resid.c). */
+ * to float, the first row's on ties (the exact scorer's rule: select/oracle.c,
+ * select/codebook/resid.c). */
 static inline float kvq_rt_group_best_dot(const float *q, int32_t nq, int32_t d, const float *y)
 {
     float best = 0;

@@ -76,8 +76,10 @@ static float rnd(uint64_t *s)
 static int64_t run(kvq_retrieval *r, const kvq_model_config *c, int64_t T, int32_t *sel)
 {
     const int32_t d = c->head_dim, qd = c->n_heads * d, kvd = c->n_kv_heads * d;
-    float *q = malloc(sizeof(float) * (size_t)(T * qd)), *k = malloc(sizeof(float) * (size_t)(T * kvd));
-    float *v = malloc(sizeof(float) * (size_t)(T * kvd)), *out = malloc(sizeof(float) * (size_t)(T * qd));
+    float *q = malloc(sizeof(float) * (size_t)(T * qd));
+    float *k = malloc(sizeof(float) * (size_t)(T * kvd));
+    float *v = malloc(sizeof(float) * (size_t)(T * kvd));
+    float *out = malloc(sizeof(float) * (size_t)(T * qd));
     int64_t *pos = malloc(sizeof(int64_t) * (size_t)T);
     uint64_t s = 88172645463325252ull;
     for (int64_t i = 0; i < T * qd; i++)

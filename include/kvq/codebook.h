@@ -192,7 +192,8 @@ void kvq_codebook_lut_query(const kvq_codebook *cb, const float *qs, double *qp)
 /* The reference lookup table of a scoring query qs [d] (from kvq_codebook_query_pe):
  * lut[g*K + c] = q'_g . W_g[c] (q' from kvq_codebook_lut_query), in double from the f32
  * centroids, rounded once. lut: [G, K]. Cost: K d (+ d^2). The fast LUT the decode step
- * uses (f16 table, SIMD) is kvq_rk_lut (runtime/kernels/rk.h, internal), tested against this one. */
+ * uses (f16 table, SIMD) is kvq_rk_lut (runtime/kernels/rk.h, internal), tested against
+ * this one. */
 void kvq_codebook_lut_ref(const kvq_codebook *cb, const float *qs, float *lut);
 
 /* Approximate scores of n codes [n, G] from a LUT [G, K]:

@@ -3,10 +3,10 @@
  *
  * Three layers, bottom up:
  *
- *   kernels       kvq_rk_* (runtime/kernels/rk.h, internal): LUT build, score gather, top-k selection and sparse
- *                 attention over an f16 or f32 cache. Each has a scalar reference and
- *                 AVX2 / AVX-512 paths chosen at run time (kvq_isa); tests check fast ==
- *                 scalar within the named tolerances below.
+ *   kernels       kvq_rk_* (runtime/kernels/rk.h, internal): LUT build, score gather,
+ *                 top-k selection and sparse attention over an f16 or f32 cache. Each
+ *                 has a scalar reference and AVX2 / AVX-512 paths chosen at run time
+ *                 (kvq_isa); tests check fast == scalar within the named tolerances below.
  *   kvq_codebook_set   an opened .kvq artifact, validated against the model, with one
  *                 kvq_codebook per (layer, KV head). Immutable once opened; several
  *                 decoding contexts may share it.

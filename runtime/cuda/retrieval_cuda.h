@@ -3,7 +3,7 @@
  * attention (built only with `make CUDA=1`). Not a public header.
  *
  * One call runs, for every KV head of one layer and one query row, the same step as
- * the CPU runtime (runtime/retrieval.c, WROPE positions): the LUT of the group's summed
+ * the CPU runtime (runtime/step.c, WROPE positions): the LUT of the group's summed
  * scoring query from the f16 table, the score gather over the candidates' codes, the
  * radix top-k (the CPU's selection rule: ties to the lower index, ascending output),
  * the rotation of the window keys, and exact attention over sinks + selection + window.

@@ -104,14 +104,14 @@ int64_t kvq_rk_emit_codes_avx512(const uint32_t *ktab, int32_t K, const uint16_t
 int64_t kvq_rk_resid_scores_avx512(const float *tab, int32_t nb8, const uint8_t *bits,
                                    const float *scale, const int32_t *tok, const float *first,
                                    int64_t n, float *out);
-/* AVX-512 only: kvq_rk_resid_scores_max from the heads' nibble tables (kernels_resid.c
+/* AVX-512 only: kvq_rk_resid_scores_max from the heads' nibble tables (resid.c
  * for the contract). Returns the candidates done, a multiple of 16 from the start. */
 int64_t kvq_rk_resid_scores_max_avx512(const float *tab, int32_t gs, int32_t nb8,
                                        const uint8_t *bits, const float *scale,
                                        const int32_t *tok, const float *first, size_t fs,
                                        const int32_t *grp, int64_t n, float *out);
 /* AVX2 only: the same through the nibble tables, 8 candidates a vector, nb8 == 8 or
- * nb8 % 16 == 0 (kernels_resid_avx2.c). Returns the candidates done, a multiple of 8. */
+ * nb8 % 16 == 0 (resid_avx2.c). Returns the candidates done, a multiple of 8. */
 int64_t kvq_rk_resid_scores_max_avx2(const float *tab, int32_t gs, int32_t nb8,
                                      const uint8_t *bits, const float *scale, const int32_t *tok,
                                      const float *first, size_t fs, const int32_t *grp, int64_t n,

@@ -1,7 +1,7 @@
 /*
- * rank_select_avx512.c — kvq_rt_rank_select with AVX-512 (runtime/kernels/rk.h): sixteen candidates
- * at a time, those ranked below k compressed into sel in order. The same list as the
- * scalar loop (tests/test_mass.c).
+ * rank_select_avx512.c — kvq_rt_rank_select with AVX-512 (runtime/kernels/rk.h):
+ * sixteen candidates at a time, those ranked below k compressed into sel in order. The
+ * same list as the scalar loop (tests/test_mass.c).
  */
 #include <immintrin.h>
 

@@ -1,16 +1,16 @@
 /*
- * kernels_resid.c — the residual stage scored by the best head of the GQA group
- * (kvq_rk_resid_scores_max, runtime/kernels/rk.h; rerank_resid.c under --resid-group max).
+ * resid.c — the residual stage scored by the best head of the GQA group
+ * (kvq_rk_resid_scores_max, runtime/kernels/rk.h; select/codebook/resid.c under --resid-group max).
  *
  * Session 6 scored that rule as gs passes of kvq_rk_resid_scores, one per query head,
  * each reading every candidate's packed signs and scale again (gathered rows: the
  * reads are most of the cost). Here one pass reads a candidate's record once and looks
  * its bytes up in each head's sign table, each head's sum in the order of
  * kvq_rk_resid_scores (so the same bits), and keeps the best head's score as
- * rerank_resid.c did (strictly greater replaces). The scalar loop is the reference;
+ * select/codebook/resid.c did (strictly greater replaces). The scalar loop is the reference;
  * the interleaved loop (every ISA but scalar where the vector paths do not apply: eight
  * candidates, blocks of candidates scored head after head while their rows are in L1)
- * and the AVX2 and AVX-512 paths (kernels_resid_avx2.c, kernels_resid_avx512.c: nibble
+ * and the AVX2 and AVX-512 paths (resid_avx2.c, resid_avx512.c: nibble
  * tables in registers) give its bits (tests/test_resid_max.c).
  */
 #include <stddef.h>

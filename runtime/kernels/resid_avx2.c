@@ -1,8 +1,8 @@
 /*
- * kernels_resid_avx2.c — AVX2 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
- * kernels_resid.c): the residual stage by the best head, 8 candidates per vector.
+ * resid_avx2.c — AVX2 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
+ * resid.c): the residual stage by the best head, 8 candidates per vector.
  *
- * The operations of kernels_resid_avx512.c on 8 lanes: each byte's table entry formed
+ * The operations of resid_avx512.c on 8 lanes: each byte's table entry formed
  * from the head's two 16-entry nibble tables (kvq_rk_sign_table writes them after the
  * byte tables) with the float add that built the byte table, summed over the bytes from
  * 0.0f in order (the running sum as the FMA e 1 + s: an exact product, the add's bits),

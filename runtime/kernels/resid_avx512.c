@@ -1,6 +1,6 @@
 /*
- * kernels_resid_avx512.c — AVX-512 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
- * kernels_resid.c): the residual stage by the best head, 16 candidates per vector.
+ * resid_avx512.c — AVX-512 path of kvq_rk_resid_scores_max (runtime/kernels/rk.h,
+ * resid.c): the residual stage by the best head, 16 candidates per vector.
  *
  * As kvq_rk_resid_scores_avx512 (kernels_avx512.c), per head: each byte's table entry
  * formed from that head's two 16-entry nibble tables (_mm512_permutexvar_ps on the

@@ -87,7 +87,7 @@ void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8
                          float *out);
 
 /* Residual stage scores by the best head of a GQA group of gs query heads
- * (rerank_resid.c, --resid-group max): out[a] = the maximum over h = 0 .. gs - 1, in
+ * (select/codebook/resid.c, --resid-group max): out[a] = the maximum over h = 0 .. gs - 1, in
  * order (a later head replaces the kept score only when strictly greater), of
  *   first[h fs + f] + scale[t] * s_h,   f = grp ? grp[a] : a,  t = tok[a],
  * s_h the float sum from 0.0f, in order p = 0 .. nb8 - 1, of tab[h tl + p*256 +
@@ -101,7 +101,7 @@ void kvq_rk_resid_scores(kvq_isa isa, const float *tab, int32_t nb8, const uint8
  * time; AVX2 eight per vector from the nibble tables when nb8 == 8 or nb8 % 16 == 0,
  * else eight interleaved in blocks scored head after head; AVX-512 sixteen per vector
  * from the nibble tables when nb8 % 4 == 0, 16 consecutive records loaded as one block:
- * kernels_resid.c, kernels_resid_avx2.c, kernels_resid_avx512.c). Cost: n nb8 bytes
+ * resid.c, resid_avx2.c, resid_avx512.c). Cost: n nb8 bytes
  * read, n gs nb8 lookups. */
 void kvq_rk_resid_scores_max(kvq_isa isa, const float *tab, int32_t gs, int32_t nb8,
                              const uint8_t *bits, const float *scale, const int32_t *tok,
@@ -179,7 +179,7 @@ int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx
 /* Every row's group when all n + nu are selected (k >= n + nu above selects rows 0, 1,
  * ... in order, which this writes without the threshold): grp [n + nu], grp[j] = b K + code
  * of row j. B->lut is not read (may be NULL). work: [2 nb K] uint32. For the residual
- * stage over every candidate (rerank_resid.c, resid_share 1: the first cut selects
+ * stage over every candidate (select/codebook/resid.c, resid_share 1: the first cut selects
  * nothing). Cost: the runs' band searches, O(nb K log(n / K)), and n + nu writes. */
 void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work);
 
@@ -256,7 +256,8 @@ void kvq_rk_attend_rows(kvq_isa isa, float *state, const float *q, int32_t nq, i
                         float scale);
 void kvq_rk_attend_finish(const float *state, int32_t nq, int32_t d, float *out);
 
-/* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c; the CUDA mirror and the codebook selector read them). */
+/* The table's f16 centroids [G, dg, K] (kvq_rk_table layout) and sizes (kernels.c; the
+ * CUDA mirror and the codebook selector read them). */
 const uint16_t *kvq_rk_table_f16(const kvq_rk_table *t, int32_t *G, int32_t *dg, int32_t *K);
 /* The query the table's LUT is built from: q' = qs L^-T (grouped query-aware
  * codebooks, in double, rounded to float) or qs.   qs, qp: [d] (kernels.c) */

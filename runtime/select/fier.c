@@ -79,13 +79,11 @@ static void fier_append_row(const kvq_retrieval *r, const rt_layer *L, rt_head *
     }
 }
 
-static kvq_status fier_append(kvq_retrieval *r, rt_layer *L, const kvq_attn_call *c, int64_t past,
-                              kvq_err *err)
+static kvq_status fier_append(kvq_retrieval *r, rt_layer *L, const kvq_attn_call *c,
+                              int64_t past, kvq_err *err)
 {
     (void)err;
-    for (int32_t h = 0; h < r->n_kv; h++)
-        for (int64_t i = 0; i < c->n; i++)
-            fier_append_row(r, L, &L->head[h], past + i);
+    kvq_rt_append_rows(r, L, past, c->n, fier_append_row);
     return KVQ_OK;
 }
 
@@ -126,15 +124,10 @@ static void fier_scores(const rt_step *st, float *scores, double *bytes)
 }
 
 static int64_t fier_select(const rt_step *st, int64_t k, int32_t *sel, double *sel_bytes,
-                           double *cb_bytes)
+                          double *cb_bytes)
 {
     (void)cb_bytes;
-    if (st->nc <= 0)
-        return 0;
-    if (k >= st->nc)
-        return kvq_rt_select_all(st, sel);
-    fier_scores(st, st->S->scores, sel_bytes);
-    return kvq_rt_select_top(st, k, sel);
+    return kvq_rt_select_scored(st, k, sel, fier_scores, sel_bytes);
 }
 
 static double fier_bits(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d)

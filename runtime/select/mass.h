@@ -1,6 +1,6 @@
 /*
- * runtime/select/mass.h — the count k* of the mass selector (runtime/select/mass_count.c), for select.c and
- * probe.c. Not a public header.
+ * runtime/select/mass.h — the count k* of the mass selector (runtime/select/mass_count.c),
+ * for mass.c and probe.c, and the memos of the probe's steps. Not a public header.
  */
 #ifndef KVQ_RUNTIME_MASS_H
 #define KVQ_RUNTIME_MASS_H
@@ -39,7 +39,8 @@ int64_t kvq_rt_mass_count_memo(rt_mass_memo *m, const float *scores, double cb_b
 
 /* kvq_rt_rank_select and its AVX-512 path: runtime/kernels/rk.h. */
 
-/* The rerank's top k for the probe's steps of one (row, head) (runtime/select/codebook/rank_memo.c):
+/* The rerank's top k for the probe's steps of one (row, head)
+ * (runtime/select/codebook/rank_memo.c):
  *   score_order  a [n] = 0 .. n-1 ordered by scores: kvq_rk_key descending, then index
  *                (a stable LSD radix sort; v [2 n] scratch)
  *   build        ranks the rows [0, nv) by rerank.c's score of lgb [nq, nv] (the summed

@@ -48,17 +48,18 @@ static void oracle_scores(const rt_step *st, float *scores)
     }
 }
 
+/* The scores, and the key rows read for them. */
+static void oracle_scored(const rt_step *st, float *scores, double *bytes)
+{
+    oracle_scores(st, scores);
+    *bytes += (double)st->nc * st->r->d * st->r->es;
+}
+
 static int64_t oracle_select(const rt_step *st, int64_t k, int32_t *sel, double *sel_bytes,
                              double *cb_bytes)
 {
     (void)cb_bytes;
-    if (st->nc <= 0)
-        return 0;
-    if (k >= st->nc)
-        return kvq_rt_select_all(st, sel);
-    oracle_scores(st, st->S->scores);
-    *sel_bytes += (double)st->nc * st->r->d * st->r->es;
-    return kvq_rt_select_top(st, k, sel);
+    return kvq_rt_select_scored(st, k, sel, oracle_scored, sel_bytes);
 }
 
 static double oracle_bits(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d)

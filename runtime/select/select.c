@@ -59,6 +59,27 @@ int64_t kvq_rt_select_top(const rt_step *st, int64_t k, int32_t *sel)
     return n;
 }
 
+int64_t kvq_rt_select_scored(const rt_step *st, int64_t k, int32_t *sel,
+                             void (*score)(const rt_step *st, float *scores, double *bytes),
+                             double *bytes)
+{
+    if (st->nc <= 0)
+        return 0;
+    if (k >= st->nc)
+        return kvq_rt_select_all(st, sel);
+    score(st, st->S->scores, bytes);
+    return kvq_rt_select_top(st, k, sel);
+}
+
+void kvq_rt_append_rows(const kvq_retrieval *r, const rt_layer *L, int64_t past, int64_t n,
+                        void (*row)(const kvq_retrieval *r, const rt_layer *L, rt_head *H,
+                                    int64_t j))
+{
+    for (int32_t h = 0; h < r->n_kv; h++)
+        for (int64_t i = 0; i < n; i++)
+            row(r, L, &L->head[h], past + i);
+}
+
 int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32_t *sel,
                       double *sel_bytes, double *codebook_bytes)
 {

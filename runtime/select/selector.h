@@ -55,9 +55,20 @@ const rt_selector *kvq_rt_selector(kvq_selector id);
  *   group_sum   out [d] = the sum of the group's query rows q [gs, d], in head order
  *   select_all  every candidate of the step, ascending, into sel; returns nc
  *   select_top  the top k of the step's candidate scores S->scores [nc] (kvq_rk_topk:
- *               ties to the lower index), as rows, ascending, into sel; returns the count */
+ *               ties to the lower index), as rows, ascending, into sel; returns the count
+ *   select_scored  a selector that scores every candidate: none when there are none,
+ *               all when k >= nc, else score (the candidates' scores into S->scores
+ *               [nc], adding the bytes it reads to *bytes) and select_top
+ *   append_rows a selector that keeps data per row: row (the head's row j just stored)
+ *               for each head and each row of the chunk, heads outermost */
 void kvq_rt_group_sum(const float *q, int32_t gs, int32_t d, float *out);
 int64_t kvq_rt_select_all(const rt_step *st, int32_t *sel);
 int64_t kvq_rt_select_top(const rt_step *st, int64_t k, int32_t *sel);
+int64_t kvq_rt_select_scored(const rt_step *st, int64_t k, int32_t *sel,
+                             void (*score)(const rt_step *st, float *scores, double *bytes),
+                             double *bytes);
+void kvq_rt_append_rows(const kvq_retrieval *r, const rt_layer *L, int64_t past, int64_t n,
+                        void (*row)(const kvq_retrieval *r, const rt_layer *L, rt_head *H,
+                                    int64_t j));
 
 #endif /* KVQ_RUNTIME_SELECTOR_H */

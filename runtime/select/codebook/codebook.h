@@ -52,9 +52,10 @@ double kvq_rt_cb_bits_per_key(const kvq_retrieval_params *p, const kvq_codebook_
  * Errors: KVQ_E_NOMEM naming the rows. */
 kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
 
-/* Residual stage (rerank_resid.c): quantizer of x [d] at `bits` into idx [d] and
+/* Residual stage (resid.c): quantizer of x [d] at `bits` into idx [d] and
  * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] and
- * positions [n] stored as rows (= tokens) first..first + n - 1; the candidate count ceil(resid_wide k) (k when off; k = the rerank's count);
+ * positions [n] stored as rows (= tokens) first..first + n - 1; the candidate count
+ * ceil(resid_wide k) (k when off; k = the rerank's count);
  * the stage over rows[0..n): keeps the `keep` best by residual score (rows compacted,
  * ascending), adding the bytes it reads. */
 void kvq_rt_resid_quantize(const float *x, int32_t d, int32_t bits, uint8_t *idx, float *scale);
@@ -105,7 +106,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *q, float *scores, doub
  * (kvq_rk_topk_bands); -1 where it does not apply (the caller scores). */
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes);
 /* Each head's own first-stage score of rows[0..n) (the residual stage under the maximum,
- * rerank_resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
+ * resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
 int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
 int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap);
 int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp);

@@ -8,7 +8,7 @@
  *
  * Only the codebook selector under KVQ_GROUP_SUM goes through the table's select; the
  * rest of the step (queries, sinks / window, exact attention, statistics) is the same
- * host code for both (retrieval.c, select.c).
+ * host code for both (step.c, codebook.c).
  */
 #include <string.h>
 
@@ -78,13 +78,14 @@ static kvq_status cpu_select(const rt_step *st, const float *qs, int64_t k, int3
     rt_scratch *S = st->S;
     const kvq_rk_table *tab = st->L->tab[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(st->L->cb[st->head]);
-    const uint16_t *codes = kvq_rt_cb(st->H)->codes + (size_t)st->s_end * D->groups; /* [nc, G] */
+    const rt_cb_head *C = kvq_rt_cb(st->H);
+    const uint16_t *codes = C->codes + (size_t)st->s_end * D->groups; /* [nc, G] */
     (void)err;
     kvq_rk_lut(r->p.isa, tab, qs, S->lut);
     int64_t n;
-    if (D->groups == 1 && kvq_rt_cb(st->H)->hist && kvq_rk_codes_select_pays(st->nc, D->k)) {
+    if (D->groups == 1 && C->hist && kvq_rk_codes_select_pays(st->nc, D->k)) {
         /* one pass over the codes, no scores (same selection as below) */
-        kvq_rk_code_counts(kvq_rt_cb(st->H)->hist, D->k, kvq_rt_cb(st->H)->codes, st->L->len, st->s_end, st->w_beg,
+        kvq_rk_code_counts(C->hist, D->k, C->codes, st->L->len, st->s_end, st->w_beg,
                            S->cwork);
         n = kvq_rk_topk_codes(r->p.isa, S->lut, D->k, S->cwork, codes, st->nc, k, sel,
                               S->cwork + D->k);
@@ -141,7 +142,8 @@ static kvq_status cuda_codes(kvq_retrieval *r, const rt_layer *L, int32_t layer,
 {
     if (!L->tab[head])
         return KVQ_OK;
-    return kvq_rt_cuda_put_codes(r->dev, layer, head, kvq_rt_cb(&L->head[head])->codes, first, n, L->cap, err);
+    return kvq_rt_cuda_put_codes(r->dev, layer, head, kvq_rt_cb(&L->head[head])->codes, first, n,
+                                 L->cap, err);
 }
 
 static kvq_status cuda_select(const rt_step *st, const float *qs, int64_t k, int32_t *sel,

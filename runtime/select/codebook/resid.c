@@ -1,5 +1,5 @@
 /*
- * rerank_resid.c — the residual stage of the codebook selector
+ * resid.c — the residual stage of the codebook selector
  * (kvq_retrieval_params.resid_bits, resid_wide; kvq/runtime.h): each cached key keeps,
  * besides its code, its residual from the centroid quantized to b bits per channel
  * with one f32 scale, packed (ceil(d b / 8) + 4 bytes), by row (row_order.c moves them
@@ -105,12 +105,13 @@ int kvq_rt_resid_permute(const kvq_retrieval *r, rt_head *H, int64_t first, cons
         free(qs);
         return 1;
     }
+    rt_cb_head *C = kvq_rt_cb(H);
     for (int64_t i = 0; i < n; i++) {
-        memcpy(q8 + (size_t)i * rb, kvq_rt_cb(H)->rq + (size_t)(first + order[i]) * rb, rb);
-        qs[i] = kvq_rt_cb(H)->rqs[first + order[i]];
+        memcpy(q8 + (size_t)i * rb, C->rq + (size_t)(first + order[i]) * rb, rb);
+        qs[i] = C->rqs[first + order[i]];
     }
-    memcpy(kvq_rt_cb(H)->rq + (size_t)first * rb, q8, rb * (size_t)n);
-    memcpy(kvq_rt_cb(H)->rqs + first, qs, sizeof(float) * (size_t)n);
+    memcpy(C->rq + (size_t)first * rb, q8, rb * (size_t)n);
+    memcpy(C->rqs + first, qs, sizeof(float) * (size_t)n);
     free(q8);
     free(qs);
     return 0;
@@ -180,9 +181,10 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
     const int64_t t = kvq_rt_row_token(H, j);
     uint8_t idx[KVQ_ROPE_MAX_DIM];
     float c2[KVQ_ROPE_MAX_DIM];
-    unpack(kvq_rt_cb(H)->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
-    kvq_rt_resid_dequantize(idx, kvq_rt_cb(H)->rqs[j], d, bits, y);
-    const float *c = centroid(cb, kvq_rt_cb(H)->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
+    const rt_cb_head *C = kvq_rt_cb(H);
+    unpack(C->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
+    kvq_rt_resid_dequantize(idx, C->rqs[j], d, bits, y);
+    const float *c = centroid(cb, C->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
     if (!c)
         return;
     if (r->p.positions == KVQ_POSITIONS_ROPE) {
@@ -222,7 +224,7 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         return;
     }
     if (S->mass_memo || r->be->device != KVQ_RETRIEVAL_DEVICE_CPU) {
-        float qs[KVQ_ROPE_MAX_DIM]; /* the group's scoring queries (select.c, S->qx) summed */
+        float qs[KVQ_ROPE_MAX_DIM]; /* the group's scoring queries (codebook.c, S->qx) summed */
         memcpy(qs, S->qx, sizeof(float) * (size_t)d);
         for (int32_t g = 1; g < r->gs; g++)
             for (int32_t t = 0; t < d; t++)
@@ -280,8 +282,9 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
             qh[t] = 0.5f * qh[t - d];
         kvq_rk_sign_table(qh, dq, S->stab + (size_t)h * tl);
     }
-    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, kvq_rt_cb(st->H)->rq, kvq_rt_cb(st->H)->rqs, rows, first, fs,
-                            grp, n, sc);
+    const rt_cb_head *C = kvq_rt_cb(st->H);
+    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, C->rq, C->rqs, rows, first, fs, grp, n,
+                            sc);
     return 1;
 }
 
@@ -348,7 +351,8 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
             tab = sm->tab;
         } else
             kvq_rk_sign_table(q, dq, tab);
-        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, kvq_rt_cb(st->H)->rq, kvq_rt_cb(st->H)->rqs, rows, sc, n, sc);
+        kvq_rk_resid_scores(r->p.isa, tab, dq / 8, kvq_rt_cb(st->H)->rq, kvq_rt_cb(st->H)->rqs,
+                            rows, sc, n, sc);
     } else if (!(fast && max && fast_max_scores(st, q, rows, n, sc))) {
         float y[KVQ_ROPE_MAX_DIM];
         for (int64_t a = 0; a < n; a++) {

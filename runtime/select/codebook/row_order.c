@@ -2,7 +2,7 @@
  * row_order.c — the row order of kvq/runtime.h "Row order": the far rows of a head with
  * a single-group codebook are kept in code order (a stable counting sort of their codes,
  * K, V, codes and tokens moved together), so a selection reads runs of rows.
- * Called by retrieval.c after each appended chunk.
+ * Called after each appended chunk (the selector's appended, codebook.c).
  */
 #include <stdlib.h>
 #include <string.h>

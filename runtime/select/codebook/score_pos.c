@@ -217,7 +217,8 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
     const int32_t *tok = st->H->tok;
     const int64_t se = st->H->sorted_end < st->w_beg ? st->H->sorted_end : st->w_beg;
     uint32_t *run = S->cwork, *cur = S->cwork + K, *cnt = S->cwork + 2 * K; /* of 4 K */
-    kvq_rk_code_counts(kvq_rt_cb(st->H)->hist, K, kvq_rt_cb(st->H)->codes, st->L->len, s0, se, cnt);
+    const rt_cb_head *C = kvq_rt_cb(st->H);
+    kvq_rk_code_counts(C->hist, K, C->codes, st->L->len, s0, se, cnt);
     uint32_t acc = 0;
     for (int32_t c = 0; c < K; c++) {
         run[c] = acc;
@@ -246,7 +247,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
         const int64_t r0 = k + 1 == nb ? se : first_at(P, se, st->w_beg, first);
         const int64_t r1 = k == 0 ? st->w_beg : first_at(P, se, st->w_beg, st->pos - lo + 1);
         if (r1 > r0)
-            kvq_rk_score(r->p.isa, S->lut, 1, K, kvq_rt_cb(st->H)->codes + r0, r1 - r0, scores + (r0 - s0));
+            kvq_rk_score(r->p.isa, S->lut, 1, K, C->codes + r0, r1 - r0, scores + (r0 - s0));
     }
 }
 
@@ -369,7 +370,8 @@ static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const flo
     const rt_head *H = st->H;
     rt_scratch *S = st->S;
     const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
-    kvq_rk_code_counts(kvq_rt_cb(H)->hist, K, kvq_rt_cb(H)->codes, st->L->len, s0, se, S->cwork);
+    const rt_cb_head *C = kvq_rt_cb(H);
+    kvq_rk_code_counts(C->hist, K, C->codes, st->L->len, s0, se, S->cwork);
     return (kvq_rk_bands){.K = K,
                           .nb = nb,
                           .lut = lut,
@@ -379,7 +381,7 @@ static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const flo
                           .tb = tb,
                           .nu = st->w_beg - se,
                           .utok0 = se,
-                          .ucodes = kvq_rt_cb(H)->codes + se};
+                          .ucodes = C->codes + se};
 }
 
 int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double *cb_bytes)
@@ -423,12 +425,13 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     }
     const kvq_rk_bands B = bands_of(st, K, nb, S->scores, tb);
     /* with the residual stage on, each candidate's group score goes to S->tmp: the stage
-     * adds its part to it (rerank_resid.c) without finding the row's band again; under
+     * adds its part to it (resid.c) without finding the row's band again; under
      * its per-head rule (resid_group MAX) each candidate's group b K + code goes to
      * S->sel instead, its entry in every head's band LUTs (kvq_rt_head_band_luts) */
     const int hmax = r->p.resid_group == KVQ_GROUP_MAX;
-    const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, kvq_rt_cb(H)->rq && !hmax ? S->tmp : NULL,
-                                                kvq_rt_cb(H)->rq && hmax ? S->sel : NULL, S->work);
+    const int resid = kvq_rt_cb(H)->rq != NULL;
+    const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, resid && !hmax ? S->tmp : NULL,
+                                                resid && hmax ? S->sel : NULL, S->work);
     S->bsel_nb = nb; /* the LUTs stay in S->scores */
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)s0;
