@@ -97,7 +97,7 @@ LDLIBS   := $(DEP_LIBS) -lm -lpthread -fopenmp
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
-LIB_DIRS := common formats model calib cholesky codebook kmeans runtime thresholds pipeline
+LIB_DIRS := common formats model calib cholesky codebook kmeans runtime eval thresholds pipeline
 LIB_SRC  := $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 

@@ -1,5 +1,5 @@
 /* cmd_eval.c — `kvq eval`: perplexity of a model on a corpus, full attention; with
- * --artifact / --selectors, the retrieval table of cli/eval_retrieval.c. */
+ * --artifact / --selectors, the retrieval table of cli/eval_table.c (the harness of kvq/eval.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -322,6 +322,8 @@ int cmd_eval(int argc, char **argv)
         return rc;
     const char *model_path = o.m.model;
     kvq_callbacks cb = cli_callbacks(o.m.verbose, o.m.quiet);
+    if (o.json)
+        cli_progress_json(); /* progress lines on stderr as JSON too */
     kvq_err e = {0};
     kvq_model *m = NULL;
     kvq_corpus *corpus = NULL;
