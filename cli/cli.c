@@ -77,6 +77,7 @@ int cli_failf(int code, const char *fmt, ...)
 
 typedef struct cli_state {
     int verbose, quiet, tty, json;
+    int live;               /* a terminal's progress line is open (no newline yet) */
     double t0;
     char last_what[64];
     double last_print;
@@ -94,8 +95,8 @@ static void cli_log(void *user, kvq_log_level level, const char *msg)
     if (level == KVQ_LOG_INFO && s->quiet)
         return;
     static const char *const tag[] = {"debug: ", "", "warning: ", "error: "};
-    if (s->tty && !s->json && s->last_what[0])
-        fputc('\n', stderr), s->last_what[0] = 0;
+    if (s->live) /* ends the live line; its task's rate and ETA go on */
+        fputc('\n', stderr), s->live = 0;
     fprintf(stderr, "kvq: %s%s\n", tag[level], msg);
 }
 
@@ -130,8 +131,8 @@ static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
         return 0;
     double now = kvq_now();
     if (strncmp(s->last_what, what, sizeof s->last_what - 1) != 0) {
-        if (s->tty && !s->json && s->last_what[0])
-            fputc('\n', stderr);
+        if (s->live)
+            fputc('\n', stderr), s->live = 0;
         snprintf(s->last_what, sizeof s->last_what, "%s", what);
         s->t0 = now;
         s->last_print = 0;
@@ -144,8 +145,11 @@ static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
         return 0;
     s->last_print = now;
     double el = now - s->t0, rate = el > 0 ? (double)done / el : 0;
-    if (s->json)
+    if (s->json) {
+        if (finished)
+            s->last_what[0] = 0;
         return prog_json(what, done, total, el, rate, finished);
+    }
     char eta[32] = "";
     if (total && rate > 0 && !finished)
         snprintf(eta, sizeof eta, ", ETA %.0fs", (double)(total - done) / rate);
@@ -156,6 +160,7 @@ static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
     else
         fprintf(stderr, "%skvq: %s %llu (%.1f/s)%s", s->tty ? "\r" : "", what,
                 (unsigned long long)done, rate, s->tty ? "" : "\n");
+    s->live = s->tty && !finished;
     if (finished)
         s->last_what[0] = 0;
     fflush(stderr);
