@@ -20,7 +20,9 @@
  * A retrieval step is one (query position, layer, KV head) with at least one candidate
  * (more tokens than sinks + window).
  *
- * Unstable tier (see docs/api.md): define KVQ_UNSTABLE_API to include it.
+ * Tiers (docs/api.md): the top part is stable (plain structs, paths in, a table out:
+ * kvq_eval_files); the harness itself, on the library's model, corpus and runtime
+ * types, is in the unstable tier (KVQ_UNSTABLE_API).
  */
 #ifndef KVQ_EVAL_H
 #define KVQ_EVAL_H
@@ -29,10 +31,12 @@
 #include <stdint.h>
 
 #include "kvq/common.h"
+#ifdef KVQ_UNSTABLE_API
 #include "kvq/corpus.h"
 #include "kvq/model.h"
 #include "kvq/perplexity.h"
 #include "kvq/runtime.h"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -59,12 +63,81 @@ typedef struct kvq_eval_metric_info {
 
 const kvq_eval_metric_info *kvq_eval_metric_get(kvq_eval_metric m);
 
+/* ---- stable: evaluate files (eval/files.c) ---------------------------------------- */
+
+typedef struct kvq_eval_options {
+    const char *selectors;   /* comma-separated: full, oracle, codebook (or the artifact's
+                                method), fier, quest, mass; NULL: all that apply */
+    const char *budgets;     /* comma-separated: a count, a fraction, a percentage or
+                                "all"; NULL: "6%" */
+    int64_t seq_len;         /* tokens per sequence (0: 512) */
+    int64_t max_tokens;      /* 0: the whole corpus */
+    int64_t score_last;      /* 0: every prediction; N: the last N of each sequence */
+    uint64_t seed;           /* seed of the synthetic corpus sources */
+    int32_t threads;         /* 0: 1 */
+    int32_t window;          /* recent tokens always attended (0: the artifact's WRoPE
+                                window, else 64) */
+    int accept_model_mismatch; /* 1: use an artifact made for other weights */
+    kvq_callbacks cb;        /* logs and progress; {0}: silent */
+} kvq_eval_options;
+
+#define KVQ_EVAL_MAX_ROWS 128
+
+typedef struct kvq_eval_row_result {
+    char selector[32];       /* as printed: the artifact's method for codebook */
+    char budget[32];
+    double bits_per_key;     /* selector metadata bits per cached key */
+    double nll, perplexity;  /* mean NLL over the reference's predicted tokens */
+    uint64_t steps;          /* retrieval steps (0: the metrics are NaN) */
+    double metric[KVQ_EVAL_N_METRICS];
+    int passkey[2], kv_recall[2]; /* correct, total */
+} kvq_eval_row_result;
+
+/* The whole table, in the caller's memory (about 27 KB): no pointer to free. */
+typedef struct kvq_eval_report {
+    uint64_t corpus_hash, tokens, predicted;
+    uint64_t sequences;
+    double nll, perplexity;  /* full attention, the reference */
+    int passkey[2], kv_recall[2];
+    uint32_t n_rows;
+    kvq_eval_row_result rows[KVQ_EVAL_MAX_ROWS];
+} kvq_eval_report;
+
+/* `kvq eval` with retrieval: the model (GGUF file or HF directory), the artifact (NULL:
+ * the selectors without codebooks; its recorded positions mode and scoring query are
+ * used) and the corpus spec, into *out. Errors: those of opening the three, bad lists
+ * (INVALID_ARG), more than KVQ_EVAL_MAX_ROWS rows (TOO_LARGE), the harness's. */
+kvq_status kvq_eval_files(const char *model_path, const char *artifact_path,
+                          const char *corpus, const kvq_eval_options *o, kvq_eval_report *out,
+                          kvq_err *err);
+
+#ifdef KVQ_UNSTABLE_API
+/* ---- unstable: the harness ------------------------------------------------------------ */
+
 /* Metric m of the summed statistics st: NaN when it has no step (or, for the measured
  * figures, no measured step). */
 double kvq_eval_metric_value(const kvq_retrieval_stats *st, kvq_eval_metric m);
 
 /* a += b, field by field. */
 void kvq_eval_stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b);
+
+/* The selector x budget rows of the lists (the defaults as kvq_eval_options says) over
+ * base: *rows malloc'd (free()), names filled. "full" gets one row (budget "all").
+ * Errors: INVALID_ARG (a bad name or budget, a selector that needs the missing
+ * artifact: "the S selector needs --artifact"), MISMATCH ("selector S: the artifact's
+ * method is M"), NOMEM. */
+typedef struct kvq_eval_row {
+    kvq_retrieval_params rp;
+    char name[32];    /* selector as printed: the artifact's method for codebook */
+    char budget[32];
+} kvq_eval_row;
+/* The positions mode and scoring query recorded by kvq calibrate in rt (KVQ_META_POS_*)
+ * into p, each unless keep_*; 1 when rt has them and one was not kept. */
+int kvq_eval_artifact_positions(const kvq_codebook_set *rt, kvq_retrieval_params *p,
+                                int keep_positions, int keep_score);
+kvq_status kvq_eval_rows_expand(const char *selectors, const char *budgets,
+                                const kvq_codebook_set *rt, const kvq_retrieval_params *base,
+                                kvq_eval_row **rows, size_t *n_rows, kvq_err *err);
 
 /* ---- one harness: a model, an artifact, a forward pass ---------------------------- */
 
@@ -158,6 +231,7 @@ void kvq_eval_table_free(kvq_eval_table *t);
 
 /* Answers of row i (-1: the reference). */
 const char *kvq_eval_table_answers(const kvq_eval_table *t, long i);
+#endif /* KVQ_UNSTABLE_API */
 
 #ifdef __cplusplus
 }
