@@ -204,6 +204,26 @@ kvq_status kvq_eval_tasks_rows(kvq_eval *ev, const kvq_eval_tasks *t, const kvq_
                                const kvq_retrieval_params *rows, size_t n_rows,
                                kvq_eval_result *out, char *answers, kvq_err *err);
 
+/* ---- full attention alone (eval/full.c) ------------------------------------------------ */
+
+typedef struct kvq_eval_full_result {
+    kvq_corpus_stats stats;   /* the corpus as read (second half: n_tokens of the stream) */
+    uint64_t n_seq;           /* sequences (second half: chunks) scored */
+    uint64_t n_pred;
+    double nll, ppl;          /* mean NLL over n_pred, exp of it */
+    double seconds;           /* tokenizing and scoring */
+} kvq_eval_full_result;
+
+/* Perplexity with full attention, streamed as the corpus is tokenized (progress: the
+ * corpus reader's, per token). second_half = 1: llama.cpp's perplexity tool (the token
+ * stream, BOS first when the model adds one, cut into chunks of seq_len, each from an
+ * empty cache with its first token replaced by BOS, the second half scored); else
+ * sequences of seq_len, every prediction (p->last 0) or the last p->last of each.
+ * INVALID_ARG when nothing is scored. */
+kvq_status kvq_eval_full(const kvq_model *m, const kvq_corpus *corpus, const kvq_tokenizer *tok,
+                         int64_t seq_len, int64_t max_tokens, int second_half,
+                         const kvq_eval_params *p, kvq_eval_full_result *out, kvq_err *err);
+
 /* ---- the whole table ---------------------------------------------------------------- */
 
 typedef struct kvq_eval_table {
