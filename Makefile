@@ -296,7 +296,7 @@ asan:
 
 # ---- fuzzing (clang libFuzzer) --------------------------------------------------------
 FUZZ_CFLAGS := -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-               -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
+               -Iinclude -I. -D_GNU_SOURCE -DKVQ_UNSTABLE_API $(DEP_CFLAGS)
 # The library is compiled once with the fuzzing flags (-fsanitize=fuzzer-no-link) and
 # each target links against that archive.
 FUZZ_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)
