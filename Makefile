@@ -12,8 +12,9 @@
 #   make bench        build the benchmarks (see docs/BENCHMARKS.md)
 #   make deps         install missing Debian/PyPI dependencies (scripts/install-deps.sh)
 #   make install      PREFIX (default /usr/local; DESTDIR too): lib/libkvq.so.X.Y.Z
-#                     (SONAME libkvq.so.X), libkvq.a, bin/kvq, the public headers and
-#                     lib/pkgconfig/kvq.pc; `make uninstall` removes them
+#                     (SONAME libkvq.so.X), libkvq.a, bin/kvq, the stable headers and
+#                     lib/pkgconfig/kvq.pc; `make install-unstable` adds the unstable
+#                     tier's headers (docs/api.md); `make uninstall` removes them
 #
 # Knobs (all ?=): CUDA MPI DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
 
@@ -89,7 +90,9 @@ SANFLAGS :=
 ifeq ($(SAN),1)
   SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 endif
-CPPFLAGS := -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
+# KVQ_UNSTABLE_API: the library, the CLI, tests and benchmarks use the unstable tier
+# of the headers (docs/api.md); the examples and installed programs need not.
+CPPFLAGS := -Iinclude -I. -D_GNU_SOURCE -DKVQ_UNSTABLE_API $(DEP_CFLAGS)
 CFLAGS   := -std=c11 $(OPT) -g -fPIC -fopenmp $(WARN) $(SANFLAGS)
 LDLIBS   := $(DEP_LIBS) -lm -lpthread -fopenmp
 
@@ -97,7 +100,7 @@ LDLIBS   := $(DEP_LIBS) -lm -lpthread -fopenmp
 AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c
 
-LIB_DIRS := common formats model calib cholesky codebook kmeans runtime thresholds pipeline
+LIB_DIRS := common formats model calib cholesky codebook kmeans runtime eval thresholds pipeline
 # runtime/'s sub-folders (CONTRIBUTING.md "The runtime"): the cache, the kernels per ISA,
 # the selectors (one file each; the codebook selector's stages in a folder of its own)
 RUNTIME_DIRS := runtime/cache runtime/kernels runtime/select runtime/select/codebook
@@ -109,7 +112,7 @@ ifeq ($(CUDA),1)
   CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/obj/%.o)
   CPPFLAGS += -DKVQ_HAVE_CUDA=1 -I$(CUDA_HOME)/include
   LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcusolver -lcublas -lcudart
-  NVFLAGS := -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -Iinclude -I. -DKVQ_HAVE_CUDA=1
+  NVFLAGS := -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC -Iinclude -I. -DKVQ_HAVE_CUDA=1 -DKVQ_UNSTABLE_API
 else
   CU_OBJ :=
 endif
@@ -151,12 +154,15 @@ KVQ_VERSION := $(KVQ_MAJOR).$(call ver_field,MINOR).$(call ver_field,PATCH)
 SONAME      := libkvq.so.$(KVQ_MAJOR)
 PREFIX  ?= /usr/local
 DESTDIR ?=
-# Installed headers: everything in include/ except kvq/util.h, the library's internal
-# helpers (the CLI, tests and benchmarks take it from the source tree).
-PUBLIC_HEADERS := $(filter-out include/kvq/util.h,$(sort $(wildcard include/kvq/*.h)))
+# Installed headers (docs/api.md): `make install` the stable tier (kvq.h and the
+# headers below: their unstable parts need KVQ_UNSTABLE_API and the unstable tier);
+# `make install-unstable` adds every other header but kvq/util.h, the library's
+# internal helpers (the CLI, tests and benchmarks take it from the source tree).
+STABLE_HEADERS   := $(addprefix include/kvq/,common.h artifact.h calibrate.h eval.h engine.h)
+UNSTABLE_HEADERS := $(filter-out include/kvq/util.h $(STABLE_HEADERS),$(sort $(wildcard include/kvq/*.h)))
 
 .PHONY: all lib test test-run test-cuda cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
-        install uninstall
+        install install-unstable uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 
@@ -220,14 +226,20 @@ install: $(STATIC) $(SHARED) $(KVQ) $(BUILD)/kvq.pc
 	ln -sf libkvq.so.$(KVQ_VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
 	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libkvq.so
 	install -m 644 include/kvq.h $(DESTDIR)$(PREFIX)/include/kvq.h
-	install -m 644 $(PUBLIC_HEADERS) $(DESTDIR)$(PREFIX)/include/kvq/
+	install -m 644 $(STABLE_HEADERS) $(DESTDIR)$(PREFIX)/include/kvq/
 	sed 's|^prefix=.*|prefix=$(PREFIX)|' $(BUILD)/kvq.pc >$(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc
+
+# The unstable tier's headers too (a program using them defines KVQ_UNSTABLE_API and
+# is rebuilt for every kvq release).
+install-unstable: install
+	install -m 644 $(UNSTABLE_HEADERS) $(DESTDIR)$(PREFIX)/include/kvq/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/kvq $(DESTDIR)$(PREFIX)/lib/libkvq.a \
 	  $(DESTDIR)$(PREFIX)/lib/libkvq.so $(DESTDIR)$(PREFIX)/lib/$(SONAME) \
 	  $(DESTDIR)$(PREFIX)/lib/libkvq.so.$(KVQ_VERSION) $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvq.pc \
-	  $(DESTDIR)$(PREFIX)/include/kvq.h $(PUBLIC_HEADERS:include/%=$(DESTDIR)$(PREFIX)/include/%)
+	  $(DESTDIR)$(PREFIX)/include/kvq.h $(STABLE_HEADERS:include/%=$(DESTDIR)$(PREFIX)/include/%) \
+	  $(UNSTABLE_HEADERS:include/%=$(DESTDIR)$(PREFIX)/include/%)
 	-rmdir $(DESTDIR)$(PREFIX)/include/kvq
 
 $(KVQ): $(CLI_OBJ) $(STATIC) $(MPI_STAMP)
@@ -287,7 +299,7 @@ asan:
 
 # ---- fuzzing (clang libFuzzer) --------------------------------------------------------
 FUZZ_CFLAGS := -std=c11 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-               -Iinclude -I. -D_GNU_SOURCE $(DEP_CFLAGS)
+               -Iinclude -I. -D_GNU_SOURCE -DKVQ_UNSTABLE_API $(DEP_CFLAGS)
 # The library is compiled once with the fuzzing flags (-fsanitize=fuzzer-no-link) and
 # each target links against that archive.
 FUZZ_OBJ := $(LIB_SRC:%.c=build-fuzz/obj/%.o)

@@ -76,7 +76,8 @@ int cli_failf(int code, const char *fmt, ...)
 }
 
 typedef struct cli_state {
-    int verbose, quiet, tty;
+    int verbose, quiet, tty, json;
+    int live;               /* a terminal's progress line is open (no newline yet) */
     double t0;
     char last_what[64];
     double last_print;
@@ -94,9 +95,32 @@ static void cli_log(void *user, kvq_log_level level, const char *msg)
     if (level == KVQ_LOG_INFO && s->quiet)
         return;
     static const char *const tag[] = {"debug: ", "", "warning: ", "error: "};
-    if (s->tty && s->last_what[0])
-        fputc('\n', stderr), s->last_what[0] = 0;
+    if (s->live) /* ends the live line; its task's rate and ETA go on */
+        fputc('\n', stderr), s->live = 0;
     fprintf(stderr, "kvq: %s%s\n", tag[level], msg);
+}
+
+/* One progress line as JSON (cli_progress_json). */
+static int prog_json(const char *what, uint64_t done, uint64_t total, double el, double rate,
+                     int finished)
+{
+    fprintf(stderr, "{\"progress\": ");
+    kvq_json_write_str(stderr, what);
+    fprintf(stderr, ", \"done\": %llu, \"total\": ", (unsigned long long)done);
+    if (total)
+        fprintf(stderr, "%llu", (unsigned long long)total);
+    else
+        fprintf(stderr, "null");
+    fprintf(stderr, ", \"elapsed_s\": %.3f, \"eta_s\": ", el);
+    if (finished)
+        fprintf(stderr, "0");
+    else if (total && rate > 0)
+        fprintf(stderr, "%.1f", (double)(total - done) / rate);
+    else
+        fprintf(stderr, "null");
+    fprintf(stderr, "}\n");
+    fflush(stderr);
+    return 0;
 }
 
 static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
@@ -107,19 +131,25 @@ static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
         return 0;
     double now = kvq_now();
     if (strncmp(s->last_what, what, sizeof s->last_what - 1) != 0) {
-        if (s->tty && s->last_what[0])
-            fputc('\n', stderr);
+        if (s->live)
+            fputc('\n', stderr), s->live = 0;
         snprintf(s->last_what, sizeof s->last_what, "%s", what);
         s->t0 = now;
         s->last_print = 0;
     }
     int finished = total && done >= total;
-    /* Terminals get a live line; logs get a line every 5 s and at the end. */
-    double every = s->tty ? 0.2 : 5.0;
+    /* Terminals get a live line; logs get a line every 5 s and at the end; JSON a line
+     * a second and at the end. */
+    double every = s->json ? 1.0 : s->tty ? 0.2 : 5.0;
     if (!finished && now - s->last_print < every)
         return 0;
     s->last_print = now;
     double el = now - s->t0, rate = el > 0 ? (double)done / el : 0;
+    if (s->json) {
+        if (finished)
+            s->last_what[0] = 0;
+        return prog_json(what, done, total, el, rate, finished);
+    }
     char eta[32] = "";
     if (total && rate > 0 && !finished)
         snprintf(eta, sizeof eta, ", ETA %.0fs", (double)(total - done) / rate);
@@ -130,6 +160,7 @@ static int cli_prog(void *user, const char *what, uint64_t done, uint64_t total)
     else
         fprintf(stderr, "%skvq: %s %llu (%.1f/s)%s", s->tty ? "\r" : "", what,
                 (unsigned long long)done, rate, s->tty ? "" : "\n");
+    s->live = s->tty && !finished;
     if (finished)
         s->last_what[0] = 0;
     fflush(stderr);
@@ -141,9 +172,12 @@ kvq_callbacks cli_callbacks(int verbose, int quiet)
     g_state.verbose = verbose;
     g_state.quiet = quiet;
     g_state.tty = isatty(2);
+    g_state.json = 0;
     kvq_callbacks cb = {cli_log, cli_prog, &g_state};
     return cb;
 }
+
+void cli_progress_json(void) { g_state.json = 1; }
 
 int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,
                 int64_t *out)

@@ -33,6 +33,10 @@ int cli_failf(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * single-line progress display (tokens, rate, ETA) when stderr is a terminal or
  * when progress lines are wanted (quiet = 0). */
 kvq_callbacks cli_callbacks(int verbose, int quiet);
+/* After cli_callbacks: progress as JSON lines on stderr instead (for --json):
+ * {"progress": WHAT, "done": N, "total": N, "elapsed_s": S, "eta_s": S}, at most one a
+ * second and one when a task finishes; eta_s is null while unknown. Not with quiet. */
+void cli_progress_json(void);
 
 /* Option helpers. Each returns 0 on success or prints "kvq <cmd>: ..." and returns 2. */
 int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,

@@ -1,5 +1,5 @@
 /* cmd_eval.c — `kvq eval`: perplexity of a model on a corpus, full attention; with
- * --artifact / --selectors, the retrieval table of cli/eval_retrieval.c. */
+ * --artifact / --selectors, the retrieval table of cli/eval_table.c (the harness of kvq/eval.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 #include "cli/opts.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
+#include "kvq/eval.h"
 #include "kvq/model.h"
 #include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"
@@ -74,57 +75,6 @@ static void eval_usage(FILE *f)
             "\n"
             "examples: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n"
             "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n");
-}
-
-typedef struct eval_state {
-    kvq_forward *f;
-    float *logits;        /* [chunk, vocab] */
-    int32_t chunk, vocab;
-    kvq_nll_sum sum;      /* summed negative log-likelihood (nats), predicted tokens */
-    uint64_t n_seq;
-    /* --score second-half: the token stream re-cut into chunks of n_ctx */
-    int half;
-    int64_t last;         /* --score last:N: N, else 0 */
-    int32_t bos;          /* BOS when the model adds one, else -1 */
-    int32_t *buf;         /* [n_ctx] the chunk being filled */
-    int64_t n_ctx, n_buf;
-    uint64_t n_stream;    /* tokens of the stream (BOS included) */
-} eval_state;
-
-/* Appends tokens to the chunk buffer, scoring each chunk as it fills. */
-static kvq_status eval_stream(eval_state *s, const int32_t *ids, int64_t n, kvq_err *err)
-{
-    for (int64_t i = 0; i < n; i++) {
-        s->buf[s->n_buf++] = ids[i];
-        s->n_stream++;
-        if (s->n_buf < s->n_ctx)
-            continue;
-        s->n_buf = 0;
-        kvq_status st = kvq_perplexity_chunk_llama(s->f, s->buf, s->n_ctx, s->bos, s->chunk,
-                                                   s->vocab, s->logits, &s->sum, err);
-        if (st != KVQ_OK)
-            return st;
-        s->n_seq++;
-    }
-    return KVQ_OK;
-}
-
-static kvq_status eval_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
-{
-    eval_state *s = user;
-    if (s->half) {
-        kvq_status st = KVQ_OK;
-        if (s->n_stream == 0 && s->bos >= 0)
-            st = eval_stream(s, &s->bos, 1, err); /* the text starts with BOS */
-        return st ? st : eval_stream(s, seq->ids, seq->n, err);
-    }
-    const int64_t from = s->last && seq->n > s->last + 1 ? seq->n - s->last - 1 : 0;
-    kvq_status st = kvq_perplexity_seq(s->f, seq->ids, seq->n, from, s->chunk, s->vocab,
-                                       s->logits, &s->sum, err);
-    if (st != KVQ_OK)
-        return st;
-    s->n_seq++;
-    return KVQ_OK;
 }
 
 typedef struct eval_opts {
@@ -199,79 +149,29 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
     return -1;
 }
 
-/* Perplexity with full attention over the corpus, streamed sequence by sequence,
- * printed as text or JSON. */
+/* Perplexity with full attention over the corpus (kvq_eval_full), printed as text or
+ * JSON. */
 static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *corpus,
                      const kvq_tokenizer *tok, const kvq_callbacks *cb)
 {
     const char *model_path = o->m.model, *spec = o->spec;
-    const kvq_model_config *c = kvq_model_config_get(m);
     const int64_t seq_len = o->seq_len;
+    const int half = !o->score_all;
     kvq_err e = {0};
-    eval_state s = {0};
-    int rc = 0;
-    kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = (int32_t)o->m.threads;
-    fp.max_tokens = seq_len;
-    fp.cb = *cb;
-    fp.cb.progress = NULL; /* progress comes from the corpus reader, per token */
-    kvq_model_memory mem;
-    kvq_model_memory_estimate(m, &fp, seq_len, &mem);
-    kvq_log(cb, KVQ_LOG_INFO, "memory: about %.1f MiB (weights %.1f MiB mapped, KV cache %.1f MiB)",
-            mem.total_bytes / 1048576.0, mem.mapped_bytes / 1048576.0,
-            mem.kv_cache_bytes / 1048576.0);
-    if (kvq_forward_create(m, &fp, &s.f, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    s.chunk = fp.chunk;
-    s.vocab = c->vocab_size;
-    s.logits = malloc(sizeof(float) * (size_t)s.chunk * (size_t)s.vocab);
-    if (!s.logits) {
-        rc = cli_failf(1, "%s: out of memory", model_path);
-        goto done;
-    }
-
-    kvq_seq_params sp;
-    kvq_seq_params_default(&sp);
-    kvq_seq_params_model_bos(&sp, tok);
-    sp.seq_len = (uint32_t)seq_len;
-    sp.max_tokens = (uint64_t)o->max_tokens;
-    s.half = !o->score_all;
-    s.last = o->score_last;
-    s.bos = sp.add_bos ? kvq_tokenizer_bos(tok) : -1;
-    s.n_ctx = seq_len;
-    if (s.half) {
-        sp.add_bos = 0; /* the stream's BOS comes from eval_seq, each chunk's from the loop */
-        if (sp.max_tokens > 1 && s.bos >= 0)
-            sp.max_tokens--;
-        if (!(s.buf = malloc(sizeof *s.buf * (size_t)seq_len))) {
-            rc = cli_failf(1, "%s: out of memory", model_path);
-            goto done;
-        }
-    }
-    kvq_corpus_stats stats;
-    double t0 = kvq_now();
-    if (kvq_corpus_tokenize(corpus, tok, &sp, cb, eval_seq, &s, &stats, &e) != KVQ_OK) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    double secs = kvq_now() - t0;
-    if (s.half)
-        stats.n_tokens = s.n_stream;
-    if (s.sum.n_pred == 0) {
-        rc = s.half ? cli_failf(1, "%s: %llu tokens, fewer than one chunk of --seq-len %lld "
-                                   "with a token to score", spec,
-                                (unsigned long long)s.n_stream, (long long)seq_len)
-                    : cli_failf(1, "%s: no token to predict (sequences too short)", spec);
-        goto done;
-    }
-    const double nll = s.sum.nll / (double)s.sum.n_pred, ppl = exp(nll);
+    kvq_eval_params p = kvq_eval_params_default();
+    p.threads = (int32_t)o->m.threads;
+    p.last = o->score_last;
+    p.name = spec;
+    p.cb = *cb;
+    kvq_eval_full_result r;
+    if (kvq_eval_full(m, corpus, tok, seq_len, o->max_tokens, half, &p, &r, &e) != KVQ_OK)
+        return cli_fail(&e);
+    const double secs = r.seconds;
     char score[32];
-    if (s.last)
-        snprintf(score, sizeof score, "last:%lld", (long long)s.last);
+    if (o->score_last)
+        snprintf(score, sizeof score, "last:%lld", (long long)o->score_last);
     else
-        snprintf(score, sizeof score, "%s", s.half ? "second-half" : "all");
+        snprintf(score, sizeof score, "%s", half ? "second-half" : "all");
     if (o->json) {
         printf("{\"model\": ");
         kvq_json_write_str(stdout, model_path);
@@ -281,36 +181,32 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
                "\"score\": \"%s\", \"sequences\": %llu, \"tokens\": %llu, \"predicted\": %llu, "
                "\"nll\": %.6f, "
                "\"perplexity\": %.6f, \"seconds\": %.3f, \"tokens_per_second\": %.1f}\n",
-               (unsigned long long)stats.hash, (long long)seq_len,
-               score, (unsigned long long)s.n_seq, (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.sum.n_pred, nll, ppl, secs,
-               secs > 0 ? (double)stats.n_tokens / secs : 0.0);
+               (unsigned long long)r.stats.hash, (long long)seq_len,
+               score, (unsigned long long)r.n_seq, (unsigned long long)r.stats.n_tokens,
+               (unsigned long long)r.n_pred, r.nll, r.ppl, secs,
+               secs > 0 ? (double)r.stats.n_tokens / secs : 0.0);
     } else {
         printf("model       %s\n", model_path);
         printf("corpus      %s\n", spec);
         printf("attention   full\n");
-        if (s.half)
+        if (half)
             printf("chunks      %llu of %lld tokens, second half scored (as llama-perplexity)\n",
-                   (unsigned long long)s.n_seq, (long long)seq_len);
-        else if (s.last)
+                   (unsigned long long)r.n_seq, (long long)seq_len);
+        else if (o->score_last)
             printf("sequences   %llu of up to %lld tokens, the last %lld scored\n",
-                   (unsigned long long)s.n_seq, (long long)seq_len, (long long)s.last);
+                   (unsigned long long)r.n_seq, (long long)seq_len, (long long)o->score_last);
         else
-            printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)s.n_seq,
+            printf("sequences   %llu of up to %lld tokens\n", (unsigned long long)r.n_seq,
                    (long long)seq_len);
-        printf("tokens      %llu (%llu predicted)\n", (unsigned long long)stats.n_tokens,
-               (unsigned long long)s.sum.n_pred);
-        printf("nll         %.6f nats/token\n", nll);
-        printf("perplexity  %.4f\n", ppl);
+        printf("tokens      %llu (%llu predicted)\n", (unsigned long long)r.stats.n_tokens,
+               (unsigned long long)r.n_pred);
+        printf("nll         %.6f nats/token\n", r.nll);
+        printf("perplexity  %.4f\n", r.ppl);
     }
     kvq_log(cb, KVQ_LOG_INFO, "%llu tokens in %.3f s (%.1f tokens/s)",
-            (unsigned long long)stats.n_tokens, secs,
-            secs > 0 ? (double)stats.n_tokens / secs : 0.0);
-done:
-    free(s.buf);
-    free(s.logits);
-    kvq_forward_free(s.f);
-    return rc;
+            (unsigned long long)r.stats.n_tokens, secs,
+            secs > 0 ? (double)r.stats.n_tokens / secs : 0.0);
+    return 0;
 }
 
 int cmd_eval(int argc, char **argv)
@@ -322,6 +218,8 @@ int cmd_eval(int argc, char **argv)
         return rc;
     const char *model_path = o.m.model;
     kvq_callbacks cb = cli_callbacks(o.m.verbose, o.m.quiet);
+    if (o.json)
+        cli_progress_json(); /* progress lines on stderr as JSON too */
     kvq_err e = {0};
     kvq_model *m = NULL;
     kvq_corpus *corpus = NULL;

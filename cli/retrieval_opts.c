@@ -4,6 +4,7 @@
 
 #include "cli/cli.h"
 #include "cli/retrieval_opts.h"
+#include "kvq/eval.h"
 
 void cli_retrieval_init(cli_retrieval *o)
 {
@@ -254,100 +255,36 @@ int cli_retrieval_open(cli_retrieval *o, const kvq_model *m, const char *model_p
     /* the position mode and scoring query kvq calibrate chose, unless given */
     kvq_positions pm;
     kvq_score_pos ps;
-    if (kvq_codebook_set_positions(*rt, &pm, &ps) && !(o->pos_given && o->score_given)) {
-        if (!o->pos_given)
-            o->p.positions = pm;
-        if (!o->score_given)
-            o->p.score_pos = ps;
+    if (kvq_eval_artifact_positions(*rt, &o->p, o->pos_given, o->score_given) &&
+        kvq_codebook_set_positions(*rt, &pm, &ps))
         kvq_log(cb, KVQ_LOG_INFO, "positions %s, score %s (kvq calibrate measured and chose %s, "
                 "%s)", kvq_positions_name(o->p.positions), kvq_score_pos_name(o->p.score_pos),
                 kvq_positions_name(pm), kvq_score_pos_name(ps));
-    }
     return 0;
-}
-
-/* Splits s at commas into a malloc'd copy and pointers into it. */
-static char **split(const char *s, size_t *n, char **buf)
-{
-    *buf = strdup(s);
-    size_t cap = 1;
-    for (const char *p = s; *p; p++)
-        cap += *p == ',';
-    char **v = malloc(sizeof *v * cap);
-    if (!*buf || !v) {
-        free(*buf);
-        free(v);
-        return NULL;
-    }
-    *n = 0;
-    for (char *p = *buf, *tok; (tok = strsep(&p, ","));)
-        v[(*n)++] = tok;
-    return v;
 }
 
 int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_codebook_set *rt,
                        cli_row **rows, size_t *n_rows)
 {
-    char defsel[128];
-    const char *method = rt ? kvq_codebook_method_name(kvq_codebook_set_method(rt)) : NULL;
-    snprintf(defsel, sizeof defsel,
-             rt ? "full,oracle,%s,fier,quest,mass" : "full,oracle,fier,quest", method);
-    char *sbuf = NULL, *bbuf = NULL;
-    size_t ns = 0, nb = 0;
-    char **sv = split(o->selectors ? o->selectors : defsel, &ns, &sbuf);
-    char **bv = split(o->budgets ? o->budgets : "6%", &nb, &bbuf);
-    cli_row *out = calloc(ns * nb + 1, sizeof *out);
+    kvq_eval_row *r = NULL;
     size_t n = 0;
-    int rc = 0;
-    if (!sv || !bv || !out) {
-        rc = cli_failf(1, "out of memory");
-        goto done;
+    kvq_err e = {0};
+    if (kvq_eval_rows_expand(o->selectors, o->budgets, rt, &o->p, &r, &n, &e) != KVQ_OK)
+        return e.status == KVQ_E_NOMEM ? cli_failf(1, "out of memory")
+                                       : cli_failf(e.status == KVQ_E_MISMATCH ? 1 : 2, "%s: %s",
+                                                   cmd, e.msg);
+    cli_row *out = calloc(n + 1, sizeof *out);
+    if (!out) {
+        free(r);
+        return cli_failf(1, "out of memory");
     }
-    kvq_budget *budgets = calloc(nb, sizeof *budgets);
-    if (!budgets) {
-        rc = cli_failf(1, "out of memory");
-        goto done;
+    for (size_t i = 0; i < n; i++) {
+        out[i].selector = r[i].rp.selector;
+        out[i].budget = r[i].rp.budget;
+        memcpy(out[i].name, r[i].name, sizeof out[i].name);
+        memcpy(out[i].budget_str, r[i].budget, sizeof out[i].budget_str);
     }
-    for (size_t b = 0; b < nb && !rc; b++) {
-        kvq_err e = {0};
-        if (kvq_budget_parse(bv[b], &budgets[b], &e) != KVQ_OK)
-            rc = cli_failf(2, "%s: %s", cmd, e.msg);
-    }
-    for (size_t s = 0; s < ns && !rc; s++) {
-        kvq_selector sel;
-        int m;
-        kvq_err e = {0};
-        if (kvq_selector_parse(sv[s], &sel, &m, &e) != KVQ_OK) {
-            rc = cli_failf(2, "%s: %s", cmd, e.msg);
-            break;
-        }
-        if (kvq_selector_needs_artifact(sel) && !rt) {
-            rc = cli_failf(2, "%s: the %s selector needs --artifact", cmd, sv[s]);
-            break;
-        }
-        if (m >= 0 && (kvq_codebook_method)m != kvq_codebook_set_method(rt)) {
-            rc = cli_failf(1, "%s: selector %s: the artifact's method is %s", cmd, sv[s], method);
-            break;
-        }
-        for (size_t b = 0; b < (sel == KVQ_SELECT_FULL ? 1 : nb); b++) {
-            cli_row *r = &out[n++];
-            r->selector = sel;
-            r->budget = sel == KVQ_SELECT_FULL ? (kvq_budget){.fraction = 1.0} : budgets[b];
-            snprintf(r->name, sizeof r->name, "%s",
-                     sel == KVQ_SELECT_CODEBOOK ? method : kvq_selector_name(sel));
-            kvq_budget_format(&r->budget, r->budget_str, sizeof r->budget_str);
-        }
-    }
-    free(budgets);
-done:
-    free(sv);
-    free(bv);
-    free(sbuf);
-    free(bbuf);
-    if (rc) {
-        free(out);
-        return rc;
-    }
+    free(r);
     *rows = out;
     *n_rows = n;
     return 0;

@@ -56,7 +56,7 @@ typedef struct cli_row {
 int cli_retrieval_rows(const char *cmd, const cli_retrieval *o, const kvq_codebook_set *rt,
                        cli_row **rows, size_t *n_rows);
 
-/* `kvq eval` with retrieval (cli/eval_retrieval.c): perplexity with full attention
+/* `kvq eval` with retrieval (cli/eval_table.c, the harness of kvq/eval.h): perplexity with full attention
  * (the reference) and for every selector x budget row with retrieval at every
  * evaluated position, the rows' attention figures, and passkey / kv-recall accuracy
  * over the corpus's task documents (prompt attended exactly, answer decoded greedily

@@ -2,8 +2,10 @@
  * kvq/engine.h alone (no other kvq header, no kvq forward pass). Built against an
  * installed kvq with
  *
- *   cc engine_example.c $(pkg-config --cflags --libs kvq) -o engine_example
+ *   cc engine_example.c $(pkg-config --cflags --libs kvq) -lm -o engine_example
  *
+ * (kvq/engine.h is in the stable tier, docs/api.md; with a PREFIX outside the loader's
+ * path, add -Wl,-rpath,PREFIX/lib or set LD_LIBRARY_PATH=PREFIX/lib to run it)
  * and run as
  *
  *   engine_example ARTIFACT.kvq N_LAYERS N_HEADS N_KV_HEADS HEAD_DIM ROPE_BASE

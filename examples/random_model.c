@@ -1,5 +1,12 @@
-/* random_model.c — writes a small llama-family GGUF model with random weights, using
- * the public API only (the GGUF writer), so kvq can be tried without a trained model.
+/* random_model.c — writes a small llama-family GGUF model with random weights through
+ * kvq's GGUF writer, so kvq can be tried without a trained model. The GGUF writer is
+ * in kvq's unstable tier (docs/api.md): this example defines KVQ_UNSTABLE_API and builds
+ * against headers installed by `make install-unstable` (or the source tree):
+ *
+ *   cc random_model.c $(pkg-config --cflags --libs kvq) -lm -o random_model
+ *
+ * (with a PREFIX outside the loader's path, add -Wl,-rpath,PREFIX/lib or set
+ * LD_LIBRARY_PATH=PREFIX/lib to run it).
  *
  *   random_model OUT.gguf [SEED]
  *
@@ -17,8 +24,32 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <errno.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#define KVQ_UNSTABLE_API /* the GGUF writer */
 #include <kvq.h>
-#include "kvq/util.h" /* kvq_rng: internal, so this example builds in-tree only */
+
+/* The weights' generator (this example's own: splitmix64 and Box-Muller). */
+typedef struct wrng {
+    uint64_t x;
+} wrng;
+
+static uint64_t rng_u64(wrng *r)
+{
+    uint64_t z = (r->x += 0x9e3779b97f4a7c15u);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
+    return z ^ (z >> 31);
+}
+
+static double rng_normal(wrng *r)
+{
+    const double u1 = ((double)(rng_u64(r) >> 11) + 1.0) / 9007199254740993.0; /* (0, 1] */
+    const double u2 = (double)(rng_u64(r) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
 
 enum { DIM = 64, HIDDEN = 176, LAYERS = 5, HEADS = 8, KV_HEADS = 4, HEAD_DIM = 8, CTX = 2048 };
 enum { N_BYTES = 256, N_CHARS = 95, VOCAB = 3 + N_BYTES + N_CHARS };
@@ -80,7 +111,7 @@ static kvq_status vocab(kvq_gguf_writer *w, kvq_err *err)
 
 /* An F32 tensor of rows x cols (GGUF ne = {cols, rows}): seeded normal / sqrt(cols),
  * or all ones when `ones`. */
-static kvq_status tensor(kvq_gguf_writer *w, kvq_rng *rng, const char *name, int64_t rows,
+static kvq_status tensor(kvq_gguf_writer *w, wrng *rng, const char *name, int64_t rows,
                          int64_t cols, int ones, kvq_err *err)
 {
     const size_t n = (size_t)(rows * cols);
@@ -89,7 +120,7 @@ static kvq_status tensor(kvq_gguf_writer *w, kvq_rng *rng, const char *name, int
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", name);
     const double scale = 1.0 / sqrt((double)cols);
     for (size_t i = 0; i < n; i++)
-        x[i] = ones ? 1.0f : (float)(kvq_rng_normal(rng) * scale);
+        x[i] = ones ? 1.0f : (float)(rng_normal(rng) * scale);
     const int64_t ne[2] = {cols, rows};
     kvq_status s = kvq_gguf_writer_add_tensor(w, name, KVQ_GGML_F32, rows > 1 ? 2 : 1, ne, x,
                                               n * sizeof *x, err);
@@ -127,12 +158,20 @@ int main(int argc, char **argv)
     }
     kvq_err err = {0};
     int64_t seed = 1;
-    if (argc == 3 && kvq_parse_i64(argv[2], 0, INT64_MAX, &seed, &err) != KVQ_OK) {
-        fprintf(stderr, "random_model: %s\n", err.msg);
-        return 2;
+    if (argc == 3) {
+        char *end = NULL;
+        errno = 0;
+        const long long v = strtoll(argv[2], &end, 10);
+        if (errno || end == argv[2] || *end || v < 0) {
+            fprintf(stderr, "random_model: seed '%s' is not an integer in [0, %lld]\n", argv[2],
+                    (long long)INT64_MAX);
+            return 2;
+        }
+        seed = v;
     }
-    if (kvq_output_check(argv[1], 1, is_gguf, "a GGUF file", &err) != KVQ_OK) {
-        fprintf(stderr, "random_model: %s\n", err.msg);
+    struct stat sb;
+    if (stat(argv[1], &sb) == 0 && (!S_ISREG(sb.st_mode) || !is_gguf(argv[1]))) {
+        fprintf(stderr, "random_model: %s: exists and is not a GGUF file\n", argv[1]);
         return 1;
     }
     kvq_gguf_writer *w = kvq_gguf_writer_new();
@@ -140,8 +179,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "random_model: out of memory\n");
         return 1;
     }
-    kvq_rng rng;
-    kvq_rng_seed(&rng, (uint64_t)seed);
+    wrng rng = {(uint64_t)seed};
     kvq_status s;
     char name[64];
     if ((s = set_str(w, "general.architecture", "llama", &err)) ||

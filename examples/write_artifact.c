@@ -1,4 +1,6 @@
-/* write_artifact.c — writes a small, complete .kvq artifact with the public API only.
+/* write_artifact.c — writes a small, complete .kvq artifact with kvq's safetensors
+ * writer and artifact encoder. The writer is in kvq's unstable tier (docs/api.md): this
+ * example defines KVQ_UNSTABLE_API (headers of `make install-unstable`).
  *
  *   write_artifact OUT.kvq [ZSTD_LEVEL]
  *
@@ -18,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define KVQ_UNSTABLE_API /* the safetensors writer */
 #include <kvq.h>
 
 enum { N_LAYERS = 2, N_KV = 2, D = 4, K = 4 };

@@ -12,21 +12,32 @@
  *   thresholds  LeanKV, PATS and budget profiling
  *   pipeline    kvq calibrate: every stage in order, resumable
  *
- * These are the toolchain's headers, installed by `make install`. kvq/util.h (checked
- * parsing, buffers, files, hashing, RNG) is internal: not installed, not included
- * here; the library, the kvq CLI, tests and benchmarks include it from the source
- * tree. An inference engine that embeds the runtime uses kvq/engine.h alone.
+ * Two tiers (docs/api.md). The stable API, installed by `make install`, is what this
+ * header includes by default: errors and callbacks (kvq/common.h), the artifact
+ * (kvq/artifact.h: open, describe, tensors, codebooks), calibrate (kvq/calibrate.h:
+ * kvq_calibrate_files), evaluation (kvq/eval.h: kvq_eval_files) and the embedding
+ * engine (kvq/engine.h). Plain structs, caller-owned buffers, no callback needed.
+ * Everything else (tokenizer, GGUF, safetensors, model, corpus, capture, k-means,
+ * runtime, thresholds, the stages' full parameters) is the unstable tier: compiled in
+ * with KVQ_UNSTABLE_API defined before any kvq header (the CLI, tests and benchmarks do,
+ * from the Makefile), installed only by `make install-unstable`, and free to change in
+ * any release. kvq/util.h is internal (never installed).
  */
 #ifndef KVQ_H
 #define KVQ_H
 
 #include "kvq/common.h"
+#include "kvq/artifact.h"
+#include "kvq/calibrate.h"
+#include "kvq/eval.h"
+#include "kvq/engine.h"
+
+#ifdef KVQ_UNSTABLE_API
 #include "kvq/dist.h"
 #include "kvq/half.h"
 #include "kvq/safetensors.h"
 #include "kvq/gguf.h"
 #include "kvq/quant.h"
-#include "kvq/artifact.h"
 #include "kvq/artifact_summary.h"
 #include "kvq/rope.h"
 #include "kvq/kmeans.h"
@@ -42,7 +53,6 @@
 #include "kvq/fit.h"
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
-#include "kvq/calibrate.h"
-#include "kvq/engine.h"
+#endif
 
 #endif

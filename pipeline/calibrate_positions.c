@@ -16,6 +16,7 @@
 
 #include "kvq/artifact.h"
 #include "kvq/calibrate.h"
+#include "kvq/eval.h"
 #include "kvq/model.h"
 #include "kvq/perplexity.h"
 #include "kvq/runtime.h"
@@ -59,16 +60,6 @@ int kvq_calibrate_choose_positions(double ppl_exact, double tol, const kvq_posit
     return best;
 }
 
-/* Perplexity of the sequences with the forward's attention as set (exact when none). */
-static kvq_status ppl_of(kvq_forward *f, const kvq_seq_set *ss, int32_t chunk, int32_t vocab,
-                         float *logits, double *ppl, kvq_err *err)
-{
-    kvq_nll_sum sum = {0};
-    kvq_status s = kvq_perplexity_set(f, ss, chunk, vocab, logits, NULL, NULL, &sum, err);
-    *ppl = sum.n_pred ? exp(sum.nll / (double)sum.n_pred) : NAN;
-    return s;
-}
-
 /* The held-out sequences (up to positions_tokens tokens), or the last calibration
  * sequence when the corpus ended first. */
 static kvq_status held_set(calib_ctx *c, kvq_seq_set *ss, kvq_err *err)
@@ -89,30 +80,29 @@ static kvq_status held_set(calib_ctx *c, kvq_seq_set *ss, kvq_err *err)
     return s;
 }
 
-/* Measures every candidate on ss with the artifact at art_path. */
+/* Measures every candidate on ss with the artifact at art_path, through the
+ * evaluation harness (kvq/eval.h): the reference and one row per candidate. */
 static kvq_status measure(calib_ctx *c, const char *art_path, const kvq_seq_set *ss,
                           kvq_position_candidate *cand, double *ppl_exact, kvq_err *err)
 {
     const kvq_calibrate_params *p = c->p;
-    const kvq_model_config *cfg = kvq_model_config_get(c->model);
     kvq_model_id id;
     kvq_model_identity(c->model, &id);
     kvq_codebook_set *rt = NULL;
-    kvq_forward *f = NULL;
-    kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = p->threads;
-    fp.cb = p->cb;
-    fp.cb.progress = NULL;
-    int64_t longest = 2;
+    kvq_eval *ev = NULL;
+    kvq_eval_params ep = kvq_eval_params_default();
+    ep.threads = p->threads;
+    ep.cb = p->cb;
+    ep.measure = 0;
+    ep.name = "calibrate: positions";
     for (size_t i = 0; i < ss->n; i++)
-        if (ss->off[i + 1] - ss->off[i] > longest)
-            longest = ss->off[i + 1] - ss->off[i];
-    fp.max_tokens = longest;
-    float *logits = malloc(sizeof(float) * (size_t)fp.chunk * (size_t)cfg->vocab_size);
-    kvq_status s = logits ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "calibrate: out of memory");
-    if (!s && !(s = kvq_codebook_set_open(art_path, &id, c->model_path, &rt, err)) &&
-        !(s = kvq_forward_create(c->model, &fp, &f, err)))
-        s = ppl_of(f, ss, fp.chunk, cfg->vocab_size, logits, ppl_exact, err);
+        if (ss->off[i + 1] - ss->off[i] > ep.max_tokens)
+            ep.max_tokens = ss->off[i + 1] - ss->off[i];
+    kvq_eval_result ref = {0}, res;
+    kvq_status s = kvq_codebook_set_open(art_path, &id, c->model_path, &rt, err);
+    if (!s && !(s = kvq_eval_create(c->model, rt, &ep, &ev, err)))
+        s = kvq_eval_reference(ev, ss, &ref, err);
+    *ppl_exact = ref.ppl;
     if (!s)
         kvq_log(&p->cb, KVQ_LOG_INFO, "calibrate: positions: exact attention: perplexity %.4f",
                 *ppl_exact);
@@ -125,26 +115,16 @@ static kvq_status measure(calib_ctx *c, const char *art_path, const kvq_seq_set 
         rp.selector = cand[i].selector;
         rp.positions = cand[i].positions;
         rp.score_pos = cand[i].score;
-        rp.prefill_full = 0; /* every position predicted with retrieval */
-        rp.max_tokens = longest;
-        rp.cb = p->cb;
-        kvq_retrieval *r = NULL;
-        if ((s = kvq_retrieval_create(cfg, rt, &rp, &r, err)))
+        /* every position predicted with retrieval (the harness's prefill_full = 0) */
+        if ((s = kvq_eval_rows(ev, ss, &rp, NULL, 1, &ref, &res, err)))
             break;
-        const kvq_attn_backend b = kvq_retrieval_backend(r);
-        kvq_forward_set_attention(f, &b);
-        const double t0 = kvq_now();
-        s = ppl_of(f, ss, fp.chunk, cfg->vocab_size, logits, &cand[i].ppl, err);
-        kvq_forward_set_attention(f, NULL);
-        kvq_retrieval_free(r);
-        if (!s)
-            kvq_log(&p->cb, KVQ_LOG_INFO, "calibrate: positions: %s: perplexity %.4f (%+.2f%%, "
-                    "%.1f s)", cand[i].name, cand[i].ppl, 100.0 * (cand[i].ppl / *ppl_exact - 1),
-                    kvq_now() - t0);
+        cand[i].ppl = res.ppl;
+        kvq_log(&p->cb, KVQ_LOG_INFO, "calibrate: positions: %s: perplexity %.4f (%+.2f%%, "
+                "%.1f s)", cand[i].name, cand[i].ppl, 100.0 * (cand[i].ppl / *ppl_exact - 1),
+                res.seconds);
     }
-    kvq_forward_free(f);
+    kvq_eval_free(ev);
     kvq_codebook_set_close(rt);
-    free(logits);
     return s;
 }
 

@@ -26,7 +26,7 @@ import sys
 
 # Bottom to top: a folder may include only itself and folders before it.
 LAYERS = ["common", "formats", "model", "calib", "cholesky", "codebook", "kmeans",
-          "runtime", "thresholds", "pipeline", "cli"]
+          "runtime", "eval", "thresholds", "pipeline", "cli"]
 
 # Public headers that a folder other than their name implements.
 HEADER_HOME = {
@@ -42,6 +42,7 @@ HEADER_HOME = {
     "codebook.h": "codebook",
     "kmeans.h": "kmeans", "fit.h": "kmeans",
     "runtime.h": "runtime", "retrieval.h": "runtime", "engine.h": "runtime",
+    "eval.h": "eval",
     "thresholds.h": "thresholds", "summary.h": "thresholds",
     "calibrate.h": "pipeline",
 }

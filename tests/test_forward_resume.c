@@ -1,6 +1,6 @@
 /*
  * test_forward_resume.c — a prompt prefilled once and replayed into other retrieval
- * contexts (what `kvq eval` does for its task prompts, cli/eval_tasks.c): an observer
+ * contexts (what `kvq eval` does for its task prompts, eval/tasks.c): an observer
  * records every layer's pre-RoPE keys and values during an exact prefill under one
  * selector; a fresh context of another selector gets them appended in the forward's
  * chunks (kvq_retrieval_append), the forward resumes after them (kvq_forward_resume),

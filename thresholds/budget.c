@@ -30,6 +30,7 @@
 #include <omp.h>
 #endif
 
+#include "kvq/eval.h"
 #include "thresholds/thresholds_internal.h"
 
 static const double default_budgets[] = {0.01, 0.02, 0.03, 0.05, 0.08, 0.10, 0.15, 0.20, 0.25};
@@ -55,11 +56,28 @@ typedef struct bsetting {
 /* Adds the statistics x. per_row: x is one row's (its steps, one per KV head), and the
  * error counts as the row's mean over its steps, one sample of the rows (the unit the
  * rows are sampled in); else x covers many rows and adds its steps' sums. */
+/* The harness's figures (kvq/eval.h) of a step or of the sums of a setting. */
+static kvq_retrieval_stats as_stats(double measured, double out_rel_err, double visible,
+                                    double attended, double mass)
+{
+    const kvq_retrieval_stats z = {.steps = 1, .measured = (uint64_t)measured,
+                                   .out_rel_err = out_rel_err, .visible = visible,
+                                   .attended = attended, .recall_mass = mass};
+    return z;
+}
+
+/* A step's mean output error over its KV heads (NaN: none measured). */
+static double step_err(const bstep *x)
+{
+    const kvq_retrieval_stats z = as_stats(x->measured, x->out_rel_err, 0, 0, 0);
+    return kvq_eval_metric_value(&z, KVQ_EVAL_OUT_REL_ERR);
+}
+
 static void step_add(bsetting *b, const bstep *x, int per_row)
 {
     b->measured += x->measured;
     if (per_row && x->measured > 0) {
-        const double e = x->out_rel_err / x->measured;
+        const double e = step_err(x);
         b->err += e;
         b->err_sq += e * e;
         b->err_n += 1;
@@ -137,8 +155,8 @@ static kvq_status probe_sequence(kvq_retrieval *ctx, const kvq_retrieval_setting
         for (int64_t c = 0; c < n_set; c++) {
             stats_add(&sums[c], &z[c], 1);
             if (rec)
-                rec[c * S->rec_ld + S->rec_at + i] =
-                    z[c].measured > 0 ? z[c].out_rel_err / (double)z[c].measured : NAN;
+                rec[c * S->rec_ld + S->rec_at + i] = kvq_eval_metric_value(&z[c],
+                                                                           KVQ_EVAL_OUT_REL_ERR);
         }
         prev = r + 1;
     }
@@ -190,8 +208,9 @@ static void fill_row(double *row, double *ci, double value, const bsetting *b, i
                      double job_ci)
 {
     row[KVQ_PB_VALUE] = value;
-    row[KVQ_PB_ATTENDED] = b->visible > 0 ? b->attended / b->visible : NAN;
-    row[KVQ_PB_MASS] = b->measured > 0 ? b->mass / b->measured : NAN;
+    const kvq_retrieval_stats z = as_stats(b->measured, 0, b->visible, b->attended, b->mass);
+    row[KVQ_PB_ATTENDED] = kvq_eval_metric_value(&z, KVQ_EVAL_ATTENDED);
+    row[KVQ_PB_MASS] = kvq_eval_metric_value(&z, KVQ_EVAL_RECALL_MASS);
     row[KVQ_PB_ERR] = b->err_n > 0 ? b->err / b->err_n : NAN;
     const thr_acc a = {.err_sum = b->err, .err_sq = b->err_sq, .err_n = b->err_n};
     double m, se;
@@ -457,8 +476,7 @@ static void replay_layer(void *user, int32_t f, const uint8_t *rec)
                 const bstep *x = &steps[c * g->n_z + i];
                 step_add(to, x, g->per_row);
                 if (g->rec && (!g->per_row || thr_jobs_run(g->J, f, q, g->want)))
-                    g->rec[c * g->rec_ld + g->at + i] =
-                        x->measured > 0 ? x->out_rel_err / x->measured : NAN;
+                    g->rec[c * g->rec_ld + g->at + i] = step_err(x);
             }
             if (g->per_row) {
                 sums_add(&g->set[c], &part);

@@ -15,7 +15,13 @@
 #ifndef KVQ_ARTIFACT_H
 #define KVQ_ARTIFACT_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvq/common.h"
+#ifdef KVQ_UNSTABLE_API
 #include "kvq/safetensors.h"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -184,9 +190,11 @@ void kvq_artifact_close(kvq_artifact *a); /* NULL is fine */
 
 uint32_t kvq_artifact_major(const kvq_artifact *a);
 uint32_t kvq_artifact_minor(const kvq_artifact *a);
-/* The payload: tensors and __metadata__ through the safetensors API. Valid until
- * close. */
+#ifdef KVQ_UNSTABLE_API
+/* The payload: tensors and __metadata__ through the safetensors API (unstable tier;
+ * the stable accessors are below). Valid until close. */
 const kvq_st *kvq_artifact_payload(const kvq_artifact *a);
+#endif
 /* The decompressed payload itself (a safetensors file of payload_size bytes), e.g.
  * to save it or re-encode it. Owned by the artifact; valid until close. */
 const void *kvq_artifact_payload_data(const kvq_artifact *a);
@@ -227,6 +235,51 @@ kvq_status kvq_artifact_write(const char *path, int overwrite, const void *paylo
 /* The same into a malloc'd buffer (free()); *out is NULL on failure. */
 kvq_status kvq_artifact_encode(const void *payload, size_t payload_size, int zstd_level,
                                void **out, size_t *out_size, kvq_err *err);
+
+/* ---- stable accessors (formats/artifact_api.c): plain types, for tools and bindings --
+ * Every pointer returned is owned by the artifact and valid until close. */
+
+/* The __metadata__ entries, in the file's order (all values are strings). */
+size_t kvq_artifact_meta_count(const kvq_artifact *a);
+const char *kvq_artifact_meta_key(const kvq_artifact *a, size_t i);   /* NULL: out of range */
+const char *kvq_artifact_meta_value(const kvq_artifact *a, size_t i); /* NULL: out of range */
+const char *kvq_artifact_meta_get(const kvq_artifact *a, const char *key); /* NULL: absent */
+
+#define KVQ_ARTIFACT_MAX_DIMS 8
+/* One tensor of the payload: little-endian data of dtype ("F32", "F16", "BF16", "F64",
+ * "I8" .. "I64", "U8" .. "U64", "BOOL": the safetensors names), row-major, maybe
+ * unaligned for its dtype. */
+typedef struct kvq_artifact_tensor {
+    const char *name;
+    const char *dtype;
+    int32_t ndim;                         /* 0 = scalar */
+    int64_t shape[KVQ_ARTIFACT_MAX_DIMS];
+    size_t nbytes;
+    const void *data;
+} kvq_artifact_tensor;
+
+size_t kvq_artifact_tensor_count(const kvq_artifact *a);
+/* Tensor i (file order). INVALID_ARG when i is out of range. */
+kvq_status kvq_artifact_tensor_at(const kvq_artifact *a, size_t i, kvq_artifact_tensor *out,
+                                  kvq_err *err);
+/* The tensor named `name`. NOT_FOUND (naming it) when absent. */
+kvq_status kvq_artifact_tensor_find(const kvq_artifact *a, const char *name,
+                                    kvq_artifact_tensor *out, kvq_err *err);
+/* The codebook of (layer, KV head): KVQ_TENSOR_CODEBOOK, or with group >= 0
+ * KVQ_TENSOR_GROUP_CODEBOOK ([K, d] or [K, d/G] F32). NOT_FOUND when absent. */
+kvq_status kvq_artifact_codebook(const kvq_artifact *a, int32_t layer, int32_t kv_head,
+                                 int32_t group, kvq_artifact_tensor *out, kvq_err *err);
+
+/* The artifact described as one JSON object (UTF-8, no newline):
+ *   {"format": "kvq", "major": M, "minor": m, "payload_bytes": N,
+ *    "metadata": {KEY: VALUE, ...}, "tensors": [{"name": ..., "dtype": ...,
+ *    "shape": [...], "nbytes": N}, ...]}
+ * metadata values are the strings stored; tensors in file order. Written to the
+ * caller's buf of cap bytes, NUL-terminated; *len (may be NULL) gets the length
+ * without the NUL, also when it did not fit (KVQ_E_TOO_LARGE; call again with
+ * *len + 1 bytes). buf may be NULL with cap 0 to ask the length. */
+kvq_status kvq_artifact_describe_json(const kvq_artifact *a, char *buf, size_t cap, size_t *len,
+                                      kvq_err *err);
 
 #ifdef __cplusplus
 }

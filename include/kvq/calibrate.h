@@ -48,12 +48,14 @@
 
 #include <stdint.h>
 
+#include "kvq/common.h"
+#ifdef KVQ_UNSTABLE_API
 #include "kvq/capture.h"
 #include "kvq/fit.h"
-#include "kvq/common.h"
 #include "kvq/moments.h"
 #include "kvq/runtime.h"
 #include "kvq/thresholds.h"
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -100,6 +102,77 @@ typedef struct kvq_calibrate_stage_info {
 } kvq_calibrate_stage_info;
 
 typedef void (*kvq_calibrate_stage_fn)(void *user, const kvq_calibrate_stage_info *info);
+
+/* What the outputs hold, read back from them (so the same whether a stage ran or was
+ * skipped). Values that do not apply are NaN (doubles), -1 (integers) or "". */
+typedef struct kvq_calibrate_summary {
+    char work_dir[1024];
+    char final_artifact[1024];  /* the work-directory artifact copied to out_path */
+    int ran[KVQ_CALIB_N_STAGES];/* 1 ran, 0 skipped (up to date), -1 not in this run */
+    double seconds[KVQ_CALIB_N_STAGES]; /* wall time of the stages that ran, else 0 */
+    int out_replaced;           /* 1: out_path was written, 0: it already held the bytes */
+
+    int64_t n_tokens;           /* calibration capture: tokens and sequences */
+    int64_t n_sequences;
+    int64_t n_heldout_tokens;   /* held-out capture (0: the profile used the capture) */
+    int64_t n_heldout_sequences;
+
+    char method[16];            /* fit method name ("qavq") */
+    int32_t codebook_size, groups;
+    int32_t n_heads;            /* (layer, KV head) codebooks fitted */
+    double score_mse;           /* held-out score MSE of the method (diag.fit.score_mse) */
+    double score_mse_ref;       /* the same for plain VQ/PQ (diag.fit.score_mse_ref) */
+    double score_power;         /* E[(q~.k)^2] on held-out data */
+
+    int profiled;               /* 1: the final artifact carries a profile */
+    char metric[16];            /* "attn_rel_err" or "perplexity" */
+    double tolerance;
+    /* chosen values; *_met: 1 within tolerance, 0 best found, -1 not profiled */
+    double leankv_alpha_h, leankv_alpha_l, leankv_memory, leankv_err;
+    int leankv_met;
+    char pats_schedule[16];
+    int32_t pats_b_min, pats_b_max;
+    double pats_memory;         /* packed (64-byte blocks), fraction of the f16 cache */
+    double pats_bits;           /* unpacked bits, fraction of 16 */
+    double pats_err;
+    int pats_met;
+    double budget_fraction, budget_attended, budget_err;
+    int budget_met;
+    double mass_tau, mass_attended, mass_err;
+    int mass_met;
+    char positions[8];          /* the positions stage's choice ("" without one) */
+    char score_pos[8];
+    double positions_ppl_exact, positions_ppl_full_wrope, positions_ppl; /* of the choice */
+} kvq_calibrate_summary;
+
+/* ---- stable: calibrate with plain options (pipeline/calibrate_api.c) ------------------
+ * The common settings of `kvq calibrate`; everything else at kvq_calibrate_params'
+ * defaults. Zero / NULL fields take the default. */
+typedef struct kvq_calibrate_options {
+    const char *corpus;         /* corpus spec (docs/corpus.md); NULL: KVQ_CALIBRATE_CORPUS */
+    const char *work_dir;       /* NULL: "<out_path>.work" */
+    uint64_t seed;              /* 0: 1234 */
+    int32_t threads;            /* 0: 1 */
+    int force;                  /* 1: rerun every stage and replace out_path */
+    int64_t seq_len;            /* tokens per sequence (0: 512) */
+    int64_t max_tokens;         /* calibration tokens (0: 16384) */
+    int64_t heldout_tokens;     /* held-out tokens (0: 2048; -1: profile on the capture) */
+    int64_t positions_tokens;   /* positions stage tokens (0: 1024) */
+    int32_t codebook_size;      /* centroids per codebook (0: from the data) */
+    int32_t iters;              /* k-means iterations (0: 25) */
+    int no_profile;             /* 1: stop after the fit */
+    int no_positions;           /* 1: no positions stage */
+    kvq_callbacks cb;           /* logs and progress; {0}: silent */
+} kvq_calibrate_options;
+
+/* Runs kvq_calibrate_run with these options (model_path: GGUF file or HF directory).
+ * summary may be NULL. Errors: those of kvq_calibrate_run. */
+kvq_status kvq_calibrate_files(const char *model_path, const char *out_path,
+                               const kvq_calibrate_options *o, kvq_calibrate_summary *summary,
+                               kvq_err *err);
+
+#ifdef KVQ_UNSTABLE_API
+/* ---- unstable: every parameter of every stage ------------------------------------- */
 
 typedef struct kvq_calibrate_params {
     const char *corpus;         /* corpus spec (kvq/corpus.h); NULL = KVQ_CALIBRATE_CORPUS */
@@ -172,48 +245,6 @@ void kvq_calibrate_position_candidates(kvq_position_candidate out[KVQ_CALIB_POS_
 int kvq_calibrate_choose_positions(double ppl_exact, double tol, const kvq_position_candidate *c,
                                    int n);
 
-/* What the outputs hold, read back from them (so the same whether a stage ran or was
- * skipped). Values that do not apply are NaN (doubles), -1 (integers) or "". */
-typedef struct kvq_calibrate_summary {
-    char work_dir[1024];
-    char final_artifact[1024];  /* the work-directory artifact copied to out_path */
-    int ran[KVQ_CALIB_N_STAGES];/* 1 ran, 0 skipped (up to date), -1 not in this run */
-    double seconds[KVQ_CALIB_N_STAGES]; /* wall time of the stages that ran, else 0 */
-    int out_replaced;           /* 1: out_path was written, 0: it already held the bytes */
-
-    int64_t n_tokens;           /* calibration capture: tokens and sequences */
-    int64_t n_sequences;
-    int64_t n_heldout_tokens;   /* held-out capture (0: the profile used the capture) */
-    int64_t n_heldout_sequences;
-
-    char method[16];            /* fit method name ("qavq") */
-    int32_t codebook_size, groups;
-    int32_t n_heads;            /* (layer, KV head) codebooks fitted */
-    double score_mse;           /* held-out score MSE of the method (diag.fit.score_mse) */
-    double score_mse_ref;       /* the same for plain VQ/PQ (diag.fit.score_mse_ref) */
-    double score_power;         /* E[(q~.k)^2] on held-out data */
-
-    int profiled;               /* 1: the final artifact carries a profile */
-    char metric[16];            /* "attn_rel_err" or "perplexity" */
-    double tolerance;
-    /* chosen values; *_met: 1 within tolerance, 0 best found, -1 not profiled */
-    double leankv_alpha_h, leankv_alpha_l, leankv_memory, leankv_err;
-    int leankv_met;
-    char pats_schedule[16];
-    int32_t pats_b_min, pats_b_max;
-    double pats_memory;         /* packed (64-byte blocks), fraction of the f16 cache */
-    double pats_bits;           /* unpacked bits, fraction of 16 */
-    double pats_err;
-    int pats_met;
-    double budget_fraction, budget_attended, budget_err;
-    int budget_met;
-    double mass_tau, mass_attended, mass_err;
-    int mass_met;
-    char positions[8];          /* the positions stage's choice ("" without one) */
-    char score_pos[8];
-    double positions_ppl_exact, positions_ppl_full_wrope, positions_ppl; /* of the choice */
-} kvq_calibrate_summary;
-
 /*
  * Runs the pipeline for the model at model_path (GGUF file or HF directory) into
  * out_path (see the top of this file). summary may be NULL.
@@ -238,6 +269,7 @@ typedef struct kvq_calibrate_summary {
 kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
                              const kvq_calibrate_params *p, kvq_calibrate_summary *summary,
                              kvq_err *err);
+#endif /* KVQ_UNSTABLE_API */
 
 #ifdef __cplusplus
 }

@@ -31,6 +31,10 @@
 #ifndef KVQ_CAPTURE_H
 #define KVQ_CAPTURE_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/capture.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/capture_dir.h"
 #include "kvq/common.h"
 #include "kvq/corpus.h"

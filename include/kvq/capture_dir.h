@@ -12,6 +12,10 @@
 #ifndef KVQ_CAPTURE_DIR_H
 #define KVQ_CAPTURE_DIR_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/capture_dir.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 #include "kvq/model_id.h"
 #include "kvq/rope.h"

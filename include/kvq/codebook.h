@@ -42,6 +42,10 @@
 #ifndef KVQ_CODEBOOK_H
 #define KVQ_CODEBOOK_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/codebook.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -40,6 +40,10 @@
 #ifndef KVQ_CORPUS_H
 #define KVQ_CORPUS_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/corpus.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 #include "kvq/perplexity.h"
 #include "kvq/tokenizer.h"

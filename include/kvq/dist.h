@@ -23,6 +23,10 @@
 #ifndef KVQ_DIST_H
 #define KVQ_DIST_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/dist.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -8,6 +8,10 @@
 #ifndef KVQ_FIT_H
 #define KVQ_FIT_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/fit.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

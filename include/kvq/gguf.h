@@ -43,6 +43,10 @@
 #ifndef KVQ_GGUF_H
 #define KVQ_GGUF_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/gguf.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 
 #ifdef __cplusplus

@@ -20,6 +20,10 @@
 #ifndef KVQ_HALF_H
 #define KVQ_HALF_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/half.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

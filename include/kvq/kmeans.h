@@ -44,6 +44,10 @@
 #ifndef KVQ_KMEANS_H
 #define KVQ_KMEANS_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/kmeans.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 #include "kvq/common.h"

@@ -40,6 +40,10 @@
 #ifndef KVQ_MODEL_H
 #define KVQ_MODEL_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/model.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/model_id.h"
 #include "kvq/common.h"
 #include "kvq/rope.h"

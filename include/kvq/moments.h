@@ -47,6 +47,10 @@
 #ifndef KVQ_MOMENTS_H
 #define KVQ_MOMENTS_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/moments.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/capture_dir.h"
 #include "kvq/common.h"
 #include "kvq/rope.h"

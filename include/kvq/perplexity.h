@@ -11,6 +11,10 @@
 #ifndef KVQ_PERPLEXITY_H
 #define KVQ_PERPLEXITY_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/perplexity.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -27,6 +27,10 @@
 #ifndef KVQ_QUANT_H
 #define KVQ_QUANT_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/quant.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -15,6 +15,10 @@
 #ifndef KVQ_ROPE_H
 #define KVQ_ROPE_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/rope.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 
 #ifdef __cplusplus

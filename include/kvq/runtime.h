@@ -85,6 +85,10 @@
 #ifndef KVQ_RUNTIME_H
 #define KVQ_RUNTIME_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/runtime.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

@@ -44,6 +44,10 @@
 #ifndef KVQ_SAFETENSORS_H
 #define KVQ_SAFETENSORS_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/safetensors.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 
 #ifdef __cplusplus

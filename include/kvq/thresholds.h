@@ -109,6 +109,10 @@
 #ifndef KVQ_THRESHOLDS_H
 #define KVQ_THRESHOLDS_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/thresholds.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 

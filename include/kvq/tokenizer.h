@@ -86,6 +86,10 @@
 #ifndef KVQ_TOKENIZER_H
 #define KVQ_TOKENIZER_H
 
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/tokenizer.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
 #include "kvq/common.h"
 #include "kvq/gguf.h"
 

@@ -30,6 +30,7 @@ import kvq_read  # noqa: E402
 BUILD = os.environ.get("KVQ_BUILD", os.path.join(ROOT, "build"))
 KVQ = os.environ.get("KVQ", os.path.join(BUILD, "kvq"))
 WRITER = os.path.join(BUILD, "examples", "write_artifact")
+DESCRIBE = os.path.join(BUILD, "examples", "describe_artifact")
 
 EXPECTED_META = {
     "model.architecture": "llama", "model.n_layers": "2", "model.n_heads": "4",
@@ -143,6 +144,24 @@ def main():
               {n: (art.dtypes[n], list(t.shape)) for n, t in art.tensors.items()},
               "inspect tensors differ")
         check(doc["valid"] is True, f"inspect says invalid: {doc.get('problem')}")
+
+        # The stable C API (examples/describe_artifact: kvq_artifact_describe_json and
+        # kvq_artifact_codebook) gives what the independent reader reads.
+        r = subprocess.run([DESCRIBE, path, "1", "1"], check=True, stdout=subprocess.PIPE,
+                           text=True)
+        first, *values = r.stdout.splitlines()
+        doc = json.loads(first)
+        check((doc["format"], doc["major"], doc["minor"], doc["payload_bytes"]) ==
+              ("kvq", 1, 0, psize), f"describe header {first[:120]}")
+        check(doc["metadata"] == art.metadata and list(doc["metadata"]) == list(art.metadata),
+              "describe metadata differs")
+        check([(t["name"], t["dtype"], t["shape"], t["nbytes"]) for t in doc["tensors"]] ==
+              [(n, art.dtypes[n], list(t.shape), t.nbytes) for n, t in art.tensors.items()],
+              "describe tensors differ")
+        cb = want["layer.1.head.1.codebook"]
+        check(np.array_equal(np.array([float(v) for v in values], dtype=np.float32),
+                             cb.reshape(-1)), "describe codebook values differ")
+        print(f"  the stable C API: the same metadata, {len(doc['tensors'])} tensors, codebook")
 
         # Damage: both readers accept or refuse alike; the Python kinds are exact.
         def patched(off, fmt, value):

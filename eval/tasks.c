@@ -1,27 +1,42 @@
-/* eval_tasks.c — the task documents of `kvq eval` and their answers: with full
- * attention (the reference) and under every selector x budget row, the exact prompt
- * prefilled once for all rows (eval_tasks.h). */
+/* tasks.c — the task documents of the harness (kvq/eval.h) and their answers: with
+ * full attention (the reference) and under every row, the exact prompt prefilled once
+ * for all rows (eval_internal.h). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
-#include "cli/eval_replay.h"
-#include "cli/eval_tasks.h"
+#include "eval/eval_internal.h"
 
-void tasks_free(task_list *tl)
+void kvq_eval_tasks_free(kvq_eval_tasks *tl)
 {
+    if (!tl)
+        return;
     for (size_t i = 0; i < tl->n; i++) {
         free(tl->t[i].ids);
         free(tl->t[i].answer);
     }
     free(tl->t);
+    free(tl);
 }
 
-kvq_status tasks_read(const kvq_corpus *corpus, const kvq_tokenizer *tok, task_list *tl,
-                      kvq_err *err)
+size_t kvq_eval_tasks_count(const kvq_eval_tasks *t, int kind)
+{
+    size_t n = 0;
+    for (size_t i = 0; t && i < t->n; i++)
+        n += kind < 0 || (int)t->t[i].kind == kind;
+    return n;
+}
+
+int64_t kvq_eval_tasks_longest(const kvq_eval_tasks *t) { return t ? t->longest : 0; }
+
+kvq_status kvq_eval_tasks_read(const kvq_corpus *corpus, const kvq_tokenizer *tok,
+                               kvq_eval_tasks **out, kvq_err *err)
 {
     kvq_corpus_iter *it = NULL;
     const kvq_corpus_doc *doc;
+    kvq_eval_tasks *tl = calloc(1, sizeof *tl);
+    *out = NULL;
+    if (!tl)
+        return kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
     kvq_status s = kvq_corpus_iter_new(corpus, &it, err);
     while (!s && !(s = kvq_corpus_iter_next(it, &doc, err)) && doc) {
         if (doc->task == KVQ_TASK_NONE || !doc->text)
@@ -52,6 +67,10 @@ kvq_status tasks_read(const kvq_corpus *corpus, const kvq_tokenizer *tok, task_l
             tl->longest = (int64_t)t.n + t.n_gen;
     }
     kvq_corpus_iter_free(it);
+    if (s)
+        kvq_eval_tasks_free(tl);
+    else
+        *out = tl;
     return s;
 }
 
@@ -86,10 +105,14 @@ static kvq_status decode_answer(kvq_forward *f, const kvq_tokenizer *tok, const 
     return KVQ_OK;
 }
 
-kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
-                        int32_t vocab, float *logits, int32_t *ids, int correct[3], char *answers,
-                        kvq_err *err)
+kvq_status kvq_eval_tasks_reference(kvq_eval *ev, const kvq_eval_tasks *tl,
+                                    const kvq_tokenizer *tok, int correct[3], char *answers,
+                                    kvq_err *err)
 {
+    kvq_forward *f = ev->f;
+    const int32_t vocab = ev->c->vocab_size;
+    float *logits = ev->logits;
+    int32_t *ids = ev->ids;
     memset(correct, 0, sizeof(int) * 3);
     for (size_t i = 0; i < tl->n; i++) {
         const task *t = &tl->t[i];
@@ -102,6 +125,7 @@ kvq_status tasks_answer(kvq_forward *f, const kvq_tokenizer *tok, const task_lis
             return s;
         correct[t->kind] += ok;
         answers[i] = ok ? '1' : '0';
+        eval_progress(ev, t->n);
     }
     answers[tl->n] = 0;
     return KVQ_OK;
@@ -146,14 +170,30 @@ static kvq_status row_answer(kvq_forward *f, const kvq_tokenizer *tok, const kvq
     return s;
 }
 
-kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const task_list *tl,
-                             const kvq_model_config *c, const kvq_codebook_set *rt,
-                             const kvq_retrieval_params *p, const cli_row *rows, size_t n_rows,
-                             int32_t chunk, float *logits, int32_t *ids, int (*correct)[3],
-                             char *answers, const kvq_callbacks *cb, kvq_err *err)
+/* Row j's parameters for the task answers: exact prompt, no measurement. */
+static kvq_retrieval_params task_params(const kvq_eval *ev, const kvq_retrieval_params *row)
 {
+    kvq_retrieval_params q = *row;
+    q.max_tokens = ev->p.max_tokens;
+    q.cb = ev->p.cb;
+    q.prefill_full = 1;
+    q.measure = 0;
+    return q;
+}
+
+kvq_status kvq_eval_tasks_rows(kvq_eval *ev, const kvq_eval_tasks *tl, const kvq_tokenizer *tok,
+                               const kvq_retrieval_params *rows, size_t n_rows,
+                               kvq_eval_result *out, char *answers, kvq_err *err)
+{
+    kvq_forward *f = ev->f;
+    const kvq_model_config *c = ev->c;
+    const kvq_codebook_set *rt = ev->rt;
+    const kvq_callbacks *cb = &ev->p.cb;
+    float *logits = ev->logits;
+    int32_t *ids = ev->ids;
+    const int32_t chunk = ev->chunk;
     for (size_t i = 0; i < n_rows; i++)
-        memset(correct[i], 0, sizeof(int) * 3);
+        memset(out[i].correct, 0, sizeof out[i].correct);
     if (!tl->n || !n_rows)
         return KVQ_OK;
     int64_t cap = 0;
@@ -164,25 +204,21 @@ kvq_status tasks_answer_rows(kvq_forward *f, const kvq_tokenizer *tok, const tas
     float *prefix_logits = malloc(sizeof(float) * (size_t)c->vocab_size);
     kvq_status s = prefix_logits ? eval_replay_init(&kr, c, cap, err)
                                  : kvq_err_set(err, KVQ_E_NOMEM, "eval: out of memory");
-    kvq_retrieval_params q = *p;
-    q.prefill_full = 1;
-    q.measure = 0;
     for (size_t i = 0; i < tl->n && !s; i++) {
         const task *t = &tl->t[i];
         const double t0 = kvq_now();
         const int64_t m = exact_prefix(t, chunk);
-        q.selector = rows[0].selector;
-        q.budget = rows[0].budget;
+        kvq_retrieval_params q = task_params(ev, &rows[0]);
         if (m > 0)
             s = eval_replay_record(&kr, f, c, rt, &q, t->ids, m, m, prefix_logits, err);
         else
             kr.m = kr.n_chunks = 0;
         for (size_t j = 0; j < n_rows && !s; j++) {
             int ok = 0;
-            q.selector = rows[j].selector;
-            q.budget = rows[j].budget;
+            q = task_params(ev, &rows[j]);
             s = row_answer(f, tok, c, rt, &q, t, &kr, prefix_logits, logits, ids, &ok, err);
-            correct[j][t->kind] += ok;
+            out[j].correct[t->kind] += ok;
+            eval_progress(ev, t->n);
             answers[j * (tl->n + 1) + i] = ok ? '1' : '0';
             answers[j * (tl->n + 1) + tl->n] = 0;
         }

@@ -1,9 +1,9 @@
-/* eval_replay.c — one exact prefill recorded and replayed into every row's retrieval
- * context (eval_replay.h). */
+/* replay.c — one exact prefill recorded and replayed into every row's retrieval
+ * context (eval_internal.h). */
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/eval_replay.h"
+#include "eval/eval_internal.h"
 
 static kvq_status record(void *user, const kvq_attn_call *c, kvq_err *err)
 {
