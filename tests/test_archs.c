@@ -1,0 +1,203 @@
+/* test_archs.c — qwen3, gemma3, gemma2 and phi3 against transformers.
+ *
+ * tests/data/archs/<arch>/ (HF directory), <arch>.gguf (the same weights converted by
+ * llama.cpp's convert_hf_to_gguf.py) and <arch>.json (transformers' values) come from
+ * scripts/gen_arch_models.py, never from kvq. For each architecture and each of the two
+ * files:
+ *   - every layer's attention as kvq describes it (window, score scale) is transformers'
+ *   - the logits of all 16 prompt positions within LOGIT_TOL of transformers'
+ *   - the pre-RoPE q and k the observer sees (what kvq capture records) within QK_TOL
+ *     of the outputs of transformers' own modules (q_norm / k_norm, q_proj / k_proj,
+ *     qkv_proj), every layer and position
+ *   - greedy decoding (one token at a time after the prompt) gives transformers' 48 ids
+ * and the GGUF's logits agree with the HF directory's within GGUF_TOL. */
+#include <cJSON.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvq/model.h"
+#include "kvq/util.h"
+
+/* float32 forward passes, the same weights: measured max |kvq - transformers| is about
+ * 1e-5 on logits of magnitude up to ~10; the bound leaves room for summation order. */
+#define LOGIT_TOL 2e-4
+#define QK_TOL 1e-4
+#define GGUF_TOL 1e-4
+#define N_GREEDY 48
+
+static const char *const ARCHS[] = {"qwen3", "gemma3", "gemma2", "phi3"};
+
+static cJSON *load_expected(const char *arch)
+{
+    char path[256];
+    snprintf(path, sizeof path, "tests/data/archs/%s.json", arch);
+    uint8_t *data = NULL;
+    size_t size = 0;
+    kvq_err e = {0};
+    assert_int_equal(kvq_read_file(path, &data, &size, &e), KVQ_OK);
+    cJSON *j = cJSON_ParseWithLength((const char *)data, size);
+    free(data);
+    assert_non_null(j);
+    return j;
+}
+
+static int n_items(const cJSON *a) { return cJSON_GetArraySize(a); }
+
+typedef struct qk_rec {
+    const cJSON *q, *k;          /* expected [layer][pos][heads * d] */
+    double max_q, max_k;
+    int calls;
+} qk_rec;
+
+static double max_diff_row(const float *got, const cJSON *row, int n)
+{
+    double m = 0;
+    assert_int_equal(n_items(row), n);
+    int i = 0;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, row)
+    {
+        double d = fabs((double)got[i++] - v->valuedouble);
+        m = d > m ? d : m;
+    }
+    return m;
+}
+
+static kvq_status observe(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    (void)err;
+    qk_rec *r = user;
+    const cJSON *ql = cJSON_GetArrayItem(r->q, c->layer), *kl = cJSON_GetArrayItem(r->k, c->layer);
+    const int qw = n_items(cJSON_GetArrayItem(ql, 0)), kw = n_items(cJSON_GetArrayItem(kl, 0));
+    for (int i = 0; i < c->n; i++) {
+        double dq = max_diff_row(c->q + (size_t)i * qw, cJSON_GetArrayItem(ql, (int)c->pos[i]), qw);
+        double dk = max_diff_row(c->k + (size_t)i * kw, cJSON_GetArrayItem(kl, (int)c->pos[i]), kw);
+        r->max_q = dq > r->max_q ? dq : r->max_q;
+        r->max_k = dk > r->max_k ? dk : r->max_k;
+    }
+    r->calls++;
+    return KVQ_OK;
+}
+
+/* Runs the prompt (logits of every position into *logits_out) and checks q/k, the
+ * logits and the greedy ids against transformers'. */
+static void check_model(const char *arch, const char *path, const cJSON *exp, float **logits_out)
+{
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    kvq_model_params mp = kvq_model_params_default();
+    mp.load_tokenizer = 0;
+    if (kvq_model_open(path, &mp, &m, &e) != KVQ_OK)
+        fail_msg("%s: %s", path, e.msg);
+    const kvq_model_config *c = kvq_model_config_get(m);
+    assert_string_equal(kvq_arch_name(c->arch), arch);
+
+    /* per-layer attention: transformers' window and score scale */
+    const cJSON *layers = cJSON_GetObjectItem(exp, "layers");
+    assert_int_equal(n_items(layers), c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        const cJSON *L = cJSON_GetArrayItem(layers, l);
+        kvq_layer_attn la;
+        kvq_model_layer_attn(c, l, &la);
+        assert_int_equal(la.window, cJSON_GetObjectItem(L, "window")->valueint);
+        assert_true(fabs(la.scale - cJSON_GetObjectItem(L, "scaling")->valuedouble) < 1e-7);
+    }
+
+    const cJSON *toks = cJSON_GetObjectItem(exp, "tokens");
+    const int n = n_items(toks), V = c->vocab_size;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(n + N_GREEDY));
+    float *logits = malloc(sizeof *logits * (size_t)n * (size_t)V);
+    assert_non_null(ids);
+    assert_non_null(logits);
+    for (int i = 0; i < n; i++)
+        ids[i] = cJSON_GetArrayItem(toks, i)->valueint;
+
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.chunk = 5; /* several chunks: the window and the cache are crossed mid-chunk */
+    fp.max_tokens = n + N_GREEDY;
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, &fp, &f, &e), KVQ_OK);
+    qk_rec rec = {.q = cJSON_GetObjectItem(exp, "q"), .k = cJSON_GetObjectItem(exp, "k")};
+    kvq_forward_set_observer(f, observe, &rec);
+    if (kvq_forward_tokens(f, ids, n, KVQ_LOGITS_ALL, logits, &e) != KVQ_OK)
+        fail_msg("%s: %s", path, e.msg);
+    kvq_forward_set_observer(f, NULL, NULL);
+    assert_int_equal(rec.calls, c->n_layers * ((n + fp.chunk - 1) / fp.chunk));
+    if (!(rec.max_q <= QK_TOL) || !(rec.max_k <= QK_TOL))
+        fail_msg("%s: pre-RoPE q/k max |kvq - transformers| %g / %g > %g", path, rec.max_q,
+                 rec.max_k, QK_TOL);
+
+    const cJSON *el = cJSON_GetObjectItem(exp, "logits");
+    double worst = 0;
+    for (int i = 0; i < n; i++) {
+        double d = max_diff_row(logits + (size_t)i * V, cJSON_GetArrayItem(el, i), V);
+        worst = d > worst ? d : worst;
+    }
+    if (!(worst <= LOGIT_TOL))
+        fail_msg("%s: logits max |kvq - transformers| %g > %g", path, worst, LOGIT_TOL);
+
+    /* greedy: the argmax of the last logits, fed back one token at a time */
+    const cJSON *greedy = cJSON_GetObjectItem(exp, "greedy");
+    assert_int_equal(n_items(greedy), N_GREEDY);
+    float *last = malloc(sizeof *last * (size_t)V);
+    assert_non_null(last);
+    memcpy(last, logits + (size_t)(n - 1) * V, sizeof *last * (size_t)V);
+    for (int s = 0; s < N_GREEDY; s++) {
+        int32_t t = kvq_sample_token(last, V, 0, 1, NULL, NULL, NULL);
+        if (t != cJSON_GetArrayItem(greedy, s)->valueint)
+            fail_msg("%s: greedy step %d: kvq %d, transformers %d", path, s, t,
+                     cJSON_GetArrayItem(greedy, s)->valueint);
+        if (kvq_forward_tokens(f, &t, 1, KVQ_LOGITS_LAST, last, &e) != KVQ_OK)
+            fail_msg("%s: %s", path, e.msg);
+    }
+    free(last);
+    free(ids);
+    kvq_forward_free(f);
+    kvq_model_close(m);
+    *logits_out = logits;
+}
+
+static void test_arch(const char *arch)
+{
+    cJSON *exp = load_expected(arch);
+    char hf[256], gg[256];
+    snprintf(hf, sizeof hf, "tests/data/archs/%s", arch);
+    snprintf(gg, sizeof gg, "tests/data/archs/%s.gguf", arch);
+    float *lh = NULL, *lg = NULL;
+    check_model(arch, hf, exp, &lh);
+    check_model(arch, gg, exp, &lg);
+    const size_t cnt = (size_t)n_items(cJSON_GetObjectItem(exp, "tokens")) *
+                       (size_t)cJSON_GetObjectItem(exp, "vocab_size")->valueint;
+    double worst = 0;
+    for (size_t i = 0; i < cnt; i++)
+        worst = fmax(worst, fabs((double)lh[i] - lg[i]));
+    if (!(worst <= GGUF_TOL))
+        fail_msg("%s: logits max |HF dir - GGUF| %g > %g", arch, worst, GGUF_TOL);
+    free(lh);
+    free(lg);
+    cJSON_Delete(exp);
+}
+
+static void test_qwen3(void **state) { (void)state; test_arch(ARCHS[0]); }
+static void test_gemma3(void **state) { (void)state; test_arch(ARCHS[1]); }
+static void test_gemma2(void **state) { (void)state; test_arch(ARCHS[2]); }
+static void test_phi3(void **state) { (void)state; test_arch(ARCHS[3]); }
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_qwen3),
+        cmocka_unit_test(test_gemma3),
+        cmocka_unit_test(test_gemma2),
+        cmocka_unit_test(test_phi3),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
