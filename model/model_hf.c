@@ -183,19 +183,74 @@ static kvq_status parse_arch(const cJSON *cfg, kvq_model_config *c, const char *
                        name ? "model_type" : "architectures", name ? name : cls);
 }
 
+/* The rope scaling object rs ("rope_scaling", or a "rope_parameters" object of
+ * transformers 5, whose rope_theta is read too). */
+static kvq_status parse_rope_object(const cJSON *rs, const char *what, kvq_rope *r,
+                                    const char *path, kvq_err *err);
+
 static kvq_status parse_rope_scaling(const cJSON *cfg, kvq_rope *r, const char *path,
                                      kvq_err *err)
 {
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
     if (!rs || cJSON_IsNull(rs))
         return KVQ_OK;
+    return parse_rope_object(rs, "rope_scaling", r, path, err);
+}
+
+/* transformers 5's "rope_parameters": one object (rope_theta, rope_type, factor ...),
+ * or gemma3's {"full_attention": {...}, "sliding_attention": {...}} whose sliding
+ * entry must be unscaled (it gives the local base). Read after rope_theta /
+ * rope_scaling, which it replaces. */
+static kvq_status parse_rope_parameters(const cJSON *cfg, kvq_model_config *c, const char *path,
+                                        kvq_err *err)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp))
+        return KVQ_OK;
+    if (!cJSON_IsObject(rp))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"rope_parameters\" is not an object", path);
+    const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+    const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+    if (!full && !slide)
+        return parse_rope_object(rp, "rope_parameters", &c->rope, path, err);
+    kvq_status st;
+    if (full && (st = parse_rope_object(full, "rope_parameters.full_attention", &c->rope, path,
+                                        err)))
+        return st;
+    if (slide) {
+        kvq_rope local = kvq_rope_default(c->head_dim);
+        local.base = c->rope_local_base > 0 ? c->rope_local_base : local.base;
+        if ((st = parse_rope_object(slide, "rope_parameters.sliding_attention", &local, path,
+                                    err)))
+            return st;
+        if (local.scaling != KVQ_ROPE_SCALING_NONE)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: rope_parameters.sliding_attention: "
+                               "scaled RoPE on sliding-window layers", path);
+        if (c->sliding_window > 0)
+            c->rope_local_base = local.base;
+    }
+    return KVQ_OK;
+}
+
+static kvq_status parse_rope_object(const cJSON *rs, const char *what, kvq_rope *r,
+                                    const char *path, kvq_err *err)
+{
     if (!cJSON_IsObject(rs))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"rope_scaling\" is not an object", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"%s\" is not an object", path, what);
+    kvq_status st0 = json_f64(rs, "rope_theta", &r->base, path, err);
+    if (st0 != KVQ_OK)
+        return st0;
+    double prf = 1.0;
+    if ((st0 = json_f64(rs, "partial_rotary_factor", &prf, path, err)))
+        return st0;
+    if (prf != 1.0)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s.partial_rotary_factor %g", path, what,
+                           prf);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t)
         t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: rope_scaling has no \"rope_type\"", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: %s has no \"rope_type\"", path, what);
     const char *type = t->valuestring;
     kvq_status st;
     if (!strcmp(type, "default"))
@@ -206,10 +261,10 @@ static kvq_status parse_rope_scaling(const cJSON *cfg, kvq_rope *r, const char *
         r->scaling = KVQ_ROPE_SCALING_LLAMA3;
     else
         return kvq_err_set(err, KVQ_E_UNSUPPORTED,
-                           "%s: rope_scaling.rope_type: unsupported rope scaling type '%s' (kvq "
-                           "implements default, linear, llama3)", path, type);
+                           "%s: %s.rope_type: unsupported rope scaling type '%s' (kvq "
+                           "implements default, linear, llama3)", path, what, type);
     if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(rs, "factor")))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: rope_scaling has no \"factor\"", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: %s has no \"factor\"", path, what);
     if ((st = json_f64(rs, "factor", &r->factor, path, err)) ||
         (st = json_f64(rs, "low_freq_factor", &r->low_freq_factor, path, err)) ||
         (st = json_f64(rs, "high_freq_factor", &r->high_freq_factor, path, err)) ||
@@ -372,6 +427,9 @@ static kvq_status parse_config(const cJSON *cfg, kvq_model_config *c, const char
     } else if (use_sw && (st = parse_sliding_window(cfg, c, path, err))) {
         return st;
     }
+    if ((st = parse_rope_parameters(cfg, c, path, err)))
+        return st;
+    c->rope.head_dim = c->head_dim;
     c->bos_id = json_token_id(cfg, "bos_token_id");
     c->eos_id = json_token_id(cfg, "eos_token_id");
     return KVQ_OK;

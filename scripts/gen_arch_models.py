@@ -12,6 +12,9 @@ What it makes (tests/data/archs/, each model under 1 MB)
                        BPE trained here with the qwen2 pre-tokenizer).
     <arch>.gguf        the same model converted by llama.cpp's own convert_hf_to_gguf.py
                        (--outtype f32), from the llama-cpp-python 0.3.16 sdist.
+    <arch>.config_v5.json
+                       the same configuration as transformers 5 writes it
+                       (save_pretrained: rope_parameters, layer_types), which kvq reads too.
     <arch>.json        transformers' values (float32, eager attention):
                        "tokens" (a 16-token prompt), "logits" ([16][vocab], every
                        position), "greedy" (48 ids: generate(do_sample=False)),
@@ -306,6 +309,14 @@ def convert(arch: str, hf: Path, gguf_path: Path, llama_cpp: Path) -> None:
         raise RuntimeError(f"{arch}: convert_hf_to_gguf.py failed:\n{r.stderr[-3000:]}")
 
 
+def write_v5_config(hf: Path, out: Path) -> None:
+    from transformers import AutoConfig
+
+    with tempfile.TemporaryDirectory() as d:
+        AutoConfig.from_pretrained(hf).save_pretrained(d)
+        out.write_text(Path(d, "config.json").read_text())
+
+
 def rounded(v: Any) -> Any:
     """Floats to 8 significant digits (float32's precision: the file stays small)."""
     if isinstance(v, float):
@@ -332,6 +343,7 @@ def main() -> None:
         hf = args.out / arch
         make_hf(arch, hf, texts)
         convert(arch, hf, args.out / f"{arch}.gguf", args.llama_cpp)
+        write_v5_config(hf, args.out / f"{arch}.config_v5.json")
         exp = expected(arch, hf)
         (args.out / f"{arch}.json").write_text(json.dumps(rounded(exp), separators=(",", ":")) + "\n")
 

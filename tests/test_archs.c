@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -186,6 +187,56 @@ static void test_arch(const char *arch)
     cJSON_Delete(exp);
 }
 
+/* The configuration as transformers 5 writes it (rope_parameters, layer_types) gives
+ * kvq the same model as the released checkpoints' form (rope_theta, rope_scaling,
+ * rope_local_base_freq, sliding_window_pattern). */
+static void test_config_v5(void **state)
+{
+    (void)state;
+    for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++) {
+        char dir[] = "/tmp/kvq_archs_v5_XXXXXX", src[256], dst[512], v4[256];
+        assert_non_null(mkdtemp(dir));
+        snprintf(src, sizeof src, "tests/data/archs/%s.config_v5.json", ARCHS[a]);
+        snprintf(dst, sizeof dst, "%s/config.json", dir);
+        uint8_t *data = NULL;
+        size_t size = 0;
+        kvq_err e = {0};
+        assert_int_equal(kvq_read_file(src, &data, &size, &e), KVQ_OK);
+        FILE *fo = fopen(dst, "wb");
+        assert_non_null(fo);
+        assert_int_equal(fwrite(data, 1, size, fo), size);
+        fclose(fo);
+        free(data);
+        char *cwd = getcwd(NULL, 0);
+        snprintf(src, sizeof src, "%s/tests/data/archs/%s/model.safetensors", cwd, ARCHS[a]);
+        free(cwd);
+        char st_path[512];
+        snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
+        assert_int_equal(symlink(src, st_path), 0);
+        snprintf(v4, sizeof v4, "tests/data/archs/%s", ARCHS[a]);
+        kvq_model_params mp = kvq_model_params_default();
+        mp.load_tokenizer = 0;
+        kvq_model *m4 = NULL, *m5 = NULL;
+        assert_int_equal(kvq_model_open(v4, &mp, &m4, &e), KVQ_OK);
+        if (kvq_model_open(dir, &mp, &m5, &e) != KVQ_OK)
+            fail_msg("%s: %s", ARCHS[a], e.msg);
+        const kvq_model_config *c4 = kvq_model_config_get(m4), *c5 = kvq_model_config_get(m5);
+        for (int l = 0; l < c4->n_layers; l++) {
+            kvq_layer_attn a4, a5;
+            kvq_model_layer_attn(c4, l, &a4);
+            kvq_model_layer_attn(c5, l, &a5);
+            assert_true(memcmp(&a4, &a5, sizeof a4) == 0);
+        }
+        assert_true(memcmp(c4, c5, sizeof *c4) == 0);
+        assert_string_equal(kvq_model_fingerprint(m4), kvq_model_fingerprint(m5));
+        kvq_model_close(m4);
+        kvq_model_close(m5);
+        unlink(st_path);
+        unlink(dst);
+        rmdir(dir);
+    }
+}
+
 static void test_qwen3(void **state) { (void)state; test_arch(ARCHS[0]); }
 static void test_gemma3(void **state) { (void)state; test_arch(ARCHS[1]); }
 static void test_gemma2(void **state) { (void)state; test_arch(ARCHS[2]); }
@@ -198,6 +249,7 @@ int main(void)
         cmocka_unit_test(test_gemma3),
         cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_phi3),
+        cmocka_unit_test(test_config_v5),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
