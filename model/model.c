@@ -278,6 +278,12 @@ void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_m
     id->context_length = c->context_length;
     id->norm_eps = c->norm_eps;
     id->rope = c->rope;
+    id->attn.sliding_window = c->sliding_window;
+    id->attn.sliding_from = c->sliding_window > 0 ? c->sliding_from : 0;
+    id->attn.sliding_period = c->sliding_window > 0 ? c->sliding_period : 0;
+    id->attn.rope_local_base = c->rope_local_base;
+    id->attn.scale = c->attn_scale;
+    id->attn.softcap = c->attn_softcap;
 }
 
 kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
@@ -298,6 +304,12 @@ kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
     c.norm_eps = id->norm_eps;
     c.rope = id->rope;
     c.bos_id = c.eos_id = -1;
+    c.sliding_window = id->attn.sliding_window;
+    c.sliding_from = id->attn.sliding_from;
+    c.sliding_period = id->attn.sliding_period;
+    c.rope_local_base = id->attn.rope_local_base;
+    c.attn_scale = id->attn.scale;
+    c.attn_softcap = id->attn.softcap;
     return c;
 }
 
@@ -330,6 +342,12 @@ uint64_t kvq_model_n_params(const kvq_model *m)
 /* ==========================================================================
  * Per-layer attention
  * ========================================================================== */
+
+void kvq_model_id_layer_attn(const kvq_model_id *id, int32_t layer, kvq_layer_attn *out)
+{
+    kvq_model_config c = kvq_model_config_from_id(id);
+    kvq_model_layer_attn(&c, layer, out);
+}
 
 void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_attn *out)
 {

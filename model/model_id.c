@@ -22,13 +22,17 @@ typedef struct field {
     size_t off;
     size_t cap;      /* F_STR buffer size */
     int identity;    /* compared by kvq_model_id_compare */
-    int optional;    /* may be absent from metadata ("") */
+    int optional;    /* may be absent from metadata ("", or 0 for numbers) */
 } field;
 
 #define FS(k, m, id) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), id, 0}
 #define FO(k, m) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), 0, 1}
 #define FI(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1, 0}
 #define FD(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1, 0}
+/* The attention beyond the llama family (format 2): compared, written only when not 0,
+ * 0 when absent (files of format 1, llama-family models). */
+#define FIA(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1, 1}
+#define FDA(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1, 1}
 static const field fields[] = {
     FS("path", path, 0),
     FS("source", source, 0),
@@ -51,11 +55,19 @@ static const field fields[] = {
     FD("rope.low_freq_factor", rope.low_freq_factor),
     FD("rope.high_freq_factor", rope.high_freq_factor),
     FD("rope.original_max_pos", rope.original_max_pos),
+    FIA("attention.sliding_window", attn.sliding_window),
+    FIA("attention.sliding_from", attn.sliding_from),
+    FIA("attention.sliding_period", attn.sliding_period),
+    FDA("attention.rope_local_base", attn.rope_local_base),
+    FDA("attention.scale", attn.scale),
+    FDA("attention.softcap", attn.softcap),
 };
 #undef FS
 #undef FO
 #undef FI
 #undef FD
+#undef FIA
+#undef FDA
 static const size_t n_fields = sizeof fields / sizeof fields[0];
 
 /* The field as text: what metadata stores and what mismatch messages show. */
@@ -132,6 +144,20 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
     for (size_t i = 0; i < n_reals; i++)
         if (reals[i].a != reals[i].b)
             return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
+    /* each layer's window, RoPE base, score scale and softcap (format 2) */
+    const kvq_model_attn *xa = &a->attn, *xb = &b->attn;
+    const struct {
+        const char *key;
+        double a, b;
+    } att[] = {{"attention.sliding_window", xa->sliding_window, xb->sliding_window},
+               {"attention.sliding_from", xa->sliding_from, xb->sliding_from},
+               {"attention.sliding_period", xa->sliding_period, xb->sliding_period},
+               {"attention.rope_local_base", xa->rope_local_base, xb->rope_local_base},
+               {"attention.scale", xa->scale, xb->scale},
+               {"attention.softcap", xa->softcap, xb->softcap}};
+    for (size_t i = 0; i < sizeof att / sizeof att[0]; i++)
+        if (att[i].a != att[i].b)
+            return DIFFERS(att[i].key, "%.17g", att[i].a, att[i].b);
 #undef DIFFERS
     return KVQ_OK;
 }
@@ -200,7 +226,7 @@ kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_
         char key[128], val[1040];
         snprintf(key, sizeof key, "%s%s", prefix, fields[i].key);
         field_format(&fields[i], m, val, sizeof val);
-        if (fields[i].optional && !val[0])
+        if (fields[i].optional && (!val[0] || (fields[i].kind != F_STR && !strcmp(val, "0"))))
             continue;
         kvq_status st = kvq_st_writer_set_meta(w, key, val, err);
         if (st)

@@ -131,8 +131,10 @@ typedef struct kvq_layer_attn {
                                  (the query's own included); 0: every earlier token */
 } kvq_layer_attn;
 
-/* Layer `layer`'s attention under configuration c. */
+/* Layer `layer`'s attention under configuration c, or as an identity records it
+ * (captures, moments, artifacts: kvq/model_id.h). */
 void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_attn *out);
+void kvq_model_id_layer_attn(const kvq_model_id *id, int32_t layer, kvq_layer_attn *out);
 
 /* 1 when every layer attends as the llama family does: the same RoPE, the score scale
  * 1/sqrt(head_dim), no softcap and, if any, one window from a first layer on (what the
@@ -158,7 +160,8 @@ static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t 
  * empty, source and architecture by
  * name); to_config gives the configuration an identity describes: the attention shape,
  * widths, vocabulary and RoPE, architecture and source parsed from their names (llama
- * and gguf when unknown), no sliding window, untied, no biases, bos/eos -1. */
+ * and gguf when unknown), the attention description (kvq_model_attn), untied, no
+ * biases, bos/eos -1. */
 void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_model_id *id);
 kvq_model_config kvq_model_config_from_id(const kvq_model_id *id);
 

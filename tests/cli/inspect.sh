@@ -72,7 +72,7 @@ if "$writer" "$T/example.kvq" >/dev/null 2>"$T/writer.err"; then
     's/^(example\.kvq: .*), [0-9]+ bytes$/\1, N bytes/; s/compressed [0-9.]+x/compressed R x/' -- \
     bash -c 'cd "$1" && "$2" inspect example.kvq' _ "$T" "$KVQ"
   expect_json inspect_kvq_json '
-assert d["format"] == "kvq" and d["version"] == "1.0" and (d["major"], d["minor"]) == (1, 0)
+assert d["format"] == "kvq" and d["version"] == "1.1" and (d["major"], d["minor"]) == (1, 1)
 assert d["valid"] is True and "problem" not in d
 assert d["payload_size"] == 2900, d["payload_size"]
 assert d["model"]["architecture"] == "llama" and d["model"]["rope.layout"] == "interleaved"
