@@ -144,20 +144,6 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
     for (size_t i = 0; i < n_reals; i++)
         if (reals[i].a != reals[i].b)
             return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
-    /* each layer's window, RoPE base, score scale and softcap (format 2) */
-    const kvq_model_attn *xa = &a->attn, *xb = &b->attn;
-    const struct {
-        const char *key;
-        double a, b;
-    } att[] = {{"attention.sliding_window", xa->sliding_window, xb->sliding_window},
-               {"attention.sliding_from", xa->sliding_from, xb->sliding_from},
-               {"attention.sliding_period", xa->sliding_period, xb->sliding_period},
-               {"attention.rope_local_base", xa->rope_local_base, xb->rope_local_base},
-               {"attention.scale", xa->scale, xb->scale},
-               {"attention.softcap", xa->softcap, xb->softcap}};
-    for (size_t i = 0; i < sizeof att / sizeof att[0]; i++)
-        if (att[i].a != att[i].b)
-            return DIFFERS(att[i].key, "%.17g", att[i].a, att[i].b);
 #undef DIFFERS
     return KVQ_OK;
 }
