@@ -373,10 +373,15 @@ int kvq_model_attn_uniform(const kvq_model_config *c, char *why, size_t cap)
     if (why && cap)
         why[0] = '\0';
     const double plain = 1.0 / sqrt((double)c->head_dim);
-    if (a0.scale != plain || a0.softcap > 0) {
+    if (a0.softcap > 0) {
         if (why)
-            snprintf(why, cap, "attention scale %g (not 1/sqrt(head_dim) = %g), softcap %g",
-                     a0.scale, plain, a0.softcap);
+            snprintf(why, cap, "attention logit softcap %g", a0.softcap);
+        return 0;
+    }
+    if (a0.scale != plain) {
+        if (why)
+            snprintf(why, cap, "attention scale %.9g, not 1/sqrt(head_dim) = %.9g", a0.scale,
+                     plain);
         return 0;
     }
     int seen_window = a0.window > 0;

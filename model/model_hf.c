@@ -99,8 +99,9 @@ static kvq_status parse_sliding_window(const cJSON *cfg, kvq_model_config *c, co
     if (types && !cJSON_IsNull(types)) {
         int32_t first = -1, i = 0;
         const cJSON *t;
-        if (!cJSON_IsArray(types))
-            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list", path);
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers)
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list of "
+                               "num_hidden_layers (%d) entries", path, (int)c->n_layers);
         cJSON_ArrayForEach(t, types)
         {
             const int sliding = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/model.h"
 #include "kvq/util.h"
 
 /* ======================================================================================
@@ -105,6 +106,33 @@ kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
     return KVQ_OK;
 }
 
+static int has_attention(const kvq_model_attn *x)
+{
+    return x->sliding_window || x->sliding_from || x->sliding_period || x->rope_local_base ||
+           x->scale || x->softcap;
+}
+
+/* Until the retrieval runtime attends each layer as kvq_model_layer_attn describes it,
+ * a model whose layers differ from the llama family's uniform attention (gemma2's
+ * softcap and alternating windows, gemma3's local RoPE base) is refused here, where
+ * the runtime checks an artifact against the model it runs, rather than attended
+ * wrongly. Only when both sides carry the description: an artifact's attention-shape
+ * keys alone, or an engine model description, do not. */
+static kvq_status check_runtime_attention(const kvq_model_id *a, const kvq_model_id *b,
+                                          const char *label_b, kvq_err *err)
+{
+    if (!has_attention(&a->attn) || !has_attention(&b->attn))
+        return KVQ_OK;
+    kvq_model_config c = kvq_model_config_from_id(b);
+    char why[160];
+    if (kvq_model_attn_uniform(&c, why, sizeof why))
+        return KVQ_OK;
+    return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                       "%s: %s: per-layer attention (%s) is not implemented by the retrieval "
+                       "runtime yet (full attention, capture, moments and fit are)", label_b,
+                       b->architecture, why);
+}
+
 kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
                                           const kvq_model_id *b, const char *label_b,
                                           kvq_err *err)
@@ -145,7 +173,7 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
         if (reals[i].a != reals[i].b)
             return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
 #undef DIFFERS
-    return KVQ_OK;
+    return check_runtime_attention(a, b, label_b, err);
 }
 
 kvq_status kvq_model_id_compare_weights(const kvq_model_id *a, const char *label_a,
