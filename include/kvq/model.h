@@ -9,24 +9,32 @@
  * attention backend. Several contexts may share one model; a context is used by one
  * thread at a time.
  *
- * Inputs
+ * Inputs (docs/models.md)
  *   GGUF file    architectures "llama" (RoPE pairs interleaved: the converter permuted
- *                the Q and K weight rows) and "qwen2" (pairs half); weights F32, F16,
+ *                the Q and K weight rows), "qwen2", "qwen3", "gemma2", "gemma3" and
+ *                "phi3" (pairs half); weights F32, F16,
  *                BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K
  *                (kvq/quant.h), kept packed in the mapping. Llama-3 scaling
  *                is read back from the converter's rope_freqs.weight tensor.
  *   HF directory config.json plus model.safetensors, or shards listed in
  *                model.safetensors.index.json; model_type / architectures llama,
- *                mistral or qwen2; weights F32, F16 or BF16; RoPE pairs half.
+ *                mistral, qwen2, qwen3, gemma2, gemma3_text or phi3; weights F32,
+ *                F16 or BF16; RoPE pairs half.
  *   Anything else (architecture, weight type, rope type, a partial rotary dimension)
  *   fails with KVQ_E_UNSUPPORTED naming it.
  *
  * The forward pass (pre-norm transformer, row vectors):
- *   x = embed(token)
+ *   x = embed(token) (* embed_scale: gemma)
  *   per layer: h = rmsnorm(x) ; q = h Wq^T (+bq) ; k = h Wk^T (+bk) ; v = h Wv^T (+bv)
- *              x += attention(q, k, v, positions) Wo^T
- *              h = rmsnorm(x) ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T
- *   logits = rmsnorm(x) Wout^T            (Wout = the embedding when tied)
+ *              (qwen3, gemma3: q, k = per-head rmsnorm(q), rmsnorm(k))
+ *              a = attention(q, k, v, positions) Wo^T  (the layer's own RoPE, scale,
+ *                  softcap and window: kvq_model_layer_attn)
+ *              x += a   (gemma: x += rmsnorm(a))
+ *              h = rmsnorm(x) ; m = (act(h Wg^T) * (h Wu^T)) Wd^T  (act: silu or gelu_tanh)
+ *              x += m   (gemma: x += rmsnorm(m))
+ *   logits = rmsnorm(x) Wout^T            (Wout = the embedding when tied;
+ *                                          gemma2: c tanh(logits / c))
+ * Gemma's (1 + w) norm weights are kept as 1 + w (as llama.cpp's converter writes them).
  * Tokens go through in chunks (kvq_forward_params.chunk) so every projection is one
  * cblas_sgemm over the chunk. After each projection the states are checked: NaN or Inf
  * in q, k, v, the residual stream or the logits stops the pass with KVQ_E_NUMERIC,
