@@ -15,6 +15,12 @@ What it makes (tests/data/archs/, each model under 1 MB)
     <arch>.config_v5.json
                        the same configuration as transformers 5 writes it
                        (save_pretrained: rope_parameters, layer_types), which kvq reads too.
+    <arch>.tok.tsv     the ids of every tests/data/tok_corpus.jsonl document (no BOS, no
+                       special tokens parsed) from the tokenizer's own implementation:
+                       sentencepiece on tokenizer.model (gemma2, gemma3: no dummy prefix,
+                       as gemma's; phi3: with it, as llama's), HF tokenizers on
+                       tokenizer.json (qwen3); lines "id<TAB>count<TAB>fnv1a64" (FNV-1a 64
+                       over the ids as little-endian int32, as tests/data/README.md says).
     <arch>.json        transformers' values (float32, eager attention):
                        "tokens" (a 16-token prompt), "logits" ([16][vocab], every
                        position), "greedy" (48 ids: generate(do_sample=False)),
@@ -309,6 +315,34 @@ def convert(arch: str, hf: Path, gguf_path: Path, llama_cpp: Path) -> None:
         raise RuntimeError(f"{arch}: convert_hf_to_gguf.py failed:\n{r.stderr[-3000:]}")
 
 
+def fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def write_tok_golden(root: Path, hf: Path, out: Path) -> None:
+    with open(root / "tests/data/tok_corpus.jsonl", encoding="utf-8") as f:
+        docs = [json.loads(line) for line in f]
+    if (hf / "tokenizer.model").exists():
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(hf / "tokenizer.model"))
+        enc = lambda t: sp.encode(t, out_type=int)  # noqa: E731
+    else:
+        from tokenizers import Tokenizer
+
+        tk = Tokenizer.from_file(str(hf / "tokenizer.json"))
+        enc = lambda t: tk.encode(t, add_special_tokens=False).ids  # noqa: E731
+    lines = []
+    for d in docs:
+        ids = enc(d["text"])
+        h = fnv1a64(np.asarray(ids, dtype="<i4").tobytes())
+        lines.append(f"{d['id']}\t{len(ids)}\t{h:016x}")
+    out.write_text("\n".join(lines) + "\n")
+
+
 def write_v5_config(hf: Path, out: Path) -> None:
     from transformers import AutoConfig
 
@@ -344,6 +378,7 @@ def main() -> None:
         make_hf(arch, hf, texts)
         convert(arch, hf, args.out / f"{arch}.gguf", args.llama_cpp)
         write_v5_config(hf, args.out / f"{arch}.config_v5.json")
+        write_tok_golden(root, hf, args.out / f"{arch}.tok.tsv")
         exp = expected(arch, hf)
         (args.out / f"{arch}.json").write_text(json.dumps(rounded(exp), separators=(",", ":")) + "\n")
 

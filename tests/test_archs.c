@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "kvq/model.h"
+#include "kvq/tokenizer.h"
 #include "kvq/util.h"
 
 /* float32 forward passes, the same weights: measured max |kvq - transformers| is about
@@ -237,6 +238,84 @@ static void test_config_v5(void **state)
     }
 }
 
+/* The corpus documents through the tokenizer of `path` (GGUF metadata or the HF
+ * directory's tokenizer.json) against <arch>.tok.tsv (sentencepiece / HF tokenizers):
+ * same count and FNV-1a 64 of the ids for every document. Returns the mismatches. */
+static int tok_mismatches(const char *arch, const char *path)
+{
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    if (kvq_model_open(path, NULL, &m, &e) != KVQ_OK)
+        fail_msg("%s: %s", path, e.msg);
+    const kvq_tokenizer *t = kvq_model_tokenizer(m);
+    assert_non_null(t);
+    char gp[256];
+    snprintf(gp, sizeof gp, "tests/data/archs/%s.tok.tsv", arch);
+    FILE *gf = fopen(gp, "r"), *cf = fopen("tests/data/tok_corpus.jsonl", "r");
+    assert_non_null(gf);
+    assert_non_null(cf);
+    char *line = NULL;
+    size_t cap = 0;
+    int bad = 0, docs = 0;
+    while (getline(&line, &cap, cf) > 0) {
+        cJSON *doc = cJSON_Parse(line);
+        assert_non_null(doc);
+        const cJSON *text = cJSON_GetObjectItem(doc, "text");
+        char id[256];
+        size_t count;
+        unsigned long long fnv;
+        assert_int_equal(fscanf(gf, "%255[^\t]\t%zu\t%llx\n", id, &count, &fnv), 3);
+        assert_string_equal(id, cJSON_GetObjectItem(doc, "id")->valuestring);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (kvq_tokenizer_encode(t, text->valuestring, strlen(text->valuestring), 0, &ids, &n,
+                                 &e) != KVQ_OK)
+            fail_msg("%s: %s: %s", path, id, e.msg);
+        uint8_t *le = malloc(4 * n + 1);
+        assert_non_null(le);
+        for (size_t i = 0; i < n; i++)
+            for (int b = 0; b < 4; b++)
+                le[4 * i + (size_t)b] = (uint8_t)((uint32_t)ids[i] >> (8 * b));
+        const uint64_t h = kvq_fnv1a64(le, 4 * n, KVQ_FNV1A64_INIT);
+        if (n != count || h != fnv) {
+            if (bad < 3)
+                print_message("%s: %s: %zu ids (reference %zu)\n", path, id, n, count);
+            bad++;
+        }
+        free(le);
+        free(ids);
+        cJSON_Delete(doc);
+        docs++;
+    }
+    free(line);
+    fclose(gf);
+    fclose(cf);
+    assert_int_equal(docs, 304);
+    kvq_model_close(m);
+    return bad;
+}
+
+/* gemma's vocabulary type (SentencePiece BPE with byte fallback, no dummy prefix) and
+ * llama's (with it) from the GGUFs, against sentencepiece; qwen3's byte-level BPE
+ * (pre-tokenizer qwen2) from tokenizer.json and the GGUF, against HF tokenizers. */
+static void test_tokenizers(void **state)
+{
+    (void)state;
+    const char *const files[][2] = {{"gemma3", "tests/data/archs/gemma3.gguf"},
+                                    {"gemma2", "tests/data/archs/gemma2.gguf"},
+                                    {"phi3", "tests/data/archs/phi3.gguf"},
+                                    {"qwen3", "tests/data/archs/qwen3.gguf"},
+                                    {"qwen3", "tests/data/archs/qwen3"}};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        int b = tok_mismatches(files[i][0], files[i][1]);
+        if (b)
+            print_message("%s: %d of 304 documents differ\n", files[i][1], b);
+        bad += b;
+    }
+    assert_int_equal(bad, 0);
+}
+
 static void test_qwen3(void **state) { (void)state; test_arch(ARCHS[0]); }
 static void test_gemma3(void **state) { (void)state; test_arch(ARCHS[1]); }
 static void test_gemma2(void **state) { (void)state; test_arch(ARCHS[2]); }
@@ -250,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_gemma2),
         cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_config_v5),
+        cmocka_unit_test(test_tokenizers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
