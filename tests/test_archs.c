@@ -191,29 +191,49 @@ static void test_arch(const char *arch)
 /* The configuration as transformers 5 writes it (rope_parameters, layer_types) gives
  * kvq the same model as the released checkpoints' form (rope_theta, rope_scaling,
  * rope_local_base_freq, sliding_window_pattern). */
+/* A temporary HF directory: config.json = `config` (size bytes), model.safetensors a
+ * link to tests/data/archs/<arch>'s. Written into dir[] (a mkdtemp template). */
+static void hf_copy(const char *arch, const void *config, size_t size, char *dir)
+{
+    char dst[512], src[512], stp[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(dst, sizeof dst, "%s/config.json", dir);
+    FILE *fo = fopen(dst, "wb");
+    assert_non_null(fo);
+    assert_int_equal(fwrite(config, 1, size, fo), size);
+    fclose(fo);
+    char *cwd = getcwd(NULL, 0);
+    snprintf(src, sizeof src, "%s/tests/data/archs/%s/model.safetensors", cwd, arch);
+    free(cwd);
+    snprintf(stp, sizeof stp, "%s/model.safetensors", dir);
+    assert_int_equal(symlink(src, stp), 0);
+}
+
+static void hf_copy_remove(const char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    unlink(p);
+    rmdir(dir);
+}
+
+/* The configuration as transformers 5 writes it (rope_parameters, layer_types) gives
+ * kvq the same model as the released checkpoints' form (rope_theta, rope_scaling,
+ * rope_local_base_freq, sliding_window_pattern). */
 static void test_config_v5(void **state)
 {
     (void)state;
     for (size_t a = 0; a < sizeof ARCHS / sizeof ARCHS[0]; a++) {
-        char dir[] = "/tmp/kvq_archs_v5_XXXXXX", src[256], dst[512], v4[256];
-        assert_non_null(mkdtemp(dir));
+        char dir[] = "/tmp/kvq_archs_v5_XXXXXX", src[256], v4[256];
         snprintf(src, sizeof src, "tests/data/archs/%s.config_v5.json", ARCHS[a]);
-        snprintf(dst, sizeof dst, "%s/config.json", dir);
         uint8_t *data = NULL;
         size_t size = 0;
         kvq_err e = {0};
         assert_int_equal(kvq_read_file(src, &data, &size, &e), KVQ_OK);
-        FILE *fo = fopen(dst, "wb");
-        assert_non_null(fo);
-        assert_int_equal(fwrite(data, 1, size, fo), size);
-        fclose(fo);
+        hf_copy(ARCHS[a], data, size, dir);
         free(data);
-        char *cwd = getcwd(NULL, 0);
-        snprintf(src, sizeof src, "%s/tests/data/archs/%s/model.safetensors", cwd, ARCHS[a]);
-        free(cwd);
-        char st_path[512];
-        snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
-        assert_int_equal(symlink(src, st_path), 0);
         snprintf(v4, sizeof v4, "tests/data/archs/%s", ARCHS[a]);
         kvq_model_params mp = kvq_model_params_default();
         mp.load_tokenizer = 0;
@@ -232,10 +252,65 @@ static void test_config_v5(void **state)
         assert_string_equal(kvq_model_fingerprint(m4), kvq_model_fingerprint(m5));
         kvq_model_close(m4);
         kvq_model_close(m5);
-        unlink(st_path);
-        unlink(dst);
-        rmdir(dir);
+        hf_copy_remove(dir);
     }
+}
+
+/* gemma3's config.json with one key changed: what each layer's attention becomes. */
+static kvq_model *gemma3_with(const char *key, const char *value, char *dir)
+{
+    uint8_t *data = NULL;
+    size_t size = 0;
+    kvq_err e = {0};
+    assert_int_equal(kvq_read_file("tests/data/archs/gemma3/config.json", &data, &size, &e),
+                     KVQ_OK);
+    cJSON *j = cJSON_ParseWithLength((const char *)data, size);
+    free(data);
+    assert_non_null(j);
+    cJSON_DeleteItemFromObject(j, key);
+    if (value)
+        cJSON_AddItemToObject(j, key, cJSON_Parse(value));
+    char *text = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    hf_copy("gemma3", text, strlen(text), dir);
+    free(text);
+    kvq_model_params mp = kvq_model_params_default();
+    mp.load_tokenizer = 0;
+    kvq_model *m = NULL;
+    if (kvq_model_open(dir, &mp, &m, &e) != KVQ_OK)
+        fail_msg("%s=%s: %s", key, value ? value : "(absent)", e.msg);
+    return m;
+}
+
+static void test_gemma3_config_keys(void **state)
+{
+    (void)state;
+    kvq_layer_attn la;
+    char d1[] = "/tmp/kvq_archs_g3_XXXXXX", d2[] = "/tmp/kvq_archs_g3_XXXXXX",
+         d3[] = "/tmp/kvq_archs_g3_XXXXXX";
+    /* query_pre_attn_scalar, not head_dim, sets the score scale */
+    kvq_model *m = gemma3_with("query_pre_attn_scalar", "64", d1);
+    kvq_model_layer_attn(kvq_model_config_get(m), 0, &la);
+    assert_true(la.scale == 1.0 / 8);
+    kvq_model_close(m);
+    hf_copy_remove(d1);
+    /* the window pattern decides which layers are global (and take base 1e6, scaled) */
+    m = gemma3_with("sliding_window_pattern", "3", d2);
+    for (int l = 0; l < 6; l++) {
+        kvq_model_layer_attn(kvq_model_config_get(m), l, &la);
+        const int global = l == 2 || l == 5;
+        assert_int_equal(la.window, global ? 0 : 8);
+        assert_true(la.rope.base == (global ? 1e6 : 1e4));
+        assert_int_equal(la.rope.scaling, global ? KVQ_ROPE_SCALING_LINEAR : KVQ_ROPE_SCALING_NONE);
+    }
+    kvq_model_close(m);
+    hf_copy_remove(d2);
+    /* rope_local_base_freq is read */
+    m = gemma3_with("rope_local_base_freq", "20000", d3);
+    kvq_model_layer_attn(kvq_model_config_get(m), 0, &la);
+    assert_true(la.rope.base == 20000);
+    kvq_model_close(m);
+    hf_copy_remove(d3);
 }
 
 /* The corpus documents through the tokenizer of `path` (GGUF metadata or the HF
@@ -330,6 +405,7 @@ int main(void)
         cmocka_unit_test(test_phi3),
         cmocka_unit_test(test_config_v5),
         cmocka_unit_test(test_tokenizers),
+        cmocka_unit_test(test_gemma3_config_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
