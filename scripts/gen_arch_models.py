@@ -21,6 +21,10 @@ What it makes (tests/data/archs/, each model under 1 MB)
                        as gemma's; phi3: with it, as llama's), HF tokenizers on
                        tokenizer.json (qwen3); lines "id<TAB>count<TAB>fnv1a64" (FNV-1a 64
                        over the ids as little-endian int32, as tests/data/README.md says).
+    <arch>.q8_0.gguf   the converter's Q8_0 file (--outtype q8_0: matrices Q8_0, norms F32)
+    <arch>.q8_0.json   transformers' logits and 48 greedy ids with the weights the gguf
+                       package dequantizes from it (norms back to w for gemma: the file
+                       holds 1 + w), same prompt: what kvq must compute from the Q8_0 file
     <arch>.json        transformers' values (float32, eager attention):
                        "tokens" (a 16-token prompt), "logits" ([16][vocab], every
                        position), "greedy" (48 ids: generate(do_sample=False)),
@@ -299,7 +303,7 @@ STUB_MISTRAL = (
     "    sys.modules[n] = m\n")
 
 
-def convert(arch: str, hf: Path, gguf_path: Path, llama_cpp: Path) -> None:
+def convert(arch: str, hf: Path, gguf_path: Path, llama_cpp: Path, outtype: str = "f32") -> None:
     """llama.cpp's converter, run in a child with gguf-py from the same sdist."""
     code = ((
         "import sys; sys.path.insert(0, %r); sys.path.insert(0, %r)\n" + STUB_MISTRAL +
@@ -308,8 +312,9 @@ def convert(arch: str, hf: Path, gguf_path: Path, llama_cpp: Path) -> None:
         "import json\n"
         "c.ModelBase.load_hparams = staticmethod(\n"
         "    lambda d, mistral=False: json.load(open(d / 'config.json', encoding='utf-8')))\n"
-        "sys.argv = ['convert_hf_to_gguf.py', %r, '--outfile', %r, '--outtype', 'f32']\n"
-        "c.main()\n") % (str(llama_cpp / "gguf-py"), str(llama_cpp), str(hf), str(gguf_path)))
+        "sys.argv = ['convert_hf_to_gguf.py', %r, '--outfile', %r, '--outtype', %r]\n"
+        "c.main()\n") % (str(llama_cpp / "gguf-py"), str(llama_cpp), str(hf), str(gguf_path),
+                          outtype))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{arch}: convert_hf_to_gguf.py failed:\n{r.stderr[-3000:]}")
@@ -351,6 +356,71 @@ def write_v5_config(hf: Path, out: Path) -> None:
         out.write_text(Path(d, "config.json").read_text())
 
 
+# GGUF tensor names -> HF names (gemma's ffn_norm is its pre-feedforward norm; phi3's
+# ffn_up is the fused gate_up_proj).
+GGUF_TO_HF = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_qkv": "self_attn.qkv_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "ffn_norm": "post_attention_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+
+
+def hf_name(arch: str, name: str) -> str:
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight":
+           "model.norm.weight", "output.weight": "lm_head.weight"}
+    if name in top:
+        return top[name]
+    _, bid, rest = name.split(".", 2)
+    base = rest.rsplit(".", 1)[0]
+    hf = GGUF_TO_HF[base]
+    if arch.startswith("gemma") and base == "ffn_norm":
+        hf = "pre_feedforward_layernorm"
+    if arch == "phi3" and base == "ffn_up":
+        hf = "mlp.gate_up_proj"
+    return f"model.layers.{bid}.{hf}.weight"
+
+
+def expected_quant(arch: str, hf: Path, gguf_path: Path) -> dict[str, Any]:
+    """transformers over the weights the gguf package dequantizes from gguf_path."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    sd = model.state_dict()
+    new = {}
+    for t in GGUFReader(str(gguf_path)).tensors:
+        w = dequantize(t.data, t.tensor_type).reshape(list(reversed(t.shape.tolist())))
+        w = torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32))
+        name = hf_name(arch, t.name)
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            w = w - 1.0
+        assert sd[name].shape == w.shape, (name, sd[name].shape, w.shape)
+        new[name] = w
+    if model.config.tie_word_embeddings:
+        new["lm_head.weight"] = new["model.embed_tokens.weight"]
+    missing = set(sd) - set(new)
+    assert not missing, missing
+    model.load_state_dict(new)
+    gen = np.random.default_rng(SEED)
+    tokens = [int(t) for t in gen.integers(4, VOCAB, PROMPT)]
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0]
+        g = model.generate(torch.tensor([tokens]), max_new_tokens=GREEDY, do_sample=False,
+                           min_new_tokens=GREEDY, output_logits=True,
+                           return_dict_in_generate=True, pad_token_id=0)
+    steps = torch.cat([logits, torch.stack([x[0] for x in g.logits])])
+    top2 = torch.topk(steps, 2, dim=-1).values
+    return {"arch": arch, "file": gguf_path.name, "tokens": tokens,
+            "logits": logits.tolist(), "greedy": [int(x) for x in g.sequences[0, PROMPT:]],
+            "min_margin": float((top2[:, 0] - top2[:, 1]).min())}
+
+
 def rounded(v: Any) -> Any:
     """Floats to 8 significant digits (float32's precision: the file stays small)."""
     if isinstance(v, float):
@@ -379,6 +449,10 @@ def main() -> None:
         convert(arch, hf, args.out / f"{arch}.gguf", args.llama_cpp)
         write_v5_config(hf, args.out / f"{arch}.config_v5.json")
         write_tok_golden(root, hf, args.out / f"{arch}.tok.tsv")
+        q8 = args.out / f"{arch}.q8_0.gguf"
+        convert(arch, hf, q8, args.llama_cpp, "q8_0")
+        (args.out / f"{arch}.q8_0.json").write_text(
+            json.dumps(rounded(expected_quant(arch, hf, q8)), separators=(",", ":")) + "\n")
         exp = expected(arch, hf)
         (args.out / f"{arch}.json").write_text(json.dumps(rounded(exp), separators=(",", ":")) + "\n")
 
