@@ -30,11 +30,12 @@
 #include "kvq/tokenizer.h"
 #include "kvq/util.h"
 
-/* float32 forward passes, the same weights: measured max |kvq - transformers| is about
- * 1e-5 on logits of magnitude up to ~10; the bound leaves room for summation order. */
-#define LOGIT_TOL 2e-4
-#define QK_TOL 1e-4
-#define GGUF_TOL 1e-4
+/* float32 forward passes over the same weights: measured max |kvq - transformers| is at
+ * most 4.4e-6 (logits of magnitude up to ~10, q/k up to ~4; summation order differs);
+ * the bounds leave about 5x room. HF directory and GGUF: the same f32 values. */
+#define LOGIT_TOL 2e-5
+#define QK_TOL 2e-5
+#define GGUF_TOL 1e-5
 #define N_GREEDY 48
 
 static const char *const ARCHS[] = {"qwen3", "gemma3", "gemma2", "phi3"};
@@ -150,8 +151,11 @@ static void check_model(const char *arch, const char *path, const cJSON *exp, fl
     }
     if (!(worst <= LOGIT_TOL))
         fail_msg("%s: logits max |kvq - transformers| %g > %g", path, worst, LOGIT_TOL);
-    print_message("%s: max |kvq - transformers|: logits %.2g, pre-RoPE q %.2g, k %.2g\n", path,
-                  worst, rec.max_q, rec.max_k);
+    if (check_qk)
+        print_message("%s: max |kvq - transformers|: logits %.2g, pre-RoPE q %.2g, k %.2g\n",
+                      path, worst, rec.max_q, rec.max_k);
+    else
+        print_message("%s: max |kvq - transformers|: logits %.2g\n", path, worst);
 
     /* greedy: the argmax of the last logits, fed back one token at a time */
     const cJSON *greedy = cJSON_GetObjectItem(exp, "greedy");
