@@ -33,8 +33,46 @@ else
   fail capture_gemma3_layers "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")"
 fi
 
-# ---- fit: no codebook for gemma3's sliding-window layers --------------------------------
+# ---- moments: WRoPE rotates each layer by its own RoPE -------------------------------------
+# numpy over the capture's pre-RoPE sums: H = R_b^T (grouped mean) R_b with layer 0's
+# RoPE (base 10000, unscaled) and layer 5's (base 1e6, linear 8), b = 2048.
 _cli_run "$KVQ" moments --capture "$T/cap3" -o "$T/m3.safetensors"
+if [ "$(cat "$CLI_TMP/rc")" != 0 ]; then
+  fail moments_gemma3 "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")"
+elif ! "$PYTHON" -c "import numpy, safetensors" 2>/dev/null; then
+  skip moments_gemma3_per_layer_rope "numpy or safetensors not installed (make deps installs them)"
+elif "$PYTHON" - "$T/cap3" "$T/m3.safetensors" <<'EOF2'
+import sys
+import numpy as np
+from safetensors.numpy import load_file
+cap, mom = sys.argv[1], sys.argv[2]
+M = load_file(mom)
+def R(base, factor, d=16, b=2048):
+    th = base ** (-np.arange(d // 2) * 2.0 / d) / factor
+    r = np.zeros((d, d))
+    h = d // 2
+    for m in range(h):
+        c, s = np.cos(b * th[m]), np.sin(b * th[m])
+        r[m, m], r[m, m + h], r[m + h, m], r[m + h, m + h] = c, s, -s, c
+    return r
+for layer, base, factor in ((0, 1e4, 1.0), (5, 1e6, 8.0)):
+    L = load_file(f"{cap}/layer_{layer:03d}.safetensors")
+    S, c = L["q_moment_sum"], L["q_moment_count"]
+    Hpre = S.sum(0) / c.sum()          # 4 query heads share the one KV head
+    for b2, f2, want in ((base, factor, True), (1e6 if layer == 0 else 1e4, 1.0, False)):
+        r = R(b2, f2)
+        H = r.T @ Hpre @ r
+        got = M[f"layer.{layer}.H"][0]
+        close = np.abs(got - H).max() <= 1e-9 * np.abs(H).max()
+        assert close == want, (layer, b2, f2, np.abs(got - H).max())
+EOF2
+then
+  ok moments_gemma3_per_layer_rope
+else
+  fail moments_gemma3_per_layer_rope "numpy's H with each layer's RoPE differs from kvq's"
+fi
+
+# ---- fit: no codebook for gemma3's sliding-window layers --------------------------------
 _cli_run "$KVQ" fit --capture "$T/cap3" --moments "$T/m3.safetensors" -o "$T/g3.kvq" --codebook 8 -v
 if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
    grep -q "5 of the model's 6 layers attend a sliding window of 8 tokens exactly: no codebook" \
