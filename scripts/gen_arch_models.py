@@ -135,22 +135,21 @@ def corpus_text(root: Path) -> list[str]:
 def train_spm(texts: list[str], out: Path, dummy_prefix: bool) -> None:
     """A SentencePiece BPE with byte fallback: ids 0..3 <pad> <eos> <bos> <unk> (gemma's
     order), the 256 byte tokens, then learned pieces, VOCAB in all."""
+    import io
+
     import sentencepiece as spm
 
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
-        for t in texts:
-            f.write(t.replace("\r", " ") + "\n")
-        name = f.name
-    prefix = str(out.with_suffix(""))
+    # The lines of the corpus, fed from memory: a file input would be recorded in the
+    # model's trainer spec under its temporary name, and the bytes would vary.
+    lines = [ln for t in texts for ln in t.replace("\r", " ").split("\n")]
+    buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        input=name, model_prefix=prefix, model_type="bpe", vocab_size=VOCAB,
+        sentence_iterator=iter(lines), model_writer=buf, model_type="bpe", vocab_size=VOCAB,
         byte_fallback=True, character_coverage=0.99, pad_id=0, eos_id=1, bos_id=2,
         unk_id=3, add_dummy_prefix=dummy_prefix, split_digits=True, num_threads=1,
         normalization_rule_name="identity", remove_extra_whitespaces=False,
         minloglevel=2, max_sentence_length=1 << 16)
-    os.unlink(name)
-    os.replace(prefix + ".model", out)
-    os.unlink(prefix + ".vocab")
+    out.write_bytes(buf.getvalue())
 
 
 def train_bpe(texts: list[str], out: Path) -> None:
