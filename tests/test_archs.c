@@ -194,6 +194,16 @@ static void test_arch(const char *arch)
         worst = fmax(worst, fabs((double)lh[i] - lg[i]));
     if (!(worst <= GGUF_TOL))
         fail_msg("%s: logits max |HF dir - GGUF| %g > %g", arch, worst, GGUF_TOL);
+    /* the same values: the same weight fingerprint (gemma's norms are 1 + w in both) */
+    kvq_model_params mp = kvq_model_params_default();
+    mp.load_tokenizer = 0;
+    kvq_model *mh = NULL, *mg = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_model_open(hf, &mp, &mh, &e), KVQ_OK);
+    assert_int_equal(kvq_model_open(gg, &mp, &mg, &e), KVQ_OK);
+    assert_string_equal(kvq_model_fingerprint(mh), kvq_model_fingerprint(mg));
+    kvq_model_close(mh);
+    kvq_model_close(mg);
     free(lh);
     free(lg);
     cJSON_Delete(exp);
