@@ -223,7 +223,8 @@ static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
 
 kvq_attn_backend kvq_full_attn_backend(kvq_full_attn *fa)
 {
-    kvq_attn_backend b = {.name = "full", .user = fa, .attend = full_attend, .reset = full_reset};
+    kvq_attn_backend b = {.name = "full", .user = fa, .attend = full_attend, .reset = full_reset,
+                          .per_layer = 1};
     return b;
 }
 

@@ -111,6 +111,8 @@ struct kvq_forward {
     kvq_attn_backend attn;
     kvq_observe_fn obs;
     void *obs_user;
+    int uniform;                   /* kvq_model_attn_uniform: any backend may attend it */
+    char why_not_uniform[160];
 
     /* activations for one chunk of up to p.chunk tokens */
     float *x;                      /* [chunk, dim] residual stream */
@@ -244,6 +246,7 @@ kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
         return kvq_err_set(err, KVQ_E_NOMEM, "forward: out of memory");
     f->m = m;
     f->p = *p;
+    f->uniform = kvq_model_attn_uniform(c, f->why_not_uniform, sizeof f->why_not_uniform);
     f->n_layers = p->n_layers ? p->n_layers : c->n_layers;
     int64_t max_tokens = p->max_tokens ? p->max_tokens
                                        : (c->context_length > 0 ? c->context_length : 4096);
@@ -520,6 +523,11 @@ static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t 
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "forward: logits need all %d layers (context runs %d)", c->n_layers,
                            f->n_layers);
+    if (n > 0 && !f->attn.per_layer && !f->uniform)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: %s: the attention backend '%s' attends every layer alike, and "
+                           "this model's layers differ (%s)", m->path, kvq_arch_name(c->arch),
+                           f->attn.name ? f->attn.name : "?", f->why_not_uniform);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kvq_err_set(err, KVQ_E_INVALID_ARG,

@@ -422,6 +422,45 @@ static void test_tokenizers(void **state)
     assert_int_equal(bad, 0);
 }
 
+static kvq_status zero_attend(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    (void)err;
+    const kvq_model_config *cfg = user;
+    memset(c->out, 0, sizeof(float) * (size_t)c->n * (size_t)cfg->n_heads * cfg->head_dim);
+    return KVQ_OK;
+}
+
+/* A backend that does not say it attends per layer (per_layer 0, as the retrieval
+ * runtime's today) is refused for gemma3 and gemma2, accepted for qwen3 and phi3. */
+static void test_backend_per_layer(void **state)
+{
+    (void)state;
+    const char *const files[] = {"tests/data/archs/gemma3.gguf", "tests/data/archs/gemma2.gguf",
+                                 "tests/data/archs/qwen3.gguf", "tests/data/archs/phi3.gguf"};
+    for (int i = 0; i < 4; i++) {
+        kvq_err e = {0};
+        kvq_model_params mp = kvq_model_params_default();
+        mp.load_tokenizer = 0;
+        kvq_model *m = NULL;
+        kvq_forward *f = NULL;
+        assert_int_equal(kvq_model_open(files[i], &mp, &m, &e), KVQ_OK);
+        assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
+        kvq_attn_backend b = {.name = "zero", .user = (void *)kvq_model_config_get(m),
+                              .attend = zero_attend};
+        kvq_forward_set_attention(f, &b);
+        const int32_t toks[3] = {5, 6, 7};
+        kvq_status st = kvq_forward_tokens(f, toks, 3, KVQ_LOGITS_NONE, NULL, &e);
+        if (i < 2) {
+            assert_int_equal(st, KVQ_E_UNSUPPORTED);
+            assert_non_null(strstr(e.msg, "attends every layer alike"));
+        } else {
+            assert_int_equal(st, KVQ_OK);
+        }
+        kvq_forward_free(f);
+        kvq_model_close(m);
+    }
+}
+
 static void test_qwen3(void **state) { (void)state; test_arch(ARCHS[0]); }
 static void test_gemma3(void **state) { (void)state; test_arch(ARCHS[1]); }
 static void test_gemma2(void **state) { (void)state; test_arch(ARCHS[2]); }
@@ -437,6 +476,7 @@ int main(void)
         cmocka_unit_test(test_config_v5),
         cmocka_unit_test(test_tokenizers),
         cmocka_unit_test(test_gemma3_config_keys),
+        cmocka_unit_test(test_backend_per_layer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

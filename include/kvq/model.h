@@ -259,6 +259,11 @@ typedef struct kvq_attn_backend {
     kvq_status (*attend)(void *user, const kvq_attn_call *call, kvq_err *err);
     /* Forget the sequence (kvq_forward_reset). May be NULL. */
     void (*reset)(void *user);
+    /* 1: the backend attends each layer as kvq_model_layer_attn describes it (its own
+     * RoPE, score scale, softcap and window). 0 (a zero-initialized backend): it attends
+     * every layer alike, and a model whose layers differ (gemma2, gemma3:
+     * kvq_model_attn_uniform) is refused by kvq_forward_tokens with KVQ_E_UNSUPPORTED. */
+    int per_layer;
 } kvq_attn_backend;
 
 /* Exact causal attention with a KV cache of post-RoPE keys and values:
