@@ -420,6 +420,28 @@ def expected_quant(arch: str, hf: Path, gguf_path: Path) -> dict[str, Any]:
             "min_margin": float((top2[:, 0] - top2[:, 1]).min())}
 
 
+def llamacpp_values(gguf_path: Path, tokens: list[int]) -> dict[str, Any]:
+    """llama.cpp's logits for every prompt position and its 48 greedy ids (argmax of the
+    last logits, fed back one token at a time), F32 KV cache, one thread."""
+    import llama_cpp
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf_path), n_ctx=128, n_batch=128, logits_all=True,
+                n_threads=1, verbose=False, type_k=0, type_v=0)
+    llm.eval(tokens)
+    v = llm.n_vocab()
+    logits = [list(map(float, llm.scores[i][:v])) for i in range(len(tokens))]
+    greedy = []
+    last = np.asarray(llm.scores[len(tokens) - 1][:v])
+    for _ in range(GREEDY):
+        t = int(np.argmax(last))
+        greedy.append(t)
+        llm.eval([t])
+        last = np.asarray(llm.scores[llm.n_tokens - 1][:v])
+    return {"file": gguf_path.name, "tokens": tokens, "logits": logits, "greedy": greedy,
+            "versions": {"llama_cpp_python": llama_cpp.__version__}}
+
+
 def rounded(v: Any) -> Any:
     """Floats to 8 significant digits (float32's precision: the file stays small)."""
     if isinstance(v, float):

@@ -108,7 +108,7 @@ assert d["metadata"]["method"] == "qavq" and len(d["tensors"]) == 18
   { head -c 12 "$T/example.kvq"; printf '\002\000\000\000'; tail -c +17 "$T/example.kvq"; } \
     >"$T/v2.kvq"
   expect_error inspect_future_version 1 \
-    '^kvq inspect: [^ ]*/v2\.kvq: artifact format version 2\.0 is not supported' -- \
+    '^kvq inspect: [^ ]*/v2\.kvq: artifact format version 2\.1 is not supported' -- \
     "$KVQ" inspect "$T/v2.kvq"
   head -c $((size - 10)) "$T/example.kvq" >"$T/cut.kvq"
   expect_error inspect_truncated_kvq 1 '^kvq inspect: [^ ]*/cut\.kvq: file ends inside the compressed' -- \
