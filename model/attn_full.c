@@ -42,7 +42,8 @@ kvq_status kvq_full_attn_create(const kvq_model_config *cfg, int64_t max_tokens,
         return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
     fa->cfg = *cfg;
     fa->max_tokens = max_tokens;
-    const size_t nl = (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1), half = (size_t)cfg->head_dim / 2;
+    const size_t nl = (size_t)(cfg->n_layers > 0 ? cfg->n_layers : 1);
+    const size_t half = (size_t)cfg->head_dim / 2;
     fa->la = calloc(nl, sizeof *fa->la);
     fa->theta = calloc(nl * (half ? half : 1), sizeof *fa->theta);
     fa->len = calloc(nl, sizeof *fa->len);

@@ -212,7 +212,8 @@ void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, 
     out->converted_bytes = 0; /* weights are never copied whole */
     const uint64_t threads = (uint64_t)(p->threads > 0 ? p->threads : omp_get_max_threads());
     out->scratch_bytes = (pl.act_floats + threads * pl.tile_floats + pl.ybuf_floats +
-                          threads * (chunk < KVQ_FULL_ATTN_QBLOCK ? chunk : KVQ_FULL_ATTN_QBLOCK) * (uint64_t)n_ctx +
+                          threads * (chunk < KVQ_FULL_ATTN_QBLOCK ? chunk : KVQ_FULL_ATTN_QBLOCK) *
+                              (uint64_t)n_ctx +
                           chunk * (uint64_t)c->n_heads * c->head_dim) * sizeof(float);
     out->kv_cache_bytes = 2 * (uint64_t)c->n_layers * (uint64_t)n_ctx * kvd * sizeof(float);
     out->total_bytes = out->mapped_bytes + out->converted_bytes + out->scratch_bytes +

@@ -311,7 +311,7 @@ static kvq_status read_gemma(kvq_model *m, const char *arch, kvq_err *err)
     if (!g2)
         c->rope_local_base = 10000.0;
     const int big = c->n_layers == (g2 ? 46 : 62);
-    c->attn_scale = big ? 1.0 / sqrt((double)(c->dim / c->n_heads)) : 1.0 / sqrt((double)c->head_dim);
+    c->attn_scale = 1.0 / sqrt(big ? (double)(c->dim / c->n_heads) : (double)c->head_dim);
     return KVQ_OK;
 }
 
@@ -371,7 +371,8 @@ static kvq_status read_hparams(kvq_model *m, const char *arch, kvq_err *err)
         rope_dim <= KVQ_ROPE_MAX_DIM && rope_dim % 2 == 0 && c->rope.base > 1 &&
         (st = rope_from_freq_factors(m, err)))
         return st;
-    if ((c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3) && (st = read_gemma(m, arch, err)))
+    const int gemma = c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3;
+    if (gemma && (st = read_gemma(m, arch, err)))
         return st;
     if (c->arch == KVQ_ARCH_GEMMA3 && c->rope.scaling == KVQ_ROPE_SCALING_LLAMA3)
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: rope_freqs.weight: gemma3 with llama3 "

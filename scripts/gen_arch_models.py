@@ -25,6 +25,10 @@ What it makes (tests/data/archs/, each model under 1 MB)
     <arch>.q8_0.json   transformers' logits and 48 greedy ids with the weights the gguf
                        package dequantizes from it (norms back to w for gemma: the file
                        holds 1 + w), same prompt: what kvq must compute from the Q8_0 file
+    <arch>.llamacpp.json
+                       llama.cpp's logits for the prompt and its 48 greedy ids on <arch>.gguf
+                       (llama-cpp-python 0.3.16, F32 KV cache): qwen3, gemma3, gemma2 (its
+                       vocabulary loader refuses the phi3 file: "unordered_map::at")
     <arch>.json        transformers' values (float32, eager attention):
                        "tokens" (a 16-token prompt), "logits" ([16][vocab], every
                        position), "greedy" (48 ids: generate(do_sample=False)),
@@ -474,6 +478,11 @@ def main() -> None:
         convert(arch, hf, q8, args.llama_cpp, "q8_0")
         (args.out / f"{arch}.q8_0.json").write_text(
             json.dumps(rounded(expected_quant(arch, hf, q8)), separators=(",", ":")) + "\n")
+        if arch != "phi3":
+            toks = [int(t) for t in np.random.default_rng(SEED).integers(4, VOCAB, PROMPT)]
+            lc = llamacpp_values(args.out / f"{arch}.gguf", toks)
+            (args.out / f"{arch}.llamacpp.json").write_text(
+                json.dumps(rounded(lc), separators=(",", ":")) + "\n")
         exp = expected(arch, hf)
         (args.out / f"{arch}.json").write_text(json.dumps(rounded(exp), separators=(",", ":")) + "\n")
 
