@@ -16,6 +16,7 @@
 #endif
 
 #include "kvq/half.h"
+#include "kvq/model.h"
 #include "kvq/util.h"
 
 #include "calib/capture_internal.h"
@@ -36,6 +37,39 @@ static void json_num(FILE *f, double x)
             break;
     }
     fputs(buf, f);
+}
+
+/* model.attention (version 2): what decides each layer's attention (kvq_model_attn),
+ * then "layers", each layer's description as kvq_model_id_layer_attn derives it (RoPE
+ * base, scaling and factor, whether it rotates at all, score scale, softcap, window):
+ * written for readers, checked against the fields by kvq's. */
+static void write_attention(FILE *f, const kvq_model_id *m)
+{
+    const kvq_model_attn *a = &m->attn;
+    fprintf(f, ",\n    \"attention\": {\"sliding_window\": %d, \"sliding_from\": %d, "
+               "\"sliding_period\": %d,\n                  \"rope_local_base\": ",
+            a->sliding_window, a->sliding_from, a->sliding_period);
+    json_num(f, a->rope_local_base);
+    fputs(", \"scale\": ", f);
+    json_num(f, a->scale);
+    fputs(", \"softcap\": ", f);
+    json_num(f, a->softcap);
+    fputs(",\n      \"layers\": [", f);
+    for (int32_t l = 0; l < m->n_layers; l++) {
+        kvq_layer_attn la;
+        kvq_model_id_layer_attn(m, l, &la);
+        fputs(l ? ",\n        {\"rope_base\": " : "\n        {\"rope_base\": ", f);
+        json_num(f, la.rope.base);
+        fprintf(f, ", \"rope_scaling\": \"%s\", \"rope_factor\": ",
+                kvq_rope_scaling_name(la.rope.scaling));
+        json_num(f, la.rope.factor);
+        fprintf(f, ", \"rope\": %s, \"scale\": ", la.use_rope ? "true" : "false");
+        json_num(f, la.scale);
+        fputs(", \"softcap\": ", f);
+        json_num(f, la.softcap);
+        fprintf(f, ", \"window\": %d}", la.window);
+    }
+    fputs("]}", f);
 }
 
 /* A u64 as a JSON number when it survives a double, else as a decimal string (the
@@ -109,7 +143,9 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     json_num(f, m->rope.high_freq_factor);
     fputs(",\n             \"original_max_pos\": ", f);
     json_num(f, m->rope.original_max_pos);
-    fputs("}\n  },\n", f);
+    fputs("}", f);
+    write_attention(f, m);
+    fputs("\n  },\n", f);
 
     fputs("  \"corpus\": {\"spec\": ", f);
     kvq_json_write_str(f, ci->corpus_spec);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kvq/model.h"
 #include "kvq/util.h"
 
 /* ======================================================================================
@@ -104,6 +105,81 @@ static kvq_status j_str(const jctx *j, const cJSON *obj, const char *path, const
  * capture.json
  * ====================================================================================== */
 
+/* One entry of model.attention.layers against what the fields derive for layer l. */
+static kvq_status check_layer_entry(const jctx *j, const cJSON *e, const kvq_model_id *id,
+                                    int32_t l)
+{
+    kvq_layer_attn la;
+    kvq_model_id_layer_attn(id, l, &la);
+    const struct {
+        const char *key;
+        double want;
+    } f[] = {{"rope_base", la.rope.base}, {"rope_factor", la.rope.factor},
+             {"scale", la.scale},         {"softcap", la.softcap},
+             {"window", la.window}};
+    char path[64];
+    snprintf(path, sizeof path, "model.attention.layers[%d].", (int)l);
+    if (!cJSON_IsObject(e))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: %s is not an object", j->label, path);
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        double v;
+        kvq_status st = j_num(j, e, path, f[i].key, 1, &v);
+        if (st)
+            return st;
+        if (!(fabs(v - f[i].want) <= 1e-12 * fabs(f[i].want)))
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %s%s = %.17g contradicts "
+                               "model.attention (which gives %.17g)", j->label, path, f[i].key,
+                               v, f[i].want);
+    }
+    const cJSON *sc = cJSON_GetObjectItemCaseSensitive(e, "rope_scaling");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(e, "rope");
+    kvq_rope_scaling s;
+    if (!cJSON_IsString(sc) || kvq_rope_scaling_parse(sc->valuestring, &s) ||
+        s != la.rope.scaling || !cJSON_IsBool(r) || cJSON_IsTrue(r) != la.use_rope)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: %srope_scaling / rope contradict "
+                           "model.attention", j->label, path);
+    return KVQ_OK;
+}
+
+/* model.attention (capture version 2; absent in version 1: the llama family's zeros). */
+static kvq_status parse_attention(const jctx *j, const cJSON *m, kvq_model_id *id)
+{
+    kvq_status st;
+    memset(&id->attn, 0, sizeof id->attn);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(m, "attention");
+    if (!a)
+        return KVQ_OK;
+    if (!cJSON_IsObject(a))
+        return kvq_err_set(j->err, KVQ_E_BAD_JSON, "%s: model.attention must be an object",
+                           j->label);
+    const char *p = "model.attention.";
+    kvq_model_attn *x = &id->attn;
+    if ((st = j_i32(j, a, p, "sliding_window", 0, INT32_MAX, &x->sliding_window)) ||
+        (st = j_i32(j, a, p, "sliding_from", 0, INT32_MAX, &x->sliding_from)) ||
+        (st = j_i32(j, a, p, "sliding_period", 0, INT32_MAX, &x->sliding_period)) ||
+        (st = j_num(j, a, p, "rope_local_base", 1, &x->rope_local_base)) ||
+        (st = j_num(j, a, p, "scale", 1, &x->scale)) ||
+        (st = j_num(j, a, p, "softcap", 1, &x->softcap)))
+        return st;
+    if (!(x->rope_local_base >= 0) || !(x->scale >= 0) || !(x->softcap >= 0) ||
+        (x->rope_local_base > 0 && !(x->rope_local_base > 1)))
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.attention: a negative scale, "
+                           "softcap or local RoPE base (or one <= 1)", j->label);
+    if (x->rope_local_base > 0 && x->sliding_window == 0)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.attention.rope_local_base %g "
+                           "without a sliding window", j->label, x->rope_local_base);
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(a, "layers");
+    if (!layers)
+        return KVQ_OK;
+    if (!cJSON_IsArray(layers) || cJSON_GetArraySize(layers) != id->n_layers)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.attention.layers is not a list of "
+                           "model.n_layers (%d) entries", j->label, id->n_layers);
+    for (int32_t l = 0; l < id->n_layers; l++)
+        if ((st = check_layer_entry(j, cJSON_GetArrayItem(layers, l), id, l)))
+            return st;
+    return KVQ_OK;
+}
+
 static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
 {
     kvq_status st;
@@ -168,7 +244,7 @@ static kvq_status parse_model(const jctx *j, const cJSON *m, kvq_model_id *id)
     kvq_err re = {0};
     if (kvq_rope_check(&id->rope, &re) != KVQ_OK)
         return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: model.%s", j->label, re.msg);
-    return KVQ_OK;
+    return parse_attention(j, m, id);
 }
 
 /* Fills ci->layers and ci->files (allocated, ci->n_files entries) from the parallel
@@ -230,9 +306,9 @@ static kvq_status parse_header(const jctx *j, const cJSON *root, kvq_capture_inf
                            KVQ_CAPTURE_FORMAT);
     if ((st = j_int(j, root, "", "version", 1, INT32_MIN, INT32_MAX, &v)))
         return st;
-    if (v != KVQ_CAPTURE_VERSION)
+    if (v != KVQ_CAPTURE_VERSION && v != 1)
         return kvq_err_set(j->err, KVQ_E_VERSION, "%s: capture version %" PRId64
-                           " is not supported (this kvq reads version %d)", j->label, v,
+                           " is not supported (this kvq reads versions 1 to %d)", j->label, v,
                            KVQ_CAPTURE_VERSION);
     ci->version = (int32_t)v;
     if ((st = j_str(j, root, "", "tool", 0, ci->tool, sizeof ci->tool)))

@@ -246,12 +246,18 @@ kvq_status kvq_capture_tokens(const kvq_model *m, const int32_t *tokens, int64_t
         kvq_log(cb, KVQ_LOG_WARN,
                 "capture: sequences of %" PRId64 " tokens exceed the model's context length %d: "
                 "states past it are out of distribution", ctx_need, cfg->context_length);
-    if (cfg->sliding_window > 0 && ctx_need > cfg->sliding_window)
+    if (cfg->sliding_window > 0 && ctx_need > cfg->sliding_window) {
+        char which[64];
+        if (cfg->sliding_period > 0)
+            snprintf(which, sizeof which, "all but every %dth layer", cfg->sliding_period);
+        else
+            snprintf(which, sizeof which, "layers %d and on", cfg->sliding_from);
         kvq_log(cb, KVQ_LOG_WARN,
                 "capture: sequences of %" PRId64 " tokens exceed the model's sliding window of %d "
-                "(layers %d and on): the capture applies it, but kvq moments and kvq profile "
+                "(%s): the capture applies it, but kvq moments and kvq profile "
                 "treat every captured sequence as fully visible",
-                ctx_need, cfg->sliding_window, cfg->sliding_from);
+                ctx_need, cfg->sliding_window, which);
+    }
 
     kvq_capture_writer_params wp = kvq_capture_writer_params_default();
     wp.seed = p.seed;

@@ -11,6 +11,7 @@
 #include "cholesky/cholesky_internal.h"
 #include "kvq/half.h"
 #include "kvq/moments.h"
+#include "kvq/model.h"
 #include "kvq/rope.h"
 #include "kvq/safetensors.h"
 #include "kvq/util.h"
@@ -108,7 +109,7 @@ static void rope_rotate_f64(const kvq_rope *r, const double *theta, double *x, i
 /* Post-RoPE mean over the stored queries: H[h] = mean over rows i and g in G(h) of
  * (q R_pos)^T (q R_pos).   H: [n_kv, d, d]   count: [n_kv] */
 static kvq_status layer_from_queries(const kvq_capture_layer *L, const kvq_capture_info *ci,
-                                     double *H, double *count, kvq_err *err)
+                                     const kvq_rope *rope, double *H, double *count, kvq_err *err)
 {
     enum { CHUNK = 512 };
     kvq_status s = KVQ_OK;
@@ -139,7 +140,7 @@ static kvq_status layer_from_queries(const kvq_capture_layer *L, const kvq_captu
         s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", file);
         goto done;
     }
-    kvq_rope_freqs(&m->rope, theta);
+    kvq_rope_freqs(rope, theta);
     memset(H, 0, (size_t)nkv * dd * sizeof *H);
     for (int64_t c0 = 0; c0 < n_q; c0 += CHUNK) {
         const int nc = (int)(n_q - c0 < CHUNK ? n_q - c0 : CHUNK);
@@ -153,7 +154,7 @@ static kvq_status layer_from_queries(const kvq_capture_layer *L, const kvq_captu
                     const float *q = qf + (size_t)i * row_elems + (size_t)(h * r + gi) * d;
                     for (int k = 0; k < d; k++)
                         x[k] = q[k];
-                    rope_rotate_f64(&m->rope, theta, x, pos[rows[c0 + i]]);
+                    rope_rotate_f64(rope, theta, x, pos[rows[c0 + i]]);
                 }
             cblas_dsyrk(CblasRowMajor, CblasLower, CblasTrans, d, r * nc, 1.0, X, d, 1.0,
                         H + h * dd, d);
@@ -433,7 +434,6 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
         s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", capture_dir);
         goto done;
     }
-    kvq_rope_matrix(&m->rope, p->wrope_b, R); // [d, d]: q~ = q R_b
 
     if (!(w = kvq_st_writer_new())) {
         s = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", out_path);
@@ -447,13 +447,24 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
         const int32_t layer = ci->layers[i];
         if ((s = kvq_capture_layer_open(ci, i, &in, err)))
             goto done;
+        /* Each layer's own RoPE (gemma3: base 10000 on its sliding-window layers, 1e6
+         * and the scaling on the global ones); a no-RoPE layer rotates by nothing. */
+        kvq_layer_attn la;
+        kvq_model_id_layer_attn(m, layer, &la);
+        if (la.use_rope) {
+            kvq_rope_matrix(&la.rope, p->wrope_b, R); // [d, d]: q~ = q R_b
+        } else {
+            memset(R, 0, dd * sizeof *R);
+            for (int k = 0; k < d; k++)
+                R[(size_t)k * d + k] = 1.0;
+        }
         if (p->positions == KVQ_POSITIONS_WROPE) {
             if ((s = layer_from_sums(&in, m, S, counts, o.H, o.count, err)))
                 goto done;
             for (int h = 0; h < nkv; h++)
                 kvq_moments_rotate(o.H + h * dd, R, d, work); // H = R_b^T H_pre R_b
         } else {
-            if ((s = layer_from_queries(&in, ci, o.H, o.count, err)))
+            if ((s = layer_from_queries(&in, ci, &la.rope, o.H, o.count, err)))
                 goto done;
         }
         for (int h = 0; h < nkv; h++)

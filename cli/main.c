@@ -43,6 +43,9 @@ static void usage(FILE *f)
             kvq_version());
     for (size_t i = 0; i < n_commands; i++)
         fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nmodels: GGUF files or HF directories of the architectures\n"
+               "  " KVQ_ARCH_LIST " (docs/models.md);\n"
+               "  anything else is refused by name\n");
 }
 
 static const cli_command *find(const char *name)

@@ -26,6 +26,7 @@
 #include "kvq/capture_dir.h"
 #include "kvq/codebook.h"
 #include "kvq/fit.h"
+#include "kvq/model.h"
 #include "kvq/half.h"
 #include "kvq/moments.h"
 #include "kvq/util.h"
@@ -476,8 +477,34 @@ static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *er
     if (!c->layers)
         return kvq_err_set(err, KVQ_E_NOMEM, "out of memory");
     c->n_layers = 0;
+    /* Sliding-window layers attend their window exactly and need no codebook: without
+     * --layers they are left out when the model also has global layers (gemma). When
+     * every layer has a window (mistral, phi3), retrieval within the window is all there
+     * is: they are fitted, and the log says why. */
+    const kvq_model_id *mid = &c->ci->model;
+    int32_t n_windowed = 0, window = 0;
+    for (int32_t l = 0; l < mid->n_layers; l++) {
+        kvq_layer_attn la;
+        kvq_model_id_layer_attn(mid, l, &la);
+        n_windowed += la.window > 0;
+        window = la.window > 0 ? la.window : window;
+    }
+    const int skip_windowed = !p->layers && n_windowed > 0 && n_windowed < mid->n_layers;
+    if (skip_windowed)
+        kvq_log(&c->cb, KVQ_LOG_INFO, "fit: %d of the model's %d layers attend a sliding window "
+                "of %d tokens exactly: no codebook for them", (int)n_windowed,
+                (int)mid->n_layers, (int)window);
+    else if (n_windowed == mid->n_layers && n_windowed > 0)
+        kvq_log(&c->cb, KVQ_LOG_INFO, "fit: every layer attends a sliding window of %d tokens: "
+                "codebooks are fitted for retrieval within it", (int)window);
     for (size_t i = 0; i < n; i++) {
         int32_t l = p->layers ? p->layers[i] : c->ci->layers[i];
+        if (skip_windowed && l >= 0 && l < mid->n_layers) {
+            kvq_layer_attn la;
+            kvq_model_id_layer_attn(mid, l, &la);
+            if (la.window > 0)
+                continue;
+        }
         int in_cap = kvq_capture_info_find_layer(c->ci, l) >= 0;
         int in_mom = kvq_moments_has_layer(c->m, l);
         if (p->layers && (!in_cap || !in_mom))
@@ -493,6 +520,10 @@ static kvq_status choose_layers(fit_ctx *c, const char *capture_dir, kvq_err *er
         if (!dup)
             c->layers[c->n_layers++] = l;
     }
+    if (c->n_layers == 0 && skip_windowed)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %s holds only sliding-window layers, "
+                           "which need no codebook (capture a global layer, or give --layers)",
+                           capture_dir);
     if (c->n_layers == 0)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "fit: %s and %s have no layer in common",
                            capture_dir, c->moments_path);

@@ -51,13 +51,29 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, int d
     }
 }
 
-/* gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + e^-g).   // [n * hidden] */
-static void swiglu(float *gate, const float *up, size_t count)
+/* gate[i] = act(gate[i]) * up[i]: silu(g) = g / (1 + e^-g), or GELU's tanh form
+ * gelu(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))).   // [n * hidden] */
+static void gated_act(float *gate, const float *up, size_t count, kvq_act act)
 {
+    if (act == KVQ_ACT_GELU_TANH) {
+        const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+        for (size_t i = 0; i < count; i++) {
+            float g = gate[i];
+            gate[i] = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * up[i];
+        }
+        return;
+    }
     for (size_t i = 0; i < count; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }
+}
+
+/* x[i] += y[i].   // [count] */
+static void add_into(float *x, const float *y, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] += y[i];
 }
 
 /* y[r] += b, per row.   // y: [n, width] */
@@ -83,204 +99,6 @@ static int64_t first_nonfinite_row(const float *a, int64_t n, int64_t width)
 }
 
 /* ==========================================================================
- * Full attention backend
- * ========================================================================== */
-
-struct kvq_full_attn {
-    kvq_model_config cfg;
-    double theta[KVQ_ROPE_MAX_DIM / 2];  /* RoPE frequencies, scaling applied */
-    int64_t max_tokens, cap;             /* cache rows allowed / allocated per layer */
-    int64_t *len;                        /* [n_layers] tokens cached per layer */
-    float **k, **v;                      /* [n_layers] -> [cap, n_kv_heads, head_dim] */
-    float *qrot;                         /* [qrot_rows, n_heads, head_dim] */
-    int64_t qrot_rows;
-    float *scores;                       /* [scores_cap] = [n, T] per head */
-    size_t scores_cap;
-};
-
-kvq_status kvq_full_attn_create(const kvq_model_config *cfg, int64_t max_tokens,
-                                kvq_full_attn **out, kvq_err *err)
-{
-    *out = NULL;
-    if (max_tokens < 1)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "full attention: max_tokens %lld < 1",
-                           (long long)max_tokens);
-    kvq_status st = kvq_rope_check(&cfg->rope, err);
-    if (st != KVQ_OK)
-        return st;
-    kvq_full_attn *fa = calloc(1, sizeof *fa);
-    if (!fa)
-        return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
-    fa->cfg = *cfg;
-    fa->max_tokens = max_tokens;
-    kvq_rope_freqs(&cfg->rope, fa->theta);
-    fa->len = calloc((size_t)cfg->n_layers, sizeof *fa->len);
-    fa->k = calloc((size_t)cfg->n_layers, sizeof *fa->k);
-    fa->v = calloc((size_t)cfg->n_layers, sizeof *fa->v);
-    if (!fa->len || !fa->k || !fa->v) {
-        kvq_full_attn_free(fa);
-        return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
-    }
-    *out = fa;
-    return KVQ_OK;
-}
-
-void kvq_full_attn_free(kvq_full_attn *fa)
-{
-    if (!fa)
-        return;
-    for (int32_t l = 0; fa->k && l < fa->cfg.n_layers; l++)
-        free(fa->k[l]);
-    for (int32_t l = 0; fa->v && l < fa->cfg.n_layers; l++)
-        free(fa->v[l]);
-    free(fa->k);
-    free(fa->v);
-    free(fa->len);
-    free(fa->qrot);
-    free(fa->scores);
-    free(fa);
-}
-
-int64_t kvq_full_attn_length(const kvq_full_attn *fa) { return fa->len[0]; }
-
-static void full_reset(void *user)
-{
-    kvq_full_attn *fa = user;
-    memset(fa->len, 0, sizeof *fa->len * (size_t)fa->cfg.n_layers);
-}
-
-/* Grows every layer's cache to hold `need` rows (doubling, capped at max_tokens). */
-static kvq_status full_reserve(kvq_full_attn *fa, int64_t need, kvq_err *err)
-{
-    if (need <= fa->cap)
-        return KVQ_OK;
-    int64_t cap = fa->cap ? fa->cap : 64;
-    while (cap < need)
-        cap *= 2;
-    if (cap > fa->max_tokens)
-        cap = fa->max_tokens;
-    size_t row = (size_t)fa->cfg.n_kv_heads * fa->cfg.head_dim * sizeof(float), bytes;
-    if (!kvq_size_mul(row, (size_t)cap, &bytes))
-        return kvq_err_set(err, KVQ_E_TOO_LARGE, "full attention: cache of %lld tokens",
-                           (long long)cap);
-    for (int32_t l = 0; l < fa->cfg.n_layers; l++) {
-        float *k = realloc(fa->k[l], bytes);
-        if (k)
-            fa->k[l] = k;
-        float *v = k ? realloc(fa->v[l], bytes) : NULL;
-        if (v)
-            fa->v[l] = v;
-        if (!k || !v)
-            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory for %lld tokens",
-                               (long long)cap);
-    }
-    fa->cap = cap;
-    return KVQ_OK;
-}
-
-/* Queries per attention task (a fixed tiling: the bytes do not depend on threads). */
-#define QBLOCK 64
-
-/* Query head h, queries [i0, i0 + QBLOCK) of the chunk: S = Q K^T / sqrt(d) over the
- * keys they may see, causal softmax (over the sliding window when the layer has one),
- * out = S V. One single-threaded sgemm each; S: [QBLOCK, T] scratch of this thread. */
-static void attend_block(const kvq_full_attn *fa, const kvq_attn_call *c, const float *K,
-                         const float *V, int h, int64_t i0, float *S)
-{
-    const kvq_model_config *cfg = &fa->cfg;
-    const int d = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads, g = h / (nh / nkv);
-    const int64_t qd = (int64_t)nh * d, kvd = (int64_t)nkv * d, past = fa->len[c->layer];
-    const int64_t nb = c->n - i0 < QBLOCK ? c->n - i0 : QBLOCK;
-    const int64_t T = past + i0 + nb; /* keys [0, T) cover every query of the block */
-    const float scale = (float)(1.0 / sqrt((double)d));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)T, d, scale,
-                fa->qrot + i0 * qd + h * d, (int)qd, K + g * d, (int)kvd, 0.0f, S, (int)T);
-    for (int64_t i = 0; i < nb; i++) {
-        float *row = S + i * T;
-        const int64_t valid = past + i0 + i + 1; /* causal: keys [lo, past + i0 + i] */
-        const int64_t lo = kvq_model_window_start(cfg, c->layer, valid);
-        float mx = row[lo];
-        for (int64_t j = lo + 1; j < valid; j++)
-            mx = row[j] > mx ? row[j] : mx;
-        double sum = 0;
-        for (int64_t j = lo; j < valid; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-        }
-        const float inv = (float)(1.0 / sum);
-        for (int64_t j = lo; j < valid; j++)
-            row[j] *= inv;
-        for (int64_t j = 0; j < lo; j++)
-            row[j] = 0.0f;
-        for (int64_t j = valid; j < T; j++)
-            row[j] = 0.0f;
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, d, (int)T, 1.0f, S, (int)T,
-                V + g * d, (int)kvd, 0.0f, c->out + i0 * qd + h * d, (int)qd);
-}
-
-static kvq_status full_attend(void *user, const kvq_attn_call *c, kvq_err *err)
-{
-    kvq_full_attn *fa = user;
-    const kvq_model_config *cfg = &fa->cfg;
-    const int d = cfg->head_dim, nh = cfg->n_heads, nkv = cfg->n_kv_heads;
-    const int64_t qd = (int64_t)nh * d, kvd = (int64_t)nkv * d, n = c->n;
-    const int64_t past = fa->len[c->layer], T = past + n;
-    kvq_status st;
-    if (T > fa->max_tokens)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG,
-                           "full attention: sequence of %lld tokens exceeds max_tokens %lld",
-                           (long long)T, (long long)fa->max_tokens);
-    if ((st = full_reserve(fa, T, err)))
-        return st;
-    /* Scores: one [QBLOCK, T] slot per OpenMP thread. */
-    const int nt = omp_get_max_threads();
-    size_t need_scores;
-    if (!kvq_size_mul((size_t)nt * QBLOCK, (size_t)T, &need_scores))
-        return kvq_err_set(err, KVQ_E_TOO_LARGE, "full attention: score matrix");
-    if (need_scores > fa->scores_cap) {
-        float *s = realloc(fa->scores, need_scores * sizeof(float));
-        if (!s)
-            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
-        fa->scores = s;
-        fa->scores_cap = need_scores;
-    }
-    if (n > fa->qrot_rows) {
-        float *q = realloc(fa->qrot, (size_t)n * (size_t)qd * sizeof(float));
-        if (!q)
-            return kvq_err_set(err, KVQ_E_NOMEM, "full attention: out of memory");
-        fa->qrot = q;
-        fa->qrot_rows = n;
-    }
-
-    /* RoPE: keys go into the cache rotated; queries into a scratch copy. */
-    float *K = fa->k[c->layer], *V = fa->v[c->layer]; // [cap, n_kv_heads, head_dim]
-    memcpy(K + past * kvd, c->k, sizeof(float) * (size_t)(n * kvd));
-    memcpy(V + past * kvd, c->v, sizeof(float) * (size_t)(n * kvd));
-    memcpy(fa->qrot, c->q, sizeof(float) * (size_t)(n * qd));
-    for (int64_t i = 0; i < n; i++) {
-        kvq_rope_apply(&cfg->rope, fa->theta, K + (past + i) * kvd, nkv, c->pos[i]);
-        kvq_rope_apply(&cfg->rope, fa->theta, fa->qrot + i * qd, nh, c->pos[i]);
-    }
-
-    /* Tasks: query head x block of QBLOCK queries, over this thread's OpenMP team. */
-    const int64_t blocks = (n + QBLOCK - 1) / QBLOCK;
-    const double work = (double)nh * (double)n * (double)T * d; /* multiply-adds of S */
-#pragma omp parallel for schedule(dynamic, 1) if (nh * blocks > 1 && work >= 1 << 18)
-    for (int64_t t = 0; t < nh * blocks; t++)
-        attend_block(fa, c, K, V, (int)(t / blocks), (t % blocks) * QBLOCK,
-                     fa->scores + (size_t)omp_get_thread_num() * QBLOCK * (size_t)T);
-    fa->len[c->layer] = T;
-    return KVQ_OK;
-}
-
-kvq_attn_backend kvq_full_attn_backend(kvq_full_attn *fa)
-{
-    kvq_attn_backend b = {.name = "full", .user = fa, .attend = full_attend, .reset = full_reset};
-    return b;
-}
-
-/* ==========================================================================
  * Forward context
  * ========================================================================== */
 
@@ -293,6 +111,8 @@ struct kvq_forward {
     kvq_attn_backend attn;
     kvq_observe_fn obs;
     void *obs_user;
+    int uniform;                   /* kvq_model_attn_uniform: any backend may attend it */
+    char why_not_uniform[160];
 
     /* activations for one chunk of up to p.chunk tokens */
     float *x;                      /* [chunk, dim] residual stream */
@@ -392,7 +212,8 @@ void kvq_model_memory_estimate(const kvq_model *m, const kvq_forward_params *p, 
     out->converted_bytes = 0; /* weights are never copied whole */
     const uint64_t threads = (uint64_t)(p->threads > 0 ? p->threads : omp_get_max_threads());
     out->scratch_bytes = (pl.act_floats + threads * pl.tile_floats + pl.ybuf_floats +
-                          threads * (chunk < QBLOCK ? chunk : QBLOCK) * (uint64_t)n_ctx +
+                          threads * (chunk < KVQ_FULL_ATTN_QBLOCK ? chunk : KVQ_FULL_ATTN_QBLOCK) *
+                              (uint64_t)n_ctx +
                           chunk * (uint64_t)c->n_heads * c->head_dim) * sizeof(float);
     out->kv_cache_bytes = 2 * (uint64_t)c->n_layers * (uint64_t)n_ctx * kvd * sizeof(float);
     out->total_bytes = out->mapped_bytes + out->converted_bytes + out->scratch_bytes +
@@ -426,6 +247,7 @@ kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
         return kvq_err_set(err, KVQ_E_NOMEM, "forward: out of memory");
     f->m = m;
     f->p = *p;
+    f->uniform = kvq_model_attn_uniform(c, f->why_not_uniform, sizeof f->why_not_uniform);
     f->n_layers = p->n_layers ? p->n_layers : c->n_layers;
     int64_t max_tokens = p->max_tokens ? p->max_tokens
                                        : (c->context_length > 0 ? c->context_length : 4096);
@@ -510,7 +332,7 @@ void kvq_forward_reset(kvq_forward *f)
     if (f->attn.reset)
         f->attn.reset(f->attn.user);
     if (f->attn.user != f->full)
-        full_reset(f->full);
+        kvq_full_attn_backend(f->full).reset(f->full);
 }
 
 int64_t kvq_forward_length(const kvq_forward *f) { return f->n_past; }
@@ -569,6 +391,22 @@ static kvq_status check_finite(const kvq_forward *f, const float *a, int64_t n, 
                        f->m->path, layer, (long long)f->pos[r], what);
 }
 
+/* x += in W^T, or with a post-norm (gemma) x += rmsnorm(in W^T) * post (through xn,
+ * free by then). */
+static kvq_status out_proj(kvq_forward *f, size_t wid, const float *in, int64_t n,
+                           const float *post, kvq_err *err)
+{
+    const kvq_model_config *c = &f->m->cfg;
+    if (!post)
+        return matmul(f, wid, in, n, f->x, 1.0f, err);
+    kvq_status st = matmul(f, wid, in, n, f->xn, 0.0f, err);
+    if (st != KVQ_OK)
+        return st;
+    rmsnorm(f->xn, f->xn, post, n, c->dim, c->norm_eps);
+    add_into(f->x, f->xn, (size_t)n * (size_t)c->dim);
+    return KVQ_OK;
+}
+
 /* One layer over the chunk in f->x [n, dim]. */
 static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
 {
@@ -590,6 +428,10 @@ static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
         add_bias(f->k, L->bk, n, kvd);
         add_bias(f->v, L->bv, n, kvd);
     }
+    if (c->qk_norm) { /* per head, before RoPE (the observer sees the normalized q, k) */
+        rmsnorm(f->q, f->q, L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps);
+        rmsnorm(f->k, f->k, L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps);
+    }
     if ((st = check_finite(f, f->q, n, qd, l, "q", err)) ||
         (st = check_finite(f, f->k, n, kvd, l, "k", err)) ||
         (st = check_finite(f, f->v, n, kvd, l, "v", err)))
@@ -601,17 +443,17 @@ static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
     call.out = f->att;
     if ((st = f->attn.attend(f->attn.user, &call, err)))
         return st;
-    if ((st = matmul(f, w0 + W_O, f->att, n, f->x, 1.0f, err)) ||
+    if ((st = out_proj(f, w0 + W_O, f->att, n, L->post_attn_norm, err)) ||
         (st = check_finite(f, f->x, n, c->dim, l, "attention residual", err)))
         return st;
 
-    /* ---- SwiGLU MLP */
+    /* ---- gated MLP (SwiGLU, or GELU for gemma) */
     rmsnorm(f->xn, f->x, L->ffn_norm, n, c->dim, c->norm_eps);
     if ((st = matmul(f, w0 + W_GATE, f->xn, n, f->gate, 0.0f, err)) ||
         (st = matmul(f, w0 + W_UP, f->xn, n, f->up, 0.0f, err)))
         return st;
-    swiglu(f->gate, f->up, (size_t)(n * c->hidden_dim));
-    if ((st = matmul(f, w0 + W_DOWN, f->gate, n, f->x, 1.0f, err)) ||
+    gated_act(f->gate, f->up, (size_t)(n * c->hidden_dim), c->act);
+    if ((st = out_proj(f, w0 + W_DOWN, f->gate, n, L->post_ffn_norm, err)) ||
         (st = check_finite(f, f->x, n, c->dim, l, "MLP residual", err)))
         return st;
     return KVQ_OK;
@@ -631,6 +473,11 @@ static kvq_status embed(kvq_forward *f, const int32_t *tokens, int64_t n, kvq_er
         kvq_status st = kvq_wt_rows_f32(&m->tok_embd, tokens[i], 1, f->x + i * dim, err);
         if (st != KVQ_OK)
             return st;
+    }
+    if (m->cfg.embed_scale > 0) { /* gemma: sqrt(dim), rounded to f32 as HF and llama.cpp do */
+        const float s = (float)m->cfg.embed_scale;
+        for (int64_t i = 0; i < n * dim; i++)
+            f->x[i] *= s;
     }
     return KVQ_OK;
 }
@@ -677,6 +524,11 @@ static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t 
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "forward: logits need all %d layers (context runs %d)", c->n_layers,
                            f->n_layers);
+    if (n > 0 && !f->attn.per_layer && !f->uniform)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: %s: the attention backend '%s' attends every layer alike, and "
+                           "this model's layers differ (%s)", m->path, kvq_arch_name(c->arch),
+                           f->attn.name ? f->attn.name : "?", f->why_not_uniform);
     for (int64_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
             return kvq_err_set(err, KVQ_E_INVALID_ARG,
@@ -704,6 +556,11 @@ static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t 
             rmsnorm(f->xn, f->x + r0 * c->dim, m->out_norm, nr, c->dim, c->norm_eps);
             if ((st = matmul(f, out_id, f->xn, nr, dst, 0.0f, err)))
                 return st;
+            if (c->final_softcap > 0) {
+                const float cap = (float)c->final_softcap;
+                for (int64_t i = 0; i < nr * c->vocab_size; i++)
+                    dst[i] = cap * tanhf(dst[i] / cap);
+            }
             int64_t bad = first_nonfinite_row(dst, nr, c->vocab_size);
             if (bad >= 0)
                 return kvq_err_set(err, KVQ_E_NUMERIC, "%s: position %lld: non-finite logits",

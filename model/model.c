@@ -22,8 +22,22 @@ const char *kvq_arch_name(kvq_arch a)
     case KVQ_ARCH_LLAMA: return "llama";
     case KVQ_ARCH_MISTRAL: return "mistral";
     case KVQ_ARCH_QWEN2: return "qwen2";
+    case KVQ_ARCH_QWEN3: return "qwen3";
+    case KVQ_ARCH_GEMMA2: return "gemma2";
+    case KVQ_ARCH_GEMMA3: return "gemma3";
+    case KVQ_ARCH_PHI3: return "phi3";
     }
     return "?";
+}
+
+int kvq_arch_parse(const char *s, kvq_arch *out)
+{
+    for (int a = 0; a < KVQ_ARCH_COUNT; a++)
+        if (s && !strcmp(s, kvq_arch_name((kvq_arch)a))) {
+            *out = (kvq_arch)a;
+            return 0;
+        }
+    return -1;
 }
 
 const char *kvq_model_source_name(kvq_model_source s)
@@ -42,6 +56,19 @@ kvq_model_params kvq_model_params_default(void)
  * ========================================================================== */
 
 size_t kvq_wt_bytes(const kvq_wt *w) { return w->row_bytes * (size_t)w->rows; }
+
+void kvq_wt_slice(const kvq_wt *src, int64_t r0, int64_t rows, kvq_wt *out)
+{
+    *out = *src;
+    out->rows = rows;
+    out->data = (const uint8_t *)src->data + (size_t)r0 * src->row_bytes;
+}
+
+void kvq_vec_add_scalar(float *v, int64_t n, float offset)
+{
+    for (int64_t i = 0; i < n; i++)
+        v[i] += offset;
+}
 
 const float *kvq_wt_direct(const kvq_wt *w)
 {
@@ -89,6 +116,32 @@ kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *pa
 #define MAX_HEADS 4096
 #define MAX_VOCAB (1 << 24)
 
+/* The fields beyond the llama family: finite, non-negative, and a window that says
+ * which layers it covers. */
+static kvq_status check_config_extra(const kvq_model_config *c, const char *path, kvq_err *err)
+{
+    const struct {
+        const char *name;
+        double v;
+    } f[] = {{"attention scale", c->attn_scale},      {"attention softcap", c->attn_softcap},
+             {"final logit softcap", c->final_softcap}, {"embedding scale", c->embed_scale},
+             {"local RoPE base", c->rope_local_base}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!(f[i].v >= 0) || !isfinite(f[i].v) || f[i].v > 1e30)
+            return kvq_err_set(err, KVQ_E_CORRUPT, "%s: %s %g out of range", path, f[i].name,
+                               f[i].v);
+    if (c->rope_local_base != 0 && !(c->rope_local_base > 1))
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: local RoPE base %g must be > 1", path,
+                           c->rope_local_base);
+    if (c->sliding_window < 0 || c->sliding_from < 0 || c->sliding_period < 0)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: sliding window %d (from layer %d, period %d)",
+                           path, c->sliding_window, c->sliding_from, c->sliding_period);
+    if (c->rope_local_base > 0 && c->sliding_window == 0)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: a local RoPE base (%g) but no sliding window",
+                           path, c->rope_local_base);
+    return KVQ_OK;
+}
+
 kvq_status kvq_model_check_config(const kvq_model_config *c, const char *path, kvq_err *err)
 {
     const struct {
@@ -124,7 +177,7 @@ kvq_status kvq_model_check_config(const kvq_model_config *c, const char *path, k
     if (st != KVQ_OK)
         return kvq_err_set(err, st == KVQ_E_INVALID_ARG ? KVQ_E_CORRUPT : st, "%s: %s", path,
                            e.msg);
-    return KVQ_OK;
+    return check_config_extra(c, path, err);
 }
 
 /* ==========================================================================
@@ -186,6 +239,10 @@ void kvq_model_close(kvq_model *m)
             free(L->bq);
             free(L->bk);
             free(L->bv);
+            free(L->q_norm);
+            free(L->k_norm);
+            free(L->post_attn_norm);
+            free(L->post_ffn_norm);
         }
         free(m->layers);
     }
@@ -221,15 +278,20 @@ void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_m
     id->context_length = c->context_length;
     id->norm_eps = c->norm_eps;
     id->rope = c->rope;
+    id->attn.sliding_window = c->sliding_window;
+    id->attn.sliding_from = c->sliding_window > 0 ? c->sliding_from : 0;
+    id->attn.sliding_period = c->sliding_window > 0 ? c->sliding_period : 0;
+    id->attn.rope_local_base = c->rope_local_base;
+    id->attn.scale = c->attn_scale;
+    id->attn.softcap = c->attn_softcap;
 }
 
 kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
 {
     kvq_model_config c;
     memset(&c, 0, sizeof c);
-    c.arch = !strcmp(id->architecture, "qwen2")     ? KVQ_ARCH_QWEN2
-             : !strcmp(id->architecture, "mistral") ? KVQ_ARCH_MISTRAL
-                                                    : KVQ_ARCH_LLAMA;
+    if (kvq_arch_parse(id->architecture, &c.arch) != 0)
+        c.arch = KVQ_ARCH_LLAMA;
     c.source = !strcmp(id->source, "hf") ? KVQ_MODEL_HF : KVQ_MODEL_GGUF;
     c.n_layers = id->n_layers;
     c.dim = id->dim;
@@ -242,6 +304,12 @@ kvq_model_config kvq_model_config_from_id(const kvq_model_id *id)
     c.norm_eps = id->norm_eps;
     c.rope = id->rope;
     c.bos_id = c.eos_id = -1;
+    c.sliding_window = id->attn.sliding_window;
+    c.sliding_from = id->attn.sliding_from;
+    c.sliding_period = id->attn.sliding_period;
+    c.rope_local_base = id->attn.rope_local_base;
+    c.attn_scale = id->attn.scale;
+    c.attn_softcap = id->attn.softcap;
     return c;
 }
 
@@ -261,8 +329,77 @@ uint64_t kvq_model_n_params(const kvq_model *m)
                          + 3 * (uint64_t)c->hidden_dim * c->dim;    /* gate, up, down */
     if (c->qkv_bias)
         per_layer += qd + 2 * kvd;
+    if (c->qk_norm)
+        per_layer += 2 * (uint64_t)c->head_dim;
+    if (c->post_norms)
+        per_layer += 2 * (uint64_t)c->dim;
     uint64_t n = per_layer * c->n_layers + (uint64_t)c->vocab_size * c->dim + c->dim;
     if (!c->tied_embeddings)
         n += (uint64_t)c->vocab_size * c->dim;
     return n;
+}
+
+/* ==========================================================================
+ * Per-layer attention
+ * ========================================================================== */
+
+void kvq_model_id_layer_attn(const kvq_model_id *id, int32_t layer, kvq_layer_attn *out)
+{
+    kvq_model_config c = kvq_model_config_from_id(id);
+    kvq_model_layer_attn(&c, layer, out);
+}
+
+void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_attn *out)
+{
+    memset(out, 0, sizeof *out);
+    out->rope = c->rope;
+    out->use_rope = 1;
+    out->scale = c->attn_scale > 0 ? c->attn_scale : 1.0 / sqrt((double)c->head_dim);
+    out->softcap = c->attn_softcap;
+    if (kvq_model_layer_sliding(c, layer)) {
+        out->window = c->sliding_window;
+        if (c->rope_local_base > 0) { /* gemma3: local layers take the plain local base */
+            out->rope.base = c->rope_local_base;
+            out->rope.scaling = KVQ_ROPE_SCALING_NONE;
+            out->rope.factor = 1.0;
+        }
+    }
+}
+
+int kvq_model_attn_uniform(const kvq_model_config *c, char *why, size_t cap)
+{
+    kvq_layer_attn a0, a;
+    kvq_model_layer_attn(c, 0, &a0);
+    if (why && cap)
+        why[0] = '\0';
+    const double plain = 1.0 / sqrt((double)c->head_dim);
+    if (a0.softcap > 0) {
+        if (why)
+            snprintf(why, cap, "attention logit softcap %g", a0.softcap);
+        return 0;
+    }
+    if (a0.scale != plain) {
+        if (why)
+            snprintf(why, cap, "attention scale %.9g, not 1/sqrt(head_dim) = %.9g", a0.scale,
+                     plain);
+        return 0;
+    }
+    int seen_window = a0.window > 0;
+    for (int32_t l = 1; l < c->n_layers; l++) {
+        kvq_model_layer_attn(c, l, &a);
+        const char *what = a.rope.base != a0.rope.base || a.rope.scaling != a0.rope.scaling
+                               ? "RoPE"
+                           : a.use_rope != a0.use_rope ? "no-RoPE layer"
+                           : (seen_window && a.window == 0) ? "global layer after a window"
+                                                            : NULL;
+        if (what) {
+            if (why)
+                snprintf(why, cap, "layer %d: %s differs from layer 0's (RoPE base %g vs %g, "
+                         "window %d vs %d)", (int)l, what, a.rope.base, a0.rope.base,
+                         (int)a.window, (int)a0.window);
+            return 0;
+        }
+        seen_window |= a.window > 0;
+    }
+    return 1;
 }

@@ -234,7 +234,8 @@ unsupported:
  * Loader
  * ========================================================================== */
 
-/* The architecture (general.architecture) and its RoPE layout. */
+/* The architecture (general.architecture), its RoPE layout and the features it always
+ * has. Every architecture but llama keeps the HF row order (half). */
 static kvq_status read_arch(kvq_model *m, const char **arch_out, kvq_err *err)
 {
     kvq_model_config *c = &m->cfg;
@@ -243,19 +244,74 @@ static kvq_status read_arch(kvq_model *m, const char **arch_out, kvq_err *err)
     if (!arch)
         return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key general.architecture",
                            path);
-    if (!strcmp(arch, "llama")) {
-        c->arch = KVQ_ARCH_LLAMA;
-        c->rope = kvq_rope_default(0);
-        c->rope.layout = KVQ_ROPE_INTERLEAVED;
-    } else if (!strcmp(arch, "qwen2")) {
-        c->arch = KVQ_ARCH_QWEN2;
-        c->rope = kvq_rope_default(0);
-        c->rope.layout = KVQ_ROPE_HALF;
-        c->qkv_bias = 1;
-    } else {
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported architecture '%s'", path,
-                           arch);
+    if (kvq_arch_parse(arch, &c->arch) != 0 || c->arch == KVQ_ARCH_MISTRAL)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: general.architecture: unsupported architecture '%s' (kvq reads "
+                           "llama, qwen2, qwen3, gemma2, gemma3, phi3)", path, arch);
+    c->rope = kvq_rope_default(0);
+    c->rope.layout = c->arch == KVQ_ARCH_LLAMA ? KVQ_ROPE_INTERLEAVED : KVQ_ROPE_HALF;
+    c->qkv_bias = c->arch == KVQ_ARCH_QWEN2;
+    c->qk_norm = c->arch == KVQ_ARCH_QWEN3 || c->arch == KVQ_ARCH_GEMMA3;
+    if (c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3) {
+        c->post_norms = 1;
+        c->act = KVQ_ACT_GELU_TANH;
     }
+    return KVQ_OK;
+}
+
+/* The "<arch>.*" keys kvq reads or knows to change nothing it computes. Any other key
+ * of the architecture may change the computation (an attention scale, a yarn
+ * parameter, experts): it is refused by name rather than ignored. */
+static kvq_status check_arch_keys(const kvq_model *m, const char *arch, kvq_err *err)
+{
+    static const char *const known[] = {
+        "context_length", "embedding_length", "feed_forward_length", "block_count",
+        "vocab_size", "attention.head_count", "attention.head_count_kv",
+        "attention.layer_norm_rms_epsilon", "attention.key_length", "attention.value_length",
+        "attention.sliding_window", "rope.dimension_count", "rope.freq_base",
+        "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+        "rope.scaling.finetuned", "attn_logit_softcapping", "final_logit_softcapping"};
+    const size_t al = strlen(arch);
+    for (size_t i = 0; i < kvq_gguf_kv_count(m->gguf); i++) {
+        const char *key = kvq_gguf_kv_at(m->gguf, i)->key;
+        if (!key || strncmp(key, arch, al) != 0 || key[al] != '.')
+            continue;
+        size_t j = 0;
+        while (j < sizeof known / sizeof known[0] && strcmp(key + al + 1, known[j]) != 0)
+            j++;
+        if (j == sizeof known / sizeof known[0])
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                               "%s: metadata key %s: not implemented by kvq (refused rather "
+                               "than ignored)", m->path, key);
+    }
+    return KVQ_OK;
+}
+
+/* The gemma settings llama.cpp takes from the architecture rather than the file
+ * (src/llama-model.cpp, load_hparams): the sliding-window period (gemma2: 2, gemma3: 6),
+ * gemma3's local RoPE base 10000, and the score scale 1/sqrt(head_dim) except for the
+ * 27B models (gemma2: 46 layers, gemma3: 62), 1/sqrt(dim / n_heads). */
+static kvq_status read_gemma(kvq_model *m, const char *arch, kvq_err *err)
+{
+    kvq_model_config *c = &m->cfg;
+    kvq_status st;
+    const int g2 = c->arch == KVQ_ARCH_GEMMA2;
+    c->embed_scale = sqrt((double)c->dim);
+    c->sliding_period = g2 ? 2 : 6;
+    if (g2)
+        c->sliding_window = 4096; /* llama.cpp's default when the key is absent */
+    if ((st = meta_i32(m->gguf, m->path, arch, "attention.sliding_window", !g2,
+                       &c->sliding_window, err)))
+        return st;
+    if (g2 && ((st = meta_f64(m->gguf, m->path, arch, "attn_logit_softcapping", 0,
+                              &c->attn_softcap, err)) ||
+               (st = meta_f64(m->gguf, m->path, arch, "final_logit_softcapping", 0,
+                              &c->final_softcap, err))))
+        return st;
+    if (!g2)
+        c->rope_local_base = 10000.0;
+    const int big = c->n_layers == (g2 ? 46 : 62);
+    c->attn_scale = 1.0 / sqrt(big ? (double)(c->dim / c->n_heads) : (double)c->head_dim);
     return KVQ_OK;
 }
 
@@ -301,17 +357,27 @@ static kvq_status read_hparams(kvq_model *m, const char *arch, kvq_err *err)
     const char *stype = kvq_gguf_get_str(g, key);
     if (stype && strcmp(stype, "none") != 0) {
         if (strcmp(stype, "linear") != 0)
-            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported rope scaling type '%s'",
-                               path, stype);
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: unsupported rope scaling type "
+                               "'%s'", path, key, stype);
         c->rope.scaling = KVQ_ROPE_SCALING_LINEAR;
         if ((st = meta_f64(g, path, arch, "rope.scaling.factor", 1, &c->rope.factor, err)))
             return st;
     }
+    if (kvq_gguf_find_tensor(g, "rope_factors_long.weight") ||
+        kvq_gguf_find_tensor(g, "rope_factors_short.weight"))
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: rope_factors_long.weight: unsupported "
+                           "rope scaling type 'longrope' (Phi-3 long-context)", path);
     if (c->rope.scaling == KVQ_ROPE_SCALING_NONE && rope_dim == c->head_dim && rope_dim > 0 &&
         rope_dim <= KVQ_ROPE_MAX_DIM && rope_dim % 2 == 0 && c->rope.base > 1 &&
         (st = rope_from_freq_factors(m, err)))
         return st;
-    return KVQ_OK;
+    const int gemma = c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3;
+    if (gemma && (st = read_gemma(m, arch, err)))
+        return st;
+    if (c->arch == KVQ_ARCH_GEMMA3 && c->rope.scaling == KVQ_ROPE_SCALING_LLAMA3)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: rope_freqs.weight: gemma3 with llama3 "
+                           "rope scaling", path);
+    return check_arch_keys(m, arch, err);
 }
 
 /* The vocabulary size from the embedding's rows, BOS / EOS from the tokenizer keys. */
@@ -335,6 +401,60 @@ static kvq_status read_vocab(kvq_model *m, kvq_err *err)
     return KVQ_OK;
 }
 
+/* Binds q, k, v of layer l: three tensors, or phi3's fused attn_qkv (rows q, k, v). */
+static kvq_status bind_qkv(kvq_model *m, int32_t l, kvq_err *err)
+{
+    kvq_status st;
+    const kvq_model_config *c = &m->cfg;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    kvq_layer_weights *L = &m->layers[l];
+    char n[4][96];
+    static const char *const suffix[4] = {"attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                          "attn_qkv.weight"};
+    for (int i = 0; i < 4; i++)
+        snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+    if (c->arch == KVQ_ARCH_PHI3 && kvq_gguf_find_tensor(m->gguf, n[3])) {
+        kvq_wt qkv;
+        if ((st = bind(m, n[3], qd + 2 * kvd, c->dim, 1, &qkv, err)))
+            return st;
+        kvq_wt_slice(&qkv, 0, qd, &L->wq);
+        kvq_wt_slice(&qkv, qd, kvd, &L->wk);
+        kvq_wt_slice(&qkv, qd + kvd, kvd, &L->wv);
+        return KVQ_OK;
+    }
+    if ((st = bind(m, n[0], qd, c->dim, 1, &L->wq, err)) ||
+        (st = bind(m, n[1], kvd, c->dim, 1, &L->wk, err)) ||
+        (st = bind(m, n[2], kvd, c->dim, 1, &L->wv, err)))
+        return st;
+    return KVQ_OK;
+}
+
+/* Binds the MLP of layer l: gate, up, down, or phi3's ffn_up holding gate then up. */
+static kvq_status bind_mlp(kvq_model *m, int32_t l, kvq_err *err)
+{
+    kvq_status st;
+    const kvq_model_config *c = &m->cfg;
+    kvq_layer_weights *L = &m->layers[l];
+    char n[3][96];
+    static const char *const suffix[3] = {"ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    for (int i = 0; i < 3; i++)
+        snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
+    if ((st = bind(m, n[2], c->dim, c->hidden_dim, 1, &L->w_down, err)))
+        return st;
+    if (c->arch == KVQ_ARCH_PHI3) {
+        kvq_wt gu;
+        if ((st = bind(m, n[1], 2 * (int64_t)c->hidden_dim, c->dim, 1, &gu, err)))
+            return st;
+        kvq_wt_slice(&gu, 0, c->hidden_dim, &L->w_gate);
+        kvq_wt_slice(&gu, c->hidden_dim, c->hidden_dim, &L->w_up);
+        return KVQ_OK;
+    }
+    if ((st = bind(m, n[0], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
+        (st = bind(m, n[1], c->hidden_dim, c->dim, 1, &L->w_up, err)))
+        return st;
+    return KVQ_OK;
+}
+
 /* Binds the weights of layer l ("blk.<l>.*"). */
 static kvq_status bind_layer(kvq_model *m, int32_t l, kvq_err *err)
 {
@@ -342,30 +462,34 @@ static kvq_status bind_layer(kvq_model *m, int32_t l, kvq_err *err)
     const kvq_model_config *c = &m->cfg;
     const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
     kvq_layer_weights *L = &m->layers[l];
-    char n[13][96];
-    static const char *const suffix[13] = {
-        "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-        "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
-        "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"};
-    for (int i = 0; i < 13; i++)
+    char n[11][96];
+    static const char *const suffix[11] = {
+        "attn_output.weight", "attn_norm.weight", "ffn_norm.weight", "attn_q.bias",
+        "attn_k.bias", "attn_v.bias", "attn_output.bias", "attn_q_norm.weight",
+        "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"};
+    for (int i = 0; i < 11; i++)
         snprintf(n[i], sizeof n[i], "blk.%d.%s", l, suffix[i]);
-    if ((st = bind(m, n[0], qd, c->dim, 1, &L->wq, err)) ||
-        (st = bind(m, n[1], kvd, c->dim, 1, &L->wk, err)) ||
-        (st = bind(m, n[2], kvd, c->dim, 1, &L->wv, err)) ||
-        (st = bind(m, n[3], c->dim, qd, 1, &L->wo, err)) ||
-        (st = bind(m, n[4], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
-        (st = bind(m, n[5], c->hidden_dim, c->dim, 1, &L->w_up, err)) ||
-        (st = bind(m, n[6], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
-        (st = bind_vec(m, n[7], c->dim, &L->attn_norm, err)) ||
-        (st = bind_vec(m, n[8], c->dim, &L->ffn_norm, err)))
+    if ((st = bind_qkv(m, l, err)) || (st = bind(m, n[0], c->dim, qd, 1, &L->wo, err)) ||
+        (st = bind_mlp(m, l, err)) || (st = bind_vec(m, n[1], c->dim, &L->attn_norm, err)) ||
+        (st = bind_vec(m, n[2], c->dim, &L->ffn_norm, err)))
         return st;
-    if (c->qkv_bias && ((st = bind_vec(m, n[9], qd, &L->bq, err)) ||
-                        (st = bind_vec(m, n[10], kvd, &L->bk, err)) ||
-                        (st = bind_vec(m, n[11], kvd, &L->bv, err))))
+    if (c->qkv_bias && ((st = bind_vec(m, n[3], qd, &L->bq, err)) ||
+                        (st = bind_vec(m, n[4], kvd, &L->bk, err)) ||
+                        (st = bind_vec(m, n[5], kvd, &L->bv, err))))
         return st;
-    if (kvq_gguf_find_tensor(m->gguf, n[12]))
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: output projection bias", m->path,
-                           n[12]);
+    if (c->qk_norm && ((st = bind_vec(m, n[7], c->head_dim, &L->q_norm, err)) ||
+                       (st = bind_vec(m, n[8], c->head_dim, &L->k_norm, err))))
+        return st;
+    if (c->post_norms && ((st = bind_vec(m, n[9], c->dim, &L->post_attn_norm, err)) ||
+                          (st = bind_vec(m, n[10], c->dim, &L->post_ffn_norm, err))))
+        return st;
+    /* Tensors the architecture does not use would be silently ignored: refused. */
+    const int unused[4] = {6, c->qk_norm ? -1 : 7, c->post_norms ? -1 : 9, c->qkv_bias ? -1 : 3};
+    for (int i = 0; i < 4; i++)
+        if (unused[i] >= 0 && kvq_gguf_find_tensor(m->gguf, n[unused[i]]))
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: tensor not used by a %s model "
+                               "(refused rather than ignored)", m->path, n[unused[i]],
+                               kvq_arch_name(c->arch));
     return KVQ_OK;
 }
 
@@ -383,7 +507,7 @@ static kvq_status bind_tensors(kvq_model *m, kvq_err *err)
         m->output = m->tok_embd;
     }
     /* llama models may carry q/k/v biases too (attention_bias); qwen2 always does. */
-    if (kvq_gguf_find_tensor(m->gguf, "blk.0.attn_q.bias"))
+    if (c->arch == KVQ_ARCH_LLAMA && kvq_gguf_find_tensor(m->gguf, "blk.0.attn_q.bias"))
         c->qkv_bias = 1;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers)

@@ -90,7 +90,7 @@ static kvq_status parse_sliding_window(const cJSON *cfg, kvq_model_config *c, co
         return st;
     if (c->sliding_window == 0)
         return KVQ_OK;
-    if (c->arch == KVQ_ARCH_QWEN2) {
+    if (c->arch == KVQ_ARCH_QWEN2 || c->arch == KVQ_ARCH_QWEN3) {
         c->sliding_from = 28;
         if ((st = json_i32(cfg, "max_window_layers", 0, &c->sliding_from, path, err)))
             return st;
@@ -99,8 +99,9 @@ static kvq_status parse_sliding_window(const cJSON *cfg, kvq_model_config *c, co
     if (types && !cJSON_IsNull(types)) {
         int32_t first = -1, i = 0;
         const cJSON *t;
-        if (!cJSON_IsArray(types))
-            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list", path);
+        if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers)
+            return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list of "
+                               "num_hidden_layers (%d) entries", path, (int)c->n_layers);
         cJSON_ArrayForEach(t, types)
         {
             const int sliding = cJSON_IsString(t) && !strcmp(t->valuestring, "sliding_attention");
@@ -160,6 +161,10 @@ static kvq_status parse_arch(const cJSON *cfg, kvq_model_config *c, const char *
         {"llama", "LlamaForCausalLM", KVQ_ARCH_LLAMA},
         {"mistral", "MistralForCausalLM", KVQ_ARCH_MISTRAL},
         {"qwen2", "Qwen2ForCausalLM", KVQ_ARCH_QWEN2},
+        {"qwen3", "Qwen3ForCausalLM", KVQ_ARCH_QWEN3},
+        {"gemma2", "Gemma2ForCausalLM", KVQ_ARCH_GEMMA2},
+        {"gemma3_text", "Gemma3ForCausalLM", KVQ_ARCH_GEMMA3},
+        {"phi3", "Phi3ForCausalLM", KVQ_ARCH_PHI3},
     };
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(cfg, "model_type");
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(cfg, "architectures");
@@ -173,9 +178,16 @@ static kvq_status parse_arch(const cJSON *cfg, kvq_model_config *c, const char *
             c->arch = known[i].arch;
             return KVQ_OK;
         }
-    return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported architecture '%s'", path,
-                       name ? name : cls);
+    return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                       "%s: %s: unsupported architecture '%s' (kvq reads " KVQ_ARCH_LIST
+                       "; gemma3 as Gemma3ForCausalLM, model_type gemma3_text)", path,
+                       name ? "model_type" : "architectures", name ? name : cls);
 }
+
+/* The rope scaling object rs ("rope_scaling", or a "rope_parameters" object of
+ * transformers 5, whose rope_theta is read too). */
+static kvq_status parse_rope_object(const cJSON *rs, const char *what, kvq_rope *r,
+                                    const char *path, kvq_err *err);
 
 static kvq_status parse_rope_scaling(const cJSON *cfg, kvq_rope *r, const char *path,
                                      kvq_err *err)
@@ -183,13 +195,63 @@ static kvq_status parse_rope_scaling(const cJSON *cfg, kvq_rope *r, const char *
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(cfg, "rope_scaling");
     if (!rs || cJSON_IsNull(rs))
         return KVQ_OK;
+    return parse_rope_object(rs, "rope_scaling", r, path, err);
+}
+
+/* transformers 5's "rope_parameters": one object (rope_theta, rope_type, factor ...),
+ * or gemma3's {"full_attention": {...}, "sliding_attention": {...}} whose sliding
+ * entry must be unscaled (it gives the local base). Read after rope_theta /
+ * rope_scaling, which it replaces. */
+static kvq_status parse_rope_parameters(const cJSON *cfg, kvq_model_config *c, const char *path,
+                                        kvq_err *err)
+{
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(cfg, "rope_parameters");
+    if (!rp || cJSON_IsNull(rp))
+        return KVQ_OK;
+    if (!cJSON_IsObject(rp))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"rope_parameters\" is not an object", path);
+    const cJSON *full = cJSON_GetObjectItemCaseSensitive(rp, "full_attention");
+    const cJSON *slide = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+    if (!full && !slide)
+        return parse_rope_object(rp, "rope_parameters", &c->rope, path, err);
+    kvq_status st;
+    if (full && (st = parse_rope_object(full, "rope_parameters.full_attention", &c->rope, path,
+                                        err)))
+        return st;
+    if (slide) {
+        kvq_rope local = kvq_rope_default(c->head_dim);
+        local.base = c->rope_local_base > 0 ? c->rope_local_base : local.base;
+        if ((st = parse_rope_object(slide, "rope_parameters.sliding_attention", &local, path,
+                                    err)))
+            return st;
+        if (local.scaling != KVQ_ROPE_SCALING_NONE)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: rope_parameters.sliding_attention: "
+                               "scaled RoPE on sliding-window layers", path);
+        if (c->sliding_window > 0)
+            c->rope_local_base = local.base;
+    }
+    return KVQ_OK;
+}
+
+static kvq_status parse_rope_object(const cJSON *rs, const char *what, kvq_rope *r,
+                                    const char *path, kvq_err *err)
+{
     if (!cJSON_IsObject(rs))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"rope_scaling\" is not an object", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"%s\" is not an object", path, what);
+    kvq_status st0 = json_f64(rs, "rope_theta", &r->base, path, err);
+    if (st0 != KVQ_OK)
+        return st0;
+    double prf = 1.0;
+    if ((st0 = json_f64(rs, "partial_rotary_factor", &prf, path, err)))
+        return st0;
+    if (prf != 1.0)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s.partial_rotary_factor %g", path, what,
+                           prf);
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
     if (!t)
         t = cJSON_GetObjectItemCaseSensitive(rs, "type");
     if (!cJSON_IsString(t))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: rope_scaling has no \"rope_type\"", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: %s has no \"rope_type\"", path, what);
     const char *type = t->valuestring;
     kvq_status st;
     if (!strcmp(type, "default"))
@@ -199,15 +261,117 @@ static kvq_status parse_rope_scaling(const cJSON *cfg, kvq_rope *r, const char *
     else if (!strcmp(type, "llama3"))
         r->scaling = KVQ_ROPE_SCALING_LLAMA3;
     else
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported rope scaling type '%s'", path,
-                           type);
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                           "%s: %s.rope_type: unsupported rope scaling type '%s' (kvq "
+                           "implements default, linear, llama3)", path, what, type);
     if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(rs, "factor")))
-        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: rope_scaling has no \"factor\"", path);
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: %s has no \"factor\"", path, what);
     if ((st = json_f64(rs, "factor", &r->factor, path, err)) ||
         (st = json_f64(rs, "low_freq_factor", &r->low_freq_factor, path, err)) ||
         (st = json_f64(rs, "high_freq_factor", &r->high_freq_factor, path, err)) ||
         (st = json_f64(rs, "original_max_position_embeddings", &r->original_max_pos, path, err)))
         return st;
+    return KVQ_OK;
+}
+
+/* The MLP activation: hidden_act (or gemma's hidden_activation), silu or gelu_tanh
+ * ("gelu_pytorch_tanh", "gelu_tanh"); anything else is refused by name. */
+static kvq_status parse_act(const cJSON *cfg, kvq_model_config *c, const char *path,
+                            kvq_err *err)
+{
+    const int gemma = c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3;
+    const char *key = gemma && cJSON_GetObjectItemCaseSensitive(cfg, "hidden_activation")
+                          ? "hidden_activation" : "hidden_act";
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    c->act = gemma ? KVQ_ACT_GELU_TANH : KVQ_ACT_SILU;
+    if (!act || cJSON_IsNull(act))
+        return KVQ_OK;
+    const char *a = cJSON_IsString(act) ? act->valuestring : "";
+    if (!strcmp(a, "silu"))
+        c->act = KVQ_ACT_SILU;
+    else if (!strcmp(a, "gelu_pytorch_tanh") || !strcmp(a, "gelu_tanh"))
+        c->act = KVQ_ACT_GELU_TANH;
+    else
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: %s: unsupported activation '%s'", path,
+                           key, a);
+    return KVQ_OK;
+}
+
+/* Which layers slide for gemma: layer_types when present (it must be periodic: layer l
+ * is full attention iff (l + 1) % P == 0), else gemma3's sliding_window_pattern
+ * (default 6) or gemma2's fixed 2. */
+static kvq_status parse_gemma_layers(const cJSON *cfg, kvq_model_config *c, const char *path,
+                                     kvq_err *err)
+{
+    kvq_status st;
+    c->sliding_period = c->arch == KVQ_ARCH_GEMMA2 ? 2 : 6;
+    if (c->arch == KVQ_ARCH_GEMMA3 &&
+        (st = json_i32(cfg, "sliding_window_pattern", 0, &c->sliding_period, path, err)))
+        return st;
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(cfg, "layer_types");
+    if (!types || cJSON_IsNull(types))
+        return KVQ_OK;
+    if (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != c->n_layers)
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: \"layer_types\" is not a list of %d layers",
+                           path, c->n_layers);
+    int32_t period = 0, i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, types)
+    {
+        const char *v = cJSON_IsString(t) ? t->valuestring : "";
+        if (!strcmp(v, "full_attention") && period == 0)
+            period = i + 1;
+        else if (strcmp(v, "sliding_attention") != 0 && strcmp(v, "full_attention") != 0)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: layer_types[%d]: '%s' is not "
+                               "full_attention or sliding_attention", path, (int)i, v);
+        i++;
+    }
+    c->sliding_period = period ? period : c->n_layers + 1; /* none full: every layer slides */
+    i = 0;
+    cJSON_ArrayForEach(t, types)
+    {
+        const int full = !strcmp(t->valuestring, "full_attention");
+        if (full != ((i + 1) % c->sliding_period == 0))
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: layer_types[%d]: the layers do not "
+                               "repeat one sliding/full pattern (period %d)", path, (int)i,
+                               (int)c->sliding_period);
+        i++;
+    }
+    return KVQ_OK;
+}
+
+/* Gemma's settings: query_pre_attn_scalar, softcaps, embedding scale, window, local
+ * RoPE base, (1 + w) norms and post-norms; tied embeddings unless the file says not. */
+static kvq_status parse_gemma(const cJSON *cfg, kvq_model_config *c, const char *path,
+                              kvq_err *err)
+{
+    kvq_status st;
+    double qpas = c->head_dim;
+    int bidir = 0;
+    c->tied_embeddings = 1;
+    c->sliding_window = 4096; /* transformers' default for both */
+    c->post_norms = 1;
+    c->embed_scale = sqrt((double)c->dim);
+    if (c->arch == KVQ_ARCH_GEMMA3)
+        c->rope_local_base = 10000.0;
+    if ((st = json_f64(cfg, "query_pre_attn_scalar", &qpas, path, err)) ||
+        (st = json_f64(cfg, "attn_logit_softcapping", &c->attn_softcap, path, err)) ||
+        (st = json_f64(cfg, "final_logit_softcapping", &c->final_softcap, path, err)) ||
+        (st = json_f64(cfg, "rope_local_base_freq", &c->rope_local_base, path, err)) ||
+        (st = json_bool(cfg, "tie_word_embeddings", &c->tied_embeddings, path, err)) ||
+        (st = json_bool(cfg, "use_bidirectional_attention", &bidir, path, err)) ||
+        (st = json_i32(cfg, "sliding_window", 0, &c->sliding_window, path, err)) ||
+        (st = parse_gemma_layers(cfg, c, path, err)))
+        return st;
+    if (bidir)
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: use_bidirectional_attention: not a "
+                           "causal model", path);
+    if (!(qpas > 0) || !isfinite(qpas))
+        return kvq_err_set(err, KVQ_E_BAD_JSON, "%s: query_pre_attn_scalar %g must be > 0", path,
+                           qpas);
+    c->attn_scale = 1.0 / sqrt(qpas);
+    if (c->sliding_window == 0)
+        c->rope_local_base = 0, c->sliding_period = 0;
     return KVQ_OK;
 }
 
@@ -239,10 +403,8 @@ static kvq_status parse_config(const cJSON *cfg, kvq_model_config *c, const char
     c->rope.head_dim = c->head_dim;
 
     /* Features outside the llama family's core are refused rather than ignored. */
-    const cJSON *act = cJSON_GetObjectItemCaseSensitive(cfg, "hidden_act");
-    if (cJSON_IsString(act) && strcmp(act->valuestring, "silu") != 0)
-        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported hidden_act '%s'", path,
-                           act->valuestring);
+    if ((st = parse_act(cfg, c, path, err)))
+        return st;
     double prf = 1.0;
     if ((st = json_f64(cfg, "partial_rotary_factor", &prf, path, err)))
         return st;
@@ -257,8 +419,18 @@ static kvq_status parse_config(const cJSON *cfg, kvq_model_config *c, const char
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: unsupported %s", path,
                            attn_bias ? "attention_bias" : "mlp_bias");
     c->qkv_bias = c->arch == KVQ_ARCH_QWEN2;
-    if (use_sw && (st = parse_sliding_window(cfg, c, path, err)))
+    c->qk_norm = c->arch == KVQ_ARCH_QWEN3 || c->arch == KVQ_ARCH_GEMMA3;
+    if (c->arch == KVQ_ARCH_PHI3)
+        use_sw = 1; /* transformers' Phi3 applies sliding_window when it is set */
+    if (c->arch == KVQ_ARCH_GEMMA2 || c->arch == KVQ_ARCH_GEMMA3) {
+        if ((st = parse_gemma(cfg, c, path, err)))
+            return st;
+    } else if (use_sw && (st = parse_sliding_window(cfg, c, path, err))) {
         return st;
+    }
+    if ((st = parse_rope_parameters(cfg, c, path, err)))
+        return st;
+    c->rope.head_dim = c->head_dim;
     c->bos_id = json_token_id(cfg, "bos_token_id");
     c->eos_id = json_token_id(cfg, "eos_token_id");
     return KVQ_OK;
@@ -430,6 +602,90 @@ static kvq_status bind_vec(hf_ctx *h, const char *name, int64_t n, float **out, 
     return st != KVQ_OK ? st : kvq_wt_vector(&w, n, out, h->m->path, err);
 }
 
+/* q, k, v of layer l: three tensors, or phi3's fused qkv_proj (rows q, k, v). */
+static kvq_status bind_qkv(hf_ctx *h, int32_t l, kvq_layer_weights *L, kvq_err *err)
+{
+    const kvq_model_config *c = &h->m->cfg;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    kvq_status st;
+    char n[3][128];
+    if (c->arch == KVQ_ARCH_PHI3) {
+        kvq_wt qkv;
+        snprintf(n[0], sizeof n[0], "model.layers.%d.self_attn.qkv_proj.weight", l);
+        if ((st = bind(h, n[0], qd + 2 * kvd, c->dim, 1, &qkv, err)))
+            return st;
+        kvq_wt_slice(&qkv, 0, qd, &L->wq);
+        kvq_wt_slice(&qkv, qd, kvd, &L->wk);
+        kvq_wt_slice(&qkv, qd + kvd, kvd, &L->wv);
+        return KVQ_OK;
+    }
+    for (int i = 0; i < 3; i++)
+        snprintf(n[i], sizeof n[i], "model.layers.%d.self_attn.%c_proj.weight", l, "qkv"[i]);
+    if ((st = bind(h, n[0], qd, c->dim, 1, &L->wq, err)) ||
+        (st = bind(h, n[1], kvd, c->dim, 1, &L->wk, err)) ||
+        (st = bind(h, n[2], kvd, c->dim, 1, &L->wv, err)))
+        return st;
+    return KVQ_OK;
+}
+
+/* gate and up of layer l: two tensors, or phi3's gate_up_proj (rows gate, then up). */
+static kvq_status bind_gate_up(hf_ctx *h, int32_t l, kvq_layer_weights *L, kvq_err *err)
+{
+    const kvq_model_config *c = &h->m->cfg;
+    kvq_status st;
+    char n[2][128];
+    if (c->arch == KVQ_ARCH_PHI3) {
+        kvq_wt gu;
+        snprintf(n[0], sizeof n[0], "model.layers.%d.mlp.gate_up_proj.weight", l);
+        if ((st = bind(h, n[0], 2 * (int64_t)c->hidden_dim, c->dim, 1, &gu, err)))
+            return st;
+        kvq_wt_slice(&gu, 0, c->hidden_dim, &L->w_gate);
+        kvq_wt_slice(&gu, c->hidden_dim, c->hidden_dim, &L->w_up);
+        return KVQ_OK;
+    }
+    snprintf(n[0], sizeof n[0], "model.layers.%d.mlp.gate_proj.weight", l);
+    snprintf(n[1], sizeof n[1], "model.layers.%d.mlp.up_proj.weight", l);
+    if ((st = bind(h, n[0], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
+        (st = bind(h, n[1], c->hidden_dim, c->dim, 1, &L->w_up, err)))
+        return st;
+    return KVQ_OK;
+}
+
+/* The norms of layer l. Gemma: input_layernorm, post_attention_layernorm (after the
+ * attention), pre_feedforward_layernorm, post_feedforward_layernorm, q_norm / k_norm,
+ * each (1 + w), kept as 1 + w; the others: input_layernorm, post_attention_layernorm
+ * (before the MLP), and qwen3's q_norm / k_norm. */
+static kvq_status bind_norms(hf_ctx *h, int32_t l, kvq_layer_weights *L, kvq_err *err)
+{
+    const kvq_model_config *c = &h->m->cfg;
+    const int gemma = c->post_norms;
+    kvq_status st;
+    char n[6][128];
+    static const char *const suffix[6] = {
+        "input_layernorm.weight", "post_attention_layernorm.weight",
+        "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight",
+        "self_attn.q_norm.weight", "self_attn.k_norm.weight"};
+    for (int i = 0; i < 6; i++)
+        snprintf(n[i], sizeof n[i], "model.layers.%d.%s", l, suffix[i]);
+    if ((st = bind_vec(h, n[0], c->dim, &L->attn_norm, err)) ||
+        (st = bind_vec(h, n[gemma ? 2 : 1], c->dim, &L->ffn_norm, err)))
+        return st;
+    if (gemma && ((st = bind_vec(h, n[1], c->dim, &L->post_attn_norm, err)) ||
+                  (st = bind_vec(h, n[3], c->dim, &L->post_ffn_norm, err))))
+        return st;
+    if (c->qk_norm && ((st = bind_vec(h, n[4], c->head_dim, &L->q_norm, err)) ||
+                       (st = bind_vec(h, n[5], c->head_dim, &L->k_norm, err))))
+        return st;
+    if (gemma) {
+        float *v[6] = {L->attn_norm, L->ffn_norm, L->post_attn_norm, L->post_ffn_norm, L->q_norm,
+                       L->k_norm};
+        for (int i = 0; i < 6; i++)
+            if (v[i])
+                kvq_vec_add_scalar(v[i], i < 4 ? c->dim : c->head_dim, 1.0f);
+    }
+    return KVQ_OK;
+}
+
 static kvq_status bind_layers(hf_ctx *h, kvq_err *err)
 {
     kvq_model *m = h->m;
@@ -441,27 +697,20 @@ static kvq_status bind_layers(hf_ctx *h, kvq_err *err)
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", m->path);
     for (int32_t l = 0; l < c->n_layers; l++) {
         kvq_layer_weights *L = &m->layers[l];
-        static const char *const suffix[12] = {
-            "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-            "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-            "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight",
-            "self_attn.q_proj.bias",   "self_attn.k_proj.bias",   "self_attn.v_proj.bias"};
-        char n[12][128];
-        for (int i = 0; i < 12; i++)
+        static const char *const suffix[5] = {
+            "self_attn.o_proj.weight", "mlp.down_proj.weight", "self_attn.q_proj.bias",
+            "self_attn.k_proj.bias", "self_attn.v_proj.bias"};
+        char n[5][128];
+        for (int i = 0; i < 5; i++)
             snprintf(n[i], sizeof n[i], "model.layers.%d.%s", l, suffix[i]);
-        if ((st = bind(h, n[0], qd, c->dim, 1, &L->wq, err)) ||
-            (st = bind(h, n[1], kvd, c->dim, 1, &L->wk, err)) ||
-            (st = bind(h, n[2], kvd, c->dim, 1, &L->wv, err)) ||
-            (st = bind(h, n[3], c->dim, qd, 1, &L->wo, err)) ||
-            (st = bind(h, n[4], c->hidden_dim, c->dim, 1, &L->w_gate, err)) ||
-            (st = bind(h, n[5], c->hidden_dim, c->dim, 1, &L->w_up, err)) ||
-            (st = bind(h, n[6], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
-            (st = bind_vec(h, n[7], c->dim, &L->attn_norm, err)) ||
-            (st = bind_vec(h, n[8], c->dim, &L->ffn_norm, err)))
+        if ((st = bind_qkv(h, l, L, err)) || (st = bind(h, n[0], c->dim, qd, 1, &L->wo, err)) ||
+            (st = bind_gate_up(h, l, L, err)) ||
+            (st = bind(h, n[1], c->dim, c->hidden_dim, 1, &L->w_down, err)) ||
+            (st = bind_norms(h, l, L, err)))
             return st;
-        if (c->qkv_bias && ((st = bind_vec(h, n[9], qd, &L->bq, err)) ||
-                            (st = bind_vec(h, n[10], kvd, &L->bk, err)) ||
-                            (st = bind_vec(h, n[11], kvd, &L->bv, err))))
+        if (c->qkv_bias && ((st = bind_vec(h, n[2], qd, &L->bq, err)) ||
+                            (st = bind_vec(h, n[3], kvd, &L->bk, err)) ||
+                            (st = bind_vec(h, n[4], kvd, &L->bv, err))))
             return st;
     }
     return KVQ_OK;
@@ -496,6 +745,8 @@ kvq_status kvq_model_load_hf(kvq_model *m, const kvq_model_params *p, kvq_err *e
         c->tied_embeddings = 1;
         m->output = m->tok_embd;
     }
+    if (c->post_norms) /* gemma's final norm is (1 + w) too */
+        kvq_vec_add_scalar(m->out_norm, c->dim, 1.0f);
     if ((st = bind_layers(&h, err)))
         goto done;
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/model.h"
 #include "kvq/util.h"
 
 /* ======================================================================================
@@ -22,13 +23,17 @@ typedef struct field {
     size_t off;
     size_t cap;      /* F_STR buffer size */
     int identity;    /* compared by kvq_model_id_compare */
-    int optional;    /* may be absent from metadata ("") */
+    int optional;    /* may be absent from metadata ("", or 0 for numbers) */
 } field;
 
 #define FS(k, m, id) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), id, 0}
 #define FO(k, m) {k, F_STR, offsetof(kvq_model_id, m), sizeof(((kvq_model_id *)0)->m), 0, 1}
 #define FI(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1, 0}
 #define FD(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1, 0}
+/* The attention beyond the llama family (format 2): compared, written only when not 0,
+ * 0 when absent (files of format 1, llama-family models). */
+#define FIA(k, m) {k, F_I32, offsetof(kvq_model_id, m), 0, 1, 1}
+#define FDA(k, m) {k, F_F64, offsetof(kvq_model_id, m), 0, 1, 1}
 static const field fields[] = {
     FS("path", path, 0),
     FS("source", source, 0),
@@ -51,11 +56,19 @@ static const field fields[] = {
     FD("rope.low_freq_factor", rope.low_freq_factor),
     FD("rope.high_freq_factor", rope.high_freq_factor),
     FD("rope.original_max_pos", rope.original_max_pos),
+    FIA("attention.sliding_window", attn.sliding_window),
+    FIA("attention.sliding_from", attn.sliding_from),
+    FIA("attention.sliding_period", attn.sliding_period),
+    FDA("attention.rope_local_base", attn.rope_local_base),
+    FDA("attention.scale", attn.scale),
+    FDA("attention.softcap", attn.softcap),
 };
 #undef FS
 #undef FO
 #undef FI
 #undef FD
+#undef FIA
+#undef FDA
 static const size_t n_fields = sizeof fields / sizeof fields[0];
 
 /* The field as text: what metadata stores and what mismatch messages show. */
@@ -91,6 +104,33 @@ kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
                                label_a, label_b, f->key, va, vb);
     }
     return KVQ_OK;
+}
+
+static int has_attention(const kvq_model_attn *x)
+{
+    return x->sliding_window || x->sliding_from || x->sliding_period || x->rope_local_base ||
+           x->scale || x->softcap;
+}
+
+/* Until the retrieval runtime attends each layer as kvq_model_layer_attn describes it,
+ * a model whose layers differ from the llama family's uniform attention (gemma2's
+ * softcap and alternating windows, gemma3's local RoPE base) is refused here, where
+ * the runtime checks an artifact against the model it runs, rather than attended
+ * wrongly. Only when both sides carry the description: an artifact's attention-shape
+ * keys alone, or an engine model description, do not. */
+static kvq_status check_runtime_attention(const kvq_model_id *a, const kvq_model_id *b,
+                                          const char *label_b, kvq_err *err)
+{
+    if (!has_attention(&a->attn) || !has_attention(&b->attn))
+        return KVQ_OK;
+    kvq_model_config c = kvq_model_config_from_id(b);
+    char why[160];
+    if (kvq_model_attn_uniform(&c, why, sizeof why))
+        return KVQ_OK;
+    return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                       "%s: %s: per-layer attention (%s) is not implemented by the retrieval "
+                       "runtime yet (full attention, capture, moments and fit are)", label_b,
+                       b->architecture, why);
 }
 
 kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
@@ -133,7 +173,7 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
         if (reals[i].a != reals[i].b)
             return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
 #undef DIFFERS
-    return KVQ_OK;
+    return check_runtime_attention(a, b, label_b, err);
 }
 
 kvq_status kvq_model_id_compare_weights(const kvq_model_id *a, const char *label_a,
@@ -200,7 +240,7 @@ kvq_status kvq_model_id_set_meta(const kvq_model_id *m, const char *prefix, kvq_
         char key[128], val[1040];
         snprintf(key, sizeof key, "%s%s", prefix, fields[i].key);
         field_format(&fields[i], m, val, sizeof val);
-        if (fields[i].optional && !val[0])
+        if (fields[i].optional && (!val[0] || (fields[i].kind != F_STR && !strcmp(val, "0"))))
             continue;
         kvq_status st = kvq_st_writer_set_meta(w, key, val, err);
         if (st)

@@ -37,7 +37,17 @@ typedef struct kvq_layer_weights {
     kvq_wt w_gate, w_up, w_down;   /* [hidden, dim] x2, [dim, hidden] */
     float *attn_norm, *ffn_norm;   /* [dim] each, f32 copies */
     float *bq, *bk, *bv;           /* [n_heads*d], [n_kv*d] x2 when cfg.qkv_bias, else NULL */
+    float *q_norm, *k_norm;        /* [head_dim] each when cfg.qk_norm, else NULL */
+    float *post_attn_norm, *post_ffn_norm; /* [dim] each when cfg.post_norms, else NULL */
 } kvq_layer_weights;
+
+/* Weights bound as row ranges of one fused tensor (phi3's qkv and gate_up): rows
+ * [r0, r0 + rows) of `src`, same type and width. */
+void kvq_wt_slice(const kvq_wt *src, int64_t r0, int64_t rows, kvq_wt *out);
+
+/* Adds `offset` to every value of v[n] (gemma's HF norms are (1 + w): kvq keeps
+ * 1 + w, as llama.cpp's converter writes them). */
+void kvq_vec_add_scalar(float *v, int64_t n, float offset);
 
 struct kvq_model {
     char *path;
@@ -75,6 +85,10 @@ kvq_status kvq_wt_vector(const kvq_wt *w, int64_t n, float **out, const char *pa
 kvq_status kvq_model_compute_fingerprint(const kvq_model *m, char *out, size_t cap, kvq_err *err);
 /* Byte size of the weight in the file. */
 size_t kvq_wt_bytes(const kvq_wt *w);
+
+/* Queries per full-attention task (attn_full.c; a fixed tiling: the bytes do not depend
+ * on threads). */
+#define KVQ_FULL_ATTN_QBLOCK 64
 
 /* Prefill products over kvq's OpenMP threads (forward_gemm.c). */
 

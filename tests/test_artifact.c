@@ -170,7 +170,7 @@ static void test_round_trip(void **state)
     kvq_artifact *a = NULL;
     assert_int_equal(kvq_artifact_open_memory(z.p, z.n, "rt.kvq", &a, &e), KVQ_OK);
     assert_int_equal(kvq_artifact_major(a), 1);
-    assert_int_equal(kvq_artifact_minor(a), 0);
+    assert_int_equal(kvq_artifact_minor(a), KVQ_ARTIFACT_MINOR);
     assert_int_equal(kvq_artifact_payload_size(a), p.n);
     assert_memory_equal(kvq_artifact_payload_data(a), p.p, p.n);
     const kvq_st *st = kvq_artifact_payload(a);
@@ -217,7 +217,7 @@ static void test_exact_header_bytes(void **state)
     buf z = encode(p, 0);
     static const uint8_t want[12] = {0x5B, 0x2A, 0x4D, 0x18, 24, 0, 0, 0, 'K', 'V', 'Q', 'A'};
     assert_memory_equal(z.p, want, 12);
-    uint8_t ver[12] = {1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}; /* major 1, minor 0, flags 0 */
+    uint8_t ver[12] = {1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0}; /* major 1, minor 1, flags 0 */
     assert_memory_equal(z.p + 12, ver, 12);
     uint8_t size[8];
     put_u64(size, p.n);
@@ -333,14 +333,25 @@ static void test_versions(void **state)
     buf c = buf_copy(z.p, z.n);
     put_u32(c.p + 12, 2);
     assert_int_equal(open_status(c.p, c.n, &e), KVQ_E_VERSION);
-    assert_non_null(strstr(e.msg, "2.0"));
+    assert_non_null(strstr(e.msg, "2.1"));
     put_u32(c.p + 12, 0);
     assert_int_equal(open_status(c.p, c.n, &e), KVQ_E_VERSION);
     /* The version is checked before the frame size: a future major may change it. */
     put_u32(c.p + 12, 3);
     put_u32(c.p + 4, 4);
     assert_int_equal(open_status(c.p, c.n, &e), KVQ_E_VERSION);
-    assert_non_null(strstr(e.msg, "3.0"));
+    assert_non_null(strstr(e.msg, "3.1"));
+
+    /* The previous minor (1.0: no model.attention keys) is still read. */
+    put_u32(c.p + 4, 24);
+    put_u32(c.p + 12, 1);
+    put_u32(c.p + 16, 0);
+    {
+        kvq_artifact *a0 = NULL;
+        assert_int_equal(kvq_artifact_open_memory(c.p, c.n, "v10.kvq", &a0, &e), KVQ_OK);
+        assert_int_equal(kvq_artifact_minor(a0), 0);
+        kvq_artifact_close(a0);
+    }
 
     /* A higher minor is accepted and reported. */
     memcpy(c.p, z.p, z.n);

@@ -803,7 +803,7 @@ static void test_bad_captures(void **state)
         {"[1, 2]", KVQ_E_BAD_JSON, "object"},
         {"{\"format\": \"kvq-capture\", \"version\": 1} x", KVQ_E_BAD_JSON, "after"},
         {"{\"format\": \"something\", \"version\": 1}", KVQ_E_BAD_MAGIC, "format"},
-        {"{\"format\": \"kvq-capture\", \"version\": 2}", KVQ_E_VERSION, "version 2"},
+        {"{\"format\": \"kvq-capture\", \"version\": 3}", KVQ_E_VERSION, "version 3"},
         {"{\"format\": \"kvq-capture\", \"version\": 1}", KVQ_E_BAD_JSON, "missing key model"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -1043,7 +1043,7 @@ static void test_capture_info_memory(void **state)
         free(text);
     }
     assert_int_equal(read_mem(NULL, 0, &ci, &e), KVQ_E_BAD_JSON);
-    assert_int_equal(read_mem("{\"format\": \"kvq-capture\", \"version\": 2}", 39, &ci, &e),
+    assert_int_equal(read_mem("{\"format\": \"kvq-capture\", \"version\": 3}", 39, &ci, &e),
                      KVQ_E_VERSION);
 }
 

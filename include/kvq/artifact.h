@@ -30,7 +30,7 @@ extern "C" {
 #define KVQ_ARTIFACT_SKIPPABLE_MAGIC 0x184D2A5Bu
 #define KVQ_ARTIFACT_TAG "KVQA"
 #define KVQ_ARTIFACT_MAJOR 1
-#define KVQ_ARTIFACT_MINOR 0
+#define KVQ_ARTIFACT_MINOR 1 /* 1.1: model.attention.*; 1.0 files are read too */
 #define KVQ_ARTIFACT_MAX_PAYLOAD ((uint64_t)64 << 30) /* 64 GiB sanity bound */
 
 /* ---- names (docs/format.md, "Metadata" and "Tensors") --------------------------

@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 #define KVQ_CAPTURE_FORMAT "kvq-capture"
-#define KVQ_CAPTURE_VERSION 1
+#define KVQ_CAPTURE_VERSION 2 /* 2: model.attention; version 1 files are read too */
 #define KVQ_CAPTURE_JSON "capture.json"
 #define KVQ_CAPTURE_MAX_JSON (64u << 20) /* capture.json larger than 64 MiB is refused */
 #define KVQ_CAPTURE_MAX_LAYERS 65536     /* model.n_layers above this is refused */

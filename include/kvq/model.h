@@ -1,5 +1,6 @@
 /*
- * kvq/model.h — llama-family models (llama, mistral, qwen2): loading and forward pass.
+ * kvq/model.h — decoder models (llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3):
+ * loading and forward pass (docs/models.md lists what each architecture brings).
  *
  * A kvq_model is an immutable, read-only view of a checkpoint: its configuration, its
  * tokenizer and its weights, which stay in the mapped files (nothing is converted at
@@ -8,24 +9,32 @@
  * attention backend. Several contexts may share one model; a context is used by one
  * thread at a time.
  *
- * Inputs
+ * Inputs (docs/models.md)
  *   GGUF file    architectures "llama" (RoPE pairs interleaved: the converter permuted
- *                the Q and K weight rows) and "qwen2" (pairs half); weights F32, F16,
+ *                the Q and K weight rows), "qwen2", "qwen3", "gemma2", "gemma3" and
+ *                "phi3" (pairs half); weights F32, F16,
  *                BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K
  *                (kvq/quant.h), kept packed in the mapping. Llama-3 scaling
  *                is read back from the converter's rope_freqs.weight tensor.
  *   HF directory config.json plus model.safetensors, or shards listed in
  *                model.safetensors.index.json; model_type / architectures llama,
- *                mistral or qwen2; weights F32, F16 or BF16; RoPE pairs half.
+ *                mistral, qwen2, qwen3, gemma2, gemma3_text or phi3; weights F32,
+ *                F16 or BF16; RoPE pairs half.
  *   Anything else (architecture, weight type, rope type, a partial rotary dimension)
  *   fails with KVQ_E_UNSUPPORTED naming it.
  *
  * The forward pass (pre-norm transformer, row vectors):
- *   x = embed(token)
+ *   x = embed(token) (* embed_scale: gemma)
  *   per layer: h = rmsnorm(x) ; q = h Wq^T (+bq) ; k = h Wk^T (+bk) ; v = h Wv^T (+bv)
- *              x += attention(q, k, v, positions) Wo^T
- *              h = rmsnorm(x) ; x += (silu(h Wg^T) * (h Wu^T)) Wd^T
- *   logits = rmsnorm(x) Wout^T            (Wout = the embedding when tied)
+ *              (qwen3, gemma3: q, k = per-head rmsnorm(q), rmsnorm(k))
+ *              a = attention(q, k, v, positions) Wo^T  (the layer's own RoPE, scale,
+ *                  softcap and window: kvq_model_layer_attn)
+ *              x += a   (gemma: x += rmsnorm(a))
+ *              h = rmsnorm(x) ; m = (act(h Wg^T) * (h Wu^T)) Wd^T  (act: silu or gelu_tanh)
+ *              x += m   (gemma: x += rmsnorm(m))
+ *   logits = rmsnorm(x) Wout^T            (Wout = the embedding when tied;
+ *                                          gemma2: c tanh(logits / c))
+ * Gemma's (1 + w) norm weights are kept as 1 + w (as llama.cpp's converter writes them).
  * Tokens go through in chunks (kvq_forward_params.chunk) so every projection is one
  * cblas_sgemm over the chunk. After each projection the states are checked: NaN or Inf
  * in q, k, v, the residual stream or the logits stops the pass with KVQ_E_NUMERIC,
@@ -64,12 +73,27 @@ typedef struct kvq_rng kvq_rng;
 typedef enum kvq_arch {
     KVQ_ARCH_LLAMA = 0,   /* Llama 1/2/3, TinyStories (llama2.c) */
     KVQ_ARCH_MISTRAL = 1, /* as llama, with a sliding attention window when configured */
-    KVQ_ARCH_QWEN2 = 2    /* llama plus q/k/v projection biases */
+    KVQ_ARCH_QWEN2 = 2,   /* llama plus q/k/v projection biases */
+    KVQ_ARCH_QWEN3 = 3,   /* llama plus per-head RMSNorm of q and k before RoPE */
+    KVQ_ARCH_GEMMA2 = 4,  /* gemma: embedding scaled by sqrt(dim), post-attention and
+                             post-MLP norms, GELU (tanh); gemma2: attention and final
+                             logit softcap, sliding window on every other layer */
+    KVQ_ARCH_GEMMA3 = 5,  /* gemma plus q/k norm, sliding-window layers with their own
+                             RoPE base (5 of every 6), no softcap */
+    KVQ_ARCH_PHI3 = 6     /* llama with fused qkv and gate/up projections */
 } kvq_arch;
+
+#define KVQ_ARCH_COUNT 7
+/* The supported architectures, comma-separated (for --help and messages). */
+#define KVQ_ARCH_LIST "llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3"
+
+/* The MLP's gate activation: silu(g) * u or gelu_tanh(g) * u. */
+typedef enum kvq_act { KVQ_ACT_SILU = 0, KVQ_ACT_GELU_TANH = 1 } kvq_act;
 
 typedef enum kvq_model_source { KVQ_MODEL_GGUF = 0, KVQ_MODEL_HF = 1 } kvq_model_source;
 
-const char *kvq_arch_name(kvq_arch a);                   /* "llama" | "mistral" | "qwen2" */
+const char *kvq_arch_name(kvq_arch a);   /* "llama" | "mistral" | "qwen2" | "qwen3" | ... */
+int kvq_arch_parse(const char *s, kvq_arch *out);        /* 0 ok, -1 unknown */
 const char *kvq_model_source_name(kvq_model_source s);   /* "gguf" | "hf" */
 
 typedef struct kvq_model_config {
@@ -86,21 +110,61 @@ typedef struct kvq_model_config {
     int32_t sliding_window;   /* W > 0: layers from sliding_from on attend only the last
                                  W tokens (the query's own included); 0 = none */
     int32_t sliding_from;     /* first layer with the window: 0 for mistral, qwen2's
-                                 max_window_layers (HF) */
+                                 max_window_layers (HF); unused when sliding_period > 0 */
+    int32_t sliding_period;   /* P > 0: layer l has the window iff (l + 1) % P != 0 (gemma2:
+                                 2, gemma3: 6); 0: the layers from sliding_from on */
     double norm_eps;          /* RMSNorm epsilon */
     kvq_rope rope;            /* base, scaling and pair layout; rope.head_dim == head_dim */
     int tied_embeddings;      /* 1: the output matrix is the token embedding */
     int qkv_bias;             /* 1: q/k/v projections have biases (qwen2) */
     int32_t bos_id, eos_id;   /* -1 when unknown */
+    /* Beyond the llama family (all zero for llama, mistral, qwen2): */
+    double rope_local_base;   /* > 0: the RoPE base of the sliding-window layers, which
+                                 also take no scaling (gemma3: 10000); 0: rope.base */
+    double attn_scale;        /* > 0: scores are q.k * attn_scale (gemma:
+                                 query_pre_attn_scalar^-1/2); 0: 1/sqrt(head_dim) */
+    double attn_softcap;      /* > 0: scores become c tanh(s / c) (gemma2) */
+    double final_softcap;     /* > 0: logits become c tanh(l / c) (gemma2) */
+    double embed_scale;       /* > 0: embeddings are multiplied by it (gemma: sqrt(dim)) */
+    int qk_norm;              /* 1: per-head RMSNorm of q and k before RoPE (qwen3, gemma3) */
+    int post_norms;           /* 1: RMSNorm of the attention and MLP outputs before they
+                                 join the residual (gemma) */
+    kvq_act act;              /* the MLP's gate activation */
 } kvq_model_config;
+
+/* One layer's attention as the model computes it (kvq_model_layer_attn). */
+typedef struct kvq_layer_attn {
+    kvq_rope rope;            /* this layer's RoPE: base and scaling */
+    int use_rope;             /* 1; 0 would be a no-RoPE layer (none of the supported
+                                 architectures has one; carried in the formats) */
+    double scale;             /* score scale (1/sqrt(head_dim) unless the model says) */
+    double softcap;           /* > 0: scores become c tanh(s / c); 0: none */
+    int32_t window;           /* > 0: the layer attends only the last `window` tokens
+                                 (the query's own included); 0: every earlier token */
+} kvq_layer_attn;
+
+/* Layer `layer`'s attention under configuration c, or as an identity records it
+ * (captures, moments, artifacts: kvq/model_id.h). */
+void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_attn *out);
+void kvq_model_id_layer_attn(const kvq_model_id *id, int32_t layer, kvq_layer_attn *out);
+
+/* 1 when every layer attends as the llama family does: the same RoPE, the score scale
+ * 1/sqrt(head_dim), no softcap and, if any, one window from a first layer on (what the
+ * retrieval runtime implements today); else 0, and the first difference is written to
+ * why[cap] ("layer 0: RoPE base 10000 (layer 5: 1e+06)", ...). */
+int kvq_model_attn_uniform(const kvq_model_config *c, char *why, size_t cap);
 
 /* The first cached token a query of `layer` sees when n tokens are visible to it
  * (itself the last): n - W under a sliding window of W tokens, else 0. */
+static inline int kvq_model_layer_sliding(const kvq_model_config *c, int32_t layer)
+{
+    if (c->sliding_window <= 0)
+        return 0;
+    return c->sliding_period > 0 ? (layer + 1) % c->sliding_period != 0 : layer >= c->sliding_from;
+}
 static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t layer, int64_t n)
 {
-    return c->sliding_window > 0 && layer >= c->sliding_from && n > c->sliding_window
-               ? n - c->sliding_window
-               : 0;
+    return kvq_model_layer_sliding(c, layer) && n > c->sliding_window ? n - c->sliding_window : 0;
 }
 
 /* The one conversion between a configuration and an identity (kvq/model_id.h):
@@ -108,7 +172,8 @@ static inline int64_t kvq_model_window_start(const kvq_model_config *c, int32_t 
  * empty, source and architecture by
  * name); to_config gives the configuration an identity describes: the attention shape,
  * widths, vocabulary and RoPE, architecture and source parsed from their names (llama
- * and gguf when unknown), no sliding window, untied, no biases, bos/eos -1. */
+ * and gguf when unknown), the attention description (kvq_model_attn), untied, no
+ * biases, bos/eos -1. */
 void kvq_model_id_from_config(const kvq_model_config *c, const char *path, kvq_model_id *id);
 kvq_model_config kvq_model_config_from_id(const kvq_model_id *id);
 
@@ -198,6 +263,11 @@ typedef struct kvq_attn_backend {
     kvq_status (*attend)(void *user, const kvq_attn_call *call, kvq_err *err);
     /* Forget the sequence (kvq_forward_reset). May be NULL. */
     void (*reset)(void *user);
+    /* 1: the backend attends each layer as kvq_model_layer_attn describes it (its own
+     * RoPE, score scale, softcap and window). 0 (a zero-initialized backend): it attends
+     * every layer alike, and a model whose layers differ (gemma2, gemma3:
+     * kvq_model_attn_uniform) is refused by kvq_forward_tokens with KVQ_E_UNSUPPORTED. */
+    int per_layer;
 } kvq_attn_backend;
 
 /* Exact causal attention with a KV cache of post-RoPE keys and values:

@@ -33,6 +33,18 @@ extern "C" {
 /* The weight fingerprint: 32 lowercase hex digits (128 bits) plus the NUL. */
 #define KVQ_FINGERPRINT_CAP 33
 
+/* What decides each layer's attention beyond the shape and the RoPE (the fields of
+ * kvq_model_config of the same names; kvq_model_layer_attn, kvq/model.h, turns them into
+ * one layer's description). Written as "attention.*" keys, only when not 0. */
+typedef struct kvq_model_attn {
+    int32_t sliding_window;   /* W > 0: windowed layers attend only the last W tokens */
+    int32_t sliding_from;     /* windowed layers: from this one on (sliding_period 0) ... */
+    int32_t sliding_period;   /* ... or P > 0: layer l iff (l + 1) % P != 0 (gemma) */
+    double rope_local_base;   /* > 0: the RoPE base of windowed layers, unscaled (gemma3) */
+    double scale;             /* > 0: score scale; 0: 1/sqrt(head_dim) */
+    double softcap;           /* > 0: scores become c tanh(s / c) (gemma2) */
+} kvq_model_attn;
+
 /* Model identity: the capture.json "model" object. Two files come from the same
  * model when every field except `path`, `source`, `name` and `fingerprint` agrees
  * (kvq_model_id_compare); the same checkpoint when, in addition, the fingerprints
@@ -56,6 +68,8 @@ typedef struct kvq_model_id {
     int32_t context_length;
     double norm_eps;
     kvq_rope rope;            /* rope.head_dim == head_dim */
+    kvq_model_attn attn;      /* sliding windows, local RoPE base, score scale, softcap:
+                                 all 0 for the llama family (and in files before them) */
 } kvq_model_id;
 
 /* ---- model identity ------------------------------------------------------------ */

@@ -61,7 +61,7 @@ H = f("llama.attention.head_count"); KV = f("llama.attention.head_count_kv")
 HD = f("llama.embedding_length") // H
 BOS = f("tokenizer.ggml.add_bos_token", f("tokenizer.ggml.model") == "llama")
 c = json.load(open(d + "/capture.json"))
-assert c["format"] == "kvq-capture" and c["version"] == 1, c["format"]
+assert c["format"] == "kvq-capture" and c["version"] == 2, c["format"]
 assert c["model"]["architecture"] == "llama" and c["model"]["rope"]["layout"] == "interleaved"
 assert c["model"]["n_heads"] == H and c["model"]["head_dim"] == HD
 assert (c["dtype"], c["seq_len"], c["n_tokens"], c["n_sequences"]) == ("f32", 32, 64, 2), c

@@ -72,7 +72,7 @@ if "$writer" "$T/example.kvq" >/dev/null 2>"$T/writer.err"; then
     's/^(example\.kvq: .*), [0-9]+ bytes$/\1, N bytes/; s/compressed [0-9.]+x/compressed R x/' -- \
     bash -c 'cd "$1" && "$2" inspect example.kvq' _ "$T" "$KVQ"
   expect_json inspect_kvq_json '
-assert d["format"] == "kvq" and d["version"] == "1.0" and (d["major"], d["minor"]) == (1, 0)
+assert d["format"] == "kvq" and d["version"] == "1.1" and (d["major"], d["minor"]) == (1, 1)
 assert d["valid"] is True and "problem" not in d
 assert d["payload_size"] == 2900, d["payload_size"]
 assert d["model"]["architecture"] == "llama" and d["model"]["rope.layout"] == "interleaved"
@@ -108,7 +108,7 @@ assert d["metadata"]["method"] == "qavq" and len(d["tensors"]) == 18
   { head -c 12 "$T/example.kvq"; printf '\002\000\000\000'; tail -c +17 "$T/example.kvq"; } \
     >"$T/v2.kvq"
   expect_error inspect_future_version 1 \
-    '^kvq inspect: [^ ]*/v2\.kvq: artifact format version 2\.0 is not supported' -- \
+    '^kvq inspect: [^ ]*/v2\.kvq: artifact format version 2\.1 is not supported' -- \
     "$KVQ" inspect "$T/v2.kvq"
   head -c $((size - 10)) "$T/example.kvq" >"$T/cut.kvq"
   expect_error inspect_truncated_kvq 1 '^kvq inspect: [^ ]*/cut\.kvq: file ends inside the compressed' -- \

@@ -36,7 +36,7 @@ printf 'GGUF\003\000\000\000' >"$tmp/short.gguf"
 check "run truncated gguf" '[ $rc -eq 1 ] && grep -q "^kvq run: $tmp/short.gguf: " "$tmp/err"'
 mkdir "$tmp/hf"; echo '{"model_type": "gpt2"}' >"$tmp/hf/config.json"
 "$KVQ" eval --model "$tmp/hf" --corpus uuid:1 >/dev/null 2>"$tmp/err"; rc=$?
-check "eval unsupported architecture" '[ $rc -eq 1 ] && [ "$(cat "$tmp/err")" = "kvq eval: $tmp/hf/config.json: unsupported architecture '"'"'gpt2'"'"'" ]'
+check "eval unsupported architecture" '[ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" = 1 ] && grep -q "^kvq eval: $tmp/hf/config.json: model_type: unsupported architecture '"'"'gpt2'"'"' (kvq reads llama, mistral, qwen2, qwen3, gemma2, gemma3, phi3" "$tmp/err"'
 
 # ---- the real tiny model ----------------------------------------------------------
 SMOL=${KVQ_SMOLLM2:-.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf}

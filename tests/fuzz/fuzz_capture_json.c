@@ -49,7 +49,8 @@ static void check_identity_round_trip(const kvq_model_id *m)
 static void check_info(const kvq_capture_info *ci)
 {
     const kvq_model_id *m = &ci->model;
-    CHECK(strcmp(ci->dir, "cap") == 0 && ci->version == KVQ_CAPTURE_VERSION);
+    CHECK(strcmp(ci->dir, "cap") == 0 &&
+          (ci->version == 1 || ci->version == KVQ_CAPTURE_VERSION));
     CHECK(memchr(ci->tool, 0, sizeof ci->tool) && memchr(ci->corpus_spec, 0, sizeof ci->corpus_spec));
     CHECK(memchr(ci->corpus_hash, 0, sizeof ci->corpus_hash));
     CHECK(memchr(m->path, 0, sizeof m->path) && memchr(m->source, 0, sizeof m->source));

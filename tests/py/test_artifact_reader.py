@@ -103,11 +103,11 @@ def main():
         # The header frame, byte by byte, as docs/format.md section 2 lays it out.
         magic, fsize, tag, major, minor, flags, psize = struct.unpack_from("<II4sIIIQ", raw)
         check((magic, fsize, tag, major, minor, flags) ==
-              (0x184D2A5B, 24, b"KVQA", 1, 0, 0), f"header {raw[:32].hex()}")
+              (0x184D2A5B, 24, b"KVQA", 1, 1, 0), f"header {raw[:32].hex()}")
         check(raw[32:36] == b"\x28\xb5\x2f\xfd", "zstd frame does not start at byte 32")
 
         art = kvq_read.read_artifact(path)
-        check((art.major, art.minor) == (1, 0), "version")
+        check((art.major, art.minor) == (1, 1), "version")
         check(len(art.payload) == psize, "payload size")
         check(art.metadata == EXPECTED_META, f"metadata {art.metadata}")
         want = expected_tensors()
@@ -205,7 +205,7 @@ def main():
         r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "kvq_read.py"),
                             path, "--json"], check=True, stdout=subprocess.PIPE, text=True)
         s = json.loads(r.stdout)
-        check(s["version"] == "1.0" and s["metadata"] == EXPECTED_META, "kvq_read --json")
+        check(s["version"] == "1.1" and s["metadata"] == EXPECTED_META, "kvq_read --json")
         check(s["tensors"]["layer.0.head.0.L"]["shape"] == [4, 4], "kvq_read --json shape")
         return 0
     finally:
