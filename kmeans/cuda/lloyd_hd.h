@@ -93,6 +93,20 @@ KVQ_HD static inline double kvq_lb_seed_u(uint64_t seed, int64_t h, int64_t s)
     return kvq_km_uniform_at(seed ^ KVQ_LB_STREAM_SEED, (uint64_t)h, (uint64_t)s);
 }
 
+/* The first seed: point floor(u * m). */
+KVQ_HD static inline int64_t kvq_lb_first(double u, int64_t m)
+{
+    const int64_t i = (int64_t)(u * (double)m);
+    return i < m ? i : m - 1;
+}
+
+/* A point's potential after seed s (s >= 1) was added: its distance dq to that seed, or
+ * the smaller of dq and the potential `old` before it. */
+KVQ_HD static inline float kvq_lb_dmin(float old, float dq, int32_t s)
+{
+    return (s == 1 || dq < old) ? dq : old;
+}
+
 /* D^2 sampling over m points with potentials dmin [m] (weights w or NULL) and their
  * chunk sums csum [nchunks]: the first point i whose running sum, taken chunk by chunk,
  * passes u * total. A total of 0 (every point on a seed) picks floor(u * m). */
@@ -101,10 +115,8 @@ KVQ_HD static inline int64_t kvq_lb_pick(const float *dmin, const float *w, int6
 {
     const int64_t nch = kvq_lb_nchunks(m);
     const double total = kvq_lb_total(csum, nch);
-    if (!(total > 0.0)) {
-        int64_t i = (int64_t)(u * (double)m);
-        return i < m ? i : m - 1;
-    }
+    if (!(total > 0.0))
+        return kvq_lb_first(u, m);
     const double target = u * total;
     double run = 0.0;
     int64_t c = 0;
@@ -126,6 +138,34 @@ KVQ_HD static inline int64_t kvq_lb_pick(const float *dmin, const float *w, int6
         if (kvq_lb_term(w, i, dmin[i]) > 0.0)
             return i;
     return 0;
+}
+
+/* The seeding of one head, the CPU reference of the device's (k_seed_* kernels): k seeds
+ * from the m points xs [m, d] (the strided subsample); idx [k] and cent [k, d] out;
+ * dmin [m] and csum [kvq_lb_nchunks(m)] scratch. */
+static inline void kvq_lb_seed_head_ref(const float *xs, int64_t m, int32_t d, int32_t k,
+                                        uint64_t seed, int64_t h, int64_t *idx, float *cent,
+                                        float *dmin, double *csum)
+{
+    const int64_t nch = kvq_lb_nchunks(m);
+    for (int32_t s = 0; s < k; s++) {
+        int64_t i;
+        if (s == 0) {
+            i = kvq_lb_first(kvq_lb_seed_u(seed, h, 0), m);
+        } else {
+            const float *c = cent + (int64_t)(s - 1) * d;
+            for (int64_t q = 0; q < m; q++)
+                dmin[q] = kvq_lb_dmin(dmin[q], kvq_lb_l2sq(xs + q * d, c, d), s);
+            for (int64_t ch = 0; ch < nch; ch++) {
+                const int64_t i1 = (ch + 1) * KVQ_LB_CHUNK < m ? (ch + 1) * KVQ_LB_CHUNK : m;
+                csum[ch] = kvq_lb_chunk_sum(dmin, 0, ch * KVQ_LB_CHUNK, i1);
+            }
+            i = kvq_lb_pick(dmin, 0, m, csum, kvq_lb_seed_u(seed, h, s));
+        }
+        idx[s] = i;
+        for (int32_t t = 0; t < d; t++)
+            cent[(int64_t)s * d + t] = xs[i * d + t];
+    }
 }
 
 /* ---- empty-cluster repair ------------------------------------------------------------- */
