@@ -53,8 +53,10 @@ if [ "${NOBUILD:-0}" != 1 ]; then
   # make does not track flags: a build folder made with other CUDA_SMS starts over
   if [ -f "$BUILD/.kit-sms" ] && [ "$(cat "$BUILD/.kit-sms")" != "$SMS" ]; then rm -rf "$BUILD"; fi
   mkdir -p "$BUILD" && echo "$SMS" >"$BUILD/.kit-sms"
-  echo "== device-kit: make -j$JOBS CUDA=1 CUDA_SMS=$SMS MPI=0 WERROR=1 BUILD=$BUILD"
-  make -j"$JOBS" CUDA=1 CUDA_SMS="$SMS" MPI=0 WERROR=1 BUILD="$BUILD" \
+  echo "== device-kit: make -j$JOBS CUDA=1 CUDA_SMS=$SMS MPI=0 WERROR=1 BUILD=$BUILD BENCH_MARCH=-march=x86-64-v3"
+  # the benchmarks are rebuilt: -march=native ones from another build would not do
+  rm -f "$BUILD"/bench/*
+  make -j"$JOBS" CUDA=1 CUDA_SMS="$SMS" MPI=0 WERROR=1 BUILD="$BUILD" BENCH_MARCH=-march=x86-64-v3 \
     $(for b in $BINS; do printf '%s/%s ' "$BUILD" "$b"; done)
 fi
 

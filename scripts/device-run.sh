@@ -257,6 +257,10 @@ if gpu_case bench_kmeans_cuda >&3; then
   timeout 120 "$B/bench_kmeans" --case big --n 81920 --d 128 --k 4096 --iters 3 --device cpu \
     --threads "$(nproc)"; rc=$?
   [ $rc = 0 ] && res ok bench_kmeans_cpu >&3 || res FAIL bench_kmeans_cpu "exit $rc (bench.txt)" >&3
+  section "bench_lloyd_batched: one head (n 81920 d 128 K 4096, 25 iterations)"
+  timeout 60 "$B/bench_lloyd_batched" --layers 1 --heads 1 --n 81920 --d 128 --k 4096 --iters 25
+  rc=$?
+  [ $rc = 0 ] && res ok bench_lloyd_batched_head >&3 || res FAIL bench_lloyd_batched_head "exit $rc (bench.txt)" >&3
   section "bench_lloyd_batched: a 7B-shaped fit, ${DEVICE_RUN_LAYERS:-32} layers x 8 heads"
   timeout 180 "$B/bench_lloyd_batched" --layers "${DEVICE_RUN_LAYERS:-32}" --heads 8 --n 81920 \
     --d 128 --k 4096 --iters 25; rc=$?
@@ -272,7 +276,9 @@ if gpu_case bench_kmeans_cuda >&3; then
     fi
   done
 else
-  for c in bench_kmeans_cpu bench_lloyd_batched bench_peers; do res skip "$c" "$no_dev" >&3; done
+  for c in bench_kmeans_cpu bench_lloyd_batched_head bench_lloyd_batched bench_peers; do
+    res skip "$c" "$no_dev" >&3
+  done
 fi
 exec >&3
 
