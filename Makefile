@@ -6,6 +6,8 @@
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
 #   make test-cuda    build with CUDA=1 and check every CUDA path against the CPU
 #                     (scripts/test-cuda.sh; every case is skipped without a GPU)
+#   make test-device-kit  build .device-kit/ for a bare GPU machine and check it here
+#                     (docs/cuda.md: the device command and what it carries)
 #   make MPI=0        build kvq without MPI even when OpenMPI is installed (docs/mpi.md)
 #   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
@@ -16,6 +18,7 @@
 #                     lib/pkgconfig/kvq.pc; `make uninstall` removes them
 #
 # Knobs (all ?=): CUDA MPI DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
+#                 CUDA_SMS BENCH_MARCH
 
 CUDA      ?= 0
 DEBUG     ?= 0
@@ -155,7 +158,7 @@ DESTDIR ?=
 # helpers (the CLI, tests and benchmarks take it from the source tree).
 PUBLIC_HEADERS := $(filter-out include/kvq/util.h,$(sort $(wildcard include/kvq/*.h)))
 
-.PHONY: all lib test test-run test-cuda cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+.PHONY: all lib test test-run test-cuda test-device-kit cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
         install uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
@@ -163,7 +166,7 @@ all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 lib: $(STATIC) $(SHARED)
 
 help:
-	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # Prints what was found and stops early with a hint when something is missing.
 check-deps:
@@ -278,6 +281,12 @@ test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXA
 # `make test-cuda`: the CUDA build and its check against the CPU (scripts/test-cuda.sh).
 test-cuda:
 	@bash scripts/test-cuda.sh
+
+# `make test-device-kit`: build the kit for a bare GPU machine (.device-kit/, sm_90, in
+# build-kit/) and check it here: every library resolves inside it with the system's copies
+# hidden, and scripts/device-run.sh runs to the end without a GPU (scripts/test-device-kit.sh).
+test-device-kit:
+	@bash scripts/test-device-kit.sh
 
 # the CUDA build and tests/cuda/ (scripts/test-cuda.sh calls this with CUDA=1)
 cuda-tests: check-deps $(STATIC) $(SHARED) $(KVQ) $(CUDA_TEST_BIN)

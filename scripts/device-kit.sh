@@ -119,7 +119,16 @@ glibc_of() { objdump -T "$@" 2>/dev/null | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's
 need_bin=$(glibc_of "$KIT"/bin/*)
 need_lib=$(glibc_of "$LIBDIR"/lib/*)
 echo "== device-kit: packing $(du -sk "$LIBDIR/lib" | cut -f1) KiB of libraries (xz)"
-tar -C "$LIBDIR" -cf - lib | xz -T"$JOBS" -6 >"$KIT/lib.tar.xz"
+# (xz takes a minute or two on 2 cores: the same libraries reuse the last packing)
+sum=$(cd "$LIBDIR" && find lib -type f | sort | xargs sha256sum | sha256sum | cut -c1-16)
+if [ -f "$BUILD/kit-lib-$sum.tar.xz" ]; then
+  cp "$BUILD/kit-lib-$sum.tar.xz" "$KIT/lib.tar.xz"
+else
+  rm -f "$BUILD"/kit-lib-*.tar.xz
+  tar -C "$LIBDIR" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - lib |
+    xz -T"$JOBS" -6 >"$BUILD/kit-lib-$sum.tar.xz"
+  cp "$BUILD/kit-lib-$sum.tar.xz" "$KIT/lib.tar.xz"
+fi
 need=$(printf '%s\n%s\n' "$need_bin" "$need_lib" | sort -V | tail -1)
 size_k=$(du -sk "$KIT" | cut -f1)
 {

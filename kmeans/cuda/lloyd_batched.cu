@@ -477,6 +477,7 @@ static kvq_status lb_seed(lb_dev *g, int64_t m, uint64_t seed, int64_t *idx, kvq
     const long long hm = (long long)g->h * m;
     LB_TRY(cudaMalloc((void **)&xs, (size_t)hm * g->d * sizeof(float)), "seeding points");
     LB_TRY(cudaMalloc((void **)&dmin, (size_t)hm * sizeof(float)), "seeding potentials");
+    LB_TRY(cudaMemset(dmin, 0, (size_t)hm * sizeof(float)), "seeding potentials");
     LB_TRY(cudaMalloc((void **)&csum, (size_t)g->h * kvq_lb_nchunks(m) * sizeof(double)),
            "seeding sums");
     k_seed_gather<<<lb_grid(hm * g->d), LB_THREADS>>>(g->x, g->h, g->n, g->d, m, xs);
