@@ -22,6 +22,9 @@
 # "skip NAME: no CUDA device (...)" with kvq's reason, the script runs to the end and
 # exits 0 unless something else failed. OUT defaults to a new folder in /tmp.
 # Knobs: KIT (.device-kit), DEVICE_RUN_LAYERS (32: the 7B-shaped batched fit's layers).
+# For checking this script without a GPU only: DEVICE_RUN_ASSUME_GPU=1 takes the GPU
+# branches anyway (every case must then fail loudly), DEVICE_RUN_SMALL=1 shrinks the
+# benchmarks' shapes (n 4096, K 64, one layer).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KIT=${KIT:-.device-kit}
@@ -44,6 +47,10 @@ res() { # res ok|FAIL|skip NAME [WHY]
   tail -1 "$SUM"
 }
 section() { echo; echo "== $* ($(($(date +%s) - START)) s)"; }
+# every step's time limit is also cut to what is left of DEVICE_RUN_BUDGET (570 s: the
+# device tool's command limit is 600), so the summary is always written
+DEADLINE=$((START + ${DEVICE_RUN_BUDGET:-570}))
+tmo() { local left=$((DEADLINE - $(date +%s))); [ "$left" -lt "$1" ] && echo $((left > 5 ? left : 5)) || echo "$1"; }
 ver_ge() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$2" ]; }
 
 # ---- env ------------------------------------------------------------------------------
@@ -58,6 +65,8 @@ echo "python3: $(python3 --version 2>&1) at $(command -v python3)"
 echo "uname: $(uname -srm); cores: $(nproc)"
 gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then gpu=1; fi
+[ "${DEVICE_RUN_ASSUME_GPU:-0}" = 1 ] && gpu=1 && echo "DEVICE_RUN_ASSUME_GPU=1: the GPU branches run"
+if [ "${DEVICE_RUN_SMALL:-0}" = 1 ]; then BN=4096 BK=64 BL=1; else BN=81920 BK=4096 BL=${DEVICE_RUN_LAYERS:-32}; fi
 section "nvidia-smi"
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi || true
@@ -204,7 +213,7 @@ cmocka_cases() {
 exec >"$OUT/cuda.txt" 2>&1
 section "tests/cuda/test_cuda_paths"
 if [ $kit_ok = 1 ]; then
-  timeout 240 "$B/test_cuda_paths"; rc=$?
+  timeout "$(tmo 240)" "$B/test_cuda_paths"; rc=$?
   echo "test_cuda_paths: exit $rc"
   exec >&3
   cmocka_cases test_cuda_paths "$OUT/cuda.txt"
@@ -218,19 +227,19 @@ fi
 exec >"$OUT/suite.txt" 2>&1
 section "the CPU suite's tests with device branches"
 if gpu_case suite >&3; then
+  export KVQ=$B/kvq KVQ_BUILD=$PWD/$KIT KVQ_TEST_MODEL=$PWD/$KIT/models/stories260K.gguf PYTHON=python3
+  export SOURCE_DATE_EPOCH=1700000000
   for t in test_kmeans test_moments test_runtime; do
     section "$t"
-    timeout 180 "$B/$t" >"$T/$t.log" 2>&1; rc=$?
+    timeout "$(tmo 180)" "$B/$t" >"$T/$t.log" 2>&1; rc=$?
     cat "$T/$t.log"
     p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$T/$t.log" | tail -1)
     if [ $rc = 0 ]; then res ok "$t" "${p:-0} cases" >&3; else res FAIL "$t" "exit $rc (suite.txt)" >&3; fi
     grep -q '^\[  SKIPPED \] [a-z]' "$T/$t.log" && res FAIL "$t.skips" "a case skipped on a GPU machine (suite.txt)" >&3
   done
-  export KVQ=$B/kvq KVQ_BUILD=$PWD/$KIT KVQ_TEST_MODEL=$PWD/$KIT/models/stories260K.gguf PYTHON=python3
-  export SOURCE_DATE_EPOCH=1700000000
   for s in fit moments runtime; do
     section "tests/cli/$s.sh"
-    timeout 240 bash "tests/cli/$s.sh" >"$T/$s.log" 2>&1; rc=$?
+    timeout "$(tmo 240)" bash "tests/cli/$s.sh" >"$T/$s.log" 2>&1; rc=$?
     cat "$T/$s.log"
     nf=$(grep -c '^FAIL ' "$T/$s.log"); ns=$(grep -c '^skip ' "$T/$s.log"); np=$(grep -c '^ok ' "$T/$s.log")
     if [ $rc = 0 ] && [ "$nf" = 0 ] && [ "$ns" = 0 ]; then res ok "cli_$s" "$np checks" >&3
@@ -248,25 +257,25 @@ exec >"$OUT/bench.txt" 2>&1
 section "benchmarks"
 if gpu_case bench_kmeans_cuda >&3; then
   KM=$T/km; mkdir -p "$KM"
-  section "bench_kmeans --device cuda: n 81920 d 128 K 4096, 25 iterations"
-  timeout 240 "$B/bench_kmeans" --case big --n 81920 --d 128 --k 4096 --iters 25 --device cuda \
+  section "bench_kmeans --device cuda: n $BN d 128 K $BK, 25 iterations"
+  timeout "$(tmo 240)" "$B/bench_kmeans" --case big --n $BN --d 128 --k $BK --iters 25 --device cuda \
     --dump "$KM" | tee "$T/gpu.txt"; rc=$?
   if [ $rc = 0 ] && grep -q '^  backend: cuda' "$T/gpu.txt"; then res ok bench_kmeans_cuda >&3
   else res FAIL bench_kmeans_cuda "exit $rc or not on the GPU (bench.txt)" >&3; fi
   section "bench_kmeans --device cpu: $(nproc) threads, 3 iterations"
-  timeout 120 "$B/bench_kmeans" --case big --n 81920 --d 128 --k 4096 --iters 3 --device cpu \
+  timeout "$(tmo 120)" "$B/bench_kmeans" --case big --n $BN --d 128 --k $BK --iters 3 --device cpu \
     --threads "$(nproc)"; rc=$?
   [ $rc = 0 ] && res ok bench_kmeans_cpu >&3 || res FAIL bench_kmeans_cpu "exit $rc (bench.txt)" >&3
-  section "bench_lloyd_batched: one head (n 81920 d 128 K 4096, 25 iterations)"
-  timeout 60 "$B/bench_lloyd_batched" --layers 1 --heads 1 --n 81920 --d 128 --k 4096 --iters 25
+  section "bench_lloyd_batched: one head (n $BN d 128 K $BK, 25 iterations)"
+  timeout "$(tmo 60)" "$B/bench_lloyd_batched" --layers 1 --heads 1 --n $BN --d 128 --k $BK --iters 25
   rc=$?
   [ $rc = 0 ] && res ok bench_lloyd_batched_head >&3 || res FAIL bench_lloyd_batched_head "exit $rc (bench.txt)" >&3
-  section "bench_lloyd_batched: a 7B-shaped fit, ${DEVICE_RUN_LAYERS:-32} layers x 8 heads"
-  timeout 180 "$B/bench_lloyd_batched" --layers "${DEVICE_RUN_LAYERS:-32}" --heads 8 --n 81920 \
-    --d 128 --k 4096 --iters 25; rc=$?
+  section "bench_lloyd_batched: a 7B-shaped fit, $BL layers x 8 heads"
+  timeout "$(tmo 180)" "$B/bench_lloyd_batched" --layers $BL --heads 8 --n $BN --d 128 --k $BK --iters 25
+  rc=$?
   [ $rc = 0 ] && res ok bench_lloyd_batched >&3 || res FAIL bench_lloyd_batched "exit $rc (bench.txt)" >&3
   section "peers on the same data and start (bench/kmeans_gpu_peers.py)"
-  PYTHONUNBUFFERED=1 timeout 180 python3 bench/kmeans_gpu_peers.py --dir "$KM" --case big --iters 25 \
+  PYTHONUNBUFFERED=1 timeout "$(tmo 180)" python3 bench/kmeans_gpu_peers.py --dir "$KM" --case big --iters 25 \
     | tee "$T/peers.txt"; rc=$?
   [ $rc = 0 ] && res ok bench_peers >&3 || res FAIL bench_peers "exit $rc (bench.txt)" >&3
   for p in torch sgemm flash-kmeans faiss-gpu; do

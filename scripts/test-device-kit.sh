@@ -12,6 +12,9 @@
 #      library either in the kit or to an allowed one
 #   3. scripts/device-run.sh on this machine (no GPU) runs to the end, exits 0, reports
 #      every GPU case as "skip ...: no CUDA device ..." and writes at most 8 files
+#   4. device-run.sh made to take its GPU branches here (DEVICE_RUN_ASSUME_GPU=1) fails
+#      loudly: exit 1, every CUDA case a FAIL, no skip but the faiss peer it names
+#      (about 2 minutes on 2 cores: it runs the CLI suites)
 #
 # Prints "ok NAME" / "FAIL NAME" lines and the closing "test-device-kit: N passed, N failed".
 # KIT_REUSE=1 skips step 1 when .device-kit/MANIFEST exists (a kit just made).
@@ -110,7 +113,8 @@ last=$(grep '^device-run: [0-9]* passed' "$T/out/summary.txt" | tail -1)
 nskip_nodev=$(grep -c '^skip .*: no CUDA device' "$T/out/summary.txt")
 nskip=$(grep -c '^skip ' "$T/out/summary.txt")
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
-  if [ $rc = 0 ] && [ "$nskip" = 0 ]; then ok "device_run_gpu ($last)"
+  if [ $rc = 0 ] && [ "$(grep '^skip ' "$T/out/summary.txt" | grep -vc '^skip peer_faiss-gpu:')" = 0 ]; then
+    ok "device_run_gpu ($last)"
   else bad device_run_gpu "exit $rc" "$(grep -E '^(FAIL|skip) ' "$T/out/summary.txt" | head)"; fi
 elif [ $rc = 0 ] && [ -n "$last" ] && [ "$nskip" -gt 0 ] && [ "$nskip" = "$nskip_nodev" ] &&
      grep -q '^skip test_cuda_paths\.test_kmeans_fit: no CUDA device' "$T/out/summary.txt" &&
@@ -121,6 +125,24 @@ else
   bad device_run_without_gpu "exit $rc, $nskip skips ($nskip_nodev for no device)" \
     "$(cat "$T/out/summary.txt" 2>/dev/null | head -30)" "$(tail -5 "$T/run.log")"
 fi
+# 4. the GPU branches taken on this machine (DEVICE_RUN_ASSUME_GPU=1, small shapes): the
+#    script must fail loudly, case by case, and skip nothing but the faiss peer it names
+mkdir -p "$T/out2"
+if DEVICE_RUN_ASSUME_GPU=1 DEVICE_RUN_SMALL=1 OUT=$T/out2 bash scripts/device-run.sh >"$T/run2.log" 2>&1
+then rc2=0; else rc2=$?; fi
+s2=$T/out2/summary.txt
+ncases=$(grep -c '^skip test_cuda_paths\.' "$T/out/summary.txt")
+nloud=$(grep -c '^FAIL test_cuda_paths\..*: skipped on a GPU machine' "$s2")
+other_skips=$(grep '^skip ' "$s2" | grep -v '^skip peer_faiss-gpu:')
+if [ "$rc2" = 1 ] && [ "$ncases" -gt 0 ] && [ "$nloud" = "$ncases" ] && [ -z "$other_skips" ] &&
+   grep -q '^FAIL kvq_cuda_available' "$s2" && grep -q '^FAIL bench_kmeans_cuda' "$s2" &&
+   grep -q '^FAIL bench_lloyd_batched:' "$s2" && grep -q '^FAIL gpu_branch: fit_device_cuda' "$s2"; then
+  ok "device_run_fails_loudly_on_a_gpu ($(tail -1 "$s2"))"
+else
+  bad device_run_fails_loudly_on_a_gpu "exit $rc2, $nloud of $ncases CUDA cases failed loudly" \
+    "${other_skips:-}" "$(head -40 "$s2" 2>/dev/null)"
+fi
+
 if [ "$nfiles" -ge 5 ] && [ "$nfiles" -le 8 ] && [ -z "$(find "$T/out" -mindepth 1 -type d)" ]; then
   ok "device_run_out_files ($nfiles files: $(cd "$T/out" && ls | tr '\n' ' '))"
 else
