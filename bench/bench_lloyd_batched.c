@@ -59,6 +59,7 @@ static int parse(int argc, char **argv, opts *o)
     return 0;
 }
 
+#ifdef KVQ_HAVE_CUDA
 /* A normal number from counters (Box-Muller on two kvq_km_uniform_at draws). */
 static float normal_at(uint64_t seed, uint64_t stream, uint64_t i)
 {
@@ -80,6 +81,8 @@ static void make_data(float *x, const opts *o)
                               0.3f * normal_at(o->seed, 3, (uint64_t)(r * o->d + t));
     }
 }
+
+#endif
 
 int main(int argc, char **argv)
 {
