@@ -6,6 +6,8 @@
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
 #   make test-cuda    build with CUDA=1 and check every CUDA path against the CPU
 #                     (scripts/test-cuda.sh; every case is skipped without a GPU)
+#   make test-device-kit  build .device-kit/ for a bare GPU machine and check it here
+#                     (docs/cuda.md: the device command and what it carries)
 #   make MPI=0        build kvq without MPI even when OpenMPI is installed (docs/mpi.md)
 #   make asan         run the tests under AddressSanitizer + UBSan (build-asan/)
 #   make fuzz         run every libFuzzer target for FUZZ_TIME seconds (clang)
@@ -17,6 +19,7 @@
 #                     tier's headers (docs/api.md); `make uninstall` removes them
 #
 # Knobs (all ?=): CUDA MPI DEBUG WERROR SAN CC NVCC PYTHON FUZZ_TIME KVQ_TEST_MODEL KVQ_SMOLLM2
+#                 CUDA_SMS BENCH_MARCH
 
 CUDA      ?= 0
 DEBUG     ?= 0
@@ -135,6 +138,9 @@ FUZZ_REPLAY := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=$(BUILD)/fuzz/replay_%)
 FUZZ_BIN := $(FUZZ_SRC:tests/fuzz/fuzz_%.c=build-fuzz/fuzz_%)
 
 BENCH_SRC := $(sort $(wildcard bench/*.c))
+# the benchmarks' own code is built for this CPU; scripts/device-kit.sh builds them for
+# any AVX2 machine (-march=x86-64-v3) since they run on another one
+BENCH_MARCH ?= -march=native
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
@@ -161,7 +167,7 @@ DESTDIR ?=
 STABLE_HEADERS   := $(addprefix include/kvq/,common.h artifact.h calibrate.h eval.h engine.h)
 UNSTABLE_HEADERS := $(filter-out include/kvq/util.h $(STABLE_HEADERS),$(sort $(wildcard include/kvq/*.h)))
 
-.PHONY: all lib test test-run test-cuda cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+.PHONY: all lib test test-run test-cuda test-device-kit cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
         install install-unstable uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
@@ -169,7 +175,7 @@ all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 lib: $(STATIC) $(SHARED)
 
 help:
-	@sed -n '2,19p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
 
 # Prints what was found and stops early with a hint when something is missing.
 check-deps:
@@ -266,7 +272,7 @@ $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay_main.c $(wildcard 
 
 $(BUILD)/bench/%: bench/%.c $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -march=native -o $@ $< $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(BENCH_MARCH) -o $@ $< $(STATIC) $(LDLIBS) $(if $(CU_OBJ),-lstdc++)
 
 $(BUILD)/examples/%: examples/%.c $(SHARED)
 	@mkdir -p $(dir $@)
@@ -290,6 +296,12 @@ test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXA
 # `make test-cuda`: the CUDA build and its check against the CPU (scripts/test-cuda.sh).
 test-cuda:
 	@bash scripts/test-cuda.sh
+
+# `make test-device-kit`: build the kit for a bare GPU machine (.device-kit/, sm_90, in
+# build-kit/) and check it here: every library resolves inside it with the system's copies
+# hidden, and scripts/device-run.sh runs to the end without a GPU (scripts/test-device-kit.sh).
+test-device-kit:
+	@bash scripts/test-device-kit.sh
 
 # the CUDA build and tests/cuda/ (scripts/test-cuda.sh calls this with CUDA=1)
 cuda-tests: check-deps $(STATIC) $(SHARED) $(KVQ) $(CUDA_TEST_BIN)

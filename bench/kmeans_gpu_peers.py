@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """GPU peers of kvq's k-means on the data that bench_kmeans dumped: PyTorch doing what
 the a2ats reference does per Lloyd iteration (torch.cdist + argmin + index_add), the
-cuBLAS SGEMM floor of the assignment (x @ c^T alone), and faiss's GPU k-means when the
-faiss package with GPU support is importable. Same data, same initial centroids.
+cuBLAS SGEMM floor of the assignment (x @ c^T alone), flash-kmeans (batched Triton Lloyd)
+when importable, and faiss's GPU k-means when the faiss package with GPU support is
+importable. Same data, same initial centroids.
 
     ./build-cuda/bench/bench_kmeans --case big --n 81920 --d 128 --k 4096 --iters 25 \\
         --device cuda --dump /tmp/km
@@ -67,6 +68,26 @@ def faiss_gpu(np, faiss, x_np, c_np, iters):
     return wall / iters, obj
 
 
+def flash_kmeans_gpu(torch, fk, x_np, c_np, iters: int) -> tuple:
+    """flash-kmeans' batched Triton Lloyd (batch of one head) from the same start: seconds
+    per iteration (after a one-iteration warm-up that compiles its kernels) and the
+    inertia of its returned centroids."""
+    x = torch.from_numpy(x_np).cuda()[None]
+    c = torch.from_numpy(c_np).cuda()[None]
+    k = c.shape[1]
+    fk.batch_kmeans_Euclid(x, k, max_iters=1, tol=0.0, init_centroids=c.clone())
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    _, cent, n_it = fk.batch_kmeans_Euclid(x, k, max_iters=iters, tol=0.0,
+                                          init_centroids=c.clone())
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    d2 = (x[0] * x[0]).sum(1, keepdim=True) - 2 * x[0] @ cent[0].t() + (cent[0] * cent[0]).sum(1)
+    inertia = float(d2.clamp(min=0).min(dim=1).values.double().sum())
+    return wall / max(int(n_it), 1), int(n_it), inertia
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", required=True, help="directory written by bench_kmeans --dump")
@@ -95,6 +116,17 @@ def main():
         times, inertia = torch_reference(np, torch, x, c, a.iters)
         print(f"  torch cdist+argmin+index_add: mean {sum(times) / len(times):.5f} s, "
               f"min {min(times):.5f} s per iteration; final inertia {inertia:.6e}")
+    try:
+        if torch is None:
+            raise ImportError("torch has no CUDA device")
+        import flash_kmeans as fk
+    except ImportError as e:
+        print(f"skip flash-kmeans: {e}")
+        fk = None
+    if fk is not None:
+        per, n_it, inertia = flash_kmeans_gpu(torch, fk, x, c, a.iters)
+        print(f"  flash-kmeans {getattr(fk, '__version__', '?')} batch_kmeans_Euclid: {per:.5f} s "
+              f"per iteration ({n_it} iterations); inertia of its centroids {inertia:.6e}")
     try:
         import faiss
         if faiss.get_num_gpus() < 1:

@@ -28,6 +28,8 @@
 #include <cmocka.h>
 
 #include "cholesky/cholesky_internal.h"
+#include "kmeans/cuda/lloyd_batched.h"
+#include "kmeans/cuda/lloyd_hd.h"
 #include "kmeans/kmeans_internal.h"
 #include "kvq/half.h"
 #include "kvq/kmeans.h"
@@ -50,6 +52,15 @@
  * near-ties differently, the trajectories part and end in different local minima of
  * about the same inertia. */
 #define FIT_INERTIA_RTOL 1e-2
+/* The batched device fit (kmeans/cuda/lloyd_batched.cu) against the CPU fit per head:
+ * its seeding is k-means++ on a strided subsample where the CPU's is greedy k-means++ on a
+ * random one, so on data without structure the two end in different local minima; their
+ * inertias after 15 iterations differ by about a percent (the spread of k-means restarts
+ * at this n / k). From the same given centroids, the first inertia differs only by the
+ * expanded form's float roundings (as DIST_RTOL). The device's seeding and repair are
+ * exact: the same bits as the CPU references (fused chains, fixed-order double sums). */
+#define LLOYD_FIT_INERTIA_RTOL 2e-2
+#define LLOYD_INERTIA0_RTOL 1e-5
 /* Cholesky factors: cuSOLVER's and LAPACK's dpotrf sum in different orders in double;
  * matrices with condition number about 1e3. */
 #define CHOL_RTOL 1e-11
@@ -344,6 +355,205 @@ static void test_kmeans_fit(void **state)
     }
 }
 
+/* ---- k-means: device-resident batched Lloyd ---------------------------------------------- */
+
+/* The device seeding of every head against kvq_lb_seed_head_ref on the same strided
+ * subsample: the same seeds, bit for bit. */
+static void test_lloyd_batched_seed(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const int32_t h = 3, d = 40, k = 60;
+    const int64_t n = 4000, m = 1500;
+    float *x = randn((size_t)h * n * d, 31, 1.0f);
+    float *cg = malloc(sizeof(float) * h * k * d), *cc = malloc(sizeof(float) * k * d);
+    float *xs = malloc(sizeof(float) * m * d), *dmin = malloc(sizeof(float) * m);
+    double *cs = malloc(sizeof(double) * kvq_lb_nchunks(m));
+    int64_t *ig = malloc(sizeof(int64_t) * h * k), *ic = malloc(sizeof(int64_t) * k);
+    kvq_err e = {0};
+    if (kvq_km_cuda_seed_batched(x, h, n, d, k, m, 4321, cg, ig, &e) != KVQ_OK)
+        fail_msg("cuda seeding: %s", e.msg);
+    for (int32_t b = 0; b < h; b++) {
+        for (int64_t q = 0; q < m; q++)
+            memcpy(xs + q * d, x + ((size_t)b * n + kvq_lb_sub_index(q, m, n)) * d,
+                   sizeof(float) * d);
+        kvq_lb_seed_head_ref(xs, m, d, k, 4321, b, ic, cc, dmin, cs);
+        for (int32_t s = 0; s < k; s++)
+            if (ig[(size_t)b * k + s] != ic[s])
+                fail_msg("head %d seed %d: cuda point %lld, cpu %lld", b, s,
+                         (long long)ig[(size_t)b * k + s], (long long)ic[s]);
+        assert_memory_equal(cg + (size_t)b * k * d, cc, sizeof(float) * k * d);
+    }
+    free(x);
+    free(cg);
+    free(cc);
+    free(xs);
+    free(dmin);
+    free(cs);
+    free(ig);
+    free(ic);
+}
+
+/* The device repair (k_repair) against kvq_lb_repair_head_ref: heads with no empty
+ * cluster, one, several, ties for the heaviest, and a tail of empties; the same bits. */
+static void test_lloyd_batched_repair(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    const int32_t h = 4, k = 50, d = 24;
+    float *cg = randn((size_t)h * k * d, 41, 2.0f), *cc = malloc(sizeof(float) * h * k * d);
+    double *wg = malloc(sizeof(double) * h * k), *ig = malloc(sizeof(double) * h * k);
+    double *wc = malloc(sizeof(double) * h * k), *icc = malloc(sizeof(double) * h * k);
+    int64_t rg[4], want[4];
+    kvq_rng r;
+    kvq_rng_seed(&r, 42);
+    for (int32_t b = 0; b < h; b++)
+        for (int32_t c = 0; c < k; c++) {
+            const size_t g = (size_t)b * k + c;
+            wg[g] = (double)(1 + kvq_rng_below(&r, 20));
+            ig[g] = wg[g] * (0.5 + kvq_rng_uniform(&r));
+            const int empty = b == 1 ? c == 7 : b == 2 ? c % 9 == 4 : b == 3 ? c >= 40 : 0;
+            if (empty)
+                wg[g] = ig[g] = 0.0;
+        }
+    wg[2 * k + 10] = wg[2 * k + 30] = 25.0; /* a tie for the heaviest: the lower index */
+    memcpy(cc, cg, sizeof(float) * h * k * d);
+    memcpy(wc, wg, sizeof(double) * h * k);
+    memcpy(icc, ig, sizeof(double) * h * k);
+    kvq_err e = {0};
+    if (kvq_km_cuda_repair_batched(cg, h, k, d, wg, ig, 99, 3, rg, &e) != KVQ_OK)
+        fail_msg("cuda repair: %s", e.msg);
+    for (int32_t b = 0; b < h; b++)
+        want[b] = kvq_lb_repair_head_ref(cc + (size_t)b * k * d, k, d, wc + (size_t)b * k,
+                                         icc + (size_t)b * k, 99, b, 3);
+    assert_memory_equal(rg, want, sizeof rg);
+    assert_true(want[0] == 0 && want[1] == 1 && want[2] > 1 && want[3] == 10);
+    assert_memory_equal(cg, cc, sizeof(float) * h * k * d);
+    assert_memory_equal(wg, wc, sizeof(double) * h * k);
+    assert_memory_equal(ig, icc, sizeof(double) * h * k);
+    free(cg);
+    free(cc);
+    free(wg);
+    free(ig);
+    free(wc);
+    free(icc);
+}
+
+/* One batched device fit of h heads [h, n, d]; checks what holds for any fit. */
+static void lloyd_fit(const float *x, int32_t h, int64_t n, int32_t d, kvq_kmeans_params *p,
+                      float *c, int32_t *a, kvq_lb_stats *s)
+{
+    kvq_err e = {0};
+    if (kvq_km_cuda_fit_batched(x, h, n, d, p, c, a, s, &e) != KVQ_OK)
+        fail_msg("batched fit (h %d n %lld d %d k %d): %s", h, (long long)n, d, p->k, e.msg);
+    for (int32_t b = 0; b < h; b++) {
+        const double *in = s->inertia + (size_t)b * p->max_iters;
+        assert_true(s->n_iters[b] >= 1 && s->n_iters[b] <= p->max_iters);
+        for (int32_t t = 1; t < s->n_iters[b]; t++) /* Lloyd never rises (float noise aside) */
+            assert_true(in[t] <= in[t - 1] * (1 + LLOYD_INERTIA0_RTOL) + 1e-30);
+        double ex = 0;
+        for (int64_t i = 0; i < n; i++) {
+            const int32_t j = a[(size_t)b * n + i];
+            assert_true(j >= 0 && j < p->k);
+            ex += l2sq(x + ((size_t)b * n + i) * d, c + ((size_t)b * p->k + j) * d, d);
+        }
+        if (fabs(s->inertia_final[b] - ex) > LLOYD_INERTIA0_RTOL * ex + 1e-30)
+            fail_msg("head %d: final inertia %.9g, recomputed %.9g", b, s->inertia_final[b], ex);
+    }
+}
+
+/* 1 if labels a and b [n] make the same partition (a bijection between their labels). */
+static int same_partition(const int32_t *a, const int32_t *b, int64_t n, int32_t k)
+{
+    int32_t *ab = malloc(sizeof(int32_t) * k), *ba = malloc(sizeof(int32_t) * k);
+    int ok = 1;
+    for (int32_t j = 0; j < k; j++)
+        ab[j] = ba[j] = -1;
+    for (int64_t i = 0; i < n && ok; i++) {
+        if (ab[a[i]] < 0 && ba[b[i]] < 0) {
+            ab[a[i]] = b[i];
+            ba[b[i]] = a[i];
+        }
+        ok = ab[a[i]] == b[i] && ba[b[i]] == a[i];
+    }
+    free(ab);
+    free(ba);
+    return ok;
+}
+
+/* The batched fit against the CPU fit, head by head: planted blobs give the same partition
+ * and repeat bit for bit; Gaussian heads end within LLOYD_FIT_INERTIA_RTOL; from the same
+ * given centroids the first inertia agrees within LLOYD_INERTIA0_RTOL. */
+static void test_lloyd_batched_fit(void **state)
+{
+    (void)state;
+    NEED_GPU();
+    for (int shape = 0; shape < 3; shape++) {
+        const int32_t h = shape == 0 ? 3 : 2, d = shape == 0 ? 64 : 128;
+        const int32_t k = shape == 0 ? 24 : shape == 1 ? 256 : 64;
+        const int64_t n = shape == 0 ? 24 * 50 : shape == 1 ? 20000 : 5000;
+        float *x = malloc(sizeof(float) * h * n * d);
+        for (int32_t b = 0; b < h; b++) {
+            float *xb = shape == 0 ? planted(k, n / k, d, 10.0f, 0.2f, 60 + b)
+                                   : randn((size_t)n * d, 70 + b, 1.0f);
+            memcpy(x + (size_t)b * n * d, xb, sizeof(float) * n * d);
+            free(xb);
+        }
+        kvq_kmeans_params p = kvq_kmeans_params_default();
+        p.k = k;
+        p.max_iters = 15;
+        if (shape == 2) {
+            p.init = KVQ_KMEANS_INIT_GIVEN;
+            p.max_iters = 5;
+            p.tol = 0;
+        }
+        float *cg = randn((size_t)h * k * d, 80, 1.0f), *cc = malloc(sizeof(float) * k * d);
+        int32_t *ag = malloc(sizeof(int32_t) * h * n), *ac = malloc(sizeof(int32_t) * n);
+        kvq_lb_stats sg;
+        lloyd_fit(x, h, n, d, &p, cg, ag, &sg);
+        for (int32_t b = 0; b < h; b++) {
+            kvq_kmeans_stats sc;
+            kvq_err e = {0};
+            kvq_kmeans_params pc = p;
+            pc.device = KVQ_KMEANS_DEVICE_CPU;
+            if (shape == 2) {
+                float *c0 = randn((size_t)h * k * d, 80, 1.0f);
+                memcpy(cc, c0 + (size_t)b * k * d, sizeof(float) * k * d);
+                free(c0);
+            }
+            if (kvq_kmeans_fit(x + (size_t)b * n * d, n, d, NULL, &pc, cc, ac, &sc, &e) != KVQ_OK)
+                fail_msg("cpu fit: %s", e.msg);
+            const double ic = sc.inertia[sc.n_iters - 1];
+            const double ig = sg.inertia[(size_t)b * p.max_iters + sg.n_iters[b] - 1];
+            printf("  batched fit shape %d head %d: inertia cpu %.9g (%d it), cuda %.9g (%d it)\n",
+                   shape, b, ic, sc.n_iters, ig, sg.n_iters[b]);
+            if (shape == 0 && !same_partition(ag + (size_t)b * n, ac, n, k))
+                fail_msg("head %d: the planted blobs were split differently", b);
+            if (shape == 2 && fabs(sg.inertia[(size_t)b * p.max_iters] - sc.inertia[0]) >
+                                  LLOYD_INERTIA0_RTOL * sc.inertia[0])
+                fail_msg("head %d: first inertia cuda %.9g, cpu %.9g", b,
+                         sg.inertia[(size_t)b * p.max_iters], sc.inertia[0]);
+            if (fabs(ig - ic) > LLOYD_FIT_INERTIA_RTOL * ic)
+                fail_msg("head %d: inertia cuda %.9g, cpu %.9g", b, ig, ic);
+            kvq_kmeans_stats_free(&sc);
+        }
+        if (shape == 0) { /* run to run: the same bits */
+            float *c2 = malloc(sizeof(float) * h * k * d);
+            kvq_lb_stats s2;
+            lloyd_fit(x, h, n, d, &p, c2, ag, &s2);
+            assert_memory_equal(c2, cg, sizeof(float) * h * k * d);
+            kvq_lb_stats_free(&s2);
+            free(c2);
+        }
+        kvq_lb_stats_free(&sg);
+        free(x);
+        free(cg);
+        free(cc);
+        free(ag);
+        free(ac);
+    }
+}
+
 /* ---- moments: the batched Cholesky ------------------------------------------------------------ */
 
 static void test_cholesky_batched(void **state)
@@ -537,7 +747,8 @@ int main(void)
         cmocka_unit_test(test_kmeans_assign),    cmocka_unit_test(test_kmeans_update),
         cmocka_unit_test(test_kmeans_seed),      cmocka_unit_test(test_kmeans_fit),
         cmocka_unit_test(test_cholesky_batched), cmocka_unit_test(test_retrieval_select),
-        cmocka_unit_test(test_retrieval_topk),
+        cmocka_unit_test(test_retrieval_topk),   cmocka_unit_test(test_lloyd_batched_seed),
+        cmocka_unit_test(test_lloyd_batched_repair), cmocka_unit_test(test_lloyd_batched_fit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
