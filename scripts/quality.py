@@ -224,8 +224,10 @@ def main() -> None:
     if a.from_json:
         from_json(a.from_json, a.table or "auto")
         return
-    if not a.model or not a.eval or not (a.calib or a.artifact):
+    if not a.model or not (a.calib or a.artifact) or not (a.eval or what == "tasks"):
         ap.error("--model, --eval and --calib (or --artifact) are required without --from-json")
+    if what in ("tasks", "both") and not a.tasks:
+        ap.error(f"--table {what} needs --tasks")
     os.makedirs(a.work, exist_ok=True)
     art = a.artifact
     if not art:
@@ -244,9 +246,10 @@ def main() -> None:
     task_ref: Dict[str, Any] = {}
     for cfg in configs:
         label, _, opts = cfg.partition("=")
-        corpora: List[Tuple[str, List[str], str]] = [
-            (a.eval, ["--max-tokens", str(a.eval_tokens)] + (["--score", a.score] if a.score else []),
-             "eval")]
+        corpora: List[Tuple[str, List[str], str]] = []
+        if what != "tasks":
+            corpora.append((a.eval, ["--max-tokens", str(a.eval_tokens)] +
+                            (["--score", a.score] if a.score else []), "eval"))
         if a.tasks:
             corpora.append((a.tasks, ["--max-tokens", "2"], "tasks"))
         for spec, extra, kind in corpora:
