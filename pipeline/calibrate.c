@@ -124,6 +124,7 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
     calib_ctx c;
     kvq_calibrate_summary local;
     memset(&c, 0, sizeof c);
+    c.out_lock.fd = c.work_lock.fd = -1;
     kvq_calibrate_params p = p_in ? *p_in : kvq_calibrate_params_default();
     c.p = &p;
     c.model_path = model_path;
@@ -168,6 +169,12 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         goto done;
     }
     snprintf(c.sum->work_dir, sizeof c.sum->work_dir, "%s", c.work);
+    const char *final = c.out_path[p.positions ? KVQ_CALIB_POSITIONS
+                                   : p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
+    /* One run at a time on the output and the work directory (rank 0 holds them). */
+    st = kvq_dist_rank(p.dist) == 0 ? calib_claim(&c, out_path, final, err) : KVQ_OK;
+    if ((st = kvq_dist_agree(p.dist, st, err)))
+        goto done;
 
     /* The stages of this run, in order. */
     static const kvq_calibrate_stage order[KVQ_CALIB_N_STAGES] = {
@@ -187,17 +194,15 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         if (c.active[order[i]] && (st = calib_do_stage(&c, order[i], err)))
             goto done;
 
-    const char *final = c.out_path[p.positions ? KVQ_CALIB_POSITIONS
-                                   : p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
     snprintf(c.sum->final_artifact, sizeof c.sum->final_artifact, "%s", final);
     if (kvq_dist_rank(p.dist) == 0 && !(st = calib_publish(final, out_path, &c.sum->out_replaced,
-                                                          err)))
+                                                          err)) &&
+        !(st = calib_note_published(&c, out_path, err)))
         st = calib_read_summary(&c, final, err); /* rank 0 publishes; its summary is whole */
     st = kvq_dist_share(p.dist, st, err);
 done:
     /* A run that created the work directory and finished nothing leaves nothing. */
-    if (st && c.created_work && !c.stage_done)
-        rmdir(c.work);
+    calib_release(&c, st && c.created_work && !c.stage_done);
     ctx_free(&c);
     return st;
 }

@@ -141,6 +141,20 @@ int kvq_output_clean_job(const char *path, const char *inner_dir);
  * SIGINT/SIGTERM handler of the program (the library installs none). */
 void kvq_output_remove_temporaries(void);
 
+/* ---- locks: one process at a time (common/lock.c) ---------------------------------
+ * flock(2) on a lock file, so the kernel drops it when the process ends (kill -9
+ * included) and no lock is ever left stuck. The holder writes "pid P on host H since
+ * T: COMMAND" into the file; a second taker fails at once with KVQ_E_EXISTS "WHAT is
+ * in use by another kvq run (HOLDER) ...". Release removes the file. */
+typedef struct kvq_lock {
+    int fd;     /* -1 when not held */
+    char *path;
+} kvq_lock;
+kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, kvq_err *err);
+/* The lock of an output being written: "<out_path>.lock" next to it. */
+kvq_status kvq_lock_output(const char *out_path, kvq_lock *lk, kvq_err *err);
+void kvq_lock_release(kvq_lock *lk); /* safe on a lock not held */
+
 /* ---- hashing ------------------------------------------------------------------ */
 /* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */
 uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t seed);
