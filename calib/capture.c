@@ -440,7 +440,8 @@ static kvq_status writer_open_layers(kvq_capture_writer *w, const char *dir,
                                      const kvq_capture_info *info, size_t mom, kvq_err *err)
 {
     kvq_status st;
-    if ((st = kvq_tmpdir_create(dir, w->p.overwrite, kvq_capture_dir_is_capture,
+    if ((w->p.overwrite && (st = kvq_capture_dir_check_own(dir, err))) ||
+        (st = kvq_tmpdir_create(dir, w->p.overwrite, kvq_capture_dir_is_capture,
                                  "a kvq capture directory", &w->tmp, err)))
         return st;
 

@@ -2,6 +2,7 @@
 #include "kvq/capture_dir.h"
 
 #include <cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -459,6 +460,41 @@ static char *json_path(const char *dir)
     return label;
 }
 
+/* 1 for a name kvq writes in a capture directory: capture.json, "layer_N.safetensors",
+ * a temporary "NAME.tmp.<pid>.<hex>". */
+static int own_name(const char *n)
+{
+    if (!strcmp(n, KVQ_CAPTURE_JSON) || strstr(n, ".tmp."))
+        return 1;
+    if (strncmp(n, "layer_", 6) || n[6] < '0' || n[6] > '9')
+        return 0;
+    const char *p = n + 6;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return !strcmp(p, ".safetensors");
+}
+
+kvq_status kvq_capture_dir_check_own(const char *dir, kvq_err *err)
+{
+    struct stat st;
+    if (!dir || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return KVQ_OK;
+    DIR *d = opendir(dir);
+    if (!d)
+        return kvq_err_set(err, KVQ_E_IO, "%s: cannot list: %s", dir, strerror(errno));
+    kvq_status s = KVQ_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || own_name(e->d_name))
+            continue;
+        s = kvq_err_set(err, KVQ_E_EXISTS, "%s/%s: not written by kvq; kvq does not delete "
+                        "files it did not write (move it out of %s, or choose another output)",
+                        dir, e->d_name, dir);
+    }
+    closedir(d);
+    return s;
+}
+
 int kvq_capture_dir_is_capture(const char *dir)
 {
     struct stat st;
@@ -467,7 +503,14 @@ int kvq_capture_dir_is_capture(const char *dir)
         kvq_capture_info_read(dir, &ci, NULL) != KVQ_OK)
         return 0;
     kvq_capture_info_free(ci);
-    return 1;
+    return kvq_capture_dir_check_own(dir, NULL) == KVQ_OK;
+}
+
+kvq_status kvq_capture_output_check(const char *dir, int overwrite, kvq_err *err)
+{
+    kvq_status s = overwrite ? kvq_capture_dir_check_own(dir, err) : KVQ_OK;
+    return s ? s : kvq_output_check(dir, overwrite, kvq_capture_dir_is_capture,
+                                    "a kvq capture directory", err);
 }
 
 kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)

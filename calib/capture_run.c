@@ -345,8 +345,7 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "capture: negative max_tokens");
     /* Refuse an existing output before reading the whole corpus (the writer checks
      * again, atomically, when it creates the temporary directory). */
-    if ((st = kvq_output_check(dir, p.overwrite, kvq_capture_dir_is_capture,
-                               "a kvq capture directory", err)))
+    if ((st = kvq_capture_output_check(dir, p.overwrite, err)))
         return st;
     const kvq_model_config *cfg = kvq_model_config_get(m);
     const kvq_tokenizer *tok = kvq_model_tokenizer(m);

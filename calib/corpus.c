@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvq/util.h"
 
@@ -291,10 +292,15 @@ static kvq_status open_file(kvq_corpus_iter *it, const char *path, kvq_err *err)
     it->fpath = strdup(path);
     if (!it->fpath)
         return kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
-    it->fp = fopen(path, "rb");
-    if (!it->fp)
-        return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
-                           strerror(errno));
+    int fd;
+    struct stat sb; /* a FIFO that replaced the file since the spec was checked: refused */
+    kvq_status st = kvq_open_regular(path, &fd, &sb, err);
+    if (st)
+        return st;
+    if (!(it->fp = fdopen(fd, "rb"))) {
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(errno));
+    }
     return KVQ_OK;
 }
 

@@ -408,7 +408,8 @@ int cmd_profile(int argc, char **argv)
     cli_keep_freed_memory(); /* per-job buffers of the grid (cli.h) */
     o.p.cb = cli_callbacks(o.verbose, o.quiet);
     o.p.dist = cli_dist(); /* under mpirun: the grid split by layers (docs/mpi.md) */
-    if ((rc = cli_check_corpus(o.p.corpus)))
+    if ((rc = cli_check_corpus(o.p.corpus)) ||
+        (rc = cli_claim_output(o.out, (const char *const[]){o.capture, o.in, o.p.model}, 3)))
         goto done;
     if (kvq_profile_run(o.capture, o.in, o.out, o.force, &o.p, &res, &e) != KVQ_OK) {
         rc = cli_fail(&e);

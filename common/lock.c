@@ -52,8 +52,8 @@ kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, 
     for (int attempt = 0; attempt < 16; attempt++) {
         int fd = open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
         if (fd < 0)
-            return kvq_err_set(err, KVQ_E_IO, "%s: cannot create the lock file: %s", lock_path,
-                               strerror(errno));
+            return kvq_err_set(err, KVQ_E_IO, "%s: cannot create: %s (its lock file %s)", what,
+                               strerror(errno), lock_path);
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             const int e = errno;
             char holder[512];

@@ -221,6 +221,8 @@ static kvq_status run_heldout(calib_ctx *c, kvq_err *err)
     kvq_log(&c->p->cb, KVQ_LOG_WARN, "calibrate: %.*s", (int)strlen(note) - 1, note);
     const char *held = c->out_path[KVQ_CALIB_HELDOUT];
     if (access(held, F_OK) == 0) {
+        if ((st = kvq_capture_dir_check_own(held, err)))
+            return st;
         if (!kvq_capture_dir_is_capture(held))
             return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists and is not a kvq capture "
                                "directory; calibrate removes only what it made", held);

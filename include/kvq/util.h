@@ -82,6 +82,11 @@ typedef struct kvq_map {
 } kvq_map;
 /* Maps `path` read-only. Errors: KVQ_E_NOT_FOUND, KVQ_E_IO. */
 kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err);
+/* Opens path for reading when it is a regular file (*fd, *st filled); anything else (a
+ * FIFO, a device, a directory) is refused at once with KVQ_E_IO "PATH: not a regular
+ * file (a FIFO)", without waiting on it. Used by kvq_map_file and kvq_read_file. */
+struct stat;
+kvq_status kvq_open_regular(const char *path, int *fd, struct stat *st, kvq_err *err);
 void kvq_unmap(kvq_map *m); /* safe on a zeroed map */
 
 /* Reads a whole file into a malloc'd buffer (NUL-terminated for convenience). */
