@@ -92,6 +92,7 @@ kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, 
             return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", lock_path);
         }
         lk->fd = fd;
+        kvq_output_register(lk->path); /* a signal handler's cleanup removes it too */
         return KVQ_OK;
     }
     return kvq_err_set(err, KVQ_E_IO, "%s: the lock file keeps being replaced", lock_path);
@@ -101,10 +102,20 @@ kvq_status kvq_lock_output(const char *out_path, kvq_lock *lk, kvq_err *err)
 {
     lk->fd = -1;
     lk->path = NULL;
-    char *p = malloc(strlen(out_path) + sizeof ".lock");
-    if (!p)
+    /* "DIR/." or "DIR/" name DIR itself: its lock goes next to it, not inside */
+    const char *base = strrchr(out_path, '/');
+    base = base ? base + 1 : out_path;
+    char *real = NULL;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        real = realpath(out_path, NULL);
+    const char *name = real ? real : out_path;
+    char *p = malloc(strlen(name) + sizeof ".lock");
+    if (!p) {
+        free(real);
         return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", out_path);
-    sprintf(p, "%s.lock", out_path);
+    }
+    sprintf(p, "%s.lock", name);
+    free(real);
     kvq_status st = kvq_lock_take(p, out_path, lk, err);
     free(p);
     return st;
@@ -114,8 +125,10 @@ void kvq_lock_release(kvq_lock *lk)
 {
     if (!lk || lk->fd < 0)
         return;
-    if (lk->path)
+    if (lk->path) {
+        kvq_output_unregister(lk->path);
         unlink(lk->path); /* while held: a waiting opener then sees a stale inode */
+    }
     close(lk->fd);
     free(lk->path);
     lk->fd = -1;

@@ -56,6 +56,9 @@ static void reg_del(const char *path)
     pthread_mutex_unlock(&reg_mu);
 }
 
+void kvq_output_register(const char *path) { reg_add(path); }
+void kvq_output_unregister(const char *path) { reg_del(path); }
+
 /* Removes name (relative to dirfd) and, if it is a directory, everything under it, with
  * system calls only (no malloc, no stdio): callable from a signal handler. */
 static void rm_at(int dirfd, const char *name, int depth)

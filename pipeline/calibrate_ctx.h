@@ -15,6 +15,7 @@
 
 #define CALIB_RECORD_VERSION 1
 #define CALIB_IDENT_DEPTH 8 /* directory levels hashed into a file identity */
+#define CALIB_HELDOUT_SHARE 8 /* a corpus short of held-out tokens: at most 1/8 held out */
 #define CALIB_WORK_MARKER ".kvq-work"           /* the mark of a kvq work directory */
 #define CALIB_WORK_FORMAT "kvq work directory 1" /* its first line */
 #define CALIB_WORK_LOCK ".kvq-lock"             /* the work directory's lock file */

@@ -94,6 +94,30 @@ static kvq_status on_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
     return c->phase == 2 ? KVQ_E_CANCELLED : KVQ_OK;
 }
 
+/* A corpus that ended inside the calibration set leaves no held-out tokens: then its
+ * last whole sequences are held out instead, up to heldout_tokens and at most an eighth
+ * of the tokens (CALIB_HELDOUT_SHARE), keeping one calibration sequence at least, so the
+ * profile never measures on what the codebooks were fitted to. */
+static void hold_out_share(calib_ctx *c, int64_t held)
+{
+    if (held <= 0 || c->n_seqs > c->n_cal_seqs || c->n_cal_seqs < 2)
+        return;
+    const int64_t target = c->n_cal_tokens / CALIB_HELDOUT_SHARE < held
+                               ? c->n_cal_tokens / CALIB_HELDOUT_SHARE : held;
+    size_t k = c->n_cal_seqs;
+    int64_t moved = 0;
+    while (k > 1 && moved < target && moved + c->seqs[2 * (k - 1) + 1] <= target)
+        moved += c->seqs[2 * --k + 1];
+    if (k == c->n_cal_seqs)
+        return;
+    kvq_log(&c->p->cb, KVQ_LOG_INFO, "calibrate: the corpus '%s' ended before any held-out "
+            "token: its last %zu sequences (%" PRId64 " tokens) are held out instead", c->spec,
+            c->n_cal_seqs - k, moved);
+    c->n_cal_seqs = k;
+    c->n_cal_tokens -= moved;
+    c->n_held_tokens = moved;
+}
+
 /* Opens the model and tokenizes the corpus, once per run. */
 static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
 {
@@ -135,6 +159,7 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
                          c->spec);
         goto done;
     }
+    hold_out_share(c, held);
     kvq_log(&p->cb, KVQ_LOG_INFO,
             "calibrate: corpus %s: %" PRIu64 " documents, %" PRId64 " calibration tokens in %zu "
             "sequences, %" PRId64 " held-out tokens in %zu", c->spec, c->stats.n_docs,

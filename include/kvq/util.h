@@ -142,6 +142,10 @@ void kvq_output_clean_stale(const char *path);
  * process that made it still runs: for a job of several processes (MPI ranks, maybe on
  * other machines, where a pid says nothing) that owns `path`. Returns how many. */
 int kvq_output_clean_job(const char *path, const char *inner_dir);
+/* Adds a path (a lock file) to the registry that kvq_output_remove_temporaries removes,
+ * or drops it from it. */
+void kvq_output_register(const char *path);
+void kvq_output_unregister(const char *path);
 /* Removes every registered temporary of this process. Async-signal-safe: meant for a
  * SIGINT/SIGTERM handler of the program (the library installs none). */
 void kvq_output_remove_temporaries(void);
