@@ -262,6 +262,7 @@ kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err)
     kvq_status s = KVQ_OK;
     if (!af->fp)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "atomic file not open");
+    const long long size = ftello(af->fp); /* what was written, for the message */
     int bad = fflush(af->fp) != 0 || ferror(af->fp);
     if (!bad)
         bad = fsync(fileno(af->fp)) != 0;
@@ -270,7 +271,8 @@ kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err)
         bad = 1;
     af->fp = NULL;
     if (bad)
-        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed: %s", af->path, strerror(e));
+        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (%lld bytes): %s", af->path,
+                        (long long)size, strerror(e));
     else if (rename(af->tmp_path, af->path) != 0)
         s = kvq_err_set(err, KVQ_E_IO, "%s: rename failed: %s", af->path, strerror(errno));
     else {

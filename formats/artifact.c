@@ -5,6 +5,7 @@
  * lists them, so every kind of damage has one status (see kvq/artifact.h). */
 #include "kvq/artifact.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -370,7 +371,8 @@ kvq_status kvq_artifact_write(const char *path, int overwrite, const void *paylo
     if ((s = kvq_atomic_open(path, overwrite, &af, err)))
         goto done;
     if (fwrite(bytes, 1, n, af.fp) != n) {
-        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (%zu bytes): %s", path, n,
+                        strerror(errno));
         kvq_atomic_abort(&af);
         goto done;
     }

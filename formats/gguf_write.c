@@ -6,6 +6,7 @@
 #include "kvq/gguf.h"
 #include "kvq/quant.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -407,8 +408,9 @@ kvq_status kvq_gguf_writer_write(kvq_gguf_writer *w, const char *path, int overw
     sink s = {.fp = af.fp};
     serialize(w, &s);
     if (s.failed) {
+        const int e = errno;
         kvq_atomic_abort(&af);
-        return kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+        return kvq_err_set(err, KVQ_E_IO, "%s: write failed: %s", path, strerror(e));
     }
     return kvq_atomic_commit(&af, err);
 }

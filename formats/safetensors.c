@@ -7,6 +7,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -982,8 +983,10 @@ static kvq_status writer_begin(kvq_st_writer *w, const char *path, int overwrite
             goto done;
         w->to_file = 1;
         if (fwrite(hdr, 1, hsize, w->af.fp) != hsize) {
+            const int e = errno;
             kvq_atomic_abort(&w->af);
-            s = kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+            s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (the header, %zu bytes): %s", path,
+                            hsize, strerror(e));
             goto done;
         }
     } else {
@@ -1044,7 +1047,9 @@ kvq_status kvq_st_writer_write(kvq_st_writer *w, const void *data, size_t nbytes
     if (w->to_file) {
         if (fwrite(data, 1, nbytes, w->af.fp) != nbytes) {
             w->failed = KVQ_E_IO;
-            return kvq_err_set(err, KVQ_E_IO, "%s: write failed", w->label);
+            return kvq_err_set(err, KVQ_E_IO, "%s: write failed (%zu bytes at data byte %llu of "
+                               "%llu): %s", w->label, nbytes, (unsigned long long)w->written,
+                               (unsigned long long)w->data_size, strerror(errno));
         }
     } else {
         memcpy(w->out + w->header_total + (size_t)w->written, data, nbytes);

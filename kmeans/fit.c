@@ -699,6 +699,8 @@ static kvq_status fit_setup(fit_ctx *c, const char *capture_dir, const char *mom
      * (a killed rank's pid says nothing on another machine) */
     if (kvq_dist_rank(p->dist) == 0 && kvq_dist_size(p->dist) > 1)
         fit_clean_job(c, out_path);
+    if (kvq_dist_rank(p->dist) == 0)
+        fit_ckpt_clean_finished(out_path, &c->cb);
     if (kvq_dist_rank(p->dist) == 0 &&
         (s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
                               "a .kvq artifact", err)))
@@ -776,6 +778,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (summary)
         *summary = sum;
 done:
+    if (s && c.ckpt_dir && kvq_dist_rank(p->dist) == 0)
+        rmdir(c.ckpt_dir); /* a failed run that saved nothing (a full disk) leaves no folder */
     for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
         fit_job_clear(&c.jobs[i]);
     free(c.jobs);

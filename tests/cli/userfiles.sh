@@ -68,6 +68,36 @@ expect_error capture_output_is_model 2 'the output is also an input' \
 cmp -s "$T/a.kvq" "$T/a.before" && ok outputs_that_are_inputs_untouched ||
   fail outputs_that_are_inputs_untouched
 
+# ---- 12. checkpoint leftovers; 10. a full disk names the file and the bytes
+# a kill -9 just after fit's final rename leaves OUT.kvq.ckpt/ older than OUT.kvq: the
+# rerun (refused: the output exists) removes it
+fitc() { "$KVQ" fit --capture "$T/c" --moments "$T/m.safetensors" --codebook 8 --iters 2 --threads 1 -q "$@" 2>&1; }
+mkdir "$T/a.kvq.ckpt"
+for h in 0 1; do echo x >"$T/a.kvq.ckpt/layer.0.head.$h.safetensors"; done
+touch -d '1 hour ago' "$T/a.kvq.ckpt"/*
+out=$(fitc -o "$T/a.kvq")
+[ ! -e "$T/a.kvq.ckpt" ] && cmp -s "$T/a.kvq" "$T/a.before" && ok fit_rerun_removes_finished_ckpt ||
+  fail fit_rerun_removes_finished_ckpt "$out" "$(ls -A "$T/a.kvq.ckpt" 2>&1)"
+# checkpoints newer than the output (an interrupted --force run) are kept, and so is a
+# folder holding anything else
+mkdir "$T/a.kvq.ckpt"; echo x >"$T/a.kvq.ckpt/layer.0.head.0.safetensors"
+touch -d '1 hour' "$T/a.kvq.ckpt/layer.0.head.0.safetensors"
+fitc -o "$T/a.kvq" >/dev/null
+[ -e "$T/a.kvq.ckpt/layer.0.head.0.safetensors" ] && ok fit_keeps_newer_ckpt || fail fit_keeps_newer_ckpt
+rm -rf "$T/a.kvq.ckpt"
+# a full disk (a file size limit: writes fail with EFBIG) in fit and moments: the message
+# names the file, the bytes and the reason; no empty checkpoint folder is left
+full() { (trap '' XFSZ; ulimit -f 2; "$@"); }
+expect_error fit_disk_full_names_file 1 \
+  'f\.kvq\.ckpt/layer\.0\.head\.0\.safetensors: write failed \([0-9]+ bytes\): File too large' \
+  -- full "$KVQ" fit --capture "$T/c" --moments "$T/m.safetensors" --codebook 4 --iters 2 \
+    --threads 1 -q -o "$T/f.kvq"
+[ ! -e "$T/f.kvq.ckpt" ] && [ ! -e "$T/f.kvq" ] && ok fit_disk_full_no_empty_ckpt ||
+  fail fit_disk_full_no_empty_ckpt "$(ls -A "$T")"
+expect_error moments_disk_full_names_file 1 \
+  'm2\.safetensors: write failed \((the header, )?[0-9]+ bytes[^)]*\): File too large' \
+  -- full "$KVQ" moments --capture "$T/c" -q -o "$T/m2.safetensors"
+
 # ---- 7. a FIFO (or any non-regular file) as an input is refused at once, not waited on
 mkfifo "$T/fifo.gguf" "$T/fifo.kvq" "$T/fifo.txt" "$T/fifo.safetensors"
 fifo='not a regular file \(a FIFO\)'
