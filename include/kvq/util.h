@@ -168,6 +168,17 @@ void kvq_lock_release(kvq_lock *lk); /* safe on a lock not held */
 /* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */
 uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t seed);
 #define KVQ_FNV1A64_INIT 0xcbf29ce484222325ULL
+/* XXH64 (common/xxh64.c), one shot or streamed: the checksum of intermediates
+ * (capture layer files, moments files). Not cryptographic. */
+typedef struct kvq_xxh64_state {
+    uint64_t v[4], seed, total;
+    uint8_t buf[32];
+    uint32_t n_buf;
+} kvq_xxh64_state;
+void kvq_xxh64_init(kvq_xxh64_state *s, uint64_t seed);
+void kvq_xxh64_update(kvq_xxh64_state *s, const void *data, size_t n);
+uint64_t kvq_xxh64_digest(const kvq_xxh64_state *s);
+uint64_t kvq_xxh64(const void *data, size_t n, uint64_t seed);
 
 /* ---- seeded random numbers ------------------------------------------------------
  * SplitMix64-seeded xoshiro256**: the same seed gives the same stream on every
