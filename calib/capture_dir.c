@@ -360,6 +360,29 @@ static kvq_status parse_sequences(const jctx *j, const cJSON *root, kvq_capture_
     return KVQ_OK;
 }
 
+/* "checksums" (optional): one "xxh64:<16 hex>" per file, in the order of "files". */
+static kvq_status parse_checksums(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "checksums");
+    if (!c)
+        return KVQ_OK; /* a capture from before checksums */
+    if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != ci->n_files)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: checksums must be an array of %d "
+                           "strings, one per file", j->label, ci->n_files);
+    if (!(ci->checksums = calloc((size_t)ci->n_files, sizeof *ci->checksums)))
+        return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+    const cJSON *x = c->child;
+    for (int32_t i = 0; i < ci->n_files; i++, x = x->next) {
+        const char *s = cJSON_IsString(x) ? x->valuestring : "";
+        int k = 0;
+        if (strncmp(s, "xxh64:", 6) || strspn(s + 6, "0123456789abcdef") != 16 || s[22] ||
+            sscanf(s + 6, "%16" SCNx64 "%n", &ci->checksums[i], &k) != 1 || k != 16)
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: checksums[%d] is not \"xxh64:\" "
+                               "and 16 hex digits", j->label, i);
+    }
+    return KVQ_OK;
+}
+
 /* layers and files: parallel arrays. */
 static kvq_status parse_layers(const jctx *j, const cJSON *root, kvq_capture_info *ci)
 {
@@ -384,7 +407,9 @@ static kvq_status parse_layers(const jctx *j, const cJSON *root, kvq_capture_inf
     if (!ci->layers || !ci->files)
         return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
     ci->n_files = nl;
-    return parse_layer_files(j, layers->child, files->child, ci);
+    if ((st = parse_layer_files(j, layers->child, files->child, ci)))
+        return st;
+    return parse_checksums(j, root, ci);
 }
 
 static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
@@ -565,6 +590,7 @@ void kvq_capture_info_free(kvq_capture_info *ci)
     free(ci->files);
     free(ci->layers);
     free(ci->sequences);
+    free(ci->checksums);
     free(ci->dir);
     free(ci);
 }

@@ -15,7 +15,8 @@ libcjson-dev libcmocka-dev clang libopenmpi-dev openmpi-bin python3 python3-pip 
 # python3.11-doc: the reStructuredText sources of the Python documentation, the natural
 # text `make demo` calibrates and evaluates on (/usr/share/doc/python3.11/html/_sources/).
 # libopenmpi-dev, openmpi-bin: `mpirun kvq calibrate` (docs/mpi.md) and its tests.
-PY_PKGS="numpy zstandard regex gguf"
+PY_PKGS="numpy zstandard regex gguf xxhash"
+# xxhash: the independent XXH64 that tests check kvq's checksums against (tests/cli/corrupt.sh)
 
 missing=()
 for p in $APT_PKGS; do

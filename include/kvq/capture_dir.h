@@ -51,6 +51,9 @@ typedef struct kvq_capture_info {
     int has_values;
     char tokenizer_approx[192]; /* "tokenizer_approx": what kvq_tokenizer_approx said
                                    when the model's tokenizer was approximated, else "" */
+    uint64_t *checksums;      /* [n_files] "checksums": XXH64 of each file's bytes, checked
+                                 when the file is opened; NULL for a capture written
+                                 before kvq recorded them (accepted, docs/capture.md) */
 } kvq_capture_info;
 
 /* Reads and validates DIR/capture.json. Cost: reads the JSON only (no layer file is
