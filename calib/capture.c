@@ -65,13 +65,10 @@ static kvq_status file_checksums(const kvq_capture_info *ci, const char *json_pa
                                                         json_path);
     for (int32_t i = 0; !st && i < ci->n_files; i++) {
         char *p = kvq_path_join(dir, ci->files[i]);
-        kvq_map m;
         if (!p)
             st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", json_path);
-        else if (!(st = kvq_map_file(p, &m, err))) {
-            sums[i] = kvq_xxh64(m.data, m.size, 0);
-            kvq_unmap(&m);
-        }
+        else
+            st = kvq_xxh64_file(p, &sums[i], err);
         free(p);
     }
     free(dir);

@@ -16,12 +16,10 @@ static kvq_status check_sum(const kvq_capture_info *ci, int32_t i, const char *p
 {
     if (!ci->checksums)
         return KVQ_OK;
-    kvq_map m;
-    kvq_status s = kvq_map_file(path, &m, err);
+    uint64_t h = 0;
+    kvq_status s = kvq_xxh64_file(path, &h, err);
     if (s)
         return s;
-    const uint64_t h = kvq_xxh64(m.data, m.size, 0);
-    kvq_unmap(&m);
     if (h != ci->checksums[i])
         return kvq_err_set(err, KVQ_E_CHECKSUM, "%s: checksum mismatch: its bytes hash to "
                            "xxh64:%016" PRIx64 ", %s records xxh64:%016" PRIx64 " (the file is "

@@ -179,6 +179,8 @@ void kvq_xxh64_init(kvq_xxh64_state *s, uint64_t seed);
 void kvq_xxh64_update(kvq_xxh64_state *s, const void *data, size_t n);
 uint64_t kvq_xxh64_digest(const kvq_xxh64_state *s);
 uint64_t kvq_xxh64(const void *data, size_t n, uint64_t seed);
+/* XXH64 (seed 0) of a regular file's bytes, read in pieces. */
+kvq_status kvq_xxh64_file(const char *path, uint64_t *out, kvq_err *err);
 
 /* ---- seeded random numbers ------------------------------------------------------
  * SplitMix64-seeded xoshiro256**: the same seed gives the same stream on every
