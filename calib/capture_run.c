@@ -361,7 +361,8 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
         cpar = *cp;
     else
         kvq_corpus_params_default(&cpar);
-    if ((st = kvq_corpus_open(spec, &cpar, &c, err)))
+    if ((st = kvq_corpus_open(spec, &cpar, &c, err)) ||
+        (!kvq_model_tokenizer(m) && (st = kvq_corpus_check_no_tokenizer(c, kvq_model_path(m), err))))
         goto done;
 
     kvq_seq_params sp;

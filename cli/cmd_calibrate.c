@@ -231,7 +231,7 @@ int cmd_calibrate(int argc, char **argv)
                 return rc;
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, INT32_MAX, &p.capture.max_tokens)))
+            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.capture.max_tokens))) /* 1 seq */
                 return rc;
             i++;
         } else if (!strcmp(a, "--heldout-tokens")) {

@@ -86,8 +86,8 @@ static kvq_status check_params(const kvq_calibrate_params *p, kvq_err *err)
         bad = "threads must be >= 1";
     else if (p->capture.seq_len < 2 || p->capture.seq_len > INT32_MAX)
         bad = "capture.seq_len must be in [2, 2^31)";
-    else if (p->capture.max_tokens < 1 || p->capture.max_tokens > INT32_MAX)
-        bad = "capture.max_tokens must be in [1, 2^31)";
+    else if (p->capture.max_tokens < 2 || p->capture.max_tokens > INT32_MAX)
+        bad = "capture.max_tokens must be in [2, 2^31): a sequence needs 2 tokens";
     else if (p->heldout_tokens < 0 || p->heldout_tokens > INT32_MAX)
         bad = "heldout_tokens must be in [0, 2^31)";
     else if (p->profile && !p->capture.values)

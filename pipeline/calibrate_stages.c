@@ -133,6 +133,8 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
         goto done;
     const kvq_model_config *cfg = kvq_model_config_get(c->model);
     const kvq_tokenizer *tok = kvq_model_tokenizer(c->model);
+    if (!tok && (st = kvq_corpus_check_no_tokenizer(c->corpus, c->model_path, err)))
+        goto done;
     if (!tok) {
         if ((st = kvq_tokenizer_new_ids((uint32_t)cfg->vocab_size, cfg->bos_id, cfg->eos_id,
                                         &own, err)))
