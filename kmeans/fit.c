@@ -382,8 +382,15 @@ static kvq_status job_fit(fit_ctx *c, const layer_data *L, fit_job *j, kvq_err *
     km.cb.user = c;
     snprintf(label, sizeof label, "layer %d head %d", (int)j->layer, (int)j->head);
     km.label = label;
-    if ((s = kvq_codebook_fit(&desc, &data, &km, &cb, &fs, err)) || (s = add_codebook(j, cb, &fs, err)))
+    if ((s = kvq_codebook_fit(&desc, &data, &km, &cb, &fs, err)) || (s = add_codebook(j, cb, &fs, err))) {
+        if (s == KVQ_E_NUMERIC && err) { /* the keys are whitened by the moments' factor */
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            kvq_err_set(err, s, "%s: %s (the keys of the capture whitened by this moments "
+                        "file's factor: is it damaged?)", c->moments_path, msg);
+        }
         goto done;
+    }
     j->cuda = stats_cuda(&fs);
 
     const int have_hold = h.n_hk > 0 && h.n_hq > 0;
