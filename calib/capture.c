@@ -87,6 +87,32 @@ const char *kvq_capture_dtype_word(kvq_dtype t)
     return t == KVQ_DT_F32 ? "f32" : t == KVQ_DT_F16 ? "f16" : t == KVQ_DT_BF16 ? "bf16" : NULL;
 }
 
+/* XXH64 of each of ci's files in the folder of json_path, into *out ([n_files]). */
+static kvq_status file_checksums(const kvq_capture_info *ci, const char *json_path,
+                                 uint64_t **out, kvq_err *err)
+{
+    const char *slash = strrchr(json_path, '/');
+    char *dir = slash ? strndup(json_path, (size_t)(slash - json_path) + (slash == json_path))
+                      : strdup(".");
+    uint64_t *sums = calloc((size_t)ci->n_files, sizeof *sums);
+    kvq_status st = dir && sums ? KVQ_OK : kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory",
+                                                        json_path);
+    for (int32_t i = 0; !st && i < ci->n_files; i++) {
+        char *p = kvq_path_join(dir, ci->files[i]);
+        if (!p)
+            st = kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory", json_path);
+        else
+            st = kvq_xxh64_file(p, &sums[i], err);
+        free(p);
+    }
+    free(dir);
+    if (st)
+        free(sums);
+    else
+        *out = sums;
+    return st;
+}
+
 kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sample_seed,
                                   const char *path, int overwrite, kvq_err *err)
 {
@@ -104,8 +130,12 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
     for (int32_t i = 0; i < ci->n_files; i++)
         if (!ci->files[i])
             return kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: file name %d missing", path, i);
-    if ((st = kvq_atomic_open(path, overwrite, &af, err)))
+    uint64_t *sums = NULL; /* of the files next to path: the ones this describes */
+    if ((st = file_checksums(ci, path, &sums, err)) ||
+        (st = kvq_atomic_open(path, overwrite, &af, err))) {
+        free(sums);
         return st;
+    }
 
     FILE *f = af.fp;
     const kvq_model_id *m = &ci->model;
@@ -169,6 +199,9 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
         fputs(i == 0 ? "" : i % 4 ? ", " : ",\n    ", f);
         kvq_json_write_str(f, ci->files[i]);
     }
+    fputs("],\n  \"checksums\": [", f);
+    for (int32_t i = 0; i < ci->n_files; i++)
+        fprintf(f, "%s\"xxh64:%016" PRIx64 "\"", i == 0 ? "" : i % 4 ? ", " : ",\n    ", sums[i]);
     fputs("],\n  \"queries\": ", f);
     if (ci->n_queries > 0)
         fprintf(f, "%" PRId64, ci->n_queries);
@@ -183,6 +216,7 @@ kvq_status kvq_capture_info_write(const kvq_capture_info *ci, const uint64_t *sa
         kvq_json_write_str(f, ci->tokenizer_approx);
     }
     fprintf(f, ",\n  \"has_values\": %s\n}\n", ci->has_values ? "true" : "false");
+    free(sums);
     return kvq_atomic_commit(&af, err); /* checks every write above (ferror, fsync) */
 }
 
@@ -418,6 +452,7 @@ static kvq_status writer_copy_info(kvq_capture_writer *w, const char *dir,
     w->info.sequences = NULL;
     w->info.layers = NULL;
     w->info.files = NULL;
+    w->info.checksums = NULL;
     w->info.n_files = 0;
     snprintf(w->info.tool, sizeof w->info.tool, "kvq %s", kvq_version());
     size_t nt = (size_t)info->n_tokens;
@@ -476,7 +511,8 @@ static kvq_status writer_open_layers(kvq_capture_writer *w, const char *dir,
                                      const kvq_capture_info *info, size_t mom, kvq_err *err)
 {
     kvq_status st;
-    if ((st = kvq_tmpdir_create(dir, w->p.overwrite, kvq_capture_dir_is_capture,
+    if ((w->p.overwrite && (st = kvq_capture_dir_check_own(dir, err))) ||
+        (st = kvq_tmpdir_create(dir, w->p.overwrite, kvq_capture_dir_is_capture,
                                  "a kvq capture directory", &w->tmp, err)))
         return st;
 

@@ -2,6 +2,7 @@
 #include "kvq/capture_dir.h"
 
 #include <cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -435,6 +436,29 @@ static kvq_status parse_sequences(const jctx *j, const cJSON *root, kvq_capture_
     return KVQ_OK;
 }
 
+/* "checksums" (optional): one "xxh64:<16 hex>" per file, in the order of "files". */
+static kvq_status parse_checksums(const jctx *j, const cJSON *root, kvq_capture_info *ci)
+{
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "checksums");
+    if (!c)
+        return KVQ_OK; /* a capture from before checksums */
+    if (!cJSON_IsArray(c) || cJSON_GetArraySize(c) != ci->n_files)
+        return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: checksums must be an array of %d "
+                           "strings, one per file", j->label, ci->n_files);
+    if (!(ci->checksums = calloc((size_t)ci->n_files, sizeof *ci->checksums)))
+        return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
+    const cJSON *x = c->child;
+    for (int32_t i = 0; i < ci->n_files; i++, x = x->next) {
+        const char *s = cJSON_IsString(x) ? x->valuestring : "";
+        int k = 0;
+        if (strncmp(s, "xxh64:", 6) || strspn(s + 6, "0123456789abcdef") != 16 || s[22] ||
+            sscanf(s + 6, "%16" SCNx64 "%n", &ci->checksums[i], &k) != 1 || k != 16)
+            return kvq_err_set(j->err, KVQ_E_CORRUPT, "%s: checksums[%d] is not \"xxh64:\" "
+                               "and 16 hex digits", j->label, i);
+    }
+    return KVQ_OK;
+}
+
 /* layers and files: parallel arrays. */
 static kvq_status parse_layers(const jctx *j, const cJSON *root, kvq_capture_info *ci)
 {
@@ -459,7 +483,9 @@ static kvq_status parse_layers(const jctx *j, const cJSON *root, kvq_capture_inf
     if (!ci->layers || !ci->files)
         return kvq_err_set(j->err, KVQ_E_NOMEM, "%s: out of memory", j->label);
     ci->n_files = nl;
-    return parse_layer_files(j, layers->child, files->child, ci);
+    if ((st = parse_layer_files(j, layers->child, files->child, ci)))
+        return st;
+    return parse_checksums(j, root, ci);
 }
 
 static kvq_status parse_capture(const jctx *j, const cJSON *root, kvq_capture_info *ci)
@@ -535,6 +561,41 @@ static char *json_path(const char *dir)
     return label;
 }
 
+/* 1 for a name kvq writes in a capture directory: capture.json, "layer_N.safetensors",
+ * a temporary "NAME.tmp.<pid>.<hex>". */
+static int own_name(const char *n)
+{
+    if (!strcmp(n, KVQ_CAPTURE_JSON) || strstr(n, ".tmp."))
+        return 1;
+    if (strncmp(n, "layer_", 6) || n[6] < '0' || n[6] > '9')
+        return 0;
+    const char *p = n + 6;
+    while (*p >= '0' && *p <= '9')
+        p++;
+    return !strcmp(p, ".safetensors");
+}
+
+kvq_status kvq_capture_dir_check_own(const char *dir, kvq_err *err)
+{
+    struct stat st;
+    if (!dir || lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return KVQ_OK;
+    DIR *d = opendir(dir);
+    if (!d)
+        return kvq_err_set(err, KVQ_E_IO, "%s: cannot list: %s", dir, strerror(errno));
+    kvq_status s = KVQ_OK;
+    struct dirent *e;
+    while (!s && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || own_name(e->d_name))
+            continue;
+        s = kvq_err_set(err, KVQ_E_EXISTS, "%s/%s: not written by kvq; kvq does not delete "
+                        "files it did not write (move it out of %s, or choose another output)",
+                        dir, e->d_name, dir);
+    }
+    closedir(d);
+    return s;
+}
+
 int kvq_capture_dir_is_capture(const char *dir)
 {
     struct stat st;
@@ -543,7 +604,14 @@ int kvq_capture_dir_is_capture(const char *dir)
         kvq_capture_info_read(dir, &ci, NULL) != KVQ_OK)
         return 0;
     kvq_capture_info_free(ci);
-    return 1;
+    return kvq_capture_dir_check_own(dir, NULL) == KVQ_OK;
+}
+
+kvq_status kvq_capture_output_check(const char *dir, int overwrite, kvq_err *err)
+{
+    kvq_status s = overwrite ? kvq_capture_dir_check_own(dir, err) : KVQ_OK;
+    return s ? s : kvq_output_check(dir, overwrite, kvq_capture_dir_is_capture,
+                                    "a kvq capture directory", err);
 }
 
 kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_err *err)
@@ -598,6 +666,7 @@ void kvq_capture_info_free(kvq_capture_info *ci)
     free(ci->files);
     free(ci->layers);
     free(ci->sequences);
+    free(ci->checksums);
     free(ci->dir);
     free(ci);
 }

@@ -159,8 +159,11 @@ kvq_status capture_tokens_dist(const kvq_model *m, const int32_t *tokens, int64_
     char *tmp = NULL;
     memset(tmp_path, 0, sizeof tmp_path);
     kvq_status st = KVQ_OK;
-    if (d->rank == 0 && !(st = kvq_tmpdir_create(dir, p->overwrite, kvq_capture_dir_is_capture,
-                                                   "a kvq capture directory", &tmp, err))) {
+    if (d->rank == 0 && p->overwrite)
+        st = kvq_capture_dir_check_own(dir, err);
+    if (d->rank == 0 && !st &&
+        !(st = kvq_tmpdir_create(dir, p->overwrite, kvq_capture_dir_is_capture,
+                                 "a kvq capture directory", &tmp, err))) {
         if (strlen(tmp) >= sizeof tmp_path)
             st = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: path too long", dir);
         else

@@ -10,6 +10,24 @@
 #include "kvq/half.h"
 #include "kvq/util.h"
 
+/* The file's XXH64 against the one capture.json records (none recorded: accepted). */
+static kvq_status check_sum(const kvq_capture_info *ci, int32_t i, const char *path,
+                            kvq_err *err)
+{
+    if (!ci->checksums)
+        return KVQ_OK;
+    uint64_t h = 0;
+    kvq_status s = kvq_xxh64_file(path, &h, err);
+    if (s)
+        return s;
+    if (h != ci->checksums[i])
+        return kvq_err_set(err, KVQ_E_CHECKSUM, "%s: checksum mismatch: its bytes hash to "
+                           "xxh64:%016" PRIx64 ", %s records xxh64:%016" PRIx64 " (the file is "
+                           "corrupt or was changed)", path, h, KVQ_CAPTURE_JSON,
+                           ci->checksums[i]);
+    return KVQ_OK;
+}
+
 kvq_status kvq_capture_layer_open(const kvq_capture_info *ci, int32_t i, kvq_capture_layer *L,
                                   kvq_err *err)
 {
@@ -19,7 +37,7 @@ kvq_status kvq_capture_layer_open(const kvq_capture_info *ci, int32_t i, kvq_cap
     L->layer = ci->layers[i];
     L->n_q = ci->n_queries > 0 ? ci->n_queries : ci->n_tokens;
     if ((s = kvq_capture_info_file_path(ci, i, &L->path, err)) ||
-        (s = kvq_st_open(L->path, &L->st, err)))
+        (s = kvq_st_open(L->path, &L->st, err)) || (s = check_sum(ci, i, L->path, err)))
         goto fail;
     const char *ml = kvq_st_meta_get(L->st, "layer");
     int64_t mlv = 0;

@@ -345,8 +345,9 @@ kvq_status kvq_capture_merge(const char *const *inputs, size_t n_in, const char 
         (st = describe_merged(in, n_in, dir, &out, err)))
         goto done;
 
-    if ((st = kvq_tmpdir_create(dir, overwrite, kvq_capture_dir_is_capture,
-                                  "a kvq capture directory", &tmp, err)))
+    if ((overwrite && (st = kvq_capture_dir_check_own(dir, err))) ||
+        (st = kvq_tmpdir_create(dir, overwrite, kvq_capture_dir_is_capture,
+                                "a kvq capture directory", &tmp, err)))
         goto done;
     kvq_log(cb, KVQ_LOG_INFO,
             "capture merge: %zu captures, %" PRId64 " tokens in %" PRId64 " sequences, %d layers",

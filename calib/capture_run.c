@@ -351,8 +351,7 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "capture: negative max_tokens");
     /* Refuse an existing output before reading the whole corpus (the writer checks
      * again, atomically, when it creates the temporary directory). */
-    if ((st = kvq_output_check(dir, p.overwrite, kvq_capture_dir_is_capture,
-                               "a kvq capture directory", err)))
+    if ((st = kvq_capture_output_check(dir, p.overwrite, err)))
         return st;
     const kvq_model_config *cfg = kvq_model_config_get(m);
     const kvq_tokenizer *tok = kvq_model_tokenizer(m);
@@ -368,7 +367,8 @@ kvq_status kvq_capture_run(const kvq_model *m, const char *spec, const kvq_corpu
         cpar = *cp;
     else
         kvq_corpus_params_default(&cpar);
-    if ((st = kvq_corpus_open(spec, &cpar, &c, err)))
+    if ((st = kvq_corpus_open(spec, &cpar, &c, err)) ||
+        (!kvq_model_tokenizer(m) && (st = kvq_corpus_check_no_tokenizer(c, kvq_model_path(m), err))))
         goto done;
 
     kvq_seq_params sp;

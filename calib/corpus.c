@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "kvq/util.h"
 
@@ -291,10 +292,15 @@ static kvq_status open_file(kvq_corpus_iter *it, const char *path, kvq_err *err)
     it->fpath = strdup(path);
     if (!it->fpath)
         return kvq_err_set(err, KVQ_E_NOMEM, "corpus: out of memory");
-    it->fp = fopen(path, "rb");
-    if (!it->fp)
-        return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
-                           strerror(errno));
+    int fd;
+    struct stat sb; /* a FIFO that replaced the file since the spec was checked: refused */
+    kvq_status st = kvq_open_regular(path, &fd, &sb, err);
+    if (st)
+        return st;
+    if (!(it->fp = fdopen(fd, "rb"))) {
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(errno));
+    }
     return KVQ_OK;
 }
 
@@ -877,13 +883,16 @@ kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
     if ((st = kvq_corpus_iter_new(c, &it, err)))
         goto done;
     const uint32_t n_vocab = kvq_tokenizer_n_vocab(t);
-    int any_doc_tokens = 0;
+    int any_doc_tokens = 0, any_text = 0; /* any_text: a byte other than white space */
     while (!s.done) {
         const kvq_corpus_doc *d;
         if ((st = kvq_corpus_iter_next(it, &d, err)) || !d)
             break;
         stats->n_docs++;
         stats->hash = hash_doc(d, stats->hash, &stats->n_bytes);
+        for (size_t i = 0; !any_text && i < (d->text ? d->len : 0); i++)
+            any_text = !strchr(" \t\n\r\v\f", d->text[i]);
+        any_text |= d->ids != NULL; /* token ids are what they are */
         const int32_t *toks;
         size_t nt;
         if ((st = doc_tokens(t, d, n_vocab, &ids, &toks, &nt, err)))
@@ -909,6 +918,14 @@ kvq_status kvq_corpus_tokenize(const kvq_corpus *c, const kvq_tokenizer *t,
         st = seq_flush(&s, err);
     if (st == KVQ_OK && stats->n_doc_tokens == 0)
         st = kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus '%s' contains no text", c->spec);
+    else if (st == KVQ_OK && !any_text)
+        st = kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus '%s' contains only white space "
+                         "(%llu bytes): nothing to calibrate on", c->spec,
+                         (unsigned long long)stats->n_bytes);
+    else if (st == KVQ_OK && stats->n_seqs == 0 && p->max_tokens > 0 && p->max_tokens < 2)
+        st = kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus '%s': max tokens %llu makes no "
+                         "sequence: a sequence needs 2 tokens or more (one prediction)", c->spec,
+                         (unsigned long long)p->max_tokens);
     else if (st == KVQ_OK && stats->n_seqs == 0)
         st = kvq_err_set(err, KVQ_E_INVALID_ARG, "corpus '%s': its %llu tokens make no "
                          "sequence (seq_len %u, keep_partial %d)", c->spec,
@@ -934,4 +951,21 @@ kvq_status kvq_seq_set_collect(const kvq_corpus *c, const kvq_tokenizer *t,
                                kvq_seq_set *out, kvq_corpus_stats *stats, kvq_err *err)
 {
     return kvq_corpus_tokenize(c, t, p, cb, kvq_seq_set_add, out, stats, err);
+}
+
+kvq_status kvq_corpus_check_no_tokenizer(const kvq_corpus *c, const char *model_path,
+                                         kvq_err *err)
+{
+    static const char *const kinds[] = {"text", "file", "dir", "jsonl", "ids", "uuid",
+                                        "passkey", "kv-recall"};
+    for (size_t i = 0; i < kvq_corpus_source_count(c); i++) {
+        const kvq_corpus_source *s = kvq_corpus_source_at(c, i);
+        if (s && s->kind != KVQ_CORPUS_IDS)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "%s: has no tokenizer (no vocabulary in "
+                               "its metadata), so corpus item %zu (%s%s%s) cannot be read: give "
+                               "token ids (ids:FILE)", model_path, i + 1,
+                               (unsigned)s->kind < 8 ? kinds[s->kind] : "text",
+                               s->path ? " " : "", s->path ? s->path : "");
+    }
+    return KVQ_OK;
 }

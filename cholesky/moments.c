@@ -440,6 +440,7 @@ kvq_status kvq_moments_compute(const char *capture_dir, const char *out_path, in
         goto done;
     }
     if ((s = declare_outputs(w, ci, p, err)) ||
+        (s = kvq_st_writer_checksum(w, err)) || /* verified by every reader */
         (s = kvq_st_writer_begin_file(w, out_path, overwrite, err)))
         goto done;
 

@@ -62,6 +62,13 @@ void cli_keep_freed_memory(void);
  * SOURCE_DATE_EPOCH (seconds) when that is set, as reproducible builds expect. */
 const char *cli_today(void);
 
+/* Claims the output `out` before anything is written (claim.c): exit code 2 when it is
+ * one of the n inputs (the same file, a directory holding one, or a path inside an input
+ * directory; NULL entries are
+ * skipped) or an input is given twice; 1 when another process holds it ("OUT is in use
+ * by another kvq run (pid ...)"); else 0, and rank 0 holds "OUT.lock" until exit. */
+int cli_claim_output(const char *out, const char *const *inputs, size_t n);
+
 /* Returns 1 if argv[i] is -h/--help. */
 int cli_is_help(const char *arg);
 

@@ -31,13 +31,15 @@ static void calibrate_usage(FILE *f)
             "options:\n"
             "  --model M              GGUF file or HF directory (required)\n"
             "  -o, --output OUT.kvq   artifact to write (required); replaced when its content\n"
-            "                         changes, never when it is not a .kvq artifact\n"
+            "                         changes if this work directory wrote it, else only\n"
+            "                         with --force; never when it is not a .kvq artifact\n"
             "  --corpus SPEC          calibration text, as kvq capture takes it; default\n"
             "                         %s (about 20,000 synthetic\n"
             "                         tokens: UUID lines, passkey and key-value recall\n"
             "                         prompts; kvq has no built-in natural text: give text\n"
             "                         files for a real model)\n"
-            "  --work DIR             work directory (default OUT.kvq.work)\n"
+            "  --work DIR             work directory (default OUT.kvq.work): one that kvq made\n"
+            "                         (marked .kvq-work) or an empty one\n"
             "  --method M             qavq (default), vq, pq, qapq, vq-postrope (see kvq fit)\n"
             "  --seq-len N            tokens per sequence, BOS included (default 512)\n"
             "  --max-tokens N         calibration tokens (default 16384)\n"
@@ -69,7 +71,8 @@ static void calibrate_usage(FILE *f)
             "  --threads T            threads (default: all CPUs; outputs do not depend on it)\n"
             "  --device cpu|cuda      where moments and k-means run (default cpu; cuda falls\n"
             "                         back to the CPU with a warning when no GPU is usable)\n"
-            "  --force                rerun every stage\n"
+            "  --force                rerun every stage, and replace OUT.kvq even when this\n"
+            "                         work directory did not write it\n"
             "  --accept-approx-tokenizer\n"
             "                         use a tokenizer whose pre-tokenizer kvq does not\n"
             "                         implement, approximated by the GPT-2 split and\n"
@@ -80,7 +83,9 @@ static void calibrate_usage(FILE *f)
             "\n"
             "work directory: capture/, moments.safetensors, fit.kvq, heldout/, profile.kvq,\n"
             "positions.kvq, and\n"
-            "STAGE.params.json next to each (the parameters it was made with).\n"
+            "STAGE.params.json next to each (the parameters it was made with). One run at a\n"
+            "time holds the work directory and the output (lock files .kvq-lock and\n"
+            "OUT.kvq.lock); a second run stops at once, naming the first (docs/outputs.md).\n"
             "\n"
             "example: kvq calibrate --model stories260K.gguf -o stories260K.kvq\n",
             KVQ_CALIBRATE_CORPUS);
@@ -226,7 +231,7 @@ int cmd_calibrate(int argc, char **argv)
                 return rc;
             i++;
         } else if (!strcmp(a, "--max-tokens")) {
-            if ((rc = cli_opt_i64(cmd, a, val, 1, INT32_MAX, &p.capture.max_tokens)))
+            if ((rc = cli_opt_i64(cmd, a, val, 2, INT32_MAX, &p.capture.max_tokens))) /* 1 seq */
                 return rc;
             i++;
         } else if (!strcmp(a, "--heldout-tokens")) {

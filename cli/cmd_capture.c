@@ -168,8 +168,7 @@ static int capture_model(capture_opts *o, const kvq_callbacks *cb)
     mp.cb = *cb;
     mp.accept_approx_tokenizer = o->approx_tok;
     /* The output first: refused before the model is read. */
-    if (kvq_output_check(o->out, p.overwrite, kvq_capture_dir_is_capture,
-                         "a kvq capture directory", &e) != KVQ_OK ||
+    if (kvq_capture_output_check(o->out, p.overwrite, &e) != KVQ_OK ||
         kvq_model_open(o->model, &mp, &m, &e) != KVQ_OK)
         return cli_fail(&e);
     if (o->layers) {
@@ -213,6 +212,8 @@ int cmd_capture(int argc, char **argv)
             rc = cli_failf(2, "capture: --merge takes capture directories and -o only");
             goto done;
         }
+        if ((rc = cli_claim_output(o.out, o.merge, o.n_merge)))
+            goto done;
         if (cli_dist_rank() == 0) /* a merge is not split: rank 0 does it */
             rc = run_merge(o.merge, o.n_merge, o.out, o.p.overwrite, &cb);
         goto done;
@@ -222,7 +223,8 @@ int cmd_capture(int argc, char **argv)
         rc = cli_failf(2, "capture: --model, --corpus and -o are required");
         goto done;
     }
-    if ((rc = cli_check_corpus(o.spec)))
+    if ((rc = cli_check_corpus(o.spec)) ||
+        (rc = cli_claim_output(o.out, (const char *const[]){o.model}, 1)))
         goto done;
     rc = capture_model(&o, &cb);
 done:

@@ -189,6 +189,9 @@ int cmd_card(int argc, char **argv)
         card_usage(stderr);
         return 2;
     }
+    int rc = 0;
+    if (out && (rc = cli_claim_output(out, (const char *const[]){path}, 1)))
+        return rc;
     kvq_err e = {0};
     kvq_artifact *a = NULL;
     if (kvq_artifact_open(path, &a, &e) || kvq_artifact_validate(a, &e)) {
@@ -197,7 +200,6 @@ int cmd_card(int argc, char **argv)
     }
     const kvq_st *st = kvq_artifact_payload(a);
     kvq_artifact_summary sum;
-    int rc = 0;
     if (kvq_artifact_summary_read(st, &sum, &e)) {
         rc = cli_fail(&e);
     } else if (!out) {

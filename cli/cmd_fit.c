@@ -136,6 +136,8 @@ int cmd_fit(int argc, char **argv)
     }
     if (!capture || !moments || !out)
         return cli_failf(2, "fit: --capture, --moments and -o are required (see kvq fit --help)");
+    if ((rc = cli_claim_output(out, (const char *const[]){capture, moments}, 2)))
+        return rc;
     if (layers) {
         if (kvq_parse_index_list(layers, 1 << 20, &layer_list, &n_layers, &e))
             return cli_failf(2, "fit: --layers: %s", e.msg);

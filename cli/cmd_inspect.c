@@ -90,11 +90,13 @@ int cmd_inspect(int argc, char **argv)
     }
     uint8_t head[16] = {0};
     size_t n = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return cli_failf(1, "%s: %s", path, strerror(errno));
-    n = fread(head, 1, sizeof head, f);
-    fclose(f);
+    int fd;
+    kvq_err e = {0};
+    if (kvq_open_regular(path, &fd, &sb, &e) != KVQ_OK) /* a FIFO: refused, not waited on */
+        return cli_fail(&e);
+    const ssize_t got = read(fd, head, sizeof head);
+    close(fd);
+    n = got > 0 ? (size_t)got : 0;
     switch (detect(head, n)) {
     case KIND_GGUF:
         return inspect_gguf(path, (uint64_t)sb.st_size, json);

@@ -120,6 +120,8 @@ int cmd_moments(int argc, char **argv)
         return cli_failf(2, "moments: --capture and -o are required");
     }
 
+    if ((rc = cli_claim_output(out, (const char *const[]){capture}, 1)))
+        return rc;
     kvq_callbacks cb = cli_callbacks(verbose, quiet);
     kvq_err e = {0};
     if (kvq_moments_compute(capture, out, force, &p, &cb, &e) != KVQ_OK)

@@ -113,7 +113,12 @@ static int parse_list(const char *opt, const char *s, int percent, double lo, do
         double x;
         kvq_err e = {0};
         if (kvq_parse_f64(tok, -1e300, 1e300, &x, &e) || !(x * scale >= lo && x * scale <= hi)) {
-            rc = cli_failf(2, "profile: %s: '%s' is not a number in [%g, %g]", opt, tok, lo, hi);
+            if (scale != 1) /* as the user wrote it: a percentage */
+                rc = cli_failf(2, "profile: %s: '%s%%' is not a percentage in [%g%%, %g%%]", opt,
+                               tok, 100 * lo, 100 * hi);
+            else
+                rc = cli_failf(2, "profile: %s: '%s' is not a number in [%g, %g]%s", opt, tok,
+                               lo, hi, percent ? " (or a percentage, e.g. 5%)" : "");
             goto done;
         }
         v[(*n)++] = x * scale;
@@ -408,7 +413,8 @@ int cmd_profile(int argc, char **argv)
     cli_keep_freed_memory(); /* per-job buffers of the grid (cli.h) */
     o.p.cb = cli_callbacks(o.verbose, o.quiet);
     o.p.dist = cli_dist(); /* under mpirun: the grid split by layers (docs/mpi.md) */
-    if ((rc = cli_check_corpus(o.p.corpus)))
+    if ((rc = cli_check_corpus(o.p.corpus)) ||
+        (rc = cli_claim_output(o.out, (const char *const[]){o.capture, o.in, o.p.model}, 3)))
         goto done;
     if (kvq_profile_run(o.capture, o.in, o.out, o.force, &o.p, &res, &e) != KVQ_OK) {
         rc = cli_fail(&e);

@@ -386,6 +386,9 @@ int inspect_kvq(const char *path, uint64_t file_size, int json)
         return cli_fail(&e);
     const kvq_st *st = kvq_artifact_payload(a);
     const int valid = kvq_artifact_validate(a, &ve) == KVQ_OK;
+    const size_t np = strlen(path); /* the problem without the path that starts it */
+    if (!valid && !strncmp(ve.msg, path, np) && !strncmp(ve.msg + np, ": ", 2))
+        memmove(ve.msg, ve.msg + np + 2, strlen(ve.msg + np + 2) + 1);
     int rc = 0;
     if (kvq_artifact_summary_read(st, &sum, &e) != KVQ_OK) {
         rc = cli_fail(&e);
@@ -398,6 +401,13 @@ int inspect_kvq(const char *path, uint64_t file_size, int json)
         } else {
             kvq_text(doc, kvq_st_data_size(st));
             cJSON_Delete(doc);
+        }
+        /* the rule kvq run and eval open an artifact by (kvq_artifact_validate): an
+         * artifact they refuse is reported, and inspect fails too */
+        if (!rc && !valid) {
+            fflush(stdout);
+            rc = cli_failf(1, "%s: does not conform to format %d.%d: %s", path,
+                           KVQ_ARTIFACT_MAJOR, KVQ_ARTIFACT_MINOR, ve.msg);
         }
     }
     kvq_artifact_summary_free(&sum);

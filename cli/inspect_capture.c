@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "cli/inspect.h"
@@ -41,21 +42,20 @@ static cJSON *capture_describe(const char *path, const kvq_capture_info *ci, int
     if (ci->tokenizer_approx[0])
         cJSON_AddStringToObject(doc, "tokenizer_approx", ci->tokenizer_approx);
     cJSON *layers = cJSON_AddArrayToObject(doc, "layers");
+    /* each file opened as the stages open it: its checksum verified when recorded */
+    cJSON_AddStringToObject(doc, "checksums", ci->checksums ? "xxh64" : "none");
     for (int32_t i = 0; i < ci->n_files && *rc == 0; i++) {
-        char *file = NULL;
-        kvq_st *st = NULL;
-        if (kvq_capture_info_file_path(ci, i, &file, &e) != KVQ_OK ||
-            kvq_st_open(file, &st, &e) != KVQ_OK) {
+        kvq_capture_layer L;
+        if (kvq_capture_layer_open(ci, i, &L, &e) != KVQ_OK) {
             *rc = cli_fail(&e);
-        } else {
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddNumberToObject(o, "layer", ci->layers[i]);
-            cJSON_AddStringToObject(o, "file", ci->files[i]);
-            cJSON_AddItemToObject(o, "tensors", st_tensors_json(st));
-            cJSON_AddItemToArray(layers, o);
+            continue;
         }
-        kvq_st_close(st);
-        free(file);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "layer", ci->layers[i]);
+        cJSON_AddStringToObject(o, "file", ci->files[i]);
+        cJSON_AddItemToObject(o, "tensors", st_tensors_json(L.st));
+        cJSON_AddItemToArray(layers, o);
+        kvq_capture_layer_close(&L);
     }
     if (*rc) {
         cJSON_Delete(doc);
@@ -87,7 +87,9 @@ static void capture_text(const cJSON *doc)
                                                                               : "");
     if (cJSON_GetObjectItemCaseSensitive(doc, "tokenizer_approx"))
         printf("  tokenizer approximated: %s\n", jstr(doc, "tokenizer_approx", ""));
-    printf("\nlayers (%d):\n", cJSON_GetArraySize(layers));
+    printf("\nlayers (%d), %s:\n", cJSON_GetArraySize(layers),
+           strcmp(jstr(doc, "checksums", ""), "none") ? "xxh64 checksums verified"
+                                                      : "no checksums recorded");
     for (const cJSON *o = layers->child; o; o = o->next) {
         printf("  %3d  %s:", (int)jnum_or(o, "layer", 0), jstr(o, "file", ""));
         const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "tensors");

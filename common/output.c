@@ -56,6 +56,9 @@ static void reg_del(const char *path)
     pthread_mutex_unlock(&reg_mu);
 }
 
+void kvq_output_register(const char *path) { reg_add(path); }
+void kvq_output_unregister(const char *path) { reg_del(path); }
+
 /* Removes name (relative to dirfd) and, if it is a directory, everything under it, with
  * system calls only (no malloc, no stdio): callable from a signal handler. */
 static void rm_at(int dirfd, const char *name, int depth)
@@ -259,6 +262,7 @@ kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err)
     kvq_status s = KVQ_OK;
     if (!af->fp)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "atomic file not open");
+    const long long size = ftello(af->fp); /* what was written, for the message */
     int bad = fflush(af->fp) != 0 || ferror(af->fp);
     if (!bad)
         bad = fsync(fileno(af->fp)) != 0;
@@ -267,7 +271,8 @@ kvq_status kvq_atomic_commit(kvq_atomic_file *af, kvq_err *err)
         bad = 1;
     af->fp = NULL;
     if (bad)
-        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed: %s", af->path, strerror(e));
+        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (%lld bytes): %s", af->path,
+                        (long long)size, strerror(e));
     else if (rename(af->tmp_path, af->path) != 0)
         s = kvq_err_set(err, KVQ_E_IO, "%s: rename failed: %s", af->path, strerror(errno));
     else {

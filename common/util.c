@@ -330,24 +330,50 @@ int kvq_utf8_valid(const char *str, size_t n)
  * files
  * ========================================================================== */
 
-kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err)
+/* What a file that is not a regular one is, for messages. */
+static const char *file_kind(mode_t m)
 {
-    m->data = NULL;
-    m->size = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a plain file";
+}
+
+kvq_status kvq_open_regular(const char *path, int *fd_out, struct stat *st, kvq_err *err)
+{
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
                            strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0) {
         int e = errno;
         close(fd);
         return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
-        return kvq_err_set(err, KVQ_E_IO, "%s: not a regular file", path);
+        return kvq_err_set(err, KVQ_E_IO, "%s: not a regular file (%s)", path,
+                           file_kind(st->st_mode));
     }
+    const int fl = fcntl(fd, F_GETFL);
+    if (fl == -1 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) == -1) {
+        int e = errno;
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(e));
+    }
+    *fd_out = fd;
+    return KVQ_OK;
+}
+
+kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err)
+{
+    m->data = NULL;
+    m->size = 0;
+    int fd;
+    struct stat st;
+    kvq_status s0 = kvq_open_regular(path, &fd, &st, err);
+    if (s0)
+        return s0;
     if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
@@ -376,10 +402,16 @@ kvq_status kvq_read_file(const char *path, uint8_t **data, size_t *size, kvq_err
 {
     *data = NULL;
     *size = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kvq_err_set(err, errno == ENOENT ? KVQ_E_NOT_FOUND : KVQ_E_IO, "%s: %s", path,
-                           strerror(errno));
+    int fd;
+    struct stat st;
+    kvq_status s0 = kvq_open_regular(path, &fd, &st, err);
+    if (s0)
+        return s0;
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return kvq_err_set(err, KVQ_E_IO, "%s: %s", path, strerror(errno));
+    }
     size_t cap = 1 << 16, len = 0;
     uint8_t *buf = malloc(cap + 1);
     if (!buf) {

@@ -5,6 +5,7 @@
  * lists them, so every kind of damage has one status (see kvq/artifact.h). */
 #include "kvq/artifact.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@ struct kvq_artifact {
     uint8_t *payload;     /* [payload_size] decompressed safetensors bytes, owned */
     size_t payload_size;
     kvq_st *st;           /* views into payload */
+    char label[256];      /* the path (or label) it was opened from, for messages */
 };
 
 static uint32_t rd_u32(const uint8_t *p)
@@ -223,6 +225,7 @@ kvq_status kvq_artifact_open_memory(const void *data, size_t size, const char *l
     }
     a->major = h.major;
     a->minor = h.minor;
+    snprintf(a->label, sizeof a->label, "%s", label ? label : "artifact");
     a->payload_size = (size_t)h.payload_size;
     size_t got = ZSTD_decompressDCtx(dctx, a->payload, a->payload_size, z, zn);
     if (ZSTD_isError(got)) {
@@ -370,7 +373,8 @@ kvq_status kvq_artifact_write(const char *path, int overwrite, const void *paylo
     if ((s = kvq_atomic_open(path, overwrite, &af, err)))
         goto done;
     if (fwrite(bytes, 1, n, af.fp) != n) {
-        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+        s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (%zu bytes): %s", path, n,
+                        strerror(errno));
         kvq_atomic_abort(&af);
         goto done;
     }
@@ -508,7 +512,19 @@ static kvq_status check_head(const kvq_st *st, int method, int l, int h, int64_t
     return s;
 }
 
+static kvq_status validate(const kvq_artifact *a, kvq_err *err);
+
+/* Every message names the artifact ("PATH: missing required metadata key ..."). */
 kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
+{
+    kvq_err e = {0};
+    kvq_status s = validate(a, &e);
+    if (s)
+        kvq_err_set(err, s, "%s: %s", a->label, e.msg);
+    return s;
+}
+
+static kvq_status validate(const kvq_artifact *a, kvq_err *err)
 {
     static const char *const layouts[] = {"interleaved", "half", NULL};
     static const char *const scalings[] = {"none", "linear", "llama3", NULL};
@@ -541,12 +557,14 @@ kvq_status kvq_artifact_validate(const kvq_artifact *a, kvq_err *err)
         (s = meta_enum(st, KVQ_META_ROPE_LAYOUT, layouts, &layout, err)) ||
         (s = meta_enum(st, KVQ_META_ROPE_SCALING, scalings, &scaling, err)))
         goto done;
-    if (scaling >= 1 && (s = meta_float(st, KVQ_META_ROPE_FACTOR, 1e-300, 1e300, err)))
-        goto done;
-    if (scaling == 2 && ((s = meta_float(st, KVQ_META_ROPE_LOW_FREQ, 1e-300, 1e300, err)) ||
-                         (s = meta_float(st, KVQ_META_ROPE_HIGH_FREQ, 1e-300, 1e300, err)) ||
-                         (s = meta_float(st, KVQ_META_ROPE_ORIG_MAX, 1e-300, 1e300, err))))
-        goto done;
+    /* the scaling's keys are required; any of them present must hold a valid value
+     * whatever the scaling (kvq run reads the whole recorded identity) */
+    static const char *const rope_keys[] = {KVQ_META_ROPE_FACTOR, KVQ_META_ROPE_LOW_FREQ,
+                                            KVQ_META_ROPE_HIGH_FREQ, KVQ_META_ROPE_ORIG_MAX};
+    for (int i = 0; i < 4; i++)
+        if ((scaling == 2 || (scaling == 1 && i == 0) || kvq_st_meta_get(st, rope_keys[i])) &&
+            (s = meta_float(st, rope_keys[i], 1e-300, 1e300, err)))
+            goto done;
     if ((s = meta_enum(st, KVQ_META_METHOD, methods, &method, err)) ||
         (s = meta_str(st, KVQ_META_TOOL_VERSION, &str, err)))
         goto done;

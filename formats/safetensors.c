@@ -7,6 +7,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <cJSON.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -556,6 +557,28 @@ static kvq_status st_publish(kvq_st *st, const st_entry *ents, size_t n_tensors,
 }
 
 /* Parses and validates the bytes p[0..size) into st (checks 1-7, one step each). */
+/* The data section against KVQ_ST_META_DATA_XXH64 when the metadata records it. */
+static kvq_status st_check_sum(const kvq_st *st, const uint8_t *data, const char *label,
+                               kvq_err *err)
+{
+    const char *v = kvq_st_meta_get(st, KVQ_ST_META_DATA_XXH64);
+    if (!v)
+        return KVQ_OK;
+    uint64_t want = 0;
+    int k = 0;
+    if (strncmp(v, "xxh64:", 6) || strspn(v + 6, "0123456789abcdef") != 16 || v[22] ||
+        sscanf(v + 6, "%16" SCNx64 "%n", &want, &k) != 1 || k != 16)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata %s is not \"xxh64:\" and 16 hex "
+                           "digits", label, KVQ_ST_META_DATA_XXH64);
+    const uint64_t h = kvq_xxh64(data, (size_t)st->data_size, 0);
+    if (h != want)
+        return kvq_err_set(err, KVQ_E_CHECKSUM, "%s: checksum mismatch: its data hash to "
+                           "xxh64:%016" PRIx64 ", its metadata %s records xxh64:%016" PRIx64
+                           " (the file is corrupt or was changed)", label, h,
+                           KVQ_ST_META_DATA_XXH64, want);
+    return KVQ_OK;
+}
+
 static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char *label,
                           kvq_err *err)
 {
@@ -582,7 +605,8 @@ static kvq_status st_load(kvq_st *st, const uint8_t *p, size_t size, const char 
         (s = st_check_duplicates(st, ents, n_tensors, n_meta, label, err)) ||
         (s = st_check_layout(ents, n_tensors, st->data_size, label, err)))
         goto done;
-    s = st_publish(st, ents, n_tensors, n_meta, strings, p + st->header_size, label, err);
+    if (!(s = st_publish(st, ents, n_tensors, n_meta, strings, p + st->header_size, label, err)))
+        s = st_check_sum(st, p + st->header_size, label, err);
 done:
     cJSON_Delete(root);
     free(ents);
@@ -732,6 +756,9 @@ struct kvq_st_writer {
     size_t header_total;       /* 8 + N */
     uint64_t written;          /* data bytes written so far */
     size_t cur;                /* first tensor not completely written */
+    int checksum;              /* record KVQ_ST_META_DATA_XXH64 (kvq_st_writer_checksum) */
+    kvq_xxh64_state xs;        /* of the data written so far */
+    size_t sum_off;            /* byte offset of the 16 hex digits in the header */
 };
 
 kvq_st_writer *kvq_st_writer_new(void) { return calloc(1, sizeof(kvq_st_writer)); }
@@ -851,6 +878,27 @@ kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype d
     w->data_size = end;
     w->slots[slot] = ++w->n_decls;
     return KVQ_OK;
+}
+
+#define SUM_PLACEHOLDER "xxh64:0000000000000000"
+
+kvq_status kvq_st_writer_checksum(kvq_st_writer *w, kvq_err *err)
+{
+    kvq_status s = kvq_st_writer_set_meta(w, KVQ_ST_META_DATA_XXH64, SUM_PLACEHOLDER, err);
+    if (!s)
+        w->checksum = 1;
+    return s;
+}
+
+/* The offset of the checksum's hex digits in the serialized header hdr[0..n). */
+static size_t sum_offset(const char *hdr, size_t n)
+{
+    static const char key[] = "\"" KVQ_ST_META_DATA_XXH64 "\":\"" SUM_PLACEHOLDER "\"";
+    const size_t nk = sizeof key - 1;
+    for (size_t i = 0; i + nk <= n; i++)
+        if (!memcmp(hdr + i, key, nk))
+            return i + nk - 1 - 16;
+    return 0;
 }
 
 kvq_status kvq_st_writer_set_meta(kvq_st_writer *w, const char *key, const char *value,
@@ -977,13 +1025,22 @@ static kvq_status writer_begin(kvq_st_writer *w, const char *path, int overwrite
     if ((s = build_header(w, label, &hdr, &hsize, err)))
         goto done;
     w->header_total = hsize;
+    if (w->checksum) {
+        kvq_xxh64_init(&w->xs, 0);
+        if (!(w->sum_off = sum_offset((const char *)hdr, hsize))) {
+            s = kvq_err_set(err, KVQ_E_INVALID_ARG, "%s: checksum placeholder not found", label);
+            goto done;
+        }
+    }
     if (path) {
         if ((s = kvq_atomic_open(path, overwrite, &w->af, err)))
             goto done;
         w->to_file = 1;
         if (fwrite(hdr, 1, hsize, w->af.fp) != hsize) {
+            const int e = errno;
             kvq_atomic_abort(&w->af);
-            s = kvq_err_set(err, KVQ_E_IO, "%s: write failed", path);
+            s = kvq_err_set(err, KVQ_E_IO, "%s: write failed (the header, %zu bytes): %s", path,
+                            hsize, strerror(e));
             goto done;
         }
     } else {
@@ -1041,10 +1098,14 @@ kvq_status kvq_st_writer_write(kvq_st_writer *w, const void *data, size_t nbytes
                            (unsigned long long)w->data_size);
     if (nbytes == 0)
         return KVQ_OK;
+    if (w->checksum)
+        kvq_xxh64_update(&w->xs, data, nbytes);
     if (w->to_file) {
         if (fwrite(data, 1, nbytes, w->af.fp) != nbytes) {
             w->failed = KVQ_E_IO;
-            return kvq_err_set(err, KVQ_E_IO, "%s: write failed", w->label);
+            return kvq_err_set(err, KVQ_E_IO, "%s: write failed (%zu bytes at data byte %llu of "
+                               "%llu): %s", w->label, nbytes, (unsigned long long)w->written,
+                               (unsigned long long)w->data_size, strerror(errno));
         }
     } else {
         memcpy(w->out + w->header_total + (size_t)w->written, data, nbytes);
@@ -1070,6 +1131,18 @@ kvq_status kvq_st_writer_finish(kvq_st_writer *w, kvq_err *err)
                            "written",
                            w->label, d->name, (unsigned long long)(w->written - d->begin),
                            (unsigned long long)(d->end - d->begin));
+    }
+    if (w->checksum) { /* the digest into the header's placeholder */
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, kvq_xxh64_digest(&w->xs));
+        if (!w->to_file) {
+            memcpy(w->out + w->sum_off, hex, 16);
+        } else if (fflush(w->af.fp) != 0 || fseeko(w->af.fp, (off_t)w->sum_off, SEEK_SET) != 0 ||
+                   fwrite(hex, 1, 16, w->af.fp) != 16) {
+            w->failed = KVQ_E_IO;
+            return kvq_err_set(err, KVQ_E_IO, "%s: write failed (the checksum, 16 bytes at "
+                               "byte %zu): %s", w->label, w->sum_off, strerror(errno));
+        }
     }
     if (w->to_file) {
         kvq_status s = kvq_atomic_commit(&w->af, err);

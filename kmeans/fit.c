@@ -383,8 +383,15 @@ static kvq_status job_fit(fit_ctx *c, const layer_data *L, fit_job *j, kvq_err *
     km.cb.user = c;
     snprintf(label, sizeof label, "layer %d head %d", (int)j->layer, (int)j->head);
     km.label = label;
-    if ((s = kvq_codebook_fit(&desc, &data, &km, &cb, &fs, err)) || (s = add_codebook(j, cb, &fs, err)))
+    if ((s = kvq_codebook_fit(&desc, &data, &km, &cb, &fs, err)) || (s = add_codebook(j, cb, &fs, err))) {
+        if (s == KVQ_E_NUMERIC && err) { /* the keys are whitened by the moments' factor */
+            char msg[sizeof err->msg];
+            snprintf(msg, sizeof msg, "%s", err->msg);
+            kvq_err_set(err, s, "%s: %s (the keys of the capture whitened by this moments "
+                        "file's factor: is it damaged?)", c->moments_path, msg);
+        }
         goto done;
+    }
     j->cuda = stats_cuda(&fs);
 
     const int have_hold = h.n_hk > 0 && h.n_hq > 0;
@@ -730,6 +737,8 @@ static kvq_status fit_setup(fit_ctx *c, const char *capture_dir, const char *mom
      * (a killed rank's pid says nothing on another machine) */
     if (kvq_dist_rank(p->dist) == 0 && kvq_dist_size(p->dist) > 1)
         fit_clean_job(c, out_path);
+    if (kvq_dist_rank(p->dist) == 0)
+        fit_ckpt_clean_finished(out_path, &c->cb);
     if (kvq_dist_rank(p->dist) == 0 &&
         (s = kvq_output_check(out_path, p->overwrite, kvq_artifact_is_artifact,
                               "a .kvq artifact", err)))
@@ -807,6 +816,8 @@ kvq_status kvq_fit_run(const char *capture_dir, const char *moments_path, const 
     if (summary)
         *summary = sum;
 done:
+    if (s && c.ckpt_dir && kvq_dist_rank(p->dist) == 0)
+        rmdir(c.ckpt_dir); /* a failed run that saved nothing (a full disk) leaves no folder */
     for (int32_t i = 0; c.jobs && i < c.jobs_total; i++)
         fit_job_clear(&c.jobs[i]);
     free(c.jobs);

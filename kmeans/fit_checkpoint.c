@@ -4,6 +4,7 @@
  * every input and setting that changes its tensors; a rerun with the same key reads
  * the job back instead of refitting it.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kvq/artifact.h"
 #include "kvq/util.h"
 #include "kmeans/fit_internal.h"
 
@@ -53,6 +55,43 @@ kvq_status fit_job_key(const fit_ctx *c, int32_t layer, int32_t head, char *buf,
              c->ci->corpus_hash, (long long)c->ci->n_tokens, (long long)c->ci->n_sequences,
              kvq_dtype_name(c->ci->dtype), hash);
     return KVQ_OK;
+}
+
+/* "layer.L.head.H.safetensors" or a temporary of one. */
+static int ckpt_name(const char *n)
+{
+    int l, h, k = 0;
+    return strstr(n, ".tmp.") || (sscanf(n, "layer.%d.head.%d.safetensors%n", &l, &h, &k) == 2 &&
+                                  k > 0 && n[k] == 0);
+}
+
+void fit_ckpt_clean_finished(const char *out_path, const kvq_callbacks *cb)
+{
+    char dir[4096], path[4096 + 256];
+    struct stat so, sf;
+    if (snprintf(dir, sizeof dir, "%s.ckpt", out_path) >= (int)sizeof dir ||
+        lstat(dir, &sf) != 0 || !S_ISDIR(sf.st_mode) || stat(out_path, &so) != 0 ||
+        !kvq_artifact_is_artifact(out_path))
+        return;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int n = 0, ok = d != NULL;
+    while (ok && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        ok = ckpt_name(e->d_name) && lstat(path, &sf) == 0 && S_ISREG(sf.st_mode) &&
+             (sf.st_mtim.tv_sec < so.st_mtim.tv_sec ||
+              (sf.st_mtim.tv_sec == so.st_mtim.tv_sec && sf.st_mtim.tv_nsec <= so.st_mtim.tv_nsec));
+        n++;
+    }
+    if (d)
+        closedir(d);
+    if (!ok)
+        return;
+    kvq_rmtree(dir);
+    kvq_log(cb, KVQ_LOG_INFO, "fit: removed %s (%d checkpoints of a run that finished %s)", dir,
+            n, out_path);
 }
 
 static void ckpt_path(const fit_ctx *c, int32_t layer, int32_t head, char *buf, size_t cap)

@@ -85,6 +85,10 @@ kvq_status fit_job_key(const fit_ctx *c, int32_t layer, int32_t head, char *buf,
 int fit_ckpt_load(const fit_ctx *c, fit_job *j, const char *key);
 /* 1 when job (layer, head) has a checkpoint file (not checked against its key). */
 int fit_ckpt_exists(const fit_ctx *c, int32_t layer, int32_t head);
+/* Removes "<out_path>.ckpt/" when it is what a finished run left (killed after its
+ * final rename): out_path is an artifact written after every checkpoint in it, and it
+ * holds nothing but checkpoints and their temporaries. */
+void fit_ckpt_clean_finished(const char *out_path, const kvq_callbacks *cb);
 /* Writes a job's tensors to its checkpoint file (atomically), creating c->ckpt_dir. */
 kvq_status fit_ckpt_save(const fit_ctx *c, const fit_job *j, const char *key, kvq_err *err);
 

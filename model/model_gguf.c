@@ -244,6 +244,9 @@ static kvq_status read_arch(kvq_model *m, const char **arch_out, kvq_err *err)
     if (!arch)
         return kvq_err_set(err, KVQ_E_NOT_FOUND, "%s: missing metadata key general.architecture",
                            path);
+    if (!*arch)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: metadata general.architecture is empty",
+                           path);
     if (kvq_arch_parse(arch, &c->arch) != 0 || c->arch == KVQ_ARCH_MISTRAL)
         return kvq_err_set(err, KVQ_E_UNSUPPORTED,
                            "%s: general.architecture: unsupported architecture '%s' (kvq reads "
@@ -539,6 +542,27 @@ static kvq_status load_tokenizer(kvq_model *m, const kvq_model_params *p, kvq_er
     return KVQ_OK;
 }
 
+/* block_count against the layers the tensors name ("blk.N."): a file whose count says
+ * fewer (or more) layers than it holds would run some of them silently. */
+static kvq_status check_block_count(const kvq_model *m, kvq_err *err)
+{
+    long top = -1;
+    for (size_t i = 0; i < kvq_gguf_tensor_count(m->gguf); i++) {
+        const char *name = kvq_gguf_tensor_at(m->gguf, i)->name;
+        char *end;
+        if (strncmp(name, "blk.", 4))
+            continue;
+        const long b = strtol(name + 4, &end, 10);
+        if (end != name + 4 && *end == '.' && b > top)
+            top = b;
+    }
+    if (top + 1 != m->cfg.n_layers)
+        return kvq_err_set(err, KVQ_E_CORRUPT, "%s: block_count is %d but its tensors are of "
+                           "%ld layers (blk.0 .. blk.%ld)", m->path, m->cfg.n_layers, top + 1,
+                           top);
+    return KVQ_OK;
+}
+
 kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err *err)
 {
     kvq_status st = kvq_gguf_open(m->path, &m->gguf, err);
@@ -547,8 +571,11 @@ kvq_status kvq_model_load_gguf(kvq_model *m, const kvq_model_params *p, kvq_err 
     const char *arch = NULL;
     if ((st = read_arch(m, &arch, err)) || (st = read_hparams(m, arch, err)) ||
         (st = read_vocab(m, err)) || (st = kvq_model_check_config(&m->cfg, m->path, err)) ||
-        (st = bind_tensors(m, err)))
+        (st = check_block_count(m, err)) || (st = bind_tensors(m, err)))
         return st;
+    if (m->cfg.context_length == 0)
+        kvq_log(&p->cb, KVQ_LOG_WARN, "%s: context_length is 0 (not recorded): positions "
+                "are not checked against the length the model was trained for", m->path);
     if (p->load_tokenizer && kvq_gguf_get(m->gguf, "tokenizer.ggml.model"))
         return load_tokenizer(m, p, err);
     return KVQ_OK;

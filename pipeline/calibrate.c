@@ -86,8 +86,8 @@ static kvq_status check_params(const kvq_calibrate_params *p, kvq_err *err)
         bad = "threads must be >= 1";
     else if (p->capture.seq_len < 2 || p->capture.seq_len > INT32_MAX)
         bad = "capture.seq_len must be in [2, 2^31)";
-    else if (p->capture.max_tokens < 1 || p->capture.max_tokens > INT32_MAX)
-        bad = "capture.max_tokens must be in [1, 2^31)";
+    else if (p->capture.max_tokens < 2 || p->capture.max_tokens > INT32_MAX)
+        bad = "capture.max_tokens must be in [2, 2^31): a sequence needs 2 tokens";
     else if (p->heldout_tokens < 0 || p->heldout_tokens > INT32_MAX)
         bad = "heldout_tokens must be in [0, 2^31)";
     else if (p->profile && !p->capture.values)
@@ -124,6 +124,7 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
     calib_ctx c;
     kvq_calibrate_summary local;
     memset(&c, 0, sizeof c);
+    c.out_lock.fd = c.work_lock.fd = -1;
     kvq_calibrate_params p = p_in ? *p_in : kvq_calibrate_params_default();
     c.p = &p;
     c.model_path = model_path;
@@ -168,6 +169,12 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         goto done;
     }
     snprintf(c.sum->work_dir, sizeof c.sum->work_dir, "%s", c.work);
+    const char *final = c.out_path[p.positions ? KVQ_CALIB_POSITIONS
+                                   : p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
+    /* One run at a time on the output and the work directory (rank 0 holds them). */
+    st = kvq_dist_rank(p.dist) == 0 ? calib_claim(&c, out_path, final, err) : KVQ_OK;
+    if ((st = kvq_dist_agree(p.dist, st, err)))
+        goto done;
 
     /* The stages of this run, in order. */
     static const kvq_calibrate_stage order[KVQ_CALIB_N_STAGES] = {
@@ -187,17 +194,15 @@ kvq_status kvq_calibrate_run(const char *model_path, const char *out_path,
         if (c.active[order[i]] && (st = calib_do_stage(&c, order[i], err)))
             goto done;
 
-    const char *final = c.out_path[p.positions ? KVQ_CALIB_POSITIONS
-                                   : p.profile ? KVQ_CALIB_PROFILE : KVQ_CALIB_FIT];
     snprintf(c.sum->final_artifact, sizeof c.sum->final_artifact, "%s", final);
     if (kvq_dist_rank(p.dist) == 0 && !(st = calib_publish(final, out_path, &c.sum->out_replaced,
-                                                          err)))
+                                                          err)) &&
+        !(st = calib_note_published(&c, out_path, err)))
         st = calib_read_summary(&c, final, err); /* rank 0 publishes; its summary is whole */
     st = kvq_dist_share(p.dist, st, err);
 done:
     /* A run that created the work directory and finished nothing leaves nothing. */
-    if (st && c.created_work && !c.stage_done)
-        rmdir(c.work);
+    calib_release(&c, st && c.created_work && !c.stage_done);
     ctx_free(&c);
     return st;
 }

@@ -15,6 +15,11 @@
 
 #define CALIB_RECORD_VERSION 1
 #define CALIB_IDENT_DEPTH 8 /* directory levels hashed into a file identity */
+#define CALIB_HELDOUT_SHARE 8 /* a corpus short of held-out tokens: at most 1/8 held out */
+#define CALIB_WORK_MARKER ".kvq-work"           /* the mark of a kvq work directory */
+#define CALIB_WORK_FORMAT "kvq work directory 1" /* its first line */
+#define CALIB_WORK_LOCK ".kvq-lock"             /* the work directory's lock file */
+#define CALIB_PUBLISHED "published.hash"        /* FNV-1a of the artifact last published */
 
 /* The run's context. */
 typedef struct calib_ctx {
@@ -24,6 +29,7 @@ typedef struct calib_ctx {
     kvq_corpus *corpus;
     char *work;                     /* work directory */
     int created_work;               /* this run created it */
+    kvq_lock out_lock, work_lock;   /* held by rank 0 for the whole run */
     int stage_done;                 /* some stage finished in this run */
     char *out_path[KVQ_CALIB_N_STAGES];    /* outputs */
     char *rec_path[KVQ_CALIB_N_STAGES];    /* parameter records */
@@ -70,6 +76,18 @@ kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err);
  * held-out tokens (c must be tokenized) and writes in_path plus the choice to out_path. */
 kvq_status calib_run_positions(calib_ctx *c, const char *in_path, const char *out_path,
                                kvq_err *err);
+
+/* ---- calibrate_work.c */
+
+/* Rank 0, before anything changes: locks out_path and the work directory (creating and
+ * marking it when missing), refuses a work directory that is neither marked nor empty
+ * and an existing out_path that is neither what this work directory last published
+ * nor the bytes of `final` (without force). */
+kvq_status calib_claim(calib_ctx *c, const char *out_path, const char *final, kvq_err *err);
+/* Records the published out_path's hash in the work directory. */
+kvq_status calib_note_published(const calib_ctx *c, const char *out_path, kvq_err *err);
+/* Releases the locks; remove_work: the work directory too (its mark; rmdir when empty). */
+void calib_release(calib_ctx *c, int remove_work);
 
 /* ---- calibrate_output.c */
 

@@ -94,6 +94,30 @@ static kvq_status on_seq(void *user, const kvq_corpus_seq *seq, kvq_err *err)
     return c->phase == 2 ? KVQ_E_CANCELLED : KVQ_OK;
 }
 
+/* A corpus that ended inside the calibration set leaves no held-out tokens: then its
+ * last whole sequences are held out instead, up to heldout_tokens and at most an eighth
+ * of the tokens (CALIB_HELDOUT_SHARE), keeping one calibration sequence at least, so the
+ * profile never measures on what the codebooks were fitted to. */
+static void hold_out_share(calib_ctx *c, int64_t held)
+{
+    if (held <= 0 || c->n_seqs > c->n_cal_seqs || c->n_cal_seqs < 2)
+        return;
+    const int64_t target = c->n_cal_tokens / CALIB_HELDOUT_SHARE < held
+                               ? c->n_cal_tokens / CALIB_HELDOUT_SHARE : held;
+    size_t k = c->n_cal_seqs;
+    int64_t moved = 0;
+    while (k > 1 && moved < target && moved + c->seqs[2 * (k - 1) + 1] <= target)
+        moved += c->seqs[2 * --k + 1];
+    if (k == c->n_cal_seqs)
+        return;
+    kvq_log(&c->p->cb, KVQ_LOG_INFO, "calibrate: the corpus '%s' ended before any held-out "
+            "token: its last %zu sequences (%" PRId64 " tokens) are held out instead", c->spec,
+            c->n_cal_seqs - k, moved);
+    c->n_cal_seqs = k;
+    c->n_cal_tokens -= moved;
+    c->n_held_tokens = moved;
+}
+
 /* Opens the model and tokenizes the corpus, once per run. */
 static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
 {
@@ -109,6 +133,8 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
         goto done;
     const kvq_model_config *cfg = kvq_model_config_get(c->model);
     const kvq_tokenizer *tok = kvq_model_tokenizer(c->model);
+    if (!tok && (st = kvq_corpus_check_no_tokenizer(c->corpus, c->model_path, err)))
+        goto done;
     if (!tok) {
         if ((st = kvq_tokenizer_new_ids((uint32_t)cfg->vocab_size, cfg->bos_id, cfg->eos_id,
                                         &own, err)))
@@ -135,6 +161,7 @@ static kvq_status need_tokens(calib_ctx *c, kvq_err *err)
                          c->spec);
         goto done;
     }
+    hold_out_share(c, held);
     kvq_log(&p->cb, KVQ_LOG_INFO,
             "calibrate: corpus %s: %" PRIu64 " documents, %" PRId64 " calibration tokens in %zu "
             "sequences, %" PRId64 " held-out tokens in %zu", c->spec, c->stats.n_docs,
@@ -221,6 +248,8 @@ static kvq_status run_heldout(calib_ctx *c, kvq_err *err)
     kvq_log(&c->p->cb, KVQ_LOG_WARN, "calibrate: %.*s", (int)strlen(note) - 1, note);
     const char *held = c->out_path[KVQ_CALIB_HELDOUT];
     if (access(held, F_OK) == 0) {
+        if ((st = kvq_capture_dir_check_own(held, err)))
+            return st;
         if (!kvq_capture_dir_is_capture(held))
             return kvq_err_set(err, KVQ_E_EXISTS, "%s: exists and is not a kvq capture "
                                "directory; calibrate removes only what it made", held);

@@ -49,7 +49,6 @@ HEADER_HOME = {
 
 # Files over the limit that are one concept each.
 ONE_CONCEPT = {
-    "formats/gguf.c": "the GGUF container: header, metadata values, tensor table, writer",
     "formats/safetensors.c": "the safetensors container: header, validation, writer",
 }
 

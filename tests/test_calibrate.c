@@ -299,7 +299,7 @@ static int n_warn;
 static void count_warn(void *user, kvq_log_level level, const char *msg)
 {
     (void)user;
-    if (level == KVQ_LOG_WARN && strstr(msg, "held-out"))
+    if (level == KVQ_LOG_WARN && strstr(msg, "ended before any held-out token"))
         n_warn++;
 }
 
@@ -319,6 +319,19 @@ static void test_short_corpus_profiles_on_capture(void **state)
     p.corpus = "kv-recall:1"; /* about 700 tokens */
     p.capture.max_tokens = 4096;
     p.cb.log = count_warn;
+    /* Sequences of 64: the corpus's last sequences are held out (at most an eighth of
+     * its tokens), no warning, and the profile runs on them (issue 30 item 14). */
+    n_warn = 0;
+    assert_int_equal(kvq_calibrate_run(model, test_path("share.kvq"), &p, &s, &e), KVQ_OK);
+    assert_int_equal(n_warn, 0);
+    assert_true(s.n_heldout_tokens > 0 && 8 * s.n_heldout_tokens <= s.n_tokens + s.n_heldout_tokens);
+    assert_true(s.n_tokens + s.n_heldout_tokens > 500 && s.n_tokens + s.n_heldout_tokens < 1000);
+    assert_int_equal(s.profiled, 1);
+    /* One sequence of it all: nothing to hold out; the profile runs on the capture, with
+     * a warning and a note. */
+    snprintf(work, sizeof work, "%s", test_path("short1.work"));
+    p.work_dir = work;
+    p.capture.seq_len = 1024;
     n_warn = 0;
     assert_int_equal(kvq_calibrate_run(model, test_path("short.kvq"), &p, &s, &e), KVQ_OK);
     assert_int_equal(n_warn, 1);

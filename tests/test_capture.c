@@ -1094,9 +1094,9 @@ static void test_tiny_errors(void **state)
     assert_int_equal(kvq_capture_run(m, tiny_ids(), NULL, &p, out, &e), KVQ_E_EXISTS);
     assert_true(exists(marker));
     assert_int_equal(entries_named(out), 1);
-    p.overwrite = 1;
+    p.overwrite = 1; /* the file kvq did not write is named, and kept */
     assert_int_equal(kvq_capture_run(m, tiny_ids(), NULL, &p, out, &e), KVQ_E_EXISTS);
-    assert_non_null(strstr(e.msg, "is not a kvq capture directory"));
+    assert_non_null(strstr(e.msg, "/keep: not written by kvq"));
     assert_true(exists(marker));
     assert_int_equal(unlink(marker), 0);
     assert_int_equal(rmdir(out), 0);

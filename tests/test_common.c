@@ -273,6 +273,101 @@ static void test_small_helpers(void **state)
     free(p);
 }
 
+/* XXH64 against the Python xxhash package (scripts/gen_xxh64_golden.py): inputs
+ * (i * 31 + 7) mod 256, every tail length, two seeds; one shot and streamed in pieces. */
+static void test_xxh64_golden(void **state)
+{
+    (void)state;
+    static const struct { size_t n; uint64_t seed, h; } golden[] = {
+    {0, 0x0000000000000000ULL, 0xef46db3751d8e999ULL},
+    {1, 0x0000000000000000ULL, 0xa96c7f0ce858bbb7ULL},
+    {2, 0x0000000000000000ULL, 0xac378c5993cd5f9aULL},
+    {3, 0x0000000000000000ULL, 0x56e6957632a487f9ULL},
+    {4, 0x0000000000000000ULL, 0xc60d15b1e3ff8f04ULL},
+    {5, 0x0000000000000000ULL, 0x808815858624dd4eULL},
+    {7, 0x0000000000000000ULL, 0xafbefc3d6c6f9a8eULL},
+    {8, 0x0000000000000000ULL, 0x3da5c7aa269683e0ULL},
+    {9, 0x0000000000000000ULL, 0x4b17a9ba9e215c09ULL},
+    {31, 0x0000000000000000ULL, 0x4a74f3a1a39ad4a1ULL},
+    {32, 0x0000000000000000ULL, 0x8d57d6a4671cc43dULL},
+    {33, 0x0000000000000000ULL, 0x62c9fd21ed857664ULL},
+    {63, 0x0000000000000000ULL, 0x5c320a0d2707057fULL},
+    {64, 0x0000000000000000ULL, 0x7bbabbc45729d17eULL},
+    {100, 0x0000000000000000ULL, 0xefa0ad2d3e70c151ULL},
+    {1000, 0x0000000000000000ULL, 0x99594f4828043d35ULL},
+    {4099, 0x0000000000000000ULL, 0x98531e44aa4f969dULL},
+    {0, 0x9e3779b97f4a7c15ULL, 0xc4349fc93c010000ULL},
+    {1, 0x9e3779b97f4a7c15ULL, 0x585882422a6165e7ULL},
+    {2, 0x9e3779b97f4a7c15ULL, 0x641d1a59667ae544ULL},
+    {3, 0x9e3779b97f4a7c15ULL, 0x5acb303e78133c22ULL},
+    {4, 0x9e3779b97f4a7c15ULL, 0x7d51d5e2461732b3ULL},
+    {5, 0x9e3779b97f4a7c15ULL, 0x7f8b72856a42bb63ULL},
+    {7, 0x9e3779b97f4a7c15ULL, 0x2ce9adec2b2c8104ULL},
+    {8, 0x9e3779b97f4a7c15ULL, 0x758848f033fa76a2ULL},
+    {9, 0x9e3779b97f4a7c15ULL, 0xd4576cf554b7d929ULL},
+    {31, 0x9e3779b97f4a7c15ULL, 0x8137041f5af88413ULL},
+    {32, 0x9e3779b97f4a7c15ULL, 0x184ebcf3745cd46cULL},
+    {33, 0x9e3779b97f4a7c15ULL, 0x52fac3c981f3cc2eULL},
+    {63, 0x9e3779b97f4a7c15ULL, 0x64ef99a2e94cc7bdULL},
+    {64, 0x9e3779b97f4a7c15ULL, 0xf7f22435fe1ab128ULL},
+    {100, 0x9e3779b97f4a7c15ULL, 0xbc7ab33be7528c18ULL},
+    {1000, 0x9e3779b97f4a7c15ULL, 0xda717f741f399f3fULL},
+    {4099, 0x9e3779b97f4a7c15ULL, 0xc30ffd8b19f6086bULL},
+    };
+    static uint8_t data[4099];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (uint8_t)((i * 31 + 7) % 256);
+    for (size_t g = 0; g < sizeof golden / sizeof golden[0]; g++) {
+        assert_int_equal(kvq_xxh64(data, golden[g].n, golden[g].seed), golden[g].h);
+        static const size_t steps[] = {1, 3, 7, 31, 33, 64};
+        for (size_t k = 0; k < sizeof steps / sizeof steps[0]; k++) {
+            kvq_xxh64_state s;
+            kvq_xxh64_init(&s, golden[g].seed);
+            for (size_t i = 0; i < golden[g].n; i += steps[k])
+                kvq_xxh64_update(&s, data + i,
+                                 golden[g].n - i < steps[k] ? golden[g].n - i : steps[k]);
+            assert_int_equal(kvq_xxh64_digest(&s), golden[g].h);
+        }
+    }
+}
+
+/* A lock is held by one taker at a time, names its holder, and is free again (and its
+ * file gone) after release; a FIFO is refused at once rather than waited on. */
+static void test_lock_and_regular(void **state)
+{
+    (void)state;
+    const char *lp = test_path("x.lock");
+    kvq_lock a, b;
+    kvq_err e = {0};
+    assert_int_equal(kvq_lock_take(lp, "thing", &a, &e), KVQ_OK);
+    assert_int_equal(kvq_lock_take(lp, "thing", &b, &e), KVQ_E_EXISTS);
+    char want[64];
+    snprintf(want, sizeof want, "(pid %ld on host ", (long)getpid());
+    assert_non_null(strstr(e.msg, "thing is in use by another kvq run"));
+    assert_non_null(strstr(e.msg, want));
+    assert_int_equal(b.fd, -1);
+    kvq_lock_release(&a);
+    assert_int_not_equal(access(lp, F_OK), 0);
+    assert_int_equal(kvq_lock_take(lp, "thing", &b, &e), KVQ_OK);
+    kvq_lock_release(&b);
+    kvq_lock_release(&b); /* safe twice */
+
+    const char *fifo = test_path("f.fifo");
+    assert_int_equal(mkfifo(fifo, 0644), 0);
+    int fd = -1;
+    struct stat st;
+    assert_int_equal(kvq_open_regular(fifo, &fd, &st, &e), KVQ_E_IO);
+    assert_non_null(strstr(e.msg, "not a regular file (a FIFO)"));
+    assert_int_equal(fd, -1);
+    uint8_t *d = NULL;
+    size_t n = 0;
+    assert_int_equal(kvq_read_file(fifo, &d, &n, &e), KVQ_E_IO);
+    kvq_map m;
+    assert_int_equal(kvq_map_file(fifo, &m, &e), KVQ_E_IO);
+    assert_int_equal(kvq_read_file(test_tmpdir(), &d, &n, &e), KVQ_E_IO);
+    assert_non_null(strstr(e.msg, "(a directory)"));
+}
+
 static int teardown(void **state)
 {
     test_tmpdir_cleanup();
@@ -290,6 +385,8 @@ int main(void)
         cmocka_unit_test(test_atomic_file),
         cmocka_unit_test(test_rng_reproducible),
         cmocka_unit_test(test_small_helpers),
+        cmocka_unit_test(test_xxh64_golden),
+        cmocka_unit_test(test_lock_and_regular),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, teardown);
 }

@@ -865,6 +865,17 @@ static void test_fit_errors(void **state)
     assert_int_equal(fseek(fp, off, SEEK_SET), 0);
     assert_int_equal(fwrite(&nan, 4, 1, fp), 1);
     fclose(fp);
+    /* the file no longer has the bytes capture.json records: refused, naming it */
+    assert_int_equal(kvq_fit_run(cap3, mom3, out, &p, &sum, &e), KVQ_E_CHECKSUM);
+    assert_non_null(strstr(e.msg, "layer_000.safetensors: checksum mismatch"));
+    assert_false(exists(out));
+    /* a NaN that was there when the capture was written (checksums recomputed) */
+    kvq_capture_info *ci = NULL;
+    char cj[700];
+    snprintf(cj, sizeof cj, "%s/capture.json", cap3);
+    assert_int_equal(kvq_capture_info_read(cap3, &ci, &e), KVQ_OK);
+    assert_int_equal(kvq_capture_info_write(ci, NULL, cj, 1, &e), KVQ_OK);
+    kvq_capture_info_free(ci);
     assert_int_equal(kvq_fit_run(cap3, mom3, out, &p, &sum, &e), KVQ_E_NUMERIC);
     assert_non_null(strstr(e.msg, "layer 0 head 1 row 300 (sequence 2 position 44)"));
     assert_false(exists(out));

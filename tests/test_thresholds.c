@@ -826,6 +826,12 @@ static void test_profile_bad_input(void **state)
     info.files = (char *[]){"layer_000.safetensors", "layer_001.safetensors"};
     assert_int_equal(mkdir(dir, 0755), 0);
     snprintf(json, sizeof json, "%s/capture.json", dir);
+    /* the writer records the listed files' checksums: empty stand-ins (never opened) */
+    for (int i = 0; i < 2; i++) {
+        char lf[700];
+        snprintf(lf, sizeof lf, "%s/%s", dir, info.files[i]);
+        assert_int_equal(test_write_file(lf, "", 0), 0);
+    }
     assert_int_equal(kvq_capture_info_write(&info, NULL, json, 1, &e), KVQ_OK);
     assert_int_equal(kvq_profile_capture(dir, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
     assert_non_null(strstr(e.msg, "no sequence"));

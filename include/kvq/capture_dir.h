@@ -55,6 +55,9 @@ typedef struct kvq_capture_info {
     int has_values;
     char tokenizer_approx[192]; /* "tokenizer_approx": what kvq_tokenizer_approx said
                                    when the model's tokenizer was approximated, else "" */
+    uint64_t *checksums;      /* [n_files] "checksums": XXH64 of each file's bytes, checked
+                                 when the file is opened; NULL for a capture written
+                                 before kvq recorded them (accepted, docs/capture.md) */
 } kvq_capture_info;
 
 /* Reads and validates DIR/capture.json. Cost: reads the JSON only (no layer file is
@@ -81,9 +84,18 @@ kvq_status kvq_capture_info_read(const char *dir, kvq_capture_info **out, kvq_er
 kvq_status kvq_capture_info_read_memory(const char *dir, const void *json, size_t size,
                                         kvq_capture_info **out, kvq_err *err);
 void kvq_capture_info_free(kvq_capture_info *ci); /* NULL is fine */
-/* 1 when dir is a directory whose capture.json kvq_capture_info_read accepts: the only
- * directories --force lets capture replace (kvq_output_owned_fn). */
+/* 1 when dir is a directory whose capture.json kvq_capture_info_read accepts and which
+ * holds only what kvq writes there (kvq_capture_dir_check_own): the only directories
+ * --force lets capture replace (kvq_output_owned_fn). */
 int kvq_capture_dir_is_capture(const char *dir);
+/* KVQ_E_EXISTS "DIR/NAME: not written by kvq; kvq does not delete files it did not
+ * write ..." for the first entry of the directory dir that kvq does not write there
+ * (capture.json, layer_N.safetensors, its temporaries); KVQ_OK when there is none or
+ * dir is not a directory. */
+kvq_status kvq_capture_dir_check_own(const char *dir, kvq_err *err);
+/* kvq_output_check for a capture directory, naming a file of dir that kvq did not
+ * write (overwrite = 1) rather than refusing the directory as a whole. */
+kvq_status kvq_capture_output_check(const char *dir, int overwrite, kvq_err *err);
 
 /* Index i in [0, n_files) of model layer `layer` in the capture, or -1. */
 int32_t kvq_capture_info_find_layer(const kvq_capture_info *ci, int32_t layer);

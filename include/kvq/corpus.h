@@ -102,7 +102,12 @@ void kvq_corpus_free(kvq_corpus *c); /* NULL is fine */
 
 const char *kvq_corpus_spec(const kvq_corpus *c);
 size_t kvq_corpus_source_count(const kvq_corpus *c);
-const kvq_corpus_source *kvq_corpus_source_at(const kvq_corpus *c, size_t i); /* NULL if out */
+const kvq_corpus_source *kvq_corpus_source_at(const kvq_corpus *c, size_t i);
+/* For a model without a tokenizer (model_path names it): KVQ_E_UNSUPPORTED "MODEL: has no
+ * tokenizer (no vocabulary in its metadata), so corpus item N (KIND) cannot be read:
+ * give token ids (ids:FILE)" when a source of c is text, else KVQ_OK. */
+kvq_status kvq_corpus_check_no_tokenizer(const kvq_corpus *c, const char *model_path,
+                                         kvq_err *err); /* NULL if out */
 
 /* ---- documents --------------------------------------------------------------------- */
 

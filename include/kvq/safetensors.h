@@ -136,6 +136,12 @@ size_t kvq_st_data_size(const kvq_st *st);
  * file mode only the header. */
 typedef struct kvq_st_writer kvq_st_writer;
 
+/* Records XXH64 of the data section in the metadata key KVQ_ST_META_DATA_XXH64
+ * ("xxh64:<16 hex>"; call before begin). Every reader (kvq_st_open, _open_memory)
+ * verifies a file that records it: KVQ_E_CHECKSUM naming the file on a mismatch. */
+#define KVQ_ST_META_DATA_XXH64 "data.xxh64"
+kvq_status kvq_st_writer_checksum(kvq_st_writer *w, kvq_err *err);
+
 kvq_st_writer *kvq_st_writer_new(void); /* NULL on out of memory */
 void kvq_st_writer_free(kvq_st_writer *w);
 kvq_status kvq_st_writer_declare(kvq_st_writer *w, const char *name, kvq_dtype dtype, int ndim,

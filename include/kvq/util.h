@@ -82,6 +82,11 @@ typedef struct kvq_map {
 } kvq_map;
 /* Maps `path` read-only. Errors: KVQ_E_NOT_FOUND, KVQ_E_IO. */
 kvq_status kvq_map_file(const char *path, kvq_map *m, kvq_err *err);
+/* Opens path for reading when it is a regular file (*fd, *st filled); anything else (a
+ * FIFO, a device, a directory) is refused at once with KVQ_E_IO "PATH: not a regular
+ * file (a FIFO)", without waiting on it. Used by kvq_map_file and kvq_read_file. */
+struct stat;
+kvq_status kvq_open_regular(const char *path, int *fd, struct stat *st, kvq_err *err);
 void kvq_unmap(kvq_map *m); /* safe on a zeroed map */
 
 /* Reads a whole file into a malloc'd buffer (NUL-terminated for convenience). */
@@ -137,14 +142,45 @@ void kvq_output_clean_stale(const char *path);
  * process that made it still runs: for a job of several processes (MPI ranks, maybe on
  * other machines, where a pid says nothing) that owns `path`. Returns how many. */
 int kvq_output_clean_job(const char *path, const char *inner_dir);
+/* Adds a path (a lock file) to the registry that kvq_output_remove_temporaries removes,
+ * or drops it from it. */
+void kvq_output_register(const char *path);
+void kvq_output_unregister(const char *path);
 /* Removes every registered temporary of this process. Async-signal-safe: meant for a
  * SIGINT/SIGTERM handler of the program (the library installs none). */
 void kvq_output_remove_temporaries(void);
+
+/* ---- locks: one process at a time (common/lock.c) ---------------------------------
+ * flock(2) on a lock file, so the kernel drops it when the process ends (kill -9
+ * included) and no lock is ever left stuck. The holder writes "pid P on host H since
+ * T: COMMAND" into the file; a second taker fails at once with KVQ_E_EXISTS "WHAT is
+ * in use by another kvq run (HOLDER) ...". Release removes the file. */
+typedef struct kvq_lock {
+    int fd;     /* -1 when not held */
+    char *path;
+} kvq_lock;
+kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, kvq_err *err);
+/* The lock of an output being written: "<out_path>.lock" next to it. */
+kvq_status kvq_lock_output(const char *out_path, kvq_lock *lk, kvq_err *err);
+void kvq_lock_release(kvq_lock *lk); /* safe on a lock not held */
 
 /* ---- hashing ------------------------------------------------------------------ */
 /* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */
 uint64_t kvq_fnv1a64(const void *data, size_t n, uint64_t seed);
 #define KVQ_FNV1A64_INIT 0xcbf29ce484222325ULL
+/* XXH64 (common/xxh64.c), one shot or streamed: the checksum of intermediates
+ * (capture layer files, moments files). Not cryptographic. */
+typedef struct kvq_xxh64_state {
+    uint64_t v[4], seed, total;
+    uint8_t buf[32];
+    uint32_t n_buf;
+} kvq_xxh64_state;
+void kvq_xxh64_init(kvq_xxh64_state *s, uint64_t seed);
+void kvq_xxh64_update(kvq_xxh64_state *s, const void *data, size_t n);
+uint64_t kvq_xxh64_digest(const kvq_xxh64_state *s);
+uint64_t kvq_xxh64(const void *data, size_t n, uint64_t seed);
+/* XXH64 (seed 0) of a regular file's bytes, read in pieces. */
+kvq_status kvq_xxh64_file(const char *path, uint64_t *out, kvq_err *err);
 
 /* ---- seeded random numbers ------------------------------------------------------
  * SplitMix64-seeded xoshiro256**: the same seed gives the same stream on every

@@ -181,4 +181,22 @@ else
   fail calibrate_force_same_bytes "exit $(cat "$CLI_TMP/rc")" "$(grep -E 'running|skipped' "$CLI_TMP/stderr")"
 fi
 
+# A corpus that ends inside the calibration set: its last sequences are held out (at
+# most an eighth), so the profile does not measure on the training capture (issue 30
+# item 14; the default corpus tokenized by SmolLM2 is such a corpus).
+_cli_run "$KVQ" calibrate --model "$M" --corpus uuid:2,passkey:1 --seq-len 128 --max-tokens 100000 \
+  --heldout-tokens 512 --codebook 16 --iters 2 --knobs budget --no-positions --threads 2 \
+  --work "$T/short.work" -o "$T/short.kvq"
+cal_tok=$(sed -n 's/^  tokens  *\([0-9]*\) calibration in [0-9]* sequences; \([0-9]*\) held-out in [0-9]*$/\1/p' "$CLI_TMP/stdout")
+held_tok=$(sed -n 's/^  tokens  *[0-9]* calibration in [0-9]* sequences; \([0-9]*\) held-out in [0-9]*$/\1/p' "$CLI_TMP/stdout")
+if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ -n "$held_tok" ] && [ "$held_tok" -gt 0 ] &&
+   [ $((held_tok * 8)) -le $((cal_tok + held_tok)) ] && [ -s "$T/short.work/heldout/capture.json" ] &&
+   ! grep -q 'profile runs on the calibration capture' "$CLI_TMP/stderr" &&
+   grep -q 'profile: LeanKV, PATS, budget and mass profiles on the held-out capture' "$CLI_TMP/stderr"; then
+  ok calibrate_short_corpus_holds_out
+else
+  fail calibrate_short_corpus_holds_out "exit $(cat "$CLI_TMP/rc")" "cal '$cal_tok' held '$held_tok'" \
+    "$(grep -E 'held|tokens' "$CLI_TMP/stdout" "$CLI_TMP/stderr" | head -5)"
+fi
+
 cli_done

@@ -34,14 +34,44 @@ battery corrupt_gguf_run "$T/m.gguf" "$N" "$((S + 1))" -- \
   "$KVQ" run --model "$T/m.gguf" -n 2 --temp 0 --threads 1 -q
 battery corrupt_safetensors_inspect "$T/mom.safetensors" "$N" "$((S + 2))" -- \
   "$KVQ" inspect "$T/mom.safetensors"
-battery corrupt_safetensors_fit "$T/mom.safetensors" "$N" "$((S + 3))" -- \
+# The recorded checksums are XXH64 as the Python xxhash package computes it (an
+# independent implementation): capture.json's per file, the moments file's of its data.
+if "$PYTHON" -c 'import xxhash' 2>/dev/null; then
+  if out=$("$PYTHON" - "$T/cap" "$T/mom.safetensors" <<'EOF' 2>&1
+import json, os, struct, sys
+import xxhash
+cap, mom = sys.argv[1], sys.argv[2]
+cj = json.load(open(os.path.join(cap, "capture.json")))
+assert len(cj["checksums"]) == len(cj["files"])
+for name, want in zip(cj["files"], cj["checksums"]):
+    got = "xxh64:" + xxhash.xxh64(open(os.path.join(cap, name), "rb").read()).hexdigest()
+    assert got == want, (name, got, want)
+b = open(mom, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+meta = json.loads(b[8:8 + n])["__metadata__"]
+got = "xxh64:" + xxhash.xxh64(b[8 + n:]).hexdigest()
+assert meta["data.xxh64"] == got, (meta["data.xxh64"], got)
+EOF
+  ); then ok checksums_match_python_xxhash; else fail checksums_match_python_xxhash "$out"; fi
+else
+  skip checksums_match_python_xxhash "python module xxhash not installed (make deps installs it)"
+fi
+mom_data=$("$PYTHON" -c 'import struct, sys; print(8 + struct.unpack("<Q", open(sys.argv[1], "rb").read(8))[0])' "$T/mom.safetensors")
+battery corrupt_safetensors_fit "$T/mom.safetensors" "$N" "$((S + 3))" --refuse-from "$mom_data" -- \
   "$KVQ" fit --capture "$T/cap" --moments "$T/mom.safetensors" --codebook 8 --iters 1 \
     --layers 1 --threads 1 -q --force -o "$T/f.kvq"
 battery corrupt_capture_json_inspect "$T/cap/capture.json" "$N" "$((S + 4))" -- \
   "$KVQ" inspect "$T/cap"
 battery corrupt_capture_json_moments "$T/cap/capture.json" "$N" "$((S + 5))" -- \
   "$KVQ" moments --capture "$T/cap" -q --force -o "$T/m2.safetensors"
-battery corrupt_capture_layer_moments "$T/cap/layer_001.safetensors" "$N" "$((S + 6))" -- \
+# the layer files and the moments file carry checksums: every damage to what they cover
+# is refused (a flip in tensor data included), never accepted silently
+battery corrupt_capture_layer_fit "$T/cap/layer_000.safetensors" "$N" "$((S + 9))" \
+  --refuse-from 0 -- \
+  "$KVQ" fit --capture "$T/cap" --moments "$T/mom.safetensors" --codebook 8 --iters 1 \
+    --threads 1 -q --force -o "$T/f2.kvq"
+battery corrupt_capture_layer_moments "$T/cap/layer_001.safetensors" "$N" "$((S + 6))" \
+  --refuse-from 0 -- \
   "$KVQ" moments --capture "$T/cap" -q --force -o "$T/m3.safetensors"
 battery corrupt_artifact_inspect "$T/a.kvq" "$N" "$((S + 7))" -- "$KVQ" inspect "$T/a.kvq"
 battery corrupt_artifact_run "$T/a.kvq" "$N" "$((S + 8))" -- \

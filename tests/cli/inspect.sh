@@ -322,6 +322,7 @@ assert d["format"] == "capture" and d["version"] == 1
 assert d["model"]["n_kv_heads"] == 4 and d["model"]["rope_layout"] == "interleaved"
 assert d["corpus"]["hash"] == "00000000deadbeef" and d["n_tokens"] == 4
 assert d["layers"][0]["layer"] == 3 and d["layers"][0]["tensors"][0]["shape"] == [4, 4, 8]
+assert d["checksums"] == "none"
 ' -- "$KVQ" inspect --json "$T/cap"
 mkdir -p "$T/notcap"
 expect_error inspect_plain_directory 1 '^kvq inspect: [^ ]*/notcap: .*not a capture directory' -- \

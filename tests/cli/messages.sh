@@ -53,4 +53,35 @@ else
   [ "$(cat "$T/notes.txt")" = "my notes" ] || fail random_model_notes_kept "$(head -c 64 "$T/notes.txt")"
 fi
 
+# ---- messages that name the file and the value; degenerate input (issue 30 items 10, 11)
+spm_model
+E=$T/degenerate
+mkdir -p "$E"
+ged() { "$PYTHON" tests/helpers/gguf_edit.py "$M" "$@"; }
+ged "$E/notok.gguf" --drop-prefix tokenizer.
+expect_error no_tokenizer_names_model 1 'notok\.gguf: has no tokenizer \(no vocabulary in its metadata\), so corpus item 1 \(uuid\) cannot be read: give token ids' \
+  -- "$KVQ" capture --model "$E/notok.gguf" --corpus uuid:1 -q -o "$E/c"
+ged "$E/arch.gguf" --arch ""
+expect_error empty_architecture 1 'arch\.gguf: metadata general\.architecture is empty' \
+  -- "$KVQ" run --model "$E/arch.gguf" -n 1 -q
+ged "$E/blocks.gguf" --u32 llama.block_count=1
+expect_error block_count_below_tensors 1 "blocks\.gguf: block_count is 1 but its tensors are of $MI_LAYERS layers" \
+  -- "$KVQ" run --model "$E/blocks.gguf" -n 1 -q
+ged "$E/ctx0.gguf" --u32 llama.context_length=0
+_cli_run "$KVQ" run --model "$E/ctx0.gguf" -n 1 -q --prompt a
+[ "$(cat "$CLI_TMP/rc")" = 0 ] &&
+  grep -q 'ctx0\.gguf: context_length is 0 (not recorded)' "$CLI_TMP/stderr" &&
+  ok context_length_zero_warns || fail context_length_zero_warns "$(head -3 "$CLI_TMP/stderr")"
+printf '   \n\n \t  \n' >"$E/blank.txt"
+expect_error whitespace_corpus_refused 1 "corpus '.*blank\.txt' contains only white space \([0-9]+ bytes\)" \
+  -- "$KVQ" calibrate --model "$M" --corpus "$E/blank.txt" -q -o "$E/b.kvq"
+[ ! -e "$E/b.kvq" ] && [ ! -e "$E/b.kvq.work" ] && ok whitespace_corpus_leaves_nothing ||
+  fail whitespace_corpus_leaves_nothing "$(ls -A "$E")"
+expect_error calibrate_max_tokens_one 2 "max-tokens: '1' is out of range \[2," \
+  -- "$KVQ" calibrate --model "$M" --max-tokens 1 -q -o "$E/m.kvq"
+expect_error capture_max_tokens_one 1 "max tokens 1 makes no sequence: a sequence needs 2 tokens" \
+  -- "$KVQ" capture --model "$M" --corpus uuid:1 --max-tokens 1 -q -o "$E/c1"
+expect_error profile_budget_percent 2 "--budgets: '101%' is not a percentage in \[.*%, 100%\]" \
+  -- "$KVQ" profile --capture "$E/x" --artifact "$E/y.kvq" -o "$E/z.kvq" --budgets 101%
+
 cli_done

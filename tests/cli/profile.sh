@@ -15,7 +15,7 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q -- "--capture DIR" "$CLI_TMP/stdout
 expect_error profile_missing_args 2 'required' -- "$KVQ" profile --capture x
 expect_error profile_bad_knob 2 "unknown knob 'speed'" -- "$KVQ" profile --knobs leankv,speed
 expect_error profile_bad_list 2 "--alpha-h: 'x' is not a number" -- "$KVQ" profile --alpha-h 1,x
-expect_error profile_bad_budget 2 "--budgets: '200' is not a number" -- "$KVQ" profile --budgets 5%,200%
+expect_error profile_bad_budget 2 "--budgets: '200%' is not a percentage in \[.*%, 100%\]" -- "$KVQ" profile --budgets 5%,200%
 expect_error profile_bad_sample_jobs 2 "--sample-jobs" -- "$KVQ" profile --sample-jobs 1.5
 expect_error profile_zero_sample_jobs 2 "--sample-jobs" -- "$KVQ" profile --sample-jobs 0
 expect_error profile_model_needs_corpus 2 'go together' -- \

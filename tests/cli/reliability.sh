@@ -23,14 +23,14 @@ cap() { "$KVQ" capture --model "$M" --threads 1 --seq-len 32 --max-tokens 128 -q
 
 # ---- --force replaces only a kvq capture directory --------------------------------------
 mkdir -p "$T/docs" && echo "my notes" >"$T/docs/notes.txt"
-expect_error force_user_dir 1 "docs: exists and is not a kvq capture directory" -- \
+expect_error force_user_dir 1 "docs/notes\.txt: not written by kvq; kvq does not delete files it did not write" -- \
   cap --corpus uuid:2 --force -o "$T/docs"
 [ "$(cat "$T/docs/notes.txt" 2>/dev/null)" = "my notes" ] || fail force_user_dir_kept "$(ls "$T/docs")"
 mkdir -p "$T/cwd" && echo x >"$T/cwd/keep"
 _cli_run bash -c "cd '$T/cwd' && exec \"\$0\" capture --model '$M' --corpus uuid:2 --seq-len 32 \
   --max-tokens 64 -q --force -o ." "$KVQ"
-if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "^kvq capture: \.: exists and is not a kvq capture" \
-     "$CLI_TMP/stderr" && [ "$(ls -A "$T/cwd")" = keep ]; then
+if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "^kvq capture: \./keep: not written by kvq" \
+     "$CLI_TMP/stderr" && [ "$(ls -A "$T/cwd")" = keep ] && [ ! -e "$T/cwd.lock" ]; then
   ok force_dot
 else
   fail force_dot "exit $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")" "$(ls -A "$T/cwd")"
@@ -49,7 +49,7 @@ cap --corpus uuid:2 --layers 0,1,2,3,4 --force -o "$T/a"
 mkdir -p "$T/work/capture" && echo "mine" >"$T/work/capture/thesis.txt"
 _cli_run "$KVQ" calibrate --model "$M" --corpus uuid:2 --max-tokens 64 --seq-len 32 \
   --work "$T/work" -q -o "$T/cal.kvq"
-if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "capture: exists and is not a kvq capture" \
+if [ "$(cat "$CLI_TMP/rc")" = 1 ] && grep -q "work: not a kvq work directory (no \.kvq-work mark" \
      "$CLI_TMP/stderr" && [ "$(cat "$T/work/capture/thesis.txt" 2>/dev/null)" = mine ] &&
    [ ! -e "$T/cal.kvq" ]; then
   ok calibrate_work_user_capture

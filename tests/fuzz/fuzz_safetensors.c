@@ -5,10 +5,12 @@
  * the reader's contract, every view's bytes are read, and the file is re-serialized
  * with the writer: the copy must open to the same tensors and metadata. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvq/safetensors.h"
+#include "kvq/util.h"
 
 #define CHECK(c) do { if (!(c)) abort(); } while (0)
 
@@ -92,6 +94,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         sink ^= (uint8_t)strlen(v);
     }
     (void)sink;
+    /* accepted with a recorded checksum: it is the data's (a mismatch is KVQ_E_CHECKSUM) */
+    const char *sum = kvq_st_meta_get(st, KVQ_ST_META_DATA_XXH64);
+    if (sum) {
+        char want[32];
+        snprintf(want, sizeof want, "xxh64:%016llx", (unsigned long long)kvq_xxh64(base, ds, 0));
+        CHECK(!strcmp(sum, want));
+    }
     check_copy(st);
     kvq_st_close(st);
     return 0;

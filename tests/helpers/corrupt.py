@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """corrupt.py - the corruption battery's driver (tests/cli/corrupt.sh, make fuzz).
 
-  corrupt.py NAME FILE CASES SEED -- CMD...
+  corrupt.py NAME FILE CASES SEED [--refuse-from OFFSET] -- CMD...
 
 Makes CASES damaged copies of FILE, in place (FILE is restored after each case and at
 the end): half are truncations at spread and random lengths (0, 1, the first bytes,
@@ -12,6 +12,9 @@ the case is refused or accepted and nothing else:
   exit 0 (accepted), or exit 1 with stderr's last line starting "kvq: " and naming
   the file (its base name, or its directory's for a file inside a capture directory);
   never a signal (a crash, an abort), a timeout, another exit code, or an empty message.
+With --refuse-from OFFSET, a file whose bytes from OFFSET on are checksummed (a capture
+layer file: 0; a moments file: its data section), every truncation and every flip at or
+after OFFSET must be refused: accepting one is a failure (issue 30 item 9).
 Prints "ok NAME (N cases: R refused, A accepted)" or "FAIL NAME" with the cases.
 """
 import os
@@ -39,6 +42,8 @@ def cases(size, n, rng):
 def main():
     name, path, n, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     cmd = sys.argv[sys.argv.index("--") + 1:]
+    opts = sys.argv[5:sys.argv.index("--")]
+    refuse_from = int(opts[1]) if opts[:1] == ["--refuse-from"] else None
     with open(path, "rb") as f:
         orig = f.read()
     backup = path + ".battery-orig"
@@ -61,7 +66,11 @@ def main():
                 continue
             err = r.stderr.decode("utf-8", "replace").strip().splitlines()
             last = err[-1] if err else ""
-            if r.returncode == 0:
+            must_refuse = refuse_from is not None and (kind == "truncate" or pos >= refuse_from)
+            if r.returncode == 0 and must_refuse:
+                bad.append(f"{what}: accepted, but the bytes from {refuse_from} on are "
+                           "checksummed")
+            elif r.returncode == 0:
                 accepted += 1
             elif r.returncode == 1 and last.startswith("kvq") and any(s in last for s in names):
                 refused += 1
