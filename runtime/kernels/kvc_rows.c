@@ -1,0 +1,132 @@
+/*
+ * runtime/kernels/kvc_rows.c — the scalar readers of LeanKV and PATS rows (formats in
+ * kvc_rows.h): codes and fields are taken from the stored bits as the loop goes.
+ */
+#include "runtime/kernels/kvc_rows.h"
+
+#include "kvq/half.h"
+
+/* ==========================================================================
+ * Bit streams
+ * ========================================================================== */
+
+/* `w` (1..16) bits at bit offset `off` of the little-endian stream p. */
+static uint32_t get_bits(const uint8_t *p, uint64_t off, int32_t w)
+{
+    const uint8_t *b = p + (off >> 3);
+    const uint32_t sh = (uint32_t)(off & 7u);
+    uint32_t v = (uint32_t)b[0];
+    if (sh + (uint32_t)w > 8)
+        v |= (uint32_t)b[1] << 8;
+    if (sh + (uint32_t)w > 16)
+        v |= (uint32_t)b[2] << 16;
+    return (v >> sh) & ((1u << w) - 1u);
+}
+
+static void put_bits(uint8_t *p, uint64_t off, int32_t w, uint32_t v)
+{
+    for (int32_t k = 0; k < w; k++)
+        if (v >> k & 1u)
+            p[(off + (uint64_t)k) >> 3] |= (uint8_t)(1u << ((off + (uint64_t)k) & 7u));
+}
+
+/* ==========================================================================
+ * LeanKV rows
+ * ========================================================================== */
+
+size_t kvq_rk_lkq_row_bytes(int32_t n, int32_t bits)
+{
+    return 4u + ((size_t)n * (size_t)bits + 7u) / 8u;
+}
+
+uint32_t kvq_rk_lkq_code(const uint8_t *row, int32_t t, int32_t bits)
+{
+    return get_bits(row + 4, (uint64_t)t * (uint64_t)bits, bits);
+}
+
+void kvq_rk_lkq_put_code(uint8_t *row, int32_t t, int32_t bits, uint32_t c)
+{
+    put_bits(row + 4, (uint64_t)t * (uint64_t)bits, bits, c);
+}
+
+static void lkq_meta(const uint8_t *row, float *s, float *z)
+{
+    *s = kvq_f16_to_f32_ref((uint16_t)(row[0] | row[1] << 8));
+    *z = kvq_f16_to_f32_ref((uint16_t)(row[2] | row[3] << 8));
+}
+
+void kvq_rk_lkq_dequant(const uint8_t *row, int32_t n, int32_t bits, float *out)
+{
+    float s, z;
+    lkq_meta(row, &s, &z);
+    for (int32_t t = 0; t < n; t++)
+        out[t] = s * (float)kvq_rk_lkq_code(row, t, bits) - z;
+}
+
+float kvq_rk_lkq_dot(const float *q, const uint8_t *row, int32_t n, int32_t bits)
+{
+    float s, z;
+    lkq_meta(row, &s, &z);
+    double qc = 0, qs = 0;
+    for (int32_t t = 0; t < n; t++) {
+        qc += (double)q[t] * (double)kvq_rk_lkq_code(row, t, bits);
+        qs += (double)q[t];
+    }
+    return (float)((double)s * qc - (double)z * qs);
+}
+
+void kvq_rk_lkq_axpy(float a, const uint8_t *row, int32_t n, int32_t bits, float *y)
+{
+    float s, z;
+    lkq_meta(row, &s, &z);
+    for (int32_t t = 0; t < n; t++)
+        y[t] += a * (s * (float)kvq_rk_lkq_code(row, t, bits) - z);
+}
+
+/* ==========================================================================
+ * PATS rows
+ * ========================================================================== */
+
+size_t kvq_rk_pats_row_bytes(int32_t n, int32_t b)
+{
+    const size_t w = (size_t)(16 - b), B = 512u / w;
+    return 64u * (((size_t)n + B - 1u) / B);
+}
+
+void kvq_rk_pats_pack(const uint16_t *h, int32_t n, int32_t b, uint8_t *row)
+{
+    const int32_t w = 16 - b, B = 512 / w;
+    const size_t bytes = kvq_rk_pats_row_bytes(n, b);
+    for (size_t i = 0; i < bytes; i++)
+        row[i] = 0;
+    for (int32_t c = 0; c < n; c++)
+        put_bits(row + 64 * (size_t)(c / B), (uint64_t)(c % B) * (uint64_t)w, w,
+                 (uint32_t)h[c] >> b);
+}
+
+uint16_t kvq_rk_pats_elem(const uint8_t *row, int32_t c, int32_t b)
+{
+    const int32_t w = 16 - b, B = 512 / w;
+    const uint32_t f = get_bits(row + 64 * (size_t)(c / B), (uint64_t)(c % B) * (uint64_t)w, w);
+    return (uint16_t)(f << b);
+}
+
+void kvq_rk_pats_unpack(const uint8_t *row, int32_t n, int32_t b, float *out)
+{
+    for (int32_t c = 0; c < n; c++)
+        out[c] = kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+}
+
+float kvq_rk_pats_dot(const float *q, const uint8_t *row, int32_t n, int32_t b)
+{
+    double s = 0;
+    for (int32_t c = 0; c < n; c++)
+        s += (double)q[c] * (double)kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+    return (float)s;
+}
+
+void kvq_rk_pats_axpy(float a, const uint8_t *row, int32_t n, int32_t b, float *y)
+{
+    for (int32_t c = 0; c < n; c++)
+        y[c] += a * kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+}
