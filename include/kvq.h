@@ -42,6 +42,7 @@
 #include "kvq/fit.h"
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
+#include "kvq/kvcache.h"
 #include "kvq/calibrate.h"
 #include "kvq/engine.h"
 
