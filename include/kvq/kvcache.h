@@ -65,6 +65,11 @@ kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_par
                               kvq_kvcache **out, kvq_err *err);
 void kvq_kvcache_free(kvq_kvcache *c); /* NULL is fine */
 kvq_attn_backend kvq_kvcache_backend(kvq_kvcache *c);
+/* Lays the next sequence out before its first token (after kvq_forward_reset): a
+ * prompt of prompt_tokens (>= 0) tokens and n_tokens (>= 1) in all (PATS lays b(t)
+ * over them). Errors: KVQ_E_INVALID_ARG, KVQ_E_NOMEM. */
+kvq_status kvq_kvcache_begin(kvq_kvcache *c, int64_t prompt_tokens, int64_t n_tokens,
+                             kvq_err *err);
 
 /* Memory the cache held at the end of each sequence, summed over the sequences (the
  * current one included) and every layer and KV head: tokens, bytes in total and per

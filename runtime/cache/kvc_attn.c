@@ -132,6 +132,22 @@ static void kvcache_reset(void *user)
     c->broken = heads_init(c, &c->berr); /* out of memory: the next call reports it */
 }
 
+kvq_status kvq_kvcache_begin(kvq_kvcache *c, int64_t prompt_tokens, int64_t n_tokens,
+                             kvq_err *err)
+{
+    if (prompt_tokens < 0 || n_tokens < 1)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache: prompt %lld of %lld tokens",
+                           (long long)prompt_tokens, (long long)n_tokens);
+    memory_add(c, &c->done);
+    heads_free(c);
+    c->p.prompt_tokens = prompt_tokens;
+    c->p.max_tokens = n_tokens;
+    c->broken = heads_init(c, err);
+    if (c->broken)
+        c->berr = *err;
+    return c->broken;
+}
+
 void kvq_kvcache_free(kvq_kvcache *c)
 {
     if (!c)
