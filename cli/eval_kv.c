@@ -109,7 +109,7 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
                              "--alpha-h and --alpha-l", src, sep, what,
                              artifact ? "leankv.alpha_h and leankv.alpha_l in the artifact"
                                       : "--artifact with a profile");
-        if (!(w >= 0 && w <= (1 << 20)))
+        if (!isnan(w) && !(w >= 0 && w <= (1 << 20)))
             return cli_failf(1, "%s%sleankv.window %g out of range", src, sep, w);
     } else {
         const char *sched = st ? kvq_st_meta_get(st, KVQ_META_PATS_SCHEDULE) : NULL;

@@ -42,6 +42,7 @@ HEADER_HOME = {
     "codebook.h": "codebook",
     "kmeans.h": "kmeans", "fit.h": "kmeans",
     "runtime.h": "runtime", "retrieval.h": "runtime", "engine.h": "runtime",
+    "kvcache.h": "runtime",
     "thresholds.h": "thresholds", "summary.h": "thresholds",
     "calibrate.h": "pipeline",
 }
