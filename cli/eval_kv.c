@@ -136,6 +136,21 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
     return 0;
 }
 
+int cli_kv_resolve(const cli_kv *o, const char *artifact, kvq_kvcache_params *p, double *frac)
+{
+    kvq_err e = {0};
+    kvq_artifact *a = NULL;
+    if (o->kind == KVQ_KV_LEANKV_PATS)
+        return cli_failf(2, "--kv leankv+pats is not implemented (use leankv or pats)");
+    if (o->kind == KVQ_KV_F16)
+        return cli_failf(2, "--kv f16 is the exact cache (no compressed cache to make)");
+    if (artifact && kvq_artifact_open(artifact, &a, &e))
+        return cli_fail(&e);
+    int rc = resolve(o, artifact, a ? kvq_artifact_payload(a) : NULL, p, frac);
+    kvq_artifact_close(a);
+    return rc;
+}
+
 /* ---- the run ---------------------------------------------------------------------- */
 
 typedef struct kv_begin {
@@ -212,7 +227,6 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
 {
     const kvq_model_config *c = kvq_model_config_get(m);
     kvq_err e = {0};
-    kvq_artifact *a = NULL;
     kvq_seq_set sl = {0};
     kvq_forward *f = NULL;
     kvq_kvcache *kc = NULL;
@@ -221,14 +235,8 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
     double frac, ref, nll;
     uint64_t n_ref, n_pred;
     int rc;
-    if (o->kind == KVQ_KV_LEANKV_PATS)
-        return cli_failf(2, "eval: --kv leankv+pats is not implemented (use leankv or pats)");
-    if (artifact && kvq_artifact_open(artifact, &a, &e)) {
-        rc = cli_fail(&e);
-        goto done;
-    }
-    if ((rc = resolve(o, artifact, a ? kvq_artifact_payload(a) : NULL, &p, &frac)))
-        goto done;
+    if ((rc = cli_kv_resolve(o, artifact, &p, &frac)))
+        return rc;
     p.max_tokens = seq_len;
     p.threads = threads;
     kvq_seq_params sp;
@@ -278,7 +286,6 @@ done:
     kvq_forward_free(f);
     kvq_kvcache_free(kc);
     kvq_seq_set_free(&sl);
-    kvq_artifact_close(a);
     free(logits);
     return rc;
 }

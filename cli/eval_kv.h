@@ -24,6 +24,11 @@ void cli_kv_init(cli_kv *o);
 int cli_kv_opt(const char *cmd, cli_kv *o, int argc, char **argv, int *i);
 void cli_kv_usage(FILE *f);
 
+/* The cache parameters of o: the options, else the artifact's (NULL: none). Prints the
+ * error and returns 1 (2 for a usage error) when one is missing or out of range, or
+ * the kind has no compressed cache (f16, leankv+pats). frac: the prompt share. */
+int cli_kv_resolve(const cli_kv *o, const char *artifact, kvq_kvcache_params *p, double *frac);
+
 /* `kvq eval --kv KIND` without retrieval: perplexity with full attention over the exact
  * cache and over the compressed one, each sequence's first floor(prompt_fraction n)
  * tokens its prompt and the rest predicted, and the memory the cache held. artifact
