@@ -89,11 +89,16 @@ static void lkq_record(golden *g, int *counts)
             ref += (double)q[t] * xh[t];
             mag += fabs((double)q[t] * xh[t]) + fabs((double)q[t]) * 1e-3;
         }
-        assert_true(fabs(kvq_rk_lkq_dot(q, row, n, bits) - ref) <= 1e-5 * mag + 1e-30);
+        const float dot1 = kvq_rk_lkq_dot(q, row, n, bits);
+        assert_true(fabs(dot1 - ref) <= 1e-5 * mag + 1e-30);
+        float dn[2], an[2] = {0.5f, 0}, yn[2 * 512] = {0};
+        kvq_rk_lkq_dot_n(q, 2, 0, row, n, bits, dn); /* the group form: the same bits */
+        assert_true(dn[0] == dot1 && dn[1] == dot1);
+        kvq_rk_lkq_axpy_n(an, 2, row, n, bits, yn, n);
         memset(mine, 0, sizeof(float) * n);
         kvq_rk_lkq_axpy(0.5f, row, n, bits, mine);
         for (int32_t t = 0; t < n; t++)
-            assert_true(mine[t] == 0.5f * xh[t]);
+            assert_true(mine[t] == 0.5f * xh[t] && yn[t] == mine[t] && yn[n + t] == 0);
         counts[0]++;
     }
     free(x), free(xh), free(mine), free(q), free(row), free(want);
@@ -127,6 +132,9 @@ static void pats_record(golden *g, int *counts)
         for (int32_t t = 0; t < n; t++)
             q[t] = (float)(t % 3 - 1);
         assert_true(kvq_rk_pats_dot(q, row, n, b) == (float)ref);
+        float dn[1];
+        kvq_rk_pats_dot_n(q, 1, 0, row, n, b, dn);
+        assert_true(dn[0] == (float)ref);
         counts[0]++;
     }
     free(x), free(xt), free(mine), free(row), free(want);

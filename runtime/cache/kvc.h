@@ -117,6 +117,8 @@ typedef struct kvq_rt_lk_pool {
     int32_t kb, vb;
 } kvq_rt_lk_pool;
 
+#define KVQ_RT_LK_MAX_GROUP 64 /* query heads per KV head */
+
 /* A LeanKV cache of one KV head with `gs` query heads: the prompt's tokens are held
  * exactly (f32) until kvq_rt_lk_end_prompt, then every token in its class's pool. */
 typedef struct kvq_rt_lk_head {

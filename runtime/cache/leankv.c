@@ -68,8 +68,9 @@ kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
     memset(H, 0, sizeof *H);
     if ((s = kvq_rt_lk_check(p, err)))
         return s;
-    if (d < 1 || d > 512 || gs < 1)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: d %d, gs %d", (int)d, (int)gs);
+    if (d < 1 || d > 512 || gs < 1 || gs > KVQ_RT_LK_MAX_GROUP)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: d %d (1..512), gs %d (1..%d)", (int)d,
+                           (int)gs, KVQ_RT_LK_MAX_GROUP);
     H->p = *p;
     H->d = d;
     H->gs = gs;
@@ -170,57 +171,72 @@ kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, k
     return KVQ_OK;
 }
 
-/* Logit of q [d] against token j's key; its value mixed into o with weight a. */
-static float key_dot(const kvq_rt_lk_head *H, int64_t j, const float *q)
+/* The logits of the gs queries q [gs, d] against token j's key, into lg [gs]. */
+static void key_dots(const kvq_rt_lk_head *H, int64_t j, const float *q, float *lg)
 {
     const int32_t d = H->d;
     if (!H->prompt_done) {
         const float *k = H->exact + (size_t)j * 2 * d;
-        double s = 0;
-        for (int32_t t = 0; t < d; t++)
-            s += (double)q[t] * k[t];
-        return (float)s;
+        for (int32_t g = 0; g < H->gs; g++) {
+            double s = 0;
+            for (int32_t t = 0; t < d; t++)
+                s += (double)q[(size_t)g * d + t] * k[t];
+            lg[g] = (float)s;
+        }
+        return;
     }
     const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
-    return kvq_rk_lkq_dot(q, pool_row(P, H->slot[j]), d, P->kb);
+    kvq_rk_lkq_dot_n(q, H->gs, d, pool_row(P, H->slot[j]), d, P->kb, lg);
 }
 
-static void value_mix(const kvq_rt_lk_head *H, int64_t j, float a, float *o)
+/* o [gs, d] += a[g] v_j. */
+static void value_mix(const kvq_rt_lk_head *H, int64_t j, const float *a, float *o)
 {
     const int32_t d = H->d;
     if (!H->prompt_done) {
         const float *v = H->exact + ((size_t)j * 2 + 1) * d;
-        for (int32_t t = 0; t < d; t++)
-            o[t] += a * v[t];
+        for (int32_t g = 0; g < H->gs; g++)
+            for (int32_t t = 0; t < d; t++)
+                o[(size_t)g * d + t] += a[g] * v[t];
         return;
     }
     const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
-    kvq_rk_lkq_axpy(a, pool_row(P, H->slot[j]) + P->krow, d, P->vb, o);
+    kvq_rk_lkq_axpy_n(a, H->gs, pool_row(P, H->slot[j]) + P->krow, d, P->vb, o, d);
 }
 
 void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o)
 {
-    const int32_t d = H->d;
+    const int32_t d = H->d, gs = H->gs;
     const int64_t n = H->n;
-    for (int32_t g = 0; g < H->gs; g++) {
-        float *p = H->p_ + (size_t)g * (size_t)H->cap, mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) {
-            p[j] = H->cls[j] == KVQ_RT_LK_PRUNED ? -INFINITY
-                                                 : scale * key_dot(H, j, q + (size_t)g * d);
+    const size_t ld = (size_t)H->cap;
+    float lg[KVQ_RT_LK_MAX_GROUP];
+    for (int64_t j = 0; j < n; j++) {
+        const int kept = H->cls[j] != KVQ_RT_LK_PRUNED;
+        if (kept)
+            key_dots(H, j, q, lg);
+        for (int32_t g = 0; g < gs; g++)
+            H->p_[g * ld + (size_t)j] = kept ? scale * lg[g] : -INFINITY;
+    }
+    for (int32_t g = 0; g < gs; g++) {
+        float *p = H->p_ + g * ld, mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
             mx = p[j] > mx ? p[j] : mx;
-        }
         double sum = 0;
         for (int64_t j = 0; j < n; j++)
             sum += (p[j] = H->cls[j] == KVQ_RT_LK_PRUNED ? 0.0f : expf(p[j] - mx));
-        float *og = o + (size_t)g * d;
-        memset(og, 0, sizeof(float) * (size_t)d);
         for (int64_t j = 0; j < n; j++) {
             p[j] = (float)(p[j] / sum);
             if (j < n - 1) /* the query's own token: not a later query */
-                H->acc[(size_t)j * H->gs + g] += p[j];
-            if (p[j] > 0)
-                value_mix(H, j, p[j], og);
+                H->acc[(size_t)j * gs + g] += p[j];
         }
+    }
+    memset(o, 0, sizeof(float) * (size_t)gs * d);
+    for (int64_t j = 0; j < n; j++) {
+        if (H->cls[j] == KVQ_RT_LK_PRUNED)
+            continue;
+        for (int32_t g = 0; g < gs; g++)
+            lg[g] = H->p_[g * ld + (size_t)j];
+        value_mix(H, j, lg, o);
     }
     H->nq++;
 }

@@ -95,7 +95,7 @@ kvq_status kvq_rt_pats_head_init(kvq_rt_pats_head *H, int32_t d, int32_t gs, int
     memset(H, 0, sizeof *H);
     if ((s = kvq_rt_pats_check(p, err)))
         return s;
-    if (d < 1 || d > 512 || gs < 1 || T < 1)
+    if (d < 1 || d > 512 || gs < 1 || gs > KVQ_RT_LK_MAX_GROUP || T < 1)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "pats: d %d, gs %d, T %lld", (int)d, (int)gs,
                            (long long)T);
     H->p = *p;
@@ -149,22 +149,30 @@ kvq_status kvq_rt_pats_append(kvq_rt_pats_head *H, const float *k, const float *
 
 void kvq_rt_pats_attend(kvq_rt_pats_head *H, const float *q, float scale, float *o)
 {
-    const int32_t d = H->d;
+    const int32_t d = H->d, gs = H->gs;
     const int64_t n = H->n;
-    for (int32_t g = 0; g < H->gs; g++) {
-        float *p = H->p_ + (size_t)g * (size_t)n, mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) {
-            p[j] = scale * kvq_rk_pats_dot(q + (size_t)g * d, H->data + H->off[j], d, H->b[j]);
+    const size_t ld = (size_t)H->T;
+    float lg[KVQ_RT_LK_MAX_GROUP];
+    for (int64_t j = 0; j < n; j++) {
+        kvq_rk_pats_dot_n(q, gs, d, H->data + H->off[j], d, H->b[j], lg);
+        for (int32_t g = 0; g < gs; g++)
+            H->p_[g * ld + (size_t)j] = scale * lg[g];
+    }
+    for (int32_t g = 0; g < gs; g++) {
+        float *p = H->p_ + g * ld, mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
             mx = p[j] > mx ? p[j] : mx;
-        }
         double sum = 0;
         for (int64_t j = 0; j < n; j++)
             sum += (p[j] = expf(p[j] - mx));
-        float *og = o + (size_t)g * d;
-        memset(og, 0, sizeof(float) * (size_t)d);
-        for (int64_t j = 0; j < n; j++) {
-            const size_t rb = kvq_rk_pats_row_bytes(d, H->b[j]);
-            kvq_rk_pats_axpy((float)(p[j] / sum), H->data + H->off[j] + rb, d, H->b[j], og);
-        }
+        for (int64_t j = 0; j < n; j++)
+            p[j] = (float)(p[j] / sum);
+    }
+    memset(o, 0, sizeof(float) * (size_t)gs * d);
+    for (int64_t j = 0; j < n; j++) {
+        for (int32_t g = 0; g < gs; g++)
+            lg[g] = H->p_[g * ld + (size_t)j];
+        const size_t rb = kvq_rk_pats_row_bytes(d, H->b[j]);
+        kvq_rk_pats_axpy_n(lg, gs, H->data + H->off[j] + rb, d, H->b[j], o, d);
     }
 }

@@ -83,6 +83,60 @@ void kvq_rk_lkq_axpy(float a, const uint8_t *row, int32_t n, int32_t bits, float
         y[t] += a * (s * (float)kvq_rk_lkq_code(row, t, bits) - z);
 }
 
+/* The codes of a row as floats, c [n] (n <= 512): byte-aligned widths without the bit
+ * stream. */
+static void lkq_codes(const uint8_t *row, int32_t n, int32_t bits, float *c)
+{
+    const uint8_t *p = row + 4;
+    if (bits == 8) {
+        for (int32_t t = 0; t < n; t++)
+            c[t] = (float)p[t];
+    } else if (bits == 4) {
+        for (int32_t t = 0; t < n; t++)
+            c[t] = (float)((p[t >> 1] >> ((t & 1) * 4)) & 15u);
+    } else if (bits == 2) {
+        for (int32_t t = 0; t < n; t++)
+            c[t] = (float)((p[t >> 2] >> ((t & 3) * 2)) & 3u);
+    } else {
+        for (int32_t t = 0; t < n; t++)
+            c[t] = (float)kvq_rk_lkq_code(row, t, bits);
+    }
+}
+
+void kvq_rk_lkq_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
+                      int32_t bits, float *out)
+{
+    float c[512], s, z;
+    lkq_meta(row, &s, &z);
+    lkq_codes(row, n, bits, c);
+    for (int32_t g = 0; g < nq; g++) {
+        const float *qg = q + (size_t)g * (size_t)ldq;
+        double qc = 0, qs = 0;
+        for (int32_t t = 0; t < n; t++) {
+            qc += (double)qg[t] * (double)c[t];
+            qs += (double)qg[t];
+        }
+        out[g] = (float)((double)s * qc - (double)z * qs);
+    }
+}
+
+void kvq_rk_lkq_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t bits,
+                       float *y, int64_t ldy)
+{
+    float c[512], s, z;
+    lkq_meta(row, &s, &z);
+    lkq_codes(row, n, bits, c);
+    for (int32_t t = 0; t < n; t++)
+        c[t] = s * c[t] - z;
+    for (int32_t g = 0; g < na; g++) {
+        if (a[g] == 0)
+            continue;
+        float *yg = y + (size_t)g * (size_t)ldy;
+        for (int32_t t = 0; t < n; t++)
+            yg[t] += a[g] * c[t];
+    }
+}
+
 /* ==========================================================================
  * PATS rows
  * ========================================================================== */
@@ -129,4 +183,32 @@ void kvq_rk_pats_axpy(float a, const uint8_t *row, int32_t n, int32_t b, float *
 {
     for (int32_t c = 0; c < n; c++)
         y[c] += a * kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+}
+
+void kvq_rk_pats_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
+                       int32_t b, float *out)
+{
+    float x[512];
+    kvq_rk_pats_unpack(row, n, b, x);
+    for (int32_t g = 0; g < nq; g++) {
+        const float *qg = q + (size_t)g * (size_t)ldq;
+        double s = 0;
+        for (int32_t c = 0; c < n; c++)
+            s += (double)qg[c] * (double)x[c];
+        out[g] = (float)s;
+    }
+}
+
+void kvq_rk_pats_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t b,
+                        float *y, int64_t ldy)
+{
+    float x[512];
+    kvq_rk_pats_unpack(row, n, b, x);
+    for (int32_t g = 0; g < na; g++) {
+        if (a[g] == 0)
+            continue;
+        float *yg = y + (size_t)g * (size_t)ldy;
+        for (int32_t c = 0; c < n; c++)
+            yg[c] += a[g] * x[c];
+    }
 }

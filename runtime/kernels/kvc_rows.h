@@ -48,6 +48,14 @@ float kvq_rk_lkq_dot(const float *q, const uint8_t *row, int32_t n, int32_t bits
 /* y [n] += a x^ (each element a (s16 q_t - z16)). */
 void kvq_rk_lkq_axpy(float a, const uint8_t *row, int32_t n, int32_t bits, float *y);
 
+/* Several queries at once, each row decoded once (into a buffer of one row):
+ *   dot_n   out[g] = q_g . x^ for the nq queries q + g ldq (as kvq_rk_lkq_dot)
+ *   axpy_n  y + g ldy += a[g] x^ for the na weights (a[g] = 0 skipped) */
+void kvq_rk_lkq_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
+                      int32_t bits, float *out);
+void kvq_rk_lkq_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t bits,
+                       float *y, int64_t ldy);
+
 /* ---- PATS rows ---- */
 size_t kvq_rk_pats_row_bytes(int32_t n, int32_t b);
 /* Packs the f16 bit patterns h [n] (truncated: their low b bits are dropped) into row
@@ -61,6 +69,11 @@ void kvq_rk_pats_unpack(const uint8_t *row, int32_t n, int32_t b, float *out);
 float kvq_rk_pats_dot(const float *q, const uint8_t *row, int32_t n, int32_t b);
 /* y [n] += a row. */
 void kvq_rk_pats_axpy(float a, const uint8_t *row, int32_t n, int32_t b, float *y);
+/* As kvq_rk_lkq_dot_n / _axpy_n for a PATS row. */
+void kvq_rk_pats_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
+                       int32_t b, float *out);
+void kvq_rk_pats_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t b,
+                        float *y, int64_t ldy);
 
 #ifdef __cplusplus
 }
