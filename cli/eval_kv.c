@@ -109,10 +109,18 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
                              "--alpha-h and --alpha-l", src, sep, what,
                              artifact ? "leankv.alpha_h and leankv.alpha_l in the artifact"
                                       : "--artifact with a profile");
+        const char *bits = st ? kvq_st_meta_get(st, KVQ_META_LEANKV_BITS) : NULL;
+        if (bits && strcmp(bits, "K8V4,K4V2"))
+            return cli_failf(1, "%s%sleankv.bits %s: the runtime's cache is K8V4,K4V2 only", src,
+                             sep, bits);
         if (!isnan(w) && !(w >= 0 && w <= (1 << 20)))
             return cli_failf(1, "%s%sleankv.window %g out of range", src, sep, w);
     } else {
         const char *sched = st ? kvq_st_meta_get(st, KVQ_META_PATS_SCHEDULE) : NULL;
+        const char *dt = st ? kvq_st_meta_get(st, KVQ_META_PATS_DTYPE) : NULL;
+        if (dt && strcmp(dt, "f16"))
+            return cli_failf(1, "%s%spats.dtype %s: the runtime's PATS cache is f16 only", src,
+                             sep, dt);
         static const char *const names[] = {"old-heavy", "new-heavy", "middle-heavy"};
         p->schedule = o->schedule;
         for (int32_t k = 0; p->schedule < 0 && sched && k < 3; k++)
