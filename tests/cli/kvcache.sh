@@ -66,3 +66,34 @@ assert r[\"of_f16\"] < 1 and r[\"ppl\"] > 0 and r[\"prompt_fraction\"] == 0.5
 check "run leankv generates" '[ $rc -eq 0 ] && [ -s "$tmp/lk.txt" ]'
 "$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv pats --pats-schedule new-heavy --pats-b 0:0 -q >"$tmp/p0.txt" 2>/dev/null; rc=$?
 check "run pats b=0 matches full attention's greedy text" '[ $rc -eq 0 ] && cmp -s "$tmp/p0.txt" "$tmp/full.txt"'
+
+# ---- the settings from an artifact's profile (capture, moments, fit, profile) ---------
+if "$KVQ" capture --model "$MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 --threads 1 -q \
+     -o "$tmp/cap" 2>"$tmp/err" &&
+   "$KVQ" moments --capture "$tmp/cap" -o "$tmp/mom" -q 2>>"$tmp/err" &&
+   "$KVQ" fit --capture "$tmp/cap" --moments "$tmp/mom" --codebook 16 --iters 3 --threads 1 -q \
+     -o "$tmp/a.kvq" 2>>"$tmp/err" &&
+   "$KVQ" profile --capture "$tmp/cap" --artifact "$tmp/a.kvq" --window 32 --alpha-h 0,2 \
+     --alpha-l 0,0.05 --knobs leankv,pats --tolerance 0.2 -q -o "$tmp/p.kvq" >/dev/null 2>>"$tmp/err"; then
+    "$KVQ" inspect "$tmp/p.kvq" >"$tmp/inspect"
+    ah=$(awk '$1 == "leankv.alpha_h" {print $2}' "$tmp/inspect")
+    al=$(awk '$1 == "leankv.alpha_l" {print $2}' "$tmp/inspect")
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv --artifact "$tmp/p.kvq" --json -q >"$tmp/a.json"; rc=$?
+    check "eval leankv takes the artifact's thresholds" '[ $rc -eq 0 ] && [ -n "$ah" ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"alpha_h\"] == float(sys.argv[2]) and abs(r[\"alpha_l\"] - float(sys.argv[3])) < 1e-12, r
+assert r[\"window\"] == 32, r
+" "$tmp/a.json" "$ah" "$al"'
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv --artifact "$tmp/p.kvq" --alpha-h 7 --json -q >"$tmp/o.json"; rc=$?
+    check "eval leankv option overrides the artifact" '[ $rc -eq 0 ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"alpha_h\"] == 7 and abs(r[\"alpha_l\"] - float(sys.argv[2])) < 1e-12, r
+" "$tmp/o.json" "$al"'
+    # head dim 8: no PATS setting saves memory, the profile chose none
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --artifact "$tmp/p.kvq" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    check "eval pats without a schedule in the artifact" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: $tmp/p.kvq: --kv pats needs pats.schedule, pats.b_min and pats.b_max in the artifact (run kvq profile), or --pats-schedule and --pats-b" ]'
+else
+    fail "artifact with a profile: $(head -3 "$tmp/err")"
+fi
