@@ -4,6 +4,8 @@
  */
 #include "runtime/kernels/kvc_rows.h"
 
+#include <string.h>
+
 #include "kvq/half.h"
 
 /* ==========================================================================
@@ -165,10 +167,47 @@ uint16_t kvq_rk_pats_elem(const uint8_t *row, int32_t c, int32_t b)
     return (uint16_t)(f << b);
 }
 
+/* A finite f16 as f32 (PATS rows hold no Inf or NaN): a normal one by rebiasing its
+ * exponent, a subnormal one by scaling its bits in f32's place by 2^112 (exact). */
+static inline float f16_finite(uint16_t h)
+{
+    const uint32_t m = (uint32_t)(h & 0x7fffu) << 13, sign = (uint32_t)(h & 0x8000u) << 16;
+    float f;
+    if (h & 0x7c00u) { /* normal: rebias the exponent */
+        const uint32_t x = sign | (m + (112u << 23));
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+    memcpy(&f, &m, sizeof f); /* zero or subnormal: scaled, exact */
+    f *= 0x1p112f;
+    return sign ? -f : f;
+}
+
 void kvq_rk_pats_unpack(const uint8_t *row, int32_t n, int32_t b, float *out)
 {
-    for (int32_t c = 0; c < n; c++)
-        out[c] = kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+    const int32_t w = 16 - b, B = 512 / w;
+    const uint64_t mask = (1u << w) - 1u;
+    uint64_t word[9];
+    word[8] = 0;
+    for (int32_t blk = 0, c = 0; c < n; blk++) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        memcpy(word, row + 64 * (size_t)blk, 64); /* the block as 8 little-endian words */
+#else
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *q = row + 64 * (size_t)blk + 8 * k;
+            word[k] = 0;
+            for (int j = 7; j >= 0; j--)
+                word[k] = word[k] << 8 | q[j];
+        }
+#endif
+        for (int32_t i = 0; i < B && c < n; i++, c++) {
+            const uint32_t o = (uint32_t)(i * w), k = o >> 6, sh = o & 63u;
+            uint64_t v = word[k] >> sh;
+            if (sh + (uint32_t)w > 64)
+                v |= word[k + 1] << (64 - sh);
+            out[c] = f16_finite((uint16_t)((v & mask) << b));
+        }
+    }
 }
 
 float kvq_rk_pats_dot(const float *q, const uint8_t *row, int32_t n, int32_t b)
