@@ -365,10 +365,13 @@ int cmd_eval(int argc, char **argv)
     if (o.kv.kind != KVQ_KV_F16 && o.ro.selectors)
         rc = cli_failf(2, "eval: --kv %s with --selectors (retrieval over a compressed cache) "
                        "is not implemented", kvq_kv_kind_name(o.kv.kind));
-    else if (o.kv.kind != KVQ_KV_F16)
+    else if (o.kv.kind != KVQ_KV_F16) {
+        if (o.ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
+            kvq_log(&cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",
+                    kvq_kv_kind_name(o.kv.kind));
         rc = cli_eval_kv(&o.kv, o.ro.artifact, m, model_path, o.spec, corpus, tok, o.seq_len,
                          o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
-    else if (o.ro.given)
+    } else if (o.ro.given)
         rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
                                 o.max_tokens, o.score_last, (int32_t)o.m.threads, o.json, &cb);
     else

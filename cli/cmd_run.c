@@ -223,6 +223,9 @@ static int run_kv_prepare(const run_opts *o, run_state *r)
     double frac;
     kvq_err e = {0};
     int rc = cli_kv_resolve(&o->kv, o->ro.artifact, &kp, &frac);
+    if (!rc && o->ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
+        kvq_log(&r->cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",
+                kvq_kv_kind_name(o->kv.kind));
     if (rc)
         return rc;
     kp.prompt_tokens = (int64_t)r->n_prompt;

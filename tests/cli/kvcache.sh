@@ -61,6 +61,8 @@ t = r[\"bytes_high_per_token\"] + r[\"bytes_low_per_token\"] + r[\"bytes_exact_p
 assert abs(t - r[\"bytes_per_token\"]) < 1e-6 * r[\"bytes_per_token\"], r
 assert r[\"of_f16\"] < 1 and r[\"ppl\"] > 0 and r[\"prompt_fraction\"] == 0.5
 " "$tmp/lk.json"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv pats --pats-schedule old-heavy --pats-b 1:3 --device cuda >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval --kv with --device cuda says it runs on the CPU" '[ $rc -eq 0 ] && grep -q "^kvq: warning: --kv pats has no CUDA path: it runs on the CPU$" "$tmp/err" && grep -q "^perplexity " "$tmp/out"'
 "$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv leankv --alpha-h 0 --alpha-l 0 --kv-window 1000 -q >"$tmp/lk.txt" 2>"$tmp/err"; rc=$?
 "$KVQ" run --model "$MODEL" -n 24 --temp 0 -q >"$tmp/full.txt" 2>/dev/null
 check "run leankv generates" '[ $rc -eq 0 ] && [ -s "$tmp/lk.txt" ]'
