@@ -185,14 +185,20 @@ static void print_result(const kvq_kvcache_params *p, double frac, double ref, d
     const double pruned = cells > 0 ? m->pruned / cells : 0;
     static const char *const sched[] = {"old-heavy", "new-heavy", "middle-heavy"};
     if (json) {
-        printf("{\"kv\": \"%s\", \"alpha_h\": %g, \"alpha_l\": %g, \"window\": %d, "
-               "\"schedule\": \"%s\", \"b_min\": %d, \"b_max\": %d, \"prompt_fraction\": %g, "
+        const int lk = p->kind == KVQ_KV_LEANKV;
+        char set[160];
+        if (lk)
+            snprintf(set, sizeof set, "\"alpha_h\": %g, \"alpha_l\": %g, \"window\": %d",
+                     p->alpha_h, p->alpha_l, (int)p->window);
+        else
+            snprintf(set, sizeof set, "\"schedule\": \"%s\", \"b_min\": %d, \"b_max\": %d",
+                     sched[p->schedule], (int)p->b_min, (int)p->b_max);
+        printf("{\"kv\": \"%s\", %s, \"prompt_fraction\": %g, "
                "\"predicted\": %llu, \"ppl_full\": %.6f, \"ppl\": %.6f, \"dppl_pct\": %.4f, "
                "\"bytes_per_token\": %.2f, \"bytes_high_per_token\": %.2f, "
                "\"bytes_low_per_token\": %.2f, \"bytes_exact_per_token\": %.2f, "
                "\"f16_bytes_per_token\": %.2f, \"of_f16\": %.6f, \"pruned_share\": %.6f}\n",
-               kvq_kv_kind_name(p->kind), p->alpha_h, p->alpha_l, (int)p->window,
-               sched[p->schedule], (int)p->b_min, (int)p->b_max, frac,
+               kvq_kv_kind_name(p->kind), set, frac,
                (unsigned long long)n_pred, ppl0, ppl, 100 * (ppl / ppl0 - 1), m->bytes / tok,
                m->bytes_high / tok, m->bytes_low / tok, m->bytes_exact / tok,
                m->bytes_f16 / tok, m->bytes / m->bytes_f16, pruned);
