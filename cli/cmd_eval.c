@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/eval_kv.h"
 #include "cli/opts.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
@@ -62,6 +63,7 @@ static void eval_usage(FILE *f)
             "  -h, --help         this help\n"
             "\n");
     cli_retrieval_usage(f, 1);
+    cli_kv_usage(f);
     fprintf(f,
             "\n"
             "With retrieval options, eval first measures full attention (the reference), then\n"
@@ -85,6 +87,7 @@ typedef struct eval_opts {
     int64_t score_last;   /* --score last:N: N, else 0 */
     int64_t passkey_filler, kv_pairs; /* --passkey-filler, --kv-pairs (0: the defaults) */
     cli_retrieval ro;
+    cli_kv kv;            /* --kv and its parameters (cli/eval_kv.c) */
 } eval_opts;
 
 /* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
@@ -94,7 +97,9 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
     int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 1);
+        int r = cli_kv_opt(cmd, &o->kv, argc, argv, &i);
+        if (r < 0)
+            r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 1);
         if (r < 0)
             r = cli_model_opt(cmd, &o->m, argc, argv, &i);
         if (r >= 0) {
@@ -213,6 +218,7 @@ int cmd_eval(int argc, char **argv)
 {
     eval_opts o = {.seq_len = 512};
     cli_retrieval_init(&o.ro);
+    cli_kv_init(&o.kv);
     int rc = eval_parse(argc, argv, &o);
     if (rc >= 0)
         return rc;
@@ -254,7 +260,16 @@ int cmd_eval(int argc, char **argv)
         }
         tok = ids_tok;
     }
-    if (o.ro.given)
+    if (o.kv.kind != KVQ_KV_F16 && o.ro.selectors)
+        rc = cli_failf(2, "eval: --kv %s with --selectors (retrieval over a compressed cache) "
+                       "is not implemented", kvq_kv_kind_name(o.kv.kind));
+    else if (o.kv.kind != KVQ_KV_F16) {
+        if (o.ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
+            kvq_log(&cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",
+                    kvq_kv_kind_name(o.kv.kind));
+        rc = cli_eval_kv(&o.kv, o.ro.artifact, m, model_path, o.spec, corpus, tok, o.seq_len,
+                         o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
+    } else if (o.ro.given)
         rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
                                 o.max_tokens, o.score_last, (int32_t)o.m.threads, o.json, &cb);
     else

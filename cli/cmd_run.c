@@ -6,6 +6,7 @@
 
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "cli/eval_kv.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/model.h"
 #include "kvq/tokenizer.h"
@@ -40,6 +41,7 @@ static void run_usage(FILE *f)
             "  -h, --help         this help\n"
             "\n");
     cli_retrieval_usage(f, 0);
+    cli_kv_usage(f);
     fprintf(f, "\n"
                "examples: kvq run --model stories260K.gguf -n 48 --temp 0\n"
                "          kvq run --model M --artifact M.kvq --budget 6%% --prompt \"...\"\n");
@@ -82,6 +84,7 @@ typedef struct run_opts {
     int64_t n_gen;
     double temp, top_p;
     cli_retrieval ro;
+    cli_kv kv;            /* --kv (cli/eval_kv.c): the prompt is LeanKV's prompt */
 } run_opts;
 
 /* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
@@ -91,7 +94,9 @@ static int run_parse(int argc, char **argv, run_opts *o)
     int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 0);
+        int r = cli_kv_opt(cmd, &o->kv, argc, argv, &i);
+        if (r < 0)
+            r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 0);
         if (r < 0)
             r = cli_model_opt(cmd, &o->m, argc, argv, &i);
         if (r >= 0) {
@@ -128,6 +133,11 @@ static int run_parse(int argc, char **argv, run_opts *o)
         run_usage(stderr);
         return cli_failf(2, "run: --model is required");
     }
+    if (o->kv.kind != KVQ_KV_F16 && o->ro.selectors)
+        return cli_failf(2, "run: --kv %s with --selector (retrieval over a compressed cache) "
+                         "is not implemented", kvq_kv_kind_name(o->kv.kind));
+    if (o->kv.kind != KVQ_KV_F16)
+        o->ro.given = 0; /* --artifact gives the cache's settings, not retrieval */
     if (o->ro.given && !o->ro.artifact && !o->ro.selectors)
         return cli_failf(2, "run: retrieval options need --artifact or --selector");
     if (o->ro.selectors && strchr(o->ro.selectors, ','))
@@ -146,6 +156,7 @@ typedef struct run_state {
     kvq_forward *f;
     kvq_codebook_set *rt;
     kvq_retrieval *ret;
+    kvq_kvcache *kvc;                    /* --kv: the compressed cache */
     cli_row *rows;
     size_t n_rows;
     int32_t *ids, *prompt_ids, *work_i;  /* [total], [n_prompt], [vocab] */
@@ -158,6 +169,7 @@ static void run_free(run_state *r)
 {
     kvq_forward_free(r->f);
     kvq_retrieval_free(r->ret);
+    kvq_kvcache_free(r->kvc);
     kvq_codebook_set_close(r->rt);
     free(r->rows);
     kvq_model_close(r->m);
@@ -204,6 +216,28 @@ static int run_open(run_opts *o, run_state *r)
     return 0;
 }
 
+/* --kv: the compressed cache as the attention, the prompt its LeanKV prompt. */
+static int run_kv_prepare(const run_opts *o, run_state *r)
+{
+    kvq_kvcache_params kp;
+    double frac;
+    kvq_err e = {0};
+    int rc = cli_kv_resolve(&o->kv, o->ro.artifact, &kp, &frac);
+    if (!rc && o->ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
+        kvq_log(&r->cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",
+                kvq_kv_kind_name(o->kv.kind));
+    if (rc)
+        return rc;
+    kp.prompt_tokens = (int64_t)r->n_prompt;
+    kp.max_tokens = r->total;
+    kp.threads = (int32_t)o->m.threads;
+    if (kvq_kvcache_create(r->c, &kp, &r->kvc, &e))
+        return cli_fail(&e);
+    const kvq_attn_backend backend = kvq_kvcache_backend(r->kvc);
+    kvq_forward_set_attention(r->f, &backend);
+    return 0;
+}
+
 /* The forward pass (with the retrieval backend when asked for) and its buffers. */
 static int run_prepare(const run_opts *o, run_state *r)
 {
@@ -238,7 +272,7 @@ static int run_prepare(const run_opts *o, run_state *r)
         const kvq_attn_backend backend = kvq_retrieval_backend(r->ret);
         kvq_forward_set_attention(r->f, &backend);
     }
-    return 0;
+    return o->kv.kind != KVQ_KV_F16 ? run_kv_prepare(o, r) : 0;
 }
 
 /* Prefill, then sample and print token by token; timing and retrieval figures to
@@ -284,6 +318,15 @@ static int run_generate(const run_opts *o, run_state *r)
             "prompt: %zu tokens in %.3f s; generated %lld tokens in %.3f s (%.1f tokens/s)",
             n_prompt, t1 - t0, (long long)n_out, t2 - t1,
             t2 > t1 ? (double)n_out / (t2 - t1) : 0.0);
+    if (r->kvc) {
+        kvq_kvcache_memory m;
+        kvq_kvcache_memory_get(r->kvc, &m);
+        const double t = m.tokens > 0 ? m.tokens : 1;
+        kvq_log(&r->cb, KVQ_LOG_INFO,
+                "kv %s: %.1f bytes/token held (high %.1f, low %.1f, exact %.1f), %.1f%% of "
+                "an f16 cache", kvq_kv_kind_name(o->kv.kind), m.bytes / t, m.bytes_high / t,
+                m.bytes_low / t, m.bytes_exact / t, 100 * m.bytes / m.bytes_f16);
+    }
     if (r->ret) {
         kvq_retrieval_stats st;
         kvq_retrieval_stats_get(r->ret, &st);

@@ -53,6 +53,7 @@
 #include "kvq/fit.h"
 #include "kvq/thresholds.h"
 #include "kvq/runtime.h"
+#include "kvq/kvcache.h"
 #endif
 
 #endif

@@ -43,6 +43,7 @@ HEADER_HOME = {
     "kmeans.h": "kmeans", "fit.h": "kmeans",
     "runtime.h": "runtime", "retrieval.h": "runtime", "engine.h": "runtime",
     "eval.h": "eval",
+    "kvcache.h": "runtime",
     "thresholds.h": "thresholds", "summary.h": "thresholds",
     "calibrate.h": "pipeline",
 }

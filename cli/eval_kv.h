@@ -1,0 +1,41 @@
+/* eval_kv.h — the compressed KV cache options (`--kv` and its parameters) of `kvq eval`
+ * (cli/eval_kv.c) and their resolution against an artifact's profile. Public headers
+ * only. */
+#ifndef KVQ_CLI_EVAL_KV_H
+#define KVQ_CLI_EVAL_KV_H
+
+#include <stdio.h>
+
+#include "kvq.h"
+
+typedef struct cli_kv {
+    kvq_kv_kind kind;       /* --kv (default f16: the exact cache) */
+    double alpha_h, alpha_l; /* --alpha-h, --alpha-l (NaN: the artifact's) */
+    int64_t window;         /* --kv-window (-1: the artifact's, else 64) */
+    int32_t schedule;       /* --pats-schedule (-1: the artifact's) */
+    int64_t b_min, b_max;   /* --pats-b MIN:MAX (-1: the artifact's) */
+    double prompt_fraction; /* --kv-prompt (NaN: the artifact's thresholds.prompt_fraction,
+                               else 0.5) */
+} cli_kv;
+
+void cli_kv_init(cli_kv *o);
+/* Consumes a --kv option at argv[*i] (0), a bad value (2, message printed), or -1 when
+ * argv[*i] is not one. */
+int cli_kv_opt(const char *cmd, cli_kv *o, int argc, char **argv, int *i);
+void cli_kv_usage(FILE *f);
+
+/* The cache parameters of o: the options, else the artifact's (NULL: none). Prints the
+ * error and returns 1 (2 for a usage error) when one is missing or out of range, or
+ * the kind has no compressed cache (f16, leankv+pats). frac: the prompt share. */
+int cli_kv_resolve(const cli_kv *o, const char *artifact, kvq_kvcache_params *p, double *frac);
+
+/* `kvq eval --kv KIND` without retrieval: perplexity with full attention over the exact
+ * cache and over the compressed one, each sequence's first floor(prompt_fraction n)
+ * tokens its prompt and the rest predicted, and the memory the cache held. artifact
+ * (or NULL) supplies the parameters not given. Returns the exit code. */
+int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
+                const char *model_path, const char *spec, const kvq_corpus *corpus,
+                const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens, int32_t threads,
+                int json, const kvq_callbacks *cb);
+
+#endif /* KVQ_CLI_EVAL_KV_H */

@@ -1,0 +1,95 @@
+/*
+ * kvq/kvcache.h — full attention over a compressed KV cache: LeanKV (leankv paper:
+ * keys and values quantized per vector, K8V4 for significant tokens and the recent
+ * window, K4V2 for less significant ones, the least significant pruned, per KV head)
+ * or PATS (pats paper: each token's K and V truncated by b(t) low mantissa bits and
+ * packed in 64-byte blocks). An attention backend for kvq_forward
+ * (kvq_forward_set_attention): each query attends over every kept token, reading the
+ * stored rows in place (no dequantized copy of the cache). runtime/cache/kvc.h states
+ * the formats and policies; the profile (kvq/thresholds.h) chooses the parameters and
+ * stores them in the artifact (leankv.alpha_h, leankv.alpha_l, leankv.window,
+ * pats.schedule, pats.b_min, pats.b_max).
+ *
+ * A sequence (from kvq_forward_reset) is a prompt, its first `prompt_tokens` tokens,
+ * attended exactly and then compressed by LeanKV's prompt rule, and a generation
+ * phase: each later token is appended (K8V4, in the window), attends, and runs one
+ * step of Algorithm 1, whether the tokens come one per call or several in a chunk (the
+ * outputs are the same). PATS truncates every token as it is appended, by b(t) for
+ * t = 1..max_tokens (the schedule is laid over max_tokens).
+ *
+ * Layout: a model with a sliding attention window is refused (KVQ_E_UNSUPPORTED).
+ * Same inputs -> same bytes for any thread count.
+ */
+#ifndef KVQ_KVCACHE_H
+#define KVQ_KVCACHE_H
+
+#ifndef KVQ_UNSTABLE_API
+#error "kvq/kvcache.h is in kvq's unstable tier (docs/api.md): define KVQ_UNSTABLE_API; make install-unstable installs it"
+#endif
+
+#include <stdint.h>
+
+#include "kvq/common.h"
+#include "kvq/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kvq_kv_kind {
+    KVQ_KV_F16 = 0,    /* the exact cache (kvq_full_attn): not made here */
+    KVQ_KV_LEANKV = 1,
+    KVQ_KV_PATS = 2,
+    KVQ_KV_LEANKV_PATS = 3 /* named, not implemented: create refuses it */
+} kvq_kv_kind;
+
+/* "f16", "leankv", "pats", "leankv+pats"; "unknown" otherwise. */
+const char *kvq_kv_kind_name(kvq_kv_kind k);
+/* 0 and *k set, or -1 for an unknown name. */
+int kvq_kv_kind_parse(const char *name, kvq_kv_kind *k);
+
+typedef struct kvq_kvcache_params {
+    kvq_kv_kind kind;
+    double alpha_h, alpha_l;  /* LeanKV thresholds (>= 0, alpha_l <= alpha_h; 1, 0.02) */
+    int32_t window;           /* LeanKV recent window (>= 0; 64) */
+    int32_t schedule;         /* PATS: 0 old-heavy, 1 new-heavy, 2 middle-heavy (2) */
+    int32_t b_min, b_max;     /* PATS: 0 <= b_min <= b_max <= 10 (2, 8) */
+    int64_t prompt_tokens;    /* LeanKV: tokens of each sequence's prompt (>= 0; 0) */
+    int64_t max_tokens;       /* longest sequence, >= 1 (PATS lays b(t) over it) */
+    int32_t threads;          /* 0 = OpenMP's default */
+} kvq_kvcache_params;
+
+kvq_kvcache_params kvq_kvcache_params_default(void);
+
+typedef struct kvq_kvcache kvq_kvcache;
+
+/* Errors: KVQ_E_INVALID_ARG naming the parameter out of range (or leankv+pats / f16,
+ * which have no cache here), KVQ_E_UNSUPPORTED (sliding window), KVQ_E_NOMEM. */
+kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_params *p,
+                              kvq_kvcache **out, kvq_err *err);
+void kvq_kvcache_free(kvq_kvcache *c); /* NULL is fine */
+kvq_attn_backend kvq_kvcache_backend(kvq_kvcache *c);
+/* Lays the next sequence out before its first token (after kvq_forward_reset): a
+ * prompt of prompt_tokens (>= 0) tokens and n_tokens (>= 1) in all (PATS lays b(t)
+ * over them). Errors: KVQ_E_INVALID_ARG, KVQ_E_NOMEM. */
+kvq_status kvq_kvcache_begin(kvq_kvcache *c, int64_t prompt_tokens, int64_t n_tokens,
+                             kvq_err *err);
+
+/* Memory the cache held at the end of each sequence, summed over the sequences (the
+ * current one included) and every layer and KV head: tokens, bytes in total and per
+ * precision section (LeanKV HIGH and LOW rows; PATS rows count as high), and the
+ * bytes an f16 cache of the same tokens holds (4 head_dim per token, layer, KV head).
+ * LeanKV's prompt rows held exactly (a sequence that ended inside its prompt) are
+ * counted in bytes_exact, at 8 head_dim. Pruned tokens hold nothing. */
+typedef struct kvq_kvcache_memory {
+    double tokens;
+    double bytes, bytes_high, bytes_low, bytes_exact, bytes_f16;
+    double pruned;            /* tokens x layers x KV heads pruned */
+} kvq_kvcache_memory;
+void kvq_kvcache_memory_get(const kvq_kvcache *c, kvq_kvcache_memory *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVQ_KVCACHE_H */

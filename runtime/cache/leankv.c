@@ -1,0 +1,316 @@
+/*
+ * runtime/cache/leankv.c — the LeanKV cache of one KV head (leankv paper, sections 4
+ * and 5): the prompt held exactly until it ends, then every token in the pool of its
+ * class (HIGH K8V4, LOW K4V2), pruned tokens holding nothing; each pool grows as the
+ * head's own sparsity asks and reuses the slots freed by downgrades. Attention reads
+ * the rows in place (kvc_rows.h). kvc.h states the policy.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/cache/kvc.h"
+
+/* ==========================================================================
+ * Pools
+ * ========================================================================== */
+
+static void pool_init(kvq_rt_lk_pool *P, int32_t d, int32_t kb, int32_t vb)
+{
+    memset(P, 0, sizeof *P);
+    P->kb = kb;
+    P->vb = vb;
+    P->krow = kvq_rk_lkq_row_bytes(d, kb);
+    P->row = P->krow + kvq_rk_lkq_row_bytes(d, vb);
+}
+
+/* A free slot (the pool doubles when it has none), or -1 when out of memory. */
+static int32_t pool_take(kvq_rt_lk_pool *P)
+{
+    if (P->n_free > 0) {
+        P->used++;
+        return P->free_[--P->n_free];
+    }
+    if (P->used == P->cap) {
+        const int64_t cap = P->cap ? 2 * P->cap : 64;
+        uint8_t *data = (uint8_t *)realloc(P->data, (size_t)cap * P->row);
+        if (!data)
+            return -1;
+        P->data = data;
+        int32_t *fr = (int32_t *)realloc(P->free_, sizeof(int32_t) * (size_t)cap);
+        if (!fr)
+            return -1;
+        P->free_ = fr;
+        P->cap = cap;
+    }
+    return (int32_t)P->used++;
+}
+
+static void pool_give(kvq_rt_lk_pool *P, int32_t slot)
+{
+    P->free_[P->n_free++] = slot;
+    P->used--;
+}
+
+static uint8_t *pool_row(const kvq_rt_lk_pool *P, int32_t slot)
+{
+    return P->data + (size_t)slot * P->row;
+}
+
+/* ==========================================================================
+ * The head
+ * ========================================================================== */
+
+kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
+                               const kvq_rt_lk_params *p, kvq_err *err)
+{
+    kvq_status s;
+    memset(H, 0, sizeof *H);
+    if ((s = kvq_rt_lk_check(p, err)))
+        return s;
+    if (d < 1 || d > 512 || gs < 1 || gs > KVQ_RT_LK_MAX_GROUP)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: d %d (1..512), gs %d (1..%d)", (int)d,
+                           (int)gs, KVQ_RT_LK_MAX_GROUP);
+    H->p = *p;
+    H->d = d;
+    H->gs = gs;
+    pool_init(&H->pool[KVQ_RT_LK_LOW], d, p->k_low, p->v_low);
+    pool_init(&H->pool[KVQ_RT_LK_HIGH], d, p->k_high, p->v_high);
+    H->row_ = (float *)malloc(sizeof(float) * 2 * (size_t)d);
+    if (!H->row_)
+        return kvq_err_set(err, KVQ_E_NOMEM, "leankv: out of memory");
+    return KVQ_OK;
+}
+
+void kvq_rt_lk_head_free(kvq_rt_lk_head *H)
+{
+    free(H->cls);
+    free(H->slot);
+    free(H->acc);
+    free(H->qcum);
+    free(H->sig);
+    free(H->exact);
+    free(H->p_);
+    free(H->row_);
+    for (int c = 0; c < 3; c++) {
+        free(H->pool[c].data);
+        free(H->pool[c].free_);
+    }
+    memset(H, 0, sizeof *H);
+}
+
+static int grow(void **p, size_t bytes)
+{
+    void *q = realloc(*p, bytes);
+    if (!q)
+        return 0;
+    *p = q;
+    return 1;
+}
+
+static kvq_status reserve(kvq_rt_lk_head *H, int64_t need, kvq_err *err)
+{
+    if (need <= H->cap)
+        return KVQ_OK;
+    int64_t cap = H->cap ? H->cap : 64;
+    while (cap < need)
+        cap *= 2;
+    const size_t c = (size_t)cap;
+    if (!grow((void **)&H->cls, c) || !grow((void **)&H->slot, sizeof(int32_t) * c) ||
+        !grow((void **)&H->acc, sizeof(double) * c * (size_t)H->gs) ||
+        !grow((void **)&H->qcum, sizeof(int64_t) * c) || !grow((void **)&H->sig, sizeof(double) * c) ||
+        !grow((void **)&H->p_, sizeof(float) * c * (size_t)H->gs) ||
+        (!H->prompt_done && !grow((void **)&H->exact, sizeof(float) * 2 * c * (size_t)H->d)))
+        return kvq_err_set(err, KVQ_E_NOMEM, "leankv: out of memory (%lld tokens)",
+                           (long long)cap);
+    H->cap = cap;
+    return KVQ_OK;
+}
+
+/* Stores k, v [d] as token j in class c (a new slot). */
+static kvq_status store(kvq_rt_lk_head *H, int64_t j, int c, const float *k, const float *v,
+                        kvq_err *err)
+{
+    H->cls[j] = (uint8_t)c;
+    H->slot[j] = -1;
+    if (c == KVQ_RT_LK_PRUNED)
+        return KVQ_OK;
+    kvq_rt_lk_pool *P = &H->pool[c];
+    const int32_t sl = pool_take(P);
+    if (sl < 0)
+        return kvq_err_set(err, KVQ_E_NOMEM, "leankv: out of memory");
+    kvq_status s = kvq_rt_lkq_quantize(k, H->d, P->kb, pool_row(P, sl), err);
+    if (!s)
+        s = kvq_rt_lkq_quantize(v, H->d, P->vb, pool_row(P, sl) + P->krow, err);
+    if (s) {
+        pool_give(P, sl);
+        return s;
+    }
+    H->slot[j] = sl;
+    return KVQ_OK;
+}
+
+kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, kvq_err *err)
+{
+    kvq_status s;
+    const int64_t j = H->n;
+    if ((s = reserve(H, j + 1, err)))
+        return s;
+    for (int32_t g = 0; g < H->gs; g++)
+        H->acc[(size_t)j * H->gs + g] = 0;
+    H->qcum[j] = H->nq;
+    if (!H->prompt_done) {
+        memcpy(H->exact + (size_t)j * 2 * H->d, k, sizeof(float) * (size_t)H->d);
+        memcpy(H->exact + ((size_t)j * 2 + 1) * H->d, v, sizeof(float) * (size_t)H->d);
+        H->cls[j] = KVQ_RT_LK_HIGH;
+        H->slot[j] = -1;
+    } else if ((s = store(H, j, KVQ_RT_LK_HIGH, k, v, err))) {
+        return s;
+    }
+    H->n++;
+    return KVQ_OK;
+}
+
+/* The logits of the gs queries q [gs, d] against token j's key, into lg [gs]. */
+static void key_dots(const kvq_rt_lk_head *H, int64_t j, const float *q, float *lg)
+{
+    const int32_t d = H->d;
+    if (!H->prompt_done) {
+        const float *k = H->exact + (size_t)j * 2 * d;
+        for (int32_t g = 0; g < H->gs; g++) {
+            double s = 0;
+            for (int32_t t = 0; t < d; t++)
+                s += (double)q[(size_t)g * d + t] * k[t];
+            lg[g] = (float)s;
+        }
+        return;
+    }
+    const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
+    kvq_rk_lkq_dot_n(q, H->gs, d, pool_row(P, H->slot[j]), d, P->kb, lg);
+}
+
+/* o [gs, d] += a[g] v_j. */
+static void value_mix(const kvq_rt_lk_head *H, int64_t j, const float *a, float *o)
+{
+    const int32_t d = H->d;
+    if (!H->prompt_done) {
+        const float *v = H->exact + ((size_t)j * 2 + 1) * d;
+        for (int32_t g = 0; g < H->gs; g++)
+            for (int32_t t = 0; t < d; t++)
+                o[(size_t)g * d + t] += a[g] * v[t];
+        return;
+    }
+    const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
+    kvq_rk_lkq_axpy_n(a, H->gs, pool_row(P, H->slot[j]) + P->krow, d, P->vb, o, d);
+}
+
+void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o)
+{
+    const int32_t d = H->d, gs = H->gs;
+    const int64_t n = H->n;
+    const size_t ld = (size_t)H->cap;
+    float lg[KVQ_RT_LK_MAX_GROUP];
+    for (int64_t j = 0; j < n; j++) {
+        const int kept = H->cls[j] != KVQ_RT_LK_PRUNED;
+        if (kept)
+            key_dots(H, j, q, lg);
+        for (int32_t g = 0; g < gs; g++)
+            H->p_[g * ld + (size_t)j] = kept ? scale * lg[g] : -INFINITY;
+    }
+    for (int32_t g = 0; g < gs; g++) {
+        float *p = H->p_ + g * ld, mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
+            mx = p[j] > mx ? p[j] : mx;
+        double sum = 0;
+        for (int64_t j = 0; j < n; j++)
+            sum += (p[j] = H->cls[j] == KVQ_RT_LK_PRUNED ? 0.0f : expf(p[j] - mx));
+        for (int64_t j = 0; j < n; j++) {
+            p[j] = (float)(p[j] / sum);
+            if (j < n - 1) /* the query's own token: not a later query */
+                H->acc[(size_t)j * gs + g] += p[j];
+        }
+    }
+    memset(o, 0, sizeof(float) * (size_t)gs * d);
+    for (int64_t j = 0; j < n; j++) {
+        if (H->cls[j] == KVQ_RT_LK_PRUNED)
+            continue;
+        for (int32_t g = 0; g < gs; g++)
+            lg[g] = H->p_[g * ld + (size_t)j];
+        value_mix(H, j, lg, o);
+    }
+    H->nq++;
+}
+
+/* The current significance of every token into H->sig. */
+static void significance(kvq_rt_lk_head *H)
+{
+    for (int64_t j = 0; j < H->n; j++) {
+        const int64_t cnt = H->nq - H->qcum[j] - 1; /* the queries after token j's own */
+        if (cnt <= 0) {
+            H->sig[j] = INFINITY;
+            continue;
+        }
+        double best = -INFINITY;
+        for (int32_t g = 0; g < H->gs; g++) {
+            const double a = H->acc[(size_t)j * H->gs + g];
+            best = a > best ? a : best;
+        }
+        H->sig[j] = best / (double)cnt;
+    }
+}
+
+kvq_status kvq_rt_lk_end_prompt(kvq_rt_lk_head *H, kvq_err *err)
+{
+    kvq_status s = KVQ_OK;
+    if (H->prompt_done)
+        return KVQ_OK;
+    significance(H);
+    kvq_rt_lk_classify_prompt(H->sig, H->n, &H->p, H->cls);
+    H->prompt_done = 1;
+    for (int64_t j = 0; j < H->n && !s; j++) {
+        const float *k = H->exact + (size_t)j * 2 * H->d;
+        s = store(H, j, H->cls[j], k, k + H->d, err);
+    }
+    free(H->exact);
+    H->exact = NULL;
+    return s;
+}
+
+/* Moves token j down to class c (< its class): from its rows, dequantized. */
+static kvq_status downgrade(kvq_rt_lk_head *H, int64_t j, int c, kvq_err *err)
+{
+    kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
+    const int32_t sl = H->slot[j], d = H->d;
+    kvq_rk_lkq_dequant(pool_row(P, sl), d, P->kb, H->row_);
+    kvq_rk_lkq_dequant(pool_row(P, sl) + P->krow, d, P->vb, H->row_ + d);
+    pool_give(P, sl);
+    return store(H, j, c, H->row_, H->row_ + d, err);
+}
+
+kvq_status kvq_rt_lk_step(kvq_rt_lk_head *H, kvq_err *err)
+{
+    const int64_t n = H->n;
+    kvq_status s = KVQ_OK;
+    if (!H->prompt_done)
+        return KVQ_OK;
+    significance(H);
+    /* the policy (kvq_rt_lk_generation_step) on the classes, then the rows follow the
+     * tokens whose class it changed (the one leaving the window and the victim) */
+    uint8_t *old = (uint8_t *)H->p_; /* [cap] bytes of the probabilities' scratch */
+    memcpy(old, H->cls, (size_t)n);
+    kvq_rt_lk_generation_step(H->sig, n, &H->p, H->cls);
+    for (int64_t j = 0; j < n && !s; j++)
+        if (H->cls[j] != old[j]) {
+            const int c = H->cls[j];
+            H->cls[j] = old[j];
+            s = downgrade(H, j, c, err);
+        }
+    return s;
+}
+
+void kvq_rt_lk_bytes(const kvq_rt_lk_head *H, double *low, double *high, double *exact)
+{
+    *low = (double)H->pool[KVQ_RT_LK_LOW].used * (double)H->pool[KVQ_RT_LK_LOW].row;
+    *high = (double)H->pool[KVQ_RT_LK_HIGH].used * (double)H->pool[KVQ_RT_LK_HIGH].row;
+    *exact = H->prompt_done ? 0 : (double)H->n * 8.0 * H->d;
+}

@@ -1,0 +1,129 @@
+/*
+ * runtime/cache/lk_policy.c — LeanKV's per-vector quantization and its policy (the
+ * prompt rule, Algorithm 1 of the generation phase): kvc.h states both.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kvq/half.h"
+#include "runtime/cache/kvc.h"
+
+#define F16_MAX 65504.0f
+
+/* The smallest f16 >= x, for finite 0 <= x <= F16_MAX. */
+static uint16_t f16_round_up(float x)
+{
+    uint16_t h = kvq_f32_to_f16_ref(x);
+    if (kvq_f16_to_f32_ref(h) < x)
+        h++; /* positive f16 bit patterns are ordered like their values */
+    return h;
+}
+
+kvq_status kvq_rt_lkq_quantize(const float *x, int32_t n, int32_t bits, uint8_t *row,
+                               kvq_err *err)
+{
+    if (n < 1 || bits < 1 || bits > KVQ_RK_LKQ_MAX_BITS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: n %d, bits %d (need n >= 1, "
+                           "bits 1..8)", (int)n, (int)bits);
+    float lo = x[0], hi = x[0];
+    for (int32_t t = 0; t < n; t++) {
+        if (!isfinite(x[t]))
+            return kvq_err_set(err, KVQ_E_NUMERIC, "leankv: non-finite value %g at element %d",
+                               (double)x[t], (int)t);
+        lo = x[t] < lo ? x[t] : lo;
+        hi = x[t] > hi ? x[t] : hi;
+    }
+    const uint32_t L = (1u << bits) - 1u;
+    const float s = (float)(((double)hi - (double)lo) / (double)L);
+    if (fabsf(lo) > F16_MAX || s > F16_MAX)
+        return kvq_err_set(err, KVQ_E_NUMERIC, "leankv: range [%g, %g] does not fit an f16 "
+                           "scale and zero point", (double)lo, (double)hi);
+    const uint16_t z16 = kvq_f32_to_f16_ref(0.0f - lo), s16 = s > 0 ? f16_round_up(s) : 0;
+    const float z = kvq_f16_to_f32_ref(z16), sc = kvq_f16_to_f32_ref(s16);
+    memset(row, 0, kvq_rk_lkq_row_bytes(n, bits));
+    row[0] = (uint8_t)(s16 & 0xffu);
+    row[1] = (uint8_t)(s16 >> 8);
+    row[2] = (uint8_t)(z16 & 0xffu);
+    row[3] = (uint8_t)(z16 >> 8);
+    if (sc > 0)
+        for (int32_t t = 0; t < n; t++) {
+            float q = floorf((x[t] + z) / sc + 0.5f);
+            q = q < 0 ? 0 : q > (float)L ? (float)L : q;
+            kvq_rk_lkq_put_code(row, t, bits, (uint32_t)q);
+        }
+    return KVQ_OK;
+}
+
+/* ==========================================================================
+ * Policy
+ * ========================================================================== */
+
+kvq_rt_lk_params kvq_rt_lk_params_default(void)
+{
+    kvq_rt_lk_params p = {.alpha_h = 1.0, .alpha_l = 0.02, .window = 64,
+                          .k_high = 8, .v_high = 4, .k_low = 4, .v_low = 2};
+    return p;
+}
+
+kvq_status kvq_rt_lk_check(const kvq_rt_lk_params *p, kvq_err *err)
+{
+    if (!(p->alpha_h >= 0) || !isfinite(p->alpha_h))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: alpha_h %g must be finite and >= 0",
+                           p->alpha_h);
+    if (!(p->alpha_l >= 0) || !isfinite(p->alpha_l))
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: alpha_l %g must be finite and >= 0",
+                           p->alpha_l);
+    if (p->alpha_l > p->alpha_h)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: alpha_l %g above alpha_h %g",
+                           p->alpha_l, p->alpha_h);
+    if (p->window < 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: window %d must be >= 0",
+                           (int)p->window);
+    const int32_t b[4] = {p->k_high, p->v_high, p->k_low, p->v_low};
+    for (int i = 0; i < 4; i++)
+        if (b[i] < 1 || b[i] > KVQ_RK_LKQ_MAX_BITS)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: %d bits (need 1..8)",
+                               (int)b[i]);
+    return KVQ_OK;
+}
+
+int kvq_rt_lk_rule(double sig, int64_t i, const kvq_rt_lk_params *p)
+{
+    const double n = (double)(i > 0 ? i : 1);
+    if (sig >= p->alpha_h / n)
+        return KVQ_RT_LK_HIGH;
+    if (sig >= p->alpha_l / n)
+        return KVQ_RT_LK_LOW;
+    return KVQ_RT_LK_PRUNED;
+}
+
+void kvq_rt_lk_classify_prompt(const double *sig, int64_t n, const kvq_rt_lk_params *p,
+                               uint8_t *cls)
+{
+    for (int64_t j = 0; j < n; j++)
+        cls[j] = (uint8_t)(j >= n - p->window ? KVQ_RT_LK_HIGH
+                                              : kvq_rt_lk_rule(sig[j], j + 1, p));
+}
+
+int64_t kvq_rt_lk_generation_step(const double *sig, int64_t n, const kvq_rt_lk_params *p,
+                                  uint8_t *cls)
+{
+    if (n < 1)
+        return -1;
+    cls[n - 1] = KVQ_RT_LK_HIGH; /* the new token enters the window */
+    if (n <= p->window)
+        return -1;
+    const int64_t c = n - 1 - p->window; /* leaves the window */
+    const int sec = kvq_rt_lk_rule(sig[c], n, p);
+    cls[c] = (uint8_t)sec;
+    if (sec == KVQ_RT_LK_PRUNED)
+        return -1;
+    int64_t v = -1;
+    for (int64_t j = 0; j <= c; j++)
+        if (cls[j] == sec && (v < 0 || sig[j] < sig[v]))
+            v = j;
+    const int now = kvq_rt_lk_rule(sig[v], n, p);
+    if (now < sec)
+        cls[v] = (uint8_t)now;
+    return v;
+}

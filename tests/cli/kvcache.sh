@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# kvq eval / kvq run --kv: the compressed caches end to end on the real tiny model
+# (PATS with nothing truncated is full attention up to f16 rounding; LeanKV's memory
+# adds up by section; greedy text of run), and exit codes and messages for bad input
+# (settings missing, out of range, combinations not implemented).
+set -u
+KVQ=${KVQ:-build/kvq}
+PYTHON=${PYTHON:-python3}
+MODEL=${KVQ_TEST_MODEL:-../shared/models/stories260K.gguf}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+ok() { echo "ok kvcache: $1"; }
+fail() { echo "FAIL kvcache: $1"; }
+check() { if eval "$2"; then ok "$1"; else fail "$1"; fi; }
+
+# ---- argument errors (checked before the model opens) --------------------------------
+"$KVQ" eval --model x --corpus uuid:1 --kv int8 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval --kv int8" '[ $rc -eq 2 ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: --kv must be f16, leankv, pats or leankv+pats" ]'
+"$KVQ" eval --model x --corpus uuid:1 --kv pats --pats-b 3:11 >/dev/null 2>"$tmp/err"; rc=$?
+check "eval --pats-b 3:11" '[ $rc -eq 2 ] && grep -q "^kvq eval: --pats-b must be MIN:MAX with 0 <= MIN <= MAX <= 10" "$tmp/err"'
+"$KVQ" eval --model x --corpus uuid:1 --kv pats --pats-schedule middle >/dev/null 2>"$tmp/err"; rc=$?
+check "eval --pats-schedule middle" '[ $rc -eq 2 ] && grep -q "^kvq eval: --pats-schedule must be" "$tmp/err"'
+"$KVQ" eval --model x --corpus uuid:1 --kv leankv --alpha-h -1 >/dev/null 2>"$tmp/err"; rc=$?
+check "eval --alpha-h -1" '[ $rc -eq 2 ] && grep -q "^kvq eval: --alpha-h: " "$tmp/err"'
+
+if [ ! -f "$MODEL" ]; then
+    echo "skip kvcache: the model tests: $MODEL not found"
+    exit 0
+fi
+printf 'Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, she saw a big, red ball in the park. She ran to the ball and kicked it very hard. The ball flew up into the sky and landed in a tree.\n' >"$tmp/story.txt"
+C="file:$tmp/story.txt"
+
+# ---- settings missing or out of range ------------------------------------------------
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval leankv without thresholds" '[ $rc -eq 2 ] && [ ! -s "$tmp/out" ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: --kv leankv needs --artifact with a profile (run kvq profile), or --alpha-h and --alpha-l" ]'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --pats-b 2:8 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval pats without schedule" '[ $rc -eq 2 ] && [ ! -s "$tmp/out" ] && grep -q "^kvq eval: --kv pats needs" "$tmp/err"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv --alpha-h 0.5 --alpha-l 1 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval alpha_l above alpha_h" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: leankv: alpha_l 1 above alpha_h 0.5" ]'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv --artifact "$tmp/none.kvq" --alpha-h 1 --alpha-l 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval missing artifact" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && grep -q "none.kvq" "$tmp/err"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv+pats --alpha-h 1 --alpha-l 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval leankv+pats refused" '[ $rc -eq 2 ] && grep -q "leankv+pats is not implemented" "$tmp/err"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --pats-schedule old-heavy --pats-b 2:8 --selectors full >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval --kv with --selectors refused" '[ $rc -eq 2 ] && grep -q "is not implemented" "$tmp/err"'
+
+# ---- end to end -----------------------------------------------------------------------
+"$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv pats --pats-schedule middle-heavy --pats-b 0:0 --json -q >"$tmp/p0.json"; rc=$?
+check "eval pats b=0 is full attention" '[ $rc -eq 0 ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"kv\"] == \"pats\" and r[\"predicted\"] > 0
+assert abs(r[\"ppl\"] / r[\"ppl_full\"] - 1) < 2e-3, r
+assert r[\"bytes_per_token\"] >= r[\"f16_bytes_per_token\"]  # d = 8: a row is one block
+" "$tmp/p0.json"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv --alpha-h 1 --alpha-l 0.3 --kv-window 4 --json -q >"$tmp/lk.json"; rc=$?
+check "eval leankv memory by section" '[ $rc -eq 0 ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r[\"bytes_high_per_token\"] + r[\"bytes_low_per_token\"] + r[\"bytes_exact_per_token\"]
+assert abs(t - r[\"bytes_per_token\"]) < 1e-6 * r[\"bytes_per_token\"], r
+assert r[\"of_f16\"] < 1 and r[\"ppl\"] > 0 and r[\"prompt_fraction\"] == 0.5
+" "$tmp/lk.json"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv pats --pats-schedule old-heavy --pats-b 1:3 --device cuda >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval --kv with --device cuda says it runs on the CPU" '[ $rc -eq 0 ] && grep -q "^kvq: warning: --kv pats has no CUDA path: it runs on the CPU$" "$tmp/err" && grep -q "^perplexity " "$tmp/out"'
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv leankv --alpha-h 0 --alpha-l 0 --kv-window 1000 -q >"$tmp/lk.txt" 2>"$tmp/err"; rc=$?
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 -q >"$tmp/full.txt" 2>/dev/null
+check "run leankv generates" '[ $rc -eq 0 ] && [ -s "$tmp/lk.txt" ]'
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv pats --pats-schedule new-heavy --pats-b 0:0 -q >"$tmp/p0.txt" 2>/dev/null; rc=$?
+check "run pats b=0 matches full attention's greedy text" '[ $rc -eq 0 ] && cmp -s "$tmp/p0.txt" "$tmp/full.txt"'
+
+# ---- the settings from an artifact's profile (capture, moments, fit, profile) ---------
+if "$KVQ" capture --model "$MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 --threads 1 -q \
+     -o "$tmp/cap" 2>"$tmp/err" &&
+   "$KVQ" moments --capture "$tmp/cap" -o "$tmp/mom" -q 2>>"$tmp/err" &&
+   "$KVQ" fit --capture "$tmp/cap" --moments "$tmp/mom" --codebook 16 --iters 3 --threads 1 -q \
+     -o "$tmp/a.kvq" 2>>"$tmp/err" &&
+   "$KVQ" profile --capture "$tmp/cap" --artifact "$tmp/a.kvq" --window 32 --alpha-h 0,2 \
+     --alpha-l 0,0.05 --knobs leankv,pats --tolerance 0.2 -q -o "$tmp/p.kvq" >/dev/null 2>>"$tmp/err"; then
+    "$KVQ" inspect "$tmp/p.kvq" >"$tmp/inspect"
+    ah=$(awk '$1 == "leankv.alpha_h" {print $2}' "$tmp/inspect")
+    al=$(awk '$1 == "leankv.alpha_l" {print $2}' "$tmp/inspect")
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv --artifact "$tmp/p.kvq" --json -q >"$tmp/a.json"; rc=$?
+    check "eval leankv takes the artifact's thresholds" '[ $rc -eq 0 ] && [ -n "$ah" ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"alpha_h\"] == float(sys.argv[2]) and abs(r[\"alpha_l\"] - float(sys.argv[3])) < 1e-12, r
+assert r[\"window\"] == 32, r
+" "$tmp/a.json" "$ah" "$al"'
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv --artifact "$tmp/p.kvq" --alpha-h 7 --json -q >"$tmp/o.json"; rc=$?
+    check "eval leankv option overrides the artifact" '[ $rc -eq 0 ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"alpha_h\"] == 7 and abs(r[\"alpha_l\"] - float(sys.argv[2])) < 1e-12, r
+" "$tmp/o.json" "$al"'
+    # head dim 8: no PATS setting saves memory, the profile chose none
+    "$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --artifact "$tmp/p.kvq" >"$tmp/out" 2>"$tmp/err"; rc=$?
+    check "eval pats without a schedule in the artifact" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$(tail -1 "$tmp/err")" = "kvq eval: $tmp/p.kvq: --kv pats needs pats.schedule, pats.b_min and pats.b_max in the artifact (run kvq profile), or --pats-schedule and --pats-b" ]'
+else
+    fail "artifact with a profile: $(head -3 "$tmp/err")"
+fi
