@@ -54,7 +54,8 @@ class SeqParamsC(ctypes.Structure):
 
 def candidates() -> List[str]:
     """The paths tried, in order: KVQ_LIB, KVQ_BUILD, the build/ folder of the checkout
-    this package or the current folder is in, then the system's library path."""
+    this package or the current folder is in, that of the checkout it was installed
+    from, then the system's library path."""
     out: List[str] = []
     env = os.environ.get("KVQ_LIB")
     if env:
@@ -67,6 +68,11 @@ def candidates() -> List[str]:
             if (d / "include" / "kvq" / "common.h").is_file():
                 out += [str(d / "build" / n) for n in _NAMES]
                 break
+    try:
+        from ._checkout import ROOT  # written at install time by setup.py
+        out += [str(Path(ROOT) / "build" / n) for n in _NAMES]
+    except ImportError:
+        pass
     found = ctypes.util.find_library("kvq")
     if found:
         out.append(found)
