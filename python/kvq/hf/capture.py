@@ -63,6 +63,9 @@ class _Recorder:
             rec.layer = module.layer_idx
 
         AttentionInterface.register("kvq_capture", attention)
+        # the masks of the model's own implementation (an unknown name would get none)
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+        AttentionMaskInterface.register("kvq_capture", ALL_MASK_ATTENTION_FUNCTIONS[orig_impl])
         handles = [a.register_forward_pre_hook(pre) for a in attns]
         mod.apply_rotary_pos_emb = rope
         self.model.config._attn_implementation = "kvq_capture"
@@ -83,13 +86,20 @@ class _Recorder:
 
 def _encoder(tokenizer: Any) -> Callable[[bytes, int], List[int]]:
     def encode(text: bytes, part: int) -> List[int]:
+        if tokenizer is None:
+            raise InvalidArgumentError("capture: a text corpus needs a tokenizer (without one, "
+                                       "only ids: corpora can be read)", 500)
         return list(tokenizer(text.decode("utf-8", "replace"), add_special_tokens=False)["input_ids"])
     return encode
 
 
-def _bos_rule(tokenizer: Any):
+def _bos_rule(tokenizer: Any, config: Any = None):
     """(bos or None, separator or None) as kvq: BOS when the tokenizer adds one, then BOS
-    between documents; else EOS between them."""
+    between documents; else EOS between them. Without a tokenizer, as kvq reads a model
+    without a vocabulary: the config's BOS starts every sequence and separates."""
+    if tokenizer is None:
+        bos = getattr(config, "bos_token_id", None)
+        return bos, bos
     bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
     probe = tokenizer("a")["input_ids"]
     add_bos = bos is not None and len(probe) > 0 and probe[0] == bos
@@ -116,6 +126,7 @@ def capture(model: Any, tokenizer: Any, corpus: str, out_dir: str, seq_len: int 
     correctly; nothing is written on any error."""
     import torch
 
+    describe_model(model, source)  # refuses what it cannot capture, before any work
     fp = fingerprint(model)
     desc = describe_model(model, source, fp)
     n_layers = desc["n_layers"]
@@ -128,7 +139,7 @@ def capture(model: Any, tokenizer: Any, corpus: str, out_dir: str, seq_len: int 
         seqs = [np.asarray(s, dtype=np.int32) for s in sequences]
         cinfo = {"spec": corpus, "seed": int(seed), "hash": "0" * 16, "n_documents": len(seqs)}
     else:
-        bos, sep = _bos_rule(tokenizer)
+        bos, sep = _bos_rule(tokenizer, model.config)
         packed = pack(documents(corpus, seed), _encoder(tokenizer), seq_len, max_tokens, bos, sep,
                       n_vocab=desc["vocab_size"])
         seqs = packed.sequences
