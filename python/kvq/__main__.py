@@ -3,6 +3,8 @@
     python -m kvq capture --model M --corpus SPEC -o CAP [--seq-len N] [--max-tokens N]
                           [--layers LIST] [--dtype f16|bf16|f32] [--device cpu|cuda]
                           [--torch-dtype float32|bfloat16|float16] [--seed S] [--force] [-q]
+    python -m kvq generate --model M --artifact A [--budget 6%] --prompt TEXT [-n N]
+                                              greedy text with kvq retrieval decoding
     python -m kvq inspect ARTIFACT            the artifact's description as JSON
     python -m kvq version                     package and library versions
 
@@ -49,6 +51,38 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
+def _budget(s: str):
+    s = s.strip()
+    if s.endswith("%"):
+        return float(s[:-1]) / 100
+    if "." in s or "e" in s.lower():
+        return float(s)
+    return int(s)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    import torch
+
+    from . import hf
+    from .hf.retrieval import retrieval
+    if a.backend != "engine":
+        raise NotImplementedError(f"--backend {a.backend}: only the C engine back end exists in this version")
+    _quiet_transformers()
+    model, tok, src = hf.load(a.model, device="cpu", dtype="float32")
+    ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise ValueError("--prompt: empty prompts are not supported")
+    with retrieval(model, a.artifact, budget=_budget(a.budget), source=src,
+                   accept_model_mismatch=a.accept_model_mismatch) as r, torch.no_grad():
+        if r.engine.weights_note:
+            print(f"kvq: warning: {r.engine.weights_note}", file=sys.stderr)
+        out = model.generate(ids, max_new_tokens=a.n, do_sample=False, num_beams=1,
+                             pad_token_id=tok.eos_token_id)
+    new = out[0, ids.shape[1]:]
+    sys.stdout.write(a.prompt + tok.decode(new, skip_special_tokens=True) + "\n")
+    return 0
+
+
 def cmd_inspect(a: argparse.Namespace) -> int:
     from .artifact import Artifact
     json.dump(Artifact(a.artifact, validate=False).describe(), sys.stdout, indent=2)
@@ -80,6 +114,16 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="replace OUTPUT if it is a capture directory")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
     c.set_defaults(fn=cmd_capture)
+    g = sub.add_parser("generate", help="greedy generation in HF transformers with kvq retrieval decoding")
+    g.add_argument("--model", required=True, help="HF directory or GGUF file")
+    g.add_argument("--artifact", required=True, help="the model's .kvq artifact")
+    g.add_argument("--budget", default="6%", help="a count, a fraction (0.06) or a percentage (6%%)")
+    g.add_argument("--backend", default="engine", choices=["engine", "torch"], help="selection back end")
+    g.add_argument("--prompt", required=True, help="text to continue")
+    g.add_argument("-n", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--accept-model-mismatch", action="store_true",
+                   help="use an artifact fitted on other weights (with a warning)")
+    g.set_defaults(fn=cmd_generate)
     i = sub.add_parser("inspect", help="an artifact's description as JSON")
     i.add_argument("artifact")
     i.set_defaults(fn=cmd_inspect)

@@ -49,8 +49,8 @@ def write_safetensors(path: str, tensors: Sequence[tuple], metadata: Dict[str, s
 
 
 def _meta_value(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v) if v != int(v) or abs(v) >= 1e16 else str(int(v))
+    if isinstance(v, float):  # as kvq writes metadata numbers: "%.17g"
+        return "%.17g" % v
     return str(v)
 
 

@@ -84,6 +84,21 @@ class _Recorder:
                 h.remove()
 
 
+def redact_paths(spec: str) -> str:
+    """The corpus spec with every path cut to its last component, as kvq records it
+    ("dir:/home/u/text/,uuid:4" -> "dir:text,uuid:4")."""
+    out = []
+    for item in spec.split(","):
+        slash, colon = item.find("/"), item.find(":")
+        if slash < 0:
+            out.append(item)
+            continue
+        keep = colon + 1 if 0 <= colon < slash else 0
+        path = item[keep:].rstrip("/")
+        out.append(item[:keep] + (path.rsplit("/", 1)[-1] if path else ""))
+    return ",".join(out)
+
+
 def _encoder(tokenizer: Any) -> Callable[[bytes, int], List[int]]:
     def encode(text: bytes, part: int) -> List[int]:
         if tokenizer is None:
@@ -137,13 +152,13 @@ def capture(model: Any, tokenizer: Any, corpus: str, out_dir: str, seq_len: int 
         raise InvalidArgumentError(f"capture: seq_len {seq_len} is less than 2", 500)
     if sequences is not None:
         seqs = [np.asarray(s, dtype=np.int32) for s in sequences]
-        cinfo = {"spec": corpus, "seed": int(seed), "hash": "0" * 16, "n_documents": len(seqs)}
+        cinfo = {"spec": redact_paths(corpus), "seed": int(seed), "hash": "0" * 16, "n_documents": len(seqs)}
     else:
         bos, sep = _bos_rule(tokenizer, model.config)
         packed = pack(documents(corpus, seed), _encoder(tokenizer), seq_len, max_tokens, bos, sep,
                       n_vocab=desc["vocab_size"])
         seqs = packed.sequences
-        cinfo = {"spec": corpus, "seed": int(seed), "hash": packed.hash_hex, "n_documents": packed.n_docs}
+        cinfo = {"spec": redact_paths(corpus), "seed": int(seed), "hash": packed.hash_hex, "n_documents": packed.n_docs}
     if not seqs:
         raise InvalidArgumentError(f"{corpus}: the corpus has no tokens", 500)
     interleave = desc["rope"]["layout"] == "interleaved"

@@ -25,9 +25,13 @@ _WHY_NOT = {
 }
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
 def load(model: str, device: str = "cpu", dtype: str = "float32") -> Tuple[Any, Any, Dict[str, str]]:
     """Loads a causal LM and its tokenizer from an HF directory or a GGUF file (needs the
-    accelerate and gguf packages). Returns (model, tokenizer, source) where source says
+    accelerate and gguf packages). Returns (model, tokenizer, source): tokenizer None for
+a directory without tokenizer files (then only ids: corpora can be read); source says
     {"path": file or directory name, "source": "gguf"|"hf", "file": the full path}."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -49,7 +53,9 @@ def load(model: str, device: str = "cpu", dtype: str = "float32") -> Tuple[Any, 
         d = model
         src = {"path": os.path.basename(os.path.normpath(os.path.abspath(model))), "source": "hf",
                "file": os.path.abspath(model)}
-    tok = AutoTokenizer.from_pretrained(d, **kw)
+    tok = None  # without tokenizer files: ids: corpora only, as kvq reads such a model
+    if kw or any(os.path.exists(os.path.join(d, f)) for f in _TOKENIZER_FILES):
+        tok = AutoTokenizer.from_pretrained(d, **kw)
     m = AutoModelForCausalLM.from_pretrained(d, dtype=td, **kw).to(device)
     m.eval()
     return m, tok, src
