@@ -28,6 +28,8 @@ def _layers(spec: Optional[str]) -> Optional[List[int]]:
 
 
 def _quiet_transformers() -> None:
+    import os
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF loader's own bars
     try:
         import transformers
         transformers.logging.set_verbosity_error()

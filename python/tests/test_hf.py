@@ -13,7 +13,9 @@
    its Cholesky factors equal those fitted from kvq's capture (rel 1e-4), its codebooks
    too for 95% or more of the heads (k-means may take another path on a near-tie) and
    the fit's score MSE per head within rel 1e-2; the fitted artifact opens for the
-   checkpoint's fingerprint through kvq.Artifact and refuses another.
+   checkpoint's fingerprint through kvq.Artifact and refuses another; greedy generate()
+   with kvq.hf.retrieval (the C engine) at 6% gives `kvq run --artifact --budget 6%`'s
+   text.
 Exit 0 pass, 77 skip (reason on the last line), else fail.
 """
 import json
@@ -237,6 +239,7 @@ def test_smollm2(tmp):
           f"mean within 1e-3 ({mm:.2g}) of the kvq capture's fit")
     wl = max(rel(b.cholesky(l, h)[0], a.cholesky(l, h)[0]) for l, h in heads)
     check(wl <= 1e-4, f"SmolLM2: Cholesky factors within rel 1e-4 ({wl:.2g})")
+    test_generate(tmp, m, tok, src, c2 + ".kvq")
     check(b.fingerprint == ins["fingerprint"], "SmolLM2: the artifact from the Python capture records the fingerprint")
     check(b.check_model(ins["fingerprint"]) == "", "SmolLM2: that artifact opens for the checkpoint")
     try:
@@ -244,6 +247,30 @@ def test_smollm2(tmp):
         check(False, "SmolLM2: other weights refused")
     except kvq.MismatchError as e:
         check("f" * 32 in str(e), f"SmolLM2: other weights refused ({e})")
+
+
+def test_generate(tmp, m, tok, src, art):
+    """Greedy decoding with retrieval through the engine equals `kvq run --artifact`."""
+    prompt = open(os.path.join(ROOT, "tests", "data", "ppl_text.txt"), encoding="utf-8").read()[:2500]
+    n = 16
+    r = subprocess.run([KVQ, "run", "--model", SMOL, "--artifact", art, "--budget", "6%", "--temp", "0",
+                        "--prompt", prompt, "-n", str(n), "-q"], check=True, capture_output=True, text=True)
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=0.06, source=src) as ret:
+        out = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
+        steps, sel = ret.steps, ret.selected.get(5)
+    text = prompt + tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
+    check(text == r.stdout, f"SmolLM2: greedy text with retrieval at 6% equals kvq run's "
+          f"({text[len(prompt):]!r} vs {r.stdout[len(prompt):]!r})")
+    total = ids.shape[1] + n - 1
+    check(steps == n - 1 and sel is not None and all(0 < len(x) <= -(-0.06 * total // 1) + 1 for x in sel),
+          f"SmolLM2: {steps} retrieval steps, layer 5 selected {[len(x) for x in sel or []]} tokens")
+    try:
+        with kvq.hf.retrieval(m, os.path.join(tmp, "absent.kvq"), source=src):
+            pass
+        check(False, "SmolLM2: a missing artifact raises")
+    except kvq.KvqError as e:
+        check("absent.kvq" in str(e), f"SmolLM2: a missing artifact raises naming it ({e})")
 
 
 def main():

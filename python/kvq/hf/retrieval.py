@@ -69,10 +69,11 @@ class Retrieval:
         self.selected: Dict[int, List[np.ndarray]] = {}
         self.steps = 0
 
-    def _rows(self, x: Any) -> np.ndarray:
-        """[1, heads, n, d] torch -> [n, heads, d] float32 numpy in the engine's layout."""
+    def _rows(self, x: Any, rope: bool = True) -> np.ndarray:
+        """[1, heads, n, d] torch -> [n, heads, d] float32 numpy; q and k (rope) in the
+        engine's pair layout."""
         a = x[0].transpose(0, 1).detach().to("cpu", dtype=__import__("torch").float32).numpy()
-        return half_to_interleaved(a) if self.interleave else np.ascontiguousarray(a)
+        return half_to_interleaved(a) if rope and self.interleave else np.ascontiguousarray(a)
 
     def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, inner: Any,
                *a: Any, **kw: Any):
@@ -91,7 +92,7 @@ class Retrieval:
             self.seq.reset()  # a forward from position 0: a new sequence
         if n > 1 or self.seq.length(layer) == 0:
             out = inner(module, query, key, value, mask, *a, **kw)
-            self.seq.append(layer, self._rows(k_pre), self._rows(v_new))
+            self.seq.append(layer, self._rows(k_pre), self._rows(v_new, rope=False))
             return out
         q = self._rows(q_pre)[0]
         k = self._rows(k_pre)[0]
