@@ -32,7 +32,7 @@ class _Doc(ctypes.Structure):
 
 def _declare(lib: ctypes.CDLL) -> None:
     if getattr(lib, "_kvq_corpus_declared", False):
-        return
+        return  # the attribute is set below
     P, E = ctypes.c_void_p, ctypes.POINTER(_lib.KvqErr)
     lib.kvq_corpus_params_default.argtypes = [ctypes.POINTER(_CorpusParams)]
     lib.kvq_corpus_params_default.restype = None
@@ -46,7 +46,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.kvq_corpus_iter_next.restype = ctypes.c_int
     lib.kvq_corpus_iter_free.argtypes = [P]
     lib.kvq_corpus_iter_free.restype = None
-    lib._kvq_corpus_declared = True
+    setattr(lib, "_kvq_corpus_declared", True)
 
 
 @dataclass

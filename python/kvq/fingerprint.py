@@ -1,7 +1,7 @@
 """The weight fingerprint of docs/format.md ("Weight fingerprint"), from arrays."""
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -9,7 +9,7 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 _SALT = np.uint64(0x5851F42D4C957F2D)
 
 
-def _mix64(z: np.ndarray) -> np.ndarray:
+def _mix64(z: Any) -> Any:
     with np.errstate(over="ignore"):
         z = z + np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)

@@ -45,7 +45,6 @@ transformers.utils.logging.disable_progress_bar()
 
 import kvq  # noqa: E402
 import kvq.hf  # noqa: E402
-from kvq.capture_dir import write_safetensors  # noqa: E402,F401
 
 failures = []
 

@@ -34,7 +34,6 @@ class _Recorder:
 
     @contextlib.contextmanager
     def active(self) -> Iterator["_Recorder"]:
-        import torch  # noqa: F401
         from transformers import AttentionInterface
         from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -44,10 +43,10 @@ class _Recorder:
         if not hasattr(mod, "apply_rotary_pos_emb"):
             raise UnsupportedError(f"{type(attns[0]).__name__}: its module has no apply_rotary_pos_emb "
                                    "to take pre-RoPE vectors from", 400)
-        orig_rope = mod.apply_rotary_pos_emb
+        orig_rope = getattr(mod, "apply_rotary_pos_emb")
         orig_impl = self.model.config._attn_implementation
         eager = getattr(mod, "eager_attention_forward", None)
-        inner = ALL_ATTENTION_FUNCTIONS.get_interface(orig_impl, eager) if orig_impl != "eager" else eager
+        inner: Any = ALL_ATTENTION_FUNCTIONS.get_interface(orig_impl, eager) if orig_impl != "eager" else eager  # type: ignore[arg-type]
         rec = self
 
         def rope(q, k, *a, **kw):
@@ -67,7 +66,7 @@ class _Recorder:
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
         AttentionMaskInterface.register("kvq_capture", ALL_MASK_ATTENTION_FUNCTIONS[orig_impl])
         handles = [a.register_forward_pre_hook(pre) for a in attns]
-        mod.apply_rotary_pos_emb = rope
+        setattr(mod, "apply_rotary_pos_emb", rope)
         self.model.config._attn_implementation = "kvq_capture"
         for a in attns:
             if hasattr(a, "config"):
@@ -75,7 +74,7 @@ class _Recorder:
         try:
             yield self
         finally:
-            mod.apply_rotary_pos_emb = orig_rope
+            setattr(mod, "apply_rotary_pos_emb", orig_rope)
             self.model.config._attn_implementation = orig_impl
             for a in attns:
                 if hasattr(a, "config"):
@@ -174,7 +173,9 @@ def capture(model: Any, tokenizer: Any, corpus: str, out_dir: str, seq_len: int 
             pass
     with rec.active(), torch.no_grad():
         for s in it:
-            rec.q.clear(), rec.k.clear(), rec.v.clear()
+            rec.q.clear()
+            rec.k.clear()
+            rec.v.clear()
             ids = torch.as_tensor(np.asarray(s, dtype=np.int64), device=dev)[None]
             model(input_ids=ids, use_cache=False)
             for l in want:

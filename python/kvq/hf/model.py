@@ -56,7 +56,8 @@ a directory without tokenizer files (then only ids: corpora can be read); source
     tok = None  # without tokenizer files: ids: corpora only, as kvq reads such a model
     if kw or any(os.path.exists(os.path.join(d, f)) for f in _TOKENIZER_FILES):
         tok = AutoTokenizer.from_pretrained(d, **kw)
-    m = AutoModelForCausalLM.from_pretrained(d, dtype=td, **kw).to(device)
+    m: Any = AutoModelForCausalLM.from_pretrained(d, dtype=td, **kw)
+    m = m.to(device)
     m.eval()
     return m, tok, src
 

@@ -62,7 +62,7 @@ class Retrieval:
         self.spec = engine_model(model, source, self.fp)
         self.interleave = self.spec.rope_interleaved
         self.engine = Engine(artifact, self.spec, accept_model_mismatch=accept_model_mismatch)
-        self.seq_args = dict(budget=budget, sink=sink, window=window, threads=threads)
+        self.seq_args: Dict[str, Any] = dict(budget=budget, sink=sink, window=window, threads=threads)
         self.seq = self.engine.sequence(**self.seq_args)
         self.layer = -1
         self.pre: Dict[int, Any] = {}
@@ -126,10 +126,10 @@ def retrieval(model: Any, artifact: str, budget: Union[int, float] = 0.06,
     base = model.get_decoder()
     attns = [l.self_attn for l in base.layers]
     mod = sys.modules[type(attns[0]).__module__]
-    orig_rope = mod.apply_rotary_pos_emb
+    orig_rope = getattr(mod, "apply_rotary_pos_emb")
     orig_impl = model.config._attn_implementation
     eager = getattr(mod, "eager_attention_forward", None)
-    inner = ALL_ATTENTION_FUNCTIONS.get_interface(orig_impl, eager) if orig_impl != "eager" else eager
+    inner: Any = ALL_ATTENTION_FUNCTIONS.get_interface(orig_impl, eager) if orig_impl != "eager" else eager  # type: ignore[arg-type]
 
     def rope(q, k, *a, **kw):
         r.pre[r.layer] = (q.detach(), k.detach())
@@ -144,12 +144,12 @@ def retrieval(model: Any, artifact: str, budget: Union[int, float] = 0.06,
     AttentionInterface.register("kvq_retrieval", attention)
     AttentionMaskInterface.register("kvq_retrieval", ALL_MASK_ATTENTION_FUNCTIONS[orig_impl])
     handles = [a.register_forward_pre_hook(pre) for a in attns]
-    mod.apply_rotary_pos_emb = rope
+    setattr(mod, "apply_rotary_pos_emb", rope)
     model.config._attn_implementation = "kvq_retrieval"
     try:
         yield r
     finally:
-        mod.apply_rotary_pos_emb = orig_rope
+        setattr(mod, "apply_rotary_pos_emb", orig_rope)
         model.config._attn_implementation = orig_impl
         for h in handles:
             h.remove()
