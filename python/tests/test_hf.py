@@ -143,6 +143,13 @@ def test_architectures(tmp):
             rq, rk, rv = ref[layer]
             worst = max(worst, rel(t["q"], rq), rel(t["k"], rk), rel(t["v"], rv))
         check(worst <= 1e-6, f"{arch}: captured q, k, v equal the modules' own (rel {worst:.2g} <= 1e-6)")
+    for arch, why in (("mistral", "sliding-window"), ("gemma2", "sliding-window")):
+        try:
+            with kvq.hf.retrieval(tiny(arch), os.path.join(tmp, "any.kvq")):
+                pass
+            check(False, f"{arch}: retrieval refused")
+        except kvq.UnsupportedError as e:
+            check(why in str(e), f"{arch}: retrieval refused naming {why} ({e})")
     for arch in ("gemma3_text", "gpt2"):
         m = tiny(arch)
         out = os.path.join(tmp, "cap_" + arch)
