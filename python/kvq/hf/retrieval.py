@@ -50,7 +50,7 @@ class Retrieval:
                  sink: Optional[int] = None, window: int = 0, threads: int = 1) -> None:
         cfg = model.config
         sw = getattr(cfg, "sliding_window", None)
-        if sw:
+        if sw and getattr(cfg, "use_sliding_window", True):  # qwen2 configs carry one unused
             raise UnsupportedError(f"{cfg.model_type}: sliding-window attention ({sw} tokens): the kvq "
                                    "engine selects over every cached token and would attend outside "
                                    "the window", 400)
