@@ -4,6 +4,7 @@
 #   make test         install missing deps, build with -Werror, run every test
 #   make demo         install missing deps, fetch SmolLM2-135M, run the pipeline on real text
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
+#   make test-python  the Python package with torch/transformers (python/tests/test_hf.py)
 #   make test-cuda    build with CUDA=1 and check every CUDA path against the CPU
 #                     (scripts/test-cuda.sh; every case is skipped without a GPU)
 #   make test-device-kit  build .device-kit/ for a bare GPU machine and check it here
@@ -167,7 +168,7 @@ DESTDIR ?=
 STABLE_HEADERS   := $(addprefix include/kvq/,common.h artifact.h calibrate.h eval.h engine.h)
 UNSTABLE_HEADERS := $(filter-out include/kvq/util.h $(STABLE_HEADERS),$(sort $(wildcard include/kvq/*.h)))
 
-.PHONY: all lib test test-run test-cuda test-device-kit cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+.PHONY: all lib test test-run test-cuda test-device-kit test-python cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
         install install-unstable uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
@@ -292,6 +293,18 @@ test:
 
 test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXAMPLE_BIN)
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bash tests/run-tests.sh
+
+# `make test-python`: the Python package's torch part (python/tests/test_hf.py: captures
+# from HF transformers against the modules and `kvq capture`, SmolLM2 on the CPU). Installs
+# torch (CPU wheels), transformers, accelerate, gguf and safetensors from PyPI once if
+# missing. The numpy-only part (tests/py/test_python_pkg.py) runs in `make test`.
+test-python: check-deps $(SHARED) $(KVQ) $(EXAMPLE_BIN)
+	@$(PYTHON) -c 'import torch, transformers, accelerate, gguf, safetensors' 2>/dev/null || { \
+	  $(PYTHON) -c 'import torch' 2>/dev/null || \
+	    $(PYTHON) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && \
+	  $(PYTHON) -m pip install -q transformers accelerate gguf safetensors; }
+	@m="$${KVQ_SMOLLM2:-$$(env -u KVQ_MODEL bash scripts/fetch-model.sh || true)}"; \
+	  KVQ_BUILD=$(CURDIR)/$(BUILD) KVQ=$(CURDIR)/$(KVQ) KVQ_SMOLLM2="$$m" $(PYTHON) python/tests/test_hf.py
 
 # `make test-cuda`: the CUDA build and its check against the CPU (scripts/test-cuda.sh).
 test-cuda:

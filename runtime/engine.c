@@ -249,3 +249,13 @@ kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, 
     kvq_attn_backend b = kvq_retrieval_backend(s->r);
     return b.attend(b.user, &c, err);
 }
+
+const int32_t *kvq_engine_seq_last_selection(const kvq_engine_seq *s, int32_t layer,
+                                             int32_t kv_head, int64_t *count)
+{
+    int64_t n = 0;
+    const int32_t *sel = s ? kvq_retrieval_last_selection(s->r, layer, kv_head, &n) : NULL;
+    if (count)
+        *count = n;
+    return sel;
+}

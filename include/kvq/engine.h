@@ -133,6 +133,14 @@ kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, 
                                  const void *k, const void *v, kvq_engine_dtype dt, float *out,
                                  kvq_err *err);
 
+/* For inspection (tests, tools): the candidate tokens the last decode step of (layer,
+ * KV head) selected, as token indices ascending (sinks and window not included: they
+ * are always attended), and their count in *count; NULL and 0 when that step attended
+ * every token (no candidates beyond sinks and window) or the arguments are out of
+ * range. Valid until the next append, decode or call of this function on s. */
+const int32_t *kvq_engine_seq_last_selection(const kvq_engine_seq *s, int32_t layer,
+                                             int32_t kv_head, int64_t *count);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,151 @@
+"""python -m kvq: the command line of the Python package.
+
+    python -m kvq capture --model M --corpus SPEC -o CAP [--seq-len N] [--max-tokens N]
+                          [--layers LIST] [--dtype f16|bf16|f32] [--device cpu|cuda]
+                          [--torch-dtype float32|bfloat16|float16] [--seed S] [--force] [-q]
+    python -m kvq generate --model M --artifact A [--budget 6%] --prompt TEXT [-n N]
+                                              greedy text with kvq retrieval decoding
+    python -m kvq inspect ARTIFACT            the artifact's description as JSON
+    python -m kvq version                     package and library versions
+
+Errors print one line "kvq: MESSAGE" on stderr and exit 1 (2 for usage)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import List, Optional
+
+
+def _layers(spec: Optional[str]) -> Optional[List[int]]:
+    if not spec:
+        return None
+    out: List[int] = []
+    for part in spec.split(","):
+        a, _, b = part.partition("-")
+        out += list(range(int(a), int(b or a) + 1))
+    return out
+
+
+def _quiet_transformers() -> None:
+    import os
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF loader's own bars
+    try:
+        import transformers
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    from . import hf
+    if a.quiet:
+        _quiet_transformers()
+    model, tok, src = hf.load(a.model, device=a.device, dtype=a.torch_dtype)
+    doc = hf.capture(model, tok, a.corpus, a.output, seq_len=a.seq_len, max_tokens=a.max_tokens,
+                     layers=_layers(a.layers), dtype=a.dtype, seed=a.seed, source=src, force=a.force,
+                     has_values=not a.no_values, progress=not a.quiet)
+    if not a.quiet:
+        print(f"capture: {a.output}: {doc['n_tokens']} tokens in {doc['n_sequences']} sequences, "
+              f"{len(doc['layers'])} layers, fingerprint {doc['model'].get('fingerprint', '-')}",
+              file=sys.stderr)
+    return 0
+
+
+def _budget(s: str):
+    s = s.strip()
+    if s.endswith("%"):
+        return float(s[:-1]) / 100
+    if "." in s or "e" in s.lower():
+        return float(s)
+    return int(s)
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    import torch
+
+    from . import hf
+    from .hf.retrieval import retrieval
+    if a.backend != "engine":
+        raise NotImplementedError(f"--backend {a.backend}: only the C engine back end exists in this version")
+    _quiet_transformers()
+    model, tok, src = hf.load(a.model, device="cpu", dtype="float32")
+    ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise ValueError("--prompt: empty prompts are not supported")
+    with retrieval(model, a.artifact, budget=_budget(a.budget), source=src,
+                   accept_model_mismatch=a.accept_model_mismatch) as r, torch.no_grad():
+        if r.engine.weights_note:
+            print(f"kvq: warning: {r.engine.weights_note}", file=sys.stderr)
+        out = model.generate(ids, max_new_tokens=a.n, do_sample=False, num_beams=1,
+                             pad_token_id=tok.eos_token_id)
+    new = out[0, ids.shape[1]:]
+    sys.stdout.write(a.prompt + tok.decode(new, skip_special_tokens=True) + "\n")
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    from .artifact import Artifact
+    json.dump(Artifact(a.artifact, validate=False).describe(), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def cmd_version(a: argparse.Namespace) -> int:
+    from . import __version__, library_path, library_version
+    print(f"kvq-python {__version__}, libkvq {library_version()} ({library_path()})")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kvq", description="kvq from Python")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("capture", help="capture pre-RoPE q, k, v of an HF model into kvq's capture directory")
+    c.add_argument("--model", required=True, help="HF directory or GGUF file")
+    c.add_argument("--corpus", required=True, help="corpus spec, as kvq capture (uuid:64,file:a.txt, ...)")
+    c.add_argument("-o", "--output", required=True, help="capture directory to write")
+    c.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
+    c.add_argument("--max-tokens", type=int, default=0, help="stop after N tokens (default: all)")
+    c.add_argument("--layers", help="layers to store, e.g. 0,2,5-7 (default all)")
+    c.add_argument("--dtype", default="f16", choices=["f16", "bf16", "f32"], help="storage of q, k, v")
+    c.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    c.add_argument("--torch-dtype", default="float32", help="model dtype: float32 | bfloat16 | float16")
+    c.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (default 0)")
+    c.add_argument("--no-values", action="store_true", help="do not store v")
+    c.add_argument("--force", action="store_true", help="replace OUTPUT if it is a capture directory")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress or summary")
+    c.set_defaults(fn=cmd_capture)
+    g = sub.add_parser("generate", help="greedy generation in HF transformers with kvq retrieval decoding")
+    g.add_argument("--model", required=True, help="HF directory or GGUF file")
+    g.add_argument("--artifact", required=True, help="the model's .kvq artifact")
+    g.add_argument("--budget", default="6%", help="a count, a fraction (0.06) or a percentage (6%%)")
+    g.add_argument("--backend", default="engine", choices=["engine", "torch"], help="selection back end")
+    g.add_argument("--prompt", required=True, help="text to continue")
+    g.add_argument("-n", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--accept-model-mismatch", action="store_true",
+                   help="use an artifact fitted on other weights (with a warning)")
+    g.set_defaults(fn=cmd_generate)
+    i = sub.add_parser("inspect", help="an artifact's description as JSON")
+    i.add_argument("artifact")
+    i.set_defaults(fn=cmd_inspect)
+    v = sub.add_parser("version", help="package and library versions")
+    v.set_defaults(fn=cmd_version)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 130
+    except Exception as e:  # noqa: BLE001  (one line for the user, not a traceback)
+        from .errors import KvqError
+        kind = "" if isinstance(e, KvqError) else type(e).__name__ + ": "
+        print(f"kvq: {kind}{e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Retrieval decoding inside HF transformers with kvq's C engine (kvq/engine.h).
+
+    with kvq.hf.retrieval(model, "model.kvq", budget=0.06) as r:
+        out = model.generate(ids, max_new_tokens=64, do_sample=False)
+        r.selected[layer]      # the last step's selected token indices per KV head
+
+While active, every attention module of the model runs through an attention function
+("kvq_retrieval", transformers.AttentionInterface): a chunk of more than one query
+(the prefill) is attended densely by the model's own implementation and its pre-RoPE
+keys and values are appended to a kvq engine sequence; a single-query step (decode) is
+attended by the engine: sinks, recent window and the artifact's codebook selection,
+exact attention over them. Pre-RoPE q and k come from the module's own
+apply_rotary_pos_emb, wrapped while active. Batch size 1; CPU tensors go to the C
+engine (other devices are copied). A new sequence starts whenever a forward begins at
+position 0 (a new generate() call)."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Dict, Iterator, List, Optional, Union
+
+import numpy as np
+
+from ..engine import Engine
+from ..errors import InvalidArgumentError, UnsupportedError
+from ..model import ModelSpec
+from .capture import half_to_interleaved
+from .model import describe_model, fingerprint
+
+
+def engine_model(model: Any, source: Optional[Dict[str, str]] = None,
+                 fingerprint_hex: Optional[str] = None) -> ModelSpec:
+    """The ModelSpec of an HF model (the layout of its source: a GGUF llama interleaved)."""
+    d = describe_model(model, source, fingerprint_hex)
+    r = d["rope"]
+    return ModelSpec(n_layers=d["n_layers"], n_heads=d["n_heads"], n_kv_heads=d["n_kv_heads"],
+                     head_dim=d["head_dim"], rope_base=r["base"],
+                     rope_interleaved=r["layout"] == "interleaved", rope_scaling=r["scaling"],
+                     rope_factor=r["factor"], rope_low_freq_factor=r["low_freq_factor"],
+                     rope_high_freq_factor=r["high_freq_factor"],
+                     rope_original_max_pos=r["original_max_pos"], fingerprint=fingerprint_hex,
+                     architecture=d["architecture"])
+
+
+class Retrieval:
+    """The state of retrieval decoding for one model (see the module's docstring)."""
+
+    def __init__(self, model: Any, artifact: str, budget: Union[int, float] = 0.06,
+                 source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
+                 sink: Optional[int] = None, window: int = 0, threads: int = 1) -> None:
+        cfg = model.config
+        sw = getattr(cfg, "sliding_window", None)
+        if sw and getattr(cfg, "use_sliding_window", True):  # qwen2 configs carry one unused
+            raise UnsupportedError(f"{cfg.model_type}: sliding-window attention ({sw} tokens): the kvq "
+                                   "engine selects over every cached token and would attend outside "
+                                   "the window", 400)
+        if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
+            raise UnsupportedError(f"{cfg.model_type}: attention logit soft-capping is not what the kvq "
+                                   "engine computes", 400)
+        self.model = model
+        self.fp = fingerprint(model)
+        self.spec = engine_model(model, source, self.fp)
+        self.interleave = self.spec.rope_interleaved
+        self.engine = Engine(artifact, self.spec, accept_model_mismatch=accept_model_mismatch)
+        self.seq_args: Dict[str, Any] = dict(budget=budget, sink=sink, window=window, threads=threads)
+        self.seq = self.engine.sequence(**self.seq_args)
+        self.layer = -1
+        self.pre: Dict[int, Any] = {}
+        self.selected: Dict[int, List[np.ndarray]] = {}
+        self.steps = 0
+
+    def _rows(self, x: Any, rope: bool = True) -> np.ndarray:
+        """[1, heads, n, d] torch -> [n, heads, d] float32 numpy; q and k (rope) in the
+        engine's pair layout."""
+        a = x[0].transpose(0, 1).detach().to("cpu", dtype=__import__("torch").float32).numpy()
+        return half_to_interleaved(a) if rope and self.interleave else np.ascontiguousarray(a)
+
+    def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, inner: Any,
+               *a: Any, **kw: Any):
+        import torch
+        layer = module.layer_idx
+        if query.shape[0] != 1:
+            raise InvalidArgumentError(f"kvq retrieval: batch size {query.shape[0]}; only 1 is supported", 500)
+        scale = kw.get("scaling", getattr(module, "scaling", None))
+        if scale is not None and abs(scale * self.spec.head_dim ** 0.5 - 1) > 1e-6:
+            raise UnsupportedError(f"{type(module).__name__}: attention scale {scale} is not "
+                                   "1/sqrt(head_dim), what the kvq engine computes", 400)
+        q_pre, k_pre = self.pre.pop(layer)
+        n = q_pre.shape[2]
+        v_new = value[:, :, -n:]  # the cache has appended this chunk's rows
+        if layer == 0 and self.seq.length(0) > 0 and key.shape[2] == n:
+            self.seq.reset()  # a forward from position 0: a new sequence
+        if n > 1 or self.seq.length(layer) == 0:
+            out = inner(module, query, key, value, mask, *a, **kw)
+            self.seq.append(layer, self._rows(k_pre), self._rows(v_new, rope=False))
+            return out
+        q = self._rows(q_pre)[0]
+        k = self._rows(k_pre)[0]
+        v = v_new[0, :, 0].detach().to("cpu", dtype=torch.float32).numpy()
+        o, sel = self.seq.decode(layer, q, k, v)
+        self.selected[layer] = sel
+        if layer == self.spec.n_layers - 1:
+            self.steps += 1
+        res = torch.from_numpy(o).to(query.device, query.dtype)  # [heads, d]
+        return res.view(1, 1, *res.shape), None
+
+    def close(self) -> None:
+        self.seq.close()
+        self.engine.close()
+
+
+@contextlib.contextmanager
+def retrieval(model: Any, artifact: str, budget: Union[int, float] = 0.06,
+              source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
+              sink: Optional[int] = None, window: int = 0, threads: int = 1) -> Iterator[Retrieval]:
+    """Makes the model attend by kvq retrieval at each single-token step while active (a
+    context manager yielding the Retrieval state). ``budget``: a count or a fraction of
+    the visible tokens (default 6%); ``source`` from kvq.hf.load. Raises MismatchError when
+    the artifact was made for other weights or another shape, UnsupportedError for a model
+    the engine cannot reproduce (sliding windows, soft-capping, another attention scale)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    r = Retrieval(model, artifact, budget, source, accept_model_mismatch, sink, window, threads)
+    base = model.get_decoder()
+    attns = [l.self_attn for l in base.layers]
+    mod = sys.modules[type(attns[0]).__module__]
+    orig_rope = getattr(mod, "apply_rotary_pos_emb")
+    orig_impl = model.config._attn_implementation
+    eager = getattr(mod, "eager_attention_forward", None)
+    inner: Any = ALL_ATTENTION_FUNCTIONS.get_interface(orig_impl, eager) if orig_impl != "eager" else eager  # type: ignore[arg-type]
+
+    def rope(q, k, *a, **kw):
+        r.pre[r.layer] = (q.detach(), k.detach())
+        return orig_rope(q, k, *a, **kw)
+
+    def attention(module, query, key, value, mask, *a, **kw):
+        return r.attend(module, query, key, value, mask, inner, *a, **kw)
+
+    def pre(module, args, kwargs=None):
+        r.layer = module.layer_idx
+
+    AttentionInterface.register("kvq_retrieval", attention)
+    AttentionMaskInterface.register("kvq_retrieval", ALL_MASK_ATTENTION_FUNCTIONS[orig_impl])
+    handles = [a.register_forward_pre_hook(pre) for a in attns]
+    setattr(mod, "apply_rotary_pos_emb", rope)
+    model.config._attn_implementation = "kvq_retrieval"
+    try:
+        yield r
+    finally:
+        setattr(mod, "apply_rotary_pos_emb", orig_rope)
+        model.config._attn_implementation = orig_impl
+        for h in handles:
+            h.remove()
+        r.close()
