@@ -39,6 +39,8 @@
 
 typedef void (*panel_fn)(const float *const *, int32_t, int32_t, const float *, int32_t,
                          float *);
+typedef void (*gmin_fn)(const float *, const float *, float, int32_t, float *, int32_t *,
+                        float *);
 typedef void (*pair_fn)(const float *, int64_t, int32_t, const float *, const int32_t *,
                         float *);
 
@@ -74,6 +76,7 @@ struct kvq_km_bounds {
     scratch *sc;     /* [threads] */
     panel_fn panel_dots;
     pair_fn pair_dots;
+    gmin_fn group_min;
 };
 
 /* ---- scalar references of the kernels ------------------------------------------------ */
@@ -100,6 +103,26 @@ void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cen
             s = fmaf(xr[t], cr[t], s);
         out[i] = s;
     }
+}
+
+void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
+                          int32_t *pos, float *m2)
+{
+    float b1 = INFINITY, b2 = INFINITY;
+    int32_t p = INT32_MAX;
+    for (int32_t u = 0; u < gs; u++) {
+        const float v = kvq_km_dist_from_dot(xn, cn[u], o[u]);
+        if (v < b1) {
+            b2 = b1;
+            b1 = v;
+            p = u;
+        } else if (v < b2) {
+            b2 = v;
+        }
+    }
+    *m1 = b1;
+    *pos = p;
+    *m2 = b2;
 }
 
 /* ---- bounds arithmetic, rounded towards safety ---------------------------------------- */
@@ -164,8 +187,10 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     b->eta = 1.25f * (float)(2 * d + 16) / 16777216.0f;
     b->panel_dots = kvq_km_panel_dots_ref;
     b->pair_dots = kvq_km_pair_dots_ref;
+    b->group_min = kvq_km_group_min_ref;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kvq_cpu_has_avx512()) {
+        b->group_min = kvq_km_group_min_avx512;
         b->panel_dots = kvq_km_panel_dots_avx512;
         b->pair_dots = kvq_km_pair_dots_avx512;
     }
@@ -428,18 +453,11 @@ static int64_t block_groups(kvq_km_bounds *b, scratch *sc, int64_t i0)
                 const int32_t p = lst[q0 + q];
                 const float xn = b->xn[i0 + p];
                 const float *o = sc->out + (size_t)q * gp;
-                float m1 = INFINITY, m2 = INFINITY;
-                int32_t j1 = INT32_MAX;
-                for (int32_t u = 0; u < gs; u++) {
-                    const float s = kvq_km_dist_from_dot(xn, cng[u], o[u]);
-                    if (kvq_km_better(s, mem[u], m1, j1)) {
-                        m2 = m1;
-                        m1 = s;
-                        j1 = mem[u];
-                    } else if (s < m2) {
-                        m2 = s;
-                    }
-                }
+                float m1, m2;
+                int32_t u1;
+                b->group_min(o, cng, xn, gs, &m1, &u1, &m2);
+                /* members ascend within a group: the first position is the lower index */
+                const int32_t j1 = u1 == INT32_MAX ? INT32_MAX : mem[u1];
                 sc->mark[(size_t)p * T + g] = m1;
                 if (j1 == sc->best_j[p] || kvq_km_better(m1, j1, sc->best_s[p], sc->best_j[p])) {
                     sc->best_s[p] = m1;

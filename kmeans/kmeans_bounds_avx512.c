@@ -162,4 +162,37 @@ TARGET void kvq_km_pair_dots_avx512(const float *x, int64_t m, int32_t d, const 
         out[i] = s;
     }
 }
+/* Smallest of gs distances kvq_km_dist_from_dot(xn, cn[u], o[u]): per lane the two
+ * smallest and the first position of the smallest, then across lanes. */
+TARGET void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, int32_t gs,
+                                    float *m1, int32_t *pos, float *m2)
+{
+    const __m512 vxn = _mm512_set1_ps(xn), two = _mm512_set1_ps(2.0f);
+    const __m512 zero = _mm512_setzero_ps(), inf = _mm512_set1_ps(INFINITY);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    __m512 b1 = inf, b2 = inf;
+    __m512i bi = _mm512_set1_epi32(INT32_MAX);
+    __m512i jv = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int32_t c = 0; c < gs; c += 16) {
+        const __mmask16 live =
+            gs - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (gs - c)) - 1u);
+        const __m512 t = _mm512_add_ps(vxn, _mm512_maskz_loadu_ps(live, cn + c));
+        const __m512 u = _mm512_mul_ps(two, _mm512_maskz_loadu_ps(live, o + c));
+        const __m512 v = _mm512_mask_blend_ps(live, inf, _mm512_max_ps(_mm512_sub_ps(t, u), zero));
+        const __mmask16 lt = _mm512_cmp_ps_mask(v, b1, _CMP_LT_OQ);
+        b2 = _mm512_min_ps(b2, _mm512_max_ps(v, b1));
+        b1 = _mm512_mask_mov_ps(b1, lt, v);
+        bi = _mm512_mask_mov_epi32(bi, lt, jv);
+        jv = _mm512_add_epi32(jv, sixteen);
+    }
+    const float best = _mm512_reduce_min_ps(b1);
+    const __mmask16 at = _mm512_cmp_ps_mask(b1, _mm512_set1_ps(best), _CMP_EQ_OQ);
+    const int32_t p = _mm512_mask_reduce_min_epi32(at, bi);
+    const __mmask16 win = _mm512_mask_cmpeq_epi32_mask(at, bi, _mm512_set1_epi32(p));
+    const float other = _mm512_reduce_min_ps(_mm512_mask_blend_ps(win, b1, inf));
+    const float second = _mm512_reduce_min_ps(b2);
+    *m1 = best;
+    *pos = p;
+    *m2 = other < second ? other : second;
+}
 #endif

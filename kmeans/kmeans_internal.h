@@ -145,7 +145,14 @@ void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const 
 /* out[i] = the same chain for x_i (x [m, d]) and centroid row a[i] of cent [*, d]. */
 void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cent,
                           const int32_t *a, float *out);
+/* The smallest of the gs distances s_u = kvq_km_dist_from_dot(xn, cn[u], o[u]): *m1, its
+ * first position *pos (INT32_MAX when every s_u is +inf) and *m2, the smallest s_u
+ * over u != *pos (+inf when gs is 1). */
+void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
+                          int32_t *pos, float *m2);
 #if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, int32_t gs,
+                             float *m1, int32_t *pos, float *m2);
 void kvq_km_panel_dots_avx512(const float *const *xp, int32_t np, int32_t d,
                               const float *panel, int32_t ncols, float *out);
 void kvq_km_pair_dots_avx512(const float *x, int64_t m, int32_t d, const float *cent,
