@@ -229,7 +229,7 @@ static void test_same_as_plain_ties_duplicates_empty(void **state)
         memcpy(x + (size_t)i * d, x, (size_t)d * sizeof *x);
     for (int32_t j = 0; j < k; j++)
         for (int32_t t = 0; t < d; t++)
-            init[(size_t)j * d + t] = x[t] + (float)(j % 3);
+            init[(size_t)j * d + t] = x[t] + 1.0f + (float)(j % 3);
     assert_true(check_same(x, n, d, NULL, &p, init, NULL) > 0);
     free(x);
     free(init);
