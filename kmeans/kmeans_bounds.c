@@ -54,6 +54,7 @@ typedef struct scratch {
     float *best_s;   /* [BLOCK] */
     float *best_m2;  /* [BLOCK] smallest s in the best's group but the best */
     int32_t *best_j; /* [BLOCK] */
+    uint8_t *whole;  /* [BLOCK] 1: the point skipped every group by its global bound */
 } scratch;
 
 struct kvq_km_bounds {
@@ -72,6 +73,11 @@ struct kvq_km_bounds {
     float *cn;       /* [k] */
     float *cprev;    /* [k, d] the centroids of the previous call */
     float *gdrift;   /* [T] largest move in each group since the previous call */
+    float *glb;      /* [m] min over g of lb(i, g) when the row was last brought up to date */
+    int32_t *stamp;  /* [m] the call at which it was */
+    double *hist;    /* [calls, T + 1] per call the summed moves of each group so far, and
+                        (column T) the summed largest move of any group */
+    int32_t call, hist_cap;
     int64_t *work;   /* [blocks] distances computed */
     scratch *sc;     /* [threads] */
     panel_fn panel_dots;
@@ -134,6 +140,17 @@ static inline float lb_from_s(float s, float e)
     return v > 0.0f ? sqrtf(v) * (1.0f - SLACK) : 0.0f;
 }
 
+/* How far the bounds of column g moved between calls `from` and `to` (g = T: any
+ * group's largest), rounded up: the double sums carry a relative error far below
+ * 1e-12 of their size. */
+static inline float moved(const kvq_km_bounds *b, int32_t from, int32_t to, int32_t g)
+{
+    const double *h = b->hist;
+    const int32_t T1 = b->T + 1;
+    const double v = h[(size_t)to * T1 + g] - h[(size_t)from * T1 + g];
+    return nextafterf((float)(v + 1e-12 * h[(size_t)to * T1 + g]), INFINITY);
+}
+
 /* ---- create / destroy ------------------------------------------------------------------ */
 
 void kvq_km_bounds_destroy(kvq_km_bounds *b)
@@ -151,6 +168,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
         free(s->best_s);
         free(s->best_m2);
         free(s->best_j);
+        free(s->whole);
     }
     free(b->sc);
     free(b->xn);
@@ -164,6 +182,9 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
     free(b->cn);
     free(b->cprev);
     free(b->gdrift);
+    free(b->glb);
+    free(b->stamp);
+    free(b->hist);
     free(b->work);
     free(b);
 }
@@ -323,7 +344,9 @@ static kvq_status bounds_setup(kvq_km_bounds *b, const float *cent, kvq_err *err
     b->panel = calloc((size_t)b->poff[T], sizeof *b->panel);
     if (!b->panel)
         return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: centroid panels for k=%d", k);
-    if (!b->exhaustive && !(b->lb = malloc((size_t)b->m * T * sizeof *b->lb)))
+    if (!b->exhaustive && (!(b->lb = malloc((size_t)b->m * T * sizeof *b->lb)) ||
+                           !(b->glb = malloc((size_t)b->m * sizeof *b->glb)) ||
+                           !(b->stamp = malloc((size_t)b->m * sizeof *b->stamp))))
         return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: %lld x %d lower bounds",
                            (long long)b->m, T);
     for (int32_t t = 0; t < b->threads; t++) {
@@ -337,8 +360,9 @@ static kvq_status bounds_setup(kvq_km_bounds *b, const float *cent, kvq_err *err
         s->best_s = malloc(BLOCK * sizeof *s->best_s);
         s->best_m2 = malloc(BLOCK * sizeof *s->best_m2);
         s->best_j = malloc(BLOCK * sizeof *s->best_j);
+        s->whole = malloc(BLOCK * sizeof *s->whole);
         if (!s->mark || !s->list || !s->cnt || !s->out || !s->sa || !s->e || !s->best_s ||
-            !s->best_m2 || !s->best_j)
+            !s->best_m2 || !s->best_j || !s->whole)
             return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: bounds scratch for k=%d", k);
     }
     return KVQ_OK;
@@ -377,6 +401,16 @@ static void bounds_centroids(kvq_km_bounds *b, const float *cent)
         b->gdrift[g] = drift;
     }
     b->cnmax = cnmax;
+    if (!b->first && !b->exhaustive) { /* summed moves: row `call` of the history */
+        const int32_t T1 = T + 1;
+        double *h = b->hist + (size_t)b->call * T1, *h0 = h - T1;
+        float most = 0.0f;
+        for (int32_t g = 0; g < T; g++) {
+            h[g] = h0[g] + (double)b->gdrift[g];
+            most = b->gdrift[g] > most ? b->gdrift[g] : most;
+        }
+        h[T] = h0[T] + (double)most;
+    }
     memcpy(b->cprev, cent, (size_t)k * d * sizeof *cent);
 }
 
@@ -398,6 +432,7 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         float *mk = sc->mark + (size_t)p * T;
         sc->e[p] = b->eta * (xn + b->cnmax);
         sc->best_m2[p] = INFINITY;
+        sc->whole[p] = 0;
         if (!bounds) {
             sc->best_s[p] = INFINITY;
             sc->best_j[p] = INT32_MAX;
@@ -413,13 +448,18 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         sc->best_j[p] = a[i];
         /* skip g when lb^2 > sa + e (see the top of the file), rounded towards safety */
         const float thr = (sa + sc->e[p]) * (1.0f + SLACK);
+        const float g0 = (b->glb[i] - moved(b, b->stamp[i], b->call, T)) * (1.0f - SLACK);
+        sc->whole[p] = g0 > 0.0f && g0 * g0 * (1.0f - SLACK) > thr;
+        if (sc->whole[p])
+            continue; /* no group can hold a centroid as near: the row stays as it is */
         float *lb = b->lb + (size_t)i * T;
-        for (int32_t g = 0; g < T; g++) {
-            const float v0 = (lb[g] - b->gdrift[g]) * (1.0f - SLACK);
+        for (int32_t g = 0; g < T; g++) { /* the row brought up to this call */
+            const float v0 = (lb[g] - moved(b, b->stamp[i], b->call, g)) * (1.0f - SLACK);
             const float v = v0 > 0.0f ? v0 : 0.0f;
             lb[g] = v;
             mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
         }
+        b->stamp[i] = b->call;
         for (int32_t g = 0; g < T; g++)
             if (mk[g] >= 0.0f)
                 sc->list[(size_t)g * BLOCK + sc->cnt[g]++] = (uint16_t)p;
@@ -482,7 +522,7 @@ static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, 
         int32_t bj = sc->best_j[p];
         if (bj == INT32_MAX) /* every distance overflowed to +inf */
             bj = 0;
-        if (b->lb) {
+        if (b->lb && !sc->whole[p]) {
             const float e = sc->e[p];
             const float *mk = sc->mark + (size_t)p * T;
             float *lb = b->lb + (size_t)i * T;
@@ -496,6 +536,11 @@ static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, 
                 if (mk[ga] < 0.0f && v < lb[ga])
                     lb[ga] = v;
             }
+            float lo = INFINITY;
+            for (int32_t g = 0; g < T; g++)
+                lo = lb[g] < lo ? lb[g] : lo;
+            b->glb[i] = lo;
+            b->stamp[i] = b->call;
         }
         a[i] = bj;
         dist[i] = sc->best_s[p];
@@ -508,6 +553,19 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
     kvq_status st;
     if (b->first && (st = bounds_setup(b, cent, err)) != KVQ_OK)
         return st;
+    if (!b->exhaustive) {
+        b->call = b->first ? 0 : b->call + 1;
+        if (b->call >= b->hist_cap) {
+            const int32_t cap = b->hist_cap ? 2 * b->hist_cap : 32;
+            double *h = realloc(b->hist, (size_t)cap * (b->T + 1) * sizeof *h);
+            if (!h)
+                return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: bounds history");
+            b->hist = h;
+            b->hist_cap = cap;
+        }
+        if (b->first)
+            memset(b->hist, 0, (size_t)(b->T + 1) * sizeof *b->hist);
+    }
     bounds_centroids(b, cent);
     const int64_t nblocks = (b->m + BLOCK - 1) / BLOCK;
 #pragma omp parallel num_threads(b->threads) if (nblocks > 1)
