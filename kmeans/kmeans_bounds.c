@@ -77,6 +77,7 @@ struct kvq_km_bounds {
     int32_t *stamp;  /* [m] the call at which it was */
     double *hist;    /* [calls, T + 1] per call the summed moves of each group so far, and
                         (column T) the summed largest move of any group */
+    float *mv;       /* [calls, T + 1] moved(s, call, g) for every s <= call, this call */
     int32_t call, hist_cap;
     int64_t *work;   /* [blocks] distances computed */
     scratch *sc;     /* [threads] */
@@ -185,6 +186,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
     free(b->glb);
     free(b->stamp);
     free(b->hist);
+    free(b->mv);
     free(b->work);
     free(b);
 }
@@ -448,13 +450,14 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         sc->best_j[p] = a[i];
         /* skip g when lb^2 > sa + e (see the top of the file), rounded towards safety */
         const float thr = (sa + sc->e[p]) * (1.0f + SLACK);
-        const float g0 = (b->glb[i] - moved(b, b->stamp[i], b->call, T)) * (1.0f - SLACK);
+        const float *mv = b->mv + (size_t)b->stamp[i] * (T + 1);
+        const float g0 = (b->glb[i] - mv[T]) * (1.0f - SLACK);
         sc->whole[p] = g0 > 0.0f && g0 * g0 * (1.0f - SLACK) > thr;
         if (sc->whole[p])
             continue; /* no group can hold a centroid as near: the row stays as it is */
         float *lb = b->lb + (size_t)i * T;
         for (int32_t g = 0; g < T; g++) { /* the row brought up to this call */
-            const float v0 = (lb[g] - moved(b, b->stamp[i], b->call, g)) * (1.0f - SLACK);
+            const float v0 = (lb[g] - mv[g]) * (1.0f - SLACK);
             const float v = v0 > 0.0f ? v0 : 0.0f;
             lb[g] = v;
             mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
@@ -558,15 +561,22 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
         if (b->call >= b->hist_cap) {
             const int32_t cap = b->hist_cap ? 2 * b->hist_cap : 32;
             double *h = realloc(b->hist, (size_t)cap * (b->T + 1) * sizeof *h);
-            if (!h)
+            if (h)
+                b->hist = h;
+            float *mv = realloc(b->mv, (size_t)cap * (b->T + 1) * sizeof *mv);
+            if (mv)
+                b->mv = mv;
+            if (!h || !mv)
                 return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: bounds history");
-            b->hist = h;
             b->hist_cap = cap;
         }
         if (b->first)
             memset(b->hist, 0, (size_t)(b->T + 1) * sizeof *b->hist);
     }
     bounds_centroids(b, cent);
+    for (int32_t c = 0; !b->exhaustive && c <= b->call; c++)
+        for (int32_t g = 0; g <= b->T; g++)
+            b->mv[(size_t)c * (b->T + 1) + g] = moved(b, c, b->call, g);
     const int64_t nblocks = (b->m + BLOCK - 1) / BLOCK;
 #pragma omp parallel num_threads(b->threads) if (nblocks > 1)
     {
