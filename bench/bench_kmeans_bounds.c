@@ -311,7 +311,8 @@ static int run(const args *a)
            gemm, (long long)a->threads, best.n_iters, floor);
     printf("  fit / SGEMM floor: %.3f (Lloyd alone: %.3f)\n", best.total_seconds / floor,
            lloyd / floor);
-    printf("  final inertia %.9e\n", best.inertia[best.n_iters - 1]);
+    printf("  final inertia %.9e  empty clusters repaired: %lld\n",
+           best.inertia[best.n_iters - 1], (long long)best.n_empty_repairs);
     if (a->dump) {
         char path[4096];
         p.max_iters = 0; /* the seeding's centroids */
