@@ -316,6 +316,7 @@ static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *xt, co
     const kvq_km_engine engine = o ? o->engine : KVQ_KM_ENGINE_BOUNDS;
     if (be == &kvq_km_backend_cpu && d > KVQ_KM_DIRECT_MAX_D &&
         engine != KVQ_KM_ENGINE_BACKEND && p->max_iters > 0 &&
+        (o || kvq_km_bounds_fast()) &&
         (st = kvq_km_bounds_create(xt, m, d, p->k, p->threads,
                                    engine == KVQ_KM_ENGINE_EXHAUSTIVE, o ? o->groups : 0, &bd,
                                    err)) != KVQ_OK)

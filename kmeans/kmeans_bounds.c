@@ -132,6 +132,15 @@ void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs,
     *m2 = b2;
 }
 
+int kvq_km_bounds_fast(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    return kvq_cpu_has_avx2();
+#else
+    return 0;
+#endif
+}
+
 /* ---- bounds arithmetic, rounded towards safety ---------------------------------------- */
 
 /* A lower bound on D from a computed s (D^2 >= s - e). */
@@ -212,6 +221,10 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     b->pair_dots = kvq_km_pair_dots_ref;
     b->group_min = kvq_km_group_min_ref;
 #if defined(__x86_64__) && defined(__GNUC__)
+    if (kvq_cpu_has_avx2()) {
+        b->panel_dots = kvq_km_panel_dots_avx2;
+        b->pair_dots = kvq_km_pair_dots_avx2;
+    }
     if (kvq_cpu_has_avx512()) {
         b->group_min = kvq_km_group_min_avx512;
         b->panel_dots = kvq_km_panel_dots_avx512;

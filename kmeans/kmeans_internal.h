@@ -157,7 +157,15 @@ void kvq_km_panel_dots_avx512(const float *const *xp, int32_t np, int32_t d,
                               const float *panel, int32_t ncols, float *out);
 void kvq_km_pair_dots_avx512(const float *x, int64_t m, int32_t d, const float *cent,
                              const int32_t *a, float *out);
+void kvq_km_panel_dots_avx2(const float *const *xp, int32_t np, int32_t d,
+                            const float *panel, int32_t ncols, float *out);
+void kvq_km_pair_dots_avx2(const float *x, int64_t m, int32_t d, const float *cent,
+                           const int32_t *a, float *out);
 #endif
+/* 1 when this CPU has the kernels above (AVX2 + FMA at least): the Lloyd iterations use
+ * the bounds only then (a scalar fused multiply-add is a library call elsewhere), and
+ * the backend's assign (SGEMM) otherwise. */
+int kvq_km_bounds_fast(void);
 
 /* How the CPU Lloyd iterations run (kvq_km_fit_ex). */
 typedef enum kvq_km_engine {

@@ -1,5 +1,6 @@
 /* test_kmeans_bounds.c — the CPU Lloyd iterations with bounds (kmeans/kmeans_bounds.c):
- * its kernels against their scalar references bit for bit; the bounded fit against the
+ * its kernels (AVX-512 and AVX2; skipped on a CPU without AVX-512) against their scalar
+ * references bit for bit; the bounded fit against the
  * plain loop (every distance, the same arithmetic) on several seeded inputs, with ties,
  * repeated points, empty clusters, weights and 1 or 2 threads: the same assignment at
  * every iteration, the same inertia bits, the same centroids; and against plain Lloyd
@@ -148,6 +149,9 @@ static void test_kernels_match_ref(void **state)
             kvq_km_panel_dots_ref(xp, np, d, pan, nc, o1);
             kvq_km_panel_dots_avx512(xp, np, d, pan, nc, o2);
             assert_memory_equal(o1, o2, (size_t)np * nc * sizeof *o1);
+            memset(o2, 0, sizeof o2);
+            kvq_km_panel_dots_avx2(xp, np, d, pan, nc, o2);
+            assert_memory_equal(o1, o2, (size_t)np * nc * sizeof *o1);
         }
     int32_t a[13];
     float p1[13], p2[13];
@@ -155,6 +159,9 @@ static void test_kernels_match_ref(void **state)
         a[i] = (i * 5) % 8;
     kvq_km_pair_dots_ref(pan, 13, d, x, a, p1);
     kvq_km_pair_dots_avx512(pan, 13, d, x, a, p2);
+    assert_memory_equal(p1, p2, sizeof p1);
+    memset(p2, 0, sizeof p2);
+    kvq_km_pair_dots_avx2(pan, 13, d, x, a, p2);
     assert_memory_equal(p1, p2, sizeof p1);
     /* group minima: ties inside and across lanes, +inf, one member, tails */
     float o[40], cn[40];
