@@ -55,6 +55,7 @@ typedef struct scratch {
     float *best_m2;  /* [BLOCK] smallest s in the best's group but the best */
     int32_t *best_j; /* [BLOCK] */
     uint8_t *whole;  /* [BLOCK] 1: the point skipped every group by its global bound */
+    float *row;      /* [8, kpad] dots of eight points with every centroid (dense pass) */
 } scratch;
 
 struct kvq_km_bounds {
@@ -69,6 +70,9 @@ struct kvq_km_bounds {
     int32_t *gmem;   /* [k] centroids by group, ascending within a group */
     int64_t *poff;   /* [T + 1] panel offsets */
     float *panel;    /* per group [d, padded size]: the centroids transposed */
+    float *fpanel;   /* [kpad / 32, d, 32]: every centroid in group order, 32 a chunk
+                        (the dense passes: the first, and every one when exhaustive) */
+    int32_t kpad;    /* k rounded up to 32 */
     float *cng;      /* [k] cn by group order */
     float *cn;       /* [k] */
     float *cprev;    /* [k, d] the centroids of the previous call */
@@ -179,6 +183,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
         free(s->best_m2);
         free(s->best_j);
         free(s->whole);
+        free(s->row);
     }
     free(b->sc);
     free(b->xn);
@@ -188,6 +193,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
     free(b->gmem);
     free(b->poff);
     free(b->panel);
+    free(b->fpanel);
     free(b->cng);
     free(b->cn);
     free(b->cprev);
@@ -356,8 +362,10 @@ static kvq_status bounds_setup(kvq_km_bounds *b, const float *cent, kvq_err *err
             b->gmem[b->gstart[b->gof[j]] + fill[b->gof[j]]++] = j;
         free(fill);
     }
+    b->kpad = (k + 31) / 32 * 32;
     b->panel = calloc((size_t)b->poff[T], sizeof *b->panel);
-    if (!b->panel)
+    b->fpanel = calloc((size_t)b->kpad * d, sizeof *b->fpanel);
+    if (!b->panel || !b->fpanel)
         return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: centroid panels for k=%d", k);
     if (!b->exhaustive && (!(b->lb = malloc((size_t)b->m * T * sizeof *b->lb)) ||
                            !(b->glb = malloc((size_t)b->m * sizeof *b->glb)) ||
@@ -376,8 +384,9 @@ static kvq_status bounds_setup(kvq_km_bounds *b, const float *cent, kvq_err *err
         s->best_m2 = malloc(BLOCK * sizeof *s->best_m2);
         s->best_j = malloc(BLOCK * sizeof *s->best_j);
         s->whole = malloc(BLOCK * sizeof *s->whole);
+        s->row = malloc((size_t)8 * b->kpad * sizeof *s->row);
         if (!s->mark || !s->list || !s->cnt || !s->out || !s->sa || !s->e || !s->best_s ||
-            !s->best_m2 || !s->best_j || !s->whole)
+            !s->best_m2 || !s->best_j || !s->whole || !s->row)
             return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: bounds scratch for k=%d", k);
     }
     return KVQ_OK;
@@ -399,6 +408,11 @@ static void bounds_centroids(kvq_km_bounds *b, const float *cent)
             const float *cj = cent + (size_t)j * d;
             for (int32_t t = 0; t < d; t++)
                 pan[(size_t)t * gp + c] = cj[t];
+            if (b->first || b->exhaustive) {
+                float *fp = b->fpanel + (size_t)((g0 + c) / 32) * d * 32 + (g0 + c) % 32;
+                for (int32_t t = 0; t < d; t++)
+                    fp[(size_t)t * 32] = cj[t];
+            }
             b->cn[j] = b->cng[g0 + c] = kvq_km_norm2_fma(cj, d);
             cnmax = b->cn[j] > cnmax ? b->cn[j] : cnmax;
             if (!b->first && !b->exhaustive) {
@@ -448,13 +462,9 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         sc->e[p] = b->eta * (xn + b->cnmax);
         sc->best_m2[p] = INFINITY;
         sc->whole[p] = 0;
-        if (!bounds) {
+        if (!bounds) { /* block_dense computes every distance */
             sc->best_s[p] = INFINITY;
             sc->best_j[p] = INT32_MAX;
-            for (int32_t g = 0; g < T; g++) {
-                mk[g] = INFINITY;
-                sc->list[(size_t)g * BLOCK + sc->cnt[g]++] = (uint16_t)p;
-            }
             continue;
         }
         const float sa = kvq_km_dist_from_dot(xn, b->cn[a[i]], sc->sa[p]);
@@ -479,6 +489,19 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         for (int32_t g = 0; g < T; g++)
             if (mk[g] >= 0.0f)
                 sc->list[(size_t)g * BLOCK + sc->cnt[g]++] = (uint16_t)p;
+    }
+}
+
+/* The record of one examined group of point p: its smallest distance in mark, and the
+ * point's best when the group holds it. */
+static inline void take_group(scratch *sc, int32_t T, int32_t p, int32_t g, float m1, int32_t j1,
+                              float m2)
+{
+    sc->mark[(size_t)p * T + g] = m1;
+    if (j1 == sc->best_j[p] || kvq_km_better(m1, j1, sc->best_s[p], sc->best_j[p])) {
+        sc->best_s[p] = m1;
+        sc->best_j[p] = j1;
+        sc->best_m2[p] = m2;
     }
 }
 
@@ -514,16 +537,44 @@ static int64_t block_groups(kvq_km_bounds *b, scratch *sc, int64_t i0)
                 b->group_min(o, cng, xn, gs, &m1, &u1, &m2);
                 /* members ascend within a group: the first position is the lower index */
                 const int32_t j1 = u1 == INT32_MAX ? INT32_MAX : mem[u1];
-                sc->mark[(size_t)p * T + g] = m1;
-                if (j1 == sc->best_j[p] || kvq_km_better(m1, j1, sc->best_s[p], sc->best_j[p])) {
-                    sc->best_s[p] = m1;
-                    sc->best_j[p] = j1;
-                    sc->best_m2[p] = m2;
-                }
+                take_group(sc, T, p, g, m1, j1, m2);
             }
         }
     }
     return work;
+}
+
+/* Every distance of the block (the first pass, and every pass when exhaustive): eight
+ * points at a time against all centroids in group order, then each group's minimum.
+ * Returns the number of distances computed. */
+static int64_t block_dense(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb)
+{
+    const int32_t T = b->T, d = b->d, kp = b->kpad;
+    float tmp[8 * 32];
+    for (int32_t p0 = 0; p0 < nb; p0 += 8) {
+        const int32_t np = nb - p0 < 8 ? nb - p0 : 8;
+        const float *xp[8];
+        for (int32_t q = 0; q < np; q++)
+            xp[q] = b->x + (size_t)(i0 + p0 + q) * d;
+        for (int32_t c = 0; c < kp; c += 32) {
+            b->panel_dots(xp, np, d, b->fpanel + (size_t)c * d, 32, tmp);
+            for (int32_t q = 0; q < np; q++)
+                memcpy(sc->row + (size_t)q * kp + c, tmp + q * 32, 32 * sizeof *tmp);
+        }
+        for (int32_t q = 0; q < np; q++) {
+            const float xn = b->xn[i0 + p0 + q];
+            const float *o = sc->row + (size_t)q * kp;
+            for (int32_t g = 0; g < T; g++) {
+                const int32_t g0 = b->gstart[g], gs = b->gstart[g + 1] - g0;
+                float m1, m2;
+                int32_t u1;
+                b->group_min(o + g0, b->cng + g0, xn, gs, &m1, &u1, &m2);
+                take_group(sc, T, p0 + q, g, m1, u1 == INT32_MAX ? INT32_MAX : b->gmem[g0 + u1],
+                           m2);
+            }
+        }
+    }
+    return (int64_t)nb * b->k;
 }
 
 /* The block's outputs and new bounds: exact again for every examined group; the old
@@ -599,7 +650,8 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
             const int64_t i0 = blk * BLOCK;
             const int32_t nb = (int32_t)(b->m - i0 < BLOCK ? b->m - i0 : BLOCK);
             block_plan(b, sc, cent, i0, nb, assign);
-            b->work[blk] = block_groups(b, sc, i0);
+            b->work[blk] = b->exhaustive || b->first ? block_dense(b, sc, i0, nb)
+                                                     : block_groups(b, sc, i0);
             if (!b->exhaustive && !b->first)
                 b->work[blk] += nb; /* s(i, a_i) */
             block_finish(b, sc, i0, nb, assign, dist);
