@@ -19,6 +19,11 @@
  * j in it has s(i, j) >= D^2 - e_i > s(i, a_i), so it can neither win nor tie. The
  * groups left are computed whole (a small GEMM: points x the group's centroids), and
  * their bounds become exact again. Every bound is rounded towards safety (SLACK).
+ * Each point also keeps the minimum of its bounds and the iteration it was brought up
+ * to date at; the moves are summed per iteration (hist), so a point whose minimum,
+ * lowered by the largest moves since, still clears the test touches none of its T
+ * bounds. The first pass (and every pass of the exhaustive engine) computes every
+ * distance, all centroids in group order, 32 a chunk (block_dense).
  *
  * Determinism: points are processed in blocks of BLOCK whatever the thread count, and
  * every output of a point depends on that point only.
