@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cblas.h>
 #include <lapacke.h>
@@ -40,6 +41,14 @@ typedef struct args {
         slice_heads;
     const char *init, *ranks;
 } args;
+
+/* Process CPU time in seconds (all threads). */
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static float *randn(int64_t n, uint64_t seed, float scale)
 {
@@ -165,10 +174,10 @@ done:
 }
 
 /* Seconds of one k-means fit of `kvq fit` at the head shape (bounds, default seeding). */
-static int fit_seconds(const args *a, int qa, double *out, double *seed_s)
+static int fit_seconds(const args *a, int qa, double *out, double *seed_s, double *cpu_s)
 {
     const int32_t d = (int32_t)a->d, k = (int32_t)a->k;
-    double tot = 0, sd = 0;
+    double tot = 0, sd = 0, cpu = 0;
     for (int64_t h = 0; h < a->slice_heads; h++) {
         float *x = head_data(a, 100 + (uint64_t)h, qa);
         float *cent = malloc((size_t)k * d * sizeof *cent);
@@ -183,8 +192,10 @@ static int fit_seconds(const args *a, int qa, double *out, double *seed_s)
         p.min_points_per_centroid = 0;
         int bad = !x || !cent ||
                   (a->init && kvq_kmeans_init_parse(a->init, &p.init, &e) != KVQ_OK);
+        const double c0 = cpu_now();
         if (!bad && kvq_kmeans_fit(x, a->tokens, d, NULL, &p, cent, NULL, &s, &e) != KVQ_OK)
             bad = 1;
+        cpu += cpu_now() - c0;
         tot += s.total_seconds;
         sd += s.seed_seconds;
         kvq_kmeans_stats_free(&s);
@@ -197,6 +208,7 @@ static int fit_seconds(const args *a, int qa, double *out, double *seed_s)
     }
     *out = tot / (double)a->slice_heads;
     *seed_s = sd / (double)a->slice_heads;
+    *cpu_s = cpu / (double)a->slice_heads;
     return 0;
 }
 
@@ -276,8 +288,9 @@ int main(int argc, char **argv)
            (long long)a.k, (long long)a.iters, (long long)a.threads);
     const double cap = capture_per_token_layer(&a);
     const double mom = moments_per_head(&a);
-    double fit_qa, fit_ref, seed_qa, seed_ref;
-    if (fit_seconds(&a, 1, &fit_qa, &seed_qa) || fit_seconds(&a, 0, &fit_ref, &seed_ref))
+    double fit_qa, fit_ref, seed_qa, seed_ref, cpu_qa, cpu_ref;
+    if (fit_seconds(&a, 1, &fit_qa, &seed_qa, &cpu_qa) ||
+        fit_seconds(&a, 0, &fit_ref, &seed_ref, &cpu_ref))
         return 1;
     const double cap_all = cap * (double)a.tokens * (double)a.layers;
     printf("  capture : %.3f ms per token per layer (F32 SGEMM floor of the layer's matmuls "
@@ -288,6 +301,8 @@ int main(int argc, char **argv)
     printf("  fit     : %.3f s per (layer, KV head) query-aware k-means (seeding %.3f s) + "
            "%.3f s the plain reference (seeding %.3f s), measured on %lld head(s) x %lld\n",
            fit_qa, seed_qa, fit_ref, seed_ref, (long long)a.slice_heads, (long long)units);
+    printf("            process CPU time %.3f s + %.3f s (wall x threads when no thread "
+           "waits: on a quiet machine the fit takes about CPU / threads)\n", cpu_qa, cpu_ref);
     printf("  ranks   capture        moments        fit (qa only)  fit (qa + ref)  total\n");
     for (const char *r = a.ranks; r && *r;) {
         const long nr = strtol(r, NULL, 10);
@@ -305,5 +320,9 @@ int main(int argc, char **argv)
               fit_qa * (double)units);
     print_min("  fit on 1 machine with the plain reference as `kvq fit` runs by default:",
               (fit_qa + fit_ref) * (double)units);
+    print_min("  the same from CPU time / threads (a quiet machine), query-aware only:",
+              cpu_qa / (double)a.threads * (double)units);
+    print_min("  the same from CPU time / threads, with the plain reference:",
+              (cpu_qa + cpu_ref) / (double)a.threads * (double)units);
     return 0;
 }
