@@ -301,8 +301,8 @@ int main(int argc, char **argv)
     printf("  fit     : %.3f s per (layer, KV head) query-aware k-means (seeding %.3f s) + "
            "%.3f s the plain reference (seeding %.3f s), measured on %lld head(s) x %lld\n",
            fit_qa, seed_qa, fit_ref, seed_ref, (long long)a.slice_heads, (long long)units);
-    printf("            process CPU time %.3f s + %.3f s (wall x threads when no thread "
-           "waits: on a quiet machine the fit takes about CPU / threads)\n", cpu_qa, cpu_ref);
+    printf("            process CPU time %.3f s + %.3f s (CPU / threads estimates a quiet "
+           "machine's wall time; low where one thread runs alone)\n", cpu_qa, cpu_ref);
     printf("  ranks   capture        moments        fit (qa only)  fit (qa + ref)  total\n");
     for (const char *r = a.ranks; r && *r;) {
         const long nr = strtol(r, NULL, 10);
@@ -320,9 +320,9 @@ int main(int argc, char **argv)
               fit_qa * (double)units);
     print_min("  fit on 1 machine with the plain reference as `kvq fit` runs by default:",
               (fit_qa + fit_ref) * (double)units);
-    print_min("  the same from CPU time / threads (a quiet machine), query-aware only:",
+    print_min("  estimated from CPU time / threads, query-aware only:",
               cpu_qa / (double)a.threads * (double)units);
-    print_min("  the same from CPU time / threads, with the plain reference:",
+    print_min("  estimated from CPU time / threads, with the plain reference:",
               (cpu_qa + cpu_ref) / (double)a.threads * (double)units);
     return 0;
 }
