@@ -21,6 +21,11 @@ import tempfile
 import time
 
 
+def say(line: str) -> None:
+    """One line of the report on stdout."""
+    sys.stdout.write(line + "\n")
+
+
 def run_kvq(cmd: list) -> tuple:
     """Runs bench_kmeans_bounds; returns (seconds, cpu seconds, floor ratio, output)."""
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -31,7 +36,7 @@ def run_kvq(cmd: list) -> tuple:
     return float(tot.group(1)), float(tot.group(2)), float(flo.group(1)), out
 
 
-def run_faiss(x, init, iters: int, threads: int) -> tuple:
+def run_faiss(x: "np.ndarray", init: "np.ndarray", iters: int, threads: int) -> tuple:
     """faiss Kmeans from init; returns (seconds, cpu seconds, last objective)."""
     import faiss
 
@@ -88,15 +93,15 @@ def main() -> int:
             kvq_c.append(tc)
             faiss_c.append(fc)
             floors.append(floor)
-            print(f"rep {rep}: kvq whole fit {t:.3f} s [cpu {tc:.3f} s]   faiss Kmeans "
+            say(f"rep {rep}: kvq whole fit {t:.3f} s [cpu {tc:.3f} s]   faiss Kmeans "
                   f"({a.iters} iterations from kvq's seeds) {ft:.3f} s [cpu {fc:.3f} s]   "
                   f"faiss last objective {fobj:.9e}")
     kb, fb = min(kvq_t), min(faiss_t)
-    print(f"best of {a.reps} (machine shared, alternated): kvq {kb:.3f} s, faiss "
+    say(f"best of {a.reps} (machine shared, alternated): kvq {kb:.3f} s, faiss "
           f"{fb:.3f} s ({faiss.__version__}, {a.threads} threads): kvq / faiss = {kb / fb:.3f}")
-    print(f"process CPU time, best of {a.reps}: kvq {min(kvq_c):.3f} s, faiss "
+    say(f"process CPU time, best of {a.reps}: kvq {min(kvq_c):.3f} s, faiss "
           f"{min(faiss_c):.3f} s: kvq / faiss = {min(kvq_c) / min(faiss_c):.3f}")
-    print(f"kvq fit / its SGEMM floor (best rep): {min(floors):.3f}")
+    say(f"kvq fit / its SGEMM floor (best rep): {min(floors):.3f}")
     return 0
 
 
