@@ -20,7 +20,7 @@ if [ "$have" != "$VERSION" ]; then
   for tool in cmake cc c++; do
     command -v "$tool" >/dev/null || { echo "install-llamacpp-peer: $tool not found" >&2; exit 1; }
   done
-  echo "install-llamacpp-peer: building llama-cpp-python $VERSION (installed: ${have:-none}; several minutes)"
+  echo "install-llamacpp-peer: building llama-cpp-python $VERSION (installed: ${have:-none}; compiles llama.cpp: many minutes on 2 cores)"
   CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON}" "$PYTHON" -m pip install -q --no-cache-dir \
     "llama-cpp-python==$VERSION" 2>&1 | grep -v -i "running pip as the 'root'" || true
 fi
