@@ -20,7 +20,10 @@
  *                    bench/bench_load.sh runs `kvq run` on it)
  *   --model: default $KVQ_SMOLLM2, else .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
  *   (scripts/fetch-model.sh prints and fetches it). Defaults: 2 threads, prefill 128,
- *   decode 64, 3 rounds, peer bench/llamacpp_peer.py run with $PYTHON or python3. */
+ *   decode 64, 3 rounds, peer bench/llamacpp_peer.py run with $PYTHON or python3.
+ *   A peer that fails (not installed, crashes, an error record) fails the run (exit 1)
+ *   rather than leaving kvq's figures alone; scripts/install-llamacpp-peer.sh installs
+ *   the pinned llama-cpp-python the figures are taken with. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,17 +138,17 @@ static int bench_peer(const opts *o, const char *ids_path, rates *r, char *versi
              o->decode, o->rounds);
     FILE *p = popen(cmd, "r");
     char line[1024] = {0};
-    if (!p || !fgets(line, sizeof line, p)) {
-        if (p)
-            pclose(p);
-        printf("llama.cpp: the peer gave no result (%s)\n", cmd);
-        return -1;
-    }
-    pclose(p);
+    const int got = p && fgets(line, sizeof line, p);
+    const int status = p ? pclose(p) : -1;
     const char *a = strstr(line, "\"prefill_tps\":"), *b = strstr(line, "\"decode_tps\":"),
                *v = strstr(line, "\"llama_cpp_python\": \"");
-    if (!a || !b) {
-        printf("llama.cpp: %s", line);
+    if (!got || status != 0 || !a || !b) { /* a crash (status), an error record, nothing */
+        fprintf(stderr, "bench_model: the llama.cpp peer failed (exit status %d): %s%s"
+                "bench_model: no comparison (scripts/install-llamacpp-peer.sh installs the "
+                "pinned peer; --no-peer runs kvq alone)\n", status,
+                got ? line : "no output from ", got ? "" : cmd);
+        if (!got)
+            fputc('\n', stderr);
         return -1;
     }
     r->prefill = atof(a + 14);
@@ -242,7 +245,12 @@ int main(int argc, char **argv)
         printf("%-10s prefill %8.1f tok/s   decode %7.1f tok/s   (weights %.0f MiB mapped)\n",
                "kvq F32", f.prefill, f.decode, fmap / 1048576.0);
     }
-    if (o.peer && bench_peer(&o, ids_path, &l, version, sizeof version) == 0) {
+    if (o.peer) {
+        if (bench_peer(&o, ids_path, &l, version, sizeof version) != 0) {
+            free(ids);
+            kvq_rmtree(dir);
+            return 1;
+        }
         have_l = 1;
         printf("%-10s prefill %8.1f tok/s   decode %7.1f tok/s   (llama-cpp-python %s)\n",
                "llama.cpp", l.prefill, l.decode, version);

@@ -298,13 +298,40 @@ typedef struct lloyd_bufs {
     int64_t *count;                   /* [k] points per cluster */
 } lloyd_bufs;
 
+static kvq_status lloyd_loop(const kvq_km_backend *be, void *ctx, kvq_km_bounds *bd,
+                             const float *wt, int64_t m, int32_t d, const kvq_kmeans_params *p,
+                             const kvq_km_fit_opts *o, const char *label, float *centroids,
+                             const lloyd_bufs *b, kvq_kmeans_stats *s, kvq_err *err);
+
 /* Lloyd iterations on the m training points xt (weights wt or NULL) from the seeded
  * centroids [k, d]: assign -> update -> repair empty clusters, until the relative
  * inertia change is below p->tol or p->max_iters. Fills the per-iteration stats. */
-static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *wt, int64_t m,
-                        int32_t d, const kvq_kmeans_params *p, const char *label,
-                        float *centroids, const lloyd_bufs *b, kvq_kmeans_stats *s,
-                        kvq_err *err)
+static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *xt, const float *wt,
+                        int64_t m, int32_t d, const kvq_kmeans_params *p,
+                        const kvq_km_fit_opts *o, const char *label, float *centroids,
+                        const lloyd_bufs *b, kvq_kmeans_stats *s, kvq_err *err)
+{
+    kvq_status st = KVQ_OK;
+    kvq_km_bounds *bd = NULL;
+    const kvq_km_engine engine = o ? o->engine : KVQ_KM_ENGINE_BOUNDS;
+    if (be == &kvq_km_backend_cpu && d > KVQ_KM_DIRECT_MAX_D &&
+        engine != KVQ_KM_ENGINE_BACKEND && p->max_iters > 0 &&
+        (o || kvq_km_bounds_fast()) &&
+        (st = kvq_km_bounds_create(xt, m, d, p->k, p->threads,
+                                   engine == KVQ_KM_ENGINE_EXHAUSTIVE, o ? o->groups : 0, &bd,
+                                   err)) != KVQ_OK)
+        return st;
+    st = lloyd_loop(be, ctx, bd, wt, m, d, p, o, label, centroids, b, s, err);
+    kvq_km_bounds_destroy(bd);
+    return st;
+}
+
+/* The iterations of lloyd(): the assignment by the bounds state bd when there is one,
+ * else by the backend. */
+static kvq_status lloyd_loop(const kvq_km_backend *be, void *ctx, kvq_km_bounds *bd,
+                             const float *wt, int64_t m, int32_t d, const kvq_kmeans_params *p,
+                             const kvq_km_fit_opts *o, const char *label, float *centroids,
+                             const lloyd_bufs *b, kvq_kmeans_stats *s, kvq_err *err)
 {
     kvq_status st = KVQ_OK;
     const int32_t k = p->k;
@@ -317,8 +344,14 @@ static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *wt, in
     double prev = 0.0;
     for (int32_t it = 0; it < p->max_iters; it++) {
         const double t0 = kvq_now();
-        if ((st = be->assign(ctx, centroids, k, a, dist, err)) != KVQ_OK)
+        double skipped = 0.0;
+        if ((st = bd ? kvq_km_bounds_assign(bd, centroids, a, dist, &skipped, err)
+                     : be->assign(ctx, centroids, k, a, dist, err)) != KVQ_OK)
             return st;
+        if (o && o->skipped)
+            o->skipped[it] = skipped;
+        if (o && o->trace)
+            o->trace(o->user, it, a, dist, m);
         double inertia = 0.0;
         memset(cin, 0, (size_t)k * sizeof *cin);
         memset(s->cluster_size, 0, (size_t)k * sizeof *s->cluster_size);
@@ -390,6 +423,14 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
                           const kvq_kmeans_params *pin, float *centroids, int32_t *assign,
                           kvq_kmeans_stats *stats, kvq_err *err)
 {
+    return kvq_km_fit_ex(x, n, d, weights, pin, NULL, centroids, assign, stats, err);
+}
+
+kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weights,
+                         const kvq_kmeans_params *pin, const kvq_km_fit_opts *o,
+                         float *centroids, int32_t *assign, kvq_kmeans_stats *stats,
+                         kvq_err *err)
+{
     kvq_status st = KVQ_OK;
     const double t_start = kvq_now();
     const kvq_kmeans_params p = pin ? *pin : kvq_kmeans_params_default();
@@ -460,7 +501,8 @@ kvq_status kvq_kmeans_fit(const float *x, int64_t n, int32_t d, const float *wei
 
     /* Lloyd */
     const lloyd_bufs bufs = {a, dist, wsum, cin, count};
-    if ((st = lloyd(be, ctx, wt, m, d, &p, label, centroids, &bufs, &s, err)) != KVQ_OK)
+    if ((st = lloyd(be, ctx, xt, wt, m, d, &p, o, label, centroids, &bufs, &s, err)) !=
+        KVQ_OK)
         goto done;
 
     /* final assignment of every point */

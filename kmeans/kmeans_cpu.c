@@ -28,7 +28,8 @@ typedef struct cpu_ctx {
     int32_t d;
     int32_t threads;
     float *xnorm;    /* [n] ||x_i||^2 */
-    int64_t *order;  /* [n] point indices grouped by cluster (update scratch) */
+    double *sums;    /* [sums_k, d] per-cluster sums (update scratch) */
+    int32_t sums_k;
 } cpu_ctx;
 
 /* ---- shared helpers ------------------------------------------------------------ */
@@ -64,7 +65,7 @@ static void cpu_destroy(void *vctx)
     if (!c)
         return;
     free(c->xnorm);
-    free(c->order);
+    free(c->sums);
     free(c);
 }
 
@@ -229,77 +230,54 @@ done:
 
 /* ---- update: per-cluster sums in double, in point order -------------------------- */
 
+/* Each thread owns a contiguous range of clusters and scans the points in order, adding
+ * those of its clusters into their rows of c->sums: every cluster's sum runs over its
+ * points in point order whatever the thread count (the same bits as gathering them
+ * cluster by cluster), and the points are read in memory order rather than gathered. */
 static kvq_status cpu_update(void *vctx, const int32_t *assign, int32_t k, float *cent,
                              double *wsum, int64_t *count, kvq_err *err)
 {
     cpu_ctx *c = vctx;
-    kvq_status st = KVQ_OK;
     const int32_t d = c->d;
-    const int threads = c->threads;
-    int64_t *start = NULL; /* [k + 1] offsets of each cluster in c->order */
-    double *acc = NULL;    /* [threads, d] per-thread sums */
-    size_t acc_b;
-    if (!c->order) {
-        size_t ob;
-        if (!kvq_size_mul((size_t)c->n, sizeof(int64_t), &ob) || !(c->order = malloc(ob))) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update order for %lld points",
-                             (long long)c->n);
-            goto done;
-        }
+    size_t sb;
+    if (!c->sums || c->sums_k < k) {
+        free(c->sums);
+        c->sums = NULL;
+        if (!kvq_size_mul((size_t)k * (size_t)d, sizeof(double), &sb) ||
+            !(c->sums = malloc(sb)))
+            return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update for k=%d", k);
+        c->sums_k = k;
     }
-    start = calloc((size_t)k + 1, sizeof *start);
-    if (!kvq_size_mul((size_t)threads * (size_t)d, sizeof(double), &acc_b))
-        acc_b = 0;
-    acc = acc_b ? malloc(acc_b) : NULL;
-    if (!start || !acc) {
-        st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update for k=%d", k);
-        goto done;
-    }
-    /* counting sort by cluster, stable in point order */
-    for (int64_t i = 0; i < c->n; i++) {
+    for (int64_t i = 0; i < c->n; i++)
         assert(assign[i] >= 0 && assign[i] < k);
-        start[assign[i] + 1]++;
-    }
-    for (int32_t j = 0; j < k; j++) {
-        count[j] = start[j + 1];
-        start[j + 1] += start[j];
-    }
+#pragma omp parallel num_threads(c->threads) if (k > 16 && c->n > 4096)
     {
-        int64_t *fill = calloc((size_t)k, sizeof *fill);
-        if (!fill) {
-            st = kvq_err_set(err, KVQ_E_NOMEM, "kmeans: update for k=%d", k);
-            goto done;
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int32_t j0 = (int32_t)((int64_t)k * t / nt), j1 = (int32_t)((int64_t)k * (t + 1) / nt);
+        memset(c->sums + (size_t)j0 * d, 0, (size_t)(j1 - j0) * d * sizeof *c->sums);
+        for (int32_t j = j0; j < j1; j++) {
+            wsum[j] = 0.0;
+            count[j] = 0;
         }
         for (int64_t i = 0; i < c->n; i++) {
-            int32_t a = assign[i];
-            c->order[start[a] + fill[a]++] = i;
-        }
-        free(fill);
-    }
-
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 16) if (k > 16 && c->n > 4096)
-    for (int32_t j = 0; j < k; j++) {
-        double *s = acc + (size_t)omp_get_thread_num() * d;
-        double ws = 0.0;
-        for (int32_t t = 0; t < d; t++)
-            s[t] = 0.0;
-        for (int64_t q = start[j]; q < start[j + 1]; q++) {
-            const int64_t i = c->order[q];
+            const int32_t j = assign[i];
+            if (j < j0 || j >= j1)
+                continue;
             const float wi = c->w ? c->w[i] : 1.0f;
             const float *xi = c->x + (size_t)i * d;
-            for (int32_t t = 0; t < d; t++)
-                s[t] = kvq_km_accum(s[t], xi[t], wi);
-            ws += wi;
+            double *s = c->sums + (size_t)j * d;
+            for (int32_t u = 0; u < d; u++)
+                s[u] = kvq_km_accum(s[u], xi[u], wi);
+            wsum[j] += wi;
+            count[j]++;
         }
-        wsum[j] = ws;
-        if (ws > 0.0)
-            for (int32_t t = 0; t < d; t++)
-                cent[(size_t)j * d + t] = kvq_km_centroid_coord(s[t], ws);
+        for (int32_t j = j0; j < j1; j++)
+            if (wsum[j] > 0.0)
+                for (int32_t u = 0; u < d; u++)
+                    cent[(size_t)j * d + u] =
+                        kvq_km_centroid_coord(c->sums[(size_t)j * d + u], wsum[j]);
     }
-done:
-    free(start);
-    free(acc);
-    return st;
+    return KVQ_OK;
 }
 
 const kvq_km_backend kvq_km_backend_cpu = {

@@ -127,6 +127,85 @@ float kvq_km_norm2_fma(const float *a, int32_t d);
 int kvq_km_blas_threads_begin(void);      /* returns the previous count */
 void kvq_km_blas_threads_end(int previous);
 
+/* ---- Lloyd with bounds (kmeans_bounds.c) ------------------------------------------
+ * The CPU Lloyd iterations for d > KVQ_KM_DIRECT_MAX_D. Distances are the expanded form
+ * kvq_km_dist_from_dot(xn, cn, dot) with xn, cn from kvq_km_norm2_fma and dot one fused
+ * multiply-add chain over the dims in ascending order (the seeding's arithmetic), so a
+ * distance has the same bits whichever kernel, block or thread computes it. Yinyang
+ * bounds (one lower bound per group of centroids and point, an exact distance to the
+ * point's own centroid every iteration) skip the distances that provably cannot change
+ * an assignment, with a margin covering the rounding of the expanded form: the
+ * assignment of every iteration is the one of computing every distance. */
+
+/* dots of np <= 8 points xp[p] (each [d]) against a panel [d, ncols] (ncols a multiple
+ * of 16): out[p * ncols + c] = fmaf(xp[p][d-1], panel[(d-1) * ncols + c], ... fmaf(
+ * xp[p][0], panel[c], 0.0f)). */
+void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const float *panel,
+                           int32_t ncols, float *out);
+/* out[i] = the same chain for x_i (x [m, d]) and centroid row a[i] of cent [*, d]. */
+void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cent,
+                          const int32_t *a, float *out);
+/* The smallest of the gs distances s_u = kvq_km_dist_from_dot(xn, cn[u], o[u]): *m1, its
+ * first position *pos (INT32_MAX when every s_u is +inf) and *m2, the smallest s_u
+ * over u != *pos (+inf when gs is 1). */
+void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
+                          int32_t *pos, float *m2);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, int32_t gs,
+                             float *m1, int32_t *pos, float *m2);
+void kvq_km_panel_dots_avx512(const float *const *xp, int32_t np, int32_t d,
+                              const float *panel, int32_t ncols, float *out);
+void kvq_km_pair_dots_avx512(const float *x, int64_t m, int32_t d, const float *cent,
+                             const int32_t *a, float *out);
+void kvq_km_panel_dots_avx2(const float *const *xp, int32_t np, int32_t d,
+                            const float *panel, int32_t ncols, float *out);
+void kvq_km_pair_dots_avx2(const float *x, int64_t m, int32_t d, const float *cent,
+                           const int32_t *a, float *out);
+#endif
+/* 1 when this CPU has the kernels above (AVX2 + FMA at least): the Lloyd iterations use
+ * the bounds only then (a scalar fused multiply-add is a library call elsewhere), and
+ * the backend's assign (SGEMM) otherwise. */
+int kvq_km_bounds_fast(void);
+
+/* How the CPU Lloyd iterations run (kvq_km_fit_ex). */
+typedef enum kvq_km_engine {
+    KVQ_KM_ENGINE_BOUNDS = 0,     /* skip distances by bounds (kvq_kmeans_fit's default) */
+    KVQ_KM_ENGINE_EXHAUSTIVE = 1, /* the same arithmetic, every distance: the plain loop */
+    KVQ_KM_ENGINE_BACKEND = 2     /* the backend's assign (SGEMM + argmin on the CPU) */
+} kvq_km_engine;
+
+typedef struct kvq_km_fit_opts {
+    kvq_km_engine engine;
+    int32_t groups;   /* centroid groups of the bounds; 0 = automatic */
+    /* called after the assignment of every iteration (assign [m], dist [m]) */
+    void (*trace)(void *user, int32_t it, const int32_t *assign, const float *dist,
+                  int64_t m);
+    void *user;
+    double *skipped;  /* [max_iters] or NULL: per iteration, the fraction of the m k
+                         point-centroid distances not computed */
+} kvq_km_fit_opts;
+
+/* kvq_kmeans_fit with options (o NULL = the defaults: bounds). The engines apply on
+ * the CPU backend with d > KVQ_KM_DIRECT_MAX_D; elsewhere the backend's assign runs. */
+kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weights,
+                         const kvq_kmeans_params *p, const kvq_km_fit_opts *o,
+                         float *centroids, int32_t *assign, kvq_kmeans_stats *stats,
+                         kvq_err *err);
+
+/* State of the bounded (or exhaustive) assignment across the iterations of one fit. */
+typedef struct kvq_km_bounds kvq_km_bounds;
+/* Over the training points x [m, d] (kept by the caller), for k centroids; the groups
+ * are made from the first centroids passed to kvq_km_bounds_assign. */
+kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
+                                int32_t threads, int exhaustive, int32_t groups,
+                                kvq_km_bounds **out, kvq_err *err);
+void kvq_km_bounds_destroy(kvq_km_bounds *b);
+/* Nearest of the k centroids cent [k, d] for every point (ties to the lower index):
+ * assign [m] (on entry the previous iteration's assignment, after the first call),
+ * dist [m]. *skipped: the fraction of the m k distances not computed. */
+kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *assign,
+                                float *dist, double *skipped, kvq_err *err);
+
 /* ---- seeding (kmeans_seed.c) ------------------------------------------------------- */
 
 /* Copies a seeded uniform sample of m of the n rows (kept in row order) into

@@ -17,13 +17,17 @@
  *
  * Distances: the scalar reference is ||x - c||^2 summed in a fixed order
  * (kmeans/kmeans_kernels.h). For d > 16 (or without AVX2) the CPU computes
- * ||x||^2 + ||c||^2 - 2 x.c with SGEMM, within KVQ_KMEANS_TOL_DIST of the reference
- * (relative to ||x||^2 + ||c||^2), so a near-tie may pick a different, equally near
- * centroid; for d <= 16 with AVX2 or AVX-512 it computes the reference itself, bit for
- * bit.
+ * ||x||^2 + ||c||^2 - 2 x.c, within KVQ_KMEANS_TOL_DIST of the reference (relative to
+ * ||x||^2 + ||c||^2), so a near-tie may pick a different, equally near centroid: in the
+ * Lloyd iterations of kvq_kmeans_fit with every term one fused multiply-add chain (the
+ * same bits from any kernel or thread), in kvq_kmeans_assign with SGEMM; for d <= 16
+ * with AVX2 or AVX-512 it computes the reference itself, bit for bit.
  *
- * Cost: one Lloyd iteration is 2 n k d flops of SGEMM plus O(n k) for the argmin
- * and O(n d) for the update. Seeding: random O(k d). The D^2 methods run on a seeded
+ * Cost: one Lloyd iteration is at most 2 n k d flops plus O(n k) for the argmin and
+ * O(n d) for the update. On the CPU with d > 16 the iterations after the first skip the
+ * distances that cannot change an assignment (Yinyang bounds with a rounding margin:
+ * the assignment of every iteration is still the one of computing every distance;
+ * docs/kmeans.md), typically 98-99% of them on keys; memory n * k / 32 floats more. Seeding: random O(k d). The D^2 methods run on a seeded
  * subsample of s = min(n, seed_points_per_centroid * k) points, one pass over it per
  * chosen centroid: k-means++ k s d / 16 fused multiply-adds (AVX-512 lanes), greedy
  * k-means++ with t candidates k s d t' / 16 (t' = t rounded up to 1, 2, 4, 8, 16;
