@@ -152,7 +152,7 @@ def main():
         first, *values = r.stdout.splitlines()
         doc = json.loads(first)
         check((doc["format"], doc["major"], doc["minor"], doc["payload_bytes"]) ==
-              ("kvq", 1, 0, psize), f"describe header {first[:120]}")
+              ("kvq", art.major, art.minor, psize), f"describe header {first[:120]}")
         check(doc["metadata"] == art.metadata and list(doc["metadata"]) == list(art.metadata),
               "describe metadata differs")
         check([(t["name"], t["dtype"], t["shape"], t["nbytes"]) for t in doc["tensors"]] ==
