@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "runtime/cache/kvc.h"
 #include "thresholds/thresholds_internal.h"
 
 /* ==========================================================================
@@ -61,22 +62,29 @@ void kvq_leankv_significance(const double *attn, int32_t gs, int64_t n, double *
     }
 }
 
+/* The prompt rule and its classification are the runtime cache's (runtime/cache/kvc.h):
+ * the profile simulates exactly what `--kv leankv` applies. */
+_Static_assert((int)KVQ_LEANKV_PRUNED == KVQ_RT_LK_PRUNED &&
+                   (int)KVQ_LEANKV_LOW == KVQ_RT_LK_LOW &&
+                   (int)KVQ_LEANKV_HIGH == KVQ_RT_LK_HIGH, "LeanKV classes agree with the runtime's");
+
+static kvq_rt_lk_params rt_params(const kvq_leankv_params *p)
+{
+    return (kvq_rt_lk_params){p->alpha_h, p->alpha_l, p->window,
+                              p->k_high,  p->v_high,  p->k_low, p->v_low};
+}
+
 kvq_leankv_class kvq_leankv_rule(double sig, int64_t i, const kvq_leankv_params *p)
 {
-    const double n = (double)(i > 0 ? i : 1);
-    if (sig >= p->alpha_h / n)
-        return KVQ_LEANKV_HIGH;
-    if (sig >= p->alpha_l / n)
-        return KVQ_LEANKV_LOW;
-    return KVQ_LEANKV_PRUNED;
+    const kvq_rt_lk_params r = rt_params(p);
+    return (kvq_leankv_class)kvq_rt_lk_rule(sig, i, &r);
 }
 
 void kvq_leankv_classify_prompt(const double *sig, int64_t n, const kvq_leankv_params *p,
                                 uint8_t *cls)
 {
-    for (int64_t j = 0; j < n; j++)
-        cls[j] = (uint8_t)(j >= n - p->window ? KVQ_LEANKV_HIGH
-                                              : kvq_leankv_rule(sig[j], j + 1, p));
+    const kvq_rt_lk_params r = rt_params(p);
+    kvq_rt_lk_classify_prompt(sig, n, &r, cls);
 }
 
 int64_t thr_leankv_argmin_scalar(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len)

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kvq/half.h"
+#include "runtime/cache/kvc.h"
 #include "thresholds/thresholds_internal.h"
 
 static const char *const schedule_names[KVQ_PATS_N_SCHEDULES] = {
@@ -57,29 +58,17 @@ kvq_status kvq_pats_check(const kvq_pats_params *p, kvq_err *err)
     return KVQ_OK;
 }
 
-/* floor(a / b + 1/2) for a >= 0, b > 0. */
-static int64_t round_div(int64_t a, int64_t b)
-{
-    return (2 * a + b) / (2 * b);
-}
+/* The schedule is the runtime cache's (runtime/cache/kvc.h): the profile simulates
+ * exactly what `--kv pats` applies. */
+_Static_assert((int)KVQ_PATS_OLD_HEAVY == KVQ_RT_PATS_OLD_HEAVY &&
+                   (int)KVQ_PATS_NEW_HEAVY == KVQ_RT_PATS_NEW_HEAVY &&
+                   (int)KVQ_PATS_MIDDLE_HEAVY == KVQ_RT_PATS_MIDDLE_HEAVY,
+               "PATS schedules agree with the runtime's");
 
 int32_t kvq_pats_bits(const kvq_pats_params *p, int64_t t, int64_t T)
 {
-    T = T < 1 ? 1 : T;
-    t = t < 1 ? 1 : t > T ? T : t;
-    const int64_t D = p->b_max - p->b_min, den = T > 1 ? T - 1 : 1;
-    int64_t f;
-    switch (p->schedule) {
-    case KVQ_PATS_OLD_HEAVY: f = p->b_max - round_div(D * (t - 1), den); break;
-    case KVQ_PATS_NEW_HEAVY: f = p->b_min + round_div(D * (t - 1), den); break;
-    default: {
-        const int64_t a = 2 * t - T - 1;
-        f = p->b_max - round_div(D * (a < 0 ? -a : a), den);
-        break;
-    }
-    }
-    f = f > p->b_max ? p->b_max : f;
-    return (int32_t)(f < p->b_min ? p->b_min : f);
+    const kvq_rt_pats_params r = {(int32_t)p->schedule, p->b_min, p->b_max};
+    return kvq_rt_pats_bits(&r, t, T);
 }
 
 void kvq_pats_truncate(const float *x, int32_t n, kvq_dtype dt, int32_t bits, float *out)
