@@ -112,25 +112,50 @@ static int has_attention(const kvq_model_attn *x)
            x->scale || x->softcap;
 }
 
-/* Until the retrieval runtime attends each layer as kvq_model_layer_attn describes it,
- * a model whose layers differ from the llama family's uniform attention (gemma2's
- * softcap and alternating windows, gemma3's local RoPE base) is refused here, where
- * the runtime checks an artifact against the model it runs, rather than attended
- * wrongly. Only when both sides carry the description: an artifact's attention-shape
- * keys alone, or an engine model description, do not. */
-static kvq_status check_runtime_attention(const kvq_model_id *a, const kvq_model_id *b,
-                                          const char *label_b, kvq_err *err)
+/* Each layer's attention (kvq_model_layer_attn) under a and b, when both carry the
+ * description (an artifact's attention-shape keys alone, files before format 1.1, do
+ * not): the first layer whose RoPE, score scale, softcap or window differ is named.
+ * The retrieval runtime attends each layer as described (runtime/local.h), so the two
+ * must describe the same attention. */
+static kvq_status check_layers(const kvq_model_id *a, const char *label_a, const kvq_model_id *b,
+                               const char *label_b, kvq_err *err)
 {
     if (!has_attention(&a->attn) || !has_attention(&b->attn))
         return KVQ_OK;
-    kvq_model_config c = kvq_model_config_from_id(b);
-    char why[160];
-    if (kvq_model_attn_uniform(&c, why, sizeof why))
-        return KVQ_OK;
-    return kvq_err_set(err, KVQ_E_UNSUPPORTED,
-                       "%s: %s: per-layer attention (%s) is not implemented by the retrieval "
-                       "runtime yet (full attention, capture, moments and fit are)", label_b,
-                       b->architecture, why);
+    return kvq_model_id_compare_layers(a, label_a, b, label_b, err);
+}
+
+kvq_status kvq_model_id_compare_layers(const kvq_model_id *a, const char *label_a,
+                                       const kvq_model_id *b, const char *label_b, kvq_err *err)
+{
+    const int32_t n = a->n_layers < b->n_layers ? a->n_layers : b->n_layers;
+    for (int32_t l = 0; l < n; l++) {
+        kvq_layer_attn x, y;
+        kvq_model_id_layer_attn(a, l, &x);
+        kvq_model_id_layer_attn(b, l, &y);
+        const char *what = NULL;
+        double va = 0, vb = 0;
+#define CMP(name, fa, fb)                                                                          \
+    if (!what && (fa) != (fb)) {                                                                   \
+        what = name;                                                                               \
+        va = (double)(fa);                                                                         \
+        vb = (double)(fb);                                                                         \
+    }
+        CMP("window", x.window, y.window)
+        CMP("use_rope", x.use_rope, y.use_rope)
+        CMP("rope.base", x.rope.base, y.rope.base)
+        CMP("rope.scaling", (int)x.rope.scaling, (int)y.rope.scaling)
+        if (x.rope.scaling != KVQ_ROPE_SCALING_NONE)
+            CMP("rope.factor", x.rope.factor, y.rope.factor)
+        CMP("scale", x.scale, y.scale)
+        CMP("softcap", x.softcap, y.softcap)
+#undef CMP
+        if (what)
+            return kvq_err_set(err, KVQ_E_MISMATCH,
+                               "%s vs %s: layer %d's attention differs: %s %.9g vs %.9g", label_a,
+                               label_b, (int)l, what, va, vb);
+    }
+    return KVQ_OK;
 }
 
 kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *label_a,
@@ -173,7 +198,7 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
         if (reals[i].a != reals[i].b)
             return DIFFERS(reals[i].key, "%.17g", reals[i].a, reals[i].b);
 #undef DIFFERS
-    return check_runtime_attention(a, b, label_b, err);
+    return check_layers(a, label_a, b, label_b, err);
 }
 
 kvq_status kvq_model_id_compare_weights(const kvq_model_id *a, const char *label_a,

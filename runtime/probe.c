@@ -180,7 +180,7 @@ static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *
 {
     const int32_t d = r->d, gs = r->gs;
     const int64_t nv = nvis - lo;
-    const float scale = (float)(1.0 / sqrt((double)d));
+    const float scale = r->scale; /* the model's score scale (archs-rt) */
     for (int32_t g = 0; g < gs; g++)
         kvq_rt_rotate(r, q + (size_t)g * d, pos, S->qi + (size_t)g * d);
     /* row j's key is token kvq_rt_row_token(H, j)'s of ktok: gathered by the kernel (the
@@ -188,6 +188,7 @@ static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *
     kvq_rk_logits(r->p.isa, S->qi, gs, d, H->tok ? ktok : ktok + (size_t)lo * d, KVQ_DT_F32, d,
                   H->tok ? H->tok + lo : NULL, nv, scale, S->pfull, nv);
     memcpy(lgi, S->pfull, sizeof(float) * (size_t)gs * (size_t)nv);
+    kvq_rt_softcap(S->pfull, gs, nv, nv, r->softcap);
     kvq_rk_softmax(r->p.isa, S->pfull, gs, nv, nv);
     kvq_rk_mix(r->p.isa, S->pfull, gs, nv, (const char *)H->v + (size_t)lo * d * r->es,
                r->p.cache_dtype, d, NULL, nv, d, S->ofull);

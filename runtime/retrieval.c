@@ -26,6 +26,7 @@
 #include "kvq/util.h"
 #include "runtime/runtime_internal.h"
 #include "runtime/kernels/rk.h"
+#include "runtime/local.h"
 #include "runtime/select/selector.h"
 
 #define MAX_POSITION ((int64_t)1 << 31)
@@ -134,6 +135,43 @@ static kvq_status check_config(const kvq_model_config *c, const kvq_codebook_set
                                           "model", err);
 }
 
+/* Per-layer attention (kvq_model_layer_attn). The local layers (runtime/local.h) are
+ * attended exactly over their window; every other layer goes through retrieval, which
+ * holds one RoPE (the model's), one score scale and one softcap: each such layer must
+ * have them. None of the supported architectures has a retrieval layer that differs
+ * (gemma3's other RoPE base is on its local layers); a model that did is refused here,
+ * by layer, rather than attended wrongly. */
+static kvq_status check_layers(const kvq_model_config *c, float *scale, float *softcap,
+                               kvq_err *err)
+{
+    int first = 1;
+    kvq_layer_attn a0 = {0}, a;
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        if (kvq_rt_layer_local(c, l))
+            continue;
+        kvq_model_layer_attn(c, l, &a);
+        const kvq_rope *ra = &a.rope, *rm = &c->rope;
+        const char *what = !a.use_rope ? "a layer without RoPE"
+                           : ra->base != rm->base || ra->scaling != rm->scaling ||
+                                     ra->factor != rm->factor
+                               ? "a RoPE of its own"
+                           : !first && (a.scale != a0.scale || a.softcap != a0.softcap)
+                               ? "a score scale or softcap of its own"
+                               : NULL;
+        if (what)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                               "retrieval: layer %d has %s (RoPE base %g, scale %g, softcap %g): "
+                               "the retrieval runtime attends every non-local layer alike",
+                               (int)l, what, ra->base, a.scale, a.softcap);
+        if (first)
+            a0 = a;
+        first = 0;
+    }
+    *scale = (float)a0.scale;
+    *softcap = (float)a0.softcap;
+    return KVQ_OK;
+}
+
 /* ==========================================================================
  * Create / free
  * ========================================================================== */
@@ -182,6 +220,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
     for (int32_t t = 0; r->scr && t < r->n_scr; t++)
         scratch_free(&r->scr[t]);
     kvq_rt_probe_free(r->probe);
+    kvq_rt_local_free(r->local);
     free(r->layer);
     free(r->scr);
     free(r->rcos);
@@ -205,6 +244,9 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: inconsistent model config");
     if (rt && (s = check_config(cfg, rt, err)))
         return s;
+    float scale = 0, softcap = 0;
+    if ((s = check_layers(cfg, &scale, &softcap, err)))
+        return s;
     P.isa = kvq_isa_clamp(P.isa);
     kvq_retrieval *r = calloc(1, sizeof *r);
     if (!r)
@@ -220,6 +262,14 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_
     r->window = P.window > 0 ? P.window : rt ? kvq_codebook_set_wrope_w(rt) : 64;
     r->sliding_window = cfg->sliding_window;
     r->sliding_from = cfg->sliding_from;
+    r->scale = scale;
+    r->softcap = softcap;
+    if ((s = kvq_rt_local_create(cfg, P.max_tokens, P.threads, &r->local, err))) {
+        free(r);
+        return s;
+    }
+    if (r->local) /* the windowed layers are local: the others attend every token */
+        r->sliding_window = 0;
     r->wrope_b = P.wrope_b >= 0 ? P.wrope_b : rt ? kvq_codebook_set_wrope_b(rt) : 2048;
     r->es = P.cache_dtype == KVQ_DT_F16 ? 2 : 4;
     r->keys_rotated = P.positions == KVQ_POSITIONS_ROPE; /* keys.c */
@@ -261,12 +311,19 @@ nomem:
 
 const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r) { return &r->p; }
 
-int64_t kvq_retrieval_length(const kvq_retrieval *r) { return r->layer[0].len; }
+int64_t kvq_retrieval_length(const kvq_retrieval *r)
+{
+    for (int32_t l = 0; l < r->n_layers; l++) /* layer 0 may be local */
+        if (!kvq_rt_local_has(r->local, l))
+            return r->layer[l].len;
+    return kvq_rt_local_length(r->local, 0);
+}
 
 void kvq_retrieval_reset(kvq_retrieval *r)
 {
     const rt_selector *sel = kvq_rt_selector(r->p.selector);
     r->seq_gen++;
+    kvq_rt_local_reset(r->local);
     for (int32_t l = 0; l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         L->len = 0;
@@ -408,6 +465,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
     kvq_status s;
     if (c->layer < 0 || c->layer >= r->n_layers || c->n < 1)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad attention call");
+    if (kvq_rt_local_has(r->local, c->layer)) /* exactly, over the window */
+        return kvq_rt_local_attend(r->local, c, err);
     rt_layer *L = &r->layer[c->layer];
     const int64_t past = L->len, n = c->n;
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
@@ -459,7 +518,8 @@ kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r)
     kvq_attn_backend b = {.name = kvq_selector_name(r->p.selector),
                           .user = r,
                           .attend = retrieval_attend,
-                          .reset = retrieval_reset};
+                          .reset = retrieval_reset,
+                          .per_layer = 1}; /* local layers, scale and softcap */
     return b;
 }
 
@@ -518,6 +578,8 @@ kvq_status kvq_retrieval_append(kvq_retrieval *r, int32_t layer, int32_t n, cons
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "retrieval: bad append call");
     rt_layer *L = &r->layer[layer];
     const kvq_attn_call c = {.layer = layer, .n = n, .pos = pos, .k = k, .v = v};
+    if (kvq_rt_local_has(r->local, layer))
+        return kvq_rt_local_attend(r->local, &c, err);
     kvq_status s = reserve_rows(r, L, n, pos, err);
     return s ? s : kvq_rt_append(r, &c, err);
 }

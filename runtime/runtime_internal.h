@@ -183,6 +183,11 @@ struct kvq_retrieval {
     struct rt_probe *probe; /* kvq_retrieval_probe's keys by token (probe.c), or NULL */
     const rt_backend *be; /* selection kernels (device.c) */
     void *dev;            /* the backend's state (kvq_rt_cuda with CUDA), or NULL */
+    /* Per-layer attention (archs-rt): the retrieval layers' score scale and softcap
+     * (kvq_model_layer_attn: the same on every one of them, checked at create), and
+     * the local layers, attended exactly over their window (runtime/local.h), or NULL. */
+    float scale, softcap;
+    struct rt_local *local;
 };
 
 /* One attention step: query row at position pos over nvis tokens of (layer, head). */
@@ -272,6 +277,10 @@ void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64
  * in S->att. record: keep the selection for kvq_retrieval_last_selection. */
 void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q, int64_t pos,
                  int64_t nvis, int record, rt_scratch *S, float *out, int64_t ld_out);
+
+/* Gemma 2's attention logit softcap (step.c): x = c tanh(x / c) over the rows [rows, n]
+ * (stride ld) when c > 0 (r->softcap), after the scale, before the softmax. */
+void kvq_rt_softcap(float *x, int32_t rows, int64_t n, int64_t ld, float c);
 
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);

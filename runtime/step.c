@@ -23,6 +23,15 @@ int64_t kvq_rt_window_start(const kvq_retrieval *r, int32_t layer, int64_t n)
     return kvq_model_window_start(&c, layer, n);
 }
 
+void kvq_rt_softcap(float *x, int32_t rows, int64_t n, int64_t ld, float c)
+{
+    if (!(c > 0))
+        return;
+    for (int32_t g = 0; g < rows; g++)
+        for (int64_t j = 0; j < n; j++)
+            x[(size_t)g * ld + j] = c * tanhf(x[(size_t)g * ld + j] / c);
+}
+
 void kvq_rt_step_key(const rt_step *st, int64_t j, float *y)
 {
     const kvq_retrieval *r = st->r;
@@ -39,8 +48,8 @@ void kvq_rt_step_key(const rt_step *st, int64_t j, float *y)
 static void exact_attention(const kvq_retrieval *r, const rt_head *H, const float *krot,
                             const float *qi, int64_t lo, int64_t m, float *p, int64_t ld, float *o)
 {
-    const float scale = (float)(1.0 / sqrt((double)r->d));
-    kvq_rk_logits(r->p.isa, qi, r->gs, r->d, krot, KVQ_DT_F32, r->d, NULL, m, scale, p, ld);
+    kvq_rk_logits(r->p.isa, qi, r->gs, r->d, krot, KVQ_DT_F32, r->d, NULL, m, r->scale, p, ld);
+    kvq_rt_softcap(p, r->gs, m, ld, r->softcap);
     kvq_rk_softmax(r->p.isa, p, r->gs, m, ld);
     kvq_rk_mix(r->p.isa, p, r->gs, ld, (const char *)H->v + (size_t)lo * r->d * r->es,
                r->p.cache_dtype, r->d, NULL, m, r->d, o);
@@ -194,7 +203,7 @@ void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
     const rt_head *H = &L->head[h];
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
     const int64_t n = c->n, T = past + n;
-    const float scale = (float)(1.0 / sqrt((double)d));
+    const float scale = r->scale; /* the model's (1/sqrt(d) unless it says) */
     const float *K = S->krot; /* rotated keys [T, d]: under ROPE the cache's (f16 converted) */
     if (r->keys_rotated && r->es == 4)
         K = H->k;
@@ -218,6 +227,7 @@ void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
         for (int64_t i = 0; i < n; i++) { /* causal, over the sliding window if any */
             const int64_t nvis = past + i + 1, lo = kvq_rt_window_start(r, c->layer, nvis);
             float *row = P + (size_t)i * T;
+            kvq_rt_softcap(row + lo, 1, nvis - lo, T, r->softcap);
             kvq_rk_softmax(r->p.isa, row + lo, 1, nvis - lo, T);
             memset(row, 0, sizeof(float) * (size_t)lo);
             memset(row + nvis, 0, sizeof(float) * (size_t)(T - nvis));
@@ -264,7 +274,7 @@ void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
-    const float scale = (float)(1.0 / sqrt((double)r->d));
+    const float scale = r->scale;
     const int rope = r->p.positions == KVQ_POSITIONS_ROPE;
     /* columns [c0, c1) hold the rerank's logits (within the far rows under WROPE) */
     const int64_t c0 = S->rr_kept ? st->s_end - st->lo : 0, c1 = c0 + S->rr_kept;
@@ -275,6 +285,7 @@ void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64
     if (!rope) /* WROPE: the window and near sinks with exact RoPE */
         logits_span(st, att, m_far, m, m, 1, scale);
     S->rr_kept = 0;
+    kvq_rt_softcap(S->logits, r->gs, m, m, r->softcap);
     kvq_rk_softmax(r->p.isa, S->logits, r->gs, m, m);
     kvq_rk_mix(r->p.isa, S->logits, r->gs, m, st->H->v, r->p.cache_dtype, r->d, att, m, r->d,
                S->o);

@@ -486,8 +486,8 @@ static kvq_status zero_attend(void *user, const kvq_attn_call *c, kvq_err *err)
     return KVQ_OK;
 }
 
-/* A backend that does not say it attends per layer (per_layer 0, as the retrieval
- * runtime's today) is refused for gemma3 and gemma2, accepted for qwen3 and phi3. */
+/* A backend that does not say it attends per layer (per_layer 0; the retrieval runtime
+ * and the full attention do) is refused for gemma3 and gemma2, accepted for qwen3 and phi3. */
 static void test_backend_per_layer(void **state)
 {
     (void)state;

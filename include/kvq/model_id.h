@@ -90,6 +90,14 @@ kvq_status kvq_model_id_compare_attention(const kvq_model_id *a, const char *lab
                                           const kvq_model_id *b, const char *label_b,
                                           kvq_err *err);
 
+/* Each layer's attention as kvq_model_layer_attn (kvq/model.h) describes it under a and
+ * under b: window, RoPE (use, base, scaling, factor), score scale and softcap, layer by
+ * layer. KVQ_OK when they agree; else KVQ_E_MISMATCH, "LABEL_A vs LABEL_B: layer L's
+ * attention differs: FIELD A vs B". kvq_model_id_compare_attention calls it when both
+ * identities carry an attention description (kvq_model_attn not all 0). */
+kvq_status kvq_model_id_compare_layers(const kvq_model_id *a, const char *label_a,
+                                       const kvq_model_id *b, const char *label_b, kvq_err *err);
+
 /* The weight check: KVQ_OK when either fingerprint is empty (not recorded: the caller
  * decides what that means) or both are equal; else KVQ_E_MISMATCH with the message
  * "LABEL_A vs LABEL_B: the weights differ (fingerprint A (NAME_A) vs B (NAME_B)): the

@@ -26,7 +26,7 @@ static int64_t mass_select(const rt_step *st, int64_t k, int32_t *sel, double *s
     *sel_bytes += (double)nc * 2.0 * kvq_codebook_get_desc(st->L->cb[st->head])->groups;
     /* approximate logits: the mean (SUM) or max of the heads' scores, / sqrt(d) */
     const float sc =
-        (float)(1.0 / sqrt((double)r->d)) / (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
+        r->scale / (r->p.group == KVQ_GROUP_SUM ? (float)r->gs : 1.0f);
     for (int64_t j = 0; j < nc; j++)
         S->tmp[j] = scores[j] * sc;
     const int64_t kstar =

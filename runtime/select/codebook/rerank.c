@@ -123,7 +123,7 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
         rows[i] = rows[S->sel[i]];
     /* the kept rows' logits, scaled as the attention's, where it lays them out: att is
      * [sinks][selection][window], m_att columns per query head */
-    const float scale = (float)(1.0 / sqrt((double)d));
+    const float scale = r->scale; /* the model's score scale (archs-rt) */
     const int64_t off = st->s_end - st->lo, m_att = off + m + (st->nvis - st->w_beg);
     for (int32_t g = 0; g < gs; g++)
         for (int64_t i = 0; i < m; i++)
