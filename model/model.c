@@ -366,6 +366,32 @@ void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_at
     }
 }
 
+const char *kvq_layer_attn_diff(const kvq_layer_attn *a, const kvq_layer_attn *b, double *va,
+                                double *vb)
+{
+    /* scale and softcap within a relative 1e-6: a caller's float of 1/sqrt(144) is one */
+#define NEAR(x, y) (fabs((x) - (y)) <= 1e-6 * fabs(y))
+#define DIFF(name, x, y, same)                                                                     \
+    if (!(same)) {                                                                                 \
+        *va = (double)(x);                                                                         \
+        *vb = (double)(y);                                                                         \
+        return name;                                                                               \
+    }
+    DIFF("window", a->window, b->window, a->window == b->window)
+    DIFF("use_rope", a->use_rope, b->use_rope, a->use_rope == b->use_rope)
+    if (a->use_rope) {
+        DIFF("rope.base", a->rope.base, b->rope.base, a->rope.base == b->rope.base)
+        DIFF("rope.scaling", a->rope.scaling, b->rope.scaling, a->rope.scaling == b->rope.scaling)
+        DIFF("rope.factor", a->rope.factor, b->rope.factor,
+             a->rope.scaling == KVQ_ROPE_SCALING_NONE || a->rope.factor == b->rope.factor)
+    }
+    DIFF("scale", a->scale, b->scale, NEAR(a->scale, b->scale))
+    DIFF("softcap", a->softcap, b->softcap, NEAR(a->softcap, b->softcap))
+#undef DIFF
+#undef NEAR
+    return NULL;
+}
+
 int kvq_model_attn_uniform(const kvq_model_config *c, char *why, size_t cap)
 {
     kvq_layer_attn a0, a;

@@ -133,23 +133,8 @@ kvq_status kvq_model_id_compare_layers(const kvq_model_id *a, const char *label_
         kvq_layer_attn x, y;
         kvq_model_id_layer_attn(a, l, &x);
         kvq_model_id_layer_attn(b, l, &y);
-        const char *what = NULL;
         double va = 0, vb = 0;
-#define CMP(name, fa, fb)                                                                          \
-    if (!what && (fa) != (fb)) {                                                                   \
-        what = name;                                                                               \
-        va = (double)(fa);                                                                         \
-        vb = (double)(fb);                                                                         \
-    }
-        CMP("window", x.window, y.window)
-        CMP("use_rope", x.use_rope, y.use_rope)
-        CMP("rope.base", x.rope.base, y.rope.base)
-        CMP("rope.scaling", (int)x.rope.scaling, (int)y.rope.scaling)
-        if (x.rope.scaling != KVQ_ROPE_SCALING_NONE)
-            CMP("rope.factor", x.rope.factor, y.rope.factor)
-        CMP("scale", x.scale, y.scale)
-        CMP("softcap", x.softcap, y.softcap)
-#undef CMP
+        const char *what = kvq_layer_attn_diff(&x, &y, &va, &vb);
         if (what)
             return kvq_err_set(err, KVQ_E_MISMATCH,
                                "%s vs %s: layer %d's attention differs: %s %.9g vs %.9g", label_a,

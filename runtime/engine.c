@@ -5,6 +5,7 @@
  */
 #include "kvq/engine.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,8 @@
 #include "kvq/half.h"
 #include "kvq/model_id.h"
 #include "kvq/runtime.h"
+#include "runtime/local.h"
+#include "runtime/runtime_internal.h"
 
 struct kvq_engine {
     kvq_codebook_set *set;
@@ -73,6 +76,89 @@ static kvq_status engine_identity(const char *path, const kvq_engine_model *m, k
     return KVQ_OK;
 }
 
+/* ---- per-layer attention (archs-rt) ------------------------------------------------- */
+
+static int engine_describes_attention(const kvq_engine_model *m)
+{
+    return m->layers || m->attn_scale != 0 || m->attn_softcap != 0 || m->sliding_window != 0;
+}
+
+/* Layer l's attention as the engine describes it (rope: the engine's model RoPE). */
+static kvq_status engine_layer_attn(const kvq_engine_model *m, const kvq_rope *rope, int32_t l,
+                                    kvq_layer_attn *a, kvq_err *err)
+{
+    memset(a, 0, sizeof *a);
+    a->rope = *rope;
+    a->use_rope = 1;
+    double scale = m->attn_scale, cap = m->attn_softcap;
+    int32_t window = m->sliding_window;
+    if (m->layers) {
+        const kvq_engine_layer *L = &m->layers[l];
+        scale = L->attn_scale;
+        cap = L->attn_softcap;
+        window = L->window;
+        if (L->no_rope)
+            return kvq_err_set(err, KVQ_E_UNSUPPORTED, "engine model: layers[%d] has no RoPE: "
+                               "the retrieval runtime does not implement no-RoPE layers (none "
+                               "of the models kvq reads has one)", (int)l);
+        if (L->rope_base < 0 || !isfinite(L->rope_base))
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine model: layers[%d].rope_base %g",
+                               (int)l, L->rope_base);
+        if (L->rope_base > 0)
+            a->rope.base = L->rope_base;
+        if (L->rope_scaling) {
+            if (kvq_rope_scaling_parse(L->rope_scaling, &a->rope.scaling))
+                return kvq_err_set(err, KVQ_E_UNSUPPORTED,
+                                   "engine model: layers[%d]: unknown rope_scaling \"%s\"",
+                                   (int)l, L->rope_scaling);
+            a->rope.factor = a->rope.scaling == KVQ_ROPE_SCALING_NONE ? 1.0
+                             : L->rope_factor > 0                     ? L->rope_factor
+                                                                      : m->rope_factor;
+        }
+    }
+    if (!(scale >= 0) || !(cap >= 0) || window < 0 || !isfinite(scale) || !isfinite(cap)) {
+        char at[32] = "";
+        if (m->layers)
+            snprintf(at, sizeof at, "layers[%d]: ", (int)l);
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine model: %sattn_scale %g, attn_softcap "
+                           "%g, window %d: need values >= 0", at, scale, cap, (int)window);
+    }
+    a->scale = scale > 0 ? scale : 1.0 / sqrt((double)m->head_dim);
+    a->softcap = cap;
+    a->window = window;
+    return KVQ_OK;
+}
+
+/* The engine's description against the artifact's (id: the artifact's attention with
+ * the engine's shape and RoPE, already checked), layer by layer. */
+static kvq_status engine_check_layers(const char *path, const kvq_engine_model *m,
+                                      const kvq_model_id *id, kvq_err *err)
+{
+    if (!engine_describes_attention(m))
+        return KVQ_OK; /* the artifact's description, as before */
+    for (int32_t l = 0; l < m->n_layers; l++) {
+        kvq_layer_attn want, have;
+        kvq_status s = engine_layer_attn(m, &id->rope, l, &want, err);
+        if (s)
+            return s;
+        kvq_model_id_layer_attn(id, l, &have);
+        double va = 0, vb = 0;
+        const char *what = kvq_layer_attn_diff(&have, &want, &va, &vb);
+        if (what)
+            return kvq_err_set(err, KVQ_E_MISMATCH,
+                               "%s vs engine model: layer %d's attention differs: %s %.9g vs "
+                               "%.9g", path, (int)l, what, va, vb);
+    }
+    return KVQ_OK;
+}
+
+int32_t kvq_engine_layer_window(const kvq_engine *e, int32_t layer)
+{
+    if (!e || layer < 0 || layer >= e->cfg.n_layers || !kvq_rt_layer_local(&e->cfg, layer))
+        return 0;
+    return e->cfg.sliding_window;
+}
+
 kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *model,
                            unsigned flags, kvq_engine **out, kvq_err *err)
 {
@@ -97,6 +183,8 @@ kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *mo
     const unsigned f = flags & KVQ_ENGINE_ACCEPT_MODEL_MISMATCH ? KVQ_OPEN_ACCEPT_MODEL_MISMATCH : 0;
     if (!s)
         s = kvq_codebook_set_open_ex(artifact_path, &id, "engine model", f, &e->set, err);
+    if (!s && (s = engine_check_layers(artifact_path, m, &id, err)))
+        kvq_codebook_set_close(e->set);
     if (s) {
         free(e);
         return s;
@@ -189,10 +277,11 @@ uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s)
     const kvq_model_config *c = &s->e->cfg;
     const kvq_retrieval_params *p = kvq_retrieval_get_params(s->r);
     const uint64_t es = p->cache_dtype == KVQ_DT_F16 ? 2 : 4;
-    const uint64_t per = (uint64_t)c->n_layers * (uint64_t)c->n_kv_heads *
+    const uint64_t nl = (uint64_t)(c->n_layers - kvq_rt_local_count(c)); /* local: rings */
+    const uint64_t per = nl * (uint64_t)c->n_kv_heads *
                          (2 * (uint64_t)c->head_dim * es + 2 * (uint64_t)kvq_codebook_set_groups(
                                                                       s->e->set));
-    return per * (uint64_t)kvq_retrieval_length(s->r);
+    return per * (uint64_t)kvq_retrieval_length(s->r) + kvq_rt_local_bytes(s->r->local);
 }
 
 /* k, v as f32: the inputs themselves, or f16 rows converted into s->buf. */

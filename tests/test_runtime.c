@@ -1151,14 +1151,16 @@ static double max_rel_diff(const float *a, const float *b, size_t n)
 }
 
 /* Budget = everything reproduces full attention for every selector, with and without
- * a sliding window (sw: layer 1 sees the last 80 tokens). */
+ * a sliding window (sw 1: layer 1 sees the last 80 tokens, a local layer beside the
+ * global layer 0, attended exactly without retrieval steps (runtime/local.h); sw 2:
+ * both layers have the window, retrieval selects within it). */
 static void budget_all_equals_full(int sw)
 {
     const kvq_model_id id = small_id(2, 8, 2, 16);
     kvq_model_config c = config_of(&id);
     if (sw) {
         c.sliding_window = 80; /* below the prompt of 100: the prefill rows see it too */
-        c.sliding_from = 1;
+        c.sliding_from = sw == 1 ? 1 : 0;
     }
     kvq_codebook **cbs = codebooks_for(&id, KVQ_CODEBOOK_QAPQ, 16, 4, 4);
     kvq_codebook_set *rt = write_and_open(test_path("all.kvq"), &id, cbs);
@@ -1194,7 +1196,8 @@ static void budget_all_equals_full(int sw)
             /* retrieval rows with candidates (n > sink 4 + window 64): the decode rows
              * 100 .. 259, or with every row by retrieval rows 68 .. 259 */
             const uint64_t rows = pf ? 260 - 100 : 260 - 68;
-            assert_int_equal(st.steps, rows * c.n_layers * c.n_kv_heads);
+            const uint64_t layers = sw == 1 ? 1 : 2; /* sw 1: layer 1 is local */
+            assert_int_equal(st.steps, rows * layers * c.n_kv_heads);
             assert_true(st.attended == st.visible);
             if (p.measure) {
                 assert_int_equal(st.measured, st.steps);
@@ -1228,6 +1231,7 @@ static void test_budget_all_equals_full(void **state)
     (void)state;
     budget_all_equals_full(0);
     budget_all_equals_full(1);
+    budget_all_equals_full(2);
 }
 
 /* The sliding window of full attention, checked independently: row i of a layer with a

@@ -21,7 +21,9 @@
  *   q    [n_heads, head_dim]      float
  *   k, v [n, n_kv_heads, head_dim] rows of f32 or f16 (IEEE binary16), kvq_engine_dtype
  *   out  [n_heads, head_dim]      float, the attention output before the output
- *                                 projection (softmax(q k^T / sqrt(d)) v per head)
+ *                                 projection (softmax(q k^T * scale) v per head, the
+ *                                 scores capped c tanh(s / c) under a softcap c; scale
+ *                                 1/sqrt(d) unless the model says: kvq_engine_layer)
  * Query head h uses KV head h / (n_heads / n_kv_heads) (GQA). Layers may be fed in any
  * order, but every layer must see the same tokens in the same order.
  *
@@ -48,7 +50,29 @@
 extern "C" {
 #endif
 
-/* The model as the engine knows it: its attention shape, RoPE and weight fingerprint. */
+/* One layer's attention, when layers differ (kvq_engine_model.layers): Gemma 3's local
+ * layers (window, RoPE base 10000, no scaling) and global ones (base 1e6, linear 8),
+ * Gemma 2's softcap and query_pre_attn_scalar, Qwen 2's max_window_layers. */
+typedef struct kvq_engine_layer {
+    int32_t window;           /* > 0: the layer attends only the last `window` tokens, its
+                                 own included (transformers' sliding_window: a query at
+                                 token t sees t - window + 1 .. t); 0: every token */
+    int no_rope;              /* 1: the layer applies no RoPE (kvq refuses such a layer:
+                                 none of the models it reads has one) */
+    double rope_base;         /* this layer's theta; 0: the model's rope_base */
+    const char *rope_scaling; /* NULL: the model's scaling; "none", "linear", "llama3" */
+    double rope_factor;       /* under a scaling of its own; 0: the model's rope_factor
+                                 (llama3's other parameters are always the model's) */
+    double attn_scale;        /* score scale; 0: 1/sqrt(head_dim) */
+    double attn_softcap;      /* > 0: scores become c tanh(s / c); 0: none */
+} kvq_engine_layer;
+
+/* The model as the engine knows it: its attention shape, RoPE and weight fingerprint,
+ * and (since the per-layer attention) how each layer attends. The artifact records how
+ * its model attends (docs/format.md "model.attention"); kvq_engine_open compares the
+ * description with it layer by layer. A caller that fills only the fields before
+ * attn_scale (all later ones 0 / NULL, as a zero-initialized struct has them) gives no
+ * description: the artifact's is taken as it is (what kvq did before). */
 typedef struct kvq_engine_model {
     int32_t n_layers;
     int32_t n_heads;          /* query heads */
@@ -62,6 +86,13 @@ typedef struct kvq_engine_model {
     double rope_low_freq_factor, rope_high_freq_factor, rope_original_max_pos; /* llama3 */
     const char *fingerprint;  /* the weights' fingerprint (32 hex digits, `kvq inspect
                                  MODEL` prints it), or NULL when the engine cannot tell */
+    /* Per-layer attention (see above). With layers NULL every layer attends as these
+     * say: */
+    double attn_scale;        /* score scale; 0: 1/sqrt(head_dim) */
+    double attn_softcap;      /* > 0: scores become c tanh(s / c) (gemma2); 0: none */
+    int32_t sliding_window;   /* > 0: every layer attends only the last W tokens */
+    const kvq_engine_layer *layers; /* NULL, or [n_layers]: layer l attends as layers[l]
+                                 says (the fields above then unused) */
 } kvq_engine_model;
 
 /* Open flags. */
@@ -73,9 +104,12 @@ typedef struct kvq_engine kvq_engine;
 
 /* Opens the artifact for the model. Errors: every error of reading and validating the
  * artifact (NOT_FOUND, BAD_MAGIC, CHECKSUM, CORRUPT, VERSION, ...); INVALID_ARG (a field
- * of model: named); UNSUPPORTED (an artifact without codebooks, an unknown scaling);
- * MISMATCH when the artifact was made for another attention shape or RoPE ("ARTIFACT
- * vs engine model: model.FIELD differs (A vs B)") or, unless flags accept it, for other
+ * of model: named); UNSUPPORTED (an artifact without codebooks, an unknown scaling, a
+ * layer without RoPE); MISMATCH when the artifact was made for another attention shape
+ * or RoPE ("ARTIFACT vs engine model: model.FIELD differs (A vs B)"), for a model whose
+ * layers attend otherwise ("ARTIFACT vs engine model: layer L's attention differs:
+ * FIELD A vs B": window, use_rope, rope.base, rope.scaling, rope.factor, scale,
+ * softcap) or, unless flags accept it, for other
  * weights: a different fingerprint, or none given while the artifact records one (the
  * message names both). NOMEM. */
 kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *model,
@@ -90,6 +124,14 @@ const char *kvq_engine_weights_note(const kvq_engine *e);
 const char *kvq_engine_artifact_fingerprint(const kvq_engine *e);
 const char *kvq_engine_artifact_model_name(const kvq_engine *e);
 uint64_t kvq_engine_bytes(const kvq_engine *e); /* codebook memory */
+
+/* How layer `layer` is attended: W > 0 when it is a local layer, a sliding-window layer
+ * of a model that also has global layers (Gemma 2 and 3, Qwen 2 with max_window_layers):
+ * it needs no retrieval and has no codebook, and kvq attends its last W tokens exactly
+ * (decode: every query head over the window, with the layer's own RoPE, scale and
+ * softcap; the sequence keeps only its last W rows plus a chunk's, in f32). 0 for a
+ * retrieval layer (sinks, codebook top-k, window), and for a layer out of range. */
+int32_t kvq_engine_layer_window(const kvq_engine *e, int32_t layer);
 
 /* Per-sequence settings (docs/runtime.md "Decode step"). */
 typedef struct kvq_engine_seq_params {

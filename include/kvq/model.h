@@ -148,6 +148,13 @@ typedef struct kvq_layer_attn {
 void kvq_model_layer_attn(const kvq_model_config *c, int32_t layer, kvq_layer_attn *out);
 void kvq_model_id_layer_attn(const kvq_model_id *id, int32_t layer, kvq_layer_attn *out);
 
+/* The first difference between two layers' attention: "window", "use_rope",
+ * "rope.base", "rope.scaling", "rope.factor" (under a scaling), "scale" or "softcap"
+ * (these two within a relative 1e-6), with both values in *va, *vb; NULL when they
+ * describe the same attention. */
+const char *kvq_layer_attn_diff(const kvq_layer_attn *a, const kvq_layer_attn *b, double *va,
+                                double *vb);
+
 /* 1 when every layer attends as the llama family does: the same RoPE, the score scale
  * 1/sqrt(head_dim), no softcap and, if any, one window from a first layer on (what the
  * retrieval runtime implements today); else 0, and the first difference is written to

@@ -35,6 +35,11 @@ class EngineModelC(ctypes.Structure):
         ("rope_high_freq_factor", ctypes.c_double),
         ("rope_original_max_pos", ctypes.c_double),
         ("fingerprint", ctypes.c_char_p),
+        # per-layer attention (kvq/engine.h): left 0 / NULL, the artifact's description
+        ("attn_scale", ctypes.c_double),
+        ("attn_softcap", ctypes.c_double),
+        ("sliding_window", ctypes.c_int32),
+        ("layers", ctypes.c_void_p),
     ]
 
 
