@@ -271,6 +271,9 @@ static int run_prepare(const run_opts *o, run_state *r)
             return cli_fail(&e);
         const kvq_attn_backend backend = kvq_retrieval_backend(r->ret);
         kvq_forward_set_attention(r->f, &backend);
+        char note[256]; /* sliding-window layers beside global ones (archs-rt) */
+        if (kvq_retrieval_layers_note(c, note, sizeof note))
+            kvq_log(&r->cb, KVQ_LOG_INFO, "retrieval: %s", note);
     }
     return o->kv.kind != KVQ_KV_F16 ? run_kv_prepare(o, r) : 0;
 }

@@ -58,6 +58,11 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
            kvq_score_pos_name(o->p.score_pos), o->p.rerank, o->p.rerank_extra,
            (int)o->p.resid_bits, o->p.resid_wide,
            o->p.resid_group == KVQ_GROUP_SUM ? "sum" : "max", o->p.resid_share);
+    printf(", \"local_layers\": ["); /* attended exactly over their window (archs-rt) */
+    for (int32_t l = 0, n = 0; l < x->c->n_layers; l++)
+        if (kvq_retrieval_layer_local(x->c, l))
+            printf("%s%d", n++ ? ", " : "", (int)l);
+    printf("]");
     printf(", \"positions\": \"%s\", \"sink\": %d, \"window\": %d, \"cache\": \"%s\", "
            "\"group\": \"%s\", \"tau\": %.6g, \"seq_len\": %lld, \"scored\": \"%s\", "
            "\"sequences\": %zu, "
@@ -120,6 +125,9 @@ static void evr_print_text(const evr *x, const cli_retrieval *o, const evr_setti
            "group %s\n",
            pos, kvq_score_pos_name(o->p.score_pos), rr, rs, (int)o->p.sink, (int)window, cache,
            o->p.group == KVQ_GROUP_SUM ? "sum" : "max");
+    char note[256]; /* sliding-window layers beside global ones (archs-rt) */
+    if (kvq_retrieval_layers_note(x->c, note, sizeof note))
+        printf("local       %s\n", note);
     printf("sequences   %zu of up to %lld tokens", x->t.n_sequences, (long long)seq_len);
     if (x->last)
         printf(", the last %lld of each scored (exact prefill, retrieval decode)",

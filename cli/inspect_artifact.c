@@ -14,6 +14,7 @@
 #include "cli/cli.h"
 #include "cli/inspect.h"
 #include "kvq/artifact_summary.h"
+#include "kvq/runtime.h"
 
 /* ==========================================================================
  * metadata groups
@@ -219,6 +220,19 @@ static void fit_text(const cJSON *fo, const cJSON *md)
     if (n_kv)
         printf(" (%d of %lld), %lld KV heads each", n_fit,
                (long long)jmeta_num(md, KVQ_META_N_LAYERS), (long long)n_kv);
+    /* the layers without a codebook because they slide beside global ones (archs-rt) */
+    const double sw = jmeta_num(md, "model.attention.sliding_window");
+    if (isfinite(sw) && sw > 0) {
+        const double sf = jmeta_num(md, "model.attention.sliding_from"),
+                     sp = jmeta_num(md, "model.attention.sliding_period");
+        const kvq_model_config lc = {.n_layers = (int32_t)jmeta_num(md, KVQ_META_N_LAYERS),
+                                     .sliding_window = (int32_t)sw,
+                                     .sliding_from = isfinite(sf) ? (int32_t)sf : 0,
+                                     .sliding_period = isfinite(sp) ? (int32_t)sp : 0};
+        char note[256];
+        if (kvq_retrieval_layers_note(&lc, note, sizeof note))
+            printf("\n  local       %s (no codebook)", note);
+    }
     printf("\n  k-means     %s, at most %s iterations, tol %g, sample %s x K\n",
            jstr(md, KVQ_META_KMEANS_INIT, na), jstr(md, KVQ_META_KMEANS_ITERS, na), jmeta_num(md, KVQ_META_FIT_TOL),
            jstr(md, KVQ_META_KMEANS_SAMPLE, na));

@@ -8,10 +8,12 @@
 #include "runtime/local.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kvq/rope.h"
+#include "kvq/runtime.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -49,12 +51,42 @@ int kvq_rt_layer_local(const kvq_model_config *c, int32_t layer)
     return 0;
 }
 
+int kvq_retrieval_layer_local(const kvq_model_config *c, int32_t layer)
+{
+    return kvq_rt_layer_local(c, layer);
+}
+
 int32_t kvq_rt_local_count(const kvq_model_config *c)
 {
     int32_t n = 0;
     for (int32_t l = 0; l < c->n_layers; l++)
         n += kvq_rt_layer_local(c, l);
     return n;
+}
+
+int kvq_retrieval_layers_note(const kvq_model_config *c, char *buf, size_t cap)
+{
+    if (!cap)
+        return 0;
+    buf[0] = '\0';
+    if (kvq_rt_local_count(c) == 0)
+        return 0;
+    size_t n = (size_t)snprintf(buf, cap, "layers ");
+    const char *sep = "";
+    for (int32_t l = 0; l < c->n_layers && n < cap; l++) {
+        if (!kvq_rt_layer_local(c, l) || (l > 0 && kvq_rt_layer_local(c, l - 1)))
+            continue;
+        int32_t e = l;
+        while (e + 1 < c->n_layers && kvq_rt_layer_local(c, e + 1))
+            e++;
+        n += e > l ? (size_t)snprintf(buf + n, cap - n, "%s%d-%d", sep, (int)l, (int)e)
+                   : (size_t)snprintf(buf + n, cap - n, "%s%d", sep, (int)l);
+        sep = ",";
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, " of %d slide over %d tokens: attended exactly, no retrieval",
+                 (int)c->n_layers, (int)c->sliding_window);
+    return 1;
 }
 
 void kvq_rt_local_free(rt_local *lc)

@@ -387,7 +387,21 @@ kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r);
 kvq_status kvq_retrieval_append(kvq_retrieval *r, int32_t layer, int32_t n, const int64_t *pos,
                                 const float *k, const float *v, kvq_err *err);
 void kvq_retrieval_reset(kvq_retrieval *r);
-int64_t kvq_retrieval_length(const kvq_retrieval *r); /* tokens cached in layer 0 */
+int64_t kvq_retrieval_length(const kvq_retrieval *r); /* tokens cached (every layer) */
+
+/* Per-layer attention (archs-rt). The local layers of a model, the sliding-window
+ * layers of a model that also has global layers (gemma2, gemma3, qwen2 with
+ * max_window_layers), need no retrieval: the context attends each exactly over its
+ * window (the last W tokens, the query's own included, as transformers and llama.cpp
+ * define it) with the layer's own RoPE, score scale and softcap (kvq_model_layer_attn),
+ * keeping only those rows (f32), and kvq fit fits them no codebook. The other layers
+ * are retrieved with the model's score scale and softcap. kvq_retrieval_layers_note
+ * writes what that means for c into buf[cap]: "layers 0-4 of 6 slide over 8 tokens:
+ * attended exactly, no retrieval" (the layers as ranges), or "" when c has no local
+ * layer; returns 1 when it has. */
+int kvq_retrieval_layers_note(const kvq_model_config *c, char *buf, size_t cap);
+/* 1 when layer `layer` of c is local (above), else 0. */
+int kvq_retrieval_layer_local(const kvq_model_config *c, int32_t layer);
 const kvq_retrieval_params *kvq_retrieval_get_params(const kvq_retrieval *r);
 /* The device the context's selection runs on: CPU or CUDA (never AUTO). */
 kvq_retrieval_device kvq_retrieval_device_used(const kvq_retrieval *r);
