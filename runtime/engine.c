@@ -62,8 +62,9 @@ static kvq_status engine_identity(const char *path, const kvq_engine_model *m, k
     if (m->rope_scaling && kvq_rope_scaling_parse(m->rope_scaling, &id->rope.scaling))
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "engine model: unknown rope_scaling \"%s\"",
                            m->rope_scaling);
-    if (id->rope.scaling != KVQ_ROPE_SCALING_NONE) {
+    if (id->rope.scaling != KVQ_ROPE_SCALING_NONE)
         id->rope.factor = m->rope_factor;
+    if (id->rope.scaling == KVQ_ROPE_SCALING_LLAMA3) { /* linear keeps the defaults */
         id->rope.low_freq_factor = m->rope_low_freq_factor;
         id->rope.high_freq_factor = m->rope_high_freq_factor;
         id->rope.original_max_pos = m->rope_original_max_pos;
