@@ -9,6 +9,8 @@
  *     and fed kvq's forward pass one token at a time, every token a decode step, with a
  *     budget covering every token: transformers' logits within test_archs's tolerance
  *     and its 48 greedy ids (64 tokens: the local layers see 8 of them);
+ *   - kvq's forward pass with the retrieval backend (kvq run --artifact, kvq eval), the
+ *     prompt in chunks, at a budget covering every token: the same;
  *   - at a budget of 2 tokens (sink 1, window 2): the local layers' attention outputs
  *     equal exact windowed attention (kvq's full attention, checked against transformers
  *     by test_archs), the global layer selects 2 candidates;
@@ -273,6 +275,78 @@ static void run_engine(const char *arch, const char *art, const cJSON *exp, int 
     kvq_model_close(m);
 }
 
+/* kvq's forward pass with the retrieval backend (what kvq run --artifact and kvq eval
+ * use): the prompt in chunks of 5 (exact prefill, crossing the window mid-chunk), then
+ * 48 greedy decode steps, sink 1, window 2 and a budget covering every token, exact
+ * RoPE, f32 cache: transformers' logits and greedy ids. */
+static void run_retrieval(const char *arch, const char *art, const cJSON *exp)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, "tests/data/archs/%s", arch);
+    kvq_model_params mp = kvq_model_params_default();
+    mp.load_tokenizer = 0;
+    kvq_model *m = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_model_open(dir, &mp, &m, &e), KVQ_OK);
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_model_id id;
+    kvq_model_identity(m, &id);
+    kvq_codebook_set *set = NULL;
+    assert_int_equal(kvq_codebook_set_open(art, &id, "model", &set, &e), KVQ_OK);
+    kvq_retrieval_params rp = kvq_retrieval_params_default();
+    rp.budget = (kvq_budget){.fraction = 1.0};
+    rp.sink = 1;
+    rp.window = 2;
+    rp.positions = KVQ_POSITIONS_ROPE;
+    rp.cache_dtype = KVQ_DT_F32;
+    rp.max_tokens = MAX_TOK;
+    kvq_retrieval *r = NULL;
+    assert_int_equal(kvq_retrieval_create(c, set, &rp, &r, &e), KVQ_OK);
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.max_tokens = MAX_TOK;
+    fp.chunk = 5;
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, &fp, &f, &e), KVQ_OK);
+    const kvq_attn_backend be = kvq_retrieval_backend(r);
+    kvq_forward_set_attention(f, &be);
+    const cJSON *toks = cJSON_GetObjectItem(exp, "tokens"), *ll = cJSON_GetObjectItem(exp, "logits");
+    const cJSON *greedy = cJSON_GetObjectItem(exp, "greedy");
+    const int n = cJSON_GetArraySize(toks), V = c->vocab_size;
+    int32_t ids[MAX_TOK];
+    float *logits = malloc(sizeof *logits * (size_t)n * (size_t)V);
+    assert_non_null(logits);
+    for (int i = 0; i < n; i++)
+        ids[i] = cJSON_GetArrayItem(toks, i)->valueint;
+    if (kvq_forward_tokens(f, ids, n, KVQ_LOGITS_ALL, logits, &e))
+        fail_msg("%s: retrieval forward: %s", arch, e.msg);
+    double worst = 0;
+    for (int i = 0; i < n; i++)
+        for (int v = 0; v < V; v++)
+            worst = fmax(worst, fabs((double)logits[(size_t)i * V + v] -
+                                     cJSON_GetArrayItem(cJSON_GetArrayItem(ll, i), v)->valuedouble));
+    float *last = logits + (size_t)(n - 1) * V;
+    for (int s = 0; s < N_GREEDY; s++) {
+        int32_t t = kvq_sample_token(last, V, 0, 1, NULL, NULL, NULL);
+        if (t != cJSON_GetArrayItem(greedy, s)->valueint)
+            fail_msg("%s: retrieval greedy step %d: kvq %d, transformers %d", arch, s, t,
+                     cJSON_GetArrayItem(greedy, s)->valueint);
+        if (s + 1 < N_GREEDY)
+            assert_int_equal(kvq_forward_tokens(f, &t, 1, KVQ_LOGITS_LAST, last, &e), KVQ_OK);
+    }
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(r, &st);
+    print_message("%s: retrieval backend, budget all: max |kvq - transformers| logits %.2g, "
+                  "%llu retrieval steps\n", arch, worst, (unsigned long long)st.steps);
+    if (!(worst <= LOGIT_TOL))
+        fail_msg("%s: retrieval logits max |kvq - transformers| %g > %g", arch, worst, LOGIT_TOL);
+    assert_true(st.steps > 0 && st.attended == st.visible);
+    free(logits);
+    kvq_forward_free(f);
+    kvq_retrieval_free(r);
+    kvq_codebook_set_close(set);
+    kvq_model_close(m);
+}
+
 /* The artifact: codebooks on the global layers only, the local ones recorded. */
 static void check_artifact(const char *art, const kvq_model *m)
 {
@@ -349,6 +423,7 @@ static void test_arch(const char *arch)
     kvq_model_close(m);
     run_engine(arch, art, exp, 0);
     run_engine(arch, art, exp, 1);
+    run_retrieval(arch, art, exp);
     check_bad_description(arch, art, exp);
     cJSON_Delete(exp);
 }
