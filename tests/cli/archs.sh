@@ -4,9 +4,10 @@
 # capture, and capture.json carries each layer's attention; kvq fit leaves gemma3's
 # sliding-window layers without a codebook; bad input (an unknown architecture, an
 # unknown rope scaling type, a GGUF key kvq does not know, metadata that contradicts
-# itself) is one line naming the file and the key, exit 1, and nothing written; the
-# retrieval runtime refuses per-layer attention it does not implement yet. Run by
-# tests/run-tests.sh.
+# itself) is one line naming the file and the key, exit 1, and nothing written;
+# calibrate, eval and run --artifact work on each architecture, the local layers
+# attended exactly over their window; an artifact whose layers contradict the model's
+# is refused. Run by tests/run-tests.sh.
 . tests/helpers/clitest.sh
 
 T=$CLI_TMP/archs
@@ -89,9 +90,58 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] &&
 else
   fail fit_gemma3_global_layers_only "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")"
 fi
-expect_error run_retrieval_refuses_gemma3 1 \
-  "per-layer attention \(layer 5: RoPE differs .*\) is not implemented by the retrieval runtime yet" \
-  -- "$KVQ" run --model "$D/gemma3.gguf" --artifact "$T/g3.kvq" --prompt hi -n 4 --temp 0 -q
+
+# ---- the runtime on each architecture: calibrate, eval, run --artifact ------------------
+# The local layers (gemma2's even ones, gemma3's 0-4: a window of 8 beside global
+# layers) get no codebook and are attended exactly over their window; run with the
+# artifact at a budget covering every token (exact RoPE, window 4, so that the global
+# layers go through retrieval steps) prints what full attention prints.
+for A in qwen3 gemma2 gemma3 phi3; do
+  case $A in
+    gemma3) LOCAL="layers 0-4 of 6 slide over 8 tokens: attended exactly, no retrieval"; LJ="[0, 1, 2, 3, 4]" ;;
+    gemma2) LOCAL="layers 0,2 of 4 slide over 8 tokens: attended exactly, no retrieval"; LJ="[0, 2]" ;;
+    *) LOCAL=""; LJ="[]" ;;
+  esac
+  _cli_run "$KVQ" calibrate --model "$D/$A.gguf" -o "$T/cal_$A.kvq" --max-tokens 1024 \
+    --heldout-tokens 256 --seq-len 64 --codebook 8 --iters 4 -q
+  if [ "$(cat "$CLI_TMP/rc")" != 0 ] || [ ! -s "$T/cal_$A.kvq" ]; then
+    fail "calibrate_$A" "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")"
+    continue
+  fi
+  if [ -z "$LOCAL" ] && ! "$KVQ" inspect "$T/cal_$A.kvq" | grep -q "^  local "; then
+    ok "calibrate_$A"
+  elif [ -n "$LOCAL" ] && "$KVQ" inspect "$T/cal_$A.kvq" | grep -qF "local       $LOCAL (no codebook)"; then
+    ok "calibrate_$A"
+  else
+    fail "calibrate_$A" "kvq inspect does not name the local layers ($LOCAL)"
+  fi
+  _cli_run "$KVQ" eval --model "$D/$A.gguf" --artifact "$T/cal_$A.kvq" --corpus uuid:2 \
+    --seq-len 64 --max-tokens 256 --score last:16 --selectors full,codebook --json -q
+  if [ "$(cat "$CLI_TMP/rc")" = 0 ] && "$PYTHON" - "$CLI_TMP/stdout" "$LJ" <<'EOF'
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+assert json.dumps(d["local_layers"]) == sys.argv[2], d["local_layers"]
+ref = d["reference"]["perplexity"]
+rows = {r["selector"]: r for r in d["rows"]}
+assert abs(rows["full"]["perplexity"] / ref - 1) < 0.01, (rows["full"], ref)
+assert math.isfinite(rows[[k for k in rows if k != "full"][0]]["perplexity"]), rows
+EOF
+  then
+    ok "eval_$A"
+  else
+    fail "eval_$A" "exit $(cat "$CLI_TMP/rc")" "$(tail -3 "$CLI_TMP/stderr")"
+  fi
+  "$KVQ" run --model "$D/$A.gguf" --prompt "hello there" -n 40 --temp 0 -q > "$T/run_full_$A" 2>/dev/null
+  _cli_run "$KVQ" run --model "$D/$A.gguf" --artifact "$T/cal_$A.kvq" --prompt "hello there" \
+    -n 40 --temp 0 --budget 100% --positions rope --cache f32 --window 4 --sink 2
+  if [ "$(cat "$CLI_TMP/rc")" = 0 ] && cmp -s "$CLI_TMP/stdout" "$T/run_full_$A" &&
+     grep -q "steps (layer x KV head) attended" "$CLI_TMP/stderr" &&
+     { [ -z "$LOCAL" ] || grep -qF "retrieval: $LOCAL" "$CLI_TMP/stderr"; }; then
+    ok "run_artifact_$A"
+  else
+    fail "run_artifact_$A" "exit $(cat "$CLI_TMP/rc"): output differs from full attention or the local layers are not named" "$(tail -3 "$CLI_TMP/stderr")"
+  fi
+done
 
 # ---- bad input: an HF directory whose config.json says something kvq does not do --------
 # hfdir NAME PYCODE: a copy of the qwen3 (or phi3) directory with config.json edited by
@@ -162,6 +212,11 @@ EOF
     "^kvq capture: $T/pattern\.gguf: metadata key gemma3\.attention\.sliding_window_pattern: not implemented by kvq" \
     -- "$KVQ" capture --model "$T/pattern.gguf" --corpus uuid:1 -o "$T/out_pat"
   [ -e "$T/out_pat" ] && fail gguf_unknown_key_nothing_written "$T/out_pat exists"
+  # an artifact whose layers attend otherwise than the model's (a window of 16)
+  gguf_edit "$T/w16.gguf" gemma3.attention.sliding_window 16
+  expect_error artifact_contradicts_layers 1 \
+    "^kvq run: $T/cal_gemma3\.kvq vs $T/w16\.gguf: model\.attention\.sliding_window differs \(8 vs 16\)" \
+    -- "$KVQ" run --model "$T/w16.gguf" --artifact "$T/cal_gemma3.kvq" --prompt hi -n 4 --temp 0 -q
   gguf_edit "$T/mamba.gguf" general.architecture mamba
   expect_error gguf_unknown_architecture 1 \
     "^kvq capture: $T/mamba\.gguf: general\.architecture: unsupported architecture 'mamba'" \
