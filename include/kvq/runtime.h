@@ -30,7 +30,9 @@
  * Sliding windows (kvq_model_config.sliding_window): in a layer with a window of W
  * tokens a query sees only the last W (kvq_model_window_start), as full attention
  * does; sinks are the first S of those, the candidates lie between them and the recent
- * window, and the rows stay in token order.
+ * window, and the rows stay in token order. That is when every layer has the window
+ * (mistral, phi3); the windowed layers of a model that also has global layers are
+ * local: attended exactly, without retrieval (kvq_retrieval_layers_note below).
  * GQA: the query heads of a group share one selection. Scores are linear in the query,
  * so by default (KVQ_GROUP_SUM) the selector scores with the sum of the group's
  * scoring queries: one LUT and one pass over the codes per KV head, ranking tokens by
