@@ -32,7 +32,9 @@
  * by every sequence of it: sequences of one engine may run on different threads). A
  * sequence owns its own copy of the cached rows in the storage params.cache_f16 picks:
  * per token, layer and KV head 2 * head_dim * (2 or 4) bytes of K and V plus 2 bytes
- * of code (kvq_engine_seq_bytes tells the current total), and scratch of about
+ * of code (kvq_engine_seq_bytes tells the current total; a local layer,
+ * kvq_engine_layer_window > 0, holds only its window's rows, 8 * head_dim bytes per
+ * KV head each, f32), and scratch of about
  * n * (n_heads / n_kv_heads + 3) floats for n cached tokens. The engine may drop its
  * own K/V for the layers it runs through kvq, or keep it (kvq never reads it). A
  * sequence is used by one thread at a time. Nothing here prints, exits or reads the
