@@ -152,6 +152,9 @@ typedef struct eng_backend {
     kvq_full_attn *ref;
     const kvq_model_config *c;
     float *rout;
+    int compare;        /* ref: compare the local layers' outputs with it */
+    int prefill;        /* ref: attends chunks of several rows (the engine's own prefill),
+                           their rows handed to kvq by kvq_engine_seq_append */
     double worst_local; /* max |engine - full| over the local layers' outputs */
     int64_t selected;   /* candidates the global layers' last steps selected */
 } eng_backend;
@@ -161,6 +164,12 @@ static kvq_status eng_attend(void *user, const kvq_attn_call *c, kvq_err *err)
     eng_backend *b = user;
     const size_t qd = (size_t)b->c->n_heads * b->c->head_dim,
                  kvd = (size_t)b->c->n_kv_heads * b->c->head_dim;
+    if (b->prefill && c->n > 1) { /* the engine attends the prompt itself */
+        kvq_attn_backend rb = kvq_full_attn_backend(b->ref);
+        kvq_status s = rb.attend(rb.user, c, err);
+        return s ? s : kvq_engine_seq_append(b->s, c->layer, c->n, c->pos, c->k, c->v,
+                                             KVQ_ENGINE_F32, err);
+    }
     for (int32_t i = 0; i < c->n; i++) {
         kvq_status s = kvq_engine_seq_decode(b->s, c->layer, c->pos[i], c->q + i * qd,
                                              c->k + i * kvd, c->v + i * kvd, KVQ_ENGINE_F32,
@@ -175,7 +184,7 @@ static kvq_status eng_attend(void *user, const kvq_attn_call *c, kvq_err *err)
         else
             b->selected += cnt;
     }
-    if (!b->ref)
+    if (!b->compare)
         return KVQ_OK;
     kvq_attn_backend rb = kvq_full_attn_backend(b->ref);
     const kvq_attn_call rc = {.layer = c->layer, .n = c->n, .pos = c->pos, .q = c->q,
@@ -188,9 +197,14 @@ static kvq_status eng_attend(void *user, const kvq_attn_call *c, kvq_err *err)
     return KVQ_OK;
 }
 
-/* Prompt one token at a time, then 48 greedy steps, through the engine. */
-static void run_engine(const char *arch, const char *art, const cJSON *exp, int small_budget)
+/* The prompt one token at a time (mode 0, 1) or its first PREFILL tokens attended by
+ * the engine itself (kvq's full attention) and handed to kvq with kvq_engine_seq_append,
+ * the rest one at a time (mode 2), then 48 greedy steps, through the engine. Mode 1: a
+ * budget of 2 tokens, the local layers compared with exact windowed attention. */
+#define PREFILL 10 /* more than the window: the local ring holds a chunk beyond it */
+static void run_engine(const char *arch, const char *art, const cJSON *exp, int mode)
 {
+    const int small_budget = mode == 1;
     char dir[256];
     snprintf(dir, sizeof dir, "tests/data/archs/%s", arch);
     kvq_model_params mp = kvq_model_params_default();
@@ -213,12 +227,15 @@ static void run_engine(const char *arch, const char *art, const cJSON *exp, int 
         sp.budget_tokens = 2;
         sp.sink = 1;
         sp.window = 2;
-        assert_int_equal(kvq_full_attn_create(c, MAX_TOK, &b.ref, &e), KVQ_OK);
+        b.compare = 1;
         b.rout = malloc(sizeof(float) * (size_t)c->n_heads * c->head_dim);
         assert_non_null(b.rout);
     } else {
         sp.budget_fraction = 1.0;
     }
+    b.prefill = mode == 2;
+    if (b.compare || b.prefill)
+        assert_int_equal(kvq_full_attn_create(c, MAX_TOK, &b.ref, &e), KVQ_OK);
     assert_int_equal(kvq_engine_seq_create(b.e, &sp, &b.s, &e), KVQ_OK);
     kvq_forward_params fp = kvq_forward_params_default();
     fp.max_tokens = MAX_TOK;
@@ -231,10 +248,23 @@ static void run_engine(const char *arch, const char *art, const cJSON *exp, int 
     const cJSON *toks = cJSON_GetObjectItem(exp, "tokens"), *ll = cJSON_GetObjectItem(exp, "logits");
     const cJSON *greedy = cJSON_GetObjectItem(exp, "greedy");
     const int n = cJSON_GetArraySize(toks), V = c->vocab_size;
-    float *logits = malloc(sizeof *logits * (size_t)V);
+    float *logits = malloc(sizeof *logits * (size_t)V * PREFILL);
     assert_non_null(logits);
     double worst = 0;
-    for (int i = 0; i < n; i++) {
+    int first = 0;
+    if (mode == 2) {
+        int32_t ids[PREFILL];
+        for (int i = 0; i < PREFILL; i++)
+            ids[i] = cJSON_GetArrayItem(toks, i)->valueint;
+        assert_int_equal(kvq_forward_tokens(f, ids, PREFILL, KVQ_LOGITS_ALL, logits, &e), KVQ_OK);
+        assert_int_equal(kvq_engine_seq_length(b.s, 0), PREFILL);
+        for (int i = 0; i < PREFILL; i++)
+            for (int v = 0; v < V; v++)
+                worst = fmax(worst, fabs((double)logits[(size_t)i * V + v] -
+                                         cJSON_GetArrayItem(cJSON_GetArrayItem(ll, i), v)->valuedouble));
+        first = PREFILL;
+    }
+    for (int i = first; i < n; i++) {
         int32_t t = cJSON_GetArrayItem(toks, i)->valueint;
         if (kvq_forward_tokens(f, &t, 1, KVQ_LOGITS_LAST, logits, &e))
             fail_msg("%s: token %d: %s", arch, i, e.msg);
@@ -251,7 +281,8 @@ static void run_engine(const char *arch, const char *art, const cJSON *exp, int 
             assert_int_equal(kvq_forward_tokens(f, &t, 1, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
     }
     if (!small_budget) {
-        print_message("%s: engine, budget all: max |kvq - transformers| logits %.2g\n", arch,
+        print_message("%s: engine%s, budget all: max |kvq - transformers| logits %.2g\n", arch,
+                      mode == 2 ? " after kvq_engine_seq_append of the prompt's rows" : "",
                       worst);
         if (!(worst <= LOGIT_TOL))
             fail_msg("%s: engine logits max |kvq - transformers| %g > %g", arch, worst, LOGIT_TOL);
@@ -423,6 +454,7 @@ static void test_arch(const char *arch)
     kvq_model_close(m);
     run_engine(arch, art, exp, 0);
     run_engine(arch, art, exp, 1);
+    run_engine(arch, art, exp, 2);
     run_retrieval(arch, art, exp);
     check_bad_description(arch, art, exp);
     cJSON_Delete(exp);
