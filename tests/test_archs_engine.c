@@ -8,7 +8,9 @@
  *     values (the expected file's "layers" and "rope_parameters", config.json's softcap)
  *     and fed kvq's forward pass one token at a time, every token a decode step, with a
  *     budget covering every token: transformers' logits within test_archs's tolerance
- *     and its 48 greedy ids (64 tokens: the local layers see 8 of them);
+ *     and its 48 greedy ids (64 tokens: the local layers see 8 of them); the same when
+ *     the engine attends the first 10 prompt tokens itself and hands their rows to kvq
+ *     (kvq_engine_seq_append);
  *   - kvq's forward pass with the retrieval backend (kvq run --artifact, kvq eval), the
  *     prompt in chunks, at a budget covering every token: the same;
  *   - at a budget of 2 tokens (sink 1, window 2): the local layers' attention outputs
