@@ -156,8 +156,8 @@ const char *kvq_layer_attn_diff(const kvq_layer_attn *a, const kvq_layer_attn *b
                                 double *vb);
 
 /* 1 when every layer attends as the llama family does: the same RoPE, the score scale
- * 1/sqrt(head_dim), no softcap and, if any, one window from a first layer on (what the
- * retrieval runtime implements today); else 0, and the first difference is written to
+ * 1/sqrt(head_dim), no softcap and, if any, one window from a first layer on (what an
+ * attention backend without per_layer implements: the KV caches of kvq/kvcache.h); else 0, and the first difference is written to
  * why[cap] ("layer 0: RoPE base 10000 (layer 5: 1e+06)", ...). */
 int kvq_model_attn_uniform(const kvq_model_config *c, char *why, size_t cap);
 
