@@ -252,11 +252,17 @@ kvq_status kvq_capture_tokens(const kvq_model *m, const int32_t *tokens, int64_t
             snprintf(which, sizeof which, "all but every %dth layer", cfg->sliding_period);
         else
             snprintf(which, sizeof which, "layers %d and on", cfg->sliding_from);
+        /* a model with global layers too: its windowed layers get no codebook (the
+         * runtime attends them exactly), so only the profiles are concerned */
+        int local = 0;
+        for (int32_t l = 0; l < cfg->n_layers; l++)
+            local |= !kvq_model_layer_sliding(cfg, l);
         kvq_log(cb, KVQ_LOG_WARN,
                 "capture: sequences of %" PRId64 " tokens exceed the model's sliding window of %d "
-                "(%s): the capture applies it, but kvq moments and kvq profile "
-                "treat every captured sequence as fully visible",
-                ctx_need, cfg->sliding_window, which);
+                "(%s): the capture applies it, but %s treat every captured sequence as fully "
+                "visible", ctx_need, cfg->sliding_window, which,
+                local ? "the LeanKV and PATS profiles (kvq profile) of those layers"
+                      : "kvq moments and kvq profile");
     }
 
     kvq_capture_writer_params wp = kvq_capture_writer_params_default();
