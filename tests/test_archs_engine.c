@@ -12,7 +12,8 @@
  *     the engine attends the first 10 prompt tokens itself and hands their rows to kvq
  *     (kvq_engine_seq_append);
  *   - kvq's forward pass with the retrieval backend (kvq run --artifact, kvq eval), the
- *     prompt in chunks, at a budget covering every token: the same;
+ *     prompt in chunks, selectors codebook, oracle and full at a budget covering every
+ *     token: the same;
  *   - at a budget of 2 tokens (sink 1, window 2): the local layers' attention outputs
  *     equal exact windowed attention (kvq's full attention, checked against transformers
  *     by test_archs), the global layer selects 2 candidates;
@@ -312,7 +313,7 @@ static void run_engine(const char *arch, const char *art, const cJSON *exp, int 
  * use): the prompt in chunks of 5 (exact prefill, crossing the window mid-chunk), then
  * 48 greedy decode steps, sink 1, window 2 and a budget covering every token, exact
  * RoPE, f32 cache: transformers' logits and greedy ids. */
-static void run_retrieval(const char *arch, const char *art, const cJSON *exp)
+static void run_retrieval(const char *arch, const char *art, const cJSON *exp, kvq_selector sel)
 {
     char dir[256];
     snprintf(dir, sizeof dir, "tests/data/archs/%s", arch);
@@ -327,6 +328,7 @@ static void run_retrieval(const char *arch, const char *art, const cJSON *exp)
     kvq_codebook_set *set = NULL;
     assert_int_equal(kvq_codebook_set_open(art, &id, "model", &set, &e), KVQ_OK);
     kvq_retrieval_params rp = kvq_retrieval_params_default();
+    rp.selector = sel;
     rp.budget = (kvq_budget){.fraction = 1.0};
     rp.sink = 1;
     rp.window = 2;
@@ -368,8 +370,9 @@ static void run_retrieval(const char *arch, const char *art, const cJSON *exp)
     }
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(r, &st);
-    print_message("%s: retrieval backend, budget all: max |kvq - transformers| logits %.2g, "
-                  "%llu retrieval steps\n", arch, worst, (unsigned long long)st.steps);
+    print_message("%s: retrieval backend, %s, budget all: max |kvq - transformers| logits %.2g, "
+                  "%llu retrieval steps\n", arch, kvq_selector_name(sel), worst,
+                  (unsigned long long)st.steps);
     if (!(worst <= LOGIT_TOL))
         fail_msg("%s: retrieval logits max |kvq - transformers| %g > %g", arch, worst, LOGIT_TOL);
     assert_true(st.steps > 0 && st.attended == st.visible);
@@ -457,7 +460,9 @@ static void test_arch(const char *arch)
     run_engine(arch, art, exp, 0);
     run_engine(arch, art, exp, 1);
     run_engine(arch, art, exp, 2);
-    run_retrieval(arch, art, exp);
+    run_retrieval(arch, art, exp, KVQ_SELECT_CODEBOOK);
+    run_retrieval(arch, art, exp, KVQ_SELECT_ORACLE);
+    run_retrieval(arch, art, exp, KVQ_SELECT_FULL);
     check_bad_description(arch, art, exp);
     cJSON_Delete(exp);
 }
