@@ -88,6 +88,14 @@ static void field_format(const field *f, const kvq_model_id *m, char *buf, size_
     }
 }
 
+/* The F64 field at off equal in a and b once both are rounded to float32. */
+static int f32_equal(const kvq_model_id *a, const kvq_model_id *b, size_t off)
+{
+    const double x = *(const double *)((const char *)a + off);
+    const double y = *(const double *)((const char *)b + off);
+    return (float)x == (float)y;
+}
+
 kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
                                 const kvq_model_id *b, const char *label_b, kvq_err *err)
 {
@@ -98,7 +106,11 @@ kvq_status kvq_model_id_compare(const kvq_model_id *a, const char *label_a,
         char va[1040], vb[1040];
         field_format(f, a, va, sizeof va);
         field_format(f, b, vb, sizeof vb);
-        /* Text comparison: %.17g round-trips doubles, so equal text is equal value. */
+        /* Text comparison: %.17g round-trips doubles, so equal text is equal value. A
+         * number equal at float32 is the same: GGUF stores eps, RoPE bases and factors
+         * as float32, HF's config.json as decimal text (1e-6 vs 9.9999999747524271e-07). */
+        if (f->kind == F_F64 && f32_equal(a, b, f->off))
+            continue;
         if (strcmp(va, vb))
             return kvq_err_set(err, KVQ_E_MISMATCH, "%s vs %s: model.%s differs (%s vs %s)",
                                label_a, label_b, f->key, va, vb);

@@ -919,6 +919,14 @@ static void test_capture_info(void **state)
     assert_int_equal(kvq_model_id_compare(&id, "a", &ci->model, "b", &e), KVQ_OK);
     assert_string_equal(id.path, "none");
     assert_int_equal(kvq_model_id_from_meta(st, "other.", "mem", &id, &e), KVQ_E_NOT_FOUND);
+    /* A GGUF's float32 eps is the config's decimal one; a different eps is not. */
+    id.norm_eps = (double)(float)1e-6;
+    ci->model.norm_eps = 1e-6;
+    assert_int_equal(kvq_model_id_compare(&id, "a", &ci->model, "b", &e), KVQ_OK);
+    id.norm_eps = 1e-5;
+    assert_int_equal(kvq_model_id_compare(&id, "a", &ci->model, "b", &e), KVQ_E_MISMATCH);
+    assert_non_null(strstr(e.msg, "model.norm_eps differs"));
+    id.norm_eps = ci->model.norm_eps;
     id.n_heads = 16;
     assert_int_equal(kvq_model_id_compare(&id, "a", &ci->model, "b", &e), KVQ_E_MISMATCH);
     assert_string_equal(e.msg, "a vs b: model.n_heads differs (16 vs 4)");
