@@ -80,11 +80,6 @@ def _render(w: Optional[WorkDir], a: Optional[ArtifactInfo], ev: List[EvalFile],
     lead.append(f"{len(ev)} kvq eval result{'s' if len(ev) != 1 else ''}")
     sections: List[str] = []
     nav: List[Tuple[str, str]] = []
-    if a is not None:
-        sections.append(H.section("summary", "Summary", [H.table(
-            ["quantity", "value"], summary_rows(a), "What kvq calibrate reports, read from the artifact",
-            tid="summary-table")]))
-        nav.append(("summary", "Summary"))
     sections += eval_sections(ev)
     nav += [("eval", "Perplexity"), ("tasks", "Tasks")]
     if a is not None:
@@ -93,6 +88,11 @@ def _render(w: Optional[WorkDir], a: Optional[ArtifactInfo], ev: List[EvalFile],
         nav += [("profile", "LeanKV & PATS"), ("heads", "Per head")]
     sections.append(stages_and_size_section(a, w))
     nav.append(("calibrate", "Stages & size"))
+    if a is not None:
+        sections.append(H.section("summary", "Summary", [H.table(
+            ["quantity", "value"], summary_rows(a), "What kvq calibrate reports, read from the artifact",
+            tid="summary-table")]))
+        nav.append(("summary", "Summary"))
     sections.append(H.section("commands", "The commands that made the inputs", [_commands(w, ev, command)]))
     nav.append(("commands", "Commands"))
     return H.page(title, "; ".join(lead) + ".", nav, sections)

@@ -293,8 +293,10 @@ def _codebook_sizes(a: Any, names: Sequence[str], layers: List[int], n_kv: int) 
 
 @dataclass
 class EvalRow:
-    """One row of a `kvq eval --json` result, kept whole (unknown fields included)."""
+    """One row of a `kvq eval --json` result, kept whole (unknown fields included);
+    `units` is the result's score_units ("percent" for the RULER suite's scores)."""
     fields: Dict[str, Any]
+    units: str = ""
 
     @property
     def selector(self) -> str:
@@ -317,30 +319,37 @@ class EvalRow:
         return _num(self.fields.get(key))
 
     def task_scores(self) -> Dict[str, Tuple[float, float]]:
-        """The row's task scores {name: (correct, n)} with n > 0: every [correct, n] pair
-        field, plus a fraction 'score' / 'accuracy' on rows that name a task."""
-        return task_scores(self.fields)
+        """The row's task scores {name: (correct, n)} (see task_scores)."""
+        return task_scores(self.fields, self.units)
 
 
-def task_scores(d: Dict[str, Any]) -> Dict[str, Tuple[float, float]]:
-    """{name: (correct, n)} of a row or reference object (see EvalRow.task_scores)."""
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def task_scores(d: Dict[str, Any], units: str = "") -> Dict[str, Tuple[float, float]]:
+    """{name: (correct, n)} of a row or a reference object, n > 0: every field that is a
+    pair of integers [correct, n] (passkey, kv_recall), named by the field; on a row that
+    names a task (a suite's row: task, length), its 'score' (a fraction, or a percentage
+    when the result's score_units is "percent" or the score is above 1), of 'n' prompts,
+    named "TASK @LENGTH"."""
+    out: Dict[str, Tuple[float, float]] = {}
     task = str(d.get("task") or "")
     length = d.get("length")
     base = f"{task} @{length}" if task and length is not None else task
-    pairs = {k: (float(v[0]), float(v[1])) for k, v in d.items()
-             if isinstance(v, list) and len(v) == 2 and v[1] and
-             all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)}
-    if not base:
-        return pairs
-    if len(pairs) == 1:
-        return {base: next(iter(pairs.values()))}
-    if pairs:
-        return {f"{base} {k}": v for k, v in pairs.items()}
-    for k in ("score", "accuracy"):
-        v = d.get(k)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1:
-            return {base: (float(v), 1.0)}
-    return {}
+    for k, v in d.items():
+        if (isinstance(v, list) and len(v) == 2 and _is_int(v[0]) and _is_int(v[1]) and
+                0 <= v[0] <= v[1] and v[1] > 0):
+            out[f"{base} {k}" if base else k] = (float(v[0]), float(v[1]))
+    if base:
+        sc = d.get("score", d.get("accuracy"))
+        if isinstance(sc, (int, float)) and not isinstance(sc, bool) and math.isfinite(sc):
+            frac = sc / 100 if units == "percent" or sc > 1 else float(sc)
+            nv = d.get("n")
+            n = float(nv) if isinstance(nv, int) and not isinstance(nv, bool) and nv > 0 else 1.0
+            if 0 <= frac <= 1:
+                out[base] = (frac * n, n)
+    return out
 
 
 @dataclass
@@ -375,7 +384,8 @@ def read_eval(path: str, label: str = "") -> EvalFile:
         raise FormatError(f"{path}: not a kvq eval --json result (neither 'rows' nor 'perplexity')")
     if not isinstance(rows_raw, list) or not all(isinstance(r, dict) for r in rows_raw):
         raise FormatError(f"{path}: 'rows' is not a list of objects")
-    rows = [EvalRow(dict(r)) for r in rows_raw]
+    units = str(doc.get("score_units") or "")
+    rows = [EvalRow(dict(r), units) for r in rows_raw]
     return EvalFile(path, label or os.path.basename(path), doc, rows)
 
 

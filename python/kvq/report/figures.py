@@ -10,14 +10,14 @@ import io
 import math
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b",
           "#e377c2", "#7f7f7f", "#bcbd22")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
-_RC = {"svg.fonttype": "none", "svg.hashsalt": "kvq-report", "font.family": "sans-serif",
+_RC: Dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "kvq-report", "font.family": "sans-serif",
        "font.size": 9.0, "axes.titlesize": 10.0, "axes.labelsize": 9.0, "legend.fontsize": 8.0,
        "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True,
        "grid.alpha": 0.3, "path.simplify": False}
@@ -44,7 +44,7 @@ def _new(w: float, h: float, ncols: int = 1, nrows: int = 1):
     import matplotlib
     from matplotlib.backends.backend_svg import FigureCanvasSVG
     from matplotlib.figure import Figure
-    ctx = matplotlib.rc_context(_RC)
+    ctx = matplotlib.rc_context(_RC)  # type: ignore[arg-type]
     ctx.__enter__()
     fig = Figure(figsize=(w, h), layout="constrained")
     FigureCanvasSVG(fig)
@@ -182,6 +182,7 @@ def heatmaps(panels: Sequence[Tuple[str, np.ndarray, str, bool]], layers: Sequen
         ax = axes[0][p]
         g = np.asarray(grid, dtype=np.float64)
         finite = g[np.isfinite(g)]
+        norm: Normalize
         if log and finite.size and (finite > 0).all() and finite.max() > finite.min():
             norm = LogNorm(vmin=finite.min(), vmax=finite.max())
         else:

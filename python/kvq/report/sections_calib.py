@@ -157,7 +157,7 @@ def heatmap_section(a: ArtifactInfo, w: Optional[WorkDir]) -> str:
                      "(lower is better; log colour scale), the Cholesky ridge added to the query moments H "
                      "(relative to its mean eigenvalue; 0: H was positive definite), and the codebook's K.",
                      "fig-heads", wide=True)] + [H.note(n) for n in notes]
-    rows = []
+    rows: List[List[H.Cell]] = []
     for i, l in enumerate(a.layers):
         for h in range(ratio.shape[1]):
             key = f"head/{l}/{h}"
@@ -188,7 +188,7 @@ def stages_and_size_section(a: Optional[ArtifactInfo], w: Optional[WorkDir]) -> 
         else:
             figs.append(H.note(f"{w.path}: no stage timings recorded (STAGE.run.json is written by kvq calibrate "
                                "from this version on).", "missing"))
-        rows = [[s.name, H.Num(s.seconds, "{:.2f}", f"stage/{s.name}/seconds"), s.finished or "–"] for s in w.stages]
+        rows: List[List[H.Cell]] = [[s.name, H.Num(s.seconds, "{:.2f}", f"stage/{s.name}/seconds"), s.finished or "–"] for s in w.stages]
         tabs.append(H.numbers(H.table(["stage", "seconds", "finished (UTC)"], rows, f"{w.path}", tid="stages-table"),
                               "The numbers"))
     if a is not None:
@@ -197,11 +197,11 @@ def stages_and_size_section(a: Optional[ArtifactInfo], w: Optional[WorkDir]) -> 
         plot = F.bars(labels, vals, "KiB", "Artifact size", [f"{v:,.1f} KiB" for v in vals])
         figs.append(H.figure(plot, "What the artifact holds: its tensors by kind (uncompressed), the whole "
                              "safetensors payload and the file as written (zstd).", "fig-size"))
-        rows = [[c, str(n), H.Num(b, "{:.0f}", f"size/{c}"), H.Num(b / a.payload_size if a.payload_size else math.nan, "{:.2f}", "", 100.0)]
+        srows: List[List[H.Cell]] = [[c, str(n), H.Num(b, "{:.0f}", f"size/{c}"), H.Num(b / a.payload_size if a.payload_size else math.nan, "{:.2f}", "", 100.0)]
                 for c, n, b in a.sizes]
-        rows.append(["whole payload", "", H.Num(a.payload_size, "{:.0f}", "size/payload"), H.Num(1.0, "{:.2f}", "", 100.0)])
-        rows.append(["file (zstd)", "", H.Num(a.file_size, "{:.0f}", "size/file"),
+        srows.append(["whole payload", "", H.Num(a.payload_size, "{:.0f}", "size/payload"), H.Num(1.0, "{:.2f}", "", 100.0)])
+        srows.append(["file (zstd)", "", H.Num(a.file_size, "{:.0f}", "size/file"),
                      H.Num(a.file_size / a.payload_size if a.payload_size else math.nan, "{:.2f}", "", 100.0)])
-        tabs.append(H.numbers(H.table(["kind", "tensors", "bytes", "% of payload"], rows, a.path, tid="size-table"),
+        tabs.append(H.numbers(H.table(["kind", "tensors", "bytes", "% of payload"], srows, a.path, tid="size-table"),
                               "The numbers"))
     return H.section("calibrate", "Calibrate: stages and the artifact", [H.row(figs)] + tabs)

@@ -4,7 +4,7 @@ the budget with the dense score and the gap to it; every row as a table."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from . import figures as F
 from . import html as H
@@ -89,7 +89,9 @@ def _row_table(i: int, ev: EvalFile) -> str:
     body = []
     for r in rows:
         key = _row_key(i, r)
-        cells: List[H.Cell] = [r.selector, r.budget] + ([r.task, r.length] if has_task else [])
+        cells: List[H.Cell] = [r.selector, r.budget]
+        if has_task:
+            cells += [r.task, r.length]
         for k, _h, fmt, scale in known:
             cells.append(H.Num(r.num(k), fmt, f"{key}/{k}", scale))
         for k in extra:
@@ -176,7 +178,8 @@ def eval_sections(evals: Sequence[EvalFile]) -> List[str]:
         body.append(H.note("No retrieval rows with a fractional budget and a perplexity: nothing to plot against the budget."))
     for i, ev in enumerate(evals):
         if ev.rows:
-            body.append(H.numbers(_row_table(i, ev), f"The numbers: {ev.label}"))
+            body.append(H.numbers(_row_table(i, ev), f"The numbers: {ev.label} ({len(ev.rows)} rows)",
+                                  open_=len(ev.rows) <= 40))
     panels, table = _task_panels(evals)
     tbody: List[str] = []
     if panels:

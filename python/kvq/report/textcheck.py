@@ -42,8 +42,9 @@ class _Cells(HTMLParser):
         a = dict(attrs)
         if tag == "td" and a.get("data-key") and a.get("data-value") is not None:
             self.values[a["data-key"] or ""] = float(a["data-value"] or "nan")
-        if tag == "table" and a.get("data-corpus") is not None and a.get("id", "").startswith("eval-table-"):
-            self.corpus[(a.get("id") or "")[len("eval-table-"):]] = a["data-corpus"] or ""
+        tid = a.get("id") or ""
+        if tag == "table" and a.get("data-corpus") is not None and tid.startswith("eval-table-"):
+            self.corpus[tid[len("eval-table-"):]] = a["data-corpus"] or ""
 
 
 def html_values(page: str) -> Tuple[Dict[str, float], Dict[str, str]]:
