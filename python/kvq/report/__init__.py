@@ -12,6 +12,7 @@ checks a text report (`kvq calibrate`'s summary, `kvq eval`'s table, the demo's
 report.txt) against them. Errors are :class:`kvq.KvqError` subclasses naming the file."""
 from __future__ import annotations
 
+import errno
 import os
 from typing import List, Optional, Sequence, Tuple
 
@@ -136,14 +137,30 @@ def write(path: str, page: str, force: bool = False) -> None:
         if force:
             os.replace(tmp, path)
         else:
-            os.link(tmp, path)  # fails if the path appeared meanwhile: never replaced
-            os.unlink(tmp)
+            _link_new(tmp, path)
     except FileExistsError:
         _unlink(tmp)
         raise KvqIOError(f"{path}: exists; pass --force to replace it") from None
     except OSError as e:
         _unlink(tmp)
         raise KvqIOError(f"{path}: write failed: {e.strerror}") from None
+
+
+def _link_new(tmp: str, path: str) -> None:
+    """Moves tmp to a path that must not exist: a hard link, which fails if the path
+    appeared meanwhile (never replaced), or a rename where the file system has no links."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            raise FileExistsError(path) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def _unlink(p: str) -> None:

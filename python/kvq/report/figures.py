@@ -183,11 +183,13 @@ def heatmaps(panels: Sequence[Tuple[str, np.ndarray, str, bool]], layers: Sequen
         g = np.asarray(grid, dtype=np.float64)
         finite = g[np.isfinite(g)]
         norm: Normalize
-        if log and finite.size and (finite > 0).all() and finite.max() > finite.min():
+        uniform = bool(finite.size) and float(finite.max()) == float(finite.min())
+        if log and finite.size and (finite > 0).all() and finite.max() > 10 * finite.min():
             norm = LogNorm(vmin=finite.min(), vmax=finite.max())
         else:
             lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-            norm = Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1)
+            half = abs(lo) or 1.0  # one value: the middle colour of the map
+            norm = Normalize(vmin=lo, vmax=hi) if hi > lo else Normalize(vmin=lo - half, vmax=lo + half)
         mesh = ax.pcolormesh(np.arange(g.shape[1] + 1) - 0.5, np.arange(n_layers + 1) - 0.5,
                              np.ma.masked_invalid(g), cmap=cmap, norm=norm, edgecolors="white",
                              linewidth=0.3)
@@ -200,8 +202,11 @@ def heatmaps(panels: Sequence[Tuple[str, np.ndarray, str, bool]], layers: Sequen
         ax.grid(False)
         ax.set_xlabel("KV head")
         ax.set_ylabel("layer")
-        ax.set_title(ptitle)
-        fig.colorbar(mesh, ax=ax, shrink=0.85)
+        if uniform:  # one value: said in the title, no colour scale
+            ax.set_title(f"{ptitle}\n{float(finite[0]):g} for every head")
+        else:
+            ax.set_title(ptitle)
+            fig.colorbar(mesh, ax=ax, shrink=0.85, format="%.3g")
     fig.suptitle(title)
     return _finish(ctx, fig, ["KV head"], ["layer"])
 
