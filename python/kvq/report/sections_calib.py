@@ -154,7 +154,7 @@ def heatmap_section(a: ArtifactInfo, w: Optional[WorkDir]) -> str:
     panels.append(("codebook size K", a.k, "cividis", False))
     plot = F.heatmaps(panels, a.layers, "Codebooks per layer and KV head")
     body = [H.figure(plot, "Per layer x KV head: the held-out score MSE of the codebook relative to plain VQ "
-                     "(lower is better; log colour scale), the Cholesky ridge added to the query moments H "
+                     "(lower is better; a log colour scale when it spans a decade), the Cholesky ridge added to the query moments H "
                      "(relative to its mean eigenvalue; 0: H was positive definite), and the codebook's K.",
                      "fig-heads", wide=True)] + [H.note(n) for n in notes]
     rows: List[List[H.Cell]] = []
