@@ -364,7 +364,8 @@ test-report: check-deps $(SHARED) $(KVQ)
 
 # ---- demo ------------------------------------------------------------------------------
 demo:
-	@if [ -n "$(strip $(MISSING))" ] || [ ! -d /usr/share/doc/python3.11/html/_sources ]; then \
+	@if [ -n "$(strip $(MISSING))" ] || [ ! -d /usr/share/doc/python3.11/html/_sources ] || \
+	   ! $(PYTHON) -c 'import matplotlib' 2>/dev/null; then \
 	  bash scripts/install-deps.sh; fi
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bash scripts/demo.sh

@@ -63,15 +63,19 @@ EVAL_ARGS = ["--corpus", "kv-recall:2,passkey:2", "--passkey-filler", "8", "--kv
 
 def make_fixture(d):
     """Calibrates and evaluates into d; returns the paths and the texts kvq printed."""
-    m = model()
+    # The model under a name a shell must quote: the recorded commands must give it back.
+    m = os.path.join(d, "tiny model's.gguf")
+    os.symlink(os.path.abspath(model()), m)
     art = os.path.join(d, "a.kvq")
-    r = run([KVQ, "calibrate", "--model", m, "--corpus", "uuid:64", "--seq-len", "128", "--max-tokens", "2048",
-             "--heldout-tokens", "256", "--codebook", "16", "--threads", "2", "--no-positions", "-q", "-o", art])
+    cal_args = [KVQ, "calibrate", "--model", m, "--corpus", "uuid:64", "--seq-len", "128", "--max-tokens", "2048",
+                "--heldout-tokens", "256", "--codebook", "16", "--threads", "2", "--no-positions", "-q", "-o", art]
+    r = run(cal_args)
     if not check(r.returncode == 0, f"fixture: kvq calibrate failed: {r.stderr[-800:]}"):
         return None
     cal_txt = r.stdout
     ev = os.path.join(d, "eval.json")
-    r = run([KVQ, "eval", "--model", m, "--artifact", art, *EVAL_ARGS, "--json", "-q"])
+    eval_args = [KVQ, "eval", "--model", m, "--artifact", art, *EVAL_ARGS, "--json", "-q"]
+    r = run(eval_args)
     if not check(r.returncode == 0, f"fixture: kvq eval --json failed: {r.stderr[-800:]}"):
         return None
     with open(ev, "w") as f:
@@ -82,7 +86,28 @@ def make_fixture(d):
     txt = os.path.join(d, "report.txt")
     with open(txt, "w") as f:  # as the demo's report.txt: calibrate's summary, then eval's table
         f.write(cal_txt + "\n" + r.stdout)
-    return {"artifact": art, "work": art + ".work", "eval": ev, "text": txt, "dir": d}
+    return {"artifact": art, "work": art + ".work", "eval": ev, "text": txt, "dir": d, "cal_args": cal_args,
+            "eval_args": eval_args, "cal_txt": cal_txt}
+
+
+def test_records(fx):
+    """What kvq now records for the report: STAGE.run.json per stage that ran (its time
+    as calibrate's summary prints it, its command line as run) and eval --json's command."""
+    import shlex
+    printed = dict(re.findall(r"([a-z]+) (\d+\.\d) s", re.search(r"stages\s+(.*)", fx["cal_txt"]).group(1)))
+    check(set(printed) == {"capture", "moments", "fit", "heldout", "profile"}, f"calibrate's stages: {printed}")
+    for stage, sec in printed.items():
+        p = os.path.join(fx["work"], f"{stage}.run.json")
+        if not check(os.path.isfile(p), f"{p} missing"):
+            continue
+        with open(p) as f:
+            rr = json.load(f)
+        check(rr["stage"] == stage and f"{rr['seconds']:.1f}" == sec, f"{p}: {rr} against calibrate's {sec} s")
+        check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", rr["finished"]), f"{p}: finished {rr['finished']!r}")
+        check(shlex.split(rr["command"]) == fx["cal_args"], f"{p}: command {rr['command']!r}")
+    with open(fx["eval"]) as f:
+        cmd = json.load(f).get("command", "")
+    check(shlex.split(cmd) == fx["eval_args"], f"eval --json command {cmd!r}")
 
 
 def report_cli(*args):
@@ -392,6 +417,7 @@ def main():
         fx = make_fixture(fd)
         if fx is None:
             return 1
+        test_records(fx)
         page = test_report(fx, out)
         if page is not None:
             test_text_agreement(fx, page)

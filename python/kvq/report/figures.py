@@ -71,6 +71,7 @@ def line_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, lo
     dashed, then dotted (the dense reference, the full selector's row)."""
     ctx, fig, axes = _new(*size)
     ax = axes[0][0]
+    drawn = 0
     for i, s in enumerate(series):
         ok = [(x, y, n) for x, y, n in zip(s.x, s.y, list(s.notes) + [""] * len(s.x))
               if math.isfinite(x) and math.isfinite(y) and (x > 0 or not logx)]
@@ -81,6 +82,7 @@ def line_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, lo
         (ln,) = ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], color=COLORS[i % len(COLORS)],
                         label=s.label, linewidth=1.6, markersize=5)
         ln.set_gid(f"data-{i}")
+        drawn += 1
         for x, y, n in zip(xs, ys, ns):
             if n:
                 ax.annotate(n, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7,
@@ -88,13 +90,16 @@ def line_plot(series: Sequence[Series], xlabel: str, ylabel: str, title: str, lo
     for j, (y, label) in enumerate(hlines):
         if math.isfinite(y):
             ax.axhline(y, color="#444444", linestyle="--" if j == 0 else ":", linewidth=1.0, label=label)
-    if logx:
+    if not drawn:
+        ax.text(0.5, 0.5, "no data to plot", transform=ax.transAxes, ha="center", va="center")
+    elif logx:
         ax.set_xscale("log")
         _plain_log_ticks(ax)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(loc="best", frameon=False)
+    if drawn:
+        ax.legend(loc="best", frameon=False)
     return _finish(ctx, fig, [xlabel], [ylabel])
 
 
@@ -126,8 +131,9 @@ def small_multiples(panels: Sequence[Tuple[str, Sequence[Series], Optional[float
             k += 1
         if dense is not None and math.isfinite(dense):
             ax.axhline(dense, color="#444444", linestyle="--", linewidth=1.0, label="dense")
-        ax.set_xscale("log")
-        _plain_log_ticks(ax)
+        if ax.lines and any(len(ln.get_xdata()) for ln in ax.lines if ln.get_gid()):
+            ax.set_xscale("log")
+            _plain_log_ticks(ax)
         ax.set_ylim(-5, 105)
         ax.set_title(ptitle)
         ax.set_xlabel(xlabel)

@@ -185,14 +185,15 @@ def eval_sections(evals: Sequence[EvalFile]) -> List[str]:
     if panels:
         plot = F.small_multiples(panels, "budget (% of tokens, log)", "accuracy (%)", "Task accuracy against budget")
         tbody.append(H.figure(plot, "Task accuracy against the budget, one panel per task (and length); the "
-                              "dashed line is dense attention's score on the same prompts.", "fig-tasks", wide=True))
+                              "dashed line is dense attention's score on the same prompts.", "fig-tasks",
+                              wide=len(panels) > 2))
     else:
         tbody.append(H.note("No task scores in the inputs (rows with [correct, n] fields and n > 0, "
                             "for example kvq eval --corpus passkey:N or kv-recall:N)."))
     if table:
         tbody.append(H.numbers(H.table(["task", "selector", "budget", "correct/n", "accuracy %", "dense %",
                                         "gap to dense (points)"], table, "Per task, selector and budget",
-                                       tid="task-table"), "The numbers"))
+                                       tid="task-table"), f"The numbers ({len(table)} rows)", open_=len(table) <= 20))
     return [H.section("eval", "Retrieval against dense attention (kvq eval)", body),
             H.section("tasks", "Task accuracy", tbody)]
 
