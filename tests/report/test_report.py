@@ -361,8 +361,12 @@ def test_unknown_fields(fx, out):
     p = os.path.join(out, "ruler.json")
     with open(p, "w") as f:
         json.dump(ev2, f)
+    # A second seed's run of the same task: its counts pool with the first's (3 + 1 of 8).
+    p2 = os.path.join(out, "ruler_s1.json")
+    with open(p2, "w") as f:
+        json.dump(dict(ev2, rows=[dict(r, score=25.0) for r in rows]), f)
     html = os.path.join(out, "u.html")
-    r = report_cli("--work", fx["work"], "--eval", fx["eval"], p, "-o", html, "-q")
+    r = report_cli("--work", fx["work"], "--eval", fx["eval"], p, "--eval", p2, "-o", html, "-q")
     if not check(r.returncode == 0, f"unknown fields: exit {r.returncode}: {r.stderr[-800:]}"):
         return
     from kvq.report import html_values
@@ -371,6 +375,8 @@ def test_unknown_fields(fx, out):
           f"task row score: {[k for k in vals if 'niah' in k][:6]}")
     check(vals.get("eval/1/qavq/5%/niah_single_1@4096/new_metric") == 2.5, "an unknown numeric field is not in the table")
     check(not [k for k in vals if "/task/" in k and "scores" in k], "per-sample scores taken for a [correct, n] pair")
+    check(vals.get("task/niah_single_1 @4096/qavq/10%/accuracy") == 50.0, "two seeds' counts are not pooled")
+    check(vals.get("task/niah_single_1 @4096/dense/accuracy") == 62.5, "dense counts are not pooled")
     page = open(html).read()
     check("niah_single_1 @4096" in page and 'id="fig-tasks"' in page, "the task panel is missing")
 

@@ -138,10 +138,16 @@ def small_multiples(panels: Sequence[Tuple[str, Sequence[Series], Optional[float
         ax.set_title(ptitle)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        if p == 0:
-            ax.legend(loc="best", frameon=False)
     for p in range(n, nrows * ncols):
         axes[p // ncols][p % ncols].set_visible(False)
+    handles: Dict[str, Any] = {}
+    for row in axes:
+        for ax in row:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                handles.setdefault(lab, h)
+    if handles:  # one legend for every panel (a selector has one colour in all)
+        fig.legend(list(handles.values()), list(handles.keys()), loc="outside lower center",
+                   ncols=min(6, len(handles)), frameon=False)
     fig.suptitle(title)
     return _finish(ctx, fig, [xlabel], [ylabel])
 

@@ -112,36 +112,58 @@ def _row_table(i: int, ev: EvalFile) -> str:
 
 
 def _task_panels(evals: Sequence[EvalFile]) -> Tuple[list, List[List[H.Cell]]]:
-    """Panels (task, series, dense %) and the accuracy table's rows."""
-    many = len([e for e in evals if any(r.task_scores() for r in e.rows)]) > 1
-    panels: Dict[str, Tuple[Dict[str, F.Series], List[float]]] = {}
-    table: List[List[H.Cell]] = []
-    for i, ev in enumerate(evals):
-        dense: Dict[str, float] = {t: 100 * c / n for t, (c, n) in _ref_scores(ev).items()}
+    """Panels (task, series, dense %) and the accuracy table's rows. Counts of the same
+    task, selector and budget in several results (seeds run apart) are pooled; dense
+    attention's from each result's reference (else its full row) likewise."""
+    pooled: Dict[Tuple[str, str, str], List[float]] = {}
+    dense: Dict[str, List[float]] = {}
+    order: List[str] = []
+    for ev in evals:
+        fd: Dict[str, Tuple[float, float]] = dict(_ref_scores(ev))
         for r in ev.rows:
             if _is_dense(r):
-                for t, (c, n) in r.task_scores().items():
-                    dense.setdefault(t, 100 * c / n)
+                for t, cn in r.task_scores().items():
+                    fd.setdefault(t, cn)
+        for t, (c, n) in fd.items():
+            d = dense.setdefault(t, [0.0, 0.0])
+            d[0] += c
+            d[1] += n
         for r in ev.rows:
+            if _is_dense(r):
+                continue
             for t, (c, n) in r.task_scores().items():
+                a = pooled.setdefault((t, r.selector, r.budget), [0.0, 0.0])
+                a[0] += c
+                a[1] += n
+                if r.selector not in order:
+                    order.append(r.selector)
+    tasks = list(dict.fromkeys([t for t, _, _ in pooled] + list(dense)))
+    table: List[List[H.Cell]] = []
+    panels = []
+    for t in tasks:
+        dc = dense.get(t)
+        dv = 100 * dc[0] / dc[1] if dc and dc[1] else math.nan
+        if dc:
+            table.append([t, "dense (full)", "all", f"{dc[0]:g}/{dc[1]:g}", H.Num(dv, "{:.1f}", f"task/{t}/dense/accuracy"),
+                          H.Num(dv, "{:.1f}"), H.Num(0.0, "{:+.1f}")])
+        series = []
+        for sel in order:
+            keys = sorted((k for k in pooled if k[0] == t and k[1] == sel),
+                          key=lambda k: budget_fraction(k[2]) or math.inf)
+            xs, ys = [], []
+            for k in keys:
+                c, n = pooled[k]
                 acc = 100 * c / n
-                d = dense.get(t, math.nan)
-                table.append([t, r.selector, r.budget, f"{c:g}/{n:g}",
-                              H.Num(acc, "{:.1f}", f"{_row_key(i, r)}/task/{t}/accuracy"),
-                              H.Num(d, "{:.1f}"), H.Num(acc - d, "{:+.1f}")])
-                if _is_dense(r):
-                    continue
-                frac = budget_fraction(r.budget)
-                if frac is None:
-                    continue
-                series, dl = panels.setdefault(t, ({}, []))
-                s = series.setdefault(_label(ev, many, r.selector), F.Series(_label(ev, many, r.selector), [], []))
-                s.x.append(100 * frac)  # type: ignore[attr-defined]
-                s.y.append(acc)  # type: ignore[attr-defined]
-                if math.isfinite(d) and d not in dl:
-                    dl.append(d)
-    out = [(t, list(s.values()), dl[0] if len(dl) == 1 else None) for t, (s, dl) in panels.items()]
-    return out, table
+                table.append([t, sel, k[2], f"{c:g}/{n:g}", H.Num(acc, "{:.1f}", f"task/{t}/{sel}/{k[2]}/accuracy"),
+                              H.Num(dv, "{:.1f}"), H.Num(acc - dv, "{:+.1f}")])
+                frac = budget_fraction(k[2])
+                if frac is not None:
+                    xs.append(100 * frac)
+                    ys.append(acc)
+            series.append(F.Series(sel, xs, ys))
+        if any(s.x for s in series):
+            panels.append((t, series, dv if math.isfinite(dv) else None))
+    return panels, table
 
 
 def _ref_scores(ev: EvalFile) -> Dict[str, Tuple[float, float]]:
