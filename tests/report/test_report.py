@@ -326,6 +326,17 @@ def test_errors(fx, out):
         check(r.returncode != 0 and re.search(msg, r.stderr) and r.stderr.startswith("kvq: "),
               f"error {args}: exit {r.returncode}, stderr {r.stderr.strip()!r}, expected /{msg}/")
         check(not os.path.exists(html), f"error {args}: left {html}")
+    # A text report that disagrees with the page: the command fails and writes nothing.
+    text = open(fx["text"]).read()
+    m = re.search(r"ratio (\d\.\d{3})", text)
+    if check(m, "text: no score MSE ratio"):
+        bad_txt = os.path.join(out, "bad.txt")
+        with open(bad_txt, "w") as f:
+            f.write(text.replace(m.group(0), f"ratio {float(m.group(1)) + 0.01:.3f}"))
+        r = report_cli("--work", fx["work"], "--eval", fx["eval"], "--check-text", bad_txt, "-o", html)
+        check(r.returncode != 0 and re.search(r"bad\.txt: disagrees with the report on 1 of \d+ numbers \(fit/ratio",
+                                              r.stderr) and not os.path.exists(html),
+              f"--check-text with a wrong number: exit {r.returncode}, {r.stderr.strip()!r}")
     # An existing output: refused without --force (untouched), replaced with it.
     with open(html, "w") as f:
         f.write("keep me")
