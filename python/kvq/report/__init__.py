@@ -51,8 +51,12 @@ def build(work: Optional[str] = None, artifact: Optional[str] = None, evals: Seq
           title: Optional[str] = None, command: str = "") -> str:
     """The report's HTML. `command` (the command that makes the report) is shown with
     the inputs' commands. Reads every input before rendering anything."""
+    if work is None and artifact is None and not evals:
+        raise KvqError("report: give a calibrate work directory (--work), an artifact (--artifact) "
+                       "or kvq eval --json results (--eval)")
     w: Optional[WorkDir] = read_work(work) if work is not None else None
-    work, artifact = resolve_inputs(work, artifact)
+    if work is not None or artifact is not None:
+        work, artifact = resolve_inputs(work, artifact)
     if w is None and work is not None:
         w = read_work(work)
     a: Optional[ArtifactInfo] = read_artifact(artifact) if artifact is not None else None
@@ -87,8 +91,9 @@ def _render(w: Optional[WorkDir], a: Optional[ArtifactInfo], ev: List[EvalFile],
         sections.append(profile_section(a))
         sections.append(heatmap_section(a, w))
         nav += [("profile", "LeanKV & PATS"), ("heads", "Per head")]
-    sections.append(stages_and_size_section(a, w))
-    nav.append(("calibrate", "Stages & size"))
+    if a is not None or w is not None:
+        sections.append(stages_and_size_section(a, w))
+        nav.append(("calibrate", "Stages & size"))
     if a is not None:
         sections.append(H.section("summary", "Summary", [H.table(
             ["quantity", "value"], summary_rows(a), "What kvq calibrate reports, read from the artifact",
