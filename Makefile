@@ -5,6 +5,7 @@
 #   make demo         install missing deps, fetch SmolLM2-135M, run the pipeline on real text
 #   make CUDA=1       also build the GPU backend (nvcc, cuBLAS, cuSOLVER) in build-cuda/
 #   make test-python  the Python package with torch/transformers (python/tests/test_hf.py)
+#   make test-report  python -m kvq report on a real calibration, in headless Chromium
 #   make test-cuda    build with CUDA=1 and check every CUDA path against the CPU
 #                     (scripts/test-cuda.sh; every case is skipped without a GPU)
 #   make test-device-kit  build .device-kit/ for a bare GPU machine and check it here
@@ -168,7 +169,7 @@ DESTDIR ?=
 STABLE_HEADERS   := $(addprefix include/kvq/,common.h artifact.h calibrate.h eval.h engine.h)
 UNSTABLE_HEADERS := $(filter-out include/kvq/util.h $(STABLE_HEADERS),$(sort $(wildcard include/kvq/*.h)))
 
-.PHONY: all lib test test-run test-cuda test-device-kit test-python cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
+.PHONY: all lib test test-run test-cuda test-device-kit test-python test-report cuda-tests demo deps check-deps asan fuzz fuzz-replay bench examples clean help \
         install install-unstable uninstall
 
 all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
@@ -176,7 +177,7 @@ all: check-deps $(STATIC) $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 lib: $(STATIC) $(SHARED)
 
 help:
-	@sed -n '2,22p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '2,23p' Makefile | sed 's/^# \{0,1\}//'
 
 # Prints what was found and stops early with a hint when something is missing.
 check-deps:
@@ -353,9 +354,18 @@ fuzz: check-deps $(FUZZ_BIN) $(KVQ)
 	  KVQ_CORRUPT_CASES=$(FUZZ_CORRUPT_CASES) KVQ_CORRUPT_SEED=$$$$ bash tests/cli/corrupt.sh && \
 	  KVQ_KILL_ROUNDS=$(FUZZ_KILL_ROUNDS) KVQ_KILL_SEED=$$$$ bash tests/cli/kill9.sh
 
+# `make test-report`: `python -m kvq report` on a real calibration of the tiny model, the
+# page opened in headless Chromium (tests/report/test_report.py, docs/report.md). Installs
+# chromium and matplotlib (scripts/install-deps.sh) when missing.
+test-report: check-deps $(SHARED) $(KVQ)
+	@{ command -v chromium >/dev/null && $(PYTHON) -c 'import matplotlib' 2>/dev/null; } || \
+	  bash scripts/install-deps.sh
+	@KVQ_BUILD=$(CURDIR)/$(BUILD) KVQ=$(CURDIR)/$(KVQ) $(PYTHON) tests/report/test_report.py
+
 # ---- demo ------------------------------------------------------------------------------
 demo:
-	@if [ -n "$(strip $(MISSING))" ] || [ ! -d /usr/share/doc/python3.11/html/_sources ]; then \
+	@if [ -n "$(strip $(MISSING))" ] || [ ! -d /usr/share/doc/python3.11/html/_sources ] || \
+	   ! $(PYTHON) -c 'import matplotlib' 2>/dev/null; then \
 	  bash scripts/install-deps.sh; fi
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bash scripts/demo.sh

@@ -38,7 +38,11 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
 {
     const char *method = g->method, *cache = g->cache, *pos = g->pos;
     const int32_t window = g->window;
-    printf("{\"model\": ");
+    char cmd[4096]; /* the command line, for `python -m kvq report` (docs/report.md) */
+    kvq_self_command(cmd, sizeof cmd);
+    printf("{\"command\": ");
+    kvq_json_write_str(stdout, cmd);
+    printf(", \"model\": ");
     kvq_json_write_str(stdout, model_path);
     printf(", \"corpus\": ");
     kvq_json_write_str(stdout, spec);

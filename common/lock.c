@@ -17,21 +17,54 @@
 #include <time.h>
 #include <unistd.h>
 
-/* This process's command line, spaces between the arguments, into buf. */
-static void self_cmdline(char *buf, size_t cap)
+/* Appends s[0..len) to buf at *n, as much as fits below cap - 1. */
+static void put(char *buf, size_t cap, size_t *n, const char *s, size_t len)
 {
+    if (len > cap - 1 - *n)
+        len = cap - 1 - *n;
+    memcpy(buf + *n, s, len);
+    *n += len;
+}
+
+/* Appends one argument, in single quotes unless it is all letters, digits and
+ * -_./=:,+%@ (a quote inside written '\''). */
+static void put_arg(char *buf, size_t cap, size_t *n, const char *arg)
+{
+    int plain = *arg != 0;
+    for (const char *p = arg; *p && plain; p++)
+        plain = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                (*p >= '0' && *p <= '9') || strchr("-_./=:,+%@", *p) != NULL;
+    if (plain) {
+        put(buf, cap, n, arg, strlen(arg));
+        return;
+    }
+    put(buf, cap, n, "'", 1);
+    for (const char *p = arg; *p; p++)
+        put(buf, cap, n, *p == '\'' ? "'\\''" : p, *p == '\'' ? 4 : 1);
+    put(buf, cap, n, "'", 1);
+}
+
+void kvq_self_command(char *buf, size_t cap)
+{
+    if (!cap)
+        return;
     buf[0] = 0;
+    char raw[4096];
     FILE *f = fopen("/proc/self/cmdline", "rb");
     if (!f)
         return;
-    size_t n = fread(buf, 1, cap - 1, f);
+    const size_t len = fread(raw, 1, sizeof raw - 1, f);
     fclose(f);
+    raw[len] = 0;
+    size_t n = 0;
+    for (size_t i = 0; i < len; i += strlen(raw + i) + 1) {
+        if (i)
+            put(buf, cap, &n, " ", 1);
+        put_arg(buf, cap, &n, raw + i);
+    }
     buf[n] = 0;
-    for (size_t i = 0; i + 1 < n; i++)
-        if (!buf[i])
-            buf[i] = ' ';
     for (size_t i = 0; i < n; i++)
-        if (buf[i] == '\n')
+        if (buf[i] == '\n' || buf[i] == '\r')
             buf[i] = ' ';
 }
 
@@ -74,7 +107,7 @@ kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, 
         char host[256] = "?", cmd[300], line[800], when[32] = "?";
         gethostname(host, sizeof host - 1);
         host[sizeof host - 1] = 0;
-        self_cmdline(cmd, sizeof cmd);
+        kvq_self_command(cmd, sizeof cmd);
         const time_t now = time(NULL);
         struct tm tm;
         if (gmtime_r(&now, &tm))

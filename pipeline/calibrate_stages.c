@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kvq/artifact.h"
@@ -415,6 +416,50 @@ static void remove_leftovers(const calib_ctx *c, kvq_calibrate_stage s)
     closedir(d);
 }
 
+/* ---- the run record STAGE.run.json (docs/outputs.md), for people and
+ * `python -m kvq report`: the wall time, end (UTC) and command line of the run that
+ * made the stage's output. Never compared: a stage is skipped on its parameters alone. */
+static char *run_record_path(const calib_ctx *c, kvq_calibrate_stage s)
+{
+    const char *rec = c->rec_path[s], *suffix = ".params.json";
+    const size_t n = strlen(rec), k = strlen(suffix);
+    char *out = malloc(n + 16);
+    if (out)
+        snprintf(out, n + 16, "%.*s.run.json", (int)(n >= k ? n - k : n), rec);
+    return out;
+}
+
+static kvq_status write_run_record(const calib_ctx *c, kvq_calibrate_stage s, double seconds,
+                                   kvq_err *err)
+{
+    char cmd[4096], when[32] = "";
+    kvq_self_command(cmd, sizeof cmd);
+    const time_t now = time(NULL);
+    struct tm tm;
+    if (gmtime_r(&now, &tm))
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    kvq_strbuf b = {0};
+    kvq_sb_printf(&b, "{\n  \"stage\": \"%s\",\n  \"seconds\": %.6f,\n  \"finished\": \"%s\",\n"
+                  "  \"command\": ", kvq_calibrate_stage_name(s), seconds, when);
+    kvq_sb_json_str(&b, cmd);
+    kvq_sb_printf(&b, "\n}\n");
+    char *path = run_record_path(c, s);
+    kvq_status st = !path || b.oom ? kvq_err_set(err, KVQ_E_NOMEM, "calibrate: out of memory")
+                                   : write_text(path, b.s, b.len, err);
+    free(path);
+    kvq_sb_free(&b);
+    return st;
+}
+
+/* Removes a stage's run record before it runs again. */
+static void remove_run_record(const calib_ctx *c, kvq_calibrate_stage s)
+{
+    char *path = run_record_path(c, s);
+    if (path)
+        unlink(path);
+    free(path);
+}
+
 /* Skips or runs stage s. */
 kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
 {
@@ -449,18 +494,21 @@ kvq_status calib_do_stage(calib_ctx *c, kvq_calibrate_stage s, kvq_err *err)
         st = kvq_err_set(err, KVQ_E_IO, "%s: cannot remove: %s", c->rec_path[s], strerror(errno));
     if ((st = kvq_dist_share(p->dist, st, err)))
         goto done;
-    if (rank0)
+    if (rank0) {
         remove_leftovers(c, s);
+        remove_run_record(c, s);
+    }
     const double t0 = kvq_now();
     if ((st = run_stage(c, s, err)))
         goto done;
-    if (rank0)
+    const double seconds = kvq_now() - t0;
+    if (rank0 && !(st = write_run_record(c, s, seconds, err)))
         st = write_text(c->rec_path[s], c->rec[s].s, c->rec[s].len, err);
     if ((st = kvq_dist_share(p->dist, st, err)))
         goto done;
     c->stage_done = 1;
     c->sum->ran[s] = 1;
-    c->sum->seconds[s] = kvq_now() - t0;
+    c->sum->seconds[s] = seconds;
     report(c, s, KVQ_CALIB_EVENT_DONE, "", c->sum->seconds[s]);
 done:
     free(old);

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # demo.sh — `make demo`: calibrates a real model on real text with `kvq calibrate`,
 # evaluates retrieval attention against full attention on other text with `kvq eval`,
-# decodes a sample with retrieval (`kvq run --artifact`), and prints a short report.
+# decodes a sample with retrieval (`kvq run --artifact`), prints a short report and
+# writes the HTML report demo-out/report.html (`python -m kvq report`, docs/report.md).
 # Everything it writes goes to demo-out/ (gitignored); a second run reuses
-# demo-out/model.kvq.work/ and skips the stages that are up to date.
+# demo-out/model.kvq.work/ and skips the stages that are up to date, and reuses
+# demo-out/eval.json while the artifact and its arguments are unchanged.
 #
 # The model: SmolLM2-135M-Instruct Q4_1, fetched once by scripts/fetch-model.sh into
 # .cache/models/ (KVQ_MODEL=/path/to/model.gguf or an HF directory uses another). The
@@ -74,6 +76,25 @@ t0=$(date +%s)
 t_eval=$(( $(date +%s) - t0 ))
 cat "$OUT/eval.txt"
 
+# The same evaluation as JSON for the HTML report: every selector (FIER too) at three
+# budgets, 2%, the profile's and 12%. The slowest step after calibrate, so it is reused
+# while the artifact is older than it and its arguments are the same (eval.json.args).
+jbudgets=$(printf '%s\n' 2 "$budget" 12 | sort -g -u | sed 's/$/%/' | paste -sd, -)
+JARGS=(--model "$MODEL" --artifact "$ART" --corpus "$EVAL_CORPUS" --seed 7 --seq-len 512
+       --max-tokens 512 --selectors full,oracle,codebook,fier,quest --budgets "$jbudgets"
+       --positions rope)
+echo
+if [ -z "${KVQ_DEMO_FORCE:-}" ] && [ -s "$OUT/eval.json" ] && [ "$OUT/eval.json" -nt "$ART" ] &&
+   [ "$(cat "$OUT/eval.json.args" 2>/dev/null)" = "${JARGS[*]}" ]; then
+  echo "== demo 2/3: $OUT/eval.json is up to date (kvq eval --json --budgets $jbudgets)"
+else
+  echo "== demo 2/3: kvq eval --json --selectors full,oracle,codebook,fier,quest --budgets $jbudgets"
+  rm -f "$OUT/eval.json.args"
+  "$KVQ" eval "${JARGS[@]}" --threads "$THREADS" --json -q >"$OUT/eval.json.tmp"
+  mv "$OUT/eval.json.tmp" "$OUT/eval.json"
+  printf '%s' "${JARGS[*]}" >"$OUT/eval.json.args"
+fi
+
 # ---- 3. sample -----------------------------------------------------------------------------
 # A plain prompt: kvq's tokenizer does not parse special tokens inside text, so SmolLM2's
 # chat template (<|im_start|>user ...) is not used.
@@ -120,5 +141,13 @@ fi
 echo
 echo "== demo report ($REPORT)"
 cat "$REPORT"
+
+# ---- the HTML report ---------------------------------------------------------------------------
+# Figures and tables from the work directory, the artifact and eval.json; --check-text
+# fails the demo if report.txt and the page disagree on a number they share.
+PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" KVQ_BUILD="$BUILD" python3 -m kvq report \
+  --work "$ART.work" --artifact "$ART" --eval "$OUT/eval.json" -o "$OUT/report.html" --force \
+  --check-text "$REPORT" -q
 echo
-echo "demo: outputs in $OUT/: $(basename "$ART"), $(basename "$ART").work/, calibrate.txt, eval.txt, sample-*.txt, report.txt, *.log"
+echo "demo: outputs in $OUT/: $(basename "$ART"), $(basename "$ART").work/, calibrate.txt, eval.txt, eval.json, sample-*.txt, report.txt, report.html, *.log"
+echo "demo: HTML report $OUT/report.html"

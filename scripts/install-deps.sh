@@ -11,11 +11,14 @@ case "${1:-}" in
 esac
 
 APT_PKGS="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd \
-libcjson-dev libcmocka-dev clang libopenmpi-dev openmpi-bin python3 python3-pip python3.11-doc"
+libcjson-dev libcmocka-dev clang libopenmpi-dev openmpi-bin python3 python3-pip python3.11-doc \
+chromium"
 # python3.11-doc: the reStructuredText sources of the Python documentation, the natural
 # text `make demo` calibrates and evaluates on (/usr/share/doc/python3.11/html/_sources/).
 # libopenmpi-dev, openmpi-bin: `mpirun kvq calibrate` (docs/mpi.md) and its tests.
-PY_PKGS="numpy zstandard regex gguf xxhash"
+# chromium: the headless browser `make test-report` opens the HTML report in (docs/report.md).
+PY_PKGS="numpy zstandard regex gguf xxhash matplotlib"
+# matplotlib: the figures of `python -m kvq report` (pip install ./python[report] likewise)
 # xxhash: the independent XXH64 that tests check kvq's checksums against (tests/cli/corrupt.sh)
 
 missing=()

@@ -163,6 +163,10 @@ kvq_status kvq_lock_take(const char *lock_path, const char *what, kvq_lock *lk, 
 /* The lock of an output being written: "<out_path>.lock" next to it. */
 kvq_status kvq_lock_output(const char *out_path, kvq_lock *lk, kvq_err *err);
 void kvq_lock_release(kvq_lock *lk); /* safe on a lock not held */
+/* This process's command line (/proc/self/cmdline) into buf, the arguments joined by
+ * spaces and quoted for a POSIX shell where needed, line breaks made spaces, cut at cap;
+ * "" when it cannot be read. */
+void kvq_self_command(char *buf, size_t cap);
 
 /* ---- hashing ------------------------------------------------------------------ */
 /* 64-bit FNV-1a, for provenance hashes (corpus, tokens). Not cryptographic. */

@@ -6,6 +6,7 @@
     python -m kvq generate --model M --artifact A [--budget 6%] --prompt TEXT [-n N]
                                               greedy text with kvq retrieval decoding
     python -m kvq inspect ARTIFACT            the artifact's description as JSON
+    python -m kvq report --work W [--eval E.json ...] -o R.html   one HTML report (docs/report.md)
     python -m kvq version                     package and library versions
 
 Errors print one line "kvq: MESSAGE" on stderr and exit 1 (2 for usage)."""
@@ -131,6 +132,8 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(fn=cmd_inspect)
     v = sub.add_parser("version", help="package and library versions")
     v.set_defaults(fn=cmd_version)
+    from .report.cli import add_parser as add_report  # python -m kvq report (docs/report.md)
+    add_report(sub)
     return p
 
 

@@ -18,7 +18,7 @@ chmod +x "$fake/dpkg-query" "$fake/python3"
 out=$(PATH="$fake:$PATH" bash scripts/install-deps.sh --dry-run 2>&1); rc=$?
 apt=$(printf '%s\n' "$out" | sed -n 's/^install-deps: apt-get install //p')
 want="build-essential pkg-config libopenblas-dev liblapacke-dev libzstd-dev zstd libcjson-dev \
-libcmocka-dev clang libopenmpi-dev openmpi-bin python3.11-doc"
+libcmocka-dev clang libopenmpi-dev openmpi-bin python3.11-doc chromium"
 if [ "$rc" = 0 ] && [ "$apt" = "$want" ]; then
   ok install_deps_other_python3_whole_names
 else
