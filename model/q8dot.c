@@ -1,0 +1,179 @@
+/* q8dot.c — the q8 activation path's quantizer, scalar reference, kernel dispatch and
+ * the row-times-tokens driver (see q8dot.h for the specification). */
+#include "model/q8dot.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "kvq/gguf.h"
+#include "kvq/half.h"
+
+#define ALIGN_UP(x) (((x) + 63) & ~(size_t)63)
+
+size_t kvq_q8_row_bytes(int64_t n)
+{
+    const size_t nn = (size_t)n;
+    return ALIGN_UP(nn) + ALIGN_UP(nn / 16 * sizeof(float)) + ALIGN_UP(nn / 4 * sizeof(int32_t));
+}
+
+void kvq_q8_quantize(const float *x, int64_t n, void *buf, kvq_q8row *out)
+{
+    int8_t *q = buf;
+    float *ds = (float *)(void *)((uint8_t *)buf + ALIGN_UP((size_t)n));
+    int32_t *c4 = (int32_t *)(void *)((uint8_t *)ds + ALIGN_UP((size_t)n / 16 * sizeof(float)));
+    const float magic = 0x1.8p23f; /* v + magic - magic: v rounded half to even, |v| < 2^22 */
+    for (int64_t b = 0; b < n / KVQ_Q8_BLOCK; b++) {
+        const float *xb = x + b * KVQ_Q8_BLOCK;
+        int8_t *qb = q + b * KVQ_Q8_BLOCK;
+        float amax = 0.0f;
+        for (int i = 0; i < KVQ_Q8_BLOCK; i++)
+            amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < KVQ_Q8_BLOCK; i++) {
+            const float v = xb[i] * id;
+            const float r = v + magic;
+            qb[i] = (int8_t)(int32_t)(r - magic);
+            sum += qb[i];
+        }
+        for (int k = 0; k < KVQ_Q8_BLOCK / 4; k++)
+            c4[b * 8 + k] = 128 * (qb[4 * k] + qb[4 * k + 1] + qb[4 * k + 2] + qb[4 * k + 3]);
+        ds[2 * b] = d;
+        ds[2 * b + 1] = d * (float)sum;
+    }
+    out->q = q;
+    out->ds = ds;
+    out->c4 = c4;
+}
+
+int kvq_q8_supported(uint32_t type, int64_t cols)
+{
+    return (type == KVQ_GGML_Q4_1 || type == KVQ_GGML_Q8_0) && cols > 0 && cols % 64 == 0;
+}
+
+static float f16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kvq_f16_to_f32_ref(h);
+}
+
+/* The weight block's 32 integers (u for Q4_1, v for Q8_0), its d_w and (Q4_1) m_w. */
+static void block_ints(uint32_t type, const uint8_t *p, int32_t w[32], float *dw, float *mw)
+{
+    *dw = f16_at(p);
+    if (type == KVQ_GGML_Q4_1) {
+        *mw = f16_at(p + 2);
+        for (int j = 0; j < 16; j++) {
+            w[j] = p[4 + j] & 0xF;
+            w[j + 16] = p[4 + j] >> 4;
+        }
+    } else {
+        *mw = 0.0f;
+        for (int j = 0; j < 32; j++)
+            w[j] = (int8_t)p[2 + j];
+    }
+}
+
+float kvq_q8dot_ref(uint32_t type, const uint8_t *row, const kvq_q8row *a, size_t nb)
+{
+    const size_t bb = type == KVQ_GGML_Q4_1 ? 20 : 34;
+    float acc[16] = {0}, macc[2] = {0};
+    for (size_t b = 0; b < nb; b++) {
+        int32_t w[32];
+        float dw, mw;
+        block_ints(type, row + b * bb, w, &dw, &mw);
+        const int8_t *q = a->q + b * KVQ_Q8_BLOCK;
+        const float sc = dw * a->ds[2 * b];
+        for (int k = 0; k < 8; k++) {
+            int32_t l = 0;
+            for (int j = 0; j < 4; j++)
+                l += w[4 * k + j] * q[4 * k + j];
+            acc[(b % 2) * 8 + k] = fmaf((float)l, sc, acc[(b % 2) * 8 + k]);
+        }
+        if (type == KVQ_GGML_Q4_1)
+            macc[b % 2] += mw * a->ds[2 * b + 1];
+    }
+    for (int i = 0; i < 8; i++)
+        acc[i] += acc[i + 8];
+    for (int i = 0; i < 4; i++)
+        acc[i] += acc[i + 4];
+    for (int i = 0; i < 2; i++)
+        acc[i] += acc[i + 2];
+    const float r = acc[0] + acc[1];
+    return type == KVQ_GGML_Q4_1 ? r + (macc[0] + macc[1]) : r;
+}
+
+static float ref_q4_1(const uint8_t *row, const kvq_q8row *a, size_t nb)
+{
+    return kvq_q8dot_ref(KVQ_GGML_Q4_1, row, a, nb);
+}
+
+static float ref_q8_0(const uint8_t *row, const kvq_q8row *a, size_t nb)
+{
+    return kvq_q8dot_ref(KVQ_GGML_Q8_0, row, a, nb);
+}
+
+int kvq_q8dot_level(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    static int cached = -1;
+    int level = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (level < 0) {
+        level = 0;
+        if (kvq_cpu_has_avx2())
+            level = kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni") ? 2 : 1;
+        __atomic_store_n(&cached, level, __ATOMIC_RELAXED);
+    }
+    return level;
+#else
+    return 0;
+#endif
+}
+
+kvq_q8dot_fn kvq_q8dot_kernel(uint32_t type, int level)
+{
+    if (type != KVQ_GGML_Q4_1 && type != KVQ_GGML_Q8_0)
+        return NULL;
+    const int q41 = type == KVQ_GGML_Q4_1;
+    if (level == 0)
+        return q41 ? ref_q4_1 : ref_q8_0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (level > kvq_q8dot_level())
+        return NULL;
+    if (level == 1)
+        return q41 ? kvq_q8dot_q4_1_avx2 : kvq_q8dot_q8_0_avx2;
+    if (level == 2)
+        return q41 ? kvq_q8dot_q4_1_avx512 : kvq_q8dot_q8_0_avx512;
+#endif
+    return NULL;
+}
+
+/* Rows from which a product is split over the team (below: one thread, no region). */
+#define PARALLEL_MIN_VALUES (1 << 18)
+
+void kvq_q8_matmul(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
+                   int64_t cols, const kvq_q8row *a, int64_t n, float *y, int64_t ldy,
+                   float beta)
+{
+    const kvq_q8dot_fn dot = kvq_q8dot_kernel(type, kvq_q8dot_level());
+    const size_t nb = (size_t)cols / KVQ_Q8_BLOCK;
+    const uint8_t *base = w;
+    const int par = omp_get_max_threads() > 1 &&
+                    (double)rows * (double)cols * (double)n >= PARALLEL_MIN_VALUES;
+    if (!par) { /* no parallel region at all: a team of one still pays its start */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t t = 0; t < n; t++) {
+                const float v = dot(base + (size_t)r * row_bytes, &a[t], nb);
+                y[t * ldy + r] = beta != 0.0f ? y[t * ldy + r] + v : v;
+            }
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t t = 0; t < n; t++) {
+            const float v = dot(base + (size_t)r * row_bytes, &a[t], nb);
+            y[t * ldy + r] = beta != 0.0f ? y[t * ldy + r] + v : v;
+        }
+}

@@ -1,0 +1,87 @@
+/* q8dot_avx512.c — AVX-512 VNNI kernels of the q8 activation path (q8dot.h): two
+ * weight blocks per 512-bit vpdpbusd, sixteen int32 lane sums converted and scaled into
+ * sixteen f32 lanes, the same bits as kvq_q8dot_ref. Called only where
+ * kvq_q8dot_level() is 2 (AVX-512 F/BW/VL/DQ and VNNI). */
+#include "model/q8dot.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <string.h>
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* The reference's reduction: lanes i + (i + 8), + (i + 4), + (i + 2), then 0 + 1. */
+static inline TARGET float hsum16(__m512 acc)
+{
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+static inline TARGET uint32_t u32_at(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline TARGET uint16_t u16_at(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* Q4_1: [lo nibbles | hi nibbles] of each block in one 256-bit half, so the bytes
+ * follow the activations' order; d, m of both blocks converted by one vcvtph2ps and
+ * multiplied by (d, s) of the activations at once. */
+TARGET float kvq_q8dot_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb)
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i lane02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    __m128 macc = _mm_setzero_ps();
+    const uint8_t *p = row;
+    for (size_t b = 0; b < nb; b += 2, p += 40) {
+        const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4)));
+        const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 24)));
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+        v = _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), low4);
+        const __m512i y = _mm512_loadu_si512((const void *)(a->q + b * 32));
+        const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
+        const __m128i dm = _mm_set_epi32(0, 0, (int)u32_at(p + 20), (int)u32_at(p)); /* da ma db mb */
+        const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(dm), _mm_loadu_ps(a->ds + 2 * b));
+        macc = _mm_add_ps(macc, s4);
+        const __m512 sc = _mm512_permutexvar_ps(lane02, _mm512_castps128_ps512(s4));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc);
+    }
+    const float m = _mm_cvtss_f32(_mm_shuffle_ps(macc, macc, 1)) +
+                    _mm_cvtss_f32(_mm_shuffle_ps(macc, macc, 3));
+    return hsum16(acc) + m;
+}
+
+/* Q8_0: v + 128 (unsigned) times the activations, less 128 times their four-value
+ * sums (c4): the signed products' sums exactly. */
+TARGET float kvq_q8dot_q8_0_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb)
+{
+    const __m512i bias = _mm512_set1_epi8((char)0x80);
+    const __m512i lane02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    const uint8_t *p = row;
+    for (size_t b = 0; b < nb; b += 2, p += 68) {
+        const __m256i va = _mm256_loadu_si256((const __m256i *)(p + 2));
+        const __m256i vb = _mm256_loadu_si256((const __m256i *)(p + 36));
+        const __m512i v = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1),
+                                           bias);
+        const __m512i y = _mm512_loadu_si512((const void *)(a->q + b * 32));
+        __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
+        l = _mm512_sub_epi32(l, _mm512_loadu_si512((const void *)(a->c4 + b * 8)));
+        const __m128i d = _mm_set_epi32(0, 0, u16_at(p + 34), u16_at(p)); /* da 0 db 0 */
+        const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(d), _mm_loadu_ps(a->ds + 2 * b));
+        const __m512 sc = _mm512_permutexvar_ps(lane02, _mm512_castps128_ps512(s4));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc);
+    }
+    return hsum16(acc);
+}
+#endif
