@@ -99,6 +99,7 @@ static int bench_kvq(const char *path, const opts *o, const int32_t *ids, rates 
         return die(path, &e);
     kvq_forward_params fp = kvq_forward_params_default();
     fp.threads = o->threads;
+    fp.act_q8 = getenv("Q8") ? 1 : 0;
     fp.chunk = o->prefill;
     fp.max_tokens = o->prefill + o->decode;
     kvq_forward *f = NULL;

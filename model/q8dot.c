@@ -150,30 +150,60 @@ kvq_q8dot_fn kvq_q8dot_kernel(uint32_t type, int level)
     return NULL;
 }
 
+kvq_q8dot4_fn kvq_q8dot4_kernel(uint32_t type, int level)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (type == KVQ_GGML_Q4_1 && level == 2 && kvq_q8dot_level() >= 2)
+        return kvq_q8dot4_q4_1_avx512;
+#endif
+    (void)type;
+    (void)level;
+    return NULL;
+}
+
 /* Rows from which a product is split over the team (below: one thread, no region). */
 #define PARALLEL_MIN_VALUES (1 << 18)
+
+/* Rows [r0, r1) of the product: each row read once for all n tokens, four at a time
+ * where the level has a four-token kernel. */
+static void rows_range(uint32_t type, const uint8_t *base, size_t row_bytes, int64_t r0,
+                       int64_t r1, size_t nb, const kvq_q8row *a, int64_t n, float *y,
+                       int64_t ldy, float beta)
+{
+    const int level = kvq_q8dot_level();
+    const kvq_q8dot_fn dot = kvq_q8dot_kernel(type, level);
+    const kvq_q8dot4_fn dot4 = kvq_q8dot4_kernel(type, level);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = base + (size_t)r * row_bytes;
+        int64_t t = 0;
+        float v[4];
+        for (; dot4 && t + 4 <= n; t += 4) {
+            dot4(row, a + t, nb, v);
+            for (int i = 0; i < 4; i++)
+                y[(t + i) * ldy + r] = beta != 0.0f ? y[(t + i) * ldy + r] + v[i] : v[i];
+        }
+        for (; t < n; t++) {
+            v[0] = dot(row, &a[t], nb);
+            y[t * ldy + r] = beta != 0.0f ? y[t * ldy + r] + v[0] : v[0];
+        }
+    }
+}
 
 void kvq_q8_matmul(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
                    int64_t cols, const kvq_q8row *a, int64_t n, float *y, int64_t ldy,
                    float beta)
 {
-    const kvq_q8dot_fn dot = kvq_q8dot_kernel(type, kvq_q8dot_level());
     const size_t nb = (size_t)cols / KVQ_Q8_BLOCK;
-    const uint8_t *base = w;
-    const int par = omp_get_max_threads() > 1 &&
-                    (double)rows * (double)cols * (double)n >= PARALLEL_MIN_VALUES;
-    if (!par) { /* no parallel region at all: a team of one still pays its start */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t t = 0; t < n; t++) {
-                const float v = dot(base + (size_t)r * row_bytes, &a[t], nb);
-                y[t * ldy + r] = beta != 0.0f ? y[t * ldy + r] + v : v;
-            }
+    const int nt = omp_get_max_threads();
+    if (nt <= 1 || (double)rows * (double)cols * (double)n < PARALLEL_MIN_VALUES) {
+        /* no parallel region at all: a team of one still pays its start */
+        rows_range(type, w, row_bytes, 0, rows, nb, a, n, y, ldy, beta);
         return;
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t t = 0; t < n; t++) {
-            const float v = dot(base + (size_t)r * row_bytes, &a[t], nb);
-            y[t * ldy + r] = beta != 0.0f ? y[t * ldy + r] + v : v;
-        }
+    /* fixed row tiles of 16 (whatever the thread count), dealt dynamically */
+    const int64_t tiles = (rows + 15) / 16;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; t++)
+        rows_range(type, w, row_bytes, t * 16, t * 16 + 16 < rows ? t * 16 + 16 : rows, nb, a, n,
+                   y, ldy, beta);
 }

@@ -56,6 +56,10 @@ float kvq_q8dot_ref(uint32_t type, const uint8_t *row, const kvq_q8row *a, size_
 /* The kernel for a type at a level: 0 scalar (the reference), 1 AVX2, 2 AVX-512 VNNI;
  * NULL where the CPU or the type has none. */
 kvq_q8dot_fn kvq_q8dot_kernel(uint32_t type, int level);
+/* Four tokens' products with one row (a[0..4)), each equal to the one-token kernel's;
+ * NULL where the level has none (the driver then calls the one-token kernel). */
+typedef void (*kvq_q8dot4_fn)(const uint8_t *row, const kvq_q8row *a, size_t nb, float out[4]);
+kvq_q8dot4_fn kvq_q8dot4_kernel(uint32_t type, int level);
 /* The fastest level this CPU runs (0, 1 or 2). */
 int kvq_q8dot_level(void);
 
@@ -72,6 +76,7 @@ float kvq_q8dot_q4_1_avx2(const uint8_t *row, const kvq_q8row *a, size_t nb);
 float kvq_q8dot_q8_0_avx2(const uint8_t *row, const kvq_q8row *a, size_t nb);
 float kvq_q8dot_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb);
 float kvq_q8dot_q8_0_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb);
+void kvq_q8dot4_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb, float out[4]);
 #endif
 
 #endif

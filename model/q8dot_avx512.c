@@ -61,6 +61,38 @@ TARGET float kvq_q8dot_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_
     return hsum16(acc) + m;
 }
 
+/* Four tokens at once (prefill): the weights' nibbles unpacked once per block pair for
+ * all four; each token's lanes, scales and reduction exactly as the one-token kernel
+ * (so the same bits as kvq_q8dot_ref for each). */
+TARGET void kvq_q8dot4_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb,
+                                   float out[4])
+{
+    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i lane02 = _mm512_set_epi32(2, 2, 2, 2, 2, 2, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    __m128 macc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
+    const uint8_t *p = row;
+    for (size_t b = 0; b < nb; b += 2, p += 40) {
+        const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4)));
+        const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 24)));
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+        v = _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), low4);
+        const __m128 dm = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)u32_at(p + 20), (int)u32_at(p)));
+        for (int t = 0; t < 4; t++) {
+            const __m512i y = _mm512_loadu_si512((const void *)(a[t].q + b * 32));
+            const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
+            const __m128 s4 = _mm_mul_ps(dm, _mm_loadu_ps(a[t].ds + 2 * b));
+            macc[t] = _mm_add_ps(macc[t], s4);
+            const __m512 sc = _mm512_permutexvar_ps(lane02, _mm512_castps128_ps512(s4));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc[t]);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        out[t] = hsum16(acc[t]) + (_mm_cvtss_f32(_mm_shuffle_ps(macc[t], macc[t], 1)) +
+                                   _mm_cvtss_f32(_mm_shuffle_ps(macc[t], macc[t], 3)));
+}
+
 /* Q8_0: v + 128 (unsigned) times the activations, less 128 times their four-value
  * sums (c4): the signed products' sums exactly. */
 TARGET float kvq_q8dot_q8_0_avx512(const uint8_t *row, const kvq_q8row *a, size_t nb)

@@ -157,12 +157,13 @@ static void test_levels_present(void **state)
     assert_false(kvq_q8_supported(KVQ_GGML_Q4_K, 576));
 }
 
-/* The driver: every (token, row) equal to the reference's, with 1 and 2 threads, and
+/* The driver (the four-token kernel where the CPU has one): every (token, row) equal
+ * to the reference's, with 1 and 2 threads, and
  * beta 1 adding into y. */
 static void test_matmul_threads(void **state)
 {
     (void)state;
-    enum { N = 3 };
+    enum { N = 6 }; /* one four-token group and two alone */
     kvq_rng r;
     kvq_rng_seed(&r, 5);
     size_t row_bytes;
