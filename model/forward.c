@@ -416,7 +416,7 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
  * otherwise each goes through matmul. */
 static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int count,
                        const float *x, int64_t n, float beta, kvq_err *err)
-{
+{ /* count <= 3 */
     int q8 = f->q8buf != NULL && n < KVQ_Q8_MAX_TOKENS;
     for (int i = 0; i < count && q8; i++) {
         const kvq_wt *w = table_wt(f->m, wid[i]);
@@ -434,11 +434,12 @@ static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int c
     for (int64_t t = 0; t < n; t++)
         kvq_q8_quantize(x + t * cols, cols, (uint8_t *)f->q8buf + (size_t)t * f->q8_row_bytes,
                         &f->q8rows[t]);
+    kvq_q8_mat mats[3];
     for (int i = 0; i < count; i++) {
         const kvq_wt *w = table_wt(f->m, wid[i]);
-        kvq_q8_matmul((uint32_t)w->type, w->data, w->row_bytes, w->rows, w->cols, f->q8rows, n,
-                      y[i], w->rows, beta);
+        mats[i] = (kvq_q8_mat){(uint32_t)w->type, w->data, w->row_bytes, w->rows, y[i], w->rows};
     }
+    kvq_q8_matmul_multi(mats, count, cols, f->q8rows, n, beta);
     return KVQ_OK;
 }
 

@@ -193,17 +193,40 @@ void kvq_q8_matmul(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
                    int64_t cols, const kvq_q8row *a, int64_t n, float *y, int64_t ldy,
                    float beta)
 {
+    const kvq_q8_mat m = {type, w, row_bytes, rows, y, ldy};
+    kvq_q8_matmul_multi(&m, 1, cols, a, n, beta);
+}
+
+/* Row tiles per matrix (fixed by the shape: the same bytes for any thread count). */
+#define TILE_ROWS 16
+
+void kvq_q8_matmul_multi(const kvq_q8_mat *m, int count, int64_t cols, const kvq_q8row *a,
+                         int64_t n, float beta)
+{
     const size_t nb = (size_t)cols / KVQ_Q8_BLOCK;
-    const int nt = omp_get_max_threads();
-    if (nt <= 1 || (double)rows * (double)cols * (double)n < PARALLEL_MIN_VALUES) {
+    int64_t tiles = 0;
+    double work = 0;
+    for (int i = 0; i < count; i++) {
+        tiles += (m[i].rows + TILE_ROWS - 1) / TILE_ROWS;
+        work += (double)m[i].rows * (double)cols * (double)n;
+    }
+    if (omp_get_max_threads() <= 1 || work < PARALLEL_MIN_VALUES) {
         /* no parallel region at all: a team of one still pays its start */
-        rows_range(type, w, row_bytes, 0, rows, nb, a, n, y, ldy, beta);
+        for (int i = 0; i < count; i++)
+            rows_range(m[i].type, m[i].w, m[i].row_bytes, 0, m[i].rows, nb, a, n, m[i].y,
+                       m[i].ldy, beta);
         return;
     }
-    /* fixed row tiles of 16 (whatever the thread count), dealt dynamically */
-    const int64_t tiles = (rows + 15) / 16;
+    /* one region for all the matrices, their tiles dealt dynamically */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t t = 0; t < tiles; t++)
-        rows_range(type, w, row_bytes, t * 16, t * 16 + 16 < rows ? t * 16 + 16 : rows, nb, a, n,
-                   y, ldy, beta);
+    for (int64_t t = 0; t < tiles; t++) {
+        int i = 0;
+        int64_t r0 = t * TILE_ROWS;
+        while (r0 >= (m[i].rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS) {
+            r0 -= (m[i].rows + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+            i++;
+        }
+        const int64_t r1 = r0 + TILE_ROWS < m[i].rows ? r0 + TILE_ROWS : m[i].rows;
+        rows_range(m[i].type, m[i].w, m[i].row_bytes, r0, r1, nb, a, n, m[i].y, m[i].ldy, beta);
+    }
 }

@@ -71,6 +71,19 @@ void kvq_q8_matmul(uint32_t type, const void *w, size_t row_bytes, int64_t rows,
                    int64_t cols, const kvq_q8row *a, int64_t n, float *y, int64_t ldy,
                    float beta);
 
+/* Several products of the same input a[0..n) (q, k and v; gate and up) in one parallel
+ * region: m[i].y [n, ldy] = W_i a^T (+ y with beta 1). Each value as kvq_q8_matmul's. */
+typedef struct kvq_q8_mat {
+    uint32_t type;
+    const void *w;
+    size_t row_bytes;
+    int64_t rows;
+    float *y;
+    int64_t ldy;
+} kvq_q8_mat;
+void kvq_q8_matmul_multi(const kvq_q8_mat *m, int count, int64_t cols, const kvq_q8row *a,
+                         int64_t n, float beta);
+
 #if defined(__x86_64__) && defined(__GNUC__)
 float kvq_q8dot_q4_1_avx2(const uint8_t *row, const kvq_q8row *a, size_t nb);
 float kvq_q8dot_q8_0_avx2(const uint8_t *row, const kvq_q8row *a, size_t nb);

@@ -158,8 +158,8 @@ static void test_levels_present(void **state)
 }
 
 /* The driver (the four-token kernel where the CPU has one): every (token, row) equal
- * to the reference's, with 1 and 2 threads, and
- * beta 1 adding into y. */
+ * to the reference's, with 1 and 2 threads, beta 1 adding into y, and several
+ * matrices in one region (kvq_q8_matmul_multi). */
 static void test_matmul_threads(void **state)
 {
     (void)state;
@@ -185,13 +185,21 @@ static void test_matmul_threads(void **state)
     for (int i = 0; i < N * rows; i++)
         y2[i] = 1.0f;
     kvq_q8_matmul(KVQ_GGML_Q4_1, w, row_bytes, rows, COLS, a, N, y2, rows, 1.0f);
+    /* the same rows as two matrices of 100 and 156 rows in one region */
+    float *ya = malloc(sizeof(float) * N * 100), *yb = malloc(sizeof(float) * N * 156);
+    const kvq_q8_mat mats[2] = {{KVQ_GGML_Q4_1, w, row_bytes, 100, ya, 100},
+                                {KVQ_GGML_Q4_1, w + 100 * row_bytes, row_bytes, 156, yb, 156}};
+    kvq_q8_matmul_multi(mats, 2, COLS, a, N, 0.0f);
     omp_set_num_threads(prev);
     for (int t = 0; t < N; t++)
         for (int i = 0; i < rows; i++) {
             const float ref = kvq_q8dot_ref(KVQ_GGML_Q4_1, w + i * row_bytes, &a[t], COLS / 32);
             assert_true(y1[t * rows + i] == ref);
             assert_true(y2[t * rows + i] == 1.0f + ref);
+            assert_true((i < 100 ? ya[t * 100 + i] : yb[t * 156 + i - 100]) == ref);
         }
+    free(ya);
+    free(yb);
     free(buf);
     free(w);
     free(x);
