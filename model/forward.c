@@ -420,7 +420,8 @@ static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int c
     int q8 = f->q8buf != NULL && n < KVQ_Q8_MAX_TOKENS;
     for (int i = 0; i < count && q8; i++) {
         const kvq_wt *w = table_wt(f->m, wid[i]);
-        q8 = kvq_q8_supported((uint32_t)w->type, w->cols) && w->cols == table_wt(f->m, wid[0])->cols;
+        q8 = kvq_q8_supported((uint32_t)w->type, w->cols) &&
+             w->cols == table_wt(f->m, wid[0])->cols;
     }
     if (!q8) {
         for (int i = 0; i < count; i++) {

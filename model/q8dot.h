@@ -27,6 +27,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kvq/common.h"
 
@@ -83,6 +84,21 @@ typedef struct kvq_q8_mat {
 } kvq_q8_mat;
 void kvq_q8_matmul_multi(const kvq_q8_mat *m, int count, int64_t cols, const kvq_q8row *a,
                          int64_t n, float beta);
+
+/* Unaligned little-endian fields of a block (the SIMD kernels' scale loads). */
+static inline uint32_t kvq_q8_u32_at(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline int kvq_q8_u16_at(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
 
 #if defined(__x86_64__) && defined(__GNUC__)
 float kvq_q8dot_q4_1_avx2(const uint8_t *row, const kvq_q8row *a, size_t nb);

@@ -20,20 +20,6 @@ static inline TARGET float hsum8x2(__m256 even, __m256 odd)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-static inline TARGET int32_t i32_at(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline TARGET int32_t u16_at(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 /* Eight int32 four-value sums of unsigned w times signed y, as f32. */
 static inline TARGET __m256 lanes(__m256i w, __m256i y)
 {
@@ -55,7 +41,8 @@ TARGET float kvq_q8dot_q4_1_avx2(const uint8_t *row, const kvq_q8row *a, size_t 
     for (size_t b = 0; b < nb; b += 2, p += 40) {
         const __m256i y0 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32));
         const __m256i y1 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32 + 32));
-        const __m128i dm = _mm_set_epi32(0, 0, i32_at(p + 20), i32_at(p)); /* da ma db mb */
+        /* d, m of both blocks: da ma db mb */
+        const __m128i dm = _mm_set_epi32(0, 0, (int)kvq_q8_u32_at(p + 20), (int)kvq_q8_u32_at(p));
         const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(dm), _mm_loadu_ps(a->ds + 2 * b));
         macc = _mm_add_ps(macc, s4);
         acc0 = _mm256_fmadd_ps(lanes(nibbles(p + 4), y0), _mm256_broadcastss_ps(s4), acc0);
@@ -77,7 +64,8 @@ TARGET float kvq_q8dot_q8_0_avx2(const uint8_t *row, const kvq_q8row *a, size_t 
         const __m256i v1 = _mm256_loadu_si256((const __m256i *)(p + 36));
         const __m256i y0 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32));
         const __m256i y1 = _mm256_loadu_si256((const __m256i *)(a->q + b * 32 + 32));
-        const __m128i d = _mm_set_epi32(0, 0, u16_at(p + 34), u16_at(p)); /* da 0 db 0 */
+        /* d of both blocks: da 0 db 0 */
+        const __m128i d = _mm_set_epi32(0, 0, kvq_q8_u16_at(p + 34), kvq_q8_u16_at(p));
         const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(d), _mm_loadu_ps(a->ds + 2 * b));
         acc0 = _mm256_fmadd_ps(lanes(_mm256_abs_epi8(v0), _mm256_sign_epi8(y0, v0)),
                                _mm256_broadcastss_ps(s4), acc0);

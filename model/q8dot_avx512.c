@@ -8,7 +8,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#define TARGET \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 /* The reference's reduction: lanes i + (i + 8), + (i + 4), + (i + 2), then 0 + 1. */
 static inline TARGET float hsum16(__m512 acc)
@@ -19,18 +20,14 @@ static inline TARGET float hsum16(__m512 acc)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-static inline TARGET uint32_t u32_at(const uint8_t *p)
+/* The 64 nibbles of two Q4_1 blocks at p, as bytes in the activations' order:
+ * [lo | hi] of the first block in the low 256 bits, of the second in the high. */
+static inline TARGET __m512i nibbles2(const uint8_t *p, __m512i low4)
 {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline TARGET uint16_t u16_at(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
+    const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4)));
+    const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 24)));
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
+    return _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), low4);
 }
 
 /* Q4_1: [lo nibbles | hi nibbles] of each block in one 256-bit half, so the bytes
@@ -44,13 +41,11 @@ TARGET float kvq_q8dot_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_
     __m128 macc = _mm_setzero_ps();
     const uint8_t *p = row;
     for (size_t b = 0; b < nb; b += 2, p += 40) {
-        const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4)));
-        const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 24)));
-        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-        v = _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), low4);
+        const __m512i v = nibbles2(p, low4);
         const __m512i y = _mm512_loadu_si512((const void *)(a->q + b * 32));
         const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
-        const __m128i dm = _mm_set_epi32(0, 0, (int)u32_at(p + 20), (int)u32_at(p)); /* da ma db mb */
+        /* d, m of both blocks: da ma db mb */
+        const __m128i dm = _mm_set_epi32(0, 0, (int)kvq_q8_u32_at(p + 20), (int)kvq_q8_u32_at(p));
         const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(dm), _mm_loadu_ps(a->ds + 2 * b));
         macc = _mm_add_ps(macc, s4);
         const __m512 sc = _mm512_permutexvar_ps(lane02, _mm512_castps128_ps512(s4));
@@ -74,11 +69,9 @@ TARGET void kvq_q8dot4_q4_1_avx512(const uint8_t *row, const kvq_q8row *a, size_
     __m128 macc[4] = {_mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps(), _mm_setzero_ps()};
     const uint8_t *p = row;
     for (size_t b = 0; b < nb; b += 2, p += 40) {
-        const __m256i qa = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 4)));
-        const __m256i qb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 24)));
-        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(qa), qb, 1);
-        v = _mm512_and_si512(_mm512_mask_blend_epi64(0xCC, v, _mm512_srli_epi16(v, 4)), low4);
-        const __m128 dm = _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)u32_at(p + 20), (int)u32_at(p)));
+        const __m512i v = nibbles2(p, low4);
+        const __m128 dm =
+            _mm_cvtph_ps(_mm_set_epi32(0, 0, (int)kvq_q8_u32_at(p + 20), (int)kvq_q8_u32_at(p)));
         for (int t = 0; t < 4; t++) {
             const __m512i y = _mm512_loadu_si512((const void *)(a[t].q + b * 32));
             const __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
@@ -109,7 +102,8 @@ TARGET float kvq_q8dot_q8_0_avx512(const uint8_t *row, const kvq_q8row *a, size_
         const __m512i y = _mm512_loadu_si512((const void *)(a->q + b * 32));
         __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v, y);
         l = _mm512_sub_epi32(l, _mm512_loadu_si512((const void *)(a->c4 + b * 8)));
-        const __m128i d = _mm_set_epi32(0, 0, u16_at(p + 34), u16_at(p)); /* da 0 db 0 */
+        /* d of both blocks: da 0 db 0 */
+        const __m128i d = _mm_set_epi32(0, 0, kvq_q8_u16_at(p + 34), kvq_q8_u16_at(p));
         const __m128 s4 = _mm_mul_ps(_mm_cvtph_ps(d), _mm_loadu_ps(a->ds + 2 * b));
         const __m512 sc = _mm512_permutexvar_ps(lane02, _mm512_castps128_ps512(s4));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc);

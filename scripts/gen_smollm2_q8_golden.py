@@ -46,39 +46,6 @@ def q8(x: np.ndarray) -> np.ndarray:
     return (d.astype(np.float64) * q).reshape(x.shape)
 
 
-class Q8Model(Model):
-    """The numpy forward with 8-bit activations into every quantized product."""
-
-    def forward(self, ids):
-        T = len(ids)
-        pos = np.arange(T)
-        x = self.w["token_embd.weight"][np.asarray(ids)].astype(self.dtype)
-        mask = np.triu(np.full((T, T), -np.inf, dtype=self.dtype), 1)
-        g = self.n_head // self.n_kv
-        for L in range(self.n_layer):
-            p = f"blk.{L}."
-            h = q8(self.rmsnorm(x, self.w[p + "attn_norm.weight"]))
-            q = (h @ self.w[p + "attn_q.weight"].T).reshape(T, self.n_head, self.hd)
-            k = (h @ self.w[p + "attn_k.weight"].T).reshape(T, self.n_kv, self.hd)
-            v = (h @ self.w[p + "attn_v.weight"].T).reshape(T, self.n_kv, self.hd)
-            q, k = self.rope(q, pos), self.rope(k, pos)
-            o = np.empty((T, self.n_head, self.hd), dtype=self.dtype)
-            for hh in range(self.n_head):
-                kv = hh // g
-                sc = (q[:, hh, :] @ k[:, kv, :].T) / np.sqrt(self.hd) + mask
-                sc = sc - sc.max(axis=1, keepdims=True)
-                pr = np.exp(sc)
-                pr /= pr.sum(axis=1, keepdims=True)
-                o[:, hh, :] = pr @ v[:, kv, :]
-            x = x + q8(o.reshape(T, self.d)) @ self.w[p + "attn_output.weight"].T
-            h = q8(self.rmsnorm(x, self.w[p + "ffn_norm.weight"]))
-            gt = h @ self.w[p + "ffn_gate.weight"].T
-            up = h @ self.w[p + "ffn_up.weight"].T
-            x = x + q8((gt / (1 + np.exp(-gt))) * up) @ self.w[p + "ffn_down.weight"].T
-        h = q8(self.rmsnorm(x, self.w["output_norm.weight"]))
-        return h @ self.out.T
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=DEFAULT_MODEL)
@@ -91,14 +58,14 @@ def main() -> int:
     probe = golden["probe_ids"]
     llm = llama_cpp.Llama(a.model, n_ctx=256, n_batch=256, n_ubatch=256, n_threads=1,
                           n_threads_batch=1, logits_all=True, verbose=False, seed=0)
-    m = Q8Model(a.model, np.float64)
+    m = Model(a.model, np.float64)
     prompts = []
     for p in golden["prompts"]:
         ids = p["ids"]
         llm.reset()
         llm.eval(ids)
         lc = np.array(llm.scores[: len(ids)], dtype=np.float64)
-        z = m.forward(ids)
+        z = m.forward(ids, act=q8)
         prompts.append({
             "ids": ids,
             "numpy_q8": {"logsumexp": r6(logsumexp(z)), "probe_logits": r6(z[:, probe])},

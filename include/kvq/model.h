@@ -318,10 +318,12 @@ typedef struct kvq_forward_params {
                                  multiple of 64 quantize the activations to 8 bits per
                                  32 values and multiply in integers (llama.cpp's scheme;
                                  AVX-512 VNNI / AVX2 / scalar, the same bytes; decision
-                                 018): faster, logits within 0.05 of llama.cpp's on
-                                 SmolLM2 but ~0.1 from the f32 product's. 0 (default):
+                                 018). Used by products of fewer than 4 tokens
+                                 (decode); longer chunks keep the f32 path. Logits
+                                 then differ from the f32 path's by the quantization
+                                 (up to ~1 on SmolLM2, as llama.cpp's do). 0 (default):
                                  the f32 products over the dequantized weights, which
-                                 capture and the golden tests use. */
+                                 capture, eval and the golden tests use. */
 } kvq_forward_params;
 
 kvq_forward_params kvq_forward_params_default(void);
