@@ -293,20 +293,30 @@ static void test_smollm2_q41_golden(void **state)
 
 /* ---- the 8-bit activation path ------------------------------------------------------ */
 
-/* Largest |logsumexp - want| and |probe logit - want| over a prompt's positions
- * (want: "logsumexp" [n], "probe_logits" [n * 64]). */
+/* Distances to expected logits: the largest |logsumexp - want|, the largest and the sum
+ * of |probe logit - want| over a prompt's positions (want: "logsumexp" [n],
+ * "probe_logits" [n * 64]). */
+typedef struct dist {
+    double lse, probe, sum;
+    int count;
+} dist;
+
 static void far_from(const cJSON *want, const int32_t *probe_ids, const float *logits, int n,
-                     int vocab, double *lse, double *probe)
+                     int vocab, dist *d)
 {
     double *gp = malloc(sizeof(double) * (size_t)n * 64);
     assert_non_null(gp);
     numbers(get(want, "probe_logits"), gp, n * 64);
     for (int p = 0; p < n; p++) {
         const float *l = logits + (size_t)p * vocab;
-        *lse = fmax(*lse, fabs(logsumexp(l, vocab) -
-                               cJSON_GetArrayItem(get(want, "logsumexp"), p)->valuedouble));
-        for (int k = 0; k < 64; k++)
-            *probe = fmax(*probe, fabs(l[probe_ids[k]] - gp[p * 64 + k]));
+        d->lse = fmax(d->lse, fabs(logsumexp(l, vocab) -
+                                   cJSON_GetArrayItem(get(want, "logsumexp"), p)->valuedouble));
+        for (int k = 0; k < 64; k++) {
+            const double e = fabs(l[probe_ids[k]] - gp[p * 64 + k]);
+            d->probe = fmax(d->probe, e);
+            d->sum += e;
+            d->count++;
+        }
     }
     free(gp);
 }
@@ -333,14 +343,17 @@ static void decode_all(kvq_model *m, int act_q8, int threads, const int32_t *ids
 /* kvq's decode with 8-bit activations (act_q8) against tests/data/smollm2_q41_q8_golden.json
  * (scripts/gen_smollm2_q8_golden.py): "numpy_q8", a float64 forward whose quantized
  * products take their inputs quantized as model/q8dot.h specifies, and llama.cpp.
- * TOL_Q8: kvq's activations are f32, numpy's f64, so a value near a rounding boundary
- * of x * id may land on the other side (one q off by one in a block); measured (the
- * printed line) and given room: see decision 018. The f32 path must be measurably
- * further from numpy_q8 (it skips the quantization: the test fails if act_q8 is
- * ignored). llama.cpp differs from both numpy forwards by up to 1.37 (its f16 scales
- * and f16 KV cache), so TOL_LLAMA only bounds a gross error. Also: the same bytes for
- * 1 and 2 threads. */
-#define TOL_Q8 0.05
+ * The quantizer is a step function: kvq's inputs are f32 and numpy's f64, so values
+ * near a step land on either side, and through 30 layers of this model (whose
+ * activations have large outliers) those flips move single logits by up to ~1 (numpy's
+ * own f32 forward with the same quantization measures the same: decision 018). So the
+ * largest error only bounds gross mistakes (TOL_Q8_MAX), and what tells the q8 path
+ * from the f32 one is the mean error over every position and probe: the q8 path's
+ * must be below TOL_Q8_MEAN and below half the f32 path's (the test fails if act_q8
+ * is ignored). llama.cpp differs from numpy_q8 by up to 1.37 (its f16 scales and f16
+ * KV cache): TOL_LLAMA. Also: the same bytes for 1 and 2 threads. */
+#define TOL_Q8_MAX 1.5
+#define TOL_Q8_MEAN 0.1
 #define TOL_LLAMA 1.5
 
 static void test_smollm2_q8_golden(void **state)
@@ -357,7 +370,7 @@ static void test_smollm2_q8_golden(void **state)
     const int vocab = kvq_model_config_get(m)->vocab_size;
     int32_t probe_ids[64];
     ints(get(gq, "probe_ids"), probe_ids, 64);
-    double q8[2] = {0}, f32[2] = {0}, lc[2] = {0}; /* logsumexp, probes */
+    dist q8 = {0}, f32 = {0}, lc = {0};
     const cJSON *prompts = get(gq, "prompts");
     for (int pi = 0; pi < cJSON_GetArraySize(prompts); pi++) {
         const cJSON *pr = cJSON_GetArrayItem(prompts, pi);
@@ -373,20 +386,23 @@ static void test_smollm2_q8_golden(void **state)
         decode_all(m, 0, 1, ids, n, c);
         if (memcmp(a, b, bytes) != 0)
             fail_msg("prompt %d: the q8 path's logits differ between 1 and 2 threads", pi);
-        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, &q8[0], &q8[1]);
-        far_from(get(pr, "numpy_q8"), probe_ids, c, n, vocab, &f32[0], &f32[1]);
-        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, &lc[0], &lc[1]);
+        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, &q8);
+        far_from(get(pr, "numpy_q8"), probe_ids, c, n, vocab, &f32);
+        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, &lc);
         free(a);
         free(b);
         free(c);
     }
-    printf("smollm2 decode, 8-bit activations, max |err| (logsumexp, probes): vs numpy_q8 "
-           "%.4f, %.4f (tol %g); vs llama.cpp %.3f, %.3f (tol %g); f32 activations vs "
-           "numpy_q8 %.4f, %.4f\n", q8[0], q8[1], TOL_Q8, lc[0], lc[1], TOL_LLAMA, f32[0],
-           f32[1]);
-    assert_true(q8[0] <= TOL_Q8 && q8[1] <= TOL_Q8);
-    assert_true(lc[0] <= TOL_LLAMA && lc[1] <= TOL_LLAMA);
-    assert_true(f32[1] > 2 * q8[1]);
+    const double q8_mean = q8.sum / q8.count, f32_mean = f32.sum / f32.count;
+    printf("smollm2 decode with 8-bit activations against numpy_q8: |err| max logsumexp "
+           "%.4f, probes %.4f (tol %g), mean %.4f (tol %g); against llama.cpp: max %.3f, "
+           "%.3f (tol %g), mean %.4f; f32 activations against numpy_q8: max %.4f, %.4f, "
+           "mean %.4f\n", q8.lse, q8.probe, TOL_Q8_MAX, q8_mean, TOL_Q8_MEAN, lc.lse,
+           lc.probe, TOL_LLAMA, lc.sum / lc.count, f32.lse, f32.probe, f32_mean);
+    assert_true(q8.lse <= TOL_Q8_MAX && q8.probe <= TOL_Q8_MAX);
+    assert_true(q8_mean <= TOL_Q8_MEAN);
+    assert_true(lc.lse <= TOL_LLAMA && lc.probe <= TOL_LLAMA);
+    assert_true(q8_mean < 0.5 * f32_mean);
     kvq_model_close(m);
     cJSON_Delete(gq);
 }
