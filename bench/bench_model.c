@@ -1,25 +1,32 @@
-/* bench_model.c — prefill and decode rates of a real quantized model, against the same
- * model converted to F32 and against llama.cpp, on the same machine, tokens and thread
- * count, in one run.
+/* bench_model.c — prefill and decode rates of a real quantized model: kvq with 8-bit
+ * activations (kvq_forward_params.act_q8, decision 018), kvq with f32 activations, the
+ * same model converted to F32, and llama.cpp, on the same machine, tokens and thread
+ * counts, in one run.
  *
- * Per round (best of --rounds): the forward context is reset, a prompt of --prefill
- * token ids runs as one chunk with the logits of its last token (prefill tokens/s),
- * then --decode ids follow one at a time, each with its logits (decode tokens/s). The
- * ids are fixed pseudo-random ids (seed 1) of the vocabulary beyond its first 32.
+ * Per thread count (--threads 1,2 by default) and round (best of --rounds): each
+ * configuration in turn (alternated, so a burst of load on the shared machine falls
+ * on all of them alike): the forward context is reset, a prompt of --prefill token ids
+ * runs as one chunk with the logits of its last token (prefill tokens/s), then
+ * --decode ids follow one at a time, each with its logits (decode tokens/s). The ids
+ * are fixed pseudo-random ids (seed 1) of the vocabulary beyond its first 32.
  *
- *   kvq Q4_1   the file as it is: weights packed in the mapping; prefill dequantizes
- *              row tiles for SGEMM, decode runs kvq_quant_matvec on the packed blocks
- *   kvq F32    the same model written as an F32 GGUF (kvq's GGUF writer, every tensor
- *              dequantized) in a temporary directory: SGEMM / SGEMV in place
- *   llama.cpp  bench/llamacpp_peer.py (llama-cpp-python) on the original file, the
- *              same ids, n_threads = n_threads_batch = --threads
+ *   kvq Q4_1 q8-act   the file as it is, weights packed in the mapping; single-token
+ *                     products quantize the activations to 8 bits per 32 values and
+ *                     multiply in integers (model/q8dot.c); prefill chunks dequantize
+ *                     row tiles for SGEMM
+ *   kvq Q4_1 f32-act  the same with f32 activations: decode runs kvq_quant_matvec
+ *   kvq F32           the same model written as an F32 GGUF (kvq's GGUF writer, every
+ *                     tensor dequantized) in a temporary directory (--no-f32: skipped)
+ *   llama.cpp         bench/llamacpp_peer.py (llama-cpp-python) on the original file,
+ *                     the same ids, n_threads = n_threads_batch = the thread count, one
+ *                     round per call (its model load is outside the timing)
  *
- * usage: bench_model [--model PATH] [--threads N] [--prefill N] [--decode N]
+ * usage: bench_model [--model PATH] [--threads N[,N...]] [--prefill N] [--decode N]
  *                    [--rounds N] [--peer SCRIPT | --no-peer] [--no-f32]
  *        bench_model [--model PATH] --write-f32 OUT   (only writes the F32 copy to OUT:
  *                    bench/bench_load.sh runs `kvq run` on it)
  *   --model: default $KVQ_SMOLLM2, else .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
- *   (scripts/fetch-model.sh prints and fetches it). Defaults: 2 threads, prefill 128,
+ *   (scripts/fetch-model.sh prints and fetches it). Defaults: threads 1,2, prefill 128,
  *   decode 64, 3 rounds, peer bench/llamacpp_peer.py run with $PYTHON or python3.
  *   A peer that fails (not installed, crashes, an error record) fails the run (exit 1)
  *   rather than leaving kvq's figures alone; scripts/install-llamacpp-peer.sh installs
@@ -29,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kvq/gguf.h"
@@ -37,7 +45,7 @@
 
 typedef struct opts {
     const char *model, *peer, *write_f32;
-    int threads, prefill, decode, rounds, f32;
+    int threads[8], n_threads, prefill, decode, rounds, f32;
 } opts;
 
 typedef struct rates {
@@ -87,55 +95,75 @@ static int write_f32_copy(const char *src, const char *dst, kvq_err *e)
     return rc;
 }
 
-/* Best-of-rounds prefill and decode rates of the model at path. */
-static int bench_kvq(const char *path, const opts *o, const int32_t *ids, rates *r,
-                     uint64_t *mapped)
+/* One kvq configuration: a model, its forward context and its best rates so far. */
+typedef struct kvq_cfg {
+    const char *label;
+    kvq_model *m;
+    kvq_forward *f;
+    float *logits;
+    uint64_t mapped;
+    rates best;
+} kvq_cfg;
+
+static int cfg_open(kvq_cfg *c, const char *label, const char *path, const opts *o, int threads,
+                    int act_q8)
 {
     kvq_err e = {0};
     kvq_model_params mp = kvq_model_params_default();
     mp.load_tokenizer = 0;
-    kvq_model *m = NULL;
-    if (kvq_model_open(path, &mp, &m, &e))
+    memset(c, 0, sizeof *c);
+    c->label = label;
+    if (kvq_model_open(path, &mp, &c->m, &e))
         return die(path, &e);
     kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = o->threads;
+    fp.threads = threads;
     fp.chunk = o->prefill;
     fp.max_tokens = o->prefill + o->decode;
-    kvq_forward *f = NULL;
-    if (kvq_forward_create(m, &fp, &f, &e))
+    fp.act_q8 = act_q8;
+    if (kvq_forward_create(c->m, &fp, &c->f, &e))
         return die("forward", &e);
     kvq_model_memory mem;
-    kvq_model_memory_estimate(m, &fp, fp.max_tokens, &mem);
-    *mapped = mem.mapped_bytes;
-    float *logits = malloc(sizeof(float) * (size_t)kvq_model_config_get(m)->vocab_size);
-    r->prefill = r->decode = 0;
-    for (int round = 0; round < o->rounds; round++) {
-        kvq_forward_reset(f);
-        double t0 = now();
-        if (kvq_forward_tokens(f, ids, o->prefill, KVQ_LOGITS_LAST, logits, &e))
-            return die("prefill", &e);
-        double t1 = now();
-        for (int i = 0; i < o->decode; i++)
-            if (kvq_forward_tokens(f, ids + o->prefill + i, 1, KVQ_LOGITS_LAST, logits, &e))
-                return die("decode", &e);
-        double t2 = now();
-        r->prefill = fmax(r->prefill, o->prefill / (t1 - t0));
-        r->decode = fmax(r->decode, o->decode / (t2 - t1));
-    }
-    free(logits);
-    kvq_forward_free(f);
-    kvq_model_close(m);
+    kvq_model_memory_estimate(c->m, &fp, fp.max_tokens, &mem);
+    c->mapped = mem.mapped_bytes;
+    c->logits = malloc(sizeof(float) * (size_t)kvq_model_config_get(c->m)->vocab_size);
+    return c->logits ? 0 : 1;
+}
+
+static void cfg_close(kvq_cfg *c)
+{
+    free(c->logits);
+    kvq_forward_free(c->f);
+    kvq_model_close(c->m);
+}
+
+/* One round: reset, the prompt as one chunk (prefill rate), then one token at a time
+ * (decode rate); keeps the best of each. */
+static int cfg_round(kvq_cfg *c, const opts *o, const int32_t *ids)
+{
+    kvq_err e = {0};
+    kvq_forward_reset(c->f);
+    double t0 = now();
+    if (kvq_forward_tokens(c->f, ids, o->prefill, KVQ_LOGITS_LAST, c->logits, &e))
+        return die("prefill", &e);
+    double t1 = now();
+    for (int i = 0; i < o->decode; i++)
+        if (kvq_forward_tokens(c->f, ids + o->prefill + i, 1, KVQ_LOGITS_LAST, c->logits, &e))
+            return die("decode", &e);
+    double t2 = now();
+    c->best.prefill = fmax(c->best.prefill, o->prefill / (t1 - t0));
+    c->best.decode = fmax(c->best.decode, o->decode / (t2 - t1));
     return 0;
 }
 
 /* Runs the llama.cpp peer; 0 and *r filled, or -1 (with a line saying why). */
-static int bench_peer(const opts *o, const char *ids_path, rates *r, char *version, size_t vn)
+static int bench_peer(const opts *o, int threads, const char *ids_path, rates *r, char *version,
+                      size_t vn)
 {
     const char *py = getenv("PYTHON");
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s '%s' '%s' --threads %d --prefill %d --decode %d --rounds %d",
-             py && *py ? py : "python3", o->peer, o->model, ids_path, o->threads, o->prefill,
-             o->decode, o->rounds);
+    snprintf(cmd, sizeof cmd, "%s %s '%s' '%s' --threads %d --prefill %d --decode %d --rounds 1",
+             py && *py ? py : "python3", o->peer, o->model, ids_path, threads, o->prefill,
+             o->decode);
     FILE *p = popen(cmd, "r");
     char line[1024] = {0};
     const int got = p && fgets(line, sizeof line, p);
@@ -143,16 +171,16 @@ static int bench_peer(const opts *o, const char *ids_path, rates *r, char *versi
     const char *a = strstr(line, "\"prefill_tps\":"), *b = strstr(line, "\"decode_tps\":"),
                *v = strstr(line, "\"llama_cpp_python\": \"");
     if (!got || status != 0 || !a || !b) { /* a crash (status), an error record, nothing */
-        fprintf(stderr, "bench_model: the llama.cpp peer failed (exit status %d): %s%s"
+        fprintf(stderr, "bench_model: the llama.cpp peer failed (exit status %d): %s%s%s"
                 "bench_model: no comparison (scripts/install-llamacpp-peer.sh installs the "
-                "pinned peer; --no-peer runs kvq alone)\n", status,
-                got ? line : "no output from ", got ? "" : cmd);
-        if (!got)
-            fputc('\n', stderr);
+                "pinned peer; --no-peer runs kvq alone)\n",
+                status > 0 && WIFEXITED(status) ? WEXITSTATUS(status) : status,
+                got ? line : "no output from ", got ? "" : cmd,
+                got && strchr(line, '\n') ? "" : "\n");
         return -1;
     }
-    r->prefill = atof(a + 14);
-    r->decode = atof(b + 13);
+    r->prefill = fmax(r->prefill, atof(a + 14));
+    r->decode = fmax(r->decode, atof(b + 13));
     if (v) {
         v += 21;
         size_t k = strcspn(v, "\"");
@@ -161,17 +189,81 @@ static int bench_peer(const opts *o, const char *ids_path, rates *r, char *versi
     return 0;
 }
 
+/* Parses "1,2" into o->threads. */
+static int parse_threads(opts *o, const char *v)
+{
+    o->n_threads = 0;
+    for (const char *p = v; *p && o->n_threads < 8; p += strspn(p, ",")) {
+        char *end;
+        long t = strtol(p, &end, 10);
+        if (end == p || t < 1 || t > 1024)
+            return -1;
+        o->threads[o->n_threads++] = (int)t;
+        p = end;
+    }
+    return o->n_threads > 0 ? 0 : -1;
+}
+
+static void print_row(const char *label, rates r, const char *note)
+{
+    printf("  %-18s prefill %8.1f tok/s   decode %7.1f tok/s   %s\n", label, r.prefill, r.decode,
+           note);
+}
+
+/* Every configuration at one thread count, rounds alternated: kvq with 8-bit
+ * activations, kvq with f32 ones, kvq on the F32 copy, llama.cpp; then the ratios. */
+static int bench_threads(const opts *o, int threads, const int32_t *ids, const char *ids_path,
+                         const char *f32_path)
+{
+    kvq_cfg c[3];
+    int nc = 0;
+    if (cfg_open(&c[nc++], "kvq Q4_1 q8-act", o->model, o, threads, 1) ||
+        cfg_open(&c[nc++], "kvq Q4_1 f32-act", o->model, o, threads, 0) ||
+        (o->f32 && cfg_open(&c[nc++], "kvq F32", f32_path, o, threads, 0)))
+        return 1;
+    rates peer = {0};
+    char version[64] = "?";
+    for (int round = 0; round < o->rounds; round++) {
+        for (int i = 0; i < nc; i++)
+            if (cfg_round(&c[i], o, ids))
+                return 1;
+        if (o->peer && bench_peer(o, threads, ids_path, &peer, version, sizeof version) != 0)
+            return 1;
+    }
+    printf("%d thread%s (best of %d rounds, configurations alternated in each round):\n",
+           threads, threads > 1 ? "s" : "", o->rounds);
+    for (int i = 0; i < nc; i++) {
+        char note[96];
+        snprintf(note, sizeof note, "(weights %.0f MiB mapped)", c[i].mapped / 1048576.0);
+        print_row(c[i].label, c[i].best, note);
+    }
+    if (o->peer) {
+        char note[96];
+        snprintf(note, sizeof note, "(llama-cpp-python %s)", version);
+        print_row("llama.cpp", peer, note);
+        for (int i = 0; i < nc; i++)
+            printf("  %-18s / llama.cpp: prefill %.2fx, decode %.2fx\n", c[i].label,
+                   c[i].best.prefill / peer.prefill, c[i].best.decode / peer.decode);
+    }
+    printf("  q8-act / f32-act:  prefill %.2fx, decode %.2fx\n",
+           c[0].best.prefill / c[1].best.prefill, c[0].best.decode / c[1].best.decode);
+    for (int i = 0; i < nc; i++)
+        cfg_close(&c[i]);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    opts o = {.peer = "bench/llamacpp_peer.py", .threads = 2, .prefill = 128, .decode = 64,
-              .rounds = 3, .f32 = 1};
+    opts o = {.peer = "bench/llamacpp_peer.py", .threads = {1, 2}, .n_threads = 2,
+              .prefill = 128, .decode = 64, .rounds = 3, .f32 = 1};
     o.model = getenv("KVQ_SMOLLM2");
     if (!o.model || !*o.model)
         o.model = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    int bad = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--model") && v) o.model = v, i++;
-        else if (!strcmp(a, "--threads") && v) o.threads = atoi(v), i++;
+        else if (!strcmp(a, "--threads") && v) bad |= parse_threads(&o, v), i++;
         else if (!strcmp(a, "--prefill") && v) o.prefill = atoi(v), i++;
         else if (!strcmp(a, "--decode") && v) o.decode = atoi(v), i++;
         else if (!strcmp(a, "--rounds") && v) o.rounds = atoi(v), i++;
@@ -179,14 +271,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--no-peer")) o.peer = NULL;
         else if (!strcmp(a, "--no-f32")) o.f32 = 0;
         else if (!strcmp(a, "--write-f32") && v) o.write_f32 = v, i++;
-        else {
-            fprintf(stderr, "usage: bench_model [--model PATH] [--threads N] [--prefill N] "
-                            "[--decode N] [--rounds N] [--peer SCRIPT | --no-peer] [--no-f32]\n");
-            return 2;
-        }
+        else bad = 1;
     }
-    if (o.threads < 1 || o.prefill < 1 || o.decode < 1 || o.rounds < 1) {
-        fprintf(stderr, "bench_model: --threads, --prefill, --decode, --rounds must be >= 1\n");
+    if (bad) {
+        fprintf(stderr, "usage: bench_model [--model PATH] [--threads N[,N...]] [--prefill N] "
+                        "[--decode N] [--rounds N] [--peer SCRIPT | --no-peer] [--no-f32]\n");
+        return 2;
+    }
+    if (o.prefill < 1 || o.decode < 1 || o.rounds < 1) {
+        fprintf(stderr, "bench_model: --prefill, --decode, --rounds must be >= 1\n");
         return 2;
     }
     if (access(o.model, R_OK) != 0) {
@@ -226,43 +319,14 @@ int main(int argc, char **argv)
     }
     fclose(fp);
 
-    printf("model %s, %d threads, prefill %d tokens (one chunk), decode %d tokens, best of "
-           "%d rounds\n", o.model, o.threads, o.prefill, o.decode, o.rounds);
-    rates q = {0}, f = {0}, l = {0};
-    uint64_t qmap = 0, fmap = 0;
-    int have_f = 0, have_l = 0;
-    char version[64] = "?";
-    if (bench_kvq(o.model, &o, ids, &q, &qmap))
-        return 1;
-    printf("%-10s prefill %8.1f tok/s   decode %7.1f tok/s   (weights %.0f MiB mapped)\n",
-           "kvq Q4_1", q.prefill, q.decode, qmap / 1048576.0);
-    if (o.f32) {
-        if (write_f32_copy(o.model, f32_path, &e))
-            return die("f32 copy", &e);
-        if (bench_kvq(f32_path, &o, ids, &f, &fmap))
-            return 1;
-        have_f = 1;
-        printf("%-10s prefill %8.1f tok/s   decode %7.1f tok/s   (weights %.0f MiB mapped)\n",
-               "kvq F32", f.prefill, f.decode, fmap / 1048576.0);
-    }
-    if (o.peer) {
-        if (bench_peer(&o, ids_path, &l, version, sizeof version) != 0) {
-            free(ids);
-            kvq_rmtree(dir);
-            return 1;
-        }
-        have_l = 1;
-        printf("%-10s prefill %8.1f tok/s   decode %7.1f tok/s   (llama-cpp-python %s)\n",
-               "llama.cpp", l.prefill, l.decode, version);
-    }
-    if (have_f)
-        printf("kvq Q4_1 / kvq F32:   prefill %.2fx, decode %.2fx\n", q.prefill / f.prefill,
-               q.decode / f.decode);
-    if (have_l)
-        printf("kvq Q4_1 / llama.cpp: prefill %.2fx, decode %.2fx (llama.cpp is %.2fx / %.2fx "
-               "faster)\n", q.prefill / l.prefill, q.decode / l.decode, l.prefill / q.prefill,
-               l.decode / q.decode);
+    printf("model %s, prefill %d tokens (one chunk), decode %d tokens\n", o.model, o.prefill,
+           o.decode);
+    int rc = 0;
+    if (o.f32 && write_f32_copy(o.model, f32_path, &e))
+        rc = die("f32 copy", &e);
+    for (int t = 0; rc == 0 && t < o.n_threads; t++)
+        rc = bench_threads(&o, o.threads[t], ids, ids_path, f32_path);
     free(ids);
     kvq_rmtree(dir);
-    return 0;
+    return rc;
 }

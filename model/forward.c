@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "kvq/quant.h"
+#include "model/q8dot.h"
 
 /* Matrices per layer, in the order of the weight table below. */
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_PER_LAYER };
@@ -130,6 +131,11 @@ struct kvq_forward {
     int tbuf_threads;
     float *ybuf;                   /* [ybuf_floats] one-token product before accumulating */
     size_t ybuf_floats;
+
+    /* the q8 activation path (p.act_q8): a chunk's rows quantized once per input */
+    void *q8buf;                   /* [chunk * q8_row_bytes], 64-byte aligned */
+    kvq_q8row *q8rows;             /* [chunk] */
+    size_t q8_row_bytes;           /* kvq_q8_row_bytes of the widest input */
 };
 
 kvq_forward_params kvq_forward_params_default(void)
@@ -227,6 +233,23 @@ static float *alloc_floats(uint64_t n)
     return malloc((size_t)n * sizeof(float));
 }
 
+/* The q8 path's scratch: a chunk of rows as wide as the widest input of a product. */
+static kvq_status q8_scratch(kvq_forward *f, kvq_err *err)
+{
+    const kvq_model_config *c = &f->m->cfg;
+    int64_t widest = c->dim > c->hidden_dim ? c->dim : c->hidden_dim;
+    const int64_t qd = (int64_t)c->n_heads * c->head_dim;
+    widest = qd > widest ? qd : widest;
+    widest = (widest + 63) / 64 * 64;
+    f->q8_row_bytes = kvq_q8_row_bytes(widest);
+    f->q8buf = aligned_alloc(64, (size_t)f->p.chunk * f->q8_row_bytes);
+    f->q8rows = calloc((size_t)f->p.chunk, sizeof *f->q8rows);
+    if (!f->q8buf || !f->q8rows)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for the 8-bit activations",
+                           f->m->path);
+    return KVQ_OK;
+}
+
 kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
                               kvq_forward **out, kvq_err *err)
 {
@@ -285,6 +308,8 @@ kvq_status kvq_forward_create(const kvq_model *m, const kvq_forward_params *p,
     }
     f->tile_floats = (size_t)pl.tile_floats; /* tbuf: at the first prefill */
     f->ybuf_floats = (size_t)pl.ybuf_floats;
+    if (p->act_q8 && (st = q8_scratch(f, err)))
+        goto done;
 done:
     if (st != KVQ_OK) {
         kvq_forward_free(f);
@@ -310,6 +335,8 @@ void kvq_forward_free(kvq_forward *f)
     free(f->gate);
     free(f->up);
     free(f->pos);
+    free(f->q8buf);
+    free(f->q8rows);
     kvq_full_attn_free(f->full);
     free(f);
 }
@@ -378,6 +405,51 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
     return KVQ_OK;
 }
 
+/* Products of fewer tokens than this take the q8 path (decode, the last token's logits);
+ * longer chunks keep the dequantized tiles and SGEMM, which measured faster than the
+ * four-token integer kernel (decision 018). */
+#define KVQ_Q8_MAX_TOKENS 4
+
+/* y[i] [n, rows_i] = x [n, cols] W_i^T (+ beta y[i]) for the weights wid[0..count) that
+ * read the same input: on the q8 path (p.act_q8, fewer than KVQ_Q8_MAX_TOKENS tokens,
+ * every weight a type and width it takes) x is quantized once for all of them;
+ * otherwise each goes through matmul. */
+static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int count,
+                       const float *x, int64_t n, float beta, kvq_err *err)
+{ /* count <= 3 */
+    int q8 = f->q8buf != NULL && n < KVQ_Q8_MAX_TOKENS;
+    for (int i = 0; i < count && q8; i++) {
+        const kvq_wt *w = table_wt(f->m, wid[i]);
+        q8 = kvq_q8_supported((uint32_t)w->type, w->cols) &&
+             w->cols == table_wt(f->m, wid[0])->cols;
+    }
+    if (!q8) {
+        for (int i = 0; i < count; i++) {
+            kvq_status st = matmul(f, wid[i], x, n, y[i], beta, err);
+            if (st != KVQ_OK)
+                return st;
+        }
+        return KVQ_OK;
+    }
+    const int64_t cols = table_wt(f->m, wid[0])->cols;
+    for (int64_t t = 0; t < n; t++)
+        kvq_q8_quantize(x + t * cols, cols, (uint8_t *)f->q8buf + (size_t)t * f->q8_row_bytes,
+                        &f->q8rows[t]);
+    kvq_q8_mat mats[3];
+    for (int i = 0; i < count; i++) {
+        const kvq_wt *w = table_wt(f->m, wid[i]);
+        mats[i] = (kvq_q8_mat){(uint32_t)w->type, w->data, w->row_bytes, w->rows, y[i], w->rows};
+    }
+    kvq_q8_matmul_multi(mats, count, cols, f->q8rows, n, beta);
+    return KVQ_OK;
+}
+
+static kvq_status proj1(kvq_forward *f, size_t wid, const float *x, int64_t n, float *y,
+                        float beta, kvq_err *err)
+{
+    return proj(f, &wid, &y, 1, x, n, beta, err);
+}
+
 static kvq_status check_finite(const kvq_forward *f, const float *a, int64_t n, int64_t width,
                                int32_t layer, const char *what, kvq_err *err)
 {
@@ -398,8 +470,8 @@ static kvq_status out_proj(kvq_forward *f, size_t wid, const float *in, int64_t 
 {
     const kvq_model_config *c = &f->m->cfg;
     if (!post)
-        return matmul(f, wid, in, n, f->x, 1.0f, err);
-    kvq_status st = matmul(f, wid, in, n, f->xn, 0.0f, err);
+        return proj1(f, wid, in, n, f->x, 1.0f, err);
+    kvq_status st = proj1(f, wid, in, n, f->xn, 0.0f, err);
     if (st != KVQ_OK)
         return st;
     rmsnorm(f->xn, f->xn, post, n, c->dim, c->norm_eps);
@@ -419,9 +491,9 @@ static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
 
     /* ---- attention */
     rmsnorm(f->xn, f->x, L->attn_norm, n, c->dim, c->norm_eps);
-    if ((st = matmul(f, w0 + W_Q, f->xn, n, f->q, 0.0f, err)) ||
-        (st = matmul(f, w0 + W_K, f->xn, n, f->k, 0.0f, err)) ||
-        (st = matmul(f, w0 + W_V, f->xn, n, f->v, 0.0f, err)))
+    const size_t qkv[3] = {w0 + W_Q, w0 + W_K, w0 + W_V};
+    float *const qkv_out[3] = {f->q, f->k, f->v};
+    if ((st = proj(f, qkv, qkv_out, 3, f->xn, n, 0.0f, err)))
         return st;
     if (c->qkv_bias) {
         add_bias(f->q, L->bq, n, qd);
@@ -449,8 +521,9 @@ static kvq_status run_layer(kvq_forward *f, int32_t l, int64_t n, kvq_err *err)
 
     /* ---- gated MLP (SwiGLU, or GELU for gemma) */
     rmsnorm(f->xn, f->x, L->ffn_norm, n, c->dim, c->norm_eps);
-    if ((st = matmul(f, w0 + W_GATE, f->xn, n, f->gate, 0.0f, err)) ||
-        (st = matmul(f, w0 + W_UP, f->xn, n, f->up, 0.0f, err)))
+    const size_t gu[2] = {w0 + W_GATE, w0 + W_UP};
+    float *const gu_out[2] = {f->gate, f->up};
+    if ((st = proj(f, gu, gu_out, 2, f->xn, n, 0.0f, err)))
         return st;
     gated_act(f->gate, f->up, (size_t)(n * c->hidden_dim), c->act);
     if ((st = out_proj(f, w0 + W_DOWN, f->gate, n, L->post_ffn_norm, err)) ||
@@ -554,7 +627,7 @@ static kvq_status forward_chunks(kvq_forward *f, const int32_t *tokens, int64_t 
             float *dst = mode == KVQ_LOGITS_ALL ? logits + (size_t)s * (size_t)c->vocab_size
                                                 : logits;
             rmsnorm(f->xn, f->x + r0 * c->dim, m->out_norm, nr, c->dim, c->norm_eps);
-            if ((st = matmul(f, out_id, f->xn, nr, dst, 0.0f, err)))
+            if ((st = proj1(f, out_id, f->xn, nr, dst, 0.0f, err)))
                 return st;
             if (c->final_softcap > 0) {
                 const float cap = (float)c->final_softcap;

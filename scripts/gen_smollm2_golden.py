@@ -108,7 +108,10 @@ class Model:
         out[..., 1::2] = x0 * s + x1 * c
         return out
 
-    def forward(self, ids):
+    def forward(self, ids, act=None):
+        """Logits (T, n_vocab); act, when given, maps every quantized product's input
+        (scripts/gen_smollm2_q8_golden.py quantizes it to 8 bits)."""
+        A = act if act is not None else (lambda h: h)
         T = len(ids)
         pos = np.arange(T)
         x = self.w["token_embd.weight"][np.asarray(ids)].astype(self.dtype)
@@ -116,7 +119,7 @@ class Model:
         g = self.n_head // self.n_kv
         for L in range(self.n_layer):
             p = f"blk.{L}."
-            h = self.rmsnorm(x, self.w[p + "attn_norm.weight"])
+            h = A(self.rmsnorm(x, self.w[p + "attn_norm.weight"]))
             q = (h @ self.w[p + "attn_q.weight"].T).reshape(T, self.n_head, self.hd)
             k = (h @ self.w[p + "attn_k.weight"].T).reshape(T, self.n_kv, self.hd)
             v = (h @ self.w[p + "attn_v.weight"].T).reshape(T, self.n_kv, self.hd)
@@ -129,12 +132,12 @@ class Model:
                 pr = np.exp(sc)
                 pr /= pr.sum(axis=1, keepdims=True)
                 o[:, hh, :] = pr @ v[:, kv, :]
-            x = x + o.reshape(T, self.d) @ self.w[p + "attn_output.weight"].T
-            h = self.rmsnorm(x, self.w[p + "ffn_norm.weight"])
+            x = x + A(o.reshape(T, self.d)) @ self.w[p + "attn_output.weight"].T
+            h = A(self.rmsnorm(x, self.w[p + "ffn_norm.weight"]))
             gt = h @ self.w[p + "ffn_gate.weight"].T
             up = h @ self.w[p + "ffn_up.weight"].T
-            x = x + ((gt / (1 + np.exp(-gt))) * up) @ self.w[p + "ffn_down.weight"].T
-        h = self.rmsnorm(x, self.w["output_norm.weight"])
+            x = x + A((gt / (1 + np.exp(-gt))) * up) @ self.w[p + "ffn_down.weight"].T
+        h = A(self.rmsnorm(x, self.w["output_norm.weight"]))
         return h @ self.out.T                                            # (T, n_vocab)
 
 

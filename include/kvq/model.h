@@ -321,6 +321,16 @@ typedef struct kvq_forward_params {
                                  one row). Such weights stay packed in the mapping:
                                  never copied whole. */
     kvq_callbacks cb;
+    int32_t act_q8;           /* 1: products with Q4_1 and Q8_0 weights whose width is a
+                                 multiple of 64 quantize the activations to 8 bits per
+                                 32 values and multiply in integers (llama.cpp's scheme;
+                                 AVX-512 VNNI / AVX2 / scalar, the same bytes; decision
+                                 018). Used by products of fewer than 4 tokens
+                                 (decode); longer chunks keep the f32 path. Logits
+                                 then differ from the f32 path's by the quantization
+                                 (up to ~1 on SmolLM2, as llama.cpp's do). 0 (default):
+                                 the f32 products over the dequantized weights, which
+                                 capture, eval and the golden tests use. */
 } kvq_forward_params;
 
 kvq_forward_params kvq_forward_params_default(void);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# bench_run_retrieval.sh — decode with retrieval attention (`kvq run --artifact`) against
+# kvq's full-attention decode at SmolLM2's longest context, in one run: a prompt of about
+# 8K tokens (the Python tutorial and HOWTOs, Debian python3.11-doc), then 128 greedy
+# tokens. Rounds alternate full and retrieval so both see the same load; each prints
+# the decode tokens/s `kvq run` reports; the summary is the best per configuration and
+# the ratio retrieval / full (above 1: retrieval decodes faster).
+#
+#   bash bench/bench_run_retrieval.sh [--model M] [--artifact A] [--threads T]
+#                                     [--rounds N] [--chars C] [-n TOKENS]
+#     --model     default: scripts/fetch-model.sh's SmolLM2-135M-Instruct Q4_1
+#     --artifact  the model's .kvq; default demo-out/model.kvq, made first (as `make demo`
+#                 makes it: kvq calibrate, 4096 tokens of library/) when it is absent
+#     --threads   default 2; --rounds default 2; -n default 128
+#     --chars     prompt characters (default 30000: about 7,900 SmolLM2 tokens, so the
+#                 prompt and the generated tokens stay within the 8,192 trained context)
+# The budget is the artifact's profile's (kvq run's default with --artifact).
+set -euo pipefail
+BUILD=${BUILD:-build}
+KVQ="$BUILD/kvq"
+model= art=demo-out/model.kvq threads=2 rounds=2 chars=30000 n=128
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --model) model=$2; shift 2 ;;
+    --artifact) art=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --chars) chars=$2; shift 2 ;;
+    -n) n=$2; shift 2 ;;
+    *) echo "usage: bench_run_retrieval.sh [--model M] [--artifact A] [--threads T] [--rounds N] [--chars C] [-n TOKENS]" >&2; exit 2 ;;
+  esac
+done
+[ -n "$model" ] || model=$(bash scripts/fetch-model.sh)
+DOCS=${KVQ_DEMO_DOCS:-/usr/share/doc/python3.11/html/_sources}
+[ -d "$DOCS/tutorial" ] || { echo "bench_run_retrieval: $DOCS/tutorial not found (Debian python3.11-doc)" >&2; exit 1; }
+if [ ! -f "$art" ]; then
+  echo "bench_run_retrieval: making $art (kvq calibrate, as make demo does)" >&2
+  mkdir -p "$(dirname "$art")"
+  "$KVQ" calibrate --model "$model" -o "$art" --corpus "dir:$DOCS/library" --max-tokens 4096 \
+    --seq-len 512 --heldout-tokens 512 --tolerance 0.1 --positions rope --threads "$threads" -q
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cat "$DOCS"/tutorial/*.rst.txt "$DOCS"/howto/*.rst.txt | tr -d '\000-\010\013-\037' |
+  head -c "$chars" >"$tmp/prompt.txt"
+
+# One run: prints "PROMPT_TOKENS DECODE_TOKS_PER_S" from kvq run's timing line.
+one() {
+  "$KVQ" run --model "$model" --prompt "$(cat "$tmp/prompt.txt")" -n "$n" --temp 0 \
+    --threads "$threads" "$@" >"$tmp/out" 2>"$tmp/err" ||
+    { echo "bench_run_retrieval: kvq run $* failed:" >&2; cat "$tmp/err" >&2; exit 1; }
+  sed -n 's/.*prompt: \([0-9]*\) tokens in .* s; generated \([0-9]*\) tokens in .* (\(.*\) tokens\/s).*/\1 \2 \3/p' "$tmp/err"
+}
+best_full=0 best_ret=0 info=
+for r in $(seq "$rounds"); do
+  read -r np gf full < <(one)
+  read -r _ gr ret < <(one --artifact "$art")
+  info=$(grep "^kvq: retrieval:" "$tmp/err" | head -1 || true)
+  echo "round $r: prompt $np tokens; full attention $full tok/s ($gf generated), retrieval $ret tok/s ($gr generated)"
+  best_full=$(awk -v a="$best_full" -v b="$full" 'BEGIN { print (b > a ? b : a) }')
+  best_ret=$(awk -v a="$best_ret" -v b="$ret" 'BEGIN { print (b > a ? b : a) }')
+done
+echo "${info#kvq: }"
+awk -v f="$best_full" -v r="$best_ret" -v t="$threads" -v k="$rounds" 'BEGIN {
+  printf "%d threads, best of %d: full attention %.1f tok/s, retrieval %.1f tok/s: retrieval / full %.2fx\n", t, k, f, r, r / f }'
