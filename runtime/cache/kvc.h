@@ -1,7 +1,8 @@
 /*
  * runtime/cache/kvc.h — the compressed KV caches of one (layer, KV head): LeanKV
  * (leankv paper) and PATS (pats paper). Their rows are kvc_rows.h's; attention reads
- * them in place (kvq_rk_lkq_dot / _axpy, kvq_rk_pats_dot / _axpy). The policies are
+ * them in place (kvq_rk_lkq_logits / _mix, kvq_rk_pats_logits / _mix: SIMD by isa), the
+ * prompt's exact rows with kvq_rk_logits / _mix, probabilities by kvq_rk_softmax. The policies are
  * the ones the profile measures (kvq/thresholds.h states them; thresholds/ is above
  * runtime/, so they are written again here, the same formulas and the same bits).
  * Not a public header.
@@ -135,6 +136,10 @@ typedef struct kvq_rt_lk_head {
     float *p_;           /* [gs, cap] probabilities scratch */
     float *row_;         /* [2d] scratch */
     kvq_rt_lk_pool pool[3]; /* [LOW], [HIGH] used */
+    kvq_isa isa;         /* the readers' (kvq_isa_best() at init) */
+    int64_t *col;        /* [cap] attend's scratch: the kept tokens, */
+    const uint8_t **kr, **vr; /* [cap] their K and V rows */
+    int8_t *kb, *vb;     /* [cap] and their bits */
 } kvq_rt_lk_head;
 
 kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
@@ -163,6 +168,8 @@ typedef struct kvq_rt_pats_head {
     int64_t *off;    /* [T] offset of token t's K row */
     int8_t *b;       /* [T] */
     float *p_;       /* [gs, T] */
+    const uint8_t **kr, **vr; /* [T] token t's K and V rows */
+    kvq_isa isa;     /* the readers' (kvq_isa_best() at init) */
 } kvq_rt_pats_head;
 
 kvq_status kvq_rt_pats_head_init(kvq_rt_pats_head *H, int32_t d, int32_t gs, int64_t T,

@@ -1,0 +1,223 @@
+/*
+ * runtime/kernels/kvc_rows_avx512.c — the AVX-512 readers of LeanKV and PATS rows
+ * (kvc_rows_simd.h): one vector of 16 floats is the 16 lanes of kvc_rows.h's sums, so
+ * the results are the scalar specification's bit for bit. Codes are widened straight
+ * from the stored bytes (shifts by lane); PATS fields are gathered from the 64-byte
+ * blocks and converted as f16.
+ */
+#include "runtime/kernels/kernels_simd.h"
+
+#if KVQ_RK_HAVE_X86
+#include <immintrin.h>
+#include <string.h>
+
+#include "runtime/kernels/kvc_rows_simd.h"
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define AHEAD 8 /* rows prefetched ahead */
+
+TARGET static inline float reduce16(__m512 acc)
+{
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+TARGET static inline void meta(const uint8_t *r, float *s, float *z)
+{
+    uint16_t h[2];
+    memcpy(h, r, 4);
+    *s = _cvtsh_ss(h[0]);
+    *z = _cvtsh_ss(h[1]);
+}
+
+/* Codes t0 .. t0 + 15 of a LeanKV row (bits 2, 4 or 8; else the bit stream). */
+TARGET static inline __m512 codes16(const uint8_t *p, int32_t t0, int32_t bits)
+{
+    if (bits == 8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + t0))));
+    if (bits == 4) {
+        uint32_t w[2];
+        memcpy(w, p + t0 / 2, 8);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w[0])),
+                                             _mm256_set1_epi32((int)w[1]), 1);
+        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15)));
+    }
+    uint32_t w;
+    memcpy(&w, p + t0 / 4, 4);
+    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_cvtepi32_ps(
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh), _mm512_set1_epi32(3)));
+}
+
+/* The row's codes as floats into c [n]; bits other than 2, 4, 8 element by element. */
+TARGET static inline void lkq_decode(const uint8_t *r, int32_t n, int32_t bits, float *c)
+{
+    const uint8_t *p = r + 4;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_store_ps(c + t, codes16(p, t, bits));
+        return;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const uint64_t off = (uint64_t)t * (uint64_t)bits;
+        uint32_t v = p[off >> 3]; /* bits <= 8: at most two bytes hold the code */
+        if ((off & 7u) + (uint64_t)bits > 8)
+            v |= (uint32_t)p[(off >> 3) + 1] << 8;
+        c[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
+    }
+}
+
+TARGET static inline void prefetch_row(const uint8_t *r)
+{
+    _mm_prefetch((const char *)r, _MM_HINT_T0);
+    _mm_prefetch((const char *)r + 64, _MM_HINT_T0);
+}
+
+TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                                      const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                      int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(64) float c[512];
+    float s, z;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], c);
+        for (int32_t g = 0; g < nq; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            for (int32_t t = 0; t < n; t += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(c + t), acc);
+            const float t1 = s * reduce16(acc), t2 = z * qsum[g];
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * (t1 - t2);
+        }
+    }
+}
+
+/* y + g ldy += a[g] x for the nonzero a[g]; x [n] in xs. */
+TARGET static inline void mix_rows(const float *a, int32_t nq, const float *xs, int32_t n,
+                                   float *y, int64_t ldy)
+{
+    for (int32_t g = 0; g < nq; g++) {
+        if (a[g] == 0)
+            continue;
+        const __m512 av = _mm512_set1_ps(a[g]);
+        float *yg = y + (size_t)g * (size_t)ldy;
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_storeu_ps(yg + t, _mm512_fmadd_ps(av, _mm512_load_ps(xs + t),
+                                                     _mm512_loadu_ps(yg + t)));
+    }
+}
+
+TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
+                                   const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                   int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(64) float x[512];
+    float a[64], s, z;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], x);
+        const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_store_ps(x + t, _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_load_ps(x + t)), zv));
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+/* ---- PATS ---- */
+
+/* Where the fields of one width lie: per 16 elements, the byte offsets of the 32-bit
+ * words that hold them and the shifts. c / B by (c * ceil(2^16 / B)) >> 16, exact for
+ * c < 512 and B >= 32 (w <= 16). */
+typedef struct pats_layout {
+    int32_t b;
+    __m512i off[32], sh[32];
+} pats_layout;
+
+TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
+{
+    const int32_t w = 16 - b, B = 512 / w, M = (65536 + B - 1) / B;
+    L->b = b;
+    for (int32_t k = 0; k < n / 16; k++) {
+        const __m512i c = _mm512_add_epi32(_mm512_set1_epi32(16 * k),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                             11, 12, 13, 14, 15));
+        const __m512i blk = _mm512_srli_epi32(_mm512_mullo_epi32(c, _mm512_set1_epi32(M)), 16);
+        const __m512i i = _mm512_sub_epi32(c, _mm512_mullo_epi32(blk, _mm512_set1_epi32(B)));
+        const __m512i bit = _mm512_mullo_epi32(i, _mm512_set1_epi32(w));
+        L->off[k] = _mm512_add_epi32(_mm512_slli_epi32(blk, 6), _mm512_srli_epi32(bit, 3));
+        L->sh[k] = _mm512_and_si512(bit, _mm512_set1_epi32(7));
+    }
+}
+
+/* The row's values as f32 into x [n]. */
+TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
+{
+    const __m512i mask = _mm512_set1_epi32((1 << (16 - L->b)) - 1);
+    const __m128i bs = _mm_cvtsi32_si128(L->b);
+    for (int32_t k = 0; k < n / 16; k++) {
+        const __m512i v = _mm512_i32gather_epi32(L->off[k], (const void *)r, 1);
+        const __m512i f = _mm512_sll_epi32(_mm512_and_si512(_mm512_srlv_epi32(v, L->sh[k]), mask), bs);
+        _mm512_store_ps(x + 16 * k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(f)));
+    }
+}
+
+TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
+                                       const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                       int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(64) float x[512];
+    pats_layout L;
+    L.b = -1;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        for (int32_t g = 0; g < nq; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            for (int32_t t = 0; t < n; t += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(x + t), acc);
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * reduce16(acc);
+        }
+    }
+}
+
+TARGET void kvq_kvc_pats_mix_avx512(const float *p, int32_t nq, int64_t ldp,
+                                    const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                    int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(64) float x[512];
+    float a[64];
+    pats_layout L;
+    L.b = -1;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+#endif /* KVQ_RK_HAVE_X86 */
