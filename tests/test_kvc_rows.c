@@ -18,6 +18,7 @@
 
 #include "kvq/util.h"
 #include "runtime/cache/kvc.h"
+#include "runtime/kernels/kvc_rows_simd.h"
 
 enum { M = 37, NQ = 9 };
 
@@ -116,9 +117,15 @@ static void test_pats_simd(void **state)
     if (kvq_isa_best() == KVQ_ISA_SCALAR)
         skip();
     for (int isa = KVQ_ISA_AVX2; isa <= (int)kvq_isa_best(); isa++)
-        for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
-            for (int32_t b = 0; b <= 10; b++)
-                check(1, dims[k], b, (kvq_isa)isa);
+        for (int vbmi = 0; vbmi <= (isa == KVQ_ISA_AVX512); vbmi++) {
+            /* AVX-512: the gather path, then vpermi2b where the CPU has it */
+            if (isa == KVQ_ISA_AVX512 && !kvq_kvc_avx512_vbmi(vbmi) && vbmi)
+                break;
+            for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
+                for (int32_t b = 0; b <= 10; b++)
+                    check(1, dims[k], b, (kvq_isa)isa);
+        }
+    kvq_kvc_avx512_vbmi(1);
 }
 
 int main(void)

@@ -297,6 +297,11 @@ static kvq_isa kvc_isa(kvq_isa isa, int32_t n)
     } while (0)
 #else
 #define KVC_DISPATCH(isa, n, name, args) name##_scalar args
+int kvq_kvc_avx512_vbmi(int on)
+{
+    (void)on;
+    return 0;
+}
 #endif
 
 void kvq_rk_lkq_logits(kvq_isa isa, const float *q, int32_t nq, int64_t ldq, const float *qsum,

@@ -142,9 +142,35 @@ TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
  * words that hold them and the shifts. c / B by (c * ceil(2^16 / B)) >> 16, exact for
  * c < 512 and B >= 32 (w <= 16). */
 typedef struct pats_layout {
-    int32_t b;
+    int32_t b, vbmi;
     __m512i off[32], sh[32];
+    /* with AVX512-VBMI, no gather: the chunk's 16 words are permuted out of its first
+     * block blk0[k] and the next (when two[k]) by byte indices idx[k] */
+    __m512i idx[32];
+    int32_t blk0[32], two[32];
 } pats_layout;
+
+static int vbmi_cached = -1;
+
+/* Whether the CPU has AVX512-VBMI (vpermi2b), computed once. */
+static int has_vbmi(void)
+{
+    int v = __atomic_load_n(&vbmi_cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+        __atomic_store_n(&vbmi_cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+int kvq_kvc_avx512_vbmi(int on)
+{
+    vbmi_cached = -1;
+    const int have = has_vbmi();
+    __atomic_store_n(&vbmi_cached, on && have, __ATOMIC_RELAXED);
+    return have;
+}
 
 TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
 {
@@ -159,12 +185,43 @@ TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
         const __m512i bit = _mm512_mullo_epi32(i, _mm512_set1_epi32(w));
         L->off[k] = _mm512_add_epi32(_mm512_slli_epi32(blk, 6), _mm512_srli_epi32(bit, 3));
         L->sh[k] = _mm512_and_si512(bit, _mm512_set1_epi32(7));
+        /* bytes off - 64 blk0 + 0..3 of the two blocks (<= 130: no carry between bytes; a
+         * field's own bytes are below 128, the rest is masked off) */
+        L->blk0[k] = 16 * k / B;
+        L->two[k] = (16 * k + 15) / B != L->blk0[k];
+        const __m512i rel = _mm512_sub_epi32(L->off[k], _mm512_set1_epi32(64 * L->blk0[k]));
+        L->idx[k] = _mm512_add_epi32(_mm512_mullo_epi32(rel, _mm512_set1_epi32(0x01010101)),
+                                     _mm512_set1_epi32(0x03020100));
+    }
+    L->vbmi = has_vbmi();
+}
+
+#define TARGET_VBMI                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
+
+TARGET_VBMI static void pats_decode_vbmi(const pats_layout *L, const uint8_t *r, int32_t n,
+                                         float *x)
+{
+    const __m512i mask = _mm512_set1_epi32((1 << (16 - L->b)) - 1);
+    const __m128i bs = _mm_cvtsi32_si128(L->b);
+    for (int32_t k = 0; k < n / 16; k++) {
+        const uint8_t *blk = r + 64 * (size_t)L->blk0[k];
+        const __m512i b0 = _mm512_loadu_si512((const void *)blk);
+        const __m512i b1 = L->two[k] ? _mm512_loadu_si512((const void *)(blk + 64))
+                                     : _mm512_setzero_si512();
+        const __m512i v = _mm512_permutex2var_epi8(b0, L->idx[k], b1);
+        const __m512i f = _mm512_sll_epi32(_mm512_and_si512(_mm512_srlv_epi32(v, L->sh[k]), mask), bs);
+        _mm512_store_ps(x + 16 * k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(f)));
     }
 }
 
 /* The row's values as f32 into x [n]. */
 TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
 {
+    if (L->vbmi) {
+        pats_decode_vbmi(L, r, n, x);
+        return;
+    }
     const __m512i mask = _mm512_set1_epi32((1 << (16 - L->b)) - 1);
     const __m128i bs = _mm_cvtsi32_si128(L->b);
     for (int32_t k = 0; k < n / 16; k++) {

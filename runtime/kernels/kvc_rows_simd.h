@@ -25,4 +25,9 @@
 KVQ_KVC_DECLARE(avx2)
 KVQ_KVC_DECLARE(avx512)
 
+/* Tests only: the AVX-512 PATS reader uses vpermi2b when on and the CPU has
+ * AVX512-VBMI, else gathers (the default: on). Returns whether the CPU has it. Not
+ * thread-safe against running readers. */
+int kvq_kvc_avx512_vbmi(int on);
+
 #endif /* KVQ_RUNTIME_KVC_ROWS_SIMD_H */
