@@ -113,12 +113,55 @@ TARGET static inline void mix_rows(const float *a, int32_t nq, const float *xs, 
     }
 }
 
+/* The sums y [nq <= 4, 64] held in registers over all the rows (the same fused
+ * multiply-adds in the same order as mix_rows on memory): decode(i, x) writes row i's
+ * values into x and returns 0 for a row every weight skips. */
+#define MIX64_REGS(...)                                                                   \
+    do {                                                                                         \
+        __m512 acc[4][4];                                                                        \
+        for (int32_t g = 0; g < 4; g++)                                                          \
+            for (int c = 0; c < 4; c++)                                                          \
+                acc[g][c] = g < nq ? _mm512_loadu_ps(y + (size_t)g * (size_t)ldy + 16 * c)       \
+                                   : _mm512_setzero_ps();                                        \
+        for (int64_t i = 0; i < m; i++) {                                                        \
+            if (i + AHEAD < m)                                                                   \
+                prefetch_row(row[i + AHEAD]);                                                    \
+            float w4[4] = {0, 0, 0, 0};                                                          \
+            int any = 0;                                                                         \
+            for (int32_t g = 0; g < nq; g++)                                                     \
+                any |= (w4[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;                    \
+            if (!any)                                                                            \
+                continue;                                                                        \
+            __VA_ARGS__;                                                                         \
+            _Pragma("GCC unroll 4") for (int32_t g = 0; g < 4; g++) {                            \
+                if (w4[g] == 0)                                                                  \
+                    continue;                                                                    \
+                const __m512 av = _mm512_set1_ps(w4[g]);                                         \
+                _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)                              \
+                    acc[g][c] = _mm512_fmadd_ps(av, _mm512_load_ps(x + 16 * c), acc[g][c]);      \
+            }                                                                                    \
+        }                                                                                        \
+        for (int32_t g = 0; g < nq; g++)                                                         \
+            for (int c = 0; c < 4; c++)                                                          \
+                _mm512_storeu_ps(y + (size_t)g * (size_t)ldy + 16 * c, acc[g][c]);               \
+    } while (0)
+
 TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
                                    const uint8_t *const *row, const int8_t *bits, int64_t m,
                                    int32_t n, float *y, int64_t ldy)
 {
     _Alignas(64) float x[512];
     float a[64], s, z;
+    if (n == 64 && nq <= 4) {
+        MIX64_REGS({
+            meta(row[i], &s, &z);
+            lkq_decode(row[i], n, bits[i], x);
+            const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+            for (int32_t t = 0; t < n; t += 16)
+                _mm512_store_ps(x + t, _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_load_ps(x + t)), zv));
+        });
+        return;
+    }
     for (int64_t i = 0; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
@@ -262,6 +305,14 @@ TARGET void kvq_kvc_pats_mix_avx512(const float *p, int32_t nq, int64_t ldp,
     float a[64];
     pats_layout L;
     L.b = -1;
+    if (n == 64 && nq <= 4) {
+        MIX64_REGS({
+            if (bits[i] != L.b)
+                pats_layout_make(&L, bits[i], n);
+            pats_decode(&L, row[i], n, x);
+        });
+        return;
+    }
     for (int64_t i = 0; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
