@@ -24,6 +24,27 @@ TARGET static inline float reduce16(__m512 acc)
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+/* The 16 sums of rows A[0..15] at once, each by reduce16's tree (s8 = lanes l + l+8,
+ * then +4, +2, +1, the same additions): out lane r = reduce16(A[r]). */
+TARGET static inline __m512 reduce16x16(const __m512 *A)
+{
+    __m512 B[8], C[4], D[2];
+    for (int j = 0; j < 8; j++) /* row 2j in lanes 0..7, row 2j+1 in 8..15 */
+        B[j] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * j], A[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(A[2 * j], A[2 * j + 1], 0xee));
+    for (int k = 0; k < 4; k++) /* quad i: row 4k + i */
+        C[k] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * k], B[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(B[2 * k], B[2 * k + 1], 0xdd));
+    for (int m = 0; m < 2; m++) /* quad i: rows 8m + i (lanes 0, 1) and 8m + 4 + i (2, 3) */
+        D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], 0xee));
+    /* lane 4i + k: row i + 4k */
+    const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], 0x88),
+                                   _mm512_shuffle_ps(D[0], D[1], 0xdd));
+    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(back, E);
+}
+
 TARGET static inline void meta(const uint8_t *r, float *s, float *z)
 {
     uint16_t h[2];
@@ -76,13 +97,53 @@ TARGET static inline void prefetch_row(const uint8_t *r)
     _mm_prefetch((const char *)r + 64, _MM_HINT_T0);
 }
 
+#define BLK_NQ 8 /* queries of the 16-row blocks */
+
+/* Logits of 16 rows [i0, i0 + 16) whose decoded values decode(r, x) writes (x [n]):
+ * per query the 16 lane sums, reduced together; then fin(g, sums) the finished logits. */
+#define LOGITS16(DECODE, FIN)                                                                    \
+    do {                                                                                         \
+        _Alignas(64) float xb[512];                                                              \
+        __m512 A[BLK_NQ][16];                                                                    \
+        for (int r = 0; r < 16; r++) {                                                           \
+            if (i0 + r + AHEAD < m)                                                              \
+                prefetch_row(row[i0 + r + AHEAD]);                                               \
+            DECODE;                                                                              \
+            for (int32_t g = 0; g < nq; g++) {                                                   \
+                const float *qg = q + (size_t)g * (size_t)ldq;                                   \
+                __m512 acc = _mm512_setzero_ps();                                                \
+                for (int32_t t = 0; t < n; t += 16)                                              \
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(xb + t), acc); \
+                A[g][r] = acc;                                                                   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int32_t g = 0; g < nq; g++) {                                                       \
+            const __m512 sums = reduce16x16(A[g]);                                               \
+            _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0, FIN);                   \
+        }                                                                                        \
+    } while (0)
+
 TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, const float *qsum,
                                       const uint8_t *const *row, const int8_t *bits, int64_t m,
                                       int32_t n, float scale, float *out, int64_t ldo)
 {
     _Alignas(64) float c[512];
     float s, z;
-    for (int64_t i = 0; i < m; i++) {
+    int64_t i = 0;
+    if (nq <= BLK_NQ)
+        for (; i + 16 <= m; i += 16) {
+            const int64_t i0 = i;
+            _Alignas(64) float sv[16], zv[16];
+            LOGITS16(({
+                         meta(row[i0 + r], &sv[r], &zv[r]);
+                         lkq_decode(row[i0 + r], n, bits[i0 + r], xb);
+                     }),
+                     _mm512_mul_ps(_mm512_set1_ps(scale),
+                                   _mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(sv), sums),
+                                                 _mm512_mul_ps(_mm512_load_ps(zv),
+                                                               _mm512_set1_ps(qsum[g])))));
+        }
+    for (; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
         meta(row[i], &s, &z);
@@ -281,7 +342,18 @@ TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
     _Alignas(64) float x[512];
     pats_layout L;
     L.b = -1;
-    for (int64_t i = 0; i < m; i++) {
+    int64_t i = 0;
+    if (nq <= BLK_NQ)
+        for (; i + 16 <= m; i += 16) {
+            const int64_t i0 = i;
+            LOGITS16(({
+                         if (bits[i0 + r] != L.b)
+                             pats_layout_make(&L, bits[i0 + r], n);
+                         pats_decode(&L, row[i0 + r], n, xb);
+                     }),
+                     _mm512_mul_ps(_mm512_set1_ps(scale), sums));
+        }
+    for (; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
         if (bits[i] != L.b)
