@@ -11,7 +11,9 @@
 #include <string.h>
 
 #include "kvq/artifact.h"
+#include "kvq/artifact_summary.h"
 #include "kvq/half.h"
+#include "kvq/kvcache.h"
 #include "kvq/model_id.h"
 #include "kvq/runtime.h"
 #include "runtime/local.h"
@@ -21,11 +23,13 @@ struct kvq_engine {
     kvq_codebook_set *set;
     kvq_model_config cfg;
     kvq_model_id art; /* the artifact's identity as recorded */
+    char *path;       /* the artifact (the compressed caches' settings) */
 };
 
 struct kvq_engine_seq {
     const kvq_engine *e;
     kvq_retrieval *r;
+    kvq_kvcache *kc;  /* kv_cache != 0: the compressed cache instead of r */
     float *buf;      /* [2, rows, n_kv, d] f16 rows converted */
     int64_t buf_rows;
 };
@@ -191,6 +195,10 @@ kvq_status kvq_engine_open(const char *artifact_path, const kvq_engine_model *mo
         return s;
     }
     e->cfg = kvq_model_config_from_id(&id);
+    if (!(e->path = strdup(artifact_path))) {
+        kvq_engine_close(e);
+        return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
+    }
     *out = e;
     return KVQ_OK;
 }
@@ -200,6 +208,7 @@ void kvq_engine_close(kvq_engine *e)
     if (!e)
         return;
     kvq_codebook_set_close(e->set);
+    free(e->path);
     free(e);
 }
 
@@ -222,7 +231,81 @@ kvq_engine_seq_params kvq_engine_seq_params_default(void)
     p.cache_f16 = d.cache_dtype == KVQ_DT_F16;
     p.max_tokens = d.max_tokens;
     p.threads = d.threads;
+    p.kv_alpha_h = p.kv_alpha_l = -1;
+    p.kv_window = p.kv_pats_schedule = p.kv_pats_b_min = p.kv_pats_b_max = -1;
     return p;
+}
+
+/* ---- the compressed KV caches (kv_cache != 0) -------------------------------------- */
+
+/* A setting: the option where >= 0, else the artifact's metadata key (NaN when absent). */
+static double kv_setting(double opt, const kvq_st *st, const char *key)
+{
+    return opt >= 0 ? opt : st ? kvq_st_meta_num(st, key) : NAN;
+}
+
+static kvq_status kv_params(const kvq_engine *e, const kvq_engine_seq_params *p,
+                            kvq_kvcache_params *kp, kvq_err *err)
+{
+    kvq_artifact *a = NULL;
+    kvq_status s = kvq_artifact_open(e->path, &a, err);
+    if (s)
+        return s;
+    const kvq_st *st = kvq_artifact_payload(a);
+    *kp = kvq_kvcache_params_default();
+    kp->kind = p->kv_cache == KVQ_ENGINE_KV_LEANKV ? KVQ_KV_LEANKV : KVQ_KV_PATS;
+    kp->prompt_tokens = 0;
+    kp->max_tokens = p->max_tokens;
+    kp->threads = p->threads;
+    const char *miss = NULL;
+    if (kp->kind == KVQ_KV_LEANKV) {
+        kp->alpha_h = kv_setting(p->kv_alpha_h, st, KVQ_META_LEANKV_ALPHA_H);
+        kp->alpha_l = kv_setting(p->kv_alpha_l, st, KVQ_META_LEANKV_ALPHA_L);
+        const double w = kv_setting(p->kv_window, st, KVQ_META_LEANKV_WINDOW);
+        kp->window = isnan(w) ? 64 : w > (1 << 20) ? -1 : (int32_t)w;
+        miss = isnan(kp->alpha_h) ? KVQ_META_LEANKV_ALPHA_H
+               : isnan(kp->alpha_l) ? KVQ_META_LEANKV_ALPHA_L : NULL;
+    } else {
+        const char *sc = st ? kvq_st_meta_get(st, KVQ_META_PATS_SCHEDULE) : NULL;
+        int32_t sched = p->kv_pats_schedule;
+        if (sched < 0 && sc && kvq_kvcache_schedule_parse(sc, &sched))
+            sched = 99; /* an unknown name: out of range below */
+        const double lo = kv_setting(p->kv_pats_b_min, st, KVQ_META_PATS_B_MIN);
+        const double hi = kv_setting(p->kv_pats_b_max, st, KVQ_META_PATS_B_MAX);
+        miss = sched < 0 ? KVQ_META_PATS_SCHEDULE : isnan(lo) ? KVQ_META_PATS_B_MIN
+               : isnan(hi) ? KVQ_META_PATS_B_MAX : NULL;
+        kp->schedule = sched;
+        kp->b_min = isnan(lo) || lo != floor(lo) || lo > 99 ? -1 : (int32_t)lo;
+        kp->b_max = isnan(hi) || hi != floor(hi) || hi > 99 ? 99 : (int32_t)hi;
+    }
+    kvq_artifact_close(a);
+    if (miss)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: kv_cache %s needs %s: set it in the "
+                           "sequence parameters, or profile the artifact %s (kvq profile)",
+                           kvq_kv_kind_name(kp->kind), miss, e->path);
+    return KVQ_OK;
+}
+
+static kvq_status kv_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
+                                kvq_engine_seq **out, kvq_err *err)
+{
+    kvq_kvcache_params kp;
+    if (p->kv_cache != KVQ_ENGINE_KV_LEANKV && p->kv_cache != KVQ_ENGINE_KV_PATS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: kv_cache %d (0, "
+                           "KVQ_ENGINE_KV_LEANKV or KVQ_ENGINE_KV_PATS)", (int)p->kv_cache);
+    kvq_status st = kv_params(e, p, &kp, err);
+    if (st)
+        return st;
+    kvq_engine_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
+    s->e = e;
+    if ((st = kvq_kvcache_create(&e->cfg, &kp, &s->kc, err))) {
+        free(s);
+        return st;
+    }
+    *out = s;
+    return KVQ_OK;
 }
 
 kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
@@ -234,6 +317,8 @@ kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     kvq_engine_seq_params def = kvq_engine_seq_params_default();
     if (!p)
         p = &def;
+    if (p->kv_cache)
+        return kv_seq_create(e, p, out, err);
     kvq_retrieval_params rp = kvq_retrieval_params_default();
     rp.selector = KVQ_SELECT_CODEBOOK;
     rp.budget.count = p->budget_tokens > 0 ? p->budget_tokens : 0;
@@ -261,21 +346,34 @@ void kvq_engine_seq_free(kvq_engine_seq *s)
     if (!s)
         return;
     kvq_retrieval_free(s->r);
+    kvq_kvcache_free(s->kc);
     free(s->buf);
     free(s);
 }
 
-void kvq_engine_seq_reset(kvq_engine_seq *s) { kvq_retrieval_reset(s->r); }
+void kvq_engine_seq_reset(kvq_engine_seq *s)
+{
+    if (s->kc) {
+        const kvq_attn_backend b = kvq_kvcache_backend(s->kc);
+        b.reset(b.user);
+        return;
+    }
+    kvq_retrieval_reset(s->r);
+}
 
 int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer)
 {
-    (void)layer; /* every layer holds the same tokens once a step is complete */
+    if (s->kc)
+        return kvq_kvcache_length(s->kc, layer);
+    /* every layer holds the same tokens once a step is complete */
     return kvq_retrieval_length(s->r);
 }
 
 uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s)
 {
     const kvq_model_config *c = &s->e->cfg;
+    if (s->kc)
+        return (uint64_t)kvq_kvcache_bytes(s->kc);
     const kvq_retrieval_params *p = kvq_retrieval_get_params(s->r);
     const uint64_t es = p->cache_dtype == KVQ_DT_F16 ? 2 : 4;
     const uint64_t nl = (uint64_t)(c->n_layers - kvq_rt_local_count(c)); /* local: rings */
@@ -318,6 +416,8 @@ kvq_status kvq_engine_seq_append(kvq_engine_seq *s, int32_t layer, int32_t n, co
 {
     const float *kf, *vf;
     kvq_status st = rows_f32(s, n < 1 ? 1 : n, k, v, dt, &kf, &vf, err);
+    if (!st && s->kc)
+        return kvq_kvcache_append(s->kc, layer, n, pos, kf, vf, err);
     return st ? st : kvq_retrieval_append(s->r, layer, n, pos, kf, vf, err);
 }
 
@@ -336,7 +436,7 @@ kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, 
         return st;
     const kvq_attn_call c = {.layer = layer, .n = 1, .pos = &pos, .q = q, .k = kf, .v = vf,
                              .out = out};
-    kvq_attn_backend b = kvq_retrieval_backend(s->r);
+    kvq_attn_backend b = s->kc ? kvq_kvcache_backend(s->kc) : kvq_retrieval_backend(s->r);
     return b.attend(b.user, &c, err);
 }
 
@@ -344,7 +444,7 @@ const int32_t *kvq_engine_seq_last_selection(const kvq_engine_seq *s, int32_t la
                                              int32_t kv_head, int64_t *count)
 {
     int64_t n = 0;
-    const int32_t *sel = s ? kvq_retrieval_last_selection(s->r, layer, kv_head, &n) : NULL;
+    const int32_t *sel = s && !s->kc ? kvq_retrieval_last_selection(s->r, layer, kv_head, &n) : NULL;
     if (count)
         *count = n;
     return sel;

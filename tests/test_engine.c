@@ -134,6 +134,8 @@ static void rope(float *x, int d, int64_t pos, double base)
     }
 }
 
+static int own_exact; /* own_forward: decode with own_attention too (no kvq) */
+
 typedef struct own_cache { /* the engine's own KV memory for the prompt: post-RoPE keys */
     float *k, *v;          /* [layers][TOTAL][n_kv*d] */
 } own_cache;
@@ -194,6 +196,13 @@ static void own_forward(kvq_engine_seq *seq, float *logits)
             if (t < PROMPT) {
                 assert_int_equal(kvq_engine_seq_append(seq, l, 1, &pos, k, v, KVQ_ENGINE_F32, &e),
                                  KVQ_OK);
+                float *kc = C.k + ((size_t)l * TOTAL + t) * nkv;
+                memcpy(kc, k, sizeof(float) * nkv);
+                for (int kh = 0; kh < s->n_kv_heads; kh++)
+                    rope(kc + (size_t)kh * d, d, t, s->rope_base);
+                memcpy(C.v + ((size_t)l * TOTAL + t) * nkv, v, sizeof(float) * nkv);
+                own_attention(s, &C, l, t, q, att);
+            } else if (own_exact) { /* the engine's own exact attention all along */
                 float *kc = C.k + ((size_t)l * TOTAL + t) * nkv;
                 memcpy(kc, k, sizeof(float) * nkv);
                 for (int kh = 0; kh < s->n_kv_heads; kh++)
@@ -397,6 +406,90 @@ static void test_fingerprint_forms(void **state)
             assert_string_not_equal(seen[i], seen[j]);
 }
 
+/* The logits of own_forward through a sequence of sp, its length and bytes. */
+static float *forward_with(kvq_engine *eng, const kvq_engine_seq_params *sp, uint64_t *bytes)
+{
+    kvq_engine_seq *seq = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_engine_seq_create(eng, sp, &seq, &e), KVQ_OK);
+    float *lg = calloc((size_t)TOTAL * F.t->s.vocab, sizeof(float));
+    own_forward(seq, lg);
+    assert_int_equal(kvq_engine_seq_length(seq, 1), own_exact ? PROMPT : TOTAL);
+    *bytes = kvq_engine_seq_bytes(seq);
+    kvq_engine_seq_free(seq);
+    return lg;
+}
+
+/* Worst |logit difference| over the decoded positions, relative to the largest logit;
+ * argmax agreements in *agree. */
+static double logit_diff(const float *a, const float *b, int *agree)
+{
+    const int V = F.t->s.vocab;
+    double worst = 0, scale = 0;
+    *agree = 0;
+    for (int t = PROMPT - 1; t < TOTAL; t++) {
+        int ia = 0, ib = 0;
+        for (int i = 0; i < V; i++) {
+            const size_t j = (size_t)t * V + i;
+            worst = fmax(worst, fabs((double)a[j] - b[j]));
+            scale = fmax(scale, fabs((double)b[j]));
+            ia = a[j] > a[(size_t)t * V + ia] ? i : ia;
+            ib = b[j] > b[(size_t)t * V + ib] ? i : ib;
+        }
+        *agree += ia == ib;
+    }
+    return worst / scale;
+}
+
+/* kv_cache: full attention over a PATS or LeanKV cache against the engine's own exact
+ * attention (double sums over f32 rows); the bytes held by the formats
+ * (docs/kvcache.md); settings missing from the artifact refused. */
+static void test_kv_caches(void **state)
+{
+    (void)state;
+    kvq_engine_model em = engine_model(F.fp);
+    kvq_engine *eng = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_engine_open(F.art, &em, 0, &eng, &e), KVQ_OK);
+    const tinyllama_spec *s = &F.t->s;
+    const uint64_t cells = (uint64_t)TOTAL * s->n_layers * s->n_kv_heads;
+    kvq_engine_seq_params sp = kvq_engine_seq_params_default();
+    uint64_t b_exact, b_pats, b_lk;
+    own_exact = 1;
+    float *ref = forward_with(eng, &sp, &b_exact);
+    own_exact = 0;
+    sp.max_tokens = TOTAL;
+    sp.kv_cache = KVQ_ENGINE_KV_PATS;
+    sp.kv_pats_schedule = 2;
+    sp.kv_pats_b_min = sp.kv_pats_b_max = 0; /* f16 rows, nothing truncated */
+    float *pats = forward_with(eng, &sp, &b_pats);
+    sp.kv_cache = KVQ_ENGINE_KV_LEANKV;
+    sp.kv_alpha_h = sp.kv_alpha_l = 0; /* every token K8V4 */
+    float *lk = forward_with(eng, &sp, &b_lk);
+    int agree_p, agree_l;
+    const double dp = logit_diff(pats, ref, &agree_p), dl = logit_diff(lk, ref, &agree_l);
+    printf("  engine kv_cache vs exact: pats 0:0 %.3g (argmax %d of %d), leankv 0/0 %.3g (%d)\n",
+           dp, agree_p, DECODE + 1, dl, agree_l);
+    assert_true(dp <= 2e-3 && agree_p == DECODE + 1); /* f16 rounding of K and V */
+    assert_true(dl <= 0.05 && dl > 4 * dp && agree_l >= DECODE - 4); /* 4-bit values */
+    assert_int_equal(b_pats, cells * 2 * 64); /* a 16-element row is one 64-byte block */
+    assert_int_equal(b_lk, cells * ((4u + s->head_dim) + (4u + s->head_dim / 2)));
+    /* the test artifact has no profile: a setting left to it is refused, named */
+    kvq_engine_seq *seq = NULL;
+    sp.kv_alpha_l = -1;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "leankv.alpha_l"));
+    assert_null(seq);
+    sp.kv_cache = KVQ_ENGINE_KV_PATS;
+    sp.kv_pats_b_max = -1;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "pats.b_max"));
+    sp.kv_pats_b_max = 11;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    free(ref), free(pats), free(lk);
+    kvq_engine_close(eng);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -404,6 +497,7 @@ int main(void)
         cmocka_unit_test(test_weights_refused),
         cmocka_unit_test(test_decode_matches_kvq_f32),
         cmocka_unit_test(test_decode_matches_kvq_f16),
+        cmocka_unit_test(test_kv_caches),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     test_tmpdir_cleanup();

@@ -92,9 +92,13 @@ static void lkq_record(golden *g, int *counts)
         const float dot1 = kvq_rk_lkq_dot(q, row, n, bits);
         assert_true(fabs(dot1 - ref) <= 1e-5 * mag + 1e-30);
         float dn[2], an[2] = {0.5f, 0}, yn[2 * 512] = {0};
-        kvq_rk_lkq_dot_n(q, 2, 0, row, n, bits, dn); /* the group form: the same bits */
+        const uint8_t *rows[1] = {row};
+        const int8_t bb[1] = {(int8_t)bits};
+        const float qs[2] = {kvq_rk_qsum(q, n), kvq_rk_qsum(q, n)};
+        /* the many-rows form, SIMD where the CPU has it: the same bits */
+        kvq_rk_lkq_logits(KVQ_ISA_AVX512, q, 2, 0, qs, rows, bb, 1, n, 1.0f, dn, 1);
         assert_true(dn[0] == dot1 && dn[1] == dot1);
-        kvq_rk_lkq_axpy_n(an, 2, row, n, bits, yn, n);
+        kvq_rk_lkq_mix(KVQ_ISA_AVX512, an, 2, 1, rows, bb, 1, n, yn, n);
         memset(mine, 0, sizeof(float) * n);
         kvq_rk_lkq_axpy(0.5f, row, n, bits, mine);
         for (int32_t t = 0; t < n; t++)
@@ -112,7 +116,7 @@ static void pats_record(golden *g, int *counts)
     take(g, x, sizeof(float) * n);
     const uint32_t ok = u32(g);
     const size_t rb = kvq_rk_pats_row_bytes(n, b);
-    uint8_t *row = malloc(rb), *want = malloc(rb);
+    uint8_t *row = malloc(rb + KVQ_RK_PATS_PAD), *want = malloc(rb);
     kvq_err err = {0};
     kvq_status s = kvq_rt_pats_pack_f32(x, n, b, row, &err);
     if (!ok) {
@@ -125,16 +129,23 @@ static void pats_record(golden *g, int *counts)
         assert_memory_equal(row, want, rb);
         kvq_rk_pats_unpack(row, n, b, mine);
         assert_memory_equal(mine, xt, sizeof(float) * n);
-        double ref = 0;
-        for (int32_t t = 0; t < n; t++)
+        double ref = 0, mag = 0;
+        for (int32_t t = 0; t < n; t++) {
             ref += (double)xt[t] * (t % 3 - 1);
+            mag += fabs((double)xt[t]);
+        }
         float *q = mine;
         for (int32_t t = 0; t < n; t++)
             q[t] = (float)(t % 3 - 1);
-        assert_true(kvq_rk_pats_dot(q, row, n, b) == (float)ref);
+        /* float sums in 16 lanes (kvc_rows.h): exact products, at most n / 16 + 4 roundings
+         * on the way to any partial sum */
+        const float dot1 = kvq_rk_pats_dot(q, row, n, b);
+        assert_true(fabs(dot1 - ref) <= (n / 16.0 + 4.0) * 0x1p-24 * mag);
         float dn[1];
-        kvq_rk_pats_dot_n(q, 1, 0, row, n, b, dn);
-        assert_true(dn[0] == (float)ref);
+        const uint8_t *rows[1] = {row};
+        const int8_t bb[1] = {(int8_t)b};
+        kvq_rk_pats_logits(KVQ_ISA_AVX512, q, 1, 0, rows, bb, 1, n, 1.0f, dn, 1);
+        assert_true(dn[0] == dot1);
         counts[0]++;
     }
     free(x), free(xt), free(mine), free(row), free(want);

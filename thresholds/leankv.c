@@ -89,38 +89,21 @@ void kvq_leankv_classify_prompt(const double *sig, int64_t n, const kvq_leankv_p
 
 int64_t thr_leankv_argmin_scalar(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len)
 {
-    int64_t v = -1;
-    for (int64_t j = 0; j < len; j++)
-        if (cls[j] == sec && (v < 0 || sig[j] < sig[v]))
-            v = j;
-    return v;
+    return kvq_rt_lk_argmin(sig, cls, sec, len);
 }
 
 int64_t kvq_leankv_generation_step(const double *sig, int64_t n, const kvq_leankv_params *p,
                                    uint8_t *cls)
 {
-    return thr_leankv_step(sig, n, p, cls, thr_leankv_argmin_scalar);
+    return thr_leankv_step(sig, n, p, cls, kvq_rt_lk_argmin);
 }
 
+/* Algorithm 1 is the runtime cache's (kvq_rt_lk_generation_step_with). */
 int64_t thr_leankv_step(const double *sig, int64_t n, const kvq_leankv_params *p, uint8_t *cls,
                         thr_argmin_fn argmin)
 {
-    if (n < 1)
-        return -1;
-    cls[n - 1] = KVQ_LEANKV_HIGH; /* the new token enters the window */
-    if (n <= p->window)
-        return -1;
-    const int64_t c = n - 1 - p->window; /* leaves the window */
-    const kvq_leankv_class sec = kvq_leankv_rule(sig[c], n, p);
-    cls[c] = (uint8_t)sec;
-    if (sec == KVQ_LEANKV_PRUNED)
-        return -1;
-    /* the least significant token of that section outside the window (ties: earliest) */
-    const int64_t v = argmin(sig, cls, (uint8_t)sec, c + 1);
-    const kvq_leankv_class now = kvq_leankv_rule(sig[v], n, p);
-    if (now < sec)
-        cls[v] = (uint8_t)now; /* HIGH -> LOW or PRUNED; LOW -> PRUNED */
-    return v;
+    const kvq_rt_lk_params r = rt_params(p);
+    return kvq_rt_lk_generation_step_with(sig, n, &r, cls, argmin);
 }
 
 uint64_t kvq_leankv_token_bytes(int32_t d, kvq_leankv_class c, const kvq_leankv_params *p)

@@ -291,10 +291,12 @@ static kvq_status ppl_of(thr_ppl *e, kvq_simcache_kind kind, const kvq_leankv_pa
 
 /* Picks the least cost (cost1, then cost2 when >= 0, then quality, then index) among
  * rows whose quality is within `limit`; if there is none, the best quality (then
- * cost1). Rows with NaN quality, and rows whose cost1 is not below max_cost (a setting
- * that saves nothing), are ignored. */
-static void select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit,
-                       double max_cost)
+ * cost1). Then, with tie > 0, the best quality among the rows within the limit whose
+ * cost1 is within `tie` of that least cost (PATS: docs/decisions/018-profile-pats-ties.md;
+ * equal quality: the first of them). Rows with NaN quality, and
+ * rows whose cost1 is not below max_cost (a setting that saves nothing), are ignored. */
+void thr_select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit,
+                    double max_cost, double tie)
 {
     int64_t best = -1;
     int met = 0;
@@ -320,6 +322,16 @@ static void select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, dou
             better = r[qcol] != b[qcol] ? r[qcol] < b[qcol] : r[cost1] < b[cost1];
         if (better)
             best = i;
+    }
+    if (met && tie > 0) {
+        const double least = t->rows[(size_t)best * t->n_cols + cost1];
+        for (int64_t i = 0; i < t->n_rows; i++) {
+            const double *r = t->rows + (size_t)i * t->n_cols;
+            const double *b = t->rows + (size_t)best * t->n_cols;
+            if (!isnan(r[qcol]) && r[cost1] < max_cost && r[qcol] <= limit &&
+                r[cost1] <= least + tie && r[qcol] < b[qcol])
+                best = i;
+        }
     }
     t->chosen = best;
     t->met = met;
@@ -358,7 +370,8 @@ static void select_all(kvq_profile_result *r, const kvq_profile_params *p)
         /* A PATS row costs at least the f16 cache when d is small (whole 64-byte blocks
          * per row, kvq/thresholds.h): such a row is never chosen. */
         const double max_cost = i == KVQ_PROFILE_PATS ? THR_PATS_MAX_MEMORY : INFINITY;
-        select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit, max_cost);
+        thr_select_row(t, r->metric_ppl ? qppl[i] : qerr[i], c1[i], c2[i], limit, max_cost,
+                       i == KVQ_PROFILE_PATS ? THR_PATS_MEMORY_TIE : 0);
         if (t->chosen < 0) {
             if (i == KVQ_PROFILE_PATS)
                 kvq_log(&p->cb, KVQ_LOG_WARN, "profile: pats: no setting saves memory against "

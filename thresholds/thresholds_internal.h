@@ -253,6 +253,15 @@ void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, u
  * never chosen, so never measured again): PATS rows that save nothing against the f16
  * cache (THR_PATS_MAX_MEMORY, the selection's limit). */
 #define THR_PATS_MAX_MEMORY 1.0
+/* PATS settings whose packed memory is within this share of the f16 cache of the least
+ * memory within tolerance count as equal: the better quality is chosen among them
+ * (docs/decisions/018-profile-pats-ties.md). */
+#define THR_PATS_MEMORY_TIE 0.005
+/* The profile's choice of a table's row (profile.c): least cost1 (then cost2, quality)
+ * within limit on column qcol, then the best quality within tie of that cost; else the
+ * best quality. Rows with cost1 >= max_cost are ignored. Sets t->chosen and t->met. */
+void thr_select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit,
+                    double max_cost, double tie);
 void thr_mark_refine_below(const thr_acc *total, int64_t lo, int64_t hi, double tol,
                            double max_mem, uint8_t *mark);
 /* Clears the marks of [lo, hi) when the settings marked as possibly the best (none can

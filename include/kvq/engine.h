@@ -145,7 +145,25 @@ typedef struct kvq_engine_seq_params {
     int cache_f16;            /* 1 (default): cache rows in f16, 0: f32 */
     int64_t max_tokens;       /* longest sequence (default 1 << 20) */
     int32_t threads;          /* KV heads in parallel (default 1) */
+    /* ---- the compressed KV caches (docs/kvcache.md) ----
+     * kv_cache 0 (the default, and a zeroed struct): the rows as cache_f16 says, with
+     * the codebook selection. KVQ_ENGINE_KV_LEANKV or KVQ_ENGINE_KV_PATS: full attention
+     * over that compressed cache instead (no selection; budget, sink and window are not
+     * used), kvq_engine_seq_bytes the bytes it holds. Its settings: the fields below
+     * where >= 0, else the artifact's profile (leankv.alpha_h, leankv.alpha_l,
+     * leankv.window, pats.schedule, pats.b_min, pats.b_max); one in neither, or out of
+     * range, is an INVALID_ARG naming it. Rows appended (the prompt) enter as generated
+     * tokens do; PATS lays its schedule over max_tokens (set it to the sequence's length:
+     * the cache is made for that many tokens). */
+    int32_t kv_cache;
+    double kv_alpha_h, kv_alpha_l;     /* LeanKV thresholds (default -1: the artifact's) */
+    int32_t kv_window;                 /* LeanKV recent window (-1: the artifact's, else 64) */
+    int32_t kv_pats_schedule;          /* 0 old-heavy, 1 new-heavy, 2 middle-heavy (-1) */
+    int32_t kv_pats_b_min, kv_pats_b_max; /* 0..10 (-1: the artifact's) */
 } kvq_engine_seq_params;
+
+#define KVQ_ENGINE_KV_LEANKV 1
+#define KVQ_ENGINE_KV_PATS 2
 
 kvq_engine_seq_params kvq_engine_seq_params_default(void);
 
@@ -160,7 +178,8 @@ void kvq_engine_seq_free(kvq_engine_seq *s); /* NULL is fine */
 /* Forgets the tokens (the sequence can be reused for another one). */
 void kvq_engine_seq_reset(kvq_engine_seq *s);
 int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer); /* tokens cached */
-uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s); /* cached rows and codes */
+uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s); /* cached rows and codes (or the
+                                                           compressed cache's bytes) */
 
 /* Appends n rows of layer `layer` at positions pos[0..n): k, v [n, n_kv_heads,
  * head_dim] of dtype dt, pre-RoPE. Each key is encoded with the layer's codebook.

@@ -47,6 +47,8 @@ typedef enum kvq_kv_kind {
 const char *kvq_kv_kind_name(kvq_kv_kind k);
 /* 0 and *k set, or -1 for an unknown name. */
 int kvq_kv_kind_parse(const char *name, kvq_kv_kind *k);
+/* A PATS schedule's name ("old-heavy", "new-heavy", "middle-heavy"): 0 and *s set, or -1. */
+int kvq_kvcache_schedule_parse(const char *name, int32_t *s);
 
 typedef struct kvq_kvcache_params {
     kvq_kv_kind kind;
@@ -74,6 +76,18 @@ kvq_attn_backend kvq_kvcache_backend(kvq_kvcache *c);
  * over them). Errors: KVQ_E_INVALID_ARG, KVQ_E_NOMEM. */
 kvq_status kvq_kvcache_begin(kvq_kvcache *c, int64_t prompt_tokens, int64_t n_tokens,
                              kvq_err *err);
+
+/* Rows without queries (an engine that attends its prompt itself, kvq/engine.h): n
+ * tokens of `layer` at positions pos [n], k and v [n, n_kv_heads, head_dim] (pre-RoPE),
+ * appended as generated tokens are (LeanKV: K8V4 in the window, then Algorithm 1 with
+ * the significance the queries of later calls give them; PATS: truncated by b(t)).
+ * Errors: KVQ_E_INVALID_ARG, KVQ_E_NOMEM, KVQ_E_NUMERIC. */
+kvq_status kvq_kvcache_append(kvq_kvcache *c, int32_t layer, int64_t n, const int64_t *pos,
+                              const float *k, const float *v, kvq_err *err);
+/* Tokens held by a layer (0 for a layer out of range), and the bytes the current
+ * sequence holds (every layer and KV head). */
+int64_t kvq_kvcache_length(const kvq_kvcache *c, int32_t layer);
+double kvq_kvcache_bytes(const kvq_kvcache *c);
 
 /* Memory the cache held at the end of each sequence, summed over the sequences (the
  * current one included) and every layer and KV head: tokens, bytes in total and per

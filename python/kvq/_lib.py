@@ -54,6 +54,14 @@ class SeqParamsC(ctypes.Structure):
         ("cache_f16", ctypes.c_int),
         ("max_tokens", ctypes.c_int64),
         ("threads", ctypes.c_int32),
+        # the compressed KV caches (kvq/engine.h: kv_cache 0 = the codebook selection)
+        ("kv_cache", ctypes.c_int32),
+        ("kv_alpha_h", ctypes.c_double),
+        ("kv_alpha_l", ctypes.c_double),
+        ("kv_window", ctypes.c_int32),
+        ("kv_pats_schedule", ctypes.c_int32),
+        ("kv_pats_b_min", ctypes.c_int32),
+        ("kv_pats_b_max", ctypes.c_int32),
     ]
 
 

@@ -1,9 +1,10 @@
 /*
  * runtime/cache/kvc.h — the compressed KV caches of one (layer, KV head): LeanKV
  * (leankv paper) and PATS (pats paper). Their rows are kvc_rows.h's; attention reads
- * them in place (kvq_rk_lkq_dot / _axpy, kvq_rk_pats_dot / _axpy). The policies are
- * the ones the profile measures (kvq/thresholds.h states them; thresholds/ is above
- * runtime/, so they are written again here, the same formulas and the same bits).
+ * them in place (kvq_rk_lkq_logits / _mix, kvq_rk_pats_logits / _mix: SIMD by isa), the
+ * prompt's exact rows with kvq_rk_logits / _mix, probabilities by kvq_rk_softmax. The
+ * quantizer and the policies are the ones the profile measures (kvq/thresholds.h states
+ * them; thresholds/ sits above runtime/ and calls these: one copy of the formulas).
  * Not a public header.
  *
  * ---- LeanKV quantization (kvq_rt_lkq_quantize) -----------------------------------
@@ -54,6 +55,10 @@ extern "C" {
  * Errors: KVQ_E_INVALID_ARG, KVQ_E_NUMERIC (rule above). */
 kvq_status kvq_rt_lkq_quantize(const float *x, int32_t n, int32_t bits, uint8_t *row,
                                kvq_err *err);
+/* The same rule's scale, zero point and codes, one code a byte (codes [n]): the
+ * profile's quantizer (thresholds/quant.c) is this one. */
+kvq_status kvq_rt_lkq_codes(const float *x, int32_t n, int32_t bits, uint8_t *codes,
+                            uint16_t *s16, uint16_t *z16, kvq_err *err);
 /* Rounds x [n] to f16 (nearest even), drops b (0..10) low mantissa bits and packs the
  * row (kvq_rk_pats_row_bytes(n, b) bytes). Errors: KVQ_E_INVALID_ARG (b), KVQ_E_NUMERIC
  * (a value that is not finite in f16: NaN, Inf, |x| rounding above 65504). */
@@ -84,6 +89,15 @@ void kvq_rt_lk_classify_prompt(const double *sig, int64_t n, const kvq_rt_lk_par
 /* One generation step for n tokens (sig, cls [n]); returns the victim or -1. */
 int64_t kvq_rt_lk_generation_step(const double *sig, int64_t n, const kvq_rt_lk_params *p,
                                   uint8_t *cls);
+/* The first j < len with cls[j] == sec whose sig[j] is least (ties: the earliest; -1 if
+ * none): Algorithm 1's choice of the victim. */
+typedef int64_t (*kvq_rt_lk_argmin_fn)(const double *sig, const uint8_t *cls, uint8_t sec,
+                                       int64_t len);
+int64_t kvq_rt_lk_argmin(const double *sig, const uint8_t *cls, uint8_t sec, int64_t len);
+/* The generation step with the victim chosen by argmin (equal to kvq_rt_lk_argmin: the
+ * profile's SIMD kernels). */
+int64_t kvq_rt_lk_generation_step_with(const double *sig, int64_t n, const kvq_rt_lk_params *p,
+                                       uint8_t *cls, kvq_rt_lk_argmin_fn argmin);
 
 /* ==========================================================================
  * PATS schedule
@@ -135,6 +149,10 @@ typedef struct kvq_rt_lk_head {
     float *p_;           /* [gs, cap] probabilities scratch */
     float *row_;         /* [2d] scratch */
     kvq_rt_lk_pool pool[3]; /* [LOW], [HIGH] used */
+    kvq_isa isa;         /* the readers' (kvq_isa_best() at init) */
+    int64_t *col;        /* [cap] attend's scratch: the kept tokens, */
+    const uint8_t **kr, **vr; /* [cap] their K and V rows */
+    int8_t *kb, *vb;     /* [cap] and their bits */
 } kvq_rt_lk_head;
 
 kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
@@ -163,6 +181,8 @@ typedef struct kvq_rt_pats_head {
     int64_t *off;    /* [T] offset of token t's K row */
     int8_t *b;       /* [T] */
     float *p_;       /* [gs, T] */
+    const uint8_t **kr, **vr; /* [T] token t's K and V rows */
+    kvq_isa isa;     /* the readers' (kvq_isa_best() at init) */
 } kvq_rt_pats_head;
 
 kvq_status kvq_rt_pats_head_init(kvq_rt_pats_head *H, int32_t d, int32_t gs, int64_t T,

@@ -45,6 +45,11 @@ int kvq_kv_kind_parse(const char *name, kvq_kv_kind *k)
     return -1;
 }
 
+int kvq_kvcache_schedule_parse(const char *name, int32_t *s)
+{
+    return kvq_rt_pats_schedule_parse(name, s);
+}
+
 kvq_kvcache_params kvq_kvcache_params_default(void)
 {
     const kvq_rt_lk_params l = kvq_rt_lk_params_default();
@@ -284,4 +289,54 @@ kvq_attn_backend kvq_kvcache_backend(kvq_kvcache *c)
     kvq_attn_backend b = {.name = kvq_kv_kind_name(c->p.kind), .user = c,
                           .attend = kvcache_attend, .reset = kvcache_reset};
     return b;
+}
+
+kvq_status kvq_kvcache_append(kvq_kvcache *c, int32_t layer, int64_t n, const int64_t *pos,
+                              const float *k, const float *v, kvq_err *err)
+{
+    const int32_t d = c->d, nkv = c->n_kv;
+    if (c->broken)
+        return kvq_err_set(err, c->broken, "%s", c->berr.msg);
+    if (layer < 0 || layer >= c->n_layers || n < 1 || !pos || !k || !v)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache: bad append (layer %d, %lld rows)",
+                           (int)layer, (long long)n);
+    float *kr = malloc(sizeof(float) * (size_t)nkv * d);
+    if (!kr)
+        return kvq_err_set(err, KVQ_E_NOMEM, "kv cache: out of memory");
+    kvq_status s = KVQ_OK;
+    for (int64_t i = 0; i < n && !s; i++) {
+        const size_t o = (size_t)i * nkv * d;
+        memcpy(kr, k + o, sizeof(float) * (size_t)nkv * d);
+        kvq_rope_apply(&c->rope, c->theta, kr, nkv, pos[i]);
+        for (int32_t h = 0; h < nkv && !s; h++) {
+            const int64_t hi = (int64_t)layer * nkv + h;
+            const float *kh = kr + (size_t)h * d, *vh = v + o + (size_t)h * d;
+            if (!c->lk) {
+                s = kvq_rt_pats_append(&c->pt[hi], kh, vh, err);
+                continue;
+            }
+            kvq_rt_lk_head *H = &c->lk[hi];
+            if (!(s = kvq_rt_lk_append(H, kh, vh, err)))
+                s = H->prompt_done ? kvq_rt_lk_step(H, err)
+                    : H->n == c->p.prompt_tokens ? kvq_rt_lk_end_prompt(H, err) : KVQ_OK;
+        }
+    }
+    free(kr);
+    return s;
+}
+
+int64_t kvq_kvcache_length(const kvq_kvcache *c, int32_t layer)
+{
+    if (layer < 0 || layer >= c->n_layers)
+        return 0;
+    const int64_t hi = (int64_t)layer * c->n_kv;
+    return c->lk ? c->lk[hi].n : c->pt[hi].n;
+}
+
+double kvq_kvcache_bytes(const kvq_kvcache *c)
+{
+    kvq_kvcache_memory m;
+    memset(&m, 0, sizeof m);
+    memory_add(c, &m);
+    return m.bytes;
 }

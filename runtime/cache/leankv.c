@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "runtime/cache/kvc.h"
+#include "runtime/kernels/rk.h"
 
 /* ==========================================================================
  * Pools
@@ -76,6 +77,7 @@ kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
     H->gs = gs;
     pool_init(&H->pool[KVQ_RT_LK_LOW], d, p->k_low, p->v_low);
     pool_init(&H->pool[KVQ_RT_LK_HIGH], d, p->k_high, p->v_high);
+    H->isa = kvq_isa_best();
     H->row_ = (float *)malloc(sizeof(float) * 2 * (size_t)d);
     if (!H->row_)
         return kvq_err_set(err, KVQ_E_NOMEM, "leankv: out of memory");
@@ -92,6 +94,11 @@ void kvq_rt_lk_head_free(kvq_rt_lk_head *H)
     free(H->exact);
     free(H->p_);
     free(H->row_);
+    free(H->col);
+    free((void *)H->kr);
+    free((void *)H->vr);
+    free(H->kb);
+    free(H->vb);
     for (int c = 0; c < 3; c++) {
         free(H->pool[c].data);
         free(H->pool[c].free_);
@@ -120,6 +127,9 @@ static kvq_status reserve(kvq_rt_lk_head *H, int64_t need, kvq_err *err)
         !grow((void **)&H->acc, sizeof(double) * c * (size_t)H->gs) ||
         !grow((void **)&H->qcum, sizeof(int64_t) * c) || !grow((void **)&H->sig, sizeof(double) * c) ||
         !grow((void **)&H->p_, sizeof(float) * c * (size_t)H->gs) ||
+        !grow((void **)&H->col, sizeof(int64_t) * c) || !grow((void **)&H->kr, sizeof(void *) * c) ||
+        !grow((void **)&H->vr, sizeof(void *) * c) || !grow((void **)&H->kb, c) ||
+        !grow((void **)&H->vb, c) ||
         (!H->prompt_done && !grow((void **)&H->exact, sizeof(float) * 2 * c * (size_t)H->d)))
         return kvq_err_set(err, KVQ_E_NOMEM, "leankv: out of memory (%lld tokens)",
                            (long long)cap);
@@ -171,73 +181,55 @@ kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, k
     return KVQ_OK;
 }
 
-/* The logits of the gs queries q [gs, d] against token j's key, into lg [gs]. */
-static void key_dots(const kvq_rt_lk_head *H, int64_t j, const float *q, float *lg)
+/* The kept tokens' rows into H->col, kr, vr, kb, vb; returns their count. */
+static int64_t kept_rows(kvq_rt_lk_head *H)
 {
-    const int32_t d = H->d;
-    if (!H->prompt_done) {
-        const float *k = H->exact + (size_t)j * 2 * d;
-        for (int32_t g = 0; g < H->gs; g++) {
-            double s = 0;
-            for (int32_t t = 0; t < d; t++)
-                s += (double)q[(size_t)g * d + t] * k[t];
-            lg[g] = (float)s;
-        }
-        return;
+    int64_t m = 0;
+    for (int64_t j = 0; j < H->n; j++) {
+        const int c = H->cls[j];
+        if (c == KVQ_RT_LK_PRUNED)
+            continue;
+        const kvq_rt_lk_pool *P = &H->pool[c];
+        H->col[m] = j;
+        H->kr[m] = pool_row(P, H->slot[j]);
+        H->vr[m] = H->kr[m] + P->krow;
+        H->kb[m] = (int8_t)P->kb;
+        H->vb[m] = (int8_t)P->vb;
+        m++;
     }
-    const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
-    kvq_rk_lkq_dot_n(q, H->gs, d, pool_row(P, H->slot[j]), d, P->kb, lg);
-}
-
-/* o [gs, d] += a[g] v_j. */
-static void value_mix(const kvq_rt_lk_head *H, int64_t j, const float *a, float *o)
-{
-    const int32_t d = H->d;
-    if (!H->prompt_done) {
-        const float *v = H->exact + ((size_t)j * 2 + 1) * d;
-        for (int32_t g = 0; g < H->gs; g++)
-            for (int32_t t = 0; t < d; t++)
-                o[(size_t)g * d + t] += a[g] * v[t];
-        return;
-    }
-    const kvq_rt_lk_pool *P = &H->pool[H->cls[j]];
-    kvq_rk_lkq_axpy_n(a, H->gs, pool_row(P, H->slot[j]) + P->krow, d, P->vb, o, d);
+    return m;
 }
 
 void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o)
 {
     const int32_t d = H->d, gs = H->gs;
-    const int64_t n = H->n;
-    const size_t ld = (size_t)H->cap;
-    float lg[KVQ_RT_LK_MAX_GROUP];
-    for (int64_t j = 0; j < n; j++) {
-        const int kept = H->cls[j] != KVQ_RT_LK_PRUNED;
-        if (kept)
-            key_dots(H, j, q, lg);
+    const int64_t n = H->n, ld = H->cap;
+    int64_t m = n;
+    if (!H->prompt_done) {
+        kvq_rk_logits(H->isa, q, gs, d, H->exact, KVQ_DT_F32, 2 * (int64_t)d, NULL, n, scale,
+                      H->p_, ld);
+    } else {
+        float qs[KVQ_RT_LK_MAX_GROUP];
+        m = kept_rows(H);
         for (int32_t g = 0; g < gs; g++)
-            H->p_[g * ld + (size_t)j] = kept ? scale * lg[g] : -INFINITY;
-    }
-    for (int32_t g = 0; g < gs; g++) {
-        float *p = H->p_ + g * ld, mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++)
-            mx = p[j] > mx ? p[j] : mx;
-        double sum = 0;
-        for (int64_t j = 0; j < n; j++)
-            sum += (p[j] = H->cls[j] == KVQ_RT_LK_PRUNED ? 0.0f : expf(p[j] - mx));
-        for (int64_t j = 0; j < n; j++) {
-            p[j] = (float)(p[j] / sum);
-            if (j < n - 1) /* the query's own token: not a later query */
-                H->acc[(size_t)j * gs + g] += p[j];
-        }
+            qs[g] = kvq_rk_qsum(q + (size_t)g * d, d);
+        kvq_rk_lkq_logits(H->isa, q, gs, d, qs, H->kr, H->kb, m, d, scale, H->p_, ld);
     }
     memset(o, 0, sizeof(float) * (size_t)gs * d);
-    for (int64_t j = 0; j < n; j++) {
-        if (H->cls[j] == KVQ_RT_LK_PRUNED)
-            continue;
-        for (int32_t g = 0; g < gs; g++)
-            lg[g] = H->p_[g * ld + (size_t)j];
-        value_mix(H, j, lg, o);
+    if (m > 0)
+        kvq_rk_softmax(H->isa, H->p_, gs, m, ld);
+    for (int32_t g = 0; g < gs; g++) {
+        const float *p = H->p_ + (size_t)g * (size_t)ld;
+        for (int64_t i = 0; i < m; i++) {
+            const int64_t j = H->prompt_done ? H->col[i] : i;
+            if (j < n - 1) /* the query's own token: not a later query */
+                H->acc[(size_t)j * gs + g] += p[i];
+        }
     }
+    if (!H->prompt_done)
+        kvq_rk_mix(H->isa, H->p_, gs, ld, H->exact + d, KVQ_DT_F32, 2 * (int64_t)d, NULL, n, d, o);
+    else
+        kvq_rk_lkq_mix(H->isa, H->p_, gs, ld, H->vr, H->vb, m, d, o, d);
     H->nq++;
 }
 

@@ -9,6 +9,7 @@
 
 #include "kvq/half.h"
 #include "runtime/cache/kvc.h"
+#include "runtime/kernels/rk.h"
 
 static const char *const schedule_names[KVQ_RT_PATS_N_SCHEDULES] = {
     "old-heavy", "new-heavy", "middle-heavy",
@@ -112,8 +113,16 @@ kvq_status kvq_rt_pats_head_init(kvq_rt_pats_head *H, int32_t d, int32_t gs, int
             H->off[t] = total;
             total += 2 * (int64_t)kvq_rk_pats_row_bytes(d, H->b[t]);
         }
-    H->data = (uint8_t *)malloc((size_t)total);
-    if (!H->off || !H->b || !H->p_ || !H->data) {
+    H->data = (uint8_t *)malloc((size_t)total + KVQ_RK_PATS_PAD);
+    H->kr = (const uint8_t **)malloc(sizeof(void *) * (size_t)T);
+    H->vr = (const uint8_t **)malloc(sizeof(void *) * (size_t)T);
+    H->isa = kvq_isa_best();
+    if (H->off && H->b && H->data && H->kr && H->vr)
+        for (int64_t t = 0; t < T; t++) {
+            H->kr[t] = H->data + H->off[t];
+            H->vr[t] = H->kr[t] + kvq_rk_pats_row_bytes(d, H->b[t]);
+        }
+    if (!H->off || !H->b || !H->p_ || !H->data || !H->kr || !H->vr) {
         kvq_rt_pats_head_free(H);
         return kvq_err_set(err, KVQ_E_NOMEM, "pats: out of memory (%lld tokens)", (long long)T);
     }
@@ -126,6 +135,8 @@ void kvq_rt_pats_head_free(kvq_rt_pats_head *H)
     free(H->off);
     free(H->b);
     free(H->p_);
+    free((void *)H->kr);
+    free((void *)H->vr);
     memset(H, 0, sizeof *H);
 }
 
@@ -150,29 +161,11 @@ kvq_status kvq_rt_pats_append(kvq_rt_pats_head *H, const float *k, const float *
 void kvq_rt_pats_attend(kvq_rt_pats_head *H, const float *q, float scale, float *o)
 {
     const int32_t d = H->d, gs = H->gs;
-    const int64_t n = H->n;
-    const size_t ld = (size_t)H->T;
-    float lg[KVQ_RT_LK_MAX_GROUP];
-    for (int64_t j = 0; j < n; j++) {
-        kvq_rk_pats_dot_n(q, gs, d, H->data + H->off[j], d, H->b[j], lg);
-        for (int32_t g = 0; g < gs; g++)
-            H->p_[g * ld + (size_t)j] = scale * lg[g];
-    }
-    for (int32_t g = 0; g < gs; g++) {
-        float *p = H->p_ + g * ld, mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++)
-            mx = p[j] > mx ? p[j] : mx;
-        double sum = 0;
-        for (int64_t j = 0; j < n; j++)
-            sum += (p[j] = expf(p[j] - mx));
-        for (int64_t j = 0; j < n; j++)
-            p[j] = (float)(p[j] / sum);
-    }
+    const int64_t n = H->n, ld = H->T;
     memset(o, 0, sizeof(float) * (size_t)gs * d);
-    for (int64_t j = 0; j < n; j++) {
-        for (int32_t g = 0; g < gs; g++)
-            lg[g] = H->p_[g * ld + (size_t)j];
-        const size_t rb = kvq_rk_pats_row_bytes(d, H->b[j]);
-        kvq_rk_pats_axpy_n(lg, gs, H->data + H->off[j] + rb, d, H->b[j], o, d);
-    }
+    if (n < 1)
+        return;
+    kvq_rk_pats_logits(H->isa, q, gs, d, H->kr, H->b, n, d, scale, H->p_, ld);
+    kvq_rk_softmax(H->isa, H->p_, gs, n, ld);
+    kvq_rk_pats_mix(H->isa, H->p_, gs, ld, H->vr, H->b, n, d, o, d);
 }

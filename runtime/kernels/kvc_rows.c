@@ -6,7 +6,11 @@
 
 #include <string.h>
 
+#include <math.h>
+
 #include "kvq/half.h"
+#include "runtime/kernels/kernels_simd.h"
+#include "runtime/kernels/kvc_rows_simd.h"
 
 /* ==========================================================================
  * Bit streams
@@ -67,22 +71,17 @@ void kvq_rk_lkq_dequant(const uint8_t *row, int32_t n, int32_t bits, float *out)
 
 float kvq_rk_lkq_dot(const float *q, const uint8_t *row, int32_t n, int32_t bits)
 {
-    float s, z;
-    lkq_meta(row, &s, &z);
-    double qc = 0, qs = 0;
-    for (int32_t t = 0; t < n; t++) {
-        qc += (double)q[t] * (double)kvq_rk_lkq_code(row, t, bits);
-        qs += (double)q[t];
-    }
-    return (float)((double)s * qc - (double)z * qs);
+    float out;
+    const float qs = kvq_rk_qsum(q, n);
+    const int8_t b = (int8_t)bits;
+    kvq_rk_lkq_logits(KVQ_ISA_SCALAR, q, 1, 0, &qs, &row, &b, 1, n, 1.0f, &out, 1);
+    return out;
 }
 
 void kvq_rk_lkq_axpy(float a, const uint8_t *row, int32_t n, int32_t bits, float *y)
 {
-    float s, z;
-    lkq_meta(row, &s, &z);
-    for (int32_t t = 0; t < n; t++)
-        y[t] += a * (s * (float)kvq_rk_lkq_code(row, t, bits) - z);
+    const int8_t b = (int8_t)bits;
+    kvq_rk_lkq_mix(KVQ_ISA_SCALAR, &a, 1, 1, &row, &b, 1, n, y, 0);
 }
 
 /* The codes of a row as floats, c [n] (n <= 512): byte-aligned widths without the bit
@@ -102,40 +101,6 @@ static void lkq_codes(const uint8_t *row, int32_t n, int32_t bits, float *c)
     } else {
         for (int32_t t = 0; t < n; t++)
             c[t] = (float)kvq_rk_lkq_code(row, t, bits);
-    }
-}
-
-void kvq_rk_lkq_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
-                      int32_t bits, float *out)
-{
-    float c[512], s, z;
-    lkq_meta(row, &s, &z);
-    lkq_codes(row, n, bits, c);
-    for (int32_t g = 0; g < nq; g++) {
-        const float *qg = q + (size_t)g * (size_t)ldq;
-        double qc = 0, qs = 0;
-        for (int32_t t = 0; t < n; t++) {
-            qc += (double)qg[t] * (double)c[t];
-            qs += (double)qg[t];
-        }
-        out[g] = (float)((double)s * qc - (double)z * qs);
-    }
-}
-
-void kvq_rk_lkq_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t bits,
-                       float *y, int64_t ldy)
-{
-    float c[512], s, z;
-    lkq_meta(row, &s, &z);
-    lkq_codes(row, n, bits, c);
-    for (int32_t t = 0; t < n; t++)
-        c[t] = s * c[t] - z;
-    for (int32_t g = 0; g < na; g++) {
-        if (a[g] == 0)
-            continue;
-        float *yg = y + (size_t)g * (size_t)ldy;
-        for (int32_t t = 0; t < n; t++)
-            yg[t] += a[g] * c[t];
     }
 }
 
@@ -212,42 +177,157 @@ void kvq_rk_pats_unpack(const uint8_t *row, int32_t n, int32_t b, float *out)
 
 float kvq_rk_pats_dot(const float *q, const uint8_t *row, int32_t n, int32_t b)
 {
-    double s = 0;
-    for (int32_t c = 0; c < n; c++)
-        s += (double)q[c] * (double)kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
-    return (float)s;
+    float out;
+    const int8_t bb = (int8_t)b;
+    kvq_rk_pats_logits(KVQ_ISA_SCALAR, q, 1, 0, &row, &bb, 1, n, 1.0f, &out, 1);
+    return out;
 }
 
 void kvq_rk_pats_axpy(float a, const uint8_t *row, int32_t n, int32_t b, float *y)
 {
-    for (int32_t c = 0; c < n; c++)
-        y[c] += a * kvq_f16_to_f32_ref(kvq_rk_pats_elem(row, c, b));
+    const int8_t bb = (int8_t)b;
+    kvq_rk_pats_mix(KVQ_ISA_SCALAR, &a, 1, 1, &row, &bb, 1, n, y, 0);
 }
 
-void kvq_rk_pats_dot_n(const float *q, int32_t nq, int64_t ldq, const uint8_t *row, int32_t n,
-                       int32_t b, float *out)
+/* ==========================================================================
+ * Many rows: the scalar specification and the dispatch
+ * ========================================================================== */
+
+static float lane_reduce(float *acc)
 {
-    float x[512];
-    kvq_rk_pats_unpack(row, n, b, x);
-    for (int32_t g = 0; g < nq; g++) {
-        const float *qg = q + (size_t)g * (size_t)ldq;
-        double s = 0;
-        for (int32_t c = 0; c < n; c++)
-            s += (double)qg[c] * (double)x[c];
-        out[g] = (float)s;
+    for (int w = 8; w >= 1; w >>= 1)
+        for (int l = 0; l < w; l++)
+            acc[l] = acc[l] + acc[l + w];
+    return acc[0];
+}
+
+static float lanesum(const float *a, const float *b, int32_t n)
+{
+    float acc[16] = {0};
+    for (int32_t t = 0; t < n; t++)
+        acc[t & 15] = fmaf(a[t], b[t], acc[t & 15]);
+    return lane_reduce(acc);
+}
+
+float kvq_rk_qsum(const float *q, int32_t n)
+{
+    float acc[16] = {0};
+    for (int32_t t = 0; t < n; t++)
+        acc[t & 15] = acc[t & 15] + q[t];
+    return lane_reduce(acc);
+}
+
+static void lkq_logits_scalar(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                              const uint8_t *const *row, const int8_t *bits, int64_t m,
+                              int32_t n, float scale, float *out, int64_t ldo)
+{
+    float c[512], s, z;
+    for (int64_t i = 0; i < m; i++) {
+        lkq_meta(row[i], &s, &z);
+        lkq_codes(row[i], n, bits[i], c);
+        for (int32_t g = 0; g < nq; g++) {
+            const float t1 = s * lanesum(q + (size_t)g * (size_t)ldq, c, n), t2 = z * qsum[g];
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * (t1 - t2);
+        }
     }
 }
 
-void kvq_rk_pats_axpy_n(const float *a, int32_t na, const uint8_t *row, int32_t n, int32_t b,
-                        float *y, int64_t ldy)
+static void lkq_mix_scalar(const float *p, int32_t nq, int64_t ldp, const uint8_t *const *row,
+                           const int8_t *bits, int64_t m, int32_t n, float *y, int64_t ldy)
+{
+    float c[512], s, z;
+    for (int64_t i = 0; i < m; i++) {
+        lkq_meta(row[i], &s, &z);
+        lkq_codes(row[i], n, bits[i], c);
+        for (int32_t t = 0; t < n; t++)
+            c[t] = s * c[t] - z;
+        for (int32_t g = 0; g < nq; g++) {
+            const float a = p[(size_t)g * (size_t)ldp + (size_t)i];
+            float *yg = y + (size_t)g * (size_t)ldy;
+            if (a != 0)
+                for (int32_t t = 0; t < n; t++)
+                    yg[t] = fmaf(a, c[t], yg[t]);
+        }
+    }
+}
+
+static void pats_logits_scalar(const float *q, int32_t nq, int64_t ldq,
+                               const uint8_t *const *row, const int8_t *bits, int64_t m,
+                               int32_t n, float scale, float *out, int64_t ldo)
 {
     float x[512];
-    kvq_rk_pats_unpack(row, n, b, x);
-    for (int32_t g = 0; g < na; g++) {
-        if (a[g] == 0)
-            continue;
-        float *yg = y + (size_t)g * (size_t)ldy;
-        for (int32_t c = 0; c < n; c++)
-            yg[c] += a[g] * x[c];
+    for (int64_t i = 0; i < m; i++) {
+        kvq_rk_pats_unpack(row[i], n, bits[i], x);
+        for (int32_t g = 0; g < nq; g++)
+            out[(size_t)g * (size_t)ldo + (size_t)i] =
+                scale * lanesum(q + (size_t)g * (size_t)ldq, x, n);
     }
+}
+
+static void pats_mix_scalar(const float *p, int32_t nq, int64_t ldp, const uint8_t *const *row,
+                            const int8_t *bits, int64_t m, int32_t n, float *y, int64_t ldy)
+{
+    float x[512];
+    for (int64_t i = 0; i < m; i++) {
+        kvq_rk_pats_unpack(row[i], n, bits[i], x);
+        for (int32_t g = 0; g < nq; g++) {
+            const float a = p[(size_t)g * (size_t)ldp + (size_t)i];
+            float *yg = y + (size_t)g * (size_t)ldy;
+            if (a != 0)
+                for (int32_t t = 0; t < n; t++)
+                    yg[t] = fmaf(a, x[t], yg[t]);
+        }
+    }
+}
+
+/* The SIMD path for rows of n elements, or the scalar one. */
+static kvq_isa kvc_isa(kvq_isa isa, int32_t n)
+{
+    return n % 16 == 0 && n <= 512 ? kvq_isa_clamp(isa) : KVQ_ISA_SCALAR;
+}
+
+#if KVQ_RK_HAVE_X86
+#define KVC_DISPATCH(isa, n, name, args)                                                         \
+    do {                                                                                         \
+        switch (kvc_isa(isa, n)) {                                                               \
+        case KVQ_ISA_AVX512: kvq_kvc_##name##_avx512 args; return;                                        \
+        case KVQ_ISA_AVX2: kvq_kvc_##name##_avx2 args; return;                                           \
+        default: name##_scalar args; return;                                                     \
+        }                                                                                        \
+    } while (0)
+#else
+#define KVC_DISPATCH(isa, n, name, args) name##_scalar args
+int kvq_kvc_avx512_vbmi(int on)
+{
+    (void)on;
+    return 0;
+}
+#endif
+
+void kvq_rk_lkq_logits(kvq_isa isa, const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                       const uint8_t *const *row, const int8_t *bits, int64_t m, int32_t n,
+                       float scale, float *out, int64_t ldo)
+{
+    KVC_DISPATCH(isa, n, lkq_logits, (q, nq, ldq, qsum, row, bits, m, n, scale, out, ldo));
+}
+
+void kvq_rk_lkq_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ldp,
+                    const uint8_t *const *row, const int8_t *bits, int64_t m, int32_t n,
+                    float *y, int64_t ldy)
+{
+    KVC_DISPATCH(isa, n, lkq_mix, (p, nq, ldp, row, bits, m, n, y, ldy));
+}
+
+void kvq_rk_pats_logits(kvq_isa isa, const float *q, int32_t nq, int64_t ldq,
+                        const uint8_t *const *row, const int8_t *bits, int64_t m, int32_t n,
+                        float scale, float *out, int64_t ldo)
+{
+    KVC_DISPATCH(isa, n, pats_logits, (q, nq, ldq, row, bits, m, n, scale, out, ldo));
+}
+
+void kvq_rk_pats_mix(kvq_isa isa, const float *p, int32_t nq, int64_t ldp,
+                     const uint8_t *const *row, const int8_t *bits, int64_t m, int32_t n,
+                     float *y, int64_t ldy)
+{
+    KVC_DISPATCH(isa, n, pats_mix, (p, nq, ldp, row, bits, m, n, y, ldy));
 }

@@ -1,0 +1,223 @@
+/*
+ * runtime/kernels/kvc_rows_avx2.c — the AVX2 readers of LeanKV and PATS rows
+ * (kvc_rows_simd.h): two vectors of 8 floats (elements t % 16 < 8 and >= 8) are the 16
+ * lanes of kvc_rows.h's sums, so the results are the scalar specification's bit for
+ * bit. Codes are widened straight from the stored bytes (shifts by lane); PATS fields
+ * are gathered from the 64-byte blocks and converted as f16.
+ */
+#include "runtime/kernels/kernels_simd.h"
+
+#if KVQ_RK_HAVE_X86
+#include <immintrin.h>
+#include <string.h>
+
+#include "runtime/kernels/kvc_rows_simd.h"
+
+#define TARGET __attribute__((target("avx2,fma,f16c")))
+#define AHEAD 8 /* rows prefetched ahead */
+
+/* lanes 0..7 in lo, 8..15 in hi: kvc_rows.h's reduction */
+TARGET static inline float reduce16(__m256 lo, __m256 hi)
+{
+    const __m256 s8 = _mm256_add_ps(lo, hi);
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+TARGET static inline void meta(const uint8_t *r, float *s, float *z)
+{
+    uint16_t h[2];
+    memcpy(h, r, 4);
+    *s = _cvtsh_ss(h[0]);
+    *z = _cvtsh_ss(h[1]);
+}
+
+/* Codes t0 .. t0 + 7 of a LeanKV row (bits 2, 4 or 8; t0 a multiple of 8). */
+TARGET static inline __m256 codes8(const uint8_t *p, int32_t t0, int32_t bits)
+{
+    if (bits == 8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + t0))));
+    if (bits == 4) {
+        uint32_t w;
+        memcpy(&w, p + t0 / 2, 4);
+        const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        return _mm256_cvtepi32_ps(
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32(15)));
+    }
+    uint16_t w;
+    memcpy(&w, p + t0 / 4, 2);
+    const __m256i sh = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    return _mm256_cvtepi32_ps(
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)w), sh), _mm256_set1_epi32(3)));
+}
+
+/* The row's codes as floats into c [n]; bits other than 2, 4, 8 element by element. */
+TARGET static inline void lkq_decode(const uint8_t *r, int32_t n, int32_t bits, float *c)
+{
+    const uint8_t *p = r + 4;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        for (int32_t t = 0; t < n; t += 8)
+            _mm256_store_ps(c + t, codes8(p, t, bits));
+        return;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const uint64_t off = (uint64_t)t * (uint64_t)bits;
+        uint32_t v = p[off >> 3]; /* bits <= 8: at most two bytes hold the code */
+        if ((off & 7u) + (uint64_t)bits > 8)
+            v |= (uint32_t)p[(off >> 3) + 1] << 8;
+        c[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
+    }
+}
+
+TARGET static inline void prefetch_row(const uint8_t *r)
+{
+    _mm_prefetch((const char *)r, _MM_HINT_T0);
+    _mm_prefetch((const char *)r + 64, _MM_HINT_T0);
+}
+
+/* lanesum(q, x) over n (a multiple of 16). */
+TARGET static inline float lanesum(const float *q, const float *x, int32_t n)
+{
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int32_t t = 0; t < n; t += 16) {
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + t), _mm256_load_ps(x + t), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + t + 8), _mm256_load_ps(x + t + 8), hi);
+    }
+    return reduce16(lo, hi);
+}
+
+TARGET void kvq_kvc_lkq_logits_avx2(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                                    const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                    int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(32) float c[512];
+    float s, z;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], c);
+        for (int32_t g = 0; g < nq; g++) {
+            const float t1 = s * lanesum(q + (size_t)g * (size_t)ldq, c, n), t2 = z * qsum[g];
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * (t1 - t2);
+        }
+    }
+}
+
+/* y + g ldy += a[g] x for the nonzero a[g]; x [n] in xs. */
+TARGET static inline void mix_rows(const float *a, int32_t nq, const float *xs, int32_t n,
+                                   float *y, int64_t ldy)
+{
+    for (int32_t g = 0; g < nq; g++) {
+        if (a[g] == 0)
+            continue;
+        const __m256 av = _mm256_set1_ps(a[g]);
+        float *yg = y + (size_t)g * (size_t)ldy;
+        for (int32_t t = 0; t < n; t += 8)
+            _mm256_storeu_ps(yg + t, _mm256_fmadd_ps(av, _mm256_load_ps(xs + t),
+                                                     _mm256_loadu_ps(yg + t)));
+    }
+}
+
+TARGET void kvq_kvc_lkq_mix_avx2(const float *p, int32_t nq, int64_t ldp,
+                                 const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                 int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(32) float x[512];
+    float a[64], s, z;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], x);
+        const __m256 sv = _mm256_set1_ps(s), zv = _mm256_set1_ps(z);
+        for (int32_t t = 0; t < n; t += 8)
+            _mm256_store_ps(x + t, _mm256_sub_ps(_mm256_mul_ps(sv, _mm256_load_ps(x + t)), zv));
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+/* ---- PATS ---- */
+
+/* Where the fields of one width lie (as in kvc_rows_avx512.c), per 8 elements. */
+typedef struct pats_layout {
+    int32_t b;
+    __m256i off[64], sh[64];
+} pats_layout;
+
+TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
+{
+    const int32_t w = 16 - b, B = 512 / w, M = (65536 + B - 1) / B;
+    L->b = b;
+    for (int32_t k = 0; k < n / 8; k++) {
+        const __m256i c = _mm256_add_epi32(_mm256_set1_epi32(8 * k),
+                                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i blk = _mm256_srli_epi32(_mm256_mullo_epi32(c, _mm256_set1_epi32(M)), 16);
+        const __m256i i = _mm256_sub_epi32(c, _mm256_mullo_epi32(blk, _mm256_set1_epi32(B)));
+        const __m256i bit = _mm256_mullo_epi32(i, _mm256_set1_epi32(w));
+        L->off[k] = _mm256_add_epi32(_mm256_slli_epi32(blk, 6), _mm256_srli_epi32(bit, 3));
+        L->sh[k] = _mm256_and_si256(bit, _mm256_set1_epi32(7));
+    }
+}
+
+TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
+{
+    const __m256i mask = _mm256_set1_epi32((1 << (16 - L->b)) - 1);
+    const __m128i bs = _mm_cvtsi32_si128(L->b);
+    for (int32_t k = 0; k < n / 8; k++) {
+        const __m256i v = _mm256_i32gather_epi32((const int *)(const void *)r, L->off[k], 1);
+        const __m256i f = _mm256_sll_epi32(_mm256_and_si256(_mm256_srlv_epi32(v, L->sh[k]), mask), bs);
+        const __m128i h = _mm_packus_epi32(_mm256_castsi256_si128(f), _mm256_extracti128_si256(f, 1));
+        _mm256_store_ps(x + 8 * k, _mm256_cvtph_ps(h));
+    }
+}
+
+TARGET void kvq_kvc_pats_logits_avx2(const float *q, int32_t nq, int64_t ldq,
+                                     const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                     int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(32) float x[512];
+    pats_layout L;
+    L.b = -1;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        for (int32_t g = 0; g < nq; g++)
+            out[(size_t)g * (size_t)ldo + (size_t)i] =
+                scale * lanesum(q + (size_t)g * (size_t)ldq, x, n);
+    }
+}
+
+TARGET void kvq_kvc_pats_mix_avx2(const float *p, int32_t nq, int64_t ldp,
+                                  const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                  int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(32) float x[512];
+    float a[64];
+    pats_layout L;
+    L.b = -1;
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+#endif /* KVQ_RK_HAVE_X86 */

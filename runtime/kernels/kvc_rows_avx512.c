@@ -1,0 +1,403 @@
+/*
+ * runtime/kernels/kvc_rows_avx512.c — the AVX-512 readers of LeanKV and PATS rows
+ * (kvc_rows_simd.h): one vector of 16 floats is the 16 lanes of kvc_rows.h's sums, so
+ * the results are the scalar specification's bit for bit. Codes are widened straight
+ * from the stored bytes (shifts by lane); PATS fields are gathered from the 64-byte
+ * blocks and converted as f16.
+ */
+#include "runtime/kernels/kernels_simd.h"
+
+#if KVQ_RK_HAVE_X86
+#include <immintrin.h>
+#include <string.h>
+
+#include "runtime/kernels/kvc_rows_simd.h"
+
+#define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define AHEAD 8 /* rows prefetched ahead */
+
+TARGET static inline float reduce16(__m512 acc)
+{
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+/* The 16 sums of rows A[0..15] at once, each by reduce16's tree (s8 = lanes l + l+8,
+ * then +4, +2, +1, the same additions): out lane r = reduce16(A[r]). */
+TARGET static inline __m512 reduce16x16(const __m512 *A)
+{
+    __m512 B[8], C[4], D[2];
+    for (int j = 0; j < 8; j++) /* row 2j in lanes 0..7, row 2j+1 in 8..15 */
+        B[j] = _mm512_add_ps(_mm512_shuffle_f32x4(A[2 * j], A[2 * j + 1], 0x44),
+                             _mm512_shuffle_f32x4(A[2 * j], A[2 * j + 1], 0xee));
+    for (int k = 0; k < 4; k++) /* quad i: row 4k + i */
+        C[k] = _mm512_add_ps(_mm512_shuffle_f32x4(B[2 * k], B[2 * k + 1], 0x88),
+                             _mm512_shuffle_f32x4(B[2 * k], B[2 * k + 1], 0xdd));
+    for (int m = 0; m < 2; m++) /* quad i: rows 8m + i (lanes 0, 1) and 8m + 4 + i (2, 3) */
+        D[m] = _mm512_add_ps(_mm512_shuffle_ps(C[2 * m], C[2 * m + 1], 0x44),
+                             _mm512_shuffle_ps(C[2 * m], C[2 * m + 1], 0xee));
+    /* lane 4i + k: row i + 4k */
+    const __m512 E = _mm512_add_ps(_mm512_shuffle_ps(D[0], D[1], 0x88),
+                                   _mm512_shuffle_ps(D[0], D[1], 0xdd));
+    const __m512i back = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(back, E);
+}
+
+TARGET static inline void meta(const uint8_t *r, float *s, float *z)
+{
+    uint16_t h[2];
+    memcpy(h, r, 4);
+    *s = _cvtsh_ss(h[0]);
+    *z = _cvtsh_ss(h[1]);
+}
+
+/* Codes t0 .. t0 + 15 of a LeanKV row (bits 2, 4 or 8; else the bit stream). */
+TARGET static inline __m512 codes16(const uint8_t *p, int32_t t0, int32_t bits)
+{
+    if (bits == 8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + t0))));
+    if (bits == 4) {
+        uint32_t w[2];
+        memcpy(w, p + t0 / 2, 8);
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w[0])),
+                                             _mm256_set1_epi32((int)w[1]), 1);
+        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+        return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15)));
+    }
+    uint32_t w;
+    memcpy(&w, p + t0 / 4, 4);
+    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_cvtepi32_ps(
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh), _mm512_set1_epi32(3)));
+}
+
+/* The row's codes as floats into c [n]; bits other than 2, 4, 8 element by element. */
+TARGET static inline void lkq_decode(const uint8_t *r, int32_t n, int32_t bits, float *c)
+{
+    const uint8_t *p = r + 4;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_store_ps(c + t, codes16(p, t, bits));
+        return;
+    }
+    for (int32_t t = 0; t < n; t++) {
+        const uint64_t off = (uint64_t)t * (uint64_t)bits;
+        uint32_t v = p[off >> 3]; /* bits <= 8: at most two bytes hold the code */
+        if ((off & 7u) + (uint64_t)bits > 8)
+            v |= (uint32_t)p[(off >> 3) + 1] << 8;
+        c[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
+    }
+}
+
+TARGET static inline void prefetch_row(const uint8_t *r)
+{
+    _mm_prefetch((const char *)r, _MM_HINT_T0);
+    _mm_prefetch((const char *)r + 64, _MM_HINT_T0);
+}
+
+#define BLK_NQ 8 /* queries of the 16-row blocks */
+
+/* Logits of 16 rows [i0, i0 + 16) whose decoded values decode(r, x) writes (x [n]):
+ * per query the 16 lane sums, reduced together; then fin(g, sums) the finished logits. */
+#define LOGITS16(DECODE, FIN)                                                                    \
+    do {                                                                                         \
+        _Alignas(64) float xb[512];                                                              \
+        __m512 A[BLK_NQ][16];                                                                    \
+        for (int r = 0; r < 16; r++) {                                                           \
+            if (i0 + r + AHEAD < m)                                                              \
+                prefetch_row(row[i0 + r + AHEAD]);                                               \
+            DECODE;                                                                              \
+            for (int32_t g = 0; g < nq; g++) {                                                   \
+                const float *qg = q + (size_t)g * (size_t)ldq;                                   \
+                __m512 acc = _mm512_setzero_ps();                                                \
+                for (int32_t t = 0; t < n; t += 16)                                              \
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(xb + t), acc); \
+                A[g][r] = acc;                                                                   \
+            }                                                                                    \
+        }                                                                                        \
+        for (int32_t g = 0; g < nq; g++) {                                                       \
+            const __m512 sums = reduce16x16(A[g]);                                               \
+            _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0, FIN);                   \
+        }                                                                                        \
+    } while (0)
+
+TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                                      const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                      int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(64) float c[512];
+    float s, z;
+    int64_t i = 0;
+    if (nq <= BLK_NQ)
+        for (; i + 16 <= m; i += 16) {
+            const int64_t i0 = i;
+            _Alignas(64) float sv[16], zv[16];
+            LOGITS16(({
+                         meta(row[i0 + r], &sv[r], &zv[r]);
+                         lkq_decode(row[i0 + r], n, bits[i0 + r], xb);
+                     }),
+                     _mm512_mul_ps(_mm512_set1_ps(scale),
+                                   _mm512_sub_ps(_mm512_mul_ps(_mm512_load_ps(sv), sums),
+                                                 _mm512_mul_ps(_mm512_load_ps(zv),
+                                                               _mm512_set1_ps(qsum[g])))));
+        }
+    for (; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], c);
+        for (int32_t g = 0; g < nq; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            for (int32_t t = 0; t < n; t += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(c + t), acc);
+            const float t1 = s * reduce16(acc), t2 = z * qsum[g];
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * (t1 - t2);
+        }
+    }
+}
+
+/* y + g ldy += a[g] x for the nonzero a[g]; x [n] in xs. */
+TARGET static inline void mix_rows(const float *a, int32_t nq, const float *xs, int32_t n,
+                                   float *y, int64_t ldy)
+{
+    for (int32_t g = 0; g < nq; g++) {
+        if (a[g] == 0)
+            continue;
+        const __m512 av = _mm512_set1_ps(a[g]);
+        float *yg = y + (size_t)g * (size_t)ldy;
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_storeu_ps(yg + t, _mm512_fmadd_ps(av, _mm512_load_ps(xs + t),
+                                                     _mm512_loadu_ps(yg + t)));
+    }
+}
+
+/* The sums y [nq <= 4, 64] held in registers over all the rows (the same fused
+ * multiply-adds in the same order as mix_rows on memory): decode(i, x) writes row i's
+ * values into x and returns 0 for a row every weight skips. */
+#define MIX64_REGS(...)                                                                   \
+    do {                                                                                         \
+        __m512 acc[4][4];                                                                        \
+        for (int32_t g = 0; g < 4; g++)                                                          \
+            for (int c = 0; c < 4; c++)                                                          \
+                acc[g][c] = g < nq ? _mm512_loadu_ps(y + (size_t)g * (size_t)ldy + 16 * c)       \
+                                   : _mm512_setzero_ps();                                        \
+        for (int64_t i = 0; i < m; i++) {                                                        \
+            if (i + AHEAD < m)                                                                   \
+                prefetch_row(row[i + AHEAD]);                                                    \
+            float w4[4] = {0, 0, 0, 0};                                                          \
+            int any = 0;                                                                         \
+            for (int32_t g = 0; g < nq; g++)                                                     \
+                any |= (w4[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;                    \
+            if (!any)                                                                            \
+                continue;                                                                        \
+            __VA_ARGS__;                                                                         \
+            _Pragma("GCC unroll 4") for (int32_t g = 0; g < 4; g++) {                            \
+                if (w4[g] == 0)                                                                  \
+                    continue;                                                                    \
+                const __m512 av = _mm512_set1_ps(w4[g]);                                         \
+                _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)                              \
+                    acc[g][c] = _mm512_fmadd_ps(av, _mm512_load_ps(x + 16 * c), acc[g][c]);      \
+            }                                                                                    \
+        }                                                                                        \
+        for (int32_t g = 0; g < nq; g++)                                                         \
+            for (int c = 0; c < 4; c++)                                                          \
+                _mm512_storeu_ps(y + (size_t)g * (size_t)ldy + 16 * c, acc[g][c]);               \
+    } while (0)
+
+TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
+                                   const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                   int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(64) float x[512];
+    float a[64], s, z;
+    if (n == 64 && nq <= 4) {
+        MIX64_REGS({
+            meta(row[i], &s, &z);
+            lkq_decode(row[i], n, bits[i], x);
+            const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+            for (int32_t t = 0; t < n; t += 16)
+                _mm512_store_ps(x + t, _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_load_ps(x + t)), zv));
+        });
+        return;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        meta(row[i], &s, &z);
+        lkq_decode(row[i], n, bits[i], x);
+        const __m512 sv = _mm512_set1_ps(s), zv = _mm512_set1_ps(z);
+        for (int32_t t = 0; t < n; t += 16)
+            _mm512_store_ps(x + t, _mm512_sub_ps(_mm512_mul_ps(sv, _mm512_load_ps(x + t)), zv));
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+/* ---- PATS ---- */
+
+/* Where the fields of one width lie: per 16 elements, the byte offsets of the 32-bit
+ * words that hold them and the shifts. c / B by (c * ceil(2^16 / B)) >> 16, exact for
+ * c < 512 and B >= 32 (w <= 16). */
+typedef struct pats_layout {
+    int32_t b, vbmi;
+    __m512i off[32], sh[32];
+    /* with AVX512-VBMI, no gather: the chunk's 16 words are permuted out of its first
+     * block blk0[k] and the next (when two[k]) by byte indices idx[k] */
+    __m512i idx[32];
+    int32_t blk0[32], two[32];
+} pats_layout;
+
+static int vbmi_cached = -1;
+
+/* Whether the CPU has AVX512-VBMI (vpermi2b), computed once. */
+static int has_vbmi(void)
+{
+    int v = __atomic_load_n(&vbmi_cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512vbmi") ? 1 : 0;
+        __atomic_store_n(&vbmi_cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+int kvq_kvc_avx512_vbmi(int on)
+{
+    vbmi_cached = -1;
+    const int have = has_vbmi();
+    __atomic_store_n(&vbmi_cached, on && have, __ATOMIC_RELAXED);
+    return have;
+}
+
+TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
+{
+    const int32_t w = 16 - b, B = 512 / w, M = (65536 + B - 1) / B;
+    L->b = b;
+    for (int32_t k = 0; k < n / 16; k++) {
+        const __m512i c = _mm512_add_epi32(_mm512_set1_epi32(16 * k),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+                                                             11, 12, 13, 14, 15));
+        const __m512i blk = _mm512_srli_epi32(_mm512_mullo_epi32(c, _mm512_set1_epi32(M)), 16);
+        const __m512i i = _mm512_sub_epi32(c, _mm512_mullo_epi32(blk, _mm512_set1_epi32(B)));
+        const __m512i bit = _mm512_mullo_epi32(i, _mm512_set1_epi32(w));
+        L->off[k] = _mm512_add_epi32(_mm512_slli_epi32(blk, 6), _mm512_srli_epi32(bit, 3));
+        L->sh[k] = _mm512_and_si512(bit, _mm512_set1_epi32(7));
+        /* bytes off - 64 blk0 + 0..3 of the two blocks (<= 130: no carry between bytes; a
+         * field's own bytes are below 128, the rest is masked off) */
+        L->blk0[k] = 16 * k / B;
+        L->two[k] = (16 * k + 15) / B != L->blk0[k];
+        const __m512i rel = _mm512_sub_epi32(L->off[k], _mm512_set1_epi32(64 * L->blk0[k]));
+        L->idx[k] = _mm512_add_epi32(_mm512_mullo_epi32(rel, _mm512_set1_epi32(0x01010101)),
+                                     _mm512_set1_epi32(0x03020100));
+    }
+    L->vbmi = has_vbmi();
+}
+
+#define TARGET_VBMI                                                                                \
+    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,avx2,fma,f16c")))
+
+TARGET_VBMI static void pats_decode_vbmi(const pats_layout *L, const uint8_t *r, int32_t n,
+                                         float *x)
+{
+    const __m512i mask = _mm512_set1_epi32((1 << (16 - L->b)) - 1);
+    const __m128i bs = _mm_cvtsi32_si128(L->b);
+    for (int32_t k = 0; k < n / 16; k++) {
+        const uint8_t *blk = r + 64 * (size_t)L->blk0[k];
+        const __m512i b0 = _mm512_loadu_si512((const void *)blk);
+        const __m512i b1 = L->two[k] ? _mm512_loadu_si512((const void *)(blk + 64))
+                                     : _mm512_setzero_si512();
+        const __m512i v = _mm512_permutex2var_epi8(b0, L->idx[k], b1);
+        const __m512i f = _mm512_sll_epi32(_mm512_and_si512(_mm512_srlv_epi32(v, L->sh[k]), mask), bs);
+        _mm512_store_ps(x + 16 * k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(f)));
+    }
+}
+
+/* The row's values as f32 into x [n]. */
+TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
+{
+    if (L->vbmi) {
+        pats_decode_vbmi(L, r, n, x);
+        return;
+    }
+    const __m512i mask = _mm512_set1_epi32((1 << (16 - L->b)) - 1);
+    const __m128i bs = _mm_cvtsi32_si128(L->b);
+    for (int32_t k = 0; k < n / 16; k++) {
+        const __m512i v = _mm512_i32gather_epi32(L->off[k], (const void *)r, 1);
+        const __m512i f = _mm512_sll_epi32(_mm512_and_si512(_mm512_srlv_epi32(v, L->sh[k]), mask), bs);
+        _mm512_store_ps(x + 16 * k, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(f)));
+    }
+}
+
+TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
+                                       const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                       int32_t n, float scale, float *out, int64_t ldo)
+{
+    _Alignas(64) float x[512];
+    pats_layout L;
+    L.b = -1;
+    int64_t i = 0;
+    if (nq <= BLK_NQ)
+        for (; i + 16 <= m; i += 16) {
+            const int64_t i0 = i;
+            LOGITS16(({
+                         if (bits[i0 + r] != L.b)
+                             pats_layout_make(&L, bits[i0 + r], n);
+                         pats_decode(&L, row[i0 + r], n, xb);
+                     }),
+                     _mm512_mul_ps(_mm512_set1_ps(scale), sums));
+        }
+    for (; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        for (int32_t g = 0; g < nq; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            for (int32_t t = 0; t < n; t += 16)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + t), _mm512_load_ps(x + t), acc);
+            out[(size_t)g * (size_t)ldo + (size_t)i] = scale * reduce16(acc);
+        }
+    }
+}
+
+TARGET void kvq_kvc_pats_mix_avx512(const float *p, int32_t nq, int64_t ldp,
+                                    const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                    int32_t n, float *y, int64_t ldy)
+{
+    _Alignas(64) float x[512];
+    float a[64];
+    pats_layout L;
+    L.b = -1;
+    if (n == 64 && nq <= 4) {
+        MIX64_REGS({
+            if (bits[i] != L.b)
+                pats_layout_make(&L, bits[i], n);
+            pats_decode(&L, row[i], n, x);
+        });
+        return;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        int any = 0;
+        for (int32_t g = 0; g < nq; g++)
+            any |= (a[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;
+        if (!any)
+            continue;
+        if (bits[i] != L.b)
+            pats_layout_make(&L, bits[i], n);
+        pats_decode(&L, row[i], n, x);
+        mix_rows(a, nq, x, n, y, ldy);
+    }
+}
+
+#endif /* KVQ_RK_HAVE_X86 */
