@@ -1,5 +1,5 @@
 /* bench_model.c — prefill and decode rates of a real quantized model: kvq with 8-bit
- * activations (kvq_forward_params.act_q8, decision 018), kvq with f32 activations, the
+ * activations (kvq_forward_params.act_q8, decision 019), kvq with f32 activations, the
  * same model converted to F32, and llama.cpp, on the same machine, tokens and thread
  * counts, in one run.
  *

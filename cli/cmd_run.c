@@ -250,7 +250,7 @@ static int run_prepare(const run_opts *o, run_state *r)
                 model_path, (long long)r->total, c->context_length);
     kvq_forward_params fp = kvq_forward_params_default();
     fp.threads = (int32_t)o->m.threads;
-    fp.act_q8 = 1; /* decode's products with 8-bit activations (decision 018) */
+    fp.act_q8 = 1; /* decode's products with 8-bit activations (decision 019) */
     fp.max_tokens = r->total;
     fp.cb = r->cb;
     log_memory(&r->cb, r->m, &fp, r->total);

@@ -407,7 +407,7 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
 
 /* Products of fewer tokens than this take the q8 path (decode, the last token's logits);
  * longer chunks keep the dequantized tiles and SGEMM, which measured faster than the
- * four-token integer kernel (decision 018). */
+ * four-token integer kernel (decision 019). */
 #define KVQ_Q8_MAX_TOKENS 4
 
 /* y[i] [n, rows_i] = x [n, cols] W_i^T (+ beta y[i]) for the weights wid[0..count) that

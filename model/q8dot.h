@@ -1,6 +1,6 @@
 /*
  * model/q8dot.h — integer dot products of packed weights with 8-bit activations (the
- * forward pass's q8 activation path, decision 018). Not a public header.
+ * forward pass's q8 activation path, decision 019). Not a public header.
  *
  * Activations: each row of x is cut into blocks of 32 values and quantized as ggml's
  * Q8_1 does, except that d and s stay f32:

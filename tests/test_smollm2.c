@@ -356,7 +356,7 @@ static void decode_all(kvq_model *m, int act_q8, int threads, const int32_t *ids
  * from the f32 path's) and that its bytes do not depend on the thread count. The
  * kernels' exactness against their specification and against double arithmetic is
  * tests/test_q8dot.c's. NOT established here: that kvq's q8 logits are the numpy q8
- * forward's up to flips; at the first position they differ by ~0.09 (decision 018,
+ * forward's up to flips; at the first position they differ by ~0.09 (decision 019,
  * "Open"). */
 #define TOL_Q8_MAX 1.5
 #define TOL_LLAMA 1.5

@@ -292,7 +292,7 @@ static kvq_status ppl_of(thr_ppl *e, kvq_simcache_kind kind, const kvq_leankv_pa
 /* Picks the least cost (cost1, then cost2 when >= 0, then quality, then index) among
  * rows whose quality is within `limit`; if there is none, the best quality (then
  * cost1). Then, with tie > 0, the best quality among the rows within the limit whose
- * cost1 is within `tie` of that least cost (PATS: docs/decisions/018-profile-pats-ties.md;
+ * cost1 is within `tie` of that least cost (PATS: docs/decisions/020-profile-pats-ties.md;
  * equal quality: the first of them). Rows with NaN quality, and
  * rows whose cost1 is not below max_cost (a setting that saves nothing), are ignored. */
 void thr_select_row(kvq_profile_table *t, int qcol, int cost1, int cost2, double limit,

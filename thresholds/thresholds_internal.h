@@ -255,7 +255,7 @@ void thr_mark_refine(const thr_acc *total, int64_t lo, int64_t hi, double tol, u
 #define THR_PATS_MAX_MEMORY 1.0
 /* PATS settings whose packed memory is within this share of the f16 cache of the least
  * memory within tolerance count as equal: the better quality is chosen among them
- * (docs/decisions/018-profile-pats-ties.md). */
+ * (docs/decisions/020-profile-pats-ties.md). */
 #define THR_PATS_MEMORY_TIE 0.005
 /* The profile's choice of a table's row (profile.c): least cost1 (then cost2, quality)
  * within limit on column qcol, then the best quality within tie of that cost; else the
