@@ -273,6 +273,19 @@ void kvq_rt_attend_union(const rt_step *st, const int32_t *att, int64_t m, int64
 void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *q, int64_t pos,
                  int64_t nvis, int record, rt_scratch *S, float *out, int64_t ld_out);
 
+/* The measurement of one step against exact attention (step.c), the one computation of
+ * the per-step figures that a measured context (measure = 1) and kvq_retrieval_probe
+ * share (adding a metric: CONTRIBUTING.md "Adding a metric"): S->pfull [gs, nv] the exact
+ * probabilities of the visible rows [lo, lo + nv), S->ofull [gs, d] the exact outputs,
+ * att [m] the attended rows, o [gs, d] the step's outputs; f2 [gs] the exact outputs'
+ * norms squared (kvq_rt_exact_norms; NULL: computed here). Adds one measured step to z:
+ * the attention mass on att and the relative output error, each the mean over the
+ * group's heads. */
+void kvq_rt_exact_norms(const rt_scratch *S, int32_t gs, int32_t d, double *f2);
+void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t lo, int64_t nv,
+                           const int32_t *att, int64_t m, const float *o, const double *f2,
+                           rt_sums *z);
+
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);
 
