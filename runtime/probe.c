@@ -193,20 +193,6 @@ static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *
                r->p.cache_dtype, d, NULL, nv, d, S->ofull);
 }
 
-static void add_sums(kvq_retrieval_stats *z, const rt_sums *a)
-{
-    z->steps += a->steps;
-    z->visible += a->visible;
-    z->attended += a->attended;
-    z->bytes_read += a->bytes_read;
-    z->bytes_full += a->bytes_full;
-    z->bytes_codebook += a->bytes_codebook;
-    z->measured += a->measured;
-    z->recall_topk += a->recall_topk;
-    z->recall_mass += a->recall_mass;
-    z->out_rel_err += a->out_rel_err;
-}
-
 kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
                                const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
                                kvq_err *err)
@@ -267,7 +253,7 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
                                   * measured context's step, without the oracle's recall) */
                 kvq_rt_measure_output(S, gs, d, lo, nvis - lo, S->att,
                                       (int64_t)S->sums.attended, o, f2, &S->sums);
-            add_sums(&stats[c], &S->sums);
+            kvq_retrieval_stats_add(&stats[c], &S->sums);
         }
     }
     S->ktok = NULL;

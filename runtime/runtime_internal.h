@@ -67,12 +67,8 @@ struct rt_layer {
     const kvq_rk_table **tab; /* [n_kv_heads] */
 };
 
-/* Sums of kvq_retrieval_stats, per thread until merged. */
-typedef struct rt_sums {
-    uint64_t steps, measured;
-    double visible, attended, bytes_read, bytes_full, bytes_codebook;
-    double recall_topk, recall_mass, out_rel_err;
-} rt_sums;
+/* Sums of kvq_retrieval_stats, per thread until merged (kvq_retrieval_stats_add). */
+typedef kvq_retrieval_stats rt_sums;
 
 /* Bands whose mean rotations a scratch keeps (score bands; farther bands are computed
  * each time). */

@@ -3,7 +3,8 @@
  * of perplexity, recall, attention mass, output error, KV bytes read and task answers,
  * measured against full attention. `kvq eval` prints its table, the positions stage of
  * `kvq calibrate` chooses from its perplexities, and the budget profile
- * (thresholds/budget.c) takes its figures through kvq_eval_metric_value.
+ * (thresholds/budget.c) measures a capture's rows through kvq_eval_seq_probe /
+ * kvq_eval_seq_attend and takes its figures through kvq_eval_metric_value.
  *
  * A row is one kvq_retrieval_params (selector, budget, positions, scoring query, ...);
  * the harness sets max_tokens, cb, prefill_full and measure of each. Per row:
@@ -13,7 +14,8 @@
  *                tokens before it (recorded once per sequence, replayed into each row)
  *   metrics      kvq_eval_metric_value over the row's kvq_retrieval_stats (measure = 1):
  *                the one list of per-step figures (adding a metric: one entry in
- *                eval/metrics.c and, when new, one field in kvq_retrieval_stats)
+ *                eval/metrics.c and, when new, one field in kvq_retrieval_stats:
+ *                CONTRIBUTING.md "Adding a metric")
  *   tasks        passkey / kv-recall documents of the corpus: the prompt attended
  *                exactly (prefilled once for every row), the answer decoded greedily
  *                with retrieval; correct when the continuation starts with the answer
