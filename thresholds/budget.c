@@ -8,17 +8,20 @@
  * outputs of earlier steps, so a row's figures do not depend on how the rows before it
  * were attended: the prompt and the rows between measured ones are only appended to the
  * cache (in the chunks a context attending them would get, so the rows are ordered
- * alike), and each measured row is measured under every setting at once by
- * kvq_retrieval_probe (one context per thread, sequences of a layer in parallel, sums in
- * sequence order): its figures are those of a context per setting attending the row
- * alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
+ * alike), and each measured row is measured under every setting at once by the
+ * harness (kvq_eval_seq_probe, kvq/eval.h: kvq_retrieval_probe on one context per
+ * thread, sequences of a layer in parallel, sums in sequence order): its figures are
+ * those of a context per setting attending the row alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
  * continuation rows per sequence (thr_sample_rows, as the LeanKV/PATS grid); the
  * settings whose choice the sample leaves open against the tolerance (thr_mark_refine,
  * memory = the fraction for budgets, the attended share for tau, the keys profile.c
  * selects on) are measured again on every row, so the choice equals the every-row
  * choice (tests/test_profile_fast.c).
  * The attended and mass columns stay sampled figures (the same rows for every setting).
- * p->reference keeps the former path: every row by retrieval (prefill_full = 0).
+ * p->reference keeps the former path: every row by retrieval (prefill_full = 0), also
+ * through the harness (kvq_eval_seq_attend). What stays here is the profile's policy,
+ * shared with the LeanKV/PATS grid: the row and job samples, the interval
+ * (kvq_eval_sample_interval through thr_acc_interval) and which settings to refine.
  */
 #include <cblas.h>
 #include <math.h>
