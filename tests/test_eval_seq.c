@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "helpers/testutil.h"
 #include "kvq.h"
 #include "kvq/eval.h"
 #include "kvq/util.h"
@@ -27,26 +28,6 @@ static float *randn(size_t n, uint64_t seed)
     for (size_t i = 0; x && i < n; i++)
         x[i] = (float)kvq_rng_normal(&r);
     return x;
-}
-
-static kvq_model_config small_config(void)
-{
-    kvq_model_id id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.path, sizeof id.path, "synthetic");
-    snprintf(id.source, sizeof id.source, "gguf");
-    snprintf(id.architecture, sizeof id.architecture, "llama");
-    id.n_layers = NL;
-    id.dim = NH * D;
-    id.hidden_dim = 4 * NH * D;
-    id.n_heads = NH;
-    id.n_kv_heads = NKV;
-    id.head_dim = D;
-    id.vocab_size = 512;
-    id.context_length = 2048;
-    id.norm_eps = 1e-5;
-    id.rope = kvq_rope_default(D);
-    return kvq_model_config_from_id(&id);
 }
 
 static kvq_retrieval_params oracle_params(kvq_budget b)
@@ -69,7 +50,7 @@ static void near(double want, double got, const char *what, int c)
 static void test_probe_equals_attend(void **state)
 {
     (void)state;
-    const kvq_model_config c = small_config();
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
     float *q = randn((size_t)N * NH * D, 11), *k = randn((size_t)N * NKV * D, 12);
     float *v = randn((size_t)N * NKV * D, 13), *o = malloc(sizeof(float) * N * NH * D);
     int64_t pos[N], mrow[N - P];
