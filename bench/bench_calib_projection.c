@@ -35,20 +35,13 @@
 
 #include "kvq.h"
 #include "kvq/util.h"
+#include "bench/bench_common.h"
 
 typedef struct args {
     int64_t layers, kv_heads, q_heads, d, tokens, k, iters, threads, d_model, d_ff, ctx,
         slice_heads;
     const char *init, *ranks;
 } args;
-
-/* Process CPU time in seconds (all threads). */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static float *randn(int64_t n, uint64_t seed, float scale)
 {
@@ -192,10 +185,10 @@ static int fit_seconds(const args *a, int qa, double *out, double *seed_s, doubl
         p.min_points_per_centroid = 0;
         int bad = !x || !cent ||
                   (a->init && kvq_kmeans_init_parse(a->init, &p.init, &e) != KVQ_OK);
-        const double c0 = cpu_now();
+        const double c0 = bench_cpu_now();
         if (!bad && kvq_kmeans_fit(x, a->tokens, d, NULL, &p, cent, NULL, &s, &e) != KVQ_OK)
             bad = 1;
-        cpu += cpu_now() - c0;
+        cpu += bench_cpu_now() - c0;
         tot += s.total_seconds;
         sd += s.seed_seconds;
         kvq_kmeans_stats_free(&s);

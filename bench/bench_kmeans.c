@@ -32,6 +32,7 @@
 
 #include "kvq.h"
 #include "kvq/util.h"
+#include "bench/bench_kmeans_common.h"
 
 typedef struct bench_args {
     const char *which;
@@ -42,14 +43,6 @@ typedef struct bench_args {
     const char *dump;
     int cuda; /* --device cuda */
 } bench_args;
-
-/* Process CPU time in seconds (all threads). */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* The hard data: k blobs with Zipf-like sizes and spreads from 0.05 to 1. */
 static float *hard_mixture(int64_t n, int32_t d, int32_t blobs, uint64_t seed)
@@ -115,59 +108,6 @@ static float *mixture(int64_t n, int32_t d, int32_t blobs, uint64_t seed)
     return x;
 }
 
-/* Writes a float32 [rows, cols] .npy (format version 1.0). */
-static int write_npy(const char *path, const float *a, int64_t rows, int64_t cols)
-{
-    char hdr[128];
-    int len = snprintf(hdr, sizeof hdr,
-                       "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %lld), }",
-                       (long long)rows, (long long)cols);
-    int total = 10 + len + 1;
-    int pad = (64 - total % 64) % 64;
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
-    const int hlen = len + pad + 1;
-    pre[8] = (unsigned char)(hlen & 0xff);
-    pre[9] = (unsigned char)(hlen >> 8);
-    fwrite(pre, 1, 10, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(a, sizeof *a, (size_t)(rows * cols), f);
-    return fclose(f);
-}
-
-/* GFLOP/s of plain OpenBLAS SGEMM with the Lloyd shape: X [n, d] . C^T [d, k], taken
- * in row chunks of at most 16384 so the output stays small. */
-static double sgemm_rate(const float *x, const float *c, int64_t n, int32_t d, int32_t k,
-                         int threads)
-{
-    const int64_t chunk = n < 16384 ? n : 16384;
-    float *out = malloc((size_t)chunk * k * sizeof *out);
-    if (!out)
-        return 0;
-    openblas_set_num_threads(threads);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)chunk, k, d, 1.0f, x, d, c, d,
-                0.0f, out, k); /* warm-up */
-    double best = 1e30;
-    for (int rep = 0; rep < 2; rep++) {
-        double t0 = kvq_now();
-        for (int64_t i0 = 0; i0 < n; i0 += chunk) {
-            int64_t m = n - i0 < chunk ? n - i0 : chunk;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, k, d, 1.0f,
-                        x + (size_t)i0 * d, d, c, d, 0.0f, out, k);
-        }
-        double t = kvq_now() - t0;
-        if (t < best)
-            best = t;
-    }
-    free(out);
-    return 2.0 * (double)n * d * k / best / 1e9;
-}
-
 static int run_case(const char *name, int64_t n, int32_t d, int32_t k, const bench_args *a)
 {
     int rc = 1;
@@ -204,21 +144,21 @@ static int run_case(const char *name, int64_t n, int32_t d, int32_t k, const ben
 
     /* seeding alone (max_iters 0), so the start can be dumped for the peers */
     p.max_iters = 0;
-    double c0 = cpu_now();
+    double c0 = bench_cpu_now();
     if (kvq_kmeans_fit(x, n, d, NULL, &p, cent, NULL, &s, &e) != KVQ_OK) {
         fprintf(stderr, "bench_kmeans: %s\n", e.msg);
         goto done;
     }
-    const double seed_wall = s.seed_seconds, seed_cpu = cpu_now() - c0;
+    const double seed_wall = s.seed_seconds, seed_cpu = bench_cpu_now() - c0;
     printf("  seeding (%s): %.3f s [cpu %.3f s]\n", kvq_kmeans_init_name(p.init), seed_wall,
            seed_cpu);
     kvq_kmeans_stats_free(&s);
     if (a->dump) {
         char path[4096];
         snprintf(path, sizeof path, "%s/kmeans_%s_x.npy", a->dump, name);
-        int bad = write_npy(path, x, n, d);
+        int bad = bench_write_npy(path, x, n, d);
         snprintf(path, sizeof path, "%s/kmeans_%s_init.npy", a->dump, name);
-        bad |= write_npy(path, cent, k, d);
+        bad |= bench_write_npy(path, cent, k, d);
         if (bad) {
             fprintf(stderr, "bench_kmeans: cannot write %s\n", path);
             goto done;
@@ -226,15 +166,17 @@ static int run_case(const char *name, int64_t n, int32_t d, int32_t k, const ben
         printf("  wrote %s/kmeans_%s_{x,init}.npy\n", a->dump, name);
     }
 
-    const double gemm = sgemm_rate(x, cent, n, d, k, p.threads);
+    /* GFLOP/s of the SGEMM with the Lloyd shape (chunks of 16384 rows, best of 2) */
+    const double gemm_s = bench_sgemm_seconds(x, cent, n, d, k, p.threads, 16384, 2);
+    const double gemm = gemm_s > 0 ? 2.0 * (double)n * d * k / gemm_s / 1e9 : 0;
     printf("  plain sgemm %lldx%dx%d (OpenBLAS, %d threads): %.1f GFLOP/s\n", (long long)n, k,
            d, p.threads, gemm);
 
     p.init = KVQ_KMEANS_INIT_GIVEN;
     p.max_iters = (int32_t)a->iters;
-    c0 = cpu_now();
+    c0 = bench_cpu_now();
     const int fit_rc = kvq_kmeans_fit(x, n, d, NULL, &p, cent, NULL, &s, &e);
-    const double lloyd_cpu = cpu_now() - c0;
+    const double lloyd_cpu = bench_cpu_now() - c0;
     if (fit_rc != KVQ_OK) {
         fprintf(stderr, "bench_kmeans: %s\n", e.msg);
         goto done;

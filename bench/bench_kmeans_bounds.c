@@ -33,6 +33,7 @@
 #include "kmeans/kmeans_internal.h"
 #include "kvq.h"
 #include "kvq/util.h"
+#include "bench/bench_kmeans_common.h"
 
 typedef struct args {
     int64_t n, d, k, iters, threads, seed, reps, plain, groups;
@@ -96,65 +97,6 @@ done:
     free(off);
     free(L);
     return x;
-}
-
-/* Writes a float32 [rows, cols] .npy (format version 1.0). */
-static int write_npy(const char *path, const float *v, int64_t rows, int64_t cols)
-{
-    char hdr[128];
-    const int len = snprintf(hdr, sizeof hdr,
-                             "{'descr': '<f4', 'fortran_order': False, 'shape': (%lld, %lld), }",
-                             (long long)rows, (long long)cols);
-    const int pad = (64 - (10 + len + 1) % 64) % 64;
-    FILE *f = fopen(path, "wb");
-    if (!f)
-        return -1;
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
-    const int hlen = len + pad + 1;
-    pre[8] = (unsigned char)(hlen & 0xff);
-    pre[9] = (unsigned char)(hlen >> 8);
-    fwrite(pre, 1, 10, f);
-    fwrite(hdr, 1, (size_t)len, f);
-    for (int i = 0; i < pad; i++)
-        fputc(' ', f);
-    fputc('\n', f);
-    fwrite(v, sizeof *v, (size_t)(rows * cols), f);
-    return fclose(f);
-}
-
-/* Seconds of one X [n, d] . C^T [d, k] SGEMM (OpenBLAS, threads), best of 3, in row
- * chunks of 8192 so the output stays small. */
-static double sgemm_seconds(const float *x, const float *c, int64_t n, int32_t d, int32_t k,
-                            int threads)
-{
-    const int64_t chunk = n < 8192 ? n : 8192;
-    float *out = malloc((size_t)chunk * k * sizeof *out);
-    if (!out)
-        return -1;
-    openblas_set_num_threads(threads);
-    double best = 1e30;
-    for (int rep = 0; rep < 4; rep++) { /* the first is a warm-up */
-        const double t0 = kvq_now();
-        for (int64_t i0 = 0; i0 < n; i0 += chunk) {
-            const int64_t m = n - i0 < chunk ? n - i0 : chunk;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, k, d, 1.0f,
-                        x + (size_t)i0 * d, d, c, d, 0.0f, out, k);
-        }
-        const double t = kvq_now() - t0;
-        if (rep > 0 && t < best)
-            best = t;
-    }
-    free(out);
-    return best;
-}
-
-/* Process CPU time in seconds (all threads): steadier than wall time on a shared
- * machine; equal to wall time x threads when the threads never wait. */
-static double cpu_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* Per iteration: a hash of the assignment and the inertia, recorded by the trace hook. */
@@ -297,10 +239,10 @@ static int run(const args *a)
            "best of %lld)\n", (long long)a->n, d, k, (long long)a->iters,
            (long long)a->threads, a->space, kvq_kmeans_init_name(p.init), (long long)a->reps);
     for (int64_t rep = 0; rep < a->reps; rep++) {
-        const double c0 = cpu_now();
+        const double c0 = bench_cpu_now();
         if (fit_once(x, a, &p, KVQ_KM_ENGINE_BOUNDS, cent, &s, skipped, tr))
             goto done;
-        const double cpu = cpu_now() - c0;
+        const double cpu = bench_cpu_now() - c0;
         if (rep == 0 || s.total_seconds < best.total_seconds) {
             cpu_best = cpu;
             kvq_kmeans_stats_free(&best);
@@ -317,7 +259,7 @@ static int run(const args *a)
                skipped[t], best.inertia[t]);
         lloyd += best.iter_seconds[t];
     }
-    const double gemm = sgemm_seconds(x, cent, a->n, d, k, (int)a->threads);
+    const double gemm = bench_sgemm_seconds(x, cent, a->n, d, k, (int)a->threads, 8192, 3);
     const double floor = gemm * (double)best.n_iters;
     printf("  bounded fit: %.3f s total [cpu %.3f s] = seeding %.3f s + %d iterations %.3f s\n",
            best.total_seconds, cpu_best, best.seed_seconds, best.n_iters, lloyd);
@@ -337,9 +279,9 @@ static int run(const args *a)
         }
         p.max_iters = (int32_t)a->iters;
         snprintf(path, sizeof path, "%s/x.npy", a->dump);
-        int bad = write_npy(path, x, a->n, d);
+        int bad = bench_write_npy(path, x, a->n, d);
         snprintf(path, sizeof path, "%s/init.npy", a->dump);
-        bad |= write_npy(path, cent, k, d);
+        bad |= bench_write_npy(path, cent, k, d);
         if (bad) {
             fprintf(stderr, "bench_kmeans_bounds: cannot write %s\n", path);
             goto done;

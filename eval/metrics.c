@@ -1,7 +1,8 @@
 /* metrics.c — the figures of a row's retrieval statistics (kvq/eval.h): the one list
  * that `kvq eval` prints (JSON keys and text columns come from here) and the budget
  * profile tabulates. A new metric is one entry of `metrics` and one case of
- * kvq_eval_metric_value (and, when it needs a new sum, a field of kvq_retrieval_stats). */
+ * kvq_eval_metric_value (and, when it needs a new sum, a field of kvq_retrieval_stats
+ * computed in kvq_rt_measure_output: CONTRIBUTING.md "Adding a metric"). */
 #include <math.h>
 
 #include "eval/eval_internal.h"
@@ -42,14 +43,5 @@ double kvq_eval_metric_value(const kvq_retrieval_stats *st, kvq_eval_metric m)
 
 void kvq_eval_stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b)
 {
-    a->steps += b->steps;
-    a->visible += b->visible;
-    a->attended += b->attended;
-    a->bytes_read += b->bytes_read;
-    a->bytes_full += b->bytes_full;
-    a->bytes_codebook += b->bytes_codebook;
-    a->measured += b->measured;
-    a->recall_topk += b->recall_topk;
-    a->recall_mass += b->recall_mass;
-    a->out_rel_err += b->out_rel_err;
+    kvq_retrieval_stats_add(a, b);
 }

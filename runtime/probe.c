@@ -194,81 +194,6 @@ static void exact_row(const kvq_retrieval *r, const rt_layer *L, const rt_head *
                r->p.cache_dtype, d, NULL, nv, d, S->ofull);
 }
 
-/* f2[g] = sum over t, ascending, of ofull[g, t]^2 in double: the exact row's output
- * norms, the same for every setting (measure_against's denominators). */
-static void exact_norms(const kvq_retrieval *r, const rt_scratch *S, double *f2)
-{
-    const int32_t d = r->d;
-    for (int32_t g = 0; g < r->gs; g++) {
-        double f = 0;
-        for (int32_t t = 0; t < d; t++) {
-            const double y = S->ofull[(size_t)g * d + t];
-            f += y * y;
-        }
-        f2[g] = f;
-    }
-}
-
-/* The measurement of one step against the exact row (as retrieval.c's measure_step,
- * without the oracle's recall): the attended rows S->att [m], the output o [gs, d]; f2
- * the exact row's norms (exact_norms). */
-static void measure_against(const kvq_retrieval *r, const rt_scratch *S, int64_t lo,
-                            int64_t nv, int64_t m, const float *o, const double *f2,
-                            kvq_retrieval_stats *z)
-{
-    const int32_t d = r->d, gs = r->gs;
-    double mass = 0, rel = 0;
-    /* each head's mass summed in att order, and its squared error in t order; up to four
-     * heads' sums side by side (their adds do not wait on each other; a group of fewer
-     * than four repeats its last head in the spare sums, never read) */
-    for (int32_t g0 = 0; g0 < gs; g0 += 4) {
-        const int32_t ng = gs - g0 < 4 ? gs - g0 : 4;
-        const float *p0 = S->pfull + (size_t)g0 * nv;
-        const float *p1 = p0 + (size_t)(ng > 1 ? 1 : 0) * nv, *p2 = p0 + (size_t)(ng > 2 ? 2 : ng - 1) * nv;
-        const float *p3 = p0 + (size_t)(ng > 3 ? 3 : ng - 1) * nv;
-        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int64_t a = 0; a < m; a++) {
-            const int64_t j = S->att[a] - lo;
-            s0 += p0[j];
-            s1 += p1[j];
-            s2 += p2[j];
-            s3 += p3[j];
-        }
-        const size_t h1 = (size_t)(g0 + (ng > 1 ? 1 : 0)) * d, h2 = (size_t)(g0 + (ng > 2 ? 2 : ng - 1)) * d;
-        const size_t h0 = (size_t)g0 * d, h3 = (size_t)(g0 + (ng > 3 ? 3 : ng - 1)) * d;
-        double e0 = 0, e1 = 0, e2 = 0, e3 = 0;
-        for (int32_t t = 0; t < d; t++) {
-            const double x0 = (double)o[h0 + t] - S->ofull[h0 + t];
-            const double x1 = (double)o[h1 + t] - S->ofull[h1 + t];
-            const double x2 = (double)o[h2 + t] - S->ofull[h2 + t];
-            const double x3 = (double)o[h3 + t] - S->ofull[h3 + t];
-            e0 += x0 * x0;
-            e1 += x1 * x1;
-            e2 += x2 * x2;
-            e3 += x3 * x3;
-        }
-        const double sv[4] = {s0, s1, s2, s3}, ev[4] = {e0, e1, e2, e3};
-        for (int32_t i = 0; i < ng; i++) {
-            const double f = f2[g0 + i];
-            mass += sv[i];
-            rel += f > 0 ? sqrt(ev[i] / f) : 0.0;
-        }
-    }
-    z->measured++;
-    z->recall_mass += mass / gs;
-    z->out_rel_err += rel / gs;
-}
-
-static void add_sums(kvq_retrieval_stats *z, const rt_sums *a)
-{
-    z->steps += a->steps;
-    z->visible += a->visible;
-    z->attended += a->attended;
-    z->bytes_read += a->bytes_read;
-    z->bytes_full += a->bytes_full;
-    z->bytes_codebook += a->bytes_codebook;
-}
-
 kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
                                const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
                                kvq_err *err)
@@ -318,17 +243,18 @@ kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, 
         S->ktok = ktok; /* the steps' keys from the same table */
         S->mass_memo = r->probe->memo; /* the mass steps' scores, exponentials */
         kvq_rt_mass_memo_next(S->mass_memo);
-        exact_norms(r, S, f2);
+        kvq_rt_exact_norms(S, gs, d, f2);
         for (int32_t c = 0; c < n_set; c++) {
             rc.p.selector = set[c].selector;
             rc.p.budget = set[c].budget;
             rc.p.tau = set[c].tau;
             memset(&S->sums, 0, sizeof S->sums);
             kvq_rt_step(&rc, layer, h, qh, pos, nvis, 0, S, o, d);
-            if (S->sums.steps) /* a step with candidates: counted and measured */
-                measure_against(r, S, lo, nvis - lo, (int64_t)S->sums.attended, o, f2,
-                                &stats[c]);
-            add_sums(&stats[c], &S->sums);
+            if (S->sums.steps) /* a step with candidates: counted and measured (as a
+                                  * measured context's step, without the oracle's recall) */
+                kvq_rt_measure_output(S, gs, d, lo, nvis - lo, S->att,
+                                      (int64_t)S->sums.attended, o, f2, &S->sums);
+            kvq_retrieval_stats_add(&stats[c], &S->sums);
         }
     }
     S->ktok = NULL;

@@ -492,17 +492,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
         }
     }
     for (int32_t t = 0; t < r->n_scr; t++) {
-        rt_sums *a = &r->sums, *b = &r->scr[t].sums;
-        a->steps += b->steps;
-        a->measured += b->measured;
-        a->visible += b->visible;
-        a->attended += b->attended;
-        a->bytes_read += b->bytes_read;
-        a->bytes_full += b->bytes_full;
-        a->bytes_codebook += b->bytes_codebook;
-        a->recall_topk += b->recall_topk;
-        a->recall_mass += b->recall_mass;
-        a->out_rel_err += b->out_rel_err;
+        rt_sums *b = &r->scr[t].sums;
+        kvq_retrieval_stats_add(&r->sums, b);
         memset(b, 0, sizeof *b);
     }
     for (int32_t t = 0; t < r->n_scr; t++) /* a device failure in some step */
@@ -529,18 +520,21 @@ kvq_attn_backend kvq_retrieval_backend(kvq_retrieval *r)
 
 void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out)
 {
-    const rt_sums *a = &r->sums;
-    memset(out, 0, sizeof *out);
-    out->steps = a->steps;
-    out->visible = a->visible;
-    out->attended = a->attended;
-    out->bytes_read = a->bytes_read;
-    out->bytes_full = a->bytes_full;
-    out->bytes_codebook = a->bytes_codebook;
-    out->measured = a->measured;
-    out->recall_topk = a->recall_topk;
-    out->recall_mass = a->recall_mass;
-    out->out_rel_err = a->out_rel_err;
+    *out = r->sums;
+}
+
+void kvq_retrieval_stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b)
+{
+    a->steps += b->steps;
+    a->visible += b->visible;
+    a->attended += b->attended;
+    a->bytes_read += b->bytes_read;
+    a->bytes_full += b->bytes_full;
+    a->bytes_codebook += b->bytes_codebook;
+    a->measured += b->measured;
+    a->recall_topk += b->recall_topk;
+    a->recall_mass += b->recall_mass;
+    a->out_rel_err += b->out_rel_err;
 }
 
 void kvq_retrieval_stats_reset(kvq_retrieval *r) { memset(&r->sums, 0, sizeof r->sums); }

@@ -67,12 +67,8 @@ struct rt_layer {
     const kvq_rk_table **tab; /* [n_kv_heads] */
 };
 
-/* Sums of kvq_retrieval_stats, per thread until merged. */
-typedef struct rt_sums {
-    uint64_t steps, measured;
-    double visible, attended, bytes_read, bytes_full, bytes_codebook;
-    double recall_topk, recall_mass, out_rel_err;
-} rt_sums;
+/* Sums of kvq_retrieval_stats, per thread until merged (kvq_retrieval_stats_add). */
+typedef kvq_retrieval_stats rt_sums;
 
 /* Bands whose mean rotations a scratch keeps (score bands; farther bands are computed
  * each time). */
@@ -281,6 +277,19 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
 /* Gemma 2's attention logit softcap (step.c): x = c tanh(x / c) over the rows [rows, n]
  * (stride ld) when c > 0 (r->softcap), after the scale, before the softmax. */
 void kvq_rt_softcap(float *x, int32_t rows, int64_t n, int64_t ld, float c);
+
+/* The measurement of one step against exact attention (step.c), the one computation of
+ * the per-step figures that a measured context (measure = 1) and kvq_retrieval_probe
+ * share (adding a metric: CONTRIBUTING.md "Adding a metric"): S->pfull [gs, nv] the exact
+ * probabilities of the visible rows [lo, lo + nv), S->ofull [gs, d] the exact outputs,
+ * att [m] the attended rows, o [gs, d] the step's outputs; f2 [gs] the exact outputs'
+ * norms squared (kvq_rt_exact_norms; NULL: computed here). Adds one measured step to z:
+ * the attention mass on att and the relative output error, each the mean over the
+ * group's heads. */
+void kvq_rt_exact_norms(const rt_scratch *S, int32_t gs, int32_t d, double *f2);
+void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t lo, int64_t nv,
+                           const int32_t *att, int64_t m, const float *o, const double *f2,
+                           rt_sums *z);
 
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);

@@ -66,8 +66,72 @@ static void rotate_queries(const kvq_retrieval *r, const float *q, int64_t pos, 
     }
 }
 
-/* Measurement of one step (measure = 1): exact attention over every visible token,
- * and the oracle's selection of the same size. */
+/* Head g's exact output norm squared: sum over t, ascending, of ofull[g, t]^2 in double. */
+static double exact_norm(const rt_scratch *S, int32_t d, int32_t g)
+{
+    double f = 0;
+    for (int32_t t = 0; t < d; t++) {
+        const double y = S->ofull[(size_t)g * d + t];
+        f += y * y;
+    }
+    return f;
+}
+
+void kvq_rt_exact_norms(const rt_scratch *S, int32_t gs, int32_t d, double *f2)
+{
+    for (int32_t g = 0; g < gs; g++)
+        f2[g] = exact_norm(S, d, g);
+}
+
+void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t lo, int64_t nv,
+                           const int32_t *att, int64_t m, const float *o, const double *f2,
+                           rt_sums *z)
+{
+    double mass = 0, rel = 0;
+    /* each head's mass summed in att order, and its squared error in t order; up to four
+     * heads' sums side by side (their adds do not wait on each other; a group of fewer
+     * than four repeats its last head in the spare sums, never read) */
+    for (int32_t g0 = 0; g0 < gs; g0 += 4) {
+        const int32_t ng = gs - g0 < 4 ? gs - g0 : 4;
+        const int32_t i1 = ng > 1 ? 1 : 0, i2 = ng > 2 ? 2 : ng - 1, i3 = ng > 3 ? 3 : ng - 1;
+        const float *p0 = S->pfull + (size_t)g0 * nv;
+        const float *p1 = p0 + (size_t)i1 * nv, *p2 = p0 + (size_t)i2 * nv;
+        const float *p3 = p0 + (size_t)i3 * nv;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t a = 0; a < m; a++) {
+            const int64_t j = att[a] - lo;
+            s0 += p0[j];
+            s1 += p1[j];
+            s2 += p2[j];
+            s3 += p3[j];
+        }
+        const size_t h0 = (size_t)g0 * d, h1 = (size_t)(g0 + i1) * d;
+        const size_t h2 = (size_t)(g0 + i2) * d, h3 = (size_t)(g0 + i3) * d;
+        double e0 = 0, e1 = 0, e2 = 0, e3 = 0;
+        for (int32_t t = 0; t < d; t++) {
+            const double x0 = (double)o[h0 + t] - S->ofull[h0 + t];
+            const double x1 = (double)o[h1 + t] - S->ofull[h1 + t];
+            const double x2 = (double)o[h2 + t] - S->ofull[h2 + t];
+            const double x3 = (double)o[h3 + t] - S->ofull[h3 + t];
+            e0 += x0 * x0;
+            e1 += x1 * x1;
+            e2 += x2 * x2;
+            e3 += x3 * x3;
+        }
+        const double sv[4] = {s0, s1, s2, s3}, ev[4] = {e0, e1, e2, e3};
+        for (int32_t i = 0; i < ng; i++) {
+            const double f = f2 ? f2[g0 + i] : exact_norm(S, d, g0 + i);
+            mass += sv[i];
+            rel += f > 0 ? sqrt(ev[i] / f) : 0.0;
+        }
+    }
+    z->measured++;
+    z->recall_mass += mass / gs;
+    z->out_rel_err += rel / gs;
+}
+
+/* Measurement of one step (measure = 1): exact attention over every visible token
+ * (kvq_rt_measure_output's figures), and the oracle's selection of the same size. */
 static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel)
 {
     const kvq_retrieval *r = st->r;
@@ -77,20 +141,7 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
     for (int64_t j = lo; j < st->nvis; j++)
         kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
     exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
-    double mass = 0, rel = 0;
-    for (int32_t g = 0; g < gs; g++) {
-        const float *pf = S->pfull + (size_t)g * nv;
-        double sm = 0, e2 = 0, f2 = 0;
-        for (int64_t a = 0; a < m; a++)
-            sm += pf[att[a] - lo];
-        for (int32_t t = 0; t < d; t++) {
-            const double x = S->o[(size_t)g * d + t], y = S->ofull[(size_t)g * d + t];
-            e2 += (x - y) * (x - y);
-            f2 += y * y;
-        }
-        mass += sm;
-        rel += f2 > 0 ? sqrt(e2 / f2) : 0.0;
-    }
+    kvq_rt_measure_output(S, gs, d, lo, nv, att, m, S->o, NULL, &S->sums);
     double recall = 1.0;
     if (nsel < st->nc && nsel > 0) {
         double unused = 0, unused2 = 0;
@@ -111,9 +162,6 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
         }
         recall = (double)common / (double)nsel;
     }
-    S->sums.measured++;
-    S->sums.recall_mass += mass / gs;
-    S->sums.out_rel_err += rel / gs;
     S->sums.recall_topk += recall;
 }
 

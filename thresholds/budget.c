@@ -8,17 +8,20 @@
  * outputs of earlier steps, so a row's figures do not depend on how the rows before it
  * were attended: the prompt and the rows between measured ones are only appended to the
  * cache (in the chunks a context attending them would get, so the rows are ordered
- * alike), and each measured row is measured under every setting at once by
- * kvq_retrieval_probe (one context per thread, sequences of a layer in parallel, sums in
- * sequence order): its figures are those of a context per setting attending the row
- * alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
+ * alike), and each measured row is measured under every setting at once by the
+ * harness (kvq_eval_seq_probe, kvq/eval.h: kvq_retrieval_probe on one context per
+ * thread, sequences of a layer in parallel, sums in sequence order): its figures are
+ * those of a context per setting attending the row alone (tests/test_runtime.c). The measured rows are p->sample_rows evenly spaced
  * continuation rows per sequence (thr_sample_rows, as the LeanKV/PATS grid); the
  * settings whose choice the sample leaves open against the tolerance (thr_mark_refine,
  * memory = the fraction for budgets, the attended share for tau, the keys profile.c
  * selects on) are measured again on every row, so the choice equals the every-row
  * choice (tests/test_profile_fast.c).
  * The attended and mass columns stay sampled figures (the same rows for every setting).
- * p->reference keeps the former path: every row by retrieval (prefill_full = 0).
+ * p->reference keeps the former path: every row by retrieval (prefill_full = 0), also
+ * through the harness (kvq_eval_seq_attend). What stays here is the profile's policy,
+ * shared with the LeanKV/PATS grid: the row and job samples, the interval
+ * (kvq_eval_sample_interval through thr_acc_interval) and which settings to refine.
  */
 #include <cblas.h>
 #include <math.h>
@@ -99,83 +102,36 @@ static void stats_add(bsetting *b, const kvq_retrieval_stats *z, int per_row)
     step_add(b, &x, per_row);
 }
 
-/* One sequence (n tokens, prompt P) of one layer. */
-typedef struct bseq {
-    int32_t layer;
-    int64_t n, P;
-    const float *q, *k, *v;  /* [n, nh, d], [n, nkv, d] x 2 */
-    const int64_t *pos;      /* [n] */
-    const int64_t *mrow;     /* [nm] measured rows, ascending, in [P, n) */
-    int64_t nm;
-    int64_t rec_ld, rec_at;  /* where its measured rows' errors go in rec (probe_sequence) */
-    int32_t nh, nkv, d;
-} bseq;
-
-static kvq_status attend_rows(kvq_attn_backend b, const bseq *S, int64_t r0, int64_t r1,
-                              float *o, kvq_err *err)
-{
-    const size_t qo = (size_t)r0 * S->nh * S->d, ko = (size_t)r0 * S->nkv * S->d;
-    const kvq_attn_call call = {.layer = S->layer, .n = (int32_t)(r1 - r0), .pos = S->pos + r0,
-                                .q = S->q + qo, .k = S->k + ko, .v = S->v + ko,
-                                .out = o + qo};
-    return b.attend(b.user, &call, err);
-}
-
-/* Appends rows [r0, r1) of the sequence to ctx's cache (no attention). */
-static kvq_status append_rows(kvq_retrieval *ctx, const bseq *S, int64_t r0, int64_t r1,
-                              kvq_err *err)
-{
-    const size_t ko = (size_t)r0 * S->nkv * S->d;
-    return kvq_retrieval_append(ctx, S->layer, (int32_t)(r1 - r0), S->pos + r0, S->k + ko,
-                                S->v + ko, err);
-}
-
-/* The sampled path of one sequence, every setting at once: the prompt and the rows
- * between measured ones appended to ctx (measure, one thread) as chunks, each measured
- * row appended alone and measured under every setting by kvq_retrieval_probe (one
- * encoding of each key, one exact attention per row: the figures of a context per
- * setting attending the row alone, tests/test_runtime_probe.c). The figures go to
- * sums [n_set] (added, row by row) and rec (each setting's error of each measured row:
- * rec[c * S->rec_ld + S->rec_at + i], NaN when no step counted; rec may be NULL). Rows
- * after the last measured one are not appended (nothing later reads them). */
+/* The sampled path of one sequence, every setting at once, through the harness
+ * (kvq_eval_seq_probe: the measured rows of S each measured under every setting on ctx,
+ * one encoding of each key and one exact attention per row). The figures go to sums
+ * [n_set] (added, row by row) and rec (each setting's error of each measured row:
+ * rec[c * rec_ld + rec_at + i], NaN when no step counted; rec may be NULL). z: [S->nm,
+ * n_set]. */
 static kvq_status probe_sequence(kvq_retrieval *ctx, const kvq_retrieval_setting *rs,
-                                 int64_t n_set, const bseq *S, bsetting *sums,
-                                 kvq_retrieval_stats *z, double *rec, kvq_err *err)
+                                 int64_t n_set, const kvq_eval_seq *S, bsetting *sums,
+                                 kvq_retrieval_stats *z, double *rec, int64_t rec_ld,
+                                 int64_t rec_at, kvq_err *err)
 {
-    kvq_status s = KVQ_OK;
-    int64_t prev = 0;
-    kvq_retrieval_reset(ctx);
-    for (int64_t i = 0; i < S->nm && !s; i++) {
-        const int64_t r = S->mrow[i];
-        if ((r > prev && (s = append_rows(ctx, S, prev, r, err))) ||
-            (s = append_rows(ctx, S, r, r + 1, err)) ||
-            (s = kvq_retrieval_probe(ctx, S->layer, S->q + (size_t)r * S->nh * S->d,
-                                     (int32_t)n_set, rs, z, err)))
-            break;
+    kvq_status s = kvq_eval_seq_probe(ctx, S, rs, (int32_t)n_set, z, err);
+    for (int64_t i = 0; i < S->nm && !s; i++)
         for (int64_t c = 0; c < n_set; c++) {
-            stats_add(&sums[c], &z[c], 1);
+            const kvq_retrieval_stats *x = &z[i * n_set + c];
+            stats_add(&sums[c], x, 1);
             if (rec)
-                rec[c * S->rec_ld + S->rec_at + i] = kvq_eval_metric_value(&z[c],
-                                                                           KVQ_EVAL_OUT_REL_ERR);
+                rec[c * rec_ld + rec_at + i] = kvq_eval_metric_value(x, KVQ_EVAL_OUT_REL_ERR);
         }
-        prev = r + 1;
-    }
     return s;
 }
 
-/* The reference path of one setting: the prompt, then every continuation row, each
- * chunk by retrieval row by row (prefill_full = 0). */
-static kvq_status run_reference(bsetting *b, const bseq *S, float *o, kvq_err *err)
+/* The reference path of one setting through the harness (kvq_eval_seq_attend: the
+ * prompt, then every continuation row by retrieval, row by row). */
+static kvq_status run_reference(bsetting *b, const kvq_eval_seq *S, float *o, kvq_err *err)
 {
-    kvq_attn_backend be = kvq_retrieval_backend(b->r);
-    kvq_status s = S->P > 0 ? attend_rows(be, S, 0, S->P, o, err) : KVQ_OK;
+    kvq_retrieval_stats z;
+    kvq_status s = kvq_eval_seq_attend(b->r, S, o, &z, err);
     if (s)
         return s;
-    kvq_retrieval_stats_reset(b->r);
-    if ((s = attend_rows(be, S, S->P, S->n, o, err)))
-        return s;
-    kvq_retrieval_stats z;
-    kvq_retrieval_stats_get(b->r, &z);
     stats_add(b, &z, 0);
     b->err_sq = NAN; /* not per row */
     return KVQ_OK;
@@ -184,13 +140,12 @@ static kvq_status run_reference(bsetting *b, const bseq *S, float *o, kvq_err *e
 /* The reference path of one sequence of one layer through every setting, the settings
  * in parallel (each context runs single-threaded, so its sums do not depend on the
  * thread count). */
-static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, const bseq *S,
+static kvq_status run_sequence(bsetting *set, int64_t n_set, int32_t threads, const kvq_eval_seq *S,
                                float *out, kvq_status *st, kvq_err *errs, kvq_err *err)
 {
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < n_set; c++) {
         float *o = out + (size_t)c * S->n * S->nh * S->d;
-        kvq_retrieval_reset(set[c].r);
         st[c] = run_reference(&set[c], S, o, &errs[c]);
     }
     for (int64_t c = 0; c < n_set; c++)
@@ -233,7 +188,7 @@ typedef struct seq_bufs {
     kvq_err *errs;     /* [n_set] */
     kvq_retrieval **ctx;       /* [n_thr] probe contexts (measure, one thread) */
     kvq_retrieval_setting *rs; /* [n_set] */
-    kvq_retrieval_stats *z;    /* [n_thr][n_set] */
+    kvq_retrieval_stats *z;    /* [n_thr][longest, n_set] (a sequence's measured rows) */
     thr_jobs *J;               /* the job sample (sequences of a layer) or NULL */
     int want, record;          /* a pass's sequences (thr_jobs_run) and whether it keeps
                                   the sampled ones' sums in J */
@@ -277,11 +232,11 @@ static kvq_status create_settings(bsetting *set, int64_t n_set, int64_t n_b, con
     return s;
 }
 
-/* Sequence i of layer file L into thread t's buffers; the bseq of it (measured rows:
+/* Sequence i of layer file L into thread t's buffers; the kvq_eval_seq of it (measured rows:
  * `sample` of the continuation rows, thr_sample_rows). probe: only what the sampled path
  * reads (probe_sequence): the queries of the measured rows, the keys and values up to
  * the last of them; else every row (the reference path). */
-static bseq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
+static kvq_eval_seq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_t layer,
                           int64_t i, int32_t t, int64_t sample, double prompt_fraction,
                           int probe, const seq_bufs *b)
 {
@@ -294,9 +249,9 @@ static bseq load_sequence(const kvq_capture_info *ci, const thr_layer *L, int32_
     const int64_t P = thr_prompt_len(prompt_fraction, n);
     for (int64_t j = P; j < n; j++)
         cand[j - P] = j;
-    const bseq S = {.layer = layer, .n = n, .P = P, .q = q, .k = k, .v = v, .pos = pos,
-                    .mrow = mrow, .nm = thr_sample_rows(cand, n - P, sample, mrow),
-                    .nh = nh, .nkv = nkv, .d = d, .rec_ld = b->rec_ld};
+    const kvq_eval_seq S = {.layer = layer, .n = n, .P = P, .q = q, .k = k, .v = v, .pos = pos,
+                            .mrow = mrow, .nm = thr_sample_rows(cand, n - P, sample, mrow),
+                            .nh = nh, .nkv = nkv, .d = d};
     const int64_t end = probe ? (S.nm > 0 ? mrow[S.nm - 1] + 1 : 0) : n;
     for (int64_t j = 0; j < end; j++) {
         kvq_capture_read_heads(L->k, r0 + j, 0, nkv, k + (size_t)j * nkv * d);
@@ -369,10 +324,11 @@ static kvq_status probe_layer(const kvq_capture_info *ci, const thr_layer *L, in
         if (ci->sequences[2 * i + 1] < 2 || !thr_jobs_run(b->J, f, i, b->want))
             continue;
         const int32_t t = thread_num();
-        bseq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, 1, b);
-        S.rec_at = at[i];
+        const kvq_eval_seq S = load_sequence(ci, L, layer, i, t, sample, p->prompt_fraction, 1,
+                                             b);
         st[i] = probe_sequence(b->ctx[t], b->rs, n_set, &S, part + i * n_set,
-                               b->z + (size_t)t * n_set, sample ? b->rec : NULL, &errs[i]);
+                               b->z + (size_t)t * b->longest * n_set, sample ? b->rec : NULL,
+                               b->rec_ld, at[i], &errs[i]);
     }
     for (int64_t i = 0; i < ns && !s; i++) {
         if (st[i]) {
@@ -429,7 +385,7 @@ static kvq_status layers_pass(const kvq_capture_info *ci, const kvq_codebook_set
         for (int64_t i = 0; p->reference && i < ci->n_sequences && !s; i++) {
             if (ci->sequences[2 * i + 1] < 2)
                 continue;
-            const bseq S = load_sequence(ci, &L, layer, i, 0, 0, p->prompt_fraction, 0, b);
+            const kvq_eval_seq S = load_sequence(ci, &L, layer, i, 0, 0, p->prompt_fraction, 0, b);
             s = run_sequence(set, n_set, p->threads, &S, b->out, b->st, b->errs, err);
         }
         thr_layer_close(&L);
@@ -767,7 +723,7 @@ static kvq_status bufs_alloc(const kvq_capture_info *ci, int64_t n_set, int32_t 
     b->errs = calloc(ns, sizeof *b->errs);
     b->ctx = calloc(nt, sizeof *b->ctx);
     b->rs = calloc(ns, sizeof *b->rs);
-    b->z = calloc(nt * ns, sizeof *b->z);
+    b->z = calloc(nt * lg * ns, sizeof *b->z);
     if (!b->q || !b->k || !b->v || (reference && !b->out) || !b->pos || !b->cand || !b->mrow ||
         !b->rec || !b->st || !b->errs || !b->ctx || !b->rs || !b->z)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");

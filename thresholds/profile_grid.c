@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kvq/eval.h"
 #include "thresholds/thresholds_internal.h"
 
 kvq_status thr_rope_tab_make(const kvq_capture_info *ci, const thr_layer *L, int threads,
@@ -386,11 +387,7 @@ static kvq_status grid_run(const kvq_capture_info *ci, const kvq_profile_params 
 
 void thr_acc_interval(const thr_acc *a, double *mean, double *se)
 {
-    *mean = a->err_n > 0 ? a->err_sum / a->err_n : NAN;
-    const double var = a->err_n > 1
-                           ? (a->err_sq - a->err_sum * a->err_sum / a->err_n) / (a->err_n - 1)
-                           : 0.0;
-    *se = a->err_n > 0 ? sqrt(var > 0 ? var : 0.0) / sqrt(a->err_n) : NAN;
+    kvq_eval_sample_interval(a->err_sum, a->err_sq, a->err_n, mean, se); /* the harness's */
 }
 
 /* The settings of one table [lo, hi) of total whose choice the sample cannot settle:

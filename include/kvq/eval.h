@@ -3,7 +3,8 @@
  * of perplexity, recall, attention mass, output error, KV bytes read and task answers,
  * measured against full attention. `kvq eval` prints its table, the positions stage of
  * `kvq calibrate` chooses from its perplexities, and the budget profile
- * (thresholds/budget.c) takes its figures through kvq_eval_metric_value.
+ * (thresholds/budget.c) measures a capture's rows through kvq_eval_seq_probe /
+ * kvq_eval_seq_attend and takes its figures through kvq_eval_metric_value.
  *
  * A row is one kvq_retrieval_params (selector, budget, positions, scoring query, ...);
  * the harness sets max_tokens, cb, prefill_full and measure of each. Per row:
@@ -13,7 +14,8 @@
  *                tokens before it (recorded once per sequence, replayed into each row)
  *   metrics      kvq_eval_metric_value over the row's kvq_retrieval_stats (measure = 1):
  *                the one list of per-step figures (adding a metric: one entry in
- *                eval/metrics.c and, when new, one field in kvq_retrieval_stats)
+ *                eval/metrics.c and, when new, one field in kvq_retrieval_stats:
+ *                CONTRIBUTING.md "Adding a metric")
  *   tasks        passkey / kv-recall documents of the corpus: the prompt attended
  *                exactly (prefilled once for every row), the answer decoded greedily
  *                with retrieval; correct when the continuation starts with the answer
@@ -251,6 +253,39 @@ void kvq_eval_table_free(kvq_eval_table *t);
 
 /* Answers of row i (-1: the reference). */
 const char *kvq_eval_table_answers(const kvq_eval_table *t, long i);
+/* ---- captured rows (eval/seq.c) ------------------------------------------------------
+ * One sequence of a capture (no model forward): its rows' queries, keys and values,
+ * measured under selector settings. The budget profile's figures come from here. */
+typedef struct kvq_eval_seq {
+    int32_t layer;
+    int64_t n, P;             /* rows; the first P are the prompt */
+    const float *q, *k, *v;   /* [n, nh, d] (the sampled path reads the measured rows'
+                                 only), [n, nkv, d] x 2 */
+    const int64_t *pos;       /* [n] positions */
+    const int64_t *mrow;      /* [nm] the measured rows, ascending, in [P, n) */
+    int64_t nm;
+    int32_t nh, nkv, d;
+} kvq_eval_seq;
+
+/* The sampled path, every setting at once: from a reset, the rows up to each measured
+ * one appended to ctx (created with measure = 1, prefill_full = 0) in chunks, each
+ * measured row appended alone and measured by kvq_retrieval_probe: z[i n_set + c] its
+ * figures under set[c] (kvq_eval_metric_value reads them). Rows after the last measured
+ * one are not read. Errors: the probe's and the append's. */
+kvq_status kvq_eval_seq_probe(kvq_retrieval *ctx, const kvq_eval_seq *S,
+                              const kvq_retrieval_setting *set, int32_t n_set,
+                              kvq_retrieval_stats *z, kvq_err *err);
+
+/* The reference path of one setting: from a reset, ctx (its setting, measure = 1,
+ * prefill_full = 0) attends the prompt, then the continuation rows by retrieval;
+ * *z the continuation's statistics, o [n, nh, d] the outputs. */
+kvq_status kvq_eval_seq_attend(kvq_retrieval *ctx, const kvq_eval_seq *S, float *o,
+                               kvq_retrieval_stats *z, kvq_err *err);
+
+/* A figure sampled over n units (sum and sum of squares of the units' values): its mean
+ * and standard error (NaN when n = 0; se 0 when n = 1). The 95% half-width is 1.96 se. */
+void kvq_eval_sample_interval(double sum, double sq, double n, double *mean, double *se);
+
 #endif /* KVQ_UNSTABLE_API */
 
 #ifdef __cplusplus

@@ -432,6 +432,8 @@ typedef struct kvq_retrieval_stats {
 
 void kvq_retrieval_stats_get(const kvq_retrieval *r, kvq_retrieval_stats *out);
 void kvq_retrieval_stats_reset(kvq_retrieval *r);
+/* a += b, field by field (the one place the sums are added: a new field goes here). */
+void kvq_retrieval_stats_add(kvq_retrieval_stats *a, const kvq_retrieval_stats *b);
 
 /* One selector setting of kvq_retrieval_probe: the selector, its budget and (mass) tau. */
 typedef struct kvq_retrieval_setting {

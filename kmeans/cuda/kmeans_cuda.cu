@@ -26,6 +26,7 @@
 
 #include "kmeans/kmeans_internal.h"
 #include "kmeans/kmeans_kernels.h"
+#include "kmeans/cuda/km_cuda_check.h"
 
 /* Upper bound on the device distance block (rows x kc floats). */
 #define CUDA_BLOCK_BYTES ((size_t)256 << 20)
@@ -55,20 +56,7 @@ typedef struct cuda_ctx {
 
 /* ---- error mapping ------------------------------------------------------------------ */
 
-static kvq_status cuda_fail(cudaError_t e, const char *what, kvq_err *err)
-{
-    return kvq_err_set(err, e == cudaErrorMemoryAllocation ? KVQ_E_NOMEM : KVQ_E_BACKEND,
-                       "kmeans cuda: %s: %s", what, cudaGetErrorString(e));
-}
-
-#define CU_TRY(call, what)                                                                   \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            st = cuda_fail(e_, what, err);                                                   \
-            goto done;                                                                       \
-        }                                                                                    \
-    } while (0)
+#define CU_TRY(call, what) KM_CU_TRY("kmeans cuda", call, what)
 
 /* After every kernel launch: a launch error (bad configuration, no kernel image for this
  * device) is reported at once, naming the kernel. */

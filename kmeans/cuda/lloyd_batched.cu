@@ -33,6 +33,7 @@
 
 #include "kmeans/cuda/lloyd_batched.h"
 #include "kmeans/cuda/lloyd_hd.h"
+#include "kmeans/cuda/km_cuda_check.h"
 #include "kvq/util.h"
 
 /* Upper bound on the distance block S [h, rows, k] (floats). */
@@ -61,20 +62,7 @@ typedef struct lb_dev {
     cublasHandle_t blas;
 } lb_dev;
 
-static kvq_status lb_fail(cudaError_t e, const char *what, kvq_err *err)
-{
-    return kvq_err_set(err, e == cudaErrorMemoryAllocation ? KVQ_E_NOMEM : KVQ_E_BACKEND,
-                       "kmeans cuda batched: %s: %s", what, cudaGetErrorString(e));
-}
-
-#define LB_TRY(call, what)                                                                   \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess) {                                                             \
-            st = lb_fail(e_, what, err);                                                     \
-            goto done;                                                                       \
-        }                                                                                    \
-    } while (0)
+#define LB_TRY(call, what) KM_CU_TRY("kmeans cuda batched", call, what)
 #define LB_LAUNCHED(kernel) LB_TRY(cudaGetLastError(), "kernel " #kernel)
 
 static unsigned lb_grid(long long threads)

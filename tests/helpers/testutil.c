@@ -88,3 +88,23 @@ int test_write_file(const char *path, const void *data, size_t n)
     size_t w = fwrite(data, 1, n, f);
     return (fclose(f) == 0 && w == n) ? 0 : -1;
 }
+
+kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
+{
+    kvq_model_id id;
+    memset(&id, 0, sizeof id);
+    snprintf(id.path, sizeof id.path, "synthetic");
+    snprintf(id.source, sizeof id.source, "gguf");
+    snprintf(id.architecture, sizeof id.architecture, "llama");
+    id.n_layers = n_layers;
+    id.dim = n_heads * d;
+    id.hidden_dim = 4 * n_heads * d;
+    id.n_heads = n_heads;
+    id.n_kv_heads = n_kv;
+    id.head_dim = d;
+    id.vocab_size = 512;
+    id.context_length = 2048;
+    id.norm_eps = 1e-5;
+    id.rope = kvq_rope_default(d);
+    return kvq_model_config_from_id(&id);
+}
