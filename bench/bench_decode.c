@@ -145,13 +145,51 @@ static double g_resid_share = 0.5; /* --resid-share S (kvq_retrieval_params.resi
 static int rerank_on(void) { return g_rerank > 1 || g_rerank_extra > 0; }
 static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
 static int g_resid_max = 0;   /* --resid-group max: the stage scores by the best head */
-static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
+static int g_thread_clock = 0; /* --clock thread: each thread's own CPU time */
+static int g_record = 0;       /* retrieval_step records the rerank's rows (untimed) */
+static int g_best = 0;         /* --stat best: the best of the repetitions, not the median */
+static double thread_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double clk(void)
+{
+    return g_thread_clock ? thread_now() : g_cpu_clock ? bench_cpu_now() : kvq_now();
+}
+
+/* A parallel region's time on T threads: under --clock thread the largest of the
+ * threads' own CPU times (each measured up to the end of its share, before the barrier,
+ * so spinning at it is not counted: on a shared machine neither the time other processes
+ * held the core nor a thread waiting for another counts); else the clock's difference. */
+#define MAX_T 16
+static double g_tt[MAX_T];
+static double region_time(int T, double t0)
+{
+    if (!g_thread_clock)
+        return clk() - t0;
+    double m = 0;
+    for (int i = 0; i < T; i++)
+        m = g_tt[i] > m ? g_tt[i] : m;
+    return m;
+}
+static int thread_index(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 typedef struct args {
     int64_t contexts[16];
     int n_contexts;
     double budget;
     int64_t codebook, reps, threads, seed;
+    int64_t tlist[4]; /* --threads LIST: thread counts run alternately, threads their max */
+    int nt;
     kvq_isa isa;
     int fused;  /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
@@ -165,7 +203,7 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall] [--score rb|bands] [--rerank R|+E] "
+                    "[--clock cpu|thread|wall] [--stat median|best] [--score rb|bands] [--rerank R|+E] "
                     "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
                     "[--resid-group sum|max] [--resid-share S] "
                     "[--preset smollm2]\n");
@@ -184,6 +222,8 @@ static int parse(int argc, char **argv, args *a)
     a->codebook = 4096;
     a->reps = 5;
     a->threads = 1;
+    a->tlist[0] = 1;
+    a->nt = 1;
     a->seed = 1;
     a->isa = kvq_isa_best();
     a->fused = 0;
@@ -213,20 +253,39 @@ static int parse(int argc, char **argv, args *a)
         } else if (!strcmp(o, "--reps")) {
             if (kvq_parse_i64(v, 1, 1000, &a->reps, &e))
                 return usage();
-        } else if (!strcmp(o, "--threads")) {
-            if (kvq_parse_i64(v, 1, 256, &a->threads, &e))
-                return usage();
+        } else if (!strcmp(o, "--threads")) { /* T, or a list run alternately: 1,2 */
+            char *buf = strdup(v), *p = buf, *tok;
+            a->nt = 0;
+            a->threads = 1;
+            while ((tok = strsep(&p, ",")) && a->nt < 4) {
+                if (kvq_parse_i64(tok, 1, MAX_T, &a->tlist[a->nt], &e)) {
+                    free(buf);
+                    return usage();
+                }
+                a->threads = a->tlist[a->nt] > a->threads ? a->tlist[a->nt] : a->threads;
+                a->nt++;
+            }
+            free(buf);
         } else if (!strcmp(o, "--seed")) {
             if (kvq_parse_i64(v, 0, INT64_MAX, &a->seed, &e))
                 return usage();
         } else if (!strcmp(o, "--clock")) {
             if (!strcmp(v, "cpu"))
                 g_cpu_clock = 1;
+            else if (!strcmp(v, "thread"))
+                g_thread_clock = 1;
             else if (!strcmp(v, "wall"))
                 g_cpu_clock = 0;
             else
                 return usage();
             clock_set = 1;
+        } else if (!strcmp(o, "--stat")) {
+            if (!strcmp(v, "best"))
+                g_best = 1;
+            else if (!strcmp(v, "median"))
+                g_best = 0;
+            else
+                return usage();
         } else if (!strcmp(o, "--attn")) {
             if (!strcmp(v, "fused"))
                 a->fused = 1;
@@ -320,7 +379,7 @@ static int parse(int argc, char **argv, args *a)
     }
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
-    if (a->threads > 1 && g_cpu_clock)
+    if (a->threads > 1 && g_cpu_clock && !g_thread_clock)
         fprintf(stderr, "bench_decode: warning: process CPU time adds up the %lld threads\n",
                 (long long)a->threads);
     return 0;
@@ -346,6 +405,14 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double best_of(const double *v, int64_t n)
+{
+    double b = v[0];
+    for (int64_t i = 1; i < n; i++)
+        b = v[i] < b ? v[i] : b;
+    return b;
+}
+
 static double median(double *v, int64_t n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -365,10 +432,15 @@ static double memcpy_bandwidth(int64_t reps, int T)
     memset(b, 2, n);
     for (int64_t r = 0; r < reps + 1; r++) {
         const double t0 = clk();
-#pragma omp parallel for num_threads(T) schedule(static)
-        for (int i = 0; i < T; i++)
-            memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
-        const double t = clk() - t0;
+#pragma omp parallel num_threads(T)
+        {
+            const double s0 = clk();
+#pragma omp for schedule(static) nowait
+            for (int i = 0; i < T; i++)
+                memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
+            g_tt[thread_index()] = clk() - s0;
+        }
+        const double t = region_time(T, t0);
         bench_sink += (uint64_t)b[r % n];
         if (r > 0 && 2.0 * n / t > best)
             best = 2.0 * n / t;
@@ -394,10 +466,15 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
         bench_flush_caches(flush);
         const double t0 = clk();
         uint64_t s = 0;
-#pragma omp parallel for num_threads(T) schedule(static) reduction(+ : s)
-        for (size_t i = 0; i < n; i++)
-            s += a[i];
-        const double t = clk() - t0;
+#pragma omp parallel num_threads(T) reduction(+ : s)
+        {
+            const double s0 = clk();
+#pragma omp for schedule(static) nowait
+            for (size_t i = 0; i < n; i++)
+                s += a[i];
+            g_tt[thread_index()] = clk() - s0;
+        }
+        const double t = region_time(T, t0);
         bench_sink += s;
         if (FLUSH_BYTES / t > best)
             best = FLUSH_BYTES / t;
@@ -409,8 +486,9 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[6]; /* seconds in LUT, score gather, top-k, attention; the rerank and the
-                        residual stage (both in top-k) */
+    double phase[10]; /* seconds in LUT, score gather, top-k, attention; the rerank and the
+                        residual stage (both in top-k); within the stage its LUTs and sign
+                        tables, its kernel, its top-k; the first selection */
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
@@ -434,6 +512,9 @@ typedef struct layer {
     uint32_t *hist[N_KV];        /* [K] per-code counts of codes[0..n), as the cache keeps */
     int32_t *att[N_KV];          /* [n] the last retrieval step's attended rows, per head */
     int64_t n_att[N_KV];
+    int32_t *rr[N_KV];           /* [n] the rows the rerank read (its candidates), recorded by
+                                    an untimed step (g_record) */
+    int64_t n_rr[N_KV];
     kvq_rk_table *tab[N_KV];
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
     float *bq; /* [N_KV, bands, D] --score bands: each band's scoring query, the group's
@@ -770,6 +851,7 @@ static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
             b++;
         grp[a] = b * K + L->codes[h][j];
     }
+    const double t0 = clk();
     /* the heads' band queries [GS, nb, D] side by side, eight LUTs per read of the table */
     for (int32_t i0 = 0; i0 < GS * nb; i0 += 8)
         kvq_rk_lut_multi(isa, L->tab[h], L->bqh + ((size_t)h * GS * nb + i0) * D,
@@ -777,8 +859,11 @@ static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
     float tab[GS * KVQ_RK_SIGN_TABLE_LEN(D)];
     for (int g = 0; g < GS; g++)
         kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab + (size_t)g * tl);
+    const double t1 = clk();
     kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows, lut, (size_t)nb * K,
                             grp, n, sc);
+    S->phase[6] += t1 - t0;
+    S->phase[7] += clk() - t1;
 }
 
 /* The residual stage over rows[0..n) (ascending), keeping k2 in place: the first-stage
@@ -824,9 +909,11 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
         kvq_rk_sign_table(q, D, tab);
         kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, sc, n, sc);
     }
+    const double t0 = clk();
     const int64_t m = kvq_rk_topk(isa, sc, n, k2, S->rsel, S->work);
     for (int64_t i = 0; i < m; i++)
         rows[i] = rows[S->rsel[i]];
+    S->phase[8] += clk() - t0;
     return m;
 }
 
@@ -940,12 +1027,17 @@ select:;
         S->att[m + a] += SINK;
     S->rr_kept = 0;
     const double t_rs = clk();
+    S->phase[9] += t_rs - t0;
     if (k1 > k2) {
         S->bands.K = cd->k;
         ns = resid_stage(L, h, isa, by_scores, bands, S, S->att + m, ns, k2);
     }
     const double t_rr = clk();
     S->phase[5] += t_rr - t_rs;
+    if (g_record) {
+        ((layer *)L)->n_rr[h] = k2 > k_sel ? ns : 0;
+        memcpy(L->rr[h], S->att + m, sizeof(int32_t) * (size_t)ns);
+    }
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
     t1 = clk();
@@ -1010,6 +1102,88 @@ static uint64_t gather_rows(const layer *L, int h)
     return s;
 }
 
+/* Every row the step reads by index with plain loads and nothing else, as it reads them:
+ * the rerank's key rows (its candidates, L->rr), the sinks' and window's key rows, then
+ * every attended value row (without a rerank: the attended key rows, then the value
+ * rows, gather_rows). The bytes into *bytes. */
+static uint64_t gather_step_rows(const layer *L, int h, double *bytes)
+{
+    if (!L->n_rr[h]) {
+        *bytes += (double)L->n_att[h] * D * 4;
+        return gather_rows(L, h);
+    }
+    uint64_t s = 0;
+    const char *kb = g_rope ? (const char *)L->kr[h] : (const char *)L->k[h];
+    const int64_t na = L->n_att[h];
+    for (int pass = 0; pass < 3; pass++) {
+        const char *base = pass == 2 ? (const char *)L->v[h] : kb;
+        const int32_t *rows = pass == 0 ? L->rr[h] : L->att[h];
+        for (int64_t a = 0; a < (pass == 0 ? L->n_rr[h] : na); a++) {
+            if (pass == 1 && a == SINK) /* the sinks, then the window */
+                a = na - WINDOW;
+            const uint64_t *r = (const uint64_t *)(base + (size_t)rows[a] * D * 2);
+            for (int t = 0; t < D * 2 / 8; t++)
+                s += r[t];
+            *bytes += D * 2;
+        }
+    }
+    return s;
+}
+
+/* The residual stage's kernel (kvq_rk_resid_scores_max, all the group's heads) over m
+ * consecutive candidate rows of head 0 whose records, groups and tables stay in cache:
+ * its ns a candidate when memory is not what waits (a compute bound: the kernel's
+ * operations are fixed by its bits). The groups are those the last step of thread 0
+ * wrote (S->rsel, every candidate, --preset smollm2's path), else none (one first-stage
+ * score per candidate). */
+static double stage_in_cache(const layer *L, kvq_isa isa, scratch *S)
+{
+    const int64_t nc = L->n - SINK - WINDOW;
+    int64_t m = nc / GS < 4096 ? nc / GS : 4096;
+    m -= m % 64;
+    if (m < 64 || !L->rq[0])
+        return 0;
+    const int64_t a0 = (nc / 2) & ~(int64_t)63; /* mid-cache rows */
+    const int every = S->bands.nb > 0 && S->bands.K > 0 && L->tok[0];
+    const int32_t nbk = every ? S->bands.nb * S->bands.K : 0;
+    int32_t *tok = malloc(sizeof *tok * (size_t)m), *grp = malloc(sizeof *grp * (size_t)m);
+    float *sc = malloc(sizeof *sc * (size_t)m), *first = S->lut + 32768;
+    const size_t tl = KVQ_RK_SIGN_TABLE_LEN(D);
+    float *tab = malloc(sizeof *tab * GS * tl);
+    if (!tok || !grp || !sc || !tab) {
+        free(tok);
+        free(grp);
+        free(sc);
+        free(tab);
+        return 0;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        tok[i] = (int32_t)(SINK + a0 + i);
+        grp[i] = every ? S->rsel[a0 + i] % nbk : 0;
+    }
+    if (!every) /* one score per candidate: first [GS, m] */
+        first = S->scores;
+    for (int g = 0; g < GS; g++)
+        kvq_rk_sign_table(S->qi + g * D, D, tab + (size_t)g * tl);
+    const int reps = 64;
+    double best = 0;
+    for (int pass = 0; pass < 4; pass++) { /* the first warms the caches */
+        const double t0 = clk();
+        for (int r = 0; r < reps; r++)
+            kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[0], L->rqs[0], tok, first,
+                                    every ? (size_t)nbk : (size_t)m, every ? grp : NULL, m, sc);
+        const double t = (clk() - t0) / ((double)reps * (double)m);
+        if (pass > 0 && (best == 0 || t < best))
+            best = t;
+        bench_sink += (uint64_t)(sc[0] > 0);
+    }
+    free(tok);
+    free(grp);
+    free(sc);
+    free(tab);
+    return 1e9 * best;
+}
+
 /* ---- main ------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -1048,8 +1222,12 @@ int main(int argc, char **argv)
         }
     }
     free(W);
-    const double bw = memcpy_bandwidth(a.reps, (int)a.threads),
-                 rbw = read_bandwidth(a.reps, (int)a.threads, flush);
+    double bwt[4], rbwt[4];
+    for (int ti = 0; ti < a.nt; ti++) {
+        bwt[ti] = memcpy_bandwidth(a.reps, (int)a.tlist[ti]);
+        rbwt[ti] = read_bandwidth(a.reps, (int)a.tlist[ti], flush);
+    }
+    const double bw = bwt[0], rbw = rbwt[0];
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
            "score %s, rerank %g (+%g of the cache), residual stage %s (share %g, %s), "
@@ -1066,10 +1244,18 @@ int main(int argc, char **argv)
                                                         : "on, sign table")
                                        : "off",
            g_resid_share, g_resid_max ? "max" : "sum",
-           g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
-    printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
-           "GB/s (sum of 256 MiB, best of %lld)\n\n",
-           bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
+           g_rope ? "rope (keys held rotated, f16)" : "wrope",
+           g_thread_clock ? "thread CPU time (the largest of the threads')"
+           : g_cpu_clock  ? "process CPU time"
+                          : "wall");
+    for (int ti = 0; ti < a.nt; ti++)
+        printf("threads %lld: memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); "
+               "streaming read: %.2f GB/s (sum of 256 MiB, best of %lld)\n",
+               (long long)a.tlist[ti], bwt[ti] / 1e9, (long long)a.reps, rbwt[ti] / 1e9,
+               (long long)a.reps);
+    printf("\n");
+    (void)bw;
+    (void)rbw;
     printf("%8s | %9s %7s %7s %6s %6s | %8s %6s %6s | %8s %7s | %7s %8s %7s | %7s\n", "context",
            "full ms", "MiB", "GB/s", "%cpy", "%read", "retr ms", "K", "MiB", "floor ms",
            "x floor", "rows GB/s", "rfloor ms", "x rfloor", "speedup");
@@ -1099,7 +1285,9 @@ int main(int argc, char **argv)
             L.tok[h] = NULL;
             L.hist[h] = calloc((size_t)a.codebook, sizeof *L.hist[h]);
             L.att[h] = malloc(sizeof(int32_t) * (size_t)n);
-            if (!L.hist[h] || !L.att[h])
+            L.rr[h] = malloc(sizeof(int32_t) * (size_t)n);
+            L.n_rr[h] = 0;
+            if (!L.hist[h] || !L.att[h] || !L.rr[h])
                 return 1;
             for (int64_t j = 0; j < n; j++) {
                 L.codes[h][j] = (uint16_t)kvq_rng_below(&rng, (uint64_t)a.codebook);
@@ -1171,83 +1359,152 @@ int main(int argc, char **argv)
         }
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
-        double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps),
-               *tg = malloc(sizeof(double) * a.reps);
+        const int64_t R = a.reps * a.nt; /* times [nt, reps]: thread counts alternate */
+        double *tf = malloc(sizeof(double) * R), *tr = malloc(sizeof(double) * R),
+               *tg = malloc(sizeof(double) * R), ph[4][10] = {{0}};
         int64_t attended = 0;
-        for (int t = 0; t < a.threads; t++)
-            memset(scr[t].phase, 0, sizeof scr[t].phase);
-        for (int64_t rep = 0; rep < a.reps; rep++) {
-            bench_flush_caches(flush);
-            double t0 = clk();
-#pragma omp parallel for num_threads((int)a.threads) schedule(static)
-            for (int h = 0; h < N_KV; h++) {
-#ifdef _OPENMP
-                scratch *S = &scr[omp_get_thread_num()];
-#else
-                scratch *S = &scr[0];
-#endif
-                full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
+        for (int64_t rep = 0; rep < a.reps; rep++)
+            for (int ti = 0; ti < a.nt; ti++) {
+                const int T = (int)a.tlist[ti];
+                const int64_t ri = ti * a.reps + rep;
+                for (int t = 0; t < T; t++)
+                    memset(scr[t].phase, 0, sizeof scr[t].phase);
+                bench_flush_caches(flush);
+                double t0 = clk();
+#pragma omp parallel num_threads(T)
+                {
+                    const double s0 = clk();
+                    scratch *S = &scr[thread_index()];
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tf[ri] = region_time(T, t0);
+                bench_flush_caches(flush);
+                t0 = clk();
+                int64_t att = 0;
+#pragma omp parallel num_threads(T) reduction(+ : att)
+                {
+                    const double s0 = clk();
+                    scratch *S = &scr[thread_index()];
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel,
+                                              S, out_ret + (size_t)h * GS * D);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tr[ri] = region_time(T, t0);
+                attended = att;
+                for (int t = 0; t < T; t++)
+                    for (int i = 0; i < 10; i++)
+                        ph[ti][i] += scr[t].phase[i] / (double)a.reps;
+                bench_flush_caches(flush);
+                t0 = clk();
+                uint64_t gs = 0;
+#pragma omp parallel num_threads(T) reduction(+ : gs)
+                {
+                    const double s0 = clk();
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        gs += gather_rows(&L, h);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tg[ri] = region_time(T, t0);
+                bench_sink += gs;
             }
-            tf[rep] = clk() - t0;
-            bench_flush_caches(flush);
-            t0 = clk();
-            int64_t att = 0;
-#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : att)
-            for (int h = 0; h < N_KV; h++) {
-#ifdef _OPENMP
-                scratch *S = &scr[omp_get_thread_num()];
-#else
-                scratch *S = &scr[0];
-#endif
-                att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, S,
-                                      out_ret + (size_t)h * GS * D);
-            }
-            tr[rep] = clk() - t0;
-            attended = att;
-            bench_flush_caches(flush);
-            t0 = clk();
-            uint64_t gs = 0;
-#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : gs)
-            for (int h = 0; h < N_KV; h++)
-                gs += gather_rows(&L, h);
-            tg[rep] = clk() - t0;
-            bench_sink += gs;
-        }
-        const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
-                     t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const int kb = 2; /* bytes per key element (f16, the rotated keys of rope too) */
         const double b_rows = (double)attended * D * (kb + 2);
         const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
+        const int64_t nc = n - SINK - WINDOW, k2 = rerank_count(k_sel, nc),
+                      k1 = resid_count(k2, nc);
+        const double b_stage = (double)N_KV * (D / 8 + 4) * (double)(k1 > k2 ? k1 : 0);
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
-                             (double)N_KV * (n - SINK - WINDOW) * 2 +
+                             (double)N_KV * nc * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows +
-                             (double)N_KV * (double)(rerank_count(k_sel, n - SINK - WINDOW) - k_sel) *
-                                 D * kb +
-                             (double)N_KV * (D / 8 + 4) *
-                                 (double)(resid_count(rerank_count(k_sel, n - SINK - WINDOW),
-                                                      n - SINK - WINDOW) >
-                                                  rerank_count(k_sel, n - SINK - WINDOW)
-                                              ? resid_count(rerank_count(k_sel, n - SINK - WINDOW),
-                                                            n - SINK - WINDOW)
-                                              : 0);
-        /* floors: every byte at the streaming read rate; and the attended rows at the rate
-         * plain loads of exactly those rows achieved (t_rows), the rest streaming */
-        const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;
-        printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f | %8.3f %7.2f | "
-               "%7.2f %8.3f %7.2f | %6.1fx\n",
-               (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
-               100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
-               (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
-               b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
-        double ph[6] = {0};
-        for (int t = 0; t < a.threads; t++)
-            for (int i = 0; i < 6; i++)
-                ph[i] += scr[t].phase[i] / (double)a.reps;
-        printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
-               "top-k %.3f ms (rerank %.3f, residual stage %.3f), attention %.3f ms\n",
-               "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[4], 1e3 * ph[5], 1e3 * ph[3]);
+                             (double)N_KV * (double)(k2 - k_sel) * D * kb + b_stage;
+        /* the stage's kernel in cache (a compute bound: its bits fix its work) */
+        const double ns_stage = b_stage > 0 ? stage_in_cache(&L, a.isa, &scr[0]) : 0;
+        /* every row the step reads by index, read with plain loads (cold, best of reps),
+         * after one untimed step that records the rerank's rows */
+        g_record = 1;
+        for (int h = 0; h < N_KV; h++)
+            retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, &scr[0],
+                           out_ret + (size_t)h * GS * D);
+        g_record = 0;
+        double t_srows[4], b_srows = 0;
+        for (int ti = 0; ti < a.nt; ti++) {
+            const int T = (int)a.tlist[ti];
+            t_srows[ti] = 0;
+            for (int64_t rep = 0; rep < a.reps; rep++) {
+                bench_flush_caches(flush);
+                const double t0 = clk();
+                uint64_t gs = 0;
+                double bb = 0;
+#pragma omp parallel num_threads(T) reduction(+ : gs, bb)
+                {
+                    const double s0 = clk();
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        gs += gather_step_rows(&L, h, &bb);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                const double tt = region_time(T, t0);
+                t_srows[ti] = rep == 0 || tt < t_srows[ti] ? tt : t_srows[ti];
+                b_srows = bb;
+                bench_sink += gs;
+            }
+        }
+        for (int ti = 0; ti < a.nt; ti++) {
+            const int T = (int)a.tlist[ti];
+            double *f = tf + ti * a.reps, *rr = tr + ti * a.reps, *g = tg + ti * a.reps;
+            const double t_full = g_best ? best_of(f, a.reps) : median(f, a.reps),
+                         t_ret = g_best ? best_of(rr, a.reps) : median(rr, a.reps),
+                         t_rows = g_best ? best_of(g, a.reps) : median(g, a.reps);
+            const double bwi = bwt[ti], rbwi = rbwt[ti];
+            char tlabel[32];
+            snprintf(tlabel, sizeof tlabel, "  (%d thread%s)", T, T > 1 ? "s" : "");
+            /* floors: every byte at the streaming read rate; and the attended rows at the
+             * rate plain loads of exactly those rows achieved (t_rows), the rest streaming */
+            const double f_stream = b_ret / rbwi, f_rows = t_rows + (b_ret - b_rows) / rbwi;
+            printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f | %8.3f %7.2f | "
+                   "%7.2f %8.3f %7.2f | %6.1fx%s\n",
+                   (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
+                   100.0 * (b_full / t_full) / bwi, 100.0 * (b_full / t_full) / rbwi,
+                   1e3 * t_ret, (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream,
+                   t_ret / f_stream, b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows,
+                   t_full / t_ret, a.nt > 1 ? tlabel : "");
+            printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
+                   "top-k %.3f ms (first selection %.3f, residual stage %.3f: its LUTs and "
+                   "sign tables %.3f, kernel %.3f, top-k %.3f; rerank %.3f), attention %.3f ms\n",
+                   "", 1e3 * ph[ti][0], by_scores ? "score" : "counts", 1e3 * ph[ti][1],
+                   1e3 * ph[ti][2], 1e3 * ph[ti][9], 1e3 * ph[ti][5], 1e3 * ph[ti][6],
+                   1e3 * ph[ti][7], 1e3 * ph[ti][8], 1e3 * ph[ti][4], 1e3 * ph[ti][3]);
+            /* the bound the stage's work sets: its kernel at its in-cache rate over every
+             * candidate it scores (T threads share the heads), the other bytes streamed */
+            const double t_stage = ns_stage * 1e-9 * (double)N_KV * (double)k1 / T,
+                         f_comp = t_stage > b_stage / rbwi ? t_stage + (b_ret - b_stage) / rbwi
+                                                           : f_stream;
+            printf("%8s   summary, %d thread%s: step %.3f ms, bytes floor %.3f ms (%.1f MiB at "
+                   "%.2f GB/s), %.2fx the floor, %.2fx faster than full attention (%.3f ms)",
+                   "", T, T > 1 ? "s" : "", 1e3 * t_ret, 1e3 * f_stream, b_ret / 1048576.0,
+                   rbwi / 1e9, t_ret / f_stream, t_full / t_ret, 1e3 * t_full);
+            if (b_stage > 0)
+                printf("; the stage's kernel in cache %.2f ns a candidate: %.3f ms of work for "
+                       "its %lld candidates x %d heads, so at least %.3f ms (%.2fx the bytes "
+                       "floor; the step is %.2fx that)",
+                       ns_stage, 1e3 * t_stage, (long long)k1, N_KV, 1e3 * f_comp,
+                       f_comp / f_stream, t_ret / f_comp);
+            /* and the rows it reads by index at the rate plain loads of them reach */
+            const double f_rc = t_stage + t_srows[ti] + (b_ret - b_stage - b_srows) / rbwi;
+            printf("\n%8s   rows read by index (the rerank's key rows, the sinks' and window's "
+                   "keys, the attended value rows): %.1f MiB, plain loads of them alone %.3f ms "
+                   "(%.2f GB/s, best of %lld); with the stage's work and the other bytes "
+                   "streamed: %.3f ms (%.2fx the bytes floor; the step is %.2fx that)\n",
+                   "", b_srows / 1048576.0, 1e3 * t_srows[ti], b_srows / t_srows[ti] / 1e9,
+                   (long long)a.reps, 1e3 * f_rc, f_rc / f_stream, t_ret / f_rc);
+        }
         if (!a.token_order)
             printf("%8s   code order: sorting the candidates' rows took %.1f ms for the %d "
                    "heads (once per prompt, then at growing lengths; not in the step)\n",
@@ -1259,6 +1516,7 @@ int main(int argc, char **argv)
             free(L.codes[h]);
             free(L.hist[h]);
             free(L.att[h]);
+            free(L.rr[h]);
             free(L.tok[h]);
             free(L.kr[h]);
             L.kr[h] = NULL;
