@@ -146,6 +146,9 @@ static int rerank_on(void) { return g_rerank > 1 || g_rerank_extra > 0; }
 static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
 static int g_resid_max = 0;   /* --resid-group max: the stage scores by the best head */
 static int g_thread_clock = 0; /* --clock thread: each thread's own CPU time */
+static int g_pieces = 1;       /* --groups pieces: the stage over every candidate makes the
+                                  rows' groups a piece at a time (all: in one array first) */
+static int g_pipe = 0;         /* --pipeline: head h + 1's stage prefetches head h's rerank rows */
 static int g_record = 0;       /* retrieval_step records the rerank's rows (untimed) */
 static int g_best = 0;         /* --stat best: the best of the repetitions, not the median */
 static double thread_now(void)
@@ -279,6 +282,10 @@ static int parse(int argc, char **argv, args *a)
             else
                 return usage();
             clock_set = 1;
+        } else if (!strcmp(o, "--groups")) {
+            g_pieces = strcmp(v, "all") != 0;
+        } else if (!strcmp(o, "--pipeline")) { /* an experiment: on or off */
+            g_pipe = !strcmp(v, "on");
         } else if (!strcmp(o, "--stat")) {
             if (!strcmp(v, "best"))
                 g_best = 1;
@@ -501,6 +508,12 @@ typedef struct scratch {
     float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
     int32_t *rsel;           /* --rerank: [n] the kept candidates */
     int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
+    /* --pipeline: the rows to prefetch while the stage's kernel runs (the previous head's
+     * rerank candidates, their key rows), and the second attended-rows buffer */
+    const char *pf_base;
+    const int32_t *pf_rows;
+    int64_t pf_n;
+    int32_t *att2;
 } scratch;
 
 typedef struct layer {
@@ -833,7 +846,7 @@ static int64_t resid_count(int64_t k2, int64_t nc)
  * score_pos.c's band_of), and one pass of kvq_rk_resid_scores_max over the rows for all
  * the heads (each row's signs and scale read once); sc the best head's. */
 static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
-                             const int32_t *rows, int64_t n, int have_grp, float *sc)
+                             const int32_t *rows, int64_t n, int have_grp, int every, float *sc)
 {
     const int32_t K = S->bands.K, nb = S->bands.nb;
     const size_t tl = KVQ_RK_SIGN_TABLE_LEN(D);
@@ -860,8 +873,28 @@ static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
     for (int g = 0; g < GS; g++)
         kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab + (size_t)g * tl);
     const double t1 = clk();
-    kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows, lut, (size_t)nb * K,
-                            grp, n, sc);
+    /* every candidate (the runtime's resid.c): the groups from the runs a piece at a time
+     * (kvq_rk_bands_cursor, in L1), else the selection's; --pipeline: pieces of the kernel,
+     * each followed by its share of the prefetches */
+    kvq_rk_bands_cursor cur;
+    if (every)
+        kvq_rk_bands_cursor_begin(&S->bands, S->work, &cur);
+    const int64_t ch = every || S->pf_n > 0 ? 1024 : n;
+    int64_t done = 0;
+    for (int64_t a0 = 0; a0 < n; a0 += ch) {
+        const int64_t c = n - a0 < ch ? n - a0 : ch;
+        int32_t g[1024];
+        if (every)
+            kvq_rk_bands_cursor_next(&cur, c, g);
+        kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows + a0, lut,
+                                (size_t)nb * K, every ? g : grp + a0, c, sc + a0);
+        const int64_t upto = S->pf_n > 0 ? (a0 + c) * S->pf_n / n : 0;
+        for (; done < upto; done++) {
+            const char *row = S->pf_base + (size_t)S->pf_rows[done] * D * 2;
+            for (int l = 0; l < D * 2; l += 64)
+                __builtin_prefetch(row + l, 0, 2);
+        }
+    }
     S->phase[6] += t1 - t0;
     S->phase[7] += clk() - t1;
 }
@@ -899,7 +932,8 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             sc[a] = (float)dot;
         }
     } else if (g_resid_max && bands) {
-        resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores, sc);
+        resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores,
+                         g_pieces && L->tok[h] && !by_scores && n == L->n - SINK - WINDOW, sc);
     } else {
         /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
          * in sc, as runtime/select/codebook/score_pos.c does for the runtime's stage) */
@@ -958,10 +992,11 @@ static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32
     return m;
 }
 
-static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
-                              int bands, int64_t k_sel, scratch *S, float *out)
+/* The step up to the rerank: the queries, the selection, the residual stage; the
+ * candidates in S->att [SINK + ns] (the sinks first); returns ns. */
+static int64_t retrieval_front(const layer *L, int h, kvq_isa isa, int by_scores, int bands,
+                               int64_t k_sel, scratch *S)
 {
-    const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
     double t0 = clk(), t1;
     memset(S->qs, 0, sizeof S->qs);
@@ -1020,7 +1055,9 @@ select:;
         : bands   ? kvq_rk_topk_bands_grouped(
                       &S->bands, k1, S->att + m,
                       k1 > k2 && !g_resid_exact && !g_resid_max ? S->rlg : NULL,
-                      k1 > k2 && !g_resid_exact && g_resid_max ? S->rsel : NULL, S->work)
+                      k1 > k2 && !g_resid_exact && g_resid_max && !(g_pieces && resid_every(k_sel, nc)) ? S->rsel
+                                                                                          : NULL,
+                      S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k1,
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)
@@ -1034,15 +1071,33 @@ select:;
     }
     const double t_rr = clk();
     S->phase[5] += t_rr - t_rs;
+    S->phase[2] += t_rr - t0;
+    return ns;
+}
+/* The rest of the step: the rerank of the ns candidates in S->att + SINK, then the
+ * attention over sinks, the kept rows and the window into out. The queries of head h are
+ * made again (a pipelined front of another head may have replaced them). */
+static int64_t retrieval_back(const layer *L, int h, kvq_isa isa, int fused, int64_t k_sel,
+                              int64_t ns, scratch *S, float *out)
+{
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK, k2 = rerank_count(k_sel, nc);
+    const double t_rr = clk();
+    int64_t m = SINK;
+    for (int g = 0; g < GS; g++) {
+        const float *q = L->q + (size_t)(h * GS + g) * D;
+        rotate(q, L->bcos, L->bsin, S->qb + g * D);
+        rotate(q, L->icos, L->isin, S->qi + g * D);
+    }
     if (g_record) {
         ((layer *)L)->n_rr[h] = k2 > k_sel ? ns : 0;
         memcpy(L->rr[h], S->att + m, sizeof(int32_t) * (size_t)ns);
     }
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
-    t1 = clk();
+    const double t1 = clk();
     S->phase[4] += t1 - t_rr;
-    S->phase[2] += t1 - t0;
+    S->phase[2] += t1 - t_rr;
     m += ns;
     const int64_t m_far = m;
     for (int64_t j = w_beg; j < n; j++)
@@ -1081,6 +1136,42 @@ select:;
     memcpy(L->att[h], S->att, sizeof(int32_t) * (size_t)m);
     ((layer *)L)->n_att[h] = m;
     return m;
+}
+
+static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
+                              int bands, int64_t k_sel, scratch *S, float *out)
+{
+    const int64_t ns = retrieval_front(L, h, isa, by_scores, bands, k_sel, S);
+    return retrieval_back(L, h, isa, fused, k_sel, ns, S, out);
+}
+
+/* --pipeline: thread's heads h0, h0 + 1, ... h1 - 1, each head's front run before the
+ * previous head's back, its stage's kernel prefetching the previous head's rerank rows. */
+static int64_t retrieval_pipeline(const layer *L, int h0, int h1, kvq_isa isa, int fused,
+                                  int by_scores, int bands, int64_t k_sel, scratch *S,
+                                  float *out)
+{
+    int64_t att = 0, prev_ns = 0;
+    int prev = -1;
+    for (int h = h0; h <= h1; h++) {
+        int64_t ns = 0;
+        if (h < h1) {
+            S->pf_n = prev >= 0 ? prev_ns : 0;
+            S->pf_base = prev >= 0 ? (const char *)(g_rope ? L->kr[prev] : L->k[prev]) : NULL;
+            S->pf_rows = S->att2 + SINK;
+            ns = retrieval_front(L, h, isa, by_scores, bands, k_sel, S);
+            S->pf_n = 0;
+        }
+        int32_t *tmp = S->att; /* this head's candidates to att2, the previous head's to att */
+        S->att = S->att2;
+        S->att2 = tmp;
+        if (prev >= 0)
+            att += retrieval_back(L, prev, isa, fused, k_sel, prev_ns, S,
+                                  out + (size_t)prev * GS * D);
+        prev = h;
+        prev_ns = ns;
+    }
+    return att;
 }
 
 /* The attended K and V rows of head h read with plain loads and nothing else (K rows,
@@ -1345,6 +1436,7 @@ int main(int argc, char **argv)
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
+            S->att2 = realloc(S->att2, sizeof(int32_t) * (size_t)n);
             S->cwork = realloc(S->cwork, sizeof(uint32_t) * 4 * (size_t)a.codebook);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
@@ -1388,10 +1480,16 @@ int main(int argc, char **argv)
                 {
                     const double s0 = clk();
                     scratch *S = &scr[thread_index()];
+                    if (g_pipe) { /* the heads of schedule(static), in one pipeline */
+                        const int ti2 = thread_index();
+                        att += retrieval_pipeline(&L, ti2 * N_KV / T, (ti2 + 1) * N_KV / T, a.isa,
+                                                  a.fused, by_scores, a.bands, k_sel, S, out_ret);
+                    } else {
 #pragma omp for schedule(static) nowait
-                    for (int h = 0; h < N_KV; h++)
-                        att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel,
-                                              S, out_ret + (size_t)h * GS * D);
+                        for (int h = 0; h < N_KV; h++)
+                            att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands,
+                                                  k_sel, S, out_ret + (size_t)h * GS * D);
+                    }
                     g_tt[thread_index()] = clk() - s0;
                 }
                 tr[ri] = region_time(T, t0);
@@ -1433,6 +1531,11 @@ int main(int argc, char **argv)
             retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, &scr[0],
                            out_ret + (size_t)h * GS * D);
         g_record = 0;
+        uint64_t ck = 1469598103934665603ull; /* FNV-1a of the last step's outputs */
+        for (size_t i = 0; i < sizeof(float) * N_HEADS * D; i++)
+            ck = (ck ^ ((const unsigned char *)out_ret)[i]) * 1099511628211ull;
+        printf("%8s   the retrieval step's output: FNV-1a %016llx (the same for every "
+               "--pipeline, thread count and repetition)\n", "", (unsigned long long)ck);
         double t_srows[4], b_srows = 0;
         for (int ti = 0; ti < a.nt; ti++) {
             const int T = (int)a.tlist[ti];
@@ -1551,6 +1654,7 @@ int main(int argc, char **argv)
         free(scr[t].rsel);
         free(scr[t].work);
         free(scr[t].att);
+        free(scr[t].att2);
         free(scr[t].cwork);
     }
     free(scr);

@@ -109,6 +109,11 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
  * resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
 int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
 int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap);
-int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp);
+/* The groups of every candidate row for the residual stage over every candidate: B (tb
+ * [64] its band starts) and a cursor over the rows' groups (kvq_rk_bands_cursor_next,
+ * a piece of rows at a time; S->work held until the last piece); returns nb, or 0 where
+ * the bands do not apply (score_pos.c). */
+int32_t kvq_rt_banded_cursor(const rt_step *st, kvq_rk_bands *B, int64_t *tb,
+                             kvq_rk_bands_cursor *cur);
 
 #endif /* KVQ_RUNTIME_SELECT_CODEBOOK_H */

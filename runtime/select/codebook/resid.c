@@ -237,6 +237,10 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
         first[a] = kvq_rk_score_one(X->lut, G, K, codes + (size_t)rows[a] * G);
 }
 
+/* Candidates whose groups the stage over every candidate makes at a time (4 KiB of
+ * groups: they stay in L1 between the cursor and the kernel). */
+#define RESID_PIECE 1024
+
 /* The fast rule per head, for the maximum over the group: sc[a] = the maximum over
  * heads h (first score wins ties) of first_h + a (q_h . s), first_h the head's own
  * first-stage score, q [gs, d] the heads' queries as the exact step scores keys; one
@@ -262,10 +266,16 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
     const int32_t *grp = S->sel; /* [n] the rows' groups */
     size_t fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
     /* every candidate (resid_share 1: the first cut selected nothing, rows ascending): the
-     * groups from the runs, kvq_rt_banded_groups, rather than a band search per row */
+     * groups from the runs, a piece at a time (kvq_rt_banded_cursor), rather than a band
+     * search per row */
+    kvq_rk_bands B;
+    kvq_rk_bands_cursor cur;
+    int64_t tb[64];
+    int pieces = 0;
     if (fs == 0 && Y->bsel_nb <= 0 && n == st->nc && rows[0] == st->s_end &&
-        rows[n - 1] == st->s_end + n - 1 && kvq_rt_banded_groups(st, S->sel) > 0) {
+        rows[n - 1] == st->s_end + n - 1 && kvq_rt_banded_cursor(st, &B, tb, &cur) > 0) {
         fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
+        pieces = fs > 0;
         if (fs == 0)
             Y->bsel_nb = 0; /* (the LUTs do not fit: scored as without the groups) */
     }
@@ -286,6 +296,16 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
         kvq_rk_sign_table(qh, dq, Y->stab + (size_t)h * tl);
     }
     const rt_cb_head *C = kvq_rt_cb(st->H);
+    if (pieces) { /* each piece's groups made in L1 and scored at once: the same bits */
+        int32_t g[RESID_PIECE];
+        for (int64_t a = 0; a < n; a += RESID_PIECE) {
+            const int64_t m = n - a < RESID_PIECE ? n - a : RESID_PIECE;
+            kvq_rk_bands_cursor_next(&cur, m, g);
+            kvq_rk_resid_scores_max(r->p.isa, Y->stab, gs, dq / 8, C->rq, C->rqs, rows + a, first,
+                                    fs, g, m, sc + a);
+        }
+        return 1;
+    }
     kvq_rk_resid_scores_max(r->p.isa, Y->stab, gs, dq / 8, C->rq, C->rqs, rows, first, fs, grp, n,
                             sc);
     return 1;

@@ -351,7 +351,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
  * The same selection as kvq_rt_banded_scores + kvq_rk_topk. Used when the groups are
  * few enough to pay (kvq_rk_bands_select_pays) and fit the scratch. */
 /* Whether the (code, band) groups apply to this step (kvq_rt_banded_select,
- * kvq_rt_banded_groups): bands scoring under the group sum, a single-group codebook in
+ * kvq_rt_banded_cursor): bands scoring under the group sum, a single-group codebook in
  * key space, the rows by token with some of them in code order past the sinks. */
 static int bands_apply(const rt_step *st, const kvq_codebook_desc *D)
 {
@@ -446,12 +446,13 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
 }
 
 /* The residual stage over every candidate (resid_share 1: the first cut took them all,
- * kvq_rt_select without a selection): each candidate row s_end + j's (code, band) group
- * b K + code into grp [nc], the bands kvq_rt_banded_select would use, from the runs'
- * band searches (kvq_rk_bands_groups) instead of a band search per row and head; then
- * bsel_nb = nb, so the heads' band LUTs apply (kvq_rt_head_band_luts). Returns nb, or
- * 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
-int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
+ * kvq_rt_select without a selection): the (code, band) group b K + code of each candidate
+ * row s_end + j, the bands kvq_rt_banded_select would use, from the runs' band searches
+ * (kvq_rk_bands_cursor: a piece of rows at a time) instead of a band search per row and
+ * head; then bsel_nb = nb, so the heads' band LUTs apply (kvq_rt_head_band_luts). Returns
+ * nb, or 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
+int32_t kvq_rt_banded_cursor(const rt_step *st, kvq_rk_bands *B, int64_t *tb,
+                             kvq_rk_bands_cursor *cur)
 {
     rt_scratch *S = st->S;
     rt_cb_scratch *Y = kvq_rt_cb_scr(S);
@@ -463,15 +464,15 @@ int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
         a = 1;
-    int64_t E[64], tb[64];
+    int64_t E[64];
     const int32_t nb = band_edges(a, b, E);
     const int64_t nk = (int64_t)nb * K;
-    if (nk > S->cap) /* kvq_rk_bands_groups' [2 nb K] in S->work [2 cap] */
+    if (nk > S->cap) /* the cursor's [2 nb K] in S->work [2 cap] */
         return 0;
     for (int32_t k2 = 0; k2 + 1 < nb; k2++) /* the band's first token: position >= pos - hi */
         tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - (E[k2 + 1] - 1));
-    const kvq_rk_bands B = bands_of(st, K, nb, NULL, tb);
-    kvq_rk_bands_groups(&B, grp, S->work);
+    *B = bands_of(st, K, nb, NULL, tb);
+    kvq_rk_bands_cursor_begin(B, S->work, cur);
     Y->bsel_nb = nb;
     return nb;
 }
