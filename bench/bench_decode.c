@@ -3,11 +3,34 @@
  * KV cache against VQ retrieval attention, at long contexts.
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
- *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
+ *                [--reps 5] [--threads 1|LIST] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
- *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
- *                [--resid-wide W] [--resid-path fast|exact] [--resid-group sum|max]
- *                [--preset smollm2]
+ *                [--clock cpu|thread|wall] [--stat median|best] [--score rb|bands]
+ *                [--rerank R] [--positions wrope|rope] [--resid-wide W]
+ *                [--resid-path fast|exact] [--resid-group sum|max] [--groups pieces|all]
+ *                [--pipeline off|on] [--preset smollm2]
+ *
+ * The issue 35 figures (docs/runtime.md "The step against its floors"):
+ *   bench_decode --preset smollm2 --contexts 32768,131072 --threads 1,2 --clock thread
+ *                --stat best --reps 5 [--order token]
+ * --threads 1,2 runs the thread counts alternately within each repetition (full
+ * attention, the retrieval step, the rows' plain loads, each at T threads), with the
+ * bandwidths measured per T. --clock thread times a parallel region by the largest of
+ * its threads' own CPU times (each up to the end of its share, before the barrier): on a
+ * shared machine neither another process holding the core nor a thread's wait counts.
+ * --stat best reports the best repetition instead of the median. Per thread count a
+ * summary line: the step, its bytes floor (its bytes at the streaming rate of that T),
+ * the ratio, the speedup over full attention; the residual stage's kernel at its
+ * in-cache rate (stage_in_cache) times every candidate it scores, a compute bound its
+ * bits fix; and every row the step reads by index (the rerank's key rows, the sinks'
+ * and window's keys, the attended value rows) read alone with plain loads, so the bound
+ * "the stage's work + those rows at their plain-load rate + the rest streamed".
+ * --groups all makes the rows' (code, band) groups of the stage over every candidate in
+ * one array first (the runtime before issue 35; pieces, the default, as it does now:
+ * kvq_rk_bands_cursor, 1,024 rows at a time in L1). --pipeline on is an experiment, not
+ * the runtime: each thread's heads in one pipeline, a head's stage prefetching the
+ * previous head's rerank rows between pieces of its kernel (decision 018: slower). The
+ * output's FNV-1a hash is printed: the same bits for every one of these options.
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
