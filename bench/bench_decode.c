@@ -3,11 +3,34 @@
  * KV cache against VQ retrieval attention, at long contexts.
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
- *                [--reps 5] [--threads 1] [--isa scalar|avx2|avx512] [--seed S]
+ *                [--reps 5] [--threads 1|LIST] [--isa scalar|avx2|avx512] [--seed S]
  *                [--attn fused|twopass] [--select auto|codes|scores] [--order code|token]
- *                [--clock cpu|wall] [--score rb|bands] [--rerank R] [--positions wrope|rope]
- *                [--resid-wide W] [--resid-path fast|exact] [--resid-group sum|max]
- *                [--preset smollm2]
+ *                [--clock cpu|thread|wall] [--stat median|best] [--score rb|bands]
+ *                [--rerank R] [--positions wrope|rope] [--resid-wide W]
+ *                [--resid-path fast|exact] [--resid-group sum|max] [--groups pieces|all]
+ *                [--pipeline off|on] [--preset smollm2]
+ *
+ * The issue 35 figures (docs/runtime.md "The step against its floors"):
+ *   bench_decode --preset smollm2 --contexts 32768,131072 --threads 1,2 --clock thread
+ *                --stat best --reps 5 [--order token]
+ * --threads 1,2 runs the thread counts alternately within each repetition (full
+ * attention, the retrieval step, the rows' plain loads, each at T threads), with the
+ * bandwidths measured per T. --clock thread times a parallel region by the largest of
+ * its threads' own CPU times (each up to the end of its share, before the barrier): on a
+ * shared machine neither another process holding the core nor a thread's wait counts.
+ * --stat best reports the best repetition instead of the median. Per thread count a
+ * summary line: the step, its bytes floor (its bytes at the streaming rate of that T),
+ * the ratio, the speedup over full attention; the residual stage's kernel at its
+ * in-cache rate (stage_in_cache) times every candidate it scores, a compute bound its
+ * bits fix; and every row the step reads by index (the rerank's key rows, the sinks'
+ * and window's keys, the attended value rows) read alone with plain loads, so the bound
+ * "the stage's work + those rows at their plain-load rate + the rest streamed".
+ * --groups all makes the rows' (code, band) groups of the stage over every candidate in
+ * one array first (the runtime before issue 35; pieces, the default, as it does now:
+ * kvq_rk_bands_cursor, 1,024 rows at a time in L1). --pipeline on is an experiment, not
+ * the runtime: each thread's heads in one pipeline, a head's stage prefetching the
+ * previous head's rerank rows between pieces of its kernel (decision 022: slower). The
+ * output's FNV-1a hash is printed: the same bits for every one of these options.
  *
  * Shape: 32 query heads, 8 KV heads (GQA groups of 4), head dim 128; synthetic keys,
  * values and queries (seeded, unit variance), random codes and a random 4096-entry codebook
@@ -145,13 +168,54 @@ static double g_resid_share = 0.5; /* --resid-share S (kvq_retrieval_params.resi
 static int rerank_on(void) { return g_rerank > 1 || g_rerank_extra > 0; }
 static int g_resid_exact = 0; /* --resid-path exact: the per-candidate reconstruction */
 static int g_resid_max = 0;   /* --resid-group max: the stage scores by the best head */
-static double clk(void) { return g_cpu_clock ? bench_cpu_now() : kvq_now(); }
+static int g_thread_clock = 0; /* --clock thread: each thread's own CPU time */
+static int g_pieces = 1;       /* --groups pieces: the stage over every candidate makes the
+                                  rows' groups a piece at a time (all: in one array first) */
+static int g_pipe = 0;         /* --pipeline: head h + 1's stage prefetches head h's rerank rows */
+static int g_record = 0;       /* retrieval_step records the rerank's rows (untimed) */
+static int g_best = 0;         /* --stat best: the best of the repetitions, not the median */
+static double thread_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+static double clk(void)
+{
+    return g_thread_clock ? thread_now() : g_cpu_clock ? bench_cpu_now() : kvq_now();
+}
+
+/* A parallel region's time on T threads: under --clock thread the largest of the
+ * threads' own CPU times (each measured up to the end of its share, before the barrier,
+ * so spinning at it is not counted: on a shared machine neither the time other processes
+ * held the core nor a thread waiting for another counts); else the clock's difference. */
+#define MAX_T 16
+static double g_tt[MAX_T];
+static double region_time(int T, double t0)
+{
+    if (!g_thread_clock)
+        return clk() - t0;
+    double m = 0;
+    for (int i = 0; i < T; i++)
+        m = g_tt[i] > m ? g_tt[i] : m;
+    return m;
+}
+static int thread_index(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 typedef struct args {
     int64_t contexts[16];
     int n_contexts;
     double budget;
     int64_t codebook, reps, threads, seed;
+    int64_t tlist[4]; /* --threads LIST: thread counts run alternately, threads their max */
+    int nt;
     kvq_isa isa;
     int fused;  /* attention of the step: fused kernel (1) or logits + softmax + mix (0) */
     int scores; /* selection through scores (1), from the codes (0), or as the runtime
@@ -165,7 +229,7 @@ static int usage(void)
     fprintf(stderr, "usage: bench_decode [--contexts LIST] [--budget F] [--codebook K] "
                     "[--reps N] [--threads T] [--isa scalar|avx2|avx512] [--seed S] "
                     "[--attn fused|twopass] [--select auto|codes|scores] [--order code|token] "
-                    "[--clock cpu|wall] [--score rb|bands] [--rerank R|+E] "
+                    "[--clock cpu|thread|wall] [--stat median|best] [--score rb|bands] [--rerank R|+E] "
                     "[--positions wrope|rope] [--resid-wide W] [--resid-path fast|exact] "
                     "[--resid-group sum|max] [--resid-share S] "
                     "[--preset smollm2]\n");
@@ -184,6 +248,8 @@ static int parse(int argc, char **argv, args *a)
     a->codebook = 4096;
     a->reps = 5;
     a->threads = 1;
+    a->tlist[0] = 1;
+    a->nt = 1;
     a->seed = 1;
     a->isa = kvq_isa_best();
     a->fused = 0;
@@ -213,20 +279,43 @@ static int parse(int argc, char **argv, args *a)
         } else if (!strcmp(o, "--reps")) {
             if (kvq_parse_i64(v, 1, 1000, &a->reps, &e))
                 return usage();
-        } else if (!strcmp(o, "--threads")) {
-            if (kvq_parse_i64(v, 1, 256, &a->threads, &e))
-                return usage();
+        } else if (!strcmp(o, "--threads")) { /* T, or a list run alternately: 1,2 */
+            char *buf = strdup(v), *p = buf, *tok;
+            a->nt = 0;
+            a->threads = 1;
+            while ((tok = strsep(&p, ",")) && a->nt < 4) {
+                if (kvq_parse_i64(tok, 1, MAX_T, &a->tlist[a->nt], &e)) {
+                    free(buf);
+                    return usage();
+                }
+                a->threads = a->tlist[a->nt] > a->threads ? a->tlist[a->nt] : a->threads;
+                a->nt++;
+            }
+            free(buf);
         } else if (!strcmp(o, "--seed")) {
             if (kvq_parse_i64(v, 0, INT64_MAX, &a->seed, &e))
                 return usage();
         } else if (!strcmp(o, "--clock")) {
             if (!strcmp(v, "cpu"))
                 g_cpu_clock = 1;
+            else if (!strcmp(v, "thread"))
+                g_thread_clock = 1;
             else if (!strcmp(v, "wall"))
                 g_cpu_clock = 0;
             else
                 return usage();
             clock_set = 1;
+        } else if (!strcmp(o, "--groups")) {
+            g_pieces = strcmp(v, "all") != 0;
+        } else if (!strcmp(o, "--pipeline")) { /* an experiment: on or off */
+            g_pipe = !strcmp(v, "on");
+        } else if (!strcmp(o, "--stat")) {
+            if (!strcmp(v, "best"))
+                g_best = 1;
+            else if (!strcmp(v, "median"))
+                g_best = 0;
+            else
+                return usage();
         } else if (!strcmp(o, "--attn")) {
             if (!strcmp(v, "fused"))
                 a->fused = 1;
@@ -320,7 +409,7 @@ static int parse(int argc, char **argv, args *a)
     }
     if (a->threads > 1 && !clock_set)
         g_cpu_clock = 0;
-    if (a->threads > 1 && g_cpu_clock)
+    if (a->threads > 1 && g_cpu_clock && !g_thread_clock)
         fprintf(stderr, "bench_decode: warning: process CPU time adds up the %lld threads\n",
                 (long long)a->threads);
     return 0;
@@ -346,6 +435,14 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+static double best_of(const double *v, int64_t n)
+{
+    double b = v[0];
+    for (int64_t i = 1; i < n; i++)
+        b = v[i] < b ? v[i] : b;
+    return b;
+}
+
 static double median(double *v, int64_t n)
 {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
@@ -365,10 +462,15 @@ static double memcpy_bandwidth(int64_t reps, int T)
     memset(b, 2, n);
     for (int64_t r = 0; r < reps + 1; r++) {
         const double t0 = clk();
-#pragma omp parallel for num_threads(T) schedule(static)
-        for (int i = 0; i < T; i++)
-            memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
-        const double t = clk() - t0;
+#pragma omp parallel num_threads(T)
+        {
+            const double s0 = clk();
+#pragma omp for schedule(static) nowait
+            for (int i = 0; i < T; i++)
+                memcpy(b + n / T * i, a + n / T * i, i == T - 1 ? n - n / T * i : n / T);
+            g_tt[thread_index()] = clk() - s0;
+        }
+        const double t = region_time(T, t0);
         bench_sink += (uint64_t)b[r % n];
         if (r > 0 && 2.0 * n / t > best)
             best = 2.0 * n / t;
@@ -394,10 +496,15 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
         bench_flush_caches(flush);
         const double t0 = clk();
         uint64_t s = 0;
-#pragma omp parallel for num_threads(T) schedule(static) reduction(+ : s)
-        for (size_t i = 0; i < n; i++)
-            s += a[i];
-        const double t = clk() - t0;
+#pragma omp parallel num_threads(T) reduction(+ : s)
+        {
+            const double s0 = clk();
+#pragma omp for schedule(static) nowait
+            for (size_t i = 0; i < n; i++)
+                s += a[i];
+            g_tt[thread_index()] = clk() - s0;
+        }
+        const double t = region_time(T, t0);
         bench_sink += s;
         if (FLUSH_BYTES / t > best)
             best = FLUSH_BYTES / t;
@@ -409,8 +516,9 @@ static double read_bandwidth(int64_t reps, int T, uint64_t *flush)
 /* ---- one decode step -------------------------------------------------------------------- */
 
 typedef struct scratch {
-    double phase[6]; /* seconds in LUT, score gather, top-k, attention; the rerank and the
-                        residual stage (both in top-k) */
+    double phase[10]; /* seconds in LUT, score gather, top-k, attention; the rerank and the
+                        residual stage (both in top-k); within the stage its LUTs and sign
+                        tables, its kernel, its top-k; the first selection */
     float *scores, *logits, *krot;
     uint32_t *work, *cwork;
     int32_t *att;
@@ -423,6 +531,12 @@ typedef struct scratch {
     float *rlg;              /* --rerank: [GS, n] exact logits of the candidates */
     int32_t *rsel;           /* --rerank: [n] the kept candidates */
     int64_t rr_kept;         /* --rerank: kept rows whose logits are in logits already */
+    /* --pipeline: the rows to prefetch while the stage's kernel runs (the previous head's
+     * rerank candidates, their key rows), and the second attended-rows buffer */
+    const char *pf_base;
+    const int32_t *pf_rows;
+    int64_t pf_n;
+    int32_t *att2;
 } scratch;
 
 typedef struct layer {
@@ -434,6 +548,9 @@ typedef struct layer {
     uint32_t *hist[N_KV];        /* [K] per-code counts of codes[0..n), as the cache keeps */
     int32_t *att[N_KV];          /* [n] the last retrieval step's attended rows, per head */
     int64_t n_att[N_KV];
+    int32_t *rr[N_KV];           /* [n] the rows the rerank read (its candidates), recorded by
+                                    an untimed step (g_record) */
+    int64_t n_rr[N_KV];
     kvq_rk_table *tab[N_KV];
     float q[N_HEADS * D];                             /* the step's queries (pre-RoPE) */
     float *bq; /* [N_KV, bands, D] --score bands: each band's scoring query, the group's
@@ -752,7 +869,7 @@ static int64_t resid_count(int64_t k2, int64_t nc)
  * score_pos.c's band_of), and one pass of kvq_rk_resid_scores_max over the rows for all
  * the heads (each row's signs and scale read once); sc the best head's. */
 static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
-                             const int32_t *rows, int64_t n, int have_grp, float *sc)
+                             const int32_t *rows, int64_t n, int have_grp, int every, float *sc)
 {
     const int32_t K = S->bands.K, nb = S->bands.nb;
     const size_t tl = KVQ_RK_SIGN_TABLE_LEN(D);
@@ -770,6 +887,7 @@ static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
             b++;
         grp[a] = b * K + L->codes[h][j];
     }
+    const double t0 = clk();
     /* the heads' band queries [GS, nb, D] side by side, eight LUTs per read of the table */
     for (int32_t i0 = 0; i0 < GS * nb; i0 += 8)
         kvq_rk_lut_multi(isa, L->tab[h], L->bqh + ((size_t)h * GS * nb + i0) * D,
@@ -777,8 +895,31 @@ static void resid_max_scores(const layer *L, int h, kvq_isa isa, scratch *S,
     float tab[GS * KVQ_RK_SIGN_TABLE_LEN(D)];
     for (int g = 0; g < GS; g++)
         kvq_rk_sign_table((g_rope ? S->qi : S->qb) + g * D, D, tab + (size_t)g * tl);
-    kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows, lut, (size_t)nb * K,
-                            grp, n, sc);
+    const double t1 = clk();
+    /* every candidate (the runtime's resid.c): the groups from the runs a piece at a time
+     * (kvq_rk_bands_cursor, in L1), else the selection's; --pipeline: pieces of the kernel,
+     * each followed by its share of the prefetches */
+    kvq_rk_bands_cursor cur;
+    if (every)
+        kvq_rk_bands_cursor_begin(&S->bands, S->work, &cur);
+    const int64_t ch = every || S->pf_n > 0 ? 1024 : n;
+    int64_t done = 0;
+    for (int64_t a0 = 0; a0 < n; a0 += ch) {
+        const int64_t c = n - a0 < ch ? n - a0 : ch;
+        int32_t g[1024];
+        if (every)
+            kvq_rk_bands_cursor_next(&cur, c, g);
+        kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[h], L->rqs[h], rows + a0, lut,
+                                (size_t)nb * K, every ? g : grp + a0, c, sc + a0);
+        const int64_t upto = S->pf_n > 0 ? (a0 + c) * S->pf_n / n : 0;
+        for (; done < upto; done++) {
+            const char *row = S->pf_base + (size_t)S->pf_rows[done] * D * 2;
+            for (int l = 0; l < D * 2; l += 64)
+                __builtin_prefetch(row + l, 0, 2);
+        }
+    }
+    S->phase[6] += t1 - t0;
+    S->phase[7] += clk() - t1;
 }
 
 /* The residual stage over rows[0..n) (ascending), keeping k2 in place: the first-stage
@@ -814,7 +955,8 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
             sc[a] = (float)dot;
         }
     } else if (g_resid_max && bands) {
-        resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores, sc);
+        resid_max_scores(L, h, isa, S, rows, n, L->tok[h] && !by_scores,
+                         g_pieces && L->tok[h] && !by_scores && n == L->n - SINK - WINDOW, sc);
     } else {
         /* (bands from the groups: kvq_rk_topk_bands_scored left each row's group score
          * in sc, as runtime/select/codebook/score_pos.c does for the runtime's stage) */
@@ -824,9 +966,11 @@ static int64_t resid_stage(const layer *L, int h, kvq_isa isa, int by_scores, in
         kvq_rk_sign_table(q, D, tab);
         kvq_rk_resid_scores(isa, tab, D / 8, L->rq[h], L->rqs[h], rows, sc, n, sc);
     }
+    const double t0 = clk();
     const int64_t m = kvq_rk_topk(isa, sc, n, k2, S->rsel, S->work);
     for (int64_t i = 0; i < m; i++)
         rows[i] = rows[S->rsel[i]];
+    S->phase[8] += clk() - t0;
     return m;
 }
 
@@ -871,10 +1015,11 @@ static int64_t rerank_rows(const layer *L, int h, kvq_isa isa, scratch *S, int32
     return m;
 }
 
-static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
-                              int bands, int64_t k_sel, scratch *S, float *out)
+/* The step up to the rerank: the queries, the selection, the residual stage; the
+ * candidates in S->att [SINK + ns] (the sinks first); returns ns. */
+static int64_t retrieval_front(const layer *L, int h, kvq_isa isa, int by_scores, int bands,
+                               int64_t k_sel, scratch *S)
 {
-    const float scale = (float)(1.0 / sqrt((double)D));
     const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK;
     double t0 = clk(), t1;
     memset(S->qs, 0, sizeof S->qs);
@@ -933,24 +1078,49 @@ select:;
         : bands   ? kvq_rk_topk_bands_grouped(
                       &S->bands, k1, S->att + m,
                       k1 > k2 && !g_resid_exact && !g_resid_max ? S->rlg : NULL,
-                      k1 > k2 && !g_resid_exact && g_resid_max ? S->rsel : NULL, S->work)
+                      k1 > k2 && !g_resid_exact && g_resid_max && !(g_pieces && resid_every(k_sel, nc)) ? S->rsel
+                                                                                          : NULL,
+                      S->work)
                   : kvq_rk_topk_codes(isa, S->lut, cd->k, S->cwork, L->codes[h] + SINK, nc, k1,
                                       S->att + m, S->cwork + cd->k);
     for (int64_t a = 0; a < ns; a++)
         S->att[m + a] += SINK;
     S->rr_kept = 0;
     const double t_rs = clk();
+    S->phase[9] += t_rs - t0;
     if (k1 > k2) {
         S->bands.K = cd->k;
         ns = resid_stage(L, h, isa, by_scores, bands, S, S->att + m, ns, k2);
     }
     const double t_rr = clk();
     S->phase[5] += t_rr - t_rs;
+    S->phase[2] += t_rr - t0;
+    return ns;
+}
+/* The rest of the step: the rerank of the ns candidates in S->att + SINK, then the
+ * attention over sinks, the kept rows and the window into out. The queries of head h are
+ * made again (a pipelined front of another head may have replaced them). */
+static int64_t retrieval_back(const layer *L, int h, kvq_isa isa, int fused, int64_t k_sel,
+                              int64_t ns, scratch *S, float *out)
+{
+    const float scale = (float)(1.0 / sqrt((double)D));
+    const int64_t n = L->n, w_beg = n - WINDOW, nc = w_beg - SINK, k2 = rerank_count(k_sel, nc);
+    const double t_rr = clk();
+    int64_t m = SINK;
+    for (int g = 0; g < GS; g++) {
+        const float *q = L->q + (size_t)(h * GS + g) * D;
+        rotate(q, L->bcos, L->bsin, S->qb + g * D);
+        rotate(q, L->icos, L->isin, S->qi + g * D);
+    }
+    if (g_record) {
+        ((layer *)L)->n_rr[h] = k2 > k_sel ? ns : 0;
+        memcpy(L->rr[h], S->att + m, sizeof(int32_t) * (size_t)ns);
+    }
     if (k2 > k_sel)
         ns = rerank_rows(L, h, isa, S, S->att + m, ns, k_sel);
-    t1 = clk();
+    const double t1 = clk();
     S->phase[4] += t1 - t_rr;
-    S->phase[2] += t1 - t0;
+    S->phase[2] += t1 - t_rr;
     m += ns;
     const int64_t m_far = m;
     for (int64_t j = w_beg; j < n; j++)
@@ -991,6 +1161,42 @@ select:;
     return m;
 }
 
+static int64_t retrieval_step(const layer *L, int h, kvq_isa isa, int fused, int by_scores,
+                              int bands, int64_t k_sel, scratch *S, float *out)
+{
+    const int64_t ns = retrieval_front(L, h, isa, by_scores, bands, k_sel, S);
+    return retrieval_back(L, h, isa, fused, k_sel, ns, S, out);
+}
+
+/* --pipeline: thread's heads h0, h0 + 1, ... h1 - 1, each head's front run before the
+ * previous head's back, its stage's kernel prefetching the previous head's rerank rows. */
+static int64_t retrieval_pipeline(const layer *L, int h0, int h1, kvq_isa isa, int fused,
+                                  int by_scores, int bands, int64_t k_sel, scratch *S,
+                                  float *out)
+{
+    int64_t att = 0, prev_ns = 0;
+    int prev = -1;
+    for (int h = h0; h <= h1; h++) {
+        int64_t ns = 0;
+        if (h < h1) {
+            S->pf_n = prev >= 0 ? prev_ns : 0;
+            S->pf_base = prev >= 0 ? (const char *)(g_rope ? L->kr[prev] : L->k[prev]) : NULL;
+            S->pf_rows = S->att2 + SINK;
+            ns = retrieval_front(L, h, isa, by_scores, bands, k_sel, S);
+            S->pf_n = 0;
+        }
+        int32_t *tmp = S->att; /* this head's candidates to att2, the previous head's to att */
+        S->att = S->att2;
+        S->att2 = tmp;
+        if (prev >= 0)
+            att += retrieval_back(L, prev, isa, fused, k_sel, prev_ns, S,
+                                  out + (size_t)prev * GS * D);
+        prev = h;
+        prev_ns = ns;
+    }
+    return att;
+}
+
 /* The attended K and V rows of head h read with plain loads and nothing else (K rows,
  * then V rows, as the step reads them): what the memory system gives this access
  * pattern, the "rows" reference. */
@@ -1008,6 +1214,88 @@ static uint64_t gather_rows(const layer *L, int h)
         }
     }
     return s;
+}
+
+/* Every row the step reads by index with plain loads and nothing else, as it reads them:
+ * the rerank's key rows (its candidates, L->rr), the sinks' and window's key rows, then
+ * every attended value row (without a rerank: the attended key rows, then the value
+ * rows, gather_rows). The bytes into *bytes. */
+static uint64_t gather_step_rows(const layer *L, int h, double *bytes)
+{
+    if (!L->n_rr[h]) {
+        *bytes += (double)L->n_att[h] * D * 4;
+        return gather_rows(L, h);
+    }
+    uint64_t s = 0;
+    const char *kb = g_rope ? (const char *)L->kr[h] : (const char *)L->k[h];
+    const int64_t na = L->n_att[h];
+    for (int pass = 0; pass < 3; pass++) {
+        const char *base = pass == 2 ? (const char *)L->v[h] : kb;
+        const int32_t *rows = pass == 0 ? L->rr[h] : L->att[h];
+        for (int64_t a = 0; a < (pass == 0 ? L->n_rr[h] : na); a++) {
+            if (pass == 1 && a == SINK) /* the sinks, then the window */
+                a = na - WINDOW;
+            const uint64_t *r = (const uint64_t *)(base + (size_t)rows[a] * D * 2);
+            for (int t = 0; t < D * 2 / 8; t++)
+                s += r[t];
+            *bytes += D * 2;
+        }
+    }
+    return s;
+}
+
+/* The residual stage's kernel (kvq_rk_resid_scores_max, all the group's heads) over m
+ * consecutive candidate rows of head 0 whose records, groups and tables stay in cache:
+ * its ns a candidate when memory is not what waits (a compute bound: the kernel's
+ * operations are fixed by its bits). The groups are those the last step of thread 0
+ * wrote (S->rsel, every candidate, --preset smollm2's path), else none (one first-stage
+ * score per candidate). */
+static double stage_in_cache(const layer *L, kvq_isa isa, scratch *S)
+{
+    const int64_t nc = L->n - SINK - WINDOW;
+    int64_t m = nc / GS < 4096 ? nc / GS : 4096;
+    m -= m % 64;
+    if (m < 64 || !L->rq[0])
+        return 0;
+    const int64_t a0 = (nc / 2) & ~(int64_t)63; /* mid-cache rows */
+    const int every = S->bands.nb > 0 && S->bands.K > 0 && L->tok[0];
+    const int32_t nbk = every ? S->bands.nb * S->bands.K : 0;
+    int32_t *tok = malloc(sizeof *tok * (size_t)m), *grp = malloc(sizeof *grp * (size_t)m);
+    float *sc = malloc(sizeof *sc * (size_t)m), *first = S->lut + 32768;
+    const size_t tl = KVQ_RK_SIGN_TABLE_LEN(D);
+    float *tab = malloc(sizeof *tab * GS * tl);
+    if (!tok || !grp || !sc || !tab) {
+        free(tok);
+        free(grp);
+        free(sc);
+        free(tab);
+        return 0;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        tok[i] = (int32_t)(SINK + a0 + i);
+        grp[i] = every ? S->rsel[a0 + i] % nbk : 0;
+    }
+    if (!every) /* one score per candidate: first [GS, m] */
+        first = S->scores;
+    for (int g = 0; g < GS; g++)
+        kvq_rk_sign_table(S->qi + g * D, D, tab + (size_t)g * tl);
+    const int reps = 64;
+    double best = 0;
+    for (int pass = 0; pass < 4; pass++) { /* the first warms the caches */
+        const double t0 = clk();
+        for (int r = 0; r < reps; r++)
+            kvq_rk_resid_scores_max(isa, tab, GS, D / 8, L->rq[0], L->rqs[0], tok, first,
+                                    every ? (size_t)nbk : (size_t)m, every ? grp : NULL, m, sc);
+        const double t = (clk() - t0) / ((double)reps * (double)m);
+        if (pass > 0 && (best == 0 || t < best))
+            best = t;
+        bench_sink += (uint64_t)(sc[0] > 0);
+    }
+    free(tok);
+    free(grp);
+    free(sc);
+    free(tab);
+    return 1e9 * best;
 }
 
 /* ---- main ------------------------------------------------------------------------------- */
@@ -1048,8 +1336,12 @@ int main(int argc, char **argv)
         }
     }
     free(W);
-    const double bw = memcpy_bandwidth(a.reps, (int)a.threads),
-                 rbw = read_bandwidth(a.reps, (int)a.threads, flush);
+    double bwt[4], rbwt[4];
+    for (int ti = 0; ti < a.nt; ti++) {
+        bwt[ti] = memcpy_bandwidth(a.reps, (int)a.tlist[ti]);
+        rbwt[ti] = read_bandwidth(a.reps, (int)a.tlist[ti], flush);
+    }
+    const double bw = bwt[0], rbw = rbwt[0];
     printf("bench_decode: %d query heads, %d KV heads, d %d, f16 cache, codebook %lld, budget "
            "%.4g, isa %s, threads %lld, attention %s, selection from %s, rows in %s order, "
            "score %s, rerank %g (+%g of the cache), residual stage %s (share %g, %s), "
@@ -1066,10 +1358,18 @@ int main(int argc, char **argv)
                                                         : "on, sign table")
                                        : "off",
            g_resid_share, g_resid_max ? "max" : "sum",
-           g_rope ? "rope (keys held rotated, f16)" : "wrope", g_cpu_clock ? "process CPU time" : "wall");
-    printf("memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); streaming read: %.2f "
-           "GB/s (sum of 256 MiB, best of %lld)\n\n",
-           bw / 1e9, (long long)a.reps, rbw / 1e9, (long long)a.reps);
+           g_rope ? "rope (keys held rotated, f16)" : "wrope",
+           g_thread_clock ? "thread CPU time (the largest of the threads')"
+           : g_cpu_clock  ? "process CPU time"
+                          : "wall");
+    for (int ti = 0; ti < a.nt; ti++)
+        printf("threads %lld: memcpy: %.2f GB/s (read + write bytes, 256 MiB, best of %lld); "
+               "streaming read: %.2f GB/s (sum of 256 MiB, best of %lld)\n",
+               (long long)a.tlist[ti], bwt[ti] / 1e9, (long long)a.reps, rbwt[ti] / 1e9,
+               (long long)a.reps);
+    printf("\n");
+    (void)bw;
+    (void)rbw;
     printf("%8s | %9s %7s %7s %6s %6s | %8s %6s %6s | %8s %7s | %7s %8s %7s | %7s\n", "context",
            "full ms", "MiB", "GB/s", "%cpy", "%read", "retr ms", "K", "MiB", "floor ms",
            "x floor", "rows GB/s", "rfloor ms", "x rfloor", "speedup");
@@ -1099,7 +1399,9 @@ int main(int argc, char **argv)
             L.tok[h] = NULL;
             L.hist[h] = calloc((size_t)a.codebook, sizeof *L.hist[h]);
             L.att[h] = malloc(sizeof(int32_t) * (size_t)n);
-            if (!L.hist[h] || !L.att[h])
+            L.rr[h] = malloc(sizeof(int32_t) * (size_t)n);
+            L.n_rr[h] = 0;
+            if (!L.hist[h] || !L.att[h] || !L.rr[h])
                 return 1;
             for (int64_t j = 0; j < n; j++) {
                 L.codes[h][j] = (uint16_t)kvq_rng_below(&rng, (uint64_t)a.codebook);
@@ -1157,6 +1459,7 @@ int main(int argc, char **argv)
             S->krot = realloc(S->krot, sizeof(float) * WINDOW * D);
             S->work = realloc(S->work, sizeof(uint32_t) * 2 * (size_t)n);
             S->att = realloc(S->att, sizeof(int32_t) * (size_t)n);
+            S->att2 = realloc(S->att2, sizeof(int32_t) * (size_t)n);
             S->cwork = realloc(S->cwork, sizeof(uint32_t) * 4 * (size_t)a.codebook);
         }
         const int64_t k_sel = (int64_t)ceil(a.budget * (double)n);
@@ -1171,83 +1474,163 @@ int main(int argc, char **argv)
         }
         float *out_full = malloc(sizeof(float) * N_HEADS * D),
               *out_ret = malloc(sizeof(float) * N_HEADS * D);
-        double *tf = malloc(sizeof(double) * a.reps), *tr = malloc(sizeof(double) * a.reps),
-               *tg = malloc(sizeof(double) * a.reps);
+        const int64_t R = a.reps * a.nt; /* times [nt, reps]: thread counts alternate */
+        double *tf = malloc(sizeof(double) * R), *tr = malloc(sizeof(double) * R),
+               *tg = malloc(sizeof(double) * R), ph[4][10] = {{0}};
         int64_t attended = 0;
-        for (int t = 0; t < a.threads; t++)
-            memset(scr[t].phase, 0, sizeof scr[t].phase);
-        for (int64_t rep = 0; rep < a.reps; rep++) {
-            bench_flush_caches(flush);
-            double t0 = clk();
-#pragma omp parallel for num_threads((int)a.threads) schedule(static)
-            for (int h = 0; h < N_KV; h++) {
-#ifdef _OPENMP
-                scratch *S = &scr[omp_get_thread_num()];
-#else
-                scratch *S = &scr[0];
-#endif
-                full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
+        for (int64_t rep = 0; rep < a.reps; rep++)
+            for (int ti = 0; ti < a.nt; ti++) {
+                const int T = (int)a.tlist[ti];
+                const int64_t ri = ti * a.reps + rep;
+                for (int t = 0; t < T; t++)
+                    memset(scr[t].phase, 0, sizeof scr[t].phase);
+                bench_flush_caches(flush);
+                double t0 = clk();
+#pragma omp parallel num_threads(T)
+                {
+                    const double s0 = clk();
+                    scratch *S = &scr[thread_index()];
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        full_step(&L, h, a.isa, a.fused, S, out_full + (size_t)h * GS * D);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tf[ri] = region_time(T, t0);
+                bench_flush_caches(flush);
+                t0 = clk();
+                int64_t att = 0;
+#pragma omp parallel num_threads(T) reduction(+ : att)
+                {
+                    const double s0 = clk();
+                    scratch *S = &scr[thread_index()];
+                    if (g_pipe) { /* the heads of schedule(static), in one pipeline */
+                        const int ti2 = thread_index();
+                        att += retrieval_pipeline(&L, ti2 * N_KV / T, (ti2 + 1) * N_KV / T, a.isa,
+                                                  a.fused, by_scores, a.bands, k_sel, S, out_ret);
+                    } else {
+#pragma omp for schedule(static) nowait
+                        for (int h = 0; h < N_KV; h++)
+                            att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands,
+                                                  k_sel, S, out_ret + (size_t)h * GS * D);
+                    }
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tr[ri] = region_time(T, t0);
+                attended = att;
+                for (int t = 0; t < T; t++)
+                    for (int i = 0; i < 10; i++)
+                        ph[ti][i] += scr[t].phase[i] / (double)a.reps;
+                bench_flush_caches(flush);
+                t0 = clk();
+                uint64_t gs = 0;
+#pragma omp parallel num_threads(T) reduction(+ : gs)
+                {
+                    const double s0 = clk();
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        gs += gather_rows(&L, h);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                tg[ri] = region_time(T, t0);
+                bench_sink += gs;
             }
-            tf[rep] = clk() - t0;
-            bench_flush_caches(flush);
-            t0 = clk();
-            int64_t att = 0;
-#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : att)
-            for (int h = 0; h < N_KV; h++) {
-#ifdef _OPENMP
-                scratch *S = &scr[omp_get_thread_num()];
-#else
-                scratch *S = &scr[0];
-#endif
-                att += retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, S,
-                                      out_ret + (size_t)h * GS * D);
-            }
-            tr[rep] = clk() - t0;
-            attended = att;
-            bench_flush_caches(flush);
-            t0 = clk();
-            uint64_t gs = 0;
-#pragma omp parallel for num_threads((int)a.threads) schedule(static) reduction(+ : gs)
-            for (int h = 0; h < N_KV; h++)
-                gs += gather_rows(&L, h);
-            tg[rep] = clk() - t0;
-            bench_sink += gs;
-        }
-        const double t_full = median(tf, a.reps), t_ret = median(tr, a.reps),
-                     t_rows = median(tg, a.reps);
         const double b_full = (double)N_KV * n * D * 2 * 2;
         const int kb = 2; /* bytes per key element (f16, the rotated keys of rope too) */
         const double b_rows = (double)attended * D * (kb + 2);
         const int64_t n_luts = a.bands ? band_count(n) : 1; /* LUTs per step and head */
+        const int64_t nc = n - SINK - WINDOW, k2 = rerank_count(k_sel, nc),
+                      k1 = resid_count(k2, nc);
+        const double b_stage = (double)N_KV * (D / 8 + 4) * (double)(k1 > k2 ? k1 : 0);
         const double b_ret = (double)N_KV * n_luts * (double)kvq_rk_table_bytes(L.tab[0]) +
-                             (double)N_KV * (n - SINK - WINDOW) * 2 +
+                             (double)N_KV * nc * 2 +
                              (by_scores ? 0.0 : (double)N_KV * 4.0 * (double)a.codebook) + b_rows +
-                             (double)N_KV * (double)(rerank_count(k_sel, n - SINK - WINDOW) - k_sel) *
-                                 D * kb +
-                             (double)N_KV * (D / 8 + 4) *
-                                 (double)(resid_count(rerank_count(k_sel, n - SINK - WINDOW),
-                                                      n - SINK - WINDOW) >
-                                                  rerank_count(k_sel, n - SINK - WINDOW)
-                                              ? resid_count(rerank_count(k_sel, n - SINK - WINDOW),
-                                                            n - SINK - WINDOW)
-                                              : 0);
-        /* floors: every byte at the streaming read rate; and the attended rows at the rate
-         * plain loads of exactly those rows achieved (t_rows), the rest streaming */
-        const double f_stream = b_ret / rbw, f_rows = t_rows + (b_ret - b_rows) / rbw;
-        printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f | %8.3f %7.2f | "
-               "%7.2f %8.3f %7.2f | %6.1fx\n",
-               (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
-               100.0 * (b_full / t_full) / bw, 100.0 * (b_full / t_full) / rbw, 1e3 * t_ret,
-               (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream, t_ret / f_stream,
-               b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows, t_full / t_ret);
-        double ph[6] = {0};
-        for (int t = 0; t < a.threads; t++)
-            for (int i = 0; i < 6; i++)
-                ph[i] += scr[t].phase[i] / (double)a.reps;
-        printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
-               "top-k %.3f ms (rerank %.3f, residual stage %.3f), attention %.3f ms\n",
-               "", 1e3 * ph[0], by_scores ? "score" : "counts", 1e3 * ph[1], 1e3 * ph[2],
-               1e3 * ph[4], 1e3 * ph[5], 1e3 * ph[3]);
+                             (double)N_KV * (double)(k2 - k_sel) * D * kb + b_stage;
+        /* the stage's kernel in cache (a compute bound: its bits fix its work) */
+        const double ns_stage = b_stage > 0 ? stage_in_cache(&L, a.isa, &scr[0]) : 0;
+        /* every row the step reads by index, read with plain loads (cold, best of reps),
+         * after one untimed step that records the rerank's rows */
+        g_record = 1;
+        for (int h = 0; h < N_KV; h++)
+            retrieval_step(&L, h, a.isa, a.fused, by_scores, a.bands, k_sel, &scr[0],
+                           out_ret + (size_t)h * GS * D);
+        g_record = 0;
+        uint64_t ck = 1469598103934665603ull; /* FNV-1a of the last step's outputs */
+        for (size_t i = 0; i < sizeof(float) * N_HEADS * D; i++)
+            ck = (ck ^ ((const unsigned char *)out_ret)[i]) * 1099511628211ull;
+        printf("%8s   the retrieval step's output: FNV-1a %016llx (the same for every "
+               "--pipeline, thread count and repetition)\n", "", (unsigned long long)ck);
+        double t_srows[4], b_srows = 0;
+        for (int ti = 0; ti < a.nt; ti++) {
+            const int T = (int)a.tlist[ti];
+            t_srows[ti] = 0;
+            for (int64_t rep = 0; rep < a.reps; rep++) {
+                bench_flush_caches(flush);
+                const double t0 = clk();
+                uint64_t gs = 0;
+                double bb = 0;
+#pragma omp parallel num_threads(T) reduction(+ : gs, bb)
+                {
+                    const double s0 = clk();
+#pragma omp for schedule(static) nowait
+                    for (int h = 0; h < N_KV; h++)
+                        gs += gather_step_rows(&L, h, &bb);
+                    g_tt[thread_index()] = clk() - s0;
+                }
+                const double tt = region_time(T, t0);
+                t_srows[ti] = rep == 0 || tt < t_srows[ti] ? tt : t_srows[ti];
+                b_srows = bb;
+                bench_sink += gs;
+            }
+        }
+        for (int ti = 0; ti < a.nt; ti++) {
+            const int T = (int)a.tlist[ti];
+            double *f = tf + ti * a.reps, *rr = tr + ti * a.reps, *g = tg + ti * a.reps;
+            const double t_full = g_best ? best_of(f, a.reps) : median(f, a.reps),
+                         t_ret = g_best ? best_of(rr, a.reps) : median(rr, a.reps),
+                         t_rows = g_best ? best_of(g, a.reps) : median(g, a.reps);
+            const double bwi = bwt[ti], rbwi = rbwt[ti];
+            char tlabel[32];
+            snprintf(tlabel, sizeof tlabel, "  (%d thread%s)", T, T > 1 ? "s" : "");
+            /* floors: every byte at the streaming read rate; and the attended rows at the
+             * rate plain loads of exactly those rows achieved (t_rows), the rest streaming */
+            const double f_stream = b_ret / rbwi, f_rows = t_rows + (b_ret - b_rows) / rbwi;
+            printf("%8lld | %9.3f %7.1f %7.2f %5.0f%% %5.0f%% | %8.3f %6lld %6.1f | %8.3f %7.2f | "
+                   "%7.2f %8.3f %7.2f | %6.1fx%s\n",
+                   (long long)n, 1e3 * t_full, b_full / 1048576.0, b_full / t_full / 1e9,
+                   100.0 * (b_full / t_full) / bwi, 100.0 * (b_full / t_full) / rbwi,
+                   1e3 * t_ret, (long long)k_sel, b_ret / 1048576.0, 1e3 * f_stream,
+                   t_ret / f_stream, b_rows / t_rows / 1e9, 1e3 * f_rows, t_ret / f_rows,
+                   t_full / t_ret, a.nt > 1 ? tlabel : "");
+            printf("%8s   retrieval per step, summed over KV heads: LUT %.3f ms, %s %.3f ms, "
+                   "top-k %.3f ms (first selection %.3f, residual stage %.3f: its LUTs and "
+                   "sign tables %.3f, kernel %.3f, top-k %.3f; rerank %.3f), attention %.3f ms\n",
+                   "", 1e3 * ph[ti][0], by_scores ? "score" : "counts", 1e3 * ph[ti][1],
+                   1e3 * ph[ti][2], 1e3 * ph[ti][9], 1e3 * ph[ti][5], 1e3 * ph[ti][6],
+                   1e3 * ph[ti][7], 1e3 * ph[ti][8], 1e3 * ph[ti][4], 1e3 * ph[ti][3]);
+            /* the bound the stage's work sets: its kernel at its in-cache rate over every
+             * candidate it scores (T threads share the heads), the other bytes streamed */
+            const double t_stage = ns_stage * 1e-9 * (double)N_KV * (double)k1 / T,
+                         f_comp = t_stage > b_stage / rbwi ? t_stage + (b_ret - b_stage) / rbwi
+                                                           : f_stream;
+            printf("%8s   summary, %d thread%s: step %.3f ms, bytes floor %.3f ms (%.1f MiB at "
+                   "%.2f GB/s), %.2fx the floor, %.2fx faster than full attention (%.3f ms)",
+                   "", T, T > 1 ? "s" : "", 1e3 * t_ret, 1e3 * f_stream, b_ret / 1048576.0,
+                   rbwi / 1e9, t_ret / f_stream, t_full / t_ret, 1e3 * t_full);
+            if (b_stage > 0)
+                printf("; the stage's kernel in cache %.2f ns a candidate: %.3f ms of work for "
+                       "its %lld candidates x %d heads, so at least %.3f ms (%.2fx the bytes "
+                       "floor; the step is %.2fx that)",
+                       ns_stage, 1e3 * t_stage, (long long)k1, N_KV, 1e3 * f_comp,
+                       f_comp / f_stream, t_ret / f_comp);
+            /* and the rows it reads by index at the rate plain loads of them reach */
+            const double f_rc = t_stage + t_srows[ti] + (b_ret - b_stage - b_srows) / rbwi;
+            printf("\n%8s   rows read by index (the rerank's key rows, the sinks' and window's "
+                   "keys, the attended value rows): %.1f MiB, plain loads of them alone %.3f ms "
+                   "(%.2f GB/s, best of %lld); with the stage's work and the other bytes "
+                   "streamed: %.3f ms (%.2fx the bytes floor; the step is %.2fx that)\n",
+                   "", b_srows / 1048576.0, 1e3 * t_srows[ti], b_srows / t_srows[ti] / 1e9,
+                   (long long)a.reps, 1e3 * f_rc, f_rc / f_stream, t_ret / f_rc);
+        }
         if (!a.token_order)
             printf("%8s   code order: sorting the candidates' rows took %.1f ms for the %d "
                    "heads (once per prompt, then at growing lengths; not in the step)\n",
@@ -1259,6 +1642,7 @@ int main(int argc, char **argv)
             free(L.codes[h]);
             free(L.hist[h]);
             free(L.att[h]);
+            free(L.rr[h]);
             free(L.tok[h]);
             free(L.kr[h]);
             L.kr[h] = NULL;
@@ -1293,6 +1677,7 @@ int main(int argc, char **argv)
         free(scr[t].rsel);
         free(scr[t].work);
         free(scr[t].att);
+        free(scr[t].att2);
         free(scr[t].cwork);
     }
     free(scr);

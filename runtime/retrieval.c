@@ -176,8 +176,10 @@ static kvq_status check_layers(const kvq_model_config *c, float *scale, float *s
  * Create / free
  * ========================================================================== */
 
-static void scratch_free(rt_scratch *S)
+static void scratch_free(const rt_selector *sel, rt_scratch *S)
 {
+    if (sel->scratch_free)
+        sel->scratch_free(S);
     free(S->scores);
     free(S->tmp);
     free(S->work);
@@ -186,12 +188,8 @@ static void scratch_free(rt_scratch *S)
     free(S->osel);
     free(S->att);
     free(S->logits);
-    free(S->rr);
-    free(S->stab);
     free(S->pfull);
     free(S->krot);
-    free(S->lut);
-    free(S->cwork);
     free(S->qb);
     free(S->qi);
     free(S->qx);
@@ -206,8 +204,9 @@ void kvq_retrieval_free(kvq_retrieval *r)
 {
     if (!r)
         return;
-    if (r->be && r->be->fini)
-        r->be->fini(r);
+    const rt_selector *sel = kvq_rt_selector(r->p.selector);
+    if (sel->close)
+        sel->close(r);
     for (int32_t l = 0; r->layer && l < r->n_layers; l++) {
         rt_layer *L = &r->layer[l];
         for (int32_t h = 0; L->head && h < r->n_kv; h++)
@@ -218,16 +217,13 @@ void kvq_retrieval_free(kvq_retrieval *r)
         free(L->tab);
     }
     for (int32_t t = 0; r->scr && t < r->n_scr; t++)
-        scratch_free(&r->scr[t]);
+        scratch_free(sel, &r->scr[t]);
     kvq_rt_probe_free(r->probe);
     kvq_rt_local_free(r->local);
     free(r->layer);
     free(r->scr);
     free(r->rcos);
     free(r->rsin);
-    free(r->kbuf);
-    free(r->cbuf);
-    free(r->pbuf);
     free(r);
 }
 
@@ -298,7 +294,9 @@ kvq_status kvq_retrieval_create(const kvq_model_config *cfg, const kvq_codebook_
             L->tab[h] = kvq_codebook_set_table(rt, l, h);
         }
     }
-    if ((s = kvq_rt_backend_open(r, err))) {
+    r->device = kvq_rt_device_choose(&r->p, rt);
+    const rt_selector *sel = kvq_rt_selector(r->p.selector);
+    if (sel->open && (s = sel->open(r, err))) {
         kvq_retrieval_free(r);
         return s;
     }
@@ -373,16 +371,10 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
         r->p.positions == KVQ_POSITIONS_ROPE || r->p.measure || (r->p.prefill_full && n > 1);
     const int64_t krot_rows = need_rot ? T : r->window;
     const size_t gs = (size_t)r->gs, d = (size_t)r->d;
-    size_t lut = 1;
-    for (int32_t l = 0; l < r->n_layers; l++)
-        if (r->layer[l].cb[0]) {
-            const kvq_codebook_desc *D = kvq_codebook_get_desc(r->layer[l].cb[0]);
-            lut = (size_t)D->groups * D->k;
-            break;
-        }
+    const rt_selector *sel = kvq_rt_selector(r->p.selector);
     for (int32_t t = 0; t < r->n_scr; t++) {
         rt_scratch *S = &r->scr[t];
-        if (T <= S->cap && krot_rows <= S->krot_rows && S->lut)
+        if (T <= S->cap && krot_rows <= S->krot_rows && S->scores)
             continue;
         const int64_t cap = T > S->cap ? (T > 2 * S->cap ? T : 2 * S->cap) : S->cap;
         const size_t c = (size_t)cap;
@@ -394,17 +386,13 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  kvq_rt_grow((void **)&S->osel, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->att, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->logits, gs * c * sizeof(float)) &&
-                 kvq_rt_grow((void **)&S->rr, (gs + 1) * (d + c) * sizeof(float)) &&
-                 kvq_rt_grow((void **)&S->stab,
-                             gs * KVQ_RK_SIGN_TABLE_LEN(2 * d) * sizeof(float)) &&
                  (!r->p.measure || kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float))) &&
-                 kvq_rt_grow((void **)&S->lut, lut * sizeof(float)) &&
-                 kvq_rt_grow((void **)&S->cwork, 4 * lut * sizeof(uint32_t)) &&
                  kvq_rt_grow((void **)&S->qb, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qi, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qx, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->o, gs * d * sizeof(float)) &&
-                 kvq_rt_grow((void **)&S->ofull, gs * d * sizeof(float));
+                 kvq_rt_grow((void **)&S->ofull, gs * d * sizeof(float)) &&
+                 (!sel->scratch || sel->scratch(r, S, cap));
         const int64_t kr = need_rot ? cap : krot_rows;
         if (ok && kr > S->krot_rows) {
             ok = kvq_rt_grow((void **)&S->krot, (size_t)kr * d * sizeof(float));

@@ -15,32 +15,12 @@ const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t l
 typedef struct rt_step rt_step;
 typedef struct rt_layer rt_layer;
 
-/* The decode step's selection kernels (runtime/select/codebook/device.c): the steps that run on the
- * chosen device, so that step.c and the codebook selector are written once.
- *   init     after the context is built: device copies of the LUT tables
- *   fini     releases what init made (the context is being freed)
- *   codes    rows [first, first + n) of (layer, head)'s codes were written (the cache
- *            holds L->cap rows)
- *   select   the codebook selector under KVQ_GROUP_SUM: LUT of the scoring query qs
- *            [d], then the top k (1 <= k < st->nc) of the candidates' scores (the CPU
- *            selects from the codes and their counts when G = 1 and
- *            kvq_rk_codes_select_pays, kvq_rk_topk_codes; otherwise score gather +
- *            top-k); the k selected rows, ascending, into sel
- * NULL entries do nothing. Errors as kvq_status (BACKEND for a device failure). */
-typedef struct rt_backend {
-    const char *name;
-    kvq_retrieval_device device;
-    kvq_status (*init)(kvq_retrieval *r, kvq_err *err);
-    void (*fini)(kvq_retrieval *r);
-    kvq_status (*codes)(kvq_retrieval *r, const rt_layer *L, int32_t layer, int32_t head,
-                        int64_t first, int64_t n, kvq_err *err);
-    kvq_status (*select)(const rt_step *st, const float *qs, int64_t k, int32_t *sel,
-                         kvq_err *err);
-} rt_backend;
-
-/* Picks the backend of a new context from r->p.device (logging one warning when a CUDA
- * request falls back) and runs its init. */
-kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err);
+/* Where a context of p (and the artifact rt) runs its selection (runtime/select/codebook/
+ * device.c): CUDA when it was asked for (or auto), is usable and covers the selector (the
+ * codebook selector under the group sum, with an artifact); else the CPU, logging one
+ * warning when CUDA was asked for. */
+kvq_retrieval_device kvq_rt_device_choose(const kvq_retrieval_params *p,
+                                          const kvq_codebook_set *rt);
 
 /* One (layer, KV head) of the cache. Row j holds token j, except that rows
  * [sink, sorted_end) are in code order when tok is set (kvq/runtime.h "Row order"):
@@ -69,10 +49,6 @@ struct rt_layer {
 
 /* Sums of kvq_retrieval_stats, per thread until merged (kvq_retrieval_stats_add). */
 typedef kvq_retrieval_stats rt_sums;
-
-/* Bands whose mean rotations a scratch keeps (score bands; farther bands are computed
- * each time). */
-#define KVQ_RT_BAND_ROTATIONS 32
 
 /* The logits kvq_retrieval_probe's steps of one (row, head) share (probe.c, read by
  * rerank.c): the kernels' values of every visible row [lo, lo + nv), by row, so a step
@@ -112,8 +88,6 @@ typedef struct rt_scratch {
     float *logits;       /* [gs, T] */
     float *pfull;        /* [gs, T] exact probabilities (measure) */
     float *krot;         /* [krot_rows, d] rotated keys */
-    float *lut;          /* [G K] */
-    uint32_t *cwork;     /* [4 G K] code counts and kvq_rk_topk_codes scratch */
     float *qb, *qi, *qx; /* [gs, d] q R_b, q R_i, selector queries */
     float *o, *ofull;    /* [gs, d] */
     float *pre;          /* [n, T] prefill scores (pre_bytes) */
@@ -121,24 +95,7 @@ typedef struct rt_scratch {
                             (both vbuf_bytes: n <= T) */
     size_t pre_bytes, vbuf_bytes;
     rt_sums sums;
-    int64_t mr_a, mr_b;  /* distances of the mean rotation held in mr_cs / mr_sn (score
-                            mean: computed once per step, not per layer and head) */
-    float mr_cs[KVQ_ROPE_MAX_DIM / 2], mr_sn[KVQ_ROPE_MAX_DIM / 2];
-    int64_t br_a, br_b;  /* candidate distances of the band rotations held in br (score
-                            bands: per band, computed once per step, not per layer and head) */
-    uint32_t br_have;    /* bit k: band k's rotation is held */
-    float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
-    int32_t bsel_nb;     /* > 0: kvq_rt_banded_select chose this step's candidates from its
-                            nb LUTs [nb, K] left in scores, and (residual stage on) left
-                            each selected row's group score, its first-stage score, in
-                            tmp [n] in selection order (kvq_rk_topk_bands_scored;
-                            select/codebook/resid.c reads them); under resid_group MAX each
-                            selected row's (code, band) group b K + code in sel [n]
-                            instead (kvq_rk_topk_bands_grouped, kvq_rt_head_band_luts) */
-    float *stab;         /* [gs, KVQ_RK_SIGN_TABLE_LEN(2 d)] the heads' sign tables of the
-                            residual stage under resid_group MAX (select/codebook/resid.c) */
-    float *rr;           /* [gs + 1, d + T] rerank.c: its queries [gs + 1, d], then the
-                            candidates' exact logits [gs + 1, n] */
+    void *sscr;          /* the selector's scratch (rt_selector.scratch), or NULL */
     int64_t rr_kept;     /* > 0: rerank.c wrote the logits (scaled) of the kept rows into
                             S->logits as the step's attention lays them out (columns
                             [s_end - lo, + rr_kept) of [gs, m]); 0: it did not */
@@ -170,15 +127,11 @@ struct kvq_retrieval {
     rt_layer *layer; /* [n_layers] */
     rt_scratch *scr; /* [threads] */
     int32_t n_scr;
-    float *kbuf;   /* [n, d] one head's keys of a chunk (the codebook's encoding) */
-    int32_t *cbuf; /* [n, G] codes of a chunk */
-    int32_t *pbuf; /* [n] positions as int32 */
-    int64_t buf_rows;
     rt_sums sums;
     uint64_t seq_gen;     /* sequences begun (kvq_retrieval_reset) */
     struct rt_probe *probe; /* kvq_retrieval_probe's keys by token (probe.c), or NULL */
-    const rt_backend *be; /* selection kernels (device.c) */
-    void *dev;            /* the backend's state (kvq_rt_cuda with CUDA), or NULL */
+    kvq_retrieval_device device; /* where the selection runs (kvq_rt_device_choose) */
+    void *sstate;         /* the selector's state of the context (rt_selector.open), or NULL */
     /* Per-layer attention (archs-rt): the retrieval layers' score scale and softcap
      * (kvq_model_layer_attn: the same on every one of them, checked at create), and
      * the local layers, attended exactly over their window (runtime/local.h), or NULL. */

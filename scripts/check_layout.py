@@ -64,8 +64,8 @@ RUNTIME_PARTS = {
     "runtime": ["runtime/kernels", "runtime/select/selector.h"],
 }
 RUNTIME_EXCEPT = {
-    ("runtime/select/mass.c", "runtime/select/codebook/codebook.h"):
-        "the mass selector's scores are the codebook's first stage, over its codes",
+    ("runtime/select/mass.c", "runtime/select/codebook/codes.h"):
+        "the mass selector shares the codebook selector's codes and first stage (codes.h)",
     ("runtime/probe.c", "runtime/select/codebook/codebook.h"):
         "the probe measures the codebook selector's stages (its rerank memo)",
     ("runtime/probe.c", "runtime/select/mass.h"):

@@ -3074,7 +3074,7 @@ static void test_resid_stage(void **state)
  * Group sum: budget 1, resid_wide 3, rerank off, so the codebook picks 3 candidates and
  * the stage must keep the edge token. gmax (resid_group max, the per-head stage): budget
  * 6, resid_wide 64, resid_share 1, so the stage scores every candidate (in code order
- * each row's group from the runs, kvq_rt_banded_groups) and must keep the edge token
+ * each row's group from the runs, kvq_rt_banded_cursor) and must keep the edge token
  * among the 6 (every band holds more than 6 tokens of c0). Fails when the stage reads
  * another band's LUT for it, or when the band edges are off by one (the band's first
  * token found with <= instead of <). Returns the edges tested. */

@@ -129,6 +129,29 @@ static int run_case(uint64_t seed, int64_t n, int64_t nu, int32_t K, int32_t nb,
             bad = 1;
         }
     }
+    /* the same groups by pieces (kvq_rk_bands_cursor: the residual stage over every
+     * candidate makes them a piece at a time), pieces of 1 to 70 rows and one of 0 */
+    {
+        kvq_rk_bands B0 = B;
+        B0.lut = NULL;
+        kvq_rk_bands_cursor cur;
+        kvq_rk_bands_cursor_begin(&B0, bwork, &cur);
+        memset(grp, 0xff, sizeof *grp * (size_t)(total + 1));
+        kvq_rk_bands_cursor_next(&cur, 0, grp);
+        for (int64_t j = 0, p = 1; j < total; p = p % 70 + 1) {
+            const int64_t m = total - j < p ? total - j : p;
+            kvq_rk_bands_cursor_next(&cur, m, grp + j);
+            j += m;
+        }
+        int gbad = grp[total] != -1;
+        for (int64_t j = 0; j < total && !gbad; j++)
+            gbad = grp[j] != wgrp[j];
+        if (gbad) {
+            print_error("seed %llu n %lld nu %lld K %d nb %d: kvq_rk_bands_cursor differs\n",
+                        (unsigned long long)seed, (long long)n, (long long)nu, (int)K, (int)nb);
+            bad = 1;
+        }
+    }
     const int64_t ks[] = {0, 1, 2, total / 17, total / 2, total - 1, total, total + 3};
     for (size_t ki = 0; ki < sizeof ks / sizeof ks[0] && !bad; ki++) {
         const int64_t k = ks[ki];

@@ -182,6 +182,21 @@ int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx
  * stage over every candidate (select/codebook/resid.c, resid_share 1: the first cut selects
  * nothing). Cost: the runs' band searches, O(nb K log(n / K)), and n + nu writes. */
 void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work);
+/* The same groups by pieces, so that a caller scoring every row in chunks keeps them in
+ * L1 instead of writing and reading n + nu of them: bands_cursor_begin splits the runs
+ * (work [2 nb K] uint32, kept by the cursor), then each bands_cursor_next writes the
+ * groups of the next m rows (from row 0 on, in order) into grp [m]: the same values as
+ * kvq_rk_bands_groups' grp over those rows. Cost: the runs' band searches once, then m
+ * writes a call. */
+typedef struct kvq_rk_bands_cursor {
+    const kvq_rk_bands *B;
+    const uint32_t *start; /* [K nb] the sub-runs' first rows */
+    int64_t row;           /* the next row */
+    int64_t rs;            /* the first row of code c's run */
+    int32_t c, b;          /* the (code, band) sub-run of row (c == K: the tail, band b) */
+} kvq_rk_bands_cursor;
+void kvq_rk_bands_cursor_begin(const kvq_rk_bands *B, uint32_t *work, kvq_rk_bands_cursor *cur);
+void kvq_rk_bands_cursor_next(kvq_rk_bands_cursor *cur, int64_t m, int32_t *grp);
 
 /* Whether selecting n candidates from nb bands' groups (kvq_rk_topk_bands) is expected to
  * beat the per-row score fill + kvq_rk_topk for a K-entry codebook: its per-group work

@@ -195,6 +195,51 @@ void kvq_rk_bands_groups(const kvq_rk_bands *B, int32_t *grp, uint32_t *work)
     all_rows(B, work, NULL, grp);
 }
 
+void kvq_rk_bands_cursor_begin(const kvq_rk_bands *B, uint32_t *work, kvq_rk_bands_cursor *cur)
+{
+    *cur = (kvq_rk_bands_cursor){.B = B, .start = work, .row = 0, .rs = 0, .c = 0, .b = B->nb - 1};
+    if (B->n + B->nu > 0)
+        split_runs(B, work, work + (size_t)B->nb * (size_t)B->K);
+    if (B->n == 0)
+        cur->c = B->K;
+}
+
+/* The rows of all_rows' order, m at a time: code c's sub-run of band b is rows [st[b],
+ * b ? st[b - 1] : the run's end), bands from the farthest; then the tail by band. */
+void kvq_rk_bands_cursor_next(kvq_rk_bands_cursor *cur, int64_t m, int32_t *grp)
+{
+    const kvq_rk_bands *B = cur->B;
+    const int32_t K = B->K, nb = B->nb;
+    int64_t j = cur->row;
+    const int64_t end = j + m;
+    while (j < end && cur->c < K) { /* the runs in code order */
+        const uint32_t *st = cur->start + (size_t)cur->c * nb;
+        const int64_t re = cur->rs + B->cnt[cur->c];
+        const int64_t e = cur->b ? st[cur->b - 1] : re;
+        const int32_t gi = cur->b * K + cur->c;
+        const int64_t stop = e < end ? e : end;
+        for (; j < stop; j++)
+            grp[j - cur->row] = gi;
+        if (j == e) { /* the next sub-run */
+            if (cur->b > 0) {
+                cur->b--;
+            } else {
+                cur->rs = re;
+                cur->b = nb - 1;
+                cur->c++;
+            }
+        }
+    }
+    while (j < end) { /* the tail, band b's rows from tail_cut(b) */
+        const int64_t i = j - B->n;
+        while (cur->b > 0 && i >= tail_cut(B, cur->b - 1))
+            cur->b--;
+        grp[j - cur->row] = cur->b * K + B->ucodes[i];
+        j++;
+    }
+    cur->row = end;
+}
+
 int64_t kvq_rk_topk_bands_grouped(const kvq_rk_bands *B, int64_t k, int32_t *idx, float *val,
                                   int32_t *grp, uint32_t *work)
 {

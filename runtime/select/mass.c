@@ -1,13 +1,15 @@
 /*
  * mass.c — the mass selector (hcattention's cumulative-mass rule): the codebook's
- * first-stage scores of the candidates (runtime/select/codebook/, whose per-head codes it
- * shares) taken as approximate logits, and the fewest of them, at most the budget, whose
- * softmax holds tau of the mass (k*, mass_count.c).
+ * first-stage scores of the candidates (runtime/select/codebook/codes.h: the codes and
+ * first stage it shares with the codebook selector) taken as approximate logits, and
+ * the fewest of them, at most the budget, whose softmax holds tau of the mass (k*,
+ * mass_count.c).
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "runtime/kernels/rk.h"
-#include "runtime/select/codebook/codebook.h"
+#include "runtime/select/codebook/codes.h"
 #include "runtime/select/mass.h"
 #include "runtime/select/selector.h"
 
@@ -42,25 +44,71 @@ static int64_t mass_select(const rt_step *st, int64_t k, int32_t *sel, double *s
     return n;
 }
 
+/* Its data is the piece it shares with the codebook selector (codes.h): the codes per
+ * head, the encoder and backend per context, the first stage's scratch per thread. */
 static int mass_reserve(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t cap)
 {
-    return kvq_rt_cb_reserve(r, L, H, cap, 0); /* codes only: no residual stage */
+    if (!H->sdata && !(H->sdata = calloc(1, sizeof(rt_codes_head))))
+        return 0;
+    return kvq_rt_codes_reserve(r, L, kvq_rt_codes(H), cap);
 }
 
+static void mass_free_head(rt_head *H)
+{
+    if (H->sdata)
+        kvq_rt_codes_free(kvq_rt_codes(H));
+    free(H->sdata);
+    H->sdata = NULL;
+}
+
+static kvq_status mass_append(kvq_retrieval *r, rt_layer *L, const kvq_attn_call *c, int64_t past,
+                              kvq_err *err)
+{
+    return kvq_rt_codes_append(r, L, c, past, NULL, err);
+}
+
+static kvq_status mass_appended(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err)
+{
+    return kvq_rt_sort_rows(r, L, past, 0, err);
+}
+
+static int mass_scratch(const kvq_retrieval *r, rt_scratch *S, int64_t cap)
+{
+    (void)cap;
+    if (!S->sscr && !(S->sscr = calloc(1, sizeof(rt_codes_scratch))))
+        return 0;
+    return kvq_rt_codes_scratch(r, kvq_rt_codes_scr(S));
+}
+
+static void mass_scratch_free(rt_scratch *S)
+{
+    if (S->sscr)
+        kvq_rt_codes_scratch_free(kvq_rt_codes_scr(S));
+    free(S->sscr);
+    S->sscr = NULL;
+}
+
+/* Bits per key: the codes. */
 static double mass_bits(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d)
 {
-    return kvq_rt_cb_bits_per_key(p, rt, d, 0);
+    (void)p;
+    (void)d;
+    return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt)) : 0.0;
 }
 
 const rt_selector kvq_rt_selector_mass = {
     .id = KVQ_SELECT_MASS,
     .name = "mass",
     .needs_artifact = 1,
+    .open = kvq_rt_codes_open,
+    .close = kvq_rt_codes_close,
+    .scratch = mass_scratch,
+    .scratch_free = mass_scratch_free,
     .reserve = mass_reserve,
-    .free_head = kvq_rt_cb_free_head,
-    .reset_head = kvq_rt_cb_reset_head,
-    .append = kvq_rt_cb_append,
-    .appended = kvq_rt_cb_appended,
+    .free_head = mass_free_head,
+    .reset_head = kvq_rt_codes_reset_head,
+    .append = mass_append,
+    .appended = mass_appended,
     .select = mass_select,
     .bits_per_key = mass_bits,
 };

@@ -84,7 +84,6 @@ int64_t kvq_rt_select(const rt_step *st, kvq_selector selector, int64_t k, int32
                       double *sel_bytes, double *codebook_bytes)
 {
     st->S->rr_kept = 0; /* set by the rerank when it hands its logits to the attention */
-    st->S->bsel_nb = 0; /* set by kvq_rt_banded_select (the residual stage reads it) */
     const rt_selector *s = kvq_rt_selector(selector);
     /* Layers without codebooks attend fully (the format's rule for absent layers). */
     if (s->needs_artifact && !st->L->cb[st->head])

@@ -6,8 +6,17 @@
  * runtime/select/ (the codebook selector, with its stages, in runtime/select/codebook/),
  * registered by one line in runtime/select/select.c. The context (runtime/retrieval.c)
  * and the cache (runtime/cache/) call a selector only through this table: they hold no
- * selector's data but the opaque rt_head.sdata each head keeps for its selector.
+ * selector's data but the opaque pointers it keeps per context (kvq_retrieval.sstate),
+ * per thread (rt_scratch.sscr) and per head (rt_head.sdata).
  *
+ *   open         the context was built (layers, codebooks, r->device): what the selector
+ *                keeps per context (buffers, a device backend) into kvq_retrieval.sstate
+ *                (NULL: nothing). Errors as kvq_status.
+ *   close        frees kvq_retrieval.sstate (NULL: nothing to free)
+ *   scratch      a thread's scratch grows to `cap` visible tokens: what the selector needs
+ *                per step into rt_scratch.sscr, made on the first call (NULL: nothing).
+ *                0 when out of memory.
+ *   scratch_free frees rt_scratch.sscr (NULL: nothing to free)
  *   reserve      the head's rows grow to `cap` (from L->cap): grow what the selector keeps
  *                per row / per group of rows, making rt_head.sdata on the first call
  *                (NULL: the selector keeps nothing). 0 when out of memory.
@@ -36,6 +45,10 @@ typedef struct rt_selector {
     kvq_selector id;
     const char *name;   /* kvq_selector_name, kvq_selector_parse */
     int needs_artifact; /* refused without codebooks; a layer without them attends fully */
+    kvq_status (*open)(kvq_retrieval *r, kvq_err *err);
+    void (*close)(kvq_retrieval *r);
+    int (*scratch)(const kvq_retrieval *r, rt_scratch *S, int64_t cap);
+    void (*scratch_free)(rt_scratch *S);
     int (*reserve)(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t cap);
     void (*free_head)(rt_head *H);
     void (*reset_head)(const kvq_retrieval *r, const rt_layer *L, int32_t h, rt_head *H);

@@ -18,7 +18,7 @@ TREE: dict[str, tuple[list[str], int]] = {
     "runtime/cache/bad.c": (["runtime/select/codebook/codebook.h", "runtime/select/mass.h"], 2),
     "runtime/select/fier.c": (["runtime/select/selector.h", "runtime/kernels/kernels.h"], 0),
     "runtime/select/bad.c": (["runtime/select/codebook/codebook.h"], 1),
-    "runtime/select/mass.c": (["runtime/select/codebook/codebook.h"], 0),
+    "runtime/select/mass.c": (["runtime/select/codebook/codes.h"], 0),
     "runtime/select/codebook/cb.c": (["runtime/select/mass.h", "runtime/cuda/x.h"], 0),
     "runtime/top.c": (["runtime/select/selector.h", "runtime/kernels/rk.h"], 0),
     "runtime/bad_top.c": (["runtime/select/mass.h", "runtime/cache/cache.h"], 2),

@@ -1,7 +1,7 @@
 /*
  * runtime/select/codebook/codebook.h — the codebook selector (kvq_retrieval_params
- * selector codebook; its data also serves the mass selector, runtime/select/mass.c).
- * Not a public header.
+ * selector codebook): its data and stages. What it shares with the mass selector (the
+ * codes, the first stage's backend and scratch) is codes.h. Not a public header.
  *
  * A step runs in stages, each keeping fewer candidates (codebook.c):
  *   1. the codebook's first stage: the LUT of the scoring query (score_pos.c: q R_b, the
@@ -16,41 +16,41 @@
 
 #include "kvq/runtime.h"
 #include "runtime/runtime_internal.h"
+#include "runtime/select/codebook/codes.h"
 
-/* What the codebook (and mass) selector keeps per head: rt_head.sdata. */
+/* What the codebook selector keeps per head (rt_head.sdata): the codes it shares with the
+ * mass selector (codes.h, first), then the residual stage's. */
 typedef struct rt_cb_head {
-    uint16_t *codes; /* [cap, G] the keys' codes, by row */
-    uint32_t *hist;  /* [K] single-group codebooks: how many of rows [0, len) have each code */
+    rt_codes_head c; /* first: kvq_rt_codes reads it */
     uint8_t *rq;     /* [cap, ceil(d b / 8)] residual stage: packed quantized residuals
                         (rotated by position under ROPE), by row; NULL when off */
     float *rqs;      /* [cap] their scales, by row */
 } rt_cb_head;
 
-/* The head's codebook data (the context's selector is codebook or mass). */
+/* Its per-thread scratch (rt_scratch.sscr): the first stage's (codes.h, first), then the
+ * residual stage's and the rerank's. */
+typedef struct rt_cb_scratch {
+    rt_codes_scratch c; /* first: kvq_rt_codes_scr reads it */
+    int32_t bsel_nb;    /* > 0: kvq_rt_banded_select chose this step's candidates from its
+                           nb LUTs [nb, K] left in S->scores, and (residual stage on) left
+                           each selected row's group score, its first-stage score, in
+                           S->tmp [n] in selection order (kvq_rk_topk_bands_scored;
+                           resid.c reads them); under resid_group MAX each selected row's
+                           (code, band) group b K + code in S->sel [n] instead
+                           (kvq_rk_topk_bands_grouped, kvq_rt_head_band_luts) */
+    float *stab;        /* [gs, KVQ_RK_SIGN_TABLE_LEN(2 d)] the heads' sign tables of the
+                           residual stage under resid_group MAX (resid.c) */
+    float *rr;          /* [gs + 1, d + cap] rerank.c: its queries [gs + 1, d], then the
+                           candidates' exact logits [gs + 1, n]; resid.c's LUTs */
+    int64_t rr_cap;     /* cap that rr holds */
+} rt_cb_scratch;
+
+/* The head's codebook data and the thread's scratch (the context's selector is codebook). */
 static inline rt_cb_head *kvq_rt_cb(const rt_head *H) { return (rt_cb_head *)H->sdata; }
-
-/* Per-head data of the codebook and mass selectors (codebook.c): reserve grows codes
- * (and with resid the residuals) to cap rows; free_head, reset_head, append (the
- * chunk's codes by kvq_codebook_encode, residuals, code counts, the device copy),
- * appended (the row order) as rt_selector's. */
-int kvq_rt_cb_reserve(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t cap,
-                      int resid);
-void kvq_rt_cb_free_head(rt_head *H);
-void kvq_rt_cb_reset_head(const kvq_retrieval *r, const rt_layer *L, int32_t h, rt_head *H);
-kvq_status kvq_rt_cb_append(kvq_retrieval *r, rt_layer *L, const kvq_attn_call *c, int64_t past,
-                            kvq_err *err);
-kvq_status kvq_rt_cb_appended(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
-/* The candidates' first-stage scores [nc] (sum or max over the group, as the
- * selector's group rule), adding the LUT tables' bytes to *cb_bytes (codebook.c). */
-void kvq_rt_codebook_scores(const rt_step *st, float *scores, double *cb_bytes);
-/* Bits per key: the codes, and (resid) the residual stage when it is on (codebook.c). */
-double kvq_rt_cb_bits_per_key(const kvq_retrieval_params *p, const kvq_codebook_set *rt,
-                              int32_t d, int resid);
-
-/* After a chunk starting at token `past` was appended to L: puts each head's far rows
- * in code order when the rule of kvq/runtime.h "Row order" says so (row_order.c).
- * Errors: KVQ_E_NOMEM naming the rows. */
-kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err);
+static inline rt_cb_scratch *kvq_rt_cb_scr(const rt_scratch *S)
+{
+    return (rt_cb_scratch *)S->sscr;
+}
 
 /* Residual stage (resid.c): quantizer of x [d] at `bits` into idx [d] and
  * *scale, its inverse; the residuals of n keys [n, d] with their codes [n, G] and
@@ -109,6 +109,11 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
  * resid.c), out [gs, n]; 0 when its LUTs do not fit the scratch (score_pos.c). */
 int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *out);
 int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap);
-int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp);
+/* The groups of every candidate row for the residual stage over every candidate: B (tb
+ * [64] its band starts) and a cursor over the rows' groups (kvq_rk_bands_cursor_next,
+ * a piece of rows at a time; S->work held until the last piece); returns nb, or 0 where
+ * the bands do not apply (score_pos.c). */
+int32_t kvq_rt_banded_cursor(const rt_step *st, kvq_rk_bands *B, int64_t *tb,
+                             kvq_rk_bands_cursor *cur);
 
 #endif /* KVQ_RUNTIME_SELECT_CODEBOOK_H */

@@ -1,6 +1,7 @@
 /*
  * device.c — where the decode step's selection runs: the device choice of
- * kvq_retrieval_params and the two rt_backend tables (runtime_internal.h).
+ * kvq_retrieval_params (kvq_rt_device_choose, for every selector) and the two rt_backend
+ * tables of the codebook selector's first stage (codes.h).
  *
  *   cpu    LUT, score gather and top-k with the kvq_rk_* kernels (params.isa)
  *   cuda   the same three steps with the kernels of runtime/cuda/retrieval_cuda.cu over a
@@ -65,7 +66,7 @@ kvq_retrieval_device kvq_retrieval_device_resolve(kvq_retrieval_device want,
     return KVQ_RETRIEVAL_DEVICE_CPU;
 }
 
-kvq_retrieval_device kvq_retrieval_device_used(const kvq_retrieval *r) { return r->be->device; }
+kvq_retrieval_device kvq_retrieval_device_used(const kvq_retrieval *r) { return r->device; }
 
 /* ==========================================================================
  * CPU
@@ -78,19 +79,20 @@ static kvq_status cpu_select(const rt_step *st, const float *qs, int64_t k, int3
     rt_scratch *S = st->S;
     const kvq_rk_table *tab = st->L->tab[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(st->L->cb[st->head]);
-    const rt_cb_head *C = kvq_rt_cb(st->H);
+    const rt_codes_head *C = kvq_rt_codes(st->H);
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
     const uint16_t *codes = C->codes + (size_t)st->s_end * D->groups; /* [nc, G] */
     (void)err;
-    kvq_rk_lut(r->p.isa, tab, qs, S->lut);
+    kvq_rk_lut(r->p.isa, tab, qs, X->lut);
     int64_t n;
     if (D->groups == 1 && C->hist && kvq_rk_codes_select_pays(st->nc, D->k)) {
         /* one pass over the codes, no scores (same selection as below) */
         kvq_rk_code_counts(C->hist, D->k, C->codes, st->L->len, st->s_end, st->w_beg,
-                           S->cwork);
-        n = kvq_rk_topk_codes(r->p.isa, S->lut, D->k, S->cwork, codes, st->nc, k, sel,
-                              S->cwork + D->k);
+                           X->cwork);
+        n = kvq_rk_topk_codes(r->p.isa, X->lut, D->k, X->cwork, codes, st->nc, k, sel,
+                              X->cwork + D->k);
     } else {
-        kvq_rk_score(r->p.isa, S->lut, D->groups, D->k, codes, st->nc, S->scores);
+        kvq_rk_score(r->p.isa, X->lut, D->groups, D->k, codes, st->nc, S->scores);
         n = kvq_rk_topk(r->p.isa, S->scores, st->nc, k, sel, S->work);
     }
     for (int64_t j = 0; j < n; j++)
@@ -127,14 +129,14 @@ static kvq_status cuda_init(kvq_retrieval *r, kvq_err *err)
         kvq_rt_cuda_free(c);
         return s;
     }
-    r->dev = c;
+    kvq_rt_codes_ctx(r)->dev = c;
     return KVQ_OK;
 }
 
 static void cuda_fini(kvq_retrieval *r)
 {
-    kvq_rt_cuda_free(r->dev);
-    r->dev = NULL;
+    kvq_rt_cuda_free(kvq_rt_codes_ctx(r)->dev);
+    kvq_rt_codes_ctx(r)->dev = NULL;
 }
 
 static kvq_status cuda_codes(kvq_retrieval *r, const rt_layer *L, int32_t layer, int32_t head,
@@ -142,7 +144,8 @@ static kvq_status cuda_codes(kvq_retrieval *r, const rt_layer *L, int32_t layer,
 {
     if (!L->tab[head])
         return KVQ_OK;
-    return kvq_rt_cuda_put_codes(r->dev, layer, head, kvq_rt_cb(&L->head[head])->codes, first, n,
+    return kvq_rt_cuda_put_codes(kvq_rt_codes_ctx(r)->dev, layer, head,
+                                 kvq_rt_codes(&L->head[head])->codes, first, n,
                                  L->cap, err);
 }
 
@@ -151,8 +154,8 @@ static kvq_status cuda_select(const rt_step *st, const float *qs, int64_t k, int
 {
     float qp[KVQ_ROPE_MAX_DIM];
     kvq_rk_table_query(st->L->tab[st->head], qs, qp);
-    return kvq_rt_cuda_select(st->r->dev, st->S->slot, st->layer, st->head, qp, st->s_end, st->nc,
-                              k, sel, err);
+    return kvq_rt_cuda_select(kvq_rt_codes_ctx(st->r)->dev, st->S->slot, st->layer, st->head, qp,
+                              st->s_end, st->nc, k, sel, err);
 }
 
 static const rt_backend backend_cuda = {.name = "cuda",
@@ -167,14 +170,13 @@ static const rt_backend backend_cuda = {.name = "cuda",
  * The choice for a context
  * ========================================================================== */
 
-kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err)
+kvq_retrieval_device kvq_rt_device_choose(const kvq_retrieval_params *p,
+                                          const kvq_codebook_set *rt)
 {
-    const kvq_retrieval_params *p = &r->p;
-    r->be = &backend_cpu;
     if (p->device == KVQ_RETRIEVAL_DEVICE_CPU)
-        return KVQ_OK;
+        return KVQ_RETRIEVAL_DEVICE_CPU;
     if (kvq_retrieval_device_resolve(p->device, &p->cb) != KVQ_RETRIEVAL_DEVICE_CUDA)
-        return KVQ_OK; /* warned when CUDA was asked for */
+        return KVQ_RETRIEVAL_DEVICE_CPU; /* warned when CUDA was asked for */
     /* what the CUDA step covers: the codebook selector's LUT, gather and top-k under
      * the group sum, with an artifact */
     const char *uncovered = NULL;
@@ -182,17 +184,26 @@ kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err)
         uncovered = "the CUDA step covers the codebook selector only";
     else if (p->group != KVQ_GROUP_SUM)
         uncovered = "the CUDA step covers --group sum only";
-    else if (!r->rt)
+    else if (!rt)
         uncovered = "no artifact";
     if (uncovered) {
         /* full attention selects nothing: no selection to move, nothing to say */
         if (p->device == KVQ_RETRIEVAL_DEVICE_CUDA && p->selector != KVQ_SELECT_FULL)
             kvq_log(&p->cb, KVQ_LOG_WARN, "retrieval: CUDA requested for the %s selector but %s; "
                     "using the CPU", kvq_selector_name(p->selector), uncovered);
-        return KVQ_OK;
+        return KVQ_RETRIEVAL_DEVICE_CPU;
     }
+    return KVQ_RETRIEVAL_DEVICE_CUDA;
+}
+
+kvq_status kvq_rt_backend_open(kvq_retrieval *r, kvq_err *err)
+{
+    rt_codes_ctx *X = kvq_rt_codes_ctx(r);
+    X->be = &backend_cpu;
+    if (r->device != KVQ_RETRIEVAL_DEVICE_CUDA)
+        return KVQ_OK;
 #ifdef KVQ_HAVE_CUDA
-    r->be = &backend_cuda;
+    X->be = &backend_cuda;
     return backend_cuda.init(r, err);
 #else
     (void)err;

@@ -87,6 +87,7 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     if (n <= 0)
         return 0;
     /* the candidates' key rows are read here; the attention reads the kept ones again
@@ -96,7 +97,7 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     if (keep == n)
         return n;
     const int32_t d = r->d, gs = r->gs;
-    float *q = S->rr, *lg = S->rr + (size_t)(gs + 1) * d; /* [gs + 1, d], [nq, n] */
+    float *q = Y->rr, *lg = Y->rr + (size_t)(gs + 1) * d; /* [gs + 1, d], [nq, n] */
     /* the probe's steps: the candidates of least rank by the same scores, their logits
      * gathered from the probe's (the values exact_logits would gather; mass.h) */
     const rt_logit_memo *M = S->lg_memo;

@@ -184,7 +184,7 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
     const rt_cb_head *C = kvq_rt_cb(H);
     unpack(C->rq + (size_t)j * kvq_rt_resid_row_bytes(d, bits), d, bits, idx);
     kvq_rt_resid_dequantize(idx, C->rqs[j], d, bits, y);
-    const float *c = centroid(cb, C->codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
+    const float *c = centroid(cb, C->c.codes[(size_t)j * kvq_codebook_get_desc(cb)->groups]);
     if (!c)
         return;
     if (r->p.positions == KVQ_POSITIONS_ROPE) {
@@ -199,20 +199,22 @@ static void reconstruct(const rt_step *st, int64_t j, float *y)
  * into first [n] (0 without a key-space centroid): the per-(code, band) group scores
  * that kvq_rt_banded_select left in S->tmp, else the per-row scores of the score fill
  * (--score-pos bands), else the one LUT of the step (recomputed where the backend may
- * not have left it in S->lut: a device, or the probe's memo). */
+ * not have left it in the scratch's lut: a device, or the probe's memo). */
 static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, float *first)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t G = D->groups, K = D->k, d = r->d;
-    const uint16_t *codes = kvq_rt_cb(st->H)->codes;
+    const uint16_t *codes = kvq_rt_codes(st->H)->codes;
     if (!centroid(cb, 0)) {
         memset(first, 0, sizeof(float) * (size_t)n);
         return;
     }
-    if (S->bsel_nb > 0) { /* kvq_rt_banded_select left them in S->tmp, in selection order
+    if (Y->bsel_nb > 0) { /* kvq_rt_banded_select left them in S->tmp, in selection order
                            (rows are its selection, kvq_rt_select) */
         if (first != S->tmp)
             memcpy(first, S->tmp, sizeof(float) * (size_t)n);
@@ -223,17 +225,21 @@ static void first_scores(const rt_step *st, const int32_t *rows, int64_t n, floa
             first[a] = S->scores[rows[a] - st->s_end];
         return;
     }
-    if (S->mass_memo || r->be->device != KVQ_RETRIEVAL_DEVICE_CPU) {
+    if (S->mass_memo || kvq_rt_codes_ctx(r)->be->device != KVQ_RETRIEVAL_DEVICE_CPU) {
         float qs[KVQ_ROPE_MAX_DIM]; /* the group's scoring queries (codebook.c, S->qx) summed */
         memcpy(qs, S->qx, sizeof(float) * (size_t)d);
         for (int32_t g = 1; g < r->gs; g++)
             for (int32_t t = 0; t < d; t++)
                 qs[t] += S->qx[(size_t)g * d + t];
-        kvq_rk_lut(r->p.isa, st->L->tab[st->head], qs, S->lut);
+        kvq_rk_lut(r->p.isa, st->L->tab[st->head], qs, X->lut);
     }
     for (int64_t a = 0; a < n; a++)
-        first[a] = kvq_rk_score_one(S->lut, G, K, codes + (size_t)rows[a] * G);
+        first[a] = kvq_rk_score_one(X->lut, G, K, codes + (size_t)rows[a] * G);
 }
+
+/* Candidates whose groups the stage over every candidate makes at a time (4 KiB of
+ * groups: they stay in L1 between the cursor and the kernel). */
+#define RESID_PIECE 1024
 
 /* The fast rule per head, for the maximum over the group: sc[a] = the maximum over
  * heads h (first score wins ties) of first_h + a (q_h . s), first_h the head's own
@@ -248,23 +254,30 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits, dq = bits * d;
     if (!centroid(st->L->cb[st->head], 0))
         return 0;
-    /* the heads' band LUTs [gs, nb K] after q in S->rr ([gs + 1, d + cap]: (gs + 1) cap
-     * floats free, where S->scores' cap would not hold gs nb K at short contexts) */
-    float *luts = S->rr + (size_t)(gs + 1) * d;
+    /* the heads' band LUTs [gs, nb K] after q in the scratch's rr ([gs + 1, d + cap]:
+     * (gs + 1) cap floats free, where S->scores' cap would not hold gs nb K at short contexts) */
+    float *luts = Y->rr + (size_t)(gs + 1) * d;
     const int64_t lcap = (int64_t)(gs + 1) * S->cap;
     const float *first = luts;   /* [gs, nb K] */
     const int32_t *grp = S->sel; /* [n] the rows' groups */
     size_t fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
     /* every candidate (resid_share 1: the first cut selected nothing, rows ascending): the
-     * groups from the runs, kvq_rt_banded_groups, rather than a band search per row */
-    if (fs == 0 && S->bsel_nb <= 0 && n == st->nc && rows[0] == st->s_end &&
-        rows[n - 1] == st->s_end + n - 1 && kvq_rt_banded_groups(st, S->sel) > 0) {
+     * groups from the runs, a piece at a time (kvq_rt_banded_cursor), rather than a band
+     * search per row */
+    kvq_rk_bands B;
+    kvq_rk_bands_cursor cur;
+    int64_t tb[64];
+    int pieces = 0;
+    if (fs == 0 && Y->bsel_nb <= 0 && n == st->nc && rows[0] == st->s_end &&
+        rows[n - 1] == st->s_end + n - 1 && kvq_rt_banded_cursor(st, &B, tb, &cur) > 0) {
         fs = (size_t)kvq_rt_head_band_luts(st, luts, lcap);
+        pieces = fs > 0;
         if (fs == 0)
-            S->bsel_nb = 0; /* (the LUTs do not fit: scored as without the groups) */
+            Y->bsel_nb = 0; /* (the LUTs do not fit: scored as without the groups) */
     }
     if (fs == 0) {
         float *f = luts; /* [gs, n] */
@@ -280,10 +293,20 @@ static int fast_max_scores(const rt_step *st, const float *q, const int32_t *row
         memcpy(qh, q + (size_t)h * d, sizeof(float) * (size_t)d);
         for (int32_t t = d; t < dq; t++)
             qh[t] = 0.5f * qh[t - d];
-        kvq_rk_sign_table(qh, dq, S->stab + (size_t)h * tl);
+        kvq_rk_sign_table(qh, dq, Y->stab + (size_t)h * tl);
     }
     const rt_cb_head *C = kvq_rt_cb(st->H);
-    kvq_rk_resid_scores_max(r->p.isa, S->stab, gs, dq / 8, C->rq, C->rqs, rows, first, fs, grp, n,
+    if (pieces) { /* each piece's groups made in L1 and scored at once: the same bits */
+        int32_t g[RESID_PIECE];
+        for (int64_t a = 0; a < n; a += RESID_PIECE) {
+            const int64_t m = n - a < RESID_PIECE ? n - a : RESID_PIECE;
+            kvq_rk_bands_cursor_next(&cur, m, g);
+            kvq_rk_resid_scores_max(r->p.isa, Y->stab, gs, dq / 8, C->rq, C->rqs, rows + a, first,
+                                    fs, g, m, sc + a);
+        }
+        return 1;
+    }
+    kvq_rk_resid_scores_max(r->p.isa, Y->stab, gs, dq / 8, C->rq, C->rqs, rows, first, fs, grp, n,
                             sc);
     return 1;
 }
@@ -310,6 +333,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const int32_t d = r->d, gs = r->gs, bits = r->p.resid_bits;
     if (n <= 0)
         return 0;
@@ -321,7 +345,7 @@ int64_t kvq_rt_resid_stage(const rt_step *st, int32_t *rows, int64_t n, int64_t 
     const int max = r->p.group == KVQ_GROUP_MAX || r->p.resid_group == KVQ_GROUP_MAX;
     const int32_t nq = max ? gs : 1;
     const float *qsrc = r->p.positions == KVQ_POSITIONS_ROPE ? S->qi : S->qb;
-    float *q = S->rr; /* [gs, d] */
+    float *q = Y->rr; /* [gs, d] */
     memcpy(q, qsrc, sizeof(float) * (size_t)(max ? gs : 1) * d);
     for (int32_t g = 1; !max && g < gs; g++)
         for (int32_t t = 0; t < d; t++)

@@ -2,7 +2,8 @@
  * row_order.c — the row order of kvq/runtime.h "Row order": the far rows of a head with
  * a single-group codebook are kept in code order (a stable counting sort of their codes,
  * K, V, codes and tokens moved together), so a selection reads runs of rows.
- * Called after each appended chunk (the selector's appended, codebook.c).
+ * Called after each appended chunk (the appended of the codebook and mass selectors),
+ * with the codebook selector's residuals moved too.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,7 @@
  * K and V copied row by row into new arrays (which replace the old ones: no copy back)
  * and codes and tokens through a small copy. */
 static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int32_t K,
-                            int64_t e, kvq_err *err)
+                            int64_t e, int resid, kvq_err *err)
 {
     const int64_t S = r->p.sink, n = e - S, len = L->len;
     const size_t row = (size_t)r->d * r->es, all = row * (size_t)L->cap;
@@ -46,8 +47,9 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
                            "retrieval: out of memory sorting %lld rows by code (%.1f MiB)",
                            (long long)n, 2.0 * (double)all / 1048576.0);
     }
-    kvq_rk_code_order(kvq_rt_cb(H)->codes + S, n, K, count, order);
-    if (kvq_rt_cb(H)->rq && kvq_rt_resid_permute(r, H, S, order, n)) { /* residuals by row too */
+    kvq_rk_code_order(kvq_rt_codes(H)->codes + S, n, K, count, order);
+    /* the codebook selector's residuals by row too */
+    if (resid && kvq_rt_cb(H)->rq && kvq_rt_resid_permute(r, H, S, order, n)) {
         free(order);
         free(count);
         free(t32);
@@ -73,8 +75,8 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
     memcpy(H->tok + S, t32, sizeof *t32 * (size_t)n);
     uint16_t *c16 = (uint16_t *)t32; /* n codes fit in the n tokens' bytes */
     for (int64_t i = 0; i < n; i++)
-        c16[i] = kvq_rt_cb(H)->codes[S + order[i]];
-    memcpy(kvq_rt_cb(H)->codes + S, c16, sizeof *c16 * (size_t)n);
+        c16[i] = kvq_rt_codes(H)->codes[S + order[i]];
+    memcpy(kvq_rt_codes(H)->codes + S, c16, sizeof *c16 * (size_t)n);
     H->sorted_end = e;
     free(order);
     free(count);
@@ -85,15 +87,13 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
 /* Rows before e = past + 1 - w can enter no later window (every later query sees at
  * least past + 1 tokens), and no later query sees fewer than e tokens, so the visible
  * rows stay the visible tokens. */
-kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err *err)
+kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, int resid, kvq_err *err)
 {
-    const kvq_selector sel = r->p.selector;
     const int32_t layer = (int32_t)(L - r->layer);
     /* under a sliding window the visible tokens are a range that moves past the sinks:
      * rows must stay in token order */
-    if (!r->p.code_order || r->be->codes || !L->cb[0] ||
+    if (!r->p.code_order || kvq_rt_codes_ctx(r)->be->codes || !L->cb[0] ||
         (r->sliding_window > 0 && layer >= r->sliding_from) ||
-        (sel != KVQ_SELECT_CODEBOOK && sel != KVQ_SELECT_MASS) ||
         kvq_codebook_get_desc(L->cb[0])->groups != 1)
         return KVQ_OK;
     const int64_t S = r->p.sink, e = past + 1 - r->window;
@@ -109,7 +109,7 @@ kvq_status kvq_rt_sort_rows(kvq_retrieval *r, rt_layer *L, int64_t past, kvq_err
         if (!K || fresh < SORT_ROWS_PER_CODE * (int64_t)K || fresh < done / 4)
             continue;
         kvq_err he = {0};
-        const kvq_status s = sort_head(r, L, H, K, e, &he);
+        const kvq_status s = sort_head(r, L, H, K, e, resid, &he);
         if (s) {
 #pragma omp critical(kvq_sort_rows)
             if (!status) {

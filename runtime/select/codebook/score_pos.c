@@ -59,12 +59,13 @@ void kvq_rt_scoring_query(const rt_step *st, const kvq_codebook *cb, const float
         return;
     }
     rt_scratch *S = st->S;
-    if (S->mr_b <= 0 || S->mr_a != a || S->mr_b != b) { /* mr_b = 0: nothing held */
-        kvq_rt_mean_rotation(r, a, b, S->mr_cs, S->mr_sn);
-        S->mr_a = a;
-        S->mr_b = b;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
+    if (X->mr_b <= 0 || X->mr_a != a || X->mr_b != b) { /* mr_b = 0: nothing held */
+        kvq_rt_mean_rotation(r, a, b, X->mr_cs, X->mr_sn);
+        X->mr_a = a;
+        X->mr_b = b;
     }
-    kvq_rk_rotate(q, S->mr_cs, S->mr_sn, (int)r->rope.layout, r->d, out);
+    kvq_rk_rotate(q, X->mr_cs, X->mr_sn, (int)r->rope.layout, r->d, out);
 }
 
 /* The scoring query of band k, distances [lo, hi], of candidates at distances [a, b]:
@@ -75,20 +76,21 @@ static void band_query(const rt_step *st, const kvq_codebook *cb, const float *q
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
     if (r->p.score_pos == KVQ_SCORE_RB || k >= KVQ_RT_BAND_ROTATIONS ||
         kvq_codebook_get_desc(cb)->method == KVQ_CODEBOOK_VQ_POSTROPE) {
         kvq_rt_scoring_query(st, cb, q, lo, hi, out);
         return;
     }
-    if (S->br_a != a || S->br_b != b) {
-        S->br_a = a;
-        S->br_b = b;
-        S->br_have = 0;
+    if (X->br_a != a || X->br_b != b) {
+        X->br_a = a;
+        X->br_b = b;
+        X->br_have = 0;
     }
-    float *cs = S->br[k], *sn = S->br[k] + r->d / 2;
-    if (!(S->br_have >> k & 1u)) {
+    float *cs = X->br[k], *sn = X->br[k] + r->d / 2;
+    if (!(X->br_have >> k & 1u)) {
         kvq_rt_mean_rotation(r, lo, hi, cs, sn);
-        S->br_have |= 1u << k;
+        X->br_have |= 1u << k;
     }
     kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, r->d, out);
 }
@@ -210,14 +212,15 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_rk_table *tab = st->L->tab[st->head];
     const int32_t K = kvq_codebook_get_desc(cb)->k;
     const int64_t *P = st->L->pos, s0 = st->s_end;
     const int32_t *tok = st->H->tok;
     const int64_t se = st->H->sorted_end < st->w_beg ? st->H->sorted_end : st->w_beg;
-    uint32_t *run = S->cwork, *cur = S->cwork + K, *cnt = S->cwork + 2 * K; /* of 4 K */
-    const rt_cb_head *C = kvq_rt_cb(st->H);
+    uint32_t *run = X->cwork, *cur = X->cwork + K, *cnt = X->cwork + 2 * K; /* of 4 K */
+    const rt_codes_head *C = kvq_rt_codes(st->H);
     kvq_rk_code_counts(C->hist, K, C->codes, st->L->len, s0, se, cnt);
     uint32_t acc = 0;
     for (int32_t c = 0; c < K; c++) {
@@ -229,12 +232,12 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
         const int64_t lo = E[k], hi = E[k + 1] - 1;
         const int64_t first = st->pos - hi;
         band_query(st, cb, q, a, b, k, lo, hi, qs);
-        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
-        band_spread(st, cb, q, lo, hi, S->lut);
+        kvq_rk_lut(r->p.isa, tab, qs, X->lut);
+        band_spread(st, cb, q, lo, hi, X->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         for (int32_t c = 0; c < K; c++) {
             const int64_t rs = run[c];
-            const float v = S->lut[c];
+            const float v = X->lut[c];
             int64_t j = cur[c];
             if (k + 1 == nb)
                 for (; j > rs; j--)
@@ -247,7 +250,7 @@ static void banded_sorted(const rt_step *st, const float *q, int64_t a, int64_t 
         const int64_t r0 = k + 1 == nb ? se : first_at(P, se, st->w_beg, first);
         const int64_t r1 = k == 0 ? st->w_beg : first_at(P, se, st->w_beg, st->pos - lo + 1);
         if (r1 > r0)
-            kvq_rk_score(r->p.isa, S->lut, 1, K, C->codes + r0, r1 - r0, scores + (r0 - s0));
+            kvq_rk_score(r->p.isa, X->lut, 1, K, C->codes + r0, r1 - r0, scores + (r0 - s0));
     }
 }
 
@@ -270,7 +273,7 @@ static void cheat_scores(const rt_step *st, const float *q, float *scores)
             sn[m] = (float)sin((double)delta * r->theta[m]);
         }
         kvq_rk_rotate(q, cs, sn, (int)r->rope.layout, d, qs);
-        const float *w = W + (size_t)kvq_rt_cb(st->H)->codes[(size_t)row * G] * d;
+        const float *w = W + (size_t)kvq_rt_codes(st->H)->codes[(size_t)row * G] * d;
         float acc = 0;
         for (int32_t t = 0; t < d; t++)
             acc += qs[t] * w[t];
@@ -284,6 +287,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_rk_table *tab = st->L->tab[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
@@ -318,12 +322,12 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
                 continue;
         }
         band_query(st, cb, qsum_pre, a, b, k, lo, hi, qs);
-        kvq_rk_lut(r->p.isa, tab, qs, S->lut);
-        band_spread(st, cb, qsum_pre, lo, hi, S->lut);
+        kvq_rk_lut(r->p.isa, tab, qs, X->lut);
+        band_spread(st, cb, qsum_pre, lo, hi, X->lut);
         *cb_bytes += (double)kvq_rk_table_bytes(tab);
         if (fast) {
-            kvq_rk_score(r->p.isa, S->lut, G, K, kvq_rt_cb(st->H)->codes + (size_t)r0 * G, r1 - r0,
-                         scores + (r0 - st->s_end));
+            kvq_rk_score(r->p.isa, X->lut, G, K, kvq_rt_codes(st->H)->codes + (size_t)r0 * G,
+                         r1 - r0, scores + (r0 - st->s_end));
             continue;
         }
         for (int64_t j = 0; j < st->nc; j++) {
@@ -331,10 +335,10 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
             const int64_t delta = st->pos - P[kvq_rt_row_token(st->H, row)];
             if (band_of(delta < a ? a : delta, E, nb) != k)
                 continue;
-            const uint16_t *c = kvq_rt_cb(st->H)->codes + (size_t)row * G;
+            const uint16_t *c = kvq_rt_codes(st->H)->codes + (size_t)row * G;
             float s = 0;
             for (int32_t g = 0; g < G; g++)
-                s += S->lut[(size_t)g * K + c[g]];
+                s += X->lut[(size_t)g * K + c[g]];
             scores[j] = s;
         }
     }
@@ -347,7 +351,7 @@ void kvq_rt_banded_scores(const rt_step *st, const float *qsum_pre, float *score
  * The same selection as kvq_rt_banded_scores + kvq_rk_topk. Used when the groups are
  * few enough to pay (kvq_rk_bands_select_pays) and fit the scratch. */
 /* Whether the (code, band) groups apply to this step (kvq_rt_banded_select,
- * kvq_rt_banded_groups): bands scoring under the group sum, a single-group codebook in
+ * kvq_rt_banded_cursor): bands scoring under the group sum, a single-group codebook in
  * key space, the rows by token with some of them in code order past the sinks. */
 static int bands_apply(const rt_step *st, const kvq_codebook_desc *D)
 {
@@ -362,21 +366,23 @@ static int bands_apply(const rt_step *st, const kvq_codebook_desc *D)
 }
 
 /* The groups' description of the step's candidates (kvq_rk_bands): the rows in code
- * order [s_end, se) with their per-code counts (into S->cwork), the unsorted rest up to
+ * order [s_end, se) with their per-code counts (into the scratch's cwork), the unsorted rest up
+ * to
  * the window; lut the bands' LUTs [nb, K] or NULL, tb the bands' first tokens. */
 static kvq_rk_bands bands_of(const rt_step *st, int32_t K, int32_t nb, const float *lut,
                              const int64_t *tb)
 {
     const rt_head *H = st->H;
     rt_scratch *S = st->S;
+    rt_codes_scratch *X = kvq_rt_codes_scr(S);
     const int64_t s0 = st->s_end, se = H->sorted_end < st->w_beg ? H->sorted_end : st->w_beg;
-    const rt_cb_head *C = kvq_rt_cb(H);
-    kvq_rk_code_counts(C->hist, K, C->codes, st->L->len, s0, se, S->cwork);
+    const rt_codes_head *C = kvq_rt_codes(H);
+    kvq_rk_code_counts(C->hist, K, C->codes, st->L->len, s0, se, X->cwork);
     return (kvq_rk_bands){.K = K,
                           .nb = nb,
                           .lut = lut,
                           .n = se - s0,
-                          .cnt = S->cwork,
+                          .cnt = X->cwork,
                           .tok = H->tok + s0,
                           .tb = tb,
                           .nu = st->w_beg - se,
@@ -388,6 +394,7 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const rt_head *H = st->H;
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
@@ -432,21 +439,23 @@ int64_t kvq_rt_banded_select(const rt_step *st, int64_t k, int32_t *sel, double 
     const int resid = kvq_rt_cb(H)->rq != NULL;
     const int64_t n = kvq_rk_topk_bands_grouped(&B, k, sel, resid && !hmax ? S->tmp : NULL,
                                                 resid && hmax ? S->sel : NULL, S->work);
-    S->bsel_nb = nb; /* the LUTs stay in S->scores */
+    Y->bsel_nb = nb; /* the LUTs stay in S->scores */
     for (int64_t j = 0; j < n; j++)
         sel[j] += (int32_t)s0;
     return n;
 }
 
 /* The residual stage over every candidate (resid_share 1: the first cut took them all,
- * kvq_rt_select without a selection): each candidate row s_end + j's (code, band) group
- * b K + code into grp [nc], the bands kvq_rt_banded_select would use, from the runs'
- * band searches (kvq_rk_bands_groups) instead of a band search per row and head; then
- * S->bsel_nb = nb, so the heads' band LUTs apply (kvq_rt_head_band_luts). Returns nb, or
- * 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
-int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
+ * kvq_rt_select without a selection): the (code, band) group b K + code of each candidate
+ * row s_end + j, the bands kvq_rt_banded_select would use, from the runs' band searches
+ * (kvq_rk_bands_cursor: a piece of rows at a time) instead of a band search per row and
+ * head; then bsel_nb = nb, so the heads' band LUTs apply (kvq_rt_head_band_luts). Returns
+ * nb, or 0 where kvq_rt_banded_select would not run (the caller scores otherwise). */
+int32_t kvq_rt_banded_cursor(const rt_step *st, kvq_rk_bands *B, int64_t *tb,
+                             kvq_rk_bands_cursor *cur)
 {
     rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const kvq_codebook_desc *D = kvq_codebook_get_desc(st->L->cb[st->head]);
     const int32_t K = D->k;
     if (!bands_apply(st, D))
@@ -455,20 +464,20 @@ int32_t kvq_rt_banded_groups(const rt_step *st, int32_t *grp)
     kvq_rt_candidate_distances(st, &a, &b);
     if (a < 1)
         a = 1;
-    int64_t E[64], tb[64];
+    int64_t E[64];
     const int32_t nb = band_edges(a, b, E);
     const int64_t nk = (int64_t)nb * K;
-    if (nk > S->cap) /* kvq_rk_bands_groups' [2 nb K] in S->work [2 cap] */
+    if (nk > S->cap) /* the cursor's [2 nb K] in S->work [2 cap] */
         return 0;
     for (int32_t k2 = 0; k2 + 1 < nb; k2++) /* the band's first token: position >= pos - hi */
         tb[k2] = first_at(st->L->pos, 0, st->L->len, st->pos - (E[k2 + 1] - 1));
-    const kvq_rk_bands B = bands_of(st, K, nb, NULL, tb);
-    kvq_rk_bands_groups(&B, grp, S->work);
-    S->bsel_nb = nb;
+    *B = bands_of(st, K, nb, NULL, tb);
+    kvq_rk_bands_cursor_begin(B, S->work, cur);
+    Y->bsel_nb = nb;
     return nb;
 }
 
-/* Under kvq_rt_banded_select's bands (S->bsel_nb > 0), each query head's own LUT of each
+/* Under kvq_rt_banded_select's bands (bsel_nb > 0), each query head's own LUT of each
  * band, luts [gs, nb K]: head h's band k at h nb K + k K, the entry of group b K + code
  * (kvq_rk_topk_bands_grouped) the head's first-stage score of its rows. The tables of
  * kvq_rt_head_first_scores (band_query, kvq_rk_lut_multi: kvq_rk_lut's bits), built for
@@ -479,10 +488,11 @@ int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap)
 {
     const kvq_retrieval *r = st->r;
     const rt_scratch *S = st->S;
+    rt_cb_scratch *Y = kvq_rt_cb_scr(S);
     const kvq_codebook *cb = st->L->cb[st->head];
     const kvq_codebook_desc *D = kvq_codebook_get_desc(cb);
     const int32_t d = r->d, K = D->k;
-    if (S->bsel_nb <= 0 || D->groups != 1)
+    if (Y->bsel_nb <= 0 || D->groups != 1)
         return 0;
     int64_t a, b, E[64];
     kvq_rt_candidate_distances(st, &a, &b);
@@ -490,7 +500,7 @@ int64_t kvq_rt_head_band_luts(const rt_step *st, float *luts, int64_t cap)
         a = 1;
     const int32_t nb = band_edges(a, b, E);
     const int64_t nk = (int64_t)nb * K;
-    if (nb != S->bsel_nb || (int64_t)r->gs * nk > cap)
+    if (nb != Y->bsel_nb || (int64_t)r->gs * nk > cap)
         return 0;
     /* the (head, band) pairs i = h nb + k in order, eight LUTs per read of the table */
     const int32_t ni = r->gs * nb;
@@ -557,7 +567,7 @@ int kvq_rt_head_first_scores(const rt_step *st, const int32_t *rows, int64_t n, 
                 k = band_of(delta < a ? a : delta, E, nb);
             }
             o[i] = kvq_rk_score_one(S->scores + (size_t)k * GK, G, K,
-                                    kvq_rt_cb(st->H)->codes + (size_t)rows[i] * G);
+                                    kvq_rt_codes(st->H)->codes + (size_t)rows[i] * G);
         }
     }
     return 1;
