@@ -348,7 +348,7 @@ static kvq_status count_tokens(const kvq_tokenizer *tok, const char *text, size_
     return kvq_tokenizer_encode(tok, text, len, KVQ_ENCODE_MODEL_BOS, ids, n, err);
 }
 
-/* The answer budget: the answers' tokens joined by ", " and 8 more. */
+/* The answer budget: the answers' tokens joined by ", " and 24 more. */
 static kvq_status answer_budget(const kvq_tokenizer *tok, const ruler_text *b, int32_t *n_gen,
                                 kvq_err *err)
 {
@@ -365,7 +365,7 @@ static kvq_status answer_budget(const kvq_tokenizer *tok, const ruler_text *b, i
     kvq_status st = kvq_tokenizer_encode(tok, s.s, s.len, KVQ_ENCODE_NO_PREFIX, &ids, &n, err);
     free(ids);
     kvq_sb_free(&s);
-    *n_gen = (int32_t)n + 8;
+    *n_gen = (int32_t)n + 24;
     return st;
 }
 
