@@ -197,14 +197,15 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The sample's keys, values, depths, variables or word list, seeded by (seed, task,
- * length, sample). */
+/* The sample's keys, values, depths, variables or word list, seeded by (seed + sample,
+ * task, length). */
 static kvq_status sample_draw(const kvq_ruler_filler *f, kvq_ruler_task t, int64_t length,
                               uint64_t seed, uint32_t sample, ruler_sample *x, kvq_err *err)
 {
     memset(x, 0, sizeof *x);
     x->t = t;
-    const uint64_t mix[4] = {seed, (uint64_t)t, (uint64_t)length, sample};
+    /* sample k of seed s is sample 0 of seed s + k: runs of one sample each add up */
+    const uint64_t mix[4] = {seed + sample, (uint64_t)t, (uint64_t)length, 0};
     x->seed = kvq_xxh64(mix, sizeof mix, 0x52554c4552ull);
     kvq_rng r;
     kvq_rng_seed(&r, x->seed);

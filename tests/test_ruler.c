@@ -3,9 +3,10 @@
  * context); the prompt's tokens plus the answer budget are within 2% of the asked
  * length and never over it, in the model's tokens (stories260K's tokenizer, and
  * SmolLM2's when the fetched model is there); one seed gives identical prompts, another
- * sample another prompt; the string-match scores against cases written from the paper's
- * definition (arXiv 2404.06654: string_match_all, the share of references found in the
- * prediction, case-insensitive); task lists; and the suite through the harness on the
+ * sample another prompt (sample k of seed s is sample 0 of seed s + k); the
+ * string-match scores against cases written from the paper's definition (arXiv
+ * 2404.06654: string_match_all, the share of references found in the prediction,
+ * case-insensitive); task lists; and the suite through the harness on the
  * tiny model gives the same scores and continuations at 1 and 2 threads. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -124,6 +125,12 @@ static void run_tokenizer(const kvq_tokenizer *tok, const int64_t *lengths, size
                                                 &e), KVQ_OK);
             check_prompt(tok, &c, lengths[l]);
             assert_true(a.len != c.len || memcmp(a.text, c.text, a.len));
+            /* sample 1 of seed 7 is sample 0 of seed 8 (runs of one sample add up) */
+            kvq_ruler_prompt_free(&b);
+            assert_int_equal(kvq_ruler_generate(f, tok, (kvq_ruler_task)t, lengths[l], 8, 0, &b,
+                                                &e), KVQ_OK);
+            assert_int_equal(b.len, c.len);
+            assert_memory_equal(b.text, c.text, c.len);
             kvq_ruler_prompt_free(&a);
             kvq_ruler_prompt_free(&b);
             kvq_ruler_prompt_free(&c);

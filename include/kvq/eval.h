@@ -321,7 +321,8 @@ kvq_status kvq_ruler_filler_read(const kvq_corpus *corpus, const kvq_tokenizer *
                                  kvq_ruler_filler **out, kvq_err *err);
 void kvq_ruler_filler_free(kvq_ruler_filler *f);
 
-/* Sample `sample` of task t at `length` tokens, seeded by (seed, t, length, sample).
+/* Sample `sample` of task t at `length` tokens, seeded by (seed + sample, t, length):
+ * sample k of seed s is sample 0 of seed s + k.
  * INVALID_ARG: a length too short for the task's fixed text (or its answer), a filler
  * with too few distinct words for the word list. */
 kvq_status kvq_ruler_generate(const kvq_ruler_filler *f, const kvq_tokenizer *tok,
