@@ -29,7 +29,7 @@ expect_error ruler_small_filler 2 "--corpus file:.*tiny.txt: ruler: the filler t
 expect_error ruler_samples 2 "samples" -- "$KVQ" "${E[@]}" --suite ruler --samples 0
 
 if [ "$IS_STORIES" != 1 ]; then
-  for n in ruler_json ruler_quiet_threads ruler_text; do
+  for n in ruler_json ruler_quiet_threads ruler_text ruler_progress_tty; do
     skip $n "needs stories260K: the stand-in's context (256 tokens) is shorter than a suite prompt"
   done
   cli_done; exit
@@ -80,4 +80,21 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && grep -q "^length $LEN: score %" "$CLI_TMP/s
    grep -Eq '^full +all +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$CLI_TMP/stdout" &&
    grep -Eq '^oracle +16 +[0-9.]+ \( *[-+][0-9.]+\)' "$CLI_TMP/stdout"; then
   ok ruler_text; else fail ruler_text "$(cat "$CLI_TMP/stdout")"; fi
+# a terminal (script(1) gives the command a pty): the suite's live progress line with an
+# ETA between the start and the end, as eval's (tests/cli/eval_progress.sh)
+if command -v script >/dev/null 2>&1; then
+  printf -v cmd '%q ' "$KVQ" "${ARGS[@]}"
+  if script -qec "$cmd >$T/tty.out" "$T/tty.log" >/dev/null 2>&1 </dev/null &&
+     out=$("$PYTHON" - "$T/tty.log" <<'PY' 2>&1
+import re, sys
+text = open(sys.argv[1], "rb").read().decode("utf-8", "replace")
+reps = re.findall(r"\rkvq: eval (\d+)/(\d+) \((\d+)%, [0-9.]+/s(, ETA \d+s)?\)", text)
+assert len(reps) >= 3, text[-400:]
+assert all(eta for d, t, p, eta in reps if 0 < int(d) < int(t)), reps
+assert reps[-1][0] == reps[-1][1], reps[-1]
+PY
+); then ok ruler_progress_tty; else fail ruler_progress_tty "$out"; fi
+else
+  skip ruler_progress_tty "script(1) (util-linux) not installed"
+fi
 cli_done
