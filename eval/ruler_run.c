@@ -30,6 +30,64 @@ double kvq_ruler_result_mean(const kvq_ruler_result *r, size_t i, size_t c)
     return r->samples ? s / r->samples : 0.0;
 }
 
+/* ---- progress through the prefills ----------------------------------------------------
+ * The harness's forward reports nothing; here it reports its prefill chunks, relayed as
+ * the harness's "eval" progress (the tokens run before the prompt plus the chunk's), so a
+ * long prefill moves the line. Logs go through unchanged. */
+typedef struct relay {
+    kvq_callbacks cb;   /* the caller's */
+    kvq_eval *ev;
+} relay;
+
+static void relay_log(void *user, kvq_log_level level, const char *msg)
+{
+    const relay *r = user;
+    if (r->cb.log)
+        r->cb.log(r->cb.user, level, msg);
+}
+
+static int relay_progress(void *user, const char *what, uint64_t done, uint64_t total)
+{
+    const relay *r = user;
+    (void)what;
+    (void)total;
+    const uint64_t at = r->ev->done + done;
+    if (!r->ev->total || at >= r->ev->total)
+        return 0;
+    return kvq_progress(&r->cb, "eval", at, r->ev->total);
+}
+
+/* kvq_eval_create with the forward's prefill progress relayed through rl. */
+static kvq_status ruler_eval_create(const kvq_model *m, const kvq_codebook_set *rt,
+                                    const kvq_eval_params *p, relay *rl, kvq_eval **out,
+                                    kvq_err *err)
+{
+    kvq_eval *ev = calloc(1, sizeof *ev);
+    *out = NULL;
+    if (!ev)
+        return kvq_err_set(err, KVQ_E_NOMEM, "ruler: out of memory");
+    ev->c = kvq_model_config_get(m);
+    ev->rt = rt;
+    ev->p = *p;
+    rl->cb = p->cb;
+    rl->ev = ev;
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.threads = p->threads;
+    fp.max_tokens = p->max_tokens;
+    fp.cb = (kvq_callbacks){.log = relay_log, .progress = relay_progress, .user = rl};
+    ev->chunk = fp.chunk;
+    ev->logits = malloc(sizeof(float) * (size_t)fp.chunk * (size_t)ev->c->vocab_size);
+    ev->ids = malloc(sizeof(int32_t) * (size_t)p->max_tokens);
+    kvq_status s = ev->logits && ev->ids
+                       ? kvq_forward_create(m, &fp, &ev->f, err)
+                       : kvq_err_set(err, KVQ_E_NOMEM, "ruler: out of memory");
+    if (s)
+        kvq_eval_free(ev);
+    else
+        *out = ev;
+    return s;
+}
+
 /* The greedy continuation of the logits in ev->logits (ids[0, n) the prompt): at most
  * n_gen tokens, stopping at EOS, as text into *pred. */
 static kvq_status decode_answer(kvq_eval *ev, const kvq_tokenizer *tok, size_t n, int32_t n_gen,
@@ -178,7 +236,8 @@ kvq_status kvq_eval_ruler_run(const kvq_model *m, const kvq_codebook_set *rt,
     kvq_eval_params q = *p;
     q.max_tokens = longest;
     q.measure = 0;
-    if (!s && !(s = kvq_eval_create(m, rt, &q, &ev, err)))
+    relay rl;
+    if (!s && !(s = ruler_eval_create(m, rt, &q, &rl, &ev, err)))
         s = eval_replay_init(&kr, ev->c, ctx, err);
     if (!s)
         kvq_eval_progress_plan(ev, total);
