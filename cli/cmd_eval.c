@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "cli/eval_kv.h"
+#include "cli/eval_suite.h"
 #include "cli/opts.h"
 #include "cli/retrieval_opts.h"
 #include "kvq/corpus.h"
@@ -57,6 +58,14 @@ static void eval_usage(FILE *f)
             "                     tokens each with SmolLM2: 160 for a 4K prompt)\n"
             "  --kv-pairs N       pairs per kv-recall: document (default 32)\n"
             "  --threads T        threads (default: all CPUs; same bytes for any T)\n"
+            "  --suite ruler[:TASK,...]\n"
+            "                     the RULER-style long-context tasks (docs/ruler.md) instead\n"
+            "                     of perplexity, with --corpus as the filler text: tasks\n"
+            "                     niah_single_number, niah_single_uuid, niah_multikey,\n"
+            "                     niah_multivalue, niah_multiquery, vt, cwe (default: all)\n"
+            "  --lengths L,...    suite prompt lengths in the model's tokens, prompt plus\n"
+            "                     answer, at most the model's context (default 4096)\n"
+            "  --samples N        suite prompts per task and length (default 4)\n"
             "  --json             print one JSON object instead of the text report\n"
             "  -q, --quiet        nothing on stderr but errors\n"
             "  -v, --verbose      more detail\n"
@@ -75,7 +84,17 @@ static void eval_usage(FILE *f)
             "answer decoded greedily with retrieval). An exact prefill (--score last:N,\n"
             "the task prompts) runs once and is replayed into every row.\n"
             "\n"
+            "With --suite, each prompt's context is prefilled once with full attention and\n"
+            "replayed into every row; the question and the answer are decoded greedily with\n"
+            "the row's retrieval (full attention always gets a row: the dense score) and\n"
+            "scored with RULER's string match (the share of the expected strings found in the\n"
+            "answer). The table gives the score in percent per task and length and the gap\n"
+            "to full attention in points; --json gives one row per selector, budget, task\n"
+            "and length (score, stderr, dense, gap, per-prompt scores and answers).\n"
+            "\n"
             "examples: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n"
+            "          kvq eval --model M --artifact M.kvq --suite ruler --corpus dir:TEXTS \\\n"
+            "              --lengths 4096,8192 --samples 4 --selectors codebook --budgets 6%%\n"
             "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n");
 }
 
@@ -88,6 +107,8 @@ typedef struct eval_opts {
     int64_t passkey_filler, kv_pairs; /* --passkey-filler, --kv-pairs (0: the defaults) */
     cli_retrieval ro;
     cli_kv kv;            /* --kv and its parameters (cli/eval_kv.c) */
+    cli_suite su;         /* --suite --lengths --samples (cli/eval_suite.c) */
+    int suite_opt;        /* --lengths or --samples given */
 } eval_opts;
 
 /* Parses argv into o: -1 to go on, else the exit code (0 after --help). */
@@ -138,6 +159,23 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
             if ((rc = cli_opt_i64(cmd, a, val, 0, 1000000, &o->passkey_filler)))
                 return rc;
             i++;
+        } else if (!strcmp(a, "--suite")) {
+            if (!val)
+                return cli_failf(2, "eval: %s needs a value", a);
+            o->su.suite = val;
+            i++;
+        } else if (!strcmp(a, "--lengths")) {
+            if ((rc = cli_suite_lengths(val, o->su.lengths, &o->su.n_lengths)))
+                return rc;
+            o->suite_opt = 1;
+            i++;
+        } else if (!strcmp(a, "--samples")) {
+            int64_t n = 0;
+            if ((rc = cli_opt_i64(cmd, a, val, 1, 100000, &n)))
+                return rc;
+            o->su.samples = (uint32_t)n;
+            o->suite_opt = 1;
+            i++;
         } else if (!strcmp(a, "--kv-pairs")) {
             if ((rc = cli_opt_i64(cmd, a, val, 1, 65536, &o->kv_pairs)))
                 return rc;
@@ -151,6 +189,12 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
         eval_usage(stderr);
         return cli_failf(2, "eval: --model and --corpus are required");
     }
+    if (o->suite_opt && !o->su.suite)
+        return cli_failf(2, "eval: --lengths and --samples need --suite");
+    if (o->su.suite && o->kv.kind != KVQ_KV_F16)
+        return cli_failf(2, "eval: --suite with --kv is not implemented");
+    if (o->su.suite && o->score_last)
+        return cli_failf(2, "eval: --suite scores answers; --score does not apply");
     return -1;
 }
 
@@ -216,7 +260,7 @@ static int eval_full(const eval_opts *o, const kvq_model *m, const kvq_corpus *c
 
 int cmd_eval(int argc, char **argv)
 {
-    eval_opts o = {.seq_len = 512};
+    eval_opts o = {.seq_len = 512, .su = {.lengths = {4096}, .n_lengths = 1, .samples = 4}};
     cli_retrieval_init(&o.ro);
     cli_kv_init(&o.kv);
     int rc = eval_parse(argc, argv, &o);
@@ -260,7 +304,11 @@ int cmd_eval(int argc, char **argv)
         }
         tok = ids_tok;
     }
-    if (o.kv.kind != KVQ_KV_F16 && o.ro.selectors)
+    o.su.seed = (uint64_t)o.m.seed;
+    if (o.su.suite)
+        rc = cli_eval_suite(&o.ro, m, model_path, o.spec, corpus, tok, &o.su,
+                            (int32_t)o.m.threads, o.json, &cb);
+    else if (o.kv.kind != KVQ_KV_F16 && o.ro.selectors)
         rc = cli_failf(2, "eval: --kv %s with --selectors (retrieval over a compressed cache) "
                        "is not implemented", kvq_kv_kind_name(o.kv.kind));
     else if (o.kv.kind != KVQ_KV_F16) {

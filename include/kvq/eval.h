@@ -288,6 +288,118 @@ void kvq_eval_sample_interval(double sum, double sq, double n, double *mean, dou
 
 #endif /* KVQ_UNSTABLE_API */
 
+
+#ifdef KVQ_UNSTABLE_API
+/* ---- RULER-style task suite (eval/ruler_gen.c, eval/ruler_run.c) ----------------------
+ * The synthetic long-context tasks of RULER (Hsieh et al., "RULER: What's the Real
+ * Context Size of Your Long-Context Language Models?", arXiv 2404.06654; docs/ruler.md):
+ * needles in a haystack of the user's filler text (one needle with a 7-digit number or
+ * a UUID value; several keys with one asked; one key with several values; several keys
+ * all asked), variable tracking (a chain of "VAR X = VAR Y" assignments) and common-word
+ * extraction (a numbered word list). A prompt is sized in the model's own tokens: its
+ * tokens plus the answer budget n_gen come to the asked length (RULER's convention)
+ * within 2%, never over it. Same filler, seed and sample: the same bytes. */
+typedef enum kvq_ruler_task {
+    KVQ_RULER_NIAH_SINGLE_NUMBER = 0, /* one needle, a 7-digit number */
+    KVQ_RULER_NIAH_SINGLE_UUID,       /* one needle, a UUID */
+    KVQ_RULER_NIAH_MULTIKEY,          /* 4 needles of different keys, one asked */
+    KVQ_RULER_NIAH_MULTIVALUE,        /* 4 values of one key, all asked */
+    KVQ_RULER_NIAH_MULTIQUERY,        /* 4 needles of different keys, all asked */
+    KVQ_RULER_VT,                     /* variable tracking: 1 chain of 4 hops */
+    KVQ_RULER_CWE,                    /* the 10 most common words of a list */
+    KVQ_RULER_N_TASKS
+} kvq_ruler_task;
+
+const char *kvq_ruler_task_name(kvq_ruler_task t); /* "niah_single_number", ... */
+/* 1: scored by RULER's string_match_all (every task here), 0: string_match_part. */
+int kvq_ruler_task_match_all(kvq_ruler_task t);
+/* "ruler" (every task) or "ruler:NAME,NAME" into *mask (bit t per task). INVALID_ARG
+ * naming the bad word and listing the tasks. */
+kvq_status kvq_ruler_tasks_parse(const char *spec, unsigned *mask, kvq_err *err);
+
+/* RULER's string match over one prediction, case-insensitive: all = 1 (match_all) the
+ * share of the answers found in pred, all = 0 (match_part) 1 when any is, else 0. */
+double kvq_ruler_score(const char *pred, const char *const *answers, size_t n, int all);
+
+/* Where an answer sits: text[char_begin, char_end) is answers[answer] and the prompt's
+ * tokens [tok_begin, tok_end) cover it. */
+typedef struct kvq_ruler_span {
+    uint32_t answer;
+    size_t char_begin, char_end;
+    int64_t tok_begin, tok_end;
+} kvq_ruler_span;
+
+typedef struct kvq_ruler_prompt {
+    kvq_ruler_task task;
+    int64_t length;          /* asked: n_ids + n_gen <= length, within 2% of it */
+    uint32_t sample;
+    char *text;              /* [len], NUL-terminated: context, then question */
+    size_t len;
+    size_t ctx_chars;        /* text[0, ctx_chars) is the context */
+    int32_t *ids;            /* the text's tokens, BOS first when the model adds one */
+    size_t n_ids;
+    size_t n_ctx;            /* ids[0, n_ctx) are the context's (prefilled densely) */
+    int32_t n_gen;           /* tokens decoded for the answer */
+    char **answers;          /* [n_answers] */
+    size_t n_answers;
+    kvq_ruler_span *spans;   /* [n_spans]: every place an answer sits */
+    size_t n_spans;
+} kvq_ruler_prompt;
+
+typedef struct kvq_ruler_filler kvq_ruler_filler;
+
+/* The filler text: the corpus's text documents (no task or ids documents) joined,
+ * whitespace folded to one space, cut into sentences, at most 16 MB; its words (3-12
+ * letters, lower case, in order of first use) give the needles' keys and the word
+ * list. INVALID_ARG when it has no sentence or fewer than 64 distinct words. */
+kvq_status kvq_ruler_filler_read(const kvq_corpus *corpus, const kvq_tokenizer *tok,
+                                 kvq_ruler_filler **out, kvq_err *err);
+void kvq_ruler_filler_free(kvq_ruler_filler *f);
+
+/* Sample `sample` of task t at `length` tokens, seeded by (seed + sample, t, length):
+ * sample k of seed s is sample 0 of seed s + k.
+ * INVALID_ARG: a length too short for the task's fixed text (or its answer), a filler
+ * with too few distinct words for the word list. */
+kvq_status kvq_ruler_generate(const kvq_ruler_filler *f, const kvq_tokenizer *tok,
+                              kvq_ruler_task t, int64_t length, uint64_t seed, uint32_t sample,
+                              kvq_ruler_prompt *out, kvq_err *err);
+void kvq_ruler_prompt_free(kvq_ruler_prompt *p);
+
+/* The suite through the harness: per prompt the context prefilled once with full
+ * attention (recorded and replayed into every row), then per row the question run and
+ * n_gen tokens decoded greedily with the row's retrieval (stopping at EOS), the
+ * continuation scored (kvq_ruler_score). Rows are the caller's (put a full-attention
+ * row in them for the dense score). Progress ("eval", tokens run: the context once,
+ * the question and answer per row). */
+typedef struct kvq_ruler_params {
+    unsigned tasks;          /* bit per kvq_ruler_task */
+    const int64_t *lengths;
+    size_t n_lengths;
+    uint32_t samples;        /* per task and length */
+    uint64_t seed;
+} kvq_ruler_params;
+
+typedef struct kvq_ruler_result {
+    size_t n_cells;          /* task x length, tasks in enum order, then lengths */
+    kvq_ruler_task *task;    /* [n_cells] */
+    int64_t *length;         /* [n_cells] */
+    uint32_t samples;
+    size_t n_rows;
+    double *score;           /* [n_rows][n_cells][samples]: each sample's score in [0, 1] */
+    char **pred;             /* [n_rows][n_cells][samples]: the decoded continuations */
+    double seconds;
+} kvq_ruler_result;
+
+kvq_status kvq_eval_ruler_run(const kvq_model *m, const kvq_codebook_set *rt,
+                              const kvq_ruler_filler *f, const kvq_tokenizer *tok,
+                              const kvq_ruler_params *rp, const kvq_eval_params *p,
+                              const kvq_retrieval_params *rows, size_t n_rows,
+                              kvq_ruler_result *out, kvq_err *err);
+/* Mean score of row i in cell c, in [0, 1]. */
+double kvq_ruler_result_mean(const kvq_ruler_result *r, size_t i, size_t c);
+void kvq_ruler_result_free(kvq_ruler_result *r);
+#endif /* KVQ_UNSTABLE_API */
+
 #ifdef __cplusplus
 }
 #endif
