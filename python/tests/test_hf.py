@@ -133,7 +133,7 @@ def reference_qkv(model, ids):
 
 def test_architectures(tmp):
     ids = np.random.RandomState(7).randint(3, 300, size=40)
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"):
         m = tiny(arch)
         out = os.path.join(tmp, "cap_" + arch)
         kvq.hf.capture(m, None, "test", out, seq_len=64, dtype="f32", sequences=[ids])
@@ -144,14 +144,15 @@ def test_architectures(tmp):
             rq, rk, rv = ref[layer]
             worst = max(worst, rel(t["q"], rq), rel(t["k"], rk), rel(t["v"], rv))
         check(worst <= 1e-6, f"{arch}: captured q, k, v equal the modules' own (rel {worst:.2g} <= 1e-6)")
-    for arch, why in (("mistral", "sliding-window"), ("gemma2", "sliding-window")):
+    for arch, why in (("mistral", "sliding-window"), ("gemma2", "sliding-window"),
+                      ("gemma3_text", "sliding-window")):
         try:
             with kvq.hf.retrieval(tiny(arch), os.path.join(tmp, "any.kvq")):
                 pass
             check(False, f"{arch}: retrieval refused")
         except kvq.UnsupportedError as e:
             check(why in str(e), f"{arch}: retrieval refused naming {why} ({e})")
-    for arch in ("gemma3_text", "gpt2"):
+    for arch in ("gpt2",):
         m = tiny(arch)
         out = os.path.join(tmp, "cap_" + arch)
         try:
@@ -197,10 +198,20 @@ def same_attention(x, y):
     return True
 
 
+def check_checksums(cap, what):
+    """capture.json version 2 and its checksums against the xxhash package's XXH64."""
+    import xxhash
+    j = json.load(open(os.path.join(cap, "capture.json")))
+    want = ["xxh64:" + xxhash.xxh64(open(os.path.join(cap, f), "rb").read(), seed=0).hexdigest()
+            for f in j["files"]]
+    check(j["version"] == 2 and j.get("checksums") == want,
+          f"{what}: capture.json version {j['version']}, checksums equal xxhash's ({j.get('checksums', [])[:1]})")
+
+
 def compare_captures(a, b, tol, what):
+    check_checksums(b, what)
     ja, jb = (json.load(open(os.path.join(x, "capture.json"))) for x in (a, b))
-    # The Python capture writes version 1, whose model carries no "attention": it means the
-    # llama family's; kvq's own (version 2) must then describe exactly that.
+    # Both write version 2 (a version 1 file, without "attention", stands for the llama family's).
     ma, mb = dict(ja["model"]), dict(jb["model"])
     xa, xb = ma.pop("attention", None), mb.pop("attention", None)
     xa = xa if xa is not None else v1_attention(ma)
@@ -239,6 +250,22 @@ def test_vs_kvq_capture(tmp):
         check(r.returncode == 0, f"{arch}: python -m kvq capture exit 0 ({r.stderr.strip()[-300:]})")
         if r.returncode == 0:
             compare_captures(c1, c2, 2e-5, f"tiny {arch}")
+    # the other architectures: tiny random HF directories (scripts/gen_arch_models.py; mistral
+    # saved here), windows, local RoPE bases, scales, softcaps and fused qkv included
+    archs = [(a, os.path.join(ROOT, "tests", "data", "archs", a)) for a in ("gemma2", "gemma3", "phi3", "qwen3")]
+    for arch, d in [("mistral", save_tiny_dir(tmp, "mistral"))] + archs:
+        c1, c2 = os.path.join(tmp, "kvq_" + arch), os.path.join(tmp, "py_" + arch)
+        subprocess.run([KVQ, "capture", "--model", d, "--corpus", "ids:" + ids, "--seq-len", "64",
+                        "--dtype", "f32", "-q", "-o", c1], check=True, stderr=subprocess.DEVNULL)
+        r = subprocess.run([sys.executable, "-m", "kvq", "capture", "--model", d, "--corpus", "ids:" + ids,
+                            "--seq-len", "64", "--dtype", "f32", "-q", "-o", c2],
+                           cwd=os.path.join(ROOT, "python"), capture_output=True, text=True)
+        check(r.returncode == 0, f"{arch}: python -m kvq capture exit 0 ({r.stderr.strip()[-300:]})")
+        if r.returncode == 0:
+            compare_captures(c1, c2, 2e-5, f"tiny {arch}")
+            r = subprocess.run([KVQ, "moments", "--capture", c2, "-o", c2 + ".mom", "-q"],
+                               capture_output=True, text=True)
+            check(r.returncode == 0, f"tiny {arch}: kvq moments takes the Python capture ({r.stderr.strip()[-200:]})")
     r = subprocess.run([sys.executable, "-m", "kvq", "capture", "--model", os.path.join(tmp, "tiny_llama"),
                         "--corpus", "ids:" + ids, "-q", "-o", os.path.join(tmp, "py_llama")],
                        cwd=os.path.join(ROOT, "python"), capture_output=True, text=True)

@@ -16,6 +16,7 @@ position 0 (a new generate() call)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Union
 
@@ -49,14 +50,19 @@ class Retrieval:
                  source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
                  sink: Optional[int] = None, window: int = 0, threads: int = 1) -> None:
         cfg = model.config
-        sw = getattr(cfg, "sliding_window", None)
-        if sw and getattr(cfg, "use_sliding_window", True):  # qwen2 configs carry one unused
-            raise UnsupportedError(f"{cfg.model_type}: sliding-window attention ({sw} tokens): the kvq "
-                                   "engine selects over every cached token and would attend outside "
-                                   "the window", 400)
-        if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
-            raise UnsupportedError(f"{cfg.model_type}: attention logit soft-capping is not what the kvq "
-                                   "engine computes", 400)
+        desc = describe_model(model, source)
+        att = desc["attention"]
+        windowed = [l for l, e in enumerate(att["layers"]) if e["window"] > 0]
+        if windowed:
+            raise UnsupportedError(f"{desc['architecture']}: sliding-window attention ({att['sliding_window']} "
+                                   f"tokens) on layers {windowed}: the kvq engine selects over every "
+                                   "cached token and would attend outside the window", 400)
+        if att["softcap"] or getattr(cfg, "final_logit_softcapping", None):
+            raise UnsupportedError(f"{desc['architecture']}: attention logit soft-capping is not what "
+                                   "the kvq engine computes", 400)
+        if att["scale"] and abs(att["scale"] * math.sqrt(desc["head_dim"]) - 1) > 1e-12:
+            raise UnsupportedError(f"{desc['architecture']}: attention scale {att['scale']} is not "
+                                   "1/sqrt(head_dim), what the kvq engine computes", 400)
         self.model = model
         self.fp = fingerprint(model)
         self.spec = engine_model(model, source, self.fp)
