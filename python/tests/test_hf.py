@@ -320,19 +320,91 @@ def test_smollm2(tmp):
         check("f" * 32 in str(e), f"SmolLM2: other weights refused ({e})")
 
 
+class Tee:
+    """Two engine sequences fed the same rows: the first's outputs go on; every decode
+    step's selections of both are compared (the C engine against kvq.torch_engine)."""
+
+    def __init__(self, a, b):
+        self.a, self.b, self.mismatch, self.n, self.err = a, b, [], 0, 0.0
+
+    def length(self, layer):
+        return self.a.length(layer)
+
+    def reset(self):
+        self.a.reset()
+        self.b.reset()
+
+    def append(self, layer, k, v):
+        self.a.append(layer, k, v)
+        self.b.append(layer, k, v)
+
+    def decode(self, layer, q, k, v):
+        oa, sa = self.a.decode(layer, q, k, v)
+        ob, sb = self.b.decode(layer, q, k, v)
+        for h, (x, y) in enumerate(zip(sa, sb)):
+            self.n += 1
+            if not np.array_equal(x, y.cpu().numpy()):
+                self.mismatch.append((self.n, layer, h, sorted(set(x.tolist()) ^ set(y.tolist()))))
+        self.err = max(self.err, rel(ob.cpu().numpy(), oa))
+        return oa, sa
+
+    def close(self):
+        self.a.close()
+
+
+def generate_tee(m, ids, art, n, budget, src=None, pad=None):
+    """Greedy generate() with the C engine, the torch back end shadowing it."""
+    from kvq.torch_engine import TorchEngine
+    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=budget, source=src) as ret:
+        ret.seq = Tee(ret.seq, TorchEngine(art, ret.spec).sequence(budget=budget))
+        out = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=pad)
+        return out, ret
+
+
+def test_torch_backend_tiny(tmp):
+    """The torch back end selects what the C engine selects on tiny llama / qwen2 models
+    (artifacts fitted by kvq from kvq's capture of their HF directories)."""
+    ids = os.path.join(tmp, "ids_long.bin")
+    np.random.RandomState(5).randint(3, 300, size=1200).astype("<i4").tofile(ids)
+    for arch in ("llama", "qwen2"):
+        d = os.path.join(tmp, "tiny_" + arch)
+        cap = os.path.join(tmp, "tb_" + arch)
+        subprocess.run([KVQ, "capture", "--model", d, "--corpus", "ids:" + ids, "--seq-len", "250", "-q",
+                        "-o", cap], check=True)
+        subprocess.run([KVQ, "moments", "--capture", cap, "-o", cap + ".mom", "-q"], check=True)
+        subprocess.run([KVQ, "fit", "--capture", cap, "--moments", cap + ".mom", "--codebook", "16",
+                        "--iters", "4", "-q", "-o", cap + ".kvq"], check=True, stderr=subprocess.DEVNULL)
+        m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        prompt = torch.as_tensor(np.random.RandomState(9).randint(3, 300, size=240))[None]
+        out, ret = generate_tee(m, prompt, cap + ".kvq", 12, 0.06)
+        t = ret.seq
+        check(t.n == (12 - 1) * 2 * 2 and not t.mismatch,
+              f"tiny {arch}: torch back end selects the C engine's indices in {t.n} selections "
+              f"(mismatches {t.mismatch[:3]})")
+        check(t.err <= 1e-5, f"tiny {arch}: torch back end attention outputs within rel 1e-5 ({t.err:.2g})")
+
+
 def test_generate(tmp, m, tok, src, art):
-    """Greedy decoding with retrieval through the engine equals `kvq run --artifact`."""
+    """Greedy decoding with retrieval through the engine equals `kvq run --artifact`; the
+    torch back end selects the same indices at every step, and alone gives the same text."""
     prompt = open(os.path.join(ROOT, "tests", "data", "ppl_text.txt"), encoding="utf-8").read()[:2500]
     n = 16
     r = subprocess.run([KVQ, "run", "--model", SMOL, "--artifact", art, "--budget", "6%", "--temp", "0",
                         "--prompt", prompt, "-n", str(n), "-q"], check=True, capture_output=True, text=True)
     ids = tok(prompt, return_tensors="pt")["input_ids"]
-    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=0.06, source=src) as ret:
-        out = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
-        steps, sel = ret.steps, ret.selected.get(5)
+    out, ret = generate_tee(m, ids, art, n, 0.06, src, tok.eos_token_id)
+    steps, sel, t = ret.steps, ret.selected.get(5), ret.seq
     text = prompt + tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
     check(text == r.stdout, f"SmolLM2: greedy text with retrieval at 6% equals kvq run's "
           f"({text[len(prompt):]!r} vs {r.stdout[len(prompt):]!r})")
+    check(t.n == (n - 1) * 30 * 3 and not t.mismatch,
+          f"SmolLM2: the torch back end selects the C engine's indices in all {t.n} selections "
+          f"(mismatches: {t.mismatch[:3]})")
+    check(t.err <= 1e-5, f"SmolLM2: torch back end attention outputs within rel 1e-5 of the engine's ({t.err:.2g})")
+    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=0.06, source=src, backend="torch"):
+        out2 = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
+    text2 = prompt + tok.decode(out2[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
+    check(text2 == r.stdout, f"SmolLM2: greedy text with the torch back end equals kvq run's ({text2[len(prompt):]!r})")
     total = ids.shape[1] + n - 1
     check(steps == n - 1 and sel is not None and all(0 < len(x) <= -(-0.06 * total // 1) + 1 for x in sel),
           f"SmolLM2: {steps} retrieval steps, layer 5 selected {[len(x) for x in sel or []]} tokens")
@@ -348,6 +420,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_architectures(tmp)
         test_vs_kvq_capture(tmp)
+        test_torch_backend_tiny(tmp)
         if os.path.exists(SMOL):
             test_smollm2(tmp)
         else:
