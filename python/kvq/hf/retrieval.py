@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
+from ..artifact import Artifact
 from ..engine import Engine
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..model import ModelSpec
@@ -84,6 +85,11 @@ class Retrieval:
         self.pre: Dict[int, Any] = {}
         self.selected: Dict[int, List[np.ndarray]] = {}
         self.steps = 0
+        # kvq eval's step statistics: (layer, KV head) steps with candidates beyond sinks
+        # and window, the tokens they saw and attended
+        self.stats: Dict[str, int] = {"steps": 0, "visible": 0, "attended": 0}
+        self.sink = 4 if sink is None else int(sink)
+        self.window = window or (self.engine.window if backend == "torch" else Artifact(artifact).wrope[0])
 
     def _rows(self, x: Any, rope: bool = True) -> Any:
         """[1, heads, n, d] torch -> [n, heads, d] float32 (numpy for the C engine, a
@@ -123,6 +129,13 @@ class Retrieval:
                                 for x in sel]
         if layer == self.spec.n_layers - 1:
             self.steps += 1
+        nv = self.seq.length(layer)
+        s_end = min(self.sink, nv)
+        w_beg = max(nv - self.window, s_end)
+        if w_beg > s_end:
+            self.stats["steps"] += len(sel)
+            self.stats["visible"] += nv * len(sel)
+            self.stats["attended"] += sum(s_end + len(x) + nv - w_beg for x in sel)
         res = torch.as_tensor(o).to(query.device, query.dtype)  # [heads, d]
         return res.view(1, 1, *res.shape), None
 
