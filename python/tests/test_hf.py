@@ -382,6 +382,26 @@ def test_torch_backend_tiny(tmp):
               f"tiny {arch}: torch back end selects the C engine's indices in {t.n} selections "
               f"(mismatches {t.mismatch[:3]})")
         check(t.err <= 1e-5, f"tiny {arch}: torch back end attention outputs within rel 1e-5 ({t.err:.2g})")
+    # bad input, both back ends: another checkpoint of the same shape (fingerprint), another
+    # shape, another architecture; refused before any step, nothing written
+    torch.manual_seed(99)
+    other = transformers.LlamaForCausalLM(tiny("llama").config).eval()
+    cfg = tiny("llama").config
+    cfg.num_attention_heads, cfg.num_key_value_heads = 2, 1  # head_dim 32
+    shape = transformers.LlamaForCausalLM(cfg).eval()
+    for backend in ("engine", "torch"):
+        for what, mdl, art, exc, word in (
+                ("other weights", other, "tb_llama.kvq", kvq.MismatchError, "fingerprint"),
+                ("another shape", shape, "tb_llama.kvq", kvq.MismatchError, "differs"),
+                ("gpt2", tiny("gpt2"), "tb_llama.kvq", kvq.UnsupportedError, "gpt2")):
+            before = sorted(os.listdir(tmp))
+            try:
+                with kvq.hf.retrieval(mdl, os.path.join(tmp, art), backend=backend):
+                    pass
+                check(False, f"{backend}: {what} refused")
+            except exc as e:
+                check(word in str(e), f"{backend}: {what} refused naming it ({str(e)[:160]})")
+            check(sorted(os.listdir(tmp)) == before, f"{backend}: {what}: nothing written")
 
 
 def test_generate(tmp, m, tok, src, art):

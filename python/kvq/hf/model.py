@@ -179,7 +179,8 @@ def describe_model(model: Any, source: Optional[Dict[str, str]] = None,
     mt = getattr(cfg, "model_type", "?")
     if mt not in SUPPORTED:
         why = _WHY_NOT.get(mt, "not a llama-family architecture this package has verified")
-        raise UnsupportedError(f"architecture {mt!r} ({type(model).__name__}) cannot be captured: {why}; "
+        raise UnsupportedError(f"architecture {mt!r} ({type(model).__name__}) is not supported by kvq "
+                               f"(capture, retrieval): {why}; "
                                f"supported: {', '.join(sorted(SUPPORTED))}", 400)
     if float(getattr(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
         raise UnsupportedError(f"architecture {mt!r}: partial_rotary_factor "
