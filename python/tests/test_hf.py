@@ -311,6 +311,7 @@ def test_smollm2(tmp):
     wl = max(rel(b.cholesky(l, h)[0], a.cholesky(l, h)[0]) for l, h in heads)
     check(wl <= 1e-4, f"SmolLM2: Cholesky factors within rel 1e-4 ({wl:.2g})")
     test_generate(tmp, m, tok, src, c2 + ".kvq")
+    test_eval(tmp, m, tok, src, c2 + ".kvq", ids)
     check(b.fingerprint == ins["fingerprint"], "SmolLM2: the artifact from the Python capture records the fingerprint")
     check(b.check_model(ins["fingerprint"]) == "", "SmolLM2: that artifact opens for the checkpoint")
     try:
@@ -434,6 +435,34 @@ def test_generate(tmp, m, tok, src, art):
         check(False, "SmolLM2: a missing artifact raises")
     except kvq.KvqError as e:
         check("absent.kvq" in str(e), f"SmolLM2: a missing artifact raises naming it ({e})")
+
+
+def test_eval(tmp, m, tok, src, art, ids_600):
+    """python -m kvq eval against kvq eval --json: one sequence of 120 tokens (positions 68
+    on have candidates beyond sinks and window), rows full and codebook at 6%: the same
+    steps and attended fractions (the same selections' sizes), nll within EVAL_TOL."""
+    EVAL_TOL = 2e-3  # nats per token: HF's f32 forward of the dequantized weights vs kvq's
+    ids = os.path.join(tmp, "eval_ids.bin")
+    np.fromfile(ids_600, dtype="<i4")[:120].tofile(ids)
+    r = subprocess.run([KVQ, "eval", "--model", SMOL, "--artifact", art, "--corpus", "ids:" + ids, "--seq-len",
+                        "120", "--budgets", "6%", "--selectors", "full,codebook", "--json"],
+                       check=True, capture_output=True, text=True)
+    want = json.loads(r.stdout.strip().splitlines()[-1])
+    from kvq.hf.eval import evaluate
+    for backend in ("engine", "torch"):
+        got = evaluate(m, tok, "ids:" + ids, art, seq_len=120, budgets=["6%"], source=src, backend=backend)
+        check(got["predicted"] == want["predicted"] and got["sequences"] == want["sequences"],
+              f"eval {backend}: {got['predicted']} predicted in {got['sequences']} sequences as kvq eval")
+        e = abs(got["reference"]["nll"] - want["reference"]["nll"])
+        check(e <= EVAL_TOL, f"eval {backend}: reference nll {got['reference']['nll']} vs kvq's "
+              f"{want['reference']['nll']} (|d| {e:.2g} <= {EVAL_TOL})")
+        for g, w in zip(got["rows"], want["rows"]):
+            e = abs(g["nll"] - w["nll"])
+            check(g["selector"] == w["selector"] and g["budget"] == w["budget"] and g["steps"] == w["steps"]
+                  and abs(g["attended_fraction"] - w["attended_fraction"]) <= 1e-6 and e <= EVAL_TOL,
+                  f"eval {backend}: row {g['selector']} {g['budget']}: steps {g['steps']} vs {w['steps']}, "
+                  f"attended {g['attended_fraction']} vs {w['attended_fraction']}, nll {g['nll']} vs "
+                  f"{w['nll']} (|d| {e:.2g} <= {EVAL_TOL})")
 
 
 def main():
