@@ -57,19 +57,11 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
-def _budget(s: str):
-    s = s.strip()
-    if s.endswith("%"):
-        return float(s[:-1]) / 100
-    if "." in s or "e" in s.lower():
-        return float(s)
-    return int(s)
-
-
 def cmd_generate(a: argparse.Namespace) -> int:
     import torch
 
     from . import hf
+    from .hf.eval import parse_budget
     from .hf.retrieval import retrieval
     _quiet_transformers()
     model, tok, src = hf.load(a.model, device=a.device, dtype="float32")
@@ -78,7 +70,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"].to(a.device)
     if ids.shape[1] == 0:
         raise ValueError("--prompt: empty prompts are not supported")
-    with retrieval(model, a.artifact, budget=_budget(a.budget), source=src, backend=a.backend,
+    with retrieval(model, a.artifact, budget=parse_budget(a.budget), source=src, backend=a.backend,
                    accept_model_mismatch=a.accept_model_mismatch) as r, torch.no_grad():
         if r.engine.weights_note:
             print(f"kvq: warning: {r.engine.weights_note}", file=sys.stderr)
