@@ -55,17 +55,19 @@ def _dense_nll(model: Any, seq: np.ndarray) -> float:
 
 
 def _retrieval_nll(model: Any, seq: np.ndarray, r: Any) -> float:
-    """Token by token: each position a decode step by retrieval over the tokens before."""
+    """Token by token: each position a decode step by retrieval over the tokens before.
+    The last token runs too (kvq eval's forward covers the whole sequence, so its step
+    counts in steps and attended_fraction), its logits unused."""
     import torch
     dev = next(model.parameters()).device
     ids = torch.as_tensor(seq, dtype=torch.long, device=dev)[None]
     cache = None
     rows = []
-    for i in range(len(seq) - 1):
+    for i in range(len(seq)):
         out = model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
         cache = out.past_key_values
         rows.append(out.logits[0, -1])
-    return _nll(torch.stack(rows), seq)
+    return _nll(torch.stack(rows[:-1]), seq)
 
 
 def evaluate(model: Any, tokenizer: Any, corpus: str, artifact: str, seq_len: int = 512,
