@@ -300,10 +300,10 @@ test-run: check-deps $(STATIC) $(SHARED) $(KVQ) $(TEST_BIN) $(FUZZ_REPLAY) $(EXA
 # torch (CPU wheels), transformers, accelerate, gguf and safetensors from PyPI once if
 # missing. The numpy-only part (tests/py/test_python_pkg.py) runs in `make test`.
 test-python: check-deps $(SHARED) $(KVQ) $(EXAMPLE_BIN)
-	@$(PYTHON) -c 'import torch, transformers, accelerate, gguf, safetensors' 2>/dev/null || { \
+	@$(PYTHON) -c 'import torch, transformers, accelerate, gguf, safetensors, xxhash' 2>/dev/null || { \
 	  $(PYTHON) -c 'import torch' 2>/dev/null || \
 	    $(PYTHON) -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu && \
-	  $(PYTHON) -m pip install -q transformers accelerate gguf safetensors; }
+	  $(PYTHON) -m pip install -q transformers accelerate gguf safetensors xxhash; }
 	@m="$${KVQ_SMOLLM2:-$$(env -u KVQ_MODEL bash scripts/fetch-model.sh || true)}"; \
 	  KVQ_BUILD=$(CURDIR)/$(BUILD) KVQ=$(CURDIR)/$(KVQ) KVQ_SMOLLM2="$$m" $(PYTHON) python/tests/test_hf.py
 

@@ -5,7 +5,8 @@
     python3 bench/hf_python.py capture --model M [--tokens 4096] [--seq-len 512] [--reps 2]
 
 decode: HF transformers greedy decoding on the CPU after a prompt of --context tokens
-(uuid corpus text), with kvq retrieval (kvq.hf.retrieval, C engine, 6%) and with HF's
+(uuid corpus text), with kvq retrieval (kvq.hf.retrieval at 6%: the C engine, or
+--backend torch|both the torch back end) and with HF's
 dense attention (sdpa), alternated --reps times; prints the decode tokens/s of each
 (best of the reps, prefill excluded) and their ratio.
 capture: kvq.hf.capture (torch forward with the hooks) against `kvq capture` of the same
@@ -61,21 +62,24 @@ def timed_decode(model, ids, n, tok):
 def bench_decode(a):
     model, tok, src = kvq.hf.load(a.model)
     ids = prompt_ids(tok, a.context)
-    best = {"retrieval": 0.0, "dense": 0.0}
+    backends = ["engine", "torch"] if a.backend == "both" else [a.backend]
+    modes = [f"retrieval-{b}" for b in backends] + ["dense"]
+    best = {m: 0.0 for m in modes}
     for rep in range(a.reps):
-        for mode in ("retrieval", "dense"):
-            if mode == "retrieval":
-                with kvq.hf.retrieval(model, a.artifact, budget=0.06, source=src, threads=a.threads):
+        for mode in modes:
+            if mode != "dense":
+                with kvq.hf.retrieval(model, a.artifact, budget=0.06, source=src, threads=a.threads,
+                                      backend=mode.split("-")[1]):
                     pre, dec = timed_decode(model, ids, a.n, tok)
             else:
                 pre, dec = timed_decode(model, ids, a.n, tok)
             tps = (a.n - 1) / dec
             best[mode] = max(best[mode], tps)
-            print(f"rep {rep} {mode:9s}: prefill {ids.shape[1]} tokens {pre:.1f} s, decode {tps:.2f} tok/s",
+            print(f"rep {rep} {mode:16s}: prefill {ids.shape[1]} tokens {pre:.1f} s, decode {tps:.2f} tok/s",
                   flush=True)
-    print(f"decode at {ids.shape[1]} tokens, CPU, torch threads {torch.get_num_threads()}: retrieval "
-          f"{best['retrieval']:.2f} tok/s, dense {best['dense']:.2f} tok/s, ratio "
-          f"{best['retrieval'] / best['dense']:.2f}x")
+    for m in modes[:-1]:
+        print(f"decode at {ids.shape[1]} tokens, CPU, torch threads {torch.get_num_threads()}: {m} "
+              f"{best[m]:.2f} tok/s, dense {best['dense']:.2f} tok/s, ratio {best[m] / best['dense']:.2f}x")
 
 
 def bench_capture(a):
@@ -110,6 +114,8 @@ def main():
     d.add_argument("-n", type=int, default=32)
     d.add_argument("--reps", type=int, default=2)
     d.add_argument("--threads", type=int, default=1, help="engine threads (KV heads in parallel)")
+    d.add_argument("--backend", default="engine", choices=["engine", "torch", "both"],
+                   help="retrieval back end(s): the C engine, the torch back end, or both")
     c = sub.add_parser("capture")
     c.add_argument("--model", required=True)
     c.add_argument("--tokens", type=int, default=4096)

@@ -5,8 +5,9 @@
 
 MODEL is an HF directory or a GGUF file (transformers loads it with gguf_file=; needs
 accelerate and gguf), CORPUS a `kvq capture` spec (uuid:64,file:a.txt, ...). Writes
-OUT_DIR/capture (kvq's capture directory: pre-RoPE q, k, v from the model's own
-attention code), then runs `kvq moments` and `kvq fit` on it and reads the artifact
+OUT_DIR/capture (kvq's capture directory, version 2 with per-file checksums: pre-RoPE
+q, k, v from the model's own attention code; llama, mistral, qwen2, qwen3, gemma2,
+gemma3 text, phi3), then runs `kvq moments` and `kvq fit` on it and reads the artifact
 back with kvq.Artifact. Needs `pip install ./python` (or PYTHONPATH=python) and
 build/kvq.
 """

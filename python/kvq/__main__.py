@@ -5,6 +5,10 @@
                           [--torch-dtype float32|bfloat16|float16] [--seed S] [--force] [-q]
     python -m kvq generate --model M --artifact A [--budget 6%] --prompt TEXT [-n N]
                                               greedy text with kvq retrieval decoding
+    python -m kvq generate ... [--backend engine|torch] [--device D]
+    python -m kvq eval --model M --artifact A --corpus SPEC [--seq-len N] [--budgets LIST]
+                       [--selectors full,codebook] [--backend engine|torch] [--json]
+                                              kvq eval's retrieval perplexity rows
     python -m kvq inspect ARTIFACT            the artifact's description as JSON
     python -m kvq report --work W [--eval E.json ...] -o R.html   one HTML report (docs/report.md)
     python -m kvq version                     package and library versions
@@ -54,28 +58,20 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
-def _budget(s: str):
-    s = s.strip()
-    if s.endswith("%"):
-        return float(s[:-1]) / 100
-    if "." in s or "e" in s.lower():
-        return float(s)
-    return int(s)
-
-
 def cmd_generate(a: argparse.Namespace) -> int:
     import torch
 
     from . import hf
+    from .hf.eval import parse_budget
     from .hf.retrieval import retrieval
-    if a.backend != "engine":
-        raise NotImplementedError(f"--backend {a.backend}: only the C engine back end exists in this version")
     _quiet_transformers()
-    model, tok, src = hf.load(a.model, device="cpu", dtype="float32")
-    ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"]
+    model, tok, src = hf.load(a.model, device=a.device, dtype="float32")
+    if tok is None:
+        raise ValueError(f"{a.model}: no tokenizer: {src.get('tokenizer_error', 'no tokenizer files')}")
+    ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"].to(a.device)
     if ids.shape[1] == 0:
         raise ValueError("--prompt: empty prompts are not supported")
-    with retrieval(model, a.artifact, budget=_budget(a.budget), source=src,
+    with retrieval(model, a.artifact, budget=parse_budget(a.budget), source=src, backend=a.backend,
                    accept_model_mismatch=a.accept_model_mismatch) as r, torch.no_grad():
         if r.engine.weights_note:
             print(f"kvq: warning: {r.engine.weights_note}", file=sys.stderr)
@@ -83,6 +79,27 @@ def cmd_generate(a: argparse.Namespace) -> int:
                              pad_token_id=tok.eos_token_id)
     new = out[0, ids.shape[1]:]
     sys.stdout.write(a.prompt + tok.decode(new, skip_special_tokens=True) + "\n")
+    return 0
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    from . import hf
+    from .hf.eval import evaluate
+    _quiet_transformers()
+    model, tok, src = hf.load(a.model, device=a.device, dtype="float32")
+    doc = evaluate(model, tok, a.corpus, a.artifact, seq_len=a.seq_len, budgets=a.budgets.split(","),
+                   selectors=a.selectors.split(","), source=src, max_tokens=a.max_tokens, seed=a.seed,
+                   backend=a.backend, progress=not a.quiet and not a.json)
+    if a.json:
+        json.dump(doc, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    ref = doc["reference"]
+    print(f"{'selector':<10} {'budget':>7} {'perplexity':>11} {'delta':>9} {'attended':>9}")
+    print(f"{'exact':<10} {'':>7} {ref['perplexity']:>11.4f}")
+    for r in doc["rows"]:
+        print(f"{r['selector']:<10} {r['budget']:>7} {r['perplexity']:>11.4f} {r['perplexity_delta']:>+9.4f} "
+              f"{r['attended_fraction']:>9.4f}")
     return 0
 
 
@@ -124,9 +141,24 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", default="engine", choices=["engine", "torch"], help="selection back end")
     g.add_argument("--prompt", required=True, help="text to continue")
     g.add_argument("-n", type=int, default=64, help="tokens to generate (default 64)")
+    g.add_argument("--device", default="cpu", help="torch device of the model (the torch back end stays on it)")
     g.add_argument("--accept-model-mismatch", action="store_true",
                    help="use an artifact fitted on other weights (with a warning)")
     g.set_defaults(fn=cmd_generate)
+    e = sub.add_parser("eval", help="kvq eval's retrieval perplexity of an HF model (rows full and codebook)")
+    e.add_argument("--model", required=True, help="HF directory or GGUF file")
+    e.add_argument("--artifact", required=True, help="the model's .kvq artifact")
+    e.add_argument("--corpus", required=True, help="corpus spec, as kvq eval")
+    e.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (default 512)")
+    e.add_argument("--max-tokens", type=int, default=0, help="stop after N tokens (default: all)")
+    e.add_argument("--budgets", default="6%", help="comma-separated budgets: count, fraction or percentage")
+    e.add_argument("--selectors", default="full,codebook", help="full and/or codebook (or the method's name)")
+    e.add_argument("--backend", default="engine", choices=["engine", "torch"], help="selection back end")
+    e.add_argument("--device", default="cpu", help="torch device of the model")
+    e.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (default 0)")
+    e.add_argument("--json", action="store_true", help="print kvq eval's JSON object")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress")
+    e.set_defaults(fn=cmd_eval)
     i = sub.add_parser("inspect", help="an artifact's description as JSON")
     i.add_argument("artifact")
     i.set_defaults(fn=cmd_inspect)

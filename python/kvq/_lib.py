@@ -126,6 +126,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvq_engine_seq_decode": (ctypes.c_int, [P, I32, I64, ctypes.POINTER(ctypes.c_float), P, P,
                                                  ctypes.c_int, ctypes.POINTER(ctypes.c_float), E]),
         "kvq_engine_seq_last_selection": (ctypes.POINTER(I32), [P, I32, I32, ctypes.POINTER(I64)]),
+        # kvq/util.h: the checksum capture.json records per layer file (docs/capture.md)
+        "kvq_xxh64": (U64, [ctypes.c_char_p, ctypes.c_size_t, U64]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

@@ -1,6 +1,7 @@
-"""Writing kvq's capture directory (docs/capture.md, version 1) from numpy arrays:
-``capture.json`` plus one safetensors file per layer, written to a temporary directory
-renamed into place when complete (nothing is left behind on failure)."""
+"""Writing kvq's capture directory (docs/capture.md, version 2: ``model.attention`` and
+the per-file XXH64 ``checksums``) from numpy arrays: ``capture.json`` plus one
+safetensors file per layer, written to a temporary directory renamed into place when
+complete (nothing is left behind on failure)."""
 from __future__ import annotations
 
 import json
@@ -55,10 +56,16 @@ def _meta_value(v: Any) -> str:
 
 
 def model_meta(model: Dict[str, Any]) -> Dict[str, str]:
-    """The ``model.*`` keys of a layer file (the model object, keys joined by dots)."""
+    """The ``model.*`` keys of a layer file (the model object, keys joined by dots), as
+    kvq_model_id_set_meta writes them: ``attention.*`` only when not 0, without the
+    per-layer list (derived from the fields)."""
     out: Dict[str, str] = {}
     for k, v in model.items():
-        if isinstance(v, dict):
+        if k == "attention":
+            for k2, v2 in v.items():
+                if k2 != "layers" and v2:
+                    out[f"model.attention.{k2}"] = _meta_value(v2)
+        elif isinstance(v, dict):
             for k2, v2 in v.items():
                 out[f"model.{k}.{k2}"] = _meta_value(v2)
         else:
@@ -90,6 +97,17 @@ class LayerAccumulator:
         self.k.append(_to_storage(k, self.dtype))
         if v is not None:
             self.v.append(_to_storage(v, self.dtype))
+
+
+def file_checksum(path: str) -> str:
+    """"xxh64:" and the 16 hex digits of XXH64 (seed 0) of the file's bytes, computed by
+    libkvq (kvq_xxh64), as capture.json records each layer file."""
+    import ctypes
+
+    from ._lib import lib
+    with open(path, "rb") as f:
+        data = f.read()
+    return "xxh64:%016x" % lib().kvq_xxh64(ctypes.c_char_p(data), len(data), 0)
 
 
 def write_capture(out_dir: str, model: Dict[str, Any], corpus: Dict[str, Any], seq_len: int,
@@ -134,10 +152,11 @@ def write_capture(out_dir: str, model: Dict[str, Any], corpus: Dict[str, Any], s
             name = "layer_%03d.safetensors" % layer
             write_safetensors(os.path.join(tmp, name), t, meta)
             files.append(name)
-        doc = {"format": "kvq-capture", "version": 1, "tool": tool, "model": model, "corpus": corpus,
+        doc = {"format": "kvq-capture", "version": 2, "tool": tool, "model": model, "corpus": corpus,
                "dtype": dtype, "seq_len": int(seq_len), "n_tokens": int(n),
                "n_sequences": len(sequences), "sequences": starts, "layers": list(layers),
-               "files": files, "queries": "all", "has_values": bool(has_values)}
+               "files": files, "checksums": [file_checksum(os.path.join(tmp, f)) for f in files],
+               "queries": "all", "has_values": bool(has_values)}
         with open(os.path.join(tmp, "capture.json"), "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")

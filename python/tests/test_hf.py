@@ -133,7 +133,7 @@ def reference_qkv(model, ids):
 
 def test_architectures(tmp):
     ids = np.random.RandomState(7).randint(3, 300, size=40)
-    for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3"):
+    for arch in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3"):
         m = tiny(arch)
         out = os.path.join(tmp, "cap_" + arch)
         kvq.hf.capture(m, None, "test", out, seq_len=64, dtype="f32", sequences=[ids])
@@ -144,14 +144,15 @@ def test_architectures(tmp):
             rq, rk, rv = ref[layer]
             worst = max(worst, rel(t["q"], rq), rel(t["k"], rk), rel(t["v"], rv))
         check(worst <= 1e-6, f"{arch}: captured q, k, v equal the modules' own (rel {worst:.2g} <= 1e-6)")
-    for arch, why in (("mistral", "sliding-window"), ("gemma2", "sliding-window")):
+    for arch, why in (("mistral", "sliding-window"), ("gemma2", "sliding-window"),
+                      ("gemma3_text", "sliding-window")):
         try:
             with kvq.hf.retrieval(tiny(arch), os.path.join(tmp, "any.kvq")):
                 pass
             check(False, f"{arch}: retrieval refused")
         except kvq.UnsupportedError as e:
             check(why in str(e), f"{arch}: retrieval refused naming {why} ({e})")
-    for arch in ("gemma3_text", "gpt2"):
+    for arch in ("gpt2",):
         m = tiny(arch)
         out = os.path.join(tmp, "cap_" + arch)
         try:
@@ -197,10 +198,20 @@ def same_attention(x, y):
     return True
 
 
+def check_checksums(cap, what):
+    """capture.json version 2 and its checksums against the xxhash package's XXH64."""
+    import xxhash
+    j = json.load(open(os.path.join(cap, "capture.json")))
+    want = ["xxh64:" + xxhash.xxh64(open(os.path.join(cap, f), "rb").read(), seed=0).hexdigest()
+            for f in j["files"]]
+    check(j["version"] == 2 and j.get("checksums") == want,
+          f"{what}: capture.json version {j['version']}, checksums equal xxhash's ({j.get('checksums', [])[:1]})")
+
+
 def compare_captures(a, b, tol, what):
+    check_checksums(b, what)
     ja, jb = (json.load(open(os.path.join(x, "capture.json"))) for x in (a, b))
-    # The Python capture writes version 1, whose model carries no "attention": it means the
-    # llama family's; kvq's own (version 2) must then describe exactly that.
+    # Both write version 2 (a version 1 file, without "attention", stands for the llama family's).
     ma, mb = dict(ja["model"]), dict(jb["model"])
     xa, xb = ma.pop("attention", None), mb.pop("attention", None)
     xa = xa if xa is not None else v1_attention(ma)
@@ -239,6 +250,22 @@ def test_vs_kvq_capture(tmp):
         check(r.returncode == 0, f"{arch}: python -m kvq capture exit 0 ({r.stderr.strip()[-300:]})")
         if r.returncode == 0:
             compare_captures(c1, c2, 2e-5, f"tiny {arch}")
+    # the other architectures: tiny random HF directories (scripts/gen_arch_models.py; mistral
+    # saved here), windows, local RoPE bases, scales, softcaps and fused qkv included
+    archs = [(a, os.path.join(ROOT, "tests", "data", "archs", a)) for a in ("gemma2", "gemma3", "phi3", "qwen3")]
+    for arch, d in [("mistral", save_tiny_dir(tmp, "mistral"))] + archs:
+        c1, c2 = os.path.join(tmp, "kvq_" + arch), os.path.join(tmp, "py_" + arch)
+        subprocess.run([KVQ, "capture", "--model", d, "--corpus", "ids:" + ids, "--seq-len", "64",
+                        "--dtype", "f32", "-q", "-o", c1], check=True, stderr=subprocess.DEVNULL)
+        r = subprocess.run([sys.executable, "-m", "kvq", "capture", "--model", d, "--corpus", "ids:" + ids,
+                            "--seq-len", "64", "--dtype", "f32", "-q", "-o", c2],
+                           cwd=os.path.join(ROOT, "python"), capture_output=True, text=True)
+        check(r.returncode == 0, f"{arch}: python -m kvq capture exit 0 ({r.stderr.strip()[-300:]})")
+        if r.returncode == 0:
+            compare_captures(c1, c2, 2e-5, f"tiny {arch}")
+            r = subprocess.run([KVQ, "moments", "--capture", c2, "-o", c2 + ".mom", "-q"],
+                               capture_output=True, text=True)
+            check(r.returncode == 0, f"tiny {arch}: kvq moments takes the Python capture ({r.stderr.strip()[-200:]})")
     r = subprocess.run([sys.executable, "-m", "kvq", "capture", "--model", os.path.join(tmp, "tiny_llama"),
                         "--corpus", "ids:" + ids, "-q", "-o", os.path.join(tmp, "py_llama")],
                        cwd=os.path.join(ROOT, "python"), capture_output=True, text=True)
@@ -284,6 +311,7 @@ def test_smollm2(tmp):
     wl = max(rel(b.cholesky(l, h)[0], a.cholesky(l, h)[0]) for l, h in heads)
     check(wl <= 1e-4, f"SmolLM2: Cholesky factors within rel 1e-4 ({wl:.2g})")
     test_generate(tmp, m, tok, src, c2 + ".kvq")
+    test_eval(tmp, m, tok, src, c2 + ".kvq", ids)
     check(b.fingerprint == ins["fingerprint"], "SmolLM2: the artifact from the Python capture records the fingerprint")
     check(b.check_model(ins["fingerprint"]) == "", "SmolLM2: that artifact opens for the checkpoint")
     try:
@@ -293,19 +321,111 @@ def test_smollm2(tmp):
         check("f" * 32 in str(e), f"SmolLM2: other weights refused ({e})")
 
 
+class Tee:
+    """Two engine sequences fed the same rows: the first's outputs go on; every decode
+    step's selections of both are compared (the C engine against kvq.torch_engine)."""
+
+    def __init__(self, a, b):
+        self.a, self.b, self.mismatch, self.n, self.err = a, b, [], 0, 0.0
+
+    def length(self, layer):
+        return self.a.length(layer)
+
+    def reset(self):
+        self.a.reset()
+        self.b.reset()
+
+    def append(self, layer, k, v):
+        self.a.append(layer, k, v)
+        self.b.append(layer, k, v)
+
+    def decode(self, layer, q, k, v):
+        oa, sa = self.a.decode(layer, q, k, v)
+        ob, sb = self.b.decode(layer, q, k, v)
+        for h, (x, y) in enumerate(zip(sa, sb)):
+            self.n += 1
+            if not np.array_equal(x, y.cpu().numpy()):
+                self.mismatch.append((self.n, layer, h, sorted(set(x.tolist()) ^ set(y.tolist()))))
+        self.err = max(self.err, rel(ob.cpu().numpy(), oa))
+        return oa, sa
+
+    def close(self):
+        self.a.close()
+
+
+def generate_tee(m, ids, art, n, budget, src=None, pad=None):
+    """Greedy generate() with the C engine, the torch back end shadowing it."""
+    from kvq.torch_engine import TorchEngine
+    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=budget, source=src) as ret:
+        ret.seq = Tee(ret.seq, TorchEngine(art, ret.spec).sequence(budget=budget))
+        out = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=pad)
+        return out, ret
+
+
+def test_torch_backend_tiny(tmp):
+    """The torch back end selects what the C engine selects on tiny llama / qwen2 models
+    (artifacts fitted by kvq from kvq's capture of their HF directories)."""
+    ids = os.path.join(tmp, "ids_long.bin")
+    np.random.RandomState(5).randint(3, 300, size=1200).astype("<i4").tofile(ids)
+    for arch in ("llama", "qwen2"):
+        d = os.path.join(tmp, "tiny_" + arch)
+        cap = os.path.join(tmp, "tb_" + arch)
+        subprocess.run([KVQ, "capture", "--model", d, "--corpus", "ids:" + ids, "--seq-len", "250", "-q",
+                        "-o", cap], check=True)
+        subprocess.run([KVQ, "moments", "--capture", cap, "-o", cap + ".mom", "-q"], check=True)
+        subprocess.run([KVQ, "fit", "--capture", cap, "--moments", cap + ".mom", "--codebook", "16",
+                        "--iters", "4", "-q", "-o", cap + ".kvq"], check=True, stderr=subprocess.DEVNULL)
+        m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+        prompt = torch.as_tensor(np.random.RandomState(9).randint(3, 300, size=240))[None]
+        out, ret = generate_tee(m, prompt, cap + ".kvq", 12, 0.06)
+        t = ret.seq
+        check(t.n == (12 - 1) * 2 * 2 and not t.mismatch,
+              f"tiny {arch}: torch back end selects the C engine's indices in {t.n} selections "
+              f"(mismatches {t.mismatch[:3]})")
+        check(t.err <= 1e-5, f"tiny {arch}: torch back end attention outputs within rel 1e-5 ({t.err:.2g})")
+    # bad input, both back ends: another checkpoint of the same shape (fingerprint), another
+    # shape, another architecture; refused before any step, nothing written
+    torch.manual_seed(99)
+    other = transformers.LlamaForCausalLM(tiny("llama").config).eval()
+    cfg = tiny("llama").config
+    cfg.num_attention_heads, cfg.num_key_value_heads = 2, 1  # head_dim 32
+    shape = transformers.LlamaForCausalLM(cfg).eval()
+    for backend in ("engine", "torch"):
+        for what, mdl, art, exc, word in (
+                ("other weights", other, "tb_llama.kvq", kvq.MismatchError, "fingerprint"),
+                ("another shape", shape, "tb_llama.kvq", kvq.MismatchError, "differs"),
+                ("gpt2", tiny("gpt2"), "tb_llama.kvq", kvq.UnsupportedError, "gpt2")):
+            before = sorted(os.listdir(tmp))
+            try:
+                with kvq.hf.retrieval(mdl, os.path.join(tmp, art), backend=backend):
+                    pass
+                check(False, f"{backend}: {what} refused")
+            except exc as e:
+                check(word in str(e), f"{backend}: {what} refused naming it ({str(e)[:160]})")
+            check(sorted(os.listdir(tmp)) == before, f"{backend}: {what}: nothing written")
+
+
 def test_generate(tmp, m, tok, src, art):
-    """Greedy decoding with retrieval through the engine equals `kvq run --artifact`."""
+    """Greedy decoding with retrieval through the engine equals `kvq run --artifact`; the
+    torch back end selects the same indices at every step, and alone gives the same text."""
     prompt = open(os.path.join(ROOT, "tests", "data", "ppl_text.txt"), encoding="utf-8").read()[:2500]
     n = 16
     r = subprocess.run([KVQ, "run", "--model", SMOL, "--artifact", art, "--budget", "6%", "--temp", "0",
                         "--prompt", prompt, "-n", str(n), "-q"], check=True, capture_output=True, text=True)
     ids = tok(prompt, return_tensors="pt")["input_ids"]
-    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=0.06, source=src) as ret:
-        out = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
-        steps, sel = ret.steps, ret.selected.get(5)
+    out, ret = generate_tee(m, ids, art, n, 0.06, src, tok.eos_token_id)
+    steps, sel, t = ret.steps, ret.selected.get(5), ret.seq
     text = prompt + tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
     check(text == r.stdout, f"SmolLM2: greedy text with retrieval at 6% equals kvq run's "
           f"({text[len(prompt):]!r} vs {r.stdout[len(prompt):]!r})")
+    check(t.n == (n - 1) * 30 * 3 and not t.mismatch,
+          f"SmolLM2: the torch back end selects the C engine's indices in all {t.n} selections "
+          f"(mismatches: {t.mismatch[:3]})")
+    check(t.err <= 1e-5, f"SmolLM2: torch back end attention outputs within rel 1e-5 of the engine's ({t.err:.2g})")
+    with torch.no_grad(), kvq.hf.retrieval(m, art, budget=0.06, source=src, backend="torch"):
+        out2 = m.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tok.eos_token_id)
+    text2 = prompt + tok.decode(out2[0, ids.shape[1]:], skip_special_tokens=True) + "\n"
+    check(text2 == r.stdout, f"SmolLM2: greedy text with the torch back end equals kvq run's ({text2[len(prompt):]!r})")
     total = ids.shape[1] + n - 1
     check(steps == n - 1 and sel is not None and all(0 < len(x) <= -(-0.06 * total // 1) + 1 for x in sel),
           f"SmolLM2: {steps} retrieval steps, layer 5 selected {[len(x) for x in sel or []]} tokens")
@@ -317,10 +437,39 @@ def test_generate(tmp, m, tok, src, art):
         check("absent.kvq" in str(e), f"SmolLM2: a missing artifact raises naming it ({e})")
 
 
+def test_eval(tmp, m, tok, src, art, ids_600):
+    """python -m kvq eval against kvq eval --json: one sequence of 120 tokens (positions 68
+    on have candidates beyond sinks and window), rows full and codebook at 6%: the same
+    steps and attended fractions (the same selections' sizes), nll within EVAL_TOL."""
+    EVAL_TOL = 2e-3  # nats per token: HF's f32 forward of the dequantized weights vs kvq's
+    ids = os.path.join(tmp, "eval_ids.bin")
+    np.fromfile(ids_600, dtype="<i4")[:120].tofile(ids)
+    r = subprocess.run([KVQ, "eval", "--model", SMOL, "--artifact", art, "--corpus", "ids:" + ids, "--seq-len",
+                        "120", "--budgets", "6%", "--selectors", "full,codebook", "--json"],
+                       check=True, capture_output=True, text=True)
+    want = json.loads(r.stdout.strip().splitlines()[-1])
+    from kvq.hf.eval import evaluate
+    for backend in ("engine", "torch"):
+        got = evaluate(m, tok, "ids:" + ids, art, seq_len=120, budgets=["6%"], source=src, backend=backend)
+        check(got["predicted"] == want["predicted"] and got["sequences"] == want["sequences"],
+              f"eval {backend}: {got['predicted']} predicted in {got['sequences']} sequences as kvq eval")
+        e = abs(got["reference"]["nll"] - want["reference"]["nll"])
+        check(e <= EVAL_TOL, f"eval {backend}: reference nll {got['reference']['nll']} vs kvq's "
+              f"{want['reference']['nll']} (|d| {e:.2g} <= {EVAL_TOL})")
+        for g, w in zip(got["rows"], want["rows"]):
+            e = abs(g["nll"] - w["nll"])
+            check(g["selector"] == w["selector"] and g["budget"] == w["budget"] and g["steps"] == w["steps"]
+                  and abs(g["attended_fraction"] - w["attended_fraction"]) <= 1e-6 and e <= EVAL_TOL,
+                  f"eval {backend}: row {g['selector']} {g['budget']}: steps {g['steps']} vs {w['steps']}, "
+                  f"attended {g['attended_fraction']} vs {w['attended_fraction']}, nll {g['nll']} vs "
+                  f"{w['nll']} (|d| {e:.2g} <= {EVAL_TOL})")
+
+
 def main():
     with tempfile.TemporaryDirectory() as tmp:
         test_architectures(tmp)
         test_vs_kvq_capture(tmp)
+        test_torch_backend_tiny(tmp)
         if os.path.exists(SMOL):
             test_smollm2(tmp)
         else:

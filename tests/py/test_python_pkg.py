@@ -226,9 +226,64 @@ def test_engine(tmp):
     check(worst < 1e-5, f"engine output vs numpy attention over its selection: rel err {worst:.3g} >= 1e-5")
 
 
+def test_capture_writer(tmp):
+    """kvq.capture_dir writes capture.json version 2 that kvq's own reader takes: the
+    model.attention of a gemma2-like config (windows on even layers, softcap, scale; the
+    reader derives each layers[] entry from the fields and refuses a contradiction), the
+    XXH64 checksums (the reader hashes each layer file; a flipped byte is refused)."""
+    from types import SimpleNamespace
+
+    from kvq.capture_dir import LayerAccumulator, write_capture
+    from kvq.hf.model import attention
+    rope = {"base": 10000.0, "layout": "half", "scaling": "none", "factor": 1.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_pos": 8192.0}
+    cfg = SimpleNamespace(model_type="gemma2", sliding_window=16, query_pre_attn_scalar=8.0,
+                          attn_logit_softcapping=50.0, layer_types=["sliding_attention", "full_attention"] * 2)
+    att = attention(cfg, rope, 4, 8)
+    check([e["window"] for e in att["layers"]] == [16, 0, 16, 0] and att["sliding_period"] == 2
+          and att["scale"] == 1 / np.sqrt(8.0) and att["softcap"] == 50.0, f"gemma2 attention {att}")
+    model = {"path": "tiny", "source": "hf", "name": "tiny", "architecture": "gemma2", "n_layers": 4, "dim": 32,
+             "hidden_dim": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 8, "vocab_size": 100,
+             "context_length": 128, "norm_eps": 1e-6, "rope": rope, "attention": att}
+    rng = np.random.RandomState(4)
+    seqs = [rng.randint(0, 100, size=40), rng.randint(0, 100, size=25)]
+    acc = {}
+    for layer in range(4):
+        acc[layer] = LayerAccumulator(4, 8, "f16")
+        for sq in seqs:
+            acc[layer].add_sequence(rng.randn(len(sq), 4, 8), rng.randn(len(sq), 2, 8), rng.randn(len(sq), 2, 8))
+    cap = os.path.join(tmp, "pycap")
+    corpus = {"spec": "ids:x", "seed": 0, "hash": "0" * 16, "n_documents": 2}
+    write_capture(cap, model, corpus, 40, seqs, list(range(4)), acc, "f16", "kvq-python test")
+    r = subprocess.run([KVQ, "inspect", "--json", cap], capture_output=True, text=True)
+    check(r.returncode == 0, f"kvq inspect takes the Python capture ({r.stderr.strip()[-300:]})")
+    j = json.load(open(os.path.join(cap, "capture.json")))
+    check(j["version"] == 2 and len(j["checksums"]) == 4, "capture.json version 2 with 4 checksums")
+    r = subprocess.run([KVQ, "moments", "--capture", cap, "-o", os.path.join(tmp, "pycap.mom"), "-q"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"kvq moments takes the Python capture ({r.stderr.strip()[-300:]})")
+    f = os.path.join(cap, "layer_002.safetensors")
+    raw = bytearray(open(f, "rb").read())
+    raw[-3] ^= 0x10
+    open(f, "wb").write(bytes(raw))
+    r = subprocess.run([KVQ, "moments", "--capture", cap, "-o", os.path.join(tmp, "pycap2.mom"), "-q"],
+                       capture_output=True, text=True)
+    check(r.returncode != 0 and "checksum" in r.stderr, f"a flipped byte is refused by its checksum ({r.stderr.strip()[-200:]})")
+    # a layers[] entry that contradicts the fields is refused by kvq's reader (the
+    # derivation above is what the reader checks, not a copy of it)
+    bad = json.loads(json.dumps(j))
+    bad["model"]["attention"]["layers"][1]["window"] = 16
+    cap2 = os.path.join(tmp, "pycap_bad")
+    os.makedirs(cap2)
+    json.dump(bad, open(os.path.join(cap2, "capture.json"), "w"))
+    r = subprocess.run([KVQ, "inspect", "--json", cap2], capture_output=True, text=True)
+    check(r.returncode != 0 and "layers[1]" in r.stderr, f"a contradicting layers[1] is refused ({r.stderr.strip()[-200:]})")
+
+
 def main():
     test_version()
     with tempfile.TemporaryDirectory() as tmp:
+        test_capture_writer(tmp)
         good = test_closed_form(tmp)
         test_vs_reader_and_inspect(good)
         test_bad_files(tmp, good)

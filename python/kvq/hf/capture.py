@@ -98,11 +98,11 @@ def redact_paths(spec: str) -> str:
     return ",".join(out)
 
 
-def _encoder(tokenizer: Any) -> Callable[[bytes, int], List[int]]:
+def _encoder(tokenizer: Any, why: str = "") -> Callable[[bytes, int], List[int]]:
     def encode(text: bytes, part: int) -> List[int]:
         if tokenizer is None:
             raise InvalidArgumentError("capture: a text corpus needs a tokenizer (without one, "
-                                       "only ids: corpora can be read)", 500)
+                                       "only ids: corpora can be read)" + (f": {why}" if why else ""), 500)
         return list(tokenizer(text.decode("utf-8", "replace"), add_special_tokens=False)["input_ids"])
     return encode
 
@@ -154,7 +154,7 @@ def capture(model: Any, tokenizer: Any, corpus: str, out_dir: str, seq_len: int 
         cinfo = {"spec": redact_paths(corpus), "seed": int(seed), "hash": "0" * 16, "n_documents": len(seqs)}
     else:
         bos, sep = _bos_rule(tokenizer, model.config)
-        packed = pack(documents(corpus, seed), _encoder(tokenizer), seq_len, max_tokens, bos, sep,
+        packed = pack(documents(corpus, seed), _encoder(tokenizer, (source or {}).get("tokenizer_error", "")), seq_len, max_tokens, bos, sep,
                       n_vocab=desc["vocab_size"])
         seqs = packed.sequences
         cinfo = {"spec": redact_paths(corpus), "seed": int(seed), "hash": packed.hash_hex, "n_documents": packed.n_docs}

@@ -1,4 +1,5 @@
-"""Retrieval decoding inside HF transformers with kvq's C engine (kvq/engine.h).
+"""Retrieval decoding inside HF transformers with kvq's C engine (kvq/engine.h) or its
+pure-torch back end (kvq.torch_engine: the same selection on any torch device).
 
     with kvq.hf.retrieval(model, "model.kvq", budget=0.06) as r:
         out = model.generate(ids, max_new_tokens=64, do_sample=False)
@@ -10,21 +11,22 @@ While active, every attention module of the model runs through an attention func
 keys and values are appended to a kvq engine sequence; a single-query step (decode) is
 attended by the engine: sinks, recent window and the artifact's codebook selection,
 exact attention over them. Pre-RoPE q and k come from the module's own
-apply_rotary_pos_emb, wrapped while active. Batch size 1; CPU tensors go to the C
-engine (other devices are copied). A new sequence starts whenever a forward begins at
+apply_rotary_pos_emb, wrapped while active. Batch size 1; the C engine takes CPU
+arrays (other devices are copied), the torch back end stays on the model's device. A new sequence starts whenever a forward begins at
 position 0 (a new generate() call)."""
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 import numpy as np
 
+from ..artifact import Artifact
 from ..engine import Engine
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..model import ModelSpec
-from .capture import half_to_interleaved
 from .model import describe_model, fingerprint
 
 
@@ -47,33 +49,60 @@ class Retrieval:
 
     def __init__(self, model: Any, artifact: str, budget: Union[int, float] = 0.06,
                  source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
-                 sink: Optional[int] = None, window: int = 0, threads: int = 1) -> None:
+                 sink: Optional[int] = None, window: int = 0, threads: int = 1,
+                 backend: str = "engine") -> None:
         cfg = model.config
-        sw = getattr(cfg, "sliding_window", None)
-        if sw and getattr(cfg, "use_sliding_window", True):  # qwen2 configs carry one unused
-            raise UnsupportedError(f"{cfg.model_type}: sliding-window attention ({sw} tokens): the kvq "
-                                   "engine selects over every cached token and would attend outside "
-                                   "the window", 400)
-        if getattr(cfg, "attn_logit_softcapping", None) or getattr(cfg, "final_logit_softcapping", None):
-            raise UnsupportedError(f"{cfg.model_type}: attention logit soft-capping is not what the kvq "
-                                   "engine computes", 400)
+        desc = describe_model(model, source)
+        att = desc["attention"]
+        windowed = [l for l, e in enumerate(att["layers"]) if e["window"] > 0]
+        if windowed:
+            raise UnsupportedError(f"{desc['architecture']}: sliding-window attention ({att['sliding_window']} "
+                                   f"tokens) on layers {windowed}: the kvq engine selects over every "
+                                   "cached token and would attend outside the window", 400)
+        if att["softcap"] or getattr(cfg, "final_logit_softcapping", None):
+            raise UnsupportedError(f"{desc['architecture']}: attention logit soft-capping is not what "
+                                   "the kvq engine computes", 400)
+        if att["scale"] and abs(att["scale"] * math.sqrt(desc["head_dim"]) - 1) > 1e-12:
+            raise UnsupportedError(f"{desc['architecture']}: attention scale {att['scale']} is not "
+                                   "1/sqrt(head_dim), what the kvq engine computes", 400)
         self.model = model
         self.fp = fingerprint(model)
         self.spec = engine_model(model, source, self.fp)
         self.interleave = self.spec.rope_interleaved
-        self.engine = Engine(artifact, self.spec, accept_model_mismatch=accept_model_mismatch)
+        self.backend = backend
+        self.engine: Any
+        if backend == "engine":
+            self.engine = Engine(artifact, self.spec, accept_model_mismatch=accept_model_mismatch)
+        elif backend == "torch":
+            from ..torch_engine import TorchEngine
+            dev = next(model.parameters()).device
+            self.engine = TorchEngine(artifact, self.spec, device=dev, accept_model_mismatch=accept_model_mismatch)
+        else:
+            raise InvalidArgumentError(f"kvq retrieval: backend {backend!r} is not engine or torch", 500)
         self.seq_args: Dict[str, Any] = dict(budget=budget, sink=sink, window=window, threads=threads)
-        self.seq = self.engine.sequence(**self.seq_args)
+        self.seq: Any = self.engine.sequence(**self.seq_args)
         self.layer = -1
         self.pre: Dict[int, Any] = {}
         self.selected: Dict[int, List[np.ndarray]] = {}
         self.steps = 0
+        # kvq eval's step statistics: (layer, KV head) steps with candidates beyond sinks
+        # and window, the tokens they saw and attended
+        self.stats: Dict[str, int] = {"steps": 0, "visible": 0, "attended": 0}
+        self.sink = 4 if sink is None else int(sink)
+        self.window = window or (self.engine.window if backend == "torch" else Artifact(artifact).wrope[0])
 
-    def _rows(self, x: Any, rope: bool = True) -> np.ndarray:
-        """[1, heads, n, d] torch -> [n, heads, d] float32 numpy; q and k (rope) in the
+    def _rows(self, x: Any, rope: bool = True) -> Any:
+        """[1, heads, n, d] torch -> [n, heads, d] float32 (numpy for the C engine, a
+        torch tensor on the model's device for the torch back end); q and k (rope) in the
         engine's pair layout."""
-        a = x[0].transpose(0, 1).detach().to("cpu", dtype=__import__("torch").float32).numpy()
-        return half_to_interleaved(a) if rope and self.interleave else np.ascontiguousarray(a)
+        import torch
+        a = x[0].transpose(0, 1).detach().to(dtype=torch.float32)
+        if rope and self.interleave:
+            d = a.shape[-1]
+            a = torch.stack([a[..., :d // 2], a[..., d // 2:]], dim=-1).reshape(a.shape)
+        if self.backend == "torch":
+            return a.contiguous()
+        return np.ascontiguousarray(a.cpu().numpy())
 
     def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, inner: Any,
                *a: Any, **kw: Any):
@@ -94,14 +123,20 @@ class Retrieval:
             out = inner(module, query, key, value, mask, *a, **kw)
             self.seq.append(layer, self._rows(k_pre), self._rows(v_new, rope=False))
             return out
-        q = self._rows(q_pre)[0]
-        k = self._rows(k_pre)[0]
-        v = v_new[0, :, 0].detach().to("cpu", dtype=torch.float32).numpy()
-        o, sel = self.seq.decode(layer, q, k, v)
-        self.selected[layer] = sel
+        o, sel = self.seq.decode(layer, self._rows(q_pre)[0], self._rows(k_pre)[0],
+                                 self._rows(v_new, rope=False)[0])
+        self.selected[layer] = [np.asarray(x.cpu().numpy() if hasattr(x, "cpu") else x, dtype=np.int32)
+                                for x in sel]
         if layer == self.spec.n_layers - 1:
             self.steps += 1
-        res = torch.from_numpy(o).to(query.device, query.dtype)  # [heads, d]
+        nv = self.seq.length(layer)
+        s_end = min(self.sink, nv)
+        w_beg = max(nv - self.window, s_end)
+        if w_beg > s_end:
+            self.stats["steps"] += len(sel)
+            self.stats["visible"] += nv * len(sel)
+            self.stats["attended"] += sum(s_end + len(x) + nv - w_beg for x in sel)
+        res = torch.as_tensor(o).to(query.device, query.dtype)  # [heads, d]
         return res.view(1, 1, *res.shape), None
 
     def close(self) -> None:
@@ -112,17 +147,20 @@ class Retrieval:
 @contextlib.contextmanager
 def retrieval(model: Any, artifact: str, budget: Union[int, float] = 0.06,
               source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
-              sink: Optional[int] = None, window: int = 0, threads: int = 1) -> Iterator[Retrieval]:
+              sink: Optional[int] = None, window: int = 0, threads: int = 1,
+              backend: str = "engine") -> Iterator[Retrieval]:
     """Makes the model attend by kvq retrieval at each single-token step while active (a
     context manager yielding the Retrieval state). ``budget``: a count or a fraction of
-    the visible tokens (default 6%); ``source`` from kvq.hf.load. Raises MismatchError when
+    the visible tokens (default 6%); ``source`` from kvq.hf.load; ``backend`` "engine"
+    (the C engine, CPU) or "torch" (kvq.torch_engine on the model's device, the same
+    selection). Raises MismatchError when
     the artifact was made for other weights or another shape, UnsupportedError for a model
     the engine cannot reproduce (sliding windows, soft-capping, another attention scale)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    r = Retrieval(model, artifact, budget, source, accept_model_mismatch, sink, window, threads)
+    r = Retrieval(model, artifact, budget, source, accept_model_mismatch, sink, window, threads, backend)
     base = model.get_decoder()
     attns = [l.self_attn for l in base.layers]
     mod = sys.modules[type(attns[0]).__module__]
