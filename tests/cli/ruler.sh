@@ -70,6 +70,7 @@ if [ "$(cat "$CLI_TMP/rc")" = 0 ] && [ ! -s "$CLI_TMP/stderr" ] &&
    "$PYTHON" -c 'import json, sys
 a, b = (json.load(open(f)) for f in sys.argv[1:])
 a.pop("seconds"); b.pop("seconds")
+assert "--suite" in a.pop("command") and "--threads 2" in b.pop("command")
 assert a == b' "$T/a.json" "$CLI_TMP/stdout"; then
   ok ruler_quiet_threads; else fail ruler_quiet_threads "rc $(cat "$CLI_TMP/rc")" "$(head -3 "$CLI_TMP/stderr")"; fi
 
