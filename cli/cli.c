@@ -179,6 +179,18 @@ kvq_callbacks cli_callbacks(int verbose, int quiet)
 
 void cli_progress_json(void) { g_state.json = 1; }
 
+void cli_eval_json_head(const char *model_path, const char *spec)
+{
+    char cmd[4096];
+    kvq_self_command(cmd, sizeof cmd);
+    printf("{\"command\": ");
+    kvq_json_write_str(stdout, cmd);
+    printf(", \"model\": ");
+    kvq_json_write_str(stdout, model_path);
+    printf(", \"corpus\": ");
+    kvq_json_write_str(stdout, spec);
+}
+
 int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,
                 int64_t *out)
 {

@@ -37,6 +37,10 @@ kvq_callbacks cli_callbacks(int verbose, int quiet);
  * {"progress": WHAT, "done": N, "total": N, "elapsed_s": S, "eta_s": S}, at most one a
  * second and one when a task finishes; eta_s is null while unknown. Not with quiet. */
 void cli_progress_json(void);
+/* The head of an eval's JSON object on stdout: {"command": the command line (for
+ * `python -m kvq report`, docs/report.md), "model": model_path, "corpus": spec — the
+ * caller prints the rest and the closing brace. */
+void cli_eval_json_head(const char *model_path, const char *spec);
 
 /* Option helpers. Each returns 0 on success or prints "kvq <cmd>: ..." and returns 2. */
 int cli_opt_i64(const char *cmd, const char *opt, const char *val, int64_t min, int64_t max,

@@ -127,14 +127,7 @@ static void print_json_row(const suite_run *x, const cli_retrieval *o, size_t i,
 static void print_json(const suite_run *x, const cli_retrieval *o, const char *model_path,
                        const char *spec, const char *suite, uint64_t seed)
 {
-    char cmd[4096]; /* the command line, for `python -m kvq report` (docs/report.md) */
-    kvq_self_command(cmd, sizeof cmd);
-    printf("{\"command\": ");
-    kvq_json_write_str(stdout, cmd);
-    printf(", \"model\": ");
-    kvq_json_write_str(stdout, model_path);
-    printf(", \"corpus\": ");
-    kvq_json_write_str(stdout, spec);
+    cli_eval_json_head(model_path, spec);
     printf(", \"suite\": ");
     kvq_json_write_str(stdout, suite);
     printf(", \"attention\": \"retrieval\", \"artifact\": ");

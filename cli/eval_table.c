@@ -38,14 +38,7 @@ static void evr_print_json(const evr *x, const cli_retrieval *o, const evr_setti
 {
     const char *method = g->method, *cache = g->cache, *pos = g->pos;
     const int32_t window = g->window;
-    char cmd[4096]; /* the command line, for `python -m kvq report` (docs/report.md) */
-    kvq_self_command(cmd, sizeof cmd);
-    printf("{\"command\": ");
-    kvq_json_write_str(stdout, cmd);
-    printf(", \"model\": ");
-    kvq_json_write_str(stdout, model_path);
-    printf(", \"corpus\": ");
-    kvq_json_write_str(stdout, spec);
+    cli_eval_json_head(model_path, spec);
     printf(", \"corpus_hash\": \"%016llx\", \"attention\": \"retrieval\", \"artifact\": ",
            (unsigned long long)x->t.stats.hash);
     if (o->artifact)

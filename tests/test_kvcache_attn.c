@@ -16,27 +16,13 @@
 
 #include "kvq.h"
 #include "kvq/util.h"
+#include "helpers/testutil.h"
 
 enum { NL = 2, NH = 4, NKV = 2, D = 64, T = 120 };
 
 static kvq_model_config config(void)
 {
-    kvq_model_id id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.path, sizeof id.path, "synthetic");
-    snprintf(id.source, sizeof id.source, "gguf");
-    snprintf(id.architecture, sizeof id.architecture, "llama");
-    id.n_layers = NL;
-    id.dim = NH * D;
-    id.hidden_dim = 4 * NH * D;
-    id.n_heads = NH;
-    id.n_kv_heads = NKV;
-    id.head_dim = D;
-    id.vocab_size = 512;
-    id.context_length = 2048;
-    id.norm_eps = 1e-5;
-    id.rope = kvq_rope_default(D);
-    return kvq_model_config_from_id(&id);
+    return test_synthetic_config(NL, NH, NKV, D);
 }
 
 typedef struct seq {

@@ -88,22 +88,7 @@ static kvq_codebook *random_codebook(kvq_codebook_method method, int32_t d, int3
 /* A model identity / config of a small synthetic model. */
 static kvq_model_id small_id(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
 {
-    kvq_model_id id;
-    memset(&id, 0, sizeof id);
-    snprintf(id.path, sizeof id.path, "synthetic");
-    snprintf(id.source, sizeof id.source, "gguf");
-    snprintf(id.architecture, sizeof id.architecture, "llama");
-    id.n_layers = n_layers;
-    id.dim = n_heads * d;
-    id.hidden_dim = 4 * n_heads * d;
-    id.n_heads = n_heads;
-    id.n_kv_heads = n_kv;
-    id.head_dim = d;
-    id.vocab_size = 512;
-    id.context_length = 2048;
-    id.norm_eps = 1e-5;
-    id.rope = kvq_rope_default(d);
-    return id;
+    return test_synthetic_id(n_layers, n_heads, n_kv, d);
 }
 
 /* The library's conversion, with the BOS/EOS ids a tokenizer would give. */

@@ -89,7 +89,7 @@ int test_write_file(const char *path, const void *data, size_t n)
     return (fclose(f) == 0 && w == n) ? 0 : -1;
 }
 
-kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
+kvq_model_id test_synthetic_id(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
 {
     kvq_model_id id;
     memset(&id, 0, sizeof id);
@@ -106,5 +106,11 @@ kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_
     id.context_length = 2048;
     id.norm_eps = 1e-5;
     id.rope = kvq_rope_default(d);
+    return id;
+}
+
+kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d)
+{
+    kvq_model_id id = test_synthetic_id(n_layers, n_heads, n_kv, d);
     return kvq_model_config_from_id(&id);
 }

@@ -33,10 +33,11 @@ int test_write_file(const char *path, const void *data, size_t n);
 
 /* Skip the current cmocka test with a reason printed first. */
 #define TEST_SKIP(...) do { printf("[  SKIP    ] " __VA_ARGS__); printf("\n"); skip(); } while (0)
-/* The config of a small synthetic llama-shaped model (no weights): n_layers layers,
+/* The identity and config of a small synthetic llama-shaped model (no weights): n_layers layers,
  * n_heads query heads of head_dim d over n_kv KV heads, default RoPE. */
 #ifdef KVQ_UNSTABLE_API /* test_stable_api.c includes this header without it */
 #include "kvq/model.h"
+kvq_model_id test_synthetic_id(int32_t n_layers, int32_t n_heads, int32_t n_kv, int32_t d);
 kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_t n_kv,
                                        int32_t d);
 #endif
