@@ -22,6 +22,7 @@
 
 #include "kvq/quant.h"
 #include "model/q8dot.h"
+#include "model/q8gemm.h"
 
 /* Matrices per layer, in the order of the weight table below. */
 enum { W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_PER_LAYER };
@@ -405,19 +406,18 @@ static kvq_status matmul(kvq_forward *f, size_t wid, const float *x, int64_t n, 
     return KVQ_OK;
 }
 
-/* Products of fewer tokens than this take the q8 path (decode, the last token's logits);
- * longer chunks keep the dequantized tiles and SGEMM, which measured faster than the
- * four-token integer kernel (decision 019). */
-#define KVQ_Q8_MAX_TOKENS 4
+/* Products of fewer tokens than this take the q8 path's one-row kernels (decode, the
+ * last token's logits, model/q8dot.h); longer chunks its tiled GEMM (model/q8gemm.h,
+ * decision 019). */
+#define KVQ_Q8_GEMM_TOKENS 4
 
 /* y[i] [n, rows_i] = x [n, cols] W_i^T (+ beta y[i]) for the weights wid[0..count) that
- * read the same input: on the q8 path (p.act_q8, fewer than KVQ_Q8_MAX_TOKENS tokens,
- * every weight a type and width it takes) x is quantized once for all of them;
- * otherwise each goes through matmul. */
+ * read the same input: on the q8 path (p.act_q8, every weight a type and width it
+ * takes) x is quantized once for all of them; otherwise each goes through matmul. */
 static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int count,
                        const float *x, int64_t n, float beta, kvq_err *err)
 { /* count <= 3 */
-    int q8 = f->q8buf != NULL && n < KVQ_Q8_MAX_TOKENS;
+    int q8 = f->q8buf != NULL;
     for (int i = 0; i < count && q8; i++) {
         const kvq_wt *w = table_wt(f->m, wid[i]);
         q8 = kvq_q8_supported((uint32_t)w->type, w->cols) &&
@@ -440,7 +440,11 @@ static kvq_status proj(kvq_forward *f, const size_t *wid, float *const *y, int c
         const kvq_wt *w = table_wt(f->m, wid[i]);
         mats[i] = (kvq_q8_mat){(uint32_t)w->type, w->data, w->row_bytes, w->rows, y[i], w->rows};
     }
-    kvq_q8_matmul_multi(mats, count, cols, f->q8rows, n, beta);
+    if (n < KVQ_Q8_GEMM_TOKENS)
+        kvq_q8_matmul_multi(mats, count, cols, f->q8rows, n, beta);
+    else if (kvq_q8gemm_multi(mats, count, cols, f->q8rows, n, beta) != 0)
+        return kvq_err_set(err, KVQ_E_NOMEM, "%s: out of memory for a weight tile",
+                           table_wt(f->m, wid[0])->name);
     return KVQ_OK;
 }
 

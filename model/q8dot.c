@@ -14,7 +14,8 @@
 size_t kvq_q8_row_bytes(int64_t n)
 {
     const size_t nn = (size_t)n;
-    return ALIGN_UP(nn) + ALIGN_UP(nn / 16 * sizeof(float)) + ALIGN_UP(nn / 4 * sizeof(int32_t));
+    return ALIGN_UP(nn) + ALIGN_UP(nn / 16 * sizeof(float)) + ALIGN_UP(nn / 4 * sizeof(int32_t)) +
+           ALIGN_UP(nn / 32 * sizeof(int32_t));
 }
 
 void kvq_q8_quantize(const float *x, int64_t n, void *buf, kvq_q8row *out)
@@ -22,6 +23,7 @@ void kvq_q8_quantize(const float *x, int64_t n, void *buf, kvq_q8row *out)
     int8_t *q = buf;
     float *ds = (float *)(void *)((uint8_t *)buf + ALIGN_UP((size_t)n));
     int32_t *c4 = (int32_t *)(void *)((uint8_t *)ds + ALIGN_UP((size_t)n / 16 * sizeof(float)));
+    int32_t *c32 = (int32_t *)(void *)((uint8_t *)c4 + ALIGN_UP((size_t)n / 4 * sizeof(int32_t)));
     const float magic = 0x1.8p23f; /* v + magic - magic: v rounded half to even, |v| < 2^22 */
     for (int64_t b = 0; b < n / KVQ_Q8_BLOCK; b++) {
         const float *xb = x + b * KVQ_Q8_BLOCK;
@@ -39,12 +41,14 @@ void kvq_q8_quantize(const float *x, int64_t n, void *buf, kvq_q8row *out)
         }
         for (int k = 0; k < KVQ_Q8_BLOCK / 4; k++)
             c4[b * 8 + k] = 128 * (qb[4 * k] + qb[4 * k + 1] + qb[4 * k + 2] + qb[4 * k + 3]);
+        c32[b] = 128 * sum;
         ds[2 * b] = d;
         ds[2 * b + 1] = d * (float)sum;
     }
     out->q = q;
     out->ds = ds;
     out->c4 = c4;
+    out->c32 = c32;
 }
 
 int kvq_q8_supported(uint32_t type, int64_t cols)

@@ -34,14 +34,16 @@
 #define KVQ_Q8_BLOCK 32
 
 /* One quantized activation row of n values (n a multiple of 64): q [n], ds [n / 16]
- * (d, s per block), c4 [n / 4] (128 * the sum of each four q's). */
+ * (d, s per block), c4 [n / 4] (128 * the sum of each four q's), c32 [n / 32] (128 *
+ * the sum of each block's q's: q8gemm.h's Q8_0 correction). */
 typedef struct kvq_q8row {
     const int8_t *q;
     const float *ds;
     const int32_t *c4;
+    const int32_t *c32;
 } kvq_q8row;
 
-/* Bytes of scratch a quantized row of n values takes (q, ds and c4, each aligned). */
+/* Bytes of scratch a quantized row of n values takes (q, ds, c4 and c32, each aligned). */
 size_t kvq_q8_row_bytes(int64_t n);
 /* Quantizes x [n] into the scratch buf (kvq_q8_row_bytes(n) bytes, 64-byte aligned)
  * and points *out into it. Plain C: the same bits on every CPU. */
