@@ -3,18 +3,20 @@
  * same model converted to F32, and llama.cpp, on the same machine, tokens and thread
  * counts, in one run.
  *
- * Per thread count (--threads 1,2 by default) and round (best of --rounds): each
- * configuration in turn (alternated, so a burst of load on the shared machine falls
- * on all of them alike): the forward context is reset, a prompt of --prefill token ids
+ * Per round (best of --rounds), every thread count (--threads 1,2 by default) and at
+ * each every configuration in turn (alternated, so a burst of load on the shared
+ * machine falls on all of them alike; the 1-minute load average's range over the
+ * rounds is printed with each thread count's figures): the forward context is reset, a prompt of --prefill token ids
  * runs as one chunk with the logits of its last token (prefill tokens/s), then
  * --decode ids follow one at a time, each with its logits (decode tokens/s). The ids
  * are fixed pseudo-random ids (seed 1) of the vocabulary beyond its first 32.
  *
  *   kvq Q4_1 q8-act   the file as it is, weights packed in the mapping; single-token
  *                     products quantize the activations to 8 bits per 32 values and
- *                     multiply in integers (model/q8dot.c); prefill chunks dequantize
- *                     row tiles for SGEMM
- *   kvq Q4_1 f32-act  the same with f32 activations: decode runs kvq_quant_matvec
+ *                     multiply in integers (model/q8dot.c); prefill chunks in the
+ *                     tiled integer GEMM (model/q8gemm.c)
+ *   kvq Q4_1 f32-act  the same with f32 activations: decode runs kvq_quant_matvec,
+ *                     prefill dequantized row tiles and SGEMM
  *   kvq F32           the same model written as an F32 GGUF (kvq's GGUF writer, every
  *                     tensor dequantized) in a temporary directory (--no-f32: skipped)
  *   llama.cpp         bench/llamacpp_peer.py (llama-cpp-python) on the original file,
@@ -210,46 +212,79 @@ static void print_row(const char *label, rates r, const char *note)
            note);
 }
 
-/* Every configuration at one thread count, rounds alternated: kvq with 8-bit
- * activations, kvq with f32 ones, kvq on the F32 copy, llama.cpp; then the ratios. */
-static int bench_threads(const opts *o, int threads, const int32_t *ids, const char *ids_path,
-                         const char *f32_path)
-{
+/* The configurations of one thread count: kvq with 8-bit activations, kvq with f32
+ * ones, kvq on the F32 copy; llama.cpp's best rates beside them. */
+typedef struct tgroup {
+    int threads, nc;
     kvq_cfg c[3];
-    int nc = 0;
-    if (cfg_open(&c[nc++], "kvq Q4_1 q8-act", o->model, o, threads, 1) ||
-        cfg_open(&c[nc++], "kvq Q4_1 f32-act", o->model, o, threads, 0) ||
-        (o->f32 && cfg_open(&c[nc++], "kvq F32", f32_path, o, threads, 0)))
-        return 1;
-    rates peer = {0};
-    char version[64] = "?";
-    for (int round = 0; round < o->rounds; round++) {
-        for (int i = 0; i < nc; i++)
-            if (cfg_round(&c[i], o, ids))
-                return 1;
-        if (o->peer && bench_peer(o, threads, ids_path, &peer, version, sizeof version) != 0)
-            return 1;
-    }
-    printf("%d thread%s (best of %d rounds, configurations alternated in each round):\n",
-           threads, threads > 1 ? "s" : "", o->rounds);
-    for (int i = 0; i < nc; i++) {
+    rates peer;
+    char version[64];
+} tgroup;
+
+/* The 1-minute load average now (the machine is shared: every figure is printed with
+ * the range seen over its rounds). */
+static double load1(void)
+{
+    double l[1] = {-1};
+    return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+static void print_group(const opts *o, const tgroup *g, double lo, double hi)
+{
+    printf("%d thread%s (best of %d rounds; thread counts and configurations alternated in "
+           "each round; load average %.1f-%.1f):\n",
+           g->threads, g->threads > 1 ? "s" : "", o->rounds, lo, hi);
+    for (int i = 0; i < g->nc; i++) {
         char note[96];
-        snprintf(note, sizeof note, "(weights %.0f MiB mapped)", c[i].mapped / 1048576.0);
-        print_row(c[i].label, c[i].best, note);
+        snprintf(note, sizeof note, "(weights %.0f MiB mapped)", g->c[i].mapped / 1048576.0);
+        print_row(g->c[i].label, g->c[i].best, note);
     }
     if (o->peer) {
         char note[96];
-        snprintf(note, sizeof note, "(llama-cpp-python %s)", version);
-        print_row("llama.cpp", peer, note);
-        for (int i = 0; i < nc; i++)
-            printf("  %-18s / llama.cpp: prefill %.2fx, decode %.2fx\n", c[i].label,
-                   c[i].best.prefill / peer.prefill, c[i].best.decode / peer.decode);
+        snprintf(note, sizeof note, "(llama-cpp-python %s)", g->version);
+        print_row("llama.cpp", g->peer, note);
+        for (int i = 0; i < g->nc; i++)
+            printf("  %-18s / llama.cpp: prefill %.2fx, decode %.2fx\n", g->c[i].label,
+                   g->c[i].best.prefill / g->peer.prefill, g->c[i].best.decode / g->peer.decode);
     }
     printf("  q8-act / f32-act:  prefill %.2fx, decode %.2fx\n",
-           c[0].best.prefill / c[1].best.prefill, c[0].best.decode / c[1].best.decode);
-    for (int i = 0; i < nc; i++)
-        cfg_close(&c[i]);
-    return 0;
+           g->c[0].best.prefill / g->c[1].best.prefill, g->c[0].best.decode / g->c[1].best.decode);
+}
+
+/* Every thread count and configuration in each round (alternated, so a burst of load
+ * falls on all alike), best of the rounds; then the rates and ratios per thread count. */
+static int bench_all(const opts *o, const int32_t *ids, const char *ids_path,
+                     const char *f32_path)
+{
+    tgroup *g = calloc((size_t)o->n_threads, sizeof *g);
+    int rc = g ? 0 : 1;
+    for (int t = 0; rc == 0 && t < o->n_threads; t++) {
+        g[t].threads = o->threads[t];
+        snprintf(g[t].version, sizeof g[t].version, "?");
+        rc = cfg_open(&g[t].c[g[t].nc++], "kvq Q4_1 q8-act", o->model, o, g[t].threads, 1) ||
+             cfg_open(&g[t].c[g[t].nc++], "kvq Q4_1 f32-act", o->model, o, g[t].threads, 0) ||
+             (o->f32 && cfg_open(&g[t].c[g[t].nc++], "kvq F32", f32_path, o, g[t].threads, 0));
+    }
+    double lo = 1e30, hi = -1;
+    for (int round = 0; rc == 0 && round < o->rounds; round++)
+        for (int t = 0; rc == 0 && t < o->n_threads; t++) {
+            const double l = load1();
+            lo = fmin(lo, l);
+            hi = fmax(hi, l);
+            for (int i = 0; rc == 0 && i < g[t].nc; i++)
+                rc = cfg_round(&g[t].c[i], o, ids);
+            if (rc == 0 && o->peer)
+                rc = bench_peer(o, g[t].threads, ids_path, &g[t].peer, g[t].version,
+                                sizeof g[t].version) != 0;
+        }
+    const double l = load1();
+    for (int t = 0; rc == 0 && t < o->n_threads; t++)
+        print_group(o, &g[t], fmin(lo, l), fmax(hi, l));
+    for (int t = 0; g && t < o->n_threads; t++)
+        for (int i = 0; i < g[t].nc; i++)
+            cfg_close(&g[t].c[i]);
+    free(g);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -324,8 +359,8 @@ int main(int argc, char **argv)
     int rc = 0;
     if (o.f32 && write_f32_copy(o.model, f32_path, &e))
         rc = die("f32 copy", &e);
-    for (int t = 0; rc == 0 && t < o.n_threads; t++)
-        rc = bench_threads(&o, o.threads[t], ids, ids_path, f32_path);
+    if (rc == 0)
+        rc = bench_all(&o, ids, ids_path, f32_path);
     free(ids);
     kvq_rmtree(dir);
     return rc;

@@ -29,8 +29,10 @@ void kvq_q8_quantize(const float *x, int64_t n, void *buf, kvq_q8row *out)
         const float *xb = x + b * KVQ_Q8_BLOCK;
         int8_t *qb = q + b * KVQ_Q8_BLOCK;
         float amax = 0.0f;
-        for (int i = 0; i < KVQ_Q8_BLOCK; i++)
-            amax = fmaxf(amax, fabsf(xb[i]));
+        for (int i = 0; i < KVQ_Q8_BLOCK; i++) { /* fmaxf's value (amax is never NaN) */
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
         const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         int32_t sum = 0;
         for (int i = 0; i < KVQ_Q8_BLOCK; i++) {

@@ -28,6 +28,7 @@ INLINE __m256i block_sums(int q41, const uint8_t *wb, const int8_t *q)
     const __m256i ones = _mm256_set1_epi16(1);
     if (q41) {
         __m256i p = _mm256_setzero_si256();
+        #pragma GCC unroll 8
         for (int g = 0; g < 8; g++)
             p = _mm256_add_epi16(p, _mm256_maddubs_epi16(
                                         _mm256_load_si256((const __m256i *)(wb + g * 64)),
@@ -36,6 +37,7 @@ INLINE __m256i block_sums(int q41, const uint8_t *wb, const int8_t *q)
     }
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     __m256i l = _mm256_setzero_si256();
+    #pragma GCC unroll 8
     for (int g = 0; g < 8; g++) {
         const __m256i v = _mm256_xor_si256(_mm256_load_si256((const __m256i *)(wb + g * 64)), bias);
         const __m256i y = _mm256_sign_epi8(_mm256_set1_epi32(i32_at(q + 4 * g)), v);
@@ -49,10 +51,12 @@ INLINE void tokens(int q41, const uint8_t *w, const float *dm, size_t nb, const 
                    int NT, float *y, int64_t ldy, int nr8, float beta)
 {
     __m256 acc[4], macc[4];
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
         acc[t] = macc[t] = _mm256_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         const __m256 dw = _mm256_loadu_ps(dm + b * 32);
+        #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const __m256i l = block_sums(q41, w + b * 512, a[t].q + b * 32);
             const __m256 sc = _mm256_mul_ps(dw, _mm256_set1_ps(a[t].ds[2 * b]));
@@ -62,6 +66,7 @@ INLINE void tokens(int q41, const uint8_t *w, const float *dm, size_t nb, const 
                                           _mm256_set1_ps(a[t].ds[2 * b + 1]), macc[t]);
         }
     }
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         float v[8];
         _mm256_storeu_ps(v, q41 ? _mm256_add_ps(acc[t], macc[t]) : acc[t]);

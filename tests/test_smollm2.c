@@ -343,6 +343,24 @@ static void decode_all(kvq_model *m, int act_q8, int threads, const int32_t *ids
     kvq_forward_free(f);
 }
 
+/* Runs ids as one prefill chunk (the q8 path's tiled GEMM, model/q8gemm.h, when act_q8),
+ * every position's logits into logits [n, vocab]. */
+static void prefill_all(kvq_model *m, int act_q8, int threads, const int32_t *ids, int n,
+                        float *logits)
+{
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.max_tokens = 128;
+    fp.chunk = 64;
+    fp.act_q8 = act_q8;
+    fp.threads = threads;
+    kvq_forward *f = NULL;
+    kvq_err err = {0};
+    assert_int_equal(kvq_forward_create(m, &fp, &f, &err), KVQ_OK);
+    if (kvq_forward_tokens(f, ids, n, KVQ_LOGITS_ALL, logits, &err) != KVQ_OK)
+        fail_msg("prefill: %s", err.msg);
+    kvq_forward_free(f);
+}
+
 /* kvq's decode with 8-bit activations (act_q8) against tests/data/smollm2_q41_q8_golden.json
  * (scripts/gen_smollm2_q8_golden.py): "numpy_q8", a float64 forward whose quantized
  * products take their inputs quantized as model/q8dot.h specifies, and llama.cpp.
@@ -411,11 +429,66 @@ static void test_smollm2_q8_golden(void **state)
     cJSON_Delete(gq);
 }
 
+/* The same for kvq run's prefill with 8-bit activations: each prompt as one chunk (the
+ * tiled integer GEMM, model/q8gemm.h, a separate specification from decode's kernels)
+ * against numpy_q8 and llama.cpp (whose golden logits are one batch too), under the
+ * same bounds and for the same reason (step-function quantizer: f32 against f64
+ * inputs); its bytes the same for 1 and 2 threads, and not the f32 path's. */
+static void test_smollm2_q8_prefill_golden(void **state)
+{
+    const char *path = model_path();
+    if (!path)
+        TEST_SKIP("SmolLM2-135M-Instruct.Q4_1.gguf not found (set KVQ_SMOLLM2, or run "
+                  "scripts/fetch-model.sh)");
+    cJSON *gq = load_json("tests/data/smollm2_q41_q8_golden.json");
+    kvq_model *m = NULL;
+    kvq_err err = {0};
+    if (kvq_model_open(path, NULL, &m, &err) != KVQ_OK)
+        fail_msg("open %s: %s", path, err.msg);
+    const int vocab = kvq_model_config_get(m)->vocab_size;
+    int32_t probe_ids[64];
+    ints(get(gq, "probe_ids"), probe_ids, 64);
+    dist q8 = {0}, lc = {0};
+    const cJSON *prompts = get(gq, "prompts");
+    for (int pi = 0; pi < cJSON_GetArraySize(prompts); pi++) {
+        const cJSON *pr = cJSON_GetArrayItem(prompts, pi);
+        const int n = cJSON_GetArraySize(get(pr, "ids"));
+        int32_t ids[64];
+        assert_true(n <= 64);
+        ints(get(pr, "ids"), ids, n);
+        const size_t bytes = sizeof(float) * (size_t)n * vocab;
+        float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
+        assert_true(a && b && c);
+        prefill_all(m, 1, 1, ids, n, a);
+        prefill_all(m, 1, 2, ids, n, b);
+        prefill_all(m, 0, 1, ids, n, c);
+        if (memcmp(a, b, bytes) != 0)
+            fail_msg("prompt %d: the q8 prefill's logits differ between 1 and 2 threads", pi);
+        if (memcmp(a, c, bytes) == 0)
+            fail_msg("prompt %d: act_q8 prefill gives the f32 path's logits (not taken)", pi);
+        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, &q8);
+        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, &lc);
+        free(a);
+        free(b);
+        free(c);
+    }
+    printf("smollm2 prefill with 8-bit activations against numpy_q8: |err| max logsumexp "
+           "%.4f, probes %.4f (tol %g), mean %.4f; against llama.cpp: max %.3f, %.3f (tol %g), "
+           "mean %.4f\n",
+           q8.lse, q8.probe, TOL_Q8_MAX, q8.sum / q8.count, lc.lse, lc.probe, TOL_LLAMA,
+           lc.sum / lc.count);
+    assert_true(q8.lse <= TOL_Q8_MAX && q8.probe <= TOL_Q8_MAX);
+    assert_true(lc.lse <= TOL_LLAMA && lc.probe <= TOL_LLAMA);
+    kvq_model_close(m);
+    cJSON_Delete(gq);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_smollm2_q41_golden),
         cmocka_unit_test(test_smollm2_q8_golden),
+        cmocka_unit_test(test_smollm2_q8_prefill_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
