@@ -26,17 +26,21 @@ INLINE void tokens(int q41, const uint8_t *w, const float *dm, size_t nb, const 
                    int NT, float *y, int64_t ldy, __mmask16 mask, float beta)
 {
     __m512 acc[4], macc[4];
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++)
         acc[t] = macc[t] = _mm512_setzero_ps();
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + b * 512;
         __m512i wv[8];
+        #pragma GCC unroll 8
         for (int g = 0; g < 8; g++)
             wv[g] = _mm512_load_si512((const void *)(wb + g * 64));
         const __m512 dw = _mm512_load_ps(dm + b * 32);
+        #pragma GCC unroll 8
         for (int t = 0; t < NT; t++) {
             const int8_t *q = a[t].q + b * 32;
             __m512i l0 = _mm512_setzero_si512(), l1 = _mm512_setzero_si512();
+            #pragma GCC unroll 8
             for (int g = 0; g < 8; g += 2) {
                 l0 = _mm512_dpbusd_epi32(l0, wv[g], _mm512_set1_epi32(i32_at(q + 4 * g)));
                 l1 = _mm512_dpbusd_epi32(l1, wv[g + 1], _mm512_set1_epi32(i32_at(q + 4 * g + 4)));
@@ -51,6 +55,7 @@ INLINE void tokens(int q41, const uint8_t *w, const float *dm, size_t nb, const 
                                           _mm512_set1_ps(a[t].ds[2 * b + 1]), macc[t]);
         }
     }
+    #pragma GCC unroll 8
     for (int t = 0; t < NT; t++) {
         __m512 v = q41 ? _mm512_add_ps(acc[t], macc[t]) : acc[t];
         float *yt = y + t * ldy;
