@@ -9,8 +9,10 @@
  * products are split over kvq's OpenMP threads, OpenBLAS at one thread
  * (forward_gemm.c; the bytes do not depend on the thread count). A chunk of one token
  * (decode) runs kvq_quant_matvec on the rows, f32 or packed: OpenMP threads that wait
- * passively, not OpenBLAS's spinning pool. The embedding lookup dequantizes
- * only the rows of the tokens it embeds. */
+ * passively, not OpenBLAS's spinning pool. With 8-bit activations (p.act_q8, kvq run)
+ * Q4_1 and Q8_0 products quantize their input once: one-token products run the
+ * integer dot kernels (q8dot.h), chunks the tiled integer GEMM (q8gemm.h). The
+ * embedding lookup dequantizes only the rows of the tokens it embeds. */
 #include "model_internal.h"
 #include "kvq/util.h"
 

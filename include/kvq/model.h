@@ -325,8 +325,9 @@ typedef struct kvq_forward_params {
                                  multiple of 64 quantize the activations to 8 bits per
                                  32 values and multiply in integers (llama.cpp's scheme;
                                  AVX-512 VNNI / AVX2 / scalar, the same bytes; decision
-                                 018). Used by products of fewer than 4 tokens
-                                 (decode); longer chunks keep the f32 path. Logits
+                                 019): products of fewer than 4 tokens (decode) by
+                                 integer dot kernels, longer chunks (prefill) by a
+                                 tiled integer GEMM. Logits
                                  then differ from the f32 path's by the quantization
                                  (up to ~1 on SmolLM2, as llama.cpp's do). 0 (default):
                                  the f32 products over the dequantized weights, which
