@@ -123,6 +123,183 @@ TARGET static inline void prefetch_row(const uint8_t *r)
         }                                                                                        \
     } while (0)
 
+
+/* ---- Rows of 64 or 128 elements, up to 8 queries: the decoded values stay in registers
+ * (no row-sized buffer), the loops unrolled by the compile-time chunk count NC and query
+ * count NQ (always_inline bodies instantiated per pair). The same fused multiply-adds in
+ * the same order as the general paths, so the same bits. */
+#define INL static inline __attribute__((always_inline))
+#define FAST_NQ 8
+
+/* Chunk k of a LeanKV row's codes as floats into c[k], k < NC: bits 8, 4, 2 from
+ * registers, else element by element through a buffer. */
+TARGET INL void lkq_chunks(const uint8_t *r, int32_t bits, int32_t NC, __m512 *c)
+{
+    const uint8_t *p = r + 4;
+    if (bits == 8) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 8);
+    } else if (bits == 4) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 4);
+    } else if (bits == 2) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 2);
+    } else {
+        _Alignas(64) float x[128];
+        lkq_decode(r, 16 * NC, bits, x);
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = _mm512_load_ps(x + 16 * k);
+    }
+}
+
+/* Logits of rows [i0, i0 + 16): per query the 16 rows' lane sums, reduced together. */
+TARGET INL void lkq_logits16(const float *q, int32_t NQ, int64_t ldq, const float *qsum,
+                             const uint8_t *const *row, const int8_t *bits, int64_t i0,
+                             int64_t m, int32_t NC, float scale, float *out, int64_t ldo)
+{
+    __m512 A[FAST_NQ][16];
+    _Alignas(64) float sv[16], zv[16];
+    for (int r = 0; r < 16; r++) {
+        if (i0 + r + AHEAD < m)
+            prefetch_row(row[i0 + r + AHEAD]);
+        const uint8_t *rp = row[i0 + r];
+        meta(rp, &sv[r], &zv[r]);
+        __m512 c[8];
+        lkq_chunks(rp, bits[i0 + r], NC, c);
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);
+            A[g][r] = acc;
+        }
+    }
+    const __m512 s = _mm512_load_ps(sv), z = _mm512_load_ps(zv), sc = _mm512_set1_ps(scale);
+    _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+        const __m512 sums = reduce16x16(A[g]);
+        _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0,
+                         _mm512_mul_ps(sc, _mm512_sub_ps(_mm512_mul_ps(s, sums),
+                                                         _mm512_mul_ps(z, _mm512_set1_ps(qsum[g])))));
+    }
+}
+
+TARGET static void lkq_logits_fast(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                                   const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                   int32_t n, float scale, float *out, int64_t ldo)
+{
+#define LKQ_LOGITS_CASE(NQ, NC)                                                                  \
+    for (int64_t i = 0; i + 16 <= m; i += 16)                                                    \
+        lkq_logits16(q, NQ, ldq, qsum, row, bits, i, m, NC, scale, out, ldo);                    \
+    break
+#define LKQ_LOGITS_NC(NQ)                                                                        \
+    case NQ:                                                                                     \
+        if (n == 64) {                                                                           \
+            LKQ_LOGITS_CASE(NQ, 4);                                                              \
+        } else {                                                                                 \
+            LKQ_LOGITS_CASE(NQ, 8);                                                              \
+        }
+    switch (nq) {
+        LKQ_LOGITS_NC(1) LKQ_LOGITS_NC(2) LKQ_LOGITS_NC(3) LKQ_LOGITS_NC(4)
+        LKQ_LOGITS_NC(5) LKQ_LOGITS_NC(6) LKQ_LOGITS_NC(7) LKQ_LOGITS_NC(8)
+    default: break;
+    }
+#undef LKQ_LOGITS_NC
+#undef LKQ_LOGITS_CASE
+}
+
+/* The mix over rows [i0, i1) for columns chunks [k0, k0 + CB): the sums of NQ queries
+ * in registers, loaded from y and stored back; rows with every weight 0 skipped, a zero
+ * weight's query skipped (the general paths' rule). DECODE(rp, b, kk) is chunk kk's
+ * values of row rp at width b. */
+#define MIX_BLOCK(NQ, CB, DECODE)                                                                \
+    do {                                                                                         \
+        __m512 acc[FAST_NQ][4];                                                                  \
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
+            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                             \
+                acc[g][c] = _mm512_loadu_ps(y + (size_t)g * (size_t)ldy + 16 * (k0 + c));        \
+        for (int64_t i = i0; i < i1; i++) {                                                      \
+            if (k0 == 0 && i + AHEAD < m)                                                        \
+                prefetch_row(row[i + AHEAD]);                                                    \
+            float w[FAST_NQ];                                                                    \
+            int any = 0;                                                                         \
+            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                             \
+                any |= (w[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;                     \
+            if (!any)                                                                            \
+                continue;                                                                        \
+            const uint8_t *rp = row[i];                                                          \
+            __m512 x[4];                                                                         \
+            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++) x[c] =                      \
+                DECODE(rp, bits[i], k0 + c);                                                     \
+            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {                           \
+                if (w[g] == 0)                                                                   \
+                    continue;                                                                    \
+                const __m512 av = _mm512_set1_ps(w[g]);                                          \
+                _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                         \
+                    acc[g][c] = _mm512_fmadd_ps(av, x[c], acc[g][c]);                            \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
+            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                             \
+                _mm512_storeu_ps(y + (size_t)g * (size_t)ldy + 16 * (k0 + c), acc[g][c]);        \
+    } while (0)
+
+/* The value s16 c - z16 of chunk k of a LeanKV row. */
+TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
+{
+    float s, z;
+    meta(r, &s, &z);
+    __m512 c;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        c = codes16(r + 4, 16 * k, bits);
+    } else {
+        _Alignas(64) float x[16];
+        for (int32_t t = 0; t < 16; t++) {
+            const uint64_t off = (uint64_t)(16 * k + t) * (uint64_t)bits;
+            uint32_t v = r[4 + (off >> 3)];
+            if ((off & 7u) + (uint64_t)bits > 8)
+                v |= (uint32_t)r[4 + (off >> 3) + 1] << 8;
+            x[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
+        }
+        c = _mm512_load_ps(x);
+    }
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
+}
+
+#define ROWS_BLK 64 /* rows of a block: in L1 between its column passes */
+
+/* NQ queries, NC chunks: column passes of CB chunks (NQ CB <= 16 sums in registers). */
+#define MIX_FAST(NQ, NC, DECODE)                                                                 \
+    do {                                                                                         \
+        const int32_t CB = (NQ) <= 4 ? 4 : 2;                                                         \
+        for (int64_t i0 = 0; i0 < m; i0 += ROWS_BLK) {                                           \
+            const int64_t i1 = i0 + ROWS_BLK < m ? i0 + ROWS_BLK : m;                            \
+            for (int32_t k0 = 0; k0 < (NC); k0 += CB)                                            \
+                MIX_BLOCK(NQ, CB, DECODE);                                                       \
+        }                                                                                        \
+    } while (0)
+
+TARGET static void lkq_mix_fast(const float *p, int32_t nq, int64_t ldp,
+                                const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                int32_t n, float *y, int64_t ldy)
+{
+#define LKQ_MIX_NC(NQ)                                                                           \
+    case NQ:                                                                                     \
+        if (n == 64)                                                                             \
+            MIX_FAST(NQ, 4, lkq_value16);                                                        \
+        else                                                                                     \
+            MIX_FAST(NQ, 8, lkq_value16);                                                        \
+        break;
+    switch (nq) {
+        LKQ_MIX_NC(1) LKQ_MIX_NC(2) LKQ_MIX_NC(3) LKQ_MIX_NC(4)
+        LKQ_MIX_NC(5) LKQ_MIX_NC(6) LKQ_MIX_NC(7) LKQ_MIX_NC(8)
+    default: break;
+    }
+#undef LKQ_MIX_NC
+}
+
+/* The fast paths' shapes. */
+static int fast_shape(int32_t nq, int32_t n)
+{
+    return (n == 64 || n == 128) && nq >= 1 && nq <= FAST_NQ;
+}
+
 TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, const float *qsum,
                                       const uint8_t *const *row, const int8_t *bits, int64_t m,
                                       int32_t n, float scale, float *out, int64_t ldo)
@@ -130,6 +307,10 @@ TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, c
     _Alignas(64) float c[512];
     float s, z;
     int64_t i = 0;
+    if (fast_shape(nq, n)) {
+        lkq_logits_fast(q, nq, ldq, qsum, row, bits, m, n, scale, out, ldo);
+        i = m - m % 16;
+    }
     if (nq <= BLK_NQ)
         for (; i + 16 <= m; i += 16) {
             const int64_t i0 = i;
@@ -213,6 +394,10 @@ TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
 {
     _Alignas(64) float x[512];
     float a[64], s, z;
+    if (fast_shape(nq, n)) {
+        lkq_mix_fast(p, nq, ldp, row, bits, m, n, y, ldy);
+        return;
+    }
     if (n == 64 && nq <= 4) {
         MIX64_REGS({
             meta(row[i], &s, &z);
@@ -246,7 +431,7 @@ TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
  * words that hold them and the shifts. c / B by (c * ceil(2^16 / B)) >> 16, exact for
  * c < 512 and B >= 32 (w <= 16). */
 typedef struct pats_layout {
-    int32_t b, vbmi;
+    int32_t b, vbmi, n; /* n: the row's elements (the mix's fast path) */
     __m512i off[32], sh[32];
     /* with AVX512-VBMI, no gather: the chunk's 16 words are permuted out of its first
      * block blk0[k] and the next (when two[k]) by byte indices idx[k] */
@@ -335,6 +520,110 @@ TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, in
     }
 }
 
+
+/* ---- PATS rows of 64 or 128 elements, up to 8 queries, in registers (as LeanKV's
+ * above): chunk k of a row decoded by vpermi2b (VBMI) or a gather, for the layout of
+ * the row's width (made again when the width changes from one row to the next). */
+#define PATS_CHUNK_VBMI(L, r, k)                                                                 \
+    ({                                                                                           \
+        const uint8_t *blk_ = (r) + 64 * (size_t)(L)->blk0[k];                                   \
+        const __m512i b0_ = _mm512_loadu_si512((const void *)blk_);                              \
+        const __m512i b1_ = (L)->two[k] ? _mm512_loadu_si512((const void *)(blk_ + 64))         \
+                                        : _mm512_setzero_si512();                                \
+        const __m512i v_ = _mm512_permutex2var_epi8(b0_, (L)->idx[k], b1_);                      \
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_sll_epi32(                                  \
+            _mm512_and_si512(_mm512_srlv_epi32(v_, (L)->sh[k]),                                  \
+                             _mm512_set1_epi32((1 << (16 - (L)->b)) - 1)),                       \
+            _mm_cvtsi32_si128((L)->b))));                                                        \
+    })
+#define PATS_CHUNK_GATHER(L, r, k)                                                               \
+    ({                                                                                           \
+        const __m512i v_ = _mm512_i32gather_epi32((L)->off[k], (const void *)(r), 1);            \
+        _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_sll_epi32(                                  \
+            _mm512_and_si512(_mm512_srlv_epi32(v_, (L)->sh[k]),                                  \
+                             _mm512_set1_epi32((1 << (16 - (L)->b)) - 1)),                       \
+            _mm_cvtsi32_si128((L)->b))));                                                        \
+    })
+
+/* Defines the logits and mix of one decoding (SUF: vbmi or gather, under attribute ATTR). */
+#define PATS_FAST(SUF, ATTR, CHUNK)                                                              \
+    ATTR INL void pats_logits16_##SUF(pats_layout *L, const float *q, int32_t NQ, int64_t ldq,   \
+                                      const uint8_t *const *row, const int8_t *bits,             \
+                                      int64_t i0, int64_t m, int32_t NC, float scale,            \
+                                      float *out, int64_t ldo)                                   \
+    {                                                                                            \
+        __m512 A[FAST_NQ][16];                                                                   \
+        for (int r = 0; r < 16; r++) {                                                           \
+            if (i0 + r + AHEAD < m)                                                              \
+                prefetch_row(row[i0 + r + AHEAD]);                                               \
+            if (bits[i0 + r] != L->b)                                                            \
+                pats_layout_make(L, bits[i0 + r], 16 * NC);                                      \
+            const uint8_t *rp = row[i0 + r];                                                     \
+            __m512 c[8];                                                                         \
+            _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = CHUNK(L, rp, k);     \
+            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {                           \
+                const float *qg = q + (size_t)g * (size_t)ldq;                                   \
+                __m512 acc = _mm512_setzero_ps();                                                \
+                _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)                         \
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);              \
+                A[g][r] = acc;                                                                   \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
+            _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0,                         \
+                             _mm512_mul_ps(_mm512_set1_ps(scale), reduce16x16(A[g])));          \
+    }                                                                                            \
+    ATTR static void pats_logits_fast_##SUF(pats_layout *L, const float *q, int32_t nq,          \
+                                            int64_t ldq, const uint8_t *const *row,              \
+                                            const int8_t *bits, int64_t m, int32_t n,            \
+                                            float scale, float *out, int64_t ldo)                \
+    {                                                                                            \
+        switch (nq) {                                                                            \
+            PATS_LOGITS_NC(SUF, 1) PATS_LOGITS_NC(SUF, 2) PATS_LOGITS_NC(SUF, 3)                 \
+            PATS_LOGITS_NC(SUF, 4) PATS_LOGITS_NC(SUF, 5) PATS_LOGITS_NC(SUF, 6)                 \
+            PATS_LOGITS_NC(SUF, 7) PATS_LOGITS_NC(SUF, 8)                                        \
+        default: break;                                                                          \
+        }                                                                                        \
+    }                                                                                            \
+    ATTR INL __m512 pats_value16_##SUF(pats_layout *L, const uint8_t *rp, int32_t b, int32_t k)  \
+    {                                                                                            \
+        if (b != L->b)                                                                           \
+            pats_layout_make(L, b, L->n);                                                        \
+        return CHUNK(L, rp, k);                                                                  \
+    }                                                                                            \
+    ATTR static void pats_mix_fast_##SUF(pats_layout *L, const float *p, int32_t nq,             \
+                                         int64_t ldp, const uint8_t *const *row,                 \
+                                         const int8_t *bits, int64_t m, int32_t n, float *y,     \
+                                         int64_t ldy)                                            \
+    {                                                                                            \
+        L->n = n;                                                                                \
+        switch (nq) {                                                                            \
+            PATS_MIX_NC(SUF, 1) PATS_MIX_NC(SUF, 2) PATS_MIX_NC(SUF, 3) PATS_MIX_NC(SUF, 4)      \
+            PATS_MIX_NC(SUF, 5) PATS_MIX_NC(SUF, 6) PATS_MIX_NC(SUF, 7) PATS_MIX_NC(SUF, 8)      \
+        default: break;                                                                          \
+        }                                                                                        \
+    }
+
+#define PATS_LOGITS_NC(SUF, NQ)                                                                  \
+    case NQ:                                                                                     \
+        for (int64_t i = 0; i + 16 <= m; i += 16)                                                \
+            if (n == 64)                                                                         \
+                pats_logits16_##SUF(L, q, NQ, ldq, row, bits, i, m, 4, scale, out, ldo);         \
+            else                                                                                 \
+                pats_logits16_##SUF(L, q, NQ, ldq, row, bits, i, m, 8, scale, out, ldo);         \
+        break;
+#define PATS_MIX_NC(SUF, NQ)                                                                     \
+    case NQ:                                                                                     \
+        if (n == 64)                                                                             \
+            MIX_FAST(NQ, 4, PATS_DEC_##SUF);                                                     \
+        else                                                                                     \
+            MIX_FAST(NQ, 8, PATS_DEC_##SUF);                                                     \
+        break;
+#define PATS_DEC_vbmi(rp, b, k) pats_value16_vbmi(L, rp, b, k)
+#define PATS_DEC_gather(rp, b, k) pats_value16_gather(L, rp, b, k)
+PATS_FAST(vbmi, TARGET_VBMI, PATS_CHUNK_VBMI)
+PATS_FAST(gather, TARGET, PATS_CHUNK_GATHER)
+
 TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
                                        const uint8_t *const *row, const int8_t *bits, int64_t m,
                                        int32_t n, float scale, float *out, int64_t ldo)
@@ -343,6 +632,13 @@ TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
     pats_layout L;
     L.b = -1;
     int64_t i = 0;
+    if (fast_shape(nq, n)) {
+        if (has_vbmi())
+            pats_logits_fast_vbmi(&L, q, nq, ldq, row, bits, m, n, scale, out, ldo);
+        else
+            pats_logits_fast_gather(&L, q, nq, ldq, row, bits, m, n, scale, out, ldo);
+        i = m - m % 16;
+    }
     if (nq <= BLK_NQ)
         for (; i + 16 <= m; i += 16) {
             const int64_t i0 = i;
@@ -377,6 +673,13 @@ TARGET void kvq_kvc_pats_mix_avx512(const float *p, int32_t nq, int64_t ldp,
     float a[64];
     pats_layout L;
     L.b = -1;
+    if (fast_shape(nq, n)) {
+        if (has_vbmi())
+            pats_mix_fast_vbmi(&L, p, nq, ldp, row, bits, m, n, y, ldy);
+        else
+            pats_mix_fast_gather(&L, p, nq, ldp, row, bits, m, n, y, ldy);
+        return;
+    }
     if (n == 64 && nq <= 4) {
         MIX64_REGS({
             if (bits[i] != L.b)
