@@ -37,9 +37,11 @@
  * widths); the floor is those bytes at the streaming read rate of T threads (a sum over
  * 256 MiB, measured in the same run, best of the repetitions).
  *
- * --stages times the readers alone on the step's rows (untimed setup, caches flushed):
- * logits (keys), mix (values) and, for LeanKV, the rest of the step (softmax, the
- * attention sums, significance, Algorithm 1, the row lists) as step - logits - mix.
+ * --stages times the readers alone on the step's rows, one thread, every head, caches
+ * flushed before the logits (keys) and the mix (values), softmax between; and for
+ * LeanKV the best one-thread step's parts (when the first thread count is 1): append
+ * (a K8V4 row), attend (the row lists, logits, softmax, the attention sums, mix) and the
+ * policy step (significance of every token, Algorithm 1, the downgrade).
  */
 #include <math.h>
 #include <omp.h>
@@ -85,6 +87,7 @@ typedef struct bench {
 } bench;
 
 static double g_tt[MAX_T];
+static double g_part[MAX_KV][3]; /* per head: LeanKV append, attend, policy step (seconds) */
 
 static double thread_now(void)
 {
@@ -226,11 +229,15 @@ static void kind_head(bench *B, int kind, int h)
     if (kind <= 2) {
         kvq_rt_lk_head *H = &B->lk[kind - 1][h];
         H->isa = B->isa;
+        const double t0 = thread_now();
         if (kvq_rt_lk_append(H, k, v, &e))
             die("leankv append", &e);
+        const double t1 = thread_now();
         kvq_rt_lk_attend(H, q, scale, o);
+        const double t2 = thread_now();
         if (kvq_rt_lk_step(H, &e))
             die("leankv step", &e);
+        g_part[h][0] = t1 - t0, g_part[h][1] = t2 - t1, g_part[h][2] = thread_now() - t2;
         return;
     }
     kvq_rt_pats_head *P = &B->pt[kind - 3][h];
@@ -452,7 +459,7 @@ static void run(const args *a, const shape *s, int64_t N, uint64_t *flush, uint6
     fill(&B, (uint64_t)N);
     kvq_rng r;
     kvq_rng_seed(&r, 99);
-    double best[N_KINDS][MAX_T], rate[MAX_T];
+    double best[N_KINDS][MAX_T], rate[MAX_T], part[N_KINDS][3] = {{0}};
     for (int k = 0; k < N_KINDS; k++)
         for (int t = 0; t < a->nt; t++)
             best[k][t] = INFINITY;
@@ -471,6 +478,12 @@ static void run(const args *a, const shape *s, int64_t N, uint64_t *flush, uint6
             for (int k = 0; k < N_KINDS; k++) {
                 bench_flush_caches(flush);
                 const double x = step(&B, k, (int)a->tl[t]);
+                if (x < best[k][t] && a->tl[t] == 1) /* the best one-thread step's parts */
+                    for (int j = 0; j < 3; j++) {
+                        part[k][j] = 0;
+                        for (int h = 0; h < s->nkv; h++)
+                            part[k][j] += g_part[h][j];
+                    }
                 best[k][t] = x < best[k][t] ? x : best[k][t];
             }
         }
@@ -492,8 +505,12 @@ static void run(const args *a, const shape *s, int64_t N, uint64_t *flush, uint6
         double lt, st, mt;
         stages(&B, k, (int)a->reps, flush, &lt, &st, &mt);
         printf("#  stages %s N %lld %-14s logits %9.1f us  softmax %8.1f us  mix %9.1f us  "
-               "(1 thread, step %9.1f us)\n", s->name, (long long)N, kind_names[k], 1e6 * lt,
+               "(1 thread, step %9.1f us", s->name, (long long)N, kind_names[k], 1e6 * lt,
                1e6 * st, 1e6 * mt, 1e6 * best[k][0]);
+        if (k >= 1 && k <= 2 && a->tl[0] == 1)
+            printf(": append %.1f, attend %.1f, policy %.1f", 1e6 * part[k][0], 1e6 * part[k][1],
+                   1e6 * part[k][2]);
+        printf(")\n");
     }
     release(&B);
     free(B.q), free(B.o), free(B.k), free(B.v);

@@ -11,6 +11,7 @@
 
 #include "runtime/cache/kvc.h"
 #include "runtime/kernels/rk.h"
+#include "runtime/runtime_internal.h"
 
 /* ==========================================================================
  * Pools
@@ -34,10 +35,10 @@ static int32_t pool_take(kvq_rt_lk_pool *P)
     }
     if (P->used == P->cap) {
         const int64_t cap = P->cap ? 2 * P->cap : 64;
-        uint8_t *data = (uint8_t *)realloc(P->data, (size_t)cap * P->row);
-        if (!data)
+        /* huge pages from 4 MiB on, as the f16 cache's arrays (cache.c): the readers
+         * stream the rows, and 4 KiB pages cost a TLB miss every 40-70 rows */
+        if (!kvq_rt_grow_cache((void **)&P->data, (size_t)P->cap * P->row, (size_t)cap * P->row))
             return -1;
-        P->data = data;
         int32_t *fr = (int32_t *)realloc(P->free_, sizeof(int32_t) * (size_t)cap);
         if (!fr)
             return -1;
