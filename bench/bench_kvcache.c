@@ -9,6 +9,8 @@
  *   build/bench/bench_kvcache [--contexts 2048,32768,131072] [--shape smollm2|7b|both]
  *                             [--threads 1,2] [--reps 5] [--isa scalar|avx2|avx512]
  *                             [--stages]
+ *   build/bench/bench_kvcache N [R]       (the earlier form: --contexts N --reps R
+ *                                          --shape smollm2 --threads 1)
  *
  * Shapes: smollm2 (9 query heads, 3 KV heads, head_dim 64: SmolLM2-135M) and 7b (32
  * query heads, 8 KV heads, head_dim 128: a 7B-like GQA model).
@@ -445,6 +447,18 @@ static int parse(int argc, char **argv, args *a)
     return 0;
 }
 
+/* The earlier form, bench_kvcache [N [R]]: SmolLM2's shape at N tokens, one thread. */
+static int parse_old(int argc, char **argv, args *a)
+{
+    kvq_err e = {0};
+    if (parse(1, argv, a))
+        return -1;
+    a->shape_mask = 1, a->nt = 1, a->nctx = 1;
+    if (kvq_parse_i64(argv[1], 128, (int64_t)1 << 22, &a->ctx[0], &e))
+        return -1;
+    return argc > 2 && kvq_parse_i64(argv[2], 1, 1000, &a->reps, &e) ? -1 : 0;
+}
+
 /* One shape at one context: fill, then the repetitions alternated, then the table. */
 static void run(const args *a, const shape *s, int64_t N, uint64_t *flush, uint64_t *stream)
 {
@@ -519,7 +533,7 @@ static void run(const args *a, const shape *s, int64_t N, uint64_t *flush, uint6
 int main(int argc, char **argv)
 {
     args a;
-    if (parse(argc, argv, &a))
+    if (argc > 1 && argv[1][0] != '-' ? parse_old(argc, argv, &a) : parse(argc, argv, &a))
         return usage();
     uint64_t *flush = bench_cache_alloc(BENCH_FLUSH_BYTES);
     uint64_t *stream = bench_cache_alloc(STREAM_BYTES);
