@@ -207,42 +207,6 @@ TARGET static void lkq_logits_fast(const float *q, int32_t nq, int64_t ldq, cons
 #undef LKQ_LOGITS_CASE
 }
 
-/* The mix over rows [i0, i1) for columns chunks [k0, k0 + CB): the sums of NQ queries
- * in registers, loaded from y and stored back; rows with every weight 0 skipped, a zero
- * weight's query skipped (the general paths' rule). DECODE(rp, b, kk) is chunk kk's
- * values of row rp at width b. */
-#define MIX_BLOCK(NQ, CB, DECODE)                                                                \
-    do {                                                                                         \
-        __m512 acc[FAST_NQ][4];                                                                  \
-        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
-            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                             \
-                acc[g][c] = _mm512_loadu_ps(y + (size_t)g * (size_t)ldy + 16 * (k0 + c));        \
-        for (int64_t i = i0; i < i1; i++) {                                                      \
-            if (k0 == 0 && i + AHEAD < m)                                                        \
-                prefetch_row(row[i + AHEAD]);                                                    \
-            float w[FAST_NQ];                                                                    \
-            int any = 0;                                                                         \
-            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                             \
-                any |= (w[g] = p[(size_t)g * (size_t)ldp + (size_t)i]) != 0;                     \
-            if (!any)                                                                            \
-                continue;                                                                        \
-            const uint8_t *rp = row[i];                                                          \
-            __m512 x[4];                                                                         \
-            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++) x[c] =                      \
-                DECODE(rp, bits[i], k0 + c);                                                     \
-            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {                           \
-                if (w[g] == 0)                                                                   \
-                    continue;                                                                    \
-                const __m512 av = _mm512_set1_ps(w[g]);                                          \
-                _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                         \
-                    acc[g][c] = _mm512_fmadd_ps(av, x[c], acc[g][c]);                            \
-            }                                                                                    \
-        }                                                                                        \
-        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
-            _Pragma("GCC unroll 4") for (int32_t c = 0; c < CB; c++)                             \
-                _mm512_storeu_ps(y + (size_t)g * (size_t)ldy + 16 * (k0 + c), acc[g][c]);        \
-    } while (0)
-
 /* The value s16 c - z16 of chunk k of a LeanKV row. */
 TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
 {
@@ -265,18 +229,11 @@ TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
     return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
 }
 
-#define ROWS_BLK 64 /* rows of a block: in L1 between its column passes */
-
-/* NQ queries, NC chunks: column passes of CB chunks (NQ CB <= 16 sums in registers). */
+/* NQ queries, NC chunks of 16: column passes of CB chunks (NQ CB <= 16 sums in
+ * registers; kvc_rows_simd.h). */
 #define MIX_FAST(NQ, NC, DECODE)                                                                 \
-    do {                                                                                         \
-        const int32_t CB = (NQ) <= 4 ? 4 : 2;                                                         \
-        for (int64_t i0 = 0; i0 < m; i0 += ROWS_BLK) {                                           \
-            const int64_t i1 = i0 + ROWS_BLK < m ? i0 + ROWS_BLK : m;                            \
-            for (int32_t k0 = 0; k0 < (NC); k0 += CB)                                            \
-                MIX_BLOCK(NQ, CB, DECODE);                                                       \
-        }                                                                                        \
-    } while (0)
+    KVQ_KVC_MIX_FAST(__m512, 16, NQ, NC, (NQ) <= 4 ? 4 : 2, _mm512_loadu_ps, _mm512_storeu_ps,  \
+                     _mm512_set1_ps, _mm512_fmadd_ps, prefetch_row, DECODE)
 
 TARGET static void lkq_mix_fast(const float *p, int32_t nq, int64_t ldp,
                                 const uint8_t *const *row, const int8_t *bits, int64_t m,
