@@ -267,6 +267,17 @@ TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
 
 TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
 {
+    if (L->b == 8) { /* one byte a field, in order: element c is byte c, its f16 byte << 8 */
+        for (int32_t k = 0; k < n / 8; k++)
+            _mm256_store_ps(x + 8 * k, _mm256_cvtph_ps(_mm_slli_epi16(
+                                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(r + 8 * k))), 8)));
+        return;
+    }
+    if (L->b == 0) { /* the f16 values themselves, 32 to a block */
+        for (int32_t k = 0; k < n / 8; k++)
+            _mm256_store_ps(x + 8 * k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * k))));
+        return;
+    }
     const __m256i mask = _mm256_set1_epi32((1 << (16 - L->b)) - 1);
     const __m128i bs = _mm_cvtsi32_si128(L->b);
     for (int32_t k = 0; k < n / 8; k++) {
