@@ -104,13 +104,8 @@ TARGET INL __m256 lkq_value8(const uint8_t *r, int32_t bits, int32_t k)
         c = codes8(r + 4, 8 * k, bits);
     } else {
         _Alignas(32) float x[8];
-        for (int32_t t = 0; t < 8; t++) {
-            const uint64_t off = (uint64_t)(8 * k + t) * (uint64_t)bits;
-            uint32_t v = r[4 + (off >> 3)];
-            if ((off & 7u) + (uint64_t)bits > 8)
-                v |= (uint32_t)r[4 + (off >> 3) + 1] << 8;
-            x[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
-        }
+        for (int32_t t = 0; t < 8; t++)
+            x[t] = kvq_kvc_code_at(r + 4, 8 * k + t, bits);
         c = _mm256_load_ps(x);
     }
     return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(s), c), _mm256_set1_ps(z));

@@ -217,13 +217,8 @@ TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
         c = codes16(r + 4, 16 * k, bits);
     } else {
         _Alignas(64) float x[16];
-        for (int32_t t = 0; t < 16; t++) {
-            const uint64_t off = (uint64_t)(16 * k + t) * (uint64_t)bits;
-            uint32_t v = r[4 + (off >> 3)];
-            if ((off & 7u) + (uint64_t)bits > 8)
-                v |= (uint32_t)r[4 + (off >> 3) + 1] << 8;
-            x[t] = (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
-        }
+        for (int32_t t = 0; t < 16; t++)
+            x[t] = kvq_kvc_code_at(r + 4, 16 * k + t, bits);
         c = _mm512_load_ps(x);
     }
     return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));

@@ -30,6 +30,16 @@ KVQ_KVC_DECLARE(avx512)
  * thread-safe against running readers. */
 int kvq_kvc_avx512_vbmi(int on);
 
+/* Code t of a LeanKV row's codes (bits 1..8: at most two bytes hold it). */
+static inline float kvq_kvc_code_at(const uint8_t *codes, int32_t t, int32_t bits)
+{
+    const uint64_t off = (uint64_t)t * (uint64_t)bits;
+    uint32_t v = codes[off >> 3];
+    if ((off & 7u) + (uint64_t)bits > 8)
+        v |= (uint32_t)codes[(off >> 3) + 1] << 8;
+    return (float)((v >> (off & 7u)) & ((1u << bits) - 1u));
+}
+
 /* The fast paths' mix (kvc_rows_avx2.c, kvc_rows_avx512.c), generic over the vector:
  * V its type of W floats, NQ queries (<= 8), NC vectors a row, column passes of CB (<= 4)
  * vectors over blocks of 64 rows (in L1 between the passes); the NQ CB sums of a pass in
