@@ -1,6 +1,7 @@
 /*
  * bench_decode.c — one decode step of one attention layer: full attention over an f16
- * KV cache against VQ retrieval attention, at long contexts.
+ * KV cache against VQ retrieval attention, at long contexts. (The compressed caches'
+ * step, LeanKV and PATS, against the f16 step and their bytes floors: bench_kvcache.c.)
  *
  *   bench_decode [--contexts 4096,16384,65536,131072] [--budget 0.06] [--codebook 4096]
  *                [--reps 5] [--threads 1|LIST] [--isa scalar|avx2|avx512] [--seed S]

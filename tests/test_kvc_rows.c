@@ -100,12 +100,13 @@ static void check1(int pats, int32_t n, int32_t width, kvq_isa isa, int32_t nq)
     free(buf), free(q), free(yref), free(ysimd);
 }
 
-/* Nine queries (the general paths) and three (AVX-512 holds the sums of n = 64 in
- * registers for up to four). */
+/* Nine queries (the general paths), one, three, four and eight (AVX-512 holds the
+ * decoded rows of 64 and 128 elements and the mix's sums in registers for up to eight). */
 static void check(int pats, int32_t n, int32_t width, kvq_isa isa)
 {
-    check1(pats, n, width, isa, NQ);
-    check1(pats, n, width, isa, 3);
+    static const int32_t nqs[] = {NQ, 1, 3, 4, 8};
+    for (size_t i = 0; i < sizeof nqs / sizeof nqs[0]; i++)
+        check1(pats, n, width, isa, nqs[i]);
 }
 
 static void test_lkq_simd(void **state)

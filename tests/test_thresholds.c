@@ -25,6 +25,7 @@
 #include "kvq/model.h"
 #include "kvq/thresholds.h"
 #include "kvq/tokenizer.h"
+#include "runtime/cache/kvc.h"
 
 /* ==========================================================================
  * Per-vector quantization
@@ -170,6 +171,23 @@ static void test_leankv_hand_pattern(void **state)
     p = kvq_leankv_params_default();
     p.k_low = 9;
     assert_int_equal(kvq_leankv_check(&p, &e), KVQ_E_INVALID_ARG);
+    /* one check with the runtime cache's: alpha_l above alpha_h is refused by both */
+    p = kvq_leankv_params_default();
+    p.alpha_h = 0, p.alpha_l = 0.02;
+    assert_int_equal(kvq_leankv_check(&p, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "alpha_l"));
+    const kvq_rt_lk_params r = {p.alpha_h, p.alpha_l, p.window, p.k_high, p.v_high, p.k_low,
+                                p.v_low};
+    assert_int_equal(kvq_rt_lk_check(&r, &e), KVQ_E_INVALID_ARG);
+    p.alpha_l = 0;
+    assert_int_equal(kvq_leankv_check(&p, &e), KVQ_OK);
+    /* one default: the paper's, as the runtime's */
+    const kvq_leankv_params d = kvq_leankv_params_default();
+    const kvq_rt_lk_params rd = kvq_rt_lk_params_default();
+    assert_true(d.alpha_h == rd.alpha_h && d.alpha_l == rd.alpha_l && d.window == rd.window);
+    assert_true(d.alpha_h == 1.0 && d.alpha_l == 0.02 && d.window == 64);
+    assert_true(d.k_high == rd.k_high && d.v_high == rd.v_high && d.k_low == rd.k_low &&
+                d.v_low == rd.v_low);
 }
 
 static void test_leankv_generation_steps(void **state)
@@ -627,7 +645,13 @@ static void test_profile_chosen_meets_tolerance(void **state)
     assert_int_equal(r->n_sequences, NSEQ);
     assert_int_equal(r->n_queries, NL * NSEQ * (SEQ - SEQ / 2));
     const kvq_profile_table *lt = &r->table[KVQ_PROFILE_LEANKV], *pt = &r->table[KVQ_PROFILE_PATS];
-    assert_int_equal(lt->n_rows, 6);
+    /* 3 x 2 points less (0, 0.05): alpha_l above alpha_h is refused by the cache */
+    assert_int_equal(lt->n_rows, 5);
+    for (int64_t i = 0; i < lt->n_rows; i++)
+        assert_true(lt->rows[i * lt->n_cols + KVQ_PL_ALPHA_L] <=
+                    lt->rows[i * lt->n_cols + KVQ_PL_ALPHA_H]);
+    assert_true(lt->rows[lt->n_cols + KVQ_PL_ALPHA_H] == 1 &&
+                lt->rows[lt->n_cols + KVQ_PL_ALPHA_L] == 0);
     assert_int_equal(pt->n_rows, 3 * 4); /* b_max 4, 6, 8, 10 (f16) per schedule */
     /* d = 16: no PATS setting saves memory (below), so none is chosen */
     assert_true(lt->chosen >= 0 && lt->met && pt->chosen < 0);
@@ -808,6 +832,13 @@ static void test_profile_bad_input(void **state)
     const double neg = -1;
     p.alpha_l = &neg, p.n_alpha_l = 1;
     assert_int_equal(kvq_profile_capture(g_cap, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
+    p = small_params();
+    const double zero = 0, low = 0.05; /* a grid with no point the cache accepts */
+    p.alpha_h = &zero, p.n_alpha_h = 1;
+    p.alpha_l = &low, p.n_alpha_l = 1;
+    assert_int_equal(kvq_profile_capture(g_cap, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "alpha_l"));
+    assert_null(r);
     p = small_params();
     p.pats_b_min = 11;
     assert_int_equal(kvq_profile_capture(g_cap, NULL, &p, &r, &e), KVQ_E_INVALID_ARG);

@@ -13,29 +13,27 @@
  * Parameters
  * ========================================================================== */
 
+/* One default and one check: the runtime cache's (runtime/cache/kvc.h), so the profile
+ * proposes only what `--kv leankv` accepts. */
+static kvq_rt_lk_params rt_params(const kvq_leankv_params *p)
+{
+    return (kvq_rt_lk_params){p->alpha_h, p->alpha_l, p->window,
+                              p->k_high,  p->v_high,  p->k_low, p->v_low};
+}
+
 kvq_leankv_params kvq_leankv_params_default(void)
 {
-    kvq_leankv_params p = {.alpha_h = 1.0, .alpha_l = 0.02, .window = 64,
-                           .k_high = 8, .v_high = 4, .k_low = 4, .v_low = 2};
+    const kvq_rt_lk_params r = kvq_rt_lk_params_default();
+    kvq_leankv_params p = {.alpha_h = r.alpha_h, .alpha_l = r.alpha_l, .window = r.window,
+                           .k_high = r.k_high, .v_high = r.v_high, .k_low = r.k_low,
+                           .v_low = r.v_low};
     return p;
 }
 
 kvq_status kvq_leankv_check(const kvq_leankv_params *p, kvq_err *err)
 {
-    if (!(p->alpha_h >= 0) || !isfinite(p->alpha_h))
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: alpha_h %g must be finite and >= 0",
-                           p->alpha_h);
-    if (!(p->alpha_l >= 0) || !isfinite(p->alpha_l))
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: alpha_l %g must be finite and >= 0",
-                           p->alpha_l);
-    if (p->window < 0)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: window %d must be >= 0",
-                           (int)p->window);
-    const int32_t b[4] = {p->k_high, p->v_high, p->k_low, p->v_low};
-    for (int i = 0; i < 4; i++)
-        if (b[i] < 1 || b[i] > KVQ_ASYMQ_MAX_BITS)
-            return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: %d bits (need 1..8)", (int)b[i]);
-    return KVQ_OK;
+    const kvq_rt_lk_params r = rt_params(p);
+    return kvq_rt_lk_check(&r, err);
 }
 
 /* ==========================================================================
@@ -67,12 +65,6 @@ void kvq_leankv_significance(const double *attn, int32_t gs, int64_t n, double *
 _Static_assert((int)KVQ_LEANKV_PRUNED == KVQ_RT_LK_PRUNED &&
                    (int)KVQ_LEANKV_LOW == KVQ_RT_LK_LOW &&
                    (int)KVQ_LEANKV_HIGH == KVQ_RT_LK_HIGH, "LeanKV classes agree with the runtime's");
-
-static kvq_rt_lk_params rt_params(const kvq_leankv_params *p)
-{
-    return (kvq_rt_lk_params){p->alpha_h, p->alpha_l, p->window,
-                              p->k_high,  p->v_high,  p->k_low, p->v_low};
-}
 
 kvq_leankv_class kvq_leankv_rule(double sig, int64_t i, const kvq_leankv_params *p)
 {

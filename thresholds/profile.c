@@ -441,8 +441,14 @@ static kvq_status make_grid(const kvq_profile_params *p, thr_grid *G, kvq_err *e
     const size_t nah = p->alpha_h ? p->n_alpha_h : N_OF(default_alpha_h);
     const size_t nal = p->alpha_l ? p->n_alpha_l : N_OF(default_alpha_l);
     memset(G, 0, sizeof *G);
-    if (p->knobs & KVQ_KNOB_LEANKV)
-        G->n_lk = (int64_t)(nah * nal);
+    if (p->knobs & KVQ_KNOB_LEANKV) { /* the pairs the cache accepts: alpha_l <= alpha_h */
+        for (size_t a = 0; a < nah; a++)
+            for (size_t b = 0; b < nal; b++)
+                G->n_lk += al[b] <= ah[a];
+        if (!G->n_lk)
+            return kvq_err_set(err, KVQ_E_INVALID_ARG, "profile: no LeanKV point has alpha_l <= "
+                               "alpha_h (alpha_l above alpha_h is refused by the cache)");
+    }
     /* PATS: b_max = b_min + 2, + 4, ... up to the mantissa bits (which is always in) */
     const int32_t mant = kvq_pats_mantissa_bits(p->pats_dtype);
     int32_t bmax[16], nb = 0;
@@ -457,10 +463,13 @@ static kvq_status make_grid(const kvq_profile_params *p, thr_grid *G, kvq_err *e
     if (!G->lk || !G->pt)
         return kvq_err_set(err, KVQ_E_NOMEM, "profile: out of memory");
     for (size_t a = 0, c = 0; c < (size_t)G->n_lk; a++)
-        for (size_t b = 0; b < nal; b++, c++) {
+        for (size_t b = 0; b < nal; b++) {
+            if (al[b] > ah[a])
+                continue;
             G->lk[c] = p->leankv;
             G->lk[c].alpha_h = ah[a];
             G->lk[c].alpha_l = al[b];
+            c++;
         }
     for (int32_t sc = 0, c = 0; G->n_pt && sc < KVQ_PATS_N_SCHEDULES; sc++)
         for (int32_t b = 0; b < nb; b++, c++) {

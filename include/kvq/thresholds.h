@@ -178,7 +178,8 @@ typedef struct kvq_leankv_params {
 } kvq_leankv_params;
 
 kvq_leankv_params kvq_leankv_params_default(void);
-/* KVQ_E_INVALID_ARG naming the field (negative or non-finite alpha, bits, window). */
+/* KVQ_E_INVALID_ARG naming the field (negative or non-finite alpha, alpha_l above
+ * alpha_h, bits, window): the runtime cache's check (kvq/kvcache.h refuses the same). */
 kvq_status kvq_leankv_check(const kvq_leankv_params *p, kvq_err *err);
 
 /* Significance from attention probabilities.

@@ -11,6 +11,7 @@
 
 #include "runtime/cache/kvc.h"
 #include "runtime/kernels/rk.h"
+#include "runtime/runtime_internal.h"
 
 /* ==========================================================================
  * Pools
@@ -34,10 +35,10 @@ static int32_t pool_take(kvq_rt_lk_pool *P)
     }
     if (P->used == P->cap) {
         const int64_t cap = P->cap ? 2 * P->cap : 64;
-        uint8_t *data = (uint8_t *)realloc(P->data, (size_t)cap * P->row);
-        if (!data)
+        /* huge pages from 4 MiB on, as the f16 cache's arrays (cache.c): the readers
+         * stream the rows, and 4 KiB pages cost a TLB miss every 40-70 rows */
+        if (!kvq_rt_grow_cache((void **)&P->data, (size_t)P->cap * P->row, (size_t)cap * P->row))
             return -1;
-        P->data = data;
         int32_t *fr = (int32_t *)realloc(P->free_, sizeof(int32_t) * (size_t)cap);
         if (!fr)
             return -1;
@@ -218,13 +219,13 @@ void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o)
     memset(o, 0, sizeof(float) * (size_t)gs * d);
     if (m > 0)
         kvq_rk_softmax(H->isa, H->p_, gs, m, ld);
-    for (int32_t g = 0; g < gs; g++) {
-        const float *p = H->p_ + (size_t)g * (size_t)ld;
-        for (int64_t i = 0; i < m; i++) {
-            const int64_t j = H->prompt_done ? H->col[i] : i;
-            if (j < n - 1) /* the query's own token: not a later query */
-                H->acc[(size_t)j * gs + g] += p[i];
-        }
+    for (int64_t i = 0; i < m; i++) { /* one pass over the tokens (each sum: one add) */
+        const int64_t j = H->prompt_done ? H->col[i] : i;
+        if (j >= n - 1) /* the query's own token: not a later query */
+            continue;
+        double *a = H->acc + (size_t)j * gs;
+        for (int32_t g = 0; g < gs; g++)
+            a[g] += H->p_[(size_t)g * (size_t)ld + (size_t)i];
     }
     if (!H->prompt_done)
         kvq_rk_mix(H->isa, H->p_, gs, ld, H->exact + d, KVQ_DT_F32, 2 * (int64_t)d, NULL, n, d, o);

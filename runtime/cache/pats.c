@@ -10,6 +10,7 @@
 #include "kvq/half.h"
 #include "runtime/cache/kvc.h"
 #include "runtime/kernels/rk.h"
+#include "runtime/runtime_internal.h"
 
 static const char *const schedule_names[KVQ_RT_PATS_N_SCHEDULES] = {
     "old-heavy", "new-heavy", "middle-heavy",
@@ -113,7 +114,7 @@ kvq_status kvq_rt_pats_head_init(kvq_rt_pats_head *H, int32_t d, int32_t gs, int
             H->off[t] = total;
             total += 2 * (int64_t)kvq_rk_pats_row_bytes(d, H->b[t]);
         }
-    H->data = (uint8_t *)malloc((size_t)total + KVQ_RK_PATS_PAD);
+    H->data = (uint8_t *)kvq_rt_cache_alloc((size_t)total + KVQ_RK_PATS_PAD); /* huge pages */
     H->kr = (const uint8_t **)malloc(sizeof(void *) * (size_t)T);
     H->vr = (const uint8_t **)malloc(sizeof(void *) * (size_t)T);
     H->isa = kvq_isa_best();

@@ -29,11 +29,13 @@ static uint32_t get_bits(const uint8_t *p, uint64_t off, int32_t w)
     return (v >> sh) & ((1u << w) - 1u);
 }
 
+/* ORs the w (1..16) bits of v (< 2^w) into the stream at bit offset off. */
 static void put_bits(uint8_t *p, uint64_t off, int32_t w, uint32_t v)
 {
-    for (int32_t k = 0; k < w; k++)
-        if (v >> k & 1u)
-            p[(off + (uint64_t)k) >> 3] |= (uint8_t)(1u << ((off + (uint64_t)k) & 7u));
+    (void)w;
+    uint8_t *b = p + (off >> 3);
+    for (uint32_t x = v << (off & 7u); x; x >>= 8)
+        *b++ |= (uint8_t)x;
 }
 
 /* ==========================================================================

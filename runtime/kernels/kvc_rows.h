@@ -36,8 +36,12 @@
  * Every product and sum is rounded to float as written (no other contraction). The
  * AVX2 and AVX-512 paths (kvc_rows_avx2.c, kvc_rows_avx512.c, chosen by kvq_isa_clamp)
  * keep the 16 lanes (two vectors of 8 on AVX2) and the reduction order, so their results
- * are the scalar ones bit for bit (tests/test_kvcache.c); a row whose n is not a
- * multiple of 16, or LeanKV bits other than 2, 4, 8, is read by the scalar code.
+ * are the scalar ones bit for bit (tests/test_kvc_rows.c); a row whose n is not a
+ * multiple of 16 (or over 512) is read by the scalar code, LeanKV bits other than 2, 4,
+ * 8 element by element inside the SIMD readers. On AVX-512, rows of 64 and 128 elements
+ * with 1..8 queries (every GQA group of SmolLM2- and 7B-like models) are decoded straight
+ * into registers, dequantization fused into the multiply-adds (no row buffer), the mix's
+ * sums held in registers across rows (bench/bench_kvcache.c measures them).
  */
 #ifndef KVQ_RUNTIME_KVC_ROWS_H
 #define KVQ_RUNTIME_KVC_ROWS_H

@@ -87,12 +87,104 @@ TARGET static inline float lanesum(const float *q, const float *x, int32_t n)
     return reduce16(lo, hi);
 }
 
+
+/* ---- Rows of 64 or 128 elements, up to 8 queries: each row decoded into registers and
+ * multiplied in (no row buffer), the loops unrolled per query count NQ and vector count
+ * NV (always_inline bodies instantiated per pair); the same multiply-adds in the same
+ * order as the general paths above. */
+#define INL static inline __attribute__((always_inline))
+
+/* Vector k (8 values s16 c - z16) of a LeanKV row. */
+TARGET INL __m256 lkq_value8(const uint8_t *r, int32_t bits, int32_t k)
+{
+    float s, z;
+    meta(r, &s, &z);
+    __m256 c;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        c = codes8(r + 4, 8 * k, bits);
+    } else {
+        _Alignas(32) float x[8];
+        for (int32_t t = 0; t < 8; t++)
+            x[t] = kvq_kvc_code_at(r + 4, 8 * k + t, bits);
+        c = _mm256_load_ps(x);
+    }
+    return _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(s), c), _mm256_set1_ps(z));
+}
+
+/* Row i's logits for NQ queries, its codes in registers (NV vectors of 8). */
+TARGET INL void lkq_logits_row(const float *q, int32_t NQ, int64_t ldq, const float *qsum,
+                               const uint8_t *r, int32_t bits, int32_t NV, float scale,
+                               float *out, int64_t ldo, int64_t i)
+{
+    float s, z;
+    meta(r, &s, &z);
+    __m256 c[16];
+    if (bits == 8 || bits == 4 || bits == 2) {
+        _Pragma("GCC unroll 16") for (int32_t k = 0; k < NV; k++) c[k] = codes8(r + 4, 8 * k, bits);
+    } else {
+        _Alignas(32) float x[128];
+        lkq_decode(r, 8 * NV, bits, x);
+        _Pragma("GCC unroll 16") for (int32_t k = 0; k < NV; k++) c[k] = _mm256_load_ps(x + 8 * k);
+    }
+    _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+        const float *qg = q + (size_t)g * (size_t)ldq;
+        __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NV; k += 2) {
+            lo = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * k), c[k], lo);
+            hi = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * k + 8), c[k + 1], hi);
+        }
+        const float t1 = s * reduce16(lo, hi), t2 = z * qsum[g];
+        out[(size_t)g * (size_t)ldo + (size_t)i] = scale * (t1 - t2);
+    }
+}
+
+#define LKQ_DEC(rp, b, k) lkq_value8(rp, b, k)
+#define LKQ_FAST_CASE(NQ)                                                                        \
+    case NQ:                                                                                     \
+        if (mix) {                                                                               \
+            if (n == 64)                                                                         \
+                KVQ_KVC_MIX_FAST(__m256, 8, NQ, 8, 4, _mm256_loadu_ps, _mm256_storeu_ps,        \
+                                 _mm256_set1_ps, _mm256_fmadd_ps, prefetch_row, LKQ_DEC);        \
+            else                                                                                 \
+                KVQ_KVC_MIX_FAST(__m256, 8, NQ, 16, 4, _mm256_loadu_ps, _mm256_storeu_ps,       \
+                                 _mm256_set1_ps, _mm256_fmadd_ps, prefetch_row, LKQ_DEC);        \
+            break;                                                                               \
+        }                                                                                        \
+        for (int64_t i = 0; i < m; i++) {                                                        \
+            if (i + AHEAD < m)                                                                   \
+                prefetch_row(row[i + AHEAD]);                                                    \
+            if (n == 64)                                                                         \
+                lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], 8, scale, out, ldo, i);        \
+            else                                                                                 \
+                lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], 16, scale, out, ldo, i);       \
+        }                                                                                        \
+        break;
+
+/* The logits (mix 0: q, qsum, scale, out) of rows of 64 or 128 elements for 1..8
+ * queries, or their mix (1: p, y) for 1..3; 0 when the shape is not one of these. */
+TARGET static int lkq_fast(int mix, const float *q, const float *p, int32_t nq, int64_t ldq,
+                           const float *qsum, const uint8_t *const *row, const int8_t *bits,
+                           int64_t m, int32_t n, float scale, float *out, int64_t ldo, float *y)
+{
+    const int64_t ldp = ldq, ldy = ldo;
+    if ((n != 64 && n != 128) || nq < 1 || nq > (mix ? 3 : 8))
+        return 0; /* the mix of 4 or more queries: 16 registers hold too few sums */
+    switch (nq) {
+        LKQ_FAST_CASE(1) LKQ_FAST_CASE(2) LKQ_FAST_CASE(3) LKQ_FAST_CASE(4)
+        LKQ_FAST_CASE(5) LKQ_FAST_CASE(6) LKQ_FAST_CASE(7) LKQ_FAST_CASE(8)
+    default: break;
+    }
+    return 1;
+}
+
 TARGET void kvq_kvc_lkq_logits_avx2(const float *q, int32_t nq, int64_t ldq, const float *qsum,
                                     const uint8_t *const *row, const int8_t *bits, int64_t m,
                                     int32_t n, float scale, float *out, int64_t ldo)
 {
     _Alignas(32) float c[512];
     float s, z;
+    if (lkq_fast(0, q, NULL, nq, ldq, qsum, row, bits, m, n, scale, out, ldo, NULL))
+        return;
     for (int64_t i = 0; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
@@ -126,6 +218,8 @@ TARGET void kvq_kvc_lkq_mix_avx2(const float *p, int32_t nq, int64_t ldp,
 {
     _Alignas(32) float x[512];
     float a[64], s, z;
+    if (lkq_fast(1, NULL, p, nq, ldp, NULL, row, bits, m, n, 0, NULL, ldy, y))
+        return;
     for (int64_t i = 0; i < m; i++) {
         if (i + AHEAD < m)
             prefetch_row(row[i + AHEAD]);
@@ -168,6 +262,17 @@ TARGET static void pats_layout_make(pats_layout *L, int32_t b, int32_t n)
 
 TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, int32_t n, float *x)
 {
+    if (L->b == 8) { /* one byte a field, in order: element c is byte c, its f16 byte << 8 */
+        for (int32_t k = 0; k < n / 8; k++)
+            _mm256_store_ps(x + 8 * k, _mm256_cvtph_ps(_mm_slli_epi16(
+                                           _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(r + 8 * k))), 8)));
+        return;
+    }
+    if (L->b == 0) { /* the f16 values themselves, 32 to a block */
+        for (int32_t k = 0; k < n / 8; k++)
+            _mm256_store_ps(x + 8 * k, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * k))));
+        return;
+    }
     const __m256i mask = _mm256_set1_epi32((1 << (16 - L->b)) - 1);
     const __m128i bs = _mm_cvtsi32_si128(L->b);
     for (int32_t k = 0; k < n / 8; k++) {

@@ -15,6 +15,7 @@
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define AHEAD 8 /* rows prefetched ahead */
+#define KVQ_PATS_WIDTHS 11 /* b = 0..10 */
 
 TARGET static inline float reduce16(__m512 acc)
 {
@@ -58,19 +59,21 @@ TARGET static inline __m512 codes16(const uint8_t *p, int32_t t0, int32_t bits)
 {
     if (bits == 8)
         return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + t0))));
-    if (bits == 4) {
-        uint32_t w[2];
-        memcpy(w, p + t0 / 2, 8);
-        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi32((int)w[0])),
-                                             _mm256_set1_epi32((int)w[1]), 1);
-        const __m512i sh = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
-        return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32(15)));
+    if (bits == 4) { /* byte t / 2 to lane t (one shuffle), then its nibble */
+        const __m128i x = _mm_loadl_epi64((const __m128i *)(p + t0 / 2));
+        const __m128i d = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6,
+                                                            6, 7, 7));
+        const __m512i sh = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        return _mm512_cvtepi32_ps(
+            _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(d), sh), _mm512_set1_epi32(15)));
     }
-    uint32_t w;
+    uint32_t w; /* bits 2: byte t / 4 to lane t */
     memcpy(&w, p + t0 / 4, 4);
-    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m128i d = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)w),
+                                       _mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+    const __m512i sh = _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6);
     return _mm512_cvtepi32_ps(
-        _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32((int)w), sh), _mm512_set1_epi32(3)));
+        _mm512_and_si512(_mm512_srlv_epi32(_mm512_cvtepu8_epi32(d), sh), _mm512_set1_epi32(3)));
 }
 
 /* The row's codes as floats into c [n]; bits other than 2, 4, 8 element by element. */
@@ -123,6 +126,135 @@ TARGET static inline void prefetch_row(const uint8_t *r)
         }                                                                                        \
     } while (0)
 
+
+/* ---- Rows of 64 or 128 elements, up to 8 queries: the decoded values stay in registers
+ * (no row-sized buffer), the loops unrolled by the compile-time chunk count NC and query
+ * count NQ (always_inline bodies instantiated per pair). The same fused multiply-adds in
+ * the same order as the general paths, so the same bits. */
+#define INL static inline __attribute__((always_inline))
+#define FAST_NQ 8
+
+/* Chunk k of a LeanKV row's codes as floats into c[k], k < NC: bits 8, 4, 2 from
+ * registers, else element by element through a buffer. */
+TARGET INL void lkq_chunks(const uint8_t *r, int32_t bits, int32_t NC, __m512 *c)
+{
+    const uint8_t *p = r + 4;
+    if (bits == 8) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 8);
+    } else if (bits == 4) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 4);
+    } else if (bits == 2) {
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = codes16(p, 16 * k, 2);
+    } else {
+        _Alignas(64) float x[128];
+        lkq_decode(r, 16 * NC, bits, x);
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] = _mm512_load_ps(x + 16 * k);
+    }
+}
+
+/* Logits of rows [i0, i0 + 16): per query the 16 rows' lane sums, reduced together. */
+TARGET INL void lkq_logits16(const float *q, int32_t NQ, int64_t ldq, const float *qsum,
+                             const uint8_t *const *row, const int8_t *bits, int64_t i0,
+                             int64_t m, int32_t NC, float scale, float *out, int64_t ldo)
+{
+    __m512 A[FAST_NQ][16];
+    _Alignas(64) float sv[16], zv[16];
+    for (int r = 0; r < 16; r++) {
+        if (i0 + r + AHEAD < m)
+            prefetch_row(row[i0 + r + AHEAD]);
+        const uint8_t *rp = row[i0 + r];
+        meta(rp, &sv[r], &zv[r]);
+        __m512 c[8];
+        lkq_chunks(rp, bits[i0 + r], NC, c);
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+            const float *qg = q + (size_t)g * (size_t)ldq;
+            __m512 acc = _mm512_setzero_ps();
+            _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)
+                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);
+            A[g][r] = acc;
+        }
+    }
+    const __m512 s = _mm512_load_ps(sv), z = _mm512_load_ps(zv), sc = _mm512_set1_ps(scale);
+    _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+        const __m512 sums = reduce16x16(A[g]);
+        _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0,
+                         _mm512_mul_ps(sc, _mm512_sub_ps(_mm512_mul_ps(s, sums),
+                                                         _mm512_mul_ps(z, _mm512_set1_ps(qsum[g])))));
+    }
+}
+
+TARGET static void lkq_logits_fast(const float *q, int32_t nq, int64_t ldq, const float *qsum,
+                                   const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                   int32_t n, float scale, float *out, int64_t ldo)
+{
+#define LKQ_LOGITS_CASE(NQ, NC)                                                                  \
+    for (int64_t i = 0; i + 16 <= m; i += 16)                                                    \
+        lkq_logits16(q, NQ, ldq, qsum, row, bits, i, m, NC, scale, out, ldo);                    \
+    break
+#define LKQ_LOGITS_NC(NQ)                                                                        \
+    case NQ:                                                                                     \
+        if (n == 64) {                                                                           \
+            LKQ_LOGITS_CASE(NQ, 4);                                                              \
+        } else {                                                                                 \
+            LKQ_LOGITS_CASE(NQ, 8);                                                              \
+        }
+    switch (nq) {
+        LKQ_LOGITS_NC(1) LKQ_LOGITS_NC(2) LKQ_LOGITS_NC(3) LKQ_LOGITS_NC(4)
+        LKQ_LOGITS_NC(5) LKQ_LOGITS_NC(6) LKQ_LOGITS_NC(7) LKQ_LOGITS_NC(8)
+    default: break;
+    }
+#undef LKQ_LOGITS_NC
+#undef LKQ_LOGITS_CASE
+}
+
+/* The value s16 c - z16 of chunk k of a LeanKV row. */
+TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
+{
+    float s, z;
+    meta(r, &s, &z);
+    __m512 c;
+    if (bits == 8 || bits == 4 || bits == 2) {
+        c = codes16(r + 4, 16 * k, bits);
+    } else {
+        _Alignas(64) float x[16];
+        for (int32_t t = 0; t < 16; t++)
+            x[t] = kvq_kvc_code_at(r + 4, 16 * k + t, bits);
+        c = _mm512_load_ps(x);
+    }
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
+}
+
+/* NQ queries, NC chunks of 16: column passes of CB chunks (NQ CB <= 16 sums in
+ * registers; kvc_rows_simd.h). */
+#define MIX_FAST(NQ, NC, DECODE)                                                                 \
+    KVQ_KVC_MIX_FAST(__m512, 16, NQ, NC, (NQ) <= 4 ? 4 : 2, _mm512_loadu_ps, _mm512_storeu_ps,  \
+                     _mm512_set1_ps, _mm512_fmadd_ps, prefetch_row, DECODE)
+
+TARGET static void lkq_mix_fast(const float *p, int32_t nq, int64_t ldp,
+                                const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                int32_t n, float *y, int64_t ldy)
+{
+#define LKQ_MIX_NC(NQ)                                                                           \
+    case NQ:                                                                                     \
+        if (n == 64)                                                                             \
+            MIX_FAST(NQ, 4, lkq_value16);                                                        \
+        else                                                                                     \
+            MIX_FAST(NQ, 8, lkq_value16);                                                        \
+        break;
+    switch (nq) {
+        LKQ_MIX_NC(1) LKQ_MIX_NC(2) LKQ_MIX_NC(3) LKQ_MIX_NC(4)
+        LKQ_MIX_NC(5) LKQ_MIX_NC(6) LKQ_MIX_NC(7) LKQ_MIX_NC(8)
+    default: break;
+    }
+#undef LKQ_MIX_NC
+}
+
+/* The fast paths' shapes. */
+static int fast_shape(int32_t nq, int32_t n)
+{
+    return (n == 64 || n == 128) && nq >= 1 && nq <= FAST_NQ;
+}
+
 TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, const float *qsum,
                                       const uint8_t *const *row, const int8_t *bits, int64_t m,
                                       int32_t n, float scale, float *out, int64_t ldo)
@@ -130,6 +262,10 @@ TARGET void kvq_kvc_lkq_logits_avx512(const float *q, int32_t nq, int64_t ldq, c
     _Alignas(64) float c[512];
     float s, z;
     int64_t i = 0;
+    if (fast_shape(nq, n)) {
+        lkq_logits_fast(q, nq, ldq, qsum, row, bits, m, n, scale, out, ldo);
+        i = m - m % 16;
+    }
     if (nq <= BLK_NQ)
         for (; i + 16 <= m; i += 16) {
             const int64_t i0 = i;
@@ -213,6 +349,10 @@ TARGET void kvq_kvc_lkq_mix_avx512(const float *p, int32_t nq, int64_t ldp,
 {
     _Alignas(64) float x[512];
     float a[64], s, z;
+    if (fast_shape(nq, n)) {
+        lkq_mix_fast(p, nq, ldp, row, bits, m, n, y, ldy);
+        return;
+    }
     if (n == 64 && nq <= 4) {
         MIX64_REGS({
             meta(row[i], &s, &z);
@@ -335,6 +475,138 @@ TARGET static inline void pats_decode(const pats_layout *L, const uint8_t *r, in
     }
 }
 
+
+/* ---- PATS rows of 64 or 128 elements, up to 8 queries, in registers (as LeanKV's
+ * above): chunk k of a row decoded by vpermi2b (VBMI) or a gather, for the layout of
+ * the row's width (made again when the width changes from one row to the next). */
+/* Byte-aligned widths read as such: w = 8 (b = 8: element c is byte c of the row, its
+ * f16 the byte << 8) and w = 16 (b = 0: the f16 values themselves, 32 to a block). */
+#define PATS_CHUNK_ALIGNED(L, r, k)                                                              \
+    ((L)->b == 8 ? _mm512_cvtph_ps(_mm256_slli_epi16(                                            \
+                       _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)((r) + 16 * (k)))), \
+                       8))                                                                       \
+                 : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((r) + 32 * (k)))))
+/* The layout of one width for rows of up to 128 elements (8 chunks). */
+typedef struct pats_lay8 {
+    int32_t b, blk0[8], two[8];
+    __m512i off[8], sh[8], idx[8];
+} pats_lay8;
+
+/* T[b] for every width b among bits [m] (0..10), rows of n <= 128 elements: made before
+ * the loops, so that no call inside them spills the sums held in registers. */
+TARGET static void pats_lay8_all(const int8_t *bits, int64_t m, int32_t n, pats_lay8 *T)
+{
+    int seen[KVQ_PATS_WIDTHS] = {0};
+    for (int64_t i = 0; i < m; i++)
+        seen[bits[i]] = 1;
+    for (int32_t b = 0; b < KVQ_PATS_WIDTHS; b++) {
+        if (!seen[b])
+            continue;
+        pats_layout L;
+        pats_layout_make(&L, b, n);
+        T[b].b = b;
+        for (int32_t k = 0; k < n / 16; k++) {
+            T[b].blk0[k] = L.blk0[k], T[b].two[k] = L.two[k];
+            T[b].off[k] = L.off[k], T[b].sh[k] = L.sh[k], T[b].idx[k] = L.idx[k];
+        }
+    }
+}
+
+/* The f16 field bits (32-bit lanes, shifted by sh) of a width as f32. */
+#define PATS_F16(L, v, sh)                                                                       \
+    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_sll_epi32(                                      \
+        _mm512_and_si512(_mm512_srlv_epi32(v, sh), _mm512_set1_epi32((1 << (16 - (L)->b)) - 1)), \
+        _mm_cvtsi32_si128((L)->b))))
+
+TARGET_VBMI INL __m512 pats_chunk_vbmi(const pats_lay8 *L, const uint8_t *r, int32_t k)
+{
+    if (L->b == 8 || L->b == 0)
+        return PATS_CHUNK_ALIGNED(L, r, k);
+    const uint8_t *blk = r + 64 * (size_t)L->blk0[k];
+    const __m512i b0 = _mm512_loadu_si512((const void *)blk);
+    const __m512i b1 = L->two[k] ? _mm512_loadu_si512((const void *)(blk + 64)) : _mm512_setzero_si512();
+    return PATS_F16(L, _mm512_permutex2var_epi8(b0, L->idx[k], b1), L->sh[k]);
+}
+
+TARGET INL __m512 pats_chunk_gather(const pats_lay8 *L, const uint8_t *r, int32_t k)
+{
+    if (L->b == 8 || L->b == 0)
+        return PATS_CHUNK_ALIGNED(L, r, k);
+    return PATS_F16(L, _mm512_i32gather_epi32(L->off[k], (const void *)r, 1), L->sh[k]);
+}
+
+/* Defines the logits and mix of one decoding (SUF: vbmi or gather, under attribute ATTR). */
+#define PATS_FAST(SUF, ATTR)                                                                     \
+    ATTR INL void pats_logits16_##SUF(const pats_lay8 *T, const float *q, int32_t NQ,            \
+                                      int64_t ldq, const uint8_t *const *row,                    \
+                                      const int8_t *bits, int64_t i0, int64_t m, int32_t NC,     \
+                                      float scale, float *out, int64_t ldo)                      \
+    {                                                                                            \
+        __m512 A[FAST_NQ][16];                                                                   \
+        for (int r = 0; r < 16; r++) {                                                           \
+            if (i0 + r + AHEAD < m)                                                              \
+                prefetch_row(row[i0 + r + AHEAD]);                                               \
+            const pats_lay8 *L = &T[bits[i0 + r]];                                               \
+            const uint8_t *rp = row[i0 + r];                                                     \
+            __m512 c[8];                                                                         \
+            _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++) c[k] =                      \
+                pats_chunk_##SUF(L, rp, k);                                                      \
+            _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {                           \
+                const float *qg = q + (size_t)g * (size_t)ldq;                                   \
+                __m512 acc = _mm512_setzero_ps();                                                \
+                _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)                         \
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);              \
+                A[g][r] = acc;                                                                   \
+            }                                                                                    \
+        }                                                                                        \
+        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++)                                 \
+            _mm512_storeu_ps(out + (size_t)g * (size_t)ldo + (size_t)i0,                         \
+                             _mm512_mul_ps(_mm512_set1_ps(scale), reduce16x16(A[g])));          \
+    }                                                                                            \
+    ATTR static void pats_logits_fast_##SUF(const pats_lay8 *T, const float *q, int32_t nq,      \
+                                            int64_t ldq, const uint8_t *const *row,              \
+                                            const int8_t *bits, int64_t m, int32_t n,            \
+                                            float scale, float *out, int64_t ldo)                \
+    {                                                                                            \
+        switch (nq) {                                                                            \
+            PATS_LOGITS_NC(SUF, 1) PATS_LOGITS_NC(SUF, 2) PATS_LOGITS_NC(SUF, 3)                 \
+            PATS_LOGITS_NC(SUF, 4) PATS_LOGITS_NC(SUF, 5) PATS_LOGITS_NC(SUF, 6)                 \
+            PATS_LOGITS_NC(SUF, 7) PATS_LOGITS_NC(SUF, 8)                                        \
+        default: break;                                                                          \
+        }                                                                                        \
+    }                                                                                            \
+    ATTR static void pats_mix_fast_##SUF(const pats_lay8 *T, const float *p, int32_t nq,         \
+                                         int64_t ldp, const uint8_t *const *row,                 \
+                                         const int8_t *bits, int64_t m, int32_t n, float *y,     \
+                                         int64_t ldy)                                            \
+    {                                                                                            \
+        switch (nq) {                                                                            \
+            PATS_MIX_NC(SUF, 1) PATS_MIX_NC(SUF, 2) PATS_MIX_NC(SUF, 3) PATS_MIX_NC(SUF, 4)      \
+            PATS_MIX_NC(SUF, 5) PATS_MIX_NC(SUF, 6) PATS_MIX_NC(SUF, 7) PATS_MIX_NC(SUF, 8)      \
+        default: break;                                                                          \
+        }                                                                                        \
+    }
+
+#define PATS_LOGITS_NC(SUF, NQ)                                                                  \
+    case NQ:                                                                                     \
+        for (int64_t i = 0; i + 16 <= m; i += 16)                                                \
+            if (n == 64)                                                                         \
+                pats_logits16_##SUF(T, q, NQ, ldq, row, bits, i, m, 4, scale, out, ldo);         \
+            else                                                                                 \
+                pats_logits16_##SUF(T, q, NQ, ldq, row, bits, i, m, 8, scale, out, ldo);         \
+        break;
+#define PATS_MIX_NC(SUF, NQ)                                                                     \
+    case NQ:                                                                                     \
+        if (n == 64)                                                                             \
+            MIX_FAST(NQ, 4, PATS_DEC_##SUF);                                                     \
+        else                                                                                     \
+            MIX_FAST(NQ, 8, PATS_DEC_##SUF);                                                     \
+        break;
+#define PATS_DEC_vbmi(rp, b, k) pats_chunk_vbmi(&T[b], rp, k)
+#define PATS_DEC_gather(rp, b, k) pats_chunk_gather(&T[b], rp, k)
+PATS_FAST(vbmi, TARGET_VBMI)
+PATS_FAST(gather, TARGET)
+
 TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
                                        const uint8_t *const *row, const int8_t *bits, int64_t m,
                                        int32_t n, float scale, float *out, int64_t ldo)
@@ -343,6 +615,15 @@ TARGET void kvq_kvc_pats_logits_avx512(const float *q, int32_t nq, int64_t ldq,
     pats_layout L;
     L.b = -1;
     int64_t i = 0;
+    if (fast_shape(nq, n)) {
+        pats_lay8 T[KVQ_PATS_WIDTHS];
+        pats_lay8_all(bits, m - m % 16, n, T);
+        if (has_vbmi())
+            pats_logits_fast_vbmi(T, q, nq, ldq, row, bits, m, n, scale, out, ldo);
+        else
+            pats_logits_fast_gather(T, q, nq, ldq, row, bits, m, n, scale, out, ldo);
+        i = m - m % 16;
+    }
     if (nq <= BLK_NQ)
         for (; i + 16 <= m; i += 16) {
             const int64_t i0 = i;
@@ -377,6 +658,15 @@ TARGET void kvq_kvc_pats_mix_avx512(const float *p, int32_t nq, int64_t ldp,
     float a[64];
     pats_layout L;
     L.b = -1;
+    if (fast_shape(nq, n)) {
+        pats_lay8 T[KVQ_PATS_WIDTHS];
+        pats_lay8_all(bits, m, n, T);
+        if (has_vbmi())
+            pats_mix_fast_vbmi(T, p, nq, ldp, row, bits, m, n, y, ldy);
+        else
+            pats_mix_fast_gather(T, p, nq, ldp, row, bits, m, n, y, ldy);
+        return;
+    }
     if (n == 64 && nq <= 4) {
         MIX64_REGS({
             if (bits[i] != L.b)

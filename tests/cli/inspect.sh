@@ -245,7 +245,7 @@ else:
     c = t["pats"]["chosen"]
     assert c is None or 0 < t["pats"]["rows"][c][pm] < 1, t["pats"]
 assert len(t["pats"]["rows"]) == 12
-for k, n_rows in (("leankv", 4), ("budget", 2)):
+for k, n_rows in (("leankv", 3), ("budget", 2)):
     x = t[k]
     assert x["columns"] == m["profile.%s.columns" % k].split(","), k
     assert len(x["rows"]) == n_rows and x["met"] is True and 0 <= x["chosen"] < n_rows, k

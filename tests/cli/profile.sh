@@ -78,7 +78,7 @@ fi
 expect_json profile_json '
 t = d["tables"]
 assert d["metric"] == "attn_rel_err" and d["tolerance"] == 0.05, d   # the default
-assert len(t["leankv"]["rows"]) == 4 and t["leankv"]["columns"][0] == "alpha_h"
+assert len(t["leankv"]["rows"]) == 3 and t["leankv"]["columns"][0] == "alpha_h"
 assert len(t["pats"]["rows"]) == 12 and len(t["budget"]["rows"]) == 2 and len(t["mass"]["rows"]) == 1
 assert t["pats"]["chosen"] == -1 and all(r[3] == 4.0 for r in t["pats"]["rows"])  # d = 8
 for k in ("leankv", "budget", "mass"):
@@ -126,7 +126,7 @@ for name, x in a.tensors.items():          # every input tensor is copied unchan
 for k, v in a.metadata.items():
     assert p.metadata[k] == v, k
 lk = p.tensors["profile.leankv"]
-assert lk.shape == (4, 8) and lk.dtype == np.float64
+assert lk.shape == (3, 8) and lk.dtype == np.float64  # (0, 0.05): alpha_l above alpha_h, skipped
 cols = p.metadata["profile.leankv.columns"].split(",")
 assert np.allclose(lk[:, cols.index("high")] + lk[:, cols.index("low")] + lk[:, cols.index("pruned")], 1)
 ah = float(p.tensors["thresholds.leankv.alpha_h"])
@@ -134,7 +134,7 @@ assert ah == float(p.metadata["leankv.alpha_h"])
 assert p.tensors["profile.pats"].shape == (12, 7) and p.tensors["profile.budget"].shape == (2, 5)
 assert float(p.tensors["thresholds.budget"]) in (np.float32(0.05), np.float32(0.25))
 # how each row was measured: intervals (finite, >= 0) and job-sample marks per table
-for t, n in (("leankv", 4), ("pats", 12), ("budget", 2), ("mass", 1)):
+for t, n in (("leankv", 3), ("pats", 12), ("budget", 2), ("mass", 1)):
     ci, js = p.tensors["profile.%s.err_ci95" % t], p.tensors["profile.%s.job_sampled" % t]
     assert ci.shape == (n,) and ci.dtype == np.float64 and js.shape == (n,) and js.dtype == np.uint8, t
     assert np.all(ci[np.isfinite(ci)] >= 0) and set(js.tolist()) <= {0, 1}, t
