@@ -1,25 +1,34 @@
 """kvq's retrieval attention in pure torch (the ``--backend torch`` of kvq.hf.retrieval):
 the selection the C engine (kvq/engine.h) makes, written again from docs/runtime.md "One
-step" for any device torch runs on, with the C engine's defaults (kvq_engine_seq_create):
+step" and runtime/select/codebook/ for any device torch runs on, with the C engine's
+settings (kvq_engine_seq_create: kvq_retrieval_params_default).
 
-- the cache: pre-RoPE keys and values rounded to f16 (``cache_f16``), each key's code
-  (nearest centroid of z = k L in the codebook's space, kvq_codebook_encode) and its
-  1-bit residual from the key-space centroid (signs of k - c and the mean |k - c|);
-- per step, query position i seeing n tokens, per KV head: sinks [0, S), window
-  [n - w, n) (w, b: the artifact's wrope), candidates between; budget K = ceil(f n);
-  K2 = K + ceil(0.08 nc) for the exact rerank; the codebook stage keeps
-  min(nc, max(ceil(64 K2), ...)) = every candidate at the defaults; the residual stage
-  scores each candidate by max over the group's heads h of LUT_h[code] + a (q_h R_b . s)
-  (LUT_h: the head's query rotated by the mean rotation over the candidates'
-  distances, ``--score-pos mean``, against the f16 table of the key-space codebook) and
-  keeps K2; the exact rerank scores (sum_h q_h R_b) . k_j and keeps K; equal scores go
-  to the earlier token;
+- the cache: pre-RoPE keys and values rounded to f16 (``cache_f16``); each key's code
+  per group (kvq_codebook_encode: the nearest fit-space centroid of k (vq, pq), of
+  z = k L (qavq, qapq) or of k R_p (vq-postrope)) and its 1-bit residual (signs and
+  the mean |x|) of x = k - c (c the key-space centroid: vq, qavq) or of x = k (grouped
+  codebooks and vq-postrope, which have none);
+- per step, query position i seeing n tokens, every KV head at once: sinks [0, S),
+  window [n - w, n) (w, b: the artifact's wrope), candidates between; budget K =
+  ceil(f n); K2 = K + ceil(0.08 nc) for the exact rerank; the codebook's first stage
+  keeps min(nc, max(ceil(64 K2), ...)) = every candidate; the residual stage scores each
+  candidate by the best head of the group: LUT_h[code] + a (q_h R_b . s) (LUT_h from
+  the f16 table of the key-space codebook and the head's query under the mean rotation
+  over the candidates' distances, ``--score-pos mean``) when the key has a centroid and
+  the LUTs fit the engine's scratch (G K <= its capacity, emulated here), else
+  q_h R_b . (c + a s) (the reconstruction rule), keeping K2; the exact rerank scores
+  (sum_h q_h R_b) . k_j (the heads' summed logits from 4 heads on) and keeps K; equal
+  scores go to the earlier token; layers without codebooks attend every token;
 - exact attention over sinks + selection + window under wrope: the window (and sinks
   inside it) with exact RoPE, every other attended token with q R_b . k_j.
 
-Only what the engine exposes is implemented: single-group codebooks (vq, qavq), wrope,
-group sum with the residual stage by the best head. Results are the C engine's up to
-float rounding (the selection: the same indices; tests compare them)."""
+Refused with UnsupportedError, naming it: an artifact recording a position mode or
+scoring query other than (wrope, mean) (``positions.mode`` / ``positions.score``), a
+model with sliding-window layers, a softcap or another score scale. Results are the C
+engine's up to float rounding (the selection: the same indices; tests compare them).
+Everything runs on the engine's device with torch operations; the only host values
+per step are the token counts and positions (Python ints), so no device sync is
+needed until the caller reads a result."""
 from __future__ import annotations
 
 import math
@@ -35,6 +44,7 @@ RERANK_EXTRA = 0.08  # kvq_retrieval_params_default: rerank_extra
 RESID_WIDE = 64.0    # resid_wide
 RESID_SHARE = 1.0    # resid_share
 F16_MAX = 65504.0
+METHODS = ("vq", "qavq", "pq", "qapq", "vq-postrope")
 
 
 def rope_freqs(spec: ModelSpec) -> np.ndarray:
@@ -70,6 +80,82 @@ def budget_tokens(budget: Union[int, float], n: int) -> int:
     return min(max(int(math.ceil(budget * n)), 1), n)
 
 
+def method_of(a: Artifact) -> str:
+    """kvq_codebook_method_from_format: vq/pq and qavq/qapq told apart by the groups."""
+    m = {"qa-vq": "qavq", "post-rope-vq": "vq-postrope"}.get(a.method, a.method)
+    if m == "vq" and a.groups > 1:
+        return "pq"
+    if m == "qavq" and a.groups > 1:
+        return "qapq"
+    if m not in METHODS:
+        raise UnsupportedError(f"{a.path}: method {a.method!r} has no codebooks the torch back end "
+                               f"decodes ({', '.join(METHODS)})", 400)
+    return m
+
+
+def _check_attention(a: Artifact, model: ModelSpec) -> None:
+    """What the C engine attends that this back end does not: refused by name."""
+    meta = a.metadata
+    pm, ps = meta.get("positions.mode"), meta.get("positions.score")
+    if (pm or ps) and (pm, ps) != ("wrope", "mean"):
+        raise UnsupportedError(f"{a.path}: positions.mode {pm!r} / positions.score {ps!r}: the torch "
+                               "back end implements wrope positions with mean scoring only", 400)
+    num = {k: float(v) for k, v in meta.items() if k.startswith("model.attention.")
+           and k.split(".")[-1] in ("sliding_window", "softcap", "scale")}
+    if num.get("model.attention.sliding_window", 0) > 0:
+        raise UnsupportedError(f"{a.path}: sliding-window layers: the torch back end attends "
+                               "every layer by retrieval", 400)
+    if num.get("model.attention.softcap", 0) > 0:
+        raise UnsupportedError(f"{a.path}: attention softcap: not implemented by the torch back end", 400)
+    sc = num.get("model.attention.scale", 0)
+    if sc > 0 and abs(sc * math.sqrt(model.head_dim) - 1) > 1e-12:
+        raise UnsupportedError(f"{a.path}: attention scale {sc}: the torch back end computes "
+                               "1/sqrt(head_dim)", 400)
+
+
+class _Layer:
+    """One layer's codebooks, every KV head stacked (on the engine's device).
+    W [H, G, K, dg] fit-space centroids (float64, for encoding) and their norms; L [H, d, d]
+    (float64, query-aware); Linv [H, d, d] (float64, qapq's LUT query); C [H, K, d] the
+    key-space codebook (float32; G = 1); tab [H, G, K, dg] the f16 table / its scale
+    (float32 values) and tscale [H] the scales."""
+
+    def __init__(self, a: Artifact, l: int, n_kv: int, method: str, dev: Any) -> None:
+        import torch
+        G, qa = a.groups, method in ("qavq", "qapq")
+        W, C, Ls, Lis, tabs, scales = [], [], [], [], [], []
+        for h in range(n_kv):
+            w = (a.codebook_z(l, h) if qa else a.codebook(l, h)).astype(np.float32)
+            w = w.reshape(G, w.shape[-2], w.shape[-1])
+            if qa:
+                L, Li = a.cholesky(l, h)
+                Ls.append(L.astype(np.float64))
+                Lis.append(Li.astype(np.float64))
+            if G == 1:  # kvq_codebook_create: C = C^z L^-1 in double, rounded once
+                c = (w[0].astype(np.float64) @ Lis[-1]).astype(np.float32) if qa else w[0]
+                C.append(c)
+                src = c[None]
+            else:
+                src = w
+            m = float(np.abs(src).max())
+            scale = 1.0
+            while m / scale > F16_MAX and scale <= 2.0 ** 40:
+                scale *= 2.0
+            tabs.append((src * np.float32(1.0 / scale)).astype(np.float16).astype(np.float32))
+            scales.append(scale)
+            W.append(w.astype(np.float64))
+        t = lambda x, dt: torch.tensor(np.stack(x), dtype=dt, device=dev)  # noqa: E731
+        self.W = t(W, torch.float64)
+        self.wnorm = (self.W ** 2).sum(-1)                       # [H, G, K]
+        self.L = t(Ls, torch.float64) if qa else None
+        self.Linv = t(Lis, torch.float64) if method == "qapq" else None
+        self.C = t(C, torch.float32) if G == 1 else None
+        self.tab = t(tabs, torch.float32)
+        self.tscale = torch.tensor(scales, dtype=torch.float64, device=dev)
+        self.G, self.K = G, W[0].shape[1]
+        self.centroid = G == 1 and method != "vq-postrope"        # resid.c centroid()
+
+
 class TorchEngine:
     """An artifact's codebooks on a torch device, for a model (checked as
     kvq_engine_open checks it: shape, RoPE, fingerprint; MismatchError otherwise)."""
@@ -80,45 +166,24 @@ class TorchEngine:
 
         a = artifact if isinstance(artifact, Artifact) else Artifact(artifact)
         self.weights_note = a.check_model(model, accept_mismatch=accept_model_mismatch)
-        if a.groups != 1 or a.method not in ("vq", "qavq"):
-            raise UnsupportedError(f"{a.path}: method {a.method} with {a.groups} groups: the torch back end "
-                                   "implements single-group vq and qavq codebooks", 400)
-        missing = [l for l in range(model.n_layers) if l not in a.layers]
-        if missing:
-            raise UnsupportedError(f"{a.path}: no codebooks for layers {missing}", 400)
+        self.method = method_of(a)
+        _check_attention(a, model)
+        d = model.head_dim
+        if model.n_heads % model.n_kv_heads or d % 2:
+            raise InvalidArgumentError(f"kvq torch back end: {model.n_heads} heads, {model.n_kv_heads} KV "
+                                       f"heads, head_dim {d}", 500)
         self.model, self.device, self.artifact = model, torch.device(device), a
         self.window, self.wrope_b = a.wrope
-        theta = rope_freqs(model)
-        self.theta = theta
-        ang = self.wrope_b * theta
-        self.bcos = torch.tensor(np.cos(ang).astype(np.float32), device=self.device)
-        self.bsin = torch.tensor(np.sin(ang).astype(np.float32), device=self.device)
-        self.L: Dict[Tuple[int, int], Any] = {}
-        self.Cz: Dict[Tuple[int, int], Any] = {}
-        self.cz_norm: Dict[Tuple[int, int], Any] = {}
-        self.C: Dict[Tuple[int, int], Any] = {}
-        self.table: Dict[Tuple[int, int], Tuple[Any, float]] = {}
-        for l in range(model.n_layers):
-            for h in range(model.n_kv_heads):
-                cz = a.codebook_z(l, h).astype(np.float64) if a.method == "qavq" else a.codebook(l, h).astype(np.float64)
-                if a.method == "qavq":
-                    L, Li = a.cholesky(l, h)
-                    c = (cz @ Li.astype(np.float64)).astype(np.float32)  # kvq_codebook_key_codebook
-                    self.L[l, h] = torch.tensor(L.astype(np.float64), device=self.device)
-                else:
-                    c = cz.astype(np.float32)
-                    self.L[l, h] = None
-                self.Cz[l, h] = torch.tensor(cz, device=self.device)
-                self.cz_norm[l, h] = (self.Cz[l, h] ** 2).sum(1)
-                self.C[l, h] = torch.tensor(c, device=self.device)
-                m = float(np.abs(c).max())
-                scale = 1.0
-                while m / scale > F16_MAX and scale <= 2.0 ** 40:
-                    scale *= 2.0
-                # kvq_rk_table: f16 of the key-space centroids / scale (a power of two)
-                t16 = torch.tensor((c * np.float32(1.0 / scale)).astype(np.float16).astype(np.float32),
-                                   device=self.device)
-                self.table[l, h] = (t16, scale)
+        self.theta = rope_freqs(model)
+        dev = self.device
+        self.theta_t = torch.tensor(self.theta, dtype=torch.float64, device=dev)
+        ang = self.wrope_b * self.theta
+        self.bcos = torch.tensor(np.cos(ang).astype(np.float32), device=dev)
+        self.bsin = torch.tensor(np.sin(ang).astype(np.float32), device=dev)
+        self.layers: Dict[int, _Layer] = {}
+        for l in a.layers:
+            if 0 <= l < model.n_layers:
+                self.layers[l] = _Layer(a, l, model.n_kv_heads, self.method, dev)
 
     def sequence(self, budget: Union[int, float] = 0.06, sink: Optional[int] = None, window: int = 0,
                  cache_f16: bool = True, **_: Any) -> "TorchSequence":
@@ -131,7 +196,7 @@ class TorchEngine:
 
 
 def _rotate(x: Any, cs: Any, sn: Any, interleaved: bool) -> Any:
-    """Pairwise rotation of x [..., d] by (cs, sn) [d/2] (kvq_rk_rotate), in x's dtype."""
+    """Pairwise rotation of x [..., d] by (cs, sn) [..., d/2] (kvq_rk_rotate), in x's dtype."""
     import torch
     d = x.shape[-1]
     if interleaved:
@@ -141,18 +206,57 @@ def _rotate(x: Any, cs: Any, sn: Any, interleaved: bool) -> Any:
     return torch.cat([x0 * cs - x1 * sn, x0 * sn + x1 * cs], dim=-1)
 
 
-def _rowdot(a: Any, b: Any) -> Any:
-    """Dot products along the last axis, each row reduced alone in float64 (so equal rows
-    give bit-equal scores, whatever their place in a batch: the ties of equal keys go to
-    the earlier token as in the C engine), rounded to float32."""
-    return (a.double() * b.double()).sum(-1).float()
+def _dots(a: Any, b: Any) -> Any:
+    """a [H, m, d] . b [H, n, d] -> [H, m, n]: each dot in float64 (equal rows give
+    bit-equal scores, so the ties of equal keys go to the earlier token as in the C
+    engine), rounded to float32."""
+    return (a.double() @ b.double().transpose(-1, -2)).float()
 
 
 def _topk_earliest(scores: Any, k: int) -> Any:
-    """Indices of the k largest scores, equal scores to the earlier index, ascending."""
+    """Per row of scores [H, n], the indices of the k largest, equal scores to the earlier
+    index, ascending: [H, k] (kvq_rk_topk)."""
     import torch
-    order = torch.sort(-scores, stable=True).indices[:k]
-    return torch.sort(order).values
+    order = torch.sort(-scores, dim=-1, stable=True).indices[..., :k]
+    return torch.sort(order, dim=-1).values
+
+
+def _sum_rows(x: Any) -> Any:
+    """x [..., g, d] summed over g in order, in x's dtype (kvq_rt_group_sum)."""
+    s = x[..., 0, :]
+    for g in range(1, x.shape[-2]):
+        s = s + x[..., g, :]
+    return s
+
+
+class _Cache:
+    """One layer's rows, grown by doubling (no per-step concatenation): k, v [cap, H, d]
+    float32 (f16-rounded values), codes [cap, H, G] int64, signs [cap, H, d] float32
+    (+-1), scale [cap, H] float32, pos [cap] float64; n rows used; pos_host the
+    positions as Python ints."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.pos_host: List[int] = []
+        self.t: Dict[str, Any] = {}
+
+    def add(self, rows: Dict[str, Any], pos: List[int]) -> None:
+        import torch
+        m = len(pos)
+        for name, x in rows.items():
+            buf = self.t.get(name)
+            if buf is None or buf.shape[0] < self.n + m:
+                cap = max(2 * (buf.shape[0] if buf is not None else 0), self.n + m, 64)
+                nb = torch.empty((cap,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+                if buf is not None:
+                    nb[:self.n] = buf[:self.n]
+                self.t[name] = buf = nb
+            buf[self.n:self.n + m] = x
+        self.n += m
+        self.pos_host += pos
+
+    def __getitem__(self, name: str) -> Any:
+        return self.t[name][:self.n]
 
 
 class TorchSequence:
@@ -162,21 +266,16 @@ class TorchSequence:
     def __init__(self, eng: TorchEngine, budget: Union[int, float], sink: int, window: int,
                  cache_f16: bool) -> None:
         self.e, self.budget, self.sink, self.window, self.f16 = eng, budget, sink, window, cache_f16
+        self.cap = 0  # the C engine's scratch capacity (rows), kept over reset as it keeps it
+        self._rot: Tuple[Any, ...] = ()
         self.reset()
 
     def reset(self) -> None:
         """Forgets the tokens."""
-        n = self.e.model.n_layers
-        self.k: List[List[Any]] = [[] for _ in range(n)]
-        self.v: List[List[Any]] = [[] for _ in range(n)]
-        self.codes: List[List[Any]] = [[] for _ in range(n)]
-        self.signs: List[List[Any]] = [[] for _ in range(n)]
-        self.scale: List[List[Any]] = [[] for _ in range(n)]
-        self.pos: List[List[int]] = [[] for _ in range(n)]
-        self._cat: Dict[int, Tuple[int, Any, Any, Any, Any, Any]] = {}
+        self.c = [_Cache() for _ in range(self.e.model.n_layers)]
 
     def length(self, layer: int = 0) -> int:
-        return len(self.pos[layer])
+        return self.c[layer].n
 
     def close(self) -> None:
         self.reset()
@@ -185,6 +284,32 @@ class TorchSequence:
         import torch
         t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
         return t.to(self.e.device, torch.float32)
+
+    def _grow(self, T: int) -> None:
+        """scratch_reserve (runtime/retrieval.c): the capacity after a call seeing T rows."""
+        if T > self.cap:
+            self.cap = T if T > 2 * self.cap else 2 * self.cap
+
+    def _encode(self, lay: _Layer, k: Any, pos: List[int]) -> Tuple[Any, Any, Any]:
+        """kvq_codebook_encode and kvq_rt_resid_append (1 bit) of rows k [m, H, d]:
+        codes [m, H, G], signs [m, H, d], scales [m, H]."""
+        import torch
+        e = self.e
+        m, H, d = k.shape
+        x = k.double().transpose(0, 1)                            # [H, m, d]
+        if lay.L is not None:                                     # z = k L in double, rounded
+            x = (x @ lay.L).float().double()
+        elif e.method == "vq-postrope":                           # k R_p
+            ang = torch.tensor(pos, dtype=torch.float64, device=k.device)[:, None] * e.theta_t
+            x = _rotate(k.transpose(0, 1), torch.cos(ang).float(), torch.sin(ang).float(),
+                        e.model.rope_interleaved).double()
+        xg = x.view(H, m, lay.G, d // lay.G).transpose(1, 2)      # [H, G, m, dg]
+        dist = (xg ** 2).sum(-1, keepdim=True) - 2 * xg @ lay.W.transpose(-1, -2) + lay.wnorm[:, :, None]
+        codes = torch.argmin(dist, dim=-1).permute(2, 0, 1)       # [m, H, G]: the first minimum
+        r = k - torch.gather(lay.C, 1, codes[..., 0].t()[..., None].expand(H, m, d)).transpose(0, 1) \
+            if lay.centroid else k
+        signs = torch.where(r >= 0, 1.0, -1.0).to(torch.float32)
+        return codes, signs, r.double().abs().mean(-1).float()
 
     def append(self, layer: int, k: Any, v: Any, pos: Optional[Any] = None) -> None:
         """Rows k, v [n, n_kv_heads, head_dim] (pre-RoPE) at positions pos (default: next)."""
@@ -198,46 +323,65 @@ class TorchSequence:
                                        f"expected [n, {m.n_kv_heads}, {m.head_dim}] each")
         if self.f16:
             k, v = k.half().float(), v.half().float()
-        n0 = len(self.pos[layer])
-        p = list(range(n0, n0 + k.shape[0])) if pos is None else [int(x) for x in np.asarray(pos).ravel()]
-        codes, signs, scales = [], [], []
-        for h in range(m.n_kv_heads):
-            kh = k[:, h].double()
-            L = self.e.L[layer, h]
-            z = (kh @ L) if L is not None else kh  # kvq_codebook_encode: z = k L
-            dist = (z * z).sum(1, keepdim=True) - 2 * z @ self.e.Cz[layer, h].T + self.e.cz_norm[layer, h]
-            c = torch.argmin(dist, dim=1)  # the first of equal distances
-            r = k[:, h] - self.e.C[layer, h][c]  # residual from the key-space centroid (f32)
-            codes.append(c)
-            signs.append(torch.where(r >= 0, 1.0, -1.0).to(torch.float32))
-            scales.append(r.double().abs().mean(1).float())
-        self.k[layer].append(k)
-        self.v[layer].append(v)
-        self.codes[layer].append(torch.stack(codes, 1))
-        self.signs[layer].append(torch.stack(signs, 1))
-        self.scale[layer].append(torch.stack(scales, 1))
-        self.pos[layer] += p
+        c = self.c[layer]
+        p = list(range(c.n, c.n + k.shape[0])) if pos is None else [int(x) for x in np.asarray(pos).ravel()]
+        self._grow(c.n + len(p))
+        rows = {"k": k, "v": v, "pos": torch.tensor(p, dtype=torch.float64, device=k.device)}
+        lay = self.e.layers.get(layer)
+        if lay is not None:
+            rows["codes"], rows["signs"], rows["scale"] = self._encode(lay, k, p)
+        c.add(rows, p)
 
-    def _cached(self, layer: int):
+    def _rotation(self, a: int, b: int) -> Tuple[Any, Any]:
+        """kvq_rt_mean_rotation: per pair, the mean of R_delta over distances [a, b]
+        (cos, sin [d/2] float32), kept for the step's layers (they share a, b)."""
         import torch
-        n = len(self.pos[layer])
-        hit = self._cat.get(layer)
-        if hit is None or hit[0] != n:
-            for store in (self.k, self.v, self.codes, self.signs, self.scale):
-                store[layer] = [torch.cat(store[layer])]
-            hit = (n, self.k[layer][0], self.v[layer][0], self.codes[layer][0], self.signs[layer][0],
-                   self.scale[layer][0])
-            self._cat[layer] = hit
-        return hit[1:]
+        if self._rot[:2] == (a, b):
+            return self._rot[2], self._rot[3]
+        t = self.e.theta
+        n, c = float(b - a + 1), 0.5 * (a + b)
+        s2 = np.sin(0.5 * t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            damp = np.where(np.abs(s2) < 1e-12, 1.0, np.sin(0.5 * n * t) / (n * s2))
+        cs = torch.tensor((damp * np.cos(c * t)).astype(np.float32), device=self.e.device)
+        sn = torch.tensor((damp * np.sin(c * t)).astype(np.float32), device=self.e.device)
+        self._rot = (a, b, cs, sn)
+        return cs, sn
 
-    def select(self, layer: int, h: int, q: Any, qb: Any, n: int, s_end: int, w_beg: int, i: int) -> Any:
-        """The candidates KV head h keeps (token indices ascending); q, qb [gs, d]."""
+    def _lut(self, lay: _Layer, qs: Any) -> Any:
+        """kvq_rk_lut of scoring queries qs [H, m, d]: [H, m, G, K] float32 (q' = qs L^-T in
+        double for qapq, times the table's scale, rounded; dotted with the f16 table)."""
+        qp = qs.double()
+        if lay.Linv is not None:
+            qp = qp @ lay.Linv.transpose(-1, -2)
+        H, m, d = qs.shape
+        qp = (qp * lay.tscale[:, None, None]).float().view(H, m, lay.G, d // lay.G)
+        return (qp.transpose(1, 2) @ lay.tab.transpose(-1, -2)).transpose(1, 2)  # [H, m, G, K]
+
+    @staticmethod
+    def _gather_lut(lut: Any, codes: Any) -> Any:
+        """kvq_rk_score: lut [H, m, G, K], codes [H, n, G] -> [H, m, n], the groups summed in
+        order in float32."""
         import torch
-        K, _, codes, signs, scale = self._cached(layer)
+        H, m, G, K = lut.shape
+        n = codes.shape[1]
+        s = None
+        for g in range(G):
+            x = torch.gather(lut[:, :, g], 2, codes[:, None, :, g].expand(H, m, n))
+            s = x if s is None else s + x
+        return s
+
+    def _select(self, layer: int, q: Any, qb: Any, qi: Any, n: int, s_end: int, w_beg: int,
+                i: int) -> Any:
+        """The candidates every KV head keeps, token indices ascending [H, m]; q, qb, qi
+        [H, gs, d] (pre-RoPE, q R_b, q R_i)."""
+        import torch
+        c, lay, e = self.c[layer], self.e.layers.get(layer), self.e
         nc = w_beg - s_end
+        H = q.shape[0]
         kb = budget_tokens(self.budget, n)
-        cand = torch.arange(s_end, w_beg, device=self.e.device)
-        if kb >= nc:
+        cand = torch.arange(s_end, w_beg, device=e.device).expand(H, nc)
+        if lay is None or kb >= nc:  # layers without codebooks attend fully (select.c)
             return cand
         k2 = min(nc, kb + int(math.ceil(RERANK_EXTRA * nc)))
         k1 = k2
@@ -245,38 +389,36 @@ class TorchSequence:
             want, cap = math.ceil(RESID_WIDE * k2), math.ceil(RESID_SHARE * nc)
             want = max(cap, k2) if want > cap else want
             k1 = nc if want >= nc else int(want)
-        pos = self.pos[layer]
+        pos = c.pos_host
         a, b = i - pos[w_beg - 1], i - pos[s_end]
         a, b = min(a, b), max(a, b)
-        cs, sn = self._mean_rotation(a, b)
-        t16, tscale = self.e.table[layer, h]
-        qm = _rotate(q, cs, sn, self.e.model.rope_interleaved)             # [gs, d] scoring queries
-        luts = (qm.double() * tscale).float() @ t16.T                      # [gs, K]
-        cc = codes[s_end:w_beg, h]
-        if k1 < nc:  # the first stage: the group's summed scoring query
-            first = (qm.sum(0).double() * tscale).float() @ t16.T
-            cand = cand[_topk_earliest(first[cc], k1)]
-            cc = codes[cand, h]
-        if k1 > k2:  # the residual stage, by the best head
-            sc = luts[:, cc] + scale[cand, h][None] * _rowdot(signs[cand, h][None], qb[:, None])  # [gs, m]
-            cand = cand[_topk_earliest(sc.max(0).values, k2)]
-        if k2 > kb:  # the exact rerank: (sum q R_b) . k, or the heads' sum from 4 heads on
-            kk = K[cand, h]
-            ex = _rowdot(kk, qb.sum(0)) if qb.shape[0] < 4 else _rowdot(kk[None], qb[:, None]).sum(0)
-            cand = cand[_topk_earliest(ex, kb)]
+        if e.method == "vq-postrope":  # kvq_codebook_query_pe: q R_i
+            qm = qi
+        else:
+            cs, sn = self._rotation(a, b)
+            qm = _rotate(q, cs, sn, e.model.rope_interleaved)                 # [H, gs, d]
+        codes = c["codes"]
+        hidx = torch.arange(H, device=e.device)[:, None]
+        if k1 < nc:  # the first stage: the group's summed scoring query (device_select)
+            first = self._gather_lut(self._lut(lay, _sum_rows(qm)[:, None]), codes[s_end:w_beg].transpose(0, 1))
+            cand = cand.gather(1, _topk_earliest(first[:, 0], k1))
+        if k1 > k2:  # the residual stage, by the best head (resid_group max)
+            sg, sc_ = c["signs"][cand, hidx], c["scale"][cand, hidx]          # [H, m, d], [H, m]
+            d = q.shape[-1]
+            if lay.centroid and d % 8 == 0 and lay.G * lay.K <= self.cap:     # fast_max_scores
+                first = self._gather_lut(self._lut(lay, qm), codes[cand, hidx])   # [H, gs, m]
+                sc = first + sc_[:, None] * _dots(qb, sg)
+            else:  # reconstruct: q_h . (c + a s)
+                y = sg * sc_[..., None]
+                if lay.centroid:
+                    y = y + lay.C[hidx, codes[cand, hidx][..., 0]]
+                sc = _dots(qb, y)
+            cand = cand.gather(1, _topk_earliest(sc.max(1).values, k2))
+        if k2 > kb:  # the exact rerank: (sum q R_b) . k, or the heads' summed logits from 4 on
+            kk = c["k"][cand, hidx]                                             # [H, k2, d]
+            ex = _dots(_sum_rows(qb)[:, None], kk)[:, 0] if qb.shape[1] < 4 else _sum_rows(_dots(qb, kk).transpose(1, 2)[..., None])[..., 0]
+            cand = cand.gather(1, _topk_earliest(ex, kb))
         return cand
-
-    def _mean_rotation(self, a: int, b: int) -> Tuple[Any, Any]:
-        """kvq_rt_mean_rotation: per pair, the mean of R_delta over distances [a, b]."""
-        import torch
-        t = self.e.theta
-        n, c = float(b - a + 1), 0.5 * (a + b)
-        s2 = np.sin(0.5 * t)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            damp = np.where(np.abs(s2) < 1e-12, 1.0, np.sin(0.5 * n * t) / (n * s2))
-        cs = (damp * np.cos(c * t)).astype(np.float32)
-        sn = (damp * np.sin(c * t)).astype(np.float32)
-        return torch.tensor(cs, device=self.e.device), torch.tensor(sn, device=self.e.device)
 
     def decode(self, layer: int, q: Any, k: Any, v: Any, pos: Optional[int] = None) -> Tuple[Any, List[Any]]:
         """One decode step (as kvq.Sequence.decode): appends k, v [n_kv_heads, head_dim] at
@@ -284,40 +426,40 @@ class TorchSequence:
         selected: per KV head the chosen candidate tokens, ascending; empty when every
         token was attended)."""
         import torch
-        m = self.e.model
+        m, e = self.e.model, self.e
         q = self._tensor(q)
         if q.shape != (m.n_heads, m.head_dim):
             raise InvalidArgumentError(f"kvq torch back end: q has shape {tuple(q.shape)}, "
                                        f"expected {(m.n_heads, m.head_dim)}")
-        i = len(self.pos[layer]) if pos is None else int(pos)
+        c = self.c[layer]
+        i = c.n if pos is None else int(pos)
         self.append(layer, self._tensor(k)[None], self._tensor(v)[None], [i])
-        K, V, _, _, _ = self._cached(layer)
-        n = K.shape[0]
-        gs, d = m.n_heads // m.n_kv_heads, m.head_dim
+        n, H, d = c.n, m.n_kv_heads, m.head_dim
+        gs = m.n_heads // H
         s_end = min(self.sink, n)
         w_beg = max(n - self.window, s_end)
         il = m.rope_interleaved
-        qg = q.view(m.n_kv_heads, gs, d)
-        qb = _rotate(qg, self.e.bcos, self.e.bsin, il)
-        ang = torch.tensor(i * self.e.theta, device=self.e.device)
+        qg = q.view(H, gs, d)
+        qb = _rotate(qg, e.bcos, e.bsin, il)
+        ang = i * e.theta_t
         qi = _rotate(qg, torch.cos(ang).float(), torch.sin(ang).float(), il)
-        pos_t = torch.tensor(self.pos[layer], device=self.e.device, dtype=torch.float64)
-        out = torch.empty(m.n_heads, d, device=self.e.device)
-        selected = []
+        if w_beg > s_end:
+            sel = self._select(layer, qg, qb, qi, n, s_end, w_beg, i)
+        else:
+            sel = torch.zeros((H, 0), dtype=torch.long, device=e.device)
+        # sinks outside the last `window` tokens are far (q R_b), the others near (exact RoPE)
+        n_far_s = max(0, min(s_end, n - self.window))
+        dev = e.device
+        far = torch.cat([torch.arange(0, n_far_s, device=dev).expand(H, n_far_s), sel], 1)
+        near = torch.cat([torch.arange(n_far_s, s_end, device=dev), torch.arange(w_beg, n, device=dev)])
+        hidx = torch.arange(H, device=dev)[:, None]
+        K, V = c["k"], c["v"]
         scl = 1.0 / math.sqrt(d)
-        for h in range(m.n_kv_heads):
-            sel = self.select(layer, h, qg[h], qb[h], n, s_end, w_beg, i) if w_beg > s_end else \
-                torch.zeros(0, dtype=torch.long, device=self.e.device)
-            selected.append(sel)
-            sinks = torch.arange(0, s_end, device=self.e.device)
-            near = torch.arange(w_beg, n, device=self.e.device)
-            far_s, near_s = sinks[sinks < n - self.window], sinks[sinks >= n - self.window]
-            far = torch.cat([far_s, sel])
-            near = torch.cat([near_s, near])
-            lf = (qb[h] @ K[far, h].T) * scl                                  # q R_b . k_j
-            a = pos_t[near][:, None] * torch.tensor(self.e.theta, device=self.e.device)[None]
-            kr = _rotate(K[near, h], torch.cos(a).float(), torch.sin(a).float(), il)
-            ln = (qi[h] @ kr.T) * scl                                          # q R_i . k_j R_j
-            p = torch.softmax(torch.cat([lf, ln], 1), dim=1)
-            out[h * gs:(h + 1) * gs] = p @ V[torch.cat([far, near]), h]
-        return out, selected
+        lf = (qb @ K[far, hidx].transpose(1, 2)) * scl                          # [H, gs, m_far]
+        a = c["pos"][near][:, None] * e.theta_t[None]
+        kr = _rotate(K[near].transpose(0, 1), torch.cos(a).float(), torch.sin(a).float(), il)  # [H, m_near, d]
+        ln = (qi @ kr.transpose(1, 2)) * scl
+        p = torch.softmax(torch.cat([lf, ln], 2), dim=2)
+        vv = torch.cat([V[far, hidx], V[near].transpose(0, 1)], 1)              # [H, m, d]
+        out = (p @ vv).reshape(m.n_heads, d)
+        return out, list(sel.unbind(0)) if w_beg > s_end else [sel[h] for h in range(H)]
