@@ -45,6 +45,8 @@ RESID_WIDE = 64.0    # resid_wide
 RESID_SHARE = 1.0    # resid_share
 F16_MAX = 65504.0
 METHODS = ("vq", "qavq", "pq", "qapq", "vq-postrope")
+POSITIONS = ("wrope", "rope")
+SCORES = ("rb", "mean", "bands")
 
 
 def rope_freqs(spec: ModelSpec) -> np.ndarray:
@@ -96,10 +98,6 @@ def method_of(a: Artifact) -> str:
 def _check_attention(a: Artifact, model: ModelSpec) -> None:
     """What the C engine attends that this back end does not: refused by name."""
     meta = a.metadata
-    pm, ps = meta.get("positions.mode"), meta.get("positions.score")
-    if (pm or ps) and (pm, ps) != ("wrope", "mean"):
-        raise UnsupportedError(f"{a.path}: positions.mode {pm!r} / positions.score {ps!r}: the torch "
-                               "back end implements wrope positions with mean scoring only", 400)
     num = {k: float(v) for k, v in meta.items() if k.startswith("model.attention.")
            and k.split(".")[-1] in ("sliding_window", "softcap", "scale")}
     if num.get("model.attention.sliding_window", 0) > 0:
@@ -180,16 +178,30 @@ class TorchEngine:
         ang = self.wrope_b * self.theta
         self.bcos = torch.tensor(np.cos(ang).astype(np.float32), device=dev)
         self.bsin = torch.tensor(np.sin(ang).astype(np.float32), device=dev)
+        pm, ps = a.metadata.get("positions.mode"), a.metadata.get("positions.score")
+        if (pm or ps) and (pm not in POSITIONS or ps not in SCORES):
+            raise UnsupportedError(f"{a.path}: positions.mode {pm!r} / positions.score {ps!r} is not a "
+                                   f"position mode {POSITIONS} and a scoring query {SCORES}", 400)
+        # kvq run / kvq eval take the artifact's recorded modes (kvq calibrate chose them)
+        self.positions, self.score_pos = (pm, ps) if pm else ("wrope", "mean")
         self.layers: Dict[int, _Layer] = {}
         for l in a.layers:
             if 0 <= l < model.n_layers:
                 self.layers[l] = _Layer(a, l, model.n_kv_heads, self.method, dev)
 
     def sequence(self, budget: Union[int, float] = 0.06, sink: Optional[int] = None, window: int = 0,
-                 cache_f16: bool = True, **_: Any) -> "TorchSequence":
+                 cache_f16: bool = True, positions: Optional[str] = None, score_pos: Optional[str] = None,
+                 **_: Any) -> "TorchSequence":
         """A sequence (as kvq.Engine.sequence): budget a count or a fraction of the visible
-        tokens, sink (default 4), window (0: the artifact's)."""
-        return TorchSequence(self, budget, 4 if sink is None else int(sink), window or self.window, cache_f16)
+        tokens, sink (default 4), window (0: the artifact's); positions "wrope" | "rope" and
+        score_pos "rb" | "mean" | "bands" (kvq run's --positions / --score-pos; default: the
+        artifact's recorded modes, else wrope and mean)."""
+        pm, ps = positions or self.positions, score_pos or self.score_pos
+        if pm not in POSITIONS or ps not in SCORES:
+            raise InvalidArgumentError(f"kvq torch back end: positions {pm!r} / score_pos {ps!r} "
+                                       f"(positions {POSITIONS}, score_pos {SCORES})", 500)
+        return TorchSequence(self, budget, 4 if sink is None else int(sink), window or self.window, cache_f16,
+                             pm, ps)
 
     def close(self) -> None:
         pass
@@ -201,7 +213,7 @@ def _rotate(x: Any, cs: Any, sn: Any, interleaved: bool) -> Any:
     d = x.shape[-1]
     if interleaved:
         x0, x1 = x[..., 0::2], x[..., 1::2]
-        return torch.stack([x0 * cs - x1 * sn, x0 * sn + x1 * cs], dim=-1).reshape(x.shape)
+        return torch.stack([x0 * cs - x1 * sn, x0 * sn + x1 * cs], dim=-1).flatten(-2)
     x0, x1 = x[..., :d // 2], x[..., d // 2:]
     return torch.cat([x0 * cs - x1 * sn, x0 * sn + x1 * cs], dim=-1)
 
@@ -259,15 +271,30 @@ class _Cache:
         return self.t[name][:self.n]
 
 
+def _band_edges(a: int, b: int) -> List[int]:
+    """score_pos.c band_edges: band k is [E[k], E[k+1] - 1], E[0] = a, doubling, the last
+    ending at b (E[nb] = b + 1)."""
+    e = [a]
+    while len(e) - 1 < 62:
+        k = len(e) - 1
+        nx = a << (k + 1) if k + 1 < 31 else int(round(a * 2.0 ** (k + 1)))
+        nx = max(nx, e[k] + 1)
+        if nx > b:
+            break
+        e.append(nx)
+    return e + [b + 1]
+
+
 class TorchSequence:
     """One sequence's cache and steps (the API of kvq.Sequence, torch tensors or numpy in;
     torch tensors out on the engine's device)."""
 
     def __init__(self, eng: TorchEngine, budget: Union[int, float], sink: int, window: int,
-                 cache_f16: bool) -> None:
+                 cache_f16: bool, positions: str = "wrope", score_pos: str = "mean") -> None:
         self.e, self.budget, self.sink, self.window, self.f16 = eng, budget, sink, window, cache_f16
+        self.rope, self.score_pos = positions == "rope", score_pos
         self.cap = 0  # the C engine's scratch capacity (rows), kept over reset as it keeps it
-        self._rot: Tuple[Any, ...] = ()
+        self._rot: Dict[Tuple[int, int], Tuple[Any, ...]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -290,24 +317,32 @@ class TorchSequence:
         if T > self.cap:
             self.cap = T if T > 2 * self.cap else 2 * self.cap
 
-    def _encode(self, lay: _Layer, k: Any, pos: List[int]) -> Tuple[Any, Any, Any]:
-        """kvq_codebook_encode and kvq_rt_resid_append (1 bit) of rows k [m, H, d]:
-        codes [m, H, G], signs [m, H, d], scales [m, H]."""
+    def _cs(self, pos: Any) -> Tuple[Any, Any]:
+        """The RoPE table's rows (float32 cos, sin [.., d/2]) of positions pos (float64)."""
+        import torch
+        ang = pos[..., None] * self.e.theta_t
+        return torch.cos(ang).float(), torch.sin(ang).float()
+
+    def _encode(self, lay: _Layer, k: Any, pos: Any, cs: Any, sn: Any) -> Tuple[Any, Any, Any]:
+        """kvq_codebook_encode and kvq_rt_resid_append (1 bit) of rows k [m, H, d] (as the
+        cache rounds them) at positions pos [m]: codes [m, H, G], signs [m, H, d], scales
+        [m, H]; under ROPE the residual rotated by its position (cs, sn: [m, 1, d/2])."""
         import torch
         e = self.e
         m, H, d = k.shape
+        il = e.model.rope_interleaved
         x = k.double().transpose(0, 1)                            # [H, m, d]
         if lay.L is not None:                                     # z = k L in double, rounded
             x = (x @ lay.L).float().double()
         elif e.method == "vq-postrope":                           # k R_p
-            ang = torch.tensor(pos, dtype=torch.float64, device=k.device)[:, None] * e.theta_t
-            x = _rotate(k.transpose(0, 1), torch.cos(ang).float(), torch.sin(ang).float(),
-                        e.model.rope_interleaved).double()
+            x = _rotate(k, cs, sn, il).transpose(0, 1).double()
         xg = x.view(H, m, lay.G, d // lay.G).transpose(1, 2)      # [H, G, m, dg]
         dist = (xg ** 2).sum(-1, keepdim=True) - 2 * xg @ lay.W.transpose(-1, -2) + lay.wnorm[:, :, None]
         codes = torch.argmin(dist, dim=-1).permute(2, 0, 1)       # [m, H, G]: the first minimum
-        r = k - torch.gather(lay.C, 1, codes[..., 0].t()[..., None].expand(H, m, d)).transpose(0, 1) \
+        r = k - lay.C[torch.arange(H, device=k.device)[:, None], codes[..., 0].t()].transpose(0, 1) \
             if lay.centroid else k
+        if self.rope:                                             # r' = R_p (k - c)
+            r = _rotate(r, cs, sn, il)
         signs = torch.where(r >= 0, 1.0, -1.0).to(torch.float32)
         return codes, signs, r.double().abs().mean(-1).float()
 
@@ -321,32 +356,45 @@ class TorchSequence:
         if k.dim() != 3 or k.shape[1:] != (m.n_kv_heads, m.head_dim) or v.shape != k.shape:
             raise InvalidArgumentError(f"kvq torch back end: k {tuple(k.shape)}, v {tuple(v.shape)}: "
                                        f"expected [n, {m.n_kv_heads}, {m.head_dim}] each")
-        if self.f16:
-            k, v = k.half().float(), v.half().float()
         c = self.c[layer]
         p = list(range(c.n, c.n + k.shape[0])) if pos is None else [int(x) for x in np.asarray(pos).ravel()]
+        pt = torch.tensor(p, dtype=torch.float64, device=k.device)
+        cs, sn = self._cs(pt[:, None])                            # [m, 1, d/2]
+        round_ = (lambda x: x.half().float()) if self.f16 else (lambda x: x)  # noqa: E731
+        kp = round_(k)  # the pre-RoPE key as a pre-RoPE cache holds it (kvq_rt_key_pre)
+        # under ROPE the cache holds f16(k R_p): the f32 key rotated, then rounded (keys.c)
+        rows = {"k": round_(_rotate(k, cs, sn, m.rope_interleaved)) if self.rope else kp,
+                "v": round_(v), "pos": pt}
         self._grow(c.n + len(p))
-        rows = {"k": k, "v": v, "pos": torch.tensor(p, dtype=torch.float64, device=k.device)}
         lay = self.e.layers.get(layer)
         if lay is not None:
-            rows["codes"], rows["signs"], rows["scale"] = self._encode(lay, k, p)
+            rows["codes"], rows["signs"], rows["scale"] = self._encode(lay, kp, pt, cs, sn)
         c.add(rows, p)
 
-    def _rotation(self, a: int, b: int) -> Tuple[Any, Any]:
-        """kvq_rt_mean_rotation: per pair, the mean of R_delta over distances [a, b]
-        (cos, sin [d/2] float32), kept for the step's layers (they share a, b)."""
+    def _bands(self, a: int, b: int) -> Tuple[Any, ...]:
+        """The scoring rotations of candidates at distances [a, b] (kvq_rt_mean_rotation):
+        (cos, sin [nb, d/2] float32, the bands' inner edges [nb - 1] float64); nb = 1
+        (every distance) unless score_pos is bands. Kept for the step's layers."""
         import torch
-        if self._rot[:2] == (a, b):
-            return self._rot[2], self._rot[3]
+        hit = self._rot.get((a, b))
+        if hit is not None:
+            return hit
+        bands = self.score_pos == "bands"
+        e = _band_edges(max(a, 1), b) if bands else [a, b + 1]
         t = self.e.theta
-        n, c = float(b - a + 1), 0.5 * (a + b)
-        s2 = np.sin(0.5 * t)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            damp = np.where(np.abs(s2) < 1e-12, 1.0, np.sin(0.5 * n * t) / (n * s2))
-        cs = torch.tensor((damp * np.cos(c * t)).astype(np.float32), device=self.e.device)
-        sn = torch.tensor((damp * np.sin(c * t)).astype(np.float32), device=self.e.device)
-        self._rot = (a, b, cs, sn)
-        return cs, sn
+        cs, sn = [], []
+        for lo, hi in zip(e[:-1], e[1:]):
+            n, c = float(hi - lo), 0.5 * (lo + hi - 1)
+            s2 = np.sin(0.5 * t)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                damp = np.where(np.abs(s2) < 1e-12, 1.0, np.sin(0.5 * n * t) / (n * s2))
+            cs.append((damp * np.cos(c * t)).astype(np.float32))
+            sn.append((damp * np.sin(c * t)).astype(np.float32))
+        dev = self.e.device
+        hit = (torch.tensor(np.stack(cs), device=dev), torch.tensor(np.stack(sn), device=dev),
+               torch.tensor(e[1:-1], dtype=torch.float64, device=dev))
+        self._rot = {(a, b): hit}
+        return hit
 
     def _lut(self, lay: _Layer, qs: Any) -> Any:
         """kvq_rk_lut of scoring queries qs [H, m, d]: [H, m, G, K] float32 (q' = qs L^-T in
@@ -358,18 +406,29 @@ class TorchSequence:
         qp = (qp * lay.tscale[:, None, None]).float().view(H, m, lay.G, d // lay.G)
         return (qp.transpose(1, 2) @ lay.tab.transpose(-1, -2)).transpose(1, 2)  # [H, m, G, K]
 
-    @staticmethod
-    def _gather_lut(lut: Any, codes: Any) -> Any:
-        """kvq_rk_score: lut [H, m, G, K], codes [H, n, G] -> [H, m, n], the groups summed in
-        order in float32."""
+    def _first(self, lay: _Layer, q: Any, qb: Any, qi: Any, codes: Any, band: Any, a: int, b: int) -> Any:
+        """The codebook's score of candidates (codes [H, n, G], their band [H, n] or None)
+        for each query row of q [H, m, d] (pre-RoPE; qb, qi rotated): [H, m, n] float32, the
+        groups' LUT entries summed in order (kvq_rk_score); the scoring query q R_b (rb), q
+        R_i (vq-postrope) or q under the mean rotation of the candidates' distances (mean)
+        or of the candidate's band (bands)."""
         import torch
-        H, m, G, K = lut.shape
+        e = self.e
+        H, m, d = q.shape
+        if e.method == "vq-postrope" or self.score_pos == "rb":
+            qs = (qi if e.method == "vq-postrope" else qb)[:, :, None]                # [H, m, 1, d]
+        else:
+            cs, sn, _ = self._bands(a, b)
+            qs = _rotate(q[:, :, None], cs, sn, e.model.rope_interleaved)            # [H, m, nb, d]
+        nb = qs.shape[2]
+        lut = self._lut(lay, qs.reshape(H, m * nb, d)).view(H, m, nb, lay.G, lay.K)
         n = codes.shape[1]
-        s = None
-        for g in range(G):
-            x = torch.gather(lut[:, :, g], 2, codes[:, None, :, g].expand(H, m, n))
-            s = x if s is None else s + x
-        return s
+        out = None
+        for g in range(lay.G):
+            idx = codes[..., g] if band is None or nb == 1 else band * lay.K + codes[..., g]
+            x = torch.gather(lut[:, :, :, g].reshape(H, m, nb * lay.K), 2, idx[:, None].expand(H, m, n))
+            out = x if out is None else out + x
+        return out
 
     def _select(self, layer: int, q: Any, qb: Any, qi: Any, n: int, s_end: int, w_beg: int,
                 i: int) -> Any:
@@ -378,7 +437,7 @@ class TorchSequence:
         import torch
         c, lay, e = self.c[layer], self.e.layers.get(layer), self.e
         nc = w_beg - s_end
-        H = q.shape[0]
+        H, d = q.shape[0], q.shape[-1]
         kb = budget_tokens(self.budget, n)
         cand = torch.arange(s_end, w_beg, device=e.device).expand(H, nc)
         if lay is None or kb >= nc:  # layers without codebooks attend fully (select.c)
@@ -392,31 +451,39 @@ class TorchSequence:
         pos = c.pos_host
         a, b = i - pos[w_beg - 1], i - pos[s_end]
         a, b = min(a, b), max(a, b)
-        if e.method == "vq-postrope":  # kvq_codebook_query_pe: q R_i
-            qm = qi
-        else:
-            cs, sn = self._rotation(a, b)
-            qm = _rotate(q, cs, sn, e.model.rope_interleaved)                 # [H, gs, d]
-        codes = c["codes"]
-        hidx = torch.arange(H, device=e.device)[:, None]
-        if k1 < nc:  # the first stage: the group's summed scoring query (device_select)
-            first = self._gather_lut(self._lut(lay, _sum_rows(qm)[:, None]), codes[s_end:w_beg].transpose(0, 1))
-            cand = cand.gather(1, _topk_earliest(first[:, 0], k1))
+        bands = self.score_pos == "bands" and e.method != "vq-postrope"
+        nb = len(_band_edges(max(a, 1), b)) - 1 if bands else 1
+        codes, hidx = c["codes"], torch.arange(H, device=e.device)[:, None]
+
+        def band_of(rows: Any) -> Any:
+            return torch.bucketize(i - c["pos"][rows], self._bands(a, b)[2], right=True) if bands else None
+
+        if k1 < nc:  # the first stage: the group's summed pre-RoPE query (codes.c)
+            rows = cand
+            first = self._first(lay, _sum_rows(q)[:, None], _sum_rows(qb)[:, None], _sum_rows(qi)[:, None],
+                                codes[rows, hidx], band_of(rows), a, b)[:, 0]
+            cand = cand.gather(1, _topk_earliest(first, k1))
+        qr = qi if self.rope else qb  # the queries as the exact step scores keys
         if k1 > k2:  # the residual stage, by the best head (resid_group max)
             sg, sc_ = c["signs"][cand, hidx], c["scale"][cand, hidx]          # [H, m, d], [H, m]
-            d = q.shape[-1]
-            if lay.centroid and d % 8 == 0 and lay.G * lay.K <= self.cap:     # fast_max_scores
-                first = self._gather_lut(self._lut(lay, qm), codes[cand, hidx])   # [H, gs, m]
-                sc = first + sc_[:, None] * _dots(qb, sg)
-            else:  # reconstruct: q_h . (c + a s)
+            if lay.centroid and d % 8 == 0 and nb * lay.G * lay.K <= self.cap:  # fast_max_scores
+                first = self._first(lay, q, qb, qi, codes[cand, hidx], band_of(cand), a, b)  # [H, gs, m]
+                sc = first + sc_[:, None] * _dots(qr, sg)
+            else:  # resid.c reconstruct: q_h . (c + a s), c rotated by its position under ROPE
                 y = sg * sc_[..., None]
                 if lay.centroid:
-                    y = y + lay.C[hidx, codes[cand, hidx][..., 0]]
-                sc = _dots(qb, y)
+                    cc = lay.C[hidx, codes[cand, hidx][..., 0]]
+                    if self.rope:
+                        cc = _rotate(cc, *self._cs(c["pos"][cand]), e.model.rope_interleaved)
+                    y = y + cc
+                sc = _dots(qr, y)
             cand = cand.gather(1, _topk_earliest(sc.max(1).values, k2))
-        if k2 > kb:  # the exact rerank: (sum q R_b) . k, or the heads' summed logits from 4 on
+        if k2 > kb:  # the exact rerank: (sum q) . k, or the heads' summed logits from 4 on
             kk = c["k"][cand, hidx]                                             # [H, k2, d]
-            ex = _dots(_sum_rows(qb)[:, None], kk)[:, 0] if qb.shape[1] < 4 else _sum_rows(_dots(qb, kk).transpose(1, 2)[..., None])[..., 0]
+            if qr.shape[1] < 4:
+                ex = _dots(_sum_rows(qr)[:, None], kk)[:, 0]
+            else:
+                ex = _sum_rows(_dots(qr, kk).transpose(1, 2)[..., None])[..., 0]
             cand = cand.gather(1, _topk_earliest(ex, kb))
         return cand
 
@@ -435,31 +502,33 @@ class TorchSequence:
         i = c.n if pos is None else int(pos)
         self.append(layer, self._tensor(k)[None], self._tensor(v)[None], [i])
         n, H, d = c.n, m.n_kv_heads, m.head_dim
-        gs = m.n_heads // H
+        gs, dev, il = m.n_heads // H, e.device, m.rope_interleaved
         s_end = min(self.sink, n)
         w_beg = max(n - self.window, s_end)
-        il = m.rope_interleaved
         qg = q.view(H, gs, d)
         qb = _rotate(qg, e.bcos, e.bsin, il)
-        ang = i * e.theta_t
-        qi = _rotate(qg, torch.cos(ang).float(), torch.sin(ang).float(), il)
+        qi = _rotate(qg, *self._cs(torch.tensor(float(i), dtype=torch.float64, device=dev)), il)
         if w_beg > s_end:
             sel = self._select(layer, qg, qb, qi, n, s_end, w_beg, i)
         else:
-            sel = torch.zeros((H, 0), dtype=torch.long, device=e.device)
-        # sinks outside the last `window` tokens are far (q R_b), the others near (exact RoPE)
-        n_far_s = max(0, min(s_end, n - self.window))
-        dev = e.device
-        far = torch.cat([torch.arange(0, n_far_s, device=dev).expand(H, n_far_s), sel], 1)
-        near = torch.cat([torch.arange(n_far_s, s_end, device=dev), torch.arange(w_beg, n, device=dev)])
+            sel = torch.zeros((H, 0), dtype=torch.long, device=dev)
         hidx = torch.arange(H, device=dev)[:, None]
         K, V = c["k"], c["v"]
         scl = 1.0 / math.sqrt(d)
-        lf = (qb @ K[far, hidx].transpose(1, 2)) * scl                          # [H, gs, m_far]
-        a = c["pos"][near][:, None] * e.theta_t[None]
-        kr = _rotate(K[near].transpose(0, 1), torch.cos(a).float(), torch.sin(a).float(), il)  # [H, m_near, d]
-        ln = (qi @ kr.transpose(1, 2)) * scl
-        p = torch.softmax(torch.cat([lf, ln], 2), dim=2)
-        vv = torch.cat([V[far, hidx], V[near].transpose(0, 1)], 1)              # [H, m, d]
-        out = (p @ vv).reshape(m.n_heads, d)
-        return out, list(sel.unbind(0)) if w_beg > s_end else [sel[h] for h in range(H)]
+        if self.rope:  # every attended token with exact RoPE: the cache holds k R_p
+            att = torch.cat([torch.arange(0, s_end, device=dev).expand(H, s_end), sel,
+                             torch.arange(w_beg, n, device=dev).expand(H, n - w_beg)], 1)
+            p = torch.softmax((qi @ K[att, hidx].transpose(1, 2)) * scl, dim=2)
+            out = (p @ V[att, hidx]).reshape(m.n_heads, d)
+        else:
+            # sinks outside the last `window` tokens are far (q R_b), the others near (exact RoPE)
+            n_far_s = max(0, min(s_end, n - self.window))
+            far = torch.cat([torch.arange(0, n_far_s, device=dev).expand(H, n_far_s), sel], 1)
+            near = torch.cat([torch.arange(n_far_s, s_end, device=dev), torch.arange(w_beg, n, device=dev)])
+            lf = (qb @ K[far, hidx].transpose(1, 2)) * scl                      # [H, gs, m_far]
+            kr = _rotate(K[near].transpose(0, 1), *self._cs(c["pos"][near]), il)  # [H, m_near, d]
+            ln = (qi @ kr.transpose(1, 2)) * scl
+            p = torch.softmax(torch.cat([lf, ln], 2), dim=2)
+            vv = torch.cat([V[far, hidx], V[near].transpose(0, 1)], 1)          # [H, m, d]
+            out = (p @ vv).reshape(m.n_heads, d)
+        return out, list(sel.unbind(0))
