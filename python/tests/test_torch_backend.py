@@ -14,8 +14,10 @@ then decode steps over every layer) and must select the same token indices at ev
 a real one (fewer tokens than the candidates). Then, per device (cpu, and cuda when a
 GPU is present; skipped otherwise, saying so): the same on that device; on torch's
 meta device the whole step runs (shapes only: no value is read back to the host per
-step). Refusals: an artifact recording positions other than (wrope, mean), a
-softcap, sliding windows. Exit 0 pass, 77 skip (reason on the last line), else fail.
+step). Position modes and scoring queries (wrope | rope x rb | mean | bands), which
+kvq/engine.h does not take as parameters: against the C runtime (kvq/runtime.h) in a
+helper compiled here, the same indices. Refusals: an unknown position mode, a softcap,
+sliding windows. Exit 0 pass, 77 skip (reason on the last line), else fail.
 """
 import os
 import subprocess
@@ -78,6 +80,103 @@ def artifacts(tmp):
     return out
 
 
+# The C runtime's selections under a position mode and scoring query (kvq/runtime.h, the
+# unstable tier: kvq/engine.h takes the engine's defaults), compiled by the test.
+HELPER_C = r"""/* The C runtime's selections (kvq/runtime.h) under the given position mode and scoring
+ * query: helper ARTIFACT POSITIONS SCORE BUDGET ROWS. ROWS: int32 n0, steps; f32 prompt
+ * k, v [n0, H, d]; per step and layer q [nh, d], k, v [H, d]. Prints per (step, layer,
+ * head) the selection, then per (step, layer) the output. */
+#define KVQ_UNSTABLE_API
+#include <stdio.h>
+#include <stdlib.h>
+#include "kvq/artifact.h"
+#include "kvq/model_id.h"
+#include "kvq/runtime.h"
+
+static int die(const char *what, const kvq_err *e) { fprintf(stderr, "%s: %s\n", what, e->msg); return 1; }
+
+int main(int argc, char **argv)
+{
+    kvq_err e = {0};
+    kvq_artifact *a = NULL;
+    kvq_model_id id;
+    kvq_codebook_set *set = NULL;
+    kvq_retrieval *r = NULL;
+    if (argc != 6)
+        return 2;
+    if (kvq_artifact_open(argv[1], &a, &e) ||
+        kvq_model_id_from_meta(kvq_artifact_payload(a), KVQ_META_MODEL_PREFIX, argv[1], &id, &e) ||
+        kvq_codebook_set_open(argv[1], &id, "helper", &set, &e))
+        return die("open", &e);
+    kvq_model_config cfg = kvq_model_config_from_id(&id);
+    kvq_retrieval_params p = kvq_retrieval_params_default();
+    if (kvq_positions_parse(argv[2], &p.positions) || kvq_score_pos_parse(argv[3], &p.score_pos))
+        return 2;
+    p.budget.fraction = atof(argv[4]);
+    if (kvq_retrieval_create(&cfg, set, &p, &r, &e))
+        return die("create", &e);
+    const int L = cfg.n_layers, H = cfg.n_kv_heads, nh = cfg.n_heads, d = cfg.head_dim;
+    FILE *f = fopen(argv[5], "rb");
+    int32_t hdr[2];
+    if (!f || fread(hdr, 4, 2, f) != 2)
+        return 3;
+    const int n0 = hdr[0], steps = hdr[1];
+    float *k = malloc(sizeof(float) * (size_t)n0 * H * d), *v = malloc(sizeof(float) * (size_t)n0 * H * d);
+    int64_t *pos = malloc(sizeof(int64_t) * (size_t)n0);
+    float q[4096], out[4096];
+    if (fread(k, sizeof(float), (size_t)n0 * H * d, f) != (size_t)n0 * H * d ||
+        fread(v, sizeof(float), (size_t)n0 * H * d, f) != (size_t)n0 * H * d)
+        return 3;
+    for (int i = 0; i < n0; i++)
+        pos[i] = i;
+    for (int l = 0; l < L; l++)
+        if (kvq_retrieval_append(r, l, n0, pos, k, v, &e))
+            return die("append", &e);
+    kvq_attn_backend be = kvq_retrieval_backend(r);
+    for (int s = 0; s < steps; s++)
+        for (int l = 0; l < L; l++) {
+            const int64_t ps = n0 + s;
+            if (fread(q, sizeof(float), (size_t)nh * d, f) != (size_t)nh * d ||
+                fread(k, sizeof(float), (size_t)H * d, f) != (size_t)H * d ||
+                fread(v, sizeof(float), (size_t)H * d, f) != (size_t)H * d)
+                return 3;
+            const kvq_attn_call c = {.layer = l, .n = 1, .pos = &ps, .q = q, .k = k, .v = v, .out = out};
+            if (be.attend(be.user, &c, &e))
+                return die("attend", &e);
+            for (int h = 0; h < H; h++) {
+                int64_t n = 0;
+                const int32_t *sel = kvq_retrieval_last_selection(r, l, h, &n);
+                printf("s");
+                for (int64_t j = 0; j < n; j++)
+                    printf(" %d", (int)sel[j]);
+                printf("\n");
+            }
+            printf("o");
+            for (int t = 0; t < nh * d; t++)
+                printf(" %.9g", out[t]);
+            printf("\n");
+        }
+    kvq_retrieval_free(r);
+    kvq_codebook_set_close(set);
+    kvq_artifact_close(a);
+    free(k);
+    free(v);
+    free(pos);
+    return 0;
+}
+"""
+
+
+def build_helper(tmp):
+    src, exe = os.path.join(tmp, "helper.c"), os.path.join(tmp, "helper")
+    with open(src, "w") as f:
+        f.write(HELPER_C)
+    cc = os.environ.get("CC", "cc")
+    subprocess.run([cc, "-O1", "-I", os.path.join(ROOT, "include"), src, "-L", BUILD, "-lkvq",
+                    "-Wl,-rpath," + os.path.abspath(BUILD), "-lm", "-o", exe], check=True)
+    return exe
+
+
 class Rows:
     """Seeded synthetic pre-RoPE rows: keys with a per-channel scale, queries larger."""
 
@@ -127,6 +226,49 @@ def compare(path, device="cpu", n0=240, steps=6, budget=0.06, seed=0):
     return n, bad, real, err
 
 
+def compare_runtime(helper, tmp, path, positions, score, n0=240, steps=4, budget=0.06, seed=1):
+    """The C runtime (helper) against TorchEngine.sequence(positions=, score_pos=): (selections,
+    mismatches, largest rel output error)."""
+    art = kvq.Artifact(path)
+    spec = art.model
+    rows = Rows(spec, seed)
+    kp, vp = rows.kv(n0)
+    st = [[(rows.q(), *rows.kv(1)) for _ in range(spec.n_layers)] for _ in range(steps)]
+    fn = os.path.join(tmp, "rows.bin")
+    with open(fn, "wb") as f:
+        f.write(np.array([n0, steps], np.int32).tobytes() + kp.tobytes() + vp.tobytes())
+        for s in st:
+            for q, k, v in s:
+                f.write(q.tobytes() + k.tobytes() + v.tobytes())
+    r = subprocess.run([helper, path, positions, score, str(budget), fn], capture_output=True, text=True,
+                       check=True)
+    lines = iter(r.stdout.split("\n"))
+    seq = TorchEngine(art, spec).sequence(budget=budget, positions=positions, score_pos=score)
+    for l in range(spec.n_layers):
+        seq.append(l, kp, vp)
+    n = bad = 0
+    err = 0.0
+    for s in st:
+        for l, (q, k, v) in enumerate(s):
+            o, sel = seq.decode(l, q, k[0], v[0])
+            for h in range(spec.n_kv_heads):
+                want = np.array([int(x) for x in next(lines).split()[1:]], dtype=np.int64)
+                n += 1
+                bad += not np.array_equal(want, sel[h].numpy())
+            oc = np.array([float(x) for x in next(lines).split()[1:]])
+            err = max(err, float(np.abs(o.numpy().ravel() - oc).max() / np.abs(oc).max()))
+    return n, bad, err
+
+
+def test_modes(arts, tmp):
+    helper = build_helper(tmp)
+    for name in ("qavq", "vq", "pq", "vq-postrope", "qavq-512"):
+        for pm, ps in (("wrope", "rb"), ("wrope", "bands"), ("rope", "mean"), ("rope", "bands")):
+            n, bad, err = compare_runtime(helper, tmp, arts[name], pm, ps, n0=200 if name == "qavq-512" else 400)
+            check(bad == 0 and err <= 1e-5, f"{name} positions {pm}, score {ps}: the torch back end selects "
+                  f"the C runtime's indices in {n - bad}/{n} selections, outputs within rel {err:.2g} <= 1e-5")
+
+
 def test_kinds(arts):
     for name, path in arts.items():
         for budget in ((0.06, 9) if name in ("qavq", "pq") else (0.06,)):
@@ -167,21 +309,25 @@ def test_devices(arts):
 
 
 def test_refusals(arts):
-    for key, val, what in (("positions.mode", "rope", "positions"), ("positions.score", "bands", "positions"),
-                           ("model.attention.softcap", "50", "softcap"),
+    for key, val, what in (("positions.mode", "exact", "position mode"), ("model.attention.softcap", "50", "softcap"),
                            ("model.attention.sliding_window", "128", "sliding")):
         a = kvq.Artifact(arts["qavq"])
         a.metadata[key] = val
-        if key == "positions.score":
-            a.metadata["positions.mode"] = "wrope"
+        a.metadata.setdefault("positions.score", "mean")
         try:
             TorchEngine(a, a.model)
             check(False, f"an artifact with {key} {val} is refused")
         except kvq.UnsupportedError as e:
             check(what in str(e), f"an artifact with {key} {val} is refused ({e})")
     a = kvq.Artifact(arts["qavq"])
-    a.metadata["positions.mode"], a.metadata["positions.score"] = "wrope", "mean"
-    check(TorchEngine(a, a.model).method == "qavq", "an artifact recording (wrope, mean) is taken")
+    a.metadata["positions.mode"], a.metadata["positions.score"] = "rope", "bands"
+    s = TorchEngine(a, a.model).sequence()
+    check(s.rope and s.score_pos == "bands", "an artifact recording (rope, bands) is decoded with them (as kvq run)")
+    try:
+        TorchEngine(a, a.model).sequence(score_pos="exact")
+        check(False, "score_pos 'exact' is refused")
+    except kvq.InvalidArgumentError as e:
+        check("score_pos" in str(e), f"score_pos 'exact' is refused ({e})")
 
 
 def main():
@@ -192,6 +338,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         arts = artifacts(tmp)
         test_kinds(arts)
+        test_modes(arts, tmp)
         test_devices(arts)
         test_refusals(arts)
     if failures:
