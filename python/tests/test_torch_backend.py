@@ -44,6 +44,7 @@ except ImportError as e:
     sys.exit(77)
 
 import kvq  # noqa: E402
+import kvq.hf  # noqa: E402
 from kvq.torch_engine import TorchEngine  # noqa: E402
 
 failures = []
@@ -330,6 +331,83 @@ def test_refusals(arts):
         check("score_pos" in str(e), f"score_pos 'exact' is refused ({e})")
 
 
+class Tee:
+    """The torch back end's sequence (whose outputs go on) shadowed by the C engine's, fed
+    the same rows (copied to the host for it); every decode step's selections compared."""
+
+    def __init__(self, eng, tor):
+        self.a, self.b, self.n, self.bad, self.err = eng, tor, 0, 0, 0.0
+
+    def length(self, layer):
+        return self.b.length(layer)
+
+    def reset(self):
+        self.a.reset()
+        self.b.reset()
+
+    def append(self, layer, k, v):
+        self.a.append(layer, k.cpu().numpy(), v.cpu().numpy())
+        self.b.append(layer, k, v)
+
+    def decode(self, layer, q, k, v):
+        oa, sa = self.a.decode(layer, q.cpu().numpy(), k.cpu().numpy(), v.cpu().numpy())
+        ob, sb = self.b.decode(layer, q, k, v)
+        for x, y in zip(sa, sb):
+            self.n += 1
+            self.bad += not np.array_equal(x, y.cpu().numpy())
+        self.err = max(self.err, float(np.abs(ob.cpu().numpy() - oa).max() / np.abs(oa).max()))
+        return ob, sb
+
+    def close(self):
+        self.a.close()
+        self.b.close()
+
+
+def test_hf_generate(tmp, devices):
+    """Greedy generate() of tiny random llama (8 heads over 2 KV heads: the rerank's
+    summed logits) and qwen2 (6 over 2, head dim 16) models at 6%, with the torch back end
+    on each device, shadowed step by step by the C engine: the same selections, and the
+    same tokens as generate() with the C engine back end on the CPU."""
+    try:
+        import transformers
+    except ImportError:
+        print("skip generate(): transformers is not installed")
+        return
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    ids = os.path.join(tmp, "ids_gen.bin")
+    np.random.RandomState(5).randint(3, 300, size=1200).astype("<i4").tofile(ids)
+    common = dict(vocab_size=300, intermediate_size=96, num_hidden_layers=2, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    for arch, cfg, hidden, heads in (("llama", transformers.LlamaConfig, 64, 8),
+                                     ("qwen2", transformers.Qwen2Config, 96, 6)):
+        torch.manual_seed(7)
+        cls = transformers.LlamaForCausalLM if arch == "llama" else transformers.Qwen2ForCausalLM
+        m = cls(cfg(hidden_size=hidden, num_attention_heads=heads, **common)).eval()
+        d = os.path.join(tmp, "gen_" + arch)
+        m.save_pretrained(d)
+        cap = os.path.join(tmp, "gencap_" + arch)
+        kvq_run("capture", "--model", d, "--corpus", "ids:" + ids, "--seq-len", "250", "-q", "-o", cap)
+        kvq_run("moments", "--capture", cap, "-o", cap + ".mom", "-q")
+        kvq_run("fit", "--capture", cap, "--moments", cap + ".mom", "--codebook", "16", "--iters", "4", "-q",
+                "--no-checkpoint", "-o", cap + ".kvq")
+        prompt = torch.as_tensor(np.random.RandomState(9).randint(3, 300, size=240))[None]
+        with torch.no_grad(), kvq.hf.retrieval(m, cap + ".kvq", budget=0.06) as r:
+            want = m.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False)[0].tolist()
+        for dev in devices:
+            md = m.to(dev)
+            with torch.no_grad(), kvq.hf.retrieval(md, cap + ".kvq", budget=0.06, backend="torch") as r:
+                eng = kvq.Engine(cap + ".kvq", r.spec)
+                r.seq = Tee(eng.sequence(budget=0.06), r.seq)
+                got = md.generate(prompt.to(dev), max_new_tokens=12, min_new_tokens=12, do_sample=False)[0].tolist()
+                t = r.seq
+            check(got == want and t.n == 11 * 2 * 2 and t.bad == 0 and t.err <= 1e-4,
+                  f"{dev}: tiny {arch} ({heads} heads, 2 KV heads): generate() with the torch back end "
+                  f"gives the C engine back end's tokens ({got[-12:] == want[-12:]}), its selections in "
+                  f"{t.n - t.bad}/{t.n} steps, outputs within rel {t.err:.2g} <= 1e-4")
+            m = md.to("cpu")
+
+
 def main():
     if not os.path.exists(MODEL):
         print(f"needs the tiny model {MODEL} (set KVQ_TEST_MODEL)")
@@ -341,6 +419,7 @@ def main():
         test_modes(arts, tmp)
         test_devices(arts)
         test_refusals(arts)
+        test_hf_generate(tmp, ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
     if failures:
         print(f"{len(failures)} failures")
         sys.exit(1)
