@@ -20,6 +20,7 @@ helper compiled here, the same indices. Refusals: an unknown position mode, a so
 sliding windows. Exit 0 pass, 77 skip (reason on the last line), else fail.
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -173,8 +174,11 @@ def build_helper(tmp):
     with open(src, "w") as f:
         f.write(HELPER_C)
     cc = os.environ.get("CC", "cc")
+    if not shutil.which(cc):
+        return None
     subprocess.run([cc, "-O1", "-I", os.path.join(ROOT, "include"), src, "-L", BUILD, "-lkvq",
-                    "-Wl,-rpath," + os.path.abspath(BUILD), "-lm", "-o", exe], check=True)
+                    "-Wl,-rpath," + os.path.abspath(BUILD), "-lm", "-o", exe,
+                    *os.environ.get("LDFLAGS", "").split()], check=True)
     return exe
 
 
@@ -263,6 +267,9 @@ def compare_runtime(helper, tmp, path, positions, score, n0=240, steps=4, budget
 
 def test_modes(arts, tmp):
     helper = build_helper(tmp)
+    if helper is None:
+        print(f"skip position modes: no C compiler ({os.environ.get('CC', 'cc')}) to build the C runtime's helper")
+        return
     for name in ("qavq", "vq", "pq", "vq-postrope", "qavq-512"):
         for pm, ps in (("wrope", "rb"), ("wrope", "bands"), ("rope", "mean"), ("rope", "bands")):
             n, bad, err = compare_runtime(helper, tmp, arts[name], pm, ps, n0=200 if name == "qavq-512" else 400)
