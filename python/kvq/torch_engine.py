@@ -233,6 +233,46 @@ def _topk_earliest(scores: Any, k: int) -> Any:
     return torch.sort(order, dim=-1).values
 
 
+def _pack(b: Any) -> Any:
+    """Booleans [..., d] -> uint8 [..., ceil(d/8)]: channel c at byte c/8, bit c%8."""
+    import torch
+    d = b.shape[-1]
+    nb = (d + 7) // 8
+    x = torch.zeros(b.shape[:-1] + (nb * 8,), dtype=torch.uint8, device=b.device)
+    x[..., :d] = b.to(torch.uint8)
+    w = (2 ** torch.arange(8, device=b.device)).to(torch.uint8)
+    return (x.view(b.shape[:-1] + (nb, 8)) * w).sum(-1, dtype=torch.uint8)
+
+
+def _unpack(x: Any, d: int) -> Any:
+    """uint8 [..., ceil(d/8)] -> +-1 float32 [..., d] (kvq_rt_resid_dequantize's signs)."""
+    import torch
+    w = (2 ** torch.arange(8, device=x.device)).to(torch.uint8)
+    bits = (x[..., None] & w) != 0
+    return torch.where(bits.flatten(-2)[..., :d], 1.0, -1.0).to(torch.float32)
+
+
+def _sign_dots(q: Any, bits: Any) -> Any:
+    """kvq_rk_sign_table and kvq_rk_resid_scores' sum: q [H, g, d] (d % 8 == 0), bits
+    [H, n, d/8] -> [H, g, n] float32, q . (+-1)^d in the kernel's order (each byte's
+    entry from two nibbles of four signed terms summed in order, the bytes summed in
+    order from 0): the C engine's bits."""
+    import torch
+    H, g, d = q.shape
+    v = torch.arange(16, device=q.device)
+    m = torch.where(((v[:, None] >> torch.arange(4, device=q.device)) & 1) == 1, 1.0, -1.0)  # [16, 4]
+    t = q.view(H, g, d // 4, 1, 4) * m                                  # [H, g, d/4, 16, 4]
+    nib = ((t[..., 0] + t[..., 1]) + t[..., 2]) + t[..., 3]             # [H, g, d/4, 16]
+    nib = nib.view(H, g, d // 8, 2, 16)
+    tab = (nib[:, :, :, 0, :, None] + nib[:, :, :, 1, None, :]).transpose(-1, -2).reshape(H, g, d // 8, 256)
+    idx = bits.long().transpose(1, 2)                                   # [H, d/8, n]
+    x = torch.gather(tab, 3, idx[:, None].expand(H, g, d // 8, idx.shape[-1]))
+    s = x[:, :, 0]
+    for p in range(1, d // 8):
+        s = s + x[:, :, p]
+    return s
+
+
 def _sum_rows(x: Any) -> Any:
     """x [..., g, d] summed over g in order, in x's dtype (kvq_rt_group_sum)."""
     s = x[..., 0, :]
@@ -243,8 +283,9 @@ def _sum_rows(x: Any) -> Any:
 
 class _Cache:
     """One layer's rows, grown by doubling (no per-step concatenation): k, v [cap, H, d]
-    float32 (f16-rounded values), codes [cap, H, G] int64, signs [cap, H, d] float32
-    (+-1), scale [cap, H] float32, pos [cap] float64; n rows used; pos_host the
+    float32 (f16-rounded values), codes [cap, H, G] int64, bits [cap, H, ceil(d/8)] uint8
+    (the residual's signs packed as resid.c packs them: channel c at byte c/8, bit c%8, 1
+    for >= 0), scale [cap, H] float32, pos [cap] float64; n rows used; pos_host the
     positions as Python ints."""
 
     def __init__(self) -> None:
@@ -325,7 +366,7 @@ class TorchSequence:
 
     def _encode(self, lay: _Layer, k: Any, pos: Any, cs: Any, sn: Any) -> Tuple[Any, Any, Any]:
         """kvq_codebook_encode and kvq_rt_resid_append (1 bit) of rows k [m, H, d] (as the
-        cache rounds them) at positions pos [m]: codes [m, H, G], signs [m, H, d], scales
+        cache rounds them) at positions pos [m]: codes [m, H, G], packed signs [m, H, d/8], scales
         [m, H]; under ROPE the residual rotated by its position (cs, sn: [m, 1, d/2])."""
         import torch
         e = self.e
@@ -343,8 +384,7 @@ class TorchSequence:
             if lay.centroid else k
         if self.rope:                                             # r' = R_p (k - c)
             r = _rotate(r, cs, sn, il)
-        signs = torch.where(r >= 0, 1.0, -1.0).to(torch.float32)
-        return codes, signs, r.double().abs().mean(-1).float()
+        return codes, _pack(r >= 0), r.double().abs().mean(-1).float()
 
     def append(self, layer: int, k: Any, v: Any, pos: Optional[Any] = None) -> None:
         """Rows k, v [n, n_kv_heads, head_dim] (pre-RoPE) at positions pos (default: next)."""
@@ -368,7 +408,7 @@ class TorchSequence:
         self._grow(c.n + len(p))
         lay = self.e.layers.get(layer)
         if lay is not None:
-            rows["codes"], rows["signs"], rows["scale"] = self._encode(lay, kp, pt, cs, sn)
+            rows["codes"], rows["bits"], rows["scale"] = self._encode(lay, kp, pt, cs, sn)
         c.add(rows, p)
 
     def _bands(self, a: int, b: int) -> Tuple[Any, ...]:
@@ -465,12 +505,14 @@ class TorchSequence:
             cand = cand.gather(1, _topk_earliest(first, k1))
         qr = qi if self.rope else qb  # the queries as the exact step scores keys
         if k1 > k2:  # the residual stage, by the best head (resid_group max)
-            sg, sc_ = c["signs"][cand, hidx], c["scale"][cand, hidx]          # [H, m, d], [H, m]
+            full = k1 == nc  # every candidate (the default): the rows as views, no gather
+            take = (lambda t: t[s_end:w_beg].transpose(0, 1)) if full else (lambda t: t[cand, hidx])  # noqa: E731
+            bits, sc_ = take(c["bits"]), take(c["scale"])                      # [H, m, d/8], [H, m]
             if lay.centroid and d % 8 == 0 and nb * lay.G * lay.K <= self.cap:  # fast_max_scores
-                first = self._first(lay, q, qb, qi, codes[cand, hidx], band_of(cand), a, b)  # [H, gs, m]
-                sc = first + sc_[:, None] * _dots(qr, sg)
+                first = self._first(lay, q, qb, qi, take(codes), band_of(cand), a, b)  # [H, gs, m]
+                sc = first + sc_[:, None] * _sign_dots(qr, bits)
             else:  # resid.c reconstruct: q_h . (c + a s), c rotated by its position under ROPE
-                y = sg * sc_[..., None]
+                y = _unpack(bits, d) * sc_[..., None]
                 if lay.centroid:
                     cc = lay.C[hidx, codes[cand, hidx][..., 0]]
                     if self.rope:
