@@ -189,13 +189,22 @@ class TorchEngine:
             if 0 <= l < model.n_layers:
                 self.layers[l] = _Layer(a, l, model.n_kv_heads, self.method, dev)
 
-    def sequence(self, budget: Union[int, float] = 0.06, sink: Optional[int] = None, window: int = 0,
+    def sequence(self, budget: Union[int, float, None] = 0.06, sink: Optional[int] = None, window: int = 0,
                  cache_f16: bool = True, positions: Optional[str] = None, score_pos: Optional[str] = None,
                  **_: Any) -> "TorchSequence":
         """A sequence (as kvq.Engine.sequence): budget a count or a fraction of the visible
         tokens, sink (default 4), window (0: the artifact's); positions "wrope" | "rope" and
         score_pos "rb" | "mean" | "bands" (kvq run's --positions / --score-pos; default: the
         artifact's recorded modes, else wrope and mean)."""
+        if _.get("kv_cache"):
+            raise UnsupportedError(f"kvq torch back end: kv_cache {_['kv_cache']!r}: the compressed KV caches "
+                                   "(LeanKV, PATS) are the C engine's only", 400)
+        if budget is None:
+            budget = 0.06
+        if (isinstance(budget, int) and not isinstance(budget, bool) and budget < 1) or \
+                (isinstance(budget, float) and not 0 < budget <= 1):
+            raise InvalidArgumentError(f"kvq torch back end: budget {budget!r}: a count >= 1 or a fraction "
+                                       "in (0, 1]", 500)
         pm, ps = positions or self.positions, score_pos or self.score_pos
         if pm not in POSITIONS or ps not in SCORES:
             raise InvalidArgumentError(f"kvq torch back end: positions {pm!r} / score_pos {ps!r} "
