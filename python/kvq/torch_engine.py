@@ -345,6 +345,7 @@ class TorchSequence:
         self.rope, self.score_pos = positions == "rope", score_pos
         self.cap = 0  # the C engine's scratch capacity (rows), kept over reset as it keeps it
         self._rot: Dict[Tuple[int, int], Tuple[Any, ...]] = {}
+        self._steprot: Dict[Any, Tuple[Any, Any]] = {}
         self.reset()
 
     def reset(self) -> None:
@@ -372,6 +373,16 @@ class TorchSequence:
         import torch
         ang = pos[..., None] * self.e.theta_t
         return torch.cos(ang).float(), torch.sin(ang).float()
+
+    def _step_cs(self, key: Any, pos: List[int]) -> Tuple[Any, Any]:
+        """_cs of the positions pos (a list), kept while the step's layers ask for the same."""
+        import torch
+        hit = self._steprot.get(key)
+        if hit is None:
+            if len(self._steprot) > 8:
+                self._steprot.clear()
+            hit = self._steprot[key] = self._cs(torch.tensor(pos, dtype=torch.float64, device=self.e.device))
+        return hit
 
     def _encode(self, lay: _Layer, k: Any, pos: Any, cs: Any, sn: Any) -> Tuple[Any, Any, Any]:
         """kvq_codebook_encode and kvq_rt_resid_append (1 bit) of rows k [m, H, d] (as the
@@ -558,7 +569,7 @@ class TorchSequence:
         w_beg = max(n - self.window, s_end)
         qg = q.view(H, gs, d)
         qb = _rotate(qg, e.bcos, e.bsin, il)
-        qi = _rotate(qg, *self._cs(torch.tensor(float(i), dtype=torch.float64, device=dev)), il)
+        qi = _rotate(qg, *self._step_cs(("q", i), [i]), il)
         if w_beg > s_end:
             sel = self._select(layer, qg, qb, qi, n, s_end, w_beg, i)
         else:
@@ -577,7 +588,8 @@ class TorchSequence:
             far = torch.cat([torch.arange(0, n_far_s, device=dev).expand(H, n_far_s), sel], 1)
             near = torch.cat([torch.arange(n_far_s, s_end, device=dev), torch.arange(w_beg, n, device=dev)])
             lf = (qb @ K[far, hidx].transpose(1, 2)) * scl                      # [H, gs, m_far]
-            kr = _rotate(K[near].transpose(0, 1), *self._cs(c["pos"][near]), il)  # [H, m_near, d]
+            npos = c.pos_host[n_far_s:s_end] + c.pos_host[w_beg:n]
+            kr = _rotate(K[near].transpose(0, 1), *self._step_cs(tuple(npos), npos), il)  # [H, m_near, d]
             ln = (qi @ kr.transpose(1, 2)) * scl
             p = torch.softmax(torch.cat([lf, ln], 2), dim=2)
             vv = torch.cat([V[far, hidx], V[near].transpose(0, 1)], 1)          # [H, m, d]
