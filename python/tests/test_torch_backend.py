@@ -176,8 +176,12 @@ def build_helper(tmp):
     cc = os.environ.get("CC", "cc")
     if not shutil.which(cc):
         return None
+    # the library under its soname too (a lone libkvq.so, as the device kit carries it)
+    lib = os.path.join(tmp, "lib")
+    os.makedirs(lib, exist_ok=True)
+    os.symlink(os.path.realpath(os.path.join(BUILD, "libkvq.so")), os.path.join(lib, "libkvq.so.0"))
     subprocess.run([cc, "-O1", "-I", os.path.join(ROOT, "include"), src, "-L", BUILD, "-lkvq",
-                    "-Wl,-rpath," + os.path.abspath(BUILD), "-lm", "-o", exe,
+                    "-Wl,-rpath," + os.path.abspath(BUILD) + ":" + lib, "-lm", "-o", exe,
                     *os.environ.get("LDFLAGS", "").split()], check=True)
     return exe
 
