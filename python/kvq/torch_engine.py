@@ -236,10 +236,22 @@ def _dots(a: Any, b: Any) -> Any:
 
 def _topk_earliest(scores: Any, k: int) -> Any:
     """Per row of scores [H, n], the indices of the k largest, equal scores to the earlier
-    index, ascending: [H, k] (kvq_rk_topk)."""
+    index, ascending: [H, k] (kvq_rk_topk). No sort: the k-th largest value (torch.topk),
+    every score above it, then the earliest of those equal to it; the kept indices placed
+    by their rank (a cumulative sum), so nothing is read back to the host."""
     import torch
-    order = torch.sort(-scores, dim=-1, stable=True).indices[..., :k]
-    return torch.sort(order, dim=-1).values
+    H, n = scores.shape
+    if k >= n:
+        return torch.arange(n, device=scores.device).expand(H, n)
+    kth = torch.topk(scores, k, dim=-1, sorted=False).values.min(-1, keepdim=True).values
+    gt = scores > kth
+    eq = scores == kth
+    need = k - gt.sum(-1, keepdim=True)
+    keep = gt | (eq & (eq.cumsum(-1) <= need))
+    slot = torch.where(keep, keep.cumsum(-1) - 1, k)                    # k: a spare column
+    out = torch.zeros(H, k + 1, dtype=torch.long, device=scores.device)
+    out.scatter_(1, slot, torch.arange(n, device=scores.device).expand(H, n))
+    return out[:, :k]
 
 
 def _pack(b: Any) -> Any:

@@ -320,6 +320,20 @@ def test_devices(arts):
             check(False, f"meta device: {name}: {type(e).__name__}: {e}")
 
 
+def test_topk():
+    """The top-k rule (kvq_rk_topk: the k largest, equal scores to the earlier index,
+    ascending) against numpy's stable argsort, on scores with many ties."""
+    from kvq.torch_engine import _topk_earliest
+    rs = np.random.RandomState(4)
+    ok = True
+    for n, k, levels in ((50, 7, 3), (300, 40, 5), (1000, 999, 2), (64, 64, 4), (513, 1, 1)):
+        sc = rs.randint(0, levels, size=(3, n)).astype(np.float32)
+        got = _topk_earliest(torch.as_tensor(sc), k).numpy()
+        want = np.sort(np.argsort(-sc, axis=1, kind="stable")[:, :k], axis=1)
+        ok &= np.array_equal(got, want)
+    check(ok, "top-k: the k largest, ties to the earlier index, as numpy's stable argsort")
+
+
 def test_refusals(arts):
     for key, val, what in (("positions.mode", "exact", "position mode"), ("model.attention.softcap", "50", "softcap"),
                            ("model.attention.sliding_window", "128", "sliding")):
@@ -427,6 +441,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         arts = artifacts(tmp)
         test_kinds(arts)
+        test_topk()
         test_modes(arts, tmp)
         test_devices(arts)
         test_refusals(arts)
