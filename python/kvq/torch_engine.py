@@ -145,9 +145,9 @@ class _Layer:
         t = lambda x, dt: torch.tensor(np.stack(x), dtype=dt, device=dev)  # noqa: E731
         self.W = t(W, torch.float64)
         self.wnorm = (self.W ** 2).sum(-1)                       # [H, G, K]
-        self.L = t(Ls, torch.float64) if qa else None
-        self.Linv = t(Lis, torch.float64) if method == "qapq" else None
-        self.C = t(C, torch.float32) if G == 1 else None
+        self.L: Any = t(Ls, torch.float64) if qa else None
+        self.Linv: Any = t(Lis, torch.float64) if method == "qapq" else None
+        self.C: Any = t(C, torch.float32) if G == 1 else None
         self.tab = t(tabs, torch.float32)
         self.tscale = torch.tensor(scales, dtype=torch.float64, device=dev)
         self.G, self.K = G, W[0].shape[1]
