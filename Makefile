@@ -306,6 +306,7 @@ test-python: check-deps $(SHARED) $(KVQ) $(EXAMPLE_BIN)
 	  $(PYTHON) -m pip install -q transformers accelerate gguf safetensors xxhash; }
 	@m="$${KVQ_SMOLLM2:-$$(env -u KVQ_MODEL bash scripts/fetch-model.sh || true)}"; \
 	  KVQ_BUILD=$(CURDIR)/$(BUILD) KVQ=$(CURDIR)/$(KVQ) KVQ_SMOLLM2="$$m" $(PYTHON) python/tests/test_hf.py
+	@KVQ_BUILD=$(CURDIR)/$(BUILD) KVQ=$(CURDIR)/$(KVQ) $(PYTHON) python/tests/test_torch_backend.py; s=$$?; [ $$s -eq 0 ] || [ $$s -eq 77 ]
 
 # `make test-cuda`: the CUDA build and its check against the CPU (scripts/test-cuda.sh).
 test-cuda:

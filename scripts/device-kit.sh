@@ -7,7 +7,7 @@
 #
 #   .device-kit/bin/      kvq, test_cuda_paths, the CPU suite's test binaries with device
 #                         branches (test_kmeans, test_moments, test_runtime), bench_kmeans,
-#                         bench_lloyd_batched (debug info stripped; the GPU code kept)
+#                         bench_lloyd_batched, libkvq.so (debug info stripped; the GPU code kept)
 #   .device-kit/lib.tar.xz  lib/: every shared library those binaries load that is neither
 #                         glibc nor the CUDA toolkit (found with ldd, copied under its
 #                         soname), packed: 52 MiB of libraries (OpenBLAS alone is 36) are
@@ -47,8 +47,10 @@ echo "nvcc: $("$NVCC" --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\), \
 echo "arch: $(uname -m); target GPUs: sm_$SMS (H100, H200), SASS + PTX, CUDA_SMS=$SMS"
 [ "$(uname -m)" = x86_64 ] || { echo "device-kit: the GPU machine is x86-64; build the kit on one" >&2; exit 1; }
 
+# libkvq.so: the Python package's library (kvq.Engine, kvq.Artifact) for the torch back
+# end's check on the GPU (device-run.sh, python/tests/test_torch_backend.py)
 BINS=${KIT_BINS:-kvq tests/test_cuda_paths tests/test_kmeans tests/test_moments tests/test_runtime
-      bench/bench_kmeans bench/bench_lloyd_batched}
+      bench/bench_kmeans bench/bench_lloyd_batched libkvq.so}
 if [ "${NOBUILD:-0}" != 1 ]; then
   # make does not track flags: a build folder made with other CUDA_SMS starts over
   if [ -f "$BUILD/.kit-sms" ] && [ "$(cat "$BUILD/.kit-sms")" != "$SMS" ]; then rm -rf "$BUILD"; fi

@@ -9,6 +9,9 @@
 #                 the batched device Lloyd, the batched Cholesky, retrieval LUT/score/top-k)
 #   suite.txt     the CPU suite's tests with device branches, on the kit's CUDA build:
 #                 test_kmeans, test_moments, test_runtime, tests/cli/{fit,moments,runtime}.sh
+#   torch.txt     the torch back end (kvq.torch_engine) on cuda against the C engine on the
+#                 CPU, every codebook kind, and generate() at 6% on cuda: PASS / FAIL line
+#                 (python/tests/test_torch_backend.py; skipped, saying so, without torch)
 #   bench.txt     bench_kmeans (one 7B head: n 81920, d 128, K 4096, 25 iterations) on the
 #                 GPU and on the CPU (16 threads, 3 iterations), the batched device Lloyd
 #                 over a 7B-shaped fit (bench_lloyd_batched), then the peers on the same
@@ -24,7 +27,8 @@
 # Knobs: KIT (.device-kit), DEVICE_RUN_LAYERS (32: the 7B-shaped batched fit's layers).
 # For checking this script without a GPU only: DEVICE_RUN_ASSUME_GPU=1 takes the GPU
 # branches anyway (every case must then fail loudly), DEVICE_RUN_SMALL=1 shrinks the
-# benchmarks' shapes (n 4096, K 64, one layer).
+# benchmarks' shapes (n 4096, K 64, one layer), DEVICE_RUN_TORCH_CPU=1 runs the torch back
+# end's step on the CPU where torch sees no GPU (its plumbing checked here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KIT=${KIT:-.device-kit}
@@ -250,6 +254,63 @@ if gpu_case suite >&3; then
     if grep -qx -- "ok $c" "$T"/fit.log "$T"/moments.log "$T"/runtime.log 2>/dev/null; then res ok "gpu_branch: $c" >&3
     else res FAIL "gpu_branch: $c" "the case did not pass on its GPU branch (suite.txt)" >&3; fi
   done
+fi
+
+# ---- the torch back end on the GPU ----------------------------------------------------------
+# python/tests/test_torch_backend.py with the GPU: kvq.torch_engine on cuda against the C
+# engine (the kit's libkvq.so, on the CPU) for every codebook kind, the same selected
+# indices; generate() at 6% with the torch back end on cuda, shadowed step by step by the
+# C engine, against the C engine back end's tokens. torch comes from the machine; the kit's
+# libraries are loaded into python3 after torch, by path (never on its LD_LIBRARY_PATH).
+exec >"$OUT/torch.txt" 2>&1
+section "the torch back end on the GPU against the C engine (python/tests/test_torch_backend.py)"
+if gpu_case torch_backend_gpu >&3; then
+  tv=$(python3 -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda, torch.cuda.is_available())' 2>&1 | tail -1)
+  echo "torch: $tv"
+  if ! python3 -c 'import torch, numpy' 2>/dev/null; then
+    res skip torch_backend_gpu "torch is not importable here ($tv): the torch back end's GPU check did not run" >&3
+  elif [ "${tv##* }" != True ] && [ "${DEVICE_RUN_TORCH_CPU:-0}" != 1 ]; then
+    res FAIL torch_backend_gpu "torch sees no CUDA device ($tv) on a GPU machine" >&3
+  else
+    # libkvq.so's own libraries as this run resolves them (kit, CUDA), less the C and C++
+    # runtimes the python process already has
+    LIBPATH_T=${LIBPATH:-$T/kit/lib}
+    pre=$(LD_LIBRARY_PATH="$LIBPATH_T" ldd "$KIT/bin/libkvq.so" | awk '/=> \// { print $3 }' |
+          grep -Ev '/(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s)\.so')
+    cat >"$T/torch_run.py" <<'EOF_PY'
+import ctypes, os, runpy, sys
+import torch  # noqa: F401  first: the C++ runtime and OpenMP torch brings
+left = [p for p in sys.argv[3:] if p]
+while left:
+    nxt = []
+    for p in left:
+        try:
+            ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL)
+        except OSError:
+            nxt.append(p)
+    if len(nxt) == len(left):
+        break
+    left = nxt
+print("torch_run: preloaded", len(sys.argv) - 3 - len(left), "libraries; not loaded:", left, flush=True)
+os.environ["LD_LIBRARY_PATH"] = sys.argv[1]  # for the helper and kvq that the test runs
+sys.argv = [sys.argv[2]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+EOF_PY
+    KVQ_LIB=$PWD/$KIT/bin/libkvq.so KVQ_BUILD=$PWD/$KIT/bin KVQ=$B/kvq \
+      KVQ_TEST_MODEL=$PWD/$KIT/models/stories260K.gguf LDFLAGS="-Wl,-rpath-link,$LIBPATH_T" \
+      PYTHONUNBUFFERED=1 timeout "$(tmo 240)" python3 "$T/torch_run.py" "$LIBPATH_T" \
+      python/tests/test_torch_backend.py $pre >"$T/torch.log" 2>&1; rc=$?
+    cat "$T/torch.log"
+    nok=$(grep -c '^ok ' "$T/torch.log"); nf=$(grep -c '^FAIL ' "$T/torch.log")
+    ncuda=$(grep -c '^ok   cuda: ' "$T/torch.log")
+    if [ $rc = 0 ] && [ "$nf" = 0 ] && { [ "$ncuda" -ge 5 ] || [ "${DEVICE_RUN_TORCH_CPU:-0}" = 1 ]; }; then
+      echo "torch back end on the GPU: PASS ($nok checks, $ncuda on cuda)"
+      res ok torch_backend_gpu "$nok checks, $ncuda on cuda: the C engine's selections, generate() tokens" >&3
+    else
+      echo "torch back end on the GPU: FAIL (exit $rc, $nf failed, $ncuda cuda checks passed of 5)"
+      res FAIL torch_backend_gpu "exit $rc$([ $rc = 124 ] && echo ' (timed out)'), $nf failed, $ncuda of 5 cuda checks passed: $(grep -E '^FAIL ' "$T/torch.log" | head -2 | tr '\n' ';') (torch.txt)" >&3
+    fi
+  fi
 fi
 
 # ---- benchmarks ------------------------------------------------------------------------------

@@ -13,7 +13,8 @@
 #   3. scripts/device-run.sh on this machine (no GPU) runs to the end, exits 0, reports
 #      every GPU case as "skip ...: no CUDA device ..." and writes at most 8 files
 #   4. device-run.sh made to take its GPU branches here (DEVICE_RUN_ASSUME_GPU=1) fails
-#      loudly: exit 1, every CUDA case a FAIL, no skip but the faiss peer it names
+#      loudly: exit 1, every CUDA case a FAIL (the torch back end's step too, where torch
+#      sees no GPU), no skip but the faiss peer it names
 #      (about 2 minutes on 2 cores: it runs the CLI suites)
 #
 # Prints "ok NAME" / "FAIL NAME" lines and the closing "test-device-kit: N passed, N failed".
@@ -119,7 +120,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q 
 elif [ $rc = 0 ] && [ -n "$last" ] && [ "$nskip" -gt 0 ] && [ "$nskip" = "$nskip_nodev" ] &&
      grep -q '^skip test_cuda_paths\.test_kmeans_fit: no CUDA device' "$T/out/summary.txt" &&
      grep -q '^skip suite: no CUDA device' "$T/out/summary.txt" &&
-     grep -q '^skip bench_kmeans_cuda: no CUDA device' "$T/out/summary.txt"; then
+     grep -q '^skip bench_kmeans_cuda: no CUDA device' "$T/out/summary.txt" &&
+     grep -q '^skip torch_backend_gpu: no CUDA device' "$T/out/summary.txt"; then
   ok "device_run_without_gpu ($last; every GPU case skipped: no CUDA device)"
 else
   bad device_run_without_gpu "exit $rc, $nskip skips ($nskip_nodev for no device)" \
@@ -133,10 +135,14 @@ then rc2=0; else rc2=$?; fi
 s2=$T/out2/summary.txt
 ncases=$(grep -c '^skip test_cuda_paths\.' "$T/out/summary.txt")
 nloud=$(grep -c '^FAIL test_cuda_paths\..*: skipped on a GPU machine' "$s2")
-other_skips=$(grep '^skip ' "$s2" | grep -v '^skip peer_faiss-gpu:')
+# (the torch back end's step may skip only where torch itself is missing, saying so)
+other_skips=$(grep '^skip ' "$s2" | grep -v '^skip peer_faiss-gpu:' | grep -v '^skip torch_backend_gpu: torch is not importable')
+torch_loud=1
+python3 -c 'import torch' 2>/dev/null && ! grep -q '^FAIL torch_backend_gpu' "$s2" && torch_loud=0
 if [ "$rc2" = 1 ] && [ "$ncases" -gt 0 ] && [ "$nloud" = "$ncases" ] && [ -z "$other_skips" ] &&
    grep -q '^FAIL kvq_cuda_available' "$s2" && grep -q '^FAIL bench_kmeans_cuda' "$s2" &&
-   grep -q '^FAIL bench_lloyd_batched:' "$s2" && grep -q '^FAIL gpu_branch: fit_device_cuda' "$s2"; then
+   grep -q '^FAIL bench_lloyd_batched:' "$s2" && grep -q '^FAIL gpu_branch: fit_device_cuda' "$s2" &&
+   [ $torch_loud = 1 ]; then
   ok "device_run_fails_loudly_on_a_gpu ($(tail -1 "$s2"))"
 else
   bad device_run_fails_loudly_on_a_gpu "exit $rc2, $nloud of $ncases CUDA cases failed loudly" \

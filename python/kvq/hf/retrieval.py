@@ -83,13 +83,19 @@ class Retrieval:
         self.seq: Any = self.engine.sequence(**self.seq_args)
         self.layer = -1
         self.pre: Dict[int, Any] = {}
-        self.selected: Dict[int, List[np.ndarray]] = {}
+        self._sel: Dict[int, List[Any]] = {}
         self.steps = 0
         # kvq eval's step statistics: (layer, KV head) steps with candidates beyond sinks
         # and window, the tokens they saw and attended
         self.stats: Dict[str, int] = {"steps": 0, "visible": 0, "attended": 0}
         self.sink = 4 if sink is None else int(sink)
         self.window = window or (self.engine.window if backend == "torch" else Artifact(artifact).wrope[0])
+
+    @property
+    def selected(self) -> Dict[int, List[np.ndarray]]:
+        """Per layer, the last decode step's selected token indices per KV head (int32)."""
+        return {l: [np.asarray(x.cpu().numpy() if hasattr(x, "cpu") else x, dtype=np.int32) for x in sel]
+                for l, sel in self._sel.items()}
 
     def _rows(self, x: Any, rope: bool = True) -> Any:
         """[1, heads, n, d] torch -> [n, heads, d] float32 (numpy for the C engine, a
@@ -125,8 +131,7 @@ class Retrieval:
             return out
         o, sel = self.seq.decode(layer, self._rows(q_pre)[0], self._rows(k_pre)[0],
                                  self._rows(v_new, rope=False)[0])
-        self.selected[layer] = [np.asarray(x.cpu().numpy() if hasattr(x, "cpu") else x, dtype=np.int32)
-                                for x in sel]
+        self._sel[layer] = sel  # read back (a device sync for the torch back end) only when asked
         if layer == self.spec.n_layers - 1:
             self.steps += 1
         nv = self.seq.length(layer)
