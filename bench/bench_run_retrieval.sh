@@ -41,8 +41,9 @@ if [ ! -f "$art" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-cat "$DOCS"/tutorial/*.rst.txt "$DOCS"/howto/*.rst.txt | tr -d '\000-\010\013-\037' |
-  head -c "$chars" >"$tmp/prompt.txt"
+# Through a file: under pipefail, `cat | head -c` fails when head closes the pipe early.
+cat "$DOCS"/tutorial/*.rst.txt "$DOCS"/howto/*.rst.txt | tr -d '\000-\010\013-\037' >"$tmp/all.txt"
+head -c "$chars" "$tmp/all.txt" >"$tmp/prompt.txt"
 
 # One run: prints "PROMPT_TOKENS DECODE_TOKS_PER_S" from kvq run's timing line.
 one() {
