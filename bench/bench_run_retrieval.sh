@@ -27,7 +27,7 @@
 set -euo pipefail
 BUILD=${BUILD:-build}
 KVQ="$BUILD/kvq"
-model= art=demo-out/model.kvq threads=2 rounds=3 chars=33500 n=128 rtfull=0
+model='' art=demo-out/model.kvq threads=2 rounds=3 chars=33500 n=128 rtfull=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model=$2; shift 2 ;;
@@ -74,8 +74,10 @@ for r in $(seq "$rounds"); do
     info=$(grep "^kvq: retrieval:" "$tmp/err" | head -1 || true)
     read -r np gf full < <(one)
   fi
-  [ -n "$full" ] && [ -n "$ret" ] ||
-    { echo "bench_run_retrieval: no timing line from kvq run (round $r)" >&2; exit 1; }
+  if [ -z "$full" ] || [ -z "$ret" ]; then
+    echo "bench_run_retrieval: no timing line from kvq run (round $r)" >&2
+    exit 1
+  fi
   line="round $r: prompt $np tokens; full attention $full tok/s ($gf generated), retrieval $ret tok/s ($gr generated)"
   if [ "$rtfull" = 1 ]; then
     read -r _ gt rt < <(one --artifact "$art" --selector full)
