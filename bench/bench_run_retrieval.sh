@@ -21,8 +21,8 @@
 #                 the cache format and kernels. kvq run without --artifact attends an f32
 #                 cache with two OpenBLAS sgemm calls a query head, which at 8K spend most
 #                 of a decode step packing the keys (docs/runtime.md, "Decode at 8K").
-# One round is two 8K prefills and two decodes: about 1 minute on a quiet 2-core machine,
-# several under load.
+# One round is two 8K prefills and two decodes (three with --runtime-full): on the shared
+# 2-core machine at a load average of 14-29, 7-10 minutes a prefill (docs/runtime.md).
 # The budget is the artifact's profile's (kvq run's default with --artifact).
 set -euo pipefail
 BUILD=${BUILD:-build}

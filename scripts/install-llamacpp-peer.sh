@@ -13,8 +13,10 @@
 # Safe to run again: a matching installed version is kept. With --check, runs the peer
 # on MODEL.gguf for a few tokens and fails if it gives no result.
 #
-# As a new user, in a virtual environment of its own (the build takes 10-20 minutes on
-# 2 cores, longer under load), then the comparison with the same interpreter:
+# As a new user, in a virtual environment of its own, then the comparison with the same
+# interpreter (checked so on 2026-12-07 in a fresh `python3 -m venv`: the build took an
+# hour at nice 10 on the shared 2-core machine under a load average of 10-29; about 8+
+# minutes on 2 idle cores):
 #
 #   python3 -m venv ~/peer-venv
 #   PYTHON=~/peer-venv/bin/python scripts/install-llamacpp-peer.sh \
