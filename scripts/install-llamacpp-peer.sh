@@ -15,8 +15,8 @@
 #
 # As a new user, in a virtual environment of its own, then the comparison with the same
 # interpreter (checked so on 2026-12-07 in a fresh `python3 -m venv`: the build took an
-# hour at nice 10 on the shared 2-core machine under a load average of 10-29; about 8+
-# minutes on 2 idle cores):
+# hour at nice 10 on the shared 2-core machine under a load average of 10-29; 8 minutes
+# or more on 2 idle cores, by an earlier estimate not re-measured):
 #
 #   python3 -m venv ~/peer-venv
 #   PYTHON=~/peer-venv/bin/python scripts/install-llamacpp-peer.sh \
