@@ -19,6 +19,7 @@
 #include "kvq.h"
 #include "kvq/util.h"
 #include "helpers/testutil.h"
+#include "runtime/cache/kvc.h"
 
 enum { NL = 2, NH = 4, NKV = 2, GS = NH / NKV, D = 64, T = 160, P = 64, SINK = 4, WIN = 16,
        BUDGET = 12 };
@@ -214,9 +215,66 @@ static void test_steps_read_compressed_rows(void **state)
     }
 }
 
+/* leankv+pats holds token t's rows as LeanKV's K8V4 of PATS's truncation by b(t) (the
+ * schedule over the sequence's T tokens) of the rotated key and the value: the reader's
+ * rows against kvq_rt_pats_truncate + kvq_rt_lkq_quantize (each against numpy in
+ * test_kvcache.c). */
+static void test_leankv_pats_rows(void **state)
+{
+    (void)state;
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
+    seq *s = malloc(sizeof *s);
+    make_seq(s, 11);
+    kvq_kvcache_params kp = kvq_kvcache_params_default();
+    kp.kind = KVQ_KV_LEANKV_PATS;
+    kp.alpha_h = kp.alpha_l = 0;
+    kp.window = T; /* every token HIGH (K8V4) */
+    kp.schedule = 2;
+    kp.b_min = 2;
+    kp.b_max = 10;
+    kp.max_tokens = T;
+    kvq_kvcache *kc = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_kvcache_create(&c, &kp, &kc, &e), KVQ_OK);
+    for (int32_t l = 0; l < NL; l++)
+        assert_int_equal(kvq_kvcache_append(kc, l, T, s->pos, s->k, s->v, &e), KVQ_OK);
+    const kvq_rt_pats_params pp = {.schedule = 2, .b_min = 2, .b_max = 10};
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    int seen[11] = {0};
+    for (int64_t j = 0; j < T; j++)
+        for (int32_t h = 0; h < NKV; h++) {
+            float k[D], v[D], kt[D], vt[D], kw[D], vw[D];
+            uint8_t rk[4 + D], rv[4 + D / 2];
+            const int32_t b = kvq_rt_pats_bits(&pp, j + 1, T);
+            seen[b]++;
+            memcpy(k, s->k + ((size_t)j * NKV + h) * D, sizeof k);
+            kvq_rope_apply(&c.rope, theta, k, 1, j);
+            assert_int_equal(kvq_rt_pats_truncate(k, D, b, kt, &e), KVQ_OK);
+            assert_int_equal(kvq_rt_pats_truncate(s->v + ((size_t)j * NKV + h) * D, D, b, vt, &e),
+                             KVQ_OK);
+            assert_int_equal(kvq_rt_lkq_quantize(kt, D, 8, rk, &e), KVQ_OK);
+            assert_int_equal(kvq_rt_lkq_quantize(vt, D, 4, rv, &e), KVQ_OK);
+            kvq_rk_lkq_dequant(rk, D, 8, kw);
+            kvq_rk_lkq_dequant(rv, D, 4, vw);
+            for (int32_t l = 0; l < NL; l++) {
+                assert_int_equal(kvq_kvcache_row(kc, l, h, j, k, v), 1);
+                assert_memory_equal(k, kw, sizeof k);
+                assert_memory_equal(v, vw, sizeof v);
+            }
+        }
+    assert_true(seen[2] > 0 && seen[10] > 0); /* both ends of the schedule */
+    kvq_kvcache_memory m;
+    kvq_kvcache_memory_get(kc, &m); /* LeanKV's bytes: K8V4 rows, whatever b(t) */
+    assert_true(m.bytes == (double)T * NL * NKV * (4 + D + 4 + D / 2));
+    kvq_kvcache_free(kc);
+    free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_leankv_pats_rows),
         cmocka_unit_test(test_steps_read_compressed_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
