@@ -200,8 +200,8 @@ static void print_result(const kvq_kvcache_params *p, double frac, double ref, d
         return;
     }
     if (p->kind != KVQ_KV_PATS)
-        printf("kv          %s alpha_h %g alpha_l %g window %d (K8V4 / K4V2)", kvq_kv_kind_name(p->kind),
-               p->alpha_h, p->alpha_l, (int)p->window);
+        printf("kv          %s alpha_h %g alpha_l %g window %d (K8V4 / K4V2)",
+               kvq_kv_kind_name(p->kind), p->alpha_h, p->alpha_l, (int)p->window);
     else
         printf("kv          pats");
     if (p->kind != KVQ_KV_LEANKV)

@@ -66,7 +66,8 @@ kvq_kvcache_params kvq_kvcache_params_default(void);
 typedef struct kvq_kvcache kvq_kvcache;
 
 /* Errors: KVQ_E_INVALID_ARG naming the parameter out of range (or f16, which has no
- * cache here; leankv+pats checks both LeanKV's and PATS's settings), KVQ_E_UNSUPPORTED (sliding window), KVQ_E_NOMEM. */
+ * cache here; leankv+pats checks both LeanKV's and PATS's settings), KVQ_E_UNSUPPORTED
+ * (sliding window), KVQ_E_NOMEM. */
 kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_params *p,
                               kvq_kvcache **out, kvq_err *err);
 void kvq_kvcache_free(kvq_kvcache *c); /* NULL is fine */

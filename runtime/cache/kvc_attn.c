@@ -365,7 +365,8 @@ double kvq_kvcache_bytes(const kvq_kvcache *c)
 
 int kvq_kvcache_in_prompt(const kvq_kvcache *c, int32_t layer)
 {
-    return c->lk && layer >= 0 && layer < c->n_layers && !c->lk[(int64_t)layer * c->n_kv].prompt_done;
+    return c->lk && layer >= 0 && layer < c->n_layers &&
+           !c->lk[(int64_t)layer * c->n_kv].prompt_done;
 }
 
 int kvq_kvcache_row(const kvq_kvcache *c, int32_t layer, int32_t head, int64_t tok, float *k,
