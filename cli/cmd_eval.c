@@ -308,9 +308,9 @@ int cmd_eval(int argc, char **argv)
     if (o.su.suite)
         rc = cli_eval_suite(&o.ro, m, model_path, o.spec, corpus, tok, &o.su,
                             (int32_t)o.m.threads, o.json, &cb);
-    else if (o.kv.kind != KVQ_KV_F16 && o.ro.selectors)
-        rc = cli_failf(2, "eval: --kv %s with --selectors (retrieval over a compressed cache) "
-                       "is not implemented", kvq_kv_kind_name(o.kv.kind));
+    else if (o.kv.given && (o.ro.selectors || o.ro.budgets)) /* over a compressed cache */
+        rc = cli_eval_kv_retrieval(&o.kv, &o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
+                                   o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
     else if (o.kv.kind != KVQ_KV_F16) {
         if (o.ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
             kvq_log(&cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",

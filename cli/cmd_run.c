@@ -133,11 +133,9 @@ static int run_parse(int argc, char **argv, run_opts *o)
         run_usage(stderr);
         return cli_failf(2, "run: --model is required");
     }
-    if (o->kv.kind != KVQ_KV_F16 && o->ro.selectors)
-        return cli_failf(2, "run: --kv %s with --selector (retrieval over a compressed cache) "
-                         "is not implemented", kvq_kv_kind_name(o->kv.kind));
-    if (o->kv.kind != KVQ_KV_F16)
-        o->ro.given = 0; /* --artifact gives the cache's settings, not retrieval */
+    if (o->kv.kind != KVQ_KV_F16 && !o->ro.selectors && !o->ro.budgets)
+        o->ro.given = 0; /* --artifact alone gives the cache's settings: full attention over
+                            it; with --selector or --budget, retrieval over it */
     if (o->ro.given && !o->ro.artifact && !o->ro.selectors)
         return cli_failf(2, "run: retrieval options need --artifact or --selector");
     if (o->ro.selectors && strchr(o->ro.selectors, ','))
@@ -233,6 +231,8 @@ static int run_kv_prepare(const run_opts *o, run_state *r)
     kp.threads = (int32_t)o->m.threads;
     if (kvq_kvcache_create(r->c, &kp, &r->kvc, &e))
         return cli_fail(&e);
+    if (r->ret) /* retrieval reads the compressed rows (kvq/kvcache.h) */
+        return kvq_retrieval_set_kvcache(r->ret, r->kvc, &e) ? cli_fail(&e) : 0;
     const kvq_attn_backend backend = kvq_kvcache_backend(r->kvc);
     kvq_forward_set_attention(r->f, &backend);
     return 0;

@@ -26,9 +26,10 @@ void cli_kv_init(cli_kv *o)
 
 void cli_kv_usage(FILE *f)
 {
-    fprintf(f, "  --kv KIND            the KV cache: f16 (exact, default), leankv, pats\n"
-               "                       (leankv+pats is named but not implemented); needs\n"
-               "                       --artifact ART (its profile's settings) or the options:\n"
+    fprintf(f, "  --kv KIND            the KV cache: f16 (exact, default), leankv, pats or\n"
+               "                       leankv+pats (LeanKV over PATS-truncated rows); needs\n"
+               "                       --artifact ART (its profile's settings) or the options;\n"
+               "                       with --selector(s) or --budget(s): retrieval over it:\n"
                "  --alpha-h X, --alpha-l X   LeanKV thresholds (0 <= alpha_l <= alpha_h)\n"
                "  --kv-window N        LeanKV recent window (default: the artifact's, else 64)\n"
                "  --pats-schedule S    old-heavy | new-heavy | middle-heavy\n"
@@ -44,6 +45,7 @@ int cli_kv_opt(const char *cmd, cli_kv *o, int argc, char **argv, int *i)
     if (!strcmp(a, "--kv")) {
         if (!val || kvq_kv_kind_parse(val, &o->kind))
             return cli_failf(2, "%s: --kv must be f16, leankv, pats or leankv+pats", cmd);
+        o->given = 1;
     } else if (!strcmp(a, "--alpha-h")) {
         rc = cli_opt_f64(cmd, a, val, 0, 1e6, &o->alpha_h);
     } else if (!strcmp(a, "--alpha-l")) {
@@ -87,7 +89,7 @@ static double meta_num(const kvq_st *st, const char *key)
 static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
                    kvq_kvcache_params *p, double *frac)
 {
-    const char *what = o->kind == KVQ_KV_LEANKV ? "leankv" : "pats";
+    const char *what = kvq_kv_kind_name(o->kind);
     const char *src = artifact ? artifact : "options", *sep = artifact ? ": " : "";
     if (!artifact)
         src = "";
@@ -99,7 +101,7 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
                                            : 0.5;
     if (!(*frac >= 0 && *frac < 1))
         return cli_failf(1, "%s%sprompt fraction %g out of range [0, 1)", src, sep, *frac);
-    if (o->kind == KVQ_KV_LEANKV) {
+    if (o->kind != KVQ_KV_PATS) { /* leankv, leankv+pats */
         p->alpha_h = !isnan(o->alpha_h) ? o->alpha_h : meta_num(st, KVQ_META_LEANKV_ALPHA_H);
         p->alpha_l = !isnan(o->alpha_l) ? o->alpha_l : meta_num(st, KVQ_META_LEANKV_ALPHA_L);
         const double w = o->window >= 0 ? (double)o->window : meta_num(st, KVQ_META_LEANKV_WINDOW);
@@ -115,7 +117,8 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
                              sep, bits);
         if (!isnan(w) && !(w >= 0 && w <= (1 << 20)))
             return cli_failf(1, "%s%sleankv.window %g out of range", src, sep, w);
-    } else {
+    }
+    if (o->kind != KVQ_KV_LEANKV) { /* pats, leankv+pats */
         const char *sched = st ? kvq_st_meta_get(st, KVQ_META_PATS_SCHEDULE) : NULL;
         const char *dt = st ? kvq_st_meta_get(st, KVQ_META_PATS_DTYPE) : NULL;
         if (dt && strcmp(dt, "f16"))
@@ -129,8 +132,8 @@ static int resolve(const cli_kv *o, const char *artifact, const kvq_st *st,
         const double lo = o->b_min >= 0 ? (double)o->b_min : meta_num(st, KVQ_META_PATS_B_MIN);
         const double hi = o->b_max >= 0 ? (double)o->b_max : meta_num(st, KVQ_META_PATS_B_MAX);
         if (p->schedule < 0 || isnan(lo) || isnan(hi))
-            return cli_failf(artifact ? 1 : 2, "%s%s--kv pats needs %s, or --pats-schedule "
-                             "and --pats-b", src, sep,
+            return cli_failf(artifact ? 1 : 2, "%s%s--kv %s needs %s, or --pats-schedule "
+                             "and --pats-b", src, sep, kvq_kv_kind_name(o->kind),
                              sched && p->schedule < 0 ? "a known pats.schedule in the artifact"
                              : artifact ? "pats.schedule, pats.b_min and pats.b_max in the "
                                           "artifact (run kvq profile)"
@@ -148,8 +151,6 @@ int cli_kv_resolve(const cli_kv *o, const char *artifact, kvq_kvcache_params *p,
 {
     kvq_err e = {0};
     kvq_artifact *a = NULL;
-    if (o->kind == KVQ_KV_LEANKV_PATS)
-        return cli_failf(2, "--kv leankv+pats is not implemented (use leankv or pats)");
     if (o->kind == KVQ_KV_F16)
         return cli_failf(2, "--kv f16 is the exact cache (no compressed cache to make)");
     if (artifact && kvq_artifact_open(artifact, &a, &e))
@@ -185,14 +186,8 @@ static void print_result(const kvq_kvcache_params *p, double frac, double ref, d
     const double pruned = cells > 0 ? m->pruned / cells : 0;
     static const char *const sched[] = {"old-heavy", "new-heavy", "middle-heavy"};
     if (json) {
-        const int lk = p->kind == KVQ_KV_LEANKV;
-        char set[160];
-        if (lk)
-            snprintf(set, sizeof set, "\"alpha_h\": %g, \"alpha_l\": %g, \"window\": %d",
-                     p->alpha_h, p->alpha_l, (int)p->window);
-        else
-            snprintf(set, sizeof set, "\"schedule\": \"%s\", \"b_min\": %d, \"b_max\": %d",
-                     sched[p->schedule], (int)p->b_min, (int)p->b_max);
+        char set[200];
+        cli_kv_settings_json(p, set, sizeof set);
         printf("{\"kv\": \"%s\", %s, \"prompt_fraction\": %g, "
                "\"predicted\": %llu, \"ppl_full\": %.6f, \"ppl\": %.6f, \"dppl_pct\": %.4f, "
                "\"bytes_per_token\": %.2f, \"bytes_high_per_token\": %.2f, "
@@ -204,22 +199,38 @@ static void print_result(const kvq_kvcache_params *p, double frac, double ref, d
                m->bytes_f16 / tok, m->bytes / m->bytes_f16, pruned);
         return;
     }
-    if (p->kind == KVQ_KV_LEANKV)
-        printf("kv          leankv alpha_h %g alpha_l %g window %d (K8V4 / K4V2)\n", p->alpha_h,
-               p->alpha_l, (int)p->window);
+    if (p->kind != KVQ_KV_PATS)
+        printf("kv          %s alpha_h %g alpha_l %g window %d (K8V4 / K4V2)",
+               kvq_kv_kind_name(p->kind), p->alpha_h, p->alpha_l, (int)p->window);
     else
-        printf("kv          pats %s b %d..%d\n", sched[p->schedule], (int)p->b_min,
-               (int)p->b_max);
+        printf("kv          pats");
+    if (p->kind != KVQ_KV_LEANKV)
+        printf("%s %s b %d..%d", p->kind == KVQ_KV_PATS ? "" : ", truncated by", sched[p->schedule],
+               (int)p->b_min, (int)p->b_max);
+    printf("\n");
     printf("prompt      first %.3g of each sequence; %llu tokens predicted after it\n", frac,
            (unsigned long long)n_pred);
     printf("perplexity  %.4f (full attention %.4f): %+.3f%%\n", ppl, ppl0,
            100 * (ppl / ppl0 - 1));
     printf("memory      %.1f bytes/token (f16 %.1f): %.1f%% of f16\n", m->bytes / tok,
            m->bytes_f16 / tok, 100 * m->bytes / m->bytes_f16);
-    if (p->kind == KVQ_KV_LEANKV)
+    if (p->kind != KVQ_KV_PATS)
         printf("sections    high %.1f, low %.1f, exact %.1f bytes/token; pruned %.1f%% of "
                "(token, layer, KV head)\n", m->bytes_high / tok, m->bytes_low / tok,
                m->bytes_exact / tok, 100 * pruned);
+}
+
+void cli_kv_settings_json(const kvq_kvcache_params *p, char *out, size_t size)
+{
+    static const char *const sched[] = {"old-heavy", "new-heavy", "middle-heavy"};
+    int n = 0;
+    out[0] = 0;
+    if (p->kind != KVQ_KV_PATS && p->kind != KVQ_KV_F16)
+        n = snprintf(out, size, "\"alpha_h\": %g, \"alpha_l\": %g, \"window\": %d",
+                     p->alpha_h, p->alpha_l, (int)p->window);
+    if ((p->kind == KVQ_KV_PATS || p->kind == KVQ_KV_LEANKV_PATS) && n >= 0 && (size_t)n < size)
+        snprintf(out + n, size - (size_t)n, "%s\"schedule\": \"%s\", \"b_min\": %d, \"b_max\": %d",
+                 n ? ", " : "", sched[p->schedule], (int)p->b_min, (int)p->b_max);
 }
 
 /* Perplexity over s with f's current attention; mean NLL and the count. */

@@ -10,6 +10,7 @@
 
 typedef struct cli_kv {
     kvq_kv_kind kind;       /* --kv (default f16: the exact cache) */
+    int given;              /* --kv was given (f16 too) */
     double alpha_h, alpha_l; /* --alpha-h, --alpha-l (NaN: the artifact's) */
     int64_t window;         /* --kv-window (-1: the artifact's, else 64) */
     int32_t schedule;       /* --pats-schedule (-1: the artifact's) */
@@ -26,7 +27,7 @@ void cli_kv_usage(FILE *f);
 
 /* The cache parameters of o: the options, else the artifact's (NULL: none). Prints the
  * error and returns 1 (2 for a usage error) when one is missing or out of range, or
- * the kind has no compressed cache (f16, leankv+pats). frac: the prompt share. */
+ * the kind has no compressed cache (f16). frac: the prompt share. */
 int cli_kv_resolve(const cli_kv *o, const char *artifact, kvq_kvcache_params *p, double *frac);
 
 /* `kvq eval --kv KIND` without retrieval: perplexity with full attention over the exact
@@ -37,5 +38,19 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
                 const char *model_path, const char *spec, const kvq_corpus *corpus,
                 const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens, int32_t threads,
                 int json, const kvq_callbacks *cb);
+
+/* The kind's settings as JSON members ("alpha_h": .., "schedule": ..; none for f16). */
+void cli_kv_settings_json(const kvq_kvcache_params *p, char *out, size_t size);
+
+/* `kvq eval --kv KIND --selectors S --budgets B`: retrieval over the compressed cache
+ * (cli/eval_kv_retr.c; f16: r's own rows). Each sequence's first floor(prompt_fraction
+ * n) tokens are its prompt (one exact prefill), the rest decoded one token per call and
+ * predicted (kvq_perplexity_seq_last), full attention the same way as the reference;
+ * one row per selector x budget with the memory the compressed cache held. */
+struct cli_retrieval;
+int cli_eval_kv_retrieval(const cli_kv *o, struct cli_retrieval *ro, const kvq_model *m,
+                          const char *model_path, const char *spec, const kvq_corpus *corpus,
+                          const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens,
+                          int32_t threads, int json, const kvq_callbacks *cb);
 
 #endif /* KVQ_CLI_EVAL_KV_H */

@@ -253,19 +253,22 @@ static kvq_status kv_params(const kvq_engine *e, const kvq_engine_seq_params *p,
         return s;
     const kvq_st *st = kvq_artifact_payload(a);
     *kp = kvq_kvcache_params_default();
-    kp->kind = p->kv_cache == KVQ_ENGINE_KV_LEANKV ? KVQ_KV_LEANKV : KVQ_KV_PATS;
+    kp->kind = p->kv_cache == KVQ_ENGINE_KV_LEANKV   ? KVQ_KV_LEANKV
+               : p->kv_cache == KVQ_ENGINE_KV_PATS ? KVQ_KV_PATS
+                                                   : KVQ_KV_LEANKV_PATS;
     kp->prompt_tokens = 0;
     kp->max_tokens = p->max_tokens;
     kp->threads = p->threads;
     const char *miss = NULL;
-    if (kp->kind == KVQ_KV_LEANKV) {
+    if (kp->kind != KVQ_KV_PATS) { /* leankv, leankv+pats */
         kp->alpha_h = kv_setting(p->kv_alpha_h, st, KVQ_META_LEANKV_ALPHA_H);
         kp->alpha_l = kv_setting(p->kv_alpha_l, st, KVQ_META_LEANKV_ALPHA_L);
         const double w = kv_setting(p->kv_window, st, KVQ_META_LEANKV_WINDOW);
         kp->window = isnan(w) ? 64 : w > (1 << 20) ? -1 : (int32_t)w;
         miss = isnan(kp->alpha_h) ? KVQ_META_LEANKV_ALPHA_H
                : isnan(kp->alpha_l) ? KVQ_META_LEANKV_ALPHA_L : NULL;
-    } else {
+    }
+    if (kp->kind != KVQ_KV_LEANKV && !miss) { /* pats, leankv+pats */
         const char *sc = st ? kvq_st_meta_get(st, KVQ_META_PATS_SCHEDULE) : NULL;
         int32_t sched = p->kv_pats_schedule;
         if (sched < 0 && sc && kvq_kvcache_schedule_parse(sc, &sched))
@@ -290,9 +293,10 @@ static kvq_status kv_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
                                 kvq_engine_seq **out, kvq_err *err)
 {
     kvq_kvcache_params kp;
-    if (p->kv_cache != KVQ_ENGINE_KV_LEANKV && p->kv_cache != KVQ_ENGINE_KV_PATS)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: kv_cache %d (0, "
-                           "KVQ_ENGINE_KV_LEANKV or KVQ_ENGINE_KV_PATS)", (int)p->kv_cache);
+    if (p->kv_cache != KVQ_ENGINE_KV_LEANKV && p->kv_cache != KVQ_ENGINE_KV_PATS &&
+        p->kv_cache != KVQ_ENGINE_KV_LEANKV_PATS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: kv_cache %d (0, KVQ_ENGINE_KV_LEANKV, "
+                           "KVQ_ENGINE_KV_PATS or KVQ_ENGINE_KV_LEANKV_PATS)", (int)p->kv_cache);
     kvq_status st = kv_params(e, p, &kp, err);
     if (st)
         return st;

@@ -198,6 +198,7 @@ static void scratch_free(const rt_selector *sel, rt_scratch *S)
     free(S->pre);
     free(S->vbuf);
     free(S->qpre);
+    free(S->kvrows);
 }
 
 void kvq_retrieval_free(kvq_retrieval *r)
@@ -460,6 +461,8 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
     const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
     if ((s = reserve_rows(r, L, n, c->pos, err)) || (s = kvq_rt_append(r, c, err)))
         return s;
+    if (r->kvc) /* over a compressed cache (runtime/cache/kvc_retr.c) */
+        return kvq_rt_kvc_call(r, c, err);
 
     for (int32_t t = 0; t < r->n_scr; t++)
         r->scr[t].status = KVQ_OK;

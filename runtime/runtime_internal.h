@@ -107,6 +107,8 @@ typedef struct rt_scratch {
     int32_t slot;        /* index of this scratch (the device backend's slot) */
     kvq_status status;   /* first backend failure of the current attend call */
     kvq_err err;         /* its message */
+    float *kvrows;       /* [kvrows_cap, 2d] rows decoded from r->kvc (kvc_retr.c) */
+    int64_t kvrows_cap;
 } rt_scratch;
 
 struct kvq_retrieval {
@@ -137,6 +139,7 @@ struct kvq_retrieval {
      * the local layers, attended exactly over their window (runtime/local.h), or NULL. */
     float scale, softcap;
     struct rt_local *local;
+    struct kvq_kvcache *kvc; /* NULL, or the compressed cache the steps read (kvc_retr.c) */
 };
 
 /* One attention step: query row at position pos over nvis tokens of (layer, head). */
@@ -243,6 +246,18 @@ void kvq_rt_exact_norms(const rt_scratch *S, int32_t gs, int32_t d, double *f2);
 void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t lo, int64_t nv,
                            const int32_t *att, int64_t m, const float *o, const double *f2,
                            rt_sums *z);
+
+/* Retrieval over a compressed cache r->kvc (runtime/cache/kvc_retr.c, kvq/kvcache.h):
+ *   kvc_call    retrieval_attend's work for a call once r->kvc is set (the rows put into
+ *               the compressed cache, the steps, Algorithm 1)
+ *   kvc_key     the rotated key of row j as r->kvc holds it (zeros when pruned)
+ *   kvc_filter  rows[0..n) without the pruned tokens (order kept); the new count
+ *   kvc_attend  the step's attention over att[0..m) read from r->kvc's rows (decoded
+ *               into S->kvrows), its probabilities counted into LeanKV's significance */
+kvq_status kvq_rt_kvc_call(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err);
+void kvq_rt_kvc_key(const rt_step *st, int64_t j, float *y);
+int64_t kvq_rt_kvc_filter(const rt_step *st, int32_t *rows, int64_t n);
+void kvq_rt_kvc_attend(const rt_step *st, const int32_t *att, int64_t m);
 
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);

@@ -35,7 +35,9 @@ void kvq_rt_softcap(float *x, int32_t rows, int64_t n, int64_t ld, float c)
 void kvq_rt_step_key(const rt_step *st, int64_t j, float *y)
 {
     const kvq_retrieval *r = st->r;
-    if (st->S->ktok)
+    if (r->kvc) /* the compressed cache's row (runtime/cache/kvc_retr.c) */
+        kvq_rt_kvc_key(st, j, y);
+    else if (st->S->ktok)
         memcpy(y, st->S->ktok + (size_t)kvq_rt_row_token(st->H, j) * r->d,
                sizeof(float) * (size_t)r->d);
     else
@@ -225,7 +227,12 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
     /* ---- exact attention over the union: logits, softmax, weighted sum of values
      * (two passes: on the development machine this beat kvq_rk_attend_rows, the fused
      * one-pass kernel, by a few percent; bench_decode --attn compares them) */
-    kvq_rt_attend_union(&st, att, m, m_far);
+    if (r->kvc) { /* over a compressed cache: its pruned tokens dropped, its rows read */
+        m = kvq_rt_kvc_filter(&st, att, m);
+        kvq_rt_kvc_attend(&st, att, m);
+    } else {
+        kvq_rt_attend_union(&st, att, m, m_far);
+    }
     for (int32_t g = 0; g < gs; g++)
         memcpy(out + (size_t)g * ld_out, S->o + (size_t)g * d, sizeof(float) * (size_t)d);
 

@@ -21,6 +21,10 @@ Writes tests/data/kvcache_golden.bin (little-endian):
   4 policy   u32 N, u32 P, u32 W, f64 alpha_h, f64 alpha_l, then for n = P .. N:
              f64 sig[n], u8 cls[n] (0 pruned, 1 low, 2 high) after the prompt phase
              (n = P) or the generation step of token n - 1 (n > P)
+  5 lkpats   u32 n, u32 b, u32 bits, f32 x[n], u32 ok, [ok] u8 row[4 + ceil(n bits / 8)],
+             f32 xh[n]: the leankv+pats row (docs/kvcache.md): x truncated as PATS
+             truncates it by b low mantissa bits (record 2's values), then quantized
+             as LeanKV quantizes (record 1's rule) at `bits`; refused when either is
 """
 from __future__ import annotations
 
@@ -90,6 +94,12 @@ def pats(x: np.ndarray, b: int) -> tuple[bytes, np.ndarray] | None:
         row += np.packbits(stream, bitorder="little").tobytes()
     trunc = ((bits >> b) << b).astype(np.uint16).view(np.float16).astype(np.float32)
     return bytes(row), trunc
+
+
+def lkpats(x: np.ndarray, b: int, bits: int) -> tuple[bytes, np.ndarray] | None:
+    """leankv+pats row and dequantized values, or None when refused."""
+    t = pats(x, b)
+    return None if t is None else lkq(t[1], bits)
 
 
 def schedule(kind: int, b_min: int, b_max: int, T: int) -> list[int]:
@@ -196,7 +206,8 @@ def main() -> None:
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     recs: list[bytes] = []
-    for x in vec_cases(rng):
+    cases = vec_cases(rng)
+    for x in cases:
         for bits in (1, 2, 3, 4, 8):
             r = lkq(x, bits)
             body = struct.pack("<III", 1, x.size, bits) + x.tobytes()
@@ -230,6 +241,14 @@ def main() -> None:
         for n in range(P, N + 1):
             body += seqs[n - 1].astype("<f8").tobytes() + cls[n - P].tobytes()
         recs.append(body)
+    for x in cases:  # after the others: the records before are unchanged
+        for b, bits in ((0, 8), (2, 8), (5, 4), (8, 8), (8, 2), (10, 4), (3, 1)):
+            r = lkpats(x, b, bits)
+            body = struct.pack("<IIII", 5, x.size, b, bits) + x.tobytes()
+            body += struct.pack("<I", 0 if r is None else 1)
+            if r is not None:
+                body += r[0] + r[1].tobytes()
+            recs.append(body)
     out = Path(a.out)
     out.write_bytes(b"KVCG" + struct.pack("<II", 1, len(recs)) + b"".join(recs))
 

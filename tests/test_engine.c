@@ -466,7 +466,13 @@ static void test_kv_caches(void **state)
     sp.kv_cache = KVQ_ENGINE_KV_LEANKV;
     sp.kv_alpha_h = sp.kv_alpha_l = 0; /* every token K8V4 */
     float *lk = forward_with(eng, &sp, &b_lk);
-    int agree_p, agree_l;
+    uint64_t b_lp;
+    sp.kv_cache = KVQ_ENGINE_KV_LEANKV_PATS; /* K8V4 of the f16 rows (PATS 0:0) */
+    float *lp = forward_with(eng, &sp, &b_lp);
+    sp.kv_cache = KVQ_ENGINE_KV_LEANKV;
+    int agree_p, agree_l, agree_lp;
+    const double dlp = logit_diff(lp, ref, &agree_lp);
+    assert_true(dlp <= 0.05 && agree_lp >= DECODE - 4 && b_lp == b_lk);
     const double dp = logit_diff(pats, ref, &agree_p), dl = logit_diff(lk, ref, &agree_l);
     printf("  engine kv_cache vs exact: pats 0:0 %.3g (argmax %d of %d), leankv 0/0 %.3g (%d)\n",
            dp, agree_p, DECODE + 1, dl, agree_l);
@@ -486,7 +492,12 @@ static void test_kv_caches(void **state)
     assert_non_null(strstr(e.msg, "pats.b_max"));
     sp.kv_pats_b_max = 11;
     assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
-    free(ref), free(pats), free(lk);
+    sp.kv_cache = KVQ_ENGINE_KV_LEANKV_PATS; /* both kinds' settings */
+    sp.kv_alpha_l = 0;
+    sp.kv_pats_b_max = -1;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "pats.b_max"));
+    free(ref), free(pats), free(lk), free(lp);
     kvq_engine_close(eng);
 }
 

@@ -151,6 +151,36 @@ static void pats_record(golden *g, int *counts)
     free(x), free(xt), free(mine), free(row), free(want);
 }
 
+/* leankv+pats: the cache's two steps (kvq_rt_pats_truncate, then kvq_rt_lkq_quantize
+ * of the truncated values) against the reference's row and dequantized values. */
+static void lkpats_record(golden *g, int *counts)
+{
+    const int32_t n = (int32_t)u32(g), b = (int32_t)u32(g), bits = (int32_t)u32(g);
+    float *x = malloc(sizeof(float) * n), *xh = malloc(sizeof(float) * n);
+    float *t = malloc(sizeof(float) * n), *mine = malloc(sizeof(float) * n);
+    take(g, x, sizeof(float) * n);
+    const uint32_t ok = u32(g);
+    const size_t rb = kvq_rk_lkq_row_bytes(n, bits);
+    uint8_t *row = malloc(rb), *want = malloc(rb);
+    kvq_err err = {0};
+    kvq_status s = kvq_rt_pats_truncate(x, n, b, t, &err);
+    if (!s)
+        s = kvq_rt_lkq_quantize(t, n, bits, row, &err);
+    if (!ok) {
+        assert_int_equal(s, KVQ_E_NUMERIC);
+        counts[1]++;
+    } else {
+        assert_int_equal(s, KVQ_OK);
+        take(g, want, rb);
+        take(g, xh, sizeof(float) * n);
+        assert_memory_equal(row, want, rb);
+        kvq_rk_lkq_dequant(row, n, bits, mine);
+        assert_memory_equal(mine, xh, sizeof(float) * n);
+        counts[0]++;
+    }
+    free(x), free(xh), free(t), free(mine), free(row), free(want);
+}
+
 static void schedule_record(golden *g, int *counts)
 {
     kvq_rt_pats_params p;
@@ -196,13 +226,14 @@ static void test_golden(void **state)
     golden g;
     golden_open(&g);
     const uint32_t n_rec = u32(&g);
-    int lkq[2] = {0}, pats[2] = {0}, sched[1] = {0}, pol[4] = {0};
+    int lkq[2] = {0}, pats[2] = {0}, sched[1] = {0}, pol[4] = {0}, lkp[2] = {0};
     for (uint32_t i = 0; i < n_rec; i++) {
         switch (u32(&g)) {
         case 1: lkq_record(&g, lkq); break;
         case 2: pats_record(&g, pats); break;
         case 3: schedule_record(&g, sched); break;
         case 4: policy_record(&g, pol); break;
+        case 5: lkpats_record(&g, lkp); break;
         default: fail_msg("unknown record kind");
         }
     }
@@ -211,6 +242,7 @@ static void test_golden(void **state)
     assert_true(lkq[0] > 50 && lkq[1] >= 5 && pats[0] > 100 && pats[1] >= 4);
     assert_int_equal(sched[0], 21);
     assert_int_equal(pol[0], 7);
+    assert_true(lkp[0] > 80 && lkp[1] >= 4); /* leankv+pats rows and their refusals */
     assert_true(pol[1] > 0 && pol[2] > 0 && pol[3] > 0);
     free(g.buf);
 }

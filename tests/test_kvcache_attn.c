@@ -166,9 +166,15 @@ static void test_refusals(void **state)
     kvq_kvcache *kc = NULL;
     kvq_err e = {0};
     kvq_kvcache_params p = kvq_kvcache_params_default();
-    p.kind = KVQ_KV_LEANKV_PATS;
+    p.kind = KVQ_KV_F16; /* the exact cache is not made here */
     assert_int_equal(kvq_kvcache_create(&c, &p, &kc, &e), KVQ_E_INVALID_ARG);
-    assert_non_null(strstr(e.msg, "not implemented"));
+    assert_non_null(strstr(e.msg, "not a compressed cache kind"));
+    p = kvq_kvcache_params_default();
+    p.kind = KVQ_KV_LEANKV_PATS, p.b_max = 11; /* both kinds' settings are checked */
+    assert_int_equal(kvq_kvcache_create(&c, &p, &kc, &e), KVQ_E_INVALID_ARG);
+    p = kvq_kvcache_params_default();
+    p.kind = KVQ_KV_LEANKV_PATS, p.alpha_l = 2, p.alpha_h = 1;
+    assert_int_equal(kvq_kvcache_create(&c, &p, &kc, &e), KVQ_E_INVALID_ARG);
     p = kvq_kvcache_params_default();
     p.alpha_l = -0.5;
     assert_int_equal(kvq_kvcache_create(&c, &p, &kc, &e), KVQ_E_INVALID_ARG);

@@ -147,7 +147,7 @@ typedef struct kvq_engine_seq_params {
     int32_t threads;          /* KV heads in parallel (default 1) */
     /* ---- the compressed KV caches (docs/kvcache.md) ----
      * kv_cache 0 (the default, and a zeroed struct): the rows as cache_f16 says, with
-     * the codebook selection. KVQ_ENGINE_KV_LEANKV or KVQ_ENGINE_KV_PATS: full attention
+     * the codebook selection. KVQ_ENGINE_KV_LEANKV, _PATS or _LEANKV_PATS: full attention
      * over that compressed cache instead (no selection; budget, sink and window are not
      * used), kvq_engine_seq_bytes the bytes it holds. Its settings: the fields below
      * where >= 0, else the artifact's profile (leankv.alpha_h, leankv.alpha_l,
@@ -164,6 +164,7 @@ typedef struct kvq_engine_seq_params {
 
 #define KVQ_ENGINE_KV_LEANKV 1
 #define KVQ_ENGINE_KV_PATS 2
+#define KVQ_ENGINE_KV_LEANKV_PATS 3 /* LeanKV over PATS-truncated rows: both kinds' settings */
 
 kvq_engine_seq_params kvq_engine_seq_params_default(void);
 

@@ -40,7 +40,7 @@ typedef enum kvq_kv_kind {
     KVQ_KV_F16 = 0,    /* the exact cache (kvq_full_attn): not made here */
     KVQ_KV_LEANKV = 1,
     KVQ_KV_PATS = 2,
-    KVQ_KV_LEANKV_PATS = 3 /* named, not implemented: create refuses it */
+    KVQ_KV_LEANKV_PATS = 3 /* LeanKV over PATS-truncated values (docs/kvcache.md) */
 } kvq_kv_kind;
 
 /* "f16", "leankv", "pats", "leankv+pats"; "unknown" otherwise. */
@@ -65,8 +65,9 @@ kvq_kvcache_params kvq_kvcache_params_default(void);
 
 typedef struct kvq_kvcache kvq_kvcache;
 
-/* Errors: KVQ_E_INVALID_ARG naming the parameter out of range (or leankv+pats / f16,
- * which have no cache here), KVQ_E_UNSUPPORTED (sliding window), KVQ_E_NOMEM. */
+/* Errors: KVQ_E_INVALID_ARG naming the parameter out of range (or f16, which has no
+ * cache here; leankv+pats checks both LeanKV's and PATS's settings), KVQ_E_UNSUPPORTED
+ * (sliding window), KVQ_E_NOMEM. */
 kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_params *p,
                               kvq_kvcache **out, kvq_err *err);
 void kvq_kvcache_free(kvq_kvcache *c); /* NULL is fine */
@@ -101,6 +102,40 @@ typedef struct kvq_kvcache_memory {
     double pruned;            /* tokens x layers x KV heads pruned */
 } kvq_kvcache_memory;
 void kvq_kvcache_memory_get(const kvq_kvcache *c, kvq_kvcache_memory *out);
+
+/* ---- Retrieval over a compressed cache (docs/kvcache.md "With retrieval") ----------
+ * kvq_retrieval_set_kvcache attaches c to a retrieval context r (kvq/runtime.h) made
+ * for the same model with positions KVQ_POSITIONS_ROPE: r keeps its selector's data
+ * (codes, residual bits) as without c, and every decode step's rerank and attention
+ * read the rows from c (decoded, one row at a time, into the step's scratch: a pruned
+ * LeanKV token is never reranked or attended); the step's probabilities count into
+ * LeanKV's significance and Algorithm 1 runs after each token. LeanKV's prompt (while
+ * c is in it) is attended by c exactly, as without retrieval, to classify it; r's
+ * output for those tokens is r's own exact prefill. c: NULL detaches; c must outlive r
+ * or be detached first. Lay each sequence out with kvq_kvcache_begin after
+ * kvq_forward_reset. Errors: KVQ_E_INVALID_ARG (positions not ROPE, another shape). */
+typedef struct kvq_retrieval kvq_retrieval;
+kvq_status kvq_retrieval_set_kvcache(kvq_retrieval *r, kvq_kvcache *c, kvq_err *err);
+
+/* The row reader: token tok's key (rotated by its position) and value [head_dim] as c
+ * holds them, decoded to f32 (k or v NULL: not read); 1, or 0 for a pruned token or
+ * one not held. */
+int kvq_kvcache_row(const kvq_kvcache *c, int32_t layer, int32_t head, int64_t tok, float *k,
+                    float *v);
+/* 1 while the LeanKV cache's layer is in the sequence's prompt (held exactly). */
+int kvq_kvcache_in_prompt(const kvq_kvcache *c, int32_t layer);
+/* Token i of rows k, v [.., n_kv_heads, head_dim] (pre-RoPE) at pos[i] appended to every
+ * KV head of layer, without Algorithm 1 (kvq_kvcache_policy runs it). */
+kvq_status kvq_kvcache_put(kvq_kvcache *c, int32_t layer, int64_t i, const int64_t *pos,
+                           const float *k, const float *v, kvq_err *err);
+/* One query's probabilities p [gs, ld] over the tokens tok [m] counted into LeanKV's
+ * significance (the last token held is the query's own); nothing for PATS. */
+void kvq_kvcache_count(kvq_kvcache *c, int32_t layer, int32_t head, const int32_t *tok,
+                       int64_t m, const float *p, int64_t ld);
+/* Algorithm 1's step for (layer, head) after its last token was attended (LeanKV). */
+kvq_status kvq_kvcache_policy(kvq_kvcache *c, int32_t layer, int32_t head, kvq_err *err);
+/* The backend's attend on call with its outputs kept aside (call->out untouched). */
+kvq_status kvq_kvcache_attend_aside(kvq_kvcache *c, const kvq_attn_call *call, kvq_err *err);
 
 #ifdef __cplusplus
 }

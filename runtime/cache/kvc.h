@@ -65,6 +65,11 @@ kvq_status kvq_rt_lkq_codes(const float *x, int32_t n, int32_t bits, uint8_t *co
 kvq_status kvq_rt_pats_pack_f32(const float *x, int32_t n, int32_t b, uint8_t *row,
                                 kvq_err *err);
 
+/* x [n] as a PATS row holds it: rounded to f16, its low b mantissa bits dropped, back
+ * to f32 (kvq_rt_pats_pack_f32 then kvq_rk_pats_unpack: the same values); y may alias x.
+ * The leankv+pats cache quantizes these. Errors: those of kvq_rt_pats_pack_f32. */
+kvq_status kvq_rt_pats_truncate(const float *x, int32_t n, int32_t b, float *y, kvq_err *err);
+
 /* ==========================================================================
  * LeanKV policy
  * ========================================================================== */

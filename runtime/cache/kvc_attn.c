@@ -26,6 +26,8 @@ struct kvq_kvcache {
     kvq_kvcache_memory done; /* sequences ended */
     kvq_status broken;       /* a reset that could not make the heads again */
     kvq_err berr;
+    float *aside;            /* kvq_kvcache_attend_aside's outputs */
+    size_t aside_n;
 };
 
 static const char *const kind_names[] = {"f16", "leankv", "pats", "leankv+pats"};
@@ -77,7 +79,7 @@ static kvq_status heads_init(kvq_kvcache *c, kvq_err *err)
     const kvq_rt_pats_params pp = {.schedule = c->p.schedule, .b_min = c->p.b_min,
                                    .b_max = c->p.b_max};
     for (int64_t i = 0; i < nh && !s; i++) {
-        if (c->p.kind == KVQ_KV_LEANKV) {
+        if (c->p.kind != KVQ_KV_PATS) { /* leankv, leankv+pats */
             s = kvq_rt_lk_head_init(&c->lk[i], c->d, c->gs, &l, err);
             if (!s && c->p.prompt_tokens == 0)
                 s = kvq_rt_lk_end_prompt(&c->lk[i], err); /* no prompt: generation only */
@@ -164,6 +166,7 @@ void kvq_kvcache_free(kvq_kvcache *c)
     free(c->he);
     free(c->qbuf);
     free(c->kbuf);
+    free(c->aside);
     free(c);
 }
 
@@ -172,18 +175,17 @@ kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_par
 {
     kvq_status s;
     *out = NULL;
-    if (p->kind != KVQ_KV_LEANKV && p->kind != KVQ_KV_PATS)
-        return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache %s: %s", kvq_kv_kind_name(p->kind),
-                           p->kind == KVQ_KV_LEANKV_PATS ? "not implemented (use leankv or pats)"
-                                                         : "not a compressed cache kind");
+    if (p->kind != KVQ_KV_LEANKV && p->kind != KVQ_KV_PATS && p->kind != KVQ_KV_LEANKV_PATS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache %s: not a compressed cache kind",
+                           kvq_kv_kind_name(p->kind));
     if (cfg->sliding_window > 0)
         return kvq_err_set(err, KVQ_E_UNSUPPORTED, "kv cache %s: models with a sliding attention "
                            "window are not supported", kvq_kv_kind_name(p->kind));
     const kvq_rt_lk_params l = lk_params(p);
     const kvq_rt_pats_params pp = {.schedule = p->schedule, .b_min = p->b_min, .b_max = p->b_max};
-    if (p->kind == KVQ_KV_LEANKV && (s = kvq_rt_lk_check(&l, err)))
+    if (p->kind != KVQ_KV_PATS && (s = kvq_rt_lk_check(&l, err)))
         return s;
-    if (p->kind == KVQ_KV_PATS && (s = kvq_rt_pats_check(&pp, err)))
+    if (p->kind != KVQ_KV_LEANKV && (s = kvq_rt_pats_check(&pp, err)))
         return s;
     if (p->prompt_tokens < 0 || p->max_tokens < 1)
         return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache: prompt_tokens %lld (>= 0), "
@@ -201,7 +203,7 @@ kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_par
     c->rope = cfg->rope;
     kvq_rope_freqs(&c->rope, c->theta);
     const size_t nh = (size_t)c->n_layers * (size_t)c->n_kv;
-    if (p->kind == KVQ_KV_LEANKV)
+    if (p->kind != KVQ_KV_PATS)
         c->lk = calloc(nh, sizeof *c->lk);
     else
         c->pt = calloc(nh, sizeof *c->pt);
@@ -219,6 +221,24 @@ kvq_status kvq_kvcache_create(const kvq_model_config *cfg, const kvq_kvcache_par
     return KVQ_OK;
 }
 
+/* Appends a token's k, v [d] to LeanKV head H; under leankv+pats both truncated first
+ * by PATS's b(t) for the token's place t = H->n + 1 in the sequence (kvq_rt_pats_truncate:
+ * f16, its low b(t) mantissa bits dropped), so that LeanKV holds and quantizes those. */
+static kvq_status lk_put(const kvq_kvcache *c, kvq_rt_lk_head *H, const float *k,
+                         const float *v, kvq_err *err)
+{
+    if (c->p.kind != KVQ_KV_LEANKV_PATS)
+        return kvq_rt_lk_append(H, k, v, err);
+    const kvq_rt_pats_params pp = {.schedule = c->p.schedule, .b_min = c->p.b_min,
+                                   .b_max = c->p.b_max};
+    const int32_t b = kvq_rt_pats_bits(&pp, H->n + 1, c->p.max_tokens);
+    float kt[512], vt[512];
+    kvq_status s = kvq_rt_pats_truncate(k, c->d, b, kt, err);
+    if (!s)
+        s = kvq_rt_pats_truncate(v, c->d, b, vt, err);
+    return s ? s : kvq_rt_lk_append(H, kt, vt, err);
+}
+
 /* Token i of the call for KV head h of the layer: append, attend, the policy. */
 static kvq_status head_token(kvq_kvcache *c, int64_t hi, const float *k, const float *v,
                              const float *q, float *o, kvq_err *err)
@@ -227,7 +247,7 @@ static kvq_status head_token(kvq_kvcache *c, int64_t hi, const float *k, const f
     kvq_status s;
     if (c->lk) {
         kvq_rt_lk_head *H = &c->lk[hi];
-        if ((s = kvq_rt_lk_append(H, k, v, err)))
+        if ((s = lk_put(c, H, k, v, err)))
             return s;
         const int generation = H->prompt_done;
         kvq_rt_lk_attend(H, q, scale, o);
@@ -316,7 +336,7 @@ kvq_status kvq_kvcache_append(kvq_kvcache *c, int32_t layer, int64_t n, const in
                 continue;
             }
             kvq_rt_lk_head *H = &c->lk[hi];
-            if (!(s = kvq_rt_lk_append(H, kh, vh, err)))
+            if (!(s = lk_put(c, H, kh, vh, err)))
                 s = H->prompt_done ? kvq_rt_lk_step(H, err)
                     : H->n == c->p.prompt_tokens ? kvq_rt_lk_end_prompt(H, err) : KVQ_OK;
         }
@@ -339,4 +359,115 @@ double kvq_kvcache_bytes(const kvq_kvcache *c)
     memset(&m, 0, sizeof m);
     memory_add(c, &m);
     return m.bytes;
+}
+
+/* ---- retrieval over the cache (runtime/cache/kvc_retr.c) ----------------------------- */
+
+int kvq_kvcache_in_prompt(const kvq_kvcache *c, int32_t layer)
+{
+    return c->lk && layer >= 0 && layer < c->n_layers &&
+           !c->lk[(int64_t)layer * c->n_kv].prompt_done;
+}
+
+int kvq_kvcache_row(const kvq_kvcache *c, int32_t layer, int32_t head, int64_t tok, float *k,
+                    float *v)
+{
+    const int32_t d = c->d;
+    const int64_t hi = (int64_t)layer * c->n_kv + head;
+    if (c->pt) {
+        const kvq_rt_pats_head *P = &c->pt[hi];
+        if (tok < 0 || tok >= P->n)
+            return 0;
+        if (k)
+            kvq_rk_pats_unpack(P->kr[tok], d, P->b[tok], k);
+        if (v)
+            kvq_rk_pats_unpack(P->vr[tok], d, P->b[tok], v);
+        return 1;
+    }
+    const kvq_rt_lk_head *H = &c->lk[hi];
+    if (tok < 0 || tok >= H->n)
+        return 0;
+    if (!H->prompt_done) {
+        const float *x = H->exact + (size_t)tok * 2 * d;
+        if (k)
+            memcpy(k, x, sizeof(float) * (size_t)d);
+        if (v)
+            memcpy(v, x + d, sizeof(float) * (size_t)d);
+        return 1;
+    }
+    const int cls = H->cls[tok];
+    if (cls == KVQ_RT_LK_PRUNED)
+        return 0;
+    const kvq_rt_lk_pool *P = &H->pool[cls];
+    const uint8_t *row = P->data + (size_t)H->slot[tok] * P->row;
+    if (k)
+        kvq_rk_lkq_dequant(row, d, P->kb, k);
+    if (v)
+        kvq_rk_lkq_dequant(row + P->krow, d, P->vb, v);
+    return 1;
+}
+
+kvq_status kvq_kvcache_put(kvq_kvcache *c, int32_t layer, int64_t i, const int64_t *pos,
+                           const float *k, const float *v, kvq_err *err)
+{
+    const int32_t d = c->d, nkv = c->n_kv;
+    if (c->broken)
+        return kvq_err_set(err, c->broken, "%s", c->berr.msg);
+    if (layer < 0 || layer >= c->n_layers)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "kv cache: bad put (layer %d)", (int)layer);
+    float *kr = malloc(sizeof(float) * (size_t)nkv * d);
+    if (!kr)
+        return kvq_err_set(err, KVQ_E_NOMEM, "kv cache: out of memory");
+    const size_t o = (size_t)i * nkv * d;
+    memcpy(kr, k + o, sizeof(float) * (size_t)nkv * d);
+    kvq_rope_apply(&c->rope, c->theta, kr, nkv, pos[i]);
+    kvq_status s = KVQ_OK;
+    for (int32_t h = 0; h < nkv && !s; h++) {
+        const int64_t hi = (int64_t)layer * nkv + h;
+        const float *kh = kr + (size_t)h * d, *vh = v + o + (size_t)h * d;
+        if (!c->lk) {
+            s = kvq_rt_pats_append(&c->pt[hi], kh, vh, err);
+            continue;
+        }
+        kvq_rt_lk_head *H = &c->lk[hi];
+        if (!(s = lk_put(c, H, kh, vh, err)) && !H->prompt_done && H->n == c->p.prompt_tokens)
+            s = kvq_rt_lk_end_prompt(H, err);
+    }
+    free(kr);
+    return s;
+}
+
+void kvq_kvcache_count(kvq_kvcache *c, int32_t layer, int32_t head, const int32_t *tok,
+                       int64_t m, const float *p, int64_t ld)
+{
+    if (!c->lk)
+        return;
+    kvq_rt_lk_head *H = &c->lk[(int64_t)layer * c->n_kv + head];
+    if (!H->prompt_done)
+        return;
+    for (int32_t g = 0; g < H->gs; g++)
+        for (int64_t a = 0; a < m; a++)
+            if (tok[a] < H->n - 1) /* the query's own token: not a later query */
+                H->acc[(size_t)tok[a] * H->gs + g] += p[(size_t)g * ld + a];
+    H->nq++;
+}
+
+kvq_status kvq_kvcache_policy(kvq_kvcache *c, int32_t layer, int32_t head, kvq_err *err)
+{
+    return c->lk ? kvq_rt_lk_step(&c->lk[(int64_t)layer * c->n_kv + head], err) : KVQ_OK;
+}
+
+kvq_status kvq_kvcache_attend_aside(kvq_kvcache *c, const kvq_attn_call *call, kvq_err *err)
+{
+    const size_t need = (size_t)call->n * c->n_heads * c->d;
+    if (need > c->aside_n) {
+        float *o = realloc(c->aside, sizeof(float) * need);
+        if (!o)
+            return kvq_err_set(err, KVQ_E_NOMEM, "kv cache: out of memory");
+        c->aside = o;
+        c->aside_n = need;
+    }
+    kvq_attn_call a = *call;
+    a.out = c->aside;
+    return kvcache_attend(c, &a, err);
 }

@@ -86,6 +86,15 @@ kvq_status kvq_rt_pats_pack_f32(const float *x, int32_t n, int32_t b, uint8_t *r
     return KVQ_OK;
 }
 
+kvq_status kvq_rt_pats_truncate(const float *x, int32_t n, int32_t b, float *y, kvq_err *err)
+{
+    uint8_t row[1024 + KVQ_RK_PATS_PAD];
+    kvq_status s = kvq_rt_pats_pack_f32(x, n, b, row, err);
+    if (!s)
+        kvq_rk_pats_unpack(row, n, b, y);
+    return s;
+}
+
 /* ==========================================================================
  * The cache of one KV head
  * ========================================================================== */

@@ -2,7 +2,8 @@
 # kvq eval / kvq run --kv: the compressed caches end to end on the real tiny model
 # (PATS with nothing truncated is full attention up to f16 rounding; LeanKV's memory
 # adds up by section; greedy text of run), and exit codes and messages for bad input
-# (settings missing, out of range, combinations not implemented).
+# (settings missing, out of range); retrieval over a compressed cache (PATS b=0 holds
+# the f16 rows: the same perplexity and text as retrieval over f16).
 set -u
 KVQ=${KVQ:-build/kvq}
 PYTHON=${PYTHON:-python3}
@@ -40,9 +41,9 @@ check "eval alpha_l above alpha_h" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && [ "$
 "$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv --artifact "$tmp/none.kvq" --alpha-h 1 --alpha-l 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "eval missing artifact" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && grep -q "none.kvq" "$tmp/err"'
 "$KVQ" eval --model "$MODEL" --corpus "$C" --kv leankv+pats --alpha-h 1 --alpha-l 0 >"$tmp/out" 2>"$tmp/err"; rc=$?
-check "eval leankv+pats refused" '[ $rc -eq 2 ] && grep -q "leankv+pats is not implemented" "$tmp/err"'
-"$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --pats-schedule old-heavy --pats-b 2:8 --selectors full >"$tmp/out" 2>"$tmp/err"; rc=$?
-check "eval --kv with --selectors refused" '[ $rc -eq 2 ] && grep -q "is not implemented" "$tmp/err"'
+check "eval leankv+pats needs PATS's settings too" '[ $rc -eq 2 ] && [ ! -s "$tmp/out" ] && grep -q "^kvq eval: --kv leankv+pats needs" "$tmp/err"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --kv pats --pats-schedule old-heavy --pats-b 2:8 --selectors oracle --budgets 50% --positions wrope >"$tmp/out" 2>"$tmp/err"; rc=$?
+check "eval --kv with retrieval needs positions rope" '[ $rc -eq 1 ] && [ ! -s "$tmp/out" ] && grep -q "needs positions rope (--positions rope" "$tmp/err"'
 
 # ---- end to end -----------------------------------------------------------------------
 "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv pats --pats-schedule middle-heavy --pats-b 0:0 --json -q >"$tmp/p0.json"; rc=$?
@@ -61,6 +62,27 @@ t = r[\"bytes_high_per_token\"] + r[\"bytes_low_per_token\"] + r[\"bytes_exact_p
 assert abs(t - r[\"bytes_per_token\"]) < 1e-6 * r[\"bytes_per_token\"], r
 assert r[\"of_f16\"] < 1 and r[\"ppl\"] > 0 and r[\"prompt_fraction\"] == 0.5
 " "$tmp/lk.json"'
+"$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv leankv+pats --alpha-h 1 --alpha-l 0.3 --kv-window 4 --pats-schedule middle-heavy --pats-b 2:8 --json -q >"$tmp/lp.json"; rc=$?
+check "eval leankv+pats" '[ $rc -eq 0 ] && "$PYTHON" -c "
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r[\"kv\"] == \"leankv+pats\" and r[\"alpha_h\"] == 1 and r[\"schedule\"] == \"middle-heavy\", r
+assert r[\"b_min\"] == 2 and r[\"b_max\"] == 8 and r[\"ppl\"] > 0 and r[\"of_f16\"] < 1, r
+" "$tmp/lp.json"'
+# retrieval over a compressed cache: PATS with nothing truncated holds the f16 rows
+R="--seq-len 64 --selectors full,oracle --budgets 25% --window 4 --positions rope --json -q"
+"$KVQ" eval --model "$MODEL" --corpus "$C" $R --kv f16 >"$tmp/rf.json"; rc1=$?
+"$KVQ" eval --model "$MODEL" --corpus "$C" $R --kv pats --pats-schedule old-heavy --pats-b 0:0 >"$tmp/rp.json"; rc2=$?
+"$KVQ" eval --model "$MODEL" --corpus "$C" $R --kv leankv+pats --alpha-h 1 --alpha-l 0.3 --kv-window 4 --pats-schedule middle-heavy --pats-b 2:8 >"$tmp/rl.json"; rc3=$?
+check "eval retrieval over pats b=0 is retrieval over f16; leankv+pats rows" '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && "$PYTHON" -c "
+import json, sys
+f, p, l = ([json.loads(x) for x in open(a)] for a in sys.argv[1:4])
+assert len(f) == len(p) == len(l) == 2, (f, p, l)
+for a, b in zip(f, p):
+    assert a[\"selector\"] == b[\"selector\"] and abs(a[\"ppl\"] / b[\"ppl\"] - 1) < 1e-6, (a, b)
+    assert a[\"ppl_full\"] == b[\"ppl_full\"] and b[\"kv\"] == \"pats\"
+assert f[1][\"attended\"] < 0.9 and l[0][\"kv\"] == \"leankv+pats\" and l[1][\"of_f16\"] < 1
+" "$tmp/rf.json" "$tmp/rp.json" "$tmp/rl.json"'
 "$KVQ" eval --model "$MODEL" --corpus "$C" --seq-len 64 --kv pats --pats-schedule old-heavy --pats-b 1:3 --device cuda >"$tmp/out" 2>"$tmp/err"; rc=$?
 check "eval --kv with --device cuda says it runs on the CPU" '[ $rc -eq 0 ] && grep -q "^kvq: warning: --kv pats has no CUDA path: it runs on the CPU$" "$tmp/err" && grep -q "^perplexity " "$tmp/out"'
 "$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv leankv --alpha-h 0 --alpha-l 0 --kv-window 1000 -q >"$tmp/lk.txt" 2>"$tmp/err"; rc=$?
@@ -68,6 +90,10 @@ check "eval --kv with --device cuda says it runs on the CPU" '[ $rc -eq 0 ] && g
 check "run leankv generates" '[ $rc -eq 0 ] && [ -s "$tmp/lk.txt" ]'
 "$KVQ" run --model "$MODEL" -n 24 --temp 0 --kv pats --pats-schedule new-heavy --pats-b 0:0 -q >"$tmp/p0.txt" 2>/dev/null; rc=$?
 check "run pats b=0 matches full attention's greedy text" '[ $rc -eq 0 ] && cmp -s "$tmp/p0.txt" "$tmp/full.txt"'
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 --selector oracle --budget 30% --window 4 --positions rope -q >"$tmp/r16.txt" 2>/dev/null; rc1=$?
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 --selector oracle --budget 30% --window 4 --positions rope --kv pats --pats-schedule new-heavy --pats-b 0:0 -q >"$tmp/rp0.txt" 2>/dev/null; rc2=$?
+"$KVQ" run --model "$MODEL" -n 24 --temp 0 --selector oracle --budget 30% --window 4 --positions rope --kv leankv --alpha-h 1 --alpha-l 0.3 --kv-window 4 >"$tmp/rlk.txt" 2>"$tmp/err"; rc3=$?
+check "run with retrieval over pats b=0 matches retrieval over f16; over leankv it runs" '[ $rc1 -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ -s "$tmp/r16.txt" ] && cmp -s "$tmp/r16.txt" "$tmp/rp0.txt" && grep -q "^kvq: kv leankv: .* bytes/token held" "$tmp/err" && grep -q "^kvq: retrieval: oracle" "$tmp/err"'
 
 # ---- the settings from an artifact's profile (capture, moments, fit, profile) ---------
 if "$KVQ" capture --model "$MODEL" --corpus uuid:8 --seq-len 128 --max-tokens 512 --threads 1 -q \

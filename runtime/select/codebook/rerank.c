@@ -71,7 +71,7 @@ static int32_t exact_logits(const rt_step *st, const int32_t *rows, int64_t n, f
         for (int32_t g = 0; g < nq; g++)
             for (int64_t a = 0; a < n; a++)
                 lg[(size_t)g * n + a] = M->lgb[(size_t)g * M->nv + rows[a] - M->lo];
-    } else if (rope && r->keys_rotated && !S->ktok) { /* the stored rows are k_j R_{p_j} */
+    } else if (rope && r->keys_rotated && !S->ktok && !r->kvc) { /* rows are k_j R_{p_j} */
         kvq_rk_logits(r->p.isa, q, nq, d, st->H->k, r->p.cache_dtype, d, rows, n, 1.0f, lg, n);
     } else if (rope) {
         for (int64_t a = 0; a < n; a++)
@@ -88,6 +88,8 @@ int64_t kvq_rt_rerank(const rt_step *st, int32_t *rows, int64_t n, int64_t k, do
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     rt_cb_scratch *Y = kvq_rt_cb_scr(S);
+    if (r->kvc) /* over a compressed cache: its pruned tokens are not candidates */
+        n = kvq_rt_kvc_filter(st, rows, n);
     if (n <= 0)
         return 0;
     /* the candidates' key rows are read here; the attention reads the kept ones again

@@ -1,0 +1,281 @@
+/* test_kvcache_retr.c — retrieval over a compressed KV cache (kvq/kvcache.h
+ * kvq_retrieval_set_kvcache): every decode step's output against a scalar reference
+ * that takes the step's attended tokens (the sinks, the selection the context reports,
+ * the window; LeanKV's pruned tokens dropped), dequantizes their compressed rows and
+ * attends over them in double; and the same reference over the exact rows differs
+ * (the steps read the compressed rows, not the context's own). PATS, LeanKV (with LOW
+ * and pruned tokens) and leankv+pats; f16 results unchanged by a detached cache. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvq.h"
+#include "kvq/util.h"
+#include "helpers/testutil.h"
+#include "runtime/cache/kvc.h"
+
+enum { NL = 2, NH = 4, NKV = 2, GS = NH / NKV, D = 64, T = 160, P = 64, SINK = 4, WIN = 16,
+       BUDGET = 12 };
+
+typedef struct seq {
+    float q[T * NH * D], k[T * NKV * D], v[T * NKV * D];
+    int64_t pos[T];
+} seq;
+
+static void make_seq(seq *s, uint64_t seed)
+{
+    kvq_rng r;
+    kvq_rng_seed(&r, seed);
+    for (size_t i = 0; i < T * NH * D; i++)
+        s->q[i] = (float)kvq_rng_normal(&r);
+    for (size_t i = 0; i < T * NKV * D; i++) {
+        s->k[i] = (float)kvq_rng_normal(&r);
+        s->v[i] = (float)kvq_rng_normal(&r);
+    }
+    for (int64_t i = 0; i < T; i++)
+        s->pos[i] = i;
+}
+
+static kvq_retrieval *make_retrieval(const kvq_model_config *c)
+{
+    kvq_retrieval_params rp = kvq_retrieval_params_default();
+    rp.selector = KVQ_SELECT_ORACLE;
+    rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
+    rp.sink = SINK;
+    rp.window = WIN;
+    rp.positions = KVQ_POSITIONS_ROPE;
+    rp.max_tokens = T;
+    rp.threads = 1;
+    kvq_retrieval *r = NULL;
+    kvq_err e = {0};
+    if (kvq_retrieval_create(c, NULL, &rp, &r, &e))
+        fail_msg("retrieval: %s", e.msg);
+    return r;
+}
+
+/* The rows [T, NKV, 2D] of layer l as the cache holds them now (kept[] 0: pruned). */
+static void snapshot(const kvq_kvcache *kc, int32_t l, int64_t n, float *rows, int *kept)
+{
+    for (int64_t j = 0; j < n; j++)
+        for (int32_t h = 0; h < NKV; h++) {
+            float *x = rows + ((size_t)j * NKV + h) * 2 * D;
+            kept[j * NKV + h] = kvq_kvcache_row(kc, l, h, j, x, x + D);
+        }
+}
+
+/* Scalar reference of one step: the group's queries (rotated by pos) over the tokens
+ * att[0..m) of rows, in double. Returns max |out - ref| over max |ref|. */
+static double step_ref(const kvq_model_config *c, const float *q, int64_t pos,
+                       const int32_t *att, int64_t m, const float *rows, int32_t h,
+                       const float *out)
+{
+    double theta[KVQ_ROPE_MAX_DIM / 2], err = 0, scale = 0;
+    kvq_rope_freqs(&c->rope, theta);
+    for (int32_t g = 0; g < GS; g++) {
+        float qr[D];
+        memcpy(qr, q + (size_t)g * D, sizeof qr);
+        kvq_rope_apply(&c->rope, theta, qr, 1, pos);
+        double lg[T], mx = -INFINITY, sum = 0, o[D] = {0};
+        for (int64_t a = 0; a < m; a++) {
+            const float *k = rows + ((size_t)att[a] * NKV + h) * 2 * D;
+            double s = 0;
+            for (int32_t t = 0; t < D; t++)
+                s += (double)qr[t] * k[t];
+            lg[a] = s / sqrt((double)D);
+            mx = fmax(mx, lg[a]);
+        }
+        for (int64_t a = 0; a < m; a++)
+            sum += lg[a] = exp(lg[a] - mx);
+        for (int64_t a = 0; a < m; a++) {
+            const float *v = rows + ((size_t)att[a] * NKV + h) * 2 * D + D;
+            for (int32_t t = 0; t < D; t++)
+                o[t] += lg[a] / sum * v[t];
+        }
+        for (int32_t t = 0; t < D; t++) {
+            err = fmax(err, fabs(o[t] - out[(size_t)g * D + t]));
+            scale = fmax(scale, fabs(o[t]));
+        }
+    }
+    return err / scale;
+}
+
+typedef struct worst {
+    double ok, exact; /* largest error against the compressed rows, least against exact */
+    int64_t steps, pruned_dropped;
+} worst;
+
+/* The decode steps of the sequence (after the prompt's exact prefill): each step's
+ * attended tokens checked against the reference. */
+static void check_kind(kvq_kv_kind kind, worst *w)
+{
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
+    seq *s = malloc(sizeof *s);
+    make_seq(s, 7 + (uint64_t)kind);
+    kvq_retrieval *r = make_retrieval(&c);
+    kvq_kvcache_params kp = kvq_kvcache_params_default();
+    kp.kind = kind;
+    kp.alpha_h = 1;
+    kp.alpha_l = 0.3; /* LOW and pruned tokens both */
+    kp.window = WIN;
+    kp.schedule = 2;
+    kp.b_min = 2;
+    kp.b_max = 9;
+    kp.max_tokens = T;
+    kvq_kvcache *kc = NULL;
+    kvq_err e = {0};
+    if (kvq_kvcache_create(&c, &kp, &kc, &e) || kvq_retrieval_set_kvcache(r, kc, &e))
+        fail_msg("kv cache: %s", e.msg);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    b.reset(b.user);
+    assert_int_equal(kvq_kvcache_begin(kc, P, T, &e), KVQ_OK);
+    float *out = malloc(sizeof(float) * T * NH * D);
+    float *rows = malloc(sizeof(float) * T * NKV * 2 * D);
+    float *exact = malloc(sizeof(float) * T * NKV * 2 * D);
+    int *kept = malloc(sizeof(int) * T * NKV);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    for (int64_t j = 0; j < T; j++) /* the exact rows: keys rotated */
+        for (int32_t h = 0; h < NKV; h++) {
+            float *x = exact + ((size_t)j * NKV + h) * 2 * D;
+            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
+            kvq_rope_apply(&c.rope, theta, x, 1, j);
+            memcpy(x + D, s->v + ((size_t)j * NKV + h) * D, sizeof(float) * D);
+        }
+    for (int64_t at = 0; at < T; at = at ? at + 1 : P) {
+        const int64_t n = at ? 1 : P;
+        for (int32_t l = 0; l < NL; l++) {
+            if (at)
+                snapshot(kc, l, at, rows, kept); /* before the step's policy moves rows */
+            kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = s->pos + at,
+                                  .q = s->q + at * NH * D, .k = s->k + at * NKV * D,
+                                  .v = s->v + at * NKV * D, .out = out + at * NH * D};
+            if (b.attend(b.user, &call, &e))
+                fail_msg("attend: %s", e.msg);
+            if (!at)
+                continue;
+            for (int32_t h = 0; h < NKV; h++) { /* the new token's row, after its append */
+                float *x = rows + ((size_t)at * NKV + h) * 2 * D;
+                kept[at * NKV + h] = kvq_kvcache_row(kc, l, h, at, x, x + D);
+                assert_true(kept[at * NKV + h]);
+            }
+            const int64_t nvis = at + 1;
+            for (int32_t h = 0; h < NKV; h++) {
+                int64_t ns = 0, m = 0;
+                const int32_t *sel = kvq_retrieval_last_selection(r, l, h, &ns);
+                int32_t att[T];
+                for (int64_t j = 0; j < nvis; j++) {
+                    int in = j < SINK || j >= nvis - WIN;
+                    for (int64_t a = 0; !in && a < ns; a++)
+                        in = sel[a] == j;
+                    if (in && !kept[j * NKV + h])
+                        w->pruned_dropped++;
+                    else if (in)
+                        att[m++] = (int32_t)j;
+                }
+                const float *o = out + ((size_t)at * NH + (size_t)h * GS) * D;
+                const float *q = s->q + ((size_t)at * NH + (size_t)h * GS) * D;
+                w->ok = fmax(w->ok, step_ref(&c, q, at, att, m, rows, h, o));
+                w->exact = fmin(w->exact, step_ref(&c, q, at, att, m, exact, h, o));
+                w->steps++;
+            }
+        }
+    }
+    kvq_retrieval_free(r);
+    kvq_kvcache_free(kc);
+    free(out);
+    free(rows);
+    free(exact);
+    free(kept);
+    free(s);
+}
+
+static void test_steps_read_compressed_rows(void **state)
+{
+    (void)state;
+    const kvq_kv_kind kinds[] = {KVQ_KV_PATS, KVQ_KV_LEANKV, KVQ_KV_LEANKV_PATS};
+    for (int i = 0; i < 3; i++) {
+        worst w = {.ok = 0, .exact = INFINITY};
+        check_kind(kinds[i], &w);
+        printf("%-12s steps %lld: error against the compressed rows %.2e, against the exact "
+               "rows >= %.2e; %lld pruned attended tokens dropped\n",
+               kvq_kv_kind_name(kinds[i]), (long long)w.steps, w.ok, w.exact,
+               (long long)w.pruned_dropped);
+        assert_int_equal(w.steps, (T - P) * NL * NKV);
+        assert_true(w.ok < 2e-6);   /* float sums against double */
+        assert_true(w.exact > 1e-4); /* the compression is seen: not the exact rows */
+        if (kinds[i] != KVQ_KV_PATS)
+            assert_true(w.pruned_dropped > 0); /* the case is exercised */
+    }
+}
+
+/* leankv+pats holds token t's rows as LeanKV's K8V4 of PATS's truncation by b(t) (the
+ * schedule over the sequence's T tokens) of the rotated key and the value: the reader's
+ * rows against kvq_rt_pats_truncate + kvq_rt_lkq_quantize (each against numpy in
+ * test_kvcache.c). */
+static void test_leankv_pats_rows(void **state)
+{
+    (void)state;
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
+    seq *s = malloc(sizeof *s);
+    make_seq(s, 11);
+    kvq_kvcache_params kp = kvq_kvcache_params_default();
+    kp.kind = KVQ_KV_LEANKV_PATS;
+    kp.alpha_h = kp.alpha_l = 0;
+    kp.window = T; /* every token HIGH (K8V4) */
+    kp.schedule = 2;
+    kp.b_min = 2;
+    kp.b_max = 10;
+    kp.max_tokens = T;
+    kvq_kvcache *kc = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_kvcache_create(&c, &kp, &kc, &e), KVQ_OK);
+    for (int32_t l = 0; l < NL; l++)
+        assert_int_equal(kvq_kvcache_append(kc, l, T, s->pos, s->k, s->v, &e), KVQ_OK);
+    const kvq_rt_pats_params pp = {.schedule = 2, .b_min = 2, .b_max = 10};
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    int seen[11] = {0};
+    for (int64_t j = 0; j < T; j++)
+        for (int32_t h = 0; h < NKV; h++) {
+            float k[D], v[D], kt[D], vt[D], kw[D], vw[D];
+            uint8_t rk[4 + D], rv[4 + D / 2];
+            const int32_t b = kvq_rt_pats_bits(&pp, j + 1, T);
+            seen[b]++;
+            memcpy(k, s->k + ((size_t)j * NKV + h) * D, sizeof k);
+            kvq_rope_apply(&c.rope, theta, k, 1, j);
+            assert_int_equal(kvq_rt_pats_truncate(k, D, b, kt, &e), KVQ_OK);
+            assert_int_equal(kvq_rt_pats_truncate(s->v + ((size_t)j * NKV + h) * D, D, b, vt, &e),
+                             KVQ_OK);
+            assert_int_equal(kvq_rt_lkq_quantize(kt, D, 8, rk, &e), KVQ_OK);
+            assert_int_equal(kvq_rt_lkq_quantize(vt, D, 4, rv, &e), KVQ_OK);
+            kvq_rk_lkq_dequant(rk, D, 8, kw);
+            kvq_rk_lkq_dequant(rv, D, 4, vw);
+            for (int32_t l = 0; l < NL; l++) {
+                assert_int_equal(kvq_kvcache_row(kc, l, h, j, k, v), 1);
+                assert_memory_equal(k, kw, sizeof k);
+                assert_memory_equal(v, vw, sizeof v);
+            }
+        }
+    assert_true(seen[2] > 0 && seen[10] > 0); /* both ends of the schedule */
+    kvq_kvcache_memory m;
+    kvq_kvcache_memory_get(kc, &m); /* LeanKV's bytes: K8V4 rows, whatever b(t) */
+    assert_true(m.bytes == (double)T * NL * NKV * (4 + D + 4 + D / 2));
+    kvq_kvcache_free(kc);
+    free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_leankv_pats_rows),
+        cmocka_unit_test(test_steps_read_compressed_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
