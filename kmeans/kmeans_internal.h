@@ -119,6 +119,35 @@ void kvq_km_cand_eval_avx512(const float *xi, const float *xn, const float *w,
                              const float *dmin, int64_t ntiles, int32_t d, int32_t P,
                              const float *ct, const float *cn, float *dist, double *pot);
 #endif
+/* The same pass with a bf16 filter (kmeans_seed_avx512.c; AVX-512 BF16, call only when
+ * kvq_km_seed_bf16_ok()): every lane whose s(i, c) > dmin_i it can prove from a bf16 copy
+ * of the points (centred on a fixed mu) gets dist = +inf and adds w_i dmin_i to pot; the
+ * tiles with a lane it cannot prove are computed as kvq_km_cand_eval_ref. So pot is the
+ * reference's bit for bit, and min(dist, dmin_i) is too on every lane of `live`. Returns
+ * the number of tiles computed exactly. */
+typedef struct kvq_km_cand_bf16 {
+    const uint16_t *xb;  /* [ntiles, dp / 2, P, 2] bf16 of fl(x - mu) (kvq_km_seed_bf16_row) */
+    const float *bn;     /* [ntiles * P] ||xb_i||^2 */
+    const float *yr;     /* [ntiles * P] 2^-8 ||x_i - mu||, rounded up */
+    const uint16_t *cb;  /* [dp / 2, 16, 2] the candidates' rows of xb, by lane */
+    const float *bnc;    /* [16] their bn, by lane */
+    const float *zr;     /* [16] their yr, by lane */
+    int32_t dp;          /* d rounded up to even */
+    uint32_t live;       /* the lanes in use (the others are proved by fiat) */
+    float eta;           /* the expanded form's rounding bound (kmeans_bounds.c) */
+    float kappa;         /* the bf16 expanded form's: (dp + 16) 2^-22 */
+} kvq_km_cand_bf16;
+int kvq_km_seed_bf16_ok(void);
+/* x [d] -> out[(j / 2) * stride + j % 2] = bf16(fl(x_j - mu_j)) (0 pads an odd d), *bn its
+ * squared norm, *yr = 2^-8 ||x - mu|| rounded up. */
+void kvq_km_seed_bf16_row(const float *x, const float *mu, int32_t d, uint16_t *out,
+                          int64_t stride, float *bn, float *yr);
+#if defined(__x86_64__) && defined(__GNUC__)
+int64_t kvq_km_cand_eval_bf16_avx512(const float *xi, const float *xn, const float *w,
+                                     const float *dmin, int64_t ntiles, int32_t d, int32_t P,
+                                     const float *ct, const float *cn, const kvq_km_cand_bf16 *f,
+                                     float *dist, double *pot);
+#endif
 /* ||a||^2 as the fused chain above (dot of a with itself), so a point's distance to a
  * candidate equal to it comes out exactly 0. */
 float kvq_km_norm2_fma(const float *a, int32_t d);
@@ -224,6 +253,8 @@ typedef struct kvq_km_data {
     int32_t force_threads; /* 1: the seeding's per-step loops always use p->threads
                               threads; 0: they pick 1 or p->threads by timing the first
                               steps (the result is the same either way). Tests set 1. */
+    int32_t no_seed_filter; /* 1: the seeding's candidate passes compute every distance in
+                               f32 (no bf16 filter; the result is the same). Tests set it. */
 } kvq_km_data;
 
 /* Chooses p->k initial centroids [k, d] from the data with method p->init (not
