@@ -93,6 +93,8 @@ struct kvq_km_bounds {
     panel_fn panel_dots;
     pair_fn pair_dots;
     gmin_fn group_min;
+    void (*plan_row)(float *, const float *, int32_t, float, float *, uint16_t *, int32_t,
+                     int32_t *, uint16_t);
 };
 
 /* ---- scalar references of the kernels ------------------------------------------------ */
@@ -107,6 +109,19 @@ void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const 
                 s = fmaf(xp[p][t], panel[(size_t)t * ncols + c], s);
             out[(size_t)p * ncols + c] = s;
         }
+}
+
+void kvq_km_plan_row_ref(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                         uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p)
+{
+    for (int32_t g = 0; g < T; g++) {
+        const float v0 = (lb[g] - mv[g]) * (1.0f - SLACK);
+        const float v = v0 > 0.0f ? v0 : 0.0f;
+        lb[g] = v;
+        mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
+        if (mk[g] >= 0.0f)
+            list[(size_t)g * ldl + cnt[g]++] = p;
+    }
 }
 
 void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cent,
@@ -231,6 +246,7 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     b->panel_dots = kvq_km_panel_dots_ref;
     b->pair_dots = kvq_km_pair_dots_ref;
     b->group_min = kvq_km_group_min_ref;
+    b->plan_row = kvq_km_plan_row_ref;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kvq_cpu_has_avx2()) {
         b->panel_dots = kvq_km_panel_dots_avx2;
@@ -238,6 +254,7 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     }
     if (kvq_cpu_has_avx512()) {
         b->group_min = kvq_km_group_min_avx512;
+        b->plan_row = kvq_km_plan_row_avx512;
         b->panel_dots = kvq_km_panel_dots_avx512;
         b->pair_dots = kvq_km_pair_dots_avx512;
     }
@@ -483,17 +500,10 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         sc->whole[p] = g0 > 0.0f && g0 * g0 * (1.0f - SLACK) > thr;
         if (sc->whole[p])
             continue; /* no group can hold a centroid as near: the row stays as it is */
-        float *lb = b->lb + (size_t)i * T;
-        for (int32_t g = 0; g < T; g++) { /* the row brought up to this call */
-            const float v0 = (lb[g] - mv[g]) * (1.0f - SLACK);
-            const float v = v0 > 0.0f ? v0 : 0.0f;
-            lb[g] = v;
-            mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
-        }
+        /* the row brought up to this call, and the groups to examine */
+        b->plan_row(b->lb + (size_t)i * T, mv, T, thr, mk, sc->list, BLOCK, sc->cnt,
+                    (uint16_t)p);
         b->stamp[i] = b->call;
-        for (int32_t g = 0; g < T; g++)
-            if (mk[g] >= 0.0f)
-                sc->list[(size_t)g * BLOCK + sc->cnt[g]++] = (uint16_t)p;
     }
 }
 
@@ -608,7 +618,8 @@ static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, 
                 if (mk[ga] < 0.0f && v < lb[ga])
                     lb[ga] = v;
             }
-            float lo = INFINITY;
+            float lo = INFINITY; /* a minimum: the same in any order */
+#pragma omp simd reduction(min : lo)
             for (int32_t g = 0; g < T; g++)
                 lo = lb[g] < lo ? lb[g] : lo;
             b->glb[i] = lo;

@@ -179,6 +179,16 @@ void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cen
  * over u != *pos (+inf when gs is 1). */
 void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
                           int32_t *pos, float *m2);
+/* One point's row of group bounds brought up to this call (block_plan): for g < T,
+ * lb[g] = max((lb[g] - mv[g]) (1 - 2^-20), 0); the group is skipped (mk[g] = -1) when
+ * lb[g]^2 (1 - 2^-20) > thr, else examined (mk[g] = +inf, and p is appended to
+ * list[g * ldl + cnt[g]++]). The AVX-512 version gives the same bits. */
+void kvq_km_plan_row_ref(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                         uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_plan_row_avx512(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                            uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p);
+#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, int32_t gs,
                              float *m1, int32_t *pos, float *m2);
