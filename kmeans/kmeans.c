@@ -318,7 +318,9 @@ static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *xt, co
         engine != KVQ_KM_ENGINE_BACKEND && p->max_iters > 0 &&
         (o || kvq_km_bounds_fast()) &&
         (st = kvq_km_bounds_create(xt, m, d, p->k, p->threads,
-                                   engine == KVQ_KM_ENGINE_EXHAUSTIVE, o ? o->groups : 0, &bd,
+                                   (engine == KVQ_KM_ENGINE_EXHAUSTIVE) |
+                                       (o && o->no_first_filter ? 2 : 0),
+                                   o ? o->groups : 0, &bd,
                                    err)) != KVQ_OK)
         return st;
     st = lloyd_loop(be, ctx, bd, wt, m, d, p, o, label, centroids, b, s, err);

@@ -179,6 +179,25 @@ void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cen
  * over u != *pos (+inf when gs is 1). */
 void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
                           int32_t *pos, float *m2);
+/* The bf16 filter of the first dense pass (kmeans_first_avx512.c). */
+typedef struct kvq_km_first {
+    uint16_t *xb;    /* [m, dp] bf16 of fl(x - mu), by row */
+    float *bn, *yr;  /* [m] ||xb_i||^2, 2^-8 ||x_i - mu|| rounded up */
+    uint16_t *cpan;  /* [kpad / 32, dp / 2, 32, 2] the centroids in group order */
+    float *cbn, *czr; /* [kpad] their bn and yr */
+    int32_t dp;
+    float kappa;
+} kvq_km_first;
+/* 1, or 0 when out of memory (then f is empty). */
+int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, const float *cent,
+                      const int32_t *gmem, int32_t k, int32_t kpad, int32_t threads);
+void kvq_km_first_free(kvq_km_first *f);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_first_dots_avx512(const kvq_km_first *f, int64_t i0, int32_t np, int32_t kpad,
+                              float *row);
+void kvq_km_first_filter_avx512(const kvq_km_first *f, int64_t i, int32_t k, float e,
+                                float *r, uint64_t *chunks);
+#endif
 /* One point's row of group bounds brought up to this call (block_plan): for g < T,
  * lb[g] = max((lb[g] - mv[g]) (1 - 2^-20), 0); the group is skipped (mk[g] = -1) when
  * lb[g]^2 (1 - 2^-20) > thr, else examined (mk[g] = +inf, and p is appended to
@@ -222,6 +241,7 @@ typedef struct kvq_km_fit_opts {
     void *user;
     double *skipped;  /* [max_iters] or NULL: per iteration, the fraction of the m k
                          point-centroid distances not computed */
+    int32_t no_first_filter; /* 1: the first pass without its bf16 filter (same result) */
 } kvq_km_fit_opts;
 
 /* kvq_kmeans_fit with options (o NULL = the defaults: bounds). The engines apply on
@@ -233,7 +253,9 @@ kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weig
 
 /* State of the bounded (or exhaustive) assignment across the iterations of one fit. */
 typedef struct kvq_km_bounds kvq_km_bounds;
-/* Over the training points x [m, d] (kept by the caller), for k centroids; the groups
+/* exhaustive: bit 0, every distance every iteration; bit 1, the first pass without its
+ * bf16 filter (kmeans_first_avx512.c; the result is the same).
+ * Over the training points x [m, d] (kept by the caller), for k centroids; the groups
  * are made from the first centroids passed to kvq_km_bounds_assign. */
 kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
                                 int32_t threads, int exhaustive, int32_t groups,
