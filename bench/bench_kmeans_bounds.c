@@ -4,7 +4,7 @@
  *
  *   bench_kmeans_bounds [--n N] [--d D] [--k K] [--iters I] [--threads T] [--seed S]
  *                       [--init NAME] [--space keys|qa] [--reps R] [--plain 0|1]
- *                       [--groups G] [--dump DIR] [--seeding 0|1]
+ *                       [--groups G] [--dump DIR] [--seeding 0|1] [--filters 0|1]
  *
  * Defaults: the 7B head shape, n 81920, d 128, k 4096, 25 iterations, 2 threads, the
  * library's seeding (greedy k-means++), 1 repetition (best of R).
@@ -17,7 +17,10 @@
  * fraction of the n k distances skipped; the SGEMM floor (one n x k x d OpenBLAS SGEMM
  * with the same threads, best of 3) times the iterations, and the ratio of the fit to
  * it. With --plain 1 also the plain loop's fit, checked iteration by iteration: the
- * same assignment and the same inertia bits (exit 1 if not).
+ * same assignment and the same inertia bits (exit 1 if not); the plain loop runs without
+ * the bf16 filters, so this also checks them.
+ * --filters 0 turns off the bf16 filters of the seeding and of the first pass
+ * (kvq_km_fit_opts.no_first_filter; the same result, for timing them).
  * --seeding 1 times the seeding alone (kvq_km_seed, as the fit calls it), with the bf16
  * filter of its candidate passes and without (kvq_km_data.no_seed_filter), alternated, R
  * repetitions each: wall and process CPU seconds (best of R), their ratio, the fraction of
@@ -41,7 +44,7 @@
 #include "bench/bench_kmeans_common.h"
 
 typedef struct args {
-    int64_t n, d, k, iters, threads, seed, reps, plain, groups, seeding;
+    int64_t n, d, k, iters, threads, seed, reps, plain, groups, seeding, filters;
     const char *init, *space, *dump;
 } args;
 
@@ -128,7 +131,7 @@ static int fit_once(const float *x, const args *a, const kvq_kmeans_params *p, k
 {
     kvq_err err = {0};
     kvq_km_fit_opts o = {.engine = e, .groups = (int32_t)a->groups, .trace = trace_hook,
-                         .user = tr, .skipped = skipped};
+                         .user = tr, .skipped = skipped, .no_first_filter = !a->filters};
     if (kvq_km_fit_ex(x, a->n, (int32_t)a->d, NULL, p, &o, cent, NULL, s, &err) != KVQ_OK) {
         fprintf(stderr, "bench_kmeans_bounds: %s\n", err.msg);
         return -1;
@@ -168,6 +171,8 @@ static int parse(int argc, char **argv, args *a)
             st = kvq_parse_i64(v, 1, 100, &a->reps, &e);
         else if (!strcmp(o, "--plain"))
             st = kvq_parse_i64(v, 0, 1, &a->plain, &e);
+        else if (!strcmp(o, "--filters"))
+            st = kvq_parse_i64(v, 0, 1, &a->filters, &e);
         else if (!strcmp(o, "--seeding"))
             st = kvq_parse_i64(v, 0, 1, &a->seeding, &e);
         else if (!strcmp(o, "--groups"))
@@ -194,7 +199,9 @@ static int check_plain(const float *x, const args *a, const kvq_kmeans_params *p
     kvq_kmeans_stats s;
     memset(&s, 0, sizeof s);
     int rc = 1;
-    if (!cent || !tr || fit_once(x, a, p, KVQ_KM_ENGINE_EXHAUSTIVE, cent, &s, NULL, tr))
+    args ap = *a;
+    ap.filters = 0; /* the plain loop as it was: no bf16 filter anywhere */
+    if (!cent || !tr || fit_once(x, &ap, p, KVQ_KM_ENGINE_EXHAUSTIVE, cent, &s, NULL, tr))
         goto done;
     int same = tr->iters == tb->iters && s.n_iters == sb->n_iters;
     for (int32_t t = 0; same && t < tr->iters && t < 1024; t++)
@@ -369,7 +376,7 @@ done:
 int main(int argc, char **argv)
 {
     args a = {.n = 81920, .d = 128, .k = 4096, .iters = 25, .threads = 2, .seed = 1,
-              .reps = 1, .plain = 0, .groups = 0, .init = NULL, .space = "keys",
+              .reps = 1, .plain = 0, .groups = 0, .filters = 1, .init = NULL, .space = "keys",
               .dump = NULL};
     if (parse(argc, argv, &a) != 0)
         return 2;

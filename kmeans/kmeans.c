@@ -495,7 +495,8 @@ kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weig
     /* seeding */
     if (p.init != KVQ_KMEANS_INIT_GIVEN) {
         const double t0 = kvq_now();
-        kvq_km_data data = {.x = xt, .w = wt, .n = m, .d = d};
+        kvq_km_data data = {.x = xt, .w = wt, .n = m, .d = d,
+                            .no_seed_filter = o && o->no_first_filter};
         if ((st = kvq_km_seed(&data, &p, be, ctx, centroids, err)) != KVQ_OK)
             goto done;
         s.seed_seconds = kvq_now() - t0;

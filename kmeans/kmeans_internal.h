@@ -241,7 +241,8 @@ typedef struct kvq_km_fit_opts {
     void *user;
     double *skipped;  /* [max_iters] or NULL: per iteration, the fraction of the m k
                          point-centroid distances not computed */
-    int32_t no_first_filter; /* 1: the first pass without its bf16 filter (same result) */
+    int32_t no_first_filter; /* 1: the seeding and the first pass without their bf16
+                                filters (the same result, slower) */
 } kvq_km_fit_opts;
 
 /* kvq_kmeans_fit with options (o NULL = the defaults: bounds). The engines apply on
