@@ -70,6 +70,8 @@ int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, con
                              &f->cbn[q], &f->czr[q]);
     free(sum);
     free(mu);
+    for (int32_t q = 0; q < k; q++)
+        f->czmax = f->czr[q] > f->czmax ? f->czr[q] : f->czmax;
     f->dp = dp;
     f->kappa = (float)(dp + 16) / 4194304.0f;
     return 1;
@@ -121,7 +123,7 @@ TARGET void kvq_km_first_filter_avx512(const kvq_km_first *f, int64_t i, int32_t
     const __m512 vbn = _mm512_set1_ps(f->bn[i]), kap = _mm512_set1_ps(f->kappa);
     const __m512 two = _mm512_set1_ps(2.0f), zero = _mm512_setzero_ps();
     const __m512 er0 = _mm512_set1_ps(f->yr[i] + ABS_SLACK);
-    const __m512 lo_s = _mm512_set1_ps(1.0f - RSLACK), hi_s = _mm512_set1_ps(1.0f + RSLACK);
+    const __m512 lo_s = _mm512_set1_ps(1.0f - RSLACK);
     __m512 umin = _mm512_set1_ps(INFINITY);
     for (int32_t q = 0; q < k; q += 16) {
         const __mmask16 live = k - q >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (k - q)) - 1u);
@@ -129,14 +131,16 @@ TARGET void kvq_km_first_filter_avx512(const kvq_km_first *f, int64_t i, int32_t
         const __m512 sb = _mm512_fnmadd_ps(two, _mm512_maskz_loadu_ps(live, r + q), bsum);
         const __m512 rad = _mm512_mul_ps(kap, bsum);
         const __m512 lo = _mm512_sqrt_ps(_mm512_max_ps(_mm512_sub_ps(sb, rad), zero));
-        const __m512 hi = _mm512_sqrt_ps(_mm512_max_ps(_mm512_add_ps(sb, rad), zero));
         const __m512 er = _mm512_add_ps(er0, _mm512_maskz_loadu_ps(live, f->czr + q));
         const __m512 lt = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(lo, er), lo_s), zero);
-        const __m512 ut = _mm512_mul_ps(_mm512_add_ps(hi, er), hi_s);
         _mm512_mask_storeu_ps(r + q, live, lt);
-        umin = _mm512_mask_min_ps(umin, live, ut, umin); /* a NaN lane is left out */
+        /* the smallest sb + rad; a NaN lane is left out */
+        umin = _mm512_mask_min_ps(umin, live, _mm512_add_ps(sb, rad), umin);
     }
-    const float u = _mm512_reduce_min_ps(umin);
+    /* an upper end of the true distance to the centroid of the smallest sb + rad, with
+     * the largest centroid radius (one square root per point, not per centroid) */
+    const float u = (sqrtf(fmaxf(_mm512_reduce_min_ps(umin), 0.0f)) + f->yr[i] + f->czmax +
+                     ABS_SLACK) * (1.0f + RSLACK);
     /* s(i, j*) <= ut^2 + e for the j* of the smallest upper end */
     const __m512 ustar = _mm512_set1_ps((u * u + e) * (1.0f + RSLACK) + e);
     for (int32_t q = 0; q < k; q += 16) {

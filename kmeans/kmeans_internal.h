@@ -185,6 +185,7 @@ typedef struct kvq_km_first {
     float *bn, *yr;  /* [m] ||xb_i||^2, 2^-8 ||x_i - mu|| rounded up */
     uint16_t *cpan;  /* [kpad / 32, dp / 2, 32, 2] the centroids in group order */
     float *cbn, *czr; /* [kpad] their bn and yr */
+    float czmax;      /* the largest czr */
     int32_t dp;
     float kappa;
 } kvq_km_first;
