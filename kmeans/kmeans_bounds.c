@@ -100,6 +100,24 @@ struct kvq_km_bounds {
                      int32_t *, uint16_t);
 };
 
+/* The smallest of r [n] (+inf when n is 0): eight running minima, so no chain of
+ * dependent compares; a minimum is the same in any order. */
+static inline float min_of(const float *r, int32_t n)
+{
+    float m[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY,
+                  INFINITY};
+    int32_t q = 0;
+    for (; q + 8 <= n; q += 8)
+        for (int u = 0; u < 8; u++)
+            m[u] = r[q + u] < m[u] ? r[q + u] : m[u];
+    for (; q < n; q++)
+        m[0] = r[q] < m[0] ? r[q] : m[0];
+    float lo = m[0];
+    for (int u = 1; u < 8; u++)
+        lo = m[u] < lo ? m[u] : lo;
+    return lo;
+}
+
 /* ---- scalar references of the kernels ------------------------------------------------ */
 
 void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const float *panel,
@@ -603,15 +621,11 @@ static int64_t block_dense(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb
 /* Point p's smallest bound over positions [q0, q1) of r, leaving out position skip. */
 static float range_min(const float *r, int32_t q0, int32_t q1, int32_t skip)
 {
-    float lo = INFINITY; /* a minimum: the same in any order */
-    if (skip >= 0) {
-        for (int32_t q = q0; q < q1; q++)
-            lo = q != skip && r[q] < lo ? r[q] : lo;
-        return lo;
-    }
-#pragma omp simd reduction(min : lo)
+    if (skip < 0)
+        return min_of(r + q0, q1 - q0);
+    float lo = INFINITY;
     for (int32_t q = q0; q < q1; q++)
-        lo = r[q] < lo ? r[q] : lo;
+        lo = q != skip && r[q] < lo ? r[q] : lo;
     return lo;
 }
 
@@ -698,11 +712,7 @@ static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, 
                 if (mk[ga] < 0.0f && v < lb[ga])
                     lb[ga] = v;
             }
-            float lo = INFINITY; /* a minimum: the same in any order */
-#pragma omp simd reduction(min : lo)
-            for (int32_t g = 0; g < T; g++)
-                lo = lb[g] < lo ? lb[g] : lo;
-            b->glb[i] = lo;
+            b->glb[i] = min_of(lb, T);
             b->stamp[i] = b->call;
         }
         a[i] = bj;
