@@ -584,6 +584,16 @@ static int64_t block_groups(kvq_km_bounds *b, scratch *sc, int64_t i0)
     return work;
 }
 
+/* Pointers to the next min(left, 8) rows from i: xp; returns their count. */
+static inline int32_t eight_rows(const kvq_km_bounds *b, int64_t i, int32_t left,
+                                 const float **xp)
+{
+    const int32_t np = left < 8 ? left : 8;
+    for (int32_t q = 0; q < np; q++)
+        xp[q] = b->x + (size_t)(i + q) * b->d;
+    return np;
+}
+
 /* Every distance of the block (the first pass, and every pass when exhaustive): eight
  * points at a time against all centroids in group order, then each group's minimum.
  * Returns the number of distances computed. */
@@ -592,10 +602,8 @@ static int64_t block_dense(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb
     const int32_t T = b->T, d = b->d, kp = b->kpad;
     float tmp[8 * 32];
     for (int32_t p0 = 0; p0 < nb; p0 += 8) {
-        const int32_t np = nb - p0 < 8 ? nb - p0 : 8;
         const float *xp[8];
-        for (int32_t q = 0; q < np; q++)
-            xp[q] = b->x + (size_t)(i0 + p0 + q) * d;
+        const int32_t np = eight_rows(b, i0 + p0, nb - p0, xp);
         for (int32_t c = 0; c < kp; c += 32) {
             b->panel_dots(xp, np, d, b->fpanel + (size_t)c * d, 32, tmp);
             for (int32_t q = 0; q < np; q++)
@@ -638,10 +646,8 @@ static int64_t block_first(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb
     const int32_t T = b->T, d = b->d, kp = b->kpad, k = b->k, nw = kp / 32 / 64 + 1;
     float tmp[8 * 32];
     for (int32_t p0 = 0; p0 < nb; p0 += 8) {
-        const int32_t np = nb - p0 < 8 ? nb - p0 : 8;
         const float *xp[8];
-        for (int32_t q = 0; q < np; q++)
-            xp[q] = b->x + (size_t)(i0 + p0 + q) * d;
+        const int32_t np = eight_rows(b, i0 + p0, nb - p0, xp);
         kvq_km_first_dots_avx512(&b->ff, i0 + p0, np, kp, sc->row);
         memset(sc->chunks, 0, (size_t)nw * sizeof *sc->chunks);
         for (int32_t q = 0; q < np; q++)
