@@ -118,6 +118,19 @@ static inline float min_of(const float *r, int32_t n)
     return lo;
 }
 
+/* Frees the first pass's filter state (kmeans_first_avx512.c); here because every
+ * machine calls it. */
+void kvq_km_first_free(kvq_km_first *f)
+{
+    free(f->xb);
+    free(f->bn);
+    free(f->yr);
+    free(f->cpan);
+    free(f->cbn);
+    free(f->czr);
+    memset(f, 0, sizeof *f);
+}
+
 /* ---- scalar references of the kernels ------------------------------------------------ */
 
 void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const float *panel,

@@ -14,6 +14,8 @@
  * from them. The per-group lower bounds are the bf16 lower ends, or the exact ones
  * where computed: valid, slightly looser than the plain pass's, so later iterations
  * may examine a few more groups; no assignment changes.
+ * Built with the AVX-512 flags: call anything here only when kvq_km_seed_bf16_ok();
+ * kvq_km_first_free is in kmeans_bounds.c (built for any x86-64).
  */
 #include "kmeans/kmeans_internal.h"
 
@@ -24,17 +26,6 @@
 #define EPS_B (0.00390625f + 1.2e-7f) /* 2^-8 + 2^-23, as kmeans_seed_avx512.c */
 #define ABS_SLACK 1e-20f
 #define RSLACK (1.0f / 65536.0f)
-
-void kvq_km_first_free(kvq_km_first *f)
-{
-    free(f->xb);
-    free(f->bn);
-    free(f->yr);
-    free(f->cpan);
-    free(f->cbn);
-    free(f->czr);
-    memset(f, 0, sizeof *f);
-}
 
 int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, const float *cent,
                       const int32_t *gmem, int32_t k, int32_t kpad, int32_t threads)
@@ -52,7 +43,13 @@ int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, con
     if (!sum || !mu || !f->xb || !f->bn || !f->yr || !f->cpan || !f->cbn || !f->czr) {
         free(sum);
         free(mu);
-        kvq_km_first_free(f);
+        free(f->xb);
+        free(f->bn);
+        free(f->yr);
+        free(f->cpan);
+        free(f->cbn);
+        free(f->czr);
+        memset(f, 0, sizeof *f);
         return 0;
     }
     for (int64_t i = 0; i < m; i++) /* mu only decides what is computed, never a value */

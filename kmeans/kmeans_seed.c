@@ -71,6 +71,18 @@ static cand_eval_fn pick_cand_eval(void)
     return kvq_km_cand_eval_ref;
 }
 
+/* AVX-512 BF16 (the seeding's and the first pass's filters). Here, not in an *_avx512.c
+ * file, because every machine calls it. */
+int kvq_km_seed_bf16_ok(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 /* ---- D^2 state --------------------------------------------------------------------- */
 
 /* Working state of the D^2 samplers. */

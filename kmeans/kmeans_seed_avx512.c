@@ -24,6 +24,8 @@
  *               and the computed s >= ||x_i - c||^2 - eta (xn_i + cn) > D_i (eta: the
  *               rounding bound of the expanded form, kmeans_bounds.c).
  * NaN or +inf anywhere makes the comparison false: the lane is computed exactly.
+ * Built with the AVX-512 flags: call anything here only when kvq_km_seed_bf16_ok()
+ * (kmeans_seed.c, built for any x86-64).
  */
 #include "kmeans/kmeans_internal.h"
 
@@ -78,12 +80,6 @@ void kvq_km_seed_bf16_row(const float *x, const float *mu, int32_t d, uint16_t *
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
 #define CL KVQ_KM_CAND_LANES
 #define SLACK 1e-20f
-
-int kvq_km_seed_bf16_ok(void)
-{
-    __builtin_cpu_init();
-    return kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
-}
 
 /* A tile's 16 lanes from P consecutive per-point dwords at a: lane l gets a[l % P]. */
 static inline TARGET __attribute__((always_inline)) __m512i tile16i(const uint32_t *a, int P)
@@ -261,13 +257,6 @@ TARGET int64_t kvq_km_cand_eval_bf16_avx512(const float *xi, const float *xn, co
     default:
         return cand_bf16_P(xi, xn, w, dmin, ntiles, d, 16, ct, cn, f, dist, pot);
     }
-}
-
-#else
-
-int kvq_km_seed_bf16_ok(void)
-{
-    return 0;
 }
 
 #endif
