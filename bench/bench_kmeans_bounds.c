@@ -300,6 +300,11 @@ static int run(const args *a)
     printf("n=%lld d=%d k=%d iters=%lld threads=%lld space=%s init=%s (machine shared: "
            "best of %lld)\n", (long long)a->n, d, k, (long long)a->iters,
            (long long)a->threads, a->space, kvq_kmeans_init_name(p.init), (long long)a->reps);
+    if (a->seeding && p.init == KVQ_KMEANS_INIT_PARALLEL) {
+        fprintf(stderr, "bench_kmeans_bounds: --seeding 1 times the k-means++ seedings, "
+                        "not k-means||\n");
+        goto done;
+    }
     if (a->seeding) {
         rc = run_seeding(x, a, &p);
         goto done;
