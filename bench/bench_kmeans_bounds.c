@@ -4,7 +4,7 @@
  *
  *   bench_kmeans_bounds [--n N] [--d D] [--k K] [--iters I] [--threads T] [--seed S]
  *                       [--init NAME] [--space keys|qa] [--reps R] [--plain 0|1]
- *                       [--groups G] [--dump DIR]
+ *                       [--groups G] [--dump DIR] [--seeding 0|1] [--filters 0|1]
  *
  * Defaults: the 7B head shape, n 81920, d 128, k 4096, 25 iterations, 2 threads, the
  * library's seeding (greedy k-means++), 1 repetition (best of R).
@@ -17,7 +17,15 @@
  * fraction of the n k distances skipped; the SGEMM floor (one n x k x d OpenBLAS SGEMM
  * with the same threads, best of 3) times the iterations, and the ratio of the fit to
  * it. With --plain 1 also the plain loop's fit, checked iteration by iteration: the
- * same assignment and the same inertia bits (exit 1 if not).
+ * same assignment and the same inertia bits (exit 1 if not); the plain loop runs without
+ * the bf16 filters, so this also checks them.
+ * --filters 0 turns off the bf16 filters of the seeding and of the first pass
+ * (kvq_km_fit_opts.no_first_filter; the same result, for timing them).
+ * --seeding 1 times the seeding alone (kvq_km_seed, as the fit calls it), with the bf16
+ * filter of its candidate passes and without (kvq_km_data.no_seed_filter), alternated, R
+ * repetitions each: wall and process CPU seconds (best of R), their ratio, the fraction of
+ * tiles the filter left to f32, and whether the two gave the same centroids (exit 1 if
+ * not).
  * --dump DIR writes DIR/x.npy [n, d] and DIR/init.npy [k, d] (the seeding's
  * centroids) for bench/kmeans_bounds_peer.py, which runs faiss from the same start and
  * prints the ratio.
@@ -36,7 +44,7 @@
 #include "bench/bench_kmeans_common.h"
 
 typedef struct args {
-    int64_t n, d, k, iters, threads, seed, reps, plain, groups;
+    int64_t n, d, k, iters, threads, seed, reps, plain, groups, seeding, filters;
     const char *init, *space, *dump;
 } args;
 
@@ -123,7 +131,7 @@ static int fit_once(const float *x, const args *a, const kvq_kmeans_params *p, k
 {
     kvq_err err = {0};
     kvq_km_fit_opts o = {.engine = e, .groups = (int32_t)a->groups, .trace = trace_hook,
-                         .user = tr, .skipped = skipped};
+                         .user = tr, .skipped = skipped, .no_first_filter = !a->filters};
     if (kvq_km_fit_ex(x, a->n, (int32_t)a->d, NULL, p, &o, cent, NULL, s, &err) != KVQ_OK) {
         fprintf(stderr, "bench_kmeans_bounds: %s\n", err.msg);
         return -1;
@@ -163,6 +171,10 @@ static int parse(int argc, char **argv, args *a)
             st = kvq_parse_i64(v, 1, 100, &a->reps, &e);
         else if (!strcmp(o, "--plain"))
             st = kvq_parse_i64(v, 0, 1, &a->plain, &e);
+        else if (!strcmp(o, "--filters"))
+            st = kvq_parse_i64(v, 0, 1, &a->filters, &e);
+        else if (!strcmp(o, "--seeding"))
+            st = kvq_parse_i64(v, 0, 1, &a->seeding, &e);
         else if (!strcmp(o, "--groups"))
             st = kvq_parse_i64(v, 0, INT32_MAX, &a->groups, &e);
         else {
@@ -187,7 +199,9 @@ static int check_plain(const float *x, const args *a, const kvq_kmeans_params *p
     kvq_kmeans_stats s;
     memset(&s, 0, sizeof s);
     int rc = 1;
-    if (!cent || !tr || fit_once(x, a, p, KVQ_KM_ENGINE_EXHAUSTIVE, cent, &s, NULL, tr))
+    args ap = *a;
+    ap.filters = 0; /* the plain loop as it was: no bf16 filter anywhere */
+    if (!cent || !tr || fit_once(x, &ap, p, KVQ_KM_ENGINE_EXHAUSTIVE, cent, &s, NULL, tr))
         goto done;
     int same = tr->iters == tb->iters && s.n_iters == sb->n_iters;
     for (int32_t t = 0; same && t < tr->iters && t < 1024; t++)
@@ -203,6 +217,54 @@ done:
     kvq_kmeans_stats_free(&s);
     free(cent);
     free(tr);
+    return rc;
+}
+
+/* The seeding's debug line "...: X of the tiles in f32" -> *user. */
+static void seed_log(void *user, kvq_log_level level, const char *msg)
+{
+    const char *at = strstr(msg, "bf16 filter: ");
+    (void)level;
+    if (at)
+        *(double *)user = atof(at + strlen("bf16 filter: "));
+}
+
+/* --seeding 1: the seeding with and without the filter, alternated. */
+static int run_seeding(const float *x, const args *a, const kvq_kmeans_params *p0)
+{
+    const int32_t k = (int32_t)a->k, d = (int32_t)a->d;
+    float *cent[2] = {malloc((size_t)k * d * sizeof(float)), malloc((size_t)k * d * sizeof(float))};
+    double wall[2] = {1e30, 1e30}, cpu[2] = {1e30, 1e30}, frac = -1;
+    kvq_kmeans_params p = *p0;
+    p.cb.log = seed_log;
+    p.cb.user = &frac;
+    int rc = 1;
+    if (!cent[0] || !cent[1])
+        goto done;
+    for (int64_t rep = 0; rep < a->reps; rep++)
+        for (int v = 0; v < 2; v++) {
+            kvq_km_data data = {.x = x, .n = a->n, .d = d, .no_seed_filter = v};
+            kvq_err e = {0};
+            const double t0 = kvq_now(), c0 = bench_cpu_now();
+            if (kvq_km_seed(&data, &p, &kvq_km_backend_cpu, NULL, cent[v], &e) != KVQ_OK) {
+                fprintf(stderr, "bench_kmeans_bounds: %s\n", e.msg);
+                goto done;
+            }
+            const double tw = kvq_now() - t0, tc = bench_cpu_now() - c0;
+            wall[v] = tw < wall[v] ? tw : wall[v];
+            cpu[v] = tc < cpu[v] ? tc : cpu[v];
+            printf("  rep %lld %s: %.3f s [cpu %.3f s]\n", (long long)rep,
+                   v ? "plain " : "filter", tw, tc);
+        }
+    const int same = memcmp(cent[0], cent[1], (size_t)k * d * sizeof(float)) == 0;
+    printf("  seeding, best of %lld: bf16 filter %.3f s [cpu %.3f s], plain %.3f s [cpu %.3f "
+           "s]; filter / plain %.3f (wall) %.3f (cpu); tiles in f32 %.4f; %s\n",
+           (long long)a->reps, wall[0], cpu[0], wall[1], cpu[1], wall[0] / wall[1],
+           cpu[0] / cpu[1], frac, same ? "the same centroids" : "DIFFERENT centroids");
+    rc = same ? 0 : 1;
+done:
+    free(cent[0]);
+    free(cent[1]);
     return rc;
 }
 
@@ -238,6 +300,15 @@ static int run(const args *a)
     printf("n=%lld d=%d k=%d iters=%lld threads=%lld space=%s init=%s (machine shared: "
            "best of %lld)\n", (long long)a->n, d, k, (long long)a->iters,
            (long long)a->threads, a->space, kvq_kmeans_init_name(p.init), (long long)a->reps);
+    if (a->seeding && p.init == KVQ_KMEANS_INIT_PARALLEL) {
+        fprintf(stderr, "bench_kmeans_bounds: --seeding 1 times the k-means++ seedings, "
+                        "not k-means||\n");
+        goto done;
+    }
+    if (a->seeding) {
+        rc = run_seeding(x, a, &p);
+        goto done;
+    }
     for (int64_t rep = 0; rep < a->reps; rep++) {
         const double c0 = bench_cpu_now();
         if (fit_once(x, a, &p, KVQ_KM_ENGINE_BOUNDS, cent, &s, skipped, tr))
@@ -310,7 +381,7 @@ done:
 int main(int argc, char **argv)
 {
     args a = {.n = 81920, .d = 128, .k = 4096, .iters = 25, .threads = 2, .seed = 1,
-              .reps = 1, .plain = 0, .groups = 0, .init = NULL, .space = "keys",
+              .reps = 1, .plain = 0, .groups = 0, .filters = 1, .init = NULL, .space = "keys",
               .dump = NULL};
     if (parse(argc, argv, &a) != 0)
         return 2;

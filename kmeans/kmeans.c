@@ -318,7 +318,9 @@ static kvq_status lloyd(const kvq_km_backend *be, void *ctx, const float *xt, co
         engine != KVQ_KM_ENGINE_BACKEND && p->max_iters > 0 &&
         (o || kvq_km_bounds_fast()) &&
         (st = kvq_km_bounds_create(xt, m, d, p->k, p->threads,
-                                   engine == KVQ_KM_ENGINE_EXHAUSTIVE, o ? o->groups : 0, &bd,
+                                   (engine == KVQ_KM_ENGINE_EXHAUSTIVE) |
+                                       (o && o->no_first_filter ? 2 : 0),
+                                   o ? o->groups : 0, &bd,
                                    err)) != KVQ_OK)
         return st;
     st = lloyd_loop(be, ctx, bd, wt, m, d, p, o, label, centroids, b, s, err);
@@ -493,7 +495,8 @@ kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weig
     /* seeding */
     if (p.init != KVQ_KMEANS_INIT_GIVEN) {
         const double t0 = kvq_now();
-        kvq_km_data data = {.x = xt, .w = wt, .n = m, .d = d};
+        kvq_km_data data = {.x = xt, .w = wt, .n = m, .d = d,
+                            .no_seed_filter = o && o->no_first_filter};
         if ((st = kvq_km_seed(&data, &p, be, ctx, centroids, err)) != KVQ_OK)
             goto done;
         s.seed_seconds = kvq_now() - t0;

@@ -61,6 +61,7 @@ typedef struct scratch {
     int32_t *best_j; /* [BLOCK] */
     uint8_t *whole;  /* [BLOCK] 1: the point skipped every group by its global bound */
     float *row;      /* [8, kpad] dots of eight points with every centroid (dense pass) */
+    uint64_t *chunks; /* [kpad / 32 / 64 + 1] chunks of 32 to compute exactly (first pass) */
 } scratch;
 
 struct kvq_km_bounds {
@@ -93,7 +94,42 @@ struct kvq_km_bounds {
     panel_fn panel_dots;
     pair_fn pair_dots;
     gmin_fn group_min;
+    kvq_km_first ff; /* the first pass's bf16 filter, while it runs (ff.xb set) */
+    int no_filter;   /* 1: the first pass without it */
+    void (*plan_row)(float *, const float *, int32_t, float, float *, uint16_t *, int32_t,
+                     int32_t *, uint16_t);
 };
+
+/* The smallest of r [n] (+inf when n is 0): eight running minima, so no chain of
+ * dependent compares; a minimum is the same in any order. */
+static inline float min_of(const float *r, int32_t n)
+{
+    float m[8] = {INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY, INFINITY,
+                  INFINITY};
+    int32_t q = 0;
+    for (; q + 8 <= n; q += 8)
+        for (int u = 0; u < 8; u++)
+            m[u] = r[q + u] < m[u] ? r[q + u] : m[u];
+    for (; q < n; q++)
+        m[0] = r[q] < m[0] ? r[q] : m[0];
+    float lo = m[0];
+    for (int u = 1; u < 8; u++)
+        lo = m[u] < lo ? m[u] : lo;
+    return lo;
+}
+
+/* Frees the first pass's filter state (kmeans_first_avx512.c); here because every
+ * machine calls it. */
+void kvq_km_first_free(kvq_km_first *f)
+{
+    free(f->xb);
+    free(f->bn);
+    free(f->yr);
+    free(f->cpan);
+    free(f->cbn);
+    free(f->czr);
+    memset(f, 0, sizeof *f);
+}
 
 /* ---- scalar references of the kernels ------------------------------------------------ */
 
@@ -107,6 +143,19 @@ void kvq_km_panel_dots_ref(const float *const *xp, int32_t np, int32_t d, const 
                 s = fmaf(xp[p][t], panel[(size_t)t * ncols + c], s);
             out[(size_t)p * ncols + c] = s;
         }
+}
+
+void kvq_km_plan_row_ref(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                         uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p)
+{
+    for (int32_t g = 0; g < T; g++) {
+        const float v0 = (lb[g] - mv[g]) * (1.0f - SLACK);
+        const float v = v0 > 0.0f ? v0 : 0.0f;
+        lb[g] = v;
+        mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
+        if (mk[g] >= 0.0f)
+            list[(size_t)g * ldl + cnt[g]++] = p;
+    }
 }
 
 void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cent,
@@ -189,6 +238,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
         free(s->best_j);
         free(s->whole);
         free(s->row);
+        free(s->chunks);
     }
     free(b->sc);
     free(b->xn);
@@ -199,6 +249,7 @@ void kvq_km_bounds_destroy(kvq_km_bounds *b)
     free(b->poff);
     free(b->panel);
     free(b->fpanel);
+    kvq_km_first_free(&b->ff);
     free(b->cng);
     free(b->cn);
     free(b->cprev);
@@ -224,13 +275,15 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     b->d = d;
     b->k = k;
     b->threads = threads > 0 ? threads : 1;
-    b->exhaustive = exhaustive;
+    b->exhaustive = exhaustive & 1;
+    b->no_filter = (exhaustive & 2) != 0;
     b->first = 1;
     b->T_req = groups;
     b->eta = 1.25f * (float)(2 * d + 16) / 16777216.0f;
     b->panel_dots = kvq_km_panel_dots_ref;
     b->pair_dots = kvq_km_pair_dots_ref;
     b->group_min = kvq_km_group_min_ref;
+    b->plan_row = kvq_km_plan_row_ref;
 #if defined(__x86_64__) && defined(__GNUC__)
     if (kvq_cpu_has_avx2()) {
         b->panel_dots = kvq_km_panel_dots_avx2;
@@ -238,6 +291,7 @@ kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
     }
     if (kvq_cpu_has_avx512()) {
         b->group_min = kvq_km_group_min_avx512;
+        b->plan_row = kvq_km_plan_row_avx512;
         b->panel_dots = kvq_km_panel_dots_avx512;
         b->pair_dots = kvq_km_pair_dots_avx512;
     }
@@ -390,7 +444,8 @@ static kvq_status bounds_setup(kvq_km_bounds *b, const float *cent, kvq_err *err
         s->best_j = malloc(BLOCK * sizeof *s->best_j);
         s->whole = malloc(BLOCK * sizeof *s->whole);
         s->row = malloc((size_t)8 * b->kpad * sizeof *s->row);
-        if (!s->mark || !s->list || !s->cnt || !s->out || !s->sa || !s->e || !s->best_s ||
+        s->chunks = malloc(((size_t)b->kpad / 32 / 64 + 1) * sizeof *s->chunks);
+        if (!s->chunks || !s->mark || !s->list || !s->cnt || !s->out || !s->sa || !s->e || !s->best_s ||
             !s->best_m2 || !s->best_j || !s->whole || !s->row)
             return kvq_err_set(err, KVQ_E_NOMEM, "kmeans: bounds scratch for k=%d", k);
     }
@@ -483,17 +538,10 @@ static void block_plan(kvq_km_bounds *b, scratch *sc, const float *cent, int64_t
         sc->whole[p] = g0 > 0.0f && g0 * g0 * (1.0f - SLACK) > thr;
         if (sc->whole[p])
             continue; /* no group can hold a centroid as near: the row stays as it is */
-        float *lb = b->lb + (size_t)i * T;
-        for (int32_t g = 0; g < T; g++) { /* the row brought up to this call */
-            const float v0 = (lb[g] - mv[g]) * (1.0f - SLACK);
-            const float v = v0 > 0.0f ? v0 : 0.0f;
-            lb[g] = v;
-            mk[g] = v * v * (1.0f - SLACK) > thr ? -1.0f : INFINITY;
-        }
+        /* the row brought up to this call, and the groups to examine */
+        b->plan_row(b->lb + (size_t)i * T, mv, T, thr, mk, sc->list, BLOCK, sc->cnt,
+                    (uint16_t)p);
         b->stamp[i] = b->call;
-        for (int32_t g = 0; g < T; g++)
-            if (mk[g] >= 0.0f)
-                sc->list[(size_t)g * BLOCK + sc->cnt[g]++] = (uint16_t)p;
     }
 }
 
@@ -549,6 +597,16 @@ static int64_t block_groups(kvq_km_bounds *b, scratch *sc, int64_t i0)
     return work;
 }
 
+/* Pointers to the next min(left, 8) rows from i: xp; returns their count. */
+static inline int32_t eight_rows(const kvq_km_bounds *b, int64_t i, int32_t left,
+                                 const float **xp)
+{
+    const int32_t np = left < 8 ? left : 8;
+    for (int32_t q = 0; q < np; q++)
+        xp[q] = b->x + (size_t)(i + q) * b->d;
+    return np;
+}
+
 /* Every distance of the block (the first pass, and every pass when exhaustive): eight
  * points at a time against all centroids in group order, then each group's minimum.
  * Returns the number of distances computed. */
@@ -557,10 +615,8 @@ static int64_t block_dense(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb
     const int32_t T = b->T, d = b->d, kp = b->kpad;
     float tmp[8 * 32];
     for (int32_t p0 = 0; p0 < nb; p0 += 8) {
-        const int32_t np = nb - p0 < 8 ? nb - p0 : 8;
         const float *xp[8];
-        for (int32_t q = 0; q < np; q++)
-            xp[q] = b->x + (size_t)(i0 + p0 + q) * d;
+        const int32_t np = eight_rows(b, i0 + p0, nb - p0, xp);
         for (int32_t c = 0; c < kp; c += 32) {
             b->panel_dots(xp, np, d, b->fpanel + (size_t)c * d, 32, tmp);
             for (int32_t q = 0; q < np; q++)
@@ -582,6 +638,72 @@ static int64_t block_dense(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb
     return (int64_t)nb * b->k;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Point p's smallest bound over positions [q0, q1) of r, leaving out position skip. */
+static float range_min(const float *r, int32_t q0, int32_t q1, int32_t skip)
+{
+    if (skip < 0)
+        return min_of(r + q0, q1 - q0);
+    float lo = INFINITY;
+    for (int32_t q = q0; q < q1; q++)
+        lo = q != skip && r[q] < lo ? r[q] : lo;
+    return lo;
+}
+
+/* The first pass with the bf16 filter (kmeans_first_avx512.c): per eight points the bf16
+ * intervals to every centroid, then the union of their chunks that may hold a nearest
+ * centroid computed exactly with the plain pass's kernel; the best from those, per group
+ * the smallest lower bound (in mark, the best left out of its own group). */
+static int64_t block_first(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb)
+{
+    const int32_t T = b->T, d = b->d, kp = b->kpad, k = b->k, nw = kp / 32 / 64 + 1;
+    float tmp[8 * 32];
+    for (int32_t p0 = 0; p0 < nb; p0 += 8) {
+        const float *xp[8];
+        const int32_t np = eight_rows(b, i0 + p0, nb - p0, xp);
+        kvq_km_first_dots_avx512(&b->ff, i0 + p0, np, kp, sc->row);
+        memset(sc->chunks, 0, (size_t)nw * sizeof *sc->chunks);
+        for (int32_t q = 0; q < np; q++)
+            kvq_km_first_filter_avx512(&b->ff, i0 + p0 + q, k, sc->e[p0 + q],
+                                       sc->row + (size_t)q * kp, sc->chunks);
+        for (int32_t w = 0; w < nw; w++)
+            for (uint64_t bits = sc->chunks[w]; bits; bits &= bits - 1) {
+                const int32_t c = (w * 64 + __builtin_ctzll(bits)) * 32;
+                b->panel_dots(xp, np, d, b->fpanel + (size_t)c * d, 32, tmp);
+                for (int32_t q = 0; q < np; q++) {
+                    const int32_t p = p0 + q;
+                    const float xn = b->xn[i0 + p], e = sc->e[p];
+                    float *r = sc->row + (size_t)q * kp;
+                    for (int32_t u = 0; u < 32 && c + u < k; u++) {
+                        const float v = kvq_km_dist_from_dot(xn, b->cng[c + u], tmp[q * 32 + u]);
+                        const int32_t j = b->gmem[c + u];
+                        if (kvq_km_better(v, j, sc->best_s[p], sc->best_j[p])) {
+                            sc->best_s[p] = v;
+                            sc->best_j[p] = j;
+                        }
+                        const float l = lb_from_s(v, e);
+                        r[c + u] = l > r[c + u] ? l : r[c + u];
+                    }
+                }
+            }
+        for (int32_t q = 0; q < np; q++) {
+            const int32_t p = p0 + q, bj = sc->best_j[p];
+            const int32_t gb = bj == INT32_MAX ? -1 : b->gof[bj];
+            const float *r = sc->row + (size_t)q * kp;
+            for (int32_t g = 0; g < T; g++) {
+                const int32_t g0 = b->gstart[g], g1 = b->gstart[g + 1];
+                int32_t skip = -1;
+                if (g == gb)
+                    for (int32_t u = g0; u < g1; u++)
+                        skip = b->gmem[u] == bj ? u : skip;
+                sc->mark[(size_t)p * T + g] = range_min(r, g0, g1, skip);
+            }
+        }
+    }
+    return (int64_t)nb * b->k;
+}
+#endif
+
 /* The block's outputs and new bounds: exact again for every examined group; the old
  * centroid joins the bound of its group when the point left it unexamined. */
 static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, int32_t *a,
@@ -601,17 +723,15 @@ static void block_finish(kvq_km_bounds *b, scratch *sc, int64_t i0, int32_t nb, 
             const int32_t gb = b->gof[bj];
             for (int32_t g = 0; g < T; g++)
                 if (mk[g] >= 0.0f)
-                    lb[g] = lb_from_s(g == gb ? sc->best_m2[p] : mk[g], e);
+                    lb[g] = b->ff.xb ? mk[g] /* block_first: already a lower bound */
+                                     : lb_from_s(g == gb ? sc->best_m2[p] : mk[g], e);
             if (bounds && bj != a[i]) {
                 const int32_t ga = b->gof[a[i]];
                 const float v = lb_from_s(sc->sa[p], e);
                 if (mk[ga] < 0.0f && v < lb[ga])
                     lb[ga] = v;
             }
-            float lo = INFINITY;
-            for (int32_t g = 0; g < T; g++)
-                lo = lb[g] < lo ? lb[g] : lo;
-            b->glb[i] = lo;
+            b->glb[i] = min_of(lb, T);
             b->stamp[i] = b->call;
         }
         a[i] = bj;
@@ -647,6 +767,8 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
         for (int32_t g = 0; g <= b->T; g++)
             b->mv[(size_t)c * (b->T + 1) + g] = moved(b, c, b->call, g);
     const int64_t nblocks = (b->m + BLOCK - 1) / BLOCK;
+    if (b->first && !b->exhaustive && !b->no_filter && kvq_km_seed_bf16_ok())
+        kvq_km_first_prep(&b->ff, b->x, b->m, b->d, cent, b->gmem, b->k, b->kpad, b->threads);
 #pragma omp parallel num_threads(b->threads) if (nblocks > 1)
     {
         scratch *sc = &b->sc[omp_get_thread_num()];
@@ -655,8 +777,13 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
             const int64_t i0 = blk * BLOCK;
             const int32_t nb = (int32_t)(b->m - i0 < BLOCK ? b->m - i0 : BLOCK);
             block_plan(b, sc, cent, i0, nb, assign);
-            b->work[blk] = b->exhaustive || b->first ? block_dense(b, sc, i0, nb)
-                                                     : block_groups(b, sc, i0);
+#if defined(__x86_64__) && defined(__GNUC__)
+            if (b->ff.xb)
+                b->work[blk] = block_first(b, sc, i0, nb);
+            else
+#endif
+                b->work[blk] = b->exhaustive || b->first ? block_dense(b, sc, i0, nb)
+                                                         : block_groups(b, sc, i0);
             if (!b->exhaustive && !b->first)
                 b->work[blk] += nb; /* s(i, a_i) */
             block_finish(b, sc, i0, nb, assign, dist);
@@ -668,5 +795,6 @@ kvq_status kvq_km_bounds_assign(kvq_km_bounds *b, const float *cent, int32_t *as
     if (skipped)
         *skipped = 1.0 - (double)work / ((double)b->m * (double)b->k);
     b->first = 0;
+    kvq_km_first_free(&b->ff);
     return KVQ_OK;
 }

@@ -195,4 +195,31 @@ TARGET void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, i
     *pos = p;
     *m2 = other < second ? other : second;
 }
+
+/* kvq_km_plan_row_ref, 16 groups a step: the same operations per lane, and the examined
+ * groups appended in ascending order from the mask's set bits. */
+TARGET void kvq_km_plan_row_avx512(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                                   uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p)
+{
+    const __m512 keep = _mm512_set1_ps(1.0f - 1.0f / 1048576.0f), zero = _mm512_setzero_ps();
+    const __m512 vthr = _mm512_set1_ps(thr), neg = _mm512_set1_ps(-1.0f);
+    const __m512 inf = _mm512_set1_ps(INFINITY);
+    for (int32_t g0 = 0; g0 < T; g0 += 16) {
+        const __mmask16 live = T - g0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (T - g0)) - 1u);
+        const __m512 v0 = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, lb + g0),
+                                                      _mm512_maskz_loadu_ps(live, mv + g0)),
+                                        keep);
+        /* v0 > 0 ? v0 : 0, as the reference (NaN gives 0) */
+        const __m512 v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v0, zero, _CMP_GT_OQ), v0);
+        _mm512_mask_storeu_ps(lb + g0, live, v);
+        const __mmask16 skip =
+            _mm512_cmp_ps_mask(_mm512_mul_ps(_mm512_mul_ps(v, v), keep), vthr, _CMP_GT_OQ);
+        _mm512_mask_storeu_ps(mk + g0, live, _mm512_mask_mov_ps(inf, skip, neg));
+        for (unsigned m = (unsigned)(live & ~skip); m; m &= m - 1) {
+            const int32_t g = g0 + __builtin_ctz(m);
+            list[(size_t)g * ldl + cnt[g]++] = p;
+        }
+    }
+}
+
 #endif

@@ -119,6 +119,35 @@ void kvq_km_cand_eval_avx512(const float *xi, const float *xn, const float *w,
                              const float *dmin, int64_t ntiles, int32_t d, int32_t P,
                              const float *ct, const float *cn, float *dist, double *pot);
 #endif
+/* The same pass with a bf16 filter (kmeans_seed_avx512.c; AVX-512 BF16, call only when
+ * kvq_km_seed_bf16_ok()): every lane whose s(i, c) > dmin_i it can prove from a bf16 copy
+ * of the points (centred on a fixed mu) gets dist = +inf and adds w_i dmin_i to pot; the
+ * tiles with a lane it cannot prove are computed as kvq_km_cand_eval_ref. So pot is the
+ * reference's bit for bit, and min(dist, dmin_i) is too on every lane of `live`. Returns
+ * the number of tiles computed exactly. */
+typedef struct kvq_km_cand_bf16 {
+    const uint16_t *xb;  /* [ntiles, dp / 2, P, 2] bf16 of fl(x - mu) (kvq_km_seed_bf16_row) */
+    const float *bn;     /* [ntiles * P] ||xb_i||^2 */
+    const float *yr;     /* [ntiles * P] 2^-8 ||x_i - mu||, rounded up */
+    const uint16_t *cb;  /* [dp / 2, 16, 2] the candidates' rows of xb, by lane */
+    const float *bnc;    /* [16] their bn, by lane */
+    const float *zr;     /* [16] their yr, by lane */
+    int32_t dp;          /* d rounded up to even */
+    uint32_t live;       /* the lanes in use (the others are proved by fiat) */
+    float eta;           /* the expanded form's rounding bound (kmeans_bounds.c) */
+    float kappa;         /* the bf16 expanded form's: (dp + 16) 2^-22 */
+} kvq_km_cand_bf16;
+int kvq_km_seed_bf16_ok(void);
+/* x [d] -> out[(j / 2) * stride + j % 2] = bf16(fl(x_j - mu_j)) (0 pads an odd d), *bn its
+ * squared norm, *yr = 2^-8 ||x - mu|| rounded up. */
+void kvq_km_seed_bf16_row(const float *x, const float *mu, int32_t d, uint16_t *out,
+                          int64_t stride, float *bn, float *yr);
+#if defined(__x86_64__) && defined(__GNUC__)
+int64_t kvq_km_cand_eval_bf16_avx512(const float *xi, const float *xn, const float *w,
+                                     const float *dmin, int64_t ntiles, int32_t d, int32_t P,
+                                     const float *ct, const float *cn, const kvq_km_cand_bf16 *f,
+                                     float *dist, double *pot);
+#endif
 /* ||a||^2 as the fused chain above (dot of a with itself), so a point's distance to a
  * candidate equal to it comes out exactly 0. */
 float kvq_km_norm2_fma(const float *a, int32_t d);
@@ -150,6 +179,36 @@ void kvq_km_pair_dots_ref(const float *x, int64_t m, int32_t d, const float *cen
  * over u != *pos (+inf when gs is 1). */
 void kvq_km_group_min_ref(const float *o, const float *cn, float xn, int32_t gs, float *m1,
                           int32_t *pos, float *m2);
+/* The bf16 filter of the first dense pass (kmeans_first_avx512.c). */
+typedef struct kvq_km_first {
+    uint16_t *xb;    /* [m, dp] bf16 of fl(x - mu), by row */
+    float *bn, *yr;  /* [m] ||xb_i||^2, 2^-8 ||x_i - mu|| rounded up */
+    uint16_t *cpan;  /* [kpad / 32, dp / 2, 32, 2] the centroids in group order */
+    float *cbn, *czr; /* [kpad] their bn and yr */
+    float czmax;      /* the largest czr */
+    int32_t dp;
+    float kappa;
+} kvq_km_first;
+/* 1, or 0 when out of memory (then f is empty). */
+int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, const float *cent,
+                      const int32_t *gmem, int32_t k, int32_t kpad, int32_t threads);
+void kvq_km_first_free(kvq_km_first *f);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_first_dots_avx512(const kvq_km_first *f, int64_t i0, int32_t np, int32_t kpad,
+                              float *row);
+void kvq_km_first_filter_avx512(const kvq_km_first *f, int64_t i, int32_t k, float e,
+                                float *r, uint64_t *chunks);
+#endif
+/* One point's row of group bounds brought up to this call (block_plan): for g < T,
+ * lb[g] = max((lb[g] - mv[g]) (1 - 2^-20), 0); the group is skipped (mk[g] = -1) when
+ * lb[g]^2 (1 - 2^-20) > thr, else examined (mk[g] = +inf, and p is appended to
+ * list[g * ldl + cnt[g]++]). The AVX-512 version gives the same bits. */
+void kvq_km_plan_row_ref(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                         uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p);
+#if defined(__x86_64__) && defined(__GNUC__)
+void kvq_km_plan_row_avx512(float *lb, const float *mv, int32_t T, float thr, float *mk,
+                            uint16_t *list, int32_t ldl, int32_t *cnt, uint16_t p);
+#endif
 #if defined(__x86_64__) && defined(__GNUC__)
 void kvq_km_group_min_avx512(const float *o, const float *cn, float xn, int32_t gs,
                              float *m1, int32_t *pos, float *m2);
@@ -183,6 +242,8 @@ typedef struct kvq_km_fit_opts {
     void *user;
     double *skipped;  /* [max_iters] or NULL: per iteration, the fraction of the m k
                          point-centroid distances not computed */
+    int32_t no_first_filter; /* 1: the seeding and the first pass without their bf16
+                                filters (the same result, slower) */
 } kvq_km_fit_opts;
 
 /* kvq_kmeans_fit with options (o NULL = the defaults: bounds). The engines apply on
@@ -194,7 +255,9 @@ kvq_status kvq_km_fit_ex(const float *x, int64_t n, int32_t d, const float *weig
 
 /* State of the bounded (or exhaustive) assignment across the iterations of one fit. */
 typedef struct kvq_km_bounds kvq_km_bounds;
-/* Over the training points x [m, d] (kept by the caller), for k centroids; the groups
+/* exhaustive: bit 0, every distance every iteration; bit 1, the first pass without its
+ * bf16 filter (kmeans_first_avx512.c; the result is the same).
+ * Over the training points x [m, d] (kept by the caller), for k centroids; the groups
  * are made from the first centroids passed to kvq_km_bounds_assign. */
 kvq_status kvq_km_bounds_create(const float *x, int64_t m, int32_t d, int32_t k,
                                 int32_t threads, int exhaustive, int32_t groups,
@@ -224,6 +287,8 @@ typedef struct kvq_km_data {
     int32_t force_threads; /* 1: the seeding's per-step loops always use p->threads
                               threads; 0: they pick 1 or p->threads by timing the first
                               steps (the result is the same either way). Tests set 1. */
+    int32_t no_seed_filter; /* 1: the seeding's candidate passes compute every distance in
+                               f32 (no bf16 filter; the result is the same). Tests set it. */
 } kvq_km_data;
 
 /* Chooses p->k initial centroids [k, d] from the data with method p->init (not

@@ -71,6 +71,18 @@ static cand_eval_fn pick_cand_eval(void)
     return kvq_km_cand_eval_ref;
 }
 
+/* AVX-512 BF16 (the seeding's and the first pass's filters). Here, not in an *_avx512.c
+ * file, because every machine calls it. */
+int kvq_km_seed_bf16_ok(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    return kvq_cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 /* ---- D^2 state --------------------------------------------------------------------- */
 
 /* Working state of the D^2 samplers. */
@@ -227,7 +239,38 @@ typedef struct pp_work {
     float *dbest;    /* [n] distances to the best candidate so far (trials > LANES) */
     double *part;    /* [nblocks, LANES] per-block potentials of the chunk */
     cand_eval_fn eval;
+    /* the bf16 filter (kvq_km_cand_eval_bf16_avx512), when f.xb is set */
+    kvq_km_cand_bf16 f;
+    uint16_t *xb;    /* [npad / P, dp / 2, P, 2] bf16 of x - mu */
+    float *bn, *yr;  /* [npad] */
+    uint16_t *cb;    /* [dp / 2, LANES, 2] */
+    float bnc[LANES], zr[LANES];
+    int64_t exact_tiles, all_tiles; /* tiles computed in f32, tiles evaluated */
 } pp_work;
+
+/* The filter's lanes for candidates cand [nt]: their bf16 rows, bn and yr. */
+static void bf16_chunk(pp_work *w, const int64_t *cand, int32_t nt)
+{
+    const int32_t P = w->P, dh = w->f.dp / 2;
+    memset(w->cb, 0, (size_t)dh * LANES * 2 * sizeof *w->cb);
+    uint32_t live = 0;
+    for (int l = 0; l < LANES; l++) {
+        w->bnc[l] = 0.0f;
+        w->zr[l] = 0.0f;
+        if (l / P >= nt)
+            continue;
+        const int64_t c = cand[l / P], g = c / P, q = c % P;
+        const uint16_t *src = w->xb + ((size_t)g * dh * P + (size_t)q) * 2;
+        for (int32_t j = 0; j < dh; j++) {
+            w->cb[((size_t)j * LANES + l) * 2] = src[(size_t)j * P * 2];
+            w->cb[((size_t)j * LANES + l) * 2 + 1] = src[(size_t)j * P * 2 + 1];
+        }
+        w->bnc[l] = w->bn[c];
+        w->zr[l] = w->yr[c];
+        live |= 1u << l;
+    }
+    w->f.live = live;
+}
 
 /* Distances of every point to candidates cand [nt] (nt <= LANES / w->P) into w->dist,
  * and per-block potentials with them into w->part. */
@@ -243,17 +286,35 @@ static void eval_chunk(const d2_state *s, pp_work *w, const int64_t *cand, int32
             w->ct[(size_t)j * LANES + l] = data->x[(size_t)c * d + j];
         w->cn[l] = w->xnorm[c];
     }
-#pragma omp parallel for num_threads(w->threads) schedule(dynamic, 1) if (w->threads > 1)
+    if (w->xb)
+        bf16_chunk(w, cand, nt);
+    int64_t exact = 0;
+#pragma omp parallel for num_threads(w->threads) schedule(dynamic, 1) if (w->threads > 1) reduction(+ : exact)
     for (int64_t b = 0; b < s->nblocks; b++) {
         const int64_t g0 = b * DRAW_BLOCK / P;
         const int64_t g1 = (block_end(data, b) + P - 1) / P;
         double *pb = w->part + (size_t)b * LANES;
         for (int l = 0; l < LANES; l++)
             pb[l] = 0.0;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (w->xb) {
+            kvq_km_cand_bf16 f = w->f;
+            f.xb = w->xb + (size_t)g0 * w->f.dp * P;
+            f.bn = w->bn + g0 * P;
+            f.yr = w->yr + g0 * P;
+            exact += kvq_km_cand_eval_bf16_avx512(
+                w->xi + (size_t)g0 * d * P, w->xnorm + g0 * P, w->wt + g0 * P,
+                w->dmin + g0 * P, g1 - g0, d, P, w->ct, w->cn, &f,
+                w->dist + (size_t)g0 * LANES, pb);
+            continue;
+        }
+#endif
         w->eval(w->xi + (size_t)g0 * d * P, w->xnorm + g0 * P, w->wt + g0 * P,
                 w->dmin + g0 * P, g1 - g0, d, P, w->ct, w->cn, w->dist + (size_t)g0 * LANES,
                 pb);
     }
+    w->exact_tiles += exact;
+    w->all_tiles += w->npad / P;
 }
 
 /* Potential after adding candidate t of the last chunk: its lanes of every block. */
@@ -384,6 +445,10 @@ static void pp_work_free(pp_work *w)
     free(w->dist);
     free(w->dbest);
     free(w->part);
+    free(w->xb);
+    free(w->bn);
+    free(w->yr);
+    free(w->cb);
 }
 
 /* The points into w: interleaved in tiles of P, their norms, weights, and D = inf. */
@@ -405,6 +470,50 @@ static void pp_interleave(pp_work *w, const kvq_km_data *data, int32_t threads)
                 w->dmin[i] = INFINITY;
             }
         }
+}
+
+/* The bf16 copy of the points for the filter (kvq_km_cand_eval_bf16_avx512), centred on
+ * their mean (summed in double in point order). The filter only decides which distances
+ * are computed in f32, never a value, so mu need not be exact. 0 when out of memory: the
+ * seeding then runs without the filter. */
+static int bf16_setup(pp_work *w, const kvq_km_data *data, int32_t threads)
+{
+    const int32_t d = data->d, P = w->P, dp = (d + 1) / 2 * 2;
+    const int64_t n = data->n;
+    size_t nb;
+    double *sum = calloc((size_t)d, sizeof *sum);
+    float *mu = malloc((size_t)d * sizeof *mu);
+    if (kvq_size_mul((size_t)w->npad, (size_t)dp * sizeof *w->xb, &nb))
+        w->xb = calloc(nb ? nb : 1, 1);
+    w->bn = calloc((size_t)w->npad, sizeof *w->bn);
+    w->yr = calloc((size_t)w->npad, sizeof *w->yr);
+    w->cb = malloc((size_t)dp * LANES * sizeof *w->cb);
+    if (!sum || !mu || !w->xb || !w->bn || !w->yr || !w->cb) {
+        free(sum);
+        free(mu);
+        free(w->xb);
+        w->xb = NULL;
+        return 0;
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < d; j++)
+            sum[j] += data->x[(size_t)i * d + j];
+    for (int32_t j = 0; j < d; j++)
+        mu[j] = (float)(sum[j] / (double)n);
+#pragma omp parallel for num_threads(threads) schedule(static) if (n > DRAW_BLOCK)
+    for (int64_t i = 0; i < n; i++)
+        kvq_km_seed_bf16_row(data->x + (size_t)i * d, mu, d,
+                             w->xb + ((size_t)(i / P) * (dp / 2) * P + (size_t)(i % P)) * 2,
+                             2 * P, &w->bn[i], &w->yr[i]);
+    free(sum);
+    free(mu);
+    w->f.dp = dp;
+    w->f.cb = w->cb;
+    w->f.bnc = w->bnc;
+    w->f.zr = w->zr;
+    w->f.eta = 1.25f * (float)(2 * d + 16) / 16777216.0f;
+    w->f.kappa = (float)(dp + 16) / 4194304.0f;
+    return 1;
 }
 
 /* One step after the first: draws `trials` candidates, evaluates them in chunks of
@@ -475,6 +584,8 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
     if ((st = pp_work_alloc(&w, &s, n, d, trials, label, err)) != KVQ_OK)
         goto done;
     pp_interleave(&w, data, p->threads);
+    if (!data->no_seed_filter && kvq_km_seed_bf16_ok())
+        bf16_setup(&w, data, p->threads);
     free(s.dmin); /* the draws read D from w.dmin */
     s.dmin = w.dmin;
 
@@ -497,6 +608,9 @@ static kvq_status seed_pp(const kvq_km_data *data, const kvq_kmeans_params *p, i
     if (!tm.fixed)
         kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: seeding step %.3g ms on %d threads, %.3g ms on 1",
                 label, 1e3 * tm.mean[0], p->threads, 1e3 * tm.mean[1]);
+    if (w.xb)
+        kvq_log(&p->cb, KVQ_LOG_DEBUG, "%s: seeding's bf16 filter: %.4g of the tiles in f32",
+                label, (double)w.exact_tiles / (double)(w.all_tiles ? w.all_tiles : 1));
 done:
     if (s.dmin == w.dmin)
         s.dmin = NULL;
@@ -629,7 +743,8 @@ static kvq_status par_reduce(const kvq_km_data *data, const kvq_kmeans_params *p
             label, (long long)n, (long long)m);
     {
         kvq_km_data cand = {.x = cx, .w = cw, .n = m, .d = d,
-                            .force_threads = data->force_threads};
+                            .force_threads = data->force_threads,
+                            .no_seed_filter = data->no_seed_filter};
         st = seed_pp(&cand, p, k, greedy_trials(p, k), kvq_km_mix64(seed ^ 0xca11ULL), cent,
                      err);
     }

@@ -178,6 +178,26 @@ static void test_kernels_match_ref(void **state)
         assert_int_equal(pa, pb);
         assert_true(m1a == m1b && (m2a == m2b || (isinf(m2a) && isinf(m2b))));
     }
+    /* a row's plan: bounds under, over and at the threshold, negative, +inf; tails */
+    for (int32_t T = 1; T <= 40; T += 13) {
+        float lb1[40], lb2[40], mv[40], mk1[40], mk2[40];
+        uint16_t l1[40 * 4], l2[40 * 4];
+        int32_t c1[40], c2[40];
+        for (int32_t g = 0; g < T; g++) {
+            lb1[g] = lb2[g] = (float)((g * 7) % 11) * 0.5f;
+            mv[g] = g % 5 == 0 ? 6.0f : 0.25f * (float)(g % 3);
+            c1[g] = c2[g] = g % 2;
+        }
+        lb1[T - 1] = lb2[T - 1] = INFINITY;
+        kvq_km_plan_row_ref(lb1, mv, T, 4.0f, mk1, l1, 4, c1, 3);
+        kvq_km_plan_row_avx512(lb2, mv, T, 4.0f, mk2, l2, 4, c2, 3);
+        assert_memory_equal(lb1, lb2, (size_t)T * sizeof *lb1);
+        assert_memory_equal(mk1, mk2, (size_t)T * sizeof *mk1);
+        assert_memory_equal(c1, c2, (size_t)T * sizeof *c1);
+        for (int32_t g = 0; g < T; g++)
+            if (c1[g] > g % 2)
+                assert_int_equal(l1[g * 4 + g % 2], l2[g * 4 + g % 2]);
+    }
     float m1, m2;
     int32_t pos;
     kvq_km_group_min_ref(o, cn, 20.0f, 40, &m1, &pos, &m2);
