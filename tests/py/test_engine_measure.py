@@ -247,6 +247,22 @@ def main():
                   f"{dense.nbytes}")
             check(s.stats()["steps"] == 0, "leankv: no retrieval statistics")
             check(eng.layer_window(0) == 0, "a retrieval layer has no local window")
+        # per-layer attention: the artifact's description (every layer global, scale
+        # 1/sqrt(d)) opens; a window on one layer is a mismatch naming it
+        same = [kvq.LayerAttention(attn_scale=spec.head_dim ** -0.5) for _ in range(spec.n_layers)]
+        with kvq.Engine(art, spec, layers=same) as eng:
+            check(eng.layer_window(1) == 0, "per-layer description equal to the artifact's opens")
+        other = [kvq.LayerAttention(window=16 if i == 2 else 0) for i in range(spec.n_layers)]
+        try:
+            kvq.Engine(art, spec, layers=other)
+            check(False, "a windowed layer the artifact lacks refused")
+        except kvq.MismatchError as e:
+            check("layer 2" in str(e) and "window" in str(e), f"a windowed layer the artifact lacks refused ({e})")
+        try:
+            kvq.Engine(art, spec, layers=same[:1])
+            check(False, "a layers list of the wrong length refused")
+        except kvq.InvalidArgumentError as e:
+            check("layers" in str(e), f"a layers list of the wrong length refused ({e})")
     if failures:
         print(f"{len(failures)} failures")
         sys.exit(1)
