@@ -312,6 +312,57 @@ static kvq_status kv_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     return KVQ_OK;
 }
 
+/* ---- selectors, measurement and the artifact's positions (kvq eval's rows) --------- */
+
+/* The selector settings of p, and the position mode and scoring query the artifact
+ * records (kvq calibrate's choice, as kvq run applies it), into rp. */
+static kvq_status engine_selection(const kvq_engine *e, const kvq_engine_seq_params *p,
+                                   kvq_retrieval_params *rp, kvq_err *err)
+{
+    static const kvq_selector sel[] = {KVQ_SELECT_CODEBOOK, KVQ_SELECT_FULL, KVQ_SELECT_ORACLE,
+                                       KVQ_SELECT_FIER,     KVQ_SELECT_QUEST, KVQ_SELECT_MASS};
+    if (p->selector < 0 || p->selector > KVQ_ENGINE_SELECT_MASS)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: selector %d (KVQ_ENGINE_SELECT_*, "
+                           "0 .. %d)", (int)p->selector, KVQ_ENGINE_SELECT_MASS);
+    if (p->tau < 0 || p->tau > 1 || p->fier_group < 0 || p->quest_page < 0)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: tau %g, fier_group %d, quest_page %d: "
+                           "need tau in [0, 1] and sizes >= 0 (0: the default)", p->tau,
+                           (int)p->fier_group, (int)p->quest_page);
+    rp->selector = sel[p->selector];
+    if (p->tau > 0)
+        rp->tau = p->tau;
+    if (p->fier_group > 0)
+        rp->fier_group = p->fier_group;
+    if (p->quest_page > 0)
+        rp->quest_page = p->quest_page;
+    rp->measure = p->measure != 0;
+    kvq_positions pm;
+    kvq_score_pos ps;
+    if (kvq_codebook_set_positions(e->set, &pm, &ps)) {
+        rp->positions = pm;
+        rp->score_pos = ps;
+    }
+    return KVQ_OK;
+}
+
+void kvq_engine_seq_stats(const kvq_engine_seq *s, kvq_engine_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s || s->kc)
+        return;
+    kvq_retrieval_stats st;
+    kvq_retrieval_stats_get(s->r, &st);
+    out->steps = st.steps;
+    out->visible = st.visible;
+    out->attended = st.attended;
+    out->bytes_read = st.bytes_read;
+    out->bytes_full = st.bytes_full;
+    out->measured = st.measured;
+    out->recall_topk = st.recall_topk;
+    out->recall_mass = st.recall_mass;
+    out->out_rel_err = st.out_rel_err;
+}
+
 kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
                                  kvq_engine_seq **out, kvq_err *err)
 {
@@ -332,11 +383,14 @@ kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     rp.cache_dtype = p->cache_f16 ? KVQ_DT_F16 : KVQ_DT_F32;
     rp.max_tokens = p->max_tokens;
     rp.threads = p->threads;
+    kvq_status st = engine_selection(e, p, &rp, err);
+    if (st)
+        return st;
     kvq_engine_seq *s = calloc(1, sizeof *s);
     if (!s)
         return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
     s->e = e;
-    kvq_status st = kvq_retrieval_create(&e->cfg, e->set, &rp, &s->r, err);
+    st = kvq_retrieval_create(&e->cfg, e->set, &rp, &s->r, err);
     if (st) {
         free(s);
         return st;

@@ -22,6 +22,7 @@
 #include "helpers/tinyllama.h"
 #include "kvq.h"
 #include "kvq/engine.h"
+#include "kvq/eval.h"
 
 enum { PROMPT = 96, DECODE = 48, TOTAL = PROMPT + DECODE };
 
@@ -244,6 +245,7 @@ static void kvq_reference(const kvq_engine_seq_params *sp, float *logits)
     kvq_codebook_set *set = NULL;
     assert_int_equal(kvq_codebook_set_open(F.art, &id, "model", &set, &e), KVQ_OK);
     kvq_retrieval_params rp = kvq_retrieval_params_default();
+    kvq_eval_artifact_positions(set, &rp, 0, 0); /* kvq run's rule: the artifact's mode */
     rp.budget.count = sp->budget_tokens;
     rp.budget.fraction = 0;
     rp.sink = sp->sink;

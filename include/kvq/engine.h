@@ -160,7 +160,28 @@ typedef struct kvq_engine_seq_params {
     int32_t kv_window;                 /* LeanKV recent window (-1: the artifact's, else 64) */
     int32_t kv_pats_schedule;          /* 0 old-heavy, 1 new-heavy, 2 middle-heavy (-1) */
     int32_t kv_pats_b_min, kv_pats_b_max; /* 0..10 (-1: the artifact's) */
+    /* ---- selectors and measurement (kvq eval's rows from an engine) ----
+     * With kv_cache 0. 0 in each (a zeroed struct) keeps the defaults. The position
+     * mode and codebook scoring query are the artifact's (positions.mode,
+     * positions.score: what kvq calibrate chose, as kvq run applies them), else wrope
+     * and mean. */
+    int32_t selector;         /* KVQ_ENGINE_SELECT_*: 0 the artifact's codebook */
+    double tau;               /* mass selector: the share of mass kept, (0, 1]; 0: 0.9 */
+    int32_t fier_group;       /* fier: tokens per quantization group; 0: 32 */
+    int32_t quest_page;       /* quest: tokens per page; 0: 16 */
+    int measure;              /* 1: each step also attends exactly over every visible
+                                 token and sums kvq eval's quality figures
+                                 (kvq_engine_seq_stats; slow) */
 } kvq_engine_seq_params;
+
+/* kvq_engine_seq_params.selector: who picks the candidates (docs/runtime.md). */
+#define KVQ_ENGINE_SELECT_CODEBOOK 0 /* the artifact's codebook (default) */
+#define KVQ_ENGINE_SELECT_FULL 1     /* every candidate (exact attention, the window's
+                                        positions rule applied) */
+#define KVQ_ENGINE_SELECT_ORACLE 2   /* the exact top-K scores (reads every key) */
+#define KVQ_ENGINE_SELECT_FIER 3     /* 1-bit keys with per-group min / max */
+#define KVQ_ENGINE_SELECT_QUEST 4    /* per-page min / max bounds */
+#define KVQ_ENGINE_SELECT_MASS 5     /* the codebook's scores, top-p by tau */
 
 #define KVQ_ENGINE_KV_LEANKV 1
 #define KVQ_ENGINE_KV_PATS 2
@@ -196,6 +217,26 @@ kvq_status kvq_engine_seq_append(kvq_engine_seq *s, int32_t layer, int32_t n, co
 kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, const float *q,
                                  const void *k, const void *v, kvq_engine_dtype dt, float *out,
                                  kvq_err *err);
+
+/* kvq eval's statistics of a sequence since it was created (kept across
+ * kvq_engine_seq_reset), summed over retrieval steps: one step is one (decode token,
+ * layer, KV head) with candidates beyond sinks and window. kvq eval's figures:
+ * attended_fraction = attended / visible, kv_read_fraction = bytes_read / bytes_full;
+ * with params.measure, recall_topk, recall_mass and out_rel_err are these sums divided
+ * by measured (docs/runtime.md, kvq/runtime.h kvq_retrieval_stats). All zero for a
+ * compressed cache (kv_cache != 0). */
+typedef struct kvq_engine_stats {
+    uint64_t steps;
+    double visible;     /* tokens each step saw */
+    double attended;    /* tokens attended (sinks + window + selected) */
+    double bytes_read;  /* selector metadata plus the K and V rows read */
+    double bytes_full;  /* K and V bytes full attention reads in the same steps */
+    uint64_t measured;  /* params.measure: steps measured against exact attention */
+    double recall_topk; /* sum of |selected ∩ oracle's top-K| / K */
+    double recall_mass; /* sum of the exact attention mass on the attended tokens */
+    double out_rel_err; /* sum of ||o - o_exact|| / ||o_exact|| (group means) */
+} kvq_engine_stats;
+void kvq_engine_seq_stats(const kvq_engine_seq *s, kvq_engine_stats *out);
 
 /* For inspection (tests, tools): the candidate tokens the last decode step of (layer,
  * KV head) selected, as token indices ascending (sinks and window not included: they

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from . import errors
 from .artifact import Artifact
-from .engine import Engine, Sequence
+from .engine import Engine, LayerAttention, Sequence
 from .errors import (FormatError, InvalidArgumentError, KvqError, LibraryNotFoundError,
                      MismatchError, UnsupportedError, VersionError)
 from .fingerprint import weight_fingerprint
@@ -36,7 +36,7 @@ def library_path() -> str:
     return str(_lib.lib()._name)
 
 
-__all__ = ["Artifact", "Engine", "Sequence", "ModelSpec", "KvqError", "FormatError",
+__all__ = ["Artifact", "Engine", "LayerAttention", "Sequence", "ModelSpec", "KvqError", "FormatError",
            "InvalidArgumentError", "LibraryNotFoundError", "MismatchError", "UnsupportedError",
            "VersionError", "errors", "library_version", "library_path", "weight_fingerprint",
            "__version__"]

@@ -7,7 +7,7 @@
                                               greedy text with kvq retrieval decoding
     python -m kvq generate ... [--backend engine|torch] [--device D]
     python -m kvq eval --model M --artifact A --corpus SPEC [--seq-len N] [--budgets LIST]
-                       [--selectors full,codebook] [--backend engine|torch] [--json]
+                       [--selectors full,codebook,oracle,fier,quest,mass] [--backend engine|torch] [--json]
                                               kvq eval's retrieval perplexity rows
     python -m kvq inspect ARTIFACT            the artifact's description as JSON
     python -m kvq report --work W [--eval E.json ...] -o R.html   one HTML report (docs/report.md)
@@ -91,15 +91,24 @@ def cmd_eval(a: argparse.Namespace) -> int:
                    selectors=a.selectors.split(","), source=src, max_tokens=a.max_tokens, seed=a.seed,
                    backend=a.backend, progress=not a.quiet and not a.json)
     if a.json:
-        json.dump(doc, sys.stdout)
+        import shlex
+        cmd = "python -m kvq " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+        json.dump({"command": cmd, **doc}, sys.stdout)
         sys.stdout.write("\n")
         return 0
     ref = doc["reference"]
-    print(f"{'selector':<10} {'budget':>7} {'perplexity':>11} {'delta':>9} {'attended':>9}")
-    print(f"{'exact':<10} {'':>7} {ref['perplexity']:>11.4f}")
+
+    def col(v: Optional[float], w: int, p: int, pct: bool = False) -> str:
+        if v is None:
+            return f"{'-':>{w}}"
+        return f"{100 * v:>{w - 1}.{p}f}%" if pct else f"{v:>{w}.{p}f}"
+    print(f"reference   full attention: nll {ref['nll']:.6f} nats/token, perplexity {ref['perplexity']:.4f}")
+    print(f"\n{'selector':<12} {'budget':<7} {'bits':>6} {'ppl':>10} {'d_ppl':>9} {'d_ppl%':>8} {'recall':>7} "
+          f"{'mass':>7} {'out_err':>8} {'kv_read':>8}")
     for r in doc["rows"]:
-        print(f"{r['selector']:<10} {r['budget']:>7} {r['perplexity']:>11.4f} {r['perplexity_delta']:>+9.4f} "
-              f"{r['attended_fraction']:>9.4f}")
+        print(f"{r['selector']:<12} {r['budget']:<7} {r['bits_per_key']:>6.1f} {r['perplexity']:>10.4f} "
+              f"{r['perplexity_delta']:>+9.4f} {100 * r['perplexity_rel']:>+7.2f}% {col(r['recall_topk'], 7, 3)} "
+              f"{col(r['recall_mass'], 7, 3)} {col(r['out_rel_err'], 8, 4)} {col(r['kv_read_fraction'], 8, 2, True)}")
     return 0
 
 
@@ -145,14 +154,16 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--accept-model-mismatch", action="store_true",
                    help="use an artifact fitted on other weights (with a warning)")
     g.set_defaults(fn=cmd_generate)
-    e = sub.add_parser("eval", help="kvq eval's retrieval perplexity of an HF model (rows full and codebook)")
+    e = sub.add_parser("eval", help="kvq eval's retrieval perplexity rows of an HF model")
     e.add_argument("--model", required=True, help="HF directory or GGUF file")
     e.add_argument("--artifact", required=True, help="the model's .kvq artifact")
     e.add_argument("--corpus", required=True, help="corpus spec, as kvq eval")
     e.add_argument("--seq-len", type=int, default=512, help="tokens per sequence (default 512)")
     e.add_argument("--max-tokens", type=int, default=0, help="stop after N tokens (default: all)")
     e.add_argument("--budgets", default="6%", help="comma-separated budgets: count, fraction or percentage")
-    e.add_argument("--selectors", default="full,codebook", help="full and/or codebook (or the method's name)")
+    e.add_argument("--selectors", default="full,codebook",
+                   help="comma-separated: full, codebook (or the method's name), oracle, fier, quest, mass "
+                        "(the torch back end: full and codebook)")
     e.add_argument("--backend", default="engine", choices=["engine", "torch"], help="selection back end")
     e.add_argument("--device", default="cpu", help="torch device of the model")
     e.add_argument("--seed", type=int, default=0, help="seed of the synthetic corpora (default 0)")

@@ -62,6 +62,42 @@ class SeqParamsC(ctypes.Structure):
         ("kv_pats_schedule", ctypes.c_int32),
         ("kv_pats_b_min", ctypes.c_int32),
         ("kv_pats_b_max", ctypes.c_int32),
+        # selectors and measurement (kvq/engine.h: 0 keeps the defaults)
+        ("selector", ctypes.c_int32),
+        ("tau", ctypes.c_double),
+        ("fier_group", ctypes.c_int32),
+        ("quest_page", ctypes.c_int32),
+        ("measure", ctypes.c_int),
+    ]
+
+
+class EngineLayerC(ctypes.Structure):
+    """struct kvq_engine_layer."""
+
+    _fields_ = [
+        ("window", ctypes.c_int32),
+        ("no_rope", ctypes.c_int),
+        ("rope_base", ctypes.c_double),
+        ("rope_scaling", ctypes.c_char_p),
+        ("rope_factor", ctypes.c_double),
+        ("attn_scale", ctypes.c_double),
+        ("attn_softcap", ctypes.c_double),
+    ]
+
+
+class EngineStatsC(ctypes.Structure):
+    """struct kvq_engine_stats."""
+
+    _fields_ = [
+        ("steps", ctypes.c_uint64),
+        ("visible", ctypes.c_double),
+        ("attended", ctypes.c_double),
+        ("bytes_read", ctypes.c_double),
+        ("bytes_full", ctypes.c_double),
+        ("measured", ctypes.c_uint64),
+        ("recall_topk", ctypes.c_double),
+        ("recall_mass", ctypes.c_double),
+        ("out_rel_err", ctypes.c_double),
     ]
 
 
@@ -126,6 +162,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "kvq_engine_seq_decode": (ctypes.c_int, [P, I32, I64, ctypes.POINTER(ctypes.c_float), P, P,
                                                  ctypes.c_int, ctypes.POINTER(ctypes.c_float), E]),
         "kvq_engine_seq_last_selection": (ctypes.POINTER(I32), [P, I32, I32, ctypes.POINTER(I64)]),
+        "kvq_engine_seq_stats": (None, [P, ctypes.POINTER(EngineStatsC)]),
+        "kvq_engine_layer_window": (I32, [P, I32]),
         # kvq/util.h: the checksum capture.json records per layer file (docs/capture.md)
         "kvq_xxh64": (U64, [ctypes.c_char_p, ctypes.c_size_t, U64]),
     }

@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 import weakref
-from typing import List, Optional, Sequence as Seq, Tuple, Union
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence as Seq, Tuple, Union
 
 import numpy as np
 
@@ -16,15 +17,60 @@ from .model import ModelSpec
 _F32, _F16 = 0, 1
 ACCEPT_MODEL_MISMATCH = 1
 
+#: kvq_engine_seq_params.selector (KVQ_ENGINE_SELECT_*), by kvq eval's selector names
+SELECTORS: Dict[str, int] = {"codebook": 0, "full": 1, "oracle": 2, "fier": 3, "quest": 4, "mass": 5}
+#: kvq_engine_seq_params.kv_cache: the f16 rows with the codebook selection, or a
+#: compressed cache attended in full (docs/kvcache.md)
+KV_CACHES: Dict[str, int] = {"f16": 0, "leankv": 1, "pats": 2}
+#: PATS schedules (kv_pats_schedule)
+PATS_SCHEDULES: Dict[str, int] = {"old-heavy": 0, "new-heavy": 1, "middle-heavy": 2}
 
-def _model_c(m: ModelSpec) -> Tuple[_lib.EngineModelC, list]:
-    keep = [m.rope_scaling.encode() if m.rope_scaling else None,
-            m.fingerprint.encode() if m.fingerprint else None]
+
+@dataclass
+class LayerAttention:
+    """How one layer attends (struct kvq_engine_layer), for models whose layers differ
+    (Gemma 2/3's local layers, Qwen 2's max_window_layers). 0 / None: the model's."""
+
+    window: int = 0                     # > 0: only the last `window` tokens (a local layer)
+    no_rope: bool = False               # kvq refuses such a layer (UnsupportedError)
+    rope_base: float = 0.0              # 0: the model's
+    rope_scaling: Optional[str] = None  # None: the model's; "none", "linear", "llama3"
+    rope_factor: float = 0.0            # 0: the model's
+    attn_scale: float = 0.0             # 0: 1/sqrt(head_dim)
+    attn_softcap: float = 0.0           # > 0: scores c tanh(s / c)
+
+
+def _model_c(m: ModelSpec, attn_scale: float = 0.0, attn_softcap: float = 0.0, sliding_window: int = 0,
+             layers: Optional[Seq[LayerAttention]] = None) -> Tuple[_lib.EngineModelC, list]:
+    keep: list = [m.rope_scaling.encode() if m.rope_scaling else None,
+                  m.fingerprint.encode() if m.fingerprint else None]
     c = _lib.EngineModelC(int(m.n_layers), int(m.n_heads), int(m.n_kv_heads), int(m.head_dim),
                           float(m.rope_base), 1 if m.rope_interleaved else 0, keep[0],
                           float(m.rope_factor), float(m.rope_low_freq_factor),
-                          float(m.rope_high_freq_factor), float(m.rope_original_max_pos), keep[1])
+                          float(m.rope_high_freq_factor), float(m.rope_original_max_pos), keep[1],
+                          float(attn_scale), float(attn_softcap), int(sliding_window), None)
+    if layers is not None:
+        if len(layers) != m.n_layers:
+            raise InvalidArgumentError(f"kvq.Engine: layers has {len(layers)} entries, the model "
+                                       f"{m.n_layers} layers")
+        arr = (_lib.EngineLayerC * m.n_layers)()
+        for i, L in enumerate(layers):
+            sc = L.rope_scaling.encode() if L.rope_scaling else None
+            keep.append(sc)
+            arr[i] = _lib.EngineLayerC(int(L.window), 1 if L.no_rope else 0, float(L.rope_base), sc,
+                                       float(L.rope_factor), float(L.attn_scale), float(L.attn_softcap))
+        keep.append(arr)
+        c.layers = ctypes.cast(arr, ctypes.c_void_p)
     return c, keep
+
+
+def _named(value: Union[str, int], names: Dict[str, int], what: str) -> int:
+    if isinstance(value, str):
+        if value not in names:
+            raise InvalidArgumentError(f"kvq.Engine.sequence: {what} {value!r} is not one of "
+                                       f"{', '.join(names)}")
+        return names[value]
+    return int(value)
 
 
 class Engine:
@@ -35,12 +81,19 @@ class Engine:
     Usable as a context manager; :meth:`close` frees it (after its sequences)."""
 
     def __init__(self, artifact: Union[str, "os.PathLike[str]"], model: ModelSpec,
-                 accept_model_mismatch: bool = False) -> None:
+                 accept_model_mismatch: bool = False, attn_scale: float = 0.0,
+                 attn_softcap: float = 0.0, sliding_window: int = 0,
+                 layers: Optional[Seq[LayerAttention]] = None) -> None:
+        """``attn_scale``, ``attn_softcap``, ``sliding_window`` (every layer alike) or
+        ``layers`` (one :class:`LayerAttention` per layer) describe how the model's layers
+        attend; all left at 0 / None, the artifact's description is taken as it is.
+        Given, kvq_engine_open compares them with the artifact's layer by layer
+        (MismatchError naming the layer and field)."""
         self._h: Optional[ctypes.c_void_p] = None
         self.model = model
         self.artifact_path = os.fspath(artifact)
         lib = _lib.lib()
-        c, keep = _model_c(model)
+        c, keep = _model_c(model, attn_scale, attn_softcap, sliding_window, layers)
         err = _lib.KvqErr()
         h = ctypes.c_void_p()
         flags = ACCEPT_MODEL_MISMATCH if accept_model_mismatch else 0
@@ -73,13 +126,41 @@ class Engine:
         """Codebook memory held by the engine."""
         return int(_lib.lib().kvq_engine_bytes(self._handle()))
 
+    def layer_window(self, layer: int) -> int:
+        """W > 0 when ``layer`` is a local (sliding-window) layer attended exactly over
+        its last W tokens (kvq_engine_layer_window); 0 for a retrieval layer."""
+        return int(_lib.lib().kvq_engine_layer_window(self._handle(), int(layer)))
+
     def sequence(self, budget: Union[int, float, None] = None, sink: Optional[int] = None,
                  window: int = 0, cache_f16: bool = True, max_tokens: Optional[int] = None,
-                 threads: int = 1) -> "Sequence":
-        """A new decoding sequence. ``budget``: candidates selected per step, as a count
-        (int >= 1) or a fraction of the visible tokens (float in (0, 1]); None = the
-        default 6%. ``sink`` first tokens and ``window`` recent tokens (0 = the
-        artifact's) are always attended. ``cache_f16``: cache rows in f16 (else f32)."""
+                 threads: int = 1, selector: Union[str, int] = "codebook", tau: float = 0.0,
+                 fier_group: int = 0, quest_page: int = 0, measure: bool = False,
+                 kv_cache: Union[str, int] = "f16", kv_alpha_h: float = -1.0,
+                 kv_alpha_l: float = -1.0, kv_window: int = -1,
+                 kv_pats_schedule: Union[str, int] = -1, kv_pats_b_min: int = -1,
+                 kv_pats_b_max: int = -1) -> "Sequence":
+        """A new decoding sequence (kvq_engine_seq_params).
+
+        ``budget``: candidates selected per step, as a count (int >= 1) or a fraction of
+        the visible tokens (float in (0, 1]); None = the default 6%. ``sink`` first
+        tokens and ``window`` recent tokens (0 = the artifact's) are always attended.
+        ``cache_f16``: cache rows in f16 (else f32).
+
+        ``selector``: who picks the candidates, by kvq eval's names: "codebook" (the
+        artifact's, default), "full", "oracle", "fier", "quest", "mass" (``tau``: its
+        mass share, 0 = 0.9; ``fier_group``, ``quest_page``: 0 = 32, 16). The position
+        mode and scoring query are the artifact's (kvq calibrate's choice, as kvq run
+        applies it). ``measure``: each step also attends exactly over every visible token
+        and sums kvq eval's quality figures (:meth:`Sequence.stats`; slow).
+
+        ``kv_cache``: "f16" (default: the rows as ``cache_f16`` says, with the
+        selection), "leankv" or "pats": full attention over that compressed cache (no
+        selection: budget, sink, window and selector unused; set ``max_tokens`` to the
+        sequence's length for PATS). Its settings where >= 0, else the artifact's profile:
+        ``kv_alpha_h``, ``kv_alpha_l``, ``kv_window`` (LeanKV), ``kv_pats_schedule``
+        ("old-heavy", "new-heavy", "middle-heavy" or 0..2), ``kv_pats_b_min``,
+        ``kv_pats_b_max`` (PATS). A setting in neither raises InvalidArgumentError naming
+        it. :attr:`Sequence.nbytes` is then the compressed cache's bytes."""
         p = _lib.lib().kvq_engine_seq_params_default()
         if budget is not None:
             if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
@@ -96,6 +177,16 @@ class Engine:
         if max_tokens is not None:
             p.max_tokens = int(max_tokens)
         p.threads = int(threads)
+        p.selector = _named(selector, SELECTORS, "selector")
+        p.tau = float(tau)
+        p.fier_group = int(fier_group)
+        p.quest_page = int(quest_page)
+        p.measure = 1 if measure else 0
+        p.kv_cache = _named(kv_cache, KV_CACHES, "kv_cache")
+        p.kv_alpha_h, p.kv_alpha_l = float(kv_alpha_h), float(kv_alpha_l)
+        p.kv_window = int(kv_window)
+        p.kv_pats_schedule = _named(kv_pats_schedule, PATS_SCHEDULES, "kv_pats_schedule")
+        p.kv_pats_b_min, p.kv_pats_b_max = int(kv_pats_b_min), int(kv_pats_b_max)
         s = Sequence(self, p)
         self._seqs.add(s)
         return s
@@ -167,8 +258,28 @@ class Sequence:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of cached rows and codes."""
+        """Bytes the cache holds (kvq_engine_seq_bytes): cached rows and codes, or the
+        compressed cache's bytes under kv_cache leankv / pats."""
         return int(_lib.lib().kvq_engine_seq_bytes(self._handle()))
+
+    def stats(self) -> Dict[str, float]:
+        """kvq eval's statistics since the sequence was created (kept across
+        :meth:`reset`; kvq_engine_seq_stats): the sums ``steps``, ``visible``,
+        ``attended``, ``bytes_read``, ``bytes_full``, ``measured``, ``recall_topk``,
+        ``recall_mass``, ``out_rel_err``, and kvq eval's row figures from them:
+        ``attended_fraction``, ``kv_read_fraction`` (None without steps) and, with
+        ``measure``, the means ``recall_topk_mean``, ``recall_mass_mean``,
+        ``out_rel_err_mean`` (None without measured steps). One step is one (decode
+        token, layer, KV head) with candidates beyond sinks and window."""
+        st = _lib.EngineStatsC()
+        _lib.lib().kvq_engine_seq_stats(self._handle(), ctypes.byref(st))
+        out: Dict[str, float] = {f: getattr(st, f) for f, _ in _lib.EngineStatsC._fields_}
+        n, m = st.steps, st.measured
+        out["attended_fraction"] = st.attended / st.visible if st.visible > 0 else None  # type: ignore[assignment]
+        out["kv_read_fraction"] = st.bytes_read / st.bytes_full if n else None  # type: ignore[assignment]
+        for f in ("recall_topk", "recall_mass", "out_rel_err"):
+            out[f + "_mean"] = getattr(st, f) / m if m else None  # type: ignore[assignment]
+        return out
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray,
                pos: Optional[Seq[int]] = None) -> None:
@@ -248,4 +359,4 @@ class Sequence:
             pass
 
 
-__all__ = ["Engine", "Sequence", "KvqError"]
+__all__ = ["Engine", "Sequence", "LayerAttention", "SELECTORS", "KV_CACHES", "PATS_SCHEDULES", "KvqError"]

@@ -1,0 +1,315 @@
+/* test_engine_positions.c — the embedding API (kvq/engine.h) applies the artifact's
+ * position mode and scoring query (positions.mode / positions.score, kvq calibrate's
+ * choice) as `kvq run --artifact` does. An artifact calibrated on a tiny llama is
+ * rewritten with a non-default choice (rope and rb, where the defaults are wrope and
+ * mean; and a copy with the defaults written out); kvq's forward pass runs with a backend that hands every chunk both to a
+ * retrieval context set up as kvq run sets it (kvq_eval_artifact_positions over the
+ * defaults) and to an engine sequence, and every decode step's selections and outputs
+ * are compared (the same q, k, v in: the same indices out). A control run with the
+ * unmodified artifact checks that the two modes do select differently here, so the test
+ * would catch an engine that ignored the artifact's mode. Also the engine's selectors
+ * and measured statistics (kvq_engine_seq_stats) against such a context's. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "helpers/testutil.h"
+#include "helpers/tinyllama.h"
+#include "kvq.h"
+#include "kvq/engine.h"
+#include "kvq/eval.h"
+#include "kvq/util.h"
+
+enum { PROMPT = 80, DECODE = 40, TOTAL = PROMPT + DECODE };
+
+static struct {
+    tinyllama *t;
+    char dir[1024], art[1024], art_rope[1024], art_wrope[1024];
+    char fp[KVQ_FINGERPRINT_CAP];
+    int32_t tokens[TOTAL];
+} F;
+
+/* Copies artifact src to dst with positions.mode / positions.score set. */
+static int rewrite_positions(const char *src, const char *dst, const char *mode, const char *score)
+{
+    kvq_artifact *a = NULL;
+    kvq_err e = {0};
+    if (kvq_artifact_open(src, &a, &e))
+        return -1;
+    const kvq_st *st = kvq_artifact_payload(a);
+    kvq_st_writer *w = kvq_st_writer_new();
+    int rc = !w;
+    for (size_t i = 0; !rc && i < kvq_st_count(st); i++) {
+        const kvq_tensor_view *t = kvq_st_tensor(st, i);
+        rc = kvq_st_writer_declare(w, t->name, t->dtype, t->ndim, t->shape, &e) != KVQ_OK;
+    }
+    for (size_t i = 0; !rc && i < kvq_st_meta_count(st); i++)
+        rc = kvq_st_writer_set_meta(w, kvq_st_meta_key(st, i), kvq_st_meta_value(st, i), &e) != KVQ_OK;
+    rc = rc || kvq_st_writer_set_meta(w, KVQ_META_POS_MODE, mode, &e) ||
+         kvq_st_writer_set_meta(w, KVQ_META_POS_SCORE, score, &e) ||
+         kvq_st_writer_begin_buffer(w, &e);
+    for (size_t i = 0; !rc && i < kvq_st_count(st); i++) {
+        const kvq_tensor_view *t = kvq_st_tensor(st, i);
+        rc = kvq_st_writer_write(w, t->data, t->nbytes, &e) != KVQ_OK;
+    }
+    size_t n = 0;
+    const void *buf = rc || kvq_st_writer_finish(w, &e) ? NULL : kvq_st_writer_buffer(w, &n);
+    rc = !buf || kvq_artifact_write(dst, 1, buf, n, 0, &e);
+    if (rc)
+        fprintf(stderr, "rewrite %s: %s\n", src, e.msg);
+    kvq_st_writer_free(w);
+    kvq_artifact_close(a);
+    return rc ? -1 : 0;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tinyllama_spec s = tinyllama_default();
+    s.seed = 5;
+    if (!(F.t = tinyllama_new(&s)))
+        return -1;
+    snprintf(F.dir, sizeof F.dir, "%s", test_path("engpos_hf"));
+    snprintf(F.art, sizeof F.art, "%s", test_path("engpos.kvq"));
+    snprintf(F.art_rope, sizeof F.art_rope, "%s", test_path("engpos_rope.kvq"));
+    snprintf(F.art_wrope, sizeof F.art_wrope, "%s", test_path("engpos_wrope.kvq"));
+    if (tinyllama_write_hf(F.t, F.dir))
+        return -1;
+    kvq_rng rng;
+    kvq_rng_seed(&rng, 3);
+    int32_t ids[1024];
+    for (size_t i = 0; i < 1024; i++)
+        ids[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
+    for (int i = 0; i < TOTAL; i++)
+        F.tokens[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
+    const char *idp = test_path("engpos_ids.bin");
+    if (test_write_file(idp, ids, sizeof ids))
+        return -1;
+    char spec[1100];
+    snprintf(spec, sizeof spec, "ids:%s", idp);
+    kvq_calibrate_params p = kvq_calibrate_params_default();
+    p.corpus = spec;
+    p.capture.seq_len = 128;
+    p.capture.max_tokens = 1024;
+    p.heldout_tokens = 0;
+    p.profile = 0;
+    p.fit.codebook_size = 16;
+    p.fit.iters = 3;
+    kvq_calibrate_summary sum;
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    if (kvq_calibrate_run(F.dir, F.art, &p, &sum, &e) || kvq_model_open(F.dir, NULL, &m, &e)) {
+        fprintf(stderr, "setup: %s\n", e.msg);
+        return -1;
+    }
+    snprintf(F.fp, sizeof F.fp, "%s", kvq_model_fingerprint(m));
+    kvq_model_close(m);
+    /* whatever calibrate chose, one artifact of each choice */
+    return rewrite_positions(F.art, F.art_rope, "rope", "rb") ||
+                   rewrite_positions(F.art, F.art_wrope, "wrope", "mean")
+               ? -1
+               : 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    tinyllama_free(F.t);
+    test_tmpdir_cleanup();
+    return 0;
+}
+
+/* The backend: every chunk to the retrieval context (kvq run's) and to the engine. */
+typedef struct tee {
+    kvq_attn_backend inner;
+    kvq_retrieval *r;
+    kvq_engine_seq *seq;
+    int32_t n_kv, n_heads, d;
+    int64_t compared, differ;  /* (step, layer, KV head) selections compared / unequal */
+    double out_err;            /* max |engine out - kvq out| */
+} tee;
+
+static kvq_status tee_attend(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    tee *T = user;
+    kvq_status s = T->inner.attend(T->inner.user, c, err);
+    if (s)
+        return s;
+    if (c->n > 1)
+        return kvq_engine_seq_append(T->seq, c->layer, c->n, c->pos, c->k, c->v, KVQ_ENGINE_F32,
+                                     err);
+    float out[1024];
+    assert_true((size_t)T->n_heads * T->d <= 1024);
+    if ((s = kvq_engine_seq_decode(T->seq, c->layer, c->pos[0], c->q, c->k, c->v, KVQ_ENGINE_F32,
+                                   out, err)))
+        return s;
+    for (int32_t i = 0; i < T->n_heads * T->d; i++)
+        T->out_err = fmax(T->out_err, fabs((double)out[i] - c->out[i]));
+    for (int32_t h = 0; h < T->n_kv; h++) {
+        int64_t na = 0, nb = 0;
+        const int32_t *a = kvq_retrieval_last_selection(T->r, c->layer, h, &na);
+        const int32_t *b = kvq_engine_seq_last_selection(T->seq, c->layer, h, &nb);
+        T->compared++;
+        T->differ += na != nb || (na && memcmp(a, b, sizeof *a * (size_t)na));
+    }
+    return KVQ_OK;
+}
+
+typedef struct run_result {
+    int64_t compared, differ;
+    double out_err;
+    kvq_retrieval_stats kvq;  /* the retrieval context's statistics */
+    kvq_engine_stats eng;     /* the engine sequence's */
+} run_result;
+
+/* kvq's forward over F.tokens with the tee: the retrieval context from `run_art` set up
+ * as kvq run does, the engine from `eng_art`, with selector sel (KVQ_ENGINE_SELECT_*). */
+static run_result run(const char *run_art, const char *eng_art, int32_t sel, int measure)
+{
+    static const kvq_selector sels[] = {KVQ_SELECT_CODEBOOK, KVQ_SELECT_FULL, KVQ_SELECT_ORACLE,
+                                        KVQ_SELECT_FIER,     KVQ_SELECT_QUEST, KVQ_SELECT_MASS};
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    assert_int_equal(kvq_model_open(F.dir, NULL, &m, &e), KVQ_OK);
+    kvq_model_id id;
+    kvq_model_identity(m, &id);
+    kvq_codebook_set *set = NULL;
+    assert_int_equal(kvq_codebook_set_open(run_art, &id, "model", &set, &e), KVQ_OK);
+    kvq_retrieval_params rp = kvq_retrieval_params_default();
+    kvq_eval_artifact_positions(set, &rp, 0, 0); /* cli_retrieval_open's rule */
+    rp.selector = sels[sel];
+    rp.budget.count = 6;
+    rp.budget.fraction = 0;
+    rp.sink = 2;
+    rp.window = 12;
+    rp.cache_dtype = KVQ_DT_F32;
+    rp.measure = measure;
+    tee T = {.n_kv = F.t->s.n_kv_heads, .n_heads = F.t->s.n_heads, .d = F.t->s.head_dim};
+    assert_int_equal(kvq_retrieval_create(kvq_model_config_get(m), set, &rp, &T.r, &e), KVQ_OK);
+    const tinyllama_spec *s = &F.t->s;
+    kvq_engine_model em = {.n_layers = s->n_layers, .n_heads = s->n_heads,
+                           .n_kv_heads = s->n_kv_heads, .head_dim = s->head_dim,
+                           .rope_base = s->rope_base, .rope_interleaved = 0, .fingerprint = F.fp};
+    kvq_engine *eng = NULL;
+    assert_int_equal(kvq_engine_open(eng_art, &em, 0, &eng, &e), KVQ_OK);
+    kvq_engine_seq_params sp = kvq_engine_seq_params_default();
+    sp.budget_tokens = 6;
+    sp.sink = 2;
+    sp.window = 12;
+    sp.cache_f16 = 0;
+    sp.selector = sel;
+    sp.measure = measure;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.seq, &e), KVQ_OK);
+    T.inner = kvq_retrieval_backend(T.r);
+    kvq_attn_backend b = {.name = "tee", .user = &T, .attend = tee_attend};
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
+    kvq_forward_set_attention(f, &b);
+    float *logits = malloc(sizeof(float) * (size_t)s->vocab * PROMPT);
+    assert_non_null(logits);
+    assert_int_equal(kvq_forward_tokens(f, F.tokens, PROMPT, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
+    for (int t = PROMPT; t < TOTAL; t++)
+        assert_int_equal(kvq_forward_tokens(f, F.tokens + t, 1, KVQ_LOGITS_LAST, logits, &e),
+                         KVQ_OK);
+    run_result res = {.compared = T.compared, .differ = T.differ, .out_err = T.out_err};
+    kvq_retrieval_stats_get(T.r, &res.kvq);
+    kvq_engine_seq_stats(T.seq, &res.eng);
+    free(logits);
+    kvq_forward_free(f);
+    kvq_engine_seq_free(T.seq);
+    kvq_engine_close(eng);
+    kvq_retrieval_free(T.r);
+    kvq_codebook_set_close(set);
+    kvq_model_close(m);
+    return res;
+}
+
+static void test_artifact_positions(void **state)
+{
+    (void)state;
+    const int64_t want = (int64_t)DECODE * F.t->s.n_layers * F.t->s.n_kv_heads;
+    run_result a = run(F.art_rope, F.art_rope, KVQ_ENGINE_SELECT_CODEBOOK, 0);
+    printf("  rope/rb artifact: %lld of %lld selections differ, max |out diff| %.3g\n",
+           (long long)a.differ, (long long)a.compared, a.out_err);
+    assert_int_equal(a.compared, want);
+    assert_int_equal(a.differ, 0);
+    assert_true(a.out_err <= 1e-6);
+    /* the control: kvq run with the default mode against the engine with the rope
+     * artifact selects otherwise (else this test could not tell the modes apart) */
+    run_result c = run(F.art_wrope, F.art_rope, KVQ_ENGINE_SELECT_CODEBOOK, 0);
+    printf("  control (wrope/mean kvq run vs rope/rb engine): %lld of %lld differ, max |out "
+           "diff| %.3g\n", (long long)c.differ, (long long)c.compared, c.out_err);
+    assert_true(c.differ > 0 && c.out_err > 1e-3);
+    run_result w = run(F.art_wrope, F.art_wrope, KVQ_ENGINE_SELECT_CODEBOOK, 0);
+    assert_int_equal(w.differ, 0);
+    assert_true(w.out_err <= 1e-6);
+}
+
+/* Every selector of the engine: the same selections and statistics as a retrieval
+ * context with that selector, measure on (kvq eval's rows). */
+static void test_selectors_measured(void **state)
+{
+    (void)state;
+    const char *names[] = {"codebook", "full", "oracle", "fier", "quest", "mass"};
+    for (int32_t sel = 0; sel <= KVQ_ENGINE_SELECT_MASS; sel++) {
+        run_result r = run(F.art, F.art, sel, 1);
+        printf("  %-8s: %lld of %lld selections differ; steps %llu, recall %.4f, mass %.4f, "
+               "out err %.4f, kv read %.4f\n",
+               names[sel], (long long)r.differ, (long long)r.compared,
+               (unsigned long long)r.eng.steps, r.eng.recall_topk / (double)r.eng.measured,
+               r.eng.recall_mass / (double)r.eng.measured,
+               r.eng.out_rel_err / (double)r.eng.measured, r.eng.bytes_read / r.eng.bytes_full);
+        assert_int_equal(r.differ, 0);
+        assert_true(r.eng.steps > 0);
+        assert_int_equal(r.eng.steps, r.kvq.steps);
+        assert_int_equal(r.eng.measured, r.kvq.measured);
+        assert_int_equal(r.eng.measured, r.eng.steps);
+        assert_true(r.eng.attended == r.kvq.attended && r.eng.visible == r.kvq.visible);
+        assert_true(r.eng.bytes_read == r.kvq.bytes_read && r.eng.bytes_full == r.kvq.bytes_full);
+        assert_true(fabs(r.eng.recall_topk - r.kvq.recall_topk) <= 1e-9 * r.eng.steps);
+        assert_true(fabs(r.eng.recall_mass - r.kvq.recall_mass) <= 1e-6 * r.eng.steps);
+        assert_true(fabs(r.eng.out_rel_err - r.kvq.out_rel_err) <= 1e-5 * r.eng.steps);
+        if (sel == KVQ_ENGINE_SELECT_ORACLE || sel == KVQ_ENGINE_SELECT_FULL)
+            assert_true(r.eng.recall_topk == (double)r.eng.measured); /* the oracle itself */
+    }
+}
+
+static void test_bad_params(void **state)
+{
+    (void)state;
+    const tinyllama_spec *s = &F.t->s;
+    kvq_engine_model em = {.n_layers = s->n_layers, .n_heads = s->n_heads,
+                           .n_kv_heads = s->n_kv_heads, .head_dim = s->head_dim,
+                           .rope_base = s->rope_base, .fingerprint = F.fp};
+    kvq_engine *eng = NULL;
+    kvq_err e = {0};
+    assert_int_equal(kvq_engine_open(F.art, &em, 0, &eng, &e), KVQ_OK);
+    kvq_engine_seq_params sp = kvq_engine_seq_params_default();
+    kvq_engine_seq *seq = NULL;
+    sp.selector = 6;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "selector 6"));
+    sp.selector = 0;
+    sp.tau = 1.5;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "tau 1.5"));
+    assert_null(seq);
+    kvq_engine_close(eng);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_artifact_positions),
+        cmocka_unit_test(test_selectors_measured),
+        cmocka_unit_test(test_bad_params),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
