@@ -21,7 +21,7 @@ ACCEPT_MODEL_MISMATCH = 1
 SELECTORS: Dict[str, int] = {"codebook": 0, "full": 1, "oracle": 2, "fier": 3, "quest": 4, "mass": 5}
 #: kvq_engine_seq_params.kv_cache: the f16 rows with the codebook selection, or a
 #: compressed cache attended in full (docs/kvcache.md)
-KV_CACHES: Dict[str, int] = {"f16": 0, "leankv": 1, "pats": 2}
+KV_CACHES: Dict[str, int] = {"f16": 0, "leankv": 1, "pats": 2, "leankv+pats": 3}
 #: PATS schedules (kv_pats_schedule)
 PATS_SCHEDULES: Dict[str, int] = {"old-heavy": 0, "new-heavy": 1, "middle-heavy": 2}
 
@@ -154,7 +154,8 @@ class Engine:
         and sums kvq eval's quality figures (:meth:`Sequence.stats`; slow).
 
         ``kv_cache``: "f16" (default: the rows as ``cache_f16`` says, with the
-        selection), "leankv" or "pats": full attention over that compressed cache (no
+        selection), "leankv", "pats" or "leankv+pats" (LeanKV over PATS-truncated rows,
+        both kinds' settings; docs/kvcache.md): full attention over that compressed cache (no
         selection: budget, sink, window and selector unused; set ``max_tokens`` to the
         sequence's length for PATS). Its settings where >= 0, else the artifact's profile:
         ``kv_alpha_h``, ``kv_alpha_l``, ``kv_window`` (LeanKV), ``kv_pats_schedule``

@@ -246,6 +246,19 @@ def main():
             check(0 < s.nbytes < dense.nbytes, f"leankv cache {s.nbytes} bytes, under the f16 cache's "
                   f"{dense.nbytes}")
             check(s.stats()["steps"] == 0, "leankv: no retrieval statistics")
+            try:
+                eng.sequence(kv_cache="leankv+pats", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16,
+                             max_tokens=N)
+                check(False, "leankv+pats without PATS settings refused")
+            except kvq.InvalidArgumentError as e:
+                check("pats" in str(e), f"leankv+pats without a PATS schedule refused ({e})")
+            both = eng.sequence(kv_cache="leankv+pats", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16,
+                                kv_pats_schedule="middle-heavy", kv_pats_b_min=2, kv_pats_b_max=8,
+                                max_tokens=N)
+            for layer in range(spec.n_layers):
+                both.append(layer, k[layer, :P], v[layer, :P])
+            check(both.nbytes == s.nbytes, f"leankv+pats holds LeanKV's bytes ({both.nbytes} = {s.nbytes}): "
+                  "PATS truncates the values LeanKV quantizes")
             check(eng.layer_window(0) == 0, "a retrieval layer has no local window")
         # per-layer attention: the artifact's description (every layer global, scale
         # 1/sqrt(d)) opens; a window on one layer is a mismatch naming it
