@@ -245,6 +245,32 @@ static kvq_status ppl_run(kvq_forward *f, const kvq_seq_set *s, int32_t chunk, i
     return st;
 }
 
+int cli_kv_seq_forward(const kvq_model *m, const char *model_path, const kvq_corpus *corpus,
+                       const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens,
+                       int32_t threads, const kvq_callbacks *cb, kvq_seq_set *sl,
+                       kvq_forward **f, int32_t *chunk, float **logits)
+{
+    const kvq_model_config *c = kvq_model_config_get(m);
+    kvq_err e = {0};
+    kvq_seq_params sp;
+    kvq_seq_params_default(&sp);
+    kvq_seq_params_model_bos(&sp, tok);
+    sp.seq_len = (uint32_t)seq_len;
+    sp.max_tokens = (uint64_t)max_tokens;
+    kvq_forward_params fp = kvq_forward_params_default();
+    fp.threads = threads;
+    fp.max_tokens = seq_len;
+    fp.cb = *cb;
+    fp.cb.progress = NULL;
+    if (kvq_seq_set_collect(corpus, tok, &sp, cb, sl, NULL, &e) ||
+        kvq_forward_create(m, &fp, f, &e))
+        return cli_fail(&e);
+    *chunk = fp.chunk;
+    if (!(*logits = malloc(sizeof(float) * (size_t)fp.chunk * (size_t)c->vocab_size)))
+        return cli_failf(1, "%s: out of memory", model_path);
+    return 0;
+}
+
 int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
                 const char *model_path, const char *spec, const kvq_corpus *corpus,
                 const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens, int32_t threads,
@@ -264,28 +290,17 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
         return rc;
     p.max_tokens = seq_len;
     p.threads = threads;
-    kvq_seq_params sp;
-    kvq_seq_params_default(&sp);
-    kvq_seq_params_model_bos(&sp, tok);
-    sp.seq_len = (uint32_t)seq_len;
-    sp.max_tokens = (uint64_t)max_tokens;
-    kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = threads;
-    fp.max_tokens = seq_len;
-    fp.cb = *cb;
-    fp.cb.progress = NULL;
-    if (kvq_seq_set_collect(corpus, tok, &sp, cb, &sl, NULL, &e) ||
-        kvq_kvcache_create(c, &p, &kc, &e) || kvq_forward_create(m, &fp, &f, &e)) {
-        rc = cli_fail(&e);
+    int32_t chunk;
+    if ((rc = cli_kv_seq_forward(m, model_path, corpus, tok, seq_len, max_tokens, threads, cb,
+                                 &sl, &f, &chunk, &logits)))
         goto done;
-    }
-    if (!(logits = malloc(sizeof(float) * (size_t)fp.chunk * (size_t)c->vocab_size))) {
-        rc = cli_failf(1, "%s: out of memory", model_path);
+    if (kvq_kvcache_create(c, &p, &kc, &e)) {
+        rc = cli_fail(&e);
         goto done;
     }
     kv_begin b0 = {.kc = NULL, .frac = frac}, b1 = {.kc = kc, .frac = frac};
     double t0 = kvq_now();
-    if (ppl_run(f, &sl, fp.chunk, c->vocab_size, logits, &b0, &ref, &n_ref, &e)) {
+    if (ppl_run(f, &sl, chunk, c->vocab_size, logits, &b0, &ref, &n_ref, &e)) {
         rc = cli_fail(&e);
         goto done;
     }
@@ -298,7 +313,7 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
     const kvq_attn_backend kb = kvq_kvcache_backend(kc);
     kvq_forward_set_attention(f, &kb);
     t0 = kvq_now();
-    if (ppl_run(f, &sl, fp.chunk, c->vocab_size, logits, &b1, &nll, &n_pred, &e)) {
+    if (ppl_run(f, &sl, chunk, c->vocab_size, logits, &b1, &nll, &n_pred, &e)) {
         rc = cli_fail(&e);
         goto done;
     }

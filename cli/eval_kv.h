@@ -39,6 +39,16 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
                 const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens, int32_t threads,
                 int json, const kvq_callbacks *cb);
 
+/* What both evaluations over a cache start with: corpus's sequences (seq_len tokens
+ * each, max_tokens in all, the tokenizer's BOS) into *sl, a forward pass over m (threads,
+ * max_tokens seq_len, cb without progress) into *f, its chunk into *chunk and logits for
+ * one chunk ([chunk, vocab_size] floats) into *logits. Returns 0, else prints the error
+ * and returns the exit code; what was made is left for the caller to free either way. */
+int cli_kv_seq_forward(const kvq_model *m, const char *model_path, const kvq_corpus *corpus,
+                       const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens,
+                       int32_t threads, const kvq_callbacks *cb, kvq_seq_set *sl,
+                       kvq_forward **f, int32_t *chunk, float **logits);
+
 /* The kind's settings as JSON members ("alpha_h": .., "schedule": ..; none for f16). */
 void cli_kv_settings_json(const kvq_kvcache_params *p, char *out, size_t size);
 

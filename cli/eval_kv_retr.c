@@ -155,26 +155,9 @@ int cli_eval_kv_retrieval(const cli_kv *o, cli_retrieval *ro, const kvq_model *m
     if ((rc = cli_retrieval_open(ro, m, model_path, cb, &rt)) ||
         (rc = cli_retrieval_rows("eval", ro, rt, &rows, &n_rows)))
         goto done;
-    kvq_seq_params sp;
-    kvq_seq_params_default(&sp);
-    kvq_seq_params_model_bos(&sp, tok);
-    sp.seq_len = (uint32_t)seq_len;
-    sp.max_tokens = (uint64_t)max_tokens;
-    kvq_forward_params fp = kvq_forward_params_default();
-    fp.threads = threads;
-    fp.max_tokens = seq_len;
-    fp.cb = *cb;
-    fp.cb.progress = NULL;
-    if (kvq_seq_set_collect(corpus, tok, &sp, cb, &sl, NULL, &e) ||
-        kvq_forward_create(m, &fp, &x.f, &e)) {
-        rc = cli_fail(&e);
+    if ((rc = cli_kv_seq_forward(m, model_path, corpus, tok, seq_len, max_tokens, threads, cb,
+                                 &sl, &x.f, &x.chunk, &x.logits)))
         goto done;
-    }
-    x.chunk = fp.chunk;
-    if (!(x.logits = malloc(sizeof(float) * (size_t)fp.chunk * (size_t)c->vocab_size))) {
-        rc = cli_failf(1, "%s: out of memory", model_path);
-        goto done;
-    }
     double t0 = kvq_now();
     if (kvr_ppl(&x, NULL, &ref, &n_ref, &e)) {
         rc = cli_fail(&e);
