@@ -439,15 +439,6 @@ static kvq_status reserve_rows(kvq_retrieval *r, rt_layer *L, int64_t n, const i
  * Attention
  * ========================================================================== */
 
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *err)
 {
     kvq_retrieval *r = user;
@@ -470,7 +461,7 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
         /* Prefill: exact attention of every row over the tokens before it. */
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
         for (int32_t h = 0; h < r->n_kv; h++)
-            kvq_rt_prefill_head(r, L, h, c, past, &r->scr[thread_id()]);
+            kvq_rt_prefill_head(r, L, h, c, past, &r->scr[kvq_rt_thread_id()]);
     } else {
         const int64_t items = n * r->n_kv;
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
@@ -479,7 +470,7 @@ static kvq_status retrieval_attend(void *user, const kvq_attn_call *c, kvq_err *
             const int32_t h = (int32_t)(it % r->n_kv);
             const size_t off = ((size_t)i * nh + (size_t)h * gs) * d;
             kvq_rt_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == n - 1,
-                        &r->scr[thread_id()], c->out + off, d);
+                        &r->scr[kvq_rt_thread_id()], c->out + off, d);
         }
     }
     for (int32_t t = 0; t < r->n_scr; t++) {

@@ -6,8 +6,23 @@
 #ifndef KVQ_RUNTIME_INTERNAL_H
 #define KVQ_RUNTIME_INTERNAL_H
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kvq/runtime.h"
 #include "runtime/kernels/rk.h"
+
+/* The calling thread's number in its OpenMP team (0 without OpenMP): the index of its
+ * rt_scratch in kvq_retrieval.scr. */
+static inline int kvq_rt_thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 /* The LUT table of (layer, KV head), or NULL (codebook_set.c). */
 const kvq_rk_table *kvq_codebook_set_table(const kvq_codebook_set *rt, int32_t layer, int32_t head);

@@ -85,15 +85,6 @@ void kvq_rt_kvc_attend(const rt_step *st, const int32_t *att, int64_t m)
     kvq_kvcache_count(r->kvc, st->layer, st->head, tok, m, S->logits, m);
 }
 
-static int thread_id(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
-
 /* Decode steps of the call's rows i, one row after another (Algorithm 1 runs per token),
  * the KV heads of a row in parallel. */
 static void kvc_steps(kvq_retrieval *r, const kvq_attn_call *c, int64_t past, int policy,
@@ -105,7 +96,7 @@ static void kvc_steps(kvq_retrieval *r, const kvq_attn_call *c, int64_t past, in
             return;
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
         for (int32_t h = 0; h < r->n_kv; h++) {
-            rt_scratch *S = &r->scr[thread_id()];
+            rt_scratch *S = &r->scr[kvq_rt_thread_id()];
             const size_t off = ((size_t)i * nh + (size_t)h * gs) * d;
             kvq_rt_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == c->n - 1, S,
                         c->out + off, d);
@@ -136,7 +127,7 @@ static void plain_attend(kvq_retrieval *r, const kvq_attn_call *c, int64_t past)
     if (c->n > 1 && r->p.prefill_full) {
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
         for (int32_t h = 0; h < r->n_kv; h++)
-            kvq_rt_prefill_head(r, L, h, c, past, &r->scr[thread_id()]);
+            kvq_rt_prefill_head(r, L, h, c, past, &r->scr[kvq_rt_thread_id()]);
     } else {
         const int64_t items = (int64_t)c->n * r->n_kv;
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
@@ -145,7 +136,7 @@ static void plain_attend(kvq_retrieval *r, const kvq_attn_call *c, int64_t past)
             const int32_t h = (int32_t)(it % r->n_kv);
             const size_t off = ((size_t)i * nh + (size_t)h * gs) * d;
             kvq_rt_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == c->n - 1,
-                        &r->scr[thread_id()], c->out + off, d);
+                        &r->scr[kvq_rt_thread_id()], c->out + off, d);
         }
     }
     r->kvc = kc;
