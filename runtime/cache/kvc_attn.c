@@ -311,6 +311,33 @@ kvq_attn_backend kvq_kvcache_backend(kvq_kvcache *c)
     return b;
 }
 
+/* One token's rows of a layer into the cache: k, v [n_kv, d] (k before RoPE), k rotated
+ * to pos in kr ([n_kv, d] scratch), then each KV head's rows appended; LeanKV's prompt
+ * ends when a head holds prompt_tokens rows, and with step a token after the prompt runs
+ * the policy step (kvq_kvcache_put leaves that to kvq_kvcache_policy). */
+static kvq_status token_put(kvq_kvcache *c, int32_t layer, const float *k, const float *v,
+                            int64_t pos, int step, float *kr, kvq_err *err)
+{
+    const int32_t d = c->d, nkv = c->n_kv;
+    memcpy(kr, k, sizeof(float) * (size_t)nkv * d);
+    kvq_rope_apply(&c->rope, c->theta, kr, nkv, pos);
+    kvq_status s = KVQ_OK;
+    for (int32_t h = 0; h < nkv && !s; h++) {
+        const int64_t hi = (int64_t)layer * nkv + h;
+        const float *kh = kr + (size_t)h * d, *vh = v + (size_t)h * d;
+        if (!c->lk) {
+            s = kvq_rt_pats_append(&c->pt[hi], kh, vh, err);
+            continue;
+        }
+        kvq_rt_lk_head *H = &c->lk[hi];
+        if (!(s = lk_put(c, H, kh, vh, err)))
+            s = step && H->prompt_done ? kvq_rt_lk_step(H, err)
+                : !H->prompt_done && H->n == c->p.prompt_tokens ? kvq_rt_lk_end_prompt(H, err)
+                : KVQ_OK;
+    }
+    return s;
+}
+
 kvq_status kvq_kvcache_append(kvq_kvcache *c, int32_t layer, int64_t n, const int64_t *pos,
                               const float *k, const float *v, kvq_err *err)
 {
@@ -326,20 +353,7 @@ kvq_status kvq_kvcache_append(kvq_kvcache *c, int32_t layer, int64_t n, const in
     kvq_status s = KVQ_OK;
     for (int64_t i = 0; i < n && !s; i++) {
         const size_t o = (size_t)i * nkv * d;
-        memcpy(kr, k + o, sizeof(float) * (size_t)nkv * d);
-        kvq_rope_apply(&c->rope, c->theta, kr, nkv, pos[i]);
-        for (int32_t h = 0; h < nkv && !s; h++) {
-            const int64_t hi = (int64_t)layer * nkv + h;
-            const float *kh = kr + (size_t)h * d, *vh = v + o + (size_t)h * d;
-            if (!c->lk) {
-                s = kvq_rt_pats_append(&c->pt[hi], kh, vh, err);
-                continue;
-            }
-            kvq_rt_lk_head *H = &c->lk[hi];
-            if (!(s = lk_put(c, H, kh, vh, err)))
-                s = H->prompt_done ? kvq_rt_lk_step(H, err)
-                    : H->n == c->p.prompt_tokens ? kvq_rt_lk_end_prompt(H, err) : KVQ_OK;
-        }
+        s = token_put(c, layer, k + o, v + o, pos[i], 1, kr, err);
     }
     free(kr);
     return s;
@@ -419,20 +433,7 @@ kvq_status kvq_kvcache_put(kvq_kvcache *c, int32_t layer, int64_t i, const int64
     if (!kr)
         return kvq_err_set(err, KVQ_E_NOMEM, "kv cache: out of memory");
     const size_t o = (size_t)i * nkv * d;
-    memcpy(kr, k + o, sizeof(float) * (size_t)nkv * d);
-    kvq_rope_apply(&c->rope, c->theta, kr, nkv, pos[i]);
-    kvq_status s = KVQ_OK;
-    for (int32_t h = 0; h < nkv && !s; h++) {
-        const int64_t hi = (int64_t)layer * nkv + h;
-        const float *kh = kr + (size_t)h * d, *vh = v + o + (size_t)h * d;
-        if (!c->lk) {
-            s = kvq_rt_pats_append(&c->pt[hi], kh, vh, err);
-            continue;
-        }
-        kvq_rt_lk_head *H = &c->lk[hi];
-        if (!(s = lk_put(c, H, kh, vh, err)) && !H->prompt_done && H->n == c->p.prompt_tokens)
-            s = kvq_rt_lk_end_prompt(H, err);
-    }
+    kvq_status s = token_put(c, layer, k + o, v + o, pos[i], 0, kr, err);
     free(kr);
     return s;
 }
