@@ -43,13 +43,7 @@ int kvq_km_first_prep(kvq_km_first *f, const float *x, int64_t m, int32_t d, con
     if (!sum || !mu || !f->xb || !f->bn || !f->yr || !f->cpan || !f->cbn || !f->czr) {
         free(sum);
         free(mu);
-        free(f->xb);
-        free(f->bn);
-        free(f->yr);
-        free(f->cpan);
-        free(f->cbn);
-        free(f->czr);
-        memset(f, 0, sizeof *f);
+        kvq_km_first_free(f);
         return 0;
     }
     for (int64_t i = 0; i < m; i++) /* mu only decides what is computed, never a value */
