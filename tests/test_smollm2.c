@@ -379,12 +379,15 @@ static void prefill_all(kvq_model *m, int act_q8, int threads, const int32_t *id
 #define TOL_Q8_MAX 1.5
 #define TOL_LLAMA 1.5
 
-static void test_smollm2_q8_golden(void **state)
+/* Each golden prompt's logits from run (decode_all or prefill_all; what names it in a
+ * failure) on the Q4_1 model at path: with act_q8 on 1 and 2 threads the same bytes,
+ * and not the f32 path's; how far the q8 logits are from numpy_q8 added to q8 and from
+ * llama.cpp to lc, and (f32 not NULL) how far the f32 path's are from numpy_q8 to f32. */
+typedef void (*logits_run)(kvq_model *m, int act_q8, int threads, const int32_t *ids, int n,
+                           float *out);
+static void q8_golden_prompts(const char *path, logits_run run, const char *what, dist *q8,
+                              dist *f32, dist *lc)
 {
-    const char *path = model_path();
-    if (!path)
-        TEST_SKIP("SmolLM2-135M-Instruct.Q4_1.gguf not found (set KVQ_SMOLLM2, or run "
-                  "scripts/fetch-model.sh)");
     cJSON *gq = load_json("tests/data/smollm2_q41_q8_golden.json");
     kvq_model *m = NULL;
     kvq_err err = {0};
@@ -393,7 +396,6 @@ static void test_smollm2_q8_golden(void **state)
     const int vocab = kvq_model_config_get(m)->vocab_size;
     int32_t probe_ids[64];
     ints(get(gq, "probe_ids"), probe_ids, 64);
-    dist q8 = {0}, f32 = {0}, lc = {0};
     const cJSON *prompts = get(gq, "prompts");
     for (int pi = 0; pi < cJSON_GetArraySize(prompts); pi++) {
         const cJSON *pr = cJSON_GetArrayItem(prompts, pi);
@@ -404,20 +406,33 @@ static void test_smollm2_q8_golden(void **state)
         const size_t bytes = sizeof(float) * (size_t)n * vocab;
         float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
         assert_true(a && b && c);
-        decode_all(m, 1, 1, ids, n, a);
-        decode_all(m, 1, 2, ids, n, b);
-        decode_all(m, 0, 1, ids, n, c);
+        run(m, 1, 1, ids, n, a);
+        run(m, 1, 2, ids, n, b);
+        run(m, 0, 1, ids, n, c);
         if (memcmp(a, b, bytes) != 0)
-            fail_msg("prompt %d: the q8 path's logits differ between 1 and 2 threads", pi);
+            fail_msg("prompt %d: the q8 %s's logits differ between 1 and 2 threads", pi, what);
         if (memcmp(a, c, bytes) == 0)
-            fail_msg("prompt %d: act_q8 gives the f32 path's logits (not taken)", pi);
-        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, &q8);
-        far_from(get(pr, "numpy_q8"), probe_ids, c, n, vocab, &f32);
-        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, &lc);
+            fail_msg("prompt %d: act_q8 %s gives the f32 path's logits (not taken)", pi, what);
+        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, q8);
+        if (f32)
+            far_from(get(pr, "numpy_q8"), probe_ids, c, n, vocab, f32);
+        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, lc);
         free(a);
         free(b);
         free(c);
     }
+    kvq_model_close(m);
+    cJSON_Delete(gq);
+}
+
+static void test_smollm2_q8_golden(void **state)
+{
+    const char *path = model_path();
+    if (!path)
+        TEST_SKIP("SmolLM2-135M-Instruct.Q4_1.gguf not found (set KVQ_SMOLLM2, or run "
+                  "scripts/fetch-model.sh)");
+    dist q8 = {0}, f32 = {0}, lc = {0};
+    q8_golden_prompts(path, decode_all, "decode", &q8, &f32, &lc);
     printf("smollm2 decode with 8-bit activations against numpy_q8: |err| max logsumexp "
            "%.4f, probes %.4f (tol %g), mean %.4f; against llama.cpp: max %.3f, %.3f (tol %g), "
            "mean %.4f; f32 activations against numpy_q8: max %.4f, %.4f, mean %.4f\n",
@@ -425,8 +440,6 @@ static void test_smollm2_q8_golden(void **state)
            lc.sum / lc.count, f32.lse, f32.probe, f32.sum / f32.count);
     assert_true(q8.lse <= TOL_Q8_MAX && q8.probe <= TOL_Q8_MAX);
     assert_true(lc.lse <= TOL_LLAMA && lc.probe <= TOL_LLAMA);
-    kvq_model_close(m);
-    cJSON_Delete(gq);
 }
 
 /* The same for kvq run's prefill with 8-bit activations: each prompt as one chunk (the
@@ -440,38 +453,8 @@ static void test_smollm2_q8_prefill_golden(void **state)
     if (!path)
         TEST_SKIP("SmolLM2-135M-Instruct.Q4_1.gguf not found (set KVQ_SMOLLM2, or run "
                   "scripts/fetch-model.sh)");
-    cJSON *gq = load_json("tests/data/smollm2_q41_q8_golden.json");
-    kvq_model *m = NULL;
-    kvq_err err = {0};
-    if (kvq_model_open(path, NULL, &m, &err) != KVQ_OK)
-        fail_msg("open %s: %s", path, err.msg);
-    const int vocab = kvq_model_config_get(m)->vocab_size;
-    int32_t probe_ids[64];
-    ints(get(gq, "probe_ids"), probe_ids, 64);
     dist q8 = {0}, lc = {0};
-    const cJSON *prompts = get(gq, "prompts");
-    for (int pi = 0; pi < cJSON_GetArraySize(prompts); pi++) {
-        const cJSON *pr = cJSON_GetArrayItem(prompts, pi);
-        const int n = cJSON_GetArraySize(get(pr, "ids"));
-        int32_t ids[64];
-        assert_true(n <= 64);
-        ints(get(pr, "ids"), ids, n);
-        const size_t bytes = sizeof(float) * (size_t)n * vocab;
-        float *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
-        assert_true(a && b && c);
-        prefill_all(m, 1, 1, ids, n, a);
-        prefill_all(m, 1, 2, ids, n, b);
-        prefill_all(m, 0, 1, ids, n, c);
-        if (memcmp(a, b, bytes) != 0)
-            fail_msg("prompt %d: the q8 prefill's logits differ between 1 and 2 threads", pi);
-        if (memcmp(a, c, bytes) == 0)
-            fail_msg("prompt %d: act_q8 prefill gives the f32 path's logits (not taken)", pi);
-        far_from(get(pr, "numpy_q8"), probe_ids, a, n, vocab, &q8);
-        far_from(get(pr, "llamacpp"), probe_ids, a, n, vocab, &lc);
-        free(a);
-        free(b);
-        free(c);
-    }
+    q8_golden_prompts(path, prefill_all, "prefill", &q8, NULL, &lc);
     printf("smollm2 prefill with 8-bit activations against numpy_q8: |err| max logsumexp "
            "%.4f, probes %.4f (tol %g), mean %.4f; against llama.cpp: max %.3f, %.3f (tol %g), "
            "mean %.4f\n",
@@ -479,8 +462,6 @@ static void test_smollm2_q8_prefill_golden(void **state)
            lc.sum / lc.count);
     assert_true(q8.lse <= TOL_Q8_MAX && q8.probe <= TOL_Q8_MAX);
     assert_true(lc.lse <= TOL_LLAMA && lc.probe <= TOL_LLAMA);
-    kvq_model_close(m);
-    cJSON_Delete(gq);
 }
 
 int main(void)
