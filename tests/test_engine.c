@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "helpers/calibrated.h"
 #include "helpers/testutil.h"
 #include "kvq/util.h"
 #include "helpers/tinyllama.h"
@@ -44,40 +45,9 @@ static int setup(void **state)
         return -1;
     snprintf(F.dir, sizeof F.dir, "%s", test_path("engine_hf"));
     snprintf(F.art, sizeof F.art, "%s", test_path("engine.kvq"));
-    if (tinyllama_write_hf(F.t, F.dir))
+    if (tinyllama_calibrated(F.t, F.dir, F.art, test_path("engine_ids.bin"), 11, 2048, 4,
+                             F.tokens, TOTAL, F.fp))
         return -1;
-    /* calibration tokens: pre-tokenized ids (the tiny model has no tokenizer) */
-    kvq_rng rng;
-    kvq_rng_seed(&rng, 11);
-    int32_t ids[2048];
-    for (size_t i = 0; i < 2048; i++)
-        ids[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
-    for (int i = 0; i < TOTAL; i++)
-        F.tokens[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
-    const char *idp = test_path("engine_ids.bin");
-    if (test_write_file(idp, ids, sizeof ids))
-        return -1;
-    char spec[1100];
-    snprintf(spec, sizeof spec, "ids:%s", idp);
-    kvq_calibrate_params p = kvq_calibrate_params_default();
-    p.corpus = spec;
-    p.capture.seq_len = 128;
-    p.capture.max_tokens = 2048;
-    p.heldout_tokens = 0;
-    p.profile = 0;
-    p.fit.codebook_size = 16;
-    p.fit.iters = 4;
-    kvq_calibrate_summary sum;
-    kvq_err e = {0};
-    if (kvq_calibrate_run(F.dir, F.art, &p, &sum, &e)) {
-        fprintf(stderr, "calibrate: %s\n", e.msg);
-        return -1;
-    }
-    kvq_model *m = NULL;
-    if (kvq_model_open(F.dir, NULL, &m, &e))
-        return -1;
-    snprintf(F.fp, sizeof F.fp, "%s", kvq_model_fingerprint(m));
-    kvq_model_close(m);
     (void)state;
     return 0;
 }

@@ -20,6 +20,7 @@
 
 #include <cmocka.h>
 
+#include "helpers/calibrated.h"
 #include "helpers/testutil.h"
 #include "helpers/tinyllama.h"
 #include "kvq.h"
@@ -80,37 +81,9 @@ static int setup(void **state)
     snprintf(F.art, sizeof F.art, "%s", test_path("engpos.kvq"));
     snprintf(F.art_rope, sizeof F.art_rope, "%s", test_path("engpos_rope.kvq"));
     snprintf(F.art_wrope, sizeof F.art_wrope, "%s", test_path("engpos_wrope.kvq"));
-    if (tinyllama_write_hf(F.t, F.dir))
+    if (tinyllama_calibrated(F.t, F.dir, F.art, test_path("engpos_ids.bin"), 3, 1024, 3,
+                             F.tokens, TOTAL, F.fp))
         return -1;
-    kvq_rng rng;
-    kvq_rng_seed(&rng, 3);
-    int32_t ids[1024];
-    for (size_t i = 0; i < 1024; i++)
-        ids[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
-    for (int i = 0; i < TOTAL; i++)
-        F.tokens[i] = (int32_t)kvq_rng_below(&rng, (uint64_t)s.vocab);
-    const char *idp = test_path("engpos_ids.bin");
-    if (test_write_file(idp, ids, sizeof ids))
-        return -1;
-    char spec[1100];
-    snprintf(spec, sizeof spec, "ids:%s", idp);
-    kvq_calibrate_params p = kvq_calibrate_params_default();
-    p.corpus = spec;
-    p.capture.seq_len = 128;
-    p.capture.max_tokens = 1024;
-    p.heldout_tokens = 0;
-    p.profile = 0;
-    p.fit.codebook_size = 16;
-    p.fit.iters = 3;
-    kvq_calibrate_summary sum;
-    kvq_err e = {0};
-    kvq_model *m = NULL;
-    if (kvq_calibrate_run(F.dir, F.art, &p, &sum, &e) || kvq_model_open(F.dir, NULL, &m, &e)) {
-        fprintf(stderr, "setup: %s\n", e.msg);
-        return -1;
-    }
-    snprintf(F.fp, sizeof F.fp, "%s", kvq_model_fingerprint(m));
-    kvq_model_close(m);
     /* whatever calibrate chose, one artifact of each choice */
     return rewrite_positions(F.art, F.art_rope, "rope", "rb") ||
                    rewrite_positions(F.art, F.art_wrope, "wrope", "mean")
