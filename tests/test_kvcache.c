@@ -60,6 +60,30 @@ static void golden_open(golden *g)
 /* Every record of one kind through fn; returns how many. */
 typedef void (*rec_fn)(golden *g, int *counts);
 
+/* Checks what the cache made of a record's input against the record: s the status of
+ * making row (rb bytes); a refused input (ok 0) must fail with KVQ_E_NUMERIC (counts[1]);
+ * else row must be the record's row and dec(row) (into mine, n floats) the record's
+ * dequantized values (read into xh). Returns ok. */
+typedef void (*row_dec)(const uint8_t *row, int32_t n, int32_t b, float *out);
+static int row_matches(golden *g, uint32_t ok, kvq_status s, const uint8_t *row, size_t rb,
+                       row_dec dec, int32_t n, int32_t b, float *xh, float *mine, int *counts)
+{
+    if (!ok) {
+        assert_int_equal(s, KVQ_E_NUMERIC);
+        counts[1]++;
+        return 0;
+    }
+    assert_int_equal(s, KVQ_OK);
+    uint8_t *want = malloc(rb);
+    take(g, want, rb);
+    take(g, xh, sizeof(float) * n);
+    assert_memory_equal(row, want, rb);
+    dec(row, n, b, mine);
+    assert_memory_equal(mine, xh, sizeof(float) * n);
+    free(want);
+    return 1;
+}
+
 static void lkq_record(golden *g, int *counts)
 {
     const int32_t n = (int32_t)u32(g), bits = (int32_t)u32(g);
@@ -68,20 +92,12 @@ static void lkq_record(golden *g, int *counts)
     take(g, x, sizeof(float) * n);
     const uint32_t ok = u32(g);
     const size_t rb = kvq_rk_lkq_row_bytes(n, bits);
-    uint8_t *row = malloc(rb), *want = malloc(rb);
+    uint8_t *row = malloc(rb);
     kvq_err err = {0};
     kvq_status s = kvq_rt_lkq_quantize(x, n, bits, row, &err);
-    if (!ok) {
-        assert_int_equal(s, KVQ_E_NUMERIC);
+    if (!row_matches(g, ok, s, row, rb, kvq_rk_lkq_dequant, n, bits, xh, mine, counts)) {
         assert_true(strlen(err.msg) > 0);
-        counts[1]++;
     } else {
-        assert_int_equal(s, KVQ_OK);
-        take(g, want, rb);
-        take(g, xh, sizeof(float) * n);
-        assert_memory_equal(row, want, rb);
-        kvq_rk_lkq_dequant(row, n, bits, mine);
-        assert_memory_equal(mine, xh, sizeof(float) * n);
         /* the readers against the dequantized row */
         double ref = 0, mag = 0;
         for (int32_t t = 0; t < n; t++) {
@@ -105,7 +121,7 @@ static void lkq_record(golden *g, int *counts)
             assert_true(mine[t] == 0.5f * xh[t] && yn[t] == mine[t] && yn[n + t] == 0);
         counts[0]++;
     }
-    free(x), free(xh), free(mine), free(q), free(row), free(want);
+    free(x), free(xh), free(mine), free(q), free(row);
 }
 
 static void pats_record(golden *g, int *counts)
@@ -116,19 +132,10 @@ static void pats_record(golden *g, int *counts)
     take(g, x, sizeof(float) * n);
     const uint32_t ok = u32(g);
     const size_t rb = kvq_rk_pats_row_bytes(n, b);
-    uint8_t *row = malloc(rb + KVQ_RK_PATS_PAD), *want = malloc(rb);
+    uint8_t *row = malloc(rb + KVQ_RK_PATS_PAD);
     kvq_err err = {0};
     kvq_status s = kvq_rt_pats_pack_f32(x, n, b, row, &err);
-    if (!ok) {
-        assert_int_equal(s, KVQ_E_NUMERIC);
-        counts[1]++;
-    } else {
-        assert_int_equal(s, KVQ_OK);
-        take(g, want, rb);
-        take(g, xt, sizeof(float) * n);
-        assert_memory_equal(row, want, rb);
-        kvq_rk_pats_unpack(row, n, b, mine);
-        assert_memory_equal(mine, xt, sizeof(float) * n);
+    if (row_matches(g, ok, s, row, rb, kvq_rk_pats_unpack, n, b, xt, mine, counts)) {
         double ref = 0, mag = 0;
         for (int32_t t = 0; t < n; t++) {
             ref += (double)xt[t] * (t % 3 - 1);
@@ -148,7 +155,7 @@ static void pats_record(golden *g, int *counts)
         assert_true(dn[0] == dot1);
         counts[0]++;
     }
-    free(x), free(xt), free(mine), free(row), free(want);
+    free(x), free(xt), free(mine), free(row);
 }
 
 /* leankv+pats: the cache's two steps (kvq_rt_pats_truncate, then kvq_rt_lkq_quantize
@@ -161,24 +168,14 @@ static void lkpats_record(golden *g, int *counts)
     take(g, x, sizeof(float) * n);
     const uint32_t ok = u32(g);
     const size_t rb = kvq_rk_lkq_row_bytes(n, bits);
-    uint8_t *row = malloc(rb), *want = malloc(rb);
+    uint8_t *row = malloc(rb);
     kvq_err err = {0};
     kvq_status s = kvq_rt_pats_truncate(x, n, b, t, &err);
     if (!s)
         s = kvq_rt_lkq_quantize(t, n, bits, row, &err);
-    if (!ok) {
-        assert_int_equal(s, KVQ_E_NUMERIC);
-        counts[1]++;
-    } else {
-        assert_int_equal(s, KVQ_OK);
-        take(g, want, rb);
-        take(g, xh, sizeof(float) * n);
-        assert_memory_equal(row, want, rb);
-        kvq_rk_lkq_dequant(row, n, bits, mine);
-        assert_memory_equal(mine, xh, sizeof(float) * n);
+    if (row_matches(g, ok, s, row, rb, kvq_rk_lkq_dequant, n, bits, xh, mine, counts))
         counts[0]++;
-    }
-    free(x), free(xh), free(t), free(mine), free(row), free(want);
+    free(x), free(xh), free(t), free(mine), free(row);
 }
 
 static void schedule_record(golden *g, int *counts)
