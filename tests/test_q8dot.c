@@ -52,6 +52,27 @@ static void random_rows(kvq_rng *r, uint32_t type, uint8_t *w, int rows, int ext
     }
 }
 
+/* The extreme activations: the first of every block +-4 (q = +-127 in every block). */
+static void extremes_x(float *x, int n)
+{
+    for (int i = 0; i < n; i += 32)
+        x[i] = i % 64 ? -4.0f : 4.0f;
+}
+
+/* Dequantized row wf [COLS] times a's dequantized values in double arithmetic; *mag the
+ * sum of the products' magnitudes (the scale of the rounding bounds). */
+static double dot_f64(const float *wf, const kvq_q8row *a, double *mag)
+{
+    double want = 0, m = 0;
+    for (int i = 0; i < COLS; i++) {
+        const double t = (double)wf[i] * a->ds[2 * (i / 32)] * a->q[i];
+        want += t;
+        m += fabs(t);
+    }
+    *mag = m;
+    return want;
+}
+
 static void test_quantize(void **state)
 {
     (void)state;
@@ -105,19 +126,14 @@ static void check_type(uint32_t type)
         random_rows(&r, type, w, ROWS, extreme);
         random_x(&r, x, COLS, 2.0f);
         if (extreme)
-            for (int i = 0; i < COLS; i += 32)
-                x[i] = i % 64 ? -4.0f : 4.0f; /* q = +-127 in every block */
+            extremes_x(x, COLS);
         kvq_q8row a;
         kvq_q8_quantize(x, COLS, buf, &a);
         for (int row = 0; row < ROWS; row++) {
             const uint8_t *p = w + (size_t)row * row_bytes;
             assert_int_equal(kvq_dequantize_ref(type, p, wf, COLS, NULL), KVQ_OK);
-            double want = 0, mag = 0;
-            for (int i = 0; i < COLS; i++) {
-                const double t = (double)wf[i] * a.ds[2 * (i / 32)] * a.q[i];
-                want += t;
-                mag += fabs(t);
-            }
+            double mag;
+            const double want = dot_f64(wf, &a, &mag);
             const float ref = kvq_q8dot_ref(type, p, &a, COLS / 32);
             assert_true(fabs(ref - want) <= 64 * 0x1p-24 * mag + 1e-30);
             for (int level = 0; level <= 2; level++) {
@@ -232,20 +248,16 @@ static void check_gemm(uint32_t type)
     for (int extreme = 0; extreme < 2; extreme++) {
         random_rows(&r, type, w, ROWS, extreme);
         random_x(&r, x, N * COLS, 2.0f);
-        for (int i = 0; extreme && i < N * COLS; i += 32)
-            x[i] = i % 64 ? -4.0f : 4.0f; /* q = +-127 in every block */
+        if (extreme)
+            extremes_x(x, N * COLS);
         for (int t = 0; t < N; t++)
             kvq_q8_quantize(x + t * COLS, COLS, (uint8_t *)buf + t * rb, &a[t]);
         for (int row = 0; row < ROWS; row++) {
             const uint8_t *p = w + (size_t)row * row_bytes;
             assert_int_equal(kvq_dequantize_ref(type, p, wf, COLS, NULL), KVQ_OK);
             for (int t = 0; t < N; t++) {
-                double want = 0, mag = 0;
-                for (int i = 0; i < COLS; i++) {
-                    const double v = (double)wf[i] * a[t].ds[2 * (i / 32)] * a[t].q[i];
-                    want += v;
-                    mag += fabs(v);
-                }
+                double mag;
+                const double want = dot_f64(wf, &a[t], &mag);
                 ref[t * ROWS + row] = kvq_q8gemm_ref(type, p, &a[t], nb);
                 assert_true(fabs(ref[t * ROWS + row] - want) <= 64 * 0x1p-24 * mag + 1e-30);
             }
