@@ -260,14 +260,7 @@ static kvq_capture_info writer_info(int32_t *layers, int n_layers)
 /* Random rows for every layer: q [L, T, H, d], k/v [L, T, KH, d]. */
 static void writer_rows(float *q, float *k, float *v)
 {
-    kvq_rng r;
-    kvq_rng_seed(&r, 42);
-    for (int i = 0; i < W_LAYERS * W_T * W_H * W_D; i++)
-        q[i] = (float)kvq_rng_normal(&r);
-    for (int i = 0; i < W_LAYERS * W_T * W_KH * W_D; i++) {
-        k[i] = (float)kvq_rng_normal(&r);
-        v[i] = (float)kvq_rng_normal(&r);
-    }
+    test_random_qkv(42, q, W_LAYERS * W_T * W_H * W_D, k, v, W_LAYERS * W_T * W_KH * W_D);
 }
 
 #define QOFF(l, t) (((size_t)(l) * W_T + (t)) * W_H * W_D)

@@ -31,14 +31,7 @@ typedef struct seq {
 
 static void make_seq(seq *s, uint64_t seed)
 {
-    kvq_rng r;
-    kvq_rng_seed(&r, seed);
-    for (size_t i = 0; i < T * NH * D; i++)
-        s->q[i] = (float)kvq_rng_normal(&r);
-    for (size_t i = 0; i < T * NKV * D; i++) {
-        s->k[i] = (float)kvq_rng_normal(&r);
-        s->v[i] = (float)kvq_rng_normal(&r);
-    }
+    test_random_qkv(seed, s->q, T * NH * D, s->k, s->v, T * NKV * D);
     for (int64_t i = 0; i < T; i++)
         s->pos[i] = i;
 }

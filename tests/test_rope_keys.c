@@ -44,14 +44,7 @@ typedef struct seq {
 
 static void fill_seq(seq *s, uint64_t seed)
 {
-    kvq_rng g;
-    kvq_rng_seed(&g, seed);
-    for (int i = 0; i < T * NH * D; i++)
-        s->q[i] = (float)kvq_rng_normal(&g);
-    for (int i = 0; i < T * NKV * D; i++) {
-        s->k[i] = (float)kvq_rng_normal(&g);
-        s->v[i] = (float)kvq_rng_normal(&g);
-    }
+    test_random_qkv(seed, s->q, T * NH * D, s->k, s->v, T * NKV * D);
     for (int j = 0; j < T; j++)
         s->pos[j] = 7 + 3 * (int64_t)j;
 }

@@ -114,3 +114,15 @@ kvq_model_config test_synthetic_config(int32_t n_layers, int32_t n_heads, int32_
     kvq_model_id id = test_synthetic_id(n_layers, n_heads, n_kv, d);
     return kvq_model_config_from_id(&id);
 }
+
+void test_random_qkv(uint64_t seed, float *q, size_t nq, float *k, float *v, size_t nkv)
+{
+    kvq_rng r;
+    kvq_rng_seed(&r, seed);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = (float)kvq_rng_normal(&r);
+    for (size_t i = 0; i < nkv; i++) {
+        k[i] = (float)kvq_rng_normal(&r);
+        v[i] = (float)kvq_rng_normal(&r);
+    }
+}

@@ -31,6 +31,10 @@ const char *test_path(const char *name);
 /* Writes bytes to a file; returns 0 on success. */
 int test_write_file(const char *path, const void *data, size_t n);
 
+/* Random attention rows from one kvq_rng seeded with seed, standard normal: q [nq] first,
+ * then k and v [nkv] each, drawn in turn (k[0], v[0], k[1], ...). */
+void test_random_qkv(uint64_t seed, float *q, size_t nq, float *k, float *v, size_t nkv);
+
 /* Skip the current cmocka test with a reason printed first. */
 #define TEST_SKIP(...) do { printf("[  SKIP    ] " __VA_ARGS__); printf("\n"); skip(); } while (0)
 /* The identity and config of a small synthetic llama-shaped model (no weights): n_layers layers,
