@@ -19,18 +19,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_common.h"
 #include "kvq/gguf.h"
 #include "kvq/half.h"
 #include "kvq/quant.h"
 #include "kvq/util.h"
 #include "model/q8gemm.h"
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 typedef struct job {
     uint32_t type;
@@ -69,12 +63,12 @@ static void run(const job *j)
 static double time_one(const job *j)
 {
     int reps = 0;
-    const double t0 = now();
+    const double t0 = bench_now();
     double t = t0;
     while (t - t0 < 0.2) {
         run(j);
         reps++;
-        t = now();
+        t = bench_now();
     }
     return (t - t0) / reps;
 }
@@ -91,15 +85,7 @@ static void bench(uint32_t type, int64_t rows, int64_t cols, int64_t n, int roun
           *wf = malloc(sizeof(float) * (size_t)(rows * cols));
     kvq_rng r;
     kvq_rng_seed(&r, 3);
-    for (size_t i = 0; i < rb * (size_t)rows; i++)
-        w[i] = (uint8_t)kvq_rng_u64(&r);
-    const int bb = type == KVQ_GGML_Q4_1 ? 20 : 34;
-    for (size_t b = 0; b < rb * (size_t)rows / (size_t)bb; b++) { /* finite d, m */
-        const uint16_t h = kvq_f32_to_f16_ref(0.01f);
-        memcpy(w + b * (size_t)bb, &h, 2);
-        if (type == KVQ_GGML_Q4_1)
-            memcpy(w + b * (size_t)bb + 2, &h, 2);
-    }
+    bench_random_quant(type, w, rb * (size_t)rows, &r);
     for (int64_t i = 0; i < cols * n; i++)
         x[i] = (float)(kvq_rng_uniform(&r) - 0.5);
     void *qbuf = aligned_alloc(64, (size_t)n * kvq_q8_row_bytes(cols) +
