@@ -271,6 +271,16 @@ int cli_kv_seq_forward(const kvq_model *m, const char *model_path, const kvq_cor
     return 0;
 }
 
+int cli_kv_reference_done(double ref, uint64_t n_ref, double t0, const char *spec,
+                          const kvq_callbacks *cb)
+{
+    if (n_ref == 0)
+        return cli_failf(1, "%s: no token to predict (sequences too short)", spec);
+    kvq_log(cb, KVQ_LOG_INFO, "full attention: perplexity %.4f (%.2f s)", exp(ref),
+            kvq_now() - t0);
+    return 0;
+}
+
 int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
                 const char *model_path, const char *spec, const kvq_corpus *corpus,
                 const kvq_tokenizer *tok, int64_t seq_len, int64_t max_tokens, int32_t threads,
@@ -304,12 +314,8 @@ int cli_eval_kv(const cli_kv *o, const char *artifact, const kvq_model *m,
         rc = cli_fail(&e);
         goto done;
     }
-    if (n_ref == 0) {
-        rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
+    if ((rc = cli_kv_reference_done(ref, n_ref, t0, spec, cb)))
         goto done;
-    }
-    kvq_log(cb, KVQ_LOG_INFO, "full attention: perplexity %.4f (%.2f s)", exp(ref),
-            kvq_now() - t0);
     const kvq_attn_backend kb = kvq_kvcache_backend(kc);
     kvq_forward_set_attention(f, &kb);
     t0 = kvq_now();

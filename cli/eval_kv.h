@@ -49,6 +49,12 @@ int cli_kv_seq_forward(const kvq_model *m, const char *model_path, const kvq_cor
                        int32_t threads, const kvq_callbacks *cb, kvq_seq_set *sl,
                        kvq_forward **f, int32_t *chunk, float **logits);
 
+/* The full-attention reference's outcome (mean NLL ref over n_ref predicted tokens, begun
+ * at kvq_now() t0): no token predicted prints the error naming spec and returns 1; else
+ * its perplexity and time are logged (cb) and 0 returned. */
+int cli_kv_reference_done(double ref, uint64_t n_ref, double t0, const char *spec,
+                          const kvq_callbacks *cb);
+
 /* The kind's settings as JSON members ("alpha_h": .., "schedule": ..; none for f16). */
 void cli_kv_settings_json(const kvq_kvcache_params *p, char *out, size_t size);
 

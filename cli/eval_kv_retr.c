@@ -163,12 +163,8 @@ int cli_eval_kv_retrieval(const cli_kv *o, cli_retrieval *ro, const kvq_model *m
         rc = cli_fail(&e);
         goto done;
     }
-    if (n_ref == 0) {
-        rc = cli_failf(1, "%s: no token to predict (sequences too short)", spec);
+    if ((rc = cli_kv_reference_done(ref, n_ref, t0, spec, cb)))
         goto done;
-    }
-    kvq_log(cb, KVQ_LOG_INFO, "full attention: perplexity %.4f (%.2f s)", exp(ref),
-            kvq_now() - t0);
     for (size_t i = 0; i < n_rows && !rc; i++) {
         t0 = kvq_now();
         rc = kvr_row(&x, ro, rt, &rows[i], c, seq_len, threads, ref, json);
