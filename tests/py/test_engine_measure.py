@@ -30,6 +30,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
 
 try:
     import numpy as np
@@ -39,6 +40,7 @@ except ImportError as e:
     sys.exit(77)
 
 import kvq_read  # noqa: E402
+import pyref  # noqa: E402
 
 BUILD = os.environ.get("KVQ_BUILD", os.path.join(ROOT, "build"))
 os.environ.setdefault("KVQ_BUILD", BUILD)
@@ -57,27 +59,6 @@ def check(cond, what):
         failures.append(what)
 
 
-def rope(x, pos, base, interleaved):
-    """x [..., d] rotated to position pos (float64; pos a scalar, or an array [n] of the
-    positions of x's first axis)."""
-    x = np.asarray(x, dtype=np.float64)
-    d = x.shape[-1]
-    theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    pos = np.asarray(pos, dtype=np.float64)
-    ang = np.multiply.outer(pos, theta)
-    if pos.ndim:
-        ang = ang.reshape((pos.shape[0],) + (1,) * (x.ndim - 2) + (d // 2,))
-    c, s = np.cos(ang), np.sin(ang)
-    out = np.empty_like(x)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
-    else:
-        a, b = x[..., :d // 2], x[..., d // 2:]
-        out[..., :d // 2], out[..., d // 2:] = a * c - b * s, a * s + b * c
-    return out
-
-
 def softmax(x):
     p = np.exp(x - x.max(axis=-1, keepdims=True))
     return p / p.sum(axis=-1, keepdims=True)
@@ -92,16 +73,6 @@ def load_capture(cap, n_layers):
         rows = np.flatnonzero(t["seq"] == 0)[:N]
         out.append([np.asarray(t[x][rows], dtype=np.float32) for x in ("q", "k", "v")])
     return [np.stack([o[i] for o in out]) for i in range(3)]
-
-
-def fitted(tmp):
-    cap, mom, art = (os.path.join(tmp, x) for x in ("cap", "mom.safetensors", "fit.kvq"))
-    subprocess.run([KVQ, "capture", "--model", MODEL, "--corpus", "uuid:2", "--seq-len", "256",
-                    "--dtype", "f32", "-q", "-o", cap], check=True)
-    subprocess.run([KVQ, "moments", "--capture", cap, "-o", mom, "-q"], check=True)
-    subprocess.run([KVQ, "fit", "--capture", cap, "--moments", mom, "--codebook", "16", "--iters", "3",
-                    "-q", "-o", art], check=True)
-    return cap, art
 
 
 def run_engine(art, spec, q, k, v, selector):
@@ -151,13 +122,13 @@ def numpy_figures(spec, q, k, v, w, b, sels):
         nc = w_beg - s_end
         if nc <= 0:
             continue
-        kr = rope(k[layer, :n], np.arange(n), base, il)  # [n, kv, d] exact RoPE
+        kr = pyref.rope(k[layer, :n], np.arange(n), base, il)  # [n, kv, d] exact RoPE
         for h in range(spec.n_kv_heads):
             chosen = np.asarray(sel[h], dtype=np.int64)
             att = np.concatenate([np.arange(s_end), chosen, np.arange(w_beg, n)])
             far = att < n - w
             qs = q[layer, t, h * g:(h + 1) * g]  # [g, d]
-            qi, qb = rope(qs, t, base, il), rope(qs, b, base, il)
+            qi, qb = pyref.rope(qs, t, base, il), pyref.rope(qs, b, base, il)
             p_full = softmax(qi @ kr[:, h].T / np.sqrt(d))  # [g, n]
             o_exact = p_full @ v[layer, :n, h].astype(np.float64)
             lg = np.where(far[None, :], qb @ k[layer, att, h].astype(np.float64).T,
@@ -205,7 +176,7 @@ def main():
         print(f"model {MODEL} not found (set KVQ_TEST_MODEL)")
         sys.exit(77)
     with tempfile.TemporaryDirectory() as tmp:
-        cap, art = fitted(tmp)
+        cap, art = pyref.fitted_artifact(KVQ, MODEL, tmp)
         a = kvq.Artifact(art)
         spec = a.model
         w, b = a.wrope

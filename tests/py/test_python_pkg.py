@@ -17,6 +17,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
 
 try:
     import numpy as np
@@ -26,6 +27,7 @@ except ImportError as e:
     sys.exit(77)
 
 import kvq_read  # noqa: E402
+import pyref  # noqa: E402
 
 BUILD = os.environ.get("KVQ_BUILD", os.path.join(ROOT, "build"))
 os.environ.setdefault("KVQ_BUILD", BUILD)
@@ -127,36 +129,8 @@ def test_bad_files(tmp, good):
     raises(kvq.FormatError, lambda: kvq.Artifact(empty), "empty file", 201)
 
 
-def rope(x, pos, base, interleaved):
-    """x [..., d] rotated to position pos (docs/design.md RoPE; float64)."""
-    x = np.asarray(x, dtype=np.float64)
-    d = x.shape[-1]
-    theta = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
-    c, s = np.cos(pos * theta), np.sin(pos * theta)
-    out = np.empty_like(x)
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
-        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
-    else:
-        a, b = x[..., :d // 2], x[..., d // 2:]
-        out[..., :d // 2], out[..., d // 2:] = a * c - b * s, a * s + b * c
-    return out
-
-
-def fitted_artifact(tmp):
-    cap = os.path.join(tmp, "cap")
-    mom = os.path.join(tmp, "mom.safetensors")
-    art = os.path.join(tmp, "fit.kvq")
-    subprocess.run([KVQ, "capture", "--model", MODEL, "--corpus", "uuid:2", "--seq-len", "256",
-                    "--dtype", "f32", "-q", "-o", cap], check=True)
-    subprocess.run([KVQ, "moments", "--capture", cap, "-o", mom, "-q"], check=True)
-    subprocess.run([KVQ, "fit", "--capture", cap, "--moments", mom, "--codebook", "16", "--iters", "3",
-                    "-q", "-o", art], check=True)
-    return cap, art
-
-
 def test_engine(tmp):
-    cap, art = fitted_artifact(tmp)
+    cap, art = pyref.fitted_artifact(KVQ, MODEL, tmp)
     a = kvq.Artifact(art)
     spec = a.model
     check(a.fingerprint is not None and len(a.fingerprint) == 32, "fitted artifact has a fingerprint")
@@ -214,9 +188,9 @@ def test_engine(tmp):
         near = np.arange(N - w, N)
         for qh in range(kh * g, (kh + 1) * g):
             qq = q[N - 1, qh]
-            lf = rope(qq, b, spec.rope_base, spec.rope_interleaved) @ k[far, kh].astype(np.float64).T
-            ln = rope(qq, N - 1, spec.rope_base, spec.rope_interleaved) @ \
-                np.stack([rope(k[j, kh], j, spec.rope_base, spec.rope_interleaved) for j in near]).T
+            lf = pyref.rope(qq, b, spec.rope_base, spec.rope_interleaved) @ k[far, kh].astype(np.float64).T
+            ln = pyref.rope(qq, N - 1, spec.rope_base, spec.rope_interleaved) @ \
+                np.stack([pyref.rope(k[j, kh], j, spec.rope_base, spec.rope_interleaved) for j in near]).T
             logit = np.concatenate([lf, ln]) / np.sqrt(spec.head_dim)
             p = np.exp(logit - logit.max())
             p /= p.sum()
