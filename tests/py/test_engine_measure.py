@@ -23,7 +23,6 @@ Their means over the steps must equal the engine's (kvq_engine_seq_stats).
 Exit 0 pass, 77 skip (reason on the last line), else fail.
 """
 import os
-import subprocess
 import sys
 import tempfile
 
