@@ -29,7 +29,8 @@ struct kvq_engine {
 struct kvq_engine_seq {
     const kvq_engine *e;
     kvq_retrieval *r;
-    kvq_kvcache *kc;  /* kv_cache != 0: the compressed cache instead of r */
+    kvq_kvcache *kc;  /* kv_cache != 0: the compressed cache (r NULL with selector full,
+                         else attached to r: retrieval reads its rows) */
     float *buf;      /* [2, rows, n_kv, d] f16 rows converted */
     int64_t buf_rows;
 };
@@ -289,8 +290,12 @@ static kvq_status kv_params(const kvq_engine *e, const kvq_engine_seq_params *p,
     return KVQ_OK;
 }
 
+/* kv_cache != 0. Selector full: the compressed cache's own backend, full attention over
+ * it. Another selector: retrieval (rp) with the cache attached (kvq_retrieval_set_kvcache,
+ * as kvq run --kv and kvq eval do); it needs the artifact's positions rope. */
 static kvq_status kv_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
-                                kvq_engine_seq **out, kvq_err *err)
+                                const kvq_retrieval_params *rp, kvq_engine_seq **out,
+                                kvq_err *err)
 {
     kvq_kvcache_params kp;
     if (p->kv_cache != KVQ_ENGINE_KV_LEANKV && p->kv_cache != KVQ_ENGINE_KV_PATS &&
@@ -300,12 +305,20 @@ static kvq_status kv_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     kvq_status st = kv_params(e, p, &kp, err);
     if (st)
         return st;
+    const int retr = p->selector != KVQ_ENGINE_SELECT_FULL;
+    if (retr && rp->positions != KVQ_POSITIONS_ROPE)
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "engine: kv_cache %s with a selection needs "
+                           "the artifact's positions rope (it has %s: the compressed cache "
+                           "holds rotated keys); selector full attends the whole compressed "
+                           "cache", kvq_kv_kind_name(kp.kind), kvq_positions_name(rp->positions));
     kvq_engine_seq *s = calloc(1, sizeof *s);
     if (!s)
         return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
     s->e = e;
-    if ((st = kvq_kvcache_create(&e->cfg, &kp, &s->kc, err))) {
-        free(s);
+    if ((st = kvq_kvcache_create(&e->cfg, &kp, &s->kc, err)) ||
+        (retr && ((st = kvq_retrieval_create(&e->cfg, e->set, rp, &s->r, err)) ||
+                  (st = kvq_retrieval_set_kvcache(s->r, s->kc, err))))) {
+        kvq_engine_seq_free(s);
         return st;
     }
     *out = s;
@@ -348,7 +361,7 @@ static kvq_status engine_selection(const kvq_engine *e, const kvq_engine_seq_par
 void kvq_engine_seq_stats(const kvq_engine_seq *s, kvq_engine_stats *out)
 {
     memset(out, 0, sizeof *out);
-    if (!s || s->kc)
+    if (!s || !s->r)
         return;
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(s->r, &st);
@@ -372,8 +385,6 @@ kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     kvq_engine_seq_params def = kvq_engine_seq_params_default();
     if (!p)
         p = &def;
-    if (p->kv_cache)
-        return kv_seq_create(e, p, out, err);
     kvq_retrieval_params rp = kvq_retrieval_params_default();
     rp.selector = KVQ_SELECT_CODEBOOK;
     rp.budget.count = p->budget_tokens > 0 ? p->budget_tokens : 0;
@@ -386,6 +397,8 @@ kvq_status kvq_engine_seq_create(kvq_engine *e, const kvq_engine_seq_params *p,
     kvq_status st = engine_selection(e, p, &rp, err);
     if (st)
         return st;
+    if (p->kv_cache)
+        return kv_seq_create(e, p, &rp, out, err);
     kvq_engine_seq *s = calloc(1, sizeof *s);
     if (!s)
         return kvq_err_set(err, KVQ_E_NOMEM, "engine: out of memory");
@@ -414,9 +427,9 @@ void kvq_engine_seq_reset(kvq_engine_seq *s)
     if (s->kc) {
         const kvq_attn_backend b = kvq_kvcache_backend(s->kc);
         b.reset(b.user);
-        return;
     }
-    kvq_retrieval_reset(s->r);
+    if (s->r)
+        kvq_retrieval_reset(s->r);
 }
 
 int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer)
@@ -474,9 +487,11 @@ kvq_status kvq_engine_seq_append(kvq_engine_seq *s, int32_t layer, int32_t n, co
 {
     const float *kf, *vf;
     kvq_status st = rows_f32(s, n < 1 ? 1 : n, k, v, dt, &kf, &vf, err);
+    if (!st && s->r) /* retrieval's rows and codes (with a compressed cache: its data) */
+        st = kvq_retrieval_append(s->r, layer, n, pos, kf, vf, err);
     if (!st && s->kc)
-        return kvq_kvcache_append(s->kc, layer, n, pos, kf, vf, err);
-    return st ? st : kvq_retrieval_append(s->r, layer, n, pos, kf, vf, err);
+        st = kvq_kvcache_append(s->kc, layer, n, pos, kf, vf, err);
+    return st;
 }
 
 kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, const float *q,
@@ -494,7 +509,7 @@ kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, 
         return st;
     const kvq_attn_call c = {.layer = layer, .n = 1, .pos = &pos, .q = q, .k = kf, .v = vf,
                              .out = out};
-    kvq_attn_backend b = s->kc ? kvq_kvcache_backend(s->kc) : kvq_retrieval_backend(s->r);
+    kvq_attn_backend b = s->r ? kvq_retrieval_backend(s->r) : kvq_kvcache_backend(s->kc);
     return b.attend(b.user, &c, err);
 }
 
@@ -502,7 +517,7 @@ const int32_t *kvq_engine_seq_last_selection(const kvq_engine_seq *s, int32_t la
                                              int32_t kv_head, int64_t *count)
 {
     int64_t n = 0;
-    const int32_t *sel = s && !s->kc ? kvq_retrieval_last_selection(s->r, layer, kv_head, &n) : NULL;
+    const int32_t *sel = s && s->r ? kvq_retrieval_last_selection(s->r, layer, kv_head, &n) : NULL;
     if (count)
         *count = n;
     return sel;

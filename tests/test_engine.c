@@ -431,6 +431,7 @@ static void test_kv_caches(void **state)
     float *ref = forward_with(eng, &sp, &b_exact);
     own_exact = 0;
     sp.max_tokens = TOTAL;
+    sp.selector = KVQ_ENGINE_SELECT_FULL; /* full attention over the compressed cache */
     sp.kv_cache = KVQ_ENGINE_KV_PATS;
     sp.kv_pats_schedule = 2;
     sp.kv_pats_b_min = sp.kv_pats_b_max = 0; /* f16 rows, nothing truncated */
@@ -469,6 +470,12 @@ static void test_kv_caches(void **state)
     sp.kv_pats_b_max = -1;
     assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
     assert_non_null(strstr(e.msg, "pats.b_max"));
+    /* a selection over the compressed cache needs positions rope (this artifact: wrope) */
+    sp.kv_pats_b_max = 0;
+    sp.selector = KVQ_ENGINE_SELECT_CODEBOOK;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &seq, &e), KVQ_E_INVALID_ARG);
+    assert_non_null(strstr(e.msg, "positions rope"));
+    assert_null(seq);
     free(ref), free(pats), free(lk), free(lp);
     kvq_engine_close(eng);
 }

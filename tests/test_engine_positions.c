@@ -8,7 +8,8 @@
  * are compared (the same q, k, v in: the same indices out). A control run with the
  * unmodified artifact checks that the two modes do select differently here, so the test
  * would catch an engine that ignored the artifact's mode. Also the engine's selectors
- * and measured statistics (kvq_engine_seq_stats) against such a context's. */
+ * and measured statistics (kvq_engine_seq_stats) against such a context's, and kv_cache
+ * with a selection: retrieval over the compressed cache (test_kv_retrieval). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +27,7 @@
 #include "kvq.h"
 #include "kvq/engine.h"
 #include "kvq/eval.h"
+#include "kvq/kvcache.h"
 #include "kvq/util.h"
 
 enum { PROMPT = 80, DECODE = 40, TOTAL = PROMPT + DECODE };
@@ -277,12 +279,164 @@ static void test_bad_params(void **state)
     kvq_engine_close(eng);
 }
 
+/* ---- kv_cache with a selection: retrieval over the compressed cache --------------- */
+
+/* The backend: the prompt chunk's outputs from a plain context, its rows appended to the
+ * reference (a retrieval context with a LeanKV cache attached, as kvq eval's kv rows set
+ * it up) and to three engine sequences; each decode step attended by the reference (its
+ * outputs drive the forward) and by the sequences. */
+typedef struct kvtee {
+    kvq_attn_backend plain;
+    kvq_retrieval *rk;
+    kvq_kvcache *kc;
+    kvq_engine_seq *lk, *pats, *f16;
+    int32_t n_kv, n;          /* KV heads, n_heads * head_dim */
+    int64_t steps, differ;    /* decode calls; (layer, KV head) selections unequal */
+    double err_lk, err_pats;  /* max |lk - reference|, max |pats 0:0 - f16| */
+} kvtee;
+
+static kvq_status kvtee_attend(void *user, const kvq_attn_call *c, kvq_err *err)
+{
+    kvtee *T = user;
+    kvq_engine_seq *seqs[3] = {T->lk, T->pats, T->f16};
+    kvq_status s;
+    if (c->n > 1) {
+        if ((s = T->plain.attend(T->plain.user, c, err)) ||
+            (s = kvq_retrieval_append(T->rk, c->layer, c->n, c->pos, c->k, c->v, err)) ||
+            (s = kvq_kvcache_append(T->kc, c->layer, c->n, c->pos, c->k, c->v, err)))
+            return s;
+        for (int i = 0; i < 3; i++)
+            if ((s = kvq_engine_seq_append(seqs[i], c->layer, c->n, c->pos, c->k, c->v,
+                                           KVQ_ENGINE_F32, err)))
+                return s;
+        return KVQ_OK;
+    }
+    const kvq_attn_backend b = kvq_retrieval_backend(T->rk);
+    if ((s = b.attend(b.user, c, err)))
+        return s;
+    float out[3][1024];
+    assert_true(T->n <= 1024);
+    for (int i = 0; i < 3; i++)
+        if ((s = kvq_engine_seq_decode(seqs[i], c->layer, c->pos[0], c->q, c->k, c->v,
+                                       KVQ_ENGINE_F32, out[i], err)))
+            return s;
+    for (int32_t i = 0; i < T->n; i++) {
+        T->err_lk = fmax(T->err_lk, fabs((double)out[0][i] - c->out[i]));
+        T->err_pats = fmax(T->err_pats, fabs((double)out[1][i] - out[2][i]));
+    }
+    for (int32_t h = 0; h < T->n_kv; h++) {
+        int64_t na = 0, nb = 0;
+        const int32_t *a = kvq_retrieval_last_selection(T->rk, c->layer, h, &na);
+        const int32_t *sb = kvq_engine_seq_last_selection(T->lk, c->layer, h, &nb);
+        T->differ += na != nb || (na && memcmp(a, sb, sizeof *a * (size_t)na));
+    }
+    T->steps++;
+    return KVQ_OK;
+}
+
+/* The engine's sequences with kv_cache and the codebook selector (rope artifact): LeanKV
+ * bit for bit the reference context with the cache attached, its bytes the cache's;
+ * PATS 0:0 (no truncation) the f16 retrieval sequence's outputs. */
+static void test_kv_retrieval(void **state)
+{
+    (void)state;
+    const tinyllama_spec *s = &F.t->s;
+    kvq_err e = {0};
+    kvq_model *m = NULL;
+    assert_int_equal(kvq_model_open(F.dir, NULL, &m, &e), KVQ_OK);
+    kvq_model_id id;
+    kvq_model_identity(m, &id);
+    kvq_codebook_set *set = NULL;
+    assert_int_equal(kvq_codebook_set_open(F.art_rope, &id, "model", &set, &e), KVQ_OK);
+    kvq_retrieval_params rp = kvq_retrieval_params_default();
+    kvq_eval_artifact_positions(set, &rp, 0, 0);
+    assert_int_equal(rp.positions, KVQ_POSITIONS_ROPE);
+    rp.selector = KVQ_SELECT_CODEBOOK;
+    rp.budget.count = 6;
+    rp.budget.fraction = 0;
+    rp.sink = 2;
+    rp.window = 12;
+    rp.max_tokens = TOTAL;
+    kvq_kvcache_params kp = kvq_kvcache_params_default();
+    kp.kind = KVQ_KV_LEANKV;
+    kp.alpha_h = 0.5;
+    kp.alpha_l = 0.2;
+    kp.window = 16;
+    kp.prompt_tokens = 0;
+    kp.max_tokens = TOTAL;
+    kp.threads = 1;
+    const kvq_model_config *cfg = kvq_model_config_get(m);
+    kvtee T = {.n_kv = s->n_kv_heads, .n = s->n_heads * s->head_dim};
+    kvq_retrieval *plain = NULL;
+    assert_int_equal(kvq_retrieval_create(cfg, set, &rp, &plain, &e), KVQ_OK);
+    assert_int_equal(kvq_retrieval_create(cfg, set, &rp, &T.rk, &e), KVQ_OK);
+    assert_int_equal(kvq_kvcache_create(cfg, &kp, &T.kc, &e), KVQ_OK);
+    assert_int_equal(kvq_retrieval_set_kvcache(T.rk, T.kc, &e), KVQ_OK);
+    T.plain = kvq_retrieval_backend(plain);
+    kvq_engine_model em = {.n_layers = s->n_layers, .n_heads = s->n_heads,
+                           .n_kv_heads = s->n_kv_heads, .head_dim = s->head_dim,
+                           .rope_base = s->rope_base, .fingerprint = F.fp};
+    kvq_engine *eng = NULL;
+    assert_int_equal(kvq_engine_open(F.art_rope, &em, 0, &eng, &e), KVQ_OK);
+    kvq_engine_seq_params sp = kvq_engine_seq_params_default();
+    sp.budget_tokens = 6;
+    sp.sink = 2;
+    sp.window = 12;
+    sp.max_tokens = TOTAL;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.f16, &e), KVQ_OK); /* f16 rows */
+    sp.kv_cache = KVQ_ENGINE_KV_PATS;
+    sp.kv_pats_schedule = 2;
+    sp.kv_pats_b_min = sp.kv_pats_b_max = 0;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.pats, &e), KVQ_OK);
+    sp.kv_cache = KVQ_ENGINE_KV_LEANKV;
+    sp.kv_alpha_h = kp.alpha_h;
+    sp.kv_alpha_l = kp.alpha_l;
+    sp.kv_window = kp.window;
+    assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.lk, &e), KVQ_OK);
+    kvq_attn_backend b = {.name = "kvtee", .user = &T, .attend = kvtee_attend};
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
+    kvq_forward_set_attention(f, &b);
+    float *logits = malloc(sizeof(float) * (size_t)s->vocab * PROMPT);
+    assert_non_null(logits);
+    assert_int_equal(kvq_forward_tokens(f, F.tokens, PROMPT, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
+    for (int t = PROMPT; t < TOTAL; t++)
+        assert_int_equal(kvq_forward_tokens(f, F.tokens + t, 1, KVQ_LOGITS_LAST, logits, &e),
+                         KVQ_OK);
+    kvq_kvcache_memory mem;
+    kvq_kvcache_memory_get(T.kc, &mem);
+    kvq_engine_stats st;
+    kvq_engine_seq_stats(T.lk, &st);
+    printf("  kv retrieval: leankv vs reference %.3g (%lld selections differ), pats 0:0 vs f16 "
+           "%.3g; leankv %llu bytes (%.0f pruned), f16 sequence %llu\n", T.err_lk,
+           (long long)T.differ, T.err_pats, (unsigned long long)kvq_engine_seq_bytes(T.lk),
+           mem.pruned, (unsigned long long)kvq_engine_seq_bytes(T.f16));
+    assert_int_equal(T.steps, (int64_t)DECODE * s->n_layers);
+    assert_true(T.err_lk == 0 && T.differ == 0);
+    assert_true(T.err_pats == 0); /* f16 rows either way, the same kernels' sums */
+    assert_true(st.steps > 0 && st.attended < st.visible); /* a selection was made */
+    assert_true((double)kvq_engine_seq_bytes(T.lk) == kvq_kvcache_bytes(T.kc));
+    assert_true(kvq_engine_seq_bytes(T.lk) < kvq_engine_seq_bytes(T.f16));
+    free(logits);
+    kvq_forward_free(f);
+    kvq_engine_seq_free(T.lk);
+    kvq_engine_seq_free(T.pats);
+    kvq_engine_seq_free(T.f16);
+    kvq_engine_close(eng);
+    kvq_retrieval_free(T.rk);
+    kvq_kvcache_free(T.kc);
+    kvq_retrieval_free(plain);
+    kvq_codebook_set_close(set);
+    kvq_model_close(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_artifact_positions),
         cmocka_unit_test(test_selectors_measured),
         cmocka_unit_test(test_bad_params),
+        cmocka_unit_test(test_kv_retrieval),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -147,9 +147,18 @@ typedef struct kvq_engine_seq_params {
     int32_t threads;          /* KV heads in parallel (default 1) */
     /* ---- the compressed KV caches (docs/kvcache.md) ----
      * kv_cache 0 (the default, and a zeroed struct): the rows as cache_f16 says, with
-     * the codebook selection. KVQ_ENGINE_KV_LEANKV, _PATS or _LEANKV_PATS: full attention
-     * over that compressed cache instead (no selection; budget, sink and window are not
-     * used), kvq_engine_seq_bytes the bytes it holds. Its settings: the fields below
+     * the selection. KVQ_ENGINE_KV_LEANKV, _PATS or _LEANKV_PATS: that compressed cache,
+     * kvq_engine_seq_bytes the bytes it holds; how it is attended is the selector's:
+     *  - selector KVQ_ENGINE_SELECT_FULL: full attention over the compressed cache (its
+     *    own backend; budget, sink, window unused; kvq_engine_seq_stats all zero);
+     *  - any other selector (the default codebook included): retrieval over it, as
+     *    kvq run --kv and kvq eval do (kvq/kvcache.h kvq_retrieval_set_kvcache): the
+     *    selection as with kv_cache 0 (codes and residuals kept as they are), the rerank
+     *    and the attention reading the compressed rows, LeanKV's significance from the
+     *    step's probabilities. It needs the artifact's positions rope (the cache holds
+     *    rotated keys): with wrope (the default) kvq_engine_seq_create refuses
+     *    (INVALID_ARG naming positions rope); use selector full there.
+     * Its settings: the fields below
      * where >= 0, else the artifact's profile (leankv.alpha_h, leankv.alpha_l,
      * leankv.window, pats.schedule, pats.b_min, pats.b_max); one in neither, or out of
      * range, is an INVALID_ARG naming it. Rows appended (the prompt) enter as generated
@@ -224,7 +233,7 @@ kvq_status kvq_engine_seq_decode(kvq_engine_seq *s, int32_t layer, int64_t pos, 
  * attended_fraction = attended / visible, kv_read_fraction = bytes_read / bytes_full;
  * with params.measure, recall_topk, recall_mass and out_rel_err are these sums divided
  * by measured (docs/runtime.md, kvq/runtime.h kvq_retrieval_stats). All zero for a
- * compressed cache (kv_cache != 0). */
+ * compressed cache attended in full (kv_cache != 0 with selector full). */
 typedef struct kvq_engine_stats {
     uint64_t steps;
     double visible;     /* tokens each step saw */

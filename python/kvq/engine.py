@@ -19,8 +19,8 @@ ACCEPT_MODEL_MISMATCH = 1
 
 #: kvq_engine_seq_params.selector (KVQ_ENGINE_SELECT_*), by kvq eval's selector names
 SELECTORS: Dict[str, int] = {"codebook": 0, "full": 1, "oracle": 2, "fier": 3, "quest": 4, "mass": 5}
-#: kvq_engine_seq_params.kv_cache: the f16 rows with the codebook selection, or a
-#: compressed cache attended in full (docs/kvcache.md)
+#: kvq_engine_seq_params.kv_cache: the f16 rows, or a compressed cache (with selector
+#: "full" attended in full, else retrieval over it; docs/kvcache.md)
 KV_CACHES: Dict[str, int] = {"f16": 0, "leankv": 1, "pats": 2, "leankv+pats": 3}
 #: PATS schedules (kv_pats_schedule)
 PATS_SCHEDULES: Dict[str, int] = {"old-heavy": 0, "new-heavy": 1, "middle-heavy": 2}
@@ -155,9 +155,12 @@ class Engine:
 
         ``kv_cache``: "f16" (default: the rows as ``cache_f16`` says, with the
         selection), "leankv", "pats" or "leankv+pats" (LeanKV over PATS-truncated rows,
-        both kinds' settings; docs/kvcache.md): full attention over that compressed cache (no
-        selection: budget, sink, window and selector unused; set ``max_tokens`` to the
-        sequence's length for PATS). Its settings where >= 0, else the artifact's profile:
+        both kinds' settings; docs/kvcache.md), attended as ``selector`` says: "full" runs
+        full attention over the compressed cache (budget, sink and window unused); any
+        other selector (the default "codebook" included) runs retrieval over it as kvq
+        run --kv does (the rerank and attention read the compressed rows), which needs
+        the artifact's positions mode rope (wrope raises InvalidArgumentError naming
+        positions rope). Set ``max_tokens`` to the sequence's length for PATS. Its settings where >= 0, else the artifact's profile:
         ``kv_alpha_h``, ``kv_alpha_l``, ``kv_window`` (LeanKV), ``kv_pats_schedule``
         ("old-heavy", "new-heavy", "middle-heavy" or 0..2), ``kv_pats_b_min``,
         ``kv_pats_b_max`` (PATS). A setting in neither raises InvalidArgumentError naming

@@ -204,7 +204,13 @@ def main():
                 check(False, "leankv without settings refused")
             except kvq.InvalidArgumentError as e:
                 check("leankv" in str(e) and "alpha" in str(e), f"leankv without thresholds refused ({e})")
-            s = eng.sequence(kv_cache="leankv", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16, max_tokens=N)
+            try:  # retrieval over the compressed cache (the default selector) needs rope
+                eng.sequence(kv_cache="leankv", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16, max_tokens=N)
+                check(False, "leankv with a selection on a wrope artifact refused")
+            except kvq.InvalidArgumentError as e:
+                check("positions rope" in str(e), f"leankv with a selection on a wrope artifact refused ({e})")
+            s = eng.sequence(kv_cache="leankv", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16, max_tokens=N,
+                             selector="full")
             for layer in range(spec.n_layers):
                 s.append(layer, k[layer, :P], v[layer, :P])
             dense = eng.sequence(cache_f16=True)
@@ -218,13 +224,13 @@ def main():
             check(s.stats()["steps"] == 0, "leankv: no retrieval statistics")
             try:
                 eng.sequence(kv_cache="leankv+pats", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16,
-                             max_tokens=N)
+                             max_tokens=N, selector="full")
                 check(False, "leankv+pats without PATS settings refused")
             except kvq.InvalidArgumentError as e:
                 check("pats" in str(e), f"leankv+pats without a PATS schedule refused ({e})")
             both = eng.sequence(kv_cache="leankv+pats", kv_alpha_h=0.5, kv_alpha_l=0.2, kv_window=16,
                                 kv_pats_schedule="middle-heavy", kv_pats_b_min=2, kv_pats_b_max=8,
-                                max_tokens=N)
+                                max_tokens=N, selector="full")
             for layer in range(spec.n_layers):
                 both.append(layer, k[layer, :P], v[layer, :P])
             check(both.nbytes == s.nbytes, f"leankv+pats holds LeanKV's bytes ({both.nbytes} = {s.nbytes}): "
