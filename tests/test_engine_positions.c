@@ -144,6 +144,24 @@ typedef struct run_result {
     kvq_engine_stats eng;     /* the engine sequence's */
 } run_result;
 
+/* kvq's forward over F.tokens through the attention backend b: the prompt in one chunk,
+ * then the rest a token at a time (decode). */
+static void forward_fixture(kvq_model *m, const kvq_attn_backend *b)
+{
+    kvq_err e = {0};
+    kvq_forward *f = NULL;
+    assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
+    kvq_forward_set_attention(f, b);
+    float *logits = malloc(sizeof(float) * (size_t)F.t->s.vocab * PROMPT);
+    assert_non_null(logits);
+    assert_int_equal(kvq_forward_tokens(f, F.tokens, PROMPT, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
+    for (int t = PROMPT; t < TOTAL; t++)
+        assert_int_equal(kvq_forward_tokens(f, F.tokens + t, 1, KVQ_LOGITS_LAST, logits, &e),
+                         KVQ_OK);
+    free(logits);
+    kvq_forward_free(f);
+}
+
 /* kvq's forward over F.tokens with the tee: the retrieval context from `run_art` set up
  * as kvq run does, the engine from `eng_art`, with selector sel (KVQ_ENGINE_SELECT_*). */
 static run_result run(const char *run_art, const char *eng_art, int32_t sel, int measure)
@@ -184,20 +202,10 @@ static run_result run(const char *run_art, const char *eng_art, int32_t sel, int
     assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.seq, &e), KVQ_OK);
     T.inner = kvq_retrieval_backend(T.r);
     kvq_attn_backend b = {.name = "tee", .user = &T, .attend = tee_attend};
-    kvq_forward *f = NULL;
-    assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
-    kvq_forward_set_attention(f, &b);
-    float *logits = malloc(sizeof(float) * (size_t)s->vocab * PROMPT);
-    assert_non_null(logits);
-    assert_int_equal(kvq_forward_tokens(f, F.tokens, PROMPT, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
-    for (int t = PROMPT; t < TOTAL; t++)
-        assert_int_equal(kvq_forward_tokens(f, F.tokens + t, 1, KVQ_LOGITS_LAST, logits, &e),
-                         KVQ_OK);
+    forward_fixture(m, &b);
     run_result res = {.compared = T.compared, .differ = T.differ, .out_err = T.out_err};
     kvq_retrieval_stats_get(T.r, &res.kvq);
     kvq_engine_seq_stats(T.seq, &res.eng);
-    free(logits);
-    kvq_forward_free(f);
     kvq_engine_seq_free(T.seq);
     kvq_engine_close(eng);
     kvq_retrieval_free(T.r);
@@ -394,15 +402,7 @@ static void test_kv_retrieval(void **state)
     sp.kv_window = kp.window;
     assert_int_equal(kvq_engine_seq_create(eng, &sp, &T.lk, &e), KVQ_OK);
     kvq_attn_backend b = {.name = "kvtee", .user = &T, .attend = kvtee_attend};
-    kvq_forward *f = NULL;
-    assert_int_equal(kvq_forward_create(m, NULL, &f, &e), KVQ_OK);
-    kvq_forward_set_attention(f, &b);
-    float *logits = malloc(sizeof(float) * (size_t)s->vocab * PROMPT);
-    assert_non_null(logits);
-    assert_int_equal(kvq_forward_tokens(f, F.tokens, PROMPT, KVQ_LOGITS_LAST, logits, &e), KVQ_OK);
-    for (int t = PROMPT; t < TOTAL; t++)
-        assert_int_equal(kvq_forward_tokens(f, F.tokens + t, 1, KVQ_LOGITS_LAST, logits, &e),
-                         KVQ_OK);
+    forward_fixture(m, &b);
     kvq_kvcache_memory mem;
     kvq_kvcache_memory_get(T.kc, &mem);
     kvq_engine_stats st;
@@ -417,8 +417,6 @@ static void test_kv_retrieval(void **state)
     assert_true(st.steps > 0 && st.attended < st.visible); /* a selection was made */
     assert_true((double)kvq_engine_seq_bytes(T.lk) == kvq_kvcache_bytes(T.kc));
     assert_true(kvq_engine_seq_bytes(T.lk) < kvq_engine_seq_bytes(T.f16));
-    free(logits);
-    kvq_forward_free(f);
     kvq_engine_seq_free(T.lk);
     kvq_engine_seq_free(T.pats);
     kvq_engine_seq_free(T.f16);
