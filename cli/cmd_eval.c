@@ -72,7 +72,7 @@ static void eval_usage(FILE *f)
             "  -h, --help         this help\n"
             "\n");
     cli_retrieval_usage(f, 1);
-    cli_kv_usage(f);
+    cli_kv_usage_list(f);
     fprintf(f,
             "\n"
             "With retrieval options, eval first measures full attention (the reference), then\n"
@@ -118,7 +118,7 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
     int rc = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
-        int r = cli_kv_opt(cmd, &o->kv, argc, argv, &i);
+        int r = cli_kv_opt_list(cmd, &o->kv, argc, argv, &i);
         if (r < 0)
             r = cli_retrieval_opt(cmd, &o->ro, argc, argv, &i, 1);
         if (r < 0)
@@ -191,7 +191,7 @@ static int eval_parse(int argc, char **argv, eval_opts *o)
     }
     if (o->suite_opt && !o->su.suite)
         return cli_failf(2, "eval: --lengths and --samples need --suite");
-    if (o->su.suite && o->kv.kind != KVQ_KV_F16)
+    if (o->su.suite && (o->kv.kind != KVQ_KV_F16 || o->kv.list))
         return cli_failf(2, "eval: --suite with --kv is not implemented");
     if (o->su.suite && o->score_last)
         return cli_failf(2, "eval: --suite scores answers; --score does not apply");
@@ -308,16 +308,11 @@ int cmd_eval(int argc, char **argv)
     if (o.su.suite)
         rc = cli_eval_suite(&o.ro, m, model_path, o.spec, corpus, tok, &o.su,
                             (int32_t)o.m.threads, o.json, &cb);
-    else if (o.kv.given && (o.ro.selectors || o.ro.budgets)) /* over a compressed cache */
-        rc = cli_eval_kv_retrieval(&o.kv, &o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
-                                   o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
-    else if (o.kv.kind != KVQ_KV_F16) {
-        if (o.ro.p.device == KVQ_RETRIEVAL_DEVICE_CUDA)
-            kvq_log(&cb, KVQ_LOG_WARN, "--kv %s has no CUDA path: it runs on the CPU",
-                    kvq_kv_kind_name(o.kv.kind));
-        rc = cli_eval_kv(&o.kv, o.ro.artifact, m, model_path, o.spec, corpus, tok, o.seq_len,
+    else if (o.kv.list || o.kv.kind != KVQ_KV_F16 ||
+             (o.kv.given && (o.ro.selectors || o.ro.budgets))) /* cache kinds (eval_kv.c) */
+        rc = cli_eval_kv(&o.kv, &o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
                          o.max_tokens, (int32_t)o.m.threads, o.json, &cb);
-    } else if (o.ro.given)
+    else if (o.ro.given)
         rc = cli_eval_retrieval(&o.ro, m, model_path, o.spec, corpus, tok, o.seq_len,
                                 o.max_tokens, o.score_last, (int32_t)o.m.threads, o.json, &cb);
     else
