@@ -397,8 +397,7 @@ static int run_open(cli_kv_run *x, const kvq_model *m, const char *model_path,
     return 0;
 }
 
-/* An f16 cache's bytes for x's sequences. */
-static void f16_memory(const cli_kv_run *x, kvq_kvcache_memory *mem)
+void cli_kv_f16_memory(const cli_kv_run *x, kvq_kvcache_memory *mem)
 {
     const kvq_model_config *c = x->c;
     memset(mem, 0, sizeof *mem);
@@ -414,7 +413,7 @@ static int alone_row(cli_kv_run *x, cli_kv_row *r, int dry)
     kvq_err e = {0};
     kvq_kvcache *kc = NULL;
     if (r->kp.kind == KVQ_KV_F16) {
-        f16_memory(x, &r->mem);
+        cli_kv_f16_memory(x, &r->mem);
         return 0;
     }
     if (kvq_kvcache_create(x->c, &r->kp, &kc, &e))

@@ -85,11 +85,13 @@ typedef struct cli_kv_run {
 void cli_kv_progress(cli_kv_run *x, const char *what, int decode, uint64_t total);
 
 /* Mean NLL over x's sequences with the decode schedule (each sequence's prompt one exact
- * prefill, then one token per call; kc, or NULL, laid out per sequence), and the count.
- * *total (may be NULL): the one-token calls it makes. */
+ * prefill, then one token per call; kc, or NULL, laid out per sequence), and the count;
+ * cli_kv_decode_steps: the one-token calls it makes. */
 kvq_status cli_kv_decode_ppl(cli_kv_run *x, kvq_kvcache *kc, double *nll, uint64_t *n_pred,
                              kvq_err *err);
 uint64_t cli_kv_decode_steps(const cli_kv_run *x);
+/* An f16 cache's bytes for x's sequences. */
+void cli_kv_f16_memory(const cli_kv_run *x, kvq_kvcache_memory *mem);
 
 /* The retrieval row r->sel over r->kp (a retrieval context over a fresh compressed
  * cache; f16: its own rows), ro's parameters and rt's codebooks: fills r's figures but

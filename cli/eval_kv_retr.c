@@ -85,14 +85,10 @@ int cli_kv_retr_row(cli_kv_run *x, const cli_retrieval *ro, const kvq_codebook_s
         rc = cli_fail(&e);
         goto done;
     }
-    memset(&mem, 0, sizeof mem);
-    if (kc) {
+    if (kc)
         kvq_kvcache_memory_get(kc, &mem);
-    } else { /* r's f16 rows */
-        mem.tokens = (double)x->sl.n_ids;
-        mem.bytes_f16 = mem.tokens * c->n_layers * c->n_kv_heads * 4.0 * c->head_dim;
-        mem.bytes = mem.bytes_high = mem.bytes_f16;
-    }
+    else /* r's f16 rows */
+        cli_kv_f16_memory(x, &mem);
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(r, &st);
     row->mem = mem;
