@@ -95,7 +95,9 @@ static void eval_usage(FILE *f)
             "examples: kvq eval --model stories260K.gguf --corpus uuid:8 --seq-len 256\n"
             "          kvq eval --model M --artifact M.kvq --suite ruler --corpus dir:TEXTS \\\n"
             "              --lengths 4096,8192 --samples 4 --selectors codebook --budgets 6%%\n"
-            "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n");
+            "          kvq eval --model M --artifact M.kvq --corpus passkey:8 --budgets 3%%,6%%\n"
+            "          kvq eval --model M --artifact M.kvq --corpus dir:TEXTS --seq-len 2048 \\\n"
+            "              --kv all --selectors codebook --budgets 6%%\n");
 }
 
 typedef struct eval_opts {
