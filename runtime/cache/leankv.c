@@ -272,30 +272,86 @@ static inline double sig_of(const kvq_rt_lk_head *H, int64_t j, int64_t nq)
     return best / (double)cnt;
 }
 
+#define SUMS_BLK 64 /* tokens of count_sums' blocks */
+
+typedef double lk_v8d __attribute__((vector_size(64)));
+typedef int64_t lk_v8l __attribute__((vector_size(64)));
+
+/* out[k] = num[k] / den[k] where den[k] > 0, else +inf (sig_of's division) for k <
+ * SUMS_BLK: IEEE divisions eight at a time (vectors of the clone's width), so every
+ * clone gives the scalar bits. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+static void divide_block(const double *num, const double *den, double *out)
+{
+    const lk_v8d inf = {INFINITY, INFINITY, INFINITY, INFINITY,
+                        INFINITY, INFINITY, INFINITY, INFINITY};
+    for (int k = 0; k < SUMS_BLK; k += 8) {
+        lk_v8d a, b;
+        memcpy(&a, num + k, sizeof a);
+        memcpy(&b, den + k, sizeof b);
+        const lk_v8l pos = b > 0;
+        const lk_v8l r = ((lk_v8l)(a / b) & pos) | ((lk_v8l)inf & ~pos);
+        memcpy(out + k, &r, sizeof r);
+    }
+}
+
+/* Block [i0, i0 + nb) of count_sums' pass: the sums of the tokens before the last
+ * (n - 1) counted, each token's largest sum into best and its later queries into den. */
+static inline __attribute__((always_inline)) void sums_block(kvq_rt_lk_head *H, int64_t i0,
+                                                             int64_t nb, int64_t ld, int64_t nq,
+                                                             int32_t gs, double *best,
+                                                             double *den)
+{
+    const float *p = H->p_ + i0;
+    const int64_t last = H->n - 1;
+    for (int64_t k = 0; k < nb; k++) {
+        const int64_t j = H->col[i0 + k];
+        double *a = H->acc + (size_t)j * (size_t)gs, bt = -INFINITY;
+        if (j < last)
+            for (int32_t g = 0; g < gs; g++)
+                a[g] += p[(size_t)g * (size_t)ld + (size_t)k];
+        for (int32_t g = 0; g < gs; g++)
+            bt = a[g] > bt ? a[g] : bt;
+        best[k] = bt;
+        den[k] = (double)(nq - H->qcum[j] - 1);
+    }
+}
+
 /* The generation phase's one pass over the kept tokens after the probabilities p_
  * [gs, ld]: each token's sums (the query's own token, the last, excluded), its
- * significance as the policy step sees it (the query counted), and per section the
- * least significant token before c = n - 1 - window (ties: the earliest), which with
- * token c itself is Algorithm 1's choice (kvq_rt_lk_step). */
+ * significance as the policy step sees it (the query counted: sig_of's value), and per
+ * section the least significant token before c = n - 1 - window (ties: the earliest),
+ * which with token c itself is Algorithm 1's choice (kvq_rt_lk_step). */
 static void count_sums(kvq_rt_lk_head *H, int64_t m, int64_t ld)
 {
     const int32_t gs = H->gs;
     const int64_t n = H->n, nq = H->nq + 1, c = n - 1 - H->p.window;
-    const float *p = H->p_;
     int64_t least[3] = {-1, -1, -1};
     double ls[3] = {0, 0, 0};
-    for (int64_t i = 0; i < m; i++) {
-        const int64_t j = H->col[i];
-        double *a = H->acc + (size_t)j * gs;
-        if (j < n - 1)
-            for (int32_t g = 0; g < gs; g++)
-                a[g] += p[(size_t)g * (size_t)ld + (size_t)i];
-        const double sg = sig_of(H, j, nq);
-        H->sig[j] = sg;
-        if (j < c) {
-            const int k = H->cls[j];
-            if (least[k] < 0 || sg < ls[k])
-                least[k] = j, ls[k] = sg;
+    double best[SUMS_BLK], den[SUMS_BLK], sg[SUMS_BLK];
+    for (int64_t i0 = 0; i0 < m; i0 += SUMS_BLK) {
+        const int64_t nb = m - i0 < SUMS_BLK ? m - i0 : SUMS_BLK;
+        switch (gs) { /* the group sizes of common models, unrolled */
+        case 1: sums_block(H, i0, nb, ld, nq, 1, best, den); break;
+        case 2: sums_block(H, i0, nb, ld, nq, 2, best, den); break;
+        case 3: sums_block(H, i0, nb, ld, nq, 3, best, den); break;
+        case 4: sums_block(H, i0, nb, ld, nq, 4, best, den); break;
+        case 8: sums_block(H, i0, nb, ld, nq, 8, best, den); break;
+        default: sums_block(H, i0, nb, ld, nq, gs, best, den); break;
+        }
+        for (int64_t k = nb; k < SUMS_BLK; k++)
+            best[k] = 0, den[k] = 1;
+        divide_block(best, den, sg);
+        for (int64_t k = 0; k < nb; k++) {
+            const int64_t j = H->col[i0 + k];
+            H->sig[j] = sg[k];
+            if (j < c) {
+                const int cl = H->cls[j];
+                if (least[cl] < 0 || sg[k] < ls[cl])
+                    least[cl] = j, ls[cl] = sg[k];
+            }
         }
     }
     for (int k = 0; k < 3; k++)
