@@ -148,7 +148,7 @@ typedef struct kvq_rt_lk_head {
     uint8_t *cls;        /* [cap] */
     int32_t *slot;       /* [cap] slot in its class's pool; -1 pruned */
     double *acc;         /* [cap, gs] attention received */
-    int64_t *qcum;       /* [cap] queries counted before the token came */
+    int32_t *qcum;       /* [cap] queries counted before the token came */
     double *sig;         /* [cap] every token's significance at the last policy step */
     float *exact;        /* [cap, 2d] the prompt's K, V (freed at end_prompt) */
     float *p_;           /* [gs, cap] probabilities scratch */

@@ -131,7 +131,7 @@ static kvq_status reserve(kvq_rt_lk_head *H, int64_t need, kvq_err *err)
     const size_t c = (size_t)cap;
     if (!grow((void **)&H->cls, c) || !grow((void **)&H->slot, sizeof(int32_t) * c) ||
         !grow((void **)&H->acc, sizeof(double) * c * (size_t)H->gs) ||
-        !grow((void **)&H->qcum, sizeof(int64_t) * c) || !grow((void **)&H->sig, sizeof(double) * c) ||
+        !grow((void **)&H->qcum, sizeof(int32_t) * c) || !grow((void **)&H->sig, sizeof(double) * c) ||
         !grow((void **)&H->p_, sizeof(float) * c * (size_t)H->gs) ||
         !grow((void **)&H->col, sizeof(int32_t) * c) || !grow((void **)&H->kr, sizeof(void *) * c) ||
         !grow((void **)&H->pruned, sizeof(int32_t) * c) ||
@@ -241,9 +241,12 @@ kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, k
     const int64_t j = H->n;
     if ((s = reserve(H, j + 1, err)))
         return s;
+    if (H->nq > INT32_MAX) /* the queries counted are held as int32 */
+        return kvq_err_set(err, KVQ_E_INVALID_ARG, "leankv: %lld queries counted (at most %d)",
+                           (long long)H->nq, INT32_MAX);
     for (int32_t g = 0; g < H->gs; g++)
         H->acc[(size_t)j * H->gs + g] = 0;
-    H->qcum[j] = H->nq;
+    H->qcum[j] = (int32_t)H->nq;
     if (!H->prompt_done) {
         memcpy(H->exact + (size_t)j * 2 * H->d, k, sizeof(float) * (size_t)H->d);
         memcpy(H->exact + ((size_t)j * 2 + 1) * H->d, v, sizeof(float) * (size_t)H->d);
