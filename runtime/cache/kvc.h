@@ -182,8 +182,10 @@ void kvq_rt_lk_head_free(kvq_rt_lk_head *H);
  * quantized HIGH. Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. */
 kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, kvq_err *err);
 /* Attention of q [gs, d] (rotated) over every kept token, scaled logits (scale), into
- * o [gs, d]; the prompt's rows exactly, the others read from their rows. The
- * probabilities are counted into the significance. */
+ * o [gs, d]; the prompt's rows exactly, the others read from their rows (the kept-row
+ * list). The probabilities are counted into the significance; in the generation phase
+ * the same pass leaves each kept token's significance and Algorithm 1's candidates for
+ * the kvq_rt_lk_step that follows (any other step recomputes every significance). */
 void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o);
 /* Ends the prompt: classifies the prompt's tokens and stores them in their classes. */
 kvq_status kvq_rt_lk_end_prompt(kvq_rt_lk_head *H, kvq_err *err);
