@@ -278,9 +278,29 @@ TARGET INL __m512 lkq_value16_bl(const uint8_t *r, int32_t bits, int32_t k)
     return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
 }
 
-/* 1 when bits [m] holds more than one width, all of them 2, 4 or 8 (the mix then decodes
- * without a branch on each row's width). */
-TARGET static int mixed_248(const int8_t *bits, int64_t m)
+/* The value s16 c - z16 of chunk k of a LeanKV row of width 4, from the 64 codes of
+ * chunks k & ~3 .. (k & ~3) + 3 decoded together (one 32-byte load, the nibbles split
+ * and interleaved): the mix's unrolled calls for the chunks of one group share that
+ * work. */
+TARGET INL __m512 lkq_value16_4b(const uint8_t *r, int32_t bits, int32_t k)
+{
+    (void)bits;
+    float s, z;
+    meta(r, &s, &z);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(r + 4 + 8 * (k & ~3)));
+    const __m256i f = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(x, f), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), f);
+    /* per 128-bit half: codes 0..15 (a) and 16..31 (b) of its 16 bytes */
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i ab = k & 1 ? b : a;
+    const __m128i src = k & 2 ? _mm256_extracti128_si256(ab, 1) : _mm256_castsi256_si128(ab);
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(src));
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
+}
+
+/* The mix's decoding for widths bits [m]: 2 all of width 4, 1 more than one width, all of
+ * them 2, 4 or 8 (decoded without a branch on each row's width), 0 otherwise. */
+TARGET static int mix_widths(const int8_t *bits, int64_t m)
 {
     if (m < 1)
         return 0;
@@ -292,7 +312,7 @@ TARGET static int mixed_248(const int8_t *bits, int64_t m)
             return 0;
         mixed |= b != b0;
     }
-    return mixed;
+    return mixed ? 1 : b0 == 4 ? 2 : 0;
 }
 
 /* NQ queries, NC chunks of 16: column passes of CB chunks (NQ CB <= 16 sums in
@@ -305,14 +325,18 @@ TARGET static void lkq_mix_fast(const float *p, int32_t nq, int64_t ldp,
                                 const uint8_t *const *row, const int8_t *bits, int64_t m,
                                 int32_t n, float *y, int64_t ldy)
 {
-    const int bl = mixed_248(bits, m);
+    const int wd = mix_widths(bits, m);
 #define LKQ_MIX_NC(NQ)                                                                           \
     case NQ:                                                                                     \
-        if (n == 64 && bl)                                                                       \
+        if (n == 64 && wd == 2)                                                                  \
+            MIX_FAST(NQ, 4, lkq_value16_4b);                                                     \
+        else if (n == 64 && wd == 1)                                                             \
             MIX_FAST(NQ, 4, lkq_value16_bl);                                                     \
         else if (n == 64)                                                                        \
             MIX_FAST(NQ, 4, lkq_value16);                                                        \
-        else if (bl)                                                                             \
+        else if (wd == 2)                                                                        \
+            MIX_FAST(NQ, 8, lkq_value16_4b);                                                     \
+        else if (wd == 1)                                                                        \
             MIX_FAST(NQ, 8, lkq_value16_bl);                                                     \
         else                                                                                     \
             MIX_FAST(NQ, 8, lkq_value16);                                                        \
