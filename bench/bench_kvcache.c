@@ -34,16 +34,17 @@
  * threads' own CPU times (CLOCK_THREAD_CPUTIME_ID, each up to the end of its share), so
  * on a shared machine neither another process holding the core nor a thread waiting
  * counts; the best repetition is printed. Bytes read: the rows the step reads (K and V
- * of every kept token) and the per-token state it walks (LeanKV: classes, slots,
- * attention sums, query counts, significances and the row lists; PATS: the row lists and
- * widths); the floor is those bytes at the streaming read rate of T threads (a sum over
+ * of every kept token) and the per-token state it walks (LeanKV: the kept tokens' row
+ * list, attention sums, query counts, significances and classes, the pruned tokens' list,
+ * sums, query counts and significances; PATS: the row lists and widths); the floor is those bytes at the streaming read rate of T threads (a sum over
  * 256 MiB, measured in the same run, best of the repetitions).
  *
  * --stages times the readers alone on the step's rows, one thread, every head, caches
  * flushed before the logits (keys) and the mix (values), softmax between; and for
  * LeanKV the best one-thread step's parts (when the first thread count is 1): append
- * (a K8V4 row), attend (the row lists, logits, softmax, the attention sums, mix) and the
- * policy step (significance of every token, Algorithm 1, the downgrade).
+ * (a K8V4 row), attend (logits, softmax, the attention sums with the kept tokens'
+ * significance and Algorithm 1's candidates, mix) and the policy step (the pruned tokens'
+ * significance, Algorithm 1's choice, the downgrade with its row list update).
  */
 #include <math.h>
 #include <omp.h>
@@ -281,8 +282,10 @@ static double step_bytes(const bench *B, int kind, double *rows)
             double lo, hi, ex;
             kvq_rt_lk_bytes(H, &lo, &hi, &ex);
             r += lo + hi;
-            /* cls, slot, acc, qcum, sig, col, kr, vr, kb, vb */
-            st += (double)H->n * (1 + 4 + 8.0 * gs + 8 + 8 + 8 + 8 + 8 + 1 + 1);
+            /* kept tokens: the list (col, kr, vr, kb, vb), acc, qcum, sig, cls; pruned
+             * tokens: their list, acc, qcum, sig */
+            st += (double)H->m * (4 + 8 + 8 + 1 + 1 + 8.0 * gs + 4 + 8 + 1) +
+                  (double)H->npruned * (4 + 8.0 * gs + 4 + 8);
         } else {
             const kvq_rt_pats_head *P = &B->pt[kind - 3][h];
             r += (double)P->bytes;
@@ -330,17 +333,20 @@ static void stages(bench *B, int kind, int reps, uint64_t *flush, double *lt, do
             kvq_rt_lk_head *H = kind >= 1 && kind <= 2 ? &B->lk[kind - 1][h] : NULL;
             kvq_rt_pats_head *P = kind >= 3 ? &B->pt[kind - 3][h] : NULL;
             float qs[64];
-            if (H) { /* the kept rows, as the step lists them */
-                for (int64_t j = 0; j < H->n; j++) {
-                    const int c = H->cls[j];
-                    if (c == KVQ_RT_LK_PRUNED)
-                        continue;
-                    H->kr[m] = H->pool[c].data + (size_t)H->slot[j] * H->pool[c].row;
-                    H->vr[m] = H->kr[m] + H->pool[c].krow;
-                    H->kb[m] = (int8_t)H->pool[c].kb;
-                    H->vb[m] = (int8_t)H->pool[c].vb;
-                    m++;
-                }
+            if (H) { /* the kept rows: the step's list */
+                if (H->list_stale) /* a pool moved since the last step: made at the next */
+                    for (int64_t j = 0; j < H->n; j++) {
+                        const int c = H->cls[j];
+                        if (c == KVQ_RT_LK_PRUNED)
+                            continue;
+                        H->kr[m] = H->pool[c].data + (size_t)H->slot[j] * H->pool[c].row;
+                        H->vr[m] = H->kr[m] + H->pool[c].krow;
+                        H->kb[m] = (int8_t)H->pool[c].kb;
+                        H->vb[m] = (int8_t)H->pool[c].vb;
+                        H->col[m++] = (int32_t)j;
+                    }
+                else
+                    m = H->m;
                 for (int g = 0; g < gs; g++)
                     qs[g] = kvq_rk_qsum(q + (size_t)g * d, d);
                 p = H->p_, ld = H->cap;

@@ -1,7 +1,8 @@
 /*
  * tests/test_kvc_rows.c — the SIMD readers of the compressed caches' rows
  * (runtime/kernels/kvc_rows.h) against the scalar specification, bit for bit: LeanKV
- * rows at every width 1..8 and PATS rows at every truncation 0..10, several queries,
+ * rows at every width 1..8 (and widths mixed in a call) and PATS rows at every
+ * truncation 0..10, several queries,
  * rows of the SIMD widths and of widths the scalar code reads alone, zero weights, and
  * values across f16's range (subnormals, large ones, zeros, equal values). The scalar code itself is
  * checked against numpy in test_kvcache.c.
@@ -36,16 +37,25 @@ static float value(kvq_rng *r, int32_t i)
     }
 }
 
+/* LeanKV widths mixed in one call (width -1 .. -4 picks a set: the K and V widths of
+ * HIGH and LOW tokens, all three fast widths, one the SIMD code reads element by element). */
+static const int32_t mixed_sets[4][4] = {{2, 8, 4}, {2, 4, 2}, {3, 2, 4, 8}, {3, 8, 4, 3}};
+
 /* m rows into one buffer (padded), row pointers and widths; LeanKV (pats 0) or PATS. */
 static uint8_t *make_rows(kvq_rng *r, int pats, int32_t n, int32_t width, const uint8_t **row,
                           int8_t *bits)
 {
+    const int32_t *set = width < 0 ? mixed_sets[-width - 1] : NULL;
+    if (set)
+        width = 8; /* the rows' stride: the widest */
     const size_t rb = pats ? kvq_rk_pats_row_bytes(n, width) : kvq_rk_lkq_row_bytes(n, width);
     uint8_t *buf = malloc(rb * M + KVQ_RK_PATS_PAD);
     float x[512];
     kvq_err e = {0};
     for (int64_t i = 0; i < M; i++) {
         int32_t w = pats ? (int32_t)((width + i) % 11) : width; /* PATS: widths vary */
+        if (set)
+            w = set[1 + (int)(kvq_rng_u64(r) % (uint64_t)set[0])];
         const size_t off = (size_t)i * rb;
         for (int32_t t = 0; t < n; t++)
             x[t] = value(r, (int32_t)(i * n + t));
@@ -120,6 +130,19 @@ static void test_lkq_simd(void **state)
                 check(0, dims[k], bits, (kvq_isa)isa);
 }
 
+/* Rows of different widths in one call, in random order (LeanKV's HIGH and LOW tokens):
+ * the readers that group a block's rows by width, or decode them without a branch on it. */
+static void test_lkq_mixed(void **state)
+{
+    (void)state;
+    if (kvq_isa_best() == KVQ_ISA_SCALAR)
+        skip();
+    for (int isa = KVQ_ISA_AVX2; isa <= (int)kvq_isa_best(); isa++)
+        for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++)
+            for (int32_t set = 1; set <= 4; set++)
+                check(0, dims[k], -set, (kvq_isa)isa);
+}
+
 static void test_pats_simd(void **state)
 {
     (void)state;
@@ -141,6 +164,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lkq_simd),
+        cmocka_unit_test(test_lkq_mixed),
         cmocka_unit_test(test_pats_simd),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

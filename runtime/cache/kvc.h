@@ -148,16 +148,31 @@ typedef struct kvq_rt_lk_head {
     uint8_t *cls;        /* [cap] */
     int32_t *slot;       /* [cap] slot in its class's pool; -1 pruned */
     double *acc;         /* [cap, gs] attention received */
-    int64_t *qcum;       /* [cap] queries counted before the token came */
-    double *sig;         /* [cap] scratch */
+    int32_t *qcum;       /* [cap] queries counted before the token came */
+    double *sig;         /* [cap] every token's significance at the last policy step */
     float *exact;        /* [cap, 2d] the prompt's K, V (freed at end_prompt) */
     float *p_;           /* [gs, cap] probabilities scratch */
     float *row_;         /* [2d] scratch */
     kvq_rt_lk_pool pool[3]; /* [LOW], [HIGH] used */
     kvq_isa isa;         /* the readers' (kvq_isa_best() at init) */
-    int64_t *col;        /* [cap] attend's scratch: the kept tokens, */
+    /* The kept-row list (generation phase), kept between steps: the kept tokens in
+     * token order and their rows, updated where a token is appended, downgraded or
+     * pruned (a pruned token's entry removed, the tail moved down), made again when a
+     * pool moved (its rows' addresses changed). */
+    int64_t m;           /* entries */
+    int list_stale;      /* a pool moved: made again before the next read */
+    int32_t *col;        /* [cap] the kept tokens, ascending */
     const uint8_t **kr, **vr; /* [cap] their K and V rows */
     int8_t *kb, *vb;     /* [cap] and their bits */
+    int32_t *pruned;     /* [cap] the pruned tokens (their sums no longer change) */
+    int64_t npruned;
+    /* Algorithm 1's inputs, counted by kvq_rt_lk_attend in its pass over the sums (for
+     * the step at n tokens, nq queries; any other step recomputes them): per section
+     * (LOW, HIGH) the least significant token before c = n - 1 - window (ties: the
+     * earliest; -1 if none) and its significance. */
+    int64_t at_n, at_nq;
+    int64_t least[3];
+    double least_sig[3];
 } kvq_rt_lk_head;
 
 kvq_status kvq_rt_lk_head_init(kvq_rt_lk_head *H, int32_t d, int32_t gs,
@@ -167,8 +182,10 @@ void kvq_rt_lk_head_free(kvq_rt_lk_head *H);
  * quantized HIGH. Errors: KVQ_E_NOMEM, KVQ_E_NUMERIC. */
 kvq_status kvq_rt_lk_append(kvq_rt_lk_head *H, const float *k, const float *v, kvq_err *err);
 /* Attention of q [gs, d] (rotated) over every kept token, scaled logits (scale), into
- * o [gs, d]; the prompt's rows exactly, the others read from their rows. The
- * probabilities are counted into the significance. */
+ * o [gs, d]; the prompt's rows exactly, the others read from their rows (the kept-row
+ * list). The probabilities are counted into the significance; in the generation phase
+ * the same pass leaves each kept token's significance and Algorithm 1's candidates for
+ * the kvq_rt_lk_step that follows (any other step recomputes every significance). */
 void kvq_rt_lk_attend(kvq_rt_lk_head *H, const float *q, float scale, float *o);
 /* Ends the prompt: classifies the prompt's tokens and stores them in their classes. */
 kvq_status kvq_rt_lk_end_prompt(kvq_rt_lk_head *H, kvq_err *err);

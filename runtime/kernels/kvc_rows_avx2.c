@@ -138,6 +138,42 @@ TARGET INL void lkq_logits_row(const float *q, int32_t NQ, int64_t ldq, const fl
     }
 }
 
+/* The logits of rows [0, m): in blocks of 16, a block's rows of width 8, then 4, then
+ * the others (each row's logits are its own: the order does not change them), so that
+ * rows of mixed widths (LeanKV's HIGH and LOW keys) do not branch on each row's width. */
+TARGET INL void lkq_logits_rows(const float *q, int32_t NQ, int64_t ldq, const float *qsum,
+                                const uint8_t *const *row, const int8_t *bits, int64_t m,
+                                int32_t NV, float scale, float *out, int64_t ldo)
+{
+    int64_t i0 = 0;
+    for (; i0 + 16 <= m; i0 += 16) {
+        for (int r = 0; r < 16; r++)
+            if (i0 + r + AHEAD < m)
+                prefetch_row(row[i0 + r + AHEAD]);
+        const __m128i bv = _mm_loadu_si128((const __m128i *)(bits + i0));
+        unsigned m8 = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(bv, _mm_set1_epi8(8)));
+        unsigned m4 = (unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(bv, _mm_set1_epi8(4)));
+        unsigned mo = 0xffffu & ~(m8 | m4);
+        for (; m8; m8 &= m8 - 1) {
+            const int64_t i = i0 + __builtin_ctz(m8);
+            lkq_logits_row(q, NQ, ldq, qsum, row[i], 8, NV, scale, out, ldo, i);
+        }
+        for (; m4; m4 &= m4 - 1) {
+            const int64_t i = i0 + __builtin_ctz(m4);
+            lkq_logits_row(q, NQ, ldq, qsum, row[i], 4, NV, scale, out, ldo, i);
+        }
+        for (; mo; mo &= mo - 1) {
+            const int64_t i = i0 + __builtin_ctz(mo);
+            lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], NV, scale, out, ldo, i);
+        }
+    }
+    for (int64_t i = i0; i < m; i++) {
+        if (i + AHEAD < m)
+            prefetch_row(row[i + AHEAD]);
+        lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], NV, scale, out, ldo, i);
+    }
+}
+
 #define LKQ_DEC(rp, b, k) lkq_value8(rp, b, k)
 #define LKQ_FAST_CASE(NQ)                                                                        \
     case NQ:                                                                                     \
@@ -150,14 +186,10 @@ TARGET INL void lkq_logits_row(const float *q, int32_t NQ, int64_t ldq, const fl
                                  _mm256_set1_ps, _mm256_fmadd_ps, prefetch_row, LKQ_DEC);        \
             break;                                                                               \
         }                                                                                        \
-        for (int64_t i = 0; i < m; i++) {                                                        \
-            if (i + AHEAD < m)                                                                   \
-                prefetch_row(row[i + AHEAD]);                                                    \
-            if (n == 64)                                                                         \
-                lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], 8, scale, out, ldo, i);        \
-            else                                                                                 \
-                lkq_logits_row(q, NQ, ldq, qsum, row[i], bits[i], 16, scale, out, ldo, i);       \
-        }                                                                                        \
+        if (n == 64)                                                                             \
+            lkq_logits_rows(q, NQ, ldq, qsum, row, bits, m, 8, scale, out, ldo);                 \
+        else                                                                                     \
+            lkq_logits_rows(q, NQ, ldq, qsum, row, bits, m, 16, scale, out, ldo);                \
         break;
 
 /* The logits (mix 0: q, qsum, scale, out) of rows of 64 or 128 elements for 1..8

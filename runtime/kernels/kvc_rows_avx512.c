@@ -152,27 +152,51 @@ TARGET INL void lkq_chunks(const uint8_t *r, int32_t bits, int32_t NC, __m512 *c
     }
 }
 
-/* Logits of rows [i0, i0 + 16): per query the 16 rows' lane sums, reduced together. */
+/* Row r of a 16-row block at width BITS (the sums into A[.][r]). */
+TARGET INL void lkq_logits_row(const float *q, int32_t NQ, int64_t ldq, const uint8_t *rp,
+                               int32_t BITS, int32_t NC, int r, __m512 (*A)[16], float *sv,
+                               float *zv)
+{
+    meta(rp, &sv[r], &zv[r]);
+    __m512 c[8];
+    lkq_chunks(rp, BITS, NC, c);
+    _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
+        const float *qg = q + (size_t)g * (size_t)ldq;
+        __m512 acc = _mm512_setzero_ps();
+        _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);
+        A[g][r] = acc;
+    }
+}
+
+/* Logits of rows [i0, i0 + 16): per query the 16 rows' lane sums, reduced together. The
+ * rows of width 8, then 4, then the others (each row's sums are its own: the order of
+ * the rows does not change them), so that rows of mixed widths (LeanKV's HIGH and LOW
+ * keys) do not branch on each row's width. */
 TARGET INL void lkq_logits16(const float *q, int32_t NQ, int64_t ldq, const float *qsum,
                              const uint8_t *const *row, const int8_t *bits, int64_t i0,
                              int64_t m, int32_t NC, float scale, float *out, int64_t ldo)
 {
     __m512 A[FAST_NQ][16];
     _Alignas(64) float sv[16], zv[16];
-    for (int r = 0; r < 16; r++) {
+    for (int r = 0; r < 16; r++)
         if (i0 + r + AHEAD < m)
             prefetch_row(row[i0 + r + AHEAD]);
-        const uint8_t *rp = row[i0 + r];
-        meta(rp, &sv[r], &zv[r]);
-        __m512 c[8];
-        lkq_chunks(rp, bits[i0 + r], NC, c);
-        _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
-            const float *qg = q + (size_t)g * (size_t)ldq;
-            __m512 acc = _mm512_setzero_ps();
-            _Pragma("GCC unroll 8") for (int32_t k = 0; k < NC; k++)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * k), c[k], acc);
-            A[g][r] = acc;
-        }
+    const __m128i bv = _mm_loadu_si128((const __m128i *)(bits + i0));
+    unsigned m8 = _mm_cmpeq_epi8_mask(bv, _mm_set1_epi8(8));
+    unsigned m4 = _mm_cmpeq_epi8_mask(bv, _mm_set1_epi8(4));
+    unsigned mo = 0xffffu & ~(m8 | m4);
+    for (; m8; m8 &= m8 - 1) {
+        const int r = __builtin_ctz(m8);
+        lkq_logits_row(q, NQ, ldq, row[i0 + r], 8, NC, r, A, sv, zv);
+    }
+    for (; m4; m4 &= m4 - 1) {
+        const int r = __builtin_ctz(m4);
+        lkq_logits_row(q, NQ, ldq, row[i0 + r], 4, NC, r, A, sv, zv);
+    }
+    for (; mo; mo &= mo - 1) {
+        const int r = __builtin_ctz(mo);
+        lkq_logits_row(q, NQ, ldq, row[i0 + r], bits[i0 + r], NC, r, A, sv, zv);
     }
     const __m512 s = _mm512_load_ps(sv), z = _mm512_load_ps(zv), sc = _mm512_set1_ps(scale);
     _Pragma("GCC unroll 8") for (int32_t g = 0; g < NQ; g++) {
@@ -224,6 +248,73 @@ TARGET INL __m512 lkq_value16(const uint8_t *r, int32_t bits, int32_t k)
     return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
 }
 
+/* Codes of widths 2, 4 and 8 without a branch on the width (w = bits / 4: 0, 1, 2):
+ * chunk k's 2 bits bytes (a masked load: nothing read past them), byte t bits / 8 to
+ * lane t (one shuffle), shifted by t bits % 8 and masked; the values of codes16. */
+static const uint8_t bl_ctl[3][16] = {
+    {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
+    {0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7},
+    {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15},
+};
+static const uint32_t bl_sh[3][16] = {
+    {0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6},
+    {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4},
+    {0},
+};
+
+/* The value s16 c - z16 of chunk k of a LeanKV row of width 2, 4 or 8 (lkq_value16's). */
+TARGET INL __m512 lkq_value16_bl(const uint8_t *r, int32_t bits, int32_t k)
+{
+    float s, z;
+    meta(r, &s, &z);
+    const int w = bits >> 2;
+    const __m128i x = _mm_maskz_loadu_epi8((__mmask16)((1u << (2 * bits)) - 1u),
+                                           r + 4 + 2 * k * bits);
+    const __m128i d = _mm_shuffle_epi8(x, _mm_loadu_si128((const __m128i *)bl_ctl[w]));
+    const __m512i v = _mm512_and_si512(
+        _mm512_srlv_epi32(_mm512_cvtepu8_epi32(d), _mm512_loadu_si512(bl_sh[w])),
+        _mm512_set1_epi32((int)((1u << bits) - 1u)));
+    const __m512 c = _mm512_cvtepi32_ps(v);
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
+}
+
+/* The value s16 c - z16 of chunk k of a LeanKV row of width 4, from the 64 codes of
+ * chunks k & ~3 .. (k & ~3) + 3 decoded together (one 32-byte load, the nibbles split
+ * and interleaved): the mix's unrolled calls for the chunks of one group share that
+ * work. */
+TARGET INL __m512 lkq_value16_4b(const uint8_t *r, int32_t bits, int32_t k)
+{
+    (void)bits;
+    float s, z;
+    meta(r, &s, &z);
+    const __m256i x = _mm256_loadu_si256((const __m256i *)(r + 4 + 8 * (k & ~3)));
+    const __m256i f = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(x, f), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), f);
+    /* per 128-bit half: codes 0..15 (a) and 16..31 (b) of its 16 bytes */
+    const __m256i a = _mm256_unpacklo_epi8(lo, hi), b = _mm256_unpackhi_epi8(lo, hi);
+    const __m256i ab = k & 1 ? b : a;
+    const __m128i src = k & 2 ? _mm256_extracti128_si256(ab, 1) : _mm256_castsi256_si128(ab);
+    const __m512 c = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(src));
+    return _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(s), c), _mm512_set1_ps(z));
+}
+
+/* The mix's decoding for widths bits [m]: 2 all of width 4, 1 more than one width, all of
+ * them 2, 4 or 8 (decoded without a branch on each row's width), 0 otherwise. */
+TARGET static int mix_widths(const int8_t *bits, int64_t m)
+{
+    if (m < 1)
+        return 0;
+    const int8_t b0 = bits[0];
+    int mixed = 0;
+    for (int64_t i = 0; i < m; i++) {
+        const int8_t b = bits[i];
+        if (b != 2 && b != 4 && b != 8)
+            return 0;
+        mixed |= b != b0;
+    }
+    return mixed ? 1 : b0 == 4 ? 2 : 0;
+}
+
 /* NQ queries, NC chunks of 16: column passes of CB chunks (NQ CB <= 16 sums in
  * registers; kvc_rows_simd.h). */
 #define MIX_FAST(NQ, NC, DECODE)                                                                 \
@@ -234,10 +325,19 @@ TARGET static void lkq_mix_fast(const float *p, int32_t nq, int64_t ldp,
                                 const uint8_t *const *row, const int8_t *bits, int64_t m,
                                 int32_t n, float *y, int64_t ldy)
 {
+    const int wd = mix_widths(bits, m);
 #define LKQ_MIX_NC(NQ)                                                                           \
     case NQ:                                                                                     \
-        if (n == 64)                                                                             \
+        if (n == 64 && wd == 2)                                                                  \
+            MIX_FAST(NQ, 4, lkq_value16_4b);                                                     \
+        else if (n == 64 && wd == 1)                                                             \
+            MIX_FAST(NQ, 4, lkq_value16_bl);                                                     \
+        else if (n == 64)                                                                        \
             MIX_FAST(NQ, 4, lkq_value16);                                                        \
+        else if (wd == 2)                                                                        \
+            MIX_FAST(NQ, 8, lkq_value16_4b);                                                     \
+        else if (wd == 1)                                                                        \
+            MIX_FAST(NQ, 8, lkq_value16_bl);                                                     \
         else                                                                                     \
             MIX_FAST(NQ, 8, lkq_value16);                                                        \
         break;
