@@ -225,6 +225,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
     free(r->scr);
     free(r->rcos);
     free(r->rsin);
+    free(r->akey);
     free(r);
 }
 

@@ -140,9 +140,13 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
     const int64_t lo = st->lo, nv = st->nvis - lo; /* the visible tokens [lo, nvis) */
-    for (int64_t j = lo; j < st->nvis; j++)
-        kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
-    exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
+    if (r->kvc) { /* over the rows the compressed cache holds (kvc_retr.c) */
+        kvq_rt_kvc_exact(st);
+    } else {
+        for (int64_t j = lo; j < st->nvis; j++)
+            kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
+        exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
+    }
     kvq_rt_measure_output(S, gs, d, lo, nv, att, m, S->o, NULL, &S->sums);
     double recall = 1.0;
     if (nsel < st->nc && nsel > 0) {
@@ -255,10 +259,13 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
 void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
                          const kvq_attn_call *c, int64_t past, rt_scratch *S)
 {
+    if (r->kvc) { /* no rows of its own: the compressed cache's (kvc_retr.c) */
+        kvq_rt_kvc_prefill(r, h, c, past, S);
+        return;
+    }
     const rt_head *H = &L->head[h];
-    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
-    const int64_t n = c->n, T = past + n;
-    const float scale = r->scale; /* the model's (1/sqrt(d) unless it says) */
+    const int32_t d = r->d;
+    const int64_t T = past + c->n;
     const float *K = S->krot; /* rotated keys [T, d]: under ROPE the cache's (f16 converted) */
     if (r->keys_rotated && r->es == 4)
         K = H->k;
@@ -272,6 +279,15 @@ void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
         kvq_f16_to_f32((const uint16_t *)H->v, S->vbuf, (size_t)T * d);
         V = S->vbuf;
     }
+    kvq_rt_prefill_rows(r, c, h, K, V, past, S);
+}
+
+void kvq_rt_prefill_rows(const kvq_retrieval *r, const kvq_attn_call *c, int32_t h,
+                         const float *K, const float *V, int64_t pe, rt_scratch *S)
+{
+    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
+    const int64_t n = c->n, T = pe + n, past = pe;
+    const float scale = r->scale; /* the model's (1/sqrt(d) unless it says) */
     for (int32_t g = 0; g < gs; g++) {
         for (int64_t i = 0; i < n; i++)
             kvq_rt_rotate(r, c->q + ((size_t)i * nh + (size_t)h * gs + g) * d, c->pos[i],

@@ -43,7 +43,7 @@ static void quest_append_row(const kvq_retrieval *r, const rt_layer *L, rt_head 
     const int64_t pi = j / pg;
     float *lo = Q->lo + (size_t)pi * d, *hi = Q->hi + (size_t)pi * d;
     float kr[KVQ_ROPE_MAX_DIM];
-    kvq_rt_key_rotated(r, L, H, j, kr);
+    kvq_rt_append_key(r, L, H, j, kr);
     for (int32_t c = 0; c < d; c++) {
         lo[c] = j % pg == 0 || kr[c] < lo[c] ? kr[c] : lo[c];
         hi[c] = j % pg == 0 || kr[c] > hi[c] ? kr[c] : hi[c];
