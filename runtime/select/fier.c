@@ -142,6 +142,14 @@ static double fier_bits(const kvq_retrieval_params *p, const kvq_codebook_set *r
     return (double)d + 2.0 * d * 32.0 / (double)p->fier_group;
 }
 
+/* Bytes per row: its bits, and a group's ranges shared by its fier_group rows. */
+static double fier_row_bytes(const kvq_retrieval *r, const rt_layer *L, const rt_head *H)
+{
+    (void)L;
+    return H->sdata ? FIER_BYTES(r->d) + 2.0 * r->d * sizeof(float) / (double)r->p.fier_group
+                    : 0;
+}
+
 const rt_selector kvq_rt_selector_fier = {
     .id = KVQ_SELECT_FIER,
     .name = "fier",
@@ -150,4 +158,5 @@ const rt_selector kvq_rt_selector_fier = {
     .append = fier_append,
     .select = fier_select,
     .bits_per_key = fier_bits,
+    .row_bytes = fier_row_bytes,
 };
