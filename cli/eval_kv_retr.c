@@ -47,9 +47,34 @@ static kvq_status kvr_ppl(const kvr *x, kvq_kvcache *kc, double *nll, uint64_t *
     return KVQ_OK;
 }
 
+/* ---- held memory (kvq/runtime.h kvq_retrieval_held_get): the compressed cache's bytes
+ * per token plus the retrieval context's (selector data, positions, RoPE table; its own
+ * rows only without a compressed cache) = what the process holds for the KV. One line
+ * (text) or a JSON fragment ending ", " (json), after the row's fields. */
+static void kvr_print_held(const kvq_retrieval *r, const kvq_kvcache_memory *mem, int has_kc,
+                           int json)
+{
+    kvq_retrieval_held h;
+    kvq_retrieval_held_get(r, &h);
+    const double tok = mem->tokens > 0 ? mem->tokens : 1;
+    const double cache = has_kc ? mem->bytes / tok : 0, held = cache + h.total;
+    if (json)
+        printf("\"held_bytes_per_token\": %.2f, \"held_of_f16\": %.6f, "
+               "\"context_bytes_per_token\": %.2f, \"context_rows\": %.2f, "
+               "\"context_selector\": %.2f, \"context_positions\": %.2f, "
+               "\"context_rope\": %.2f, \"context_scratch_bytes\": %.0f, ",
+               held, held / (mem->bytes_f16 / tok), h.total, h.rows, h.selector, h.positions,
+               h.rope, h.scratch);
+    else
+        printf("    held %.1f bytes/token (%.1f%% of f16): cache %.1f + context %.1f (rows %.1f, "
+               "selector %.1f, positions %.1f, rope %.1f); context scratch %.0f bytes\n", held,
+               100 * held / (mem->bytes_f16 / tok), cache, h.total, h.rows, h.selector,
+               h.positions, h.rope, h.scratch);
+}
+
 static void kvr_print(const kvr *x, const cli_row *row, double ref, double nll, uint64_t n_pred,
                       const kvq_kvcache_memory *mem, const kvq_retrieval_stats *st, int32_t d,
-                      int json)
+                      int json, const kvq_retrieval *r, int has_kc)
 {
     const double tok = mem->tokens > 0 ? mem->tokens : 1, ppl0 = exp(ref), ppl = exp(nll);
     const double att = st->visible > 0 ? st->attended / st->visible : 1;
@@ -62,11 +87,13 @@ static void kvr_print(const kvr *x, const cli_row *row, double ref, double nll, 
                "\"prompt_fraction\": %g, \"predicted\": %llu, \"ppl_full\": %.6f, \"ppl\": %.6f, "
                "\"dppl_pct\": %.4f, \"attended\": %.6f, \"bytes_per_token\": %.2f, "
                "\"bytes_high_per_token\": %.2f, \"bytes_low_per_token\": %.2f, "
-               "\"f16_bytes_per_token\": %.2f, \"of_f16\": %.6f, \"pruned_share\": %.6f}\n",
+               "\"f16_bytes_per_token\": %.2f, \"of_f16\": %.6f, ",
                kvq_kv_kind_name(x->kp.kind), set, set[0] ? ", " : "", row->name, row->budget_str,
                x->frac, (unsigned long long)n_pred, ppl0, ppl, 100 * (ppl / ppl0 - 1), att,
                mem->bytes / tok, mem->bytes_high / tok, mem->bytes_low / tok,
-               mem->bytes_f16 / tok, mem->bytes / mem->bytes_f16, pruned);
+               mem->bytes_f16 / tok, mem->bytes / mem->bytes_f16);
+        kvr_print_held(r, mem, has_kc, json);
+        printf("\"pruned_share\": %.6f}\n", pruned);
         return;
     }
     printf("kv %-12s %-10s %-8s ppl %.4f (full %.4f) %+.3f%%  attended %.2f%%  "
@@ -74,6 +101,7 @@ static void kvr_print(const kvr *x, const cli_row *row, double ref, double nll, 
            kvq_kv_kind_name(x->kp.kind), row->name, row->budget_str, ppl, ppl0,
            100 * (ppl / ppl0 - 1), 100 * att, mem->bytes / tok, 100 * mem->bytes / mem->bytes_f16,
            mem->bytes_high / tok, mem->bytes_low / tok, 100 * pruned);
+    kvr_print_held(r, mem, has_kc, json);
 }
 
 /* One selector x budget row: a retrieval context over a fresh compressed cache. */
@@ -119,7 +147,7 @@ static int kvr_row(kvr *x, cli_retrieval *ro, const kvq_codebook_set *rt, const 
     }
     kvq_retrieval_stats st;
     kvq_retrieval_stats_get(r, &st);
-    kvr_print(x, row, ref, nll, n_pred, &mem, &st, c->head_dim, json);
+    kvr_print(x, row, ref, nll, n_pred, &mem, &st, c->head_dim, json, r, kc != NULL);
 done:
     kvq_forward_set_attention(x->f, NULL);
     kvq_retrieval_free(r);

@@ -226,6 +226,7 @@ void kvq_retrieval_free(kvq_retrieval *r)
     free(r->rcos);
     free(r->rsin);
     free(r->akey);
+    free(r->aval);
     free(r);
 }
 
@@ -563,7 +564,7 @@ void kvq_retrieval_held_get(const kvq_retrieval *r, kvq_retrieval_held *out)
     out->total = out->rows + out->selector + out->positions + out->rope;
     for (int32_t t = 0; t < r->n_scr; t++)
         out->scratch += scratch_bytes(r, &r->scr[t]);
-    out->scratch += (double)r->akey_bytes;
+    out->scratch += 2.0 * (double)r->akey_bytes;
 }
 
 const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,

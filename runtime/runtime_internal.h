@@ -157,11 +157,13 @@ struct kvq_retrieval {
     struct kvq_kvcache *kvc; /* NULL, or the compressed cache the steps read (kvc_retr.c);
                                 while set, rt_head.k / .v are NULL: the context holds no
                                 rows (the compressed cache's are read instead) */
-    int kvc_nocount;         /* steps whose probabilities LeanKV does not count (its
-                                prompt's, counted by the cache's own exact attention) */
-    float *akey;             /* without rows (kvc): the appended chunk's keys [n_kv, n, d],
-                                rotated and rounded as the cache dtype holds a key
-                                (kvq_rt_append_key reads them) */
+    int kvc_inflight;        /* steps of LeanKV's prompt: the chunk's own rows read from
+                                the call (akey, aval), as a prefill reads them, and the
+                                probabilities not counted (the cache's own exact
+                                attention of the prompt counts them) */
+    float *akey, *aval;      /* without rows (kvc): the appended chunk's keys and values
+                                [n_kv, n, d], the keys rotated, both rounded as the cache
+                                dtype holds them (kvq_rt_append_key reads the keys) */
     size_t akey_bytes;
     int64_t akey_past, akey_n; /* the chunk's rows [akey_past, + akey_n) */
 };

@@ -110,22 +110,25 @@ kvq_status kvq_rt_rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err)
     return KVQ_OK;
 }
 
-/* Without rows (a compressed cache attached): the chunk's keys as the cache dtype would
- * hold them, [n_kv, n, d] in r->akey, for the selectors' append (kvq_rt_append_key) and
- * the prefill (kvq_rt_kvc_prefill). */
+/* Without rows (a compressed cache attached): the chunk's keys (rotated) and values as
+ * the cache dtype would hold them, [n_kv, n, d] in r->akey and r->aval, for the
+ * selectors' append (kvq_rt_append_key), the prefill (kvq_rt_kvc_prefill) and the steps
+ * of LeanKV's prompt (r->kvc_inflight). */
 static kvq_status append_keys(kvq_retrieval *r, const kvq_attn_call *c, int64_t past,
                               kvq_err *err)
 {
     const size_t n = (size_t)c->n, d = (size_t)r->d, kvd = (size_t)r->n_kv * d;
     const size_t bytes = (size_t)r->n_kv * n * d * sizeof(float);
     if (bytes > r->akey_bytes) {
-        if (!kvq_rt_grow((void **)&r->akey, bytes))
+        if (!kvq_rt_grow((void **)&r->akey, bytes) || !kvq_rt_grow((void **)&r->aval, bytes))
             return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
         r->akey_bytes = bytes;
     }
     for (size_t h = 0; h < (size_t)r->n_kv; h++)
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             kvq_rt_key_held(r, c->k + i * kvd + h * d, c->pos[i], r->akey + (h * n + i) * d);
+            kvq_rt_key_pre(r, c->v + i * kvd + h * d, r->aval + (h * n + i) * d); /* rounded */
+        }
     r->akey_past = past;
     r->akey_n = c->n;
     return KVQ_OK;

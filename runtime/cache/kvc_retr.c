@@ -18,7 +18,6 @@
 #ifndef KVQ_UNSTABLE_API
 #define KVQ_UNSTABLE_API
 #endif
-#include "kvq/half.h"
 #include "kvq/kvcache.h"
 #include "kvq/runtime.h"
 #include "runtime/kernels/rk.h"
@@ -56,9 +55,27 @@ kvq_status kvq_retrieval_set_kvcache(kvq_retrieval *r, kvq_kvcache *c, kvq_err *
     return KVQ_OK;
 }
 
+/* Token tok's rotated key and value (either NULL: not read) for a step of (layer, head):
+ * r->kvc's row, or in the steps of LeanKV's prompt (kvc_inflight) the chunk's own rows
+ * from the call. 1, or 0 for a pruned token. */
+static int kvc_row(const kvq_retrieval *r, int32_t layer, int32_t head, int64_t tok, float *k,
+                   float *v)
+{
+    if (r->kvc_inflight && tok >= r->akey_past) {
+        const size_t d = (size_t)r->d;
+        const size_t off = ((size_t)head * (size_t)r->akey_n + (size_t)(tok - r->akey_past)) * d;
+        if (k)
+            memcpy(k, r->akey + off, sizeof(float) * d);
+        if (v)
+            memcpy(v, r->aval + off, sizeof(float) * d);
+        return 1;
+    }
+    return kvq_kvcache_row(r->kvc, layer, head, tok, k, v);
+}
+
 int kvq_rt_kvc_key(const rt_step *st, int64_t j, float *y)
 {
-    if (kvq_kvcache_row(st->r->kvc, st->layer, st->head, kvq_rt_row_token(st->H, j), y, NULL))
+    if (kvc_row(st->r, st->layer, st->head, kvq_rt_row_token(st->H, j), y, NULL))
         return 1;
     memset(y, 0, sizeof(float) * (size_t)st->r->d);
     return 0;
@@ -68,8 +85,8 @@ int64_t kvq_rt_kvc_filter(const rt_step *st, int32_t *rows, int64_t n)
 {
     int64_t m = 0;
     for (int64_t a = 0; a < n; a++)
-        if (kvq_kvcache_row(st->r->kvc, st->layer, st->head, kvq_rt_row_token(st->H, rows[a]),
-                            NULL, NULL)) /* the class only: no row is decoded */
+        if (kvc_row(st->r, st->layer, st->head, kvq_rt_row_token(st->H, rows[a]), NULL,
+                    NULL)) /* the class only: no row is decoded */
             rows[m++] = rows[a];
     return m;
 }
@@ -101,8 +118,8 @@ void kvq_rt_kvc_attend(const rt_step *st, const int32_t *att, int64_t m)
     int32_t *tok = S->sel; /* free after the selection */
     for (int64_t a = 0; a < m; a++) {
         tok[a] = (int32_t)kvq_rt_row_token(st->H, att[a]);
-        if (!kvq_kvcache_row(r->kvc, st->layer, st->head, tok[a], K + (size_t)a * d,
-                             V + (size_t)a * d)) { /* filtered before: not reached */
+        if (!kvc_row(r, st->layer, st->head, tok[a], K + (size_t)a * d,
+                     V + (size_t)a * d)) { /* filtered before: not reached */
             memset(K + (size_t)a * d, 0, sizeof(float) * (size_t)d);
             memset(V + (size_t)a * d, 0, sizeof(float) * (size_t)d);
         }
@@ -113,7 +130,7 @@ void kvq_rt_kvc_attend(const rt_step *st, const int32_t *att, int64_t m)
     kvq_rt_softcap(S->logits, gs, m, m, r->softcap);
     kvq_rk_softmax(r->p.isa, S->logits, gs, m, m);
     kvq_rk_mix(r->p.isa, S->logits, gs, m, V, KVQ_DT_F32, d, NULL, m, d, S->o);
-    if (!r->kvc_nocount)
+    if (!r->kvc_inflight)
         kvq_kvcache_count(r->kvc, st->layer, st->head, tok, m, S->logits, m);
 }
 
@@ -131,8 +148,8 @@ void kvq_rt_kvc_exact(const rt_step *st)
     int32_t *row = S->osel; /* the held rows; the oracle's selection is made after */
     int64_t m = 0;
     for (int64_t j = lo; j < st->nvis; j++)
-        if (kvq_kvcache_row(r->kvc, st->layer, st->head, kvq_rt_row_token(st->H, j),
-                            K + (size_t)m * d, V + (size_t)m * d))
+        if (kvc_row(r, st->layer, st->head, kvq_rt_row_token(st->H, j), K + (size_t)m * d,
+                    V + (size_t)m * d))
             row[m++] = (int32_t)j;
     if (m < 1)
         return;
@@ -150,23 +167,13 @@ void kvq_rt_kvc_prefill(const kvq_retrieval *r, int32_t h, const kvq_attn_call *
                         rt_scratch *S)
 {
     const int32_t d = r->d;
-    const size_t kvd = (size_t)r->n_kv * d, n = (size_t)c->n;
+    const size_t n = (size_t)c->n;
     float *K = S->krot, *V = S->vbuf; /* [past + n, d] each (scratch_reserve) */
     int64_t pe = 0; /* earlier tokens held (by token: the row order does not matter) */
     for (int64_t j = 0; j < past; j++)
         pe += kvq_kvcache_row(r->kvc, c->layer, h, j, K + (size_t)pe * d, V + (size_t)pe * d);
     memcpy(K + (size_t)pe * d, r->akey + (size_t)h * n * d, sizeof(float) * n * d);
-    for (size_t i = 0; i < n; i++) { /* the values as the cache dtype holds them */
-        const float *v = c->v + i * kvd + (size_t)h * d;
-        float *y = V + ((size_t)pe + i) * d;
-        if (r->es == 2) {
-            uint16_t x[KVQ_ROPE_MAX_DIM];
-            kvq_f32_to_f16(v, x, (size_t)d);
-            kvq_f16_to_f32(x, y, (size_t)d);
-        } else {
-            memcpy(y, v, sizeof(float) * (size_t)d);
-        }
-    }
+    memcpy(V + (size_t)pe * d, r->aval + (size_t)h * n * d, sizeof(float) * n * d);
     kvq_rt_prefill_rows(r, c, h, K, V, pe, S);
 }
 
@@ -215,7 +222,7 @@ static void plain_attend(kvq_retrieval *r, const kvq_attn_call *c, int64_t past)
             kvq_rt_prefill_head(r, L, h, c, past, &r->scr[kvq_rt_thread_id()]);
     } else {
         const int64_t items = (int64_t)c->n * r->n_kv;
-        r->kvc_nocount = 1;
+        r->kvc_inflight = 1;
 #pragma omp parallel for num_threads(r->n_scr) schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             const int64_t i = it / r->n_kv;
@@ -224,7 +231,7 @@ static void plain_attend(kvq_retrieval *r, const kvq_attn_call *c, int64_t past)
             kvq_rt_step(r, c->layer, h, c->q + off, c->pos[i], past + i + 1, i == c->n - 1,
                         &r->scr[kvq_rt_thread_id()], c->out + off, d);
         }
-        r->kvc_nocount = 0;
+        r->kvc_inflight = 0;
     }
 }
 
