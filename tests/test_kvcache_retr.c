@@ -492,6 +492,130 @@ static void test_prefill_in_calls(void **state)
     }
 }
 
+/* FIER (fier_group 8) with and without a compressed cache: every decode step's
+ * selection against a double reference of FIER's definition (each held key's rotated
+ * channels as one bit against its group's current range, (x - lo) 2 >= hi - lo; score
+ * q . lo + the sum of q_c (hi_c - lo_c) over the set bits, q the group's summed rotated
+ * query): the selected candidates are a top k of the reference's scores up to 1e-5 of
+ * the largest. The bits are built at append from the call's keys, so the two contexts
+ * select alike. */
+static int64_t fier_check(const kvq_model_config *c, const float *q, int64_t pos, int64_t nvis,
+                          const int32_t *sel, int64_t ns, const float *ex, int32_t h, int32_t fg)
+{
+    double theta[KVQ_ROPE_MAX_DIM / 2], qs[D] = {0}, sc[T], top = 0;
+    kvq_rope_freqs(&c->rope, theta);
+    for (int32_t g = 0; g < GS; g++) {
+        float qr[D];
+        memcpy(qr, q + (size_t)g * D, sizeof qr);
+        kvq_rope_apply(&c->rope, theta, qr, 1, pos);
+        for (int32_t t = 0; t < D; t++)
+            qs[t] += qr[t];
+    }
+    for (int64_t j = SINK; j < nvis - WIN; j++) {
+        const int64_t g0 = j / fg * fg, g1 = g0 + fg < nvis ? g0 + fg : nvis;
+        double x = 0;
+        for (int32_t t = 0; t < D; t++) {
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t u = g0; u < g1; u++) {
+                lo = fmin(lo, ex[((size_t)u * NKV + h) * 2 * D + t]);
+                hi = fmax(hi, ex[((size_t)u * NKV + h) * 2 * D + t]);
+            }
+            const double kx = ex[((size_t)j * NKV + h) * 2 * D + t];
+            x += qs[t] * lo + ((kx - lo) * 2 >= hi - lo ? qs[t] * (hi - lo) : 0);
+        }
+        sc[j] = x;
+        top = fmax(top, fabs(x));
+    }
+    double kth = INFINITY;
+    for (int64_t r = 0; r < BUDGET; r++) {
+        double best = -INFINITY;
+        for (int64_t j = SINK; j < nvis - WIN; j++)
+            if (sc[j] < kth && sc[j] > best)
+                best = sc[j];
+        kth = best;
+    }
+    const double eps = 1e-5 * top;
+    int64_t bad = ns != BUDGET;
+    for (int64_t j = SINK; j < nvis - WIN; j++) {
+        int chosen = 0;
+        for (int64_t a = 0; a < ns; a++)
+            chosen |= sel[a] == j;
+        bad += chosen ? sc[j] < kth - eps : sc[j] > kth + eps;
+    }
+    return bad;
+}
+
+static void test_fier_selection(void **state)
+{
+    (void)state;
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
+    seq *s = malloc(sizeof *s);
+    make_seq(s, 31);
+    float *ex = malloc(sizeof(float) * T * NKV * 2 * D), *out = malloc(sizeof(float) * T * NH * D);
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c.rope, theta);
+    for (int64_t j = 0; j < T; j++)
+        for (int32_t h = 0; h < NKV; h++) {
+            float *x = ex + ((size_t)j * NKV + h) * 2 * D;
+            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
+            kvq_rope_apply(&c.rope, theta, x, 1, j);
+        }
+    for (int attached = 0; attached < 2; attached++) {
+        kvq_retrieval_params rp = kvq_retrieval_params_default();
+        rp.selector = KVQ_SELECT_FIER;
+        rp.fier_group = 8;
+        rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
+        rp.sink = SINK;
+        rp.window = WIN;
+        rp.positions = KVQ_POSITIONS_ROPE;
+        rp.cache_dtype = KVQ_DT_F32;
+        rp.max_tokens = T;
+        kvq_kvcache_params kp = kvq_kvcache_params_default();
+        kp.kind = KVQ_KV_LEANKV;
+        kp.max_tokens = T;
+        kvq_retrieval *r = NULL;
+        kvq_kvcache *kc = NULL;
+        kvq_err e = {0};
+        if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) ||
+            (attached && (kvq_kvcache_create(&c, &kp, &kc, &e) ||
+                          kvq_retrieval_set_kvcache(r, kc, &e))))
+            fail_msg("fier: %s", e.msg);
+        const kvq_attn_backend b = kvq_retrieval_backend(r);
+        b.reset(b.user);
+        if (kc)
+            assert_int_equal(kvq_kvcache_begin(kc, P, T, &e), KVQ_OK);
+        int64_t steps = 0, bad = 0;
+        for (int64_t at = 0; at < T; at = at ? at + 1 : P) {
+            const int64_t n = at ? 1 : P;
+            for (int32_t l = 0; l < NL; l++) {
+                kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = s->pos + at,
+                                      .q = s->q + at * NH * D, .k = s->k + at * NKV * D,
+                                      .v = s->v + at * NKV * D, .out = out + at * NH * D};
+                if (b.attend(b.user, &call, &e))
+                    fail_msg("attend: %s", e.msg);
+                if (!at || at + 1 - WIN - SINK <= BUDGET)
+                    continue;
+                for (int32_t h = 0; h < NKV; h++) {
+                    int64_t ns = 0;
+                    const int32_t *sel = kvq_retrieval_last_selection(r, l, h, &ns);
+                    bad += fier_check(&c, s->q + ((size_t)at * NH + (size_t)h * GS) * D, at,
+                                      at + 1, sel, ns, ex, h, rp.fier_group);
+                    steps++;
+                }
+            }
+        }
+        printf("fier %s: %lld selections against the reference, %lld candidates off\n",
+               attached ? "over leankv" : "f32 rows", (long long)steps, (long long)bad);
+        assert_true(steps > 0);
+        assert_int_equal(bad, 0);
+        kvq_retrieval_free(r);
+        kvq_kvcache_free(kc);
+    }
+    free(ex);
+    free(out);
+    free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +623,7 @@ int main(void)
         cmocka_unit_test(test_steps_read_compressed_rows),
         cmocka_unit_test(test_held_bytes),
         cmocka_unit_test(test_prefill_in_calls),
+        cmocka_unit_test(test_fier_selection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

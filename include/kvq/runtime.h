@@ -452,7 +452,8 @@ typedef struct kvq_retrieval_setting {
  * setting's selector is r's own, or codebook / mass when r's is either (the same codes
  * and row order).
  * The cache and r's statistics are unchanged. Runs on the calling thread.
- * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection). */
+ * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection),
+ * UNSUPPORTED with a compressed KV cache attached (kvq/kvcache.h: no rows of its own). */
 kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
                                const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
                                kvq_err *err);
