@@ -68,6 +68,99 @@ static void snapshot(const kvq_kvcache *kc, int32_t l, int64_t n, float *rows, i
         }
 }
 
+/* The compressed cache's settings of the tests: LeanKV alpha 1 / 0.3 (LOW and pruned
+ * tokens both), PATS middle-heavy b 2..9, over T tokens. */
+static kvq_kvcache_params kv_params(kvq_kv_kind kind, int32_t window)
+{
+    kvq_kvcache_params kp = kvq_kvcache_params_default();
+    kp.kind = kind;
+    kp.alpha_h = 1;
+    kp.alpha_l = 0.3;
+    kp.window = window;
+    kp.schedule = 2;
+    kp.b_min = 2;
+    kp.b_max = 9;
+    kp.max_tokens = T;
+    return kp;
+}
+
+/* The exact rows [T, NKV, 2D] of s: keys rotated by their positions (in double), values. */
+static void exact_rows(const kvq_model_config *c, const seq *s, float *ex)
+{
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c->rope, theta);
+    for (int64_t j = 0; j < T; j++)
+        for (int32_t h = 0; h < NKV; h++) {
+            float *x = ex + ((size_t)j * NKV + h) * 2 * D;
+            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
+            kvq_rope_apply(&c->rope, theta, x, 1, s->pos[j]);
+            memcpy(x + D, s->v + ((size_t)j * NKV + h) * D, sizeof(float) * D);
+        }
+}
+
+/* The group's queries q [GS, D] rotated by pos and summed, in double, into qs [D]. */
+static void group_query(const kvq_model_config *c, const float *q, int64_t pos, double *qs)
+{
+    double theta[KVQ_ROPE_MAX_DIM / 2];
+    kvq_rope_freqs(&c->rope, theta);
+    memset(qs, 0, sizeof(double) * D);
+    for (int32_t g = 0; g < GS; g++) {
+        float qr[D];
+        memcpy(qr, q + (size_t)g * D, sizeof qr);
+        kvq_rope_apply(&c->rope, theta, qr, 1, pos);
+        for (int32_t t = 0; t < D; t++)
+            qs[t] += qr[t];
+    }
+}
+
+/* A selection sel [ns] of candidates [SINK, end) against reference scores sc (by token;
+ * -inf: not a candidate): the chosen ones must be k, a top k up to eps. Returns the
+ * number of candidates off (0 when right). */
+static int64_t topk_off(const double *sc, int64_t end, const int32_t *sel, int64_t ns, int64_t k,
+                        double eps)
+{
+    double kth = INFINITY; /* the k-th largest */
+    for (int64_t r = 0; r < k; r++) {
+        double best = -INFINITY;
+        for (int64_t j = SINK; j < end; j++)
+            if (sc[j] < kth && sc[j] > best)
+                best = sc[j];
+        kth = best;
+    }
+    int64_t bad = 0, in = 0;
+    for (int64_t j = SINK; j < end; j++) {
+        if (sc[j] == -INFINITY)
+            continue;
+        int chosen = 0;
+        for (int64_t a = 0; a < ns; a++)
+            chosen |= sel[a] == j;
+        in += chosen;
+        bad += chosen ? sc[j] < kth - eps : sc[j] > kth + eps;
+    }
+    return bad + (in != k);
+}
+
+/* r attached to kc, both reset, and kc laid out for a prompt of `prompt` tokens of T;
+ * the buffers of a run: outputs [T, NH, D], the cache's rows and the exact rows
+ * [T, NKV, 2D] (exact_rows), the kept flags [T, NKV]. Returns r's backend. */
+static kvq_attn_backend attach_run(const kvq_model_config *c, const seq *s, kvq_retrieval *r,
+                                   kvq_kvcache *kc, int64_t prompt, float **out, float **rows,
+                                   float **ex, int **kept)
+{
+    kvq_err e = {0};
+    if (kvq_retrieval_set_kvcache(r, kc, &e))
+        fail_msg("kv cache: %s", e.msg);
+    const kvq_attn_backend b = kvq_retrieval_backend(r);
+    b.reset(b.user);
+    assert_int_equal(kvq_kvcache_begin(kc, prompt, T, &e), KVQ_OK);
+    *out = malloc(sizeof(float) * T * NH * D);
+    *rows = malloc(sizeof(float) * T * NKV * 2 * D);
+    *ex = malloc(sizeof(float) * T * NKV * 2 * D);
+    *kept = malloc(sizeof(int) * T * NKV);
+    exact_rows(c, s, *ex); /* keys rotated */
+    return b;
+}
+
 /* Scalar reference of one step: the group's queries (rotated by pos) over the tokens
  * att[0..m) of rows, in double. Returns max |out - ref| over max |ref|. */
 static double step_ref(const kvq_model_config *c, const float *q, int64_t pos,
@@ -119,15 +212,8 @@ static int64_t oracle_check(const kvq_model_config *c, const float *q, int64_t p
                             const int32_t *sel, int64_t ns, const float *rows, const int *kept,
                             int32_t h)
 {
-    double theta[KVQ_ROPE_MAX_DIM / 2], qs[D] = {0}, sc[T], top = 0;
-    kvq_rope_freqs(&c->rope, theta);
-    for (int32_t g = 0; g < GS; g++) {
-        float qr[D];
-        memcpy(qr, q + (size_t)g * D, sizeof qr);
-        kvq_rope_apply(&c->rope, theta, qr, 1, pos);
-        for (int32_t t = 0; t < D; t++)
-            qs[t] += qr[t];
-    }
+    double qs[D], sc[T], top = 0;
+    group_query(c, q, pos, qs);
     int64_t held = 0;
     for (int64_t j = SINK; j < nvis - WIN; j++) {
         sc[j] = -INFINITY;
@@ -141,28 +227,7 @@ static int64_t oracle_check(const kvq_model_config *c, const float *q, int64_t p
         top = fmax(top, fabs(x));
         held++;
     }
-    const int64_t k = held < BUDGET ? held : BUDGET;
-    /* the k-th largest reference score */
-    double kth = INFINITY;
-    for (int64_t r = 0; r < k; r++) {
-        double best = -INFINITY;
-        for (int64_t j = SINK; j < nvis - WIN; j++)
-            if (sc[j] < kth && sc[j] > best)
-                best = sc[j];
-        kth = best;
-    }
-    const double eps = 1e-5 * top;
-    int64_t bad = 0, in = 0;
-    for (int64_t j = SINK; j < nvis - WIN; j++) {
-        if (!kept[j * NKV + h])
-            continue;
-        int chosen = 0;
-        for (int64_t a = 0; a < ns; a++)
-            chosen |= sel[a] == j;
-        in += chosen;
-        bad += chosen ? sc[j] < kth - eps : sc[j] > kth + eps;
-    }
-    return bad + (in != k);
+    return topk_off(sc, nvis - WIN, sel, ns, held < BUDGET ? held : BUDGET, 1e-5 * top);
 }
 
 /* The decode steps of the sequence (after the prompt's exact prefill): each step's
@@ -173,35 +238,14 @@ static void check_kind(kvq_kv_kind kind, worst *w)
     seq *s = malloc(sizeof *s);
     make_seq(s, 7 + (uint64_t)kind);
     kvq_retrieval *r = make_retrieval(&c);
-    kvq_kvcache_params kp = kvq_kvcache_params_default();
-    kp.kind = kind;
-    kp.alpha_h = 1;
-    kp.alpha_l = 0.3; /* LOW and pruned tokens both */
-    kp.window = WIN;
-    kp.schedule = 2;
-    kp.b_min = 2;
-    kp.b_max = 9;
-    kp.max_tokens = T;
+    const kvq_kvcache_params kp = kv_params(kind, WIN);
     kvq_kvcache *kc = NULL;
     kvq_err e = {0};
-    if (kvq_kvcache_create(&c, &kp, &kc, &e) || kvq_retrieval_set_kvcache(r, kc, &e))
+    if (kvq_kvcache_create(&c, &kp, &kc, &e))
         fail_msg("kv cache: %s", e.msg);
-    const kvq_attn_backend b = kvq_retrieval_backend(r);
-    b.reset(b.user);
-    assert_int_equal(kvq_kvcache_begin(kc, P, T, &e), KVQ_OK);
-    float *out = malloc(sizeof(float) * T * NH * D);
-    float *rows = malloc(sizeof(float) * T * NKV * 2 * D);
-    float *exact = malloc(sizeof(float) * T * NKV * 2 * D);
-    int *kept = malloc(sizeof(int) * T * NKV);
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
-    for (int64_t j = 0; j < T; j++) /* the exact rows: keys rotated */
-        for (int32_t h = 0; h < NKV; h++) {
-            float *x = exact + ((size_t)j * NKV + h) * 2 * D;
-            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
-            kvq_rope_apply(&c.rope, theta, x, 1, j);
-            memcpy(x + D, s->v + ((size_t)j * NKV + h) * D, sizeof(float) * D);
-        }
+    float *out, *rows, *exact;
+    int *kept;
+    const kvq_attn_backend b = attach_run(&c, s, r, kc, P, &out, &rows, &exact, &kept);
     for (int64_t at = 0; at < T; at = at ? at + 1 : P) {
         const int64_t n = at ? 1 : P;
         for (int32_t l = 0; l < NL; l++) {
@@ -406,37 +450,15 @@ static void check_prefill(kvq_kv_kind kind, int64_t prompt, double *ok, double *
     rp.positions = KVQ_POSITIONS_ROPE;
     rp.cache_dtype = KVQ_DT_F32;
     rp.max_tokens = T;
-    kvq_kvcache_params kp = kvq_kvcache_params_default();
-    kp.kind = kind;
-    kp.alpha_h = 1;
-    kp.alpha_l = 0.3;
-    kp.window = 8;
-    kp.schedule = 2;
-    kp.b_min = 2;
-    kp.b_max = 9;
-    kp.max_tokens = T;
+    const kvq_kvcache_params kp = kv_params(kind, 8);
     kvq_retrieval *r = NULL;
     kvq_kvcache *kc = NULL;
     kvq_err e = {0};
-    if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) || kvq_kvcache_create(&c, &kp, &kc, &e) ||
-        kvq_retrieval_set_kvcache(r, kc, &e))
+    if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) || kvq_kvcache_create(&c, &kp, &kc, &e))
         fail_msg("kv cache: %s", e.msg);
-    const kvq_attn_backend b = kvq_retrieval_backend(r);
-    b.reset(b.user);
-    assert_int_equal(kvq_kvcache_begin(kc, prompt, T, &e), KVQ_OK);
-    float *out = malloc(sizeof(float) * T * NH * D);
-    float *rows = malloc(sizeof(float) * T * NKV * 2 * D);
-    float *ex = malloc(sizeof(float) * T * NKV * 2 * D);
-    int *kept = malloc(sizeof(int) * T * NKV);
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
-    for (int64_t j = 0; j < T; j++)
-        for (int32_t h = 0; h < NKV; h++) {
-            float *x = ex + ((size_t)j * NKV + h) * 2 * D;
-            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
-            kvq_rope_apply(&c.rope, theta, x, 1, j);
-            memcpy(x + D, s->v + ((size_t)j * NKV + h) * D, sizeof(float) * D);
-        }
+    float *out, *rows, *ex;
+    int *kept;
+    const kvq_attn_backend b = attach_run(&c, s, r, kc, prompt, &out, &rows, &ex, &kept);
     const int64_t cut[] = {0, 24, 48, 64};
     for (int ch = 0; ch < 3; ch++) {
         const int64_t at = cut[ch], n = cut[ch + 1] - at;
@@ -502,15 +524,8 @@ static void test_prefill_in_calls(void **state)
 static int64_t fier_check(const kvq_model_config *c, const float *q, int64_t pos, int64_t nvis,
                           const int32_t *sel, int64_t ns, const float *ex, int32_t h, int32_t fg)
 {
-    double theta[KVQ_ROPE_MAX_DIM / 2], qs[D] = {0}, sc[T], top = 0;
-    kvq_rope_freqs(&c->rope, theta);
-    for (int32_t g = 0; g < GS; g++) {
-        float qr[D];
-        memcpy(qr, q + (size_t)g * D, sizeof qr);
-        kvq_rope_apply(&c->rope, theta, qr, 1, pos);
-        for (int32_t t = 0; t < D; t++)
-            qs[t] += qr[t];
-    }
+    double qs[D], sc[T], top = 0;
+    group_query(c, q, pos, qs);
     for (int64_t j = SINK; j < nvis - WIN; j++) {
         const int64_t g0 = j / fg * fg, g1 = g0 + fg < nvis ? g0 + fg : nvis;
         double x = 0;
@@ -526,23 +541,7 @@ static int64_t fier_check(const kvq_model_config *c, const float *q, int64_t pos
         sc[j] = x;
         top = fmax(top, fabs(x));
     }
-    double kth = INFINITY;
-    for (int64_t r = 0; r < BUDGET; r++) {
-        double best = -INFINITY;
-        for (int64_t j = SINK; j < nvis - WIN; j++)
-            if (sc[j] < kth && sc[j] > best)
-                best = sc[j];
-        kth = best;
-    }
-    const double eps = 1e-5 * top;
-    int64_t bad = ns != BUDGET;
-    for (int64_t j = SINK; j < nvis - WIN; j++) {
-        int chosen = 0;
-        for (int64_t a = 0; a < ns; a++)
-            chosen |= sel[a] == j;
-        bad += chosen ? sc[j] < kth - eps : sc[j] > kth + eps;
-    }
-    return bad;
+    return topk_off(sc, nvis - WIN, sel, ns, BUDGET, 1e-5 * top);
 }
 
 static void test_fier_selection(void **state)
@@ -552,14 +551,7 @@ static void test_fier_selection(void **state)
     seq *s = malloc(sizeof *s);
     make_seq(s, 31);
     float *ex = malloc(sizeof(float) * T * NKV * 2 * D), *out = malloc(sizeof(float) * T * NH * D);
-    double theta[KVQ_ROPE_MAX_DIM / 2];
-    kvq_rope_freqs(&c.rope, theta);
-    for (int64_t j = 0; j < T; j++)
-        for (int32_t h = 0; h < NKV; h++) {
-            float *x = ex + ((size_t)j * NKV + h) * 2 * D;
-            memcpy(x, s->k + ((size_t)j * NKV + h) * D, sizeof(float) * D);
-            kvq_rope_apply(&c.rope, theta, x, 1, j);
-        }
+    exact_rows(&c, s, ex);
     for (int attached = 0; attached < 2; attached++) {
         kvq_retrieval_params rp = kvq_retrieval_params_default();
         rp.selector = KVQ_SELECT_FIER;
