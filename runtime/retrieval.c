@@ -187,6 +187,7 @@ static void scratch_free(const rt_selector *sel, rt_scratch *S)
     free(S->sel);
     free(S->osel);
     free(S->att);
+    free(S->msel);
     free(S->logits);
     free(S->pfull);
     free(S->krot);
@@ -389,7 +390,8 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  kvq_rt_grow((void **)&S->osel, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->att, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->logits, gs * c * sizeof(float)) &&
-                 (!r->p.measure || kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float))) &&
+                 (!r->p.measure || (kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float)) &&
+                                    kvq_rt_grow((void **)&S->msel, c * sizeof(int32_t)))) &&
                  kvq_rt_grow((void **)&S->qb, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qi, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qx, gs * d * sizeof(float)) &&

@@ -100,6 +100,8 @@ typedef struct rt_scratch {
     int32_t *sel;        /* [T] selected candidates (token indices) */
     int32_t *osel;       /* [T] the oracle's selection (measure) */
     int32_t *att;        /* [T] attended tokens */
+    int32_t *msel;       /* [T] the step's selection kept for the measurement (measure,
+                            over a compressed cache: att loses its pruned tokens) */
     float *logits;       /* [gs, T] */
     float *pfull;        /* [gs, T] exact probabilities (measure) */
     float *krot;         /* [krot_rows, d] rotated keys */

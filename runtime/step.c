@@ -133,8 +133,10 @@ void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t l
 }
 
 /* Measurement of one step (measure = 1): exact attention over every visible token
- * (kvq_rt_measure_output's figures), and the oracle's selection of the same size. */
-static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel)
+ * (kvq_rt_measure_output's figures), and the oracle's selection of the same size
+ * against the step's selection sel [nsel]. */
+static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel,
+                         const int32_t *sel)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
@@ -154,7 +156,6 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
         const int64_t no = kvq_rt_select(st, KVQ_SELECT_ORACLE, nsel, S->osel, &unused, &unused2);
         /* both lists ascending: count the common indices */
         int64_t a = 0, b = 0, common = 0;
-        const int32_t *sel = att + (st->s_end - st->lo); /* after the sinks */
         while (a < nsel && b < no) {
             if (sel[a] == S->osel[b]) {
                 common++;
@@ -231,7 +232,12 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
     /* ---- exact attention over the union: logits, softmax, weighted sum of values
      * (two passes: on the development machine this beat kvq_rk_attend_rows, the fused
      * one-pass kernel, by a few percent; bench_decode --attn compares them) */
+    const int32_t *sel = att + (st.s_end - st.lo); /* the selection, after the sinks */
     if (r->kvc) { /* over a compressed cache: its pruned tokens dropped, its rows read */
+        if (r->p.measure) { /* the selection as made, for the recall */
+            memcpy(S->msel, sel, sizeof *sel * (size_t)nsel);
+            sel = S->msel;
+        }
         m = kvq_rt_kvc_filter(&st, att, m);
         kvq_rt_kvc_attend(&st, att, m);
     } else {
@@ -249,7 +255,7 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
         S->sums.bytes_full += (double)(nvis - st.lo) * 2.0 * d * r->es;
         S->sums.bytes_codebook += cb_bytes;
         if (r->p.measure)
-            measure_step(&st, att, m, nsel);
+            measure_step(&st, att, m, nsel, sel);
     }
 }
 

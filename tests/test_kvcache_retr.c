@@ -608,6 +608,70 @@ static void test_fier_selection(void **state)
     free(s);
 }
 
+/* measure = 1 over LeanKV (LOW and pruned tokens): the measurement is against full
+ * attention over the rows the cache holds. Selector full attends every held token:
+ * mass 1 and output error ~0 (over the exact rows it would be ~1e-2); the oracle
+ * measured against its own selection over the same keys: recall 1. */
+static void test_measure_over_cache(void **state)
+{
+    (void)state;
+    const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
+    seq *s = malloc(sizeof *s);
+    make_seq(s, 41);
+    const kvq_selector which[] = {KVQ_SELECT_FULL, KVQ_SELECT_ORACLE};
+    for (int w = 0; w < 2; w++) {
+        kvq_retrieval_params rp = kvq_retrieval_params_default();
+        rp.selector = which[w];
+        rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
+        rp.sink = SINK;
+        rp.window = WIN;
+        rp.positions = KVQ_POSITIONS_ROPE;
+        rp.max_tokens = T;
+        rp.measure = 1;
+        const kvq_kvcache_params kp = kv_params(KVQ_KV_LEANKV, WIN);
+        kvq_retrieval *r = NULL;
+        kvq_kvcache *kc = NULL;
+        kvq_err e = {0};
+        if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) || kvq_kvcache_create(&c, &kp, &kc, &e))
+            fail_msg("kv cache: %s", e.msg);
+        float *out, *rows, *ex;
+        int *kept;
+        const kvq_attn_backend b = attach_run(&c, s, r, kc, P, &out, &rows, &ex, &kept);
+        for (int64_t at = 0; at < T; at = at ? at + 1 : P)
+            for (int32_t l = 0; l < NL; l++) {
+                const int64_t n = at ? 1 : P;
+                kvq_attn_call call = {.layer = l, .n = (int32_t)n, .pos = s->pos + at,
+                                      .q = s->q + at * NH * D, .k = s->k + at * NKV * D,
+                                      .v = s->v + at * NKV * D, .out = out + at * NH * D};
+                if (b.attend(b.user, &call, &e))
+                    fail_msg("attend: %s", e.msg);
+            }
+        kvq_retrieval_stats st;
+        kvq_retrieval_stats_get(r, &st);
+        kvq_kvcache_memory mem;
+        kvq_kvcache_memory_get(kc, &mem);
+        const double ms = (double)st.measured;
+        printf("measure %-8s over leankv (%.0f pruned): %.0f steps, mass %.6f, output error "
+               "%.2e, recall %.6f\n", kvq_selector_name(which[w]), mem.pruned, ms,
+               st.recall_mass / ms, st.out_rel_err / ms, st.recall_topk / ms);
+        assert_true(ms == (double)(T - P) * NL * NKV && mem.pruned > 0);
+        if (which[w] == KVQ_SELECT_FULL) {
+            assert_true(fabs(st.recall_mass / ms - 1) < 1e-5);
+            assert_true(st.out_rel_err / ms < 1e-5);
+        } else {
+            assert_true(st.recall_topk == ms); /* the same oracle, the same keys */
+            assert_true(st.recall_mass / ms < 1);
+        }
+        kvq_retrieval_free(r);
+        kvq_kvcache_free(kc);
+        free(out);
+        free(rows);
+        free(ex);
+        free(kept);
+    }
+    free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -616,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_held_bytes),
         cmocka_unit_test(test_prefill_in_calls),
         cmocka_unit_test(test_fier_selection),
+        cmocka_unit_test(test_measure_over_cache),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
