@@ -39,7 +39,9 @@ static void kv_usage(FILE *f, int list)
                    "                       each kind alone (full attention over it; f16's row is\n"
                    "                       the reference) and with each selector x budget:\n"
                    "                       kind, attention, reference, predicted, ppl, d_ppl,\n"
-                   "                       attended share, bytes/token, of f16, high/low, pruned\n"
+                   "                       attended share, bytes/token, of f16, high/low, pruned,\n"
+                   "                       held/tok (retrieval: the cache's bytes plus the\n"
+                   "                       context's, kvq_retrieval_held_get)\n"
                    "                       (--json: one object with \"references\" and \"rows\").\n"
                    "                       References: full attention over the exact rows, once\n"
                    "                       per command in each schedule: \"chunks\" (the prompt\n"
@@ -274,7 +276,12 @@ void cli_kv_row_print(const cli_kv_row *r, int32_t d, int style, int json)
         printf("\"f16_bytes_per_token\": %.2f, \"of_f16\": %.6f, \"pruned_share\": %.6f",
                m->bytes_f16 / tok, m->bytes / m->bytes_f16, pruned);
         if (!isnan(r->held))
-            printf(", \"held_bytes_per_token\": %.2f", r->held);
+            printf(", \"held_bytes_per_token\": %.2f, \"held_of_f16\": %.6f, "
+                   "\"context_bytes_per_token\": %.2f, \"context_rows\": %.2f, "
+                   "\"context_selector\": %.2f, \"context_positions\": %.2f, "
+                   "\"context_rope\": %.2f, \"context_scratch_bytes\": %.0f", r->held,
+                   r->held / (m->bytes_f16 / tok), r->ctx.total, r->ctx.rows, r->ctx.selector,
+                   r->ctx.positions, r->ctx.rope, r->ctx.scratch);
         if (style == CLI_KV_TABLE)
             printf(", \"seconds\": %.3f}", r->seconds);
         else
@@ -297,8 +304,15 @@ void cli_kv_row_print(const cli_kv_row *r, int32_t d, int style, int json)
                    r->sel->name, r->sel->budget_str, ppl, ppl0, dppl, 100 * r->attended,
                    m->bytes / tok, 100 * m->bytes / m->bytes_f16, m->bytes_high / tok,
                    m->bytes_low / tok, 100 * pruned);
-        if (!isnan(r->held))
-            printf(style == CLI_KV_TABLE ? " %9.1f" : "  held %.1f bytes/token", r->held);
+        if (style == CLI_KV_TABLE && isnan(r->held))
+            printf(" %9s", "-");
+        else if (style == CLI_KV_TABLE)
+            printf(" %9.1f", r->held);
+        else if (!isnan(r->held))
+            printf("\n    held %.1f bytes/token (%.1f%% of f16): context %.1f (rows %.1f, "
+                   "selector %.1f, positions %.1f, rope %.1f); context scratch %.0f bytes",
+                   r->held, 100 * r->held / (m->bytes_f16 / tok), r->ctx.total, r->ctx.rows,
+                   r->ctx.selector, r->ctx.positions, r->ctx.rope, r->ctx.scratch);
         printf("\n");
         return;
     }
@@ -563,9 +577,9 @@ static void table_head(const cli_kv_run *x, const kvq_kvcache_params *kp, int n_
             printf("reference   %-6s full attention over the exact rows, %s: ppl %.6f "
                    "(%llu predicted)\n", name[s], how[s], exp(ref[s].nll),
                    (unsigned long long)ref[s].n_pred);
-    printf("\n%-12s %-16s %-6s %9s %10s %10s %9s %9s %9s %7s %17s %7s\n", "kind", "attention",
-           "ref", "predicted", "ppl", "full ppl", "d_ppl", "attended", "bytes/tok", "of f16",
-           "high/low", "pruned");
+    printf("\n%-12s %-16s %-6s %9s %10s %10s %9s %9s %9s %7s %17s %7s %9s\n", "kind",
+           "attention", "ref", "predicted", "ppl", "full ppl", "d_ppl", "attended", "bytes/tok",
+           "of f16", "high/low", "pruned", "held/tok");
 }
 
 /* The rows: per kind, alone (a list, or one kind without selectors), then with each of

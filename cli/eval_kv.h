@@ -54,8 +54,9 @@ typedef struct cli_kv_row {
     uint64_t n_pred;
     kvq_kvcache_memory mem;  /* what the cache held at the end of each sequence */
     double attended;         /* mean share of the visible tokens attended (full: 1) */
-    double held;             /* bytes per token the retrieval context holds beside the
-                                compressed cache (NaN: not reported) */
+    double held;             /* bytes per token held for the KV with retrieval: the
+                                compressed cache's plus the context's (NaN: not reported) */
+    kvq_retrieval_held ctx;  /* the retrieval context's part (kvq_retrieval_held_get) */
     double seconds;
 } cli_kv_row;
 

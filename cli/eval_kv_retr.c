@@ -93,6 +93,11 @@ int cli_kv_retr_row(cli_kv_run *x, const cli_retrieval *ro, const kvq_codebook_s
     kvq_retrieval_stats_get(r, &st);
     row->mem = mem;
     row->attended = st.visible > 0 ? st.attended / st.visible : 1;
+    /* what the process holds for the KV: the compressed cache plus the context's own
+     * (kvq_retrieval_held_get: selector data, positions, RoPE table; its rows only
+     * without a compressed cache, where they are the f16 memory above) */
+    kvq_retrieval_held_get(r, &row->ctx);
+    row->held = (kc ? mem.bytes / (mem.tokens > 0 ? mem.tokens : 1) : 0) + row->ctx.total;
 done:
     if (x->f)
         kvq_forward_set_attention(x->f, NULL);

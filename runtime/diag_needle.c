@@ -73,7 +73,7 @@ void kvq_rt_diag_needle_pre(const rt_step *st, int64_t k, int64_t k1, int64_t k2
     float *lg = malloc(sizeof(float) * (size_t)nc * gs);
     float kr[KVQ_ROPE_MAX_DIM], qs[KVQ_ROPE_MAX_DIM];
     for (int64_t j = 0; j < nc; j++) {
-        kvq_rt_key_rotated(r, st->L, st->H, st->s_end + j, kr);
+        kvq_rt_step_key(st, st->s_end + j, kr); /* the compressed cache's when attached */
         double sum = 0;
         for (int32_t g = 0; g < gs; g++) {
             double s = 0;

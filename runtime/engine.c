@@ -443,6 +443,12 @@ int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer)
 uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s)
 {
     const kvq_model_config *c = &s->e->cfg;
+    if (s->kc && s->r) { /* the compressed cache's rows and the context's data (no rows) */
+        kvq_retrieval_held h;
+        kvq_retrieval_held_get(s->r, &h);
+        return (uint64_t)(kvq_kvcache_bytes(s->kc) +
+                          h.total * (double)kvq_retrieval_length(s->r) + 0.5);
+    }
     if (s->kc)
         return (uint64_t)kvq_kvcache_bytes(s->kc);
     const kvq_retrieval_params *p = kvq_retrieval_get_params(s->r);

@@ -127,6 +127,9 @@ static kvq_status check_probe(const kvq_retrieval *r, int32_t layer, const float
     if (!r->p.measure)
         return kvq_err_set(err, KVQ_E_INVALID_ARG,
                            "retrieval probe: the context was created without measure");
+    if (r->kvc) /* it reads the context's own rows, which it does not hold then */
+        return kvq_err_set(err, KVQ_E_UNSUPPORTED, "retrieval probe: not over a compressed KV "
+                           "cache (kvq_retrieval_set_kvcache)");
     for (int32_t c = 0; c < n_set; c++) {
         const kvq_retrieval_setting *s = &set[c];
         if (!setting_fits(r->p.selector, s))

@@ -187,6 +187,7 @@ static void scratch_free(const rt_selector *sel, rt_scratch *S)
     free(S->sel);
     free(S->osel);
     free(S->att);
+    free(S->msel);
     free(S->logits);
     free(S->pfull);
     free(S->krot);
@@ -225,6 +226,8 @@ void kvq_retrieval_free(kvq_retrieval *r)
     free(r->scr);
     free(r->rcos);
     free(r->rsin);
+    free(r->akey);
+    free(r->aval);
     free(r);
 }
 
@@ -387,7 +390,8 @@ static kvq_status scratch_reserve(kvq_retrieval *r, int64_t T, int64_t n, kvq_er
                  kvq_rt_grow((void **)&S->osel, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->att, c * sizeof(int32_t)) &&
                  kvq_rt_grow((void **)&S->logits, gs * c * sizeof(float)) &&
-                 (!r->p.measure || kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float))) &&
+                 (!r->p.measure || (kvq_rt_grow((void **)&S->pfull, gs * c * sizeof(float)) &&
+                                    kvq_rt_grow((void **)&S->msel, c * sizeof(int32_t)))) &&
                  kvq_rt_grow((void **)&S->qb, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qi, gs * d * sizeof(float)) &&
                  kvq_rt_grow((void **)&S->qx, gs * d * sizeof(float)) &&
@@ -527,6 +531,42 @@ int64_t kvq_retrieval_sorted_rows(const kvq_retrieval *r, int32_t layer, int32_t
         return 0;
     const rt_head *H = &r->layer[layer].head[head];
     return H->tok && H->sorted_end > r->p.sink ? H->sorted_end - r->p.sink : 0;
+}
+
+/* The bytes the scratch of one thread holds now (scratch_reserve's arrays). */
+static double scratch_bytes(const kvq_retrieval *r, const rt_scratch *S)
+{
+    const double c = (double)S->cap, gs = r->gs, d = r->d;
+    return c * (2 * sizeof(float) + 2 * sizeof(uint32_t) + sizeof(double) + 3 * sizeof(int32_t) +
+                gs * sizeof(float) * (r->p.measure ? 2 : 1)) +
+           (double)S->krot_rows * d * sizeof(float) + (double)S->pre_bytes +
+           2.0 * (double)S->vbuf_bytes + (double)S->kvrows_cap * 2 * d * sizeof(float) +
+           5 * gs * d * sizeof(float);
+}
+
+void kvq_retrieval_held_get(const kvq_retrieval *r, kvq_retrieval_held *out)
+{
+    memset(out, 0, sizeof *out);
+    const rt_selector *sel = kvq_rt_selector(r->p.selector);
+    int32_t layers = 0;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        if (kvq_rt_local_has(r->local, l))
+            continue;
+        const rt_layer *L = &r->layer[l];
+        layers++;
+        out->positions += sizeof *L->pos;
+        for (int32_t h = 0; h < r->n_kv; h++) {
+            const rt_head *H = &L->head[h];
+            out->rows += r->kvc ? 0.0 : 2.0 * r->d * (double)r->es;
+            out->selector += sel->row_bytes ? sel->row_bytes(r, L, H) : 0.0;
+            out->positions += H->tok ? sizeof *H->tok : 0;
+        }
+    }
+    out->rope = layers ? 2.0 * (r->d / 2) * sizeof(float) : 0.0;
+    out->total = out->rows + out->selector + out->positions + out->rope;
+    for (int32_t t = 0; t < r->n_scr; t++)
+        out->scratch += scratch_bytes(r, &r->scr[t]);
+    out->scratch += 2.0 * (double)r->akey_bytes;
 }
 
 const int32_t *kvq_retrieval_last_selection(const kvq_retrieval *r, int32_t layer, int32_t head,

@@ -100,6 +100,8 @@ typedef struct rt_scratch {
     int32_t *sel;        /* [T] selected candidates (token indices) */
     int32_t *osel;       /* [T] the oracle's selection (measure) */
     int32_t *att;        /* [T] attended tokens */
+    int32_t *msel;       /* [T] the step's selection kept for the measurement (measure,
+                            over a compressed cache: att loses its pruned tokens) */
     float *logits;       /* [gs, T] */
     float *pfull;        /* [gs, T] exact probabilities (measure) */
     float *krot;         /* [krot_rows, d] rotated keys */
@@ -154,7 +156,18 @@ struct kvq_retrieval {
      * the local layers, attended exactly over their window (runtime/local.h), or NULL. */
     float scale, softcap;
     struct rt_local *local;
-    struct kvq_kvcache *kvc; /* NULL, or the compressed cache the steps read (kvc_retr.c) */
+    struct kvq_kvcache *kvc; /* NULL, or the compressed cache the steps read (kvc_retr.c);
+                                while set, rt_head.k / .v are NULL: the context holds no
+                                rows (the compressed cache's are read instead) */
+    int kvc_inflight;        /* steps of LeanKV's prompt: the chunk's own rows read from
+                                the call (akey, aval), as a prefill reads them, and the
+                                probabilities not counted (the cache's own exact
+                                attention of the prompt counts them) */
+    float *akey, *aval;      /* without rows (kvc): the appended chunk's keys and values
+                                [n_kv, n, d], the keys rotated, both rounded as the cache
+                                dtype holds them (kvq_rt_append_key reads the keys) */
+    size_t akey_bytes;
+    int64_t akey_past, akey_n; /* the chunk's rows [akey_past, + akey_n) */
 };
 
 /* One attention step: query row at position pos over nvis tokens of (layer, head). */
@@ -191,6 +204,15 @@ void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head
 void kvq_rt_rotate(const kvq_retrieval *r, const float *x, int64_t p, float *y);
 void kvq_rt_key_pre(const kvq_retrieval *r, const float *k, float *out);
 void kvq_rt_store_key(const kvq_retrieval *r, rt_head *H, int64_t j, int64_t pos, const float *k);
+/*   key_held     the key k [d] (pre-RoPE, f32) of a token at position pos rotated and
+ *                rounded as the cache dtype holds it (what key_rotated reads back after
+ *                store_key under ROPE), into y [d]
+ *   append_key   the rotated key of row j of H while its chunk is appended (the
+ *                selectors' append: Quest's pages, FIER's bits): the stored row, or
+ *                without rows (r->kvc) the chunk's r->akey */
+void kvq_rt_key_held(const kvq_retrieval *r, const float *k, int64_t pos, float *y);
+void kvq_rt_append_key(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
+                       float *y);
 
 /* The cache (runtime/cache/cache.c).
  *   cache_alloc    a K or V array of `bytes`: 2 MiB aligned and advised for huge pages
@@ -230,6 +252,10 @@ int64_t kvq_rt_window_start(const kvq_retrieval *r, int32_t layer, int64_t n);
 void kvq_rt_step_key(const rt_step *st, int64_t j, float *y);
 void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
                          const kvq_attn_call *c, int64_t past, rt_scratch *S);
+/* The prefill's attention of the chunk's queries for KV head h over the rows K, V [T, d]
+ * (f32, rotated keys), the chunk's own n rows last: row i sees [lo, pe + i + 1) (step.c). */
+void kvq_rt_prefill_rows(const kvq_retrieval *r, const kvq_attn_call *c, int32_t h,
+                         const float *K, const float *V, int64_t pe, rt_scratch *S);
 
 /* The step's attention over att[0..m) (step.c): logits of the group's queries (scaled
  * by 1/sqrt(d); q R_i on rotated keys under ROPE, q R_b on the stored keys of the far
@@ -270,9 +296,17 @@ void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t l
  *   kvc_attend  the step's attention over att[0..m) read from r->kvc's rows (decoded
  *               into S->kvrows), its probabilities counted into LeanKV's significance */
 kvq_status kvq_rt_kvc_call(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err);
-void kvq_rt_kvc_key(const rt_step *st, int64_t j, float *y);
+int kvq_rt_kvc_key(const rt_step *st, int64_t j, float *y);
 int64_t kvq_rt_kvc_filter(const rt_step *st, int32_t *rows, int64_t n);
 void kvq_rt_kvc_attend(const rt_step *st, const int32_t *att, int64_t m);
+/*   kvc_exact   the measurement's exact attention over every visible row as r->kvc holds
+ *               it (pruned rows get probability 0): S->pfull [gs, nv] by row, S->ofull
+ *   kvc_prefill the exact prefill of a chunk for KV head h: earlier tokens' rows from
+ *               r->kvc (pruned ones left out), the chunk's own as the cache dtype rounds
+ *               them (r->akey, its values rounded here) */
+void kvq_rt_kvc_exact(const rt_step *st);
+void kvq_rt_kvc_prefill(const kvq_retrieval *r, int32_t h, const kvq_attn_call *c, int64_t past,
+                        rt_scratch *S);
 
 /* Frees kvq_retrieval_probe's state (probe.c); NULL is fine. */
 void kvq_rt_probe_free(struct rt_probe *p);

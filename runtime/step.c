@@ -133,16 +133,22 @@ void kvq_rt_measure_output(const rt_scratch *S, int32_t gs, int32_t d, int64_t l
 }
 
 /* Measurement of one step (measure = 1): exact attention over every visible token
- * (kvq_rt_measure_output's figures), and the oracle's selection of the same size. */
-static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel)
+ * (kvq_rt_measure_output's figures), and the oracle's selection of the same size
+ * against the step's selection sel [nsel]. */
+static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64_t nsel,
+                         const int32_t *sel)
 {
     const kvq_retrieval *r = st->r;
     rt_scratch *S = st->S;
     const int32_t d = r->d, gs = r->gs;
     const int64_t lo = st->lo, nv = st->nvis - lo; /* the visible tokens [lo, nvis) */
-    for (int64_t j = lo; j < st->nvis; j++)
-        kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
-    exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
+    if (r->kvc) { /* over the rows the compressed cache holds (kvc_retr.c) */
+        kvq_rt_kvc_exact(st);
+    } else {
+        for (int64_t j = lo; j < st->nvis; j++)
+            kvq_rt_key_rotated(r, st->L, st->H, j, S->krot + (size_t)(j - lo) * d);
+        exact_attention(r, st->H, S->krot, S->qi, lo, nv, S->pfull, nv, S->ofull);
+    }
     kvq_rt_measure_output(S, gs, d, lo, nv, att, m, S->o, NULL, &S->sums);
     double recall = 1.0;
     if (nsel < st->nc && nsel > 0) {
@@ -150,7 +156,6 @@ static void measure_step(const rt_step *st, const int32_t *att, int64_t m, int64
         const int64_t no = kvq_rt_select(st, KVQ_SELECT_ORACLE, nsel, S->osel, &unused, &unused2);
         /* both lists ascending: count the common indices */
         int64_t a = 0, b = 0, common = 0;
-        const int32_t *sel = att + (st->s_end - st->lo); /* after the sinks */
         while (a < nsel && b < no) {
             if (sel[a] == S->osel[b]) {
                 common++;
@@ -227,7 +232,12 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
     /* ---- exact attention over the union: logits, softmax, weighted sum of values
      * (two passes: on the development machine this beat kvq_rk_attend_rows, the fused
      * one-pass kernel, by a few percent; bench_decode --attn compares them) */
+    const int32_t *sel = att + (st.s_end - st.lo); /* the selection, after the sinks */
     if (r->kvc) { /* over a compressed cache: its pruned tokens dropped, its rows read */
+        if (r->p.measure) { /* the selection as made, for the recall */
+            memcpy(S->msel, sel, sizeof *sel * (size_t)nsel);
+            sel = S->msel;
+        }
         m = kvq_rt_kvc_filter(&st, att, m);
         kvq_rt_kvc_attend(&st, att, m);
     } else {
@@ -245,7 +255,7 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
         S->sums.bytes_full += (double)(nvis - st.lo) * 2.0 * d * r->es;
         S->sums.bytes_codebook += cb_bytes;
         if (r->p.measure)
-            measure_step(&st, att, m, nsel);
+            measure_step(&st, att, m, nsel, sel);
     }
 }
 
@@ -255,10 +265,13 @@ void kvq_rt_step(const kvq_retrieval *r, int32_t layer, int32_t h, const float *
 void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
                          const kvq_attn_call *c, int64_t past, rt_scratch *S)
 {
+    if (r->kvc) { /* no rows of its own: the compressed cache's (kvc_retr.c) */
+        kvq_rt_kvc_prefill(r, h, c, past, S);
+        return;
+    }
     const rt_head *H = &L->head[h];
-    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
-    const int64_t n = c->n, T = past + n;
-    const float scale = r->scale; /* the model's (1/sqrt(d) unless it says) */
+    const int32_t d = r->d;
+    const int64_t T = past + c->n;
     const float *K = S->krot; /* rotated keys [T, d]: under ROPE the cache's (f16 converted) */
     if (r->keys_rotated && r->es == 4)
         K = H->k;
@@ -272,6 +285,15 @@ void kvq_rt_prefill_head(const kvq_retrieval *r, const rt_layer *L, int32_t h,
         kvq_f16_to_f32((const uint16_t *)H->v, S->vbuf, (size_t)T * d);
         V = S->vbuf;
     }
+    kvq_rt_prefill_rows(r, c, h, K, V, past, S);
+}
+
+void kvq_rt_prefill_rows(const kvq_retrieval *r, const kvq_attn_call *c, int32_t h,
+                         const float *K, const float *V, int64_t pe, rt_scratch *S)
+{
+    const int32_t d = r->d, gs = r->gs, nh = r->n_heads;
+    const int64_t n = c->n, T = pe + n, past = pe;
+    const float scale = r->scale; /* the model's (1/sqrt(d) unless it says) */
     for (int32_t g = 0; g < gs; g++) {
         for (int64_t i = 0; i < n; i++)
             kvq_rt_rotate(r, c->q + ((size_t)i * nh + (size_t)h * gs + g) * d, c->pos[i],

@@ -343,7 +343,8 @@ static kvq_status kvtee_attend(void *user, const kvq_attn_call *c, kvq_err *err)
 }
 
 /* The engine's sequences with kv_cache and the codebook selector (rope artifact): LeanKV
- * bit for bit the reference context with the cache attached, its bytes the cache's;
+ * bit for bit the reference context with the cache attached, its bytes the cache's and
+ * the context's data (kvq_retrieval_held_get);
  * PATS 0:0 (no truncation) the f16 retrieval sequence's outputs. */
 static void test_kv_retrieval(void **state)
 {
@@ -415,7 +416,14 @@ static void test_kv_retrieval(void **state)
     assert_true(T.err_lk == 0 && T.differ == 0);
     assert_true(T.err_pats == 0); /* f16 rows either way, the same kernels' sums */
     assert_true(st.steps > 0 && st.attended < st.visible); /* a selection was made */
-    assert_true((double)kvq_engine_seq_bytes(T.lk) == kvq_kvcache_bytes(T.kc));
+    /* the cache's bytes and the context's data per token (no rows: it holds none), as
+     * the reference context with the same cache attached holds them */
+    kvq_retrieval_held held;
+    kvq_retrieval_held_get(T.rk, &held);
+    assert_true(held.rows == 0 && held.selector > 0);
+    assert_true(kvq_engine_seq_bytes(T.lk) ==
+                (uint64_t)(kvq_kvcache_bytes(T.kc) +
+                           held.total * (double)kvq_retrieval_length(T.rk) + 0.5));
     assert_true(kvq_engine_seq_bytes(T.lk) < kvq_engine_seq_bytes(T.f16));
     kvq_engine_seq_free(T.lk);
     kvq_engine_seq_free(T.pats);

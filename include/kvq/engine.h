@@ -148,7 +148,10 @@ typedef struct kvq_engine_seq_params {
     /* ---- the compressed KV caches (docs/kvcache.md) ----
      * kv_cache 0 (the default, and a zeroed struct): the rows as cache_f16 says, with
      * the selection. KVQ_ENGINE_KV_LEANKV, _PATS or _LEANKV_PATS: that compressed cache,
-     * kvq_engine_seq_bytes the bytes it holds; how it is attended is the selector's:
+     * kvq_engine_seq_bytes the bytes it holds (with a selection other than full, plus
+     * the retrieval context's data per token: codes, residual bits and scales,
+     * positions, the RoPE table; it holds no rows of its own, kvq/runtime.h
+     * kvq_retrieval_held_get); how it is attended is the selector's:
      *  - selector KVQ_ENGINE_SELECT_FULL: full attention over the compressed cache (its
      *    own backend; budget, sink, window unused; kvq_engine_seq_stats all zero);
      *  - any other selector (the default codebook included): retrieval over it, as
@@ -210,7 +213,9 @@ void kvq_engine_seq_free(kvq_engine_seq *s); /* NULL is fine */
 void kvq_engine_seq_reset(kvq_engine_seq *s);
 int64_t kvq_engine_seq_length(const kvq_engine_seq *s, int32_t layer); /* tokens cached */
 uint64_t kvq_engine_seq_bytes(const kvq_engine_seq *s); /* cached rows and codes (or the
-                                                           compressed cache's bytes) */
+                                                           compressed cache's bytes, plus
+                                                           the retrieval context's held
+                                                           bytes when it selects) */
 
 /* Appends n rows of layer `layer` at positions pos[0..n): k, v [n, n_kv_heads,
  * head_dim] of dtype dt, pre-RoPE. Each key is encoded with the layer's codebook.

@@ -105,15 +105,31 @@ void kvq_kvcache_memory_get(const kvq_kvcache *c, kvq_kvcache_memory *out);
 
 /* ---- Retrieval over a compressed cache (docs/kvcache.md "With retrieval") ----------
  * kvq_retrieval_set_kvcache attaches c to a retrieval context r (kvq/runtime.h) made
- * for the same model with positions KVQ_POSITIONS_ROPE: r keeps its selector's data
- * (codes, residual bits) as without c, and every decode step's rerank and attention
- * read the rows from c (decoded, one row at a time, into the step's scratch: a pruned
- * LeanKV token is never reranked or attended); the step's probabilities count into
- * LeanKV's significance and Algorithm 1 runs after each token. LeanKV's prompt (while
- * c is in it) is attended by c exactly, as without retrieval, to classify it; r's
- * output for those tokens is r's own exact prefill. c: NULL detaches; c must outlive r
- * or be detached first. Lay each sequence out with kvq_kvcache_begin after
- * kvq_forward_reset. Errors: KVQ_E_INVALID_ARG (positions not ROPE, another shape). */
+ * for the same model with positions KVQ_POSITIONS_ROPE. While c is attached r holds no
+ * K / V rows of its own (it frees them and allocates none): it keeps its selector's
+ * data (codes, residual bits and scales, Quest's pages, FIER's bits: built at append
+ * from the call's exact keys, as without c), the positions and the row order, and
+ * reads every row from c (kvq_kvcache_row, decoded one row at a time into the step's
+ * scratch):
+ *  - a decode step's rerank and attention (a pruned LeanKV token is never reranked or
+ *    attended); the step's probabilities count into LeanKV's significance and
+ *    Algorithm 1 runs after each token;
+ *  - the oracle selector scores the keys c holds (pruned: never chosen before a held one);
+ *  - an exact prefill (prefill_full, a call of 2+ rows) attends the earlier calls'
+ *    tokens as c holds them before the call, and the call's own tokens from the call
+ *    (rounded to the cache dtype, as r's rows held them): a prompt in one call gives
+ *    what it gave with r's own rows, bit for bit;
+ *  - the measurement (measure: recall, mass, output error) is against full attention
+ *    over the rows c holds (not the exact rows).
+ * LeanKV's prompt (while c is in it) is attended by c exactly, as without retrieval, to
+ * classify it; r's outputs for those tokens are its prefill's (or, one row per call,
+ * steps over c's rows with the call's own from the call). kvq_retrieval_held_get gives
+ * what r holds per token. c: NULL detaches; attach or detach between sequences only (no
+ * token held: after kvq_forward_reset / kvq_retrieval_reset); c must outlive r or be
+ * detached first. Lay each sequence out with kvq_kvcache_begin after kvq_forward_reset.
+ * kvq_retrieval_probe is refused while c is attached (KVQ_E_UNSUPPORTED).
+ * Errors: KVQ_E_INVALID_ARG (positions not ROPE, a sequence under way), KVQ_E_UNSUPPORTED
+ * (local or sliding-window layers). */
 typedef struct kvq_retrieval kvq_retrieval;
 kvq_status kvq_retrieval_set_kvcache(kvq_retrieval *r, kvq_kvcache *c, kvq_err *err);
 

@@ -452,7 +452,8 @@ typedef struct kvq_retrieval_setting {
  * setting's selector is r's own, or codebook / mass when r's is either (the same codes
  * and row order).
  * The cache and r's statistics are unchanged. Runs on the calling thread.
- * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection). */
+ * Errors: INVALID_ARG (naming the setting), NOMEM, BACKEND (device selection),
+ * UNSUPPORTED with a compressed KV cache attached (kvq/kvcache.h: no rows of its own). */
 kvq_status kvq_retrieval_probe(kvq_retrieval *r, int32_t layer, const float *q, int32_t n_set,
                                const kvq_retrieval_setting *set, kvq_retrieval_stats *stats,
                                kvq_err *err);
@@ -470,6 +471,30 @@ const uint16_t *kvq_retrieval_codes(const kvq_retrieval *r, int32_t layer, int32
 /* How many far rows of (layer, KV head) are in code order ("Row order"); 0 when the
  * rows are in token order. */
 int64_t kvq_retrieval_sorted_rows(const kvq_retrieval *r, int32_t layer, int32_t head);
+
+/* What a context holds for the KV (docs/kvcache.md "With retrieval"): bytes per cached
+ * token, over its retrieval layers and KV heads (local layers' rings not included), at
+ * the formats' sizes (the growth's spare capacity not counted):
+ *   rows       its own K and V rows, 2 head_dim x the cache dtype's bytes a layer and KV
+ *              head; 0 while a compressed cache is attached (kvq_retrieval_set_kvcache:
+ *              the context then allocates none)
+ *   selector   the selector's data: codebook / mass codes (2 bytes a group), the residual
+ *              stage's packed bits and f32 scale; Quest's page bounds (2 head_dim f32 a
+ *              page of quest_page tokens); FIER's bits (head_dim / 8 bytes) and group
+ *              ranges (2 head_dim f32 a group of fier_group)
+ *   positions  the positions (8 bytes a layer) and, for heads whose rows are in code
+ *              order (kvq_retrieval_sorted_rows > 0), the rows' tokens (4 bytes)
+ *   rope       the RoPE table's cos and sin of a position (4 head_dim bytes)
+ *   total      their sum
+ * and scratch: the bytes its per-thread scratch holds now (O(tokens) per thread, for one
+ * head at a time; the selectors' own scratch not included). A compressed cache's own
+ * bytes are kvq_kvcache_bytes (kvq/kvcache.h): the two together are what the process
+ * holds for the KV. */
+typedef struct kvq_retrieval_held {
+    double rows, selector, positions, rope, total;
+    double scratch;
+} kvq_retrieval_held;
+void kvq_retrieval_held_get(const kvq_retrieval *r, kvq_retrieval_held *out);
 
 #ifdef __cplusplus
 }

@@ -72,8 +72,9 @@ kvq_status kvq_rt_layer_reserve(kvq_retrieval *r, rt_layer *L, int64_t need, kvq
     for (int32_t h = 0; ok && h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
         const size_t old = (size_t)L->cap * d * r->es;
-        ok = kvq_rt_grow_cache(&H->k, old, c * d * r->es) &&
-             kvq_rt_grow_cache(&H->v, old, c * d * r->es);
+        if (!r->kvc) /* over a compressed cache the context holds no rows */
+            ok = kvq_rt_grow_cache(&H->k, old, c * d * r->es) &&
+                 kvq_rt_grow_cache(&H->v, old, c * d * r->es);
         if (ok && H->tok)
             ok = kvq_rt_grow((void **)&H->tok, c * sizeof *H->tok);
         if (ok && sel->reserve)
@@ -109,6 +110,30 @@ kvq_status kvq_rt_rope_reserve(kvq_retrieval *r, int64_t max_pos, kvq_err *err)
     return KVQ_OK;
 }
 
+/* Without rows (a compressed cache attached): the chunk's keys (rotated) and values as
+ * the cache dtype would hold them, [n_kv, n, d] in r->akey and r->aval, for the
+ * selectors' append (kvq_rt_append_key), the prefill (kvq_rt_kvc_prefill) and the steps
+ * of LeanKV's prompt (r->kvc_inflight). */
+static kvq_status append_keys(kvq_retrieval *r, const kvq_attn_call *c, int64_t past,
+                              kvq_err *err)
+{
+    const size_t n = (size_t)c->n, d = (size_t)r->d, kvd = (size_t)r->n_kv * d;
+    const size_t bytes = (size_t)r->n_kv * n * d * sizeof(float);
+    if (bytes > r->akey_bytes) {
+        if (!kvq_rt_grow((void **)&r->akey, bytes) || !kvq_rt_grow((void **)&r->aval, bytes))
+            return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory");
+        r->akey_bytes = bytes;
+    }
+    for (size_t h = 0; h < (size_t)r->n_kv; h++)
+        for (size_t i = 0; i < n; i++) {
+            kvq_rt_key_held(r, c->k + i * kvd + h * d, c->pos[i], r->akey + (h * n + i) * d);
+            kvq_rt_key_pre(r, c->v + i * kvd + h * d, r->aval + (h * n + i) * d); /* rounded */
+        }
+    r->akey_past = past;
+    r->akey_n = c->n;
+    return KVQ_OK;
+}
+
 /* Appends the chunk's n tokens to layer c->layer: K, V, positions, the selector's data. */
 kvq_status kvq_rt_append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
 {
@@ -119,7 +144,9 @@ kvq_status kvq_rt_append(kvq_retrieval *r, const kvq_attn_call *c, kvq_err *err)
         L->pos[past + i] = c->pos[i];
         L->pos_unordered |= past + i > 0 && c->pos[i] <= L->pos[past + i - 1];
     }
-    for (int32_t h = 0; h < r->n_kv; h++) {
+    if (r->kvc && (s = append_keys(r, c, past, err)))
+        return s;
+    for (int32_t h = 0; !r->kvc && h < r->n_kv; h++) {
         rt_head *H = &L->head[h];
         for (int64_t i = 0; i < n; i++) {
             const float *v = c->v + i * kvd + h * d;

@@ -78,3 +78,26 @@ void kvq_rt_key_rotated(const kvq_retrieval *r, const rt_layer *L, const rt_head
     if (!r->keys_rotated)
         kvq_rt_rotate(r, y, L->pos[kvq_rt_row_token(H, j)], y);
 }
+
+void kvq_rt_key_held(const kvq_retrieval *r, const float *k, int64_t pos, float *y)
+{
+    const size_t d = (size_t)r->d;
+    kvq_rt_rotate(r, k, pos, y);
+    if (r->es == 2) { /* store_key's rounding, converted back exactly */
+        uint16_t h[KVQ_ROPE_MAX_DIM];
+        kvq_f32_to_f16(y, h, d);
+        kvq_f16_to_f32(h, y, d);
+    }
+}
+
+void kvq_rt_append_key(const kvq_retrieval *r, const rt_layer *L, const rt_head *H, int64_t j,
+                       float *y)
+{
+    if (H->k) {
+        kvq_rt_key_rotated(r, L, H, j, y);
+        return;
+    }
+    const size_t h = (size_t)(H - L->head), d = (size_t)r->d;
+    memcpy(y, r->akey + (h * (size_t)r->akey_n + (size_t)(j - r->akey_past)) * d,
+           sizeof(float) * d);
+}

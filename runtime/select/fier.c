@@ -16,6 +16,8 @@
 typedef struct fier_head {
     uint8_t *bits;   /* [cap, FIER_BYTES(d)] 1-bit post-RoPE keys */
     float *lo, *hi;  /* [cap / fier_group + 1, d] per-channel min / max of each group */
+    float *grp;      /* [min(fier_group, cap), d] the last group's rotated keys (a moved
+                        range re-quantizes them: no cached row is read back) */
 } fier_head;
 
 static int fier_reserve(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t cap)
@@ -25,9 +27,11 @@ static int fier_reserve(const kvq_retrieval *r, const rt_layer *L, rt_head *H, i
         return 0;
     fier_head *F = H->sdata;
     const size_t d = (size_t)r->d, c = (size_t)cap, groups = c / (size_t)r->p.fier_group + 1;
+    const size_t g = (size_t)r->p.fier_group < c ? (size_t)r->p.fier_group : c;
     return kvq_rt_grow((void **)&F->bits, c * (size_t)FIER_BYTES(r->d)) &&
            kvq_rt_grow((void **)&F->lo, groups * d * sizeof(float)) &&
-           kvq_rt_grow((void **)&F->hi, groups * d * sizeof(float));
+           kvq_rt_grow((void **)&F->hi, groups * d * sizeof(float)) &&
+           kvq_rt_grow((void **)&F->grp, g * d * sizeof(float));
 }
 
 static void fier_free_head(rt_head *H)
@@ -37,21 +41,24 @@ static void fier_free_head(rt_head *H)
         free(F->bits);
         free(F->lo);
         free(F->hi);
+        free(F->grp);
         free(F);
     }
     H->sdata = NULL;
 }
 
 /* Fier: after token j was stored, update its group's per-channel range of the
- * post-RoPE keys; when the range moves, re-quantize the group's earlier tokens. */
+ * post-RoPE keys; when the range moves, re-quantize the group's earlier tokens (their
+ * keys kept in F->grp from their own append: the exact keys, as the cache dtype holds
+ * them, with or without the context's rows). */
 static void fier_append_row(const kvq_retrieval *r, const rt_layer *L, rt_head *H, int64_t j)
 {
     fier_head *F = H->sdata;
     const int32_t d = r->d, fg = r->p.fier_group, db = FIER_BYTES(d);
     const int64_t g = j / fg, first = g * fg;
     float *lo = F->lo + (size_t)g * d, *hi = F->hi + (size_t)g * d;
-    float kr[KVQ_ROPE_MAX_DIM];
-    kvq_rt_key_rotated(r, L, H, j, kr);
+    float *kr = F->grp + (size_t)(j - first) * d; /* rows are tokens in order here */
+    kvq_rt_append_key(r, L, H, j, kr);
     int moved = 0;
     if (j == first) {
         memcpy(lo, kr, sizeof(float) * (size_t)d);
@@ -69,12 +76,11 @@ static void fier_append_row(const kvq_retrieval *r, const rt_layer *L, rt_head *
         }
     }
     for (int64_t t = moved ? first : j; t <= j; t++) {
-        if (t != j)
-            kvq_rt_key_rotated(r, L, H, t, kr);
+        const float *kt = F->grp + (size_t)(t - first) * d;
         uint8_t *b = F->bits + (size_t)t * db;
         memset(b, 0, (size_t)db);
         for (int32_t c = 0; c < d; c++)
-            if (kvq_rk_fier_bit(kr[c], lo[c], hi[c]))
+            if (kvq_rk_fier_bit(kt[c], lo[c], hi[c]))
                 b[c >> 3] |= (uint8_t)(1u << (c & 7));
     }
 }
@@ -136,6 +142,14 @@ static double fier_bits(const kvq_retrieval_params *p, const kvq_codebook_set *r
     return (double)d + 2.0 * d * 32.0 / (double)p->fier_group;
 }
 
+/* Bytes per row: its bits, and a group's ranges shared by its fier_group rows. */
+static double fier_row_bytes(const kvq_retrieval *r, const rt_layer *L, const rt_head *H)
+{
+    (void)L;
+    return H->sdata ? FIER_BYTES(r->d) + 2.0 * r->d * sizeof(float) / (double)r->p.fier_group
+                    : 0;
+}
+
 const rt_selector kvq_rt_selector_fier = {
     .id = KVQ_SELECT_FIER,
     .name = "fier",
@@ -144,4 +158,5 @@ const rt_selector kvq_rt_selector_fier = {
     .append = fier_append,
     .select = fier_select,
     .bits_per_key = fier_bits,
+    .row_bytes = fier_row_bytes,
 };

@@ -96,6 +96,11 @@ static double mass_bits(const kvq_retrieval_params *p, const kvq_codebook_set *r
     return rt ? (double)kvq_codebook_set_groups(rt) * log2((double)kvq_codebook_set_size(rt)) : 0.0;
 }
 
+static double mass_row_bytes(const kvq_retrieval *r, const rt_layer *L, const rt_head *H)
+{
+    return H->sdata ? kvq_rt_codes_row_bytes(r, L) : 0;
+}
+
 const rt_selector kvq_rt_selector_mass = {
     .id = KVQ_SELECT_MASS,
     .name = "mass",
@@ -111,4 +116,5 @@ const rt_selector kvq_rt_selector_mass = {
     .appended = mass_appended,
     .select = mass_select,
     .bits_per_key = mass_bits,
+    .row_bytes = mass_row_bytes,
 };

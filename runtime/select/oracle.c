@@ -2,8 +2,11 @@
  * oracle.c — the oracle selector: the exact scores of the candidates under the position
  * mode (q R_b . k_j on the stored keys under WROPE, q R_i . k_j R_j under ROPE; sum or
  * max over the group), top k. It reads every candidate's key row: the reference the
- * others are measured against (kvq_retrieval_params.measure's recall).
+ * others are measured against (kvq_retrieval_params.measure's recall). Over a compressed
+ * cache (kvq_retrieval_set_kvcache) it scores the keys the cache holds (decoded by
+ * kvq_kvcache_row; pruned tokens score -inf): the oracle over what the cache holds.
  */
+#include <math.h>
 #include <string.h>
 
 #include "runtime/kernels/rk.h"
@@ -43,6 +46,11 @@ static void oracle_scores(const rt_step *st, float *scores)
         kvq_rt_group_sum(S->qi, gs, d, q);
     float kr[KVQ_ROPE_MAX_DIM];
     for (int64_t j = 0; j < st->nc; j++) {
+        if (r->kvc) { /* the keys the compressed cache holds; a pruned token is last */
+            scores[j] = kvq_rt_kvc_key(st, st->s_end + j, kr) ? kvq_rt_group_best_dot(q, nq, d, kr)
+                                                              : -INFINITY;
+            continue;
+        }
         kvq_rt_key_rotated(r, st->L, st->H, st->s_end + j, kr);
         scores[j] = kvq_rt_group_best_dot(q, nq, d, kr);
     }

@@ -43,7 +43,7 @@ static void quest_append_row(const kvq_retrieval *r, const rt_layer *L, rt_head 
     const int64_t pi = j / pg;
     float *lo = Q->lo + (size_t)pi * d, *hi = Q->hi + (size_t)pi * d;
     float kr[KVQ_ROPE_MAX_DIM];
-    kvq_rt_key_rotated(r, L, H, j, kr);
+    kvq_rt_append_key(r, L, H, j, kr);
     for (int32_t c = 0; c < d; c++) {
         lo[c] = j % pg == 0 || kr[c] < lo[c] ? kr[c] : lo[c];
         hi[c] = j % pg == 0 || kr[c] > hi[c] ? kr[c] : hi[c];
@@ -98,6 +98,13 @@ static double quest_bits(const kvq_retrieval_params *p, const kvq_codebook_set *
     return 2.0 * d * 32.0 / (double)p->quest_page;
 }
 
+/* Bytes per row: a page's bounds shared by its quest_page rows. */
+static double quest_row_bytes(const kvq_retrieval *r, const rt_layer *L, const rt_head *H)
+{
+    (void)L;
+    return H->sdata ? 2.0 * r->d * sizeof(float) / (double)r->p.quest_page : 0;
+}
+
 const rt_selector kvq_rt_selector_quest = {
     .id = KVQ_SELECT_QUEST,
     .name = "quest",
@@ -106,4 +113,5 @@ const rt_selector kvq_rt_selector_quest = {
     .append = quest_append,
     .select = quest_select,
     .bits_per_key = quest_bits,
+    .row_bytes = quest_row_bytes,
 };

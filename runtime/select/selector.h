@@ -34,6 +34,9 @@
  *                st->S's scratch.
  *   bits_per_key the bits it holds per cached key (KV head), for reports
  *                (kvq_selector_bits_per_key); NULL: 0
+ *   row_bytes    the bytes it stores per cached row of a head, as allocated (uint16 codes,
+ *                packed residuals and their scales, page / group data per row): the
+ *                context's held memory (kvq_retrieval_held_get); NULL: 0
  */
 #ifndef KVQ_RUNTIME_SELECTOR_H
 #define KVQ_RUNTIME_SELECTOR_H
@@ -58,6 +61,9 @@ typedef struct rt_selector {
     int64_t (*select)(const rt_step *st, int64_t k, int32_t *sel, double *sel_bytes,
                       double *cb_bytes);
     double (*bits_per_key)(const kvq_retrieval_params *p, const kvq_codebook_set *rt, int32_t d);
+    /* bytes it holds per cached row of head H of L (per-page or per-group data shared
+     * over the rows; kvq_retrieval_held_get); NULL: 0 */
+    double (*row_bytes)(const kvq_retrieval *r, const rt_layer *L, const rt_head *H);
 } rt_selector;
 
 /* The table of selector id (select.c's registry, one line per selector; each table is

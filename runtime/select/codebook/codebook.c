@@ -212,6 +212,16 @@ static double codebook_bits(const kvq_retrieval_params *p, const kvq_codebook_se
               : 0.0;
 }
 
+/* Bytes per row: the codes (codes.c) and the residual stage's bits and scale. */
+static double codebook_row_bytes(const kvq_retrieval *r, const rt_layer *L, const rt_head *H)
+{
+    const rt_cb_head *C = kvq_rt_cb(H);
+    if (!C)
+        return 0;
+    return kvq_rt_codes_row_bytes(r, L) +
+           (C->rq ? (double)kvq_rt_resid_row_bytes(r->d, r->p.resid_bits) + sizeof(float) : 0);
+}
+
 const rt_selector kvq_rt_selector_codebook = {
     .id = KVQ_SELECT_CODEBOOK,
     .name = "codebook",
@@ -227,4 +237,5 @@ const rt_selector kvq_rt_selector_codebook = {
     .appended = codebook_appended,
     .select = codebook_select,
     .bits_per_key = codebook_bits,
+    .row_bytes = codebook_row_bytes,
 };

@@ -24,6 +24,12 @@ int kvq_rt_codes_reserve(const kvq_retrieval *r, const rt_layer *L, rt_codes_hea
     return !G || kvq_rt_grow((void **)&C->codes, (size_t)cap * (size_t)G * sizeof *C->codes);
 }
 
+double kvq_rt_codes_row_bytes(const kvq_retrieval *r, const rt_layer *L)
+{
+    const int G = r->rt && L->cb[0] ? kvq_codebook_get_desc(L->cb[0])->groups : 0;
+    return (double)G * sizeof(uint16_t);
+}
+
 void kvq_rt_codes_free(rt_codes_head *C)
 {
     free(C->codes);

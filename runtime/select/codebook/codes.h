@@ -77,6 +77,8 @@ typedef struct rt_codes_scratch {
     float br[KVQ_RT_BAND_ROTATIONS][KVQ_ROPE_MAX_DIM]; /* band k: cos [d/2], then sin [d/2] */
 } rt_codes_scratch;
 
+/* Bytes of one row's codes (uint16 a group; kvq_retrieval_held_get). */
+double kvq_rt_codes_row_bytes(const kvq_retrieval *r, const rt_layer *L);
 static inline rt_codes_head *kvq_rt_codes(const rt_head *H) { return (rt_codes_head *)H->sdata; }
 static inline rt_codes_ctx *kvq_rt_codes_ctx(const kvq_retrieval *r)
 {

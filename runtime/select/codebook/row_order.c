@@ -3,7 +3,9 @@
  * a single-group codebook are kept in code order (a stable counting sort of their codes,
  * K, V, codes and tokens moved together), so a selection reads runs of rows.
  * Called after each appended chunk (the appended of the codebook and mass selectors),
- * with the codebook selector's residuals moved too.
+ * with the codebook selector's residuals moved too. Over a compressed cache the context
+ * holds no K / V rows: only the codes, residuals and tokens move (the rows are read by
+ * token from the compressed cache).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,11 +35,12 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
     int32_t *order = malloc(sizeof *order * (size_t)n);
     uint32_t *count = malloc(sizeof *count * (size_t)K);
     int32_t *t32 = malloc(sizeof *t32 * (size_t)n);
-    void *dst[2] = {kvq_rt_cache_alloc(all), kvq_rt_cache_alloc(all)};
+    const int rows = H->k != NULL; /* over a compressed cache: no rows to move */
+    void *dst[2] = {rows ? kvq_rt_cache_alloc(all) : NULL, rows ? kvq_rt_cache_alloc(all) : NULL};
     if (!H->tok && (H->tok = malloc(sizeof *H->tok * (size_t)L->cap)))
         for (int64_t j = 0; j < len; j++)
             H->tok[j] = (int32_t)j;
-    if (!order || !count || !t32 || !dst[0] || !dst[1] || !H->tok) {
+    if (!order || !count || !t32 || (rows && (!dst[0] || !dst[1])) || !H->tok) {
         free(order);
         free(count);
         free(t32);
@@ -58,7 +61,7 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
         return kvq_err_set(err, KVQ_E_NOMEM, "retrieval: out of memory sorting %lld residuals",
                            (long long)n);
     }
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; rows && pass < 2; pass++) {
         const char *src = pass ? H->v : H->k;
         char *out = dst[pass];
         memcpy(out, src, row * (size_t)S);
@@ -66,10 +69,12 @@ static kvq_status sort_head(const kvq_retrieval *r, const rt_layer *L, rt_head *
             memcpy(out + (size_t)(S + i) * row, src + (size_t)(S + order[i]) * row, row);
         memcpy(out + (size_t)e * row, src + (size_t)e * row, row * (size_t)(len - e));
     }
-    free(H->k);
-    free(H->v);
-    H->k = dst[0];
-    H->v = dst[1];
+    if (rows) {
+        free(H->k);
+        free(H->v);
+        H->k = dst[0];
+        H->v = dst[1];
+    }
     for (int64_t i = 0; i < n; i++)
         t32[i] = H->tok[S + order[i]];
     memcpy(H->tok + S, t32, sizeof *t32 * (size_t)n);
