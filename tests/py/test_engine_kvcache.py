@@ -192,6 +192,26 @@ def refusals(eng, wrope_eng):
         check(True, f"{kv} with selector full on a wrope artifact opens")
 
 
+def retrieval_refusals():
+    """kvq.hf.retrieval's own checks, made before the model is read (no torch needed)."""
+    import types
+    import kvq.hf  # noqa: F401
+    R = sys.modules["kvq.hf.retrieval"]
+    dummy = types.SimpleNamespace(config=None)
+    try:
+        R.Retrieval(dummy, "x.kvq", kv_alpha=0.5)
+        check(False, "kvq.hf.retrieval: an unknown kv option refused")
+    except kvq.InvalidArgumentError as e:
+        check("'kv_alpha'" in str(e) and "kv_alpha_h" in str(e),
+              f"kvq.hf.retrieval: an unknown kv option refused ({e})")
+    try:
+        R.Retrieval(dummy, "x.kvq", backend="torch", kv_cache="leankv")
+        check(False, "kvq.hf.retrieval: kv_cache with the torch back end refused")
+    except kvq.UnsupportedError as e:
+        check("torch" in str(e) and "kv_cache" in str(e), f"kvq.hf.retrieval: kv_cache with the torch back end "
+              f"refused ({e})")
+
+
 def main():
     if not os.path.exists(MODEL):
         print(f"model {MODEL} not found (set KVQ_TEST_MODEL)")
@@ -215,6 +235,7 @@ def main():
             for kv in ("leankv", "pats", "leankv+pats"):
                 check_kind(eng, spec, q, k, v, kv, w, exact_k, exact_v)
             refusals(eng, wrope_eng)
+    retrieval_refusals()
     if failures:
         print(f"{len(failures)} failures")
         sys.exit(1)
