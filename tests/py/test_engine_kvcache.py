@@ -31,23 +31,15 @@ import os
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "helpers"))
+# test_engine_measure puts scripts/, python/ and tests/helpers/ on the path and exits 77
+# (the reason printed) without numpy or zstandard
+from test_engine_measure import KVQ, MODEL, load_capture, softmax
 
-try:
-    import numpy as np
-    import zstandard  # noqa: F401  (kvq_read and edit_artifact need it)
-except ImportError as e:
-    print(f"needs numpy and zstandard ({e.name} missing; make deps installs them)")
-    sys.exit(77)
+import numpy as np  # noqa: E402
 
 import edit_artifact  # noqa: E402
 import gen_kvcache_golden as gold  # noqa: E402
 import pyref  # noqa: E402
-from test_engine_measure import KVQ, MODEL, load_capture, softmax  # noqa: E402
-
 import kvq  # noqa: E402
 
 failures = []
