@@ -6,6 +6,9 @@
     python -m kvq generate --model M --artifact A [--budget 6%] --prompt TEXT [-n N]
                                               greedy text with kvq retrieval decoding
     python -m kvq generate ... [--backend engine|torch] [--device D]
+    python -m kvq generate ... [--selector full|codebook|...] [--kv f16|leankv|pats|leankv+pats]
+                       [--alpha-h X] [--alpha-l X] [--kv-window N] [--pats-schedule S] [--pats-b MIN:MAX]
+                                              the C engine over a compressed KV cache
     python -m kvq eval --model M --artifact A --corpus SPEC [--seq-len N] [--budgets LIST]
                        [--selectors full,codebook,oracle,fier,quest,mass] [--backend engine|torch] [--json]
                                               kvq eval's retrieval perplexity rows
@@ -19,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 
 def _layers(spec: Optional[str]) -> Optional[List[int]]:
@@ -58,12 +61,47 @@ def cmd_capture(a: argparse.Namespace) -> int:
     return 0
 
 
+def _kv_options(a: argparse.Namespace) -> Dict[str, Any]:
+    """The engine sequence's selector and compressed-cache settings from --selector,
+    --kv, --alpha-h, --alpha-l, --kv-window, --pats-schedule, --pats-b (kvq run's names)."""
+    kv: Dict[str, Any] = {"selector": a.selector, "kv_cache": a.kv}
+    if a.alpha_h is not None:
+        kv["kv_alpha_h"] = a.alpha_h
+    if a.alpha_l is not None:
+        kv["kv_alpha_l"] = a.alpha_l
+    if a.kv_window is not None:
+        kv["kv_window"] = a.kv_window
+    if a.pats_schedule is not None:
+        kv["kv_pats_schedule"] = a.pats_schedule
+    if a.pats_b is not None:
+        lo, sep, hi = a.pats_b.partition(":")
+        if not sep or not lo.isdigit() or not hi.isdigit():
+            raise ValueError(f"--pats-b {a.pats_b!r}: expected MIN:MAX, e.g. 2:8")
+        kv["kv_pats_b_min"], kv["kv_pats_b_max"] = int(lo), int(hi)
+    return kv
+
+
+def _add_kv_arguments(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--selector", default="codebook", choices=["codebook", "full", "oracle", "fier", "quest", "mass"],
+                   help="who picks the attended tokens (default codebook; full: every token)")
+    g.add_argument("--kv", default="f16", choices=["f16", "leankv", "pats", "leankv+pats"],
+                   help="the engine's KV cache (docs/kvcache.md; default f16); compressed caches take the "
+                        "artifact's profile unless the options below say otherwise; with a selector other "
+                        "than full they need a rope artifact")
+    g.add_argument("--alpha-h", type=float, help="LeanKV alpha_h")
+    g.add_argument("--alpha-l", type=float, help="LeanKV alpha_l (<= alpha_h)")
+    g.add_argument("--kv-window", type=int, help="LeanKV recent window")
+    g.add_argument("--pats-schedule", choices=["old-heavy", "new-heavy", "middle-heavy"], help="PATS schedule")
+    g.add_argument("--pats-b", metavar="MIN:MAX", help="PATS truncated bits, 0 <= MIN <= MAX <= 10")
+
+
 def cmd_generate(a: argparse.Namespace) -> int:
     import torch
 
     from . import hf
     from .hf.eval import parse_budget
     from .hf.retrieval import retrieval
+    kv = _kv_options(a) if a.backend == "engine" else {}
     _quiet_transformers()
     model, tok, src = hf.load(a.model, device=a.device, dtype="float32")
     if tok is None:
@@ -71,8 +109,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     ids = tok(a.prompt, add_special_tokens=True, return_tensors="pt")["input_ids"].to(a.device)
     if ids.shape[1] == 0:
         raise ValueError("--prompt: empty prompts are not supported")
+    if a.backend == "engine":
+        kv["max_tokens"] = int(ids.shape[1]) + a.n  # PATS lays its schedule over the sequence
     with retrieval(model, a.artifact, budget=parse_budget(a.budget), source=src, backend=a.backend,
-                   accept_model_mismatch=a.accept_model_mismatch) as r, torch.no_grad():
+                   accept_model_mismatch=a.accept_model_mismatch, **kv) as r, torch.no_grad():
         if r.engine.weights_note:
             print(f"kvq: warning: {r.engine.weights_note}", file=sys.stderr)
         out = model.generate(ids, max_new_tokens=a.n, do_sample=False, num_beams=1,
@@ -153,6 +193,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu", help="torch device of the model (the torch back end stays on it)")
     g.add_argument("--accept-model-mismatch", action="store_true",
                    help="use an artifact fitted on other weights (with a warning)")
+    _add_kv_arguments(g)
     g.set_defaults(fn=cmd_generate)
     e = sub.add_parser("eval", help="kvq eval's retrieval perplexity rows of an HF model")
     e.add_argument("--model", required=True, help="HF directory or GGUF file")

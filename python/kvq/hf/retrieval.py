@@ -27,6 +27,9 @@ from ..artifact import Artifact
 from ..engine import Engine
 from ..errors import InvalidArgumentError, UnsupportedError
 from ..model import ModelSpec
+
+#: the compressed KV cache's settings kvq.Engine.sequence takes (forwarded by retrieval())
+KV_OPTIONS = ("kv_alpha_h", "kv_alpha_l", "kv_window", "kv_pats_schedule", "kv_pats_b_min", "kv_pats_b_max")
 from .model import describe_model, fingerprint
 
 
@@ -50,8 +53,16 @@ class Retrieval:
     def __init__(self, model: Any, artifact: str, budget: Union[int, float] = 0.06,
                  source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
                  sink: Optional[int] = None, window: int = 0, threads: int = 1,
-                 backend: str = "engine") -> None:
+                 backend: str = "engine", selector: str = "codebook", kv_cache: str = "f16",
+                 max_tokens: Optional[int] = None, **kv: Any) -> None:
         cfg = model.config
+        bad = sorted(set(kv) - set(KV_OPTIONS))
+        if bad:
+            raise InvalidArgumentError(f"kvq retrieval: unknown option {bad[0]!r} (the kv options are "
+                                       f"{', '.join(KV_OPTIONS)})", 500)
+        if backend == "torch" and (kv_cache != "f16" or kv or selector != "codebook"):
+            raise UnsupportedError("kvq retrieval: the torch back end runs the codebook selector over f16 "
+                                   "rows only (selector and kv_cache need backend 'engine')", 400)
         desc = describe_model(model, source)
         att = desc["attention"]
         windowed = [l for l, e in enumerate(att["layers"]) if e["window"] > 0]
@@ -80,6 +91,8 @@ class Retrieval:
         else:
             raise InvalidArgumentError(f"kvq retrieval: backend {backend!r} is not engine or torch", 500)
         self.seq_args: Dict[str, Any] = dict(budget=budget, sink=sink, window=window, threads=threads)
+        if backend == "engine":
+            self.seq_args.update(selector=selector, kv_cache=kv_cache, max_tokens=max_tokens, **kv)
         self.seq: Any = self.engine.sequence(**self.seq_args)
         self.layer = -1
         self.pre: Dict[int, Any] = {}
@@ -153,19 +166,32 @@ class Retrieval:
 def retrieval(model: Any, artifact: str, budget: Union[int, float] = 0.06,
               source: Optional[Dict[str, str]] = None, accept_model_mismatch: bool = False,
               sink: Optional[int] = None, window: int = 0, threads: int = 1,
-              backend: str = "engine") -> Iterator[Retrieval]:
+              backend: str = "engine", selector: str = "codebook", kv_cache: str = "f16",
+              max_tokens: Optional[int] = None, **kv: Any) -> Iterator[Retrieval]:
     """Makes the model attend by kvq retrieval at each single-token step while active (a
     context manager yielding the Retrieval state). ``budget``: a count or a fraction of
     the visible tokens (default 6%); ``source`` from kvq.hf.load; ``backend`` "engine"
     (the C engine, CPU) or "torch" (kvq.torch_engine on the model's device, the same
-    selection). Raises MismatchError when
+    selection).
+
+    With the C engine, ``selector`` (kvq eval's names, default "codebook"; "full" attends
+    every token) and a compressed KV cache: ``kv_cache`` "f16" (default), "leankv",
+    "pats" or "leankv+pats" with its settings ``kv_alpha_h``, ``kv_alpha_l``,
+    ``kv_window``, ``kv_pats_schedule``, ``kv_pats_b_min``, ``kv_pats_b_max`` (default:
+    the artifact's profile) and ``max_tokens`` (the sequence's length, over which PATS
+    lays its schedule), as :meth:`kvq.Engine.sequence` takes them: selector "full" runs
+    full attention over the compressed cache, any other retrieval over it (a rope
+    artifact). The prompt's rows are appended as the engine's prompt rows (they enter
+    the compressed cache as generated tokens do). ``r.seq.nbytes`` is the cache's size.
+    Raises MismatchError when
     the artifact was made for other weights or another shape, UnsupportedError for a model
     the engine cannot reproduce (sliding windows, soft-capping, another attention scale)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    r = Retrieval(model, artifact, budget, source, accept_model_mismatch, sink, window, threads, backend)
+    r = Retrieval(model, artifact, budget, source, accept_model_mismatch, sink, window, threads, backend,
+                  selector, kv_cache, max_tokens, **kv)
     base = model.get_decoder()
     attns = [l.self_attn for l in base.layers]
     mod = sys.modules[type(attns[0]).__module__]
