@@ -164,7 +164,9 @@ class Engine:
         ``kv_alpha_h``, ``kv_alpha_l``, ``kv_window`` (LeanKV), ``kv_pats_schedule``
         ("old-heavy", "new-heavy", "middle-heavy" or 0..2), ``kv_pats_b_min``,
         ``kv_pats_b_max`` (PATS). A setting in neither raises InvalidArgumentError naming
-        it. :attr:`Sequence.nbytes` is then the compressed cache's bytes."""
+        it. :attr:`Sequence.nbytes` is then the compressed cache's bytes, plus with a
+        selection other than full the retrieval context's (selector data, positions, RoPE
+        table: it keeps no rows of its own)."""
         p = _lib.lib().kvq_engine_seq_params_default()
         if budget is not None:
             if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
@@ -262,8 +264,9 @@ class Sequence:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the cache holds (kvq_engine_seq_bytes): cached rows and codes, or the
-        compressed cache's bytes under kv_cache leankv / pats."""
+        """Bytes the sequence holds for its KV (kvq_engine_seq_bytes): cached rows and
+        codes; under a compressed kv_cache its bytes, plus with a selection the retrieval
+        context's (codes, residuals, positions, RoPE table)."""
         return int(_lib.lib().kvq_engine_seq_bytes(self._handle()))
 
     def stats(self) -> Dict[str, float]:

@@ -23,7 +23,8 @@ LeanKV's quantizer (lkq), PATS's truncation and packing (pats), their combinatio
   - kv_cache pats with b 0:0 gives the f16 retrieval sequence's outputs and selections
     bit for bit (its rows are the f16 rows);
   - the bytes the sequence reports (Sequence.nbytes) equal the format sizes of every
-    row held, computed in numpy (the rows' byte strings of the reference);
+    row held, computed in numpy (the rows' byte strings of the reference), plus with a
+    selection the retrieval context's codes, residuals, positions and RoPE table;
 and bad input raises kvq.InvalidArgumentError naming the problem.
 Exit 0 pass, 77 skip (reason on the last line), else fail.
 """
@@ -154,8 +155,15 @@ def check_kind(eng, spec, q, k, v, kv, w, exact_k, exact_v):
               f"dequantized by the numpy reference (max |diff| {err:.2g} of max |o|, <= {tol:g})")
         check(far >= 100 * max(err, 1e-7), f"{kv}/{selector}: the exact rows' attention is farther "
               f"({far:.2g} of max |o|): the compressed rows are read")
-        check(nbytes == want_bytes, f"{kv}/{selector}: Sequence.nbytes {nbytes} = the format sizes of the "
-              f"{N} x {spec.n_layers} x {spec.n_kv_heads} K and V rows held ({want_bytes})")
+        # with a selection the retrieval context's bytes count too (kvq/engine.h
+        # kvq_engine_seq_bytes; docs/kvcache.md "Memory held"): per token the RoPE table
+        # (cos, sin: 4 d bytes), per layer an int64 position, per layer and KV head the
+        # codebook's uint16 code (one group), the 1-bit residuals (d / 8 bytes) and their
+        # f32 scale, and the int32 token of the code-ordered row
+        d, L, H = spec.head_dim, spec.n_layers, spec.n_kv_heads
+        ctx = N * (4 * d + L * (8 + H * (2 + d // 8 + 4 + 4))) if selector == "codebook" else 0
+        check(nbytes == want_bytes + ctx, f"{kv}/{selector}: Sequence.nbytes {nbytes} = the format sizes "
+              f"of the {N} x {L} x {H} K and V rows held ({want_bytes}) + the context's ({ctx})")
 
 
 def refusals(eng, wrope_eng):
