@@ -26,7 +26,7 @@ holds: with f16 the rows plus 2 bytes of code per token, layer and KV head), the
 attended share (retrieval rows) and the seconds it took. Progress on stderr with -v.
 
   python3 scripts/kv_engine_ppl.py --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
-      --artifact /work/meas/demo.kvq --corpus dir:/usr/share/doc/python3.11/html/_sources/tutorial \\
+      --artifact demo-out/model.kvq --corpus dir:/usr/share/doc/python3.11/html/_sources/tutorial \\
       --seq-len 2048 --threads 1 --json out.json
 """
 from __future__ import annotations
