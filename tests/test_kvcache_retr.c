@@ -41,15 +41,34 @@ static void make_seq(seq *s, uint64_t seed)
         s->pos[i] = i;
 }
 
-static kvq_retrieval *make_retrieval(const kvq_model_config *c)
+/* The parameters every context here shares: `selector` with BUDGET tokens, positions
+ * rope (the compressed cache holds rotated keys), T tokens at most. */
+static kvq_retrieval_params retr_params(kvq_selector selector)
 {
     kvq_retrieval_params rp = kvq_retrieval_params_default();
-    rp.selector = KVQ_SELECT_ORACLE;
+    rp.selector = selector;
     rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
-    rp.sink = SINK;
-    rp.window = WIN;
     rp.positions = KVQ_POSITIONS_ROPE;
     rp.max_tokens = T;
+    return rp;
+}
+
+/* A context of rp and a compressed cache of kp (fails the test if either is refused). */
+static void make_pair(const kvq_model_config *c, const kvq_retrieval_params *rp,
+                      const kvq_kvcache_params *kp, kvq_retrieval **r, kvq_kvcache **kc)
+{
+    kvq_err e = {0};
+    *r = NULL;
+    *kc = NULL;
+    if (kvq_retrieval_create(c, NULL, rp, r, &e) || kvq_kvcache_create(c, kp, kc, &e))
+        fail_msg("kv cache: %s", e.msg);
+}
+
+static kvq_retrieval *make_retrieval(const kvq_model_config *c)
+{
+    kvq_retrieval_params rp = retr_params(KVQ_SELECT_ORACLE);
+    rp.sink = SINK;
+    rp.window = WIN;
     rp.threads = 1;
     kvq_retrieval *r = NULL;
     kvq_err e = {0};
@@ -395,11 +414,7 @@ static void test_held_bytes(void **state)
      * bytes of bits and 2 D f32 per group of 32 */
     const double per_head[] = {0, 2.0 * D * 4 / 16, D / 8 + 2.0 * D * 4 / 32};
     for (int w = 0; w < 3; w++) {
-        kvq_retrieval_params rp = kvq_retrieval_params_default();
-        rp.selector = which[w];
-        rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
-        rp.positions = KVQ_POSITIONS_ROPE;
-        rp.max_tokens = T;
+        kvq_retrieval_params rp = retr_params(which[w]);
         rp.quest_page = 16;
         rp.fier_group = 32;
         kvq_retrieval *r = NULL;
@@ -444,18 +459,13 @@ static void check_prefill(kvq_kv_kind kind, int64_t prompt, double *ok, double *
     const kvq_model_config c = test_synthetic_config(NL, NH, NKV, D);
     seq *s = malloc(sizeof *s);
     make_seq(s, 21 + (uint64_t)kind);
-    kvq_retrieval_params rp = kvq_retrieval_params_default();
-    rp.selector = KVQ_SELECT_ORACLE;
-    rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
-    rp.positions = KVQ_POSITIONS_ROPE;
+    kvq_retrieval_params rp = retr_params(KVQ_SELECT_ORACLE);
     rp.cache_dtype = KVQ_DT_F32;
-    rp.max_tokens = T;
     const kvq_kvcache_params kp = kv_params(kind, 8);
-    kvq_retrieval *r = NULL;
-    kvq_kvcache *kc = NULL;
+    kvq_retrieval *r;
+    kvq_kvcache *kc;
+    make_pair(&c, &rp, &kp, &r, &kc);
     kvq_err e = {0};
-    if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) || kvq_kvcache_create(&c, &kp, &kc, &e))
-        fail_msg("kv cache: %s", e.msg);
     float *out, *rows, *ex;
     int *kept;
     const kvq_attn_backend b = attach_run(&c, s, r, kc, prompt, &out, &rows, &ex, &kept);
@@ -553,15 +563,11 @@ static void test_fier_selection(void **state)
     float *ex = malloc(sizeof(float) * T * NKV * 2 * D), *out = malloc(sizeof(float) * T * NH * D);
     exact_rows(&c, s, ex);
     for (int attached = 0; attached < 2; attached++) {
-        kvq_retrieval_params rp = kvq_retrieval_params_default();
-        rp.selector = KVQ_SELECT_FIER;
+        kvq_retrieval_params rp = retr_params(KVQ_SELECT_FIER);
         rp.fier_group = 8;
-        rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
         rp.sink = SINK;
         rp.window = WIN;
-        rp.positions = KVQ_POSITIONS_ROPE;
         rp.cache_dtype = KVQ_DT_F32;
-        rp.max_tokens = T;
         kvq_kvcache_params kp = kvq_kvcache_params_default();
         kp.kind = KVQ_KV_LEANKV;
         kp.max_tokens = T;
@@ -620,20 +626,15 @@ static void test_measure_over_cache(void **state)
     make_seq(s, 41);
     const kvq_selector which[] = {KVQ_SELECT_FULL, KVQ_SELECT_ORACLE};
     for (int w = 0; w < 2; w++) {
-        kvq_retrieval_params rp = kvq_retrieval_params_default();
-        rp.selector = which[w];
-        rp.budget = (kvq_budget){.count = BUDGET, .fraction = 0};
+        kvq_retrieval_params rp = retr_params(which[w]);
         rp.sink = SINK;
         rp.window = WIN;
-        rp.positions = KVQ_POSITIONS_ROPE;
-        rp.max_tokens = T;
         rp.measure = 1;
         const kvq_kvcache_params kp = kv_params(KVQ_KV_LEANKV, WIN);
-        kvq_retrieval *r = NULL;
-        kvq_kvcache *kc = NULL;
+        kvq_retrieval *r;
+        kvq_kvcache *kc;
+        make_pair(&c, &rp, &kp, &r, &kc);
         kvq_err e = {0};
-        if (kvq_retrieval_create(&c, NULL, &rp, &r, &e) || kvq_kvcache_create(&c, &kp, &kc, &e))
-            fail_msg("kv cache: %s", e.msg);
         float *out, *rows, *ex;
         int *kept;
         const kvq_attn_backend b = attach_run(&c, s, r, kc, P, &out, &rows, &ex, &kept);
